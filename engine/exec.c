@@ -1,0 +1,412 @@
+/* exec.c - runs a planned graph through a backend out of one allocation.
+ * Debug aids for the planner's honesty tests: NaN poisoning of dead storages, canary gaps
+ * checked after every op, and the arena high-water mark.
+ */
+#include "exec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FILL_BITS 0x7FA5A5A5u   /* a NaN: reading never-written arena memory shows up */
+#define POISON_BITS 0x7FC0DEADu /* a NaN: reading a dead tensor shows up */
+
+struct exec {
+    const struct graph *g;
+    const struct plan *p;
+    const struct backend *bk;
+    bk_ctx *ctx;
+    struct exec_opts opts;
+    unsigned char *base;        /* the job's one allocation */
+    int *ends_start, *ends;     /* per op: storages whose lifetime ends there (CSR) */
+    uint32_t *guard_host;       /* host copy buffer for canary checks */
+    size_t guard_host_words;
+    int loss_tensor;
+};
+
+static float bits_to_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float *exec_tensor(struct exec *e, int id)
+{
+    if (id < 0 || e->p->offset[id] < 0) return NULL;
+    return (float *)(e->base + e->p->offset[id]);
+}
+
+void exec_free(struct exec *e)
+{
+    if (!e) return;
+    if (e->base) e->bk->mem_free(e->base, e->ctx);
+    if (e->ctx) e->bk->ctx_free(e->ctx);
+    free(e->ends_start);
+    free(e->ends);
+    free(e->guard_host);
+    free(e);
+}
+
+int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
+              const struct backend *bk, const struct exec_opts *opts)
+{
+    int rc = EXEC_ERR_NOMEM;
+    struct exec *e = calloc(1, sizeof *e);
+    if (!e) return EXEC_ERR_NOMEM;
+    e->g = g;
+    e->p = p;
+    e->bk = bk;
+    if (opts) e->opts = *opts;
+    e->loss_tensor = -1;
+    for (int k = 0; k < g->n_ops; k++)
+        if (g->ops[k].type == OP_MSE) e->loss_tensor = g->ops[k].out[0];
+    if (bk->ctx_init(&e->ctx, e->opts.threads)) {
+        rc = EXEC_ERR_BACKEND;
+        goto fail;
+    }
+    if (bk->mem_alloc((void **)&e->base, p->total_bytes, e->ctx)) goto fail;
+    /* persistent parts start at zero (padding between parameters must stay zero for the flat
+     * optimizer passes); the arena starts as a NaN fill pattern */
+    if (bk->mem_set_f32((float *)e->base, 0.0f, p->arena_off / 4, e->ctx) ||
+        bk->mem_set_f32((float *)(e->base + p->arena_off), bits_to_float(FILL_BITS),
+                        p->arena_bytes / 4, e->ctx)) {
+        rc = EXEC_ERR_BACKEND;
+        goto fail;
+    }
+    e->ends_start = calloc((size_t)g->n_ops + 1, sizeof *e->ends_start);
+    e->ends = malloc(((size_t)p->n_storages + 1) * sizeof *e->ends);
+    if (!e->ends_start || !e->ends) goto fail;
+    for (int s = 0; s < p->n_storages; s++) e->ends_start[p->st[s].last + 1]++;
+    for (int k = 0; k < g->n_ops; k++) e->ends_start[k + 1] += e->ends_start[k];
+    {
+        int *fill = calloc((size_t)g->n_ops + 1, sizeof *fill);
+        if (!fill) goto fail;
+        for (int s = 0; s < p->n_storages; s++) {
+            int k = p->st[s].last;
+            e->ends[e->ends_start[k] + fill[k]++] = s;
+        }
+        free(fill);
+    }
+    if (e->opts.check_guards) {
+        /* a storage's gap is at most guard + PLAN_ALIGN - 1 bytes */
+        size_t guard = p->n_storages ? p->guards_bytes / (size_t)p->n_storages : 0;
+        e->guard_host_words = (guard + PLAN_ALIGN) / 4;
+        e->guard_host = malloc(e->guard_host_words * 4);
+        if (!e->guard_host) goto fail;
+    }
+    *out = e;
+    return EXEC_OK;
+fail:
+    exec_free(e);
+    return rc;
+}
+
+int exec_upload(struct exec *e, int id, const float *host)
+{
+    float *d = exec_tensor(e, id);
+    if (!d) return EXEC_ERR_ARG;
+    return e->bk->mem_upload(d, host, tensor_bytes(&e->g->tensors[id]), e->ctx) ? EXEC_ERR_BACKEND
+                                                                               : EXEC_OK;
+}
+
+int exec_download(struct exec *e, int id, float *host)
+{
+    float *d = exec_tensor(e, id);
+    if (!d) return EXEC_ERR_ARG;
+    return e->bk->mem_download(host, d, tensor_bytes(&e->g->tensors[id]), e->ctx)
+               ? EXEC_ERR_BACKEND
+               : EXEC_OK;
+}
+
+int exec_download_ema(struct exec *e, int id, float *host)
+{
+    if (id < 0 || e->g->tensors[id].kind != TENSOR_PARAM) return EXEC_ERR_ARG;
+    unsigned char *d = e->base + e->p->ema_off + e->p->offset[id];
+    return e->bk->mem_download(host, d, tensor_bytes(&e->g->tensors[id]), e->ctx)
+               ? EXEC_ERR_BACKEND
+               : EXEC_OK;
+}
+
+int exec_reset_state(struct exec *e)
+{
+    const struct plan *p = e->p;
+    size_t words = p->params_bytes / 4;
+    if (e->bk->mem_set_f32((float *)(e->base + p->adam_m_off), 0.0f, 2 * words, e->ctx))
+        return EXEC_ERR_BACKEND;
+    /* ema <- params: scale by 1 is a copy through the backend */
+    if (e->bk->scale_fwd((float *)(e->base + p->ema_off), (float *)(e->base + p->params_off),
+                         1.0f, words, e->ctx))
+        return EXEC_ERR_BACKEND;
+    return EXEC_OK;
+}
+
+/* canary gaps: from the end of each storage's bytes to the end of its placed block */
+static int check_guards(struct exec *e, int k)
+{
+    const struct plan *p = e->p;
+    size_t guard = p->n_storages ? p->guards_bytes / (size_t)p->n_storages : 0;
+    for (int s = 0; s < p->n_storages; s++) {
+        size_t start = (size_t)p->st[s].offset + p->st[s].bytes;
+        size_t end = (size_t)p->st[s].offset +
+                     (p->st[s].bytes + guard + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+        size_t words = (end - start) / 4;
+        if (words > e->guard_host_words) words = e->guard_host_words;
+        if (e->bk->mem_download(e->guard_host, e->base + start, words * 4, e->ctx))
+            return EXEC_ERR_BACKEND;
+        for (size_t i = 0; i < words; i++)
+            if (e->guard_host[i] != FILL_BITS) {
+                fprintf(stderr, "exec: op %d (%s) wrote past storage %d (+%zu bytes)\n", k,
+                        op_name(e->g->ops[k].type), s, 4 * i);
+                return EXEC_ERR_GUARD;
+            }
+    }
+    return EXEC_OK;
+}
+
+#define P(i) exec_tensor(e, o->in[i])
+#define Q(i) exec_tensor(e, o->out[i])
+
+static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint64_t step,
+                  int sample_base)
+{
+    const struct op *o = &e->g->ops[k];
+    const struct backend *bk = e->bk;
+    bk_ctx *c = e->ctx;
+    void *ws = e->base + e->p->ws_off;
+    const struct tensor *t0 = o->in[0] >= 0 ? &e->g->tensors[o->in[0]] : NULL;
+    switch (o->type) {
+    case OP_CONV2D:
+        return bk->conv2d_fwd(Q(0), P(0), P(1), P(2), ws, &o->a.conv, c);
+    case OP_CONV2D_BWD_DATA:
+        return bk->conv2d_bwd_data(Q(0), P(0), P(1), o->accum[0], ws, &o->a.conv, c);
+    case OP_CONV2D_BWD_FILTER:
+        return bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), ws, &o->a.conv, c);
+    case OP_LINEAR:
+        return bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n, c);
+    case OP_LINEAR_BWD:
+        return bk->linear_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->accum[0], o->a.lin.m,
+                              o->a.lin.k, o->a.lin.n, c);
+    case OP_GROUPNORM:
+        return bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
+                                 o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, c);
+    case OP_GROUPNORM_BWD:
+        return bk->groupnorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
+                                 o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups, c);
+    case OP_LAYERNORM:
+        return bk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
+                                 o->a.ln.eps, c);
+    case OP_LAYERNORM_BWD:
+        return bk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
+                                 o->a.ln.m, o->a.ln.d, c);
+    case OP_SILU:
+        return bk->silu_fwd(Q(0), P(0), t0->numel, c);
+    case OP_SILU_BWD:
+        return bk->silu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
+    case OP_GELU:
+        return bk->gelu_fwd(Q(0), P(0), t0->numel, c);
+    case OP_GELU_BWD:
+        return bk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
+    case OP_ADD:
+        return bk->add_fwd(Q(0), P(0), P(1), t0->numel, c);
+    case OP_ADD_BWD: {
+        int rc = 0;
+        /* out[0] may share dy's bytes (in place): then it already holds dy */
+        if (o->out[0] >= 0 && Q(0) != P(0)) rc = bk->copy_grad(Q(0), P(0), o->accum[0],
+                                                               t0->numel, c);
+        if (!rc && o->out[1] >= 0) rc = bk->copy_grad(Q(1), P(0), o->accum[1], t0->numel, c);
+        return rc;
+    }
+    case OP_ADD_BCAST:
+        return bk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
+    case OP_ADD_BCAST_BWD: {
+        int rc = 0;
+        if (o->out[1] >= 0)
+            rc = bk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
+        if (!rc && o->out[0] >= 0 && Q(0) != P(0))
+            rc = bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
+        return rc;
+    }
+    case OP_CONCAT:
+        return bk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
+                              o->a.cat.hw, c);
+    case OP_CONCAT_BWD:
+        return bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
+                              o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, c);
+    case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C) */
+        return bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
+    case OP_TO_IMAGE: /* (N,HW,C) -> (N,C,HW) */
+        return bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, c);
+    case OP_UPSAMPLE_NEAREST:
+        return bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
+                                          o->a.rs.w, c);
+    case OP_UPSAMPLE_NEAREST_BWD:
+        return bk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                          o->a.rs.h, o->a.rs.w, c);
+    case OP_UPSAMPLE_BILINEAR:
+        return bk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
+                                           o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
+    case OP_UPSAMPLE_BILINEAR_BWD:
+        return bk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
+                                           o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
+    case OP_MAXPOOL:
+        return bk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
+    case OP_MAXPOOL_BWD:
+        return bk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                  o->a.rs.h, o->a.rs.w, c);
+    case OP_TIMESTEP_EMBED:
+        return bk->timestep_embed_fwd(Q(0), P(0), o->a.te.n, o->a.te.dim, o->a.te.flip,
+                                      o->a.te.shift, o->a.te.max_period, c);
+    case OP_ATTENTION: {
+        const struct bk_attn *s = &o->a.at.s;
+        const float *q = P(0), *kk, *v;
+        int cdim = s->heads * s->d;
+        if (o->a.at.packed) {
+            kk = q + cdim;
+            v = q + 2 * cdim;
+        } else {
+            kk = P(1);
+            v = P(2);
+        }
+        return o->a.at.tiled ? bk->attn_fwd(Q(0), Q(1), q, kk, v, ws, s, c)
+                             : bk->attn_plain_fwd(Q(0), Q(1), q, kk, v, ws, s, c);
+    }
+    case OP_ATTENTION_BWD: {
+        const struct bk_attn *s = &o->a.at.s;
+        const float *q = P(1), *kk, *v;
+        float *dq = Q(0), *dk, *dv;
+        int cdim = s->heads * s->d;
+        if (o->a.at.packed) {
+            kk = q + cdim;
+            v = q + 2 * cdim;
+            dk = dq + cdim;
+            dv = dq + 2 * cdim;
+        } else {
+            kk = P(2);
+            v = P(3);
+            dk = Q(1);
+            dv = Q(2);
+        }
+        return o->a.at.tiled ? bk->attn_bwd(dq, dk, dv, P(0), q, kk, v, P(4), P(5), ws, s, c)
+                             : bk->attn_plain_bwd(dq, dk, dv, P(0), q, kk, v, P(5), ws, s, c);
+    }
+    case OP_MSE:
+        return bk->mse_fwd(Q(0), P(0), P(1), t0->numel, c);
+    case OP_MSE_BWD:
+        return bk->mse_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], t0->numel, c);
+    case OP_DROPOUT:
+        return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)k, sample_base,
+                               o->a.dr.n, o->a.dr.per_sample, c);
+    case OP_DROPOUT_BWD:
+        return bk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd, sample_base,
+                               o->accum[0], o->a.dr.n, o->a.dr.per_sample, c);
+    default:
+        return BK_ERR_INVALID;
+    }
+}
+
+static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64_t seed,
+                     uint64_t step, int sample_base)
+{
+    for (int k = from; k < to; k++) {
+        int rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+        if (rc) {
+            fprintf(stderr, "exec: op %d (%s) failed: %d\n", k, op_name(e->g->ops[k].type), rc);
+            return EXEC_ERR_BACKEND;
+        }
+        if (e->opts.check_guards && (rc = check_guards(e, k))) return rc;
+        if (e->opts.poison) {
+            for (int i = e->ends_start[k]; i < e->ends_start[k + 1]; i++) {
+                const struct plan_storage *s = &e->p->st[e->ends[i]];
+                int t = e->loss_tensor;
+                if (t >= 0 && e->p->storage[t] == e->ends[i]) continue; /* read by the host */
+                if (e->bk->mem_set_f32((float *)(e->base + s->offset),
+                                       bits_to_float(POISON_BITS), s->bytes / 4, e->ctx))
+                    return EXEC_ERR_BACKEND;
+            }
+        }
+    }
+    return EXEC_OK;
+}
+
+int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
+                          uint64_t step, int sample_base, float *loss)
+{
+    const struct plan *p = e->p;
+    if (zero_grads &&
+        e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4, e->ctx))
+        return EXEC_ERR_BACKEND;
+    int rc = run_range(e, 0, e->g->n_ops, dloss_scale, seed, step, sample_base);
+    if (rc) return rc;
+    if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
+    return EXEC_OK;
+}
+
+int exec_forward(struct exec *e, uint64_t seed, uint64_t step)
+{
+    int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops;
+    return run_range(e, 0, n, 1.0f, seed, step, 0);
+}
+
+float optim_lr(const struct optim_config *c, int64_t s)
+{
+    double lr = c->lr;
+    if (s < c->warmup) return (float)(lr * (double)(s + 1) / (double)c->warmup);
+    if (c->cosine && c->total_steps > c->warmup) {
+        double x = (double)(s - c->warmup) / (double)(c->total_steps - c->warmup);
+        if (x > 1.0) x = 1.0;
+        return (float)(lr * 0.5 * (1.0 + cos(3.14159265358979323846 * x)));
+    }
+    return (float)lr;
+}
+
+int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                        float *grad_norm)
+{
+    const struct plan *p = e->p;
+    size_t words = p->params_bytes / 4;
+    float *w = (float *)(e->base + p->params_off), *g = (float *)(e->base + p->grads_off);
+    double ss = 0;
+    if (e->bk->sumsq(&ss, g, words, e->ctx)) return EXEC_ERR_BACKEND;
+    float norm = (float)sqrt(ss), gscale = 1.0f;
+    if (grad_norm) *grad_norm = norm;
+    /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
+    if (c->clip > 0.0f) {
+        float coef = c->clip / (norm + 1e-6f);
+        gscale = coef < 1.0f ? coef : 1.0f;
+    }
+    struct bk_adamw h = {
+        .lr = lr,
+        .beta1 = c->beta1,
+        .beta2 = c->beta2,
+        .eps = c->eps,
+        .weight_decay = c->weight_decay,
+        .bias_c1 = (float)(1.0 - pow((double)c->beta1, (double)t)),
+        .bias_c2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t)),
+    };
+    if (e->bk->adamw_step(w, (float *)(e->base + p->adam_m_off),
+                          (float *)(e->base + p->adam_v_off), g, gscale, &h, words, e->ctx))
+        return EXEC_ERR_BACKEND;
+    if (c->ema_decay > 0.0f &&
+        e->bk->ema_update((float *)(e->base + p->ema_off), w, c->ema_decay, words, e->ctx))
+        return EXEC_ERR_BACKEND;
+    return EXEC_OK;
+}
+
+size_t exec_arena_high_water(struct exec *e)
+{
+    const struct plan *p = e->p;
+    size_t words = p->arena_bytes / 4;
+    uint32_t *h = malloc(words * 4 + 4);
+    if (!h) return 0;
+    size_t hw = 0;
+    if (!e->bk->mem_download(h, e->base + p->arena_off, words * 4, e->ctx)) {
+        for (size_t i = words; i > 0; i--)
+            if (h[i - 1] != FILL_BITS) {
+                hw = i * 4;
+                break;
+            }
+    }
+    free(h);
+    return hw;
+}

@@ -1,0 +1,72 @@
+/* exec.h - the executor: takes a job's one allocation (plan.total_bytes), binds every tensor to
+ * its planned address and runs forward, backward, clipping, AdamW and EMA through a backend.
+ * Nothing is allocated after exec_init.
+ */
+#ifndef DDPMD_EXEC_H
+#define DDPMD_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "graph.h"
+#include "plan.h"
+
+enum exec_status {
+    EXEC_OK = 0,
+    EXEC_ERR_NOMEM = 1,
+    EXEC_ERR_BACKEND = 2,
+    EXEC_ERR_GUARD = 3,   /* a kernel wrote outside its tensor (canary check) */
+    EXEC_ERR_ARG = 4,
+};
+
+struct exec_opts {
+    int threads;
+    int poison;           /* fill every arena storage with NaN after its last use */
+    int check_guards;     /* verify the canary gaps (plan_opts.guard_bytes) after every op */
+};
+
+struct optim_config {
+    float lr, beta1, beta2, eps, weight_decay;
+    float clip;           /* max global gradient norm; 0 disables clipping */
+    float ema_decay;      /* 0 disables EMA */
+    int warmup;           /* linear warmup steps */
+    int total_steps;      /* for the cosine schedule */
+    int cosine;           /* 0: constant after warmup, 1: cosine decay to 0 at total_steps */
+};
+
+struct exec;
+
+int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
+              const struct backend *bk, const struct exec_opts *opts);
+void exec_free(struct exec *e);
+
+/* device pointer of tensor id (valid for inputs, params, grads; arena tensors only while live) */
+float *exec_tensor(struct exec *e, int id);
+int exec_upload(struct exec *e, int id, const float *host);
+int exec_download(struct exec *e, int id, float *host);
+/* EMA weights of parameter id, to the host */
+int exec_download_ema(struct exec *e, int id, float *host);
+/* copies the current parameters into the EMA block and zeroes the AdamW state */
+int exec_reset_state(struct exec *e);
+
+/* one forward + backward over the whole graph; parameter gradients are zeroed first when
+ * zero_grads (a micro-batch after the first accumulates). dloss_scale multiplies the loss
+ * gradient (1/micro-batches for accumulation, or a loss scale). seed/step/sample_base feed
+ * dropout. loss (host) may be NULL. */
+int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
+                          uint64_t step, int sample_base, float *loss);
+/* forward only (ops [0, n_fwd_ops)): for sampling and validation */
+int exec_forward(struct exec *e, uint64_t seed, uint64_t step);
+
+/* learning rate of 0-based step s */
+float optim_lr(const struct optim_config *c, int64_t s);
+/* clip (global norm), AdamW with bias correction at 1-based step t, EMA. grad_norm: the norm
+ * before clipping (host, may be NULL). */
+int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                        float *grad_norm);
+
+/* the highest byte of the arena written since exec_init (a scan for the fill pattern) */
+size_t exec_arena_high_water(struct exec *e);
+
+#endif

@@ -1,0 +1,279 @@
+/* plan.c - lifetimes, in-place merging and best-fit placement of the arena; the persistent
+ * parts laid out around it. Runs in milliseconds and touches no device memory.
+ */
+#include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t align_up(size_t x) { return (x + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
+
+/* ops whose output may take over the bytes of an input that dies at that op: the kernels are
+ * element-wise in these positions (out[i] depends only on in[i] of the same index) */
+static int inplace_input(const struct op *o, int out_idx, int *in_idx)
+{
+    if (out_idx != 0 || o->accum[0]) return 0;
+    switch (o->type) {
+    case OP_ADD:
+    case OP_ADD_BCAST:
+    case OP_SILU_BWD:
+    case OP_GELU_BWD:
+    case OP_ADD_BWD:
+    case OP_ADD_BCAST_BWD:
+    case OP_DROPOUT:
+    case OP_DROPOUT_BWD:
+        *in_idx = 0;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static size_t op_ws_bytes(const struct op *o, const struct backend *bk)
+{
+    switch (o->type) {
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER:
+        return bk->conv2d_ws_bytes(&o->a.conv);
+    case OP_ATTENTION:
+    case OP_ATTENTION_BWD:
+        return bk->attn_ws_bytes(&o->a.at.s, o->a.at.tiled);
+    default:
+        return 0;
+    }
+}
+
+void plan_free(struct plan *p)
+{
+    free(p->offset);
+    free(p->storage);
+    free(p->first);
+    free(p->last);
+    free(p->st);
+    memset(p, 0, sizeof *p);
+}
+
+static int cmp_size_desc(const void *a, const void *b, void *ctx)
+{
+    const struct plan_storage *st = ctx;
+    const struct plan_storage *x = &st[*(const int *)a], *y = &st[*(const int *)b];
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+
+/* insertion sort with a context (qsort_r is not C11); storages number in the thousands */
+static void sort_idx(int *idx, int n, int (*cmp)(const void *, const void *, void *), void *ctx)
+{
+    for (int i = 1; i < n; i++) {
+        int v = idx[i], j = i - 1;
+        while (j >= 0 && cmp(&idx[j], &v, ctx) > 0) {
+            idx[j + 1] = idx[j];
+            j--;
+        }
+        idx[j + 1] = v;
+    }
+}
+
+static int cmp_offset(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* best fit: the smallest gap between storages already placed that overlap s in time */
+static int64_t place_best_fit(const struct plan_storage *st, const int *placed, int n_placed,
+                              const struct plan_storage *s, size_t guard, int64_t *busy)
+{
+    int nb = 0;
+    for (int i = 0; i < n_placed; i++) {
+        const struct plan_storage *o = &st[placed[i]];
+        if (o->first <= s->last && s->first <= o->last) {
+            busy[2 * nb] = o->offset;
+            busy[2 * nb + 1] = o->offset + (int64_t)align_up(o->bytes + guard);
+            nb++;
+        }
+    }
+    qsort(busy, (size_t)nb, 2 * sizeof(int64_t), cmp_offset);
+    int64_t need = (int64_t)align_up(s->bytes + guard), best = -1, best_gap = INT64_MAX;
+    int64_t cursor = 0;
+    for (int i = 0; i < nb; i++) {
+        int64_t gap = busy[2 * i] - cursor;
+        if (gap >= need && gap < best_gap) {
+            best = cursor;
+            best_gap = gap;
+        }
+        if (busy[2 * i + 1] > cursor) cursor = busy[2 * i + 1];
+    }
+    return best >= 0 ? best : cursor;
+}
+
+int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
+              const struct plan_opts *opts)
+{
+    struct plan_opts def = {0};
+    if (!opts) opts = &def;
+    memset(p, 0, sizeof *p);
+    int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
+    int *order = NULL, *placed = NULL;
+    int64_t *busy = NULL;
+    if (g->status) return PLAN_ERR_GRAPH;
+    p->n_tensors = n;
+    p->offset = malloc((size_t)n * sizeof *p->offset);
+    p->storage = malloc((size_t)n * sizeof *p->storage);
+    p->first = malloc((size_t)n * sizeof *p->first);
+    p->last = malloc((size_t)n * sizeof *p->last);
+    p->st = malloc((size_t)(n + 1) * sizeof *p->st);
+    if (!p->offset || !p->storage || !p->first || !p->last || !p->st) goto out;
+    for (int i = 0; i < n; i++) {
+        p->offset[i] = -1;
+        p->storage[i] = -1;
+        p->first[i] = -1;
+        p->last[i] = -1;
+    }
+
+    /* lifetimes of arena tensors in execution order */
+    int *readers = calloc((size_t)n, sizeof *readers);
+    if (!readers) goto out;
+    for (int k = 0; k < g->n_ops; k++) {
+        const struct op *o = &g->ops[k];
+        for (int j = 0; j < o->n_out; j++) {
+            int t = o->out[j];
+            if (t < 0) continue;
+            if (p->first[t] < 0) p->first[t] = k;
+            p->last[t] = k;
+        }
+        for (int j = 0; j < o->n_in; j++) {
+            int t = o->in[j];
+            if (t < 0) continue;
+            if (p->first[t] < 0) p->first[t] = k;
+            p->last[t] = k;
+            readers[t]++;
+        }
+    }
+    /* an arena tensor nobody reads (the loss) stays until the step ends: the host reads it */
+    for (int t = 0; t < n; t++)
+        if (g->tensors[t].kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t])
+            p->last[t] = g->n_ops - 1;
+    free(readers);
+
+    /* storages: one per arena tensor, merged through in-place ops */
+    for (int k = 0; k < g->n_ops; k++) {
+        const struct op *o = &g->ops[k];
+        for (int j = 0; j < o->n_out; j++) {
+            int t = o->out[j];
+            if (t < 0 || g->tensors[t].kind != TENSOR_ACT || p->storage[t] >= 0) continue;
+            int in_idx, src;
+            if (!opts->no_reuse && p->first[t] == k && inplace_input(o, j, &in_idx) &&
+                (src = o->in[in_idx]) >= 0 && g->tensors[src].kind == TENSOR_ACT &&
+                p->storage[src] >= 0 && p->st[p->storage[src]].last == k &&
+                tensor_bytes(&g->tensors[src]) == tensor_bytes(&g->tensors[t])) {
+                p->storage[t] = p->storage[src];
+                p->st[p->storage[t]].last = p->last[t];
+                continue;
+            }
+            struct plan_storage *s = &p->st[p->n_storages];
+            s->bytes = tensor_bytes(&g->tensors[t]);
+            s->first = p->first[t];
+            s->last = p->last[t];
+            s->offset = -1;
+            p->storage[t] = p->n_storages++;
+        }
+    }
+
+    /* persistent parts */
+    size_t off = 0;
+    for (int t = 0; t < n; t++)
+        if (g->tensors[t].kind == TENSOR_PARAM) {
+            p->offset[t] = (int64_t)off;
+            off += align_up(tensor_bytes(&g->tensors[t]));
+        }
+    p->params_off = 0;
+    p->params_bytes = off;
+    p->grads_off = p->params_bytes;
+    p->adam_m_off = p->grads_off + p->params_bytes;
+    p->adam_v_off = p->adam_m_off + p->params_bytes;
+    p->ema_off = p->adam_v_off + p->params_bytes;
+    off = p->ema_off + p->params_bytes;
+    for (int t = 0; t < n; t++) {
+        const struct tensor *tt = &g->tensors[t];
+        if (tt->kind == TENSOR_GRAD) {
+            int w = -1;
+            for (int s = 0; s < n && w < 0; s++)
+                if (g->tensors[s].grad == t) w = s;
+            p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[w]);
+        }
+    }
+    p->inputs_off = off;
+    for (int t = 0; t < n; t++)
+        if (g->tensors[t].kind == TENSOR_INPUT) {
+            p->offset[t] = (int64_t)off;
+            off += align_up(tensor_bytes(&g->tensors[t]));
+        }
+    p->inputs_bytes = off - p->inputs_off;
+    p->ws_off = off;
+    for (int k = 0; k < g->n_ops; k++) {
+        size_t w = op_ws_bytes(&g->ops[k], bk);
+        if (w > p->ws_bytes) p->ws_bytes = w;
+    }
+    p->ws_bytes = align_up(p->ws_bytes);
+    p->arena_off = p->ws_off + p->ws_bytes;
+
+    /* arena: best fit, largest first */
+    order = malloc((size_t)(p->n_storages + 1) * sizeof *order);
+    placed = malloc((size_t)(p->n_storages + 1) * sizeof *placed);
+    busy = malloc((size_t)(2 * p->n_storages + 2) * sizeof *busy);
+    if (!order || !placed || !busy) goto out;
+    size_t top = 0, guard = opts->guard_bytes;
+    for (int i = 0; i < p->n_storages; i++) {
+        order[i] = i;
+        p->no_reuse_arena_bytes += align_up(p->st[i].bytes);
+    }
+    if (opts->no_reuse) {
+        for (int i = 0; i < p->n_storages; i++) {
+            p->st[i].offset = (int64_t)top;
+            top += align_up(p->st[i].bytes + guard);
+        }
+    } else {
+        sort_idx(order, p->n_storages, cmp_size_desc, p->st);
+        for (int i = 0; i < p->n_storages; i++) {
+            struct plan_storage *s = &p->st[order[i]];
+            s->offset = place_best_fit(p->st, placed, i, s, guard, busy);
+            placed[i] = order[i];
+            size_t end = (size_t)s->offset + align_up(s->bytes + guard);
+            if (end > top) top = end;
+        }
+    }
+    p->arena_bytes = top;
+    p->guards_bytes = guard * (size_t)p->n_storages;
+    for (int i = 0; i < p->n_storages; i++) p->st[i].offset += (int64_t)p->arena_off;
+    for (int t = 0; t < n; t++)
+        if (p->storage[t] >= 0) p->offset[t] = p->st[p->storage[t]].offset;
+    p->total_bytes = p->arena_off + p->arena_bytes;
+    rc = PLAN_OK;
+out:
+    free(order);
+    free(placed);
+    free(busy);
+    if (rc) plan_free(p);
+    return rc;
+}
+
+static void pr(FILE *f, const char *what, size_t bytes)
+{
+    fprintf(f, "  %-22s %14zu bytes  %10.2f MiB\n", what, bytes, bytes / 1048576.0);
+}
+
+void plan_print(const struct plan *p, FILE *f)
+{
+    pr(f, "parameters", p->params_bytes);
+    pr(f, "gradients", p->params_bytes);
+    pr(f, "adamw state (m, v)", 2 * p->params_bytes);
+    pr(f, "ema", p->params_bytes);
+    pr(f, "inputs", p->inputs_bytes);
+    pr(f, "workspace", p->ws_bytes);
+    pr(f, "activation arena", p->arena_bytes);
+    pr(f, "  (without reuse)", p->no_reuse_arena_bytes);
+    pr(f, "total", p->total_bytes);
+}

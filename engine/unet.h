@@ -1,0 +1,56 @@
+/* unet.h - the UNet builder and its two presets: `ddpm` (diffusers' UNet2DModel, its parameter
+ * names and semantics) and `seed` (the UNet of the widely copied Diffusion-Models-pytorch
+ * script, its state_dict names), appended to a graph at a fixed micro-batch size.
+ */
+#ifndef DDPMD_UNET_H
+#define DDPMD_UNET_H
+
+#include <stdint.h>
+
+#include "graph.h"
+
+enum unet_preset { UNET_DDPM = 0, UNET_SEED = 1 };
+
+#define UNET_MAX_LEVELS 8
+
+struct unet_config {
+    enum unet_preset preset;
+    int in_channels, out_channels, image_size;
+
+    /* ddpm */
+    int n_levels;
+    int channels[UNET_MAX_LEVELS];   /* block_out_channels */
+    int layers_per_block;
+    int n_attn;
+    int attn_res[UNET_MAX_LEVELS];   /* resolutions (pixels) with attention blocks */
+    int groups;                      /* norm_num_groups */
+    float norm_eps;
+    int attn_head_dim;               /* 0: one head over all channels (diffusers' None) */
+    float dropout;
+    int flip_sin_to_cos;
+    float freq_shift;
+
+    /* seed */
+    int base;                        /* width of the first block (64 in the script) */
+    int time_dim;                    /* 256 in the script */
+    int heads;                       /* 4 in the script */
+
+    /* engine */
+    int attn_tiled;                  /* 1: FlashAttention-style kernels, 0: plain */
+};
+
+/* google/ddpm-cifar10-32 (ddpm) or the script's 64x64 RGB model (seed) */
+void unet_config_default(struct unet_config *c, enum unet_preset preset);
+/* 0 when the config can be built; otherwise a message in err */
+int unet_config_check(const struct unet_config *c, char *err, size_t errlen);
+
+struct unet_io {
+    int x;    /* input (N, in_channels, S, S) */
+    int t;    /* timesteps (N), float */
+    int out;  /* prediction (N, out_channels, S, S) */
+};
+
+/* appends the model's forward ops; returns g->status */
+int unet_build(struct graph *g, const struct unet_config *c, int batch, struct unet_io *io);
+
+#endif

@@ -1,0 +1,223 @@
+/* backend.h - the one interface between the engine and the compute kernels.
+ * A backend (kernels/cpu, kernels/cuda) fills a `struct backend` table of forward and backward
+ * kernels. All pointers are device pointers of that backend; all tensors are dense, row-major.
+ */
+#ifndef DDPMD_BACKEND_H
+#define DDPMD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Conventions for every kernel:
+ * - arguments: outputs, then inputs, then saved statistics, then sizes, then the context;
+ * - `accum` on an output gradient: 0 writes it (=), 1 adds to it (+=). Parameter gradients
+ *   (dw, db, dgamma, dbeta) always accumulate (+=); the executor zeroes them per step;
+ * - a NULL optional pointer (bias, output gradient not needed) means "absent / skip";
+ * - kernels never allocate: scratch comes from `ws` whose size the matching *_ws_bytes returns.
+ */
+
+typedef struct bk_ctx bk_ctx; /* per-job: thread count, stream, library handles */
+
+enum bk_status {
+    BK_OK = 0,
+    BK_ERR_INVALID = 1,
+    BK_ERR_DEVICE = 2,
+    BK_ERR_NOMEM = 3,
+};
+
+/* 2-D convolution, NCHW activations, OIHW weights, square stride, explicit padding per side
+ * (diffusers' downsample_padding=0 pads right/bottom only). */
+struct bk_conv2d {
+    int n, ci, h, w;        /* input  (N,Ci,H,W) */
+    int co, kh, kw;         /* weight (Co,Ci,Kh,Kw) */
+    int stride;
+    int pad_t, pad_l, pad_b, pad_r;
+    int ho, wo;             /* output (N,Co,Ho,Wo), filled by bk_conv2d_init */
+};
+
+/* Multi-head self-attention over tokens. q, k, v are (N, L, ld) row-major with the H*D
+ * features of the token at [0, H*D) of each row (row stride ld, so a packed qkv (N,L,3C)
+ * is passed as three pointers with ld = 3C). Output o is (N, L, H*D) dense. lse (N,H,L)
+ * is the log-sum-exp of each scaled score row, saved by the forward for the backward.
+ * Dropout-free. scale is usually 1/sqrt(D). */
+struct bk_attn {
+    int n, l, heads, d;
+    int ld;                 /* row stride of q, k, v and of dq, dk, dv */
+    float scale;
+};
+
+struct bk_adamw {
+    float lr, beta1, beta2, eps, weight_decay;
+    float bias_c1;          /* 1 - beta1^t */
+    float bias_c2_sqrt;     /* sqrt(1 - beta2^t) */
+};
+
+struct backend {
+    const char *name;
+
+    /* ---- context ---- */
+    int (*ctx_init)(bk_ctx **out, int threads);
+    void (*ctx_free)(bk_ctx *ctx);
+    /* memory: the one allocation a job makes on the device, and copies to/from the host */
+    int (*mem_alloc)(void **out, size_t bytes, bk_ctx *ctx);
+    void (*mem_free)(void *p, bk_ctx *ctx);
+    int (*mem_upload)(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx);
+    int (*mem_download)(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx);
+    int (*mem_set_f32)(float *dst, float value, size_t count, bk_ctx *ctx);
+    int (*sync)(bk_ctx *ctx);
+
+    /* ---- convolution ---- */
+    /* workspace bytes the three conv kernels need for this shape (the max of the three) */
+    size_t (*conv2d_ws_bytes)(const struct bk_conv2d *s);
+    int (*conv2d_fwd)(float *y, const float *x, const float *w, const float *b,
+                      void *ws, const struct bk_conv2d *s, bk_ctx *ctx);
+    /* dx (N,Ci,H,W) from dy (N,Co,Ho,Wo) */
+    int (*conv2d_bwd_data)(float *dx, const float *dy, const float *w, int accum,
+                           void *ws, const struct bk_conv2d *s, bk_ctx *ctx);
+    /* dw (Co,Ci,Kh,Kw) += ..., db (Co) += ... (db may be NULL) */
+    int (*conv2d_bwd_filter)(float *dw, float *db, const float *dy, const float *x,
+                             void *ws, const struct bk_conv2d *s, bk_ctx *ctx);
+
+    /* ---- linear: y (M,N) = x (M,K) @ w(N,K)^T + b(N) ---- */
+    int (*linear_fwd)(float *y, const float *x, const float *w, const float *b,
+                      int m, int k, int n, bk_ctx *ctx);
+    /* dx (M,K) (=/+= per accum, may be NULL), dw (N,K) +=, db (N) += (may be NULL) */
+    int (*linear_bwd)(float *dx, float *dw, float *db, const float *dy, const float *x,
+                      const float *w, int accum, int m, int k, int n, bk_ctx *ctx);
+
+    /* ---- normalisation (fp32 statistics) ---- */
+    /* group norm over x (N,C,HW), G groups; mean, rstd (N,G) saved; gamma, beta (C) */
+    int (*groupnorm_fwd)(float *y, float *mean, float *rstd, const float *x,
+                         const float *gamma, const float *beta, int n, int c, int hw, int groups,
+                         float eps, bk_ctx *ctx);
+    int (*groupnorm_bwd)(float *dx, float *dgamma, float *dbeta, const float *dy,
+                         const float *x, const float *gamma, const float *mean, const float *rstd,
+                         int accum, int n, int c, int hw, int groups, bk_ctx *ctx);
+    /* layer norm over the last dim: x (M,D); mean, rstd (M) saved; gamma, beta (D) */
+    int (*layernorm_fwd)(float *y, float *mean, float *rstd, const float *x,
+                         const float *gamma, const float *beta, int m, int d, float eps,
+                         bk_ctx *ctx);
+    int (*layernorm_bwd)(float *dx, float *dgamma, float *dbeta, const float *dy,
+                         const float *x, const float *gamma, const float *mean,
+                         const float *rstd, int accum, int m, int d, bk_ctx *ctx);
+
+    /* ---- element-wise (count elements) ---- */
+    int (*silu_fwd)(float *y, const float *x, size_t count, bk_ctx *ctx);
+    int (*silu_bwd)(float *dx, const float *dy, const float *x, int accum, size_t count,
+                    bk_ctx *ctx);
+    /* exact GELU: 0.5 x (1 + erf(x / sqrt 2)) */
+    int (*gelu_fwd)(float *y, const float *x, size_t count, bk_ctx *ctx);
+    int (*gelu_bwd)(float *dx, const float *dy, const float *x, int accum, size_t count,
+                    bk_ctx *ctx);
+    /* y = a + b */
+    int (*add_fwd)(float *y, const float *a, const float *b, size_t count, bk_ctx *ctx);
+    /* dx (=/+=) dy; the backward of add and of identity-like ops */
+    int (*copy_grad)(float *dx, const float *dy, int accum, size_t count, bk_ctx *ctx);
+    /* y (N,C,HW) = x (N,C,HW) + b (N,C) broadcast over HW (the time term) */
+    int (*add_bcast_fwd)(float *y, const float *x, const float *b, int n, int c, int hw,
+                         bk_ctx *ctx);
+    /* db (N,C) (=/+= per accum) = sum over HW of dy */
+    int (*add_bcast_bwd)(float *db, const float *dy, int accum, int n, int c, int hw,
+                         bk_ctx *ctx);
+    /* y = x * s (a scalar), used for output scale factors and loss scaling */
+    int (*scale_fwd)(float *y, const float *x, float s, size_t count, bk_ctx *ctx);
+
+    /* ---- layout ---- */
+    /* channel concat: y (N,C1+C2,HW) = [a (N,C1,HW), b (N,C2,HW)] */
+    int (*concat_fwd)(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
+                      bk_ctx *ctx);
+    int (*concat_bwd)(float *da, float *db, const float *dy, int accum_a, int accum_b, int n,
+                      int c1, int c2, int hw, bk_ctx *ctx);
+    /* y (N,HW,C) = transpose of x (N,C,HW); the same kernel with (hw, c) swapped inverts it.
+     * Backward of a transpose is the inverse transpose with accum. */
+    int (*transpose_fwd)(float *y, const float *x, int accum, int n, int c, int hw, bk_ctx *ctx);
+
+    /* ---- resampling ---- */
+    /* x (N,C,H,W) -> y (N,C,2H,2W) */
+    int (*upsample_nearest2x_fwd)(float *y, const float *x, int n, int c, int h, int w,
+                                  bk_ctx *ctx);
+    int (*upsample_nearest2x_bwd)(float *dx, const float *dy, int accum, int n, int c, int h,
+                                  int w, bk_ctx *ctx);
+    int (*upsample_bilinear2x_fwd)(float *y, const float *x, int align_corners, int n, int c,
+                                   int h, int w, bk_ctx *ctx);
+    int (*upsample_bilinear2x_bwd)(float *dx, const float *dy, int align_corners, int accum,
+                                   int n, int c, int h, int w, bk_ctx *ctx);
+    /* 2x2 max pool, stride 2: x (N,C,H,W) -> y (N,C,H/2,W/2) (floor); backward recomputes
+     * the argmax from x (first maximum in row-major window order, as PyTorch) */
+    int (*maxpool2x2_fwd)(float *y, const float *x, int n, int c, int h, int w, bk_ctx *ctx);
+    int (*maxpool2x2_bwd)(float *dx, const float *dy, const float *x, int accum, int n, int c,
+                          int h, int w, bk_ctx *ctx);
+
+    /* ---- time embedding ---- */
+    /* y (N,dim) from timesteps t (N): half = dim/2, freq_i = exp(-ln(max_period) * i /
+     * (half - freq_shift)), arg = t * freq_i, y = [sin(arg), cos(arg)] or [cos, sin] when
+     * flip_sin_to_cos. No backward (t is data). */
+    int (*timestep_embed_fwd)(float *y, const float *t, int n, int dim, int flip_sin_to_cos,
+                              float freq_shift, float max_period, bk_ctx *ctx);
+
+    /* ---- attention ---- */
+    /* tiled (FlashAttention-style): no L x L tensor kept; ws from attn_ws_bytes(tiled=1) */
+    size_t (*attn_ws_bytes)(const struct bk_attn *s, int tiled);
+    int (*attn_fwd)(float *o, float *lse, const float *q, const float *k, const float *v,
+                    void *ws, const struct bk_attn *s, bk_ctx *ctx);
+    /* dq, dk, dv written (=), row stride ld; recomputes scores from q, k and lse */
+    int (*attn_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                    const float *k, const float *v, const float *o, const float *lse, void *ws,
+                    const struct bk_attn *s, bk_ctx *ctx);
+    /* plain form: probabilities p (N,H,L,L) saved by the forward, used by the backward */
+    int (*attn_plain_fwd)(float *o, float *p, const float *q, const float *k, const float *v,
+                          void *ws, const struct bk_attn *s, bk_ctx *ctx);
+    int (*attn_plain_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          const float *k, const float *v, const float *p, void *ws,
+                          const struct bk_attn *s, bk_ctx *ctx);
+
+    /* ---- loss ---- */
+    /* loss[0] = mean((pred - target)^2) over count elements */
+    int (*mse_fwd)(float *loss, const float *pred, const float *target, size_t count,
+                   bk_ctx *ctx);
+    /* dpred (=/+=) = dloss_scale * 2 (pred - target) / count */
+    int (*mse_bwd)(float *dpred, const float *pred, const float *target, float dloss_scale,
+                   int accum, size_t count, bk_ctx *ctx);
+
+    /* ---- dropout: mask from Philox(seed, PHILOX_TAG_DROPOUT, step, sample, op, element) ---- */
+    /* x is (N, per_sample) elements; p in [0,1); sample_base offsets the sample index (micro-
+     * batches). y = keep ? x / (1-p) : 0. The backward recomputes the same mask. */
+    int (*dropout_fwd)(float *y, const float *x, float p, uint64_t seed, uint64_t step,
+                       uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+    int (*dropout_bwd)(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
+                       uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                       bk_ctx *ctx);
+
+    /* ---- optimizer (flat over all parameters) ---- */
+    /* out[0] = sum of squares of x (count), accumulated in double on the CPU */
+    int (*sumsq)(double *out_host, const float *x, size_t count, bk_ctx *ctx);
+    /* PyTorch AdamW (decoupled weight decay, bias correction) with gradient scale gscale
+     * applied to g first (clipping and loss-scale undo) */
+    int (*adamw_step)(float *w, float *m, float *v, const float *g, float gscale,
+                      const struct bk_adamw *h, size_t count, bk_ctx *ctx);
+    /* ema = decay * ema + (1 - decay) * w */
+    int (*ema_update)(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
+};
+
+/* the CPU backend, always present */
+const struct backend *backend_cpu(void);
+
+/* conv2d output size from the input size and padding; returns BK_ERR_INVALID when empty */
+static inline int bk_conv2d_init(struct bk_conv2d *s)
+{
+    if (s->stride < 1 || s->kh < 1 || s->kw < 1) return BK_ERR_INVALID;
+    int hp = s->h + s->pad_t + s->pad_b - s->kh, wp = s->w + s->pad_l + s->pad_r - s->kw;
+    if (hp < 0 || wp < 0) return BK_ERR_INVALID;
+    s->ho = hp / s->stride + 1;
+    s->wo = wp / s->stride + 1;
+    return BK_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

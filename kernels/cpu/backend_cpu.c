@@ -1,0 +1,120 @@
+/* backend_cpu.c - the CPU backend's table and its context/memory functions.
+ * Memory is plain host memory; the executor takes all of a job's bytes in one cpu_mem_alloc.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "cpu.h"
+
+int cpu_ctx_init(bk_ctx **out, int threads)
+{
+    bk_ctx *c = calloc(1, sizeof *c);
+    if (!c) return BK_ERR_NOMEM;
+    c->threads = threads > 0 ? threads : 1;
+    /* OpenBLAS (OpenMP build) is process-global: the last context set wins */
+    openblas_set_num_threads(c->threads);
+    *out = c;
+    return BK_OK;
+}
+
+void cpu_ctx_free(bk_ctx *ctx) { free(ctx); }
+
+int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
+{
+    (void)ctx;
+    /* 64-byte alignment: every planned offset is a multiple of 64 too */
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return BK_ERR_NOMEM;
+    *out = p;
+    return BK_OK;
+}
+
+void cpu_mem_free(void *p, bk_ctx *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+int cpu_mem_upload(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx)
+{
+    (void)ctx;
+    memcpy(dst, src_host, bytes);
+    return BK_OK;
+}
+
+int cpu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
+{
+    (void)ctx;
+    memcpy(dst_host, src, bytes);
+    return BK_OK;
+}
+
+int cpu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx)
+{
+    (void)ctx;
+    for (size_t i = 0; i < count; i++) dst[i] = value;
+    return BK_OK;
+}
+
+int cpu_sync(bk_ctx *ctx)
+{
+    (void)ctx;
+    return BK_OK;
+}
+
+static const struct backend cpu_backend = {
+    .name = "cpu",
+    .ctx_init = cpu_ctx_init,
+    .ctx_free = cpu_ctx_free,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .mem_upload = cpu_mem_upload,
+    .mem_download = cpu_mem_download,
+    .mem_set_f32 = cpu_mem_set_f32,
+    .sync = cpu_sync,
+    .conv2d_ws_bytes = cpu_conv2d_ws_bytes,
+    .conv2d_fwd = cpu_conv2d_fwd,
+    .conv2d_bwd_data = cpu_conv2d_bwd_data,
+    .conv2d_bwd_filter = cpu_conv2d_bwd_filter,
+    .linear_fwd = cpu_linear_fwd,
+    .linear_bwd = cpu_linear_bwd,
+    .groupnorm_fwd = cpu_groupnorm_fwd,
+    .groupnorm_bwd = cpu_groupnorm_bwd,
+    .layernorm_fwd = cpu_layernorm_fwd,
+    .layernorm_bwd = cpu_layernorm_bwd,
+    .silu_fwd = cpu_silu_fwd,
+    .silu_bwd = cpu_silu_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .add_fwd = cpu_add_fwd,
+    .copy_grad = cpu_copy_grad,
+    .add_bcast_fwd = cpu_add_bcast_fwd,
+    .add_bcast_bwd = cpu_add_bcast_bwd,
+    .scale_fwd = cpu_scale_fwd,
+    .concat_fwd = cpu_concat_fwd,
+    .concat_bwd = cpu_concat_bwd,
+    .transpose_fwd = cpu_transpose_fwd,
+    .upsample_nearest2x_fwd = cpu_upsample_nearest2x_fwd,
+    .upsample_nearest2x_bwd = cpu_upsample_nearest2x_bwd,
+    .upsample_bilinear2x_fwd = cpu_upsample_bilinear2x_fwd,
+    .upsample_bilinear2x_bwd = cpu_upsample_bilinear2x_bwd,
+    .maxpool2x2_fwd = cpu_maxpool2x2_fwd,
+    .maxpool2x2_bwd = cpu_maxpool2x2_bwd,
+    .timestep_embed_fwd = cpu_timestep_embed_fwd,
+    .attn_ws_bytes = cpu_attn_ws_bytes,
+    .attn_fwd = cpu_attn_fwd,
+    .attn_bwd = cpu_attn_bwd,
+    .attn_plain_fwd = cpu_attn_plain_fwd,
+    .attn_plain_bwd = cpu_attn_plain_bwd,
+    .mse_fwd = cpu_mse_fwd,
+    .mse_bwd = cpu_mse_bwd,
+    .dropout_fwd = cpu_dropout_fwd,
+    .dropout_bwd = cpu_dropout_bwd,
+    .sumsq = cpu_sumsq,
+    .adamw_step = cpu_adamw_step,
+    .ema_update = cpu_ema_update,
+};
+
+const struct backend *backend_cpu(void) { return &cpu_backend; }

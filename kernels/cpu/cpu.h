@@ -1,0 +1,109 @@
+/* cpu.h - the CPU backend's kernels (OpenMP + OpenBLAS), gathered into a `struct backend` by
+ * backend_cpu.c. Signatures are those of kernels/backend.h; see there for the contracts.
+ */
+#ifndef DDPMD_CPU_H
+#define DDPMD_CPU_H
+
+#include "backend.h"
+
+struct bk_ctx {
+    int threads; /* fixed per job: results are bit-identical at a given count */
+};
+
+int cpu_ctx_init(bk_ctx **out, int threads);
+void cpu_ctx_free(bk_ctx *ctx);
+int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);
+void cpu_mem_free(void *p, bk_ctx *ctx);
+int cpu_mem_upload(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx);
+int cpu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx);
+int cpu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx);
+int cpu_sync(bk_ctx *ctx);
+
+/* conv.c */
+size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s);
+int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+                   const struct bk_conv2d *s, bk_ctx *ctx);
+int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+                        const struct bk_conv2d *s, bk_ctx *ctx);
+int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+                          const struct bk_conv2d *s, bk_ctx *ctx);
+/* linear.c */
+int cpu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k,
+                   int n, bk_ctx *ctx);
+int cpu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
+                   const float *w, int accum, int m, int k, int n, bk_ctx *ctx);
+/* norm.c */
+int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                      const float *beta, int n, int c, int hw, int groups, float eps,
+                      bk_ctx *ctx);
+int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                      const float *gamma, const float *mean, const float *rstd, int accum, int n,
+                      int c, int hw, int groups, bk_ctx *ctx);
+int cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                      const float *beta, int m, int d, float eps, bk_ctx *ctx);
+int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                      const float *gamma, const float *mean, const float *rstd, int accum, int m,
+                      int d, bk_ctx *ctx);
+/* attention.c */
+size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled);
+int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+                 void *ws, const struct bk_attn *s, bk_ctx *ctx);
+int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                 const float *k, const float *v, const float *o, const float *lse, void *ws,
+                 const struct bk_attn *s, bk_ctx *ctx);
+int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
+                       void *ws, const struct bk_attn *s, bk_ctx *ctx);
+int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                       const float *k, const float *v, const float *p, void *ws,
+                       const struct bk_attn *s, bk_ctx *ctx);
+/* eltwise.c */
+int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
+int cpu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
+                 bk_ctx *ctx);
+int cpu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
+int cpu_gelu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
+                 bk_ctx *ctx);
+int cpu_add_fwd(float *y, const float *a, const float *b, size_t count, bk_ctx *ctx);
+int cpu_copy_grad(float *dx, const float *dy, int accum, size_t count, bk_ctx *ctx);
+int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int hw,
+                      bk_ctx *ctx);
+int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx);
+int cpu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx);
+/* layout.c */
+int cpu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
+                   bk_ctx *ctx);
+int cpu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n,
+                   int c1, int c2, int hw, bk_ctx *ctx);
+int cpu_transpose_fwd(float *y, const float *x, int accum, int n, int c, int hw, bk_ctx *ctx);
+/* resample.c */
+int cpu_upsample_nearest2x_fwd(float *y, const float *x, int n, int c, int h, int w,
+                               bk_ctx *ctx);
+int cpu_upsample_nearest2x_bwd(float *dx, const float *dy, int accum, int n, int c, int h,
+                               int w, bk_ctx *ctx);
+int cpu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int n, int c,
+                                int h, int w, bk_ctx *ctx);
+int cpu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, int accum,
+                                int n, int c, int h, int w, bk_ctx *ctx);
+int cpu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_ctx *ctx);
+int cpu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, int n, int c,
+                       int h, int w, bk_ctx *ctx);
+/* embed.c */
+int cpu_timestep_embed_fwd(float *y, const float *t, int n, int dim, int flip_sin_to_cos,
+                           float freq_shift, float max_period, bk_ctx *ctx);
+/* loss.c */
+int cpu_mse_fwd(float *loss, const float *pred, const float *target, size_t count,
+                bk_ctx *ctx);
+int cpu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
+                int accum, size_t count, bk_ctx *ctx);
+int cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step,
+                    uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
+                    uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                    bk_ctx *ctx);
+/* optim.c */
+int cpu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx);
+int cpu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
+                   const struct bk_adamw *h, size_t count, bk_ctx *ctx);
+int cpu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
+
+#endif

@@ -1,0 +1,90 @@
+/* layout.c - the CPU backend's layout kernels: channel concat in NCHW (forward and backward)
+ * and the (N,C,HW) <-> (N,HW,C) transpose around attention, cache-blocked. Pure data movement:
+ * every output element is written by exactly one thread.
+ */
+#include <string.h>
+
+#include "cpu.h"
+
+#define LAYOUT_PAR_MIN 16384
+#define LAYOUT_TILE 32 /* 32x32 floats = 4 KiB per side: both tiles stay in L1 */
+
+/* y (N,C1+C2,HW) = [a (N,C1,HW), b (N,C2,HW)] */
+int cpu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
+                   bk_ctx *ctx)
+{
+    int ct = c1 + c2;
+    long rows = (long)n * ct;
+#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        long s = r / ct;
+        int ch = (int)(r % ct);
+        const float *src = ch < c1 ? a + ((size_t)s * c1 + ch) * hw
+                                   : b + ((size_t)s * c2 + (ch - c1)) * hw;
+        memcpy(y + (size_t)r * hw, src, (size_t)hw * sizeof(float));
+    }
+    return BK_OK;
+}
+
+/* da (N,C1,HW), db (N,C2,HW) from dy (N,C1+C2,HW); each (=/+=) per its own accum flag; a NULL
+ * da or db is skipped. */
+int cpu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n,
+                   int c1, int c2, int hw, bk_ctx *ctx)
+{
+    int ct = c1 + c2;
+    long rows = (long)n * ct;
+#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        long s = r / ct;
+        int ch = (int)(r % ct);
+        float *dst;
+        int acc;
+        if (ch < c1) {
+            if (!da) continue;
+            dst = da + ((size_t)s * c1 + ch) * hw;
+            acc = accum_a;
+        } else {
+            if (!db) continue;
+            dst = db + ((size_t)s * c2 + (ch - c1)) * hw;
+            acc = accum_b;
+        }
+        const float *g = dy + (size_t)r * hw;
+        if (acc)
+            for (int p = 0; p < hw; p++) dst[p] += g[p];
+        else
+            memcpy(dst, g, (size_t)hw * sizeof(float));
+    }
+    return BK_OK;
+}
+
+/* y (N,HW,C) (=/+= per accum) = transpose of x (N,C,HW). Called with (c, hw) swapped it maps
+ * (N,HW,C) back to (N,C,HW), which is also this op's backward (with accum). y must not overlap
+ * x. Tiles of LAYOUT_TILE x LAYOUT_TILE are distributed over threads. */
+int cpu_transpose_fwd(float *y, const float *x, int accum, int n, int c, int hw, bk_ctx *ctx)
+{
+    int tc = (c + LAYOUT_TILE - 1) / LAYOUT_TILE;
+    int tp = (hw + LAYOUT_TILE - 1) / LAYOUT_TILE;
+    size_t total = (size_t)n * c * hw;
+#pragma omp parallel for collapse(3) num_threads(ctx->threads) if (total >= LAYOUT_PAR_MIN) schedule(static)
+    for (int s = 0; s < n; s++) {
+        for (int ic = 0; ic < tc; ic++) {
+            for (int ip = 0; ip < tp; ip++) {
+                const float *xs = x + (size_t)s * c * hw;
+                float *ys = y + (size_t)s * c * hw;
+                int c0 = ic * LAYOUT_TILE, c1 = c0 + LAYOUT_TILE < c ? c0 + LAYOUT_TILE : c;
+                int p0 = ip * LAYOUT_TILE, p1 = p0 + LAYOUT_TILE < hw ? p0 + LAYOUT_TILE : hw;
+                /* inner loop writes y contiguously along C; the x tile is L1-resident */
+                if (accum) {
+                    for (int p = p0; p < p1; p++)
+                        for (int ch = c0; ch < c1; ch++)
+                            ys[(size_t)p * c + ch] += xs[(size_t)ch * hw + p];
+                } else {
+                    for (int p = p0; p < p1; p++)
+                        for (int ch = c0; ch < c1; ch++)
+                            ys[(size_t)p * c + ch] = xs[(size_t)ch * hw + p];
+                }
+            }
+        }
+    }
+    return BK_OK;
+}

@@ -1,0 +1,54 @@
+/* linear.c - CPU fully connected layer y (M,N) = x (M,K) @ w (N,K)^T + b (N), forward and
+ * backward, through OpenBLAS sgemm.
+ */
+#include <cblas.h>
+
+#include "cpu.h"
+
+/* column block of the bias-gradient reduction: rows are summed in order within a block */
+#define LINEAR_DB_BLOCK 64
+
+int cpu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k,
+                   int n, bk_ctx *ctx)
+{
+    if (!y || !x || !w || !ctx || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if (b) {
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) y[(size_t)i * n + j] = b[j];
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
+                b ? 1.0f : 0.0f, y, n);
+    return BK_OK;
+}
+
+/* dx (M,K) (=/+= per accum, may be NULL), dw (N,K) +=, db (N) += (may be NULL) */
+int cpu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
+                   const float *w, int accum, int m, int k, int n, bk_ctx *ctx)
+{
+    if (!dy || !ctx || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if ((dx && !w) || (dw && !x)) return BK_ERR_INVALID;
+    /* dx (M,K) = dy (M,N) @ w (N,K) */
+    if (dx)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, dy, n, w, k,
+                    accum ? 1.0f : 0.0f, dx, k);
+    /* dw (N,K) += dy^T (N,M) @ x (M,K) */
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, dy, n, x, k, 1.0f,
+                    dw, k);
+    if (db) {
+        const int nblk = (n + LINEAR_DB_BLOCK - 1) / LINEAR_DB_BLOCK;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+        for (int bi = 0; bi < nblk; bi++) {
+            int j0 = bi * LINEAR_DB_BLOCK;
+            int nb = n - j0 < LINEAR_DB_BLOCK ? n - j0 : LINEAR_DB_BLOCK;
+            double acc[LINEAR_DB_BLOCK] = {0};
+            for (int i = 0; i < m; i++) {
+                const float *r = dy + (size_t)i * n + j0;
+                for (int j = 0; j < nb; j++) acc[j] += r[j];
+            }
+            for (int j = 0; j < nb; j++) db[j0 + j] += (float)acc[j];
+        }
+    }
+    return BK_OK;
+}

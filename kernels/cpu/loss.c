@@ -1,0 +1,105 @@
+/* loss.c - the CPU backend's MSE loss (forward and backward) and Philox dropout (forward and
+ * backward). The MSE sum is a double reduction over fixed chunks combined in a fixed order, so
+ * it is bit-identical at any thread count; dropout masks are pure functions of their coordinates.
+ */
+#include "cpu.h"
+#include "philox.h"
+
+#define LOSS_PAR_MIN 16384
+#define LOSS_CHUNK_MIN 16384 /* elements per reduction chunk, at least */
+#define LOSS_CHUNK_MAX 256   /* reduction chunks, at most (partials live on the stack) */
+
+/* loss[0] = mean((pred - target)^2) over count elements, summed in double */
+int cpu_mse_fwd(float *loss, const float *pred, const float *target, size_t count,
+                bk_ctx *ctx)
+{
+    double part[LOSS_CHUNK_MAX];
+    /* the chunking depends on count only, never on the thread count */
+    size_t nch = (count + LOSS_CHUNK_MIN - 1) / LOSS_CHUNK_MIN;
+    if (nch > LOSS_CHUNK_MAX) nch = LOSS_CHUNK_MAX;
+    if (nch == 0) nch = 1;
+#pragma omp parallel for num_threads(ctx->threads) if (nch > 1) schedule(static)
+    for (size_t ch = 0; ch < nch; ch++) {
+        size_t i0 = count * ch / nch, i1 = count * (ch + 1) / nch;
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        size_t i = i0;
+        for (; i + 8 <= i1; i += 8)
+            for (int l = 0; l < 8; l++) {
+                double d = (double)pred[i + l] - (double)target[i + l];
+                acc[l] += d * d;
+            }
+        for (int l = 0; i < i1; i++, l++) {
+            double d = (double)pred[i] - (double)target[i];
+            acc[l] += d * d;
+        }
+        part[ch] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    double s = 0.0;
+    for (size_t ch = 0; ch < nch; ch++) s += part[ch];
+    loss[0] = count ? (float)(s / (double)count) : 0.0f;
+    return BK_OK;
+}
+
+/* dpred (count) (=/+=) dloss_scale * 2 (pred - target) / count */
+int cpu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
+                int accum, size_t count, bk_ctx *ctx)
+{
+    if (count == 0) return BK_OK;
+    float coef = (float)(2.0 * (double)dloss_scale / (double)count);
+#pragma omp parallel for num_threads(ctx->threads) if (count >= LOSS_PAR_MIN) schedule(static)
+    for (size_t i = 0; i < count; i++) {
+        float g = coef * (pred[i] - target[i]);
+        dpred[i] = accum ? dpred[i] + g : g;
+    }
+    return BK_OK;
+}
+
+/* Shared by forward and backward so both see one mask: element e of sample s (of the micro-batch)
+ * is kept iff philox_uniform_at(seed, DROPOUT, step, sample_base + s, op, e) >= p; kept values
+ * are multiplied by 1/(1-p) computed once in float (PyTorch's x * (mask / (1-p))).
+ * out (N,per_sample) (= or += per accum) from in (N,per_sample). */
+static int dropout_apply(float *out, const float *in, float p, uint64_t seed, uint64_t step,
+                         uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                         bk_ctx *ctx)
+{
+    if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull) return BK_ERR_INVALID;
+    size_t total = (size_t)n * per_sample;
+    if (p == 0.0f) { /* every uniform is > 0: all kept, scale 1 - an exact copy */
+#pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN) schedule(static)
+        for (size_t i = 0; i < total; i++) out[i] = accum ? out[i] + in[i] : in[i];
+        return BK_OK;
+    }
+    float scale = 1.0f / (1.0f - p);
+    size_t nblk = (per_sample + 3) / 4; /* one Philox call gives 4 elements */
+    size_t blocks = (size_t)n * nblk;
+#pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t s = b / nblk, blk = b % nblk;
+        struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                          (uint32_t)(sample_base + (int)s), op, (uint32_t)blk);
+        size_t e0 = blk * 4;
+        size_t ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
+        const float *src = in + s * per_sample + e0;
+        float *dst = out + s * per_sample + e0;
+        for (size_t q = 0; q < ne; q++) {
+            float v = philox_uniform(r.v[q]) >= p ? src[q] * scale : 0.0f;
+            dst[q] = accum ? dst[q] + v : v;
+        }
+    }
+    return BK_OK;
+}
+
+/* y (N,per_sample) = keep ? x / (1-p) : 0 */
+int cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step,
+                    uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx)
+{
+    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, ctx);
+}
+
+/* dx (N,per_sample) (=/+=) keep ? dy / (1-p) : 0, the forward's mask recomputed */
+int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
+                    uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                    bk_ctx *ctx)
+{
+    return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, ctx);
+}

@@ -1,0 +1,4 @@
+/* main.c - the ddpmd command line. */
+#include "cli.h"
+
+int main(int argc, char **argv) { return cli_main(argc, argv); }

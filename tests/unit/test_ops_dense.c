@@ -1,0 +1,724 @@
+/* test_ops_dense.c - the CPU conv2d, linear, group/layer norm and attention kernels against
+ * float64 references written here as naive loops (forward) and central finite differences of
+ * those references (backward); also accum paths, NULL options, bad sizes and determinism.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "test_util.h"
+
+#define TOL_FWD 1e-5
+#define TOL_BWD 1e-4
+#define TOL_ACC 1e-6 /* accum=1 result against previous contents + the accum=0 result */
+#define FD_H 1e-5
+
+static bk_ctx *ctx;
+
+enum { OP_CONV, OP_LINEAR, OP_GROUPNORM, OP_LAYERNORM, OP_ATTN, OP_ATTN_PLAIN, OP_COUNT };
+static const char *op_names[OP_COUNT] = {"conv2d", "linear", "groupnorm", "layernorm",
+                                         "attn(tiled)", "attn(plain)"};
+static double max_fwd[OP_COUNT], max_bwd[OP_COUNT], max_lse;
+
+static void note(double *slot, double err)
+{
+    if (!(err <= *slot)) *slot = err; /* NaN sticks */
+}
+
+static float *falloc(size_t n)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) abort();
+    return p;
+}
+static double *dalloc(size_t n)
+{
+    double *p = calloc(n ? n : 1, sizeof(double));
+    if (!p) abort();
+    return p;
+}
+static double *to_double(const float *f, size_t n)
+{
+    double *d = dalloc(n);
+    for (size_t i = 0; i < n; i++) d[i] = f[i];
+    return d;
+}
+static double dot_dd(const double *a, const double *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static void fill_nan(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+static size_t rand_index(size_t n)
+{
+    size_t i = (size_t)((tu_rand() + 1.0) * 0.5 * (double)n);
+    return i < n ? i : n - 1;
+}
+
+/* ---- finite differences: grad of loss() w.r.t. x[idx[s]], against the kernel's g ---- */
+typedef double (*loss_fn)(void *arg);
+
+static double fd_err_idx(const float *g, double *x, const size_t *idx, size_t cnt, loss_fn loss,
+                         void *arg)
+{
+    float *gk = falloc(cnt);
+    double *gr = dalloc(cnt);
+    for (size_t s = 0; s < cnt; s++) {
+        size_t i = idx[s];
+        double x0 = x[i];
+        x[i] = x0 + FD_H;
+        double lp = loss(arg);
+        x[i] = x0 - FD_H;
+        double lm = loss(arg);
+        x[i] = x0;
+        gr[s] = (lp - lm) / (2 * FD_H);
+        gk[s] = g[i];
+    }
+    double e = tu_rel_err(gk, gr, cnt);
+    free(gk);
+    free(gr);
+    return e;
+}
+
+/* every element when n <= max_samples, else max_samples random ones */
+static double fd_err(const float *g, double *x, size_t n, size_t max_samples, loss_fn loss,
+                     void *arg)
+{
+    size_t cnt = n <= max_samples ? n : max_samples;
+    size_t *idx = malloc(cnt * sizeof *idx);
+    if (!idx) abort();
+    for (size_t s = 0; s < cnt; s++) idx[s] = n <= max_samples ? s : rand_index(n);
+    double e = fd_err_idx(g, x, idx, cnt, loss, arg);
+    free(idx);
+    return e;
+}
+
+/* accum=1 result against prev + g (float): the contract "adds to previous contents" */
+static double accum_err(const float *res, const float *prev, const float *g, size_t n)
+{
+    double *ref = dalloc(n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)prev[i] + (double)g[i];
+    double e = tu_rel_err(res, ref, n);
+    free(ref);
+    return e;
+}
+
+/* ======================================================================================== */
+/* conv2d                                                                                   */
+/* ======================================================================================== */
+
+static void ref_conv(double *y, const double *x, const double *w, const double *b,
+                     const struct bk_conv2d *s)
+{
+    for (int n = 0; n < s->n; n++)
+        for (int o = 0; o < s->co; o++)
+            for (int oh = 0; oh < s->ho; oh++)
+                for (int ow = 0; ow < s->wo; ow++) {
+                    double acc = b ? b[o] : 0.0;
+                    for (int c = 0; c < s->ci; c++)
+                        for (int ki = 0; ki < s->kh; ki++)
+                            for (int kj = 0; kj < s->kw; kj++) {
+                                int ih = oh * s->stride - s->pad_t + ki;
+                                int iw = ow * s->stride - s->pad_l + kj;
+                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
+                                acc += x[(((size_t)n * s->ci + c) * s->h + ih) * s->w + iw] *
+                                       w[(((size_t)o * s->ci + c) * s->kh + ki) * s->kw + kj];
+                            }
+                    y[(((size_t)n * s->co + o) * s->ho + oh) * s->wo + ow] = acc;
+                }
+}
+
+struct conv_arg {
+    const struct bk_conv2d *s;
+    double *x, *w, *b, *y;
+    const double *r;
+    size_t ny;
+};
+static double conv_loss(void *p)
+{
+    struct conv_arg *a = p;
+    ref_conv(a->y, a->x, a->w, a->b, a->s);
+    return dot_dd(a->y, a->r, a->ny);
+}
+
+static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, int pt, int pl,
+                      int pb, int pr, int bias)
+{
+    struct bk_conv2d s = {.n = n, .ci = ci, .h = h, .w = w, .co = co, .kh = k, .kw = k,
+                          .stride = stride, .pad_t = pt, .pad_l = pl, .pad_b = pb, .pad_r = pr};
+    CHECK(bk_conv2d_init(&s) == BK_OK, "conv init");
+    char tag[160];
+    snprintf(tag, sizeof tag, "conv n%d ci%d %dx%d co%d k%d s%d pad(%d,%d,%d,%d) bias%d", n, ci, h,
+             w, co, k, stride, pt, pl, pb, pr, bias);
+    size_t nx = (size_t)n * ci * h * w, nw = (size_t)co * ci * k * k,
+           ny = (size_t)n * co * s.ho * s.wo;
+    size_t wsb = cpu_conv2d_ws_bytes(&s);
+    int pointwise = k == 1 && stride == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0;
+    if (pointwise) CHECK(wsb == 0, "%s: pointwise ws %zu", tag, wsb);
+    else CHECK(wsb == (size_t)ci * k * k * s.ho * s.wo * sizeof(float), "%s: ws %zu", tag, wsb);
+    void *ws = wsb ? malloc(wsb) : NULL;
+
+    float *x = falloc(nx), *wt = falloc(nw), *b = falloc(co), *y = falloc(ny), *y2 = falloc(ny);
+    float *r = falloc(ny), *dx = falloc(nx), *dx2 = falloc(nx), *prev = falloc(nx);
+    float *dw = falloc(nw), *db = falloc(co), *dw2 = falloc(nw), *db2 = falloc(co);
+    tu_fill(x, nx, 1.0);
+    tu_fill(wt, nw, 0.5);
+    tu_fill(b, co, 0.5);
+    tu_fill(r, ny, 1.0);
+
+    /* forward */
+    fill_nan(y, ny);
+    CHECK(cpu_conv2d_fwd(y, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
+    double *xd = to_double(x, nx), *wd = to_double(wt, nw), *bd = to_double(b, co);
+    double *rd = to_double(r, ny), *yd = dalloc(ny);
+    ref_conv(yd, xd, wd, bias ? bd : NULL, &s);
+    double e = tu_rel_err(y, yd, ny);
+    note(&max_fwd[OP_CONV], e);
+    CHECK(e <= TOL_FWD, "%s: fwd rel err %.3g", tag, e);
+    CHECK(cpu_conv2d_fwd(y2, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd2", tag);
+    CHECK(memcmp(y, y2, ny * sizeof(float)) == 0, "%s: fwd not deterministic", tag);
+
+    /* backward: dy = r, so the kernel gradients are those of sum(y * r) */
+    fill_nan(dx, nx);
+    CHECK(cpu_conv2d_bwd_data(dx, r, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd_data", tag);
+    memset(dw, 0, nw * sizeof(float));
+    memset(db, 0, co * sizeof(float));
+    CHECK(cpu_conv2d_bwd_filter(dw, bias ? db : NULL, r, x, ws, &s, ctx) == BK_OK,
+          "%s: bwd_filter", tag);
+    struct conv_arg a = {&s, xd, wd, bias ? bd : NULL, yd, rd, ny};
+    double ex = fd_err(dx, xd, nx, 400, conv_loss, &a);
+    double ew = fd_err(dw, wd, nw, 400, conv_loss, &a);
+    double eb = bias ? fd_err(db, bd, co, 400, conv_loss, &a) : 0.0;
+    note(&max_bwd[OP_CONV], ex);
+    note(&max_bwd[OP_CONV], ew);
+    note(&max_bwd[OP_CONV], eb);
+    CHECK(ex <= TOL_BWD, "%s: dx fd err %.3g", tag, ex);
+    CHECK(ew <= TOL_BWD, "%s: dw fd err %.3g", tag, ew);
+    CHECK(eb <= TOL_BWD, "%s: db fd err %.3g", tag, eb);
+
+    /* accum=1 on dx; dw, db always accumulate */
+    tu_fill(prev, nx, 1.0);
+    memcpy(dx2, prev, nx * sizeof(float));
+    CHECK(cpu_conv2d_bwd_data(dx2, r, wt, 1, ws, &s, ctx) == BK_OK, "%s: bwd_data acc", tag);
+    e = accum_err(dx2, prev, dx, nx);
+    CHECK(e <= TOL_ACC, "%s: dx accum err %.3g", tag, e);
+    float *pw = falloc(nw), *pbias = falloc(co);
+    tu_fill(pw, nw, 1.0);
+    tu_fill(pbias, co, 1.0);
+    memcpy(dw2, pw, nw * sizeof(float));
+    memcpy(db2, pbias, co * sizeof(float));
+    CHECK(cpu_conv2d_bwd_filter(dw2, db2, r, x, ws, &s, ctx) == BK_OK, "%s: bwd_filter acc", tag);
+    e = accum_err(dw2, pw, dw, nw);
+    CHECK(e <= TOL_ACC, "%s: dw accum err %.3g", tag, e);
+    if (bias) {
+        e = accum_err(db2, pbias, db, co);
+        CHECK(e <= TOL_ACC, "%s: db accum err %.3g", tag, e);
+    } else {
+        /* db was NULL in the first call: the bias gradient of this one must be sum(dy) */
+        double *sref = dalloc(co);
+        for (size_t i = 0; i < ny; i++) sref[(i / ((size_t)s.ho * s.wo)) % co] += r[i];
+        for (int o = 0; o < co; o++) sref[o] += pbias[o];
+        e = tu_rel_err(db2, sref, co);
+        CHECK(e <= TOL_ACC, "%s: db accum err %.3g", tag, e);
+        free(sref);
+    }
+
+    /* determinism of both backward kernels */
+    fill_nan(dx2, nx);
+    CHECK(cpu_conv2d_bwd_data(dx2, r, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd_data 2", tag);
+    CHECK(memcmp(dx, dx2, nx * sizeof(float)) == 0, "%s: bwd_data not deterministic", tag);
+    memset(dw2, 0, nw * sizeof(float));
+    memset(db2, 0, co * sizeof(float));
+    CHECK(cpu_conv2d_bwd_filter(dw2, bias ? db2 : NULL, r, x, ws, &s, ctx) == BK_OK,
+          "%s: bwd_filter 2", tag);
+    CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0 && memcmp(db, db2, co * sizeof(float)) == 0,
+          "%s: bwd_filter not deterministic", tag);
+
+    free(pw); free(pbias); free(ws); free(x); free(wt); free(b); free(y); free(y2); free(r);
+    free(dx); free(dx2); free(prev); free(dw); free(db); free(dw2); free(db2);
+    free(xd); free(wd); free(bd); free(rd); free(yd);
+}
+
+static void test_conv_invalid(void)
+{
+    struct bk_conv2d s = {.n = 1, .ci = 2, .h = 5, .w = 5, .co = 3, .kh = 3, .kw = 3,
+                          .stride = 1, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1};
+    CHECK(bk_conv2d_init(&s) == BK_OK, "conv init");
+    float buf[1024] = {0};
+    s.ho = 4; /* inconsistent with the padding */
+    CHECK(cpu_conv2d_fwd(buf, buf, buf, NULL, buf, &s, ctx) == BK_ERR_INVALID, "conv bad ho");
+    CHECK(cpu_conv2d_ws_bytes(&s) == 0, "conv bad shape ws");
+    s.ho = 5;
+    s.ci = 0;
+    CHECK(cpu_conv2d_bwd_data(buf, buf, buf, 0, buf, &s, ctx) == BK_ERR_INVALID, "conv ci 0");
+    s.ci = 2;
+    CHECK(cpu_conv2d_bwd_filter(buf, NULL, buf, buf, NULL, &s, ctx) == BK_ERR_INVALID,
+          "conv missing ws");
+}
+
+/* ======================================================================================== */
+/* linear                                                                                   */
+/* ======================================================================================== */
+
+static void ref_linear(double *y, const double *x, const double *w, const double *b, int m,
+                       int k, int n)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double acc = b ? b[j] : 0.0;
+            for (int t = 0; t < k; t++) acc += x[(size_t)i * k + t] * w[(size_t)j * k + t];
+            y[(size_t)i * n + j] = acc;
+        }
+}
+
+struct linear_arg {
+    double *x, *w, *b, *y;
+    const double *r;
+    int m, k, n;
+};
+static double linear_loss(void *p)
+{
+    struct linear_arg *a = p;
+    ref_linear(a->y, a->x, a->w, a->b, a->m, a->k, a->n);
+    return dot_dd(a->y, a->r, (size_t)a->m * a->n);
+}
+
+static void test_linear(int m, int k, int n, int bias)
+{
+    char tag[96];
+    snprintf(tag, sizeof tag, "linear m%d k%d n%d bias%d", m, k, n, bias);
+    size_t nx = (size_t)m * k, nw = (size_t)n * k, ny = (size_t)m * n;
+    float *x = falloc(nx), *w = falloc(nw), *b = falloc(n), *y = falloc(ny), *y2 = falloc(ny);
+    float *r = falloc(ny), *dx = falloc(nx), *dx2 = falloc(nx), *prev = falloc(nx);
+    float *dw = falloc(nw), *db = falloc(n), *dw2 = falloc(nw), *db2 = falloc(n);
+    float *pw = falloc(nw), *pb = falloc(n);
+    tu_fill(x, nx, 1.0);
+    tu_fill(w, nw, 0.5);
+    tu_fill(b, n, 0.5);
+    tu_fill(r, ny, 1.0);
+
+    fill_nan(y, ny);
+    CHECK(cpu_linear_fwd(y, x, w, bias ? b : NULL, m, k, n, ctx) == BK_OK, "%s: fwd", tag);
+    double *xd = to_double(x, nx), *wd = to_double(w, nw), *bd = to_double(b, n);
+    double *rd = to_double(r, ny), *yd = dalloc(ny);
+    ref_linear(yd, xd, wd, bias ? bd : NULL, m, k, n);
+    double e = tu_rel_err(y, yd, ny);
+    note(&max_fwd[OP_LINEAR], e);
+    CHECK(e <= TOL_FWD, "%s: fwd rel err %.3g", tag, e);
+    CHECK(cpu_linear_fwd(y2, x, w, bias ? b : NULL, m, k, n, ctx) == BK_OK, "%s: fwd2", tag);
+    CHECK(memcmp(y, y2, ny * sizeof(float)) == 0, "%s: fwd not deterministic", tag);
+
+    fill_nan(dx, nx);
+    memset(dw, 0, nw * sizeof(float));
+    memset(db, 0, n * sizeof(float));
+    CHECK(cpu_linear_bwd(dx, dw, bias ? db : NULL, r, x, w, 0, m, k, n, ctx) == BK_OK,
+          "%s: bwd", tag);
+    struct linear_arg a = {xd, wd, bias ? bd : NULL, yd, rd, m, k, n};
+    double ex = fd_err(dx, xd, nx, 300, linear_loss, &a);
+    double ew = fd_err(dw, wd, nw, 300, linear_loss, &a);
+    double eb = bias ? fd_err(db, bd, n, 300, linear_loss, &a) : 0.0;
+    note(&max_bwd[OP_LINEAR], ex);
+    note(&max_bwd[OP_LINEAR], ew);
+    note(&max_bwd[OP_LINEAR], eb);
+    CHECK(ex <= TOL_BWD, "%s: dx fd err %.3g", tag, ex);
+    CHECK(ew <= TOL_BWD, "%s: dw fd err %.3g", tag, ew);
+    CHECK(eb <= TOL_BWD, "%s: db fd err %.3g", tag, eb);
+
+    /* accum=1 dx, accumulating dw / db, and dx = NULL (first layer) */
+    tu_fill(prev, nx, 1.0);
+    tu_fill(pw, nw, 1.0);
+    tu_fill(pb, n, 1.0);
+    memcpy(dx2, prev, nx * sizeof(float));
+    memcpy(dw2, pw, nw * sizeof(float));
+    memcpy(db2, pb, n * sizeof(float));
+    CHECK(cpu_linear_bwd(dx2, dw2, db2, r, x, w, 1, m, k, n, ctx) == BK_OK, "%s: bwd acc", tag);
+    e = accum_err(dx2, prev, dx, nx);
+    CHECK(e <= TOL_ACC, "%s: dx accum err %.3g", tag, e);
+    e = accum_err(dw2, pw, dw, nw);
+    CHECK(e <= TOL_ACC, "%s: dw accum err %.3g", tag, e);
+    if (bias) {
+        e = accum_err(db2, pb, db, n);
+        CHECK(e <= TOL_ACC, "%s: db accum err %.3g", tag, e);
+    }
+    memset(dw2, 0, nw * sizeof(float));
+    memset(db2, 0, n * sizeof(float));
+    CHECK(cpu_linear_bwd(NULL, dw2, bias ? db2 : NULL, r, x, w, 0, m, k, n, ctx) == BK_OK,
+          "%s: bwd dx NULL", tag);
+    CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0 && memcmp(db, db2, n * sizeof(float)) == 0,
+          "%s: bwd not deterministic / dx NULL changed dw", tag);
+    CHECK(cpu_linear_fwd(y, x, w, NULL, 0, k, n, ctx) == BK_ERR_INVALID, "%s: m 0", tag);
+
+    free(x); free(w); free(b); free(y); free(y2); free(r); free(dx); free(dx2); free(prev);
+    free(dw); free(db); free(dw2); free(db2); free(pw); free(pb);
+    free(xd); free(wd); free(bd); free(rd); free(yd);
+}
+
+/* ======================================================================================== */
+/* group norm and layer norm                                                                */
+/* ======================================================================================== */
+
+/* normalise each of `rows` contiguous runs of `cnt`; per element e its affine index is
+ * (e / per) % naff (group norm: per = hw, layer norm: per = 1) */
+static void ref_norm(double *y, double *mean, double *rstd, const double *x, const double *gamma,
+                     const double *beta, size_t rows, size_t cnt, size_t per, size_t naff,
+                     double eps)
+{
+    for (size_t g = 0; g < rows; g++) {
+        const double *xr = x + g * cnt;
+        double mu = 0, var = 0;
+        for (size_t i = 0; i < cnt; i++) mu += xr[i];
+        mu /= (double)cnt;
+        for (size_t i = 0; i < cnt; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        var /= (double)cnt;
+        double rs = 1.0 / sqrt(var + eps);
+        if (mean) mean[g] = mu, rstd[g] = rs;
+        for (size_t i = 0; i < cnt; i++) {
+            size_t e = g * cnt + i, a = (e / per) % naff;
+            y[e] = (xr[i] - mu) * rs * (gamma ? gamma[a] : 1.0) + (beta ? beta[a] : 0.0);
+        }
+    }
+}
+
+struct norm_arg {
+    double *x, *gamma, *beta, *y;
+    const double *r;
+    size_t rows, cnt, per, naff, total;
+    double eps;
+};
+static double norm_loss(void *p)
+{
+    struct norm_arg *a = p;
+    ref_norm(a->y, NULL, NULL, a->x, a->gamma, a->beta, a->rows, a->cnt, a->per, a->naff,
+             a->eps);
+    return dot_dd(a->y, a->r, a->total);
+}
+
+/* group norm when groups > 0 (x (n,c,hw)), else layer norm (x (n,c) over c; hw unused) */
+static void test_norm(int n, int c, int hw, int groups, int affine)
+{
+    const int gn = groups > 0, op = gn ? OP_GROUPNORM : OP_LAYERNORM;
+    char tag[96];
+    if (gn) snprintf(tag, sizeof tag, "groupnorm n%d c%d hw%d g%d affine%d", n, c, hw, groups, affine);
+    else snprintf(tag, sizeof tag, "layernorm m%d d%d affine%d", n, c, affine);
+    const float eps = 1e-5f;
+    const size_t total = (size_t)n * c * (gn ? hw : 1), rows = (size_t)n * (gn ? groups : 1);
+    const size_t cnt = total / rows;
+    float *x = falloc(total), *gamma = falloc(c), *beta = falloc(c), *y = falloc(total);
+    float *y2 = falloc(total), *r = falloc(total), *mean = falloc(rows), *rstd = falloc(rows);
+    float *m2 = falloc(rows), *s2 = falloc(rows);
+    float *dx = falloc(total), *dx2 = falloc(total), *prev = falloc(total);
+    float *dg = falloc(c), *dbt = falloc(c), *dg2 = falloc(c), *dbt2 = falloc(c);
+    float *pg = falloc(c), *pbt = falloc(c);
+    tu_fill(x, total, 1.0);
+    for (size_t i = 0; i < total; i++) x[i] += 0.3f; /* a mean away from zero */
+    for (int i = 0; i < c; i++) gamma[i] = (float)(1.0 + 0.5 * tu_rand());
+    tu_fill(beta, c, 0.5);
+    tu_fill(r, total, 1.0);
+    const float *gp = affine ? gamma : NULL, *bp = affine ? beta : NULL;
+
+#define NORM_FWD(Y, M, S)                                                                    \
+    (gn ? cpu_groupnorm_fwd(Y, M, S, x, gp, bp, n, c, hw, groups, eps, ctx)                  \
+        : cpu_layernorm_fwd(Y, M, S, x, gp, bp, n, c, eps, ctx))
+#define NORM_BWD(DX, DG, DB, ACC)                                                            \
+    (gn ? cpu_groupnorm_bwd(DX, DG, DB, r, x, gp, mean, rstd, ACC, n, c, hw, groups, ctx)     \
+        : cpu_layernorm_bwd(DX, DG, DB, r, x, gp, mean, rstd, ACC, n, c, ctx))
+
+    fill_nan(y, total);
+    CHECK(NORM_FWD(y, mean, rstd) == BK_OK, "%s: fwd", tag);
+    double *xd = to_double(x, total), *gd = to_double(gamma, c), *bd = to_double(beta, c);
+    double *rd = to_double(r, total), *yd = dalloc(total), *md = dalloc(rows),
+           *sd = dalloc(rows);
+    const size_t per = gn ? (size_t)hw : 1;
+    ref_norm(yd, md, sd, xd, affine ? gd : NULL, affine ? bd : NULL, rows, cnt, per, (size_t)c,
+             eps);
+    double e = tu_rel_err(y, yd, total);
+    double em = tu_rel_err(mean, md, rows), es = tu_rel_err(rstd, sd, rows);
+    note(&max_fwd[op], e);
+    note(&max_fwd[op], em);
+    note(&max_fwd[op], es);
+    CHECK(e <= TOL_FWD, "%s: fwd rel err %.3g", tag, e);
+    CHECK(em <= TOL_FWD && es <= TOL_FWD, "%s: mean err %.3g rstd err %.3g", tag, em, es);
+    CHECK(NORM_FWD(y2, m2, s2) == BK_OK, "%s: fwd2", tag);
+    CHECK(memcmp(y, y2, total * sizeof(float)) == 0 && memcmp(mean, m2, rows * 4) == 0 &&
+              memcmp(rstd, s2, rows * 4) == 0,
+          "%s: fwd not deterministic", tag);
+
+    fill_nan(dx, total);
+    memset(dg, 0, c * sizeof(float));
+    memset(dbt, 0, c * sizeof(float));
+    CHECK(NORM_BWD(dx, dg, dbt, 0) == BK_OK, "%s: bwd", tag);
+    struct norm_arg a = {xd, affine ? gd : NULL, affine ? bd : NULL, yd, rd, rows, cnt, per,
+                         (size_t)c, total, eps};
+    double ex = fd_err(dx, xd, total, 300, norm_loss, &a);
+    note(&max_bwd[op], ex);
+    CHECK(ex <= TOL_BWD, "%s: dx fd err %.3g", tag, ex);
+    if (affine) {
+        double eg = fd_err(dg, gd, c, 300, norm_loss, &a), eb = fd_err(dbt, bd, c, 300, norm_loss, &a);
+        note(&max_bwd[op], eg);
+        note(&max_bwd[op], eb);
+        CHECK(eg <= TOL_BWD, "%s: dgamma fd err %.3g", tag, eg);
+        CHECK(eb <= TOL_BWD, "%s: dbeta fd err %.3g", tag, eb);
+    }
+
+    /* accum=1 dx, accumulating dgamma / dbeta, NULL dx */
+    tu_fill(prev, total, 1.0);
+    tu_fill(pg, c, 1.0);
+    tu_fill(pbt, c, 1.0);
+    memcpy(dx2, prev, total * sizeof(float));
+    memcpy(dg2, pg, c * sizeof(float));
+    memcpy(dbt2, pbt, c * sizeof(float));
+    CHECK(NORM_BWD(dx2, dg2, dbt2, 1) == BK_OK, "%s: bwd acc", tag);
+    e = accum_err(dx2, prev, dx, total);
+    CHECK(e <= TOL_ACC, "%s: dx accum err %.3g", tag, e);
+    e = accum_err(dg2, pg, dg, c);
+    CHECK(e <= TOL_ACC, "%s: dgamma accum err %.3g", tag, e);
+    e = accum_err(dbt2, pbt, dbt, c);
+    CHECK(e <= TOL_ACC, "%s: dbeta accum err %.3g", tag, e);
+    memset(dg2, 0, c * sizeof(float));
+    memset(dbt2, 0, c * sizeof(float));
+    CHECK(NORM_BWD(NULL, dg2, dbt2, 0) == BK_OK, "%s: bwd dx NULL", tag);
+    CHECK(memcmp(dg, dg2, c * 4) == 0 && memcmp(dbt, dbt2, c * 4) == 0,
+          "%s: dgamma/dbeta not deterministic", tag);
+    fill_nan(dx2, total);
+    CHECK(NORM_BWD(dx2, NULL, NULL, 0) == BK_OK, "%s: bwd params NULL", tag);
+    CHECK(memcmp(dx, dx2, total * 4) == 0, "%s: dx not deterministic", tag);
+#undef NORM_FWD
+#undef NORM_BWD
+
+    free(x); free(gamma); free(beta); free(y); free(y2); free(r); free(mean); free(rstd);
+    free(m2); free(s2); free(dx); free(dx2); free(prev); free(dg); free(dbt); free(dg2);
+    free(dbt2); free(pg); free(pbt);
+    free(xd); free(gd); free(bd); free(rd); free(yd); free(md); free(sd);
+}
+
+static void test_norm_invalid(void)
+{
+    float buf[64] = {0};
+    CHECK(cpu_groupnorm_fwd(buf, buf, buf, buf, NULL, NULL, 1, 6, 2, 4, 1e-5f, ctx) ==
+              BK_ERR_INVALID,
+          "groupnorm c %% groups");
+    CHECK(cpu_layernorm_bwd(buf, NULL, NULL, buf, buf, NULL, buf, buf, 0, 0, 4, ctx) ==
+              BK_ERR_INVALID,
+          "layernorm m 0");
+}
+
+/* ======================================================================================== */
+/* attention                                                                                */
+/* ======================================================================================== */
+
+/* o (N,L,H*D) dense, lse (N,H,L) and p (N,H,L,L) when not NULL; q, k, v rows of stride ld */
+static void ref_attn(double *o, double *lse, double *p, const double *q, const double *k,
+                     const double *v, const struct bk_attn *s, double *srow /* (L) */)
+{
+    const int L = s->l, H = s->heads, D = s->d;
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
+    for (int n = 0; n < s->n; n++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < L; i++) {
+                const double *qi = q + ((size_t)n * L + i) * ld + (size_t)h * D;
+                double mx = -INFINITY;
+                for (int j = 0; j < L; j++) {
+                    const double *kj = k + ((size_t)n * L + j) * ld + (size_t)h * D;
+                    double acc = 0;
+                    for (int t = 0; t < D; t++) acc += qi[t] * kj[t];
+                    srow[j] = acc * (double)s->scale;
+                    if (srow[j] > mx) mx = srow[j];
+                }
+                double sum = 0;
+                for (int j = 0; j < L; j++) sum += exp(srow[j] - mx);
+                if (lse) lse[((size_t)n * H + h) * L + i] = mx + log(sum);
+                double *oi = o + ((size_t)n * L + i) * hd + (size_t)h * D;
+                for (int t = 0; t < D; t++) oi[t] = 0;
+                for (int j = 0; j < L; j++) {
+                    double pj = exp(srow[j] - mx) / sum;
+                    if (p) p[(((size_t)n * H + h) * L + i) * L + j] = pj;
+                    const double *vj = v + ((size_t)n * L + j) * ld + (size_t)h * D;
+                    for (int t = 0; t < D; t++) oi[t] += pj * vj[t];
+                }
+            }
+}
+
+struct attn_arg {
+    const struct bk_attn *s;
+    double *q, *k, *v, *o, *srow;
+    const double *r;
+    size_t no;
+};
+static double attn_loss(void *p)
+{
+    struct attn_arg *a = p;
+    ref_attn(a->o, NULL, NULL, a->q, a->k, a->v, a->s, a->srow);
+    return dot_dd(a->o, a->r, a->no);
+}
+
+/* q, k, v (and dq, dk, dv) live in one buffer: packed (N,L,3C) with ld = 3C, or three dense
+ * (N,L,C) blocks one after another with ld = C */
+static void test_attn(int n, int l, int heads, int d, int packed, int samples)
+{
+    char tag[96];
+    snprintf(tag, sizeof tag, "attn n%d l%d h%d d%d %s", n, l, heads, d,
+             packed ? "packed" : "dense");
+    const int c = heads * d;
+    struct bk_attn s = {.n = n, .l = l, .heads = heads, .d = d, .ld = packed ? 3 * c : c,
+                        .scale = 1.0f / sqrtf((float)d)};
+    const size_t nbuf = (size_t)3 * n * l * c, no = (size_t)n * l * c;
+    const size_t nlse = (size_t)n * heads * l, np = nlse * l;
+    const size_t toff = packed ? (size_t)c : no; /* offset from q to k and k to v */
+    CHECK(cpu_attn_ws_bytes(&s, 1) == 0, "%s: tiled ws", tag);
+    size_t wsb = cpu_attn_ws_bytes(&s, 0);
+    CHECK(wsb == (size_t)l * l * sizeof(float), "%s: plain ws %zu", tag, wsb);
+    void *ws = malloc(wsb);
+
+    float *buf = falloc(nbuf), *r = falloc(no), *o = falloc(no), *o2 = falloc(no);
+    float *lse = falloc(nlse), *lse2 = falloc(nlse), *p = falloc(np), *p2 = falloc(np);
+    float *g = falloc(nbuf), *g2 = falloc(nbuf), *gp = falloc(nbuf);
+    tu_fill(buf, nbuf, 1.5);
+    tu_fill(r, no, 1.0);
+    const float *q = buf, *k = buf + toff, *v = buf + 2 * toff;
+    double *bd = to_double(buf, nbuf), *rd = to_double(r, no), *od = dalloc(no);
+    double *lsed = dalloc(nlse), *pd = dalloc(np), *srow = dalloc((size_t)l);
+    ref_attn(od, lsed, pd, bd, bd + toff, bd + 2 * toff, &s, srow);
+
+    /* tiled forward */
+    fill_nan(o, no);
+    fill_nan(lse, nlse);
+    CHECK(cpu_attn_fwd(o, lse, q, k, v, NULL, &s, ctx) == BK_OK, "%s: fwd", tag);
+    double e = tu_rel_err(o, od, no), el = tu_rel_err(lse, lsed, nlse);
+    note(&max_fwd[OP_ATTN], e);
+    note(&max_lse, el);
+    CHECK(e <= TOL_FWD, "%s: tiled o rel err %.3g", tag, e);
+    CHECK(el <= TOL_FWD, "%s: tiled lse rel err %.3g", tag, el);
+    CHECK(cpu_attn_fwd(o2, lse2, q, k, v, NULL, &s, ctx) == BK_OK, "%s: fwd2", tag);
+    CHECK(memcmp(o, o2, no * 4) == 0 && memcmp(lse, lse2, nlse * 4) == 0,
+          "%s: tiled fwd not deterministic", tag);
+
+    /* plain forward */
+    fill_nan(o2, no);
+    fill_nan(p, np);
+    CHECK(cpu_attn_plain_fwd(o2, p, q, k, v, ws, &s, ctx) == BK_OK, "%s: plain fwd", tag);
+    e = tu_rel_err(o2, od, no);
+    double ep = tu_rel_err(p, pd, np);
+    note(&max_fwd[OP_ATTN_PLAIN], e);
+    note(&max_fwd[OP_ATTN_PLAIN], ep);
+    CHECK(e <= TOL_FWD, "%s: plain o rel err %.3g", tag, e);
+    CHECK(ep <= TOL_FWD, "%s: plain p rel err %.3g", tag, ep);
+    CHECK(cpu_attn_plain_fwd(o2, p2, q, k, v, ws, &s, ctx) == BK_OK, "%s: plain fwd2", tag);
+    CHECK(memcmp(p, p2, np * 4) == 0, "%s: plain fwd not deterministic", tag);
+
+    /* backward of sum(o * r); dq, dk, dv are written, never read: start them as NaN */
+    fill_nan(g, nbuf);
+    CHECK(cpu_attn_bwd(g, g + toff, g + 2 * toff, r, q, k, v, o, lse, NULL, &s, ctx) == BK_OK,
+          "%s: bwd", tag);
+    fill_nan(gp, nbuf);
+    CHECK(cpu_attn_plain_bwd(gp, gp + toff, gp + 2 * toff, r, q, k, v, p, ws, &s, ctx) == BK_OK,
+          "%s: plain bwd", tag);
+
+    /* FD at `samples` random elements of each of q, k, v (all when small) */
+    size_t per = (size_t)n * l * c, cnt = 0;
+    size_t *idx = malloc(3 * (per < (size_t)samples ? per : (size_t)samples) * sizeof *idx);
+    if (!idx) abort();
+    for (int t = 0; t < 3; t++) {
+        size_t m = per < (size_t)samples ? per : (size_t)samples;
+        for (size_t j = 0; j < m; j++) {
+            size_t e_ = per <= (size_t)samples ? j : rand_index(per);
+            size_t row = e_ / c, col = e_ % c;
+            idx[cnt++] = (size_t)t * toff + row * (size_t)s.ld + col;
+        }
+    }
+    struct attn_arg a = {&s, bd, bd + toff, bd + 2 * toff, od, srow, rd, no};
+    double eg = fd_err_idx(g, bd, idx, cnt, attn_loss, &a);
+    double egp = fd_err_idx(gp, bd, idx, cnt, attn_loss, &a);
+    note(&max_bwd[OP_ATTN], eg);
+    note(&max_bwd[OP_ATTN_PLAIN], egp);
+    CHECK(eg <= TOL_BWD, "%s: tiled dqkv fd err %.3g", tag, eg);
+    CHECK(egp <= TOL_BWD, "%s: plain dqkv fd err %.3g", tag, egp);
+    /* every element: tiled and plain are independent implementations. In the packed layout
+     * the whole buffer is q|k|v; in the dense one too (three blocks). */
+    e = tu_rel_err_f(g, gp, nbuf);
+    note(&max_bwd[OP_ATTN], e);
+    CHECK(e <= TOL_BWD, "%s: tiled vs plain grads rel err %.3g", tag, e);
+
+    fill_nan(g2, nbuf);
+    CHECK(cpu_attn_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, o, lse, NULL, &s, ctx) == BK_OK,
+          "%s: bwd2", tag);
+    CHECK(memcmp(g, g2, nbuf * 4) == 0, "%s: tiled bwd not deterministic", tag);
+    fill_nan(g2, nbuf);
+    CHECK(cpu_attn_plain_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, p, ws, &s, ctx) == BK_OK,
+          "%s: plain bwd2", tag);
+    CHECK(memcmp(gp, g2, nbuf * 4) == 0, "%s: plain bwd not deterministic", tag);
+
+    free(idx); free(ws); free(buf); free(r); free(o); free(o2); free(lse); free(lse2); free(p);
+    free(p2); free(g); free(g2); free(gp); free(bd); free(rd); free(od); free(lsed); free(pd);
+    free(srow);
+}
+
+static void test_attn_invalid(void)
+{
+    float buf[64] = {0};
+    struct bk_attn s = {.n = 1, .l = 2, .heads = 2, .d = 4, .ld = 7, .scale = 0.5f};
+    CHECK(cpu_attn_fwd(buf, buf, buf, buf, buf, NULL, &s, ctx) == BK_ERR_INVALID,
+          "attn ld < H*D");
+    s.ld = 8;
+    CHECK(cpu_attn_plain_bwd(buf, buf, buf, buf, buf, buf, buf, buf, NULL, &s, ctx) ==
+              BK_ERR_INVALID,
+          "attn plain bwd without ws");
+}
+
+int main(void)
+{
+    tu_seed(20240611);
+    CHECK(cpu_ctx_init(&ctx, 2) == BK_OK, "ctx");
+
+    /* n, ci, h, w, co, k, stride, pad t l b r, bias */
+    test_conv(2, 3, 7, 7, 5, 3, 1, 1, 1, 1, 1, 1);
+    test_conv(1, 5, 9, 8, 7, 3, 2, 1, 1, 1, 1, 0);
+    test_conv(2, 3, 8, 9, 5, 3, 2, 0, 0, 1, 1, 1); /* diffusers' downsample, padding 0 */
+    test_conv(2, 3, 6, 7, 5, 3, 1, 0, 0, 1, 1, 0);
+    test_conv(2, 7, 5, 6, 3, 1, 1, 0, 0, 0, 0, 1); /* pointwise: no im2col, no ws */
+    test_conv(1, 5, 7, 5, 3, 1, 1, 0, 0, 0, 0, 0);
+    test_conv(1, 5, 7, 5, 3, 1, 2, 0, 0, 0, 0, 1); /* 1x1 stride 2 goes through im2col */
+    test_conv(1, 3, 5, 5, 7, 1, 1, 1, 0, 0, 1, 0); /* padded 1x1 */
+    test_conv_invalid();
+
+    test_linear(5, 7, 3, 1);
+    test_linear(17, 33, 9, 0);
+    test_linear(1, 1, 1, 1);
+    test_linear(33, 13, 70, 1); /* crosses the 64-column bias-gradient block */
+
+    /* group norm: n, c, hw, groups, affine */
+    test_norm(2, 6, 5, 1, 1);
+    test_norm(2, 6, 5, 3, 1);
+    test_norm(2, 6, 5, 6, 1);
+    test_norm(3, 12, 7, 4, 1);
+    test_norm(2, 10, 9, 5, 0);
+    /* layer norm: m, d, (unused), 0, affine */
+    test_norm(5, 7, 1, 0, 1);
+    test_norm(3, 33, 1, 0, 1);
+    test_norm(4, 130, 1, 0, 1);
+    test_norm(3, 9, 1, 0, 0);
+    test_norm_invalid();
+
+    /* n, l, heads, d, packed, FD samples per q/k/v */
+    test_attn(1, 1, 1, 1, 0, 40);
+    test_attn(2, 7, 2, 8, 1, 40);
+    test_attn(1, 33, 4, 8, 0, 40);
+    test_attn(2, 33, 1, 24, 1, 40);
+    test_attn(1, 64, 2, 1, 1, 40);
+    test_attn(1, 100, 2, 24, 1, 30);
+    test_attn(1, 130, 1, 8, 0, 30);
+    test_attn(2, 130, 4, 24, 1, 20);
+    test_attn(1, 40, 1, 512, 0, 20); /* the largest head dim the UNet presets use */
+    test_attn_invalid();
+
+    printf("max rel errors (fwd vs float64 ref | bwd vs finite differences):\n");
+    for (int i = 0; i < OP_COUNT; i++)
+        printf("  %-12s fwd %.3g  bwd %.3g\n", op_names[i], max_fwd[i], max_bwd[i]);
+    printf("  %-12s %.3g\n", "attn lse", max_lse);
+    cpu_ctx_free(ctx);
+    return tu_finish("test_ops_dense");
+}

@@ -1,0 +1,1050 @@
+/* test_ops_misc.c - the CPU backend's element-wise, layout, resampling, embedding, loss, dropout
+ * and optimizer kernels against float64 references written here as separate naive loops, their
+ * backwards against central finite differences of those references, and bit-identical results
+ * at 1, 2 and 3 threads.
+ */
+#include <float.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "philox.h"
+#include "test_util.h"
+
+/* contexts made directly (not by cpu_ctx_init) so this test needs only the kernels it tests */
+static bk_ctx ctx1 = {.threads = 1}, ctx2 = {.threads = 2}, ctx3 = {.threads = 3};
+
+static float *fbuf(size_t n)
+{
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p) abort();
+    return p;
+}
+static double *dbuf(size_t n)
+{
+    double *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p) abort();
+    return p;
+}
+static void fill_nan(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+static double max_abs_diff(const float *a, const double *ref, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (!(d <= m)) m = d; /* NaN propagates */
+    }
+    return m;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Generic op case: one differentiable input x (other inputs in p), a float64 reference forward,
+ * the kernel forward and optionally the kernel backward (dx from dy, =/+= per accum).
+ */
+typedef void (*ref_fn)(double *y, const double *x, const void *p);
+typedef void (*fwd_fn)(float *y, const float *x, const void *p, bk_ctx *ctx);
+typedef void (*bwd_fn)(float *dx, const float *dy, const float *x, int accum, const void *p,
+                       bk_ctx *ctx);
+
+struct op_case {
+    const char *name;
+    size_t nx, ny;
+    ref_fn ref;
+    fwd_fn fwd;
+    bwd_fn bwd; /* NULL: forward only */
+    const void *p;
+    double fwd_tol;
+    double xscale; /* x uniform in [-xscale, xscale) */
+};
+
+/* d/dx_idx[k] of L(x) = sum_j ref(x)_j * r_j by central differences in float64, at the nsub
+ * coordinates idx (all of x for small inputs, an even spread for large ones) */
+static void fd_grad(double *g, ref_fn ref, const void *p, const float *x, size_t nx,
+                    const size_t *idx, size_t nsub, const double *r, size_t ny)
+{
+    double *xd = dbuf(nx), *y = dbuf(ny);
+    for (size_t i = 0; i < nx; i++) xd[i] = x[i];
+    for (size_t k = 0; k < nsub; k++) {
+        size_t i = idx[k];
+        double h = 1e-5 * (fabs(xd[i]) > 1 ? fabs(xd[i]) : 1), x0 = xd[i], lp = 0, lm = 0;
+        xd[i] = x0 + h;
+        ref(y, xd, p);
+        for (size_t j = 0; j < ny; j++) lp += y[j] * r[j];
+        xd[i] = x0 - h;
+        ref(y, xd, p);
+        for (size_t j = 0; j < ny; j++) lm += y[j] * r[j];
+        xd[i] = x0;
+        g[k] = (lp - lm) / (2 * h);
+    }
+    free(xd);
+    free(y);
+}
+
+/* relative error of a[idx[k]] against ref[k] */
+static double sub_rel_err(const float *a, const size_t *idx, size_t nsub, const double *ref)
+{
+    float *s = fbuf(nsub);
+    for (size_t k = 0; k < nsub; k++) s[k] = a[idx[k]];
+    double e = tu_rel_err(s, ref, nsub);
+    free(s);
+    return e;
+}
+
+static int all_finite(const float *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) return 0;
+    return 1;
+}
+
+static void run_case(const struct op_case *oc)
+{
+    size_t nx = oc->nx, ny = oc->ny;
+    float *x = fbuf(nx), *y = fbuf(ny), *y1 = fbuf(ny), *y3 = fbuf(ny);
+    double *xd = dbuf(nx), *yref = dbuf(ny);
+    tu_fill(x, nx, oc->xscale);
+    for (size_t i = 0; i < nx; i++) xd[i] = x[i];
+    oc->ref(yref, xd, oc->p);
+
+    fill_nan(y, ny);
+    oc->fwd(y, x, oc->p, &ctx2);
+    double ef = tu_rel_err(y, yref, ny);
+    CHECK(ef <= oc->fwd_tol, "%s fwd rel err %.3e > %.1e", oc->name, ef, oc->fwd_tol);
+    fill_nan(y1, ny);
+    fill_nan(y3, ny);
+    oc->fwd(y1, x, oc->p, &ctx1);
+    oc->fwd(y3, x, oc->p, &ctx3);
+    CHECK(memcmp(y, y1, ny * sizeof *y) == 0 && memcmp(y, y3, ny * sizeof *y) == 0,
+          "%s fwd bit-identical at 1/2/3 threads", oc->name);
+
+    double eb = 0, ea = 0;
+    if (oc->bwd) {
+        float *dy = fbuf(ny), *dx = fbuf(nx), *dx1 = fbuf(nx), *dx3 = fbuf(nx), *d0 = fbuf(nx);
+        /* finite differences cost O(nx * ny): large inputs are checked at 256 coordinates */
+        size_t nsub = nx <= 2048 ? nx : 256;
+        size_t *idx = malloc(nsub * sizeof *idx);
+        double *r = dbuf(ny), *g = dbuf(nsub), *gacc = dbuf(nsub);
+        if (!idx) abort();
+        for (size_t k = 0; k < nsub; k++) idx[k] = k * nx / nsub;
+        tu_fill(dy, ny, 1.0);
+        for (size_t j = 0; j < ny; j++) r[j] = dy[j];
+        fd_grad(g, oc->ref, oc->p, x, nx, idx, nsub, r, ny);
+
+        fill_nan(dx, nx); /* accum = 0 must write every element */
+        oc->bwd(dx, dy, x, 0, oc->p, &ctx2);
+        CHECK(all_finite(dx, nx), "%s bwd accum=0 writes every element", oc->name);
+        eb = sub_rel_err(dx, idx, nsub, g);
+        CHECK(eb <= 1e-4, "%s bwd rel err vs finite differences %.3e", oc->name, eb);
+
+        tu_fill(d0, nx, 1.0);
+        memcpy(dx, d0, nx * sizeof *dx);
+        oc->bwd(dx, dy, x, 1, oc->p, &ctx2);
+        for (size_t k = 0; k < nsub; k++) gacc[k] = (double)d0[idx[k]] + g[k];
+        ea = sub_rel_err(dx, idx, nsub, gacc);
+        CHECK(ea <= 1e-4, "%s bwd accum=1 rel err %.3e", oc->name, ea);
+
+        fill_nan(dx, nx);
+        fill_nan(dx1, nx);
+        fill_nan(dx3, nx);
+        oc->bwd(dx, dy, x, 0, oc->p, &ctx2);
+        oc->bwd(dx1, dy, x, 0, oc->p, &ctx1);
+        oc->bwd(dx3, dy, x, 0, oc->p, &ctx3);
+        CHECK(memcmp(dx, dx1, nx * sizeof *dx) == 0 && memcmp(dx, dx3, nx * sizeof *dx) == 0,
+              "%s bwd bit-identical at 1/2/3 threads", oc->name);
+        free(dy);
+        free(dx);
+        free(dx1);
+        free(dx3);
+        free(d0);
+        free(idx);
+        free(r);
+        free(g);
+        free(gacc);
+        printf("  %-28s fwd %.2e  bwd %.2e  bwd+accum %.2e\n", oc->name, ef, eb, ea);
+    } else {
+        printf("  %-28s fwd %.2e\n", oc->name, ef);
+    }
+    free(x);
+    free(y);
+    free(y1);
+    free(y3);
+    free(xd);
+    free(yref);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * element-wise
+ */
+struct p_count {
+    size_t n;
+    const float *other; /* the second input of add / the non-differentiated inputs */
+    float s;
+};
+
+static void ref_silu(double *y, const double *x, const void *pv)
+{
+    const struct p_count *p = pv;
+    for (size_t i = 0; i < p->n; i++) y[i] = x[i] / (1.0 + exp(-x[i]));
+}
+static void fwd_silu(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_silu_fwd(y, x, p->n, c) == BK_OK, "silu_fwd status");
+}
+static void bwd_silu(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                     bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_silu_bwd(dx, dy, x, accum, p->n, c) == BK_OK, "silu_bwd status");
+}
+
+static void ref_gelu(double *y, const double *x, const void *pv)
+{
+    const struct p_count *p = pv;
+    for (size_t i = 0; i < p->n; i++) y[i] = 0.5 * x[i] * (1.0 + erf(x[i] / sqrt(2.0)));
+}
+static void fwd_gelu(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_gelu_fwd(y, x, p->n, c) == BK_OK, "gelu_fwd status");
+}
+static void bwd_gelu(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                     bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_gelu_bwd(dx, dy, x, accum, p->n, c) == BK_OK, "gelu_bwd status");
+}
+
+static void ref_add(double *y, const double *x, const void *pv)
+{
+    const struct p_count *p = pv;
+    for (size_t i = 0; i < p->n; i++) y[i] = x[i] + (double)p->other[i];
+}
+static void fwd_add(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_add_fwd(y, x, p->other, p->n, c) == BK_OK, "add_fwd status");
+}
+static void fwd_add_swapped(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_add_fwd(y, p->other, x, p->n, c) == BK_OK, "add_fwd status");
+}
+static void bwd_copy(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                     bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_copy_grad(dx, dy, accum, p->n, c) == BK_OK, "copy_grad status");
+}
+
+static void ref_scale(double *y, const double *x, const void *pv)
+{
+    const struct p_count *p = pv;
+    for (size_t i = 0; i < p->n; i++) y[i] = x[i] * (double)p->s;
+}
+static void fwd_scale(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_scale_fwd(y, x, p->s, p->n, c) == BK_OK, "scale_fwd status");
+}
+
+/* add_bcast: the differentiable input is b (N,C); x (N,C,HW) is in `other` */
+struct p_nchw {
+    int n, c, h, w; /* for (N,C,HW) ops h*w is HW */
+    int c2;         /* concat: second part's channels */
+    int align;      /* bilinear */
+    const float *other;
+};
+
+static void ref_add_bcast(double *y, const double *b, const void *pv)
+{
+    const struct p_nchw *p = pv;
+    int hw = p->h * p->w;
+    for (int s = 0; s < p->n; s++)
+        for (int ch = 0; ch < p->c; ch++)
+            for (int q = 0; q < hw; q++) {
+                size_t i = ((size_t)s * p->c + ch) * hw + q;
+                y[i] = (double)p->other[i] + b[s * p->c + ch];
+            }
+}
+static void fwd_add_bcast(float *y, const float *b, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_add_bcast_fwd(y, p->other, b, p->n, p->c, p->h * p->w, c) == BK_OK, "status");
+}
+static void bwd_add_bcast(float *db, const float *dy, const float *b, int accum, const void *pv,
+                          bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_add_bcast_bwd(db, dy, accum, p->n, p->c, p->h * p->w, c) == BK_OK, "status");
+}
+
+static void test_eltwise(void)
+{
+    printf("eltwise:\n");
+    size_t n = 1031;
+    struct p_count pc = {.n = n};
+    struct op_case silu = {"silu", n, n, ref_silu, fwd_silu, bwd_silu, &pc, 1e-5, 6.0};
+    run_case(&silu);
+    struct op_case gelu = {"gelu", n, n, ref_gelu, fwd_gelu, bwd_gelu, &pc, 1e-5, 4.0};
+    run_case(&gelu);
+
+    /* large |x|: finite outputs and gradients (no inf/inf or 0*inf) */
+    float xs[6] = {-1000.0f, -100.0f, -88.5f, 88.5f, 100.0f, 1000.0f}, ys[6], ones[6], gs[6];
+    for (int i = 0; i < 6; i++) ones[i] = 1.0f;
+    int finite = 1;
+    cpu_silu_fwd(ys, xs, 6, &ctx1);
+    cpu_silu_bwd(gs, ones, xs, 0, 6, &ctx1);
+    for (int i = 0; i < 6; i++) finite &= isfinite(ys[i]) && isfinite(gs[i]);
+    CHECK(finite && ys[5] == 1000.0f && gs[5] == 1.0f && ys[0] == 0.0f && gs[0] == 0.0f,
+          "silu at |x| = 1000 saturates cleanly");
+    cpu_gelu_fwd(ys, xs, 6, &ctx1);
+    cpu_gelu_bwd(gs, ones, xs, 0, 6, &ctx1);
+    finite = 1;
+    for (int i = 0; i < 6; i++) finite &= isfinite(ys[i]) && isfinite(gs[i]);
+    CHECK(finite && ys[5] == 1000.0f && gs[5] == 1.0f && ys[0] == 0.0f && gs[0] == 0.0f,
+          "gelu at |x| = 1000 saturates cleanly");
+
+    float *other = fbuf(n);
+    tu_fill(other, n, 3.0);
+    struct p_count pa = {.n = n, .other = other};
+    struct op_case add = {"add (grad a = copy_grad)", n, n, ref_add, fwd_add, bwd_copy, &pa,
+                          1e-6, 3.0};
+    run_case(&add);
+    struct op_case add2 = {"add (grad b = copy_grad)", n, n, ref_add, fwd_add_swapped, bwd_copy,
+                           &pa, 1e-6, 3.0};
+    run_case(&add2);
+    /* the parallel path (count above the threshold) */
+    size_t nb = 100003;
+    float *xa = fbuf(nb), *xb = fbuf(nb), *y2 = fbuf(nb), *y1 = fbuf(nb);
+    tu_fill(xa, nb, 2.0);
+    tu_fill(xb, nb, 2.0);
+    cpu_add_fwd(y2, xa, xb, nb, &ctx2);
+    int exact = 1;
+    for (size_t i = 0; i < nb; i++) exact &= y2[i] == xa[i] + xb[i];
+    CHECK(exact, "add_fwd exact on 1e5 elements");
+    cpu_silu_fwd(y2, xa, nb, &ctx2);
+    cpu_silu_fwd(y1, xa, nb, &ctx1);
+    CHECK(memcmp(y1, y2, nb * sizeof *y1) == 0, "silu_fwd 1e5: 1 and 2 threads bit-identical");
+    free(xa);
+    free(xb);
+    free(y2);
+    free(y1);
+
+    struct p_count ps = {.n = n, .s = 0.18215f};
+    struct op_case scale = {"scale", n, n, ref_scale, fwd_scale, NULL, &ps, 1e-6, 5.0};
+    run_case(&scale);
+    float *xsc = fbuf(n), *ysc = fbuf(n);
+    tu_fill(xsc, n, 5.0);
+    cpu_scale_fwd(ysc, xsc, ps.s, n, &ctx2);
+    exact = 1;
+    for (size_t i = 0; i < n; i++) exact &= ysc[i] == xsc[i] * ps.s;
+    CHECK(exact, "scale_fwd is the float product");
+    free(xsc);
+    free(ysc);
+
+    /* add_bcast on odd sizes (N=2, C=3, HW=5x7) and a larger parallel one */
+    int shapes[2][3] = {{2, 3, 35}, {3, 17, 4099}};
+    for (int k = 0; k < 2; k++) {
+        struct p_nchw pb = {.n = shapes[k][0], .c = shapes[k][1], .h = shapes[k][2], .w = 1};
+        size_t nxb = (size_t)pb.n * pb.c, ny = nxb * pb.h;
+        float *xin = fbuf(ny);
+        tu_fill(xin, ny, 1.0);
+        pb.other = xin;
+        struct op_case ab = {k ? "add_bcast (3,17,4099)" : "add_bcast (2,3,35)", nxb, ny,
+                             ref_add_bcast, fwd_add_bcast, bwd_add_bcast, &pb, 1e-6, 1.0};
+        run_case(&ab);
+        free(xin);
+    }
+    free(other);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * layout
+ */
+static void ref_concat_a(double *y, const double *a, const void *pv)
+{
+    const struct p_nchw *p = pv; /* c = C1, c2 = C2, other = b, HW = h*w */
+    int hw = p->h * p->w, ct = p->c + p->c2;
+    for (int s = 0; s < p->n; s++)
+        for (int ch = 0; ch < ct; ch++)
+            for (int q = 0; q < hw; q++)
+                y[((size_t)s * ct + ch) * hw + q] =
+                    ch < p->c ? a[((size_t)s * p->c + ch) * hw + q]
+                              : (double)p->other[((size_t)s * p->c2 + ch - p->c) * hw + q];
+}
+static void ref_concat_b(double *y, const double *b, const void *pv)
+{
+    const struct p_nchw *p = pv; /* other = a */
+    int hw = p->h * p->w, ct = p->c + p->c2;
+    for (int s = 0; s < p->n; s++)
+        for (int ch = 0; ch < ct; ch++)
+            for (int q = 0; q < hw; q++)
+                y[((size_t)s * ct + ch) * hw + q] =
+                    ch < p->c ? (double)p->other[((size_t)s * p->c + ch) * hw + q]
+                              : b[((size_t)s * p->c2 + ch - p->c) * hw + q];
+}
+static void fwd_concat_a(float *y, const float *a, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_concat_fwd(y, a, p->other, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK, "status");
+}
+static void fwd_concat_b(float *y, const float *b, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_concat_fwd(y, p->other, b, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK, "status");
+}
+static void bwd_concat_a(float *da, const float *dy, const float *a, int accum, const void *pv,
+                         bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_concat_bwd(da, NULL, dy, accum, 0, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK,
+          "status");
+}
+static void bwd_concat_b(float *db, const float *dy, const float *b, int accum, const void *pv,
+                         bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_concat_bwd(NULL, db, dy, 0, accum, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK,
+          "status");
+}
+
+/* transpose: x (N,C,HW) -> y (N,HW,C); p->c = C, p->h = HW */
+static void ref_transpose(double *y, const double *x, const void *pv)
+{
+    const struct p_nchw *p = pv;
+    for (int s = 0; s < p->n; s++)
+        for (int ch = 0; ch < p->c; ch++)
+            for (int q = 0; q < p->h; q++)
+                y[((size_t)s * p->h + q) * p->c + ch] = x[((size_t)s * p->c + ch) * p->h + q];
+}
+static void fwd_transpose(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_transpose_fwd(y, x, 0, p->n, p->c, p->h, c) == BK_OK, "status");
+}
+static void bwd_transpose(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                          bk_ctx *c)
+{
+    const struct p_nchw *p = pv; /* the inverse: (hw, c) swapped */
+    CHECK(cpu_transpose_fwd(dx, dy, accum, p->n, p->h, p->c, c) == BK_OK, "status");
+}
+
+static void test_layout(void)
+{
+    printf("layout:\n");
+    int n = 2, c1 = 3, c2 = 5, hw = 35;
+    size_t na = (size_t)n * c1 * hw, nb = (size_t)n * c2 * hw, ny = na + nb;
+    float *a = fbuf(na), *b = fbuf(nb);
+    tu_fill(a, na, 1.0);
+    tu_fill(b, nb, 1.0);
+    struct p_nchw pa = {.n = n, .c = c1, .c2 = c2, .h = hw, .w = 1, .other = b};
+    struct op_case ca = {"concat (grad a)", na, ny, ref_concat_a, fwd_concat_a, bwd_concat_a,
+                         &pa, 1e-6, 1.0};
+    run_case(&ca);
+    struct p_nchw pb = pa;
+    pb.other = a;
+    struct op_case cb = {"concat (grad b)", nb, ny, ref_concat_b, fwd_concat_b, bwd_concat_b,
+                         &pb, 1e-6, 1.0};
+    run_case(&cb);
+
+    /* both halves at once with different accum flags */
+    float *y = fbuf(ny), *da = fbuf(na), *db = fbuf(nb), *db0 = fbuf(nb);
+    tu_fill(y, ny, 1.0);
+    fill_nan(da, na);
+    tu_fill(db0, nb, 1.0);
+    memcpy(db, db0, nb * sizeof *db);
+    cpu_concat_bwd(da, db, y, 0, 1, n, c1, c2, hw, &ctx2);
+    int ok = 1;
+    for (int s = 0; s < n; s++)
+        for (int ch = 0; ch < c1 + c2; ch++)
+            for (int q = 0; q < hw; q++) {
+                float g = y[((size_t)s * (c1 + c2) + ch) * hw + q];
+                if (ch < c1)
+                    ok &= da[((size_t)s * c1 + ch) * hw + q] == g;
+                else {
+                    size_t i = ((size_t)s * c2 + ch - c1) * hw + q;
+                    ok &= db[i] == db0[i] + g;
+                }
+            }
+    CHECK(ok, "concat_bwd with accum_a=0, accum_b=1 together");
+    free(a);
+    free(b);
+    free(y);
+    free(da);
+    free(db);
+    free(db0);
+
+    /* transpose: sizes straddling the 32-wide tiles, and a square-ish one with many tiles */
+    int tshape[3][3] = {{2, 37, 45}, {1, 1, 7}, {3, 64, 100}};
+    for (int k = 0; k < 3; k++) {
+        struct p_nchw pt = {.n = tshape[k][0], .c = tshape[k][1], .h = tshape[k][2], .w = 1};
+        size_t cnt = (size_t)pt.n * pt.c * pt.h;
+        char name[64];
+        snprintf(name, sizeof name, "transpose (%d,%d,%d)", pt.n, pt.c, pt.h);
+        struct op_case tc = {name, cnt, cnt, ref_transpose, fwd_transpose, bwd_transpose, &pt,
+                             1e-6, 1.0};
+        run_case(&tc);
+        /* exact, forward accum, and the round trip */
+        float *x = fbuf(cnt), *t = fbuf(cnt), *back = fbuf(cnt), *acc = fbuf(cnt),
+              *acc0 = fbuf(cnt);
+        tu_fill(x, cnt, 1.0);
+        tu_fill(acc0, cnt, 1.0);
+        cpu_transpose_fwd(t, x, 0, pt.n, pt.c, pt.h, &ctx2);
+        cpu_transpose_fwd(back, t, 0, pt.n, pt.h, pt.c, &ctx2);
+        CHECK(memcmp(back, x, cnt * sizeof *x) == 0, "%s round trip exact", name);
+        memcpy(acc, acc0, cnt * sizeof *acc);
+        cpu_transpose_fwd(acc, x, 1, pt.n, pt.c, pt.h, &ctx2);
+        ok = 1;
+        for (size_t i = 0; i < cnt; i++) ok &= acc[i] == acc0[i] + t[i];
+        CHECK(ok, "%s accum=1 adds", name);
+        free(x);
+        free(t);
+        free(back);
+        free(acc);
+        free(acc0);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * resampling
+ */
+static void ref_nearest(double *y, const double *x, const void *pv)
+{
+    const struct p_nchw *p = pv;
+    int ho = 2 * p->h, wo = 2 * p->w;
+    for (int pl = 0; pl < p->n * p->c; pl++)
+        for (int oy = 0; oy < ho; oy++)
+            for (int ox = 0; ox < wo; ox++)
+                y[((size_t)pl * ho + oy) * wo + ox] = x[((size_t)pl * p->h + oy / 2) * p->w + ox / 2];
+}
+static void fwd_nearest(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_upsample_nearest2x_fwd(y, x, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
+}
+static void bwd_nearest(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                        bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_upsample_nearest2x_bwd(dx, dy, accum, p->n, p->c, p->h, p->w, c) == BK_OK,
+          "status");
+}
+
+/* PyTorch's bilinear source coordinate for scale 2, in float64 */
+static double ref_bilinear_src(int dst, int in, int align)
+{
+    int out = 2 * in;
+    double s;
+    if (align)
+        s = out > 1 ? dst * (double)(in - 1) / (double)(out - 1) : 0.0;
+    else {
+        s = (dst + 0.5) / 2.0 - 0.5;
+        if (s < 0) s = 0;
+    }
+    return s;
+}
+static void ref_bilinear(double *y, const double *x, const void *pv)
+{
+    const struct p_nchw *p = pv;
+    int h = p->h, w = p->w, ho = 2 * h, wo = 2 * w;
+    for (int pl = 0; pl < p->n * p->c; pl++)
+        for (int oy = 0; oy < ho; oy++)
+            for (int ox = 0; ox < wo; ox++) {
+                double sy = ref_bilinear_src(oy, h, p->align), sx = ref_bilinear_src(ox, w, p->align);
+                int iy0 = (int)floor(sy), ix0 = (int)floor(sx);
+                if (iy0 > h - 1) iy0 = h - 1;
+                if (ix0 > w - 1) ix0 = w - 1;
+                int iy1 = iy0 + 1 < h ? iy0 + 1 : h - 1, ix1 = ix0 + 1 < w ? ix0 + 1 : w - 1;
+                double ly = sy - iy0, lx = sx - ix0;
+                const double *xp = x + (size_t)pl * h * w;
+                double top = (1 - lx) * xp[iy0 * w + ix0] + lx * xp[iy0 * w + ix1];
+                double bot = (1 - lx) * xp[iy1 * w + ix0] + lx * xp[iy1 * w + ix1];
+                y[((size_t)pl * ho + oy) * wo + ox] = (1 - ly) * top + ly * bot;
+            }
+}
+static void fwd_bilinear(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_upsample_bilinear2x_fwd(y, x, p->align, p->n, p->c, p->h, p->w, c) == BK_OK,
+          "status");
+}
+static void bwd_bilinear(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                         bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_upsample_bilinear2x_bwd(dx, dy, p->align, accum, p->n, p->c, p->h, p->w, c) ==
+              BK_OK,
+          "status");
+}
+
+static void ref_maxpool(double *y, const double *x, const void *pv)
+{
+    const struct p_nchw *p = pv;
+    int h = p->h, w = p->w, ho = h / 2, wo = w / 2;
+    for (int pl = 0; pl < p->n * p->c; pl++)
+        for (int oy = 0; oy < ho; oy++)
+            for (int ox = 0; ox < wo; ox++) {
+                double m = -INFINITY;
+                for (int dy = 0; dy < 2; dy++)
+                    for (int dx = 0; dx < 2; dx++) {
+                        double v = x[((size_t)pl * h + 2 * oy + dy) * w + 2 * ox + dx];
+                        if (v > m) m = v;
+                    }
+                y[((size_t)pl * ho + oy) * wo + ox] = m;
+            }
+}
+static void fwd_maxpool(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_maxpool2x2_fwd(y, x, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
+}
+static void bwd_maxpool(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                        bk_ctx *c)
+{
+    const struct p_nchw *p = pv;
+    CHECK(cpu_maxpool2x2_bwd(dx, dy, x, accum, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
+}
+
+static void test_resample(void)
+{
+    printf("resample:\n");
+    /* odd sizes, degenerate 1-wide/1-high planes, and a size above the parallel threshold */
+    int shapes[4][4] = {{2, 3, 5, 7}, {1, 2, 1, 3}, {2, 1, 4, 1}, {2, 8, 33, 40}};
+    for (int k = 0; k < 4; k++) {
+        struct p_nchw p = {.n = shapes[k][0], .c = shapes[k][1], .h = shapes[k][2],
+                           .w = shapes[k][3]};
+        size_t nx = (size_t)p.n * p.c * p.h * p.w, ny4 = nx * 4;
+        size_t nyp = (size_t)p.n * p.c * (p.h / 2) * (p.w / 2);
+        char name[96];
+        snprintf(name, sizeof name, "nearest2x (%d,%d,%d,%d)", p.n, p.c, p.h, p.w);
+        struct op_case cn = {name, nx, ny4, ref_nearest, fwd_nearest, bwd_nearest, &p, 1e-6, 1.0};
+        run_case(&cn);
+        for (int al = 0; al < 2; al++) {
+            struct p_nchw pbl = p;
+            pbl.align = al;
+            char nm[96];
+            snprintf(nm, sizeof nm, "bilinear2x ac=%d (%d,%d,%d,%d)", al, p.n, p.c, p.h, p.w);
+            /* 1e-5: like PyTorch, the source coordinate is computed in float (for
+             * align_corners=1 the scale (in-1)/(out-1) is rounded), not exactly */
+            struct op_case cbl = {nm, nx, ny4, ref_bilinear, fwd_bilinear, bwd_bilinear, &pbl,
+                                  1e-5, 1.0};
+            run_case(&cbl);
+        }
+        if (nyp) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "maxpool2x2 (%d,%d,%d,%d)", p.n, p.c, p.h, p.w);
+            struct op_case cm = {nm, nx, nyp, ref_maxpool, fwd_maxpool, bwd_maxpool, &p, 1e-6,
+                                 1.0};
+            run_case(&cm);
+        }
+    }
+
+    /* the examples of torch.nn.Upsample's documentation, input [[1,2],[3,4]] */
+    float xin[4] = {1, 2, 3, 4}, y[16];
+    const double want_nearest[16] = {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4};
+    const double want_ac0[16] = {1.0, 1.25, 1.75, 2.0, 1.5, 1.75, 2.25, 2.5,
+                                 2.5, 2.75, 3.25, 3.5, 3.0, 3.25, 3.75, 4.0};
+    const double want_ac1[16] = {1.0,    1.3333, 1.6667, 2.0,    1.6667, 2.0,    2.3333, 2.6667,
+                                 2.3333, 2.6667, 3.0,    3.3333, 3.0,    3.3333, 3.6667, 4.0};
+    cpu_upsample_nearest2x_fwd(y, xin, 1, 1, 2, 2, &ctx1);
+    CHECK(max_abs_diff(y, want_nearest, 16) == 0, "nearest matches the torch docs example");
+    cpu_upsample_bilinear2x_fwd(y, xin, 0, 1, 1, 2, 2, &ctx1);
+    CHECK(max_abs_diff(y, want_ac0, 16) == 0, "bilinear ac=0 matches the torch docs example");
+    cpu_upsample_bilinear2x_fwd(y, xin, 1, 1, 1, 2, 2, &ctx1);
+    CHECK(max_abs_diff(y, want_ac1, 16) < 1e-4, "bilinear ac=1 matches the torch docs example");
+
+    /* maxpool ties, NaN and -inf follow PyTorch: the first maximum wins, NaN propagates */
+    /* one 2x6 plane, windows [1 3; 3 2], [5 3; NaN 2], [2 1; -inf -inf] */
+    float xm[12] = {1, 3, 5, 3, 2, 1, 3, 2, NAN, 2, -INFINITY, -INFINITY};
+    float ym[3], dym[3] = {10, 20, 30}, dxm[12];
+    cpu_maxpool2x2_fwd(ym, xm, 1, 1, 2, 6, &ctx1);
+    CHECK(ym[0] == 3 && isnan(ym[1]) && ym[2] == 2, "maxpool tie/NaN forward");
+    cpu_maxpool2x2_bwd(dxm, dym, xm, 0, 1, 1, 2, 6, &ctx1);
+    const float want_dx[12] = {0, 10, 0, 0, 30, 0, 0, 0, 20, 0, 0, 0};
+    CHECK(memcmp(dxm, want_dx, sizeof dxm) == 0,
+          "maxpool backward: first maximum of a tie, NaN takes the gradient");
+    float xi[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, yi, gi = 1, dxi[4];
+    cpu_maxpool2x2_fwd(&yi, xi, 1, 1, 2, 2, &ctx1);
+    cpu_maxpool2x2_bwd(dxi, &gi, xi, 0, 1, 1, 2, 2, &ctx1);
+    CHECK(yi == -INFINITY && dxi[0] == 1 && dxi[1] == 0 && dxi[2] == 0 && dxi[3] == 0,
+          "maxpool all -inf window: gradient to the first element");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * timestep embedding
+ */
+static void ref_embed(double *y, const float *t, int n, int dim, int flip, float shift,
+                      float max_period, int round_like_kernel)
+{
+    int half = dim / 2;
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < half; i++) {
+            double e = -log((double)max_period) * i / ((double)half - (double)shift);
+            double f = exp(e), arg;
+            if (round_like_kernel)
+                arg = (double)(t[s] * (float)f); /* float frequency, float product */
+            else
+                arg = (double)t[s] * f;
+            double sv = sin(arg), cv = cos(arg);
+            y[(size_t)s * dim + i] = flip ? cv : sv;
+            y[(size_t)s * dim + half + i] = flip ? sv : cv;
+        }
+        if (dim % 2) y[(size_t)s * dim + dim - 1] = 0.0;
+    }
+}
+
+static void test_embed(void)
+{
+    printf("timestep_embed:\n");
+    float t[10] = {0, 1, 2, 17, 250, 499.5f, 500, 998, 999, 0};
+    t[9] = (float)(tu_rand() * 500 + 500);
+    int n = 10, dims[4] = {128, 65, 320, 2};
+    double worst = 0;
+    for (int di = 0; di < 4; di++)
+        for (int flip = 0; flip < 2; flip++)
+            for (int sh = 0; sh < 2; sh++) {
+                int dim = dims[di];
+                if (dim / 2 == sh) continue; /* half - shift = 0 is rejected, tested below */
+                size_t cnt = (size_t)n * dim;
+                float *y = fbuf(cnt), *y1 = fbuf(cnt);
+                double *r = dbuf(cnt), *rd = dbuf(cnt);
+                fill_nan(y, cnt);
+                int st = cpu_timestep_embed_fwd(y, t, n, dim, flip, (float)sh, 10000.0f, &ctx2);
+                cpu_timestep_embed_fwd(y1, t, n, dim, flip, (float)sh, 10000.0f, &ctx1);
+                ref_embed(r, t, n, dim, flip, (float)sh, 10000.0f, 1);
+                ref_embed(rd, t, n, dim, flip, (float)sh, 10000.0f, 0);
+                double e = max_abs_diff(y, r, cnt), ed = max_abs_diff(y, rd, cnt);
+                if (e > worst) worst = e;
+                CHECK(st == BK_OK && e <= 1e-6,
+                      "embed dim=%d flip=%d shift=%d: max abs err %.3e vs the rounding-exact "
+                      "reference", dim, flip, sh, e);
+                /* all-double math differs only by the float rounding of t*freq (|t| <= 999) */
+                CHECK(ed <= 2e-4, "embed dim=%d flip=%d shift=%d: max abs err %.3e vs float64",
+                      dim, flip, sh, ed);
+                CHECK(memcmp(y, y1, cnt * sizeof *y) == 0, "embed bit-identical at 1/2 threads");
+                if (dim % 2) {
+                    int z = 1;
+                    for (int s = 0; s < n; s++) z &= y[(size_t)s * dim + dim - 1] == 0.0f;
+                    CHECK(z, "embed odd dim: last column zero");
+                }
+                free(y);
+                free(y1);
+                free(r);
+                free(rd);
+            }
+    /* t = 0: sin = 0, cos = 1 exactly, in the flipped order too */
+    float y0[8];
+    float tz = 0;
+    cpu_timestep_embed_fwd(y0, &tz, 1, 8, 1, 1.0f, 10000.0f, &ctx1);
+    CHECK(y0[0] == 1 && y0[3] == 1 && y0[4] == 0 && y0[7] == 0, "embed t=0, flipped: [cos, sin]");
+    CHECK(cpu_timestep_embed_fwd(y0, &tz, 1, 2, 0, 1.0f, 10000.0f, &ctx1) == BK_ERR_INVALID,
+          "embed rejects half - freq_shift == 0");
+    printf("  timestep_embed max abs err %.2e (bound 1e-6)\n", worst);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * loss: mse and dropout
+ */
+static void ref_mse(double *y, const double *x, const void *pv)
+{
+    const struct p_count *p = pv;
+    double s = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        double d = x[i] - (double)p->other[i];
+        s += d * d;
+    }
+    y[0] = s / (double)p->n;
+}
+static void fwd_mse(float *y, const float *x, const void *pv, bk_ctx *c)
+{
+    const struct p_count *p = pv;
+    CHECK(cpu_mse_fwd(y, x, p->other, p->n, c) == BK_OK, "mse_fwd status");
+}
+static void bwd_mse(float *dx, const float *dy, const float *x, int accum, const void *pv,
+                    bk_ctx *c)
+{
+    const struct p_count *p = pv; /* dy[0] is dL/dloss: the loss scale */
+    CHECK(cpu_mse_bwd(dx, x, p->other, dy[0], accum, p->n, c) == BK_OK, "mse_bwd status");
+}
+
+static void test_mse(void)
+{
+    printf("mse:\n");
+    size_t n = 1013;
+    float *tg = fbuf(n);
+    tu_fill(tg, n, 1.0);
+    struct p_count p = {.n = n, .other = tg};
+    struct op_case cm = {"mse", n, 1, ref_mse, fwd_mse, bwd_mse, &p, 1e-6, 1.0};
+    run_case(&cm);
+    free(tg);
+
+    /* a large one: double accumulation, thread-count independent */
+    size_t nb = 3000017;
+    float *a = fbuf(nb), *b = fbuf(nb), l1, l2, l3;
+    tu_fill(a, nb, 1.0);
+    tu_fill(b, nb, 1.0);
+    double s = 0;
+    for (size_t i = 0; i < nb; i++) {
+        double d = (double)a[i] - (double)b[i];
+        s += d * d;
+    }
+    cpu_mse_fwd(&l1, a, b, nb, &ctx1);
+    cpu_mse_fwd(&l2, a, b, nb, &ctx2);
+    cpu_mse_fwd(&l3, a, b, nb, &ctx3);
+    double e = fabs(l2 - s / nb) / (s / nb);
+    CHECK(e <= 1e-6, "mse 3e6 elements rel err %.3e", e);
+    CHECK(l1 == l2 && l2 == l3, "mse 3e6 elements bit-identical at 1/2/3 threads");
+    printf("  mse 3e6 elements rel err %.2e\n", e);
+    free(a);
+    free(b);
+}
+
+static int dropout_mask_ref(float p, uint64_t seed, uint64_t step, uint32_t op, int sample,
+                            uint32_t e)
+{
+    return philox_uniform_at(seed, PHILOX_TAG_DROPOUT, step, (uint32_t)sample, op, e) >= p;
+}
+
+static size_t count_kept(const float *y, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += y[i] != 0.0f;
+    return k;
+}
+static size_t count_mask_diff(const float *a, const float *b, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += (a[i] != 0.0f) != (b[i] != 0.0f);
+    return k;
+}
+
+static void test_dropout(void)
+{
+    printf("dropout:\n");
+    int n = 4;
+    size_t per = 25003, tot = (size_t)n * per; /* 1e5 elements, per_sample not a multiple of 4 */
+    uint64_t seed = 0xDEADBEEF12345ull, step = 123;
+    uint32_t op = 7;
+    float *x = fbuf(tot), *y = fbuf(tot), *y1 = fbuf(tot), *y3 = fbuf(tot);
+    float *dy = fbuf(tot), *dx = fbuf(tot), *d0 = fbuf(tot);
+    for (size_t i = 0; i < tot; i++) x[i] = (float)(1.5 + tu_rand()); /* never 0 */
+    tu_fill(dy, tot, 1.0);
+    tu_fill(d0, tot, 1.0);
+
+    const float ps[3] = {0.1f, 0.5f, 0.3f};
+    for (int k = 0; k < 3; k++) {
+        float p = ps[k], sc = 1.0f / (1.0f - p);
+        fill_nan(y, tot);
+        CHECK(cpu_dropout_fwd(y, x, p, seed, step, op, 0, n, per, &ctx2) == BK_OK, "status");
+        double rate = (double)count_kept(y, tot) / tot;
+        CHECK(fabs(rate - (1 - p)) <= 0.01 * (1 - p), "dropout p=%.1f keep rate %.4f", p, rate);
+        printf("  dropout p=%.1f keep rate %.4f (expect %.4f)\n", p, rate, 1 - p);
+        int exact = 1;
+        for (int s = 0; s < n; s++)
+            for (size_t e = 0; e < per; e++) {
+                size_t i = s * per + e;
+                int keep = dropout_mask_ref(p, seed, step, op, s, (uint32_t)e);
+                exact &= keep ? y[i] == x[i] * sc : (y[i] == 0.0f && !signbit(y[i]));
+            }
+        CHECK(exact, "dropout p=%.1f: mask is Philox(u) >= p, kept values x * (1/(1-p)) exactly",
+              p);
+        fill_nan(y1, tot);
+        fill_nan(y3, tot);
+        cpu_dropout_fwd(y1, x, p, seed, step, op, 0, n, per, &ctx1);
+        cpu_dropout_fwd(y3, x, p, seed, step, op, 0, n, per, &ctx3);
+        CHECK(memcmp(y, y1, tot * sizeof *y) == 0 && memcmp(y, y3, tot * sizeof *y) == 0,
+              "dropout bit-identical at 1/2/3 threads");
+
+        /* backward: the same mask, the same scale, =/+= */
+        fill_nan(dx, tot);
+        cpu_dropout_bwd(dx, dy, p, seed, step, op, 0, 0, n, per, &ctx2);
+        exact = 1;
+        for (size_t i = 0; i < tot; i++)
+            exact &= (y[i] != 0.0f) ? dx[i] == dy[i] * sc : dx[i] == 0.0f;
+        CHECK(exact, "dropout p=%.1f backward reproduces the mask", p);
+        memcpy(dx, d0, tot * sizeof *dx);
+        cpu_dropout_bwd(dx, dy, p, seed, step, op, 0, 1, n, per, &ctx2);
+        exact = 1;
+        for (size_t i = 0; i < tot; i++)
+            exact &= dx[i] == d0[i] + ((y[i] != 0.0f) ? dy[i] * sc : 0.0f);
+        CHECK(exact, "dropout p=%.1f backward accum=1", p);
+    }
+
+    /* different step, op, sample, seed give different masks (about 2p(1-p) of positions) */
+    float p = 0.5f;
+    cpu_dropout_fwd(y, x, p, seed, step, op, 0, n, per, &ctx2);
+    cpu_dropout_fwd(y1, x, p, seed, step + 1, op, 0, n, per, &ctx2);
+    size_t diff = count_mask_diff(y, y1, tot);
+    CHECK(diff > tot / 2 * 9 / 10 && diff < tot / 2 * 11 / 10, "step changes the mask (%zu)", diff);
+    cpu_dropout_fwd(y1, x, p, seed, step, op + 1, 0, n, per, &ctx2);
+    diff = count_mask_diff(y, y1, tot);
+    CHECK(diff > tot / 2 * 9 / 10 && diff < tot / 2 * 11 / 10, "op changes the mask (%zu)", diff);
+    cpu_dropout_fwd(y1, x, p, seed + 1, step, op, 0, n, per, &ctx2);
+    diff = count_mask_diff(y, y1, tot);
+    CHECK(diff > tot / 2 * 9 / 10 && diff < tot / 2 * 11 / 10, "seed changes the mask (%zu)", diff);
+    diff = count_mask_diff(y, y + per, per);
+    CHECK(diff > per / 2 * 9 / 10 && diff < per / 2 * 11 / 10,
+          "samples 0 and 1 have different masks (%zu)", diff);
+
+    /* sample_base: a micro-batch holding samples 2..3 equals rows 2..3 of the full batch */
+    cpu_dropout_fwd(y1, x + 2 * per, p, seed, step, op, 2, 2, per, &ctx2);
+    CHECK(memcmp(y1, y + 2 * per, 2 * per * sizeof *y) == 0,
+          "dropout micro-batch (sample_base=2) equals rows 2..3 of the full batch");
+    cpu_dropout_bwd(dx, dy + 2 * per, p, seed, step, op, 2, 0, 2, per, &ctx2);
+    int ok = 1;
+    for (size_t i = 0; i < 2 * per; i++) ok &= (dx[i] != 0.0f) == (y[2 * per + i] != 0.0f);
+    CHECK(ok, "dropout backward micro-batch reproduces rows 2..3 of the mask");
+
+    /* p = 0: an exact copy */
+    cpu_dropout_fwd(y, x, 0.0f, seed, step, op, 0, n, per, &ctx2);
+    CHECK(memcmp(y, x, tot * sizeof *y) == 0, "dropout p=0 is an exact copy");
+    memcpy(dx, d0, tot * sizeof *dx);
+    cpu_dropout_bwd(dx, dy, 0.0f, seed, step, op, 0, 1, n, per, &ctx2);
+    ok = 1;
+    for (size_t i = 0; i < tot; i++) ok &= dx[i] == d0[i] + dy[i];
+    CHECK(ok, "dropout p=0 backward accum=1 adds dy");
+    CHECK(cpu_dropout_fwd(y, x, 1.0f, seed, step, op, 0, n, per, &ctx2) == BK_ERR_INVALID,
+          "dropout rejects p = 1");
+    CHECK(cpu_dropout_fwd(y, x, -0.1f, seed, step, op, 0, n, per, &ctx2) == BK_ERR_INVALID,
+          "dropout rejects p < 0");
+
+    free(x);
+    free(y);
+    free(y1);
+    free(y3);
+    free(dy);
+    free(dx);
+    free(d0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * optimizer: sumsq, AdamW, EMA
+ */
+static void test_sumsq(void)
+{
+    printf("sumsq:\n");
+    size_t sizes[4] = {0, 5, 16384 * 3 + 1, 2000003};
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *x = fbuf(n);
+        tu_fill(x, n, 2.0);
+        double ref = 0, s1 = -1, s2 = -1, s3 = -1;
+        for (size_t i = 0; i < n; i++) ref += (double)x[i] * (double)x[i];
+        CHECK(cpu_sumsq(&s2, x, n, &ctx2) == BK_OK, "sumsq status");
+        cpu_sumsq(&s1, x, n, &ctx1);
+        cpu_sumsq(&s3, x, n, &ctx3);
+        double e = n ? fabs(s2 - ref) / ref : fabs(s2);
+        CHECK(e <= 1e-12, "sumsq n=%zu rel err %.3e", n, e);
+        CHECK(memcmp(&s1, &s2, sizeof s1) == 0 && memcmp(&s2, &s3, sizeof s2) == 0,
+              "sumsq n=%zu bit-identical at 1/2/3 threads", n);
+        printf("  sumsq n=%zu rel err %.2e\n", n, e);
+        free(x);
+    }
+}
+
+static void test_adamw(void)
+{
+    printf("adamw:\n");
+    size_t n = 40009; /* above the parallel threshold */
+    float *w = fbuf(n), *m = fbuf(n), *v = fbuf(n), *g = fbuf(n);
+    float *w1 = fbuf(n), *m1 = fbuf(n), *v1 = fbuf(n);
+    double *wd = dbuf(n), *md = dbuf(n), *vd = dbuf(n);
+    tu_fill(w, n, 1.0);
+    for (size_t i = 0; i < n; i++) {
+        m[i] = v[i] = 0.0f;
+        wd[i] = w[i];
+        md[i] = vd[i] = 0.0;
+    }
+    memcpy(w1, w, n * sizeof *w);
+    memcpy(m1, m, n * sizeof *m);
+    memcpy(v1, v, n * sizeof *v);
+    struct bk_adamw h = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                         .weight_decay = 0.1f};
+    float gscale = 0.5f;
+    double ew = 0, em = 0, ev = 0;
+    for (int t = 1; t <= 3; t++) {
+        tu_fill(g, n, 2.0);
+        g[t] = 1e-9f; /* a gradient where eps matters */
+        h.bias_c1 = (float)(1.0 - pow(0.9f, t));
+        h.bias_c2_sqrt = (float)sqrt(1.0 - pow(0.999f, t));
+        CHECK(cpu_adamw_step(w, m, v, g, gscale, &h, n, &ctx2) == BK_OK, "adamw status");
+        cpu_adamw_step(w1, m1, v1, g, gscale, &h, n, &ctx1);
+        double lr = h.lr, b1 = h.beta1, b2 = h.beta2, eps = h.eps, wdc = h.weight_decay;
+        double c1 = h.bias_c1, c2 = h.bias_c2_sqrt;
+        for (size_t i = 0; i < n; i++) {
+            double gi = (double)g[i] * gscale;
+            wd[i] = wd[i] * (1 - lr * wdc);
+            md[i] = md[i] + (gi - md[i]) * (1 - b1);
+            vd[i] = vd[i] * b2 + (1 - b2) * gi * gi;
+            double denom = sqrt(vd[i]) / c2 + eps;
+            wd[i] = wd[i] - (lr / c1) * md[i] / denom;
+        }
+        ew = tu_rel_err(w, wd, n);
+        em = tu_rel_err(m, md, n);
+        ev = tu_rel_err(v, vd, n);
+        CHECK(ew <= 1e-6 && em <= 1e-6 && ev <= 1e-6,
+              "adamw step %d rel err w %.3e m %.3e v %.3e", t, ew, em, ev);
+    }
+    CHECK(memcmp(w, w1, n * sizeof *w) == 0 && memcmp(m, m1, n * sizeof *m) == 0 &&
+              memcmp(v, v1, n * sizeof *v) == 0,
+          "adamw bit-identical at 1/2 threads");
+    printf("  adamw after 3 steps rel err w %.2e m %.2e v %.2e\n", ew, em, ev);
+    free(w);
+    free(m);
+    free(v);
+    free(g);
+    free(w1);
+    free(m1);
+    free(v1);
+    free(wd);
+    free(md);
+    free(vd);
+}
+
+static void test_ema(void)
+{
+    printf("ema:\n");
+    size_t n = 20011;
+    float *e = fbuf(n), *w = fbuf(n), *e1 = fbuf(n);
+    double *ed = dbuf(n);
+    const float decays[3] = {0.9999f, 0.3f, 0.0f};
+    for (int k = 0; k < 3; k++) {
+        tu_fill(e, n, 1.0);
+        tu_fill(w, n, 1.0);
+        memcpy(e1, e, n * sizeof *e);
+        double d = decays[k];
+        for (size_t i = 0; i < n; i++) ed[i] = e[i];
+        for (int it = 0; it < 3; it++) {
+            for (size_t i = 0; i < n; i++) ed[i] = d * ed[i] + (1 - d) * (double)w[i];
+            CHECK(cpu_ema_update(e, w, decays[k], n, &ctx2) == BK_OK, "ema status");
+            cpu_ema_update(e1, w, decays[k], n, &ctx1);
+        }
+        double err = tu_rel_err(e, ed, n);
+        CHECK(err <= 1e-6, "ema decay=%g rel err %.3e", d, err);
+        CHECK(memcmp(e, e1, n * sizeof *e) == 0, "ema bit-identical at 1/2 threads");
+        printf("  ema decay=%g rel err %.2e\n", d, err);
+        if (decays[k] == 0.0f) CHECK(memcmp(e, w, n * sizeof *e) == 0, "ema decay=0 copies w");
+    }
+    free(e);
+    free(w);
+    free(e1);
+    free(ed);
+}
+
+int main(void)
+{
+    tu_seed(20240611);
+    test_eltwise();
+    test_layout();
+    test_resample();
+    test_embed();
+    test_mse();
+    test_dropout();
+    test_sumsq();
+    test_adamw();
+    test_ema();
+    return tu_finish("test_ops_misc");
+}

@@ -1,0 +1,304 @@
+/* test_parity.c - the whole model against PyTorch (llm.c's test_gpt2 manner): both presets
+ * built from the committed fixtures' configs, weights loaded, one step's output and every
+ * gradient compared, then 10 AdamW steps (warmup, cosine, clipping, EMA) loss by loss.
+ */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddpm.h"
+#include "exec.h"
+#include "plan.h"
+#include "safetensors.h"
+#include "test_util.h"
+#include "unet.h"
+
+static double jnum(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+}
+
+static int jints(const cJSON *o, const char *k, int *dst, int max)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, k), *v;
+    int n = 0;
+    cJSON_ArrayForEach(v, a) if (n < max) dst[n++] = v->valueint;
+    return n;
+}
+
+static int load_config(const struct safetensors *st, struct unet_config *c,
+                       struct optim_config *oc, int *batch, int *steps, int *T)
+{
+    cJSON *m = cJSON_Parse(safetensors_meta(st, "config"));
+    cJSON *tr = cJSON_Parse(safetensors_meta(st, "train"));
+    if (!m || !tr) return -1;
+    const char *preset = cJSON_GetObjectItemCaseSensitive(m, "preset")->valuestring;
+    unet_config_default(c, strcmp(preset, "seed") == 0 ? UNET_SEED : UNET_DDPM);
+    c->in_channels = (int)jnum(m, "in_channels");
+    c->out_channels = (int)jnum(m, "out_channels");
+    c->image_size = (int)jnum(m, "image_size");
+    if (c->preset == UNET_DDPM) {
+        c->n_levels = jints(m, "block_out_channels", c->channels, UNET_MAX_LEVELS);
+        c->layers_per_block = (int)jnum(m, "layers_per_block");
+        c->n_attn = jints(m, "attention_resolutions", c->attn_res, UNET_MAX_LEVELS);
+        c->groups = (int)jnum(m, "norm_num_groups");
+        c->norm_eps = (float)jnum(m, "norm_eps");
+        c->attn_head_dim = (int)jnum(m, "attention_head_dim");
+        c->dropout = (float)jnum(m, "dropout");
+        c->flip_sin_to_cos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "flip_sin_to_cos"));
+        c->freq_shift = (float)jnum(m, "freq_shift");
+    } else {
+        c->base = (int)jnum(m, "base");
+        c->time_dim = (int)jnum(m, "time_dim");
+        c->heads = (int)jnum(m, "heads");
+    }
+    memset(oc, 0, sizeof *oc);
+    oc->lr = (float)jnum(tr, "lr");
+    oc->beta1 = (float)jnum(tr, "beta1");
+    oc->beta2 = (float)jnum(tr, "beta2");
+    oc->eps = (float)jnum(tr, "eps");
+    oc->weight_decay = (float)jnum(tr, "weight_decay");
+    oc->clip = (float)jnum(tr, "clip");
+    oc->ema_decay = (float)jnum(tr, "ema_decay");
+    oc->warmup = (int)jnum(tr, "warmup");
+    *steps = (int)jnum(tr, "steps");
+    oc->total_steps = *steps;
+    oc->cosine = 1;
+    *batch = (int)jnum(tr, "batch");
+    *T = (int)jnum(tr, "T");
+    cJSON_Delete(m);
+    cJSON_Delete(tr);
+    return 0;
+}
+
+static const float *tensor(const struct safetensors *st, const char *name, size_t numel)
+{
+    const struct st_tensor *t;
+    if (safetensors_find(st, name, &t) || t->dtype != ST_F32 || (size_t)t->numel != numel) {
+        fprintf(stderr, "fixture tensor %s missing or of the wrong size\n", name);
+        return NULL;
+    }
+    return t->data;
+}
+
+/* norm-wise relative error, and max|d| / max|ref| */
+static void errs(const float *a, const float *ref, size_t n, double *rel, double *maxrel)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > md) md = d;
+        if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    }
+    *rel = tu_rel_err_f(a, ref, n);
+    *maxrel = md / (mr > 0 ? mr : 1);
+}
+
+/* Key biases have an identically zero gradient (adding q.b_k to every score of a row does not
+ * change its softmax), so both frameworks produce rounding noise there, and AdamW turns noise
+ * into +-lr steps. Those elements are compared only for being ~0 at step 0, and left out of
+ * the relative comparisons. Returns the [lo, hi) element range of such a slice, or 0. */
+static int key_bias_slice(const char *name, size_t n, size_t *lo, size_t *hi)
+{
+    size_t len = strlen(name);
+    if (len >= 9 && strcmp(name + len - 9, "to_k.bias") == 0) {
+        *lo = 0;
+        *hi = n;
+        return 1;
+    }
+    if (len >= 16 && strcmp(name + len - 16, "mha.in_proj_bias") == 0) {
+        *lo = n / 3;
+        *hi = 2 * n / 3;
+        return 1;
+    }
+    return 0;
+}
+
+/* errs over the elements outside the key-bias slice of parameter `pname` (zeroed in both) */
+static void errs_param(const char *pname, float *a, float *ref_copy, const float *ref, size_t n,
+                       double *rel, double *maxrel)
+{
+    size_t lo, hi;
+    memcpy(ref_copy, ref, n * sizeof *ref);
+    if (key_bias_slice(pname, n, &lo, &hi))
+        for (size_t i = lo; i < hi; i++) a[i] = ref_copy[i] = 0.0f;
+    errs(a, ref_copy, n, rel, maxrel);
+}
+
+static void run_fixture(const char *path, int tiled)
+{
+    char err[256];
+    struct safetensors *st = NULL;
+    if (safetensors_open(&st, path, err, sizeof err)) {
+        CHECK(0, "%s: %s", path, err);
+        return;
+    }
+    struct unet_config cfg;
+    struct optim_config oc;
+    int batch = 0, steps = 0, T = 0;
+    CHECK(load_config(st, &cfg, &oc, &batch, &steps, &T) == 0, "%s: config", path);
+    cfg.attn_tiled = tiled;
+
+    struct graph g;
+    struct unet_io io;
+    graph_init(&g);
+    unet_build(&g, &cfg, batch, &io);
+    int td[4];
+    memcpy(td, g.tensors[io.out].d, sizeof td);
+    int target = graph_input(&g, "target", 4, td);
+    int loss_t = graph_mse(&g, io.out, target);
+    graph_backward(&g, loss_t);
+    CHECK(g.status == 0, "graph: %s", g.err);
+    if (g.status) goto out_graph;
+
+    /* the parameter lists agree, name by name and size by size */
+    int n_file_params = 0;
+    for (size_t i = 0; i < safetensors_count(st); i++) {
+        const struct st_tensor *t;
+        safetensors_get(st, i, &t);
+        if (strncmp(t->name, "param.", 6) == 0) {
+            n_file_params++;
+            int id = graph_find_param(&g, t->name + 6);
+            CHECK(id >= 0 && g.tensors[id].numel == (size_t)t->numel, "param %s: %s", t->name,
+                  id < 0 ? "not in the graph" : "size differs");
+        }
+    }
+    CHECK(n_file_params == g.n_params, "%d params in file, %d in graph", n_file_params,
+          g.n_params);
+
+    struct plan p;
+    CHECK(plan_make(&p, &g, backend_cpu(), NULL) == 0, "plan");
+    struct exec *e = NULL;
+    struct exec_opts eo = {.threads = 2};
+    CHECK(exec_init(&e, &g, &p, backend_cpu(), &eo) == 0, "exec_init");
+    if (!e) goto out_plan;
+    char name[300];
+    for (int i = 0; i < g.n_tensors; i++)
+        if (g.tensors[i].kind == TENSOR_PARAM) {
+            snprintf(name, sizeof name, "param.%s", g.tensors[i].name);
+            const float *w = tensor(st, name, g.tensors[i].numel);
+            if (w) exec_upload(e, i, w);
+        }
+    exec_reset_state(e);
+
+    struct ddpm_schedule sch;
+    ddpm_schedule_init(&sch, T, DDPM_BETA_LINEAR, 1e-4, 0.02);
+    size_t img = g.tensors[io.x].numel, per = img / (size_t)batch;
+    float *xt = malloc(img * sizeof *xt), *out = malloc(img * sizeof *out);
+    float *tf = malloc((size_t)batch * sizeof *tf);
+    int *ti = malloc((size_t)batch * sizeof *ti);
+    float *host = malloc(g.param_numel * sizeof *host > img * sizeof *host
+                             ? g.param_numel * sizeof *host : img * sizeof *host);
+    float *refc = malloc(g.param_numel * sizeof *refc);
+    const float *x0s = tensor(st, "x0", (size_t)steps * img);
+    const float *noises = tensor(st, "noise", (size_t)steps * img);
+    const float *ts = tensor(st, "t", (size_t)steps * batch);
+    const float *ref_loss = tensor(st, "loss", (size_t)steps);
+    const float *ref_norm = tensor(st, "grad_norm", (size_t)steps);
+    const float *ref_lr = tensor(st, "lr", (size_t)steps);
+    if (!x0s || !noises || !ts || !ref_loss || !ref_norm || !ref_lr) goto out_exec;
+
+    double worst_loss = 0, worst_grad = 0;
+    for (int s = 0; s < steps; s++) {
+        for (int i = 0; i < batch; i++) {
+            ti[i] = (int)ts[(size_t)s * batch + i];
+            tf[i] = (float)ti[i];
+        }
+        const float *x0 = x0s + (size_t)s * img, *eps = noises + (size_t)s * img;
+        ddpm_q_sample(xt, x0, eps, ti, batch, per, &sch);
+        exec_upload(e, io.x, xt);
+        exec_upload(e, io.t, tf);
+        exec_upload(e, target, eps);
+        if (s == 0) {
+            double rel, mx;
+            errs(xt, tensor(st, "xt0", img), img, &rel, &mx);
+            CHECK(rel <= 1e-7, "%s x_t differs: %.3g", path, rel);
+            CHECK(exec_forward(e, 0, 0) == 0, "forward");
+            exec_download(e, io.out, out);
+            errs(out, tensor(st, "out0", img), img, &rel, &mx);
+            printf("%s: forward rel %.3g, max|d|/max|ref| %.3g\n", path, rel, mx);
+            CHECK(rel <= 1e-5 && mx <= 1e-4, "%s forward: rel %.3g max %.3g", path, rel, mx);
+        }
+        float loss = 0, norm = 0;
+        CHECK(exec_forward_backward(e, 1, 1.0f, 0, (uint64_t)s, 0, &loss) == 0, "step");
+        double lrel = fabs((double)loss - ref_loss[s]) / fabs((double)ref_loss[s]);
+        if (lrel > worst_loss) worst_loss = lrel;
+        CHECK(lrel <= 1e-4, "%s step %d loss %.8g vs %.8g (rel %.3g)", path, s, loss,
+              ref_loss[s], lrel);
+        if (s == 0) {
+            for (int i = 0; i < g.n_tensors; i++) {
+                if (g.tensors[i].kind != TENSOR_PARAM) continue;
+                snprintf(name, sizeof name, "grad.%s", g.tensors[i].name);
+                size_t n = g.tensors[i].numel;
+                exec_download(e, g.tensors[i].grad, host);
+                const float *ref = tensor(st, name, n);
+                size_t lo, hi;
+                if (key_bias_slice(name, n, &lo, &hi)) {
+                    double a = 0, b = 0;
+                    for (size_t j = lo; j < hi; j++) {
+                        a += (double)host[j] * host[j];
+                        b += (double)ref[j] * ref[j];
+                    }
+                    CHECK(sqrt(a) <= 1e-5 * ref_norm[0] && sqrt(b) <= 1e-5 * ref_norm[0],
+                          "%s %s: key-bias gradient %.3g (torch %.3g) is not ~0", path, name,
+                          sqrt(a), sqrt(b));
+                }
+                double rel, mx;
+                errs_param(name, host, refc, ref, n, &rel, &mx);
+                if (rel > worst_grad) worst_grad = rel;
+                CHECK(rel <= 1e-4, "%s %s: rel %.3g", path, name, rel);
+            }
+        }
+        float lr = optim_lr(&oc, s);
+        CHECK(fabs(lr - ref_lr[s]) <= 1e-6 * ref_lr[s], "lr %g vs %g", lr, ref_lr[s]);
+        CHECK(exec_optimizer_step(e, &oc, s + 1, lr, &norm) == 0, "optimizer");
+        CHECK(fabs(norm - ref_norm[s]) <= 1e-4 * ref_norm[s], "%s step %d grad norm %g vs %g",
+              path, s, norm, ref_norm[s]);
+    }
+    printf("%s: worst loss rel %.3g, worst step-0 gradient rel %.3g\n", path, worst_loss,
+           worst_grad);
+
+    double worst_final = 0, worst_ema = 0;
+    for (int i = 0; i < g.n_tensors; i++) {
+        if (g.tensors[i].kind != TENSOR_PARAM) continue;
+        size_t n = g.tensors[i].numel;
+        double rel, mx;
+        snprintf(name, sizeof name, "final.%s", g.tensors[i].name);
+        exec_download(e, i, host);
+        errs_param(name, host, refc, tensor(st, name, n), n, &rel, &mx);
+        if (rel > worst_final) worst_final = rel;
+        CHECK(rel <= 1e-4, "%s %s: rel %.3g", path, name, rel);
+        snprintf(name, sizeof name, "ema.%s", g.tensors[i].name);
+        exec_download_ema(e, i, host);
+        errs_param(name, host, refc, tensor(st, name, n), n, &rel, &mx);
+        if (rel > worst_ema) worst_ema = rel;
+        CHECK(rel <= 1e-4, "%s %s: rel %.3g", path, name, rel);
+    }
+    printf("%s (%s attention): after %d steps worst weight rel %.3g, worst EMA rel %.3g\n", path,
+           tiled ? "tiled" : "plain", steps, worst_final, worst_ema);
+
+out_exec:
+    free(xt);
+    free(out);
+    free(tf);
+    free(ti);
+    free(host);
+    free(refc);
+    ddpm_schedule_free(&sch);
+    exec_free(e);
+out_plan:
+    plan_free(&p);
+out_graph:
+    graph_free(&g);
+    safetensors_free(st);
+}
+
+int main(void)
+{
+    run_fixture("tests/parity/fixtures/ddpm.safetensors", 1);
+    run_fixture("tests/parity/fixtures/seed.safetensors", 1);
+    run_fixture("tests/parity/fixtures/ddpm.safetensors", 0);
+    run_fixture("tests/parity/fixtures/seed.safetensors", 0);
+    return tu_finish("test_parity");
+}

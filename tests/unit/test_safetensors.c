@@ -1,0 +1,558 @@
+/* test_safetensors.c - safetensors round trip, a hand-built file in the Python writer's layout,
+ * rejection of every malformed-file class the reader validates, and atomic save behaviour.
+ * All files live in a mkdtemp directory under /tmp that is removed at the end.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "safetensors.h"
+#include "test_util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_dir[64];
+
+static const char *in_dir(const char *name)
+{
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ & 3];
+    snprintf(p, sizeof buf[0], "%s/%s", g_dir, name);
+    return p;
+}
+
+static int write_bytes(const char *path, const void *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    int ok;
+    if (!f) return 0;
+    ok = fwrite(b, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+/* whole file into a malloc'd buffer (*n bytes); NULL if unreadable */
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *b = NULL;
+    long sz;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (sz = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        b = malloc((size_t)sz + 1);
+        if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+            free(b);
+            b = NULL;
+        }
+        *n = (size_t)sz;
+    }
+    fclose(f);
+    return b;
+}
+
+static void put_u64le(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* u64 header length + header (space-padded to a multiple of pad, if pad > 0) + data.
+ * data may be NULL: dlen bytes of a counting pattern then. */
+static unsigned char *make_raw(const char *header, int pad, const void *data, size_t dlen,
+                               size_t *n)
+{
+    size_t h = strlen(header), hp = h;
+    unsigned char *b;
+    *n = 0;
+    if (pad > 0)
+        while (hp % (size_t)pad) hp++;
+    b = malloc(8 + hp + dlen + 1);
+    if (!b) return NULL;
+    put_u64le(b, hp);
+    memcpy(b + 8, header, h);
+    memset(b + 8 + h, ' ', hp - h);
+    for (size_t i = 0; i < dlen; i++)
+        b[8 + hp + i] = data ? ((const unsigned char *)data)[i] : (unsigned char)i;
+    *n = 8 + hp + dlen;
+    return b;
+}
+
+static int count_tmp_files(void)
+{
+    DIR *d = opendir(g_dir);
+    struct dirent *de;
+    int n = 0;
+    if (!d) return -1;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, ".tmp.")) n++;
+    closedir(d);
+    return n;
+}
+
+static void cleanup_dir(void)
+{
+    DIR *d = opendir(g_dir);
+    struct dirent *de;
+    if (!d) return;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        const char *p = in_dir(de->d_name);
+        if (unlink(p) != 0) rmdir(p); /* the tests only create empty subdirectories */
+    }
+    closedir(d);
+    rmdir(g_dir);
+}
+
+/* open bytes as a file and expect rejection with status want and a message containing needle */
+static void expect_reject(const char *label, const unsigned char *b, size_t n,
+                          enum st_status want, const char *needle)
+{
+    const char *path = in_dir("reject.safetensors");
+    struct safetensors *st = (struct safetensors *)&st; /* must be overwritten with NULL */
+    char err[512] = "";
+    enum st_status rc;
+
+    CHECK(write_bytes(path, b, n), "%s: cannot write test file", label);
+    rc = safetensors_open(&st, path, err, sizeof err);
+    CHECK(rc == want, "%s: status %d (%s), want %d; err='%s'", label, rc,
+          safetensors_status_name(rc), want, err);
+    CHECK(st == NULL, "%s: handle not NULL on failure", label);
+    CHECK(err[0] != '\0', "%s: empty error message", label);
+    CHECK(!needle || strstr(err, needle), "%s: message '%s' lacks '%s'", label, err, needle);
+    printf("  reject %-28s -> %s\n", label, err);
+    if (rc == ST_OK) safetensors_free(st);
+    unlink(path);
+}
+
+static void expect_reject_hdr(const char *label, const char *header, size_t dlen,
+                              const char *needle)
+{
+    size_t n = 0;
+    unsigned char *b = make_raw(header, 8, NULL, dlen, &n);
+    CHECK(b != NULL, "%s: out of memory", label);
+    if (b) expect_reject(label, b, n, ST_ERR_FORMAT, needle);
+    free(b);
+}
+
+static void test_round_trip(void)
+{
+    float w[6] = {1.5f, -2.25f, 3.0f, 0.0f, -0.0f, 1e-30f};
+    int64_t steps[4] = {0, -1, INT64_MAX, INT64_MIN};
+    uint8_t bytes[5] = {0, 1, 127, 128, 255};
+    float scalar = 0.125f;
+    int64_t s_w[2] = {2, 3}, s_steps[1] = {4}, s_bytes[1] = {5}, s_empty[2] = {0, 3};
+    struct safetensors_writer *wr = NULL;
+    struct safetensors *st = NULL;
+    const struct st_tensor *t = NULL;
+    const char *path = in_dir("round.safetensors");
+    char err[256] = "";
+
+    CHECK(safetensors_writer_init(&wr) == ST_OK, "writer_init");
+    CHECK(safetensors_writer_add(wr, "conv.weight", ST_F32, 2, s_w, w) == ST_OK, "add F32");
+    CHECK(safetensors_writer_add(wr, "steps", ST_I64, 1, s_steps, steps) == ST_OK, "add I64");
+    CHECK(safetensors_writer_add(wr, "bytes", ST_U8, 1, s_bytes, bytes) == ST_OK, "add U8");
+    CHECK(safetensors_writer_add(wr, "scale", ST_F32, 0, NULL, &scalar) == ST_OK, "add scalar");
+    CHECK(safetensors_writer_add(wr, "empty", ST_F32, 2, s_empty, NULL) == ST_OK, "add empty");
+    CHECK(safetensors_writer_meta(wr, "format", "pt") == ST_OK, "meta");
+    CHECK(safetensors_writer_meta(wr, "note", "quote \" backslash \\ tab\t \xc3\xa9") == ST_OK,
+          "meta with escapes");
+    CHECK(safetensors_writer_meta(wr, "format", "ddpmd") == ST_OK, "meta replace");
+    CHECK(safetensors_writer_save(wr, path, err, sizeof err) == ST_OK, "save: %s", err);
+    safetensors_writer_free(wr);
+
+    /* layout: header length a multiple of 8, padding is spaces */
+    size_t n = 0;
+    unsigned char *raw = slurp(path, &n);
+    CHECK(raw && n >= 8, "slurp");
+    if (raw && n >= 8) {
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = (hl << 8) | raw[i];
+        CHECK(hl % 8 == 0, "header length %llu not a multiple of 8", (unsigned long long)hl);
+        CHECK(raw[8] == '{', "header starts with '{'");
+        CHECK(hl + 8 + 24 + 32 + 5 + 4 == n, "file size %zu", n);
+        size_t last = 8 + (size_t)hl - 1;
+        while (last > 8 && raw[last] == ' ') last--;
+        CHECK(raw[last] == '}', "only spaces after the JSON");
+    }
+    free(raw);
+
+    CHECK(safetensors_open(&st, path, err, sizeof err) == ST_OK, "open: %s", err);
+    if (!st) return;
+    CHECK(safetensors_count(st) == 5, "count %zu", safetensors_count(st));
+    const char *order[5] = {"conv.weight", "steps", "bytes", "scale", "empty"};
+    for (size_t i = 0; i < 5; i++) {
+        CHECK(safetensors_get(st, i, &t) == ST_OK && !strcmp(t->name, order[i]),
+              "order at %zu", i);
+    }
+    CHECK(safetensors_get(st, 5, &t) == ST_ERR_ARG && t == NULL, "get out of range");
+
+    CHECK(safetensors_find(st, "conv.weight", &t) == ST_OK, "find conv.weight");
+    CHECK(t->dtype == ST_F32 && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 &&
+              t->numel == 6 && t->nbytes == 24 && !memcmp(t->data, w, 24),
+          "conv.weight contents");
+    CHECK(safetensors_find(st, "steps", &t) == ST_OK && t->dtype == ST_I64 && t->numel == 4 &&
+              t->nbytes == 32 && !memcmp(t->data, steps, 32),
+          "steps contents");
+    CHECK(safetensors_find(st, "bytes", &t) == ST_OK && t->dtype == ST_U8 && t->numel == 5 &&
+              !memcmp(t->data, bytes, 5),
+          "bytes contents");
+    CHECK(safetensors_find(st, "scale", &t) == ST_OK && t->ndim == 0 && t->numel == 1 &&
+              t->nbytes == 4 && !memcmp(t->data, &scalar, 4),
+          "scalar contents");
+    CHECK(safetensors_find(st, "empty", &t) == ST_OK && t->ndim == 2 && t->shape[0] == 0 &&
+              t->shape[1] == 3 && t->numel == 0 && t->nbytes == 0,
+          "empty tensor");
+    CHECK(safetensors_find(st, "nope", &t) == ST_ERR_NOT_FOUND && t == NULL, "find absent");
+
+    CHECK(safetensors_meta(st, "format") && !strcmp(safetensors_meta(st, "format"), "ddpmd"),
+          "meta format (replaced)");
+    CHECK(safetensors_meta(st, "note") &&
+              !strcmp(safetensors_meta(st, "note"), "quote \" backslash \\ tab\t \xc3\xa9"),
+          "meta with escapes round trips");
+    CHECK(safetensors_meta(st, "missing") == NULL, "meta absent");
+
+    float got[6];
+    CHECK(safetensors_read_f32(st, "conv.weight", got, 6, err, sizeof err) == ST_OK &&
+              !memcmp(got, w, sizeof got),
+          "read_f32: %s", err);
+    CHECK(safetensors_read_f32(st, "conv.weight", got, 5, err, sizeof err) == ST_ERR_FORMAT &&
+              strstr(err, "expected 5"),
+          "read_f32 count mismatch: %s", err);
+    CHECK(safetensors_read_f32(st, "steps", got, 4, err, sizeof err) == ST_ERR_FORMAT &&
+              strstr(err, "I64"),
+          "read_f32 dtype mismatch: %s", err);
+    CHECK(safetensors_read_f32(st, "nope", got, 1, err, sizeof err) == ST_ERR_NOT_FOUND &&
+              strstr(err, "nope"),
+          "read_f32 absent: %s", err);
+    CHECK(safetensors_read_f32(st, "empty", NULL, 0, err, sizeof err) == ST_OK,
+          "read_f32 of an empty tensor: %s", err);
+    safetensors_free(st);
+    unlink(path);
+
+    /* an empty writer gives a valid empty file */
+    CHECK(safetensors_writer_init(&wr) == ST_OK, "writer_init");
+    CHECK(safetensors_writer_save(wr, path, err, sizeof err) == ST_OK, "save empty: %s", err);
+    safetensors_writer_free(wr);
+    CHECK(safetensors_open(&st, path, err, sizeof err) == ST_OK && safetensors_count(st) == 0 &&
+              safetensors_meta(st, "format") == NULL,
+          "open empty: %s", err);
+    safetensors_free(st);
+    unlink(path);
+}
+
+/* Bytes laid out as the Python/Rust writer does: compact JSON, __metadata__ first, tensors
+ * listed in an order different from their offsets, header padded with spaces. */
+static void test_python_layout(void)
+{
+    const char *hdr = "{\"__metadata__\":{\"format\":\"pt\"},"
+                      "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]},"
+                      "\"step\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
+                      "\"mask\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[24,27]}}";
+    const unsigned char data[27] = {
+        0xe8, 0x03, 0, 0, 0, 0, 0, 0, /* step = 1000 */
+        0x00, 0x00, 0x80, 0x3f,       /* 1.0 */
+        0x00, 0x00, 0x20, 0xc0,       /* -2.5 */
+        0x00, 0x00, 0x00, 0x3f,       /* 0.5 */
+        0x00, 0x00, 0x40, 0x40,       /* 3.0 */
+        1,    0,    1,                /* mask */
+    };
+    const char *path = in_dir("python.safetensors");
+    char err[256] = "";
+    size_t n = 0;
+
+    /* padded (current writers) and unpadded (older writers: data starts unaligned) */
+    for (int pad = 8; pad >= 0; pad -= 8) {
+        unsigned char *b = make_raw(hdr, pad, data, sizeof data, &n);
+        struct safetensors *st = NULL;
+        const struct st_tensor *t = NULL;
+        CHECK(b && write_bytes(path, b, n), "write python file");
+        free(b);
+        CHECK(safetensors_open(&st, path, err, sizeof err) == ST_OK, "open pad=%d: %s", pad, err);
+        if (!st) continue;
+        CHECK(safetensors_count(st) == 3, "count");
+        CHECK(safetensors_get(st, 0, &t) == ST_OK && !strcmp(t->name, "embed.weight"),
+              "header order kept");
+        CHECK(safetensors_meta(st, "format") && !strcmp(safetensors_meta(st, "format"), "pt"),
+              "meta format=pt");
+        float f[4];
+        CHECK(safetensors_read_f32(st, "embed.weight", f, 4, err, sizeof err) == ST_OK &&
+                  f[0] == 1.0f && f[1] == -2.5f && f[2] == 0.5f && f[3] == 3.0f,
+              "embed.weight values: %s", err);
+        int64_t step = 0;
+        CHECK(safetensors_find(st, "step", &t) == ST_OK && t->ndim == 0 && t->dtype == ST_I64,
+              "step scalar");
+        if (t) memcpy(&step, t->data, 8);
+        CHECK(step == 1000, "step value %lld", (long long)step);
+        CHECK(safetensors_find(st, "mask", &t) == ST_OK && t->dtype == ST_BOOL && t->nbytes == 3 &&
+                  !memcmp(t->data, "\1\0\1", 3),
+              "mask");
+        safetensors_free(st);
+    }
+    unlink(path);
+}
+
+static void test_rejections(void)
+{
+    unsigned char b[128] = {0};
+    size_t n;
+    char err[256];
+    struct safetensors *st = NULL;
+
+    printf("rejections:\n");
+    expect_reject("empty file", b, 0, ST_ERR_FORMAT, "empty");
+    memset(b, 0, 5);
+    expect_reject("shorter than 8 bytes", b, 5, ST_ERR_FORMAT, "too short");
+    put_u64le(b, 4096);
+    memset(b + 8, ' ', 100 - 8);
+    expect_reject("header length > file", b, 100, ST_ERR_FORMAT, "truncated");
+    put_u64le(b, (uint64_t)1 << 60);
+    memcpy(b + 8, "{}      ", 8);
+    expect_reject("header length 2^60", b, 16, ST_ERR_FORMAT, "limit");
+
+    expect_reject_hdr("invalid JSON", "{\"a\": {\"dtype\": \"F32\",", 0, "JSON");
+    expect_reject_hdr("JSON not an object", "[1, 2, 3]", 0, "object");
+    expect_reject_hdr("leading whitespace", " {}", 0, "object");
+    expect_reject_hdr("trailing garbage", "{} x", 0, "trailing");
+    expect_reject_hdr("unknown dtype",
+                      "{\"w\":{\"dtype\":\"Q4_0\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+                      "unknown dtype 'Q4_0'");
+    expect_reject_hdr("dtype not a string",
+                      "{\"w\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'");
+    expect_reject_hdr("negative shape",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1,2],\"data_offsets\":[0,0]}}", 0,
+                      "shape[0] is -1");
+    expect_reject_hdr("non-integer shape",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8,
+                      "shape[0] is 2.5");
+    expect_reject_hdr("string in shape",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8,
+                      "shape[0] is a string");
+    expect_reject_hdr("shape not an array",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8,
+                      "\"shape\"");
+    expect_reject_hdr("ndim > 8",
+                      "{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                      "\"data_offsets\":[0,1]}}",
+                      1, "9 dimensions");
+    expect_reject_hdr("numel overflow",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+                      "\"data_offsets\":[0,0]}}",
+                      0, "too large");
+    expect_reject_hdr("offsets out of range",
+                      "{\"conv.weight\":{\"dtype\":\"F32\",\"shape\":[25],"
+                      "\"data_offsets\":[0,100]}}",
+                      64, "'conv.weight': data_offsets [0, 100] exceed the 64-byte");
+    expect_reject_hdr("offsets begin > end",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
+                      "begin > end");
+    expect_reject_hdr("offsets not two integers",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8,
+                      "data_offsets");
+    expect_reject_hdr("negative offset",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8,
+                      "data_offsets[0] is -8");
+    expect_reject_hdr("missing data_offsets", "{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8,
+                      "data_offsets");
+    expect_reject_hdr("size mismatch with shape",
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 12,
+                      "needs 16 bytes");
+    expect_reject_hdr("overlapping tensors",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                      12, "overlap");
+    expect_reject_hdr("same range twice",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                      8, "overlap");
+    expect_reject_hdr("hole in the data",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+                      20, "hole");
+    expect_reject_hdr("bytes after the last tensor",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12,
+                      "belong to no tensor");
+    expect_reject_hdr("duplicate names",
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                      "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                      8, "duplicate tensor name 'a'");
+    expect_reject_hdr("duplicate field",
+                      "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"I32\",\"shape\":[1],"
+                      "\"data_offsets\":[0,4]}}",
+                      4, "twice");
+    expect_reject_hdr("metadata value not a string", "{\"__metadata__\":{\"epoch\":1}}", 0,
+                      "'epoch'");
+    expect_reject_hdr("metadata not an object", "{\"__metadata__\":[\"x\"]}", 0, "__metadata__");
+    expect_reject_hdr("entry not an object", "{\"w\":[1,2]}", 0, "'w'");
+    expect_reject_hdr("control byte in header", "{\"a\x01\":1}", 0, "control byte");
+    expect_reject_hdr("invalid UTF-8", "{\"\xc3\x28\":1}", 0, "UTF-8");
+    expect_reject_hdr("\\u0000 in a name",
+                      "{\"a\\u0000x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+                      "u0000");
+
+    /* truncated: a valid file (from the writer) with its last bytes cut */
+    {
+        float x[8] = {0};
+        int64_t shp[1] = {8};
+        struct safetensors_writer *w = NULL;
+        const char *path = in_dir("full.safetensors");
+        unsigned char *raw;
+        CHECK(safetensors_writer_init(&w) == ST_OK, "writer_init");
+        CHECK(safetensors_writer_add(w, "x", ST_F32, 1, shp, x) == ST_OK, "add");
+        CHECK(safetensors_writer_save(w, path, err, sizeof err) == ST_OK, "save: %s", err);
+        safetensors_writer_free(w);
+        raw = slurp(path, &n);
+        CHECK(raw != NULL, "slurp");
+        if (raw) {
+            expect_reject("truncated data", raw, n - 3, ST_ERR_FORMAT, "exceed");
+            expect_reject("truncated header", raw, 8 + 10, ST_ERR_FORMAT, "truncated");
+        }
+        free(raw);
+        unlink(path);
+    }
+
+    /* not there at all: an I/O error, not a format error */
+    err[0] = '\0';
+    CHECK(safetensors_open(&st, in_dir("absent.safetensors"), err, sizeof err) == ST_ERR_IO &&
+              st == NULL && strstr(err, "absent.safetensors"),
+          "missing file: %s", err);
+    printf("  reject %-28s -> %s\n", "missing file", err);
+    CHECK(safetensors_open(&st, g_dir, err, sizeof err) == ST_ERR_IO && st == NULL,
+          "directory: %s", err);
+    /* a tiny errlen must not overflow, and NULL err is allowed */
+    char tiny[4] = "xyz";
+    CHECK(safetensors_open(&st, g_dir, tiny, 1) == ST_ERR_IO && tiny[0] == '\0',
+          "errlen 1 truncates");
+    CHECK(safetensors_open(&st, g_dir, NULL, 0) == ST_ERR_IO, "NULL err");
+}
+
+static void test_writer_args(void)
+{
+    struct safetensors_writer *w = NULL;
+    float x[2] = {1, 2};
+    int64_t s2[1] = {2}, neg[1] = {-2}, nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    int64_t huge[2] = {INT64_MAX, 2};
+
+    CHECK(safetensors_writer_init(&w) == ST_OK, "writer_init");
+    CHECK(safetensors_writer_add(w, "a", ST_F32, 1, s2, x) == ST_OK, "add a");
+    CHECK(safetensors_writer_add(w, "a", ST_F32, 1, s2, x) == ST_ERR_ARG, "duplicate name");
+    CHECK(safetensors_writer_add(w, "__metadata__", ST_F32, 1, s2, x) == ST_ERR_ARG,
+          "reserved name");
+    CHECK(safetensors_writer_add(w, NULL, ST_F32, 1, s2, x) == ST_ERR_ARG, "NULL name");
+    CHECK(safetensors_writer_add(w, "b", ST_DTYPE_COUNT, 1, s2, x) == ST_ERR_ARG, "bad dtype");
+    CHECK(safetensors_writer_add(w, "b", ST_F32, 9, nine, x) == ST_ERR_ARG, "ndim 9");
+    CHECK(safetensors_writer_add(w, "b", ST_F32, -1, s2, x) == ST_ERR_ARG, "ndim -1");
+    CHECK(safetensors_writer_add(w, "b", ST_F32, 1, neg, x) == ST_ERR_ARG, "negative dim");
+    CHECK(safetensors_writer_add(w, "b", ST_F32, 2, huge, x) == ST_ERR_ARG, "numel overflow");
+    CHECK(safetensors_writer_add(w, "b", ST_F32, 1, s2, NULL) == ST_ERR_ARG, "NULL data");
+    CHECK(safetensors_writer_add(w, "\xff", ST_F32, 1, s2, x) == ST_ERR_ARG, "bad UTF-8 name");
+    CHECK(safetensors_writer_meta(w, "k", "\xc3") == ST_ERR_ARG, "bad UTF-8 meta value");
+    CHECK(safetensors_writer_meta(w, NULL, "v") == ST_ERR_ARG, "NULL meta key");
+    safetensors_writer_free(w);
+    safetensors_writer_free(NULL);
+    safetensors_free(NULL);
+    CHECK(safetensors_dtype_size(ST_BF16) == 2 && safetensors_dtype_size(ST_F64) == 8 &&
+              safetensors_dtype_size(ST_BOOL) == 1 && safetensors_dtype_size(ST_DTYPE_COUNT) == 0,
+          "dtype sizes");
+    CHECK(!strcmp(safetensors_dtype_name(ST_BF16), "BF16") &&
+              !strcmp(safetensors_dtype_name(ST_DTYPE_COUNT), "?"),
+          "dtype names");
+}
+
+/* save twice to the same path, with failures in between: the file is replaced whole or not at
+ * all, and no temp file survives */
+static void test_atomic_save(void)
+{
+    const char *path = in_dir("ckpt.safetensors");
+    struct safetensors_writer *w = NULL;
+    struct safetensors *st = NULL;
+    const struct st_tensor *t = NULL;
+    float a[3] = {1, 2, 3}, b[5] = {5, 6, 7, 8, 9};
+    int64_t sa[1] = {3}, sb[1] = {5};
+    char err[512] = "", tmp[600];
+    struct stat sbuf;
+    size_t n1 = 0, n2 = 0;
+    unsigned char *before, *after;
+
+    CHECK(safetensors_writer_init(&w) == ST_OK, "writer_init");
+    CHECK(safetensors_writer_add(w, "w", ST_F32, 1, sa, a) == ST_OK, "add");
+    CHECK(safetensors_writer_save(w, path, err, sizeof err) == ST_OK, "first save: %s", err);
+    safetensors_writer_free(w);
+
+    CHECK(safetensors_writer_init(&w) == ST_OK, "writer_init");
+    CHECK(safetensors_writer_add(w, "w", ST_F32, 1, sb, b) == ST_OK, "add");
+    CHECK(safetensors_writer_meta(w, "step", "2") == ST_OK, "meta");
+    CHECK(safetensors_writer_save(w, path, err, sizeof err) == ST_OK, "second save: %s", err);
+    CHECK(count_tmp_files() == 0, "temp file left after save");
+    CHECK(safetensors_open(&st, path, err, sizeof err) == ST_OK, "reopen: %s", err);
+    if (st) {
+        CHECK(safetensors_find(st, "w", &t) == ST_OK && t->numel == 5 &&
+                  !memcmp(t->data, b, sizeof b),
+              "second save replaced the first");
+        CHECK(safetensors_meta(st, "step") && !strcmp(safetensors_meta(st, "step"), "2"),
+              "new metadata");
+        safetensors_free(st);
+    }
+
+    /* the temp name is taken by a directory: open fails, path must be untouched */
+    before = slurp(path, &n1);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    CHECK(mkdir(tmp, 0700) == 0, "mkdir temp name");
+    err[0] = '\0';
+    CHECK(safetensors_writer_save(w, in_dir("ckpt.safetensors"), err, sizeof err) == ST_ERR_IO &&
+              err[0],
+          "save with blocked temp name fails: %s", err);
+    printf("  save blocked temp name -> %s\n", err);
+    after = slurp(path, &n2);
+    CHECK(before && after && n1 == n2 && !memcmp(before, after, n1), "existing file untouched");
+    CHECK(stat(tmp, &sbuf) == 0 && S_ISDIR(sbuf.st_mode), "foreign temp-name entry not removed");
+    rmdir(tmp);
+    free(before);
+    free(after);
+
+    /* rename fails (target is a non-empty directory): the temp file must be removed */
+    const char *dpath = in_dir("dir.safetensors");
+    char inner[600];
+    CHECK(mkdir(dpath, 0700) == 0, "mkdir target");
+    snprintf(inner, sizeof inner, "%s/keep", dpath);
+    CHECK(write_bytes(inner, "k", 1), "file in target dir");
+    err[0] = '\0';
+    CHECK(safetensors_writer_save(w, dpath, err, sizeof err) == ST_ERR_IO && strstr(err, "rename"),
+          "save over a directory fails: %s", err);
+    printf("  save over a directory  -> %s\n", err);
+    CHECK(count_tmp_files() == 0, "temp file left after failed rename");
+    unlink(inner);
+    rmdir(dpath);
+
+    /* non-existent directory */
+    char nodir[300];
+    snprintf(nodir, sizeof nodir, "%s/no/such/dir/ckpt.safetensors", g_dir);
+    err[0] = '\0';
+    CHECK(safetensors_writer_save(w, nodir, err, sizeof err) == ST_ERR_IO && err[0] &&
+              strstr(err, "No such file"),
+          "save to missing directory: %s", err);
+    printf("  save to missing dir    -> %s\n", err);
+    CHECK(safetensors_writer_save(w, "", err, sizeof err) == ST_ERR_ARG, "empty path");
+    safetensors_writer_free(w);
+    unlink(path);
+    CHECK(count_tmp_files() == 0, "no temp files at the end");
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/test_safetensors.XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    test_round_trip();
+    test_python_layout();
+    test_rejections();
+    test_writer_args();
+    test_atomic_save();
+    cleanup_dir();
+    return tu_finish("test_safetensors");
+}
