@@ -141,17 +141,40 @@ int exec_reset_state(struct exec *e)
     return EXEC_OK;
 }
 
-/* canary gaps: from the end of each storage's bytes to the end of its placed block */
-static int check_guards(struct exec *e, int k)
+/* canary gap of storage s: from the end of its bytes to the end of its placed block. Storages
+ * with disjoint lifetimes may share bytes, gaps included, so a gap is filled when its storage
+ * comes to life and checked only while it lives. */
+static void guard_range(const struct exec *e, int s, size_t *start, size_t *words)
 {
     const struct plan *p = e->p;
     size_t guard = p->n_storages ? p->guards_bytes / (size_t)p->n_storages : 0;
+    *start = (size_t)p->st[s].offset + p->st[s].bytes;
+    size_t end = (size_t)p->st[s].offset +
+                 (p->st[s].bytes + guard + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    *words = (end - *start) / 4;
+    if (*words > e->guard_host_words) *words = e->guard_host_words;
+}
+
+static int fill_guards(struct exec *e, int k)
+{
+    for (int s = 0; s < e->p->n_storages; s++) {
+        if (e->p->st[s].first != k) continue;
+        size_t start, words;
+        guard_range(e, s, &start, &words);
+        if (e->bk->mem_set_f32((float *)(e->base + start), bits_to_float(FILL_BITS), words,
+                               e->ctx))
+            return EXEC_ERR_BACKEND;
+    }
+    return EXEC_OK;
+}
+
+static int check_guards(struct exec *e, int k)
+{
+    const struct plan *p = e->p;
     for (int s = 0; s < p->n_storages; s++) {
-        size_t start = (size_t)p->st[s].offset + p->st[s].bytes;
-        size_t end = (size_t)p->st[s].offset +
-                     (p->st[s].bytes + guard + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
-        size_t words = (end - start) / 4;
-        if (words > e->guard_host_words) words = e->guard_host_words;
+        if (p->st[s].first > k || p->st[s].last < k) continue;
+        size_t start, words;
+        guard_range(e, s, &start, &words);
         if (e->bk->mem_download(e->guard_host, e->base + start, words * 4, e->ctx))
             return EXEC_ERR_BACKEND;
         for (size_t i = 0; i < words; i++)
@@ -309,7 +332,9 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
                      uint64_t step, int sample_base)
 {
     for (int k = from; k < to; k++) {
-        int rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+        int rc;
+        if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
+        rc = run_op(e, k, dloss_scale, seed, step, sample_base);
         if (rc) {
             fprintf(stderr, "exec: op %d (%s) failed: %d\n", k, op_name(e->g->ops[k].type), rc);
             return EXEC_ERR_BACKEND;

@@ -64,10 +64,11 @@ PHILOX_FN struct philox_u4 philox_block(uint64_t seed, uint32_t tag, uint64_t st
                          (uint32_t)(seed >> 32));
 }
 
-/* u32 -> uniform in (0, 1): 24 random bits, centred in their cell, never 0 or 1 */
+/* u32 -> uniform in (0, 1): 23 random bits, the exact centre of their cell, never 0 or 1
+ * (24 bits would round the top cell to 1.0f) */
 PHILOX_FN float philox_uniform(uint32_t u)
 {
-    return (float)(u >> 8) * 5.9604644775390625e-08f + 2.98023223876953125e-08f;
+    return (float)(u >> 9) * 1.1920928955078125e-07f + 5.9604644775390625e-08f;
 }
 
 /* Two standard normals from two u32 by Box-Muller; fmaf keeps CPU and CUDA rounding equal. */

@@ -1,15 +1,310 @@
-/* cli.c - ddpmd's subcommands. Placeholder-free: each command here works end to end. */
+/* cli.c - ddpmd's subcommands: `plan` (the bytes a training job needs, before a byte is
+ * allocated) and `demo` (a short training run on generated images that prints the loss).
+ */
 #include "cli.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "ddpm.h"
+#include "exec.h"
+#include "init.h"
+#include "philox.h"
+#include "plan.h"
+#include "unet.h"
+
+struct cli_model {
+    struct unet_config cfg;
+    int batch;
+    int threads;
+    int steps;
+    uint64_t seed;
+    int ch, n_mult, mult[UNET_MAX_LEVELS]; /* --ch / --mult, applied after parsing */
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ddpmd COMMAND [options]\n"
+            "\n"
+            "commands:\n"
+            "  plan   print the memory plan of one training step (bytes of each part)\n"
+            "  demo   train a small model for a few steps on generated images, print the loss\n"
+            "\n"
+            "model options (both commands):\n"
+            "  --preset ddpm|seed     UNet preset (default ddpm: google/ddpm-cifar10-32)\n"
+            "  --image N              image size in pixels\n"
+            "  --channels N           image channels (in and out)\n"
+            "  --ch N --mult a,b,..   ddpm widths: base channels and multipliers\n"
+            "  --layers N             ddpm resnets per level\n"
+            "  --attn r,r,..          ddpm attention resolutions (pixels)\n"
+            "  --groups N             ddpm group-norm groups\n"
+            "  --base N               seed width (64 in the original script)\n"
+            "  --batch N              micro-batch size (default 8)\n"
+            "  --plain-attention      keep the L x L attention matrix instead of tiling\n"
+            "  --threads N            CPU threads (default 2)\n"
+            "demo options:\n"
+            "  --steps N              training steps (default 30)\n"
+            "  --seed N               random seed (default 1)\n");
+}
+
+static int parse_list(const char *s, int *dst, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) return -1;
+        dst[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static int parse_model(int argc, char **argv, struct cli_model *m)
+{
+    memset(m, 0, sizeof *m);
+    unet_config_default(&m->cfg, UNET_DDPM);
+    m->batch = 8;
+    m->threads = 2;
+    m->steps = 30;
+    m->seed = 1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
+        if (ARG("--preset")) {
+            if (strcmp(v, "ddpm") && strcmp(v, "seed")) {
+                fprintf(stderr, "ddpmd: --preset must be ddpm or seed, not '%s'\n", v);
+                return -1;
+            }
+            unet_config_default(&m->cfg, strcmp(v, "seed") == 0 ? UNET_SEED : UNET_DDPM);
+        } else if (ARG("--image")) {
+            m->cfg.image_size = atoi(v);
+        } else if (ARG("--channels")) {
+            m->cfg.in_channels = m->cfg.out_channels = atoi(v);
+        } else if (ARG("--ch")) {
+            m->ch = atoi(v);
+        } else if (ARG("--mult")) {
+            m->n_mult = parse_list(v, m->mult, UNET_MAX_LEVELS);
+            if (m->n_mult < 1) {
+                fprintf(stderr, "ddpmd: --mult takes a list like 1,2,2\n");
+                return -1;
+            }
+        } else if (ARG("--layers")) {
+            m->cfg.layers_per_block = atoi(v);
+        } else if (ARG("--attn")) {
+            m->cfg.n_attn = parse_list(v, m->cfg.attn_res, UNET_MAX_LEVELS);
+            if (m->cfg.n_attn < 0) return -1;
+        } else if (ARG("--groups")) {
+            m->cfg.groups = atoi(v);
+        } else if (ARG("--base")) {
+            m->cfg.base = atoi(v);
+        } else if (ARG("--batch")) {
+            m->batch = atoi(v);
+        } else if (ARG("--threads")) {
+            m->threads = atoi(v);
+        } else if (ARG("--steps")) {
+            m->steps = atoi(v);
+        } else if (ARG("--seed")) {
+            m->seed = strtoull(v, NULL, 10);
+        } else if (strcmp(a, "--plain-attention") == 0) {
+            m->cfg.attn_tiled = 0;
+        } else {
+            fprintf(stderr, "ddpmd: unknown or incomplete option '%s' (see ddpmd --help)\n", a);
+            return -1;
+        }
+#undef ARG
+    }
+    if (m->ch || m->n_mult) {
+        int ch = m->ch ? m->ch : m->cfg.channels[0];
+        if (m->n_mult) {
+            m->cfg.n_levels = m->n_mult;
+            for (int k = 0; k < m->n_mult; k++) m->cfg.channels[k] = ch * m->mult[k];
+        } else {
+            int c0 = m->cfg.channels[0];
+            for (int k = 0; k < m->cfg.n_levels; k++) m->cfg.channels[k] = m->cfg.channels[k] / c0 * ch;
+        }
+    }
+    char err[200];
+    if (unet_config_check(&m->cfg, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: bad model: %s\n", err);
+        return -1;
+    }
+    if (m->batch < 1 || m->threads < 1 || m->steps < 1) {
+        fprintf(stderr, "ddpmd: --batch, --threads and --steps must be >= 1\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* graph = model + mse against a target input + backward */
+static int build_training_graph(const struct cli_model *m, struct graph *g, struct unet_io *io,
+                                int *target)
+{
+    graph_init(g);
+    unet_build(g, &m->cfg, m->batch, io);
+    *target = graph_input(g, "target", 4, io->x >= 0 ? g->tensors[io->x].d : (int[4]){1, 1, 1, 1});
+    int loss = graph_mse(g, io->out, *target);
+    graph_backward(g, loss);
+    if (g->status) {
+        fprintf(stderr, "ddpmd: cannot build the model: %s\n", g->err);
+        return -1;
+    }
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmd_plan(int argc, char **argv)
+{
+    struct cli_model m;
+    if (parse_model(argc, argv, &m)) return 2;
+    struct graph g;
+    struct unet_io io;
+    int target;
+    if (build_training_graph(&m, &g, &io, &target)) return 1;
+    struct plan p;
+    double t0 = now_s();
+    if (plan_make(&p, &g, backend_cpu(), NULL)) {
+        fprintf(stderr, "ddpmd: planning failed\n");
+        graph_free(&g);
+        return 1;
+    }
+    double ms = 1e3 * (now_s() - t0);
+    printf("model: %s, %d px, %d channels, %zu parameters; micro-batch %d, %s attention\n",
+           m.cfg.preset == UNET_DDPM ? "ddpm" : "seed", m.cfg.image_size, m.cfg.in_channels,
+           g.param_numel, m.batch, m.cfg.attn_tiled ? "tiled" : "plain");
+    printf("graph: %d ops (%d forward), %d tensors; planned in %.1f ms\n", g.n_ops, g.n_fwd_ops,
+           g.n_tensors, ms);
+    plan_print(&p, stdout);
+    plan_free(&p);
+    graph_free(&g);
+    return 0;
+}
+
+/* generated training images: soft random blobs, a smooth distribution a UNet learns fast */
+static void demo_images(float *x, int n, int c, int s, uint64_t seed, uint64_t step)
+{
+    for (int i = 0; i < n; i++) {
+        float cx = philox_uniform_at(seed, PHILOX_TAG_SHUFFLE, step, (uint32_t)i, 0, 0) * s;
+        float cy = philox_uniform_at(seed, PHILOX_TAG_SHUFFLE, step, (uint32_t)i, 0, 1) * s;
+        float r = (0.15f + 0.25f * philox_uniform_at(seed, PHILOX_TAG_SHUFFLE, step,
+                                                     (uint32_t)i, 0, 2)) * s;
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < s; y++)
+                for (int xx = 0; xx < s; xx++) {
+                    float d2 = ((xx - cx) * (xx - cx) + (y - cy) * (y - cy)) / (r * r);
+                    x[(((size_t)i * c + ch) * s + y) * s + xx] = 2.0f * expf(-d2) - 1.0f;
+                }
+    }
+}
+
+static int cmd_demo(int argc, char **argv)
+{
+    struct cli_model m;
+    if (parse_model(argc, argv, &m)) return 2;
+    struct graph g;
+    struct unet_io io;
+    int target, rc = 1;
+    if (build_training_graph(&m, &g, &io, &target)) return 1;
+    struct plan p;
+    struct exec *e = NULL;
+    struct ddpm_schedule sch = {0};
+    float *x0 = NULL, *eps = NULL, *xt = NULL, *tf = NULL, *w = NULL;
+    int *ti = NULL;
+    if (plan_make(&p, &g, backend_cpu(), NULL)) {
+        graph_free(&g);
+        return 1;
+    }
+    printf("ddpmd demo: %s UNet, %zu parameters, %d px, batch %d, %d threads\n",
+           m.cfg.preset == UNET_DDPM ? "ddpm" : "seed", g.param_numel, m.cfg.image_size, m.batch,
+           m.threads);
+    printf("memory plan (allocated once, before the first step):\n");
+    plan_print(&p, stdout);
+    struct exec_opts eo = {.threads = m.threads};
+    if (exec_init(&e, &g, &p, backend_cpu(), &eo)) {
+        fprintf(stderr, "ddpmd: cannot allocate the plan's %zu bytes\n", p.total_bytes);
+        goto out;
+    }
+    size_t maxn = 0;
+    for (int i = 0; i < g.n_tensors; i++)
+        if (g.tensors[i].kind == TENSOR_PARAM && g.tensors[i].numel > maxn)
+            maxn = g.tensors[i].numel;
+    size_t img = g.tensors[io.x].numel, per = img / (size_t)m.batch;
+    w = malloc(maxn * sizeof *w);
+    x0 = malloc(img * sizeof *x0);
+    eps = malloc(img * sizeof *eps);
+    xt = malloc(img * sizeof *xt);
+    tf = malloc((size_t)m.batch * sizeof *tf);
+    ti = malloc((size_t)m.batch * sizeof *ti);
+    if (!w || !x0 || !eps || !xt || !tf || !ti ||
+        ddpm_schedule_init(&sch, 1000, DDPM_BETA_LINEAR, 1e-4, 0.02))
+        goto out;
+    for (int i = 0; i < g.n_tensors; i++)
+        if (g.tensors[i].kind == TENSOR_PARAM) {
+            init_param(&g.tensors[i], m.seed, w);
+            exec_upload(e, i, w);
+        }
+    exec_reset_state(e);
+    struct optim_config oc = {.lr = 2e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .weight_decay = 0.0f, .clip = 1.0f, .ema_decay = 0.999f,
+                              .warmup = 5, .total_steps = m.steps};
+    double t0 = now_s(), ema_loss = 0;
+    for (int s = 0; s < m.steps; s++) {
+        demo_images(x0, m.batch, m.cfg.in_channels, m.cfg.image_size, m.seed, (uint64_t)s);
+        for (int i = 0; i < m.batch; i++) {
+            ti[i] = (int)(philox_u32_at(m.seed, PHILOX_TAG_TIMESTEP, (uint64_t)s, (uint32_t)i, 0,
+                                        0) % 1000u);
+            tf[i] = (float)ti[i];
+        }
+        for (size_t k = 0; k < img; k++)
+            eps[k] = philox_normal(m.seed, PHILOX_TAG_NOISE, (uint64_t)s,
+                                   (uint32_t)(k / per), 0, (uint32_t)(k % per));
+        ddpm_q_sample(xt, x0, eps, ti, m.batch, per, &sch);
+        float loss = 0, norm = 0;
+        if (exec_upload(e, io.x, xt) || exec_upload(e, io.t, tf) || exec_upload(e, target, eps) ||
+            exec_forward_backward(e, 1, 1.0f, m.seed, (uint64_t)s, 0, &loss) ||
+            exec_optimizer_step(e, &oc, s + 1, optim_lr(&oc, s), &norm)) {
+            fprintf(stderr, "ddpmd: step %d failed\n", s + 1);
+            goto out;
+        }
+        ema_loss = s == 0 ? loss : 0.9 * ema_loss + 0.1 * loss;
+        double el = now_s() - t0;
+        printf("step %4d/%d  loss %.4f  (avg %.4f)  grad-norm %.3f  %.1f img/s\n", s + 1,
+               m.steps, loss, ema_loss, norm, (s + 1) * m.batch / el);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    free(w);
+    free(x0);
+    free(eps);
+    free(xt);
+    free(tf);
+    free(ti);
+    ddpm_schedule_free(&sch);
+    exec_free(e);
+    plan_free(&p);
+    graph_free(&g);
+    return rc;
+}
 
 int cli_main(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        printf("usage: ddpmd COMMAND ...\n");
-        return argc < 2;
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
     }
-    fprintf(stderr, "ddpmd: unknown command '%s'\n", argv[1]);
+    if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc, argv);
+    if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc, argv);
+    fprintf(stderr, "ddpmd: unknown command '%s' (see ddpmd --help)\n", argv[1]);
     return 2;
 }

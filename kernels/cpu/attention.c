@@ -27,13 +27,66 @@ static inline float attn_dot(const float *restrict a, const float *restrict b, i
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-/* y += a x */
-static inline void attn_axpy(float *restrict y, float a, const float *restrict x, int n)
+/* four attn_dot(a, b_j) at once (a loaded once); each result has attn_dot's exact order */
+static inline void attn_dot4(float *out, const float *restrict a, const float *restrict b0,
+                             const float *restrict b1, const float *restrict b2,
+                             const float *restrict b3, int n)
 {
+    float c0[8] = {0}, c1[8] = {0}, c2[8] = {0}, c3[8] = {0};
     int t = 0;
     for (; t + 8 <= n; t += 8)
-        for (int u = 0; u < 8; u++) y[t + u] += a * x[t + u];
-    for (; t < n; t++) y[t] += a * x[t];
+        for (int u = 0; u < 8; u++) {
+            c0[u] += a[t + u] * b0[t + u];
+            c1[u] += a[t + u] * b1[t + u];
+            c2[u] += a[t + u] * b2[t + u];
+            c3[u] += a[t + u] * b3[t + u];
+        }
+    for (int u = 0; t + u < n; u++) {
+        c0[u] += a[t + u] * b0[t + u];
+        c1[u] += a[t + u] * b1[t + u];
+        c2[u] += a[t + u] * b2[t + u];
+        c3[u] += a[t + u] * b3[t + u];
+    }
+    out[0] = ((c0[0] + c0[4]) + (c0[1] + c0[5])) + ((c0[2] + c0[6]) + (c0[3] + c0[7]));
+    out[1] = ((c1[0] + c1[4]) + (c1[1] + c1[5])) + ((c1[2] + c1[6]) + (c1[3] + c1[7]));
+    out[2] = ((c2[0] + c2[4]) + (c2[1] + c2[5])) + ((c2[2] + c2[6]) + (c2[3] + c2[7]));
+    out[3] = ((c3[0] + c3[4]) + (c3[1] + c3[5])) + ((c3[2] + c3[6]) + (c3[3] + c3[7]));
+}
+
+/* out[c] = a . b_c, b_c = b + c ldb, for c in [0, nc) */
+static void attn_dots(float *out, const float *a, const float *b, size_t ldb, int nc, int n)
+{
+    int c = 0;
+    for (; c + 4 <= nc; c += 4)
+        attn_dot4(out + c, a, b + c * ldb, b + (c + 1) * ldb, b + (c + 2) * ldb,
+                  b + (c + 3) * ldb, n);
+    for (; c < nc; c++) out[c] = attn_dot(a, b + c * ldb, n);
+}
+
+/* y += w_c x_c over c in [0, nc) in increasing c, w_c = w[c wst], x_c = x + c ldx. Four terms
+ * are added per pass over y, in the same order as four single updates: same bits, fewer
+ * loads and stores of y. */
+static void attn_axpys(float *restrict y, const float *w, size_t wst, const float *x, size_t ldx,
+                       int nc, int n)
+{
+    int c = 0;
+    for (; c + 4 <= nc; c += 4) {
+        const float a0 = w[c * wst], a1 = w[(c + 1) * wst], a2 = w[(c + 2) * wst],
+                    a3 = w[(c + 3) * wst];
+        const float *restrict x0 = x + c * ldx, *restrict x1 = x0 + ldx, *restrict x2 = x1 + ldx,
+                              *restrict x3 = x2 + ldx;
+        int t = 0;
+        for (; t + 8 <= n; t += 8)
+            for (int u = 0; u < 8; u++)
+                y[t + u] = (((y[t + u] + a0 * x0[t + u]) + a1 * x1[t + u]) + a2 * x2[t + u]) +
+                           a3 * x3[t + u];
+        for (; t < n; t++) y[t] = (((y[t] + a0 * x0[t]) + a1 * x1[t]) + a2 * x2[t]) + a3 * x3[t];
+    }
+    for (; c < nc; c++) {
+        const float a = w[c * wst];
+        const float *restrict xc = x + c * ldx;
+        for (int t = 0; t < n; t++) y[t] += a * xc[t];
+    }
 }
 
 static inline void attn_scal(float *y, float a, int n)
@@ -77,15 +130,17 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
             l[r] = 0.0f;
             memset(ROW_HD(o, ni, i0 + r, h), 0, (size_t)D * sizeof(float));
         }
-        /* key blocks outer so one block of k, v serves all rows of the query block */
+        /* key blocks outer so one block of k, v serves all rows of the query block; o itself
+         * is the running (unnormalised) accumulator */
         for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
             const int nc = L - j0 < ATTN_BC ? L - j0 : ATTN_BC;
+            const float *kb = ROW_LD(k, ni, j0, h), *vb = ROW_LD(v, ni, j0, h);
             for (int r = 0; r < nr; r++) {
-                const float *qr = ROW_LD(q, ni, i0 + r, h);
                 float *orow = ROW_HD(o, ni, i0 + r, h);
+                attn_dots(sc, ROW_LD(q, ni, i0 + r, h), kb, ld, nc, D);
                 float mx = m[r];
                 for (int c = 0; c < nc; c++) {
-                    sc[c] = attn_dot(qr, ROW_LD(k, ni, j0 + c, h), D) * scale;
+                    sc[c] *= scale;
                     mx = fmaxf(mx, sc[c]);
                 }
                 /* online softmax: rescale what the earlier blocks summed to the new maximum */
@@ -98,7 +153,7 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
                 l[r] = l[r] * alpha + sum;
                 m[r] = mx;
                 if (alpha != 1.0f) attn_scal(orow, alpha, D);
-                for (int c = 0; c < nc; c++) attn_axpy(orow, sc[c], ROW_LD(v, ni, j0 + c, h), D);
+                attn_axpys(orow, sc, 1, vb, ld, nc, D);
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -108,6 +163,9 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
     }
     return BK_OK;
 }
+
+/* queries handled together by the dk, dv pass, so each dk, dv row is updated once per group */
+#define ATTN_QG 4
 
 int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                  const float *k, const float *v, const float *o, const float *lse, void *ws,
@@ -120,7 +178,7 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
 
-    /* pass 1: dk, dv of one key block per task, summed over all queries in order.
+    /* pass 1: dk, dv of one key block per task, summed over all queries in increasing order:
      * p = exp(scale q.k - lse), dp = dout.v, ds = p (dp - Di), Di = dout_i.o_i (recomputed
      * per block: D/(4*BC) of the block's work, and it keeps the tiled form workspace-free) */
     const int nkb = (L + ATTN_BC - 1) / ATTN_BC, tasks_k = s->n * H * nkb;
@@ -129,47 +187,57 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
         const int kb = t % nkb, h = (t / nkb) % H, ni = t / (nkb * H);
         const int j0 = kb * ATTN_BC, nc = L - j0 < ATTN_BC ? L - j0 : ATTN_BC;
         const float *lrow = lse + ((size_t)ni * H + h) * L;
-        float p[ATTN_BC];
+        const float *kb0 = ROW_LD(k, ni, j0, h), *vb0 = ROW_LD(v, ni, j0, h);
+        /* (query in group, key in block) */
+        float p[ATTN_QG][ATTN_BC], ds[ATTN_QG][ATTN_BC];
         for (int c = 0; c < nc; c++) {
             memset(ROW_LD(dk, ni, j0 + c, h), 0, (size_t)D * sizeof(float));
             memset(ROW_LD(dv, ni, j0 + c, h), 0, (size_t)D * sizeof(float));
         }
-        for (int i = 0; i < L; i++) {
-            const float *qr = ROW_LD(q, ni, i, h), *dor = ROW_HD(dout, ni, i, h);
-            const float di = attn_dot(dor, ROW_HD(o, ni, i, h), D);
-            for (int c = 0; c < nc; c++)
-                p[c] = expf(attn_dot(qr, ROW_LD(k, ni, j0 + c, h), D) * scale - lrow[i]);
+        for (int i0 = 0; i0 < L; i0 += ATTN_QG) {
+            const int ng = L - i0 < ATTN_QG ? L - i0 : ATTN_QG;
+            for (int g = 0; g < ng; g++) {
+                const float *qr = ROW_LD(q, ni, i0 + g, h), *dor = ROW_HD(dout, ni, i0 + g, h);
+                const float di = attn_dot(dor, ROW_HD(o, ni, i0 + g, h), D);
+                attn_dots(p[g], qr, kb0, ld, nc, D);
+                attn_dots(ds[g], dor, vb0, ld, nc, D);
+                for (int c = 0; c < nc; c++) {
+                    p[g][c] = expf(p[g][c] * scale - lrow[i0 + g]);
+                    ds[g][c] = p[g][c] * (ds[g][c] - di) * scale;
+                }
+            }
             for (int c = 0; c < nc; c++) {
-                attn_axpy(ROW_LD(dv, ni, j0 + c, h), p[c], dor, D);
-                float dp = attn_dot(dor, ROW_LD(v, ni, j0 + c, h), D);
-                attn_axpy(ROW_LD(dk, ni, j0 + c, h), p[c] * (dp - di) * scale, qr, D);
+                attn_axpys(ROW_LD(dv, ni, j0 + c, h), &p[0][c], ATTN_BC, ROW_HD(dout, ni, i0, h),
+                           hd, ng, D);
+                attn_axpys(ROW_LD(dk, ni, j0 + c, h), &ds[0][c], ATTN_BC, ROW_LD(q, ni, i0, h),
+                           ld, ng, D);
             }
         }
     }
 
-    /* pass 2: dq of one query block per task, summed over all keys in order */
+    /* pass 2: dq of one query block per task, summed over all keys in increasing order */
     const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks_q = s->n * H * nqb;
 #pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
     for (int t = 0; t < tasks_q; t++) {
         const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
         const int i0 = qb * ATTN_BR, nr = L - i0 < ATTN_BR ? L - i0 : ATTN_BR;
         const float *lrow = lse + ((size_t)ni * H + h) * L;
-        float di[ATTN_BR];
+        float di[ATTN_BR], p[ATTN_BC], dp[ATTN_BC];
         for (int r = 0; r < nr; r++) {
             memset(ROW_LD(dq, ni, i0 + r, h), 0, (size_t)D * sizeof(float));
             di[r] = attn_dot(ROW_HD(dout, ni, i0 + r, h), ROW_HD(o, ni, i0 + r, h), D);
         }
         for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
             const int nc = L - j0 < ATTN_BC ? L - j0 : ATTN_BC;
+            const float *kb = ROW_LD(k, ni, j0, h), *vb = ROW_LD(v, ni, j0, h);
             for (int r = 0; r < nr; r++) {
-                const float *qr = ROW_LD(q, ni, i0 + r, h), *dor = ROW_HD(dout, ni, i0 + r, h);
-                float *dqr = ROW_LD(dq, ni, i0 + r, h);
+                attn_dots(p, ROW_LD(q, ni, i0 + r, h), kb, ld, nc, D);
+                attn_dots(dp, ROW_HD(dout, ni, i0 + r, h), vb, ld, nc, D);
                 for (int c = 0; c < nc; c++) {
-                    const float *kc = ROW_LD(k, ni, j0 + c, h);
-                    float p = expf(attn_dot(qr, kc, D) * scale - lrow[i0 + r]);
-                    float dp = attn_dot(dor, ROW_LD(v, ni, j0 + c, h), D);
-                    attn_axpy(dqr, p * (dp - di[r]) * scale, kc, D);
+                    float pc = expf(p[c] * scale - lrow[i0 + r]);
+                    dp[c] = pc * (dp[c] - di[r]) * scale; /* ds */
                 }
+                attn_axpys(ROW_LD(dq, ni, i0 + r, h), dp, 1, kb, ld, nc, D);
             }
         }
     }
@@ -188,11 +256,11 @@ int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
     for (int t = 0; t < rows; t++) {
         const int i = t % L, h = (t / L) % H, ni = t / (L * H);
-        const float *qr = ROW_LD(q, ni, i, h);
         float *pr = p + (size_t)t * L, *orow = ROW_HD(o, ni, i, h);
+        attn_dots(pr, ROW_LD(q, ni, i, h), ROW_LD(k, ni, 0, h), ld, L, D);
         float mx = -INFINITY;
         for (int c = 0; c < L; c++) {
-            pr[c] = attn_dot(qr, ROW_LD(k, ni, c, h), D) * scale;
+            pr[c] *= scale;
             mx = fmaxf(mx, pr[c]);
         }
         double sum = 0.0;
@@ -201,11 +269,9 @@ int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const
             sum += pr[c];
         }
         const float inv = (float)(1.0 / sum);
+        for (int c = 0; c < L; c++) pr[c] *= inv;
         memset(orow, 0, (size_t)D * sizeof(float));
-        for (int c = 0; c < L; c++) {
-            pr[c] *= inv;
-            attn_axpy(orow, pr[c], ROW_LD(v, ni, c, h), D);
-        }
+        attn_axpys(orow, pr, 1, ROW_LD(v, ni, 0, h), ld, L, D);
     }
     return BK_OK;
 }
@@ -228,19 +294,15 @@ int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const
         /* rows: dp = dout v^T, ds = p (dp - rowsum(p dp)), dq = scale ds k */
 #pragma omp for schedule(static)
         for (int i = 0; i < L; i++) {
-            const float *dor = ROW_HD(dout, ni, i, h), *pr = ph + (size_t)i * L;
+            const float *pr = ph + (size_t)i * L;
             float *dsr = ds + (size_t)i * L, *dqr = ROW_LD(dq, ni, i, h);
+            attn_dots(dsr, ROW_HD(dout, ni, i, h), ROW_LD(v, ni, 0, h), ld, L, D);
             double rs = 0.0;
-            for (int c = 0; c < L; c++) {
-                dsr[c] = attn_dot(dor, ROW_LD(v, ni, c, h), D);
-                rs += (double)pr[c] * dsr[c];
-            }
+            for (int c = 0; c < L; c++) rs += (double)pr[c] * dsr[c];
             const float rsf = (float)rs;
+            for (int c = 0; c < L; c++) dsr[c] = pr[c] * (dsr[c] - rsf) * scale;
             memset(dqr, 0, (size_t)D * sizeof(float));
-            for (int c = 0; c < L; c++) {
-                dsr[c] = pr[c] * (dsr[c] - rsf) * scale;
-                attn_axpy(dqr, dsr[c], ROW_LD(k, ni, c, h), D);
-            }
+            attn_axpys(dqr, dsr, 1, ROW_LD(k, ni, 0, h), ld, L, D);
         }
         /* columns: dv = p^T dout, dk = (scale ds)^T q; the implicit barrier above orders
          * the reads of ds after its writes */
@@ -249,10 +311,8 @@ int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const
             float *dkr = ROW_LD(dk, ni, c, h), *dvr = ROW_LD(dv, ni, c, h);
             memset(dkr, 0, (size_t)D * sizeof(float));
             memset(dvr, 0, (size_t)D * sizeof(float));
-            for (int i = 0; i < L; i++) {
-                attn_axpy(dvr, ph[(size_t)i * L + c], ROW_HD(dout, ni, i, h), D);
-                attn_axpy(dkr, ds[(size_t)i * L + c], ROW_LD(q, ni, i, h), D);
-            }
+            attn_axpys(dvr, ph + c, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L, D);
+            attn_axpys(dkr, ds + c, (size_t)L, ROW_LD(q, ni, 0, h), ld, L, D);
         }
     }
     return BK_OK;

@@ -86,7 +86,8 @@ int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, in
                       bk_ctx *ctx)
 {
     long rows = (long)n * c;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)hw >= ELTWISE_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)hw >= ELTWISE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * hw;
         float *yr = y + (size_t)r * hw;
@@ -101,7 +102,8 @@ int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, in
 int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx)
 {
     long rows = (long)n * c;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)hw >= ELTWISE_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)hw >= ELTWISE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         const float *g = dy + (size_t)r * hw;
         double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -109,7 +111,8 @@ int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int h
         for (; p + 8 <= hw; p += 8)
             for (int l = 0; l < 8; l++) acc[l] += (double)g[p + l];
         for (; p < hw; p++) acc[p & 7] += (double)g[p];
-        double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                   ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         db[r] = accum ? (float)((double)db[r] + s) : (float)s;
     }
     return BK_OK;

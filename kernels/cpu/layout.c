@@ -15,7 +15,8 @@ int cpu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int 
 {
     int ct = c1 + c2;
     long rows = (long)n * ct;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         long s = r / ct;
         int ch = (int)(r % ct);
@@ -33,7 +34,8 @@ int cpu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum
 {
     int ct = c1 + c2;
     long rows = (long)n * ct;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         long s = r / ct;
         int ch = (int)(r % ct);
@@ -64,8 +66,8 @@ int cpu_transpose_fwd(float *y, const float *x, int accum, int n, int c, int hw,
 {
     int tc = (c + LAYOUT_TILE - 1) / LAYOUT_TILE;
     int tp = (hw + LAYOUT_TILE - 1) / LAYOUT_TILE;
-    size_t total = (size_t)n * c * hw;
-#pragma omp parallel for collapse(3) num_threads(ctx->threads) if (total >= LAYOUT_PAR_MIN) schedule(static)
+    int par = (size_t)n * c * hw >= LAYOUT_PAR_MIN;
+#pragma omp parallel for collapse(3) num_threads(ctx->threads) if (par) schedule(static)
     for (int s = 0; s < n; s++) {
         for (int ic = 0; ic < tc; ic++) {
             for (int ip = 0; ip < tp; ip++) {

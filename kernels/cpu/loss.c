@@ -32,7 +32,8 @@ int cpu_mse_fwd(float *loss, const float *pred, const float *target, size_t coun
             double d = (double)pred[i] - (double)target[i];
             acc[l] += d * d;
         }
-        part[ch] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        part[ch] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                   ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
     double s = 0.0;
     for (size_t ch = 0; ch < nch; ch++) s += part[ch];

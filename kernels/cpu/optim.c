@@ -39,7 +39,8 @@ int cpu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx)
             double v = (double)x[i];
             acc[l] += v * v;
         }
-        part[ch] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        part[ch] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                   ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
     double s = 0.0;
     for (size_t ch = 0; ch < nch; ch++) s += part[ch];

@@ -15,7 +15,8 @@ int cpu_upsample_nearest2x_fwd(float *y, const float *x, int n, int c, int h, in
 {
     long rows = (long)n * c * h; /* input rows; each writes two output rows */
     int wo = 2 * w;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)w >= RESAMPLE_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)w >= RESAMPLE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * w;
         float *y0 = y + (size_t)r * 2 * wo, *y1 = y0 + wo;
@@ -34,7 +35,8 @@ int cpu_upsample_nearest2x_bwd(float *dx, const float *dy, int accum, int n, int
 {
     long rows = (long)n * c * h;
     int wo = 2 * w;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)w >= RESAMPLE_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)w >= RESAMPLE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         const float *g0 = dy + (size_t)r * 2 * wo, *g1 = g0 + wo;
         float *dr = dx + (size_t)r * w;
@@ -79,7 +81,8 @@ int cpu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int
     int ho = 2 * h, wo = 2 * w;
     float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
     long rows = (long)n * c * ho; /* output rows */
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)wo >= RESAMPLE_PAR_MIN) schedule(static)
+    int par = (size_t)rows * (size_t)wo >= RESAMPLE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         long plane = r / ho;
         int oy = (int)(r % ho);
@@ -93,7 +96,8 @@ int cpu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int
             int x0, x1;
             float lx0, lx1;
             bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
-            yr[ox] = ly0 * (lx0 * xr0[x0] + lx1 * xr0[x1]) + ly1 * (lx0 * xr1[x0] + lx1 * xr1[x1]);
+            yr[ox] = ly0 * (lx0 * xr0[x0] + lx1 * xr0[x1]) +
+                     ly1 * (lx0 * xr1[x0] + lx1 * xr1[x1]);
         }
     }
     return BK_OK;
@@ -107,7 +111,8 @@ int cpu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, i
     int ho = 2 * h, wo = 2 * w;
     float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
     long planes = (long)n * c;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)planes * (size_t)ho * (size_t)wo >= RESAMPLE_PAR_MIN) schedule(static)
+    int par = (size_t)planes * (size_t)ho * (size_t)wo >= RESAMPLE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         float *d = dx + (size_t)pl * h * w;
         const float *g = dy + (size_t)pl * ho * wo;
@@ -155,7 +160,8 @@ int cpu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_
 {
     int ho = h / 2, wo = w / 2;
     long rows = (long)n * c * ho;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)rows * (size_t)wo >= RESAMPLE_PAR_MIN / 4) schedule(static)
+    int par = (size_t)rows * (size_t)wo >= RESAMPLE_PAR_MIN / 4;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
         long plane = r / ho;
         int oy = (int)(r % ho);
@@ -173,7 +179,8 @@ int cpu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, in
 {
     int ho = h / 2, wo = w / 2;
     long planes = (long)n * c;
-#pragma omp parallel for num_threads(ctx->threads) if ((size_t)planes * (size_t)h * (size_t)w >= RESAMPLE_PAR_MIN) schedule(static)
+    int par = (size_t)planes * (size_t)h * (size_t)w >= RESAMPLE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long pl = 0; pl < planes; pl++) {
         const float *xp = x + (size_t)pl * h * w;
         const float *gp = dy + (size_t)pl * ho * wo;

@@ -403,8 +403,11 @@ static void test_norm(int n, int c, int hw, int groups, int affine)
 {
     const int gn = groups > 0, op = gn ? OP_GROUPNORM : OP_LAYERNORM;
     char tag[96];
-    if (gn) snprintf(tag, sizeof tag, "groupnorm n%d c%d hw%d g%d affine%d", n, c, hw, groups, affine);
-    else snprintf(tag, sizeof tag, "layernorm m%d d%d affine%d", n, c, affine);
+    if (gn)
+        snprintf(tag, sizeof tag, "groupnorm n%d c%d hw%d g%d affine%d", n, c, hw, groups,
+                 affine);
+    else
+        snprintf(tag, sizeof tag, "layernorm m%d d%d affine%d", n, c, affine);
     const float eps = 1e-5f;
     const size_t total = (size_t)n * c * (gn ? hw : 1), rows = (size_t)n * (gn ? groups : 1);
     const size_t cnt = total / rows;
@@ -458,7 +461,8 @@ static void test_norm(int n, int c, int hw, int groups, int affine)
     note(&max_bwd[op], ex);
     CHECK(ex <= TOL_BWD, "%s: dx fd err %.3g", tag, ex);
     if (affine) {
-        double eg = fd_err(dg, gd, c, 300, norm_loss, &a), eb = fd_err(dbt, bd, c, 300, norm_loss, &a);
+        double eg = fd_err(dg, gd, c, 300, norm_loss, &a);
+        double eb = fd_err(dbt, bd, c, 300, norm_loss, &a);
         note(&max_bwd[op], eg);
         note(&max_bwd[op], eb);
         CHECK(eg <= TOL_BWD, "%s: dgamma fd err %.3g", tag, eg);

@@ -3,7 +3,6 @@
  * backwards against central finite differences of those references, and bit-identical results
  * at 1, 2 and 3 threads.
  */
-#include <float.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
@@ -518,7 +517,8 @@ static void ref_nearest(double *y, const double *x, const void *pv)
     for (int pl = 0; pl < p->n * p->c; pl++)
         for (int oy = 0; oy < ho; oy++)
             for (int ox = 0; ox < wo; ox++)
-                y[((size_t)pl * ho + oy) * wo + ox] = x[((size_t)pl * p->h + oy / 2) * p->w + ox / 2];
+                y[((size_t)pl * ho + oy) * wo + ox] =
+                    x[((size_t)pl * p->h + oy / 2) * p->w + ox / 2];
 }
 static void fwd_nearest(float *y, const float *x, const void *pv, bk_ctx *c)
 {
@@ -553,7 +553,8 @@ static void ref_bilinear(double *y, const double *x, const void *pv)
     for (int pl = 0; pl < p->n * p->c; pl++)
         for (int oy = 0; oy < ho; oy++)
             for (int ox = 0; ox < wo; ox++) {
-                double sy = ref_bilinear_src(oy, h, p->align), sx = ref_bilinear_src(ox, w, p->align);
+                double sy = ref_bilinear_src(oy, h, p->align);
+                double sx = ref_bilinear_src(ox, w, p->align);
                 int iy0 = (int)floor(sy), ix0 = (int)floor(sx);
                 if (iy0 > h - 1) iy0 = h - 1;
                 if (ix0 > w - 1) ix0 = w - 1;

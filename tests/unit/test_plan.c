@@ -1,0 +1,261 @@
+/* test_plan.c - the planner's honesty: a step out of the planned arena (reuse, in-place, NaN
+ * poisoning of dead tensors, canary gaps checked after every op) is bit-identical to a step with
+ * no reuse at all; steps 2 and 3 allocate nothing (malloc interposer); the arena's high-water
+ * mark is the planned size; and the checks themselves catch a planted lifetime or size bug.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec.h"
+#include "init.h"
+#include "philox.h"
+#include "plan.h"
+#include "test_util.h"
+#include "unet.h"
+
+/* ---- malloc interposer: counts allocations while armed ---- */
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+static volatile int alloc_armed;
+static volatile long alloc_count;
+
+void *malloc(size_t n)
+{
+    if (alloc_armed) __atomic_add_fetch(&alloc_count, 1, __ATOMIC_RELAXED);
+    return __libc_malloc(n);
+}
+void *calloc(size_t a, size_t b)
+{
+    if (alloc_armed) __atomic_add_fetch(&alloc_count, 1, __ATOMIC_RELAXED);
+    return __libc_calloc(a, b);
+}
+void *realloc(void *p, size_t n)
+{
+    if (alloc_armed) __atomic_add_fetch(&alloc_count, 1, __ATOMIC_RELAXED);
+    return __libc_realloc(p, n);
+}
+int posix_memalign(void **out, size_t align, size_t n)
+{
+    if (alloc_armed) __atomic_add_fetch(&alloc_count, 1, __ATOMIC_RELAXED);
+    *out = __libc_memalign(align, n);
+    return *out ? 0 : 12;
+}
+void *aligned_alloc(size_t align, size_t n)
+{
+    if (alloc_armed) __atomic_add_fetch(&alloc_count, 1, __ATOMIC_RELAXED);
+    return __libc_memalign(align, n);
+}
+
+struct job {
+    struct graph g;
+    struct unet_io io;
+    int target, loss;
+    struct plan p;
+    struct exec *e;
+};
+
+static void small_config(struct unet_config *c, enum unet_preset preset)
+{
+    unet_config_default(c, preset);
+    c->image_size = 16;
+    if (preset == UNET_DDPM) {
+        c->in_channels = c->out_channels = 1;
+        c->n_levels = 3;
+        c->channels[0] = 16;
+        c->channels[1] = c->channels[2] = 24;
+        c->layers_per_block = 1;
+        c->attn_res[0] = 8;
+        c->groups = 8;
+        c->attn_head_dim = 8;
+        c->dropout = 0.1f; /* exercises dropout's recomputed masks */
+    } else {
+        c->base = 8;
+        c->time_dim = 32;
+    }
+}
+
+static int job_init(struct job *j, const struct unet_config *c, int batch,
+                    const struct plan_opts *po, const struct exec_opts *eo)
+{
+    memset(j, 0, sizeof *j);
+    graph_init(&j->g);
+    unet_build(&j->g, c, batch, &j->io);
+    j->target = graph_input(&j->g, "target", 4, j->g.tensors[j->io.x].d);
+    j->loss = graph_mse(&j->g, j->io.out, j->target);
+    if (graph_backward(&j->g, j->loss)) return -1;
+    if (plan_make(&j->p, &j->g, backend_cpu(), po)) return -1;
+    if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), eo)) return -1;
+    size_t maxn = 0;
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i].numel > maxn) maxn = j->g.tensors[i].numel;
+    float *h = malloc(maxn * sizeof *h);
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i].kind == TENSOR_PARAM) {
+            init_param(&j->g.tensors[i], 42, h);
+            /* norm scales and biases off their defaults so every path carries signal */
+            if (j->g.tensors[i].init == INIT_ONES || j->g.tensors[i].init == INIT_ZEROS)
+                for (size_t k = 0; k < j->g.tensors[i].numel; k++)
+                    h[k] += 0.1f * (philox_uniform_at(7, 1, (uint64_t)i, 0, 0, (uint32_t)k) - 0.5f);
+            exec_upload(j->e, i, h);
+        }
+    free(h);
+    exec_reset_state(j->e);
+    return 0;
+}
+
+static void job_free(struct job *j)
+{
+    exec_free(j->e);
+    plan_free(&j->p);
+    graph_free(&j->g);
+}
+
+/* a deterministic batch for step s */
+static void feed(struct job *j, int s)
+{
+    size_t n = j->g.tensors[j->io.x].numel;
+    int b = j->g.tensors[j->io.x].d[0];
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), t[64];
+    for (size_t i = 0; i < n; i++) {
+        x[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 0, 0, (uint32_t)i);
+        y[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 1, 0, (uint32_t)i);
+    }
+    for (int i = 0; i < b; i++) t[i] = (float)((s * 131 + i * 377) % 1000);
+    exec_upload(j->e, j->io.x, x);
+    exec_upload(j->e, j->io.t, t);
+    exec_upload(j->e, j->target, y);
+    free(x);
+    free(y);
+}
+
+static int step(struct job *j, int s, float *loss)
+{
+    struct optim_config oc = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .weight_decay = 0.01f, .clip = 1.0f, .ema_decay = 0.99f};
+    int rc = exec_forward_backward(j->e, 1, 1.0f, 11, (uint64_t)s, 0, loss);
+    if (!rc) rc = exec_optimizer_step(j->e, &oc, s + 1, oc.lr, NULL);
+    return rc;
+}
+
+static int params_equal(struct job *a, struct job *b)
+{
+    for (int i = 0; i < a->g.n_tensors; i++) {
+        if (a->g.tensors[i].kind != TENSOR_PARAM && a->g.tensors[i].kind != TENSOR_GRAD) continue;
+        size_t n = a->g.tensors[i].numel;
+        float *x = malloc(n * 4), *y = malloc(n * 4);
+        exec_download(a->e, i, x);
+        exec_download(b->e, i, y);
+        int same = memcmp(x, y, n * 4) == 0;
+        free(x);
+        free(y);
+        if (!same) {
+            fprintf(stderr, "tensor %d (%s) differs\n", i,
+                    a->g.tensors[i].name ? a->g.tensors[i].name : "grad");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void honesty(enum unet_preset preset, int tiled)
+{
+    const char *name = preset == UNET_DDPM ? "ddpm" : "seed";
+    struct unet_config c;
+    small_config(&c, preset);
+    c.attn_tiled = tiled;
+    struct plan_opts reuse_guarded = {.guard_bytes = 256}, none = {.no_reuse = 1};
+    struct exec_opts checked = {.threads = 2, .poison = 1, .check_guards = 1};
+    struct exec_opts plain = {.threads = 2};
+    struct job a, b, h;
+    CHECK(job_init(&a, &c, 3, &reuse_guarded, &checked) == 0, "%s: job a", name);
+    CHECK(job_init(&b, &c, 3, &none, &plain) == 0, "%s: job b", name);
+    CHECK(job_init(&h, &c, 3, NULL, &plain) == 0, "%s: job h", name);
+    CHECK(h.p.arena_bytes < h.p.no_reuse_arena_bytes, "%s: reuse saves nothing: %zu of %zu",
+          name, h.p.arena_bytes, h.p.no_reuse_arena_bytes);
+    printf("%s (%s attention): arena %zu bytes planned, %zu without reuse (%.1fx), %d storages\n",
+           name, tiled ? "tiled" : "plain", h.p.arena_bytes, h.p.no_reuse_arena_bytes,
+           (double)h.p.no_reuse_arena_bytes / (double)h.p.arena_bytes, h.p.n_storages);
+    for (int s = 0; s < 3; s++) {
+        float la = 0, lb = 0, lh = 0;
+        feed(&a, s);
+        feed(&b, s);
+        feed(&h, s);
+        CHECK(step(&a, s, &la) == 0, "%s: checked step %d", name, s);
+        CHECK(step(&b, s, &lb) == 0, "%s: no-reuse step %d", name, s);
+        if (s == 0) {
+            CHECK(step(&h, s, &lh) == 0, "%s: step", name);
+        } else {
+            /* steps 2 and 3: nothing allocated anywhere in the process */
+            alloc_count = 0;
+            alloc_armed = 1;
+            int rc = step(&h, s, &lh);
+            alloc_armed = 0;
+            CHECK(rc == 0, "%s: step %d", name, s);
+            CHECK(alloc_count == 0, "%s: %ld allocations during step %d", name, alloc_count, s + 1);
+        }
+        CHECK(isfinite(la) && memcmp(&la, &lb, 4) == 0 && memcmp(&la, &lh, 4) == 0,
+              "%s step %d: losses %.9g (checked) %.9g (no reuse) %.9g", name, s, la, lb, lh);
+    }
+    CHECK(params_equal(&a, &b), "%s: weights after 3 steps differ (reuse+poison vs no reuse)",
+          name);
+    CHECK(params_equal(&h, &b), "%s: weights after 3 steps differ (plain vs no reuse)", name);
+    size_t hw = exec_arena_high_water(h.e);
+    CHECK(hw <= h.p.arena_bytes && h.p.arena_bytes - hw < PLAN_ALIGN,
+          "%s: high-water %zu vs planned %zu", name, hw, h.p.arena_bytes);
+    job_free(&a);
+    job_free(&b);
+    job_free(&h);
+}
+
+/* the checks catch planted bugs: a storage freed too early, a tensor written past its end */
+static void checks_catch_bugs(void)
+{
+    struct unet_config c;
+    small_config(&c, UNET_SEED);
+    struct plan_opts po = {.guard_bytes = 64};
+    struct exec_opts eo = {.threads = 2, .poison = 1, .check_guards = 1};
+    struct job j;
+    CHECK(job_init(&j, &c, 2, &po, &eo) == 0, "job");
+    /* the first conv's output is read by the norm after it: end its life at birth */
+    int victim = -1;
+    for (int s = 0; s < j.p.n_storages && victim < 0; s++)
+        if (j.p.st[s].last > j.p.st[s].first + 1 && j.p.st[s].bytes > 1024) victim = s;
+    int saved_last = j.p.st[victim].last;
+    exec_free(j.e);
+    j.p.st[victim].last = j.p.st[victim].first;
+    exec_init(&j.e, &j.g, &j.p, backend_cpu(), &eo);
+    exec_reset_state(j.e);
+    float loss = 0;
+    feed(&j, 0);
+    exec_forward_backward(j.e, 1, 1.0f, 0, 0, 0, &loss);
+    float *gr = malloc(j.g.param_numel * 4);
+    int nan = !isfinite(loss);
+    for (int i = 0; i < j.g.n_tensors && !nan; i++)
+        if (j.g.tensors[i].kind == TENSOR_GRAD) {
+            exec_download(j.e, i, gr);
+            for (size_t k = 0; k < j.g.tensors[i].numel; k++) nan |= !isfinite(gr[k]);
+        }
+    CHECK(nan, "poisoning did not expose a storage freed too early");
+    free(gr);
+    /* shrink a storage by 4 bytes: the op writing it runs into the canary */
+    exec_free(j.e);
+    j.p.st[victim].last = saved_last;
+    j.p.st[victim].bytes -= 4;
+    exec_init(&j.e, &j.g, &j.p, backend_cpu(), &eo);
+    exec_reset_state(j.e);
+    feed(&j, 0);
+    int rc = exec_forward_backward(j.e, 1, 1.0f, 0, 0, 0, &loss);
+    CHECK(rc == EXEC_ERR_GUARD, "canary check did not catch an overrun (rc %d)", rc);
+    job_free(&j);
+}
+
+int main(void)
+{
+    honesty(UNET_DDPM, 1);
+    honesty(UNET_SEED, 1);
+    honesty(UNET_SEED, 0);
+    checks_catch_bugs();
+    return tu_finish("test_plan");
+}
