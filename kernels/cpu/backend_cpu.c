@@ -13,8 +13,8 @@ int cpu_ctx_init(bk_ctx **out, int threads)
     bk_ctx *c = calloc(1, sizeof *c);
     if (!c) return BK_ERR_NOMEM;
     c->threads = threads > 0 ? threads : 1;
-    /* OpenBLAS (OpenMP build) is process-global: the last context set wins */
-    openblas_set_num_threads(c->threads);
+    /* OpenBLAS runs single-threaded inside cpu_gemm's own blocks (see gemm.c) */
+    openblas_set_num_threads(1);
     *out = c;
     return BK_OK;
 }

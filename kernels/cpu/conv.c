@@ -5,8 +5,6 @@
 #include <limits.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "cpu.h"
 
 /* 1x1, stride 1, no padding: the input image (Ci, H*W) already is the column matrix */
@@ -107,8 +105,8 @@ int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, voi
             for (int o = 0; o < s->co; o++)
                 for (int p = 0; p < hw_o; p++) yn[(size_t)o * hw_o + p] = b[o];
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->co, hw_o, kdim, 1.0f, w, kdim,
-                    pw ? xn : col, hw_o, b ? 1.0f : 0.0f, yn, hw_o);
+        cpu_gemm(0, 0, s->co, hw_o, kdim, 1.0f, w, kdim,
+                    pw ? xn : col, hw_o, b ? 1.0f : 0.0f, yn, hw_o, ctx);
     }
     return BK_OK;
 }
@@ -127,8 +125,8 @@ int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, v
         const float *dyn = dy + (size_t)n * y_img;
         float *dxn = dx + (size_t)n * x_img;
         /* col (Ci*Kh*Kw, Ho*Wo) = w^T (Ci*Kh*Kw, Co) @ dy_n (Co, Ho*Wo) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kdim, hw_o, s->co, 1.0f, w, kdim,
-                    dyn, hw_o, pw && accum ? 1.0f : 0.0f, pw ? dxn : col, hw_o);
+        cpu_gemm(1, 0, kdim, hw_o, s->co, 1.0f, w, kdim,
+                    dyn, hw_o, pw && accum ? 1.0f : 0.0f, pw ? dxn : col, hw_o, ctx);
         if (!pw) conv_col2im(dxn, col, accum, s, ctx);
     }
     return BK_OK;
@@ -150,8 +148,8 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x,
         const float *dyn = dy + (size_t)n * y_img;
         if (!pw) conv_im2col(col, xn, s, ctx);
         /* dw (Co, Ci*Kh*Kw) += dy_n (Co, Ho*Wo) @ col^T (Ho*Wo, Ci*Kh*Kw) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->co, kdim, hw_o, 1.0f, dyn, hw_o,
-                    pw ? xn : col, hw_o, 1.0f, dw, kdim);
+        cpu_gemm(0, 1, s->co, kdim, hw_o, 1.0f, dyn, hw_o,
+                    pw ? xn : col, hw_o, 1.0f, dw, kdim, ctx);
     }
     if (db) {
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)

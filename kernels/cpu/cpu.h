@@ -19,6 +19,10 @@ int cpu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
 int cpu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx);
 int cpu_sync(bk_ctx *ctx);
 
+/* gemm.c: C (M,N) = alpha op(A) op(B) + beta C, row-major, split across ctx->threads */
+void cpu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc, bk_ctx *ctx);
+
 /* conv.c */
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s);
 int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,

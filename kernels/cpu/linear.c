@@ -1,8 +1,6 @@
 /* linear.c - CPU fully connected layer y (M,N) = x (M,K) @ w (N,K)^T + b (N), forward and
  * backward, through OpenBLAS sgemm.
  */
-#include <cblas.h>
-
 #include "cpu.h"
 
 /* column block of the bias-gradient reduction: rows are summed in order within a block */
@@ -17,8 +15,8 @@ int cpu_linear_fwd(float *y, const float *x, const float *w, const float *b, int
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) y[(size_t)i * n + j] = b[j];
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
-                b ? 1.0f : 0.0f, y, n);
+    cpu_gemm(0, 1, m, n, k, 1.0f, x, k, w, k,
+                b ? 1.0f : 0.0f, y, n, ctx);
     return BK_OK;
 }
 
@@ -30,12 +28,12 @@ int cpu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float
     if ((dx && !w) || (dw && !x)) return BK_ERR_INVALID;
     /* dx (M,K) = dy (M,N) @ w (N,K) */
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, dy, n, w, k,
-                    accum ? 1.0f : 0.0f, dx, k);
+        cpu_gemm(0, 0, m, k, n, 1.0f, dy, n, w, k,
+                    accum ? 1.0f : 0.0f, dx, k, ctx);
     /* dw (N,K) += dy^T (N,M) @ x (M,K) */
     if (dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, dy, n, x, k, 1.0f,
-                    dw, k);
+        cpu_gemm(1, 0, n, k, m, 1.0f, dy, n, x, k, 1.0f,
+                    dw, k, ctx);
     if (db) {
         const int nblk = (n + LINEAR_DB_BLOCK - 1) / LINEAR_DB_BLOCK;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
