@@ -256,6 +256,9 @@ static void run_fixture(const char *path, int tiled)
         CHECK(fabs(norm - ref_norm[s]) <= 1e-4 * ref_norm[s], "%s step %d grad norm %g vs %g",
               path, s, norm, ref_norm[s]);
     }
+    /* the run is a real optimisation, not a numerically idle one */
+    CHECK(fabs(ref_loss[steps - 1] - ref_loss[0]) >= 0.05 * ref_loss[0],
+          "%s: the fixture's loss moves by less than 5%%", path);
     printf("%s: worst loss rel %.3g, worst step-0 gradient rel %.3g\n", path, worst_loss,
            worst_grad);
 
