@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FILL_BITS 0x7FA5A5A5u   /* a NaN: reading never-written arena memory shows up */
 #define POISON_BITS 0x7FC0DEADu /* a NaN: reading a dead tensor shows up */
@@ -22,7 +23,17 @@ struct exec {
     uint32_t *guard_host;       /* host copy buffer for canary checks */
     size_t guard_host_words;
     int loss_tensor;
+    int eval;                   /* dropout is the identity (exec_forward) */
+    struct exec_profile prof;   /* when opts.profile */
+    double *op_seconds;         /* (g->n_ops) when opts.profile */
 };
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static float bits_to_float(uint32_t u)
 {
@@ -45,6 +56,7 @@ void exec_free(struct exec *e)
     free(e->ends_start);
     free(e->ends);
     free(e->guard_host);
+    free(e->op_seconds);
     free(e);
 }
 
@@ -95,6 +107,11 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         e->guard_host = malloc(e->guard_host_words * 4);
         if (!e->guard_host) goto fail;
     }
+    if (e->opts.profile) {
+        e->op_seconds = calloc((size_t)g->n_ops + 1, sizeof *e->op_seconds);
+        if (!e->op_seconds) goto fail;
+        e->prof.op_seconds = e->op_seconds;
+    }
     *out = e;
     return EXEC_OK;
 fail:
@@ -119,11 +136,30 @@ int exec_download(struct exec *e, int id, float *host)
                : EXEC_OK;
 }
 
-int exec_download_ema(struct exec *e, int id, float *host)
+static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id)
 {
-    if (id < 0 || e->g->tensors[id].kind != TENSOR_PARAM) return EXEC_ERR_ARG;
-    unsigned char *d = e->base + e->p->ema_off + e->p->offset[id];
+    if (id < 0 || id >= e->g->n_tensors || e->g->tensors[id].kind != TENSOR_PARAM) return NULL;
+    size_t base = part == EXEC_PART_EMA      ? e->p->ema_off
+                  : part == EXEC_PART_ADAM_M ? e->p->adam_m_off
+                  : part == EXEC_PART_ADAM_V ? e->p->adam_v_off
+                                             : e->p->params_off;
+    return e->base + base + e->p->offset[id];
+}
+
+int exec_download_part(struct exec *e, enum exec_part part, int id, float *host)
+{
+    unsigned char *d = part_ptr(e, part, id);
+    if (!d) return EXEC_ERR_ARG;
     return e->bk->mem_download(host, d, tensor_bytes(&e->g->tensors[id]), e->ctx)
+               ? EXEC_ERR_BACKEND
+               : EXEC_OK;
+}
+
+int exec_upload_part(struct exec *e, enum exec_part part, int id, const float *host)
+{
+    unsigned char *d = part_ptr(e, part, id);
+    if (!d) return EXEC_ERR_ARG;
+    return e->bk->mem_upload(d, host, tensor_bytes(&e->g->tensors[id]), e->ctx)
                ? EXEC_ERR_BACKEND
                : EXEC_OK;
 }
@@ -318,6 +354,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_MSE_BWD:
         return bk->mse_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], t0->numel, c);
     case OP_DROPOUT:
+        if (e->eval) return bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
         return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)k, sample_base,
                                o->a.dr.n, o->a.dr.per_sample, c);
     case OP_DROPOUT_BWD:
@@ -334,7 +371,17 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
     for (int k = from; k < to; k++) {
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
-        rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+        if (e->opts.profile) {
+            double t0 = now_seconds();
+            rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+            double dt = now_seconds() - t0;
+            enum op_type ty = e->g->ops[k].type;
+            e->op_seconds[k] += dt;
+            e->prof.seconds[ty] += dt;
+            e->prof.calls[ty]++;
+        } else {
+            rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+        }
         if (rc) {
             fprintf(stderr, "exec: op %d (%s) failed: %d\n", k, op_name(e->g->ops[k].type), rc);
             return EXEC_ERR_BACKEND;
@@ -367,10 +414,14 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
     return EXEC_OK;
 }
 
-int exec_forward(struct exec *e, uint64_t seed, uint64_t step)
+int exec_forward(struct exec *e, float *loss)
 {
     int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops;
-    return run_range(e, 0, n, 1.0f, seed, step, 0);
+    e->eval = 1;
+    int rc = run_range(e, 0, n, 1.0f, 0, 0, 0);
+    e->eval = 0;
+    if (!rc && loss && e->loss_tensor >= 0) rc = exec_download(e, e->loss_tensor, loss);
+    return rc;
 }
 
 float optim_lr(const struct optim_config *c, int64_t s)
@@ -385,8 +436,23 @@ float optim_lr(const struct optim_config *c, int64_t s)
     return (float)lr;
 }
 
+static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                          float *grad_norm);
+
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm)
+{
+    double t0 = e->opts.profile ? now_seconds() : 0.0;
+    int rc = optimizer_step(e, c, t, lr, grad_norm);
+    if (e->opts.profile) {
+        e->prof.optim_seconds += now_seconds() - t0;
+        e->prof.optim_calls++;
+    }
+    return rc;
+}
+
+static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                          float *grad_norm)
 {
     const struct plan *p = e->p;
     size_t words = p->params_bytes / 4;
@@ -416,6 +482,21 @@ int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t,
         e->bk->ema_update((float *)(e->base + p->ema_off), w, c->ema_decay, words, e->ctx))
         return EXEC_ERR_BACKEND;
     return EXEC_OK;
+}
+
+const struct exec_profile *exec_get_profile(struct exec *e)
+{
+    return e->opts.profile ? &e->prof : NULL;
+}
+
+void exec_profile_reset(struct exec *e)
+{
+    if (!e->opts.profile) return;
+    memset(e->prof.seconds, 0, sizeof e->prof.seconds);
+    memset(e->prof.calls, 0, sizeof e->prof.calls);
+    memset(e->op_seconds, 0, (size_t)e->g->n_ops * sizeof *e->op_seconds);
+    e->prof.optim_seconds = 0.0;
+    e->prof.optim_calls = 0;
 }
 
 size_t exec_arena_high_water(struct exec *e)

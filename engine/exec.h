@@ -24,6 +24,17 @@ struct exec_opts {
     int threads;
     int poison;           /* fill every arena storage with NaN after its last use */
     int check_guards;     /* verify the canary gaps (plan_opts.guard_bytes) after every op */
+    int profile;          /* accumulate wall time per op (exec_profile); off: one branch per op */
+};
+
+/* wall time accumulated while exec_opts.profile is set, since exec_init or the last
+ * exec_profile_reset: per op type, per op of the graph, and the optimizer step */
+struct exec_profile {
+    double seconds[OP_COUNT];
+    long calls[OP_COUNT];
+    const double *op_seconds;   /* (g->n_ops) per op of the graph */
+    double optim_seconds;
+    long optim_calls;
 };
 
 struct optim_config {
@@ -45,8 +56,14 @@ void exec_free(struct exec *e);
 float *exec_tensor(struct exec *e, int id);
 int exec_upload(struct exec *e, int id, const float *host);
 int exec_download(struct exec *e, int id, float *host);
-/* EMA weights of parameter id, to the host */
-int exec_download_ema(struct exec *e, int id, float *host);
+/* the persistent state of parameter id: its weights, EMA weights or AdamW moments */
+enum exec_part { EXEC_PART_WEIGHT = 0, EXEC_PART_EMA, EXEC_PART_ADAM_M, EXEC_PART_ADAM_V };
+int exec_download_part(struct exec *e, enum exec_part part, int id, float *host);
+int exec_upload_part(struct exec *e, enum exec_part part, int id, const float *host);
+static inline int exec_download_ema(struct exec *e, int id, float *host)
+{
+    return exec_download_part(e, EXEC_PART_EMA, id, host);
+}
 /* copies the current parameters into the EMA block and zeroes the AdamW state */
 int exec_reset_state(struct exec *e);
 
@@ -56,8 +73,9 @@ int exec_reset_state(struct exec *e);
  * dropout. loss (host) may be NULL. */
 int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
                           uint64_t step, int sample_base, float *loss);
-/* forward only (ops [0, n_fwd_ops)): for sampling and validation */
-int exec_forward(struct exec *e, uint64_t seed, uint64_t step);
+/* forward only (ops [0, n_fwd_ops)) in evaluation mode (dropout is the identity): for
+ * sampling and validation. loss (host, may be NULL) gets the MSE output when the graph has one. */
+int exec_forward(struct exec *e, float *loss);
 
 /* learning rate of 0-based step s */
 float optim_lr(const struct optim_config *c, int64_t s);
@@ -65,6 +83,10 @@ float optim_lr(const struct optim_config *c, int64_t s);
  * before clipping (host, may be NULL). */
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm);
+
+/* NULL unless exec_opts.profile was set */
+const struct exec_profile *exec_get_profile(struct exec *e);
+void exec_profile_reset(struct exec *e);
 
 /* the highest byte of the arena written since exec_init (a scan for the fill pattern) */
 size_t exec_arena_high_water(struct exec *e);

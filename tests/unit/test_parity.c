@@ -214,7 +214,7 @@ static void run_fixture(const char *path, int tiled)
             double rel, mx;
             errs(xt, tensor(st, "xt0", img), img, &rel, &mx);
             CHECK(rel <= 1e-7, "%s x_t differs: %.3g", path, rel);
-            CHECK(exec_forward(e, 0, 0) == 0, "forward");
+            CHECK(exec_forward(e, NULL) == 0, "forward");
             exec_download(e, io.out, out);
             errs(out, tensor(st, "out0", img), img, &rel, &mx);
             printf("%s: forward rel %.3g, max|d|/max|ref| %.3g\n", path, rel, mx);

@@ -1,0 +1,154 @@
+/* dataset.h - training data held in memory as float (N,C,S,S) in [-1, 1]: a folder of PNGs or
+ * Fashion-MNIST (IDX + gzip), a seeded held-out split, and batches in a Philox-seeded order that is
+ * a pure function of (seed, step), with a background-thread prefetcher that returns the same bytes.
+ */
+#ifndef DDPMD_DATASET_H
+#define DDPMD_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Every fallible function returns one of these; 0 = ok. */
+enum dataset_status {
+    DATASET_OK = 0,
+    DATASET_ERR_IO,     /* a directory or file could not be opened or read (errno text in err) */
+    DATASET_ERR_FORMAT, /* an IDX file is malformed (magic, dimensions, counts, truncation) */
+    DATASET_ERR_EMPTY,  /* no usable image (empty folder, every file unreadable) */
+    DATASET_ERR_NOMEM,  /* allocation failed */
+    DATASET_ERR_ARG,    /* invalid argument (NULL, channels, size, split larger than the set) */
+    DATASET_ERR_THREAD, /* the prefetch thread could not be started */
+};
+
+enum dataset_fmnist_split {
+    DATASET_FMNIST_TRAIN = 0, /* train-images-idx3-ubyte.gz / train-labels-idx1-ubyte.gz, 60000 */
+    DATASET_FMNIST_TEST,      /* t10k-images-idx3-ubyte.gz / t10k-labels-idx1-ubyte.gz, 10000 */
+};
+
+/* How a 28x28 Fashion-MNIST image becomes size x size. */
+enum dataset_fit {
+    DATASET_FIT_PAD = 0, /* centred on a background of -1 (offset (size-28)/2); size >= 28 */
+    DATASET_FIT_RESIZE,  /* image_resize_square: bilinear up, area down */
+};
+
+/* Where the Debian package dataset-fashion-mnist puts the files. */
+#define DATASET_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* What dataset_open_folder did with the .png files it found. */
+#define DATASET_REPORT_NAMES 8
+#define DATASET_REPORT_NAME_LEN 256
+struct dataset_report {
+    int found;   /* *.png files found (top level and one directory level down) */
+    int loaded;  /* decoded into the dataset */
+    int skipped; /* unreadable: found - loaded */
+    /* the first min(skipped, DATASET_REPORT_NAMES) skipped files, relative to the folder */
+    char skipped_names[DATASET_REPORT_NAMES][DATASET_REPORT_NAME_LEN];
+    char first_reason[DATASET_REPORT_NAME_LEN]; /* why the first one was skipped */
+};
+
+/* Called once per skipped file with a line "skipped '<path>': <reason>"; ctx is passed back. */
+typedef void (*dataset_log_fn)(void *ctx, const char *line);
+
+struct dataset;        /* images (N,C,S,S), optional labels, the train/validation split */
+struct dataset_order;  /* a cursor over the training order of one (dataset, seed); one thread */
+struct dataset_loader; /* a prefetching batch producer on its own thread */
+
+/* A short constant description of a status ("ok", "I/O error", ...). */
+const char *dataset_status_name(enum dataset_status status);
+
+/* ---- opening ---- */
+
+/* Load every file named *.png (extension case-insensitive; names starting with '.' ignored) in
+ * dir and in its immediate subdirectories, in strcmp order of the path relative to dir (so
+ * "a/x.png" < "b.png" < "b/y.png"), each converted to channels (1 or 3, see image_to_channels),
+ * resized and centre-cropped to size x size (image_resize_square). Files that cannot be decoded are
+ * skipped, counted in *report (may be NULL) and passed to log (may be NULL). No labels.
+ * DATASET_ERR_EMPTY, with a message naming dir and the first failure, when nothing loads. */
+enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
+                                        int size, struct dataset_report *report,
+                                        dataset_log_fn log, void *log_ctx, char *err,
+                                        size_t errlen);
+
+/* Load a Fashion-MNIST split from dir (DATASET_FMNIST_DIR for the Debian package): the IDX files
+ * "<prefix>-images-idx3-ubyte.gz" and "<prefix>-labels-idx1-ubyte.gz" (a file without ".gz" is
+ * used when the .gz one is absent; zlib reads both). Checked: image magic 2051 with 3 dimensions
+ * 28 x 28, label magic 2049 with 1 dimension, equal non-zero counts, every label 0..9, no missing
+ * and no extra bytes. Pixels v become v/255 * 2 - 1, replicated to channels (1 or 3), then padded
+ * or resized to size x size by fit. Labels are kept. */
+enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
+                                        enum dataset_fmnist_split split, int channels, int size,
+                                        enum dataset_fit fit, char *err, size_t errlen);
+
+void dataset_free(struct dataset *ds);
+
+int dataset_count(const struct dataset *ds);    /* N */
+int dataset_channels(const struct dataset *ds); /* C */
+int dataset_size(const struct dataset *ds);     /* S */
+/* image i, (C,S,S) in [-1, 1]; NULL when i is out of range */
+const float *dataset_image(const struct dataset *ds, int i);
+/* label of image i, or -1 (no labels, or i out of range) */
+int dataset_label(const struct dataset *ds, int i);
+
+/* ---- train / validation split ---- */
+
+/* Hold out val_count images (0 <= val_count < N, at least one image left to train on) for
+ * validation: the first val_count entries of a Fisher-Yates permutation of 0..N-1 driven by
+ * philox (seed, PHILOX_TAG_SHUFFLE, step 0, sample 0, op 1); both sets are then kept in ascending
+ * image order. Without a split every image trains. Replaces any earlier split. Not thread-safe
+ * against loaders or orders of ds: split before making them. */
+enum dataset_status dataset_split(struct dataset *ds, int val_count, uint64_t seed, char *err,
+                                  size_t errlen);
+/* The same with val_count = round(fraction * N) (fraction in [0, 1)), capped at N - 1. */
+enum dataset_status dataset_split_fraction(struct dataset *ds, double fraction, uint64_t seed,
+                                           char *err, size_t errlen);
+int dataset_train_count(const struct dataset *ds);
+int dataset_val_count(const struct dataset *ds);
+/* image index of training sample j / validation sample j (ascending); -1 when out of range */
+int dataset_train_index(const struct dataset *ds, int j);
+int dataset_val_index(const struct dataset *ds, int j);
+/* Validation images first .. first+count-1 (in dataset_val_index order, never flipped) into
+ * x (count,C,S,S) and labels (count) (may be NULL; -1 without labels). */
+enum dataset_status dataset_val_batch(const struct dataset *ds, int first, int count, float *x,
+                                      int *labels);
+
+/* ---- training order ---- */
+
+/* The order of epoch e: perm (T = dataset_train_count) = Fisher-Yates over 0..T-1, for i = T-1
+ * down to 1 swapping perm[i] with perm[j], j = (u * (i + 1)) >> 32 where
+ * u = philox_u32_at(seed, PHILOX_TAG_SHUFFLE, e, 0, 0, i) (bias below T / 2^32). perm holds
+ * positions into the training set: the image is dataset_train_index(ds, perm[p]). */
+enum dataset_status dataset_epoch_perm(int *perm, const struct dataset *ds, uint64_t seed,
+                                       int64_t epoch);
+/* Sample k of a run with seed is flipped iff philox_uniform_at(seed, PHILOX_TAG_FLIP, k, 0, 0, 0)
+ * < 0.5 (k is taken modulo 2^40 by philox). */
+int dataset_sample_flipped(uint64_t seed, int64_t k);
+
+/* An order caches one epoch's permutation (T ints, allocated here, never again). */
+enum dataset_status dataset_order_init(struct dataset_order **out, const struct dataset *ds,
+                                       uint64_t seed);
+void dataset_order_free(struct dataset_order *o);
+/* The image index of run sample k >= 0: element k % T of the permutation of epoch k / T. */
+int dataset_order_sample(struct dataset_order *o, int64_t k);
+/* The synchronous batch of step >= 0: sample i (0 <= i < batch) is run sample k = step*batch + i;
+ * x (batch,C,S,S) gets its image, mirrored left-right when flip and dataset_sample_flipped(seed,
+ * k); labels (batch) (may be NULL) its label or -1. No allocation. */
+enum dataset_status dataset_batch(struct dataset_order *o, int64_t step, int batch, int flip,
+                                  float *x, int *labels);
+
+/* ---- prefetching ---- */
+
+/* Start a thread that computes the batches of steps start_step, start_step+1, ... ahead of use
+ * into a ring of depth slots (depth <= 0 means 2; at most 8). All memory is allocated here. ds
+ * must outlive the loader and not change (no dataset_split) while it runs. */
+enum dataset_status dataset_loader_init(struct dataset_loader **out, const struct dataset *ds,
+                                        uint64_t seed, int batch, int flip, int64_t start_step,
+                                        int depth, char *err, size_t errlen);
+/* Copy the batch of step into x (batch,C,S,S) and labels (batch) (may be NULL): exactly what
+ * dataset_batch gives for that step. Steps are expected in sequence from start_step; any other
+ * step (a resume, a retry) drops the prefetched batches and restarts the ring there, so it is
+ * correct, only slower once. One consumer thread. */
+enum dataset_status dataset_loader_next(struct dataset_loader *l, int64_t step, float *x,
+                                        int *labels);
+/* Stop and join the thread, free everything. NULL-safe. */
+void dataset_loader_free(struct dataset_loader *l);
+
+#endif

@@ -1,0 +1,74 @@
+/* image.h - PNG in and out for datasets and sample grids (libpng): decode any PNG into float
+ * planes, convert channels, resize (area down, bilinear up) + centre-crop to a square in [-1, 1],
+ * and write 8-bit grey/RGB PNGs and image grids atomically (temp file, fsync, rename).
+ */
+#ifndef DDPMD_IMAGE_H
+#define DDPMD_IMAGE_H
+
+#include <stddef.h>
+
+/* Every fallible function returns one of these; 0 = ok. */
+enum image_status {
+    IMAGE_OK = 0,
+    IMAGE_ERR_IO,     /* open/read/write/fsync/rename failed (errno text in err) */
+    IMAGE_ERR_FORMAT, /* not a PNG, truncated, corrupt, or larger than IMAGE_MAX_PIXELS */
+    IMAGE_ERR_NOMEM,  /* allocation failed */
+    IMAGE_ERR_ARG,    /* invalid argument (NULL, channel count, size) */
+};
+
+/* Decoding limits: a corrupt or hostile header must not make us allocate gigabytes. */
+#define IMAGE_MAX_SIDE 16384
+#define IMAGE_MAX_PIXELS ((long)1 << 25)
+
+/* A decoded image: c planes of h x w floats, data laid out (C,H,W). Decoded values are
+ * v / (2^depth - 1) in [0, 1], computed as (float)v / 255.0f or (float)v / 65535.0f, where depth
+ * is 8 for 1/2/4/8-bit files (sub-byte grey is bit-replicated to 8 bits: 2-bit 2 -> 170) and
+ * palettes, and 16 for 16-bit files. No gamma or colour-profile correction is applied. */
+struct image {
+    int c; /* 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA */
+    int h, w;
+    float *data; /* (C,H,W), malloc'd; free with image_free */
+};
+
+/* A short constant description of a status ("ok", "I/O error", ...). */
+const char *image_status_name(enum image_status status);
+
+/* Decode the PNG at path into *out in the file's own channel layout: grey -> 1, grey+alpha -> 2,
+ * RGB -> 3, RGBA -> 4; a palette becomes RGB (RGBA when it has a tRNS chunk); grey or RGB with a
+ * tRNS colour key gains an alpha channel (0 where the key matches, else 1). Interlaced files are
+ * de-interlaced. Any libpng error (bad signature, CRC, truncation, zlib data) gives
+ * IMAGE_ERR_FORMAT and a message naming the file; *out is then {0}. */
+enum image_status image_load_png(const char *path, struct image *out, char *err, size_t errlen);
+
+/* Convert img in place to channels (1 or 3). Alpha is composited on black (colour * alpha), so a
+ * transparent pixel becomes the background value -1 after scaling to [-1, 1], the same value that
+ * pads Fashion-MNIST; one channel is the Rec. 601 luminance 0.299 R + 0.587 G + 0.114 B; grey to
+ * three channels replicates the grey. A no-op when img already has that many channels. */
+enum image_status image_to_channels(struct image *img, int channels);
+
+/* Scale img so its SHORTER side is size (the longer side becomes round(long * size / short)),
+ * then centre-crop the longer side to size (offset floor((long' - size) / 2)), writing
+ * dst (C, size, size) = 2 * value - 1, i.e. [0, 1] -> [-1, 1]. Each axis is resampled on its
+ * own: an area (box) average when it shrinks (output pixel j averages input span
+ * [j * in/out, (j+1) * in/out) with fractional edge weights), bilinear with align_corners=false
+ * when it grows (source x = (j + 0.5) * in/out - 0.5, clamped to [0, in - 1], as PyTorch), a
+ * copy when unchanged. size in 1..IMAGE_MAX_SIDE. */
+enum image_status image_resize_square(float *dst, const struct image *img, int size);
+
+void image_free(struct image *img);
+
+/* Write chw (C,H,W) (c = 1 grey or 3 RGB) as an 8-bit PNG: each value is clamped to [-1, 1]
+ * (NaN -> -1) and stored as floor((x + 1) * 127.5 + 0.5). The file is written to a unique
+ * "<path>.tmp.XXXXXX" in path's directory, fsynced and renamed over path, then the directory is
+ * fsynced; on failure before the rename the temp file is removed and path is untouched. */
+enum image_status image_save_png(const char *path, const float *chw, int c, int h, int w,
+                                 char *err, size_t errlen);
+
+/* Tile n images nchw (N,C,H,W) row-major into a grid of min(cols, n) columns and
+ * ceil(n / columns) rows, with pad pixels of value -1 BETWEEN neighbouring tiles (none around the
+ * border): width = cols*w + (cols-1)*pad, height = rows*h + (rows-1)*pad. Cells past n are -1.
+ * Saved with image_save_png. */
+enum image_status image_save_grid_png(const char *path, const float *nchw, int n, int c, int h,
+                                      int w, int cols, int pad, char *err, size_t errlen);
+
+#endif
