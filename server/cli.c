@@ -1,15 +1,26 @@
 /* cli.c - ddpmd's subcommands: `plan` (the bytes a training job needs, before a byte is
  * allocated) and `demo` (a short training run on generated images that prints the loss).
  */
+#define _DEFAULT_SOURCE /* sigaction's SA_RESETHAND is not in plain POSIX.1-2008 C11 headers */
 #include "cli.h"
 
+#include <inttypes.h>
 #include <math.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "checkpoint.h"
 #include "ddpm.h"
+#include "image.h"
+#include "sample.h"
+#include "sampler.h"
+#include "spec.h"
+#include "train.h"
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
@@ -31,6 +42,13 @@ static void usage(FILE *f)
             "usage: ddpmd COMMAND [options]\n"
             "\n"
             "commands:\n"
+            "  train SPEC.json [--out DIR] [--resume]\n"
+            "         train the model a spec describes; checkpoints, sample grids, loss.csv and\n"
+            "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first\n"
+            "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
+            "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
+            "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
+            "         generate images (EMA weights unless --raw) into a grid PNG\n"
             "  plan   print the memory plan of one training step (bytes of each part)\n"
             "  demo   train a small model for a few steps on generated images, print the loss\n"
             "\n"
@@ -297,12 +315,200 @@ out:
     return rc;
 }
 
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    const char *spec_path = NULL, *out = NULL;
+    int resume = 0;
+    char def_out[1100];
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
+            out = argv[++i];
+        else if (strcmp(argv[i], "--resume") == 0)
+            resume = 1;
+        else if (argv[i][0] != '-' && !spec_path)
+            spec_path = argv[i];
+        else {
+            fprintf(stderr, "ddpmd train: unknown option '%s' (see ddpmd --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!spec_path) {
+        fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume]\n");
+        return 2;
+    }
+    struct train_spec spec;
+    struct spec_errors errs;
+    if (spec_load_file(spec_path, &spec, &errs)) {
+        fprintf(stderr, "ddpmd: %s is not a valid spec:\n", spec_path);
+        spec_errors_print(&errs, "  ");
+        return 2;
+    }
+    if (!out) {
+        const char *base = strrchr(spec_path, '/');
+        base = base ? base + 1 : spec_path;
+        snprintf(def_out, sizeof def_out, "out/%.*s", (int)strcspn(base, "."), base);
+        mkdir("out", 0755);
+        out = def_out;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C kills at once */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    struct train_opts o = {.out_dir = out, .resume = resume, .progress = isatty(1),
+                           .stop = &stop_flag};
+    char err[512];
+    int rc = train_run(&spec, &o, err, sizeof err);
+    if (rc == TRAIN_FAILED) {
+        fprintf(stderr, "ddpmd: training failed: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
+                    "%s/loss.csv and loss.png\n",
+            rc == TRAIN_STOPPED ? "stopped (resume with --resume)" : "done", out, out, out);
+    return rc == TRAIN_STOPPED ? 130 : 0;
+}
+
+static void sample_progress(int done, int total, void *ctx)
+{
+    (void)ctx;
+    if (isatty(2)) {
+        fprintf(stderr, "\rsampling %d/%d", done, total);
+        if (done == total) fprintf(stderr, "\n");
+    }
+}
+
+static int cmd_sample(int argc, char **argv)
+{
+    const char *ckpt = NULL, *out = "samples.png", *each = NULL;
+    int n = 64, batch = 16, raw = 0, threads = 2;
+    uint64_t seed = 1;
+    struct sampler_config sc;
+    sampler_config_default(&sc);
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (strcmp(a, name) == 0 && v && (i++, 1))
+        if (OPT("--n"))
+            n = atoi(v);
+        else if (OPT("--steps"))
+            sc.steps = atoi(v);
+        else if (OPT("--sampler")) {
+            if (sampler_kind_parse(v, &sc.kind)) goto bad;
+        } else if (OPT("--eta"))
+            sc.eta = strtof(v, NULL);
+        else if (OPT("--spacing")) {
+            if (sampler_spacing_parse(v, &sc.spacing)) goto bad;
+        } else if (OPT("--variance")) {
+            if (sampler_variance_parse(v, &sc.variance)) goto bad;
+        } else if (strcmp(a, "--no-clip") == 0)
+            sc.clip_x0 = 0;
+        else if (strcmp(a, "--raw") == 0)
+            raw = 1;
+        else if (OPT("--seed"))
+            seed = strtoull(v, NULL, 10);
+        else if (OPT("--batch"))
+            batch = atoi(v);
+        else if (OPT("--threads"))
+            threads = atoi(v);
+        else if (OPT("--out"))
+            out = v;
+        else if (OPT("--each"))
+            each = v;
+        else if (a[0] != '-' && !ckpt)
+            ckpt = a;
+        else {
+        bad:
+            fprintf(stderr, "ddpmd sample: bad option '%s'%s%s (see ddpmd --help)\n", a,
+                    v ? " " : "", v ? v : "");
+            return 2;
+        }
+#undef OPT
+    }
+    if (!ckpt || n < 1 || batch < 1 || threads < 1) {
+        fprintf(stderr, "usage: ddpmd sample CHECKPOINT [--n 64] [--steps 50] ...\n");
+        return 2;
+    }
+    char err[512];
+    struct safetensors *st = NULL;
+    struct train_spec spec;
+    int64_t step = 0;
+    if (checkpoint_open(&st, ckpt, &spec, &step, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s\n", err);
+        return 1;
+    }
+    sc.prediction = spec.prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
+    struct ddpm_schedule sch;
+    struct sample_job sj;
+    int rc = 1;
+    if (batch > n) batch = n;
+    size_t per = (size_t)spec.model.out_channels * spec.model.image_size * spec.model.image_size;
+    float *img = malloc((size_t)n * per * sizeof *img);
+    if (!img || ddpm_schedule_init(&sch, spec.timesteps, spec.beta_schedule, spec.beta_start,
+                                   spec.beta_end)) {
+        fprintf(stderr, "ddpmd: out of memory\n");
+        free(img);
+        safetensors_free(st);
+        return 1;
+    }
+    if (sample_job_init(&sj, &spec.model, batch, threads, err, sizeof err) ||
+        sample_job_load(&sj, st, !raw, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s\n", err);
+        goto out;
+    }
+    int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
+    fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
+            ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
+    double t0 = now_s();
+    if (sample_job_run(&sj, &sch, &sc, seed, n, img, sample_progress, NULL)) {
+        fprintf(stderr, "ddpmd: sampling failed\n");
+        goto out;
+    }
+    int cols = (int)ceil(sqrt((double)n));
+    if (image_save_grid_png(out, img, n, spec.model.out_channels, spec.model.image_size,
+                            spec.model.image_size, cols, 2, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s\n", err);
+        goto out;
+    }
+    if (each) {
+        mkdir(each, 0755);
+        for (int i = 0; i < n; i++) {
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%04d.png", each, i);
+            if (image_save_png(p, img + (size_t)i * per, spec.model.out_channels,
+                               spec.model.image_size, spec.model.image_size, err, sizeof err)) {
+                fprintf(stderr, "ddpmd: %s\n", err);
+                goto out;
+            }
+        }
+    }
+    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", out, each ? " and " : "", each ? each : "",
+            now_s() - t0);
+    rc = 0;
+out:
+    sample_job_free(&sj);
+    ddpm_schedule_free(&sch);
+    safetensors_free(st);
+    free(img);
+    return rc;
+}
+
 int cli_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (strcmp(argv[1], "train") == 0) return cmd_train(argc, argv);
+    if (strcmp(argv[1], "sample") == 0) return cmd_sample(argc, argv);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc, argv);
     fprintf(stderr, "ddpmd: unknown command '%s' (see ddpmd --help)\n", argv[1]);

@@ -42,7 +42,7 @@ struct dataset_report {
     int skipped; /* unreadable: found - loaded */
     /* the first min(skipped, DATASET_REPORT_NAMES) skipped files, relative to the folder */
     char skipped_names[DATASET_REPORT_NAMES][DATASET_REPORT_NAME_LEN];
-    char first_reason[DATASET_REPORT_NAME_LEN]; /* why the first one was skipped */
+    char first_reason[512]; /* why the first one was skipped (names the file) */
 };
 
 /* Called once per skipped file with a line "skipped '<path>': <reason>"; ctx is passed back. */
@@ -61,11 +61,11 @@ const char *dataset_status_name(enum dataset_status status);
  * dir and in its immediate subdirectories, in strcmp order of the path relative to dir (so
  * "a/x.png" < "b.png" < "b/y.png"), each converted to channels (1 or 3, see image_to_channels),
  * resized and centre-cropped to size x size (image_resize_square). Files that cannot be decoded are
- * skipped, counted in *report (may be NULL) and passed to log (may be NULL). No labels.
+ * skipped, counted in *report (may be NULL) and passed to log_cb (may be NULL). No labels.
  * DATASET_ERR_EMPTY, with a message naming dir and the first failure, when nothing loads. */
 enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
                                         int size, struct dataset_report *report,
-                                        dataset_log_fn log, void *log_ctx, char *err,
+                                        dataset_log_fn log_cb, void *log_ctx, char *err,
                                         size_t errlen);
 
 /* Load a Fashion-MNIST split from dir (DATASET_FMNIST_DIR for the Debian package): the IDX files

@@ -1,0 +1,38 @@
+/* checkpoint.h - training checkpoints as safetensors: weights under their parameter names, EMA
+ * weights under "ema.", AdamW moments under "adam_m." / "adam_v.", and in __metadata__ the spec,
+ * the step, the thread count and the format version. Written atomically (temp, fsync, rename,
+ * fsync of the folder); loading checks every tensor's presence, dtype and shape.
+ */
+#ifndef DDPMD_CHECKPOINT_H
+#define DDPMD_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exec.h"
+#include "graph.h"
+#include "safetensors.h"
+#include "spec.h"
+
+#define CHECKPOINT_FORMAT "ddpmd-checkpoint"
+#define CHECKPOINT_VERSION "1"
+
+/* the EMA/optimizer parts saved with the weights */
+enum checkpoint_parts { CHECKPOINT_WEIGHTS = 1, CHECKPOINT_EMA = 2, CHECKPOINT_OPTIM = 4,
+                        CHECKPOINT_ALL = 7 };
+
+int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
+                    const struct train_spec *spec, int64_t step, char *err, size_t errlen);
+
+/* opens and validates a checkpoint; spec and step from its metadata (either may be NULL) */
+int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
+                    int64_t *step, char *err, size_t errlen);
+
+/* uploads the checkpoint's parts into e. Every graph parameter must be present with its shape;
+ * `parts` selects weights / EMA / AdamW moments. from_ema loads the EMA weights as the weights
+ * (sampling). A checkpoint without EMA or moments (an imported state_dict) is an error only when
+ * those parts are asked for. */
+int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct graph *g,
+                     int parts, int from_ema, char *err, size_t errlen);
+
+#endif

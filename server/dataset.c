@@ -1,0 +1,948 @@
+/* dataset.c - PNG-folder and Fashion-MNIST datasets in memory, the seeded train/validation split,
+ * the Philox-driven per-epoch order and batches, and the pthread prefetcher (a ring of ready
+ * batches, reset on a step jump, so it always hands out what dataset_batch would).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "dataset.h"
+
+#include "image.h"
+#include "philox.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#define DATASET_MAX_SIZE 4096
+#define DATASET_MAX_LOADER_DEPTH 8
+/* more images than this in one IDX file is a corrupt header, not a dataset */
+#define DATASET_IDX_MAX_COUNT 10000000u
+#define FMNIST_SIDE 28
+
+struct dataset {
+    int n, c, s;
+    float *x;        /* (N,C,S,S) in [-1, 1] */
+    uint8_t *labels; /* (N) or NULL */
+    int *train;      /* (ntrain) image indices, ascending */
+    int ntrain;
+    int *val; /* (nval) image indices, ascending; NULL before any dataset_split */
+    int nval;
+};
+
+struct dataset_order {
+    const struct dataset *ds;
+    uint64_t seed;
+    int64_t epoch; /* whose permutation perm holds; -1: none yet */
+    int *perm;     /* (ntrain) */
+};
+
+struct dataset_loader {
+    const struct dataset *ds;
+    struct dataset_order *order; /* the worker's own */
+    int batch, flip, depth;
+    size_t xlen;  /* floats per batch: batch*C*S*S */
+    float *xbuf;  /* (depth, batch, C, S, S) */
+    int *lbuf;    /* (depth, batch) */
+    int64_t slot_step[DATASET_MAX_LOADER_DEPTH];
+    enum dataset_status slot_rc[DATASET_MAX_LOADER_DEPTH];
+    /* guarded by mu: the ring holds count ready batches from head on; the worker fills slot
+     * (head + count) % depth outside the lock and commits it only if gen is unchanged */
+    pthread_mutex_t mu;
+    pthread_cond_t ready, space;
+    int head, count, stop;
+    int64_t next_step; /* the step the worker fills next */
+    int64_t expect;    /* the step the consumer should ask for next */
+    uint64_t gen;      /* bumped by a reset: in-flight work of an older gen is dropped */
+    pthread_t thread;
+    int have_mu, have_ready, have_space, have_thread;
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || !errlen) return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+const char *dataset_status_name(enum dataset_status status)
+{
+    switch (status) {
+    case DATASET_OK: return "ok";
+    case DATASET_ERR_IO: return "I/O error";
+    case DATASET_ERR_FORMAT: return "bad dataset file";
+    case DATASET_ERR_EMPTY: return "no usable image";
+    case DATASET_ERR_NOMEM: return "out of memory";
+    case DATASET_ERR_ARG: return "invalid argument";
+    case DATASET_ERR_THREAD: return "cannot start thread";
+    }
+    return "unknown status";
+}
+
+void dataset_free(struct dataset *ds)
+{
+    if (!ds) return;
+    free(ds->x);
+    free(ds->labels);
+    free(ds->train);
+    free(ds->val);
+    free(ds);
+}
+
+/* A dataset of n images with room for them, every image training (no split yet). */
+static struct dataset *dataset_alloc(int n, int c, int s, int with_labels)
+{
+    struct dataset *ds = calloc(1, sizeof *ds);
+    size_t per = (size_t)c * s * s;
+    if (!ds) return NULL;
+    ds->n = n;
+    ds->c = c;
+    ds->s = s;
+    if ((size_t)n > SIZE_MAX / sizeof(float) / per) goto fail;
+    ds->x = malloc((size_t)n * per * sizeof *ds->x);
+    if (!ds->x) goto fail;
+    if (with_labels && !(ds->labels = malloc((size_t)n))) goto fail;
+    return ds;
+fail:
+    dataset_free(ds);
+    return NULL;
+}
+
+/* Finish a loaded dataset: every image trains. 0 ok, -1 out of memory. */
+static int dataset_train_all(struct dataset *ds)
+{
+    int i;
+    free(ds->train);
+    free(ds->val);
+    ds->val = NULL;
+    ds->nval = 0;
+    ds->train = malloc((size_t)ds->n * sizeof *ds->train);
+    if (!ds->train) {
+        ds->ntrain = 0;
+        return -1;
+    }
+    for (i = 0; i < ds->n; i++) ds->train[i] = i;
+    ds->ntrain = ds->n;
+    return 0;
+}
+
+int dataset_count(const struct dataset *ds) { return ds ? ds->n : 0; }
+int dataset_channels(const struct dataset *ds) { return ds ? ds->c : 0; }
+int dataset_size(const struct dataset *ds) { return ds ? ds->s : 0; }
+
+const float *dataset_image(const struct dataset *ds, int i)
+{
+    if (!ds || i < 0 || i >= ds->n) return NULL;
+    return ds->x + (size_t)i * ds->c * ds->s * ds->s;
+}
+
+int dataset_label(const struct dataset *ds, int i)
+{
+    if (!ds || !ds->labels || i < 0 || i >= ds->n) return -1;
+    return ds->labels[i];
+}
+
+/* ---- PNG folders ---- */
+
+struct name_list {
+    char **v;
+    size_t n, cap;
+};
+
+static void name_list_free(struct name_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int name_list_push(struct name_list *l, const char *s)
+{
+    size_t len = strlen(s);
+    char *d;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        char **v = realloc(l->v, cap * sizeof *v);
+        if (!v) return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    d = malloc(len + 1);
+    if (!d) return -1;
+    memcpy(d, s, len + 1);
+    l->v[l->n++] = d;
+    return 0;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int has_png_ext(const char *name)
+{
+    size_t n = strlen(name);
+    const char *e;
+    if (n < 5) return 0; /* at least one character before ".png" */
+    e = name + n - 4;
+    return e[0] == '.' && (e[1] == 'p' || e[1] == 'P') && (e[2] == 'n' || e[2] == 'N') &&
+           (e[3] == 'g' || e[3] == 'G');
+}
+
+/* malloc'd "a/b" (or a copy of b when a is NULL) */
+static char *path_join(const char *a, const char *b)
+{
+    size_t la = a ? strlen(a) : 0, lb = strlen(b);
+    char *p = malloc(la + lb + 2);
+    if (!p) return NULL;
+    if (a) {
+        memcpy(p, a, la);
+        p[la] = '/';
+        memcpy(p + la + 1, b, lb + 1);
+    } else {
+        memcpy(p, b, lb + 1);
+    }
+    return p;
+}
+
+/* Append the *.png paths (relative to root) under root/sub; recurse into subdirectories when
+ * sub is NULL. An unreadable subdirectory is logged and passed over; an unreadable root fails. */
+static enum dataset_status list_pngs(struct name_list *l, const char *root, const char *sub,
+                                     dataset_log_fn log_cb, void *log_ctx, char *err, size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_NOMEM;
+    char *dirpath = sub ? path_join(root, sub) : path_join(NULL, root);
+    char *rel = NULL, *full = NULL;
+    DIR *d = NULL;
+    struct dirent *de;
+
+    if (!dirpath) goto oom;
+    d = opendir(dirpath);
+    if (!d) {
+        char line[600];
+        snprintf(line, sizeof line, "cannot open directory '%s': %s", dirpath, strerror(errno));
+        if (!sub) {
+            set_err(err, errlen, "%s", line);
+            rc = DATASET_ERR_IO;
+            goto done;
+        }
+        if (log_cb) log_cb(log_ctx, line);
+        rc = DATASET_OK;
+        goto done;
+    }
+    for (;;) {
+        struct stat sb;
+        int st;
+        errno = 0;
+        de = readdir(d);
+        if (!de) {
+            if (errno) {
+                set_err(err, errlen, "cannot list directory '%s': %s", dirpath, strerror(errno));
+                rc = DATASET_ERR_IO;
+                goto done;
+            }
+            break;
+        }
+        if (de->d_name[0] == '.') continue;
+        rel = sub ? path_join(sub, de->d_name) : path_join(NULL, de->d_name);
+        full = path_join(root, rel ? rel : "");
+        if (!rel || !full) goto oom;
+        /* stat follows links; a broken link named *.png is listed and then skipped as
+         * unreadable; a FIFO or device is never opened (reading one could block forever) */
+        st = stat(full, &sb);
+        if (st == 0 && S_ISDIR(sb.st_mode)) {
+            enum dataset_status r = sub ? DATASET_OK
+                                        : list_pngs(l, root, rel, log_cb, log_ctx, err, errlen);
+            if (r != DATASET_OK) {
+                rc = r;
+                goto done;
+            }
+        } else if ((st != 0 || S_ISREG(sb.st_mode)) && has_png_ext(de->d_name)) {
+            if (name_list_push(l, rel)) goto oom;
+        }
+        free(rel);
+        free(full);
+        rel = full = NULL;
+    }
+    rc = DATASET_OK;
+    goto done;
+oom:
+    rc = DATASET_ERR_NOMEM;
+    set_err(err, errlen, "out of memory listing '%s'", root);
+done:
+    if (d) closedir(d);
+    free(dirpath);
+    free(rel);
+    free(full);
+    return rc;
+}
+
+/* strncpy that always terminates (and keeps -Wformat-truncation quiet about intended cuts) */
+static void copy_trunc(char *dst, size_t n, const char *src)
+{
+    size_t len = strlen(src);
+    if (len >= n) len = n - 1;
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+}
+
+static int check_shape(int channels, int size)
+{
+    return (channels == 1 || channels == 3) && size >= 1 && size <= DATASET_MAX_SIZE;
+}
+
+enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
+                                        int size, struct dataset_report *report,
+                                        dataset_log_fn log_cb, void *log_ctx, char *err,
+                                        size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_ARG;
+    struct name_list names = {0};
+    struct dataset *ds = NULL;
+    struct dataset_report rep;
+    struct image img = {0};
+    char ierr[512], line[600];
+    size_t per, i;
+    int loaded = 0;
+
+    memset(&rep, 0, sizeof rep);
+    if (err && errlen) err[0] = '\0';
+    if (report) memset(report, 0, sizeof *report);
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (!dir || !*dir || !check_shape(channels, size)) {
+        set_err(err, errlen, "dataset_open_folder: bad argument (dir, channels=%d, size=%d)",
+                channels, size);
+        goto done;
+    }
+    rc = list_pngs(&names, dir, NULL, log_cb, log_ctx, err, errlen);
+    if (rc != DATASET_OK) goto done;
+    if (names.n > (size_t)INT32_MAX) {
+        rc = DATASET_ERR_ARG;
+        set_err(err, errlen, "'%s' holds too many files", dir);
+        goto done;
+    }
+    rep.found = (int)names.n;
+    if (names.n == 0) {
+        rc = DATASET_ERR_EMPTY;
+        set_err(err, errlen, "no .png files in '%s' (or its subdirectories)", dir);
+        goto done;
+    }
+    /* file names compare as bytes, independent of readdir order and locale */
+    qsort(names.v, names.n, sizeof *names.v, name_cmp);
+
+    rc = DATASET_ERR_NOMEM;
+    ds = dataset_alloc((int)names.n, channels, size, 0);
+    if (!ds) {
+        set_err(err, errlen, "out of memory for %zu images of %dx%dx%d from '%s'", names.n,
+                channels, size, size, dir);
+        goto done;
+    }
+    per = (size_t)channels * size * size;
+    for (i = 0; i < names.n; i++) {
+        char *full = path_join(dir, names.v[i]);
+        enum image_status ir;
+        if (!full) {
+            set_err(err, errlen, "out of memory loading '%s'", dir);
+            goto done;
+        }
+        ir = image_load_png(full, &img, ierr, sizeof ierr);
+        if (ir == IMAGE_OK) {
+            ir = image_to_channels(&img, channels);
+            if (ir == IMAGE_OK) ir = image_resize_square(ds->x + (size_t)loaded * per, &img, size);
+            if (ir != IMAGE_OK) snprintf(ierr, sizeof ierr, "cannot convert '%s': %s", full,
+                                         image_status_name(ir));
+        }
+        free(full);
+        image_free(&img);
+        if (ir == IMAGE_ERR_NOMEM) {
+            set_err(err, errlen, "%s", ierr);
+            goto done;
+        }
+        if (ir == IMAGE_OK) {
+            loaded++;
+            continue;
+        }
+        if (rep.skipped < DATASET_REPORT_NAMES)
+            copy_trunc(rep.skipped_names[rep.skipped], DATASET_REPORT_NAME_LEN, names.v[i]);
+        if (rep.skipped == 0) copy_trunc(rep.first_reason, sizeof rep.first_reason, ierr);
+        rep.skipped++;
+        if (log_cb) {
+            snprintf(line, sizeof line, "skipped unreadable image: %s", ierr);
+            log_cb(log_ctx, line);
+        }
+    }
+    rep.loaded = loaded;
+    if (loaded == 0) {
+        rc = DATASET_ERR_EMPTY;
+        set_err(err, errlen,
+                "no usable image in '%s': all %d .png files are unreadable (first: %s)", dir,
+                rep.found, rep.first_reason);
+        goto done;
+    }
+    if (loaded < ds->n) {
+        float *x = realloc(ds->x, (size_t)loaded * per * sizeof *x);
+        if (x) ds->x = x; /* a failed shrink keeps the larger block, which is still right */
+        ds->n = loaded;
+    }
+    if (dataset_train_all(ds)) {
+        set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    *out = ds;
+    ds = NULL;
+    rc = DATASET_OK;
+done:
+    if (report) *report = rep;
+    image_free(&img);
+    name_list_free(&names);
+    dataset_free(ds);
+    return rc;
+}
+
+/* ---- Fashion-MNIST (IDX in gzip) ---- */
+
+struct idx_file {
+    gzFile gz;
+    char path[1024];
+};
+
+/* Open dir/base.gz, or dir/base when there is no .gz; zlib reads plain files transparently. */
+static enum dataset_status idx_open(struct idx_file *f, const char *dir, const char *base,
+                                    char *err, size_t errlen)
+{
+    struct stat sb;
+    snprintf(f->path, sizeof f->path, "%s/%s.gz", dir, base);
+    if (stat(f->path, &sb) != 0 && errno == ENOENT)
+        snprintf(f->path, sizeof f->path, "%s/%s", dir, base);
+    errno = 0;
+    f->gz = gzopen(f->path, "rb");
+    if (!f->gz) {
+        set_err(err, errlen, "cannot open '%s': %s", f->path,
+                errno ? strerror(errno) : "out of memory");
+        return errno ? DATASET_ERR_IO : DATASET_ERR_NOMEM;
+    }
+    return DATASET_OK;
+}
+
+/* Read exactly n bytes. 0 ok; else -1 with a message: truncated, corrupt gzip, or I/O. */
+static int idx_read(struct idx_file *f, void *buf, size_t n, const char *what, char *err,
+                    size_t errlen)
+{
+    unsigned char *p = buf;
+    size_t done = 0;
+    while (done < n) {
+        size_t want = n - done > (1u << 30) ? (1u << 30) : n - done;
+        int got = gzread(f->gz, p + done, (unsigned)want);
+        if (got <= 0) {
+            int zerr = Z_OK;
+            const char *zmsg = gzerror(f->gz, &zerr);
+            if (got < 0 || (zerr != Z_OK && zerr != Z_BUF_ERROR))
+                set_err(err, errlen, "cannot read %s of '%s': %s", what, f->path,
+                        zerr == Z_ERRNO ? strerror(errno) : zmsg);
+            else
+                set_err(err, errlen, "'%s' is truncated: %s ends after %zu of %zu bytes",
+                        f->path, what, done, n);
+            return -1;
+        }
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Read the IDX header: magic, then ndims big-endian u32 dimensions into dims. */
+static enum dataset_status idx_header(struct idx_file *f, uint32_t magic, int ndims,
+                                      uint32_t *dims, char *err, size_t errlen)
+{
+    unsigned char h[16];
+    uint32_t m;
+    int i;
+    if (idx_read(f, h, 4 + 4 * (size_t)ndims, "the header", err, errlen)) return DATASET_ERR_FORMAT;
+    m = be32(h);
+    if (m != magic) {
+        set_err(err, errlen, "'%s' has IDX magic %u, expected %u (%s)", f->path, m, magic,
+                magic == 2051 ? "unsigned bytes, 3 dimensions" : "unsigned bytes, 1 dimension");
+        return DATASET_ERR_FORMAT;
+    }
+    for (i = 0; i < ndims; i++) dims[i] = be32(h + 4 + 4 * i);
+    if (dims[0] == 0 || dims[0] > DATASET_IDX_MAX_COUNT) {
+        set_err(err, errlen, "'%s' declares %u items (expected 1..%u)", f->path, dims[0],
+                DATASET_IDX_MAX_COUNT);
+        return DATASET_ERR_FORMAT;
+    }
+    return DATASET_OK;
+}
+
+/* The header's count must be all there is. */
+static enum dataset_status idx_expect_end(struct idx_file *f, char *err, size_t errlen)
+{
+    unsigned char b;
+    int got = gzread(f->gz, &b, 1);
+    if (got > 0) {
+        set_err(err, errlen, "'%s' has bytes past the items its header declares", f->path);
+        return DATASET_ERR_FORMAT;
+    }
+    if (got < 0) {
+        int zerr;
+        set_err(err, errlen, "cannot read '%s': %s", f->path, gzerror(f->gz, &zerr));
+        return DATASET_ERR_FORMAT;
+    }
+    return DATASET_OK;
+}
+
+enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
+                                        enum dataset_fmnist_split split, int channels, int size,
+                                        enum dataset_fit fit, char *err, size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_ARG;
+    struct idx_file fi, fl;
+    struct dataset *ds = NULL;
+    const char *prefix;
+    char base[64];
+    uint32_t idims[3], ldims[1], n, i;
+    unsigned char px[FMNIST_SIDE * FMNIST_SIDE];
+    float grey[FMNIST_SIDE * FMNIST_SIDE];
+    size_t plane, per;
+    int ch;
+
+    memset(&fi, 0, sizeof fi);
+    memset(&fl, 0, sizeof fl);
+    if (err && errlen) err[0] = '\0';
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (!dir || !check_shape(channels, size) ||
+        (split != DATASET_FMNIST_TRAIN && split != DATASET_FMNIST_TEST) ||
+        (fit != DATASET_FIT_PAD && fit != DATASET_FIT_RESIZE) ||
+        (fit == DATASET_FIT_PAD && size < FMNIST_SIDE)) {
+        set_err(err, errlen,
+                "dataset_open_fmnist: bad argument (channels=%d, size=%d, fit=%d; padding needs "
+                "size >= 28)",
+                channels, size, (int)fit);
+        goto done;
+    }
+    prefix = split == DATASET_FMNIST_TRAIN ? "train" : "t10k";
+
+    snprintf(base, sizeof base, "%s-images-idx3-ubyte", prefix);
+    if ((rc = idx_open(&fi, dir, base, err, errlen)) != DATASET_OK) goto done;
+    snprintf(base, sizeof base, "%s-labels-idx1-ubyte", prefix);
+    if ((rc = idx_open(&fl, dir, base, err, errlen)) != DATASET_OK) goto done;
+    if ((rc = idx_header(&fi, 2051, 3, idims, err, errlen)) != DATASET_OK) goto done;
+    if ((rc = idx_header(&fl, 2049, 1, ldims, err, errlen)) != DATASET_OK) goto done;
+    rc = DATASET_ERR_FORMAT;
+    if (idims[1] != FMNIST_SIDE || idims[2] != FMNIST_SIDE) {
+        set_err(err, errlen, "'%s' holds %ux%u images, expected 28x28", fi.path, idims[1],
+                idims[2]);
+        goto done;
+    }
+    if (idims[0] != ldims[0]) {
+        set_err(err, errlen, "'%s' holds %u images but '%s' %u labels", fi.path, idims[0],
+                fl.path, ldims[0]);
+        goto done;
+    }
+    n = idims[0];
+
+    rc = DATASET_ERR_NOMEM;
+    ds = dataset_alloc((int)n, channels, size, 1);
+    if (!ds) {
+        set_err(err, errlen, "out of memory for %u images of %dx%dx%d", n, channels, size, size);
+        goto done;
+    }
+    rc = DATASET_ERR_FORMAT;
+    if (idx_read(&fl, ds->labels, n, "the labels", err, errlen)) goto done;
+    for (i = 0; i < n; i++) {
+        if (ds->labels[i] > 9) {
+            set_err(err, errlen, "'%s': label %u of item %u is not a class 0..9", fl.path,
+                    ds->labels[i], i);
+            goto done;
+        }
+    }
+    if ((rc = idx_expect_end(&fl, err, errlen)) != DATASET_OK) goto done;
+
+    plane = (size_t)size * size;
+    per = (size_t)channels * plane;
+    for (i = 0; i < n; i++) {
+        float *dst = ds->x + (size_t)i * per;
+        rc = DATASET_ERR_FORMAT;
+        if (idx_read(&fi, px, sizeof px, "the images", err, errlen)) goto done;
+        /* the same arithmetic as a PNG through image_load_png + image_resize_square */
+        for (int k = 0; k < FMNIST_SIDE * FMNIST_SIDE; k++) grey[k] = (float)px[k] / 255.0f;
+        if (fit == DATASET_FIT_PAD) {
+            int off = (size - FMNIST_SIDE) / 2;
+            for (size_t k = 0; k < plane; k++) dst[k] = -1.0f;
+            for (int y = 0; y < FMNIST_SIDE; y++)
+                for (int x = 0; x < FMNIST_SIDE; x++)
+                    dst[(size_t)(y + off) * size + x + off] =
+                        (float)(2.0 * grey[y * FMNIST_SIDE + x] - 1.0);
+        } else {
+            struct image im = {1, FMNIST_SIDE, FMNIST_SIDE, grey};
+            enum image_status ir = image_resize_square(dst, &im, size);
+            if (ir != IMAGE_OK) {
+                rc = ir == IMAGE_ERR_NOMEM ? DATASET_ERR_NOMEM : DATASET_ERR_ARG;
+                set_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
+                        image_status_name(ir));
+                goto done;
+            }
+        }
+        for (ch = 1; ch < channels; ch++) memcpy(dst + ch * plane, dst, plane * sizeof *dst);
+    }
+    if ((rc = idx_expect_end(&fi, err, errlen)) != DATASET_OK) goto done;
+    rc = DATASET_ERR_NOMEM;
+    if (dataset_train_all(ds)) {
+        set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    *out = ds;
+    ds = NULL;
+    rc = DATASET_OK;
+done:
+    if (fi.gz) gzclose(fi.gz);
+    if (fl.gz) gzclose(fl.gz);
+    dataset_free(ds);
+    return rc;
+}
+
+/* ---- split and order ---- */
+
+/* perm = Fisher-Yates permutation of 0..n-1 from philox (seed, SHUFFLE, step, 0, op, i). */
+static void shuffle_perm(int *perm, int n, uint64_t seed, uint64_t step, uint32_t op)
+{
+    int i;
+    for (i = 0; i < n; i++) perm[i] = i;
+    for (i = n - 1; i > 0; i--) {
+        uint32_t u = philox_u32_at(seed, PHILOX_TAG_SHUFFLE, step, 0, op, (uint32_t)i);
+        int j = (int)(((uint64_t)u * (uint64_t)(i + 1)) >> 32);
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+enum dataset_status dataset_split(struct dataset *ds, int val_count, uint64_t seed, char *err,
+                                  size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_ARG;
+    int *perm = NULL, *train = NULL, *val = NULL;
+    unsigned char *is_val = NULL;
+    int i, nt = 0, nv = 0;
+
+    if (err && errlen) err[0] = '\0';
+    if (!ds || val_count < 0 || val_count >= ds->n) {
+        set_err(err, errlen, "cannot hold out %d of %d images (at least one must train)",
+                val_count, ds ? ds->n : 0);
+        goto done;
+    }
+    rc = DATASET_ERR_NOMEM;
+    perm = malloc((size_t)ds->n * sizeof *perm);
+    is_val = calloc((size_t)ds->n, 1);
+    train = malloc((size_t)(ds->n - val_count) * sizeof *train);
+    val = malloc((size_t)(val_count ? val_count : 1) * sizeof *val);
+    if (!perm || !is_val || !train || !val) {
+        set_err(err, errlen, "out of memory splitting %d images", ds->n);
+        goto done;
+    }
+    shuffle_perm(perm, ds->n, seed, 0, 1);
+    for (i = 0; i < val_count; i++) is_val[perm[i]] = 1;
+    for (i = 0; i < ds->n; i++) {
+        if (is_val[i]) val[nv++] = i;
+        else train[nt++] = i;
+    }
+    free(ds->train);
+    free(ds->val);
+    ds->train = train;
+    ds->ntrain = nt;
+    ds->val = val;
+    ds->nval = nv;
+    train = val = NULL;
+    rc = DATASET_OK;
+done:
+    free(perm);
+    free(is_val);
+    free(train);
+    free(val);
+    return rc;
+}
+
+enum dataset_status dataset_split_fraction(struct dataset *ds, double fraction, uint64_t seed,
+                                           char *err, size_t errlen)
+{
+    double v;
+    if (!ds || !(fraction >= 0.0 && fraction < 1.0)) {
+        set_err(err, errlen, "validation fraction %g is not in [0, 1)", fraction);
+        return DATASET_ERR_ARG;
+    }
+    v = fraction * ds->n + 0.5;
+    if (v > ds->n - 1) v = ds->n - 1;
+    return dataset_split(ds, (int)v, seed, err, errlen);
+}
+
+int dataset_train_count(const struct dataset *ds) { return ds ? ds->ntrain : 0; }
+int dataset_val_count(const struct dataset *ds) { return ds ? ds->nval : 0; }
+
+int dataset_train_index(const struct dataset *ds, int j)
+{
+    return ds && j >= 0 && j < ds->ntrain ? ds->train[j] : -1;
+}
+
+int dataset_val_index(const struct dataset *ds, int j)
+{
+    return ds && j >= 0 && j < ds->nval ? ds->val[j] : -1;
+}
+
+enum dataset_status dataset_val_batch(const struct dataset *ds, int first, int count, float *x,
+                                      int *labels)
+{
+    size_t per;
+    int i;
+    if (!ds || !x || first < 0 || count < 0 || count > ds->nval - first) return DATASET_ERR_ARG;
+    per = (size_t)ds->c * ds->s * ds->s;
+    for (i = 0; i < count; i++) {
+        int idx = ds->val[first + i];
+        memcpy(x + (size_t)i * per, ds->x + (size_t)idx * per, per * sizeof *x);
+        if (labels) labels[i] = ds->labels ? ds->labels[idx] : -1;
+    }
+    return DATASET_OK;
+}
+
+enum dataset_status dataset_epoch_perm(int *perm, const struct dataset *ds, uint64_t seed,
+                                       int64_t epoch)
+{
+    if (!perm || !ds || epoch < 0) return DATASET_ERR_ARG;
+    shuffle_perm(perm, ds->ntrain, seed, (uint64_t)epoch, 0);
+    return DATASET_OK;
+}
+
+int dataset_sample_flipped(uint64_t seed, int64_t k)
+{
+    return philox_uniform_at(seed, PHILOX_TAG_FLIP, (uint64_t)k, 0, 0, 0) < 0.5f;
+}
+
+enum dataset_status dataset_order_init(struct dataset_order **out, const struct dataset *ds,
+                                       uint64_t seed)
+{
+    struct dataset_order *o;
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (!ds || ds->ntrain < 1) return DATASET_ERR_ARG;
+    o = calloc(1, sizeof *o);
+    if (!o) return DATASET_ERR_NOMEM;
+    o->perm = malloc((size_t)ds->ntrain * sizeof *o->perm);
+    if (!o->perm) {
+        free(o);
+        return DATASET_ERR_NOMEM;
+    }
+    o->ds = ds;
+    o->seed = seed;
+    o->epoch = -1;
+    *out = o;
+    return DATASET_OK;
+}
+
+void dataset_order_free(struct dataset_order *o)
+{
+    if (!o) return;
+    free(o->perm);
+    free(o);
+}
+
+int dataset_order_sample(struct dataset_order *o, int64_t k)
+{
+    int64_t t, e;
+    if (!o || k < 0) return -1;
+    t = o->ds->ntrain;
+    e = k / t;
+    if (e != o->epoch) {
+        shuffle_perm(o->perm, (int)t, o->seed, (uint64_t)e, 0);
+        o->epoch = e;
+    }
+    return o->ds->train[o->perm[k % t]];
+}
+
+enum dataset_status dataset_batch(struct dataset_order *o, int64_t step, int batch, int flip,
+                                  float *x, int *labels)
+{
+    const struct dataset *ds;
+    size_t per;
+    int i, c, y, xx, s;
+
+    if (!o || !x || batch < 1 || step < 0 || step > (INT64_MAX - batch) / batch)
+        return DATASET_ERR_ARG;
+    ds = o->ds;
+    s = ds->s;
+    per = (size_t)ds->c * s * s;
+    for (i = 0; i < batch; i++) {
+        int64_t k = step * batch + i;
+        int idx = dataset_order_sample(o, k);
+        const float *src = ds->x + (size_t)idx * per;
+        float *dst = x + (size_t)i * per;
+        if (flip && dataset_sample_flipped(o->seed, k)) {
+            for (c = 0; c < ds->c; c++)
+                for (y = 0; y < s; y++) {
+                    const float *sr = src + ((size_t)c * s + y) * s;
+                    float *dr = dst + ((size_t)c * s + y) * s;
+                    for (xx = 0; xx < s; xx++) dr[xx] = sr[s - 1 - xx];
+                }
+        } else {
+            memcpy(dst, src, per * sizeof *dst);
+        }
+        if (labels) labels[i] = ds->labels ? ds->labels[idx] : -1;
+    }
+    return DATASET_OK;
+}
+
+/* ---- prefetching loader ---- */
+
+static void *loader_main(void *arg)
+{
+    struct dataset_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        int slot;
+        int64_t s;
+        uint64_t g;
+        enum dataset_status rc;
+        while (!l->stop && l->count == l->depth) pthread_cond_wait(&l->space, &l->mu);
+        if (l->stop) break;
+        slot = (l->head + l->count) % l->depth;
+        s = l->next_step;
+        g = l->gen;
+        pthread_mutex_unlock(&l->mu);
+        /* the consumer reads only slots head .. head+count-1, never this one, until committed */
+        rc = dataset_batch(l->order, s, l->batch, l->flip, l->xbuf + (size_t)slot * l->xlen,
+                           l->lbuf + (size_t)slot * l->batch);
+        pthread_mutex_lock(&l->mu);
+        if (g == l->gen) {
+            l->slot_step[slot] = s;
+            l->slot_rc[slot] = rc;
+            l->count++;
+            l->next_step++;
+            pthread_cond_signal(&l->ready);
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+enum dataset_status dataset_loader_init(struct dataset_loader **out, const struct dataset *ds,
+                                        uint64_t seed, int batch, int flip, int64_t start_step,
+                                        int depth, char *err, size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_ARG;
+    struct dataset_loader *l = NULL;
+    size_t per;
+
+    if (err && errlen) err[0] = '\0';
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (depth <= 0) depth = 2;
+    if (!ds || ds->ntrain < 1 || batch < 1 || start_step < 0 || depth > DATASET_MAX_LOADER_DEPTH) {
+        set_err(err, errlen, "dataset_loader_init: bad argument (batch=%d, start=%lld, depth=%d)",
+                batch, (long long)start_step, depth);
+        goto done;
+    }
+    per = (size_t)ds->c * ds->s * ds->s;
+    rc = DATASET_ERR_NOMEM;
+    l = calloc(1, sizeof *l);
+    if (!l) goto oom;
+    l->ds = ds;
+    l->batch = batch;
+    l->flip = flip;
+    l->depth = depth;
+    l->xlen = (size_t)batch * per;
+    l->next_step = l->expect = start_step;
+    if (l->xlen > SIZE_MAX / sizeof(float) / (size_t)depth) goto oom;
+    l->xbuf = malloc((size_t)depth * l->xlen * sizeof *l->xbuf);
+    l->lbuf = malloc((size_t)depth * batch * sizeof *l->lbuf);
+    if (!l->xbuf || !l->lbuf) goto oom;
+    if ((rc = dataset_order_init(&l->order, ds, seed)) != DATASET_OK) goto oom;
+
+    rc = DATASET_ERR_THREAD;
+    if (pthread_mutex_init(&l->mu, NULL)) goto thread_fail;
+    l->have_mu = 1;
+    if (pthread_cond_init(&l->ready, NULL)) goto thread_fail;
+    l->have_ready = 1;
+    if (pthread_cond_init(&l->space, NULL)) goto thread_fail;
+    l->have_space = 1;
+    if (pthread_create(&l->thread, NULL, loader_main, l)) goto thread_fail;
+    l->have_thread = 1;
+    *out = l;
+    l = NULL;
+    rc = DATASET_OK;
+    goto done;
+oom:
+    rc = DATASET_ERR_NOMEM;
+    set_err(err, errlen, "out of memory for a prefetch ring of %d batches of %d", depth, batch);
+    goto done;
+thread_fail:
+    set_err(err, errlen, "cannot start the dataset prefetch thread");
+done:
+    dataset_loader_free(l);
+    return rc;
+}
+
+enum dataset_status dataset_loader_next(struct dataset_loader *l, int64_t step, float *x,
+                                        int *labels)
+{
+    enum dataset_status rc;
+    int slot;
+
+    if (!l || !x || step < 0) return DATASET_ERR_ARG;
+    pthread_mutex_lock(&l->mu);
+    if (step != l->expect) {
+        /* a jump: forget the ring; an in-flight batch of the old gen is dropped at commit */
+        l->gen++;
+        l->head = 0;
+        l->count = 0;
+        l->next_step = l->expect = step;
+        pthread_cond_signal(&l->space);
+    }
+    while (l->count == 0) pthread_cond_wait(&l->ready, &l->mu);
+    slot = l->head;
+    rc = l->slot_rc[slot];
+    pthread_mutex_unlock(&l->mu);
+
+    /* slot head is ours until we advance head: the worker fills only slots past the ready ones */
+    if (rc == DATASET_OK) {
+        memcpy(x, l->xbuf + (size_t)slot * l->xlen, l->xlen * sizeof *x);
+        if (labels)
+            memcpy(labels, l->lbuf + (size_t)slot * l->batch, (size_t)l->batch * sizeof *labels);
+    }
+
+    pthread_mutex_lock(&l->mu);
+    l->head = (l->head + 1) % l->depth;
+    l->count--;
+    l->expect++;
+    pthread_cond_signal(&l->space);
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+void dataset_loader_free(struct dataset_loader *l)
+{
+    if (!l) return;
+    if (l->have_thread) {
+        pthread_mutex_lock(&l->mu);
+        l->stop = 1;
+        pthread_cond_broadcast(&l->space);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->thread, NULL);
+    }
+    if (l->have_space) pthread_cond_destroy(&l->space);
+    if (l->have_ready) pthread_cond_destroy(&l->ready);
+    if (l->have_mu) pthread_mutex_destroy(&l->mu);
+    dataset_order_free(l->order);
+    free(l->xbuf);
+    free(l->lbuf);
+    free(l);
+}

@@ -1,0 +1,13 @@
+/* plot.h - the loss curve as a PNG (libpng through image.h): training loss per logged step in
+ * blue, validation loss in red, log-scale y axis with decade ticks.
+ */
+#ifndef DDPMD_PLOT_H
+#define DDPMD_PLOT_H
+
+#include <stdint.h>
+
+/* val may hold NaN where there is no validation value; returns 0 or -1 */
+int plot_loss_png(const char *path, const int64_t *step, const float *loss, const float *val,
+                  int n);
+
+#endif

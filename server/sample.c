@@ -1,0 +1,125 @@
+/* sample.c - the sampling loop over a forward-only graph. Noise is Philox(seed, SAMPLER,
+ * step, image, element), so the same seed gives the same images at any batch size. */
+#include "sample.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "philox.h"
+
+int sample_job_init(struct sample_job *j, const struct unet_config *model, int batch,
+                    int threads, char *err, size_t errlen)
+{
+    memset(j, 0, sizeof *j);
+    j->batch = batch;
+    j->model = *model;
+    graph_init(&j->g);
+    if (unet_build(&j->g, model, batch, &j->io)) {
+        snprintf(err, errlen, "cannot build the model: %s", j->g.err);
+        goto fail;
+    }
+    if (plan_make(&j->p, &j->g, backend_cpu(), NULL)) {
+        snprintf(err, errlen, "cannot plan the sampling graph");
+        goto fail;
+    }
+    struct exec_opts eo = {.threads = threads};
+    if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) {
+        snprintf(err, errlen, "cannot allocate %zu bytes for sampling", j->p.total_bytes);
+        goto fail;
+    }
+    return 0;
+fail:
+    sample_job_free(j);
+    return -1;
+}
+
+void sample_job_free(struct sample_job *j)
+{
+    exec_free(j->e);
+    plan_free(&j->p);
+    graph_free(&j->g);
+    memset(j, 0, sizeof *j);
+}
+
+int sample_job_copy_weights(struct sample_job *j, struct exec *train, const struct graph *tg,
+                            int from_ema)
+{
+    size_t maxn = 0;
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i].kind == TENSOR_PARAM && j->g.tensors[i].numel > maxn)
+            maxn = j->g.tensors[i].numel;
+    float *buf = malloc(maxn * sizeof *buf + 1);
+    int rc = buf ? 0 : -1;
+    for (int i = 0; i < j->g.n_tensors && !rc; i++) {
+        const struct tensor *t = &j->g.tensors[i];
+        if (t->kind != TENSOR_PARAM) continue;
+        int k = graph_find_param(tg, t->name);
+        rc = k < 0 ||
+             exec_download_part(train, from_ema ? EXEC_PART_EMA : EXEC_PART_WEIGHT, k, buf) ||
+             exec_upload(j->e, i, buf);
+    }
+    free(buf);
+    return rc ? -1 : 0;
+}
+
+int sample_job_load(struct sample_job *j, const struct safetensors *st, int from_ema, char *err,
+                    size_t errlen)
+{
+    return checkpoint_apply(st, j->e, &j->g, CHECKPOINT_WEIGHTS, from_ema, err, errlen);
+}
+
+int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
+                   const struct sampler_config *sc, uint64_t seed, int n, float *out,
+                   void (*progress)(int done, int total, void *ctx), void *ctx)
+{
+    int T = sch->T, rc = -1;
+    int *ts = malloc((size_t)T * sizeof *ts);
+    size_t per = j->g.tensors[j->io.x].numel / (size_t)j->batch;
+    size_t bytes = (size_t)j->batch * per * sizeof(float);
+    float *x = malloc(bytes), *eps = malloc(bytes), *noise = malloc(bytes), *xp = malloc(bytes);
+    float *tf = malloc((size_t)j->batch * sizeof *tf);
+    int nts = ts ? sampler_timesteps(sc, sch, ts, T) : -1;
+    if (!x || !eps || !noise || !xp || !tf || nts < 1) goto out;
+    int chunks = (n + j->batch - 1) / j->batch, done = 0, total = chunks * nts;
+    for (int c = 0; c < chunks; c++) {
+        int first = c * j->batch, m = n - first < j->batch ? n - first : j->batch;
+        /* x_T ~ N(0, I); rows past m (a partial last chunk) are computed and dropped */
+        for (int i = 0; i < j->batch; i++)
+            for (size_t e = 0; e < per; e++)
+                x[(size_t)i * per + e] = philox_normal(seed, PHILOX_TAG_SAMPLER, 0,
+                                                       (uint32_t)(first + i), 0, (uint32_t)e);
+        for (int k = 0; k < nts; k++) {
+            int t = ts[k], t_prev = k + 1 < nts ? ts[k + 1] : -1;
+            for (int i = 0; i < j->batch; i++) tf[i] = (float)t;
+            if (exec_upload(j->e, j->io.x, x) || exec_upload(j->e, j->io.t, tf) ||
+                exec_forward(j->e, NULL) || exec_download(j->e, j->io.out, eps))
+                goto out;
+            int need_noise = sampler_needs_noise(sc, t, t_prev);
+            if (need_noise)
+                for (int i = 0; i < j->batch; i++)
+                    for (size_t e = 0; e < per; e++)
+                        noise[(size_t)i * per + e] =
+                            philox_normal(seed, PHILOX_TAG_SAMPLER, (uint64_t)k + 1,
+                                          (uint32_t)(first + i), 0, (uint32_t)e);
+            sampler_step(sc, sch, t, t_prev, x, eps, need_noise ? noise : NULL, xp,
+                         (size_t)j->batch * per);
+            memcpy(x, xp, bytes);
+            if (progress) progress(++done, total, ctx);
+        }
+        for (size_t e = 0; e < (size_t)m * per; e++) {
+            float v = x[e];
+            out[(size_t)first * per + e] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+        }
+    }
+    rc = 0;
+out:
+    free(ts);
+    free(x);
+    free(eps);
+    free(noise);
+    free(xp);
+    free(tf);
+    return rc;
+}

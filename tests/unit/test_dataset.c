@@ -1,0 +1,1157 @@
+/* test_dataset.c - PNG decoding of every colour type and depth against known values, corrupt files,
+ * resize/crop/channel arithmetic, PNG and grid saving, IDX+gzip loading (synthetic and the real
+ * Fashion-MNIST test split when installed), the seeded split and order, flips, and the prefetcher.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "dataset.h"
+#include "image.h"
+#include "philox.h"
+#include "test_util.h"
+
+#include <dirent.h>
+#include <png.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char g_dir[64];
+
+static const char *in_dir(const char *name)
+{
+    static char buf[8][512];
+    static int k;
+    char *p = buf[k++ & 7];
+    snprintf(p, sizeof buf[0], "%s/%s", g_dir, name);
+    return p;
+}
+
+static int write_bytes(const char *path, const void *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    int ok;
+    if (!f) return 0;
+    ok = fwrite(b, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *b = NULL;
+    long sz;
+    *n = 0;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (sz = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        b = malloc((size_t)sz + 1);
+        if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+            free(b);
+            b = NULL;
+        }
+        *n = (size_t)sz;
+    }
+    fclose(f);
+    return b;
+}
+
+/* remove dir and everything up to two levels under it */
+static void rm_rf(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char p[1024];
+    struct stat sb;
+    if (!d) return;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode) && depth < 3) rm_rf(p, depth + 1);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int count_tmp_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    if (!d) return -1;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, ".tmp.")) n++;
+    closedir(d);
+    return n;
+}
+
+/* ---- writing test PNGs with libpng ---- */
+
+struct png_spec {
+    int w, h, depth, ctype, interlace;
+    const unsigned *samples; /* (H,W,channels) raw sample values (palette: indices) */
+    const png_color *pal;
+    int npal;
+    const png_byte *trns; /* palette alpha */
+    int ntrns;
+    const png_color_16 *key; /* grey/RGB tRNS colour key */
+};
+
+static int png_channels_of(int ctype)
+{
+    switch (ctype) {
+    case PNG_COLOR_TYPE_GRAY: return 1;
+    case PNG_COLOR_TYPE_GRAY_ALPHA: return 2;
+    case PNG_COLOR_TYPE_RGB: return 3;
+    case PNG_COLOR_TYPE_RGB_ALPHA: return 4;
+    default: return 1; /* palette index */
+    }
+}
+
+static void quiet_warn(png_structp p, png_const_charp m) { (void)p; (void)m; }
+
+/* Everything changed after setjmp lives behind the pointer (see image.c). */
+struct tw {
+    FILE *f;
+    png_structp png;
+    png_infop info;
+    unsigned char *buf;
+    png_bytep *rows;
+};
+
+/* rows of one sample per byte (two, big-endian, at depth 16) from s->samples */
+static void tw_fill(struct tw *t, const struct png_spec *s)
+{
+    int ch = png_channels_of(s->ctype), bps = s->depth == 16 ? 2 : 1;
+    for (int y = 0; y < s->h; y++) {
+        t->rows[y] = t->buf + (size_t)y * s->w * ch * bps;
+        for (int i = 0; i < s->w * ch; i++) {
+            unsigned v = s->samples[(size_t)y * s->w * ch + i];
+            if (bps == 2) {
+                t->rows[y][2 * i] = (unsigned char)(v >> 8);
+                t->rows[y][2 * i + 1] = (unsigned char)v;
+            } else {
+                t->rows[y][i] = (unsigned char)v;
+            }
+        }
+    }
+}
+
+static int tw_run(struct tw *t, const struct png_spec *s)
+{
+    if (setjmp(png_jmpbuf(t->png))) return 0;
+    png_init_io(t->png, t->f);
+    png_set_IHDR(t->png, t->info, (png_uint_32)s->w, (png_uint_32)s->h, s->depth, s->ctype,
+                 s->interlace ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    if (s->pal) png_set_PLTE(t->png, t->info, s->pal, s->npal);
+    if (s->trns || s->key)
+        png_set_tRNS(t->png, t->info, s->trns, s->ntrns, (png_color_16p)s->key);
+    png_write_info(t->png, t->info);
+    if (s->depth < 8) png_set_packing(t->png); /* rows hold one sample per byte */
+    png_write_image(t->png, t->rows); /* runs the Adam7 passes itself when interlaced */
+    png_write_end(t->png, NULL);
+    return 1;
+}
+
+static int write_png(const char *path, const struct png_spec *s)
+{
+    struct tw t = {0};
+    int ok = 0, ch = png_channels_of(s->ctype);
+    t.f = fopen(path, "wb");
+    t.buf = malloc((size_t)s->h * s->w * ch * 2);
+    t.rows = malloc((size_t)s->h * sizeof *t.rows);
+    t.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, quiet_warn);
+    if (t.png) t.info = png_create_info_struct(t.png);
+    if (t.f && t.buf && t.rows && t.png && t.info) {
+        tw_fill(&t, s);
+        ok = tw_run(&t, s);
+    }
+    if (t.png) png_destroy_write_struct(&t.png, t.info ? &t.info : NULL);
+    if (t.f && fclose(t.f) != 0) ok = 0;
+    free(t.buf);
+    free(t.rows);
+    return ok;
+}
+
+/* a deterministic sample in 0..maxv for (x, y, channel) */
+static unsigned pat(int x, int y, int c, unsigned maxv)
+{
+    uint64_t v = (uint64_t)x * 2654435761u + (uint64_t)y * 40503u + (uint64_t)c * 977u + 11u;
+    v ^= v >> 7;
+    return (unsigned)(v % ((uint64_t)maxv + 1));
+}
+
+/* Write a grey/GA/RGB/RGBA image of the given depth, decode it, compare every value exactly. */
+static void check_plain(const char *name, int ctype, int depth, int w, int h, int interlace)
+{
+    int ch = png_channels_of(ctype);
+    unsigned maxv = (1u << depth) - 1;
+    unsigned *smp = malloc((size_t)w * h * ch * sizeof *smp);
+    struct png_spec s = {w, h, depth, ctype, interlace, smp, NULL, 0, NULL, 0, NULL};
+    struct image img = {0};
+    char err[512];
+    int bad = 0, first_bad = -1;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < ch; c++) smp[((size_t)y * w + x) * ch + c] = pat(x, y, c, maxv);
+    /* make sure the extremes appear */
+    smp[0] = 0;
+    smp[(size_t)w * h * ch - 1] = maxv;
+    CHECK(write_png(in_dir(name), &s), "%s: test PNG not written", name);
+    enum image_status rc = image_load_png(in_dir(name), &img, err, sizeof err);
+    CHECK(rc == IMAGE_OK, "%s: load failed: %s", name, err);
+    if (rc == IMAGE_OK) {
+        CHECK(img.c == ch && img.w == w && img.h == h, "%s: got %dx%dx%d", name, img.c, img.h,
+              img.w);
+        for (int y = 0; y < h && img.c == ch; y++)
+            for (int x = 0; x < w; x++)
+                for (int c = 0; c < ch; c++) {
+                    unsigned v = smp[((size_t)y * w + x) * ch + c];
+                    float want;
+                    if (depth == 16) want = (float)v / 65535.0f;
+                    else want = (float)(v * (255u / maxv)) / 255.0f; /* bit replication */
+                    float got = img.data[((size_t)c * h + y) * w + x];
+                    if (got != want) {
+                        bad++;
+                        if (first_bad < 0) first_bad = (y * w + x) * ch + c;
+                    }
+                }
+        CHECK(bad == 0, "%s: %d values differ (first at sample %d)", name, bad, first_bad);
+    }
+    image_free(&img);
+    free(smp);
+}
+
+static void test_decode_all_types(void)
+{
+    check_plain("g1.png", PNG_COLOR_TYPE_GRAY, 1, 11, 3, 0);
+    check_plain("g2.png", PNG_COLOR_TYPE_GRAY, 2, 7, 3, 0);
+    check_plain("g4.png", PNG_COLOR_TYPE_GRAY, 4, 5, 4, 0);
+    check_plain("g8.png", PNG_COLOR_TYPE_GRAY, 8, 6, 5, 0);
+    check_plain("g16.png", PNG_COLOR_TYPE_GRAY, 16, 6, 5, 0);
+    check_plain("ga8.png", PNG_COLOR_TYPE_GRAY_ALPHA, 8, 5, 3, 0);
+    check_plain("ga16.png", PNG_COLOR_TYPE_GRAY_ALPHA, 16, 5, 3, 0);
+    check_plain("rgb8.png", PNG_COLOR_TYPE_RGB, 8, 5, 4, 0);
+    check_plain("rgb16.png", PNG_COLOR_TYPE_RGB, 16, 5, 4, 0);
+    check_plain("rgba8.png", PNG_COLOR_TYPE_RGB_ALPHA, 8, 4, 3, 0);
+    check_plain("rgba16.png", PNG_COLOR_TYPE_RGB_ALPHA, 16, 4, 3, 0);
+    /* Adam7 needs more than 8x8 to use all seven passes */
+    check_plain("rgb8_i.png", PNG_COLOR_TYPE_RGB, 8, 13, 11, 1);
+    check_plain("g1_i.png", PNG_COLOR_TYPE_GRAY, 1, 17, 9, 1);
+    check_plain("rgba16_i.png", PNG_COLOR_TYPE_RGB_ALPHA, 16, 10, 10, 1);
+
+    /* palettes: 8-bit indices without tRNS, 4-bit indices with a partial tRNS */
+    static const png_color pal[5] = {{255, 0, 0}, {0, 128, 255}, {10, 20, 30}, {0, 0, 0},
+                                     {255, 255, 255}};
+    static const png_byte trns[3] = {0, 100, 255}; /* entries 3, 4: opaque */
+    for (int with_trns = 0; with_trns < 2; with_trns++) {
+        const char *name = with_trns ? "pal4_trns.png" : "pal8.png";
+        int w = 7, h = 3;
+        unsigned idx[21];
+        struct image img = {0};
+        char err[512];
+        int bad = 0;
+        for (int i = 0; i < w * h; i++) idx[i] = pat(i, 1, 0, 4);
+        idx[0] = 0;
+        idx[1] = 4;
+        struct png_spec s = {w, h, with_trns ? 4 : 8, PNG_COLOR_TYPE_PALETTE, 0, idx, pal, 5,
+                             with_trns ? trns : NULL, with_trns ? 3 : 0, NULL};
+        CHECK(write_png(in_dir(name), &s), "%s not written", name);
+        CHECK(image_load_png(in_dir(name), &img, err, sizeof err) == IMAGE_OK, "%s: %s", name,
+              err);
+        CHECK(img.c == (with_trns ? 4 : 3) && img.w == w && img.h == h, "%s: shape %dx%dx%d",
+              name, img.c, img.h, img.w);
+        if (img.c == (with_trns ? 4 : 3)) {
+            for (int i = 0; i < w * h; i++) {
+                const png_color *p = &pal[idx[i]];
+                float want[4] = {p->red / 255.0f, p->green / 255.0f, p->blue / 255.0f,
+                                 (idx[i] < 3 ? trns[idx[i]] : 255) / 255.0f};
+                for (int c = 0; c < img.c; c++)
+                    if (img.data[(size_t)c * w * h + i] != want[c]) bad++;
+            }
+            CHECK(bad == 0, "%s: %d values differ", name, bad);
+        }
+        image_free(&img);
+    }
+
+    /* a grey colour key becomes an alpha channel: 0 where the key matches */
+    {
+        unsigned g[6] = {0, 7, 200, 7, 255, 1};
+        png_color_16 key = {0, 0, 0, 0, 7};
+        struct png_spec s = {3, 2, 8, PNG_COLOR_TYPE_GRAY, 0, g, NULL, 0, NULL, 0, &key};
+        struct image img = {0};
+        char err[512];
+        CHECK(write_png(in_dir("gkey.png"), &s), "gkey not written");
+        CHECK(image_load_png(in_dir("gkey.png"), &img, err, sizeof err) == IMAGE_OK, "%s", err);
+        CHECK(img.c == 2, "grey + tRNS key: %d channels, want 2", img.c);
+        if (img.c == 2) {
+            CHECK(img.data[6 + 1] == 0.0f && img.data[6 + 3] == 0.0f && img.data[6 + 0] == 1.0f,
+                  "key alpha wrong");
+            CHECK(img.data[2] == 200 / 255.0f, "key grey value wrong");
+        }
+        image_free(&img);
+    }
+}
+
+/* every prefix, and many corruptions, of a valid PNG: an error or an image, never a crash */
+static void test_corrupt_pngs(void)
+{
+    unsigned smp[16 * 12 * 3];
+    struct png_spec s = {16, 12, 8, PNG_COLOR_TYPE_RGB, 1, smp, NULL, 0, NULL, 0, NULL};
+    struct image img = {0};
+    char err[512];
+    size_t n = 0;
+    unsigned char *b;
+    int failures = 0, ok_prefix = 0;
+
+    for (int i = 0; i < 16 * 12 * 3; i++) smp[i] = pat(i, 3, 1, 255);
+    CHECK(write_png(in_dir("whole.png"), &s), "whole.png not written");
+    b = slurp(in_dir("whole.png"), &n);
+    CHECK(b && n > 60, "cannot read back whole.png");
+    if (!b) return;
+    for (size_t len = 0; len < n; len++) {
+        write_bytes(in_dir("prefix.png"), b, len);
+        enum image_status rc = image_load_png(in_dir("prefix.png"), &img, err, sizeof err);
+        if (rc == IMAGE_OK) ok_prefix++;
+        else if (rc == IMAGE_ERR_FORMAT && strstr(err, "prefix.png") && img.data == NULL)
+            failures++;
+        image_free(&img);
+    }
+    CHECK(ok_prefix == 0 && failures == (int)n,
+          "prefixes: %d decoded, %d failed cleanly of %zu", ok_prefix, failures, n);
+    /* single-byte corruptions past the signature: CRCs catch most; none may crash */
+    tu_seed(42);
+    for (int t = 0; t < 300; t++) {
+        unsigned char *c = malloc(n);
+        memcpy(c, b, n);
+        size_t at = 8 + (size_t)((tu_rand() + 1.0) * 0.5 * (double)(n - 8));
+        if (at >= n) at = n - 1;
+        c[at] ^= (unsigned char)(1u + (unsigned)((tu_rand() + 1.0) * 127.0));
+        write_bytes(in_dir("flip.png"), c, n);
+        enum image_status rc = image_load_png(in_dir("flip.png"), &img, err, sizeof err);
+        CHECK(rc == IMAGE_OK || rc == IMAGE_ERR_FORMAT, "corruption at %zu: status %d", at, rc);
+        image_free(&img);
+        free(c);
+    }
+    /* empty file, garbage, missing file */
+    write_bytes(in_dir("empty.png"), "", 0);
+    CHECK(image_load_png(in_dir("empty.png"), &img, err, sizeof err) == IMAGE_ERR_FORMAT &&
+              strstr(err, "empty.png") && strstr(err, "not a PNG"),
+          "empty file: %s", err);
+    write_bytes(in_dir("garbage.png"), "this is certainly not a PNG image at all", 40);
+    CHECK(image_load_png(in_dir("garbage.png"), &img, err, sizeof err) == IMAGE_ERR_FORMAT,
+          "garbage: %s", err);
+    CHECK(image_load_png(in_dir("missing.png"), &img, err, sizeof err) == IMAGE_ERR_IO &&
+              strstr(err, "missing.png"),
+          "missing: %s", err);
+    /* a valid signature then garbage */
+    {
+        unsigned char g[64];
+        memcpy(g, b, 8);
+        for (int i = 8; i < 64; i++) g[i] = (unsigned char)(i * 37);
+        write_bytes(in_dir("sig_garbage.png"), g, sizeof g);
+        CHECK(image_load_png(in_dir("sig_garbage.png"), &img, err, sizeof err) ==
+                  IMAGE_ERR_FORMAT,
+              "signature + garbage: %s", err);
+    }
+    free(b);
+}
+
+/* ---- resampling and channels ---- */
+
+static int near(float a, double b, double tol) { return fabs((double)a - b) <= tol; }
+
+static void test_resize(void)
+{
+    float src[64], out[128];
+    struct image img = {1, 4, 4, src};
+    int bad = 0;
+
+    /* 4x4 -> 2x2: area means of the 2x2 blocks, then to [-1, 1] */
+    for (int i = 0; i < 16; i++) src[i] = (float)i / 16.0f;
+    CHECK(image_resize_square(out, &img, 2) == IMAGE_OK, "4->2 failed");
+    for (int y = 0; y < 2; y++)
+        for (int x = 0; x < 2; x++) {
+            double m = 0;
+            for (int dy = 0; dy < 2; dy++)
+                for (int dx = 0; dx < 2; dx++) m += src[(2 * y + dy) * 4 + 2 * x + dx];
+            if (!near(out[y * 2 + x], 2 * (m / 4) - 1, 1e-6)) bad++;
+        }
+    CHECK(bad == 0, "4x4 -> 2x2 area average wrong");
+
+    /* 3x3 -> 2x2: output 0 spans [0, 1.5): weights 2/3, 1/3 on each axis */
+    {
+        float s3[9] = {0.1f, 0.5f, 0.9f, 0.2f, 0.4f, 0.6f, 0.3f, 0.7f, 0.8f};
+        struct image i3 = {1, 3, 3, s3};
+        double w[2][3] = {{2.0 / 3, 1.0 / 3, 0}, {0, 1.0 / 3, 2.0 / 3}};
+        bad = 0;
+        CHECK(image_resize_square(out, &i3, 2) == IMAGE_OK, "3->2 failed");
+        for (int y = 0; y < 2; y++)
+            for (int x = 0; x < 2; x++) {
+                double m = 0;
+                for (int a = 0; a < 3; a++)
+                    for (int b = 0; b < 3; b++) m += w[y][a] * w[x][b] * s3[a * 3 + b];
+                if (!near(out[y * 2 + x], 2 * m - 1, 1e-6)) bad++;
+            }
+        CHECK(bad == 0, "3x3 -> 2x2 fractional area wrong");
+    }
+
+    /* 2x2 -> 4x4 bilinear, align_corners=false: weights of PyTorch's F.interpolate */
+    {
+        float s2[4] = {0.0f, 1.0f, 0.5f, 0.25f};
+        struct image i2 = {1, 2, 2, s2};
+        double w[4][2] = {{1, 0}, {0.75, 0.25}, {0.25, 0.75}, {0, 1}};
+        bad = 0;
+        CHECK(image_resize_square(out, &i2, 4) == IMAGE_OK, "2->4 failed");
+        for (int y = 0; y < 4; y++)
+            for (int x = 0; x < 4; x++) {
+                double m = 0;
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++) m += w[y][a] * w[x][b] * s2[a * 2 + b];
+                if (!near(out[y * 4 + x], 2 * m - 1, 1e-6)) bad++;
+            }
+        CHECK(bad == 0, "2x2 -> 4x4 bilinear wrong");
+    }
+
+    /* wide 2x6 -> 2: no scaling, centre columns 2 and 3 */
+    {
+        float s[12];
+        struct image iw = {1, 2, 6, s};
+        for (int i = 0; i < 12; i++) s[i] = (float)i / 11.0f;
+        CHECK(image_resize_square(out, &iw, 2) == IMAGE_OK, "crop failed");
+        CHECK(near(out[0], 2 * s[2] - 1, 1e-6) && near(out[1], 2 * s[3] - 1, 1e-6) &&
+                  near(out[2], 2 * s[8] - 1, 1e-6) && near(out[3], 2 * s[9] - 1, 1e-6),
+              "2x6 centre crop wrong: %g %g %g %g", out[0], out[1], out[2], out[3]);
+    }
+    /* tall 6x2 -> 2: rows 2 and 3 */
+    {
+        float s[12];
+        struct image it = {1, 6, 2, s};
+        for (int i = 0; i < 12; i++) s[i] = (float)i / 11.0f;
+        CHECK(image_resize_square(out, &it, 2) == IMAGE_OK, "tall crop failed");
+        CHECK(near(out[0], 2 * s[4] - 1, 1e-6) && near(out[3], 2 * s[7] - 1, 1e-6),
+              "6x2 centre crop wrong");
+    }
+    /* 4x8 -> 2: halve both axes (4x8 -> 2x4), then keep resized columns 1, 2 */
+    {
+        float s[32];
+        struct image i48 = {1, 4, 8, s};
+        for (int i = 0; i < 32; i++) s[i] = (float)((i * 7) % 32) / 31.0f;
+        bad = 0;
+        CHECK(image_resize_square(out, &i48, 2) == IMAGE_OK, "4x8 failed");
+        for (int y = 0; y < 2; y++)
+            for (int x = 0; x < 2; x++) {
+                int cx = 2 * (x + 1); /* input columns of resized column x + 1 */
+                double m = (s[(2 * y) * 8 + cx] + s[(2 * y) * 8 + cx + 1] +
+                            s[(2 * y + 1) * 8 + cx] + s[(2 * y + 1) * 8 + cx + 1]) / 4;
+                if (!near(out[y * 2 + x], 2 * m - 1, 1e-6)) bad++;
+            }
+        CHECK(bad == 0, "4x8 -> 2x2 shrink + crop wrong");
+    }
+    /* identity keeps the values (as [-1, 1]); a constant stays constant at any size */
+    {
+        float s[15];
+        struct image ic = {1, 3, 5, s};
+        for (int i = 0; i < 15; i++) s[i] = 0.3f;
+        int sizes[4] = {1, 2, 7, 9};
+        bad = 0;
+        for (int k = 0; k < 4; k++) {
+            CHECK(image_resize_square(out, &ic, sizes[k]) == IMAGE_OK, "const resize failed");
+            for (int i = 0; i < sizes[k] * sizes[k]; i++)
+                if (!near(out[i], 2 * 0.3 - 1, 1e-6)) bad++;
+        }
+        CHECK(bad == 0, "constant image changed by resizing");
+    }
+    CHECK(image_resize_square(out, &img, 0) == IMAGE_ERR_ARG, "size 0 accepted");
+}
+
+static void test_channels(void)
+{
+    float rgba[8] = {0.8f, 0.2f, 0.4f, 0.6f, 0.1f, 1.0f, 0.5f, 0.25f}; /* 2 pixels, (C,H,W) */
+    struct image img;
+    float *d = malloc(sizeof rgba);
+    memcpy(d, rgba, sizeof rgba);
+    img = (struct image){4, 1, 2, d};
+    CHECK(image_to_channels(&img, 1) == IMAGE_OK && img.c == 1, "RGBA -> 1 failed");
+    for (int p = 0; p < 2; p++) {
+        double r = rgba[p], g = rgba[2 + p], b = rgba[4 + p], a = rgba[6 + p];
+        CHECK(near(img.data[p], (0.299 * r + 0.587 * g + 0.114 * b) * a, 1e-6),
+              "luminance of pixel %d: %g", p, img.data[p]);
+    }
+    image_free(&img);
+
+    d = malloc(sizeof rgba);
+    memcpy(d, rgba, sizeof rgba);
+    img = (struct image){4, 1, 2, d};
+    CHECK(image_to_channels(&img, 3) == IMAGE_OK && img.c == 3, "RGBA -> 3 failed");
+    /* planes R {0.8, 0.2}, G {0.4, 0.6}, B {0.1, 1.0}, A {0.5, 0.25} */
+    CHECK(near(img.data[0], 0.8 * 0.5, 1e-7) && near(img.data[1], 0.2 * 0.25, 1e-7) &&
+              near(img.data[3], 0.6 * 0.25, 1e-7) && near(img.data[5], 1.0 * 0.25, 1e-7),
+          "RGBA -> RGB not composited on black");
+    image_free(&img);
+
+    float ga[4] = {0.5f, 1.0f, 0.5f, 0.0f}; /* grey 0.5,1.0; alpha 0.5,0 */
+    d = malloc(sizeof ga);
+    memcpy(d, ga, sizeof ga);
+    img = (struct image){2, 1, 2, d};
+    CHECK(image_to_channels(&img, 3) == IMAGE_OK && img.c == 3, "GA -> 3 failed");
+    CHECK(img.data[0] == 0.25f && img.data[2] == 0.25f && img.data[4] == 0.25f &&
+              img.data[1] == 0.0f && img.data[5] == 0.0f,
+          "GA -> RGB wrong");
+    image_free(&img);
+
+    float g1[2] = {0.3f, 0.9f};
+    d = malloc(sizeof g1);
+    memcpy(d, g1, sizeof g1);
+    img = (struct image){1, 1, 2, d};
+    CHECK(image_to_channels(&img, 3) == IMAGE_OK && img.c == 3 && img.data[1] == 0.9f &&
+              img.data[3] == 0.9f && img.data[4] == 0.3f,
+          "grey -> RGB not replicated");
+    CHECK(image_to_channels(&img, 2) == IMAGE_ERR_ARG, "2 channels accepted as a target");
+    image_free(&img);
+}
+
+/* ---- saving ---- */
+
+static unsigned char quant(float v)
+{
+    if (!(v > -1.0f)) return 0;
+    if (v >= 1.0f) return 255;
+    return (unsigned char)floor(((double)v + 1.0) * 127.5 + 0.5);
+}
+
+static void test_save(void)
+{
+    enum { C = 3, H = 5, W = 7 };
+    float x[C * H * W];
+    struct image img = {0};
+    char err[512];
+    int bad = 0;
+
+    tu_seed(7);
+    tu_fill(x, C * H * W, 1.2); /* some values outside [-1, 1] */
+    x[0] = NAN;
+    x[1] = -1.0f;
+    x[2] = 1.0f;
+    x[3] = 0.0f; /* 127.5 -> 128 */
+    CHECK(image_save_png(in_dir("save.png"), x, C, H, W, err, sizeof err) == IMAGE_OK, "%s", err);
+    CHECK(count_tmp_files(g_dir) == 0, "temp file left after save");
+    CHECK(image_load_png(in_dir("save.png"), &img, err, sizeof err) == IMAGE_OK && img.c == C &&
+              img.h == H && img.w == W,
+          "reload: %s", err);
+    if (img.data && img.c == C)
+        for (int i = 0; i < C * H * W; i++)
+            if (img.data[i] != (float)quant(x[i]) / 255.0f) bad++;
+    CHECK(bad == 0, "saved RGB values differ from the quantisation rule (%d)", bad);
+    CHECK(img.data && img.data[3] == 128 / 255.0f && img.data[0] == 0.0f, "rounding of 0 / NaN");
+    image_free(&img);
+
+    /* grey; and the values a [-1, 1] image was built from survive exactly */
+    float gx[H * W];
+    for (int i = 0; i < H * W; i++) gx[i] = (float)(i * 9 % 256) / 127.5f - 1.0f;
+    CHECK(image_save_png(in_dir("grey.png"), gx, 1, H, W, err, sizeof err) == IMAGE_OK, "%s",
+          err);
+    CHECK(image_load_png(in_dir("grey.png"), &img, err, sizeof err) == IMAGE_OK && img.c == 1,
+          "reload grey: %s", err);
+    bad = 0;
+    for (int i = 0; i < H * W && img.data; i++)
+        if (!near(img.data[i] * 2.0f - 1.0f, gx[i], 1e-6)) bad++;
+    CHECK(bad == 0, "grey round trip differs (%d)", bad);
+    image_free(&img);
+
+    CHECK(image_save_png(in_dir("bad.png"), gx, 2, H, W, err, sizeof err) == IMAGE_ERR_ARG,
+          "2 channels accepted");
+    CHECK(image_save_png("/nonexistent-dir-ddpmd/x.png", gx, 1, H, W, err, sizeof err) ==
+                  IMAGE_ERR_IO &&
+              strstr(err, "x.png"),
+          "unwritable path: %s", err);
+}
+
+static void test_grid(void)
+{
+    enum { N = 5, C = 3, H = 4, W = 3, COLS = 3, PAD = 2 };
+    float x[N * C * H * W];
+    struct image img = {0};
+    char err[512];
+    for (int i = 0; i < N * C * H * W; i++) x[i] = 1.0f; /* tiles white, so -1 stands out */
+    x[((4 * C + 1) * H + 2) * W + 1] = 0.0f;              /* image 4, G, y 2, x 1 -> 128 */
+    CHECK(image_save_grid_png(in_dir("grid.png"), x, N, C, H, W, COLS, PAD, err, sizeof err) ==
+              IMAGE_OK,
+          "%s", err);
+    CHECK(image_load_png(in_dir("grid.png"), &img, err, sizeof err) == IMAGE_OK, "%s", err);
+    int gw = COLS * W + (COLS - 1) * PAD, gh = 2 * H + PAD;
+    CHECK(img.w == gw && img.h == gh && img.c == C, "grid %dx%d, want %dx%d", img.h, img.w, gh,
+          gw);
+    if (img.w == gw && img.h == gh && img.c == C) {
+        const float *g = img.data + (size_t)1 * gh * gw; /* green plane */
+        CHECK(g[0] == 1.0f && g[W - 1] == 1.0f, "tile 0 not at the origin");
+        CHECK(g[W] == 0.0f && g[W + PAD - 1] == 0.0f && g[W + PAD] == 1.0f,
+              "padding between columns wrong");
+        CHECK(g[H * gw] == 0.0f && g[(H + PAD) * gw] == 1.0f, "padding between rows wrong");
+        /* image 4 = row 1, column 1 */
+        CHECK(g[(H + PAD + 2) * gw + (W + PAD) + 1] == 128 / 255.0f, "tile 4 misplaced");
+        /* cell 5 (row 1, column 2) is empty */
+        CHECK(g[(H + PAD) * gw + 2 * (W + PAD)] == 0.0f && g[gh * gw - 1] == 0.0f,
+              "empty cell not background");
+    }
+    image_free(&img);
+    CHECK(image_save_grid_png(in_dir("grid1.png"), x, 2, C, H, W, 8, PAD, err, sizeof err) ==
+                  IMAGE_OK &&
+              image_load_png(in_dir("grid1.png"), &img, err, sizeof err) == IMAGE_OK &&
+              img.w == 2 * W + PAD && img.h == H,
+          "cols > n not clamped to n");
+    image_free(&img);
+}
+
+/* ---- PNG folders ---- */
+
+static int g_logged;
+static void count_log(void *ctx, const char *line)
+{
+    (void)line;
+    (*(int *)ctx)++;
+}
+
+static void test_folder(void)
+{
+    struct dataset *ds = NULL;
+    struct dataset_report rep;
+    char err[1024], dir[600], sub[700], p[800];
+    size_t n;
+    unsigned char *whole;
+
+    snprintf(dir, sizeof dir, "%s/folder", g_dir);
+    mkdir(dir, 0755);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    mkdir(sub, 0755);
+
+    /* "B.PNG": grey 8 constant 51; "a.png": RGB 4x4 constant (255, 0, 0); "sub/c.png": 8x4 GA */
+    unsigned g[16], rgb[48], ga[64];
+    for (int i = 0; i < 16; i++) g[i] = 51;
+    for (int i = 0; i < 48; i++) rgb[i] = i % 3 == 0 ? 255 : 0;
+    for (int i = 0; i < 64; i++) ga[i] = i % 2 ? 255 : 102;
+    struct png_spec sg = {4, 4, 8, PNG_COLOR_TYPE_GRAY, 0, g, NULL, 0, NULL, 0, NULL};
+    struct png_spec sr = {4, 4, 8, PNG_COLOR_TYPE_RGB, 0, rgb, NULL, 0, NULL, 0, NULL};
+    struct png_spec sa = {8, 4, 8, PNG_COLOR_TYPE_GRAY_ALPHA, 0, ga, NULL, 0, NULL, 0, NULL};
+    snprintf(p, sizeof p, "%s/B.PNG", dir);
+    CHECK(write_png(p, &sg), "B.PNG");
+    snprintf(p, sizeof p, "%s/a.png", dir);
+    CHECK(write_png(p, &sr), "a.png");
+    snprintf(p, sizeof p, "%s/c.png", sub);
+    CHECK(write_png(p, &sa), "sub/c.png");
+    whole = slurp(p, &n);
+    snprintf(p, sizeof p, "%s/z_trunc.png", dir);
+    write_bytes(p, whole, n / 2);
+    free(whole);
+    snprintf(p, sizeof p, "%s/garbage.png", dir);
+    write_bytes(p, "GIF89a nope", 11);
+    snprintf(p, sizeof p, "%s/empty.png", dir);
+    write_bytes(p, "", 0);
+    snprintf(p, sizeof p, "%s/notes.txt", dir);
+    write_bytes(p, "x", 1);
+    snprintf(p, sizeof p, "%s/.hidden.png", dir);
+    write_bytes(p, "x", 1);
+    snprintf(p, sizeof p, "%s/fifo.png", dir); /* never opened: reading it would block */
+    CHECK(mkfifo(p, 0600) == 0, "mkfifo");
+
+    g_logged = 0;
+    enum dataset_status rc =
+        dataset_open_folder(&ds, dir, 1, 2, &rep, count_log, &g_logged, err, sizeof err);
+    CHECK(rc == DATASET_OK, "folder: %s", err);
+    CHECK(rep.found == 6 && rep.loaded == 3 && rep.skipped == 3 && g_logged == 3,
+          "report found %d loaded %d skipped %d logged %d", rep.found, rep.loaded, rep.skipped,
+          g_logged);
+    CHECK(!strcmp(rep.skipped_names[0], "empty.png") &&
+              !strcmp(rep.skipped_names[1], "garbage.png") &&
+              !strcmp(rep.skipped_names[2], "z_trunc.png"),
+          "skipped names: %s, %s, %s", rep.skipped_names[0], rep.skipped_names[1],
+          rep.skipped_names[2]);
+    CHECK(strstr(rep.first_reason, "empty.png") != NULL, "first reason: %s", rep.first_reason);
+    if (rc == DATASET_OK) {
+        CHECK(dataset_count(ds) == 3 && dataset_channels(ds) == 1 && dataset_size(ds) == 2 &&
+                  dataset_train_count(ds) == 3 && dataset_val_count(ds) == 0 &&
+                  dataset_label(ds, 0) == -1,
+              "folder dataset shape");
+        /* strcmp order: B.PNG, a.png, sub/c.png */
+        const float *i0 = dataset_image(ds, 0), *i1 = dataset_image(ds, 1),
+                    *i2 = dataset_image(ds, 2);
+        CHECK(near(i0[3], 2 * (51 / 255.0) - 1, 1e-6), "B.PNG first: %g", i0[3]);
+        CHECK(near(i1[0], 2 * (0.299 * 1.0) - 1, 1e-6), "a.png second (red luminance): %g",
+              i1[0]);
+        CHECK(near(i2[1], 2 * (102 / 255.0) - 1, 1e-6), "sub/c.png third: %g", i2[1]);
+    }
+    dataset_free(ds);
+    ds = NULL;
+
+    /* three channels from the same folder */
+    rc = dataset_open_folder(&ds, dir, 3, 3, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_OK && dataset_count(ds) == 3 && dataset_channels(ds) == 3,
+          "3-channel folder: %s", err);
+    if (rc == DATASET_OK) {
+        const float *i1 = dataset_image(ds, 1);
+        CHECK(i1[0] == 1.0f && i1[9] == -1.0f && i1[18] == -1.0f, "a.png as RGB: %g %g %g",
+              i1[0], i1[9], i1[18]);
+    }
+    dataset_free(ds);
+    ds = NULL;
+
+    /* all bad: a clear error naming the folder */
+    snprintf(dir, sizeof dir, "%s/allbad", g_dir);
+    mkdir(dir, 0755);
+    snprintf(p, sizeof p, "%s/x.png", dir);
+    write_bytes(p, "", 0);
+    snprintf(p, sizeof p, "%s/y.PnG", dir);
+    write_bytes(p, "\x89PNG\r\n\x1a\n garbage", 17);
+    rc = dataset_open_folder(&ds, dir, 1, 8, &rep, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_ERR_EMPTY && ds == NULL && rep.skipped == 2 && rep.loaded == 0 &&
+              strstr(err, "allbad") && strstr(err, "no usable image"),
+          "all bad: rc %d: %s", rc, err);
+
+    snprintf(dir, sizeof dir, "%s/nopng", g_dir);
+    mkdir(dir, 0755);
+    rc = dataset_open_folder(&ds, dir, 1, 8, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_ERR_EMPTY && strstr(err, "nopng"), "empty folder: %d %s", rc, err);
+    rc = dataset_open_folder(&ds, in_dir("does-not-exist"), 1, 8, NULL, NULL, NULL, err,
+                             sizeof err);
+    CHECK(rc == DATASET_ERR_IO && strstr(err, "does-not-exist"), "missing folder: %d %s", rc,
+          err);
+    rc = dataset_open_folder(&ds, g_dir, 2, 8, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_ERR_ARG, "2 channels accepted");
+}
+
+/* ---- IDX ---- */
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* Write IDX bytes to path, gzip-compressed when gz. */
+static int write_idx(const char *path, int gz, const unsigned char *b, size_t n)
+{
+    if (!gz) return write_bytes(path, b, n);
+    gzFile f = gzopen(path, "wb");
+    if (!f) return 0;
+    int ok = gzwrite(f, b, (unsigned)n) == (int)n;
+    return gzclose(f) == Z_OK && ok;
+}
+
+/* pixel (x, y) of synthetic image i: asymmetric in x so flips show */
+static unsigned char idx_px(int i, int x, int y)
+{
+    return (unsigned char)((i * 7 + x * 3 + y) % 256);
+}
+
+/* A Fashion-MNIST-shaped pair of files in g_dir/<name>: n images, labels i % 10.
+ * Tweaks: magic (0 = right), label_n (0 = n), cut (bytes dropped from the image file's end). */
+static void make_fmnist(const char *name, int n, uint32_t magic, int label_n, size_t cut, int gz,
+                        int bad_label)
+{
+    char dir[600], p[700];
+    size_t isz = 16 + (size_t)n * 784, lsz;
+    unsigned char *im = malloc(isz), *lb;
+    if (!label_n) label_n = n;
+    lsz = 8 + (size_t)label_n;
+    lb = malloc(lsz);
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    mkdir(dir, 0755);
+    put_be32(im, magic ? magic : 2051);
+    put_be32(im + 4, (uint32_t)n);
+    put_be32(im + 8, 28);
+    put_be32(im + 12, 28);
+    for (int i = 0; i < n; i++)
+        for (int y = 0; y < 28; y++)
+            for (int x = 0; x < 28; x++) im[16 + (size_t)i * 784 + y * 28 + x] = idx_px(i, x, y);
+    put_be32(lb, 2049);
+    put_be32(lb + 4, (uint32_t)label_n);
+    for (int i = 0; i < label_n; i++) lb[8 + i] = (unsigned char)(i % 10);
+    if (bad_label) lb[8 + label_n - 1] = 10;
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte%s", dir, gz ? ".gz" : "");
+    write_idx(p, gz, im, isz - cut);
+    snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte%s", dir, gz ? ".gz" : "");
+    write_idx(p, gz, lb, lsz);
+    free(im);
+    free(lb);
+}
+
+static void test_idx(void)
+{
+    struct dataset *ds = NULL;
+    char err[1024];
+    enum dataset_status rc;
+    int bad = 0;
+
+    make_fmnist("idx_ok", 5, 0, 0, 0, 1, 0);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_ok"), DATASET_FMNIST_TEST, 1, 32, DATASET_FIT_PAD,
+                             err, sizeof err);
+    CHECK(rc == DATASET_OK, "idx ok: %s", err);
+    if (rc == DATASET_OK) {
+        CHECK(dataset_count(ds) == 5 && dataset_size(ds) == 32 && dataset_label(ds, 4) == 4,
+              "idx shape/labels");
+        for (int i = 0; i < 5; i++) {
+            const float *x = dataset_image(ds, i);
+            for (int y = 0; y < 32; y++)
+                for (int xx = 0; xx < 32; xx++) {
+                    float v = x[y * 32 + xx];
+                    int in = y >= 2 && y < 30 && xx >= 2 && xx < 30;
+                    float g = in ? (float)idx_px(i, xx - 2, y - 2) / 255.0f : 0.0f;
+                    float want = in ? (float)(2.0 * g - 1.0) : -1.0f;
+                    if (v != want) bad++;
+                }
+        }
+        CHECK(bad == 0, "padded IDX pixels wrong (%d)", bad);
+    }
+    dataset_free(ds);
+    ds = NULL;
+
+    /* resize 28 -> 32 with three channels: bilinear, so values stay in range; channels equal */
+    rc = dataset_open_fmnist(&ds, in_dir("idx_ok"), DATASET_FMNIST_TEST, 3, 32,
+                             DATASET_FIT_RESIZE, err, sizeof err);
+    CHECK(rc == DATASET_OK && dataset_channels(ds) == 3, "idx resize: %s", err);
+    if (rc == DATASET_OK) {
+        const float *x = dataset_image(ds, 2);
+        float lo = 1, hi = -1;
+        bad = 0;
+        for (int k = 0; k < 32 * 32; k++) {
+            if (x[k] != x[1024 + k] || x[k] != x[2048 + k]) bad++;
+            lo = x[k] < lo ? x[k] : lo;
+            hi = x[k] > hi ? x[k] : hi;
+        }
+        CHECK(bad == 0 && lo >= -1.0f && hi <= 1.0f, "resized IDX channels/range");
+        /* corner pixel of a bilinear upscale is the corner source pixel */
+        CHECK(near(x[0], 2 * (idx_px(2, 0, 0) / 255.0) - 1, 1e-6), "resized corner %g", x[0]);
+    }
+    dataset_free(ds);
+    ds = NULL;
+
+    /* uncompressed files are read too */
+    make_fmnist("idx_plain", 2, 0, 0, 0, 0, 0);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_plain"), DATASET_FMNIST_TEST, 1, 28,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_OK && dataset_count(ds) == 2, "plain IDX: %s", err);
+    dataset_free(ds);
+    ds = NULL;
+
+    make_fmnist("idx_magic", 2, 2050, 0, 0, 1, 0);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_magic"), DATASET_FMNIST_TEST, 1, 32,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && ds == NULL && strstr(err, "magic 2050") &&
+              strstr(err, "t10k-images"),
+          "bad magic: %d %s", rc, err);
+
+    make_fmnist("idx_trunc", 3, 0, 0, 500, 1, 0);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_trunc"), DATASET_FMNIST_TEST, 1, 32,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && strstr(err, "truncated"), "truncated IDX: %d %s", rc, err);
+
+    make_fmnist("idx_count", 3, 0, 2, 0, 1, 0);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_count"), DATASET_FMNIST_TEST, 1, 32,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && strstr(err, "labels"), "count mismatch: %d %s", rc, err);
+
+    make_fmnist("idx_label", 3, 0, 0, 0, 1, 1);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_label"), DATASET_FMNIST_TEST, 1, 32,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && strstr(err, "label 10"), "label 10: %d %s", rc, err);
+
+    /* a gzip stream cut short in the middle of the compressed data */
+    {
+        size_t n;
+        char p[700];
+        make_fmnist("idx_gzcut", 4, 0, 0, 0, 1, 0);
+        snprintf(p, sizeof p, "%s/idx_gzcut/t10k-images-idx3-ubyte.gz", g_dir);
+        unsigned char *b = slurp(p, &n);
+        if (b) write_bytes(p, b, n * 2 / 3);
+        free(b);
+        rc = dataset_open_fmnist(&ds, in_dir("idx_gzcut"), DATASET_FMNIST_TEST, 1, 32,
+                                 DATASET_FIT_PAD, err, sizeof err);
+        CHECK(rc == DATASET_ERR_FORMAT && strstr(err, "t10k-images"), "cut gzip: %d %s", rc, err);
+    }
+
+    rc = dataset_open_fmnist(&ds, in_dir("idx_none"), DATASET_FMNIST_TEST, 1, 32,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_ERR_IO && strstr(err, "idx_none"), "missing IDX: %d %s", rc, err);
+    rc = dataset_open_fmnist(&ds, in_dir("idx_ok"), DATASET_FMNIST_TEST, 1, 24,
+                             DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_ERR_ARG, "pad to 24 accepted");
+}
+
+static void test_real_fmnist(void)
+{
+    struct dataset *ds = NULL;
+    char err[1024];
+    struct stat sb;
+    if (stat(DATASET_FMNIST_DIR, &sb) != 0) {
+        printf("test_dataset: %s not installed, real-data check skipped\n", DATASET_FMNIST_DIR);
+        return;
+    }
+    enum dataset_status rc = dataset_open_fmnist(&ds, DATASET_FMNIST_DIR, DATASET_FMNIST_TEST, 1,
+                                                 32, DATASET_FIT_PAD, err, sizeof err);
+    CHECK(rc == DATASET_OK, "real Fashion-MNIST test split: %s", err);
+    if (rc == DATASET_OK) {
+        int per_class[10] = {0}, badlabel = 0;
+        float lo = 2, hi = -2;
+        CHECK(dataset_count(ds) == 10000 && dataset_size(ds) == 32, "count %d",
+              dataset_count(ds));
+        for (int i = 0; i < dataset_count(ds); i++) {
+            int l = dataset_label(ds, i);
+            if (l < 0 || l > 9) badlabel++;
+            else per_class[l]++;
+            const float *x = dataset_image(ds, i);
+            for (int k = 0; k < 32 * 32; k++) {
+                lo = x[k] < lo ? x[k] : lo;
+                hi = x[k] > hi ? x[k] : hi;
+            }
+            /* the 2-pixel border is padding */
+            if (x[0] != -1.0f || x[31 * 32 + 31] != -1.0f || x[1 * 32 + 16] != -1.0f) badlabel++;
+        }
+        CHECK(badlabel == 0, "labels out of range or border not padded");
+        for (int c = 0; c < 10; c++)
+            CHECK(per_class[c] == 1000, "class %d has %d test images", c, per_class[c]);
+        CHECK(lo == -1.0f && hi == 1.0f, "value range [%g, %g]", lo, hi);
+        printf("test_dataset: %s test split: %d images, 10 classes of %d, values [%g, %g]\n",
+               DATASET_FMNIST_DIR, dataset_count(ds), per_class[0], lo, hi);
+    }
+    dataset_free(ds);
+    ds = NULL;
+    rc = dataset_open_fmnist(&ds, DATASET_FMNIST_DIR, DATASET_FMNIST_TEST, 1, 32,
+                             DATASET_FIT_RESIZE, err, sizeof err);
+    CHECK(rc == DATASET_OK && dataset_count(ds) == 10000, "resized real split: %s", err);
+    dataset_free(ds);
+}
+
+/* ---- split, order, batches, loader ---- */
+
+static int is_perm(const int *p, int n)
+{
+    char *seen = calloc((size_t)n, 1);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        if (p[i] < 0 || p[i] >= n || seen[p[i]]) ok = 0;
+        else seen[p[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+/* is x (C,S,S) image idx of ds, mirrored when flipped */
+static int same_image(const struct dataset *ds, const float *x, int idx, int flipped)
+{
+    int s = dataset_size(ds), c = dataset_channels(ds);
+    const float *src = dataset_image(ds, idx);
+    for (int ch = 0; ch < c; ch++)
+        for (int y = 0; y < s; y++)
+            for (int xx = 0; xx < s; xx++) {
+                size_t o = ((size_t)ch * s + y) * s;
+                if (x[o + xx] != src[o + (flipped ? s - 1 - xx : xx)]) return 0;
+            }
+    return 1;
+}
+
+static void test_order_and_loader(void)
+{
+    struct dataset *ds = NULL;
+    struct dataset_order *o = NULL;
+    char err[1024];
+    enum { N = 37, B = 8, VAL = 7 };
+    int p0[N], p0b[N], p1[N], pseed[N];
+
+    make_fmnist("idx_order", N, 0, 0, 0, 1, 0);
+    CHECK(dataset_open_fmnist(&ds, in_dir("idx_order"), DATASET_FMNIST_TEST, 1, 28,
+                              DATASET_FIT_PAD, err, sizeof err) == DATASET_OK,
+          "order dataset: %s", err);
+    if (!ds) return;
+
+    /* split */
+    CHECK(dataset_split(ds, VAL, 1234, err, sizeof err) == DATASET_OK, "split: %s", err);
+    int T = dataset_train_count(ds);
+    CHECK(T == N - VAL && dataset_val_count(ds) == VAL, "split sizes %d + %d", T,
+          dataset_val_count(ds));
+    {
+        int seen[N] = {0}, asc = 1, val1[VAL];
+        for (int j = 0; j < T; j++) {
+            seen[dataset_train_index(ds, j)]++;
+            if (j && dataset_train_index(ds, j) <= dataset_train_index(ds, j - 1)) asc = 0;
+        }
+        for (int j = 0; j < VAL; j++) {
+            seen[dataset_val_index(ds, j)]++;
+            val1[j] = dataset_val_index(ds, j);
+            if (j && val1[j] <= val1[j - 1]) asc = 0;
+        }
+        int once = 1;
+        for (int i = 0; i < N; i++) once &= seen[i] == 1;
+        CHECK(once && asc, "split is not a partition in ascending order");
+        CHECK(dataset_split(ds, VAL, 1234, err, sizeof err) == DATASET_OK &&
+                  memcmp(val1, (int[VAL]){dataset_val_index(ds, 0), dataset_val_index(ds, 1),
+                                          dataset_val_index(ds, 2), dataset_val_index(ds, 3),
+                                          dataset_val_index(ds, 4), dataset_val_index(ds, 5),
+                                          dataset_val_index(ds, 6)},
+                         sizeof val1) == 0,
+              "same seed, different split");
+        CHECK(dataset_split(ds, VAL, 999, err, sizeof err) == DATASET_OK, "split 2");
+        int same = 1;
+        for (int j = 0; j < VAL; j++) same &= dataset_val_index(ds, j) == val1[j];
+        CHECK(!same, "seed does not change the split");
+        CHECK(dataset_split_fraction(ds, 0.2, 1234, err, sizeof err) == DATASET_OK &&
+                  dataset_val_count(ds) == 7 && dataset_val_index(ds, 0) == val1[0],
+              "split_fraction(0.2) of 37 is not the same 7");
+        CHECK(dataset_split(ds, N, 1, err, sizeof err) == DATASET_ERR_ARG, "split of all");
+        float vx[2 * 784];
+        int vl[2];
+        CHECK(dataset_val_batch(ds, 5, 2, vx, vl) == DATASET_OK &&
+                  same_image(ds, vx + 784, val1[6], 0) && vl[1] == val1[6] % 10,
+              "validation batch");
+        CHECK(dataset_val_batch(ds, 6, 2, vx, vl) == DATASET_ERR_ARG, "val batch past the end");
+    }
+
+    /* epoch permutations */
+    CHECK(dataset_epoch_perm(p0, ds, 5, 0) == DATASET_OK && dataset_epoch_perm(p0b, ds, 5, 0) ==
+              DATASET_OK && dataset_epoch_perm(p1, ds, 5, 1) == DATASET_OK &&
+              dataset_epoch_perm(pseed, ds, 6, 0) == DATASET_OK,
+          "epoch perms");
+    CHECK(is_perm(p0, T) && is_perm(p1, T) && is_perm(pseed, T), "an epoch is not a permutation");
+    CHECK(!memcmp(p0, p0b, T * sizeof *p0), "same seed+epoch, different order");
+    CHECK(memcmp(p0, p1, T * sizeof *p0) != 0, "epochs 0 and 1 have the same order");
+    CHECK(memcmp(p0, pseed, T * sizeof *p0) != 0, "seeds 5 and 6 have the same order");
+    {
+        /* spec check of the definition: an independent Fisher-Yates from philox */
+        int ref[N];
+        for (int i = 0; i < T; i++) ref[i] = i;
+        for (int i = T - 1; i > 0; i--) {
+            uint32_t u = philox_u32_at(5, PHILOX_TAG_SHUFFLE, 1, 0, 0, (uint32_t)i);
+            int j = (int)(((uint64_t)u * (uint64_t)(i + 1)) >> 32), t = ref[i];
+            ref[i] = ref[j];
+            ref[j] = t;
+        }
+        CHECK(!memcmp(ref, p1, T * sizeof *p1), "epoch 1 order differs from its definition");
+    }
+
+    /* the synchronous batch: sample k = step*B + i is element k % T of epoch k / T's order */
+    CHECK(dataset_order_init(&o, ds, 5) == DATASET_OK, "order init");
+    {
+        float x[B * 784];
+        int lab[B], bad = 0, flips = 0;
+        for (int64_t step = 0; step < 12; step++) { /* 96 samples: 3+ epochs, crossing inside */
+            CHECK(dataset_batch(o, step, B, 1, x, lab) == DATASET_OK, "batch %d", (int)step);
+            for (int i = 0; i < B; i++) {
+                int64_t k = step * B + i;
+                int perm[N];
+                dataset_epoch_perm(perm, ds, 5, k / T);
+                int idx = dataset_train_index(ds, perm[k % T]);
+                int fl = philox_uniform_at(5, PHILOX_TAG_FLIP, (uint64_t)k, 0, 0, 0) < 0.5f;
+                flips += fl;
+                if (!same_image(ds, x + (size_t)i * 784, idx, fl) || lab[i] != idx % 10) bad++;
+                if (dataset_order_sample(o, k) != idx) bad++;
+            }
+        }
+        CHECK(bad == 0, "batches do not follow the defined order/flip (%d)", bad);
+        CHECK(flips > 20 && flips < 76, "flip count %d of 96", flips);
+        CHECK(dataset_batch(o, 3, B, 0, x, NULL) == DATASET_OK &&
+                  same_image(ds, x, dataset_order_sample(o, 24), 0),
+              "flip off still flips");
+        /* sample 0 of epoch 1 comes right after the last of epoch 0 (k = T) */
+        int perm1[N];
+        dataset_epoch_perm(perm1, ds, 5, 1);
+        CHECK(dataset_order_sample(o, T) == dataset_train_index(ds, perm1[0]), "epoch boundary");
+        int n = 0, flipped = 0;
+        for (int64_t k = 0; k < 20000; k++, n++) flipped += dataset_sample_flipped(77, k);
+        CHECK(flipped > 9700 && flipped < 10300, "flip rate %d / %d", flipped, n);
+    }
+
+    /* the loader: the same bytes as dataset_batch for every step, from any start */
+    {
+        struct dataset_loader *l = NULL;
+        float x[B * 784], y[B * 784];
+        int la[B], lb[B], bad = 0;
+        CHECK(dataset_loader_init(&l, ds, 5, B, 1, 10, 3, err, sizeof err) == DATASET_OK,
+              "loader init: %s", err);
+        if (l) {
+            for (int64_t s = 10; s < 60; s++) {
+                if (dataset_loader_next(l, s, x, la) != DATASET_OK) bad++;
+                dataset_batch(o, s, B, 1, y, lb);
+                if (memcmp(x, y, sizeof x) || memcmp(la, lb, sizeof la)) bad++;
+            }
+            CHECK(bad == 0, "loader differs from dataset_batch in sequence (%d)", bad);
+            /* jumps: forward (resume), back (retry), and repeat the same step */
+            int64_t jumps[7] = {1000, 1001, 1002, 3, 4, 4, 0};
+            bad = 0;
+            for (int j = 0; j < 7; j++) {
+                if (dataset_loader_next(l, jumps[j], x, NULL) != DATASET_OK) bad++;
+                dataset_batch(o, jumps[j], B, 1, y, NULL);
+                if (memcmp(x, y, sizeof x)) bad++;
+            }
+            CHECK(bad == 0, "loader differs after a jump (%d)", bad);
+            /* a random walk: mostly the next step, sometimes a jump anywhere */
+            tu_seed(3);
+            int64_t s = 0;
+            bad = 0;
+            for (int t = 0; t < 300; t++) {
+                double r = tu_rand();
+                s = r < 0.6 ? s + 1 : (int64_t)((r + 1.0) * 200.0);
+                if (dataset_loader_next(l, s, x, la) != DATASET_OK) bad++;
+                dataset_batch(o, s, B, 1, y, lb);
+                if (memcmp(x, y, sizeof x) || memcmp(la, lb, sizeof la)) bad++;
+            }
+            CHECK(bad == 0, "loader differs on a random walk of steps (%d)", bad);
+            CHECK(dataset_loader_next(l, -1, x, NULL) == DATASET_ERR_ARG, "negative step");
+        }
+        dataset_loader_free(l);
+        l = NULL;
+
+        /* depth 1, batch larger than the training set, no flip; freed while the ring is full */
+        enum { BB = 50 };
+        float *bx = malloc(sizeof(float) * BB * 784), *by = malloc(sizeof(float) * BB * 784);
+        CHECK(dataset_loader_init(&l, ds, 9, BB, 0, 0, 1, err, sizeof err) == DATASET_OK,
+              "loader 2: %s", err);
+        struct dataset_order *o9 = NULL;
+        dataset_order_init(&o9, ds, 9);
+        bad = 0;
+        for (int64_t s = 0; s < 6 && l; s++) {
+            dataset_loader_next(l, s, bx, NULL);
+            dataset_batch(o9, s, BB, 0, by, NULL);
+            if (memcmp(bx, by, sizeof(float) * BB * 784)) bad++;
+        }
+        CHECK(bad == 0, "big-batch loader differs (%d)", bad);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        dataset_loader_free(l);
+        dataset_order_free(o9);
+        free(bx);
+        free(by);
+        CHECK(dataset_loader_init(&l, ds, 9, 0, 0, 0, 2, err, sizeof err) == DATASET_ERR_ARG &&
+                  l == NULL,
+              "batch 0 accepted");
+    }
+    dataset_order_free(o);
+    dataset_free(ds);
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/ddpmd_dataset_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_decode_all_types();
+    test_corrupt_pngs();
+    test_resize();
+    test_channels();
+    test_save();
+    test_grid();
+    test_folder();
+    test_idx();
+    test_real_fmnist();
+    test_order_and_loader();
+    rm_rf(g_dir, 0);
+    return tu_finish("test_dataset");
+}
