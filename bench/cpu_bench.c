@@ -1,0 +1,376 @@
+/* cpu_bench.c - CPU training-step benchmark of ddpmd (not a test): one config per process, so
+ * that the peak RSS is that config's; or the machine's ceilings (a large SGEMM and a 3x3 conv
+ * forward + backward through the CPU backend, i.e. oneDNN). Prints `key value` lines that
+ * bench/cpu.sh gathers into a table; --profile adds a per-op profile of the measured steps.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu/cpu.h"
+#include "exec.h"
+#include "init.h"
+#include "philox.h"
+#include "plan.h"
+#include "unet.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static long rss_now_kib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static long rss_peak_kib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* the four configs of bench/cpu.sh, all 32x32; names as in bench/torch_step.py */
+static int config_by_name(struct unet_config *c, const char *name)
+{
+    unet_config_default(c, UNET_DDPM);
+    if (!strcmp(name, "ddpm-cifar10")) return 0;
+    if (!strcmp(name, "fmnist-tiny")) {
+        c->in_channels = c->out_channels = 1;
+        c->n_levels = 3;
+        c->channels[0] = 32;
+        c->channels[1] = c->channels[2] = 64;
+        c->layers_per_block = 1;
+        c->attn_res[0] = 8;
+        c->groups = 8;
+        return 0;
+    }
+    if (!strcmp(name, "cifar-small")) {
+        c->n_levels = 4;
+        c->channels[0] = 64;
+        c->channels[1] = c->channels[2] = c->channels[3] = 128;
+        c->layers_per_block = 2;
+        c->attn_res[0] = 16;
+        return 0;
+    }
+    return -1;
+}
+
+/* model FLOPs of one op (multiply-add = 2): convolutions, linears and attention matmuls only;
+ * backward ops count their own GEMM work; the tiled attention's recomputation of the scores in
+ * the backward is not counted (the same count is used for PyTorch, which keeps the scores) */
+static double op_flops(const struct op *o)
+{
+    switch (o->type) {
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER: {
+        const struct bk_conv2d *s = &o->a.conv;
+        return 2.0 * s->n * s->co * s->ho * s->wo * (double)s->ci * s->kh * s->kw;
+    }
+    case OP_LINEAR:
+        return 2.0 * o->a.lin.m * (double)o->a.lin.k * o->a.lin.n;
+    case OP_LINEAR_BWD: /* dw always; dx when asked for */
+        return 2.0 * o->a.lin.m * (double)o->a.lin.k * o->a.lin.n * (o->out[0] >= 0 ? 2 : 1);
+    case OP_ATTENTION: {
+        const struct bk_attn *s = &o->a.at.s;
+        return 4.0 * s->n * s->heads * (double)s->l * s->l * s->d;
+    }
+    case OP_ATTENTION_BWD: {
+        const struct bk_attn *s = &o->a.at.s;
+        return 8.0 * s->n * s->heads * (double)s->l * s->l * s->d;
+    }
+    default:
+        return 0.0;
+    }
+}
+
+static void fill_normal(float *x, size_t n, uint64_t seed, uint64_t s, uint32_t stream)
+{
+    for (size_t i = 0; i < n; i++) x[i] = philox_normal(seed, PHILOX_TAG_NOISE, s, stream, 0, (uint32_t)i);
+}
+
+static int run_config(const char *name, int batch, int warmup, int steps, int threads, int profile)
+{
+    struct unet_config c;
+    if (config_by_name(&c, name)) {
+        fprintf(stderr, "cpu_bench: unknown config %s\n", name);
+        return 2;
+    }
+    long rss0 = rss_now_kib();
+    struct graph g;
+    struct unet_io io;
+    struct plan p;
+    struct exec *e = NULL;
+    graph_init(&g);
+    if (unet_build(&g, &c, batch, &io)) return fprintf(stderr, "unet_build failed\n"), 1;
+    int target = graph_input(&g, "target", 4, g.tensors[io.x].d);
+    int loss = graph_mse(&g, io.out, target);
+    if (graph_backward(&g, loss)) return fprintf(stderr, "graph_backward failed\n"), 1;
+    if (plan_make(&p, &g, backend_cpu(), NULL)) return fprintf(stderr, "plan_make failed\n"), 1;
+    long rss_graph = rss_now_kib();
+    struct exec_opts eo = {.threads = threads, .profile = profile};
+    if (exec_init(&e, &g, &p, backend_cpu(), &eo)) return fprintf(stderr, "exec_init failed\n"), 1;
+
+    size_t maxn = 0;
+    for (int i = 0; i < g.n_tensors; i++)
+        if (g.tensors[i].numel > maxn) maxn = g.tensors[i].numel;
+    float *h = malloc(maxn * sizeof *h);
+    for (int i = 0; i < g.n_tensors; i++)
+        if (g.tensors[i].kind == TENSOR_PARAM) {
+            init_param(&g.tensors[i], 42, h);
+            exec_upload(e, i, h);
+        }
+    free(h);
+    exec_reset_state(e);
+
+    size_t nx = g.tensors[io.x].numel;
+    float *x = malloc(nx * sizeof *x), *y = malloc(nx * sizeof *y), *t = malloc(batch * sizeof *t);
+    fill_normal(x, nx, 1, 0, 0);
+    fill_normal(y, nx, 1, 0, 1);
+    for (int i = 0; i < batch; i++) t[i] = (float)((i * 377 + 11) % 1000);
+    exec_upload(e, io.x, x);
+    exec_upload(e, io.t, t);
+    exec_upload(e, target, y);
+
+    struct optim_config oc = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .weight_decay = 0.0f, .clip = 1.0f, .ema_decay = 0.9999f};
+    double *dt = calloc((size_t)steps, sizeof *dt);
+    float l = 0.0f, first_loss = 0.0f;
+    for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup) exec_profile_reset(e);
+        double t0 = now();
+        int rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, &l);
+        if (!rc) rc = exec_optimizer_step(e, &oc, s + 1, oc.lr, NULL);
+        double t1 = now();
+        if (rc) return fprintf(stderr, "step %d failed: %d\n", s, rc), 1;
+        if (s == 0) first_loss = l;
+        if (s >= warmup) dt[s - warmup] = t1 - t0;
+    }
+    double flops = 0.0;
+    for (int k = 0; k < g.n_ops; k++) flops += op_flops(&g.ops[k]);
+    double *sorted = malloc((size_t)steps * sizeof *sorted);
+    memcpy(sorted, dt, (size_t)steps * sizeof *sorted);
+    qsort(sorted, (size_t)steps, sizeof *sorted, cmp_double);
+    double med = steps % 2 ? sorted[steps / 2] : 0.5 * (sorted[steps / 2 - 1] + sorted[steps / 2]);
+
+    /* a checksum of the weights after the run: equal bits at equal thread counts */
+    uint64_t sum = 1469598103934665603ull;
+    for (int i = 0; i < g.n_tensors; i++)
+        if (g.tensors[i].kind == TENSOR_PARAM) {
+            const unsigned char *b = (const unsigned char *)exec_tensor(e, i);
+            for (size_t k = 0; k < g.tensors[i].numel * 4; k++) sum = (sum ^ b[k]) * 1099511628211ull;
+        }
+
+    long peak = rss_peak_kib();
+    printf("engine ddpmd\nconfig %s\nbatch %d\nthreads %d\nparams %zu\n", name, batch, threads,
+           g.param_numel);
+    printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f\n", steps,
+           warmup, 1e3 * med, 1e3 * sorted[0], 1e3 * sorted[steps - 1]);
+    printf("images_per_s %.3f\n", batch / med);
+    printf("gflop_per_step %.4f\ngflops %.3f\n", 1e-9 * flops, 1e-9 * flops / med);
+    printf("plan_bytes %zu\nws_bytes %zu\narena_bytes %zu\n", p.total_bytes, p.ws_bytes, p.arena_bytes);
+    printf("rss_start_kib %ld\nrss_graph_kib %ld\npeak_rss_kib %ld\n", rss0, rss_graph, peak);
+    printf("overhead_kib %ld\n", peak - (long)(p.total_bytes / 1024));
+    printf("loss_first %.9g\nloss_last %.9g\nweights_fnv %016llx\n", first_loss, l,
+           (unsigned long long)sum);
+
+    const struct exec_profile *pr = exec_get_profile(e);
+    if (pr) {
+        double per = 1.0 / steps, total = 0.0;
+        for (int ty = 0; ty < OP_COUNT; ty++) total += pr->seconds[ty];
+        total += pr->optim_seconds;
+        printf("# profile: mean ms per step over %d steps (sum of ops %.1f ms, step median %.1f ms)\n",
+               steps, 1e3 * total * per, 1e3 * med);
+        /* op types by time */
+        int order[OP_COUNT];
+        for (int i = 0; i < OP_COUNT; i++) order[i] = i;
+        for (int i = 0; i < OP_COUNT; i++)
+            for (int j = i + 1; j < OP_COUNT; j++)
+                if (pr->seconds[order[j]] > pr->seconds[order[i]]) {
+                    int tmp = order[i];
+                    order[i] = order[j];
+                    order[j] = tmp;
+                }
+        double fl_type[OP_COUNT] = {0};
+        for (int k = 0; k < g.n_ops; k++) fl_type[g.ops[k].type] += op_flops(&g.ops[k]);
+        printf("# %-22s %9s %6s %6s %9s\n", "op", "ms/step", "share", "calls", "GFLOP/s");
+        for (int i = 0; i < OP_COUNT; i++) {
+            int ty = order[i];
+            if (pr->calls[ty] == 0) continue;
+            double sec = pr->seconds[ty] * per;
+            printf("# %-22s %9.2f %5.1f%% %6ld", op_name(ty), 1e3 * sec, 100.0 * pr->seconds[ty] / total,
+                   pr->calls[ty] / steps);
+            if (fl_type[ty] > 0) printf(" %9.1f", 1e-9 * fl_type[ty] / sec);
+            printf("\n");
+        }
+        printf("# %-22s %9.2f %5.1f%% %6d\n", "optimizer (clip,adamw,ema)", 1e3 * pr->optim_seconds * per,
+               100.0 * pr->optim_seconds / total, 1);
+        /* the ten slowest convolution ops, with their shapes */
+        printf("# slowest conv ops: ms/step GFLOP/s kind N Ci HxW -> Co HoxWo k stride\n");
+        int *idx = malloc((size_t)g.n_ops * sizeof *idx), m = 0;
+        for (int k = 0; k < g.n_ops; k++)
+            if (g.ops[k].type <= OP_CONV2D_BWD_FILTER) idx[m++] = k;
+        for (int i = 0; i < m; i++)
+            for (int j = i + 1; j < m; j++)
+                if (pr->op_seconds[idx[j]] > pr->op_seconds[idx[i]]) {
+                    int tmp = idx[i];
+                    idx[i] = idx[j];
+                    idx[j] = tmp;
+                }
+        for (int i = 0; i < m && i < 12; i++) {
+            const struct op *o = &g.ops[idx[i]];
+            const struct bk_conv2d *s = &o->a.conv;
+            double sec = pr->op_seconds[idx[i]] * per;
+            printf("#   %7.2f %7.1f %-18s %d %4d %2dx%-2d -> %4d %2dx%-2d %dx%d s%d\n", 1e3 * sec,
+                   1e-9 * op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
+                   s->wo, s->kh, s->kw, s->stride);
+        }
+        free(idx);
+    }
+    free(sorted);
+    free(dt);
+    free(x);
+    free(y);
+    free(t);
+    exec_free(e);
+    plan_free(&p);
+    graph_free(&g);
+    return 0;
+}
+
+/* the machine's ceilings: SGEMM through cpu_gemm (the engine's GEMM) and a 3x3 conv forward +
+ * backward (data, filter) through the backend's conv kernels */
+static int run_ceilings(int threads, double seconds)
+{
+    bk_ctx *ctx = NULL;
+    if (cpu_ctx_init(&ctx, threads)) return 1;
+    {
+        const int n = 2048;
+        float *a = malloc((size_t)n * n * 4), *b = malloc((size_t)n * n * 4), *c = malloc((size_t)n * n * 4);
+        fill_normal(a, (size_t)n * n, 2, 0, 0);
+        fill_normal(b, (size_t)n * n, 2, 0, 1);
+        cpu_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, ctx);
+        double best = 1e30, t_end = now() + seconds;
+        int reps = 0;
+        while (reps < 3 || now() < t_end) {
+            double t0 = now();
+            cpu_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, ctx);
+            double d = now() - t0;
+            if (d < best) best = d;
+            reps++;
+        }
+        printf("ceiling_sgemm_shape %dx%dx%d\nceiling_sgemm_gflops %.2f\n", n, n, n,
+               2.0 * n * n * (double)n / best * 1e-9);
+        free(a);
+        free(b);
+        free(c);
+    }
+    {
+        /* the ddpm-cifar10 16x16 resnet conv at batch 8: 256 -> 256, 3x3, pad 1 */
+        struct bk_conv2d s = {.n = 8, .ci = 256, .h = 16, .w = 16, .co = 256, .kh = 3, .kw = 3,
+                              .stride = 1, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1};
+        bk_conv2d_init(&s);
+        size_t nx = (size_t)s.n * s.ci * s.h * s.w, ny = (size_t)s.n * s.co * s.ho * s.wo;
+        size_t nw = (size_t)s.co * s.ci * s.kh * s.kw;
+        size_t wsb = cpu_conv2d_ws_bytes(&s);
+        float *x = malloc(nx * 4), *y = malloc(ny * 4), *w = malloc(nw * 4), *bias = calloc(s.co, 4);
+        float *dx = malloc(nx * 4), *dw = calloc(nw, 4), *db = calloc(s.co, 4);
+        void *ws = NULL;
+        if (posix_memalign(&ws, 64, wsb ? wsb : 64)) return 1;
+        fill_normal(x, nx, 3, 0, 0);
+        fill_normal(w, nw, 3, 0, 1);
+        double fl = 2.0 * s.n * s.co * s.ho * s.wo * (double)s.ci * s.kh * s.kw;
+        double best[3] = {1e30, 1e30, 1e30};
+        double t_end = now() + seconds;
+        int reps = 0;
+        while (reps < 4 || now() < t_end) {
+            double t0 = now();
+            cpu_conv2d_fwd(y, x, w, bias, ws, &s, ctx);
+            double t1 = now();
+            cpu_conv2d_bwd_data(dx, y, w, 0, ws, &s, ctx);
+            double t2 = now();
+            cpu_conv2d_bwd_filter(dw, db, y, x, ws, &s, ctx);
+            double t3 = now();
+            if (reps > 0) { /* the first round creates the primitives */
+                if (t1 - t0 < best[0]) best[0] = t1 - t0;
+                if (t2 - t1 < best[1]) best[1] = t2 - t1;
+                if (t3 - t2 < best[2]) best[2] = t3 - t2;
+            }
+            reps++;
+        }
+        printf("ceiling_conv_shape N%d %d->%d %dx%d 3x3\n", s.n, s.ci, s.co, s.h, s.w);
+        printf("ceiling_conv_fwd_gflops %.2f\nceiling_conv_bwd_data_gflops %.2f\n"
+               "ceiling_conv_bwd_filter_gflops %.2f\n",
+               fl / best[0] * 1e-9, fl / best[1] * 1e-9, fl / best[2] * 1e-9);
+        printf("ceiling_conv_gflops %.2f\n", 3.0 * fl / (best[0] + best[1] + best[2]) * 1e-9);
+        free(x);
+        free(y);
+        free(w);
+        free(bias);
+        free(dx);
+        free(dw);
+        free(db);
+        free(ws);
+    }
+    cpu_ctx_free(ctx);
+    return 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
+            "[--profile]\n"
+            "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
+            "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (all 32x32)\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL;
+    int batch = 8, steps = 10, warmup = 2, profile = 0, ceilings = 0;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    double seconds = 3.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--config") && v) config = argv[++i];
+        else if (!strcmp(a, "--batch") && v) batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--steps") && v) steps = atoi(argv[++i]);
+        else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
+        else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
+        else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--ceilings")) ceilings = 1;
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (threads < 1) threads = 1;
+    if (ceilings) return run_ceilings(threads, seconds);
+    if (!config || batch < 1 || steps < 1 || warmup < 0) {
+        usage();
+        return 2;
+    }
+    return run_config(config, batch, warmup, steps, threads, profile);
+}
