@@ -45,6 +45,10 @@ static const char *op_names[OP_COUNT] = {
     [OP_MSE_BWD] = "mse_bwd",
     [OP_DROPOUT] = "dropout",
     [OP_DROPOUT_BWD] = "dropout_bwd",
+    [OP_XENT] = "xent",
+    [OP_XENT_BWD] = "xent_bwd",
+    [OP_RESHAPE] = "reshape",
+    [OP_RESHAPE_BWD] = "reshape_bwd",
 };
 
 const char *op_name(enum op_type t) { return t < OP_COUNT ? op_names[t] : "?"; }
@@ -477,6 +481,37 @@ int graph_mse(struct graph *g, int pred, int target)
     return y;
 }
 
+int graph_xent(struct graph *g, int logits, int target)
+{
+    NEED(logits); NEED(target);
+    const struct tensor *tl = T(g, logits);
+    if (tl->rank != 2 || T(g, target)->numel != tl->numel) BAD("xent: logits must be (N,K)");
+    int dims[1] = {1};
+    int y = act(g, 1, dims, rg(g, logits));
+    int prob = act(g, 2, tl->d, 0);
+    struct op *o = op_new(g, OP_XENT);
+    if (!o || y < 0 || prob < 0) return -1;
+    o->n_in = 2; o->in[0] = logits; o->in[1] = target;
+    o->n_out = 2; o->out[0] = y; o->out[1] = prob;
+    o->a.lin.m = tl->d[0];
+    o->a.lin.n = tl->d[1];
+    return y;
+}
+
+int graph_reshape(struct graph *g, int x, int rank, const int *dims)
+{
+    NEED(x);
+    size_t n = 1;
+    for (int i = 0; i < rank; i++) n *= (size_t)(dims[i] > 0 ? dims[i] : 0);
+    if (rank < 1 || rank > 4 || n != T(g, x)->numel) BAD("reshape: %zu elements into %zu", T(g, x)->numel, n);
+    int y = act(g, rank, dims, rg(g, x));
+    struct op *o = op_new(g, OP_RESHAPE);
+    if (!o || y < 0) return -1;
+    o->n_in = 1; o->in[0] = x;
+    o->n_out = 1; o->out[0] = y;
+    return y;
+}
+
 /* ---- autodiff ---- */
 
 /* The gradient tensor of x, created on first use. Parameter gradients are persistent and
@@ -528,9 +563,11 @@ int graph_backward(struct graph *g, int loss)
     g->n_fwd_ops = g->n_ops;
     int mse = -1;
     for (int i = 0; i < g->n_ops; i++)
-        if (g->ops[i].type == OP_MSE && g->ops[i].out[0] == loss) mse = i;
-    if (mse < 0) return graph_fail(g, GRAPH_ERR_SHAPE, "backward: loss is not an mse output"),
-                 g->status;
+        if ((g->ops[i].type == OP_MSE || g->ops[i].type == OP_XENT) && g->ops[i].out[0] == loss)
+            mse = i;
+    if (mse < 0)
+        return graph_fail(g, GRAPH_ERR_SHAPE, "backward: loss is not an mse or xent output"),
+               g->status;
     for (int i = g->n_fwd_ops - 1; i >= 0 && !g->status; i--) {
         struct op f = g->ops[i]; /* copy: op_new may move the array */
         if (f.type == OP_MSE) {
@@ -538,6 +575,15 @@ int graph_backward(struct graph *g, int loss)
             struct op *o = bwd_op(g, OP_MSE_BWD, i);
             if (!o) break;
             o->n_in = 2; o->in[0] = f.in[0]; o->in[1] = f.in[1];
+            bwd_out(g, o, 0, f.in[0]);
+            continue;
+        }
+        if (f.type == OP_XENT) {
+            if (i != mse || !rg(g, f.in[0])) continue;
+            struct op *o = bwd_op(g, OP_XENT_BWD, i);
+            if (!o) break;
+            o->n_in = 2; o->in[0] = f.out[1]; o->in[1] = f.in[1];
+            o->a = f.a;
             bwd_out(g, o, 0, f.in[0]);
             continue;
         }
@@ -620,6 +666,12 @@ int graph_backward(struct graph *g, int loss)
             if (!o) break;
             o->n_in = 1; o->in[0] = dy;
             o->a = f.a;
+            bwd_out(g, o, 0, f.in[0]);
+            break;
+        case OP_RESHAPE:
+            o = bwd_op(g, OP_RESHAPE_BWD, i);
+            if (!o) break;
+            o->n_in = 1; o->in[0] = dy;
             bwd_out(g, o, 0, f.in[0]);
             break;
         case OP_DROPOUT:

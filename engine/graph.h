@@ -82,6 +82,10 @@ enum op_type {
     OP_MSE_BWD,         /* in: pred, target  out: dpred */
     OP_DROPOUT,
     OP_DROPOUT_BWD,
+    OP_XENT,            /* in: logits (N,K), target (N,K)  out: loss (1), prob (N,K) */
+    OP_XENT_BWD,        /* in: prob, target  out: dlogits */
+    OP_RESHAPE,         /* in: x  out: y, the same elements in another shape (a copy) */
+    OP_RESHAPE_BWD,     /* in: dy  out: dx */
     OP_COUNT
 };
 
@@ -157,8 +161,12 @@ int graph_timestep_embed(struct graph *g, int t, int dim, int flip_sin_to_cos, f
 int graph_attention(struct graph *g, int q, int k, int v, int heads, int tiled);
 int graph_mse(struct graph *g, int pred, int target);
 int graph_dropout(struct graph *g, int x, float p);
+/* softmax cross-entropy of logits (N,K) against target distributions (N,K): a loss like mse */
+int graph_xent(struct graph *g, int logits, int target);
+/* the same elements as x in the shape dims (e.g. flattening (N,C,H,W) to (N,C*H*W)) */
+int graph_reshape(struct graph *g, int x, int rank, const int *dims);
 
-/* Appends the backward of every forward op reaching `loss` (an OP_MSE output). Parameter
+/* Appends the backward of every forward op reaching `loss` (an OP_MSE or OP_XENT output). Parameter
  * gradients become TENSOR_GRAD tensors (tensor.grad). */
 int graph_backward(struct graph *g, int loss);
 

@@ -22,6 +22,8 @@ static int inplace_input(const struct op *o, int out_idx, int *in_idx)
     case OP_ADD_BCAST_BWD:
     case OP_DROPOUT:
     case OP_DROPOUT_BWD:
+    case OP_RESHAPE:
+    case OP_RESHAPE_BWD:
         *in_idx = 0;
         return 1;
     default:

@@ -183,6 +183,15 @@ struct backend {
     int (*mse_bwd)(float *dpred, const float *pred, const float *target, float dloss_scale,
                    int accum, size_t count, bk_ctx *ctx);
 
+    /* softmax cross-entropy over rows: logits, target, prob (N,K); target rows are class
+     * distributions (one-hot for labels). loss[0] = mean over rows of -sum target log softmax;
+     * prob (saved) = softmax(logits). */
+    int (*xent_fwd)(float *loss, float *prob, const float *logits, const float *target, int n,
+                    int k, bk_ctx *ctx);
+    /* dlogits (=/+=) = dloss_scale * (prob - target) / n */
+    int (*xent_bwd)(float *dlogits, const float *prob, const float *target, float dloss_scale,
+                    int accum, int n, int k, bk_ctx *ctx);
+
     /* ---- dropout: mask from Philox(seed, PHILOX_TAG_DROPOUT, step, sample, op, element) ---- */
     /* x is (N, per_sample) elements; p in [0,1); sample_base offsets the sample index (micro-
      * batches). y = keep ? x / (1-p) : 0. The backward recomputes the same mask. */

@@ -4,6 +4,8 @@
 #define _DEFAULT_SOURCE /* sigaction's SA_RESETHAND is not in plain POSIX.1-2008 C11 headers */
 #include "cli.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -48,7 +50,12 @@ static void usage(FILE *f)
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
-            "         generate images (EMA weights unless --raw) into a grid PNG\n"
+            "         [--spec SPEC.json]\n"
+            "         generate images (EMA weights unless --raw) into a grid PNG; --spec gives\n"
+            "         the model of an imported state_dict (tools/convert_seed_ckpt.py)\n"
+            "  export --diffusers DIR CHECKPOINT [--raw]\n"
+            "         write config.json + diffusion_pytorch_model.safetensors (EMA weights) for\n"
+            "         diffusers' UNet2DModel (ddpm preset)\n"
             "  plan   print the memory plan of one training step (bytes of each part)\n"
             "  demo   train a small model for a few steps on generated images, print the loss\n"
             "\n"
@@ -387,9 +394,149 @@ static void sample_progress(int done, int total, void *ctx)
     }
 }
 
+/* diffusers' UNet2DModel config.json for a ddpm-preset model */
+static char *diffusers_config(const struct unet_config *c)
+{
+    cJSON *r = cJSON_CreateObject(), *down = cJSON_CreateArray(), *up = cJSON_CreateArray();
+    cJSON_AddStringToObject(r, "_class_name", "UNet2DModel");
+    cJSON_AddStringToObject(r, "_diffusers_version", "0.21.4");
+    cJSON_AddStringToObject(r, "act_fn", "silu");
+    cJSON_AddBoolToObject(r, "add_attention", 1);
+    if (c->attn_head_dim)
+        cJSON_AddNumberToObject(r, "attention_head_dim", c->attn_head_dim);
+    else
+        cJSON_AddNullToObject(r, "attention_head_dim");
+    cJSON_AddItemToObject(r, "block_out_channels", cJSON_CreateIntArray(c->channels, c->n_levels));
+    cJSON_AddBoolToObject(r, "center_input_sample", 0);
+    cJSON_AddNullToObject(r, "class_embed_type");
+    for (int i = 0; i < c->n_levels; i++) {
+        int res = c->image_size >> i, attn = 0, res_up = c->image_size >> (c->n_levels - 1 - i);
+        int attn_up = 0;
+        for (int k = 0; k < c->n_attn; k++) {
+            attn |= c->attn_res[k] == res;
+            attn_up |= c->attn_res[k] == res_up;
+        }
+        cJSON_AddItemToArray(down, cJSON_CreateString(attn ? "AttnDownBlock2D" : "DownBlock2D"));
+        cJSON_AddItemToArray(up, cJSON_CreateString(attn_up ? "AttnUpBlock2D" : "UpBlock2D"));
+    }
+    cJSON_AddItemToObject(r, "down_block_types", down);
+    cJSON_AddNumberToObject(r, "downsample_padding", 0);
+    cJSON_AddStringToObject(r, "downsample_type", "conv");
+    cJSON_AddNumberToObject(r, "dropout", c->dropout);
+    cJSON_AddBoolToObject(r, "flip_sin_to_cos", c->flip_sin_to_cos);
+    cJSON_AddNumberToObject(r, "freq_shift", c->freq_shift);
+    cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
+    cJSON_AddNumberToObject(r, "layers_per_block", c->layers_per_block);
+    cJSON_AddNumberToObject(r, "mid_block_scale_factor", 1);
+    cJSON_AddNumberToObject(r, "norm_eps", c->norm_eps);
+    cJSON_AddNumberToObject(r, "norm_num_groups", c->groups);
+    cJSON_AddNullToObject(r, "num_class_embeds");
+    cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
+    cJSON_AddStringToObject(r, "resnet_time_scale_shift", "default");
+    cJSON_AddNumberToObject(r, "sample_size", c->image_size);
+    cJSON_AddStringToObject(r, "time_embedding_type", "positional");
+    cJSON_AddItemToObject(r, "up_block_types", up);
+    cJSON_AddStringToObject(r, "upsample_type", "conv");
+    char *out = cJSON_Print(r);
+    cJSON_Delete(r);
+    return out;
+}
+
+static int write_text(const char *path, const char *text)
+{
+    char tmp[1300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return -1;
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = fclose(f) == 0 && ok;
+    return ok && rename(tmp, path) == 0 ? 0 : -1;
+}
+
+/* ddpmd export --diffusers DIR CHECKPOINT: config.json + diffusion_pytorch_model.safetensors of
+ * the EMA weights under diffusers' names (which are the ddpm preset's own) */
+static int cmd_export(int argc, char **argv)
+{
+    const char *dir = NULL, *ckpt = NULL;
+    int raw = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--diffusers") == 0 && i + 1 < argc)
+            dir = argv[++i];
+        else if (strcmp(argv[i], "--raw") == 0)
+            raw = 1;
+        else if (argv[i][0] != '-' && !ckpt)
+            ckpt = argv[i];
+        else {
+            fprintf(stderr, "ddpmd export: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir || !ckpt) {
+        fprintf(stderr, "usage: ddpmd export --diffusers DIR CHECKPOINT [--raw]\n");
+        return 2;
+    }
+    char err[512], path[1200];
+    struct safetensors *st = NULL;
+    struct train_spec spec;
+    struct safetensors_writer *w = NULL;
+    int rc = 1;
+    if (checkpoint_open(&st, ckpt, &spec, NULL, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s\n", err);
+        return 1;
+    }
+    if (spec.model.preset != UNET_DDPM) {
+        fprintf(stderr, "ddpmd: only the ddpm preset has a diffusers equivalent (UNet2DModel)\n");
+        goto out;
+    }
+    if (mkdir(dir, 0755) && errno != EEXIST) {
+        fprintf(stderr, "ddpmd: cannot create %s: %s\n", dir, strerror(errno));
+        goto out;
+    }
+    struct graph g;
+    struct unet_io io;
+    graph_init(&g);
+    unet_build(&g, &spec.model, 1, &io);
+    safetensors_writer_init(&w);
+    for (int i = 0; i < g.n_tensors && !g.status; i++) {
+        const struct tensor *t = &g.tensors[i];
+        if (t->kind != TENSOR_PARAM) continue;
+        snprintf(path, sizeof path, "%s%s", raw ? "" : "ema.", t->name);
+        const struct st_tensor *s;
+        if (safetensors_find(st, path, &s)) {
+            fprintf(stderr, "ddpmd: %s has no tensor %s\n", ckpt, path);
+            graph_free(&g);
+            goto out;
+        }
+        safetensors_writer_add(w, t->name, ST_F32, s->ndim, s->shape, s->data);
+    }
+    graph_free(&g);
+    safetensors_writer_meta(w, "format", "pt");
+    snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
+    if (safetensors_writer_save(w, path, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s\n", err);
+        goto out;
+    }
+    char *cfg = diffusers_config(&spec.model);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int wr = cfg ? write_text(path, cfg) : -1;
+    free(cfg);
+    if (wr) {
+        fprintf(stderr, "ddpmd: cannot write %s\n", path);
+        goto out;
+    }
+    fprintf(stderr, "ddpmd: wrote %s/config.json and %s/diffusion_pytorch_model.safetensors (%s "
+                    "weights); load with UNet2DModel.from_pretrained(\"%s\")\n",
+            dir, dir, raw ? "raw" : "EMA", dir);
+    rc = 0;
+out:
+    safetensors_writer_free(w);
+    safetensors_free(st);
+    return rc;
+}
+
 static int cmd_sample(int argc, char **argv)
 {
-    const char *ckpt = NULL, *out = "samples.png", *each = NULL;
+    const char *ckpt = NULL, *out = "samples.png", *each = NULL, *spec_path = NULL;
     int n = 64, batch = 16, raw = 0, threads = 2;
     uint64_t seed = 1;
     struct sampler_config sc;
@@ -423,6 +570,8 @@ static int cmd_sample(int argc, char **argv)
             out = v;
         else if (OPT("--each"))
             each = v;
+        else if (OPT("--spec"))
+            spec_path = v;
         else if (a[0] != '-' && !ckpt)
             ckpt = a;
         else {
@@ -441,9 +590,36 @@ static int cmd_sample(int argc, char **argv)
     struct safetensors *st = NULL;
     struct train_spec spec;
     int64_t step = 0;
-    if (checkpoint_open(&st, ckpt, &spec, &step, err, sizeof err)) {
-        fprintf(stderr, "ddpmd: %s\n", err);
+    if (spec_path) {
+        /* an imported state_dict (tools/convert_seed_ckpt.py) has no spec: take the model from
+         * the given one */
+        struct spec_errors errs;
+        if (spec_load_file(spec_path, &spec, &errs)) {
+            fprintf(stderr, "ddpmd: %s is not a valid spec:\n", spec_path);
+            spec_errors_print(&errs, "  ");
+            return 2;
+        }
+        if (checkpoint_open(&st, ckpt, NULL, &step, err, sizeof err)) {
+            fprintf(stderr, "ddpmd: %s\n", err);
+            return 1;
+        }
+    } else if (checkpoint_open(&st, ckpt, &spec, &step, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s%s\n", err,
+                strstr(err, "no spec") ? " (for an imported state_dict, add --spec SPEC.json)" : "");
         return 1;
+    }
+    {
+        const struct st_tensor *probe;
+        if (!raw && safetensors_count(st) > 0) {
+            const struct st_tensor *first;
+            char name[600];
+            safetensors_get(st, 0, &first);
+            snprintf(name, sizeof name, "ema.%s", first->name);
+            if (strncmp(first->name, "ema.", 4) != 0 && safetensors_find(st, name, &probe)) {
+                fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n", ckpt);
+                raw = 1;
+            }
+        }
     }
     sc.prediction = spec.prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
     struct ddpm_schedule sch;
@@ -509,6 +685,7 @@ int cli_main(int argc, char **argv)
     }
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc, argv);
     if (strcmp(argv[1], "sample") == 0) return cmd_sample(argc, argv);
+    if (strcmp(argv[1], "export") == 0) return cmd_export(argc, argv);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc, argv);
     fprintf(stderr, "ddpmd: unknown command '%s' (see ddpmd --help)\n", argv[1]);

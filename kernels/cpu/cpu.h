@@ -99,6 +99,10 @@ int cpu_mse_fwd(float *loss, const float *pred, const float *target, size_t coun
                 bk_ctx *ctx);
 int cpu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
                 int accum, size_t count, bk_ctx *ctx);
+int cpu_xent_fwd(float *loss, float *prob, const float *logits, const float *target, int n, int k,
+                 bk_ctx *ctx);
+int cpu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
+                 int accum, int n, int k, bk_ctx *ctx);
 int cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step,
                     uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx);
 int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,

@@ -104,3 +104,41 @@ int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t
 {
     return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, ctx);
 }
+
+/* softmax cross-entropy: rows in parallel, each row's sums in double in a fixed order */
+int cpu_xent_fwd(float *loss, float *prob, const float *logits, const float *target, int n, int k,
+                 bk_ctx *ctx)
+{
+    if (!loss || !prob || !logits || !target || n < 1 || k < 1) return BK_ERR_INVALID;
+    double total = 0.0;
+#pragma omp parallel for num_threads(ctx->threads) if (n >= 64) schedule(static) reduction(+ : total)
+    for (int i = 0; i < n; i++) {
+        const float *z = logits + (size_t)i * k, *t = target + (size_t)i * k;
+        float *p = prob + (size_t)i * k;
+        double mx = z[0], sum = 0.0, l = 0.0;
+        for (int j = 1; j < k; j++) mx = z[j] > mx ? z[j] : mx;
+        for (int j = 0; j < k; j++) sum += exp((double)z[j] - mx);
+        double lse = mx + log(sum);
+        for (int j = 0; j < k; j++) {
+            p[j] = (float)exp((double)z[j] - lse);
+            l -= (double)t[j] * ((double)z[j] - lse);
+        }
+        total += l;
+    }
+    loss[0] = (float)(total / n);
+    return BK_OK;
+}
+
+int cpu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
+                 int accum, int n, int k, bk_ctx *ctx)
+{
+    if (!dlogits || !prob || !target || n < 1 || k < 1) return BK_ERR_INVALID;
+    const float s = dloss_scale / (float)n;
+    const size_t count = (size_t)n * k;
+#pragma omp parallel for num_threads(ctx->threads) if (count >= 65536) schedule(static)
+    for (size_t i = 0; i < count; i++) {
+        float g = s * (prob[i] - target[i]);
+        dlogits[i] = accum ? dlogits[i] + g : g;
+    }
+    return BK_OK;
+}
