@@ -72,7 +72,8 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
     if (opts) e->opts = *opts;
     e->loss_tensor = -1;
     for (int k = 0; k < g->n_ops; k++)
-        if (g->ops[k].type == OP_MSE) e->loss_tensor = g->ops[k].out[0];
+        if (g->ops[k].type == OP_MSE || g->ops[k].type == OP_XENT)
+            e->loss_tensor = g->ops[k].out[0];
     if (bk->ctx_init(&e->ctx, e->opts.threads)) {
         rc = EXEC_ERR_BACKEND;
         goto fail;
@@ -353,6 +354,16 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
         return bk->mse_fwd(Q(0), P(0), P(1), t0->numel, c);
     case OP_MSE_BWD:
         return bk->mse_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], t0->numel, c);
+    case OP_XENT:
+        return bk->xent_fwd(Q(0), Q(1), P(0), P(1), o->a.lin.m, o->a.lin.n, c);
+    case OP_XENT_BWD:
+        return bk->xent_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], o->a.lin.m, o->a.lin.n,
+                            c);
+    case OP_RESHAPE: /* in place (same bytes) when the planner merged the two */
+        return Q(0) == P(0) ? BK_OK : bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
+    case OP_RESHAPE_BWD:
+        return Q(0) == P(0) && !o->accum[0] ? BK_OK
+                                            : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
     case OP_DROPOUT:
         if (e->eval) return bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
         return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)k, sample_base,
