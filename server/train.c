@@ -493,7 +493,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             report(&j, step, loss, (float)avg, val, lr, norm, ips, eta);
         }
         if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
-        if ((last || stopping || (spec->sample_every && step % spec->sample_every == 0)) &&
+        /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting */
+        if ((last || (spec->sample_every && step % spec->sample_every == 0)) && !stopping &&
             save_samples(&j, step, err, errlen))
             goto out;
         if (stopping) {
