@@ -56,6 +56,16 @@ struct bk_adamw {
     float bias_c2_sqrt;     /* sqrt(1 - beta2^t) */
 };
 
+/* a device's memory (device_mem), bytes */
+struct bk_device_mem {
+    size_t total;          /* the device's memory */
+    size_t free;           /* free now (cudaMemGetInfo) */
+    size_t process;        /* held by this process itself (context, library handles, modules),
+                            * measured once after the warm-up; subtract it from the budget */
+    int cc_major, cc_minor;
+    char name[96];
+};
+
 struct backend {
     const char *name;
 
@@ -210,6 +220,33 @@ struct backend {
                       const struct bk_adamw *h, size_t count, bk_ctx *ctx);
     /* ema = decay * ema + (1 - decay) * w */
     int (*ema_update)(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
+
+    /* ---- optional: devices, library workspaces, parity (NULL where a backend has none, e.g.
+     * the CPU's; callers test the pointer). Appended last so older tables stay valid. ---- */
+    /* usable devices; 0 with the reason in err (no driver, no GPU, library missing) */
+    int (*device_count)(char *err, size_t errlen);
+    /* the device later ctx_init and *_ws_bytes calls of this process use (default 0). Warms the
+     * device up on first use - context, library handles, loaded modules - and then measures what
+     * the process itself holds there (bk_device_mem.process). BK_ERR_DEVICE with a message. */
+    int (*device_select)(int device, char *err, size_t errlen);
+    /* a device's memory in bytes (warms it up like device_select) */
+    int (*device_mem)(int device, struct bk_device_mem *out);
+    /* nonzero once a sticky error (illegal address, launch failure) poisoned the process's
+     * context on `device`: every later call there fails; only a new process recovers */
+    int (*device_poisoned)(int device);
+    /* gives libraries that keep a workspace per handle (cuBLAS) the plan's workspace (ws_off,
+     * ws_bytes), shared with the kernels that take `ws` (same stream, never at once). Without
+     * this call they run with no workspace at all, never with one of their own. */
+    int (*ctx_set_workspace)(bk_ctx *ctx, void *ws, size_t bytes);
+    /* parity mode, process-wide, default on: fp32 arithmetic only (no TF32, no Winograd or FFT
+     * convolutions), deterministic algorithms. Set before planning: workspace sizes depend on it. */
+    int (*set_parity)(int on);
+    /* Philox draws on the device, equal to philox.h's on the host: y (N, per_sample) element e
+     * of sample s = philox_normal / philox_u32_at(seed, tag, step, sample_base + s, op, e) */
+    int (*philox_normal_fill)(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                              int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+    int (*philox_u32_fill)(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                           int sample_base, int n, size_t per_sample, bk_ctx *ctx);
 };
 
 /* the CPU backend, always present */

@@ -1,0 +1,621 @@
+/* backend_cuda.cu - the CUDA backend's table, devices and memory. A device is warmed up once per
+ * process (context, a pool of per-job streams and library handles, every library module loaded
+ * eagerly, one tiny convolution and GEMM run) and then measured: what the process holds there is
+ * known before any job is admitted. A job's context borrows a slot of that pool, so the job itself
+ * allocates exactly one thing on the device, its reservation (mem_alloc).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+
+int cu_parity = 1;
+int cu_sync_checks = 0;
+
+struct cu_slot {
+    int used;
+    cudaStream_t stream;
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    double *scratch;
+    double *host;
+};
+
+struct cu_dev {
+    int state;                /* 0: not tried, 1: ready, -1: failed (err says why) */
+    volatile int poisoned;
+    char err[256];
+    size_t total, process;
+    int cc_major, cc_minor;
+    char name[96];
+    int nslots;
+    struct cu_slot slot[CU_MAX_SLOTS];
+    cudnnHandle_t qcudnn;     /* job-less queries (conv2d_ws_bytes) under g_qlock */
+};
+
+static struct cu_dev g_dev[CU_MAX_DEVICES];
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;  /* g_dev states and slots */
+static pthread_mutex_t g_qlock = PTHREAD_MUTEX_INITIALIZER; /* query handles, conv cache */
+static int g_default_device = 0;
+static __thread int tl_device = -1; /* the device this thread made current */
+
+int cu_default_device(void) { return g_default_device; }
+void cu_query_lock(void) { pthread_mutex_lock(&g_qlock); }
+void cu_query_unlock(void) { pthread_mutex_unlock(&g_qlock); }
+cudnnHandle_t cu_query_cudnn(int device) { return g_dev[device].qcudnn; }
+
+/* errors after which the context is unusable: every later call returns them again */
+static int cu_sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void cu_poison(int dev, cudaError_t e)
+{
+    if (dev < 0 || dev >= CU_MAX_DEVICES) return;
+    if (!g_dev[dev].poisoned)
+        fprintf(stderr, "ddpmd cuda: device %d poisoned by %s: restart the process\n", dev,
+                cudaGetErrorName(e));
+    g_dev[dev].poisoned = 1;
+}
+
+int cu_fail_cuda(cudaError_t e, const char *what, const char *file, int line)
+{
+    fprintf(stderr, "ddpmd cuda: %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorName(e),
+            cudaGetErrorString(e));
+    if (cu_sticky(e))
+        cu_poison(tl_device, e);
+    else
+        (void)cudaGetLastError(); /* clear it: the next call must not see it again */
+    return e == cudaErrorMemoryAllocation ? BK_ERR_NOMEM : BK_ERR_DEVICE;
+}
+
+/* a library error may hide a CUDA error (a kernel of the library faulted) */
+static void cu_check_after_library(void)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "ddpmd cuda: and CUDA reports %s\n", cudaGetErrorName(e));
+        if (cu_sticky(e)) cu_poison(tl_device, e);
+    }
+}
+
+int cu_fail_cudnn(cudnnStatus_t s, const char *what, const char *file, int line)
+{
+    fprintf(stderr, "ddpmd cuda: %s:%d: %s: %s\n", file, line, what, cudnnGetErrorString(s));
+    cu_check_after_library();
+    return s == CUDNN_STATUS_ALLOC_FAILED ? BK_ERR_NOMEM : BK_ERR_DEVICE;
+}
+
+int cu_fail_cublas(cublasStatus_t s, const char *what, const char *file, int line)
+{
+    fprintf(stderr, "ddpmd cuda: %s:%d: %s: %s\n", file, line, what, cublasGetStatusString(s));
+    cu_check_after_library();
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? BK_ERR_NOMEM : BK_ERR_DEVICE;
+}
+
+static int cu_set_device(int dev)
+{
+    if (tl_device == dev) return BK_OK;
+    cudaError_t e = cudaSetDevice(dev);
+    if (e != cudaSuccess) return cu_fail_cuda(e, "cudaSetDevice", __FILE__, __LINE__);
+    tl_device = dev;
+    return BK_OK;
+}
+
+int cu_enter(bk_ctx *ctx)
+{
+    if (g_dev[ctx->device].poisoned) return BK_ERR_DEVICE;
+    return cu_set_device(ctx->device);
+}
+
+int cu_launched(bk_ctx *ctx, const char *file, int line)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return cu_fail_cuda(e, "kernel launch", file, line);
+    if (cu_sync_checks) {
+        e = cudaStreamSynchronize(ctx->stream);
+        if (e != cudaSuccess) return cu_fail_cuda(e, "kernel execution", file, line);
+    }
+    return BK_OK;
+}
+
+/* ---- device warm-up ---- */
+
+static int env_int(const char *name, int def, int lo, int hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi) return def;
+    return (int)x;
+}
+
+#define WARM_CUDA(call)                                                                        \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            snprintf(d->err, sizeof d->err, "%s: %s", #call, cudaGetErrorString(e_));          \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+#define WARM_CUDNN(call)                                                                       \
+    do {                                                                                       \
+        cudnnStatus_t s_ = (call);                                                             \
+        if (s_ != CUDNN_STATUS_SUCCESS) {                                                      \
+            snprintf(d->err, sizeof d->err, "%s: %s", #call, cudnnGetErrorString(s_));         \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+#define WARM_CUBLAS(call)                                                                      \
+    do {                                                                                       \
+        cublasStatus_t s_ = (call);                                                            \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+            snprintf(d->err, sizeof d->err, "%s: %s", #call, cublasGetStatusString(s_));       \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+/* one small convolution in every direction through every algorithm the finders try, and a
+ * GEMM: the libraries load what they load lazily (sub-libraries, heuristics, kernels) now */
+static int warm_libraries(struct cu_dev *d, struct cu_slot *sl)
+{
+    const int n = 2, c = 8, hw = 16, k = 3;
+    const size_t ws_bytes = 16u << 20;
+    float *x = NULL, *w = NULL, *y = NULL;
+    void *ws = NULL;
+    cudnnTensorDescriptor_t xd = NULL, yd = NULL;
+    cudnnFilterDescriptor_t wd = NULL;
+    cudnnConvolutionDescriptor_t cd = NULL;
+    cudnnConvolutionFwdAlgoPerf_t fp[2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t dp[2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t wp[2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0, ok = 0;
+    const float one = 1.0f, zero = 0.0f;
+    WARM_CUDA(cudaMalloc(&x, sizeof(float) * n * c * hw * hw));
+    WARM_CUDA(cudaMalloc(&y, sizeof(float) * n * c * hw * hw));
+    WARM_CUDA(cudaMalloc(&w, sizeof(float) * c * c * k * k));
+    WARM_CUDA(cudaMalloc(&ws, ws_bytes));
+    WARM_CUDA(cudaMemsetAsync(x, 0, sizeof(float) * n * c * hw * hw, sl->stream));
+    WARM_CUDA(cudaMemsetAsync(w, 0, sizeof(float) * c * c * k * k, sl->stream));
+    WARM_CUDNN(cudnnCreateTensorDescriptor(&xd));
+    WARM_CUDNN(cudnnCreateTensorDescriptor(&yd));
+    WARM_CUDNN(cudnnCreateFilterDescriptor(&wd));
+    WARM_CUDNN(cudnnCreateConvolutionDescriptor(&cd));
+    WARM_CUDNN(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, hw, hw));
+    WARM_CUDNN(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, hw, hw));
+    WARM_CUDNN(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, c, c, k, k));
+    WARM_CUDNN(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                               CUDNN_DATA_FLOAT));
+    WARM_CUDNN(cudnnSetConvolutionMathType(cd, cu_parity ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+    WARM_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(sl->cudnn, xd, wd, cd, yd,
+                                                      2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
+                                                      fp));
+    WARM_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(sl->cudnn, xd, x, wd, w, cd, yd, y,
+                                                      2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
+                                                      fp, ws, ws_bytes));
+    WARM_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+        sl->cudnn, wd, w, yd, y, cd, xd, x, 2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp,
+        ws, ws_bytes));
+    WARM_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        sl->cudnn, xd, x, yd, y, cd, wd, w, 2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp,
+        ws, ws_bytes));
+    WARM_CUDNN(cudnnAddTensor(sl->cudnn, &one, yd, y, &zero, yd, y));
+    WARM_CUBLAS(cublasSgemm(sl->cublas, CUBLAS_OP_T, CUBLAS_OP_N, 16, 16, 16, &one, x, 16, x, 16,
+                            &zero, y, 16));
+    WARM_CUDA(cudaStreamSynchronize(sl->stream));
+    ok = 1;
+fail:
+    if (xd) cudnnDestroyTensorDescriptor(xd);
+    if (yd) cudnnDestroyTensorDescriptor(yd);
+    if (wd) cudnnDestroyFilterDescriptor(wd);
+    if (cd) cudnnDestroyConvolutionDescriptor(cd);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(w);
+    cudaFree(ws);
+    return ok ? 0 : -1;
+}
+
+/* called with g_lock held */
+static int dev_warm_up(int dev)
+{
+    struct cu_dev *d = &g_dev[dev];
+    size_t free_b = 0, total_b = 0;
+    cudaDeviceProp prop;
+    WARM_CUDA(cudaSetDevice(dev));
+    tl_device = dev;
+    WARM_CUDA(cudaFree(0)); /* the primary context */
+    WARM_CUDA(cudaGetDeviceProperties(&prop, dev));
+    {
+        const size_t len = strnlen(prop.name, sizeof d->name - 1);
+        memcpy(d->name, prop.name, len);
+        d->name[len] = '\0';
+    }
+    d->cc_major = prop.major;
+    d->cc_minor = prop.minor;
+    /* cuDNN 9 loads its sub-libraries on first use: load them now */
+    WARM_CUDNN(cudnnGraphVersionCheck());
+    WARM_CUDNN(cudnnOpsVersionCheck());
+    WARM_CUDNN(cudnnCnnVersionCheck());
+    d->nslots = env_int("DDPMD_CUDA_SLOTS", 4, 1, CU_MAX_SLOTS);
+    for (int i = 0; i < d->nslots; i++) {
+        struct cu_slot *sl = &d->slot[i];
+        WARM_CUDA(cudaStreamCreateWithFlags(&sl->stream, cudaStreamNonBlocking));
+        WARM_CUDNN(cudnnCreate(&sl->cudnn));
+        WARM_CUDNN(cudnnSetStream(sl->cudnn, sl->stream));
+        WARM_CUBLAS(cublasCreate(&sl->cublas));
+        WARM_CUBLAS(cublasSetStream(sl->cublas, sl->stream));
+        /* no workspace of cuBLAS's own: the plan's (ctx_set_workspace) or none */
+        WARM_CUBLAS(cublasSetWorkspace(sl->cublas, NULL, 0));
+        WARM_CUDA(cudaMalloc(&sl->scratch, CU_SCRATCH_DOUBLES * sizeof(double)));
+        WARM_CUDA(cudaMallocHost(&sl->host, 8 * sizeof(double)));
+    }
+    WARM_CUDNN(cudnnCreate(&d->qcudnn));
+    if (warm_libraries(d, &d->slot[0])) goto fail;
+    WARM_CUDA(cudaDeviceSynchronize());
+    WARM_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    d->total = total_b;
+    d->process = total_b - free_b;
+    d->state = 1;
+    if (getenv("DDPMD_CUDA_VERBOSE"))
+        fprintf(stderr,
+                "ddpmd cuda: device %d (%s, sm_%d%d): %zu MiB, the process holds %zu MiB after "
+                "the warm-up (%d job slots, module loading %s)\n",
+                dev, d->name, d->cc_major, d->cc_minor, total_b >> 20, d->process >> 20,
+                d->nslots, getenv("CUDA_MODULE_LOADING") ? getenv("CUDA_MODULE_LOADING") : "?");
+    return BK_OK;
+fail:
+    (void)cudaGetLastError();
+    d->state = -1;
+    fprintf(stderr, "ddpmd cuda: device %d: warm-up failed: %s\n", dev, d->err);
+    return BK_ERR_DEVICE;
+}
+
+static int device_count_quiet(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+int cu_device_ready(int dev)
+{
+    if (dev < 0 || dev >= CU_MAX_DEVICES) return BK_ERR_INVALID;
+    pthread_mutex_lock(&g_lock);
+    int rc;
+    if (g_dev[dev].state == 1) {
+        rc = BK_OK;
+    } else if (g_dev[dev].state < 0) {
+        rc = BK_ERR_DEVICE;
+    } else if (dev >= device_count_quiet()) {
+        g_dev[dev].state = -1;
+        snprintf(g_dev[dev].err, sizeof g_dev[dev].err, "no CUDA device %d", dev);
+        rc = BK_ERR_DEVICE;
+    } else {
+        rc = dev_warm_up(dev);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == BK_OK && g_dev[dev].poisoned) rc = BK_ERR_DEVICE;
+    if (rc == BK_OK) rc = cu_set_device(dev);
+    return rc;
+}
+
+/* ---- optional table entries: devices ---- */
+
+static int cu_device_count(char *err, size_t errlen)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (err && errlen)
+            snprintf(err, errlen, "no CUDA device: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        return 0;
+    }
+    if (n == 0 && err && errlen) snprintf(err, errlen, "no CUDA device");
+    return n;
+}
+
+static int cu_device_select(int device, char *err, size_t errlen)
+{
+    int n = cu_device_count(err, errlen);
+    if (device < 0 || device >= n || device >= CU_MAX_DEVICES) {
+        if (err && errlen && n > 0)
+            snprintf(err, errlen, "no CUDA device %d (this machine has %d)", device, n);
+        return BK_ERR_INVALID;
+    }
+    int rc = cu_device_ready(device);
+    if (rc) {
+        if (err && errlen)
+            snprintf(err, errlen, "CUDA device %d: %s", device,
+                     g_dev[device].poisoned ? "poisoned" : g_dev[device].err);
+        return rc;
+    }
+    g_default_device = device;
+    return BK_OK;
+}
+
+static int cu_device_mem(int device, struct bk_device_mem *out)
+{
+    if (!out) return BK_ERR_INVALID;
+    int rc = cu_device_ready(device);
+    if (rc) return rc;
+    size_t free_b = 0, total_b = 0;
+    CU_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    memset(out, 0, sizeof *out);
+    out->total = total_b;
+    out->free = free_b;
+    out->process = g_dev[device].process;
+    out->cc_major = g_dev[device].cc_major;
+    out->cc_minor = g_dev[device].cc_minor;
+    snprintf(out->name, sizeof out->name, "%s", g_dev[device].name);
+    return BK_OK;
+}
+
+static int cu_device_poisoned(int device)
+{
+    if (device < 0 || device >= CU_MAX_DEVICES) return 0;
+    return g_dev[device].poisoned;
+}
+
+static int cu_set_parity(int on)
+{
+    cu_parity = on ? 1 : 0;
+    return BK_OK;
+}
+
+/* ---- context ---- */
+
+int cu_ctx_init(bk_ctx **out, int threads)
+{
+    (void)threads;
+    if (!out) return BK_ERR_INVALID;
+    int dev = g_default_device;
+    int rc = cu_device_ready(dev);
+    if (rc) return rc;
+    bk_ctx *c = (bk_ctx *)calloc(1, sizeof *c);
+    if (!c) return BK_ERR_NOMEM;
+    struct cu_dev *d = &g_dev[dev];
+    pthread_mutex_lock(&g_lock);
+    int s = 0;
+    while (s < d->nslots && d->slot[s].used) s++;
+    if (s < d->nslots) d->slot[s].used = 1;
+    pthread_mutex_unlock(&g_lock);
+    if (s == d->nslots) {
+        fprintf(stderr, "ddpmd cuda: device %d: all %d job slots in use (DDPMD_CUDA_SLOTS)\n", dev,
+                d->nslots);
+        free(c);
+        return BK_ERR_NOMEM;
+    }
+    c->device = dev;
+    c->slot = s;
+    c->stream = d->slot[s].stream;
+    c->cudnn = d->slot[s].cudnn;
+    c->cublas = d->slot[s].cublas;
+    c->scratch = d->slot[s].scratch;
+    c->host = d->slot[s].host;
+    cublasStatus_t bs = cublasSetMathMode(c->cublas, cu_parity ? CUBLAS_PEDANTIC_MATH
+                                                                : CUBLAS_DEFAULT_MATH);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->cublas, NULL, 0);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        cu_fail_cublas(bs, "cublasSetMathMode/cublasSetWorkspace", __FILE__, __LINE__);
+        cu_ctx_free(c);
+        return BK_ERR_DEVICE;
+    }
+    *out = c;
+    return BK_OK;
+}
+
+void cu_ctx_free(bk_ctx *ctx)
+{
+    if (!ctx) return;
+    if (!g_dev[ctx->device].poisoned && cu_set_device(ctx->device) == BK_OK) {
+        (void)cudaStreamSynchronize(ctx->stream);
+        (void)cublasSetWorkspace(ctx->cublas, NULL, 0);
+        (void)cudaGetLastError();
+    }
+    pthread_mutex_lock(&g_lock);
+    g_dev[ctx->device].slot[ctx->slot].used = 0;
+    pthread_mutex_unlock(&g_lock);
+    free(ctx);
+}
+
+static int cu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes)
+{
+    CU_ENTER(ctx);
+    /* cuBLAS wants 256-byte alignment; the plan's workspace is 64-byte aligned */
+    uintptr_t a = ((uintptr_t)ws + 255) & ~(uintptr_t)255;
+    size_t lost = (size_t)(a - (uintptr_t)ws);
+    if (!ws || bytes <= lost + 256) {
+        ctx->ws = NULL;
+        ctx->ws_bytes = 0;
+    } else {
+        ctx->ws = (void *)a;
+        ctx->ws_bytes = (bytes - lost) & ~(size_t)255;
+    }
+    CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ctx->ws, ctx->ws_bytes));
+    return BK_OK;
+}
+
+/* ---- memory ---- */
+
+int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
+{
+    if (!out) return BK_ERR_INVALID;
+    CU_ENTER(ctx);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        fprintf(stderr,
+                "ddpmd cuda: device %d: cannot reserve %zu bytes (%.1f MiB): %zu MiB free of "
+                "%zu MiB\n",
+                ctx->device, bytes, (double)bytes / 1048576.0, free_b >> 20, total_b >> 20);
+        return BK_ERR_NOMEM;
+    }
+    if (e != cudaSuccess) return cu_fail_cuda(e, "cudaMalloc", __FILE__, __LINE__);
+    *out = p;
+    return BK_OK;
+}
+
+void cu_mem_free(void *p, bk_ctx *ctx)
+{
+    if (!p || !ctx) return;
+    if (cu_set_device(ctx->device) != BK_OK) return;
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess) cu_fail_cuda(e, "cudaFree", __FILE__, __LINE__);
+}
+
+int cu_mem_upload(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!bytes) return BK_OK;
+    if (!dst || !src_host) return BK_ERR_INVALID;
+    CU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU_CHECK(cudaStreamSynchronize(ctx->stream));
+    return BK_OK;
+}
+
+int cu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!bytes) return BK_OK;
+    if (!dst_host || !src) return BK_ERR_INVALID;
+    CU_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    CU_CHECK(cudaStreamSynchronize(ctx->stream));
+    return BK_OK;
+}
+
+__global__ void k_fill_f32(float *dst, float value, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = value;
+}
+
+int cu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!count) return BK_OK;
+    if (!dst) return BK_ERR_INVALID;
+    CU_LAUNCH(k_fill_f32, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        dst, value, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+int cu_sync(bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    CU_CHECK(cudaStreamSynchronize(ctx->stream));
+    return BK_OK;
+}
+
+/* ---- the table ---- */
+
+static struct backend cu_backend;
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_table_init(void)
+{
+    /* every module of every library is loaded when the context is made or the library first
+     * used (the warm-up), not at a kernel's first launch inside a job's step; what they take
+     * is then measured once. CUDA_MODULE_LOADING=LAZY in the environment trades that away. */
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    cu_sync_checks = env_int("DDPMD_CUDA_SYNC", 0, 0, 1);
+    cu_parity = env_int("DDPMD_CUDA_PARITY", 1, 0, 1);
+    struct backend *t = &cu_backend;
+    t->name = "cuda";
+    t->ctx_init = cu_ctx_init;
+    t->ctx_free = cu_ctx_free;
+    t->mem_alloc = cu_mem_alloc;
+    t->mem_free = cu_mem_free;
+    t->mem_upload = cu_mem_upload;
+    t->mem_download = cu_mem_download;
+    t->mem_set_f32 = cu_mem_set_f32;
+    t->sync = cu_sync;
+    t->conv2d_ws_bytes = cu_conv2d_ws_bytes;
+    t->conv2d_fwd = cu_conv2d_fwd;
+    t->conv2d_bwd_data = cu_conv2d_bwd_data;
+    t->conv2d_bwd_filter = cu_conv2d_bwd_filter;
+    t->linear_fwd = cu_linear_fwd;
+    t->linear_bwd = cu_linear_bwd;
+    t->groupnorm_fwd = cu_groupnorm_fwd;
+    t->groupnorm_bwd = cu_groupnorm_bwd;
+    t->layernorm_fwd = cu_layernorm_fwd;
+    t->layernorm_bwd = cu_layernorm_bwd;
+    t->silu_fwd = cu_silu_fwd;
+    t->silu_bwd = cu_silu_bwd;
+    t->gelu_fwd = cu_gelu_fwd;
+    t->gelu_bwd = cu_gelu_bwd;
+    t->add_fwd = cu_add_fwd;
+    t->copy_grad = cu_copy_grad;
+    t->add_bcast_fwd = cu_add_bcast_fwd;
+    t->add_bcast_bwd = cu_add_bcast_bwd;
+    t->scale_fwd = cu_scale_fwd;
+    t->concat_fwd = cu_concat_fwd;
+    t->concat_bwd = cu_concat_bwd;
+    t->transpose_fwd = cu_transpose_fwd;
+    t->upsample_nearest2x_fwd = cu_upsample_nearest2x_fwd;
+    t->upsample_nearest2x_bwd = cu_upsample_nearest2x_bwd;
+    t->upsample_bilinear2x_fwd = cu_upsample_bilinear2x_fwd;
+    t->upsample_bilinear2x_bwd = cu_upsample_bilinear2x_bwd;
+    t->maxpool2x2_fwd = cu_maxpool2x2_fwd;
+    t->maxpool2x2_bwd = cu_maxpool2x2_bwd;
+    t->timestep_embed_fwd = cu_timestep_embed_fwd;
+    t->attn_ws_bytes = cu_attn_ws_bytes;
+    t->attn_fwd = cu_attn_fwd;
+    t->attn_bwd = cu_attn_bwd;
+    t->attn_plain_fwd = cu_attn_plain_fwd;
+    t->attn_plain_bwd = cu_attn_plain_bwd;
+    t->mse_fwd = cu_mse_fwd;
+    t->mse_bwd = cu_mse_bwd;
+    t->xent_fwd = cu_xent_fwd;
+    t->xent_bwd = cu_xent_bwd;
+    t->dropout_fwd = cu_dropout_fwd;
+    t->dropout_bwd = cu_dropout_bwd;
+    t->sumsq = cu_sumsq;
+    t->adamw_step = cu_adamw_step;
+    t->ema_update = cu_ema_update;
+    t->device_count = cu_device_count;
+    t->device_select = cu_device_select;
+    t->device_mem = cu_device_mem;
+    t->device_poisoned = cu_device_poisoned;
+    t->ctx_set_workspace = cu_ctx_set_workspace;
+    t->set_parity = cu_set_parity;
+    t->philox_normal_fill = cu_philox_normal_fill;
+    t->philox_u32_fill = cu_philox_u32_fill;
+}
+
+/* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:
+ * loading the module on a machine without a GPU or driver is harmless. */
+extern "C" __attribute__((visibility("default"))) const struct backend *ddpmd_backend_cuda(void)
+{
+    pthread_once(&cu_once, cu_table_init);
+    return &cu_backend;
+}

@@ -1,0 +1,504 @@
+/* conv.cu - 2-D convolution through cuDNN 9's convolution API: forward, backward data and
+ * backward filter. Descriptors and algorithms are chosen once per (device, shape, parity) and kept
+ * in a process-wide cache. conv2d_ws_bytes ranks the algorithms with cuDNN's heuristics (no
+ * device memory needed) and sizes the workspace for the best few allowed ones; the first call of
+ * each direction then times them with the *Ex finders over that workspace, taken from the plan,
+ * and keeps the fastest. Parity mode: CUDNN_FMA_MATH, no Winograd or FFT; always deterministic.
+ * cuDNN's descriptors only pad symmetrically: a conv with pad_t != pad_b or pad_l != pad_r
+ * (diffusers' downsample pads right and bottom) runs unpadded over a zero-padded copy of its
+ * input in the workspace, and its data gradient comes back through a cropped copy.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+
+enum { DIR_FWD = 0, DIR_BWD_DATA = 1, DIR_BWD_FILTER = 2, DIR_N = 3 };
+#define CONV_CAND 3          /* allowed heuristic candidates the workspace is sized for */
+#define CONV_ALIGN 256
+#define CONV_PERF_N 32
+
+struct conv_entry {
+    struct conv_entry *next;
+    int device, parity;
+    struct bk_conv2d s;
+    int asym;                  /* 1: cuDNN sees the zero-padded copy (hp, wp) with pad 0 */
+    int hp, wp;
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    int ncand[DIR_N];
+    int cand[DIR_N][CONV_CAND];
+    size_t pad_bytes, dw_bytes, lib_bytes, ws_bytes;
+    int tuned[DIR_N];
+    int algo[DIR_N];
+};
+
+static struct conv_entry *g_conv; /* under cu_query_lock */
+
+static size_t align_up(size_t x) { return (x + CONV_ALIGN - 1) / CONV_ALIGN * CONV_ALIGN; }
+
+static size_t env_size_mb(const char *name, size_t def_mb)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return def_mb << 20;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    return *end ? def_mb << 20 : (size_t)x << 20;
+}
+
+static int conv_check(const struct bk_conv2d *s)
+{
+    if (!s || s->n < 1 || s->ci < 1 || s->h < 1 || s->w < 1 || s->co < 1) return BK_ERR_INVALID;
+    if (s->pad_t < 0 || s->pad_l < 0 || s->pad_b < 0 || s->pad_r < 0) return BK_ERR_INVALID;
+    struct bk_conv2d t = *s;
+    if (bk_conv2d_init(&t) != BK_OK || t.ho != s->ho || t.wo != s->wo) return BK_ERR_INVALID;
+    /* cuDNN's 4-d descriptors take int dimensions and strides */
+    long long hp = (long long)s->h + s->pad_t + s->pad_b,
+              wp = (long long)s->w + s->pad_l + s->pad_r;
+    if ((long long)s->n * s->ci * hp * wp > INT_MAX ||
+        (long long)s->n * s->co * s->ho * s->wo > INT_MAX)
+        return BK_ERR_INVALID;
+    return BK_OK;
+}
+
+static int same_shape(const struct bk_conv2d *a, const struct bk_conv2d *b)
+{
+    return a->n == b->n && a->ci == b->ci && a->h == b->h && a->w == b->w && a->co == b->co &&
+           a->kh == b->kh && a->kw == b->kw && a->stride == b->stride && a->pad_t == b->pad_t &&
+           a->pad_l == b->pad_l && a->pad_b == b->pad_b && a->pad_r == b->pad_r;
+}
+
+/* algorithms a parity run may use: no Winograd, no FFT; and never a non-deterministic one */
+static int fwd_allowed(int a, int parity)
+{
+    if (!parity) return 1;
+    return a != CUDNN_CONVOLUTION_FWD_ALGO_FFT && a != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
+           a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD &&
+           a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+static int bwd_data_allowed(int a, int parity)
+{
+    if (a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) return 0; /* atomics */
+    if (!parity) return 1;
+    return a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT &&
+           a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
+           a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD &&
+           a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+static int bwd_filter_allowed(int a, int parity)
+{
+    if (a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
+        return 0; /* atomics */
+    if (!parity) return 1;
+    return a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT &&
+           a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
+           a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD &&
+           a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+static int dir_allowed(int dir, int a, int parity)
+{
+    return dir == DIR_FWD        ? fwd_allowed(a, parity)
+           : dir == DIR_BWD_DATA ? bwd_data_allowed(a, parity)
+                                 : bwd_filter_allowed(a, parity);
+}
+static int math_allowed(cudnnMathType_t m, int parity)
+{
+    return !parity || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+/* one perf row, whatever the direction */
+struct perf_row {
+    int algo;
+    cudnnStatus_t status;
+    size_t memory;
+    cudnnDeterminism_t det;
+    cudnnMathType_t math;
+};
+
+template <typename P> static void perf_rows(struct perf_row *r, const P *p, int n)
+{
+    for (int i = 0; i < n; i++) {
+        r[i].algo = (int)p[i].algo;
+        r[i].status = p[i].status;
+        r[i].memory = p[i].memory;
+        r[i].det = p[i].determinism;
+        r[i].math = p[i].mathType;
+    }
+}
+
+static int row_ok(const struct perf_row *r, int dir, int parity, size_t max_mem)
+{
+    return r->status == CUDNN_STATUS_SUCCESS && r->det == CUDNN_DETERMINISTIC &&
+           dir_allowed(dir, r->algo, parity) && math_allowed(r->math, parity) &&
+           r->memory <= max_mem;
+}
+
+static void entry_destroy(struct conv_entry *e)
+{
+    if (!e) return;
+    if (e->xd) cudnnDestroyTensorDescriptor(e->xd);
+    if (e->yd) cudnnDestroyTensorDescriptor(e->yd);
+    if (e->wd) cudnnDestroyFilterDescriptor(e->wd);
+    if (e->cd) cudnnDestroyConvolutionDescriptor(e->cd);
+    free(e);
+}
+
+/* the workspace of the always-available fallback of a direction */
+static int fallback_ws(struct conv_entry *e, cudnnHandle_t h, int dir, size_t *bytes)
+{
+    if (dir == DIR_FWD)
+        CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+            h, e->xd, e->wd, e->cd, e->yd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, bytes));
+    else if (dir == DIR_BWD_DATA)
+        CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+            h, e->wd, e->yd, e->cd, e->xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, bytes));
+    else
+        CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            h, e->xd, e->yd, e->cd, e->wd, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, bytes));
+    return BK_OK;
+}
+
+static int fallback_algo(int dir)
+{
+    return dir == DIR_FWD        ? (int)CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+           : dir == DIR_BWD_DATA ? (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
+                                 : (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+}
+
+/* descriptors, heuristic candidates and workspace of a new entry (device current, query lock
+ * held) */
+static int entry_build(struct conv_entry *e)
+{
+    const struct bk_conv2d *s = &e->s;
+    cudnnHandle_t h = cu_query_cudnn(e->device);
+    e->asym = s->pad_t != s->pad_b || s->pad_l != s->pad_r;
+    e->hp = e->asym ? s->h + s->pad_t + s->pad_b : s->h;
+    e->wp = e->asym ? s->w + s->pad_l + s->pad_r : s->w;
+    const int ph = e->asym ? 0 : s->pad_t, pw = e->asym ? 0 : s->pad_l;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->xd));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->yd));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->wd));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->cd));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->ci,
+                                           e->hp, e->wp));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->co,
+                                           s->ho, s->wo));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->co,
+                                           s->ci, s->kh, s->kw));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->cd, ph, pw, s->stride, s->stride, 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e->cd, e->parity ? CUDNN_FMA_MATH
+                                                              : CUDNN_DEFAULT_MATH));
+    /* cuDNN's idea of the output must be ours */
+    int on, oc, oh, ow;
+    CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->cd, e->xd, e->wd, &on, &oc, &oh, &ow));
+    if (on != s->n || oc != s->co || oh != s->ho || ow != s->wo) {
+        fprintf(stderr, "ddpmd cuda: conv output %dx%dx%dx%d, cuDNN says %dx%dx%dx%d\n", s->n,
+                s->co, s->ho, s->wo, on, oc, oh, ow);
+        return BK_ERR_INVALID;
+    }
+    const size_t max_mem = env_size_mb("DDPMD_CUDA_CONV_WS_MAX_MB", 256);
+    size_t lib = 0;
+    for (int dir = 0; dir < DIR_N; dir++) {
+        struct perf_row rows[CONV_PERF_N];
+        int got = 0;
+        if (dir == DIR_FWD) {
+            cudnnConvolutionFwdAlgoPerf_t p[CONV_PERF_N];
+            CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e->xd, e->wd, e->cd, e->yd,
+                                                               CONV_PERF_N, &got, p));
+            perf_rows(rows, p, got);
+        } else if (dir == DIR_BWD_DATA) {
+            cudnnConvolutionBwdDataAlgoPerf_t p[CONV_PERF_N];
+            CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, e->wd, e->yd, e->cd, e->xd,
+                                                                    CONV_PERF_N, &got, p));
+            perf_rows(rows, p, got);
+        } else {
+            cudnnConvolutionBwdFilterAlgoPerf_t p[CONV_PERF_N];
+            CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, e->xd, e->yd, e->cd,
+                                                                      e->wd, CONV_PERF_N, &got,
+                                                                      p));
+            perf_rows(rows, p, got);
+        }
+        e->ncand[dir] = 0;
+        for (int i = 0; i < got && e->ncand[dir] < CONV_CAND; i++) {
+            if (!row_ok(&rows[i], dir, e->parity, max_mem)) continue;
+            int dup = 0;
+            for (int j = 0; j < e->ncand[dir]; j++) dup |= e->cand[dir][j] == rows[i].algo;
+            if (dup) continue;
+            e->cand[dir][e->ncand[dir]++] = rows[i].algo;
+            if (rows[i].memory > lib) lib = rows[i].memory;
+        }
+        if (e->ncand[dir] == 0) {
+            size_t b = 0;
+            int rc = fallback_ws(e, h, dir, &b);
+            if (rc) return rc;
+            e->cand[dir][e->ncand[dir]++] = fallback_algo(dir);
+            if (b > lib) lib = b;
+        }
+        e->algo[dir] = e->cand[dir][0];
+    }
+    e->pad_bytes = e->asym ? align_up((size_t)s->n * s->ci * e->hp * e->wp * sizeof(float)) : 0;
+    e->dw_bytes = align_up((size_t)s->co * s->ci * s->kh * s->kw * sizeof(float));
+    e->lib_bytes = align_up(lib);
+    /* + alignment slack: the plan's workspace is 64-byte aligned, cuDNN's wants more */
+    e->ws_bytes = CONV_ALIGN + e->pad_bytes + e->dw_bytes + e->lib_bytes;
+    return BK_OK;
+}
+
+/* the cache entry of (device, shape, parity), made on first sight; query lock held */
+static int entry_get_locked(int device, const struct bk_conv2d *s, struct conv_entry **out)
+{
+    for (struct conv_entry *e = g_conv; e; e = e->next)
+        if (e->device == device && e->parity == cu_parity && same_shape(&e->s, s)) {
+            *out = e;
+            return BK_OK;
+        }
+    int rc = cu_device_ready(device);
+    if (rc) return rc;
+    struct conv_entry *e = (struct conv_entry *)calloc(1, sizeof *e);
+    if (!e) return BK_ERR_NOMEM;
+    e->device = device;
+    e->parity = cu_parity;
+    e->s = *s;
+    rc = entry_build(e);
+    if (rc) {
+        entry_destroy(e);
+        return rc;
+    }
+    e->next = g_conv;
+    g_conv = e;
+    *out = e;
+    return BK_OK;
+}
+
+void cu_conv_forget(int device)
+{
+    cu_query_lock();
+    struct conv_entry **pp = &g_conv;
+    while (*pp) {
+        struct conv_entry *e = *pp;
+        if (e->device == device) {
+            *pp = e->next;
+            entry_destroy(e);
+        } else {
+            pp = &e->next;
+        }
+    }
+    cu_query_unlock();
+}
+
+size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s)
+{
+    if (conv_check(s) != BK_OK) return 0;
+    struct conv_entry *e = NULL;
+    cu_query_lock();
+    int rc = entry_get_locked(cu_default_device(), s, &e);
+    cu_query_unlock();
+    if (rc) {
+        fprintf(stderr, "ddpmd cuda: no convolution plan for this shape (error %d)\n", rc);
+        return 0;
+    }
+    return e->ws_bytes;
+}
+
+/* the parts of the workspace */
+struct conv_ws {
+    float *pad;   /* asym: the zero-padded input (forward, filter) or data gradient */
+    float *dw;    /* the filter finder's output (dw itself accumulates) */
+    void *lib;    /* cuDNN's workspace, e->lib_bytes */
+};
+
+static int conv_ws_split(struct conv_ws *w, void *ws, const struct conv_entry *e)
+{
+    if (!ws) return BK_ERR_INVALID;
+    char *b = (char *)(((uintptr_t)ws + CONV_ALIGN - 1) & ~(uintptr_t)(CONV_ALIGN - 1));
+    w->pad = e->asym ? (float *)b : NULL;
+    w->dw = (float *)(b + e->pad_bytes);
+    w->lib = b + e->pad_bytes + e->dw_bytes;
+    return BK_OK;
+}
+
+static int conv_find_enabled(void)
+{
+    const char *v = getenv("DDPMD_CUDA_CONV_FIND");
+    return !(v && v[0] == '0');
+}
+
+/* index of the finder's fastest row that is allowed and fits, or -1 */
+static int pick_found(const struct perf_row *r, int n, int dir, const struct conv_entry *e)
+{
+    for (int i = 0; i < n; i++)
+        if (row_ok(&r[i], dir, e->parity, e->lib_bytes)) return i;
+    return -1;
+}
+
+static int conv_pad(float *xp, const float *x, const struct conv_entry *e, bk_ctx *ctx)
+{
+    const struct bk_conv2d *s = &e->s;
+    return cu_pad2d(xp, x, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b, s->pad_r, ctx);
+}
+
+__global__ void k_conv_bias(float *y, const float *b, int co, int hw, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += b[(i / hw) % co];
+}
+
+int cu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+                  const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (conv_check(s) != BK_OK || !y || !x || !w) return BK_ERR_INVALID;
+    struct conv_entry *e = NULL;
+    struct conv_ws cw;
+    cu_query_lock();
+    int rc = entry_get_locked(ctx->device, s, &e);
+    cu_query_unlock();
+    if (rc) return rc;
+    if ((rc = conv_ws_split(&cw, ws, e))) return rc;
+    const float *xin = x;
+    if (e->asym) {
+        if ((rc = conv_pad(cw.pad, x, e, ctx))) return rc;
+        xin = cw.pad;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    cu_query_lock();
+    if (!e->tuned[DIR_FWD] && conv_find_enabled()) {
+        cudnnConvolutionFwdAlgoPerf_t p[CONV_PERF_N];
+        struct perf_row r[CONV_PERF_N];
+        int got = 0;
+        cudnnStatus_t st = cudnnFindConvolutionForwardAlgorithmEx(
+            ctx->cudnn, e->xd, xin, e->wd, w, e->cd, e->yd, y, CONV_PERF_N, &got, p, cw.lib,
+            e->lib_bytes);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            cu_query_unlock();
+            return cu_fail_cudnn(st, "cudnnFindConvolutionForwardAlgorithmEx", __FILE__, __LINE__);
+        }
+        perf_rows(r, p, got);
+        int i = pick_found(r, got, DIR_FWD, e);
+        if (i >= 0) e->algo[DIR_FWD] = r[i].algo;
+    }
+    e->tuned[DIR_FWD] = 1;
+    const cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)e->algo[DIR_FWD];
+    cu_query_unlock();
+    CUDNN_CHECK(cudnnConvolutionForward(ctx->cudnn, &one, e->xd, xin, e->wd, w, e->cd, algo,
+                                        cw.lib, e->lib_bytes, &zero, e->yd, y));
+    if (b) {
+        size_t total = (size_t)s->n * s->co * s->ho * s->wo;
+        CU_LAUNCH(k_conv_bias, cu_blocks(total, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+            y, b, s->co, s->ho * s->wo, total);
+        CU_LAUNCHED(ctx);
+    }
+    if (cu_sync_checks) CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+int cu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+                       const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (conv_check(s) != BK_OK || !dx || !dy || !w) return BK_ERR_INVALID;
+    struct conv_entry *e = NULL;
+    struct conv_ws cw;
+    cu_query_lock();
+    int rc = entry_get_locked(ctx->device, s, &e);
+    cu_query_unlock();
+    if (rc) return rc;
+    if ((rc = conv_ws_split(&cw, ws, e))) return rc;
+    /* asym: the gradient of the padded copy, then its interior (=/+=) into dx */
+    float *out = e->asym ? cw.pad : dx;
+    const float one = 1.0f, zero = 0.0f;
+    const float beta = (!e->asym && accum) ? 1.0f : 0.0f;
+    cu_query_lock();
+    /* the finder overwrites its output: only where that output is written (=) anyway */
+    const int may_find = e->asym || !accum;
+    if (!e->tuned[DIR_BWD_DATA] && may_find) {
+        if (conv_find_enabled()) {
+            cudnnConvolutionBwdDataAlgoPerf_t p[CONV_PERF_N];
+            struct perf_row r[CONV_PERF_N];
+            int got = 0;
+            cudnnStatus_t st = cudnnFindConvolutionBackwardDataAlgorithmEx(
+                ctx->cudnn, e->wd, w, e->yd, dy, e->cd, e->xd, out, CONV_PERF_N, &got, p, cw.lib,
+                e->lib_bytes);
+            if (st != CUDNN_STATUS_SUCCESS) {
+                cu_query_unlock();
+                return cu_fail_cudnn(st, "cudnnFindConvolutionBackwardDataAlgorithmEx", __FILE__,
+                                     __LINE__);
+            }
+            perf_rows(r, p, got);
+            int i = pick_found(r, got, DIR_BWD_DATA, e);
+            if (i >= 0) e->algo[DIR_BWD_DATA] = r[i].algo;
+        }
+        e->tuned[DIR_BWD_DATA] = 1;
+    }
+    /* not yet tuned (the first calls accumulate): the heuristics' first choice */
+    const cudnnConvolutionBwdDataAlgo_t algo =
+        (cudnnConvolutionBwdDataAlgo_t)(e->tuned[DIR_BWD_DATA] ? e->algo[DIR_BWD_DATA]
+                                                               : e->cand[DIR_BWD_DATA][0]);
+    cu_query_unlock();
+    CUDNN_CHECK(cudnnConvolutionBackwardData(ctx->cudnn, &one, e->wd, w, e->yd, dy, e->cd, algo,
+                                             cw.lib, e->lib_bytes, &beta, e->xd, out));
+    (void)zero;
+    if (e->asym) {
+        rc = cu_crop2d(dx, cw.pad, accum, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b,
+                       s->pad_r, ctx);
+        if (rc) return rc;
+    }
+    if (cu_sync_checks) CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+int cu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+                         const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (conv_check(s) != BK_OK || !dw || !dy || !x) return BK_ERR_INVALID;
+    struct conv_entry *e = NULL;
+    struct conv_ws cw;
+    cu_query_lock();
+    int rc = entry_get_locked(ctx->device, s, &e);
+    cu_query_unlock();
+    if (rc) return rc;
+    if ((rc = conv_ws_split(&cw, ws, e))) return rc;
+    const float *xin = x;
+    if (e->asym) {
+        if ((rc = conv_pad(cw.pad, x, e, ctx))) return rc;
+        xin = cw.pad;
+    }
+    const float one = 1.0f;
+    cu_query_lock();
+    if (!e->tuned[DIR_BWD_FILTER] && conv_find_enabled()) {
+        /* dw accumulates: the finder writes a scratch filter in the workspace instead */
+        cudnnConvolutionBwdFilterAlgoPerf_t p[CONV_PERF_N];
+        struct perf_row r[CONV_PERF_N];
+        int got = 0;
+        cudnnStatus_t st = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            ctx->cudnn, e->xd, xin, e->yd, dy, e->cd, e->wd, cw.dw, CONV_PERF_N, &got, p, cw.lib,
+            e->lib_bytes);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            cu_query_unlock();
+            return cu_fail_cudnn(st, "cudnnFindConvolutionBackwardFilterAlgorithmEx", __FILE__,
+                                 __LINE__);
+        }
+        perf_rows(r, p, got);
+        int i = pick_found(r, got, DIR_BWD_FILTER, e);
+        if (i >= 0) e->algo[DIR_BWD_FILTER] = r[i].algo;
+    }
+    e->tuned[DIR_BWD_FILTER] = 1;
+    const cudnnConvolutionBwdFilterAlgo_t algo =
+        (cudnnConvolutionBwdFilterAlgo_t)e->algo[DIR_BWD_FILTER];
+    cu_query_unlock();
+    /* beta 1: dw += */
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy, e->cd,
+                                               algo, cw.lib, e->lib_bytes, &one, e->wd, dw));
+    if (db) {
+        rc = cu_chansum_add(db, dy, s->n, s->co, s->ho * s->wo, ctx);
+        if (rc) return rc;
+    }
+    if (cu_sync_checks) CU_LAUNCHED(ctx);
+    return BK_OK;
+}

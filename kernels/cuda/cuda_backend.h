@@ -1,0 +1,257 @@
+/* cuda_backend.h - the CUDA backend's internals (CUDA C++, compiled by nvcc only): the job context,
+ * the per-device pool of library handles, the check macros and every kernel entry. The backend
+ * is the shared module libddpmd_cuda.so; its one export is ddpmd_backend_cuda() (backend_cuda.cu).
+ */
+#ifndef DDPMD_CUDA_BACKEND_H
+#define DDPMD_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "backend.h"
+
+/* every launch goes through CU_LAUNCH(kernel, grid, block, smem, stream)(args...) and dynamic
+ * shared memory through CU_EXTERN_SHARED: tests/gpu/emu (a host SIMT emulator that runs these
+ * same sources on the CPU) defines its own */
+#ifndef CU_LAUNCH
+#define CU_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#endif
+#ifndef CU_EXTERN_SHARED
+#define CU_EXTERN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+#define CU_MAX_DEVICES 16
+#define CU_MAX_SLOTS 16
+#define CU_THREADS 256
+#define CU_SCRATCH_DOUBLES 4096 /* per slot: partial sums of the two-stage reductions */
+#define CU_REDUCE_CHUNKS 256    /* at most this many partials (<= CU_SCRATCH_DOUBLES - 8) */
+
+/* a job's context: one stream and library handles borrowed from the device's pool (created and
+ * measured at the warm-up, so a job allocates nothing but its one reservation) */
+struct bk_ctx {
+    int device;
+    int slot;
+    cudaStream_t stream;
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    double *scratch;    /* device, CU_SCRATCH_DOUBLES */
+    double *host;       /* pinned host, 8 doubles */
+    void *ws;           /* the plan's workspace (ctx_set_workspace), for cuBLAS */
+    size_t ws_bytes;
+};
+
+/* ---- status and checks (backend_cuda.cu) ---- */
+extern int cu_parity;        /* parity mode (set_parity) */
+extern int cu_sync_checks;   /* DDPMD_CUDA_SYNC=1: synchronize after every launch */
+int cu_default_device(void);
+/* the device is warmed up (context, pool, handles); BK_ERR_DEVICE with a logged reason */
+int cu_device_ready(int device);
+/* the shared cuDNN handle of a device for queries that have no job (conv2d_ws_bytes); callers
+ * hold cu_query_lock() while they use it */
+cudnnHandle_t cu_query_cudnn(int device);
+void cu_query_lock(void);
+void cu_query_unlock(void);
+
+/* each logs "file:line: what: reason", clears a non-sticky error and marks the device poisoned
+ * on a sticky one; returns BK_ERR_NOMEM for out-of-memory, BK_ERR_DEVICE otherwise */
+int cu_fail_cuda(cudaError_t e, const char *what, const char *file, int line);
+int cu_fail_cudnn(cudnnStatus_t s, const char *what, const char *file, int line);
+int cu_fail_cublas(cublasStatus_t s, const char *what, const char *file, int line);
+/* every entry point: BK_ERR_DEVICE on a poisoned device, else makes ctx's device current */
+int cu_enter(bk_ctx *ctx);
+/* after every launch: the launch error, and with cu_sync_checks the execution error */
+int cu_launched(bk_ctx *ctx, const char *file, int line);
+
+#define CU_CHECK(call)                                                                         \
+    do {                                                                                       \
+        cudaError_t cu_e_ = (call);                                                            \
+        if (cu_e_ != cudaSuccess) return cu_fail_cuda(cu_e_, #call, __FILE__, __LINE__);       \
+    } while (0)
+#define CUDNN_CHECK(call)                                                                      \
+    do {                                                                                       \
+        cudnnStatus_t cu_s_ = (call);                                                          \
+        if (cu_s_ != CUDNN_STATUS_SUCCESS)                                                     \
+            return cu_fail_cudnn(cu_s_, #call, __FILE__, __LINE__);                            \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                     \
+    do {                                                                                       \
+        cublasStatus_t cu_s_ = (call);                                                         \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS)                                                    \
+            return cu_fail_cublas(cu_s_, #call, __FILE__, __LINE__);                           \
+    } while (0)
+#define CU_ENTER(ctx)                                                                          \
+    do {                                                                                       \
+        if (!(ctx)) return BK_ERR_INVALID;                                                     \
+        int cu_rc_ = cu_enter(ctx);                                                            \
+        if (cu_rc_) return cu_rc_;                                                             \
+    } while (0)
+#define CU_LAUNCHED(ctx)                                                                       \
+    do {                                                                                       \
+        int cu_rc_ = cu_launched((ctx), __FILE__, __LINE__);                                   \
+        if (cu_rc_) return cu_rc_;                                                             \
+    } while (0)
+
+/* grid size of a grid-stride loop over n items */
+static inline unsigned cu_blocks(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    if (b > 1048576) b = 1048576;
+    return b ? (unsigned)b : 1u;
+}
+
+#ifdef __CUDACC__
+/* sum of v over the block, in a fixed order (shuffle tree per warp, then the warps' sums by
+ * warp 0): deterministic for a given blockDim. Every thread gets the result. sh: 33 slots.
+ * blockDim.x must be a multiple of 32. */
+template <typename T> __device__ __forceinline__ T cu_block_sum(T v, T *sh)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        T t = lane < nw ? sh[lane] : T(0);
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(0xffffffffu, t, o);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    T r = sh[32];
+    __syncthreads(); /* sh may be reused right after */
+    return r;
+}
+
+template <typename T> __device__ __forceinline__ T cu_warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif
+
+/* ---- the kernels: signatures and contracts of kernels/backend.h ---- */
+/* backend_cuda.cu */
+int cu_ctx_init(bk_ctx **out, int threads);
+void cu_ctx_free(bk_ctx *ctx);
+int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);
+void cu_mem_free(void *p, bk_ctx *ctx);
+int cu_mem_upload(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx);
+int cu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx);
+int cu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx);
+int cu_sync(bk_ctx *ctx);
+
+/* conv.cu */
+size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s);
+int cu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+                  const struct bk_conv2d *s, bk_ctx *ctx);
+int cu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+                       const struct bk_conv2d *s, bk_ctx *ctx);
+int cu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+                         const struct bk_conv2d *s, bk_ctx *ctx);
+/* the conv cache's entries of a device (device reset / module unload) */
+void cu_conv_forget(int device);
+
+/* linear.cu */
+int cu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k, int n,
+                  bk_ctx *ctx);
+int cu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
+                  const float *w, int accum, int m, int k, int n, bk_ctx *ctx);
+/* db (N) += column sums of dy (M,N) in double (also conv's and linear's bias gradient) */
+int cu_colsum_add(float *db, const float *dy, int m, int n, bk_ctx *ctx);
+/* db (C) += sum over N and HW of dy (N,C,HW), in double */
+int cu_chansum_add(float *db, const float *dy, int n, int c, int hw, bk_ctx *ctx);
+
+/* norm.cu */
+int cu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                     const float *beta, int n, int c, int hw, int groups, float eps,
+                     bk_ctx *ctx);
+int cu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                     const float *gamma, const float *mean, const float *rstd, int accum, int n,
+                     int c, int hw, int groups, bk_ctx *ctx);
+int cu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                     const float *beta, int m, int d, float eps, bk_ctx *ctx);
+int cu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                     const float *gamma, const float *mean, const float *rstd, int accum, int m,
+                     int d, bk_ctx *ctx);
+
+/* eltwise.cu: element-wise, layout, resampling, time embedding */
+int cu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
+int cu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
+                bk_ctx *ctx);
+int cu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
+int cu_gelu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
+                bk_ctx *ctx);
+int cu_add_fwd(float *y, const float *a, const float *b, size_t count, bk_ctx *ctx);
+int cu_copy_grad(float *dx, const float *dy, int accum, size_t count, bk_ctx *ctx);
+int cu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int hw,
+                     bk_ctx *ctx);
+int cu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx);
+int cu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx);
+int cu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
+                  bk_ctx *ctx);
+int cu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n, int c1,
+                  int c2, int hw, bk_ctx *ctx);
+int cu_transpose_fwd(float *y, const float *x, int accum, int n, int c, int hw, bk_ctx *ctx);
+int cu_upsample_nearest2x_fwd(float *y, const float *x, int n, int c, int h, int w,
+                              bk_ctx *ctx);
+int cu_upsample_nearest2x_bwd(float *dx, const float *dy, int accum, int n, int c, int h, int w,
+                              bk_ctx *ctx);
+int cu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int n, int c, int h,
+                               int w, bk_ctx *ctx);
+int cu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, int accum, int n,
+                               int c, int h, int w, bk_ctx *ctx);
+int cu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_ctx *ctx);
+int cu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, int n, int c, int h,
+                      int w, bk_ctx *ctx);
+int cu_timestep_embed_fwd(float *y, const float *t, int n, int dim, int flip_sin_to_cos,
+                          float freq_shift, float max_period, bk_ctx *ctx);
+/* conv.cu's helpers: zero-padded copy and cropped (=/+=) copy back, per (N,C) plane */
+int cu_pad2d(float *xp, const float *x, int nc, int h, int w, int pt, int pl, int pb, int pr,
+             bk_ctx *ctx);
+int cu_crop2d(float *x, const float *xp, int accum, int nc, int h, int w, int pt, int pl, int pb,
+              int pr, bk_ctx *ctx);
+
+/* attention.cu */
+size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled);
+int cu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v, void *ws,
+                const struct bk_attn *s, bk_ctx *ctx);
+int cu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                const float *k, const float *v, const float *o, const float *lse, void *ws,
+                const struct bk_attn *s, bk_ctx *ctx);
+int cu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
+                      void *ws, const struct bk_attn *s, bk_ctx *ctx);
+int cu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                      const float *k, const float *v, const float *p, void *ws,
+                      const struct bk_attn *s, bk_ctx *ctx);
+
+/* loss.cu: losses, dropout, Philox fills, optimizer */
+int cu_mse_fwd(float *loss, const float *pred, const float *target, size_t count, bk_ctx *ctx);
+int cu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
+               int accum, size_t count, bk_ctx *ctx);
+int cu_xent_fwd(float *loss, float *prob, const float *logits, const float *target, int n, int k,
+                bk_ctx *ctx);
+int cu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
+                int accum, int n, int k, bk_ctx *ctx);
+int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
+                   int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
+                   uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                   bk_ctx *ctx);
+int cu_philox_normal_fill(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                          int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+int cu_philox_u32_fill(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                       int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+int cu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx);
+int cu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
+                  const struct bk_adamw *h, size_t count, bk_ctx *ctx);
+int cu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
+
+#endif

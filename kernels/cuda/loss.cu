@@ -1,0 +1,341 @@
+/* loss.cu - the CUDA backend's losses (MSE, softmax cross-entropy), Philox dropout and fills, and
+ * the optimizer kernels (sum of squares, AdamW, EMA), with kernels/cpu's formulas (loss.c,
+ * optim.c). Reductions are two-stage over fixed chunks that depend on the count only, partials
+ * in double in the job slot's scratch, combined by one thread in order: deterministic. Dropout
+ * masks and fills are philox.h's functions of their coordinates, the same u32 as on the CPU.
+ */
+#include <math.h>
+
+#include "cuda_backend.h"
+#include "philox.h"
+
+#define GRID_LOOP(i, count)                                                                     \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (count);                 \
+         i += (size_t)gridDim.x * blockDim.x)
+
+#define RED_CHUNK_MIN 16384
+
+/* chunk count of a reduction over count elements: a function of count alone */
+static int red_chunks(size_t count)
+{
+    size_t nch = (count + RED_CHUNK_MIN - 1) / RED_CHUNK_MIN;
+    if (nch > CU_REDUCE_CHUNKS) nch = CU_REDUCE_CHUNKS;
+    return nch ? (int)nch : 1;
+}
+
+/* part[ch] = sum over chunk ch of (a - b)^2 (b NULL: a^2), in double; one block per chunk */
+__global__ void k_sq_partials(double *part, const float *a, const float *b, size_t count, int nch)
+{
+    __shared__ double sh[33];
+    const int ch = blockIdx.x;
+    const size_t i0 = count * ch / nch, i1 = count * (ch + 1) / nch;
+    double acc = 0.0;
+    for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        const double d = b ? (double)a[i] - (double)b[i] : (double)a[i];
+        acc += d * d;
+    }
+    acc = cu_block_sum(acc, sh);
+    if (threadIdx.x == 0) part[ch] = acc;
+}
+
+__global__ void k_mse_finish(float *loss, const double *part, int nch, size_t count)
+{
+    double s = 0.0;
+    for (int ch = 0; ch < nch; ch++) s += part[ch];
+    loss[0] = count ? (float)(s / (double)count) : 0.0f;
+}
+
+__global__ void k_sum_finish(double *out, const double *part, int nch)
+{
+    double s = 0.0;
+    for (int ch = 0; ch < nch; ch++) s += part[ch];
+    out[0] = s;
+}
+
+int cu_mse_fwd(float *loss, const float *pred, const float *target, size_t count, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!loss) return BK_ERR_INVALID;
+    const int nch = red_chunks(count);
+    if (count) {
+        CU_LAUNCH(k_sq_partials, nch, CU_THREADS, 0, ctx->stream)(
+            ctx->scratch, pred, target, count, nch);
+        CU_LAUNCHED(ctx);
+    }
+    CU_LAUNCH(k_mse_finish, 1, 1, 0, ctx->stream)(loss, ctx->scratch, count ? nch : 0, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+__global__ void k_mse_bwd(float *dpred, const float *pred, const float *target, float coef,
+                          int accum, size_t count)
+{
+    GRID_LOOP(i, count)
+    {
+        const float g = coef * (pred[i] - target[i]);
+        dpred[i] = accum ? dpred[i] + g : g;
+    }
+}
+
+int cu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
+               int accum, size_t count, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (count == 0) return BK_OK;
+    const float coef = (float)(2.0 * (double)dloss_scale / (double)count);
+    CU_LAUNCH(k_mse_bwd, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        dpred, pred, target, coef, accum, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+/* one block: a thread per row (rows strided), each row in double as loss.c */
+__global__ void k_xent_fwd(float *loss, float *prob, const float *logits, const float *target,
+                           int n, int k)
+{
+    __shared__ double sh[33];
+    double total = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float *z = logits + (size_t)i * k, *t = target + (size_t)i * k;
+        float *p = prob + (size_t)i * k;
+        double mx = z[0], sum = 0.0, l = 0.0;
+        for (int j = 1; j < k; j++) mx = z[j] > mx ? z[j] : mx;
+        for (int j = 0; j < k; j++) sum += exp((double)z[j] - mx);
+        const double lse = mx + log(sum);
+        for (int j = 0; j < k; j++) {
+            p[j] = (float)exp((double)z[j] - lse);
+            l -= (double)t[j] * ((double)z[j] - lse);
+        }
+        total += l;
+    }
+    total = cu_block_sum(total, sh);
+    if (threadIdx.x == 0) loss[0] = (float)(total / n);
+}
+
+int cu_xent_fwd(float *loss, float *prob, const float *logits, const float *target, int n, int k,
+                bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!loss || !prob || !logits || !target || n < 1 || k < 1) return BK_ERR_INVALID;
+    CU_LAUNCH(k_xent_fwd, 1, CU_THREADS, 0, ctx->stream)(loss, prob, logits, target, n, k);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+__global__ void k_xent_bwd(float *dlogits, const float *prob, const float *target, float s,
+                           int accum, size_t count)
+{
+    GRID_LOOP(i, count)
+    {
+        const float g = s * (prob[i] - target[i]);
+        dlogits[i] = accum ? dlogits[i] + g : g;
+    }
+}
+
+int cu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
+                int accum, int n, int k, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!dlogits || !prob || !target || n < 1 || k < 1) return BK_ERR_INVALID;
+    const float s = dloss_scale / (float)n;
+    const size_t count = (size_t)n * k;
+    CU_LAUNCH(k_xent_bwd, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        dlogits, prob, target, s, accum, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+/* ---- dropout: loss.c's dropout_apply, one thread per Philox block of 4 elements ---- */
+
+__global__ void k_dropout(float *out, const float *in, float p, float scale, uint64_t seed,
+                          uint64_t step, uint32_t op, int sample_base, int accum, size_t per_sample,
+                          size_t nblk, size_t blocks)
+{
+    GRID_LOOP(b, blocks)
+    {
+        const size_t s = b / nblk, blk = b % nblk;
+        const struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                                (uint32_t)(sample_base + (int)s), op,
+                                                (uint32_t)blk);
+        const size_t e0 = blk * 4;
+        const size_t ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
+        const float *src = in + s * per_sample + e0;
+        float *dst = out + s * per_sample + e0;
+        for (size_t q = 0; q < ne; q++) {
+            const float v = philox_uniform(r.v[q]) >= p ? src[q] * scale : 0.0f;
+            dst[q] = accum ? dst[q] + v : v;
+        }
+    }
+}
+
+__global__ void k_copy_acc(float *out, const float *in, int accum, size_t count)
+{
+    GRID_LOOP(i, count) out[i] = accum ? out[i] + in[i] : in[i];
+}
+
+static int dropout_apply(float *out, const float *in, float p, uint64_t seed, uint64_t step,
+                         uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                         bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull) return BK_ERR_INVALID;
+    const size_t total = (size_t)n * per_sample;
+    if (!total) return BK_OK;
+    if (p == 0.0f) {
+        CU_LAUNCH(k_copy_acc, cu_blocks(total, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+            out, in, accum, total);
+        CU_LAUNCHED(ctx);
+        return BK_OK;
+    }
+    const float scale = 1.0f / (1.0f - p);
+    const size_t nblk = (per_sample + 3) / 4, blocks = (size_t)n * nblk;
+    CU_LAUNCH(k_dropout, cu_blocks(blocks, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        out, in, p, scale, seed, step, op, sample_base, accum, per_sample, nblk, blocks);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
+                   int sample_base, int n, size_t per_sample, bk_ctx *ctx)
+{
+    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, ctx);
+}
+
+int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
+                   uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                   bk_ctx *ctx)
+{
+    return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, ctx);
+}
+
+/* ---- Philox fills: philox_normal / philox_u32_at of every element ---- */
+
+__global__ void k_philox_normal(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                                int sample_base, size_t per_sample, size_t nblk, size_t blocks)
+{
+    GRID_LOOP(b, blocks)
+    {
+        const size_t s = b / nblk, blk = b % nblk;
+        const struct philox_u4 r = philox_block(seed, tag, step, (uint32_t)(sample_base + (int)s),
+                                                op, (uint32_t)blk);
+        float z[4];
+        philox_gauss2(r.v[0], r.v[1], &z[0], &z[1]);
+        philox_gauss2(r.v[2], r.v[3], &z[2], &z[3]);
+        const size_t e0 = blk * 4, ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
+        for (size_t q = 0; q < ne; q++) y[s * per_sample + e0 + q] = z[q];
+    }
+}
+
+__global__ void k_philox_u32(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                             int sample_base, size_t per_sample, size_t nblk, size_t blocks)
+{
+    GRID_LOOP(b, blocks)
+    {
+        const size_t s = b / nblk, blk = b % nblk;
+        const struct philox_u4 r = philox_block(seed, tag, step, (uint32_t)(sample_base + (int)s),
+                                                op, (uint32_t)blk);
+        const size_t e0 = blk * 4, ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
+        for (size_t q = 0; q < ne; q++) y[s * per_sample + e0 + q] = r.v[q];
+    }
+}
+
+int cu_philox_normal_fill(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                          int sample_base, int n, size_t per_sample, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!y || n < 0 || per_sample > 0xFFFFFFFFull) return BK_ERR_INVALID;
+    const size_t nblk = (per_sample + 3) / 4, blocks = (size_t)n * nblk;
+    if (!blocks) return BK_OK;
+    CU_LAUNCH(k_philox_normal, cu_blocks(blocks, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        y, seed, tag, step, op, sample_base, per_sample, nblk, blocks);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+int cu_philox_u32_fill(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
+                       int sample_base, int n, size_t per_sample, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!y || n < 0 || per_sample > 0xFFFFFFFFull) return BK_ERR_INVALID;
+    const size_t nblk = (per_sample + 3) / 4, blocks = (size_t)n * nblk;
+    if (!blocks) return BK_OK;
+    CU_LAUNCH(k_philox_u32, cu_blocks(blocks, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        y, seed, tag, step, op, sample_base, per_sample, nblk, blocks);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+/* ---- optimizer: optim.c's order of operations ---- */
+
+int cu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!out_host) return BK_ERR_INVALID;
+    if (!count) {
+        out_host[0] = 0.0;
+        return BK_OK;
+    }
+    const int nch = red_chunks(count);
+    double *res = ctx->scratch + CU_SCRATCH_DOUBLES - 1;
+    CU_LAUNCH(k_sq_partials, nch, CU_THREADS, 0, ctx->stream)(ctx->scratch, x, nullptr, count, nch);
+    CU_LAUNCHED(ctx);
+    CU_LAUNCH(k_sum_finish, 1, 1, 0, ctx->stream)(res, ctx->scratch, nch);
+    CU_LAUNCHED(ctx);
+    CU_CHECK(cudaMemcpyAsync(ctx->host, res, sizeof(double), cudaMemcpyDeviceToHost,
+                             ctx->stream));
+    CU_CHECK(cudaStreamSynchronize(ctx->stream));
+    out_host[0] = ctx->host[0];
+    return BK_OK;
+}
+
+__device__ __forceinline__ float optim_lerp(float self, float end, float w)
+{
+    return fabsf(w) < 0.5f ? self + w * (end - self) : end - (end - self) * (1.0f - w);
+}
+
+__global__ void k_adamw(float *w, float *m, float *v, const float *g, float gscale, float decay,
+                        float w1, float b2, float w2, float c2, float eps, float step_size,
+                        size_t count)
+{
+    GRID_LOOP(i, count)
+    {
+        const float gi = g[i] * gscale;
+        const float wi = w[i] * decay;
+        const float mi = optim_lerp(m[i], gi, w1);
+        const float vi = v[i] * b2 + (w2 * gi) * gi;
+        const float denom = sqrtf(vi) / c2 + eps;
+        w[i] = wi - step_size * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+int cu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
+                  const struct bk_adamw *h, size_t count, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!h) return BK_ERR_INVALID;
+    if (!count) return BK_OK;
+    const float decay = (float)(1.0 - (double)h->lr * (double)h->weight_decay);
+    const float w1 = 1.0f - h->beta1, b2 = h->beta2, w2 = 1.0f - h->beta2;
+    const float step_size = h->lr / h->bias_c1;
+    CU_LAUNCH(k_adamw, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        w, m, v, g, gscale, decay, w1, b2, w2, h->bias_c2_sqrt, h->eps, step_size, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+__global__ void k_ema(float *ema, const float *w, float wt, size_t count)
+{
+    GRID_LOOP(i, count) ema[i] = optim_lerp(ema[i], w[i], wt);
+}
+
+int cu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!count) return BK_OK;
+    const float wt = 1.0f - decay;
+    CU_LAUNCH(k_ema, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(ema, w, wt, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}

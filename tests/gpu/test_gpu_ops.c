@@ -1,0 +1,804 @@
+/* test_gpu_ops.c - every op of the CUDA backend against the CPU backend on fresh random inputs:
+ * outputs poisoned with NaN before each run (accumulating outputs start from the same random
+ * values on both), every CUDA call and launch checked (DDPMD_CUDA_SYNC=1 synchronizes after each
+ * launch), and the norm-wise relative error of every output tensor under 1e-5 (parity mode).
+ * Philox fills equal philox.h's (u32 exactly, Gaussians within 1e-6). Without a GPU it prints
+ * "SKIPPED: no CUDA device" and exits 77, which ctest reports as skipped.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend_load.h"
+#include "philox.h"
+#include "test_util.h"
+
+#define TOL 1e-5
+#define DEV_BYTES ((size_t)512 << 20)
+
+static const struct backend *G, *C;
+static bk_ctx *gctx, *cctx;
+static unsigned char *dev_base;
+static size_t dev_used;
+static const char *cur_op = "";
+
+/* device memory: bump allocation out of the test's one reservation, reset per op */
+static void *dalloc(size_t bytes)
+{
+    size_t off = (dev_used + 255) & ~(size_t)255;
+    if (off + bytes > DEV_BYTES) {
+        fprintf(stderr, "test_gpu_ops: device arena exhausted (%s)\n", cur_op);
+        exit(1);
+    }
+    dev_used = off + bytes;
+    return dev_base + off;
+}
+
+struct t {
+    size_t n;
+    float *h; /* the CPU's copy (input, or the CPU backend's output) */
+    float *d; /* the GPU's */
+};
+
+static void up(struct t *x)
+{
+    CHECK(G->mem_upload(x->d, x->h, x->n * 4, gctx) == 0, "%s: upload", cur_op);
+}
+
+static struct t t_make(size_t n)
+{
+    struct t x = {n, malloc((n ? n : 1) * sizeof(float)), dalloc((n ? n : 1) * sizeof(float))};
+    return x;
+}
+
+/* an input: the same random values on both sides */
+static struct t t_in(size_t n, double scale)
+{
+    struct t x = t_make(n);
+    tu_fill(x.h, n, scale);
+    up(&x);
+    return x;
+}
+
+/* an output written (=): NaN on both sides, so an element a kernel misses shows */
+static struct t t_out(size_t n)
+{
+    struct t x = t_make(n);
+    for (size_t i = 0; i < n; i++) x.h[i] = NAN;
+    CHECK(G->mem_set_f32(x.d, NAN, n, gctx) == 0, "%s: poison", cur_op);
+    return x;
+}
+
+/* an output accumulated (+=): the same random start on both sides */
+static struct t t_acc(size_t n, double scale) { return t_in(n, scale); }
+
+static void t_free(struct t *x) { free(x->h); }
+
+/* the GPU's x against the CPU's */
+static void t_cmp(const char *what, const struct t *x, double tol)
+{
+    float *g = malloc((x->n ? x->n : 1) * sizeof(float));
+    int rc = G->mem_download(g, x->d, x->n * 4, gctx);
+    CHECK(rc == 0, "%s %s: download", cur_op, what);
+    /* non-finite values must sit at the same places (an output a kernel must leave alone stays
+     * NaN on both sides); the error is over the others */
+    size_t mismatch = 0, nonfinite = 0;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        int fg = isfinite(g[i]), fc = isfinite(x->h[i]);
+        mismatch += fg != fc;
+        nonfinite += !fc;
+        if (fg && fc) {
+            double d = (double)g[i] - (double)x->h[i];
+            num += d * d;
+            den += (double)x->h[i] * x->h[i];
+        }
+    }
+    double e = sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-300);
+    if (num == 0) e = 0;
+    CHECK(rc == 0 && mismatch == 0 && e < tol, "%s %s: rel err %.3g (tol %.0e), %zu elements "
+          "finite on one side only, n %zu", cur_op, what, e, tol, mismatch, x->n);
+    (void)nonfinite;
+    if (getenv("TEST_GPU_VERBOSE")) printf("  %-28s %-8s rel err %.3g\n", cur_op, what, e);
+    free(g);
+}
+
+static void gpu_ok(int rc, const char *what)
+{
+    CHECK(rc == 0, "%s: GPU %s returned %d", cur_op, what, rc);
+    CHECK(G->sync(gctx) == 0, "%s: GPU sync after %s", cur_op, what);
+}
+
+static void begin(const char *name)
+{
+    cur_op = name;
+    dev_used = 0;
+}
+
+/* ---- convolution ---- */
+
+static int conv_accum_first; /* the next test_conv's first data gradient accumulates */
+
+static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, int pt, int pl,
+                      int pb, int pr, int bias)
+{
+    char name[128];
+    snprintf(name, sizeof name, "conv %dx%dx%dx%d->%d k%d s%d p%d%d%d%d%s", n, ci, h, w, co, k,
+             stride, pt, pl, pb, pr, bias ? " b" : "");
+    begin(name);
+    struct bk_conv2d s = {.n = n, .ci = ci, .h = h, .w = w, .co = co, .kh = k, .kw = k,
+                          .stride = stride, .pad_t = pt, .pad_l = pl, .pad_b = pb, .pad_r = pr};
+    CHECK(bk_conv2d_init(&s) == 0, "%s: shape", name);
+    size_t nx = (size_t)n * ci * h * w, ny = (size_t)n * co * s.ho * s.wo,
+           nw = (size_t)co * ci * k * k;
+    size_t cws = C->conv2d_ws_bytes(&s), gws = G->conv2d_ws_bytes(&s);
+    void *cw = malloc(cws ? cws : 64), *gw = gws ? dalloc(gws) : NULL;
+    struct t x = t_in(nx, 1.0), wt = t_in(nw, 0.3), b = t_in((size_t)co, 0.5);
+    struct t y = t_out(ny);
+    CHECK(C->conv2d_fwd(y.h, x.h, wt.h, bias ? b.h : NULL, cw, &s, cctx) == 0, "%s cpu fwd", name);
+    gpu_ok(G->conv2d_fwd(y.d, x.d, wt.d, bias ? b.d : NULL, gw, &s, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    struct t dy = t_in(ny, 1.0);
+    /* the algorithm search overwrites its output: a first call that accumulates must not search
+     * (conv_accum_first runs the accumulating call first on a new shape) */
+    for (int a = 0; a < 2; a++) {
+        const int accum = conv_accum_first ? 1 - a : a;
+        struct t dx = accum ? t_acc(nx, 1.0) : t_out(nx);
+        CHECK(C->conv2d_bwd_data(dx.h, dy.h, wt.h, accum, cw, &s, cctx) == 0, "%s cpu bwd", name);
+        gpu_ok(G->conv2d_bwd_data(dx.d, dy.d, wt.d, accum, gw, &s, gctx), "bwd data");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_free(&dx);
+    }
+    /* filter gradient: from zero (the strict check) and onto random values (+=) */
+    for (int start = 0; start < 2; start++) {
+        struct t dw = start ? t_acc(nw, 0.2) : t_make(nw), db = start ? t_acc(co, 0.2) : t_make(co);
+        if (!start) {
+            memset(dw.h, 0, nw * 4);
+            memset(db.h, 0, (size_t)co * 4);
+            up(&dw);
+            up(&db);
+        }
+        CHECK(C->conv2d_bwd_filter(dw.h, bias ? db.h : NULL, dy.h, x.h, cw, &s, cctx) == 0,
+              "%s cpu filter", name);
+        gpu_ok(G->conv2d_bwd_filter(dw.d, bias ? db.d : NULL, dy.d, x.d, gw, &s, gctx),
+               "bwd filter");
+        t_cmp(start ? "dw+=" : "dw", &dw, TOL);
+        if (bias) t_cmp(start ? "db+=" : "db", &db, TOL);
+        t_free(&dw);
+        t_free(&db);
+    }
+    /* a second forward (the algorithm now chosen) gives the same */
+    struct t y2 = t_out(ny);
+    memcpy(y2.h, y.h, ny * 4);
+    gpu_ok(G->conv2d_fwd(y2.d, x.d, wt.d, bias ? b.d : NULL, gw, &s, gctx), "fwd again");
+    t_cmp("y again", &y2, TOL);
+    t_free(&y2);
+    t_free(&x);
+    t_free(&wt);
+    t_free(&b);
+    t_free(&y);
+    t_free(&dy);
+    free(cw);
+}
+
+/* ---- linear ---- */
+
+static void test_linear(int m, int k, int n)
+{
+    char name[64];
+    snprintf(name, sizeof name, "linear %dx%d->%d", m, k, n);
+    begin(name);
+    struct t x = t_in((size_t)m * k, 1.0), w = t_in((size_t)n * k, 0.3), b = t_in(n, 0.5);
+    for (int bias = 0; bias < 2; bias++) {
+        struct t y = t_out((size_t)m * n);
+        CHECK(C->linear_fwd(y.h, x.h, w.h, bias ? b.h : NULL, m, k, n, cctx) == 0, "cpu");
+        gpu_ok(G->linear_fwd(y.d, x.d, w.d, bias ? b.d : NULL, m, k, n, gctx), "fwd");
+        t_cmp(bias ? "y (bias)" : "y", &y, TOL);
+        t_free(&y);
+    }
+    struct t dy = t_in((size_t)m * n, 1.0);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc((size_t)m * k, 1.0) : t_out((size_t)m * k);
+        struct t dw = t_acc((size_t)n * k, 0.1), db = t_acc(n, 0.1);
+        CHECK(C->linear_bwd(dx.h, dw.h, db.h, dy.h, x.h, w.h, accum, m, k, n, cctx) == 0, "cpu");
+        gpu_ok(G->linear_bwd(dx.d, dw.d, db.d, dy.d, x.d, w.d, accum, m, k, n, gctx), "bwd");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_cmp("dw+=", &dw, TOL);
+        t_cmp("db+=", &db, TOL);
+        t_free(&dx);
+        t_free(&dw);
+        t_free(&db);
+    }
+    /* dx only */
+    struct t dx = t_out((size_t)m * k);
+    CHECK(C->linear_bwd(dx.h, NULL, NULL, dy.h, x.h, w.h, 0, m, k, n, cctx) == 0, "cpu");
+    gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, gctx), "bwd dx only");
+    t_cmp("dx only", &dx, TOL);
+    t_free(&dx);
+    t_free(&x);
+    t_free(&w);
+    t_free(&b);
+    t_free(&dy);
+}
+
+/* ---- normalisation ---- */
+
+static void test_groupnorm(int n, int c, int hw, int groups, int affine)
+{
+    char name[64];
+    snprintf(name, sizeof name, "groupnorm %dx%dx%d g%d%s", n, c, hw, groups, affine ? "" : " -");
+    begin(name);
+    size_t cnt = (size_t)n * c * hw;
+    struct t x = t_in(cnt, 2.0), g = t_in(c, 1.0), b = t_in(c, 1.0);
+    for (size_t i = 0; i < cnt; i++) x.h[i] += 0.7f; /* a mean away from zero */
+    up(&x);
+    struct t y = t_out(cnt), mu = t_out((size_t)n * groups), rs = t_out((size_t)n * groups);
+    const float *gh = affine ? g.h : NULL, *bh = affine ? b.h : NULL;
+    const float *gd = affine ? g.d : NULL, *bd = affine ? b.d : NULL;
+    CHECK(C->groupnorm_fwd(y.h, mu.h, rs.h, x.h, gh, bh, n, c, hw, groups, 1e-5f, cctx) == 0,
+          "cpu");
+    gpu_ok(G->groupnorm_fwd(y.d, mu.d, rs.d, x.d, gd, bd, n, c, hw, groups, 1e-5f, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    t_cmp("mean", &mu, TOL);
+    t_cmp("rstd", &rs, TOL);
+    struct t dy = t_in(cnt, 1.0);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        struct t dg = t_acc(c, 0.1), dbt = t_acc(c, 0.1);
+        /* the statistics are the CPU's on both sides (upload them) */
+        up(&mu);
+        up(&rs);
+        CHECK(C->groupnorm_bwd(dx.h, affine ? dg.h : NULL, affine ? dbt.h : NULL, dy.h, x.h, gh,
+                               mu.h, rs.h, accum, n, c, hw, groups, cctx) == 0, "cpu");
+        gpu_ok(G->groupnorm_bwd(dx.d, affine ? dg.d : NULL, affine ? dbt.d : NULL, dy.d, x.d, gd,
+                                mu.d, rs.d, accum, n, c, hw, groups, gctx), "bwd");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        if (affine) {
+            t_cmp("dgamma+=", &dg, TOL);
+            t_cmp("dbeta+=", &dbt, TOL);
+        }
+        t_free(&dx);
+        t_free(&dg);
+        t_free(&dbt);
+    }
+    t_free(&x), t_free(&g), t_free(&b), t_free(&y), t_free(&mu), t_free(&rs), t_free(&dy);
+}
+
+static void test_layernorm(int m, int d)
+{
+    char name[64];
+    snprintf(name, sizeof name, "layernorm %dx%d", m, d);
+    begin(name);
+    size_t cnt = (size_t)m * d;
+    struct t x = t_in(cnt, 2.0), g = t_in(d, 1.0), b = t_in(d, 1.0);
+    struct t y = t_out(cnt), mu = t_out(m), rs = t_out(m);
+    CHECK(C->layernorm_fwd(y.h, mu.h, rs.h, x.h, g.h, b.h, m, d, 1e-5f, cctx) == 0, "cpu");
+    gpu_ok(G->layernorm_fwd(y.d, mu.d, rs.d, x.d, g.d, b.d, m, d, 1e-5f, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    t_cmp("mean", &mu, TOL);
+    t_cmp("rstd", &rs, TOL);
+    up(&mu);
+    up(&rs);
+    struct t dy = t_in(cnt, 1.0);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        struct t dg = t_acc(d, 0.1), dbt = t_acc(d, 0.1);
+        CHECK(C->layernorm_bwd(dx.h, dg.h, dbt.h, dy.h, x.h, g.h, mu.h, rs.h, accum, m, d, cctx) ==
+                  0,
+              "cpu");
+        gpu_ok(G->layernorm_bwd(dx.d, dg.d, dbt.d, dy.d, x.d, g.d, mu.d, rs.d, accum, m, d, gctx),
+               "bwd");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_cmp("dgamma+=", &dg, TOL);
+        t_cmp("dbeta+=", &dbt, TOL);
+        t_free(&dx);
+        t_free(&dg);
+        t_free(&dbt);
+    }
+    t_free(&x), t_free(&g), t_free(&b), t_free(&y), t_free(&mu), t_free(&rs), t_free(&dy);
+}
+
+/* ---- element-wise ---- */
+
+static void test_eltwise(size_t cnt)
+{
+    begin("eltwise");
+    struct t x = t_in(cnt, 6.0), a = t_in(cnt, 1.0), dy = t_in(cnt, 1.0);
+    x.h[0] = -100.0f; /* silu's overflow branch */
+    x.h[1] = 40.0f;
+    up(&x);
+    struct t y;
+    cur_op = "silu";
+    y = t_out(cnt);
+    C->silu_fwd(y.h, x.h, cnt, cctx);
+    gpu_ok(G->silu_fwd(y.d, x.d, cnt, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    t_free(&y);
+    cur_op = "gelu";
+    y = t_out(cnt);
+    C->gelu_fwd(y.h, x.h, cnt, cctx);
+    gpu_ok(G->gelu_fwd(y.d, x.d, cnt, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    t_free(&y);
+    for (int accum = 0; accum < 2; accum++) {
+        cur_op = accum ? "silu bwd +=" : "silu bwd";
+        y = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        C->silu_bwd(y.h, dy.h, x.h, accum, cnt, cctx);
+        gpu_ok(G->silu_bwd(y.d, dy.d, x.d, accum, cnt, gctx), "bwd");
+        t_cmp("dx", &y, TOL);
+        t_free(&y);
+        cur_op = accum ? "gelu bwd +=" : "gelu bwd";
+        y = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        C->gelu_bwd(y.h, dy.h, x.h, accum, cnt, cctx);
+        gpu_ok(G->gelu_bwd(y.d, dy.d, x.d, accum, cnt, gctx), "bwd");
+        t_cmp("dx", &y, TOL);
+        t_free(&y);
+        cur_op = accum ? "copy_grad +=" : "copy_grad";
+        y = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        C->copy_grad(y.h, dy.h, accum, cnt, cctx);
+        gpu_ok(G->copy_grad(y.d, dy.d, accum, cnt, gctx), "copy");
+        t_cmp("dx", &y, TOL);
+        t_free(&y);
+    }
+    cur_op = "add";
+    y = t_out(cnt);
+    C->add_fwd(y.h, x.h, a.h, cnt, cctx);
+    gpu_ok(G->add_fwd(y.d, x.d, a.d, cnt, gctx), "add");
+    t_cmp("y", &y, TOL);
+    t_free(&y);
+    cur_op = "scale";
+    y = t_out(cnt);
+    C->scale_fwd(y.h, x.h, -0.37f, cnt, cctx);
+    gpu_ok(G->scale_fwd(y.d, x.d, -0.37f, cnt, gctx), "scale");
+    t_cmp("y", &y, TOL);
+    t_free(&y);
+    t_free(&x), t_free(&a), t_free(&dy);
+}
+
+static void test_bcast(int n, int c, int hw)
+{
+    begin("add_bcast");
+    size_t cnt = (size_t)n * c * hw;
+    struct t x = t_in(cnt, 1.0), b = t_in((size_t)n * c, 1.0), dy = t_in(cnt, 1.0);
+    struct t y = t_out(cnt);
+    C->add_bcast_fwd(y.h, x.h, b.h, n, c, hw, cctx);
+    gpu_ok(G->add_bcast_fwd(y.d, x.d, b.d, n, c, hw, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t db = accum ? t_acc((size_t)n * c, 1.0) : t_out((size_t)n * c);
+        C->add_bcast_bwd(db.h, dy.h, accum, n, c, hw, cctx);
+        gpu_ok(G->add_bcast_bwd(db.d, dy.d, accum, n, c, hw, gctx), "bwd");
+        t_cmp(accum ? "db+=" : "db", &db, TOL);
+        t_free(&db);
+    }
+    t_free(&x), t_free(&b), t_free(&dy), t_free(&y);
+}
+
+/* ---- layout ---- */
+
+static void test_layout(int n, int c1, int c2, int hw)
+{
+    begin("concat");
+    size_t na = (size_t)n * c1 * hw, nb = (size_t)n * c2 * hw, ny = na + nb;
+    struct t a = t_in(na, 1.0), b = t_in(nb, 1.0), y = t_out(ny), dy = t_in(ny, 1.0);
+    C->concat_fwd(y.h, a.h, b.h, n, c1, c2, hw, cctx);
+    gpu_ok(G->concat_fwd(y.d, a.d, b.d, n, c1, c2, hw, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    for (int v = 0; v < 3; v++) {
+        /* v 0: both (=), 1: da += and db =, 2: da only */
+        struct t da = v == 1 ? t_acc(na, 1.0) : t_out(na), db = t_out(nb);
+        float *dbh = v == 2 ? NULL : db.h, *dbd = v == 2 ? NULL : db.d;
+        C->concat_bwd(da.h, dbh, dy.h, v == 1, 0, n, c1, c2, hw, cctx);
+        gpu_ok(G->concat_bwd(da.d, dbd, dy.d, v == 1, 0, n, c1, c2, hw, gctx), "bwd");
+        t_cmp("da", &da, TOL);
+        t_cmp("db", &db, TOL); /* v 2: NaN on both sides, untouched */
+        t_free(&da);
+        t_free(&db);
+    }
+    t_free(&a), t_free(&b), t_free(&y), t_free(&dy);
+
+    begin("transpose");
+    int c = c1 + c2;
+    struct t x = t_in((size_t)n * c * hw, 1.0);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t t1 = accum ? t_acc(x.n, 1.0) : t_out(x.n);
+        C->transpose_fwd(t1.h, x.h, accum, n, c, hw, cctx);
+        gpu_ok(G->transpose_fwd(t1.d, x.d, accum, n, c, hw, gctx), "to tokens");
+        t_cmp(accum ? "y+=" : "y", &t1, TOL);
+        struct t t2 = accum ? t_acc(x.n, 1.0) : t_out(x.n);
+        C->transpose_fwd(t2.h, x.h, accum, n, hw, c, cctx);
+        gpu_ok(G->transpose_fwd(t2.d, x.d, accum, n, hw, c, gctx), "to image");
+        t_cmp(accum ? "y'+=" : "y'", &t2, TOL);
+        t_free(&t1);
+        t_free(&t2);
+    }
+    t_free(&x);
+}
+
+/* ---- resampling ---- */
+
+static void test_resample(int n, int c, int h, int w)
+{
+    char name[64];
+    size_t ni = (size_t)n * c * h * w, no = ni * 4;
+    snprintf(name, sizeof name, "nearest %dx%dx%dx%d", n, c, h, w);
+    begin(name);
+    struct t x = t_in(ni, 1.0), dy = t_in(no, 1.0), y = t_out(no);
+    C->upsample_nearest2x_fwd(y.h, x.h, n, c, h, w, cctx);
+    gpu_ok(G->upsample_nearest2x_fwd(y.d, x.d, n, c, h, w, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    t_free(&y);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc(ni, 1.0) : t_out(ni);
+        C->upsample_nearest2x_bwd(dx.h, dy.h, accum, n, c, h, w, cctx);
+        gpu_ok(G->upsample_nearest2x_bwd(dx.d, dy.d, accum, n, c, h, w, gctx), "bwd");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_free(&dx);
+    }
+    for (int ac = 0; ac < 2; ac++) {
+        snprintf(name, sizeof name, "bilinear ac%d %dx%dx%dx%d", ac, n, c, h, w);
+        cur_op = name;
+        y = t_out(no);
+        C->upsample_bilinear2x_fwd(y.h, x.h, ac, n, c, h, w, cctx);
+        gpu_ok(G->upsample_bilinear2x_fwd(y.d, x.d, ac, n, c, h, w, gctx), "fwd");
+        t_cmp("y", &y, TOL);
+        t_free(&y);
+        for (int accum = 0; accum < 2; accum++) {
+            struct t dx = accum ? t_acc(ni, 1.0) : t_out(ni);
+            C->upsample_bilinear2x_bwd(dx.h, dy.h, ac, accum, n, c, h, w, cctx);
+            gpu_ok(G->upsample_bilinear2x_bwd(dx.d, dy.d, ac, accum, n, c, h, w, gctx), "bwd");
+            t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+            t_free(&dx);
+        }
+    }
+    t_free(&x), t_free(&dy);
+
+    /* max pool, with ties (values on a coarse grid) */
+    snprintf(name, sizeof name, "maxpool %dx%dx%dx%d", n, c, h, w);
+    begin(name);
+    x = t_in(ni, 1.0);
+    for (size_t i = 0; i < ni; i++) x.h[i] = roundf(x.h[i] * 3.0f);
+    up(&x);
+    size_t np = (size_t)n * c * (h / 2) * (w / 2);
+    y = t_out(np);
+    C->maxpool2x2_fwd(y.h, x.h, n, c, h, w, cctx);
+    gpu_ok(G->maxpool2x2_fwd(y.d, x.d, n, c, h, w, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    dy = t_in(np, 1.0);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc(ni, 1.0) : t_out(ni);
+        C->maxpool2x2_bwd(dx.h, dy.h, x.h, accum, n, c, h, w, cctx);
+        gpu_ok(G->maxpool2x2_bwd(dx.d, dy.d, x.d, accum, n, c, h, w, gctx), "bwd");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_free(&dx);
+    }
+    t_free(&x), t_free(&y), t_free(&dy);
+}
+
+static void test_embed(int n, int dim, int flip, float shift)
+{
+    char name[64];
+    snprintf(name, sizeof name, "timestep_embed %dx%d f%d s%g", n, dim, flip, shift);
+    begin(name);
+    struct t t = t_make(n), y = t_out((size_t)n * dim);
+    for (int i = 0; i < n; i++) t.h[i] = (float)((i * 377) % 1000);
+    up(&t);
+    CHECK(C->timestep_embed_fwd(y.h, t.h, n, dim, flip, shift, 10000.0f, cctx) == 0, "cpu");
+    gpu_ok(G->timestep_embed_fwd(y.d, t.d, n, dim, flip, shift, 10000.0f, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    t_free(&t), t_free(&y);
+}
+
+/* ---- attention ---- */
+
+static void test_attention(int n, int l, int heads, int d, int packed)
+{
+    char name[96];
+    snprintf(name, sizeof name, "attention n%d l%d h%d d%d%s", n, l, heads, d,
+             packed ? " packed" : "");
+    begin(name);
+    const int cdim = heads * d, ld = packed ? 3 * cdim : cdim;
+    struct bk_attn s = {.n = n, .l = l, .heads = heads, .d = d, .ld = ld,
+                        .scale = 1.0f / sqrtf((float)d)};
+    size_t nrow = (size_t)n * l, nq = nrow * ld, no = nrow * cdim, nl = (size_t)n * heads * l;
+    /* packed: one (N,L,3C) buffer; q, k, v are views at column offsets 0, C, 2C */
+    struct t qkv = t_in(packed ? nq : 3 * nq, 2.0);
+    const size_t koff = packed ? (size_t)cdim : nq, voff = packed ? 2 * (size_t)cdim : 2 * nq;
+    struct t o = t_out(no), lse = t_out(nl), dout = t_in(no, 1.0);
+    size_t cws = C->attn_ws_bytes(&s, 1), gws = G->attn_ws_bytes(&s, 1);
+    void *cw = malloc(cws ? cws : 64), *gw = dalloc(gws ? gws : 64);
+    CHECK(C->attn_fwd(o.h, lse.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s, cctx) == 0, "cpu");
+    gpu_ok(G->attn_fwd(o.d, lse.d, qkv.d, qkv.d + koff, qkv.d + voff, gw, &s, gctx), "tiled fwd");
+    t_cmp("o", &o, TOL);
+    t_cmp("lse", &lse, TOL);
+    /* the backward from the CPU's o and lse on both sides */
+    up(&o);
+    up(&lse);
+    struct t dqkv = t_out(qkv.n);
+    CHECK(C->attn_bwd(dqkv.h, dqkv.h + koff, dqkv.h + voff, dout.h, qkv.h, qkv.h + koff,
+                      qkv.h + voff, o.h, lse.h, cw, &s, cctx) == 0, "cpu");
+    gpu_ok(G->attn_bwd(dqkv.d, dqkv.d + koff, dqkv.d + voff, dout.d, qkv.d, qkv.d + koff,
+                       qkv.d + voff, o.d, lse.d, gw, &s, gctx), "tiled bwd");
+    t_cmp("dqkv", &dqkv, TOL);
+    free(cw);
+    t_free(&dqkv);
+
+    /* plain */
+    cws = C->attn_ws_bytes(&s, 0);
+    gws = G->attn_ws_bytes(&s, 0);
+    cw = malloc(cws ? cws : 64);
+    gw = dalloc(gws ? gws : 64);
+    struct t o2 = t_out(no), p = t_out(nl * l);
+    CHECK(C->attn_plain_fwd(o2.h, p.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s, cctx) == 0,
+          "cpu");
+    gpu_ok(G->attn_plain_fwd(o2.d, p.d, qkv.d, qkv.d + koff, qkv.d + voff, gw, &s, gctx),
+           "plain fwd");
+    t_cmp("o (plain)", &o2, TOL);
+    t_cmp("p", &p, TOL);
+    up(&p);
+    dqkv = t_out(qkv.n);
+    CHECK(C->attn_plain_bwd(dqkv.h, dqkv.h + koff, dqkv.h + voff, dout.h, qkv.h, qkv.h + koff,
+                            qkv.h + voff, p.h, cw, &s, cctx) == 0, "cpu");
+    gpu_ok(G->attn_plain_bwd(dqkv.d, dqkv.d + koff, dqkv.d + voff, dout.d, qkv.d, qkv.d + koff,
+                             qkv.d + voff, p.d, gw, &s, gctx), "plain bwd");
+    t_cmp("dqkv (plain)", &dqkv, TOL);
+    free(cw);
+    t_free(&dqkv), t_free(&o2), t_free(&p), t_free(&qkv), t_free(&o), t_free(&lse), t_free(&dout);
+}
+
+/* ---- losses, dropout ---- */
+
+static void test_losses(size_t cnt, int rows, int k)
+{
+    begin("mse");
+    struct t pred = t_in(cnt, 1.0), tgt = t_in(cnt, 1.0), loss = t_out(1);
+    C->mse_fwd(loss.h, pred.h, tgt.h, cnt, cctx);
+    gpu_ok(G->mse_fwd(loss.d, pred.d, tgt.d, cnt, gctx), "fwd");
+    t_cmp("loss", &loss, TOL);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dp = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        C->mse_bwd(dp.h, pred.h, tgt.h, 0.5f, accum, cnt, cctx);
+        gpu_ok(G->mse_bwd(dp.d, pred.d, tgt.d, 0.5f, accum, cnt, gctx), "bwd");
+        t_cmp(accum ? "dpred+=" : "dpred", &dp, TOL);
+        t_free(&dp);
+    }
+    t_free(&pred), t_free(&tgt), t_free(&loss);
+
+    begin("xent");
+    size_t nk = (size_t)rows * k;
+    struct t z = t_in(nk, 4.0), tg = t_make(nk), l2 = t_out(1), prob = t_out(nk);
+    memset(tg.h, 0, nk * 4);
+    for (int i = 0; i < rows; i++) tg.h[(size_t)i * k + (i * 7) % k] = 1.0f; /* one-hot */
+    up(&tg);
+    C->xent_fwd(l2.h, prob.h, z.h, tg.h, rows, k, cctx);
+    gpu_ok(G->xent_fwd(l2.d, prob.d, z.d, tg.d, rows, k, gctx), "fwd");
+    t_cmp("loss", &l2, TOL);
+    t_cmp("prob", &prob, TOL);
+    up(&prob);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dz = accum ? t_acc(nk, 1.0) : t_out(nk);
+        C->xent_bwd(dz.h, prob.h, tg.h, 2.0f, accum, rows, k, cctx);
+        gpu_ok(G->xent_bwd(dz.d, prob.d, tg.d, 2.0f, accum, rows, k, gctx), "bwd");
+        t_cmp(accum ? "dlogits+=" : "dlogits", &dz, TOL);
+        t_free(&dz);
+    }
+    t_free(&z), t_free(&tg), t_free(&l2), t_free(&prob);
+}
+
+static void test_dropout(int n, size_t per_sample, float p)
+{
+    char name[64];
+    snprintf(name, sizeof name, "dropout p%.2f", p);
+    begin(name);
+    size_t cnt = (size_t)n * per_sample;
+    struct t x = t_in(cnt, 1.0), y = t_out(cnt);
+    C->dropout_fwd(y.h, x.h, p, 1234, 77, 5, 3, n, per_sample, cctx);
+    gpu_ok(G->dropout_fwd(y.d, x.d, p, 1234, 77, 5, 3, n, per_sample, gctx), "fwd");
+    t_cmp("y", &y, TOL);
+    /* the masks are equal, so the outputs are bit-identical */
+    float *g = malloc(cnt * 4);
+    G->mem_download(g, y.d, cnt * 4, gctx);
+    CHECK(memcmp(g, y.h, cnt * 4) == 0, "%s: the GPU's mask differs from the CPU's", name);
+    free(g);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc(cnt, 1.0) : t_out(cnt);
+        C->dropout_bwd(dx.h, x.h, p, 1234, 77, 5, 3, accum, n, per_sample, cctx);
+        gpu_ok(G->dropout_bwd(dx.d, x.d, p, 1234, 77, 5, 3, accum, n, per_sample, gctx), "bwd");
+        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_free(&dx);
+    }
+    t_free(&x), t_free(&y);
+}
+
+/* ---- optimizer ---- */
+
+static void test_optim(size_t cnt)
+{
+    begin("sumsq");
+    struct t g = t_in(cnt, 1.0);
+    double sc = 0, sg = 0;
+    C->sumsq(&sc, g.h, cnt, cctx);
+    gpu_ok(G->sumsq(&sg, g.d, cnt, gctx), "sumsq");
+    CHECK(fabs(sg - sc) <= 1e-12 * sc, "sumsq: %.17g vs %.17g", sg, sc);
+
+    cur_op = "adamw";
+    struct t w = t_in(cnt, 1.0), m = t_in(cnt, 0.1), v = t_in(cnt, 0.01);
+    for (size_t i = 0; i < cnt; i++) v.h[i] = fabsf(v.h[i]);
+    up(&v);
+    struct bk_adamw h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                         .weight_decay = 0.01f, .bias_c1 = 0.271f, .bias_c2_sqrt = 0.0632f};
+    C->adamw_step(w.h, m.h, v.h, g.h, 0.8f, &h, cnt, cctx);
+    gpu_ok(G->adamw_step(w.d, m.d, v.d, g.d, 0.8f, &h, cnt, gctx), "adamw");
+    t_cmp("w", &w, TOL);
+    t_cmp("m", &m, TOL);
+    t_cmp("v", &v, TOL);
+
+    cur_op = "ema";
+    struct t e = t_in(cnt, 1.0), w2 = t_in(cnt, 1.0);
+    for (int k = 0; k < 2; k++) {
+        float decay = k ? 0.0f : 0.999f;
+        C->ema_update(e.h, w2.h, decay, cnt, cctx);
+        gpu_ok(G->ema_update(e.d, w2.d, decay, cnt, gctx), "ema");
+        t_cmp(k ? "ema (decay 0)" : "ema", &e, TOL);
+    }
+    t_free(&g), t_free(&w), t_free(&m), t_free(&v), t_free(&e), t_free(&w2);
+}
+
+/* ---- Philox on the device against philox.h on the host ---- */
+
+static void test_philox(int n, size_t per_sample)
+{
+    begin("philox");
+    size_t cnt = (size_t)n * per_sample;
+    uint32_t *ud = dalloc(cnt * 4), *uh = malloc(cnt * 4);
+    float *zd = dalloc(cnt * 4), *zh = malloc(cnt * 4);
+    gpu_ok(G->philox_u32_fill(ud, 99, PHILOX_TAG_NOISE, 12345678901ull, 3, 7, n, per_sample, gctx),
+           "u32 fill");
+    gpu_ok(G->philox_normal_fill(zd, 99, PHILOX_TAG_NOISE, 12345678901ull, 3, 7, n, per_sample,
+                                 gctx), "normal fill");
+    G->mem_download(uh, ud, cnt * 4, gctx);
+    G->mem_download(zh, zd, cnt * 4, gctx);
+    size_t bad_u = 0, bad_z = 0;
+    double worst = 0;
+    for (int s = 0; s < n; s++)
+        for (size_t e = 0; e < per_sample; e++) {
+            size_t i = (size_t)s * per_sample + e;
+            bad_u += uh[i] != philox_u32_at(99, PHILOX_TAG_NOISE, 12345678901ull,
+                                            (uint32_t)(7 + s), 3, (uint32_t)e);
+            double dz = fabs((double)zh[i] -
+                             philox_normal(99, PHILOX_TAG_NOISE, 12345678901ull,
+                                           (uint32_t)(7 + s), 3, (uint32_t)e));
+            if (dz > worst) worst = dz;
+            bad_z += !(dz <= 1e-6);
+        }
+    CHECK(bad_u == 0, "philox: %zu of %zu u32 draws differ", bad_u, cnt);
+    CHECK(bad_z == 0, "philox: %zu of %zu Gaussians off by more than 1e-6 (worst %.3g)", bad_z,
+          cnt, worst);
+    printf("philox: %zu u32 identical, Gaussians within %.3g\n", cnt, worst);
+    free(uh);
+    free(zh);
+}
+
+/* memory entries: set, upload, download; and errors that must not poison the device */
+static void test_memory(void)
+{
+    begin("memory");
+    float h[1000], back[1000];
+    for (int i = 0; i < 1000; i++) h[i] = (float)i * 0.5f;
+    float *d = dalloc(sizeof h);
+    gpu_ok(G->mem_upload(d, h, sizeof h, gctx), "upload");
+    gpu_ok(G->mem_download(back, d, sizeof h, gctx), "download");
+    CHECK(memcmp(h, back, sizeof h) == 0, "upload/download round trip");
+    gpu_ok(G->mem_set_f32(d + 10, -2.5f, 7, gctx), "set");
+    G->mem_download(back, d, sizeof h, gctx);
+    int ok = 1;
+    for (int i = 0; i < 1000; i++) ok &= back[i] == (i >= 10 && i < 17 ? -2.5f : h[i]);
+    CHECK(ok, "mem_set_f32 wrote outside [10, 17)");
+    /* a request over the device's memory fails cleanly and poisons nothing */
+    struct bk_device_mem dm;
+    CHECK(G->device_mem(0, &dm) == 0, "device_mem");
+    void *p = NULL;
+    int rc = G->mem_alloc(&p, dm.total + ((size_t)1 << 30), gctx);
+    CHECK(rc == BK_ERR_NOMEM && !p, "over-budget mem_alloc: rc %d", rc);
+    CHECK(!G->device_poisoned(0), "the device is poisoned after an over-budget request");
+    gpu_ok(G->mem_set_f32(d, 1.0f, 4, gctx), "set after the failed request");
+}
+
+static int have_nvidia_device(void)
+{
+    struct stat st;
+    return stat("/dev/nvidia0", &st) == 0 || stat("/proc/driver/nvidia/gpus", &st) == 0;
+}
+
+int main(void)
+{
+    setenv("DDPMD_CUDA_SYNC", "1", 0); /* every launch synchronized and checked */
+    char err[512] = "";
+    int rc = backend_load("cuda", &G, err, sizeof err);
+    if (rc != BK_OK) {
+        /* a machine with an NVIDIA GPU where the backend does not load is a failure */
+        if (have_nvidia_device() && !strstr(err, "no CUDA device")) {
+            fprintf(stderr, "test_gpu_ops: an NVIDIA device is present but: %s\n", err);
+            return 1;
+        }
+        printf("SKIPPED: no CUDA device (%s)\n", err);
+        return 77;
+    }
+    C = backend_cpu();
+    struct bk_device_mem dm;
+    int emulated = 0;
+    if (G->device_mem(0, &dm) == 0) {
+        printf("device: %s (sm_%d%d), %zu MiB, the process holds %zu MiB\n", dm.name, dm.cc_major,
+               dm.cc_minor, dm.total >> 20, dm.process >> 20);
+        emulated = strstr(dm.name, "emulator") != NULL; /* tests/gpu/emu: no faults to catch */
+    }
+    if (G->ctx_init(&gctx, 1) || C->ctx_init(&cctx, 4)) {
+        fprintf(stderr, "test_gpu_ops: ctx_init failed\n");
+        return 1;
+    }
+    if (G->mem_alloc((void **)&dev_base, DEV_BYTES, gctx)) {
+        fprintf(stderr, "test_gpu_ops: cannot reserve %zu bytes\n", DEV_BYTES);
+        return 1;
+    }
+    tu_seed(20240601);
+
+    test_memory();
+    /* the presets' shapes: 3x3 same, diffusers' downsample (pad right/bottom, stride 2), 1x1
+     * shortcuts; and odd ones: odd sizes, asymmetric padding on one axis, no bias */
+    test_conv(2, 3, 16, 16, 8, 3, 1, 1, 1, 1, 1, 1);
+    test_conv(2, 8, 16, 16, 16, 3, 2, 0, 0, 1, 1, 1);
+    test_conv(3, 5, 9, 7, 4, 3, 2, 1, 1, 1, 1, 0);
+    test_conv(2, 16, 8, 8, 8, 1, 1, 0, 0, 0, 0, 1);
+    test_conv(1, 4, 10, 12, 6, 3, 1, 2, 0, 1, 1, 1);
+    test_conv(2, 32, 32, 32, 32, 3, 1, 1, 1, 1, 1, 1);
+    conv_accum_first = 1;
+    test_conv(2, 6, 12, 12, 5, 3, 1, 1, 1, 1, 1, 1);
+    test_conv(2, 6, 12, 12, 5, 3, 2, 0, 0, 1, 1, 1);
+    conv_accum_first = 0;
+    test_linear(7, 33, 19);
+    test_linear(128, 256, 512);
+    test_groupnorm(2, 16, 64, 4, 1);
+    test_groupnorm(2, 8, 256, 1, 1);
+    test_groupnorm(3, 12, 25, 3, 0);
+    test_layernorm(37, 48);
+    test_layernorm(300, 256);
+    test_eltwise(100003);
+    test_bcast(3, 17, 45);
+    test_layout(2, 5, 7, 45);
+    test_layout(3, 40, 24, 64);
+    test_resample(2, 3, 5, 7);
+    test_resample(1, 2, 1, 1);
+    test_resample(2, 4, 16, 16);
+    test_embed(5, 32, 1, 0.0f);
+    test_embed(4, 33, 0, 1.0f);
+    test_attention(2, 70, 2, 16, 1);
+    test_attention(1, 300, 1, 128, 0);
+    test_attention(2, 64, 4, 200, 1);
+    test_attention(1, 33, 1, 8, 0);
+    test_losses(100003, 37, 10);
+    test_dropout(3, 1001, 0.1f);
+    test_dropout(2, 17, 0.0f);
+    test_optim(300007);
+    test_philox(3, 10007);
+
+    CHECK(!G->device_poisoned(0), "device poisoned at the end");
+    /* last, on a real GPU: a kernel that faults (a wild pointer) poisons the device, and every
+     * later call fails at once instead of touching the broken context */
+    if (!emulated) {
+        begin("poison");
+        float *wild = (float *)(uintptr_t)0x1000;
+        int r1 = G->silu_fwd(wild, wild, (size_t)1 << 20, gctx);
+        int r2 = G->sync(gctx);
+        CHECK(r1 != 0 || r2 != 0, "a wild pointer went unnoticed");
+        CHECK(G->device_poisoned(0), "a faulting kernel did not poison the device");
+        CHECK(G->mem_set_f32((float *)dev_base, 0.0f, 4, gctx) == BK_ERR_DEVICE,
+              "a call on a poisoned device did not fail");
+        printf("poison: the fault was reported (%d, %d) and the device is marked poisoned\n", r1,
+               r2);
+    }
+    G->mem_free(dev_base, gctx);
+    G->ctx_free(gctx);
+    C->ctx_free(cctx);
+    return tu_finish("test_gpu_ops");
+}

@@ -1,0 +1,343 @@
+/* test_gpu_step.c - one training step of each preset (small sizes) on the CUDA backend against the
+ * CPU backend, through the same graph, planner and executor: the loss and every parameter
+ * gradient within 1e-4 (norm-wise relative), and the weights, AdamW moments and EMA after the
+ * optimizer step too. The memory promise on the device: the job's device memory is its plan
+ * (one reservation, nothing more during steps 1 and 2), the arena's high-water mark is the
+ * planned arena, canaries hold; a request over the device's memory fails cleanly and poisons
+ * nothing. Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest: skipped).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend_load.h"
+#include "exec.h"
+#include "init.h"
+#include "philox.h"
+#include "plan.h"
+#include "test_util.h"
+#include "unet.h"
+
+/* step 1: loss and gradients within 1e-4. Step 2 starts from weights that differ where AdamW
+ * turned rounding noise into whole steps (check_after_adamw): 1e-3 there */
+#define TOL 1e-4
+#define TOL_STEP2 1e-3
+#define GRANULE ((size_t)2 << 20) /* cudaMalloc rounds large requests up to 2 MiB */
+
+static const struct backend *G;
+
+struct job {
+    const struct backend *bk;
+    struct graph g;
+    struct unet_io io;
+    int target, loss;
+    struct plan p;
+    struct exec *e;
+};
+
+static void small_config(struct unet_config *c, enum unet_preset preset, int tiled)
+{
+    unet_config_default(c, preset);
+    c->image_size = 16;
+    c->attn_tiled = tiled;
+    if (preset == UNET_DDPM) {
+        c->in_channels = c->out_channels = 1;
+        c->n_levels = 3;
+        c->channels[0] = 16;
+        c->channels[1] = c->channels[2] = 24;
+        c->layers_per_block = 1;
+        c->attn_res[0] = 8;
+        c->groups = 8;
+        c->attn_head_dim = 8;
+        c->dropout = 0.1f; /* the same Philox masks on both backends */
+    } else {
+        c->base = 8;
+        c->time_dim = 32;
+    }
+}
+
+static int job_init(struct job *j, const struct backend *bk, const struct unet_config *c,
+                    int batch, const struct plan_opts *po, const struct exec_opts *eo)
+{
+    memset(j, 0, sizeof *j);
+    j->bk = bk;
+    graph_init(&j->g);
+    unet_build(&j->g, c, batch, &j->io);
+    j->target = graph_input(&j->g, "target", 4, j->g.tensors[j->io.x].d);
+    j->loss = graph_mse(&j->g, j->io.out, j->target);
+    if (graph_backward(&j->g, j->loss)) return -1;
+    if (plan_make(&j->p, &j->g, bk, po)) return -2;
+    if (eo == NULL) return 0; /* planned only */
+    int rc = exec_init(&j->e, &j->g, &j->p, bk, eo);
+    if (rc) return 100 + rc;
+    size_t maxn = 0;
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i].numel > maxn) maxn = j->g.tensors[i].numel;
+    float *h = malloc(maxn * sizeof *h);
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i].kind == TENSOR_PARAM) {
+            init_param(&j->g.tensors[i], 42, h);
+            if (j->g.tensors[i].init == INIT_ONES || j->g.tensors[i].init == INIT_ZEROS)
+                for (size_t k = 0; k < j->g.tensors[i].numel; k++)
+                    h[k] += 0.1f * (philox_uniform_at(7, 1, (uint64_t)i, 0, 0, (uint32_t)k) - 0.5f);
+            exec_upload(j->e, i, h);
+        }
+    free(h);
+    exec_reset_state(j->e);
+    return 0;
+}
+
+static void job_free(struct job *j)
+{
+    exec_free(j->e);
+    plan_free(&j->p);
+    graph_free(&j->g);
+}
+
+static void feed(struct job *j, int s)
+{
+    size_t n = j->g.tensors[j->io.x].numel;
+    int b = j->g.tensors[j->io.x].d[0];
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), t[64];
+    for (size_t i = 0; i < n; i++) {
+        x[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 0, 0, (uint32_t)i);
+        y[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 1, 0, (uint32_t)i);
+    }
+    for (int i = 0; i < b; i++) t[i] = (float)((s * 131 + i * 377) % 1000);
+    exec_upload(j->e, j->io.x, x);
+    exec_upload(j->e, j->io.t, t);
+    exec_upload(j->e, j->target, y);
+    free(x);
+    free(y);
+}
+
+static const struct optim_config OC = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                       .eps = 1e-8f, .weight_decay = 0.01f, .clip = 1.0f,
+                                       .ema_decay = 0.99f};
+
+static void dl(struct job *j, int id, int part, float *h)
+{
+    if (part < 0)
+        exec_download(j->e, id, h);
+    else
+        exec_download_part(j->e, (enum exec_part)part, id, h);
+}
+
+/* the CPU's global gradient norm */
+static double grad_norm(struct job *c, float *y)
+{
+    double ss = 0;
+    for (int i = 0; i < c->g.n_tensors; i++)
+        if (c->g.tensors[i].kind == TENSOR_GRAD) {
+            dl(c, i, -1, y);
+            for (size_t k = 0; k < c->g.tensors[i].numel; k++) ss += (double)y[k] * y[k];
+        }
+    return sqrt(ss);
+}
+
+/* gradient id of the GPU job against the CPU's: norm-wise relative, the norm never below 1e-3
+ * of the global gradient norm: some gradients are zero in exact arithmetic (the attention key
+ * bias: softmax ignores a shift of a whole row of scores) and both backends leave ~1e-10 of
+ * rounding there, which no relative measure can compare */
+static double grad_err(struct job *a, struct job *b, int id, double gnorm, float *x, float *y)
+{
+    size_t n = a->g.tensors[id].numel;
+    dl(a, id, -1, x);
+    dl(b, id, -1, y);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) return INFINITY;
+        num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        den += (double)y[i] * y[i];
+    }
+    den = sqrt(den);
+    if (den < 1e-3 * gnorm) den = 1e-3 * gnorm;
+    return den > 0 ? sqrt(num) / den : sqrt(num);
+}
+
+/* after AdamW: weights, EMA and moments norm-wise within tol over the elements whose gradient the
+ * backends agree on to 1%; AdamW divides by sqrt(v), so where a gradient is rounding noise (see
+ * grad_err) the step's sign is noise too: those weights must stay within one step (lr) */
+static void check_after_adamw(const char *name, int s, struct job *a, struct job *b, float lr)
+{
+    size_t maxn = 0;
+    for (int i = 0; i < a->g.n_tensors; i++)
+        if (a->g.tensors[i].numel > maxn) maxn = a->g.tensors[i].numel;
+    float *ga = malloc(maxn * 4), *gb = malloc(maxn * 4), *x = malloc(maxn * 4),
+          *y = malloc(maxn * 4);
+    double worst[4] = {0, 0, 0, 0}, far = 0;
+    size_t noisy = 0;
+    for (int i = 0; i < a->g.n_tensors; i++) {
+        const struct tensor *t = &a->g.tensors[i];
+        if (t->kind != TENSOR_PARAM || t->grad < 0) continue;
+        dl(a, t->grad, -1, ga);
+        dl(b, t->grad, -1, gb);
+        for (int part = 0; part < 4; part++) {
+            dl(a, i, part, x);
+            dl(b, i, part, y);
+            double num = 0, den = 0;
+            for (size_t k = 0; k < t->numel; k++) {
+                if (fabsf(ga[k] - gb[k]) > 1e-2f * fabsf(gb[k])) {
+                    if (part == 0) {
+                        noisy++;
+                        double d = fabs((double)x[k] - y[k]);
+                        if (d > far) far = d;
+                    }
+                    continue;
+                }
+                num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+                den += (double)y[k] * y[k];
+            }
+            double e = den > 0 ? sqrt(num / den) : sqrt(num);
+            if (!(e <= worst[part])) worst[part] = e;
+        }
+    }
+    const double tol = s ? TOL_STEP2 : TOL;
+    CHECK(worst[0] < tol && worst[1] < tol && worst[2] < tol && worst[3] < tol,
+          "%s step %d: after AdamW: weights %.3g, ema %.3g, m %.3g, v %.3g", name, s, worst[0],
+          worst[1], worst[2], worst[3]);
+    CHECK(far <= 2.01 * lr, "%s step %d: a weight with a noise gradient moved %.3g (lr %.3g)",
+          name, s, far, lr);
+    printf("  after AdamW: weights %.2g, ema %.2g, m %.2g, v %.2g; %zu weights with noise "
+           "gradients within %.2g\n", worst[0], worst[1], worst[2], worst[3], noisy, far);
+    free(ga), free(gb), free(x), free(y);
+}
+
+static size_t dev_free(void)
+{
+    struct bk_device_mem m;
+    return G->device_mem(0, &m) == 0 ? m.free : 0;
+}
+
+static void step_vs_cpu(enum unet_preset preset, int tiled, int guards)
+{
+    const char *name = preset == UNET_DDPM ? "ddpm" : "seed";
+    struct unet_config c;
+    small_config(&c, preset, tiled);
+    struct plan_opts po = {.guard_bytes = guards ? 256 : 0};
+    struct exec_opts eg = {.threads = 1, .poison = 1, .check_guards = guards};
+    struct exec_opts ec = {.threads = 4};
+    struct job gj, cj;
+    size_t free0 = dev_free();
+    int rc = job_init(&gj, G, &c, 3, &po, &eg);
+    CHECK(rc == 0, "%s: GPU job (%d)", name, rc);
+    CHECK(job_init(&cj, backend_cpu(), &c, 3, NULL, &ec) == 0, "%s: CPU job", name);
+    if (rc) return;
+    printf("%s (%s attention%s): GPU plan %zu bytes (workspace %zu, arena %zu), CPU plan %zu\n",
+           name, tiled ? "tiled" : "plain", guards ? ", canaries" : "", gj.p.total_bytes,
+           gj.p.ws_bytes, gj.p.arena_bytes, cj.p.total_bytes);
+    size_t free1 = dev_free();
+    size_t want = (gj.p.total_bytes + GRANULE - 1) / GRANULE * GRANULE;
+    CHECK(free0 - free1 <= want && free0 - free1 >= gj.p.total_bytes,
+          "%s: exec_init took %zu bytes of the device, the plan is %zu", name, free0 - free1,
+          gj.p.total_bytes);
+
+    float *x = malloc(gj.g.param_numel * 4 + 64), *y = malloc(gj.g.param_numel * 4 + 64);
+    for (int s = 0; s < 2; s++) {
+        float lg = 0, lc = 0;
+        feed(&gj, s);
+        feed(&cj, s);
+        int rg = exec_forward_backward(gj.e, 1, 1.0f, 11, (uint64_t)s, 0, &lg);
+        int rcpu = exec_forward_backward(cj.e, 1, 1.0f, 11, (uint64_t)s, 0, &lc);
+        CHECK(rg == 0 && rcpu == 0, "%s step %d: forward/backward GPU %d CPU %d", name, s, rg,
+              rcpu);
+        double el = fabs((double)lg - lc) / fabs((double)lc);
+        const double tol = s ? TOL_STEP2 : TOL;
+        CHECK(el < tol, "%s step %d: loss %.9g (GPU) vs %.9g (CPU): %.3g", name, s, lg, lc, el);
+        double worst = 0, gnorm = grad_norm(&cj, y);
+        int worst_id = -1, ngrads = 0;
+        for (int i = 0; i < gj.g.n_tensors; i++) {
+            if (gj.g.tensors[i].kind != TENSOR_GRAD) continue;
+            double e = grad_err(&gj, &cj, i, gnorm, x, y);
+            ngrads++;
+            if (!(e <= worst)) worst = e, worst_id = i;
+            if (!(e < tol)) {
+                const char *pn = "?";
+                for (int k = 0; k < gj.g.n_tensors; k++)
+                    if (gj.g.tensors[k].grad == i && gj.g.tensors[k].name)
+                        pn = gj.g.tensors[k].name;
+                CHECK(0, "%s step %d: gradient of %s: rel err %.3g", name, s, pn, e);
+            }
+        }
+        CHECK(ngrads > 0, "%s: no gradients", name);
+        printf("  step %d: loss %.7g vs %.7g (%.2g), %d gradients (norm %.3g), worst %.3g "
+               "(tensor %d)\n", s, lg, lc, el, ngrads, gnorm, worst, worst_id);
+        rg = exec_optimizer_step(gj.e, &OC, s + 1, OC.lr, NULL);
+        rcpu = exec_optimizer_step(cj.e, &OC, s + 1, OC.lr, NULL);
+        CHECK(rg == 0 && rcpu == 0, "%s step %d: optimizer GPU %d CPU %d", name, s, rg, rcpu);
+        check_after_adamw(name, s, &gj, &cj, OC.lr);
+        /* nothing allocated on the device during a step */
+        size_t free2 = dev_free();
+        CHECK(free2 == free1, "%s step %d: the device lost %lld bytes during the step", name, s,
+              (long long)free1 - (long long)free2);
+    }
+    if (!guards) {
+        size_t hw = exec_arena_high_water(gj.e);
+        CHECK(hw <= gj.p.arena_bytes && gj.p.arena_bytes - hw < PLAN_ALIGN,
+              "%s: arena high-water %zu vs planned %zu", name, hw, gj.p.arena_bytes);
+    }
+    CHECK(!G->device_poisoned(0), "%s: device poisoned", name);
+    free(x);
+    free(y);
+    job_free(&gj);
+    job_free(&cj);
+    CHECK(dev_free() == free0, "%s: the device did not get its memory back", name);
+}
+
+/* a plan larger than the device: exec_init fails with EXEC_ERR_NOMEM and nothing breaks */
+static void over_budget(void)
+{
+    struct bk_device_mem m;
+    CHECK(G->device_mem(0, &m) == 0, "device_mem");
+    struct unet_config c;
+    unet_config_default(&c, UNET_SEED);
+    struct job j;
+    int batch = 64, rc = 0;
+    for (;;) {
+        rc = job_init(&j, G, &c, batch, NULL, NULL);
+        if (rc || j.p.total_bytes > m.total + ((size_t)1 << 30) || batch >= 65536) break;
+        plan_free(&j.p);
+        graph_free(&j.g);
+        batch *= 2;
+    }
+    CHECK(rc == 0 && j.p.total_bytes > m.total, "a plan over %zu bytes (batch %d): rc %d", m.total,
+          batch, rc);
+    if (rc) return;
+    size_t free0 = dev_free();
+    struct exec_opts eo = {.threads = 1};
+    struct exec *e = NULL;
+    int er = exec_init(&e, &j.g, &j.p, G, &eo);
+    printf("over budget: seed 64px batch %d plans %.1f GiB on a %.1f GiB device: exec_init %d\n",
+           batch, (double)j.p.total_bytes / 1073741824.0, (double)m.total / 1073741824.0, er);
+    CHECK(er == EXEC_ERR_NOMEM && e == NULL, "over-budget exec_init: %d", er);
+    CHECK(!G->device_poisoned(0), "the device is poisoned after an over-budget request");
+    CHECK(dev_free() == free0, "a failed reservation kept device memory");
+    plan_free(&j.p);
+    graph_free(&j.g);
+}
+
+static int have_nvidia_device(void)
+{
+    struct stat st;
+    return stat("/dev/nvidia0", &st) == 0 || stat("/proc/driver/nvidia/gpus", &st) == 0;
+}
+
+int main(void)
+{
+    setenv("DDPMD_CUDA_SYNC", "1", 0);
+    char err[512] = "";
+    if (backend_load("cuda", &G, err, sizeof err) != BK_OK) {
+        if (have_nvidia_device() && !strstr(err, "no CUDA device")) {
+            fprintf(stderr, "test_gpu_step: an NVIDIA device is present but: %s\n", err);
+            return 1;
+        }
+        printf("SKIPPED: no CUDA device (%s)\n", err);
+        return 77;
+    }
+    step_vs_cpu(UNET_DDPM, 1, 1); /* canaries after every op */
+    step_vs_cpu(UNET_SEED, 1, 0); /* the arena's high-water mark */
+    step_vs_cpu(UNET_SEED, 0, 0);
+    over_budget();
+    return tu_finish("test_gpu_step");
+}
