@@ -57,9 +57,18 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* mkdir -p */
 static int mkdir_p1(const char *path)
 {
-    return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+    char buf[1100];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(buf, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
 int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step)
