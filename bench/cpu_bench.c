@@ -122,10 +122,9 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     struct plan p;
     struct exec *e = NULL;
     graph_init(&g);
-    if (unet_build(&g, &c, batch, &io)) return fprintf(stderr, "unet_build failed\n"), 1;
-    int target = graph_input(&g, "target", 4, g.tensors[io.x].d);
-    int loss = graph_mse(&g, io.out, target);
-    if (graph_backward(&g, loss)) return fprintf(stderr, "graph_backward failed\n"), 1;
+    int target;
+    if (unet_build_training(&g, &c, batch, &io, &target, NULL))
+        return fprintf(stderr, "cannot build the training graph: %s\n", g.err), 1;
     if (plan_make(&p, &g, backend_cpu(), NULL)) return fprintf(stderr, "plan_make failed\n"), 1;
     long rss_graph = rss_now_kib();
     struct exec_opts eo = {.threads = threads, .profile = profile};

@@ -358,3 +358,15 @@ int unet_build(struct graph *g, const struct unet_config *c, int batch, struct u
     }
     return c->preset == UNET_DDPM ? build_ddpm(g, c, batch, io) : build_seed(g, c, batch, io);
 }
+
+int unet_build_training(struct graph *g, const struct unet_config *c, int batch,
+                        struct unet_io *io, int *target, int *loss)
+{
+    if (unet_build(g, c, batch, io)) return g->status;
+    int t = graph_input(g, "target", 4, g->tensors[io->x].d);
+    int l = graph_mse(g, io->out, t);
+    if (target) *target = t;
+    if (loss) *loss = l;
+    graph_backward(g, l);
+    return g->status;
+}

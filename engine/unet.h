@@ -53,4 +53,10 @@ struct unet_io {
 /* appends the model's forward ops; returns g->status */
 int unet_build(struct graph *g, const struct unet_config *c, int batch, struct unet_io *io);
 
+/* the training graph of a job: the model, a "target" input shaped like x, the MSE between the
+ * prediction and it, and the backward; target and loss (may be NULL) get their tensor ids.
+ * Returns g->status. */
+int unet_build_training(struct graph *g, const struct unet_config *c, int batch,
+                        struct unet_io *io, int *target, int *loss);
+
 #endif

@@ -170,11 +170,7 @@ static int build_training_graph(const struct cli_model *m, struct graph *g, stru
                                 int *target)
 {
     graph_init(g);
-    unet_build(g, &m->cfg, m->batch, io);
-    *target = graph_input(g, "target", 4, io->x >= 0 ? g->tensors[io->x].d : (int[4]){1, 1, 1, 1});
-    int loss = graph_mse(g, io->out, *target);
-    graph_backward(g, loss);
-    if (g->status) {
+    if (unet_build_training(g, &m->cfg, m->batch, io, target, NULL)) {
         fprintf(stderr, "ddpmd: cannot build the model: %s\n", g->err);
         return -1;
     }

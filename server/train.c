@@ -159,12 +159,7 @@ static int build(struct job *j, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
     graph_init(&j->g);
-    unet_build(&j->g, &s->model, s->batch, &j->io);
-    if (!j->g.status) {
-        j->target = graph_input(&j->g, "target", 4, j->g.tensors[j->io.x].d);
-        graph_backward(&j->g, graph_mse(&j->g, j->io.out, j->target));
-    }
-    if (j->g.status) {
+    if (unet_build_training(&j->g, &s->model, s->batch, &j->io, &j->target, NULL)) {
         snprintf(err, errlen, "cannot build the model: %s", j->g.err);
         return -1;
     }

@@ -50,10 +50,9 @@ static int run(const struct backend *bk, enum unet_preset preset, int batch, int
     struct exec *e = NULL;
     int rc = 1;
     graph_init(&g);
-    if (unet_build(&g, &c, batch, &io)) goto out_graph;
-    int target = graph_input(&g, "target", 4, g.tensors[io.x].d);
-    int loss = graph_mse(&g, io.out, target);
-    if (graph_backward(&g, loss) || plan_make(&p, &g, bk, NULL)) goto out_graph;
+    int target, loss;
+    if (unet_build_training(&g, &c, batch, &io, &target, &loss) || plan_make(&p, &g, bk, NULL))
+        goto out_graph;
     struct exec_opts eo = {.threads = threads};
     if (exec_init(&e, &g, &p, bk, &eo)) {
         fprintf(stderr, "step_time: %s: cannot reserve %zu bytes\n", bk->name, p.total_bytes);

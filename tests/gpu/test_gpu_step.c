@@ -63,10 +63,7 @@ static int job_init(struct job *j, const struct backend *bk, const struct unet_c
     memset(j, 0, sizeof *j);
     j->bk = bk;
     graph_init(&j->g);
-    unet_build(&j->g, c, batch, &j->io);
-    j->target = graph_input(&j->g, "target", 4, j->g.tensors[j->io.x].d);
-    j->loss = graph_mse(&j->g, j->io.out, j->target);
-    if (graph_backward(&j->g, j->loss)) return -1;
+    if (unet_build_training(&j->g, c, batch, &j->io, &j->target, &j->loss)) return -1;
     if (plan_make(&j->p, &j->g, bk, po)) return -2;
     if (eo == NULL) return 0; /* planned only */
     int rc = exec_init(&j->e, &j->g, &j->p, bk, eo);

@@ -143,12 +143,8 @@ static void run_fixture(const char *path, int tiled)
     struct graph g;
     struct unet_io io;
     graph_init(&g);
-    unet_build(&g, &cfg, batch, &io);
-    int td[4];
-    memcpy(td, g.tensors[io.out].d, sizeof td);
-    int target = graph_input(&g, "target", 4, td);
-    int loss_t = graph_mse(&g, io.out, target);
-    graph_backward(&g, loss_t);
+    int target = -1;
+    unet_build_training(&g, &cfg, batch, &io, &target, NULL);
     CHECK(g.status == 0, "graph: %s", g.err);
     if (g.status) goto out_graph;
 

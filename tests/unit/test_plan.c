@@ -81,10 +81,7 @@ static int job_init(struct job *j, const struct unet_config *c, int batch,
 {
     memset(j, 0, sizeof *j);
     graph_init(&j->g);
-    unet_build(&j->g, c, batch, &j->io);
-    j->target = graph_input(&j->g, "target", 4, j->g.tensors[j->io.x].d);
-    j->loss = graph_mse(&j->g, j->io.out, j->target);
-    if (graph_backward(&j->g, j->loss)) return -1;
+    if (unet_build_training(&j->g, c, batch, &j->io, &j->target, &j->loss)) return -1;
     if (plan_make(&j->p, &j->g, backend_cpu(), po)) return -1;
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), eo)) return -1;
     size_t maxn = 0;
