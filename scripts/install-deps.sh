@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
-      libopenblas-openmp-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
+      libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
       python3-torch python3-numpy python3-yaml python3-jsonschema dataset-fashion-mnist)
 
 missing=()

@@ -19,7 +19,12 @@ int cpu_ctx_init(bk_ctx **out, int threads)
     return BK_OK;
 }
 
-void cpu_ctx_free(bk_ctx *ctx) { free(ctx); }
+void cpu_ctx_free(bk_ctx *ctx)
+{
+    if (!ctx) return;
+    cpu_conv_cache_free(ctx);
+    free(ctx);
+}
 
 int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
 {

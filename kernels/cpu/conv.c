@@ -1,17 +1,39 @@
-/* conv.c - CPU 2-D convolution (NCHW, OIHW): im2col + OpenBLAS sgemm per image, col2im for the
- * data gradient. The im2col buffer of one image lives in `ws`; 1x1 stride-1 unpadded convs use
- * the activations directly and need no workspace.
+/* conv.c - CPU 2-D convolution through oneDNN. The engine's activations are NCHW and its weights
+ * OIHW; oneDNN's fast kernels want NHWC activations and blocked weights, so each call reorders
+ * its operands into the workspace (`ws`, sized by cpu_conv2d_ws_bytes and planned like any other
+ * byte), runs the convolution there and reorders the result back (adding into the destination
+ * when accumulating). Primitives are created once per shape, on first use, and cached in the
+ * job's context; their scratchpad is part of `ws` too, so a step allocates nothing.
+ *
+ * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
+ * fixed when the primitive was created, which is the job's (ctx->threads), capped at the
+ * machine's cores (more would only oversubscribe them, and the plan's scratch is sized there).
  */
 #include <limits.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
 
 #include "cpu.h"
 
-/* 1x1, stride 1, no padding: the input image (Ci, H*W) already is the column matrix */
-static int conv_is_pointwise(const struct bk_conv2d *s)
+/* ---- the process's oneDNN CPU engine ---- */
+
+static dnnl_engine_t g_engine;
+static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
+
+static void engine_init(void)
 {
-    return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad_t == 0 && s->pad_l == 0 &&
-           s->pad_b == 0 && s->pad_r == 0;
+    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) g_engine = NULL;
+}
+
+static dnnl_engine_t conv_engine(void)
+{
+    pthread_once(&g_engine_once, engine_init);
+    return g_engine;
 }
 
 static int conv_check(const struct bk_conv2d *s)
@@ -20,94 +42,331 @@ static int conv_check(const struct bk_conv2d *s)
     if (s->pad_t < 0 || s->pad_l < 0 || s->pad_b < 0 || s->pad_r < 0) return BK_ERR_INVALID;
     struct bk_conv2d t = *s;
     if (bk_conv2d_init(&t) != BK_OK || t.ho != s->ho || t.wo != s->wo) return BK_ERR_INVALID;
-    /* BLAS dimensions are int */
-    if ((long long)s->ci * s->kh * s->kw > INT_MAX || (long long)s->ho * s->wo > INT_MAX ||
-        (long long)s->h * s->w > INT_MAX)
+    if ((long long)s->n * s->ci * s->h * s->w > INT_MAX ||
+        (long long)s->n * s->co * s->ho * s->wo > INT_MAX)
         return BK_ERR_INVALID;
     return BK_OK;
 }
 
+/* ---- primitive descriptors: NHWC activations, weights in whatever layout oneDNN picks ---- */
+
+struct conv_pds {
+    dnnl_primitive_desc_t fwd, bwd_d, bwd_w;
+};
+
+static void conv_pds_free(struct conv_pds *p)
+{
+    if (p->fwd) dnnl_primitive_desc_destroy(p->fwd);
+    if (p->bwd_d) dnnl_primitive_desc_destroy(p->bwd_d);
+    if (p->bwd_w) dnnl_primitive_desc_destroy(p->bwd_w);
+    memset(p, 0, sizeof *p);
+}
+
+static int conv_pds_make(struct conv_pds *p, const struct bk_conv2d *s, int bias)
+{
+    memset(p, 0, sizeof *p);
+    dnnl_engine_t eng = conv_engine();
+    if (!eng) return BK_ERR_DEVICE;
+    dnnl_dims_t xd = {s->n, s->ci, s->h, s->w}, yd = {s->n, s->co, s->ho, s->wo};
+    dnnl_dims_t wd = {s->co, s->ci, s->kh, s->kw}, bd = {s->co};
+    dnnl_dims_t st = {s->stride, s->stride}, pl = {s->pad_t, s->pad_l}, pr = {s->pad_b, s->pad_r};
+    dnnl_memory_desc_t x, y, w, b;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_convolution_desc_t fd, dd, wdd;
+    int rc = BK_ERR_INVALID;
+    if (dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_nhwc) ||
+        dnnl_memory_desc_init_by_tag(&y, 4, yd, dnnl_f32, dnnl_nhwc) ||
+        dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
+        return BK_ERR_INVALID;
+    if (dnnl_primitive_attr_create(&attr) ||
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
+        goto out;
+    if (dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &x,
+                                           &w, bias ? &b : NULL, &y, st, pl, pr) ||
+        dnnl_primitive_desc_create(&p->fwd, &fd, attr, eng, NULL))
+        goto out;
+    if (dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &x, &w, &y, st, pl,
+                                                 pr) ||
+        dnnl_primitive_desc_create(&p->bwd_d, &dd, attr, eng, p->fwd))
+        goto out;
+    if (dnnl_convolution_backward_weights_desc_init(&wdd, dnnl_convolution_direct, &x, &w,
+                                                    bias ? &b : NULL, &y, st, pl, pr) ||
+        dnnl_primitive_desc_create(&p->bwd_w, &wdd, attr, eng, p->fwd))
+        goto out;
+    rc = BK_OK;
+out:
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (rc) conv_pds_free(p);
+    return rc;
+}
+
+static size_t md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
+    return md ? dnnl_memory_desc_get_size(md) : 0;
+}
+
+#define ALIGN64(b) (((b) + 63) & ~(size_t)63)
+
+/* the workspace of each kernel: its operands' NHWC / blocked copies, then its scratchpad */
+struct conv_ws {
+    size_t x, y, w_fwd, w_bwd_d, dw, db, scr_fwd, scr_bwd_d, scr_bwd_w;
+    size_t fwd, bwd_d, bwd_w; /* totals */
+};
+
+static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s)
+{
+    l->x = ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float));
+    l->y = ALIGN64((size_t)s->n * s->co * s->ho * s->wo * sizeof(float));
+    l->w_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_weights_md));
+    l->w_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_weights_md));
+    l->dw = ALIGN64(md_bytes(p->bwd_w, dnnl_query_diff_weights_md));
+    l->db = ALIGN64((size_t)s->co * sizeof(float));
+    l->scr_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_scratchpad_md));
+    l->scr_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_scratchpad_md));
+    l->scr_bwd_w = ALIGN64(md_bytes(p->bwd_w, dnnl_query_scratchpad_md));
+    l->fwd = l->x + l->y + l->w_fwd + l->scr_fwd;
+    l->bwd_d = l->y + l->x + l->w_bwd_d + l->scr_bwd_d;
+    l->bwd_w = l->y + l->x + l->dw + l->db + l->scr_bwd_w;
+}
+
+/* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
+ * grows with the thread count it was created for. */
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
 {
-    if (conv_check(s) != BK_OK || conv_is_pointwise(s)) return 0;
-    /* one image's column matrix (Ci*Kh*Kw, Ho*Wo), shared by all three kernels */
-    return (size_t)s->ci * s->kh * s->kw * (size_t)s->ho * s->wo * sizeof(float);
+    if (conv_check(s) != BK_OK) return 0;
+    int saved = omp_get_max_threads(), procs = omp_get_num_procs();
+    omp_set_num_threads(procs);
+    size_t best = 0;
+    for (int bias = 0; bias < 2; bias++) {
+        struct conv_pds p;
+        if (conv_pds_make(&p, s, bias) != BK_OK) continue;
+        struct conv_ws l;
+        conv_ws_layout(&l, &p, s);
+        size_t m = l.fwd > l.bwd_d ? l.fwd : l.bwd_d;
+        if (l.bwd_w > m) m = l.bwd_w;
+        if (m > best) best = m;
+        conv_pds_free(&p);
+    }
+    omp_set_num_threads(saved);
+    return best;
 }
 
-/* col (Ci*Kh*Kw, Ho*Wo) from one image x (Ci,H,W); zero where the window hits padding */
-static void conv_im2col(float *col, const float *x, const struct bk_conv2d *s, bk_ctx *ctx)
+/* ---- the per-job cache of primitives ---- */
+
+enum { M_XN, M_YN, M_WF, M_WD, M_DWB, M_B, M_DB, M_SF, M_SD, M_SW, M_COUNT };
+
+struct conv_entry {
+    struct bk_conv2d s;
+    int bias;
+    struct conv_ws l;
+    size_t planned; /* cpu_conv2d_ws_bytes: what the caller's ws holds */
+    dnnl_primitive_t fwd, bwd_d, bwd_w;
+    /* reorders: NCHW <-> NHWC for x and y sized tensors, with and without accumulation, and the
+     * weights into the forward's / backward-data's layout and the weight gradient back */
+    dnnl_primitive_t x_in, x_out, x_out_acc, y_in, y_out, w_fwd, w_bwd_d, dw_out_acc;
+    dnnl_memory_t m[M_COUNT];
+    /* the same memories, in user layouts where they differ: NCHW x / y, OIHW w */
+    dnnl_memory_t ux, uy, uw;
+};
+
+struct cpu_conv_cache {
+    dnnl_stream_t stream;
+    struct conv_entry *e;
+    int n, cap;
+};
+
+static void entry_free(struct conv_entry *e)
 {
-    const int rows = s->ci * s->kh * s->kw, hw_o = s->ho * s->wo;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int r = 0; r < rows; r++) {
-        int kj = r % s->kw, ki = (r / s->kw) % s->kh, c = r / (s->kw * s->kh);
-        const float *xc = x + (size_t)c * s->h * s->w;
-        float *dst = col + (size_t)r * hw_o;
-        for (int oh = 0; oh < s->ho; oh++) {
-            int ih = oh * s->stride - s->pad_t + ki;
-            float *d = dst + (size_t)oh * s->wo;
-            if (ih < 0 || ih >= s->h) {
-                memset(d, 0, (size_t)s->wo * sizeof(float));
-                continue;
-            }
-            const float *xr = xc + (size_t)ih * s->w;
-            for (int ow = 0; ow < s->wo; ow++) {
-                int iw = ow * s->stride - s->pad_l + kj;
-                d[ow] = (iw >= 0 && iw < s->w) ? xr[iw] : 0.0f;
-            }
-        }
-    }
+    dnnl_primitive_t *prims[] = {&e->fwd, &e->bwd_d, &e->bwd_w, &e->x_in, &e->x_out,
+                                 &e->x_out_acc, &e->y_in, &e->y_out, &e->w_fwd, &e->w_bwd_d,
+                                 &e->dw_out_acc};
+    for (size_t i = 0; i < sizeof prims / sizeof prims[0]; i++)
+        if (*prims[i]) dnnl_primitive_destroy(*prims[i]);
+    for (int i = 0; i < M_COUNT; i++)
+        if (e->m[i]) dnnl_memory_destroy(e->m[i]);
+    if (e->ux) dnnl_memory_destroy(e->ux);
+    if (e->uy) dnnl_memory_destroy(e->uy);
+    if (e->uw) dnnl_memory_destroy(e->uw);
 }
 
-/* dx (Ci,H,W) (=/+= per accum) from col (Ci*Kh*Kw, Ho*Wo). One thread owns one channel and
- * adds its Kh*Kw rows in a fixed order, so the result does not depend on the thread count. */
-static void conv_col2im(float *dx, const float *col, int accum, const struct bk_conv2d *s,
-                        bk_ctx *ctx)
+void cpu_conv_cache_free(bk_ctx *ctx)
 {
-    const int hw_o = s->ho * s->wo, kk = s->kh * s->kw;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int c = 0; c < s->ci; c++) {
-        float *xc = dx + (size_t)c * s->h * s->w;
-        if (!accum) memset(xc, 0, (size_t)s->h * s->w * sizeof(float));
-        for (int k = 0; k < kk; k++) {
-            int ki = k / s->kw, kj = k % s->kw;
-            const float *src = col + ((size_t)c * kk + k) * hw_o;
-            for (int oh = 0; oh < s->ho; oh++) {
-                int ih = oh * s->stride - s->pad_t + ki;
-                if (ih < 0 || ih >= s->h) continue;
-                float *xr = xc + (size_t)ih * s->w;
-                const float *sr = src + (size_t)oh * s->wo;
-                for (int ow = 0; ow < s->wo; ow++) {
-                    int iw = ow * s->stride - s->pad_l + kj;
-                    if (iw >= 0 && iw < s->w) xr[iw] += sr[ow];
-                }
-            }
-        }
+    struct cpu_conv_cache *c = ctx->conv;
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) entry_free(&c->e[i]);
+    free(c->e);
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    free(c);
+    ctx->conv = NULL;
+}
+
+static int make_prim(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd)
+{
+    return dnnl_primitive_create(out, pd) == dnnl_success ? 0 : -1;
+}
+
+static int make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from,
+                        const dnnl_memory_desc_t *to, int accum)
+{
+    dnnl_engine_t eng = conv_engine();
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = -1;
+    if (dnnl_primitive_attr_create(&attr)) goto out;
+    if (accum) {
+        if (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
+            dnnl_primitive_attr_set_post_ops(attr, po))
+            goto out;
     }
+    if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, attr)) goto out;
+    rc = make_prim(out, pd);
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+static int make_mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md)
+{
+    return dnnl_memory_create(m, md, conv_engine(), DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
+}
+
+static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
+{
+    memset(e, 0, sizeof *e);
+    e->s = *s;
+    e->bias = bias;
+    struct conv_pds p;
+    if (conv_pds_make(&p, s, bias) != BK_OK) return -1;
+    conv_ws_layout(&e->l, &p, s);
+    e->planned = cpu_conv2d_ws_bytes(s);
+    int rc = -1;
+    const dnnl_memory_desc_t *xn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *yn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_dst_md, 0);
+    const dnnl_memory_desc_t *wf = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *dwb =
+        dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_diff_weights_md, 0);
+    dnnl_dims_t xd = {s->n, s->ci, s->h, s->w}, yd = {s->n, s->co, s->ho, s->wo};
+    dnnl_dims_t wdims = {s->co, s->ci, s->kh, s->kw}, bd = {s->co};
+    dnnl_memory_desc_t ux, uy, uw, b;
+    if (dnnl_memory_desc_init_by_tag(&ux, 4, xd, dnnl_f32, dnnl_nchw) ||
+        dnnl_memory_desc_init_by_tag(&uy, 4, yd, dnnl_f32, dnnl_nchw) ||
+        dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw) ||
+        dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
+        goto out;
+    if (make_prim(&e->fwd, p.fwd) || make_prim(&e->bwd_d, p.bwd_d) || make_prim(&e->bwd_w, p.bwd_w))
+        goto out;
+    if (make_reorder(&e->x_in, &ux, xn, 0) || make_reorder(&e->x_out, xn, &ux, 0) ||
+        make_reorder(&e->x_out_acc, xn, &ux, 1) || make_reorder(&e->y_in, &uy, yn, 0) ||
+        make_reorder(&e->y_out, yn, &uy, 0) || make_reorder(&e->w_fwd, &uw, wf, 0) ||
+        make_reorder(&e->w_bwd_d, &uw, wd, 0) || make_reorder(&e->dw_out_acc, dwb, &uw, 1))
+        goto out;
+    if (make_mem(&e->ux, &ux) || make_mem(&e->uy, &uy) || make_mem(&e->uw, &uw) ||
+        make_mem(&e->m[M_XN], xn) || make_mem(&e->m[M_YN], yn) || make_mem(&e->m[M_WF], wf) ||
+        make_mem(&e->m[M_WD], wd) || make_mem(&e->m[M_DWB], dwb) || make_mem(&e->m[M_B], &b) ||
+        make_mem(&e->m[M_DB], &b) ||
+        make_mem(&e->m[M_SF], dnnl_primitive_desc_query_md(p.fwd, dnnl_query_scratchpad_md, 0)) ||
+        make_mem(&e->m[M_SD], dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_scratchpad_md, 0)) ||
+        make_mem(&e->m[M_SW], dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_scratchpad_md, 0)))
+        goto out;
+    rc = 0;
+out:
+    conv_pds_free(&p);
+    if (rc) entry_free(e);
+    return rc;
+}
+
+/* the cached primitives of this shape (created on first use), or NULL */
+static struct conv_entry *conv_get(const struct bk_conv2d *s, int bias, bk_ctx *ctx)
+{
+    struct cpu_conv_cache *c = ctx->conv;
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) return NULL;
+        if (!conv_engine() ||
+            dnnl_stream_create(&c->stream, conv_engine(), dnnl_stream_default_flags)) {
+            free(c);
+            return NULL;
+        }
+        ctx->conv = c;
+    }
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].bias == bias && !memcmp(&c->e[i].s, s, sizeof *s)) return &c->e[i];
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        struct conv_entry *ne = realloc(c->e, (size_t)cap * sizeof *ne);
+        if (!ne) return NULL;
+        c->e = ne;
+        c->cap = cap;
+    }
+    if (entry_init(&c->e[c->n], s, bias)) {
+        fprintf(stderr, "ddpmd: oneDNN has no convolution for N%d %d->%d %dx%d k%dx%d s%d\n", s->n,
+                s->ci, s->co, s->h, s->w, s->kh, s->kw, s->stride);
+        return NULL;
+    }
+    return &c->e[c->n++];
+}
+
+static int run(dnnl_primitive_t p, int nargs, const dnnl_exec_arg_t *args, bk_ctx *ctx)
+{
+    return dnnl_primitive_execute(p, ctx->conv->stream, nargs, args) == dnnl_success ? 0 : -1;
+}
+
+static int reorder(dnnl_primitive_t p, dnnl_memory_t from, dnnl_memory_t to, bk_ctx *ctx)
+{
+    dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    return run(p, 2, a, ctx);
+}
+
+static void set(dnnl_memory_t m, const void *p) { dnnl_memory_set_data_handle(m, (void *)p); }
+
+/* the entry for this call, with the thread count and workspace checked */
+static struct conv_entry *conv_begin(const struct bk_conv2d *s, int bias, void *ws, bk_ctx *ctx)
+{
+    if (conv_check(s) != BK_OK || !ctx || !ws) return NULL;
+    int procs = omp_get_num_procs();
+    omp_set_num_threads(ctx->threads < procs ? ctx->threads : procs);
+    struct conv_entry *e = conv_get(s, bias, ctx);
+    if (!e) return NULL;
+    const struct conv_ws *l = &e->l;
+    if (l->fwd > e->planned || l->bwd_d > e->planned || l->bwd_w > e->planned) {
+        fprintf(stderr, "ddpmd: convolution scratch at %d threads exceeds the plan (made for %d)\n",
+                ctx->threads, omp_get_num_procs());
+        return NULL;
+    }
+    return e;
 }
 
 /* y (N,Co,Ho,Wo) = conv(x (N,Ci,H,W), w (Co,Ci,Kh,Kw)) + b (Co) (b may be NULL) */
 int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
                    const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (conv_check(s) != BK_OK || !y || !x || !w || !ctx) return BK_ERR_INVALID;
-    const int pw = conv_is_pointwise(s);
-    if (!pw && !ws) return BK_ERR_INVALID;
-    const int kdim = s->ci * s->kh * s->kw, hw_o = s->ho * s->wo;
-    const size_t x_img = (size_t)s->ci * s->h * s->w, y_img = (size_t)s->co * hw_o;
-    float *col = ws;
-    for (int n = 0; n < s->n; n++) {
-        const float *xn = x + (size_t)n * x_img;
-        float *yn = y + (size_t)n * y_img;
-        if (!pw) conv_im2col(col, xn, s, ctx);
-        if (b) {
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-            for (int o = 0; o < s->co; o++)
-                for (int p = 0; p < hw_o; p++) yn[(size_t)o * hw_o + p] = b[o];
-        }
-        cpu_gemm(0, 0, s->co, hw_o, kdim, 1.0f, w, kdim,
-                    pw ? xn : col, hw_o, b ? 1.0f : 0.0f, yn, hw_o, ctx);
-    }
+    if (!y || !x || !w) return BK_ERR_INVALID;
+    struct conv_entry *e = conv_begin(s, b != NULL, ws, ctx);
+    if (!e) return BK_ERR_INVALID;
+    char *p = ws;
+    const struct conv_ws *l = &e->l;
+    set(e->ux, x);
+    set(e->m[M_XN], p);
+    set(e->m[M_YN], p + l->x);
+    set(e->uw, w);
+    set(e->m[M_WF], p + l->x + l->y);
+    set(e->m[M_SF], p + l->x + l->y + l->w_fwd);
+    set(e->uy, y);
+    if (b) set(e->m[M_B], b);
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, e->m[M_XN]},
+                            {DNNL_ARG_WEIGHTS, e->m[M_WF]},
+                            {DNNL_ARG_DST, e->m[M_YN]},
+                            {DNNL_ARG_SCRATCHPAD, e->m[M_SF]},
+                            {DNNL_ARG_BIAS, e->m[M_B]}};
+    if (reorder(e->x_in, e->ux, e->m[M_XN], ctx) || reorder(e->w_fwd, e->uw, e->m[M_WF], ctx) ||
+        run(e->fwd, b ? 5 : 4, a, ctx) || reorder(e->y_out, e->m[M_YN], e->uy, ctx))
+        return BK_ERR_DEVICE;
     return BK_OK;
 }
 
@@ -115,20 +374,28 @@ int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, voi
 int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (conv_check(s) != BK_OK || !dx || !dy || !w || !ctx) return BK_ERR_INVALID;
-    const int pw = conv_is_pointwise(s);
-    if (!pw && !ws) return BK_ERR_INVALID;
-    const int kdim = s->ci * s->kh * s->kw, hw_o = s->ho * s->wo;
-    const size_t x_img = (size_t)s->ci * s->h * s->w, y_img = (size_t)s->co * hw_o;
-    float *col = ws;
-    for (int n = 0; n < s->n; n++) {
-        const float *dyn = dy + (size_t)n * y_img;
-        float *dxn = dx + (size_t)n * x_img;
-        /* col (Ci*Kh*Kw, Ho*Wo) = w^T (Ci*Kh*Kw, Co) @ dy_n (Co, Ho*Wo) */
-        cpu_gemm(1, 0, kdim, hw_o, s->co, 1.0f, w, kdim,
-                    dyn, hw_o, pw && accum ? 1.0f : 0.0f, pw ? dxn : col, hw_o, ctx);
-        if (!pw) conv_col2im(dxn, col, accum, s, ctx);
-    }
+    if (!dx || !dy || !w) return BK_ERR_INVALID;
+    /* backward-data primitives do not depend on the bias: share the biased entry when the
+     * forward created one */
+    struct conv_entry *e = conv_begin(s, 1, ws, ctx);
+    if (!e) return BK_ERR_INVALID;
+    char *p = ws;
+    const struct conv_ws *l = &e->l;
+    set(e->uy, dy);
+    set(e->m[M_YN], p);
+    set(e->m[M_XN], p + l->y);
+    set(e->uw, w);
+    set(e->m[M_WD], p + l->y + l->x);
+    set(e->m[M_SD], p + l->y + l->x + l->w_bwd_d);
+    set(e->ux, dx);
+    dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, e->m[M_YN]},
+                            {DNNL_ARG_WEIGHTS, e->m[M_WD]},
+                            {DNNL_ARG_DIFF_SRC, e->m[M_XN]},
+                            {DNNL_ARG_SCRATCHPAD, e->m[M_SD]}};
+    if (reorder(e->y_in, e->uy, e->m[M_YN], ctx) || reorder(e->w_bwd_d, e->uw, e->m[M_WD], ctx) ||
+        run(e->bwd_d, 4, a, ctx) ||
+        reorder(accum ? e->x_out_acc : e->x_out, e->m[M_XN], e->ux, ctx))
+        return BK_ERR_DEVICE;
     return BK_OK;
 }
 
@@ -136,31 +403,29 @@ int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, v
 int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
                           const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (conv_check(s) != BK_OK || !dw || !dy || !x || !ctx) return BK_ERR_INVALID;
-    const int pw = conv_is_pointwise(s);
-    if (!pw && !ws) return BK_ERR_INVALID;
-    const int kdim = s->ci * s->kh * s->kw, hw_o = s->ho * s->wo;
-    const size_t x_img = (size_t)s->ci * s->h * s->w, y_img = (size_t)s->co * hw_o;
-    float *col = ws;
-    /* images are added one after another into dw: a fixed order */
-    for (int n = 0; n < s->n; n++) {
-        const float *xn = x + (size_t)n * x_img;
-        const float *dyn = dy + (size_t)n * y_img;
-        if (!pw) conv_im2col(col, xn, s, ctx);
-        /* dw (Co, Ci*Kh*Kw) += dy_n (Co, Ho*Wo) @ col^T (Ho*Wo, Ci*Kh*Kw) */
-        cpu_gemm(0, 1, s->co, kdim, hw_o, 1.0f, dyn, hw_o,
-                    pw ? xn : col, hw_o, 1.0f, dw, kdim, ctx);
-    }
-    if (db) {
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int o = 0; o < s->co; o++) {
-            double acc = 0.0;
-            for (int n = 0; n < s->n; n++) {
-                const float *r = dy + (size_t)n * y_img + (size_t)o * hw_o;
-                for (int p = 0; p < hw_o; p++) acc += r[p];
-            }
-            db[o] += (float)acc;
-        }
-    }
+    if (!dw || !dy || !x) return BK_ERR_INVALID;
+    struct conv_entry *e = conv_begin(s, db != NULL, ws, ctx);
+    if (!e) return BK_ERR_INVALID;
+    char *p = ws;
+    const struct conv_ws *l = &e->l;
+    set(e->uy, dy);
+    set(e->m[M_YN], p);
+    set(e->ux, x);
+    set(e->m[M_XN], p + l->y);
+    set(e->m[M_DWB], p + l->y + l->x);
+    float *dbt = (float *)(p + l->y + l->x + l->dw);
+    set(e->m[M_DB], dbt);
+    set(e->m[M_SW], p + l->y + l->x + l->dw + l->db);
+    set(e->uw, dw);
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_DIFF_DST, e->m[M_YN]},
+                            {DNNL_ARG_SRC, e->m[M_XN]},
+                            {DNNL_ARG_DIFF_WEIGHTS, e->m[M_DWB]},
+                            {DNNL_ARG_SCRATCHPAD, e->m[M_SW]},
+                            {DNNL_ARG_DIFF_BIAS, e->m[M_DB]}};
+    if (reorder(e->y_in, e->uy, e->m[M_YN], ctx) || reorder(e->x_in, e->ux, e->m[M_XN], ctx) ||
+        run(e->bwd_w, db ? 5 : 4, a, ctx) || reorder(e->dw_out_acc, e->m[M_DWB], e->uw, ctx))
+        return BK_ERR_DEVICE;
+    if (db)
+        for (int o = 0; o < s->co; o++) db[o] += dbt[o];
     return BK_OK;
 }

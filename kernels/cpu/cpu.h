@@ -6,8 +6,11 @@
 
 #include "backend.h"
 
+struct cpu_conv_cache;
+
 struct bk_ctx {
-    int threads; /* fixed per job: results are bit-identical at a given count */
+    int threads;                 /* fixed per job: results are bit-identical at a given count */
+    struct cpu_conv_cache *conv; /* oneDNN primitives by shape (conv.c), created on first use */
 };
 
 int cpu_ctx_init(bk_ctx **out, int threads);
@@ -25,6 +28,7 @@ void cpu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
 
 /* conv.c */
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s);
+void cpu_conv_cache_free(bk_ctx *ctx);
 int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
                    const struct bk_conv2d *s, bk_ctx *ctx);
 int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,

@@ -158,9 +158,8 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
     size_t nx = (size_t)n * ci * h * w, nw = (size_t)co * ci * k * k,
            ny = (size_t)n * co * s.ho * s.wo;
     size_t wsb = cpu_conv2d_ws_bytes(&s);
-    int pointwise = k == 1 && stride == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0;
-    if (pointwise) CHECK(wsb == 0, "%s: pointwise ws %zu", tag, wsb);
-    else CHECK(wsb == (size_t)ci * k * k * s.ho * s.wo * sizeof(float), "%s: ws %zu", tag, wsb);
+    /* the workspace holds at least the NHWC copies of an input- and an output-sized operand */
+    CHECK(wsb >= (nx + ny) * sizeof(float), "%s: ws %zu below the operand copies", tag, wsb);
     void *ws = wsb ? malloc(wsb) : NULL;
 
     float *x = falloc(nx), *wt = falloc(nw), *b = falloc(co), *y = falloc(ny), *y2 = falloc(ny);

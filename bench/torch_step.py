@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+# torch_step.py - the PyTorch side of bench/cpu.sh: the same UNet (the parity fixtures' hand-written
+# diffusers UNet2DModel, tests/parity/make_fixtures.py), the same training step (forward, MSE
+# against a target, backward, clip 1.0, AdamW, EMA), float32 on the CPU, timed like cpu_bench.
+# Prints `key value` lines. Run with Debian's /usr/bin/python3 (python3-torch).
+import argparse
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+from make_fixtures import build_ddpm  # noqa: E402
+
+CONFIGS = {
+    "fmnist-tiny": dict(in_channels=1, out_channels=1, block_out_channels=[32, 64, 64],
+                        layers_per_block=1, attention_resolutions=[8], norm_num_groups=8),
+    "cifar-small": dict(in_channels=3, out_channels=3, block_out_channels=[64, 128, 128, 128],
+                        layers_per_block=2, attention_resolutions=[16], norm_num_groups=32),
+    "ddpm-cifar10": dict(in_channels=3, out_channels=3, block_out_channels=[128, 256, 256, 256],
+                         layers_per_block=2, attention_resolutions=[16], norm_num_groups=32),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True, choices=sorted(CONFIGS))
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    cfg = dict(image_size=32, norm_eps=1e-6, attention_head_dim=None, dropout=0.0,
+               flip_sin_to_cos=False, freq_shift=1, **CONFIGS[a.config])
+    model = build_ddpm(cfg).float()
+    ema = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(a.batch, cfg["in_channels"], 32, 32, generator=g)
+    y = torch.randn(a.batch, cfg["in_channels"], 32, 32, generator=g)
+    t = torch.tensor([float((i * 377 + 11) % 1000) for i in range(a.batch)])
+
+    times, first = [], None
+    for s in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x, t), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_mul_(ema, 0.9999)
+            torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=1 - 0.9999)
+        t1 = time.perf_counter()
+        if first is None:
+            first = loss.item()
+        if s >= a.warmup:
+            times.append(t1 - t0)
+    times.sort()
+    n = len(times)
+    med = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    print("engine torch\nconfig %s\nbatch %d\nthreads %d" % (a.config, a.batch, torch.get_num_threads()))
+    print("params %d" % sum(p.numel() for p in model.parameters()))
+    print("torch_version %s" % torch.__version__)
+    print("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f"
+          % (a.steps, a.warmup, 1e3 * med, 1e3 * times[0], 1e3 * times[-1]))
+    print("images_per_s %.3f" % (a.batch / med))
+    print("peak_rss_kib %d" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    print("loss_first %.9g\nloss_last %.9g" % (first, loss.item()))
+
+
+if __name__ == "__main__":
+    main()
