@@ -26,6 +26,7 @@ struct exec {
     int eval;                   /* dropout is the identity (exec_forward) */
     struct exec_profile prof;   /* when opts.profile */
     double *op_seconds;         /* (g->n_ops) when opts.profile */
+    float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc */
 };
 
 static double now_seconds(void)
@@ -57,6 +58,7 @@ void exec_free(struct exec *e)
     free(e->ends);
     free(e->guard_host);
     free(e->op_seconds);
+    free(e->stage);
     free(e);
 }
 
@@ -108,6 +110,12 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         e->guard_host = malloc(e->guard_host_words * 4);
         if (!e->guard_host) goto fail;
     }
+    if (bk->nhwc) {
+        size_t most = 0;
+        for (int i = 0; i < g->n_tensors; i++)
+            if (g->tensors[i].image && g->tensors[i].numel > most) most = g->tensors[i].numel;
+        if (most && !(e->stage = malloc(most * sizeof(float)))) goto fail;
+    }
     if (e->opts.profile) {
         e->op_seconds = calloc((size_t)g->n_ops + 1, sizeof *e->op_seconds);
         if (!e->op_seconds) goto fail;
@@ -120,21 +128,41 @@ fail:
     return rc;
 }
 
+/* y (N, b, a) = x (N, a, b) per image, on the host: NCHW <-> NHWC with (a, b) = (C, HW) or
+ * (HW, C) */
+static void host_transpose(float *y, const float *x, int n, int a, int b)
+{
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * a * b;
+        float *ys = y + (size_t)s * a * b;
+        for (int i = 0; i < a; i++)
+            for (int j = 0; j < b; j++) ys[(size_t)j * a + i] = xs[(size_t)i * b + j];
+    }
+}
+
+/* host data is NCHW; an image of an NHWC backend is converted through e->stage */
 int exec_upload(struct exec *e, int id, const float *host)
 {
     float *d = exec_tensor(e, id);
     if (!d) return EXEC_ERR_ARG;
-    return e->bk->mem_upload(d, host, tensor_bytes(&e->g->tensors[id]), e->ctx) ? EXEC_ERR_BACKEND
-                                                                               : EXEC_OK;
+    const struct tensor *t = &e->g->tensors[id];
+    if (e->bk->nhwc && t->image) {
+        host_transpose(e->stage, host, t->d[0], t->d[1], t->d[2] * t->d[3]);
+        host = e->stage;
+    }
+    return e->bk->mem_upload(d, host, tensor_bytes(t), e->ctx) ? EXEC_ERR_BACKEND : EXEC_OK;
 }
 
 int exec_download(struct exec *e, int id, float *host)
 {
     float *d = exec_tensor(e, id);
     if (!d) return EXEC_ERR_ARG;
-    return e->bk->mem_download(host, d, tensor_bytes(&e->g->tensors[id]), e->ctx)
-               ? EXEC_ERR_BACKEND
-               : EXEC_OK;
+    const struct tensor *t = &e->g->tensors[id];
+    int conv = e->bk->nhwc && t->image;
+    if (e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx))
+        return EXEC_ERR_BACKEND;
+    if (conv) host_transpose(host, e->stage, t->d[0], t->d[2] * t->d[3], t->d[1]);
+    return EXEC_OK;
 }
 
 static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id)
@@ -293,9 +321,13 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_CONCAT_BWD:
         return bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
                               o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, c);
-    case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C) */
+    case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C): NHWC images already are tokens */
+        if (bk->nhwc)
+            return Q(0) == P(0) ? BK_OK : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
         return bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
     case OP_TO_IMAGE: /* (N,HW,C) -> (N,C,HW) */
+        if (bk->nhwc)
+            return Q(0) == P(0) ? BK_OK : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
         return bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, c);
     case OP_UPSAMPLE_NEAREST:
         return bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
@@ -360,17 +392,29 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
         return bk->xent_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], o->a.lin.m, o->a.lin.n,
                             c);
     case OP_RESHAPE: /* in place (same bytes) when the planner merged the two */
-        return Q(0) == P(0) ? BK_OK : bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
-    case OP_RESHAPE_BWD:
+    case OP_RESHAPE_BWD: {
+        /* flattening an NHWC image (or its gradient back) changes the element order */
+        const struct tensor *to = &e->g->tensors[o->out[0]];
+        if (bk->nhwc && t0->image != to->image) {
+            const struct tensor *im = t0->image ? t0 : to;
+            int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];
+            return t0->image ? bk->transpose_fwd(Q(0), P(0), o->accum[0], n, hw, ch, c)
+                             : bk->transpose_fwd(Q(0), P(0), o->accum[0], n, ch, hw, c);
+        }
+        if (o->type == OP_RESHAPE)
+            return Q(0) == P(0) ? BK_OK : bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
         return Q(0) == P(0) && !o->accum[0] ? BK_OK
                                             : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
+    }
     case OP_DROPOUT:
         if (e->eval) return bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
         return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)k, sample_base,
-                               o->a.dr.n, o->a.dr.per_sample, c);
+                               o->a.dr.n, o->a.dr.per_sample,
+                               bk->nhwc && t0->image ? t0->d[1] : 0, c);
     case OP_DROPOUT_BWD:
         return bk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd, sample_base,
-                               o->accum[0], o->a.dr.n, o->a.dr.per_sample, c);
+                               o->accum[0], o->a.dr.n, o->a.dr.per_sample,
+                               bk->nhwc && t0->image ? t0->d[1] : 0, c);
     default:
         return BK_ERR_INVALID;
     }

@@ -67,7 +67,7 @@ void graph_free(struct graph *g)
     memset(g, 0, sizeof *g);
 }
 
-static int graph_fail(struct graph *g, int status, const char *fmt, ...)
+int graph_fail(struct graph *g, int status, const char *fmt, ...)
 {
     if (g->status == GRAPH_OK) {
         g->status = status;
@@ -111,6 +111,7 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
     }
     t->grad = -1;
     t->param_index = -1;
+    t->image = rank == 4 && (kind == TENSOR_ACT || kind == TENSOR_INPUT);
     if (name) {
         t->name = strdup(name);
         if (!t->name) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
@@ -457,6 +458,7 @@ int graph_attention(struct graph *g, int q, int k, int v, int heads, int tiled)
     } else {
         int sd[4] = {s.n, s.heads, s.l, s.l};
         saved = act(g, 4, sd, 0);
+        if (saved >= 0) g->tensors[saved].image = 0; /* probabilities (N,H,L,L) */
     }
     struct op *o = op_new(g, OP_ATTENTION);
     if (!o || o_id < 0 || saved < 0) return -1;

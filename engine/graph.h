@@ -45,6 +45,9 @@ struct tensor {
     int param_index;    /* parameters: 0.. in creation order; -1 otherwise */
     enum param_init init;
     int fan_in, fan_out;
+    int image;          /* an (N,C,H,W) image (rank-4 activation or input, gradients too):
+                         * stored in the backend's image layout (NCHW, or NHWC where
+                         * backend.nhwc); exec_upload / exec_download convert */
 };
 
 enum op_type {
@@ -136,6 +139,9 @@ int graph_input(struct graph *g, const char *name, int rank, const int *dims);
 /* the parameter with this name, or -1 */
 int graph_find_param(const struct graph *g, const char *name);
 size_t tensor_bytes(const struct tensor *t);
+/* records the first builder error (sticky) and returns -1, as builders do */
+int graph_fail(struct graph *g, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* forward builders: return the output tensor id (errors are sticky in g->status, and a
  * failed builder returns -1, which every builder accepts and propagates) */

@@ -9,11 +9,22 @@
 static size_t align_up(size_t x) { return (x + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
 
 /* ops whose output may take over the bytes of an input that dies at that op: the kernels are
- * element-wise in these positions (out[i] depends only on in[i] of the same index) */
-static int inplace_input(const struct op *o, int out_idx, int *in_idx)
+ * element-wise in these positions (out[i] depends only on in[i] of the same index). With NHWC
+ * images, the image <-> tokens changes around attention are copies too, and a reshape that
+ * flattens an image is a transpose. */
+static int inplace_input(const struct graph *g, const struct op *o, int out_idx, int *in_idx,
+                         const struct backend *bk)
 {
     if (out_idx != 0 || o->accum[0]) return 0;
     switch (o->type) {
+    case OP_TO_TOKENS:
+    case OP_TO_IMAGE:
+        *in_idx = 0;
+        return bk->nhwc;
+    case OP_RESHAPE:
+    case OP_RESHAPE_BWD:
+        *in_idx = 0;
+        return !bk->nhwc || g->tensors[o->in[0]].image == g->tensors[o->out[0]].image;
     case OP_ADD:
     case OP_ADD_BCAST:
     case OP_SILU_BWD:
@@ -22,8 +33,6 @@ static int inplace_input(const struct op *o, int out_idx, int *in_idx)
     case OP_ADD_BCAST_BWD:
     case OP_DROPOUT:
     case OP_DROPOUT_BWD:
-    case OP_RESHAPE:
-    case OP_RESHAPE_BWD:
         *in_idx = 0;
         return 1;
     default:
@@ -167,7 +176,7 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
             int t = o->out[j];
             if (t < 0 || g->tensors[t].kind != TENSOR_ACT || p->storage[t] >= 0) continue;
             int in_idx, src;
-            if (!opts->no_reuse && p->first[t] == k && inplace_input(o, j, &in_idx) &&
+            if (!opts->no_reuse && p->first[t] == k && inplace_input(g, o, j, &in_idx, bk) &&
                 (src = o->in[in_idx]) >= 0 && g->tensors[src].kind == TENSOR_ACT &&
                 p->storage[src] >= 0 && p->st[p->storage[src]].last == k &&
                 tensor_bytes(&g->tensors[src]) == tensor_bytes(&g->tensors[t])) {

@@ -52,10 +52,18 @@ int unet_config_check(const struct unet_config *c, char *err, size_t errlen)
                      c->attn_head_dim);
         }
         if (c->channels[0] % 2) FAIL("channels[0] must be even (time embedding)");
+        for (int i = 0; i < c->n_levels; i++)
+            if (c->channels[i] / c->groups > UNET_MAX_GROUP_CHANNELS)
+                FAIL("%d channels per norm group (at most %d)", c->channels[i] / c->groups,
+                     UNET_MAX_GROUP_CHANNELS);
         if (c->dropout < 0 || c->dropout >= 1) FAIL("dropout must be in [0, 1)");
     } else {
         if (c->image_size < 8 || c->image_size % 8) FAIL("image_size must be a multiple of 8");
         if (c->base < 2 || c->base % 2) FAIL("base must be even");
+        /* the widest block (8 base) is normalised as one group */
+        if (8 * c->base > UNET_MAX_GROUP_CHANNELS)
+            FAIL("base %d: at most %d (its widest group norm spans 8 base channels)", c->base,
+                 UNET_MAX_GROUP_CHANNELS / 8);
         if (c->heads < 1 || c->base % c->heads) FAIL("base must be divisible by heads");
         if (c->time_dim < 2 || c->time_dim % 2) FAIL("time_dim must be even");
     }
@@ -69,7 +77,8 @@ static int param(struct graph *g, const char *prefix, const char *suffix, int ra
                  const int *dims, enum param_init init, int fan_in, int fan_out)
 {
     char name[256];
-    snprintf(name, sizeof name, "%s%s", prefix, suffix);
+    if (snprintf(name, sizeof name, "%s%s", prefix, suffix) >= (int)sizeof name)
+        return graph_fail(g, GRAPH_ERR_SHAPE, "parameter name %s%s is too long", prefix, suffix);
     int id = graph_param(g, name, rank, dims);
     if (id >= 0) {
         g->tensors[id].init = init;

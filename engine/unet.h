@@ -13,6 +13,9 @@ enum unet_preset { UNET_DDPM = 0, UNET_SEED = 1 };
 
 #define UNET_MAX_LEVELS 8
 
+/* the most channels one group-norm group may span (the CPU kernels' channel block) */
+#define UNET_MAX_GROUP_CHANNELS 1024
+
 struct unet_config {
     enum unet_preset preset;
     int in_channels, out_channels, image_size;

@@ -1,6 +1,10 @@
 /* backend.h - the one interface between the engine and the compute kernels.
  * A backend (kernels/cpu, kernels/cuda) fills a `struct backend` table of forward and backward
  * kernels. All pointers are device pointers of that backend; all tensors are dense, row-major.
+ * Images - activations (N,C,H,W) and their gradients - are stored NCHW, or NHWC (channels
+ * last: (N,H,W,C) in memory) where the backend sets `nhwc`; the (n, c, h, w / hw) arguments of
+ * the image kernels (conv, group norm, broadcast add, concat, resampling) always name the
+ * logical dimensions. Weights are always in their stated layouts (OIHW for convolutions).
  */
 #ifndef DDPMD_BACKEND_H
 #define DDPMD_BACKEND_H
@@ -29,7 +33,7 @@ enum bk_status {
     BK_ERR_NOMEM = 3,
 };
 
-/* 2-D convolution, NCHW activations, OIHW weights, square stride, explicit padding per side
+/* 2-D convolution, images in the backend's layout, OIHW weights, square stride, explicit padding per side
  * (diffusers' downsample_padding=0 pads right/bottom only). */
 struct bk_conv2d {
     int n, ci, h, w;        /* input  (N,Ci,H,W) */
@@ -204,12 +208,15 @@ struct backend {
 
     /* ---- dropout: mask from Philox(seed, PHILOX_TAG_DROPOUT, step, sample, op, element) ---- */
     /* x is (N, per_sample) elements; p in [0,1); sample_base offsets the sample index (micro-
-     * batches). y = keep ? x / (1-p) : 0. The backward recomputes the same mask. */
+     * batches). y = keep ? x / (1-p) : 0. The backward recomputes the same mask. `channels`:
+     * an NHWC backend's image has this many channels, and element e is the logical (NCHW)
+     * index, so every backend draws the same mask; 0 for tensors that are not images. */
     int (*dropout_fwd)(float *y, const float *x, float p, uint64_t seed, uint64_t step,
-                       uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+                       uint32_t op, int sample_base, int n, size_t per_sample, int channels,
+                       bk_ctx *ctx);
     int (*dropout_bwd)(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
                        uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                       bk_ctx *ctx);
+                       int channels, bk_ctx *ctx);
 
     /* ---- optimizer (flat over all parameters) ---- */
     /* out[0] = sum of squares of x (count), accumulated in double on the CPU */
@@ -247,6 +254,9 @@ struct backend {
                               int sample_base, int n, size_t per_sample, bk_ctx *ctx);
     int (*philox_u32_fill)(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
                            int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+
+    /* images stored NHWC (channels last) rather than NCHW; see the top of this file */
+    int nhwc;
 };
 
 /* the CPU backend, always present */

@@ -122,6 +122,7 @@ static const struct backend cpu_backend = {
     .sumsq = cpu_sumsq,
     .adamw_step = cpu_adamw_step,
     .ema_update = cpu_ema_update,
+    .nhwc = 1,
 };
 
 const struct backend *backend_cpu(void) { return &cpu_backend; }

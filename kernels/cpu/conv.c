@@ -1,9 +1,10 @@
-/* conv.c - CPU 2-D convolution through oneDNN. The engine's activations are NCHW and its weights
- * OIHW; oneDNN's fast kernels want NHWC activations and blocked weights, so each call reorders
- * its operands into the workspace (`ws`, sized by cpu_conv2d_ws_bytes and planned like any other
- * byte), runs the convolution there and reorders the result back (adding into the destination
- * when accumulating). Primitives are created once per shape, on first use, and cached in the
- * job's context; their scratchpad is part of `ws` too, so a step allocates nothing.
+/* conv.c - CPU 2-D convolution through oneDNN. The CPU backend keeps images NHWC, the layout
+ * oneDNN's fast kernels read and write directly; weights stay OIHW (checkpoints, optimizer) and
+ * are reordered per call into the blocked layout the primitive picked, inside the workspace
+ * (`ws`, sized by cpu_conv2d_ws_bytes and planned like any other byte); the weight gradient is
+ * reordered back and added. An accumulating data gradient (dx +=) goes through the workspace
+ * and a summing reorder. Primitives are created once per shape, on first use, and cached in the
+ * job's context; their scratchpad is part of `ws` too, so a step allocates no tensor memory.
  *
  * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
  * fixed when the primitive was created, which is the job's (ctx->threads), capped at the
@@ -109,16 +110,15 @@ static size_t md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
 
 #define ALIGN64(b) (((b) + 63) & ~(size_t)63)
 
-/* the workspace of each kernel: its operands' NHWC / blocked copies, then its scratchpad */
+/* the workspace of each kernel: blocked weights (and dx when accumulating), then scratchpad */
 struct conv_ws {
-    size_t x, y, w_fwd, w_bwd_d, dw, db, scr_fwd, scr_bwd_d, scr_bwd_w;
+    size_t x, w_fwd, w_bwd_d, dw, db, scr_fwd, scr_bwd_d, scr_bwd_w;
     size_t fwd, bwd_d, bwd_w; /* totals */
 };
 
 static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s)
 {
     l->x = ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float));
-    l->y = ALIGN64((size_t)s->n * s->co * s->ho * s->wo * sizeof(float));
     l->w_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_weights_md));
     l->w_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_weights_md));
     l->dw = ALIGN64(md_bytes(p->bwd_w, dnnl_query_diff_weights_md));
@@ -126,9 +126,9 @@ static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const st
     l->scr_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_scratchpad_md));
     l->scr_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_scratchpad_md));
     l->scr_bwd_w = ALIGN64(md_bytes(p->bwd_w, dnnl_query_scratchpad_md));
-    l->fwd = l->x + l->y + l->w_fwd + l->scr_fwd;
-    l->bwd_d = l->y + l->x + l->w_bwd_d + l->scr_bwd_d;
-    l->bwd_w = l->y + l->x + l->dw + l->db + l->scr_bwd_w;
+    l->fwd = l->w_fwd + l->scr_fwd;
+    l->bwd_d = l->x + l->w_bwd_d + l->scr_bwd_d;
+    l->bwd_w = l->dw + l->db + l->scr_bwd_w;
 }
 
 /* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
@@ -155,7 +155,7 @@ size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
 
 /* ---- the per-job cache of primitives ---- */
 
-enum { M_XN, M_YN, M_WF, M_WD, M_DWB, M_B, M_DB, M_SF, M_SD, M_SW, M_COUNT };
+enum { M_X, M_Y, M_DXT, M_WF, M_WD, M_DWB, M_B, M_DB, M_SF, M_SD, M_SW, M_COUNT };
 
 struct conv_entry {
     struct bk_conv2d s;
@@ -163,12 +163,11 @@ struct conv_entry {
     struct conv_ws l;
     size_t planned; /* cpu_conv2d_ws_bytes: what the caller's ws holds */
     dnnl_primitive_t fwd, bwd_d, bwd_w;
-    /* reorders: NCHW <-> NHWC for x and y sized tensors, with and without accumulation, and the
-     * weights into the forward's / backward-data's layout and the weight gradient back */
-    dnnl_primitive_t x_in, x_out, x_out_acc, y_in, y_out, w_fwd, w_bwd_d, dw_out_acc;
+    /* reorders: the weights into the forward's / backward-data's layout, the weight gradient
+     * back (adding), and an x-shaped NHWC tensor added into another (dx +=) */
+    dnnl_primitive_t w_fwd, w_bwd_d, dw_out_acc, x_acc;
     dnnl_memory_t m[M_COUNT];
-    /* the same memories, in user layouts where they differ: NCHW x / y, OIHW w */
-    dnnl_memory_t ux, uy, uw;
+    dnnl_memory_t uw; /* OIHW weights / weight gradient */
 };
 
 struct cpu_conv_cache {
@@ -179,15 +178,12 @@ struct cpu_conv_cache {
 
 static void entry_free(struct conv_entry *e)
 {
-    dnnl_primitive_t *prims[] = {&e->fwd, &e->bwd_d, &e->bwd_w, &e->x_in, &e->x_out,
-                                 &e->x_out_acc, &e->y_in, &e->y_out, &e->w_fwd, &e->w_bwd_d,
-                                 &e->dw_out_acc};
+    dnnl_primitive_t *prims[] = {&e->fwd,   &e->bwd_d,   &e->bwd_w,      &e->w_fwd,
+                                 &e->w_bwd_d, &e->dw_out_acc, &e->x_acc};
     for (size_t i = 0; i < sizeof prims / sizeof prims[0]; i++)
         if (*prims[i]) dnnl_primitive_destroy(*prims[i]);
     for (int i = 0; i < M_COUNT; i++)
         if (e->m[i]) dnnl_memory_destroy(e->m[i]);
-    if (e->ux) dnnl_memory_destroy(e->ux);
-    if (e->uy) dnnl_memory_destroy(e->uy);
     if (e->uw) dnnl_memory_destroy(e->uw);
 }
 
@@ -251,23 +247,18 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
     const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *dwb =
         dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_diff_weights_md, 0);
-    dnnl_dims_t xd = {s->n, s->ci, s->h, s->w}, yd = {s->n, s->co, s->ho, s->wo};
     dnnl_dims_t wdims = {s->co, s->ci, s->kh, s->kw}, bd = {s->co};
-    dnnl_memory_desc_t ux, uy, uw, b;
-    if (dnnl_memory_desc_init_by_tag(&ux, 4, xd, dnnl_f32, dnnl_nchw) ||
-        dnnl_memory_desc_init_by_tag(&uy, 4, yd, dnnl_f32, dnnl_nchw) ||
-        dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw) ||
+    dnnl_memory_desc_t uw, b;
+    if (dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw) ||
         dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
         goto out;
     if (make_prim(&e->fwd, p.fwd) || make_prim(&e->bwd_d, p.bwd_d) || make_prim(&e->bwd_w, p.bwd_w))
         goto out;
-    if (make_reorder(&e->x_in, &ux, xn, 0) || make_reorder(&e->x_out, xn, &ux, 0) ||
-        make_reorder(&e->x_out_acc, xn, &ux, 1) || make_reorder(&e->y_in, &uy, yn, 0) ||
-        make_reorder(&e->y_out, yn, &uy, 0) || make_reorder(&e->w_fwd, &uw, wf, 0) ||
-        make_reorder(&e->w_bwd_d, &uw, wd, 0) || make_reorder(&e->dw_out_acc, dwb, &uw, 1))
+    if (make_reorder(&e->w_fwd, &uw, wf, 0) || make_reorder(&e->w_bwd_d, &uw, wd, 0) ||
+        make_reorder(&e->dw_out_acc, dwb, &uw, 1) || make_reorder(&e->x_acc, xn, xn, 1))
         goto out;
-    if (make_mem(&e->ux, &ux) || make_mem(&e->uy, &uy) || make_mem(&e->uw, &uw) ||
-        make_mem(&e->m[M_XN], xn) || make_mem(&e->m[M_YN], yn) || make_mem(&e->m[M_WF], wf) ||
+    if (make_mem(&e->uw, &uw) || make_mem(&e->m[M_X], xn) || make_mem(&e->m[M_DXT], xn) ||
+        make_mem(&e->m[M_Y], yn) || make_mem(&e->m[M_WF], wf) ||
         make_mem(&e->m[M_WD], wd) || make_mem(&e->m[M_DWB], dwb) || make_mem(&e->m[M_B], &b) ||
         make_mem(&e->m[M_DB], &b) ||
         make_mem(&e->m[M_SF], dnnl_primitive_desc_query_md(p.fwd, dnnl_query_scratchpad_md, 0)) ||
@@ -342,7 +333,7 @@ static struct conv_entry *conv_begin(const struct bk_conv2d *s, int bias, void *
     return e;
 }
 
-/* y (N,Co,Ho,Wo) = conv(x (N,Ci,H,W), w (Co,Ci,Kh,Kw)) + b (Co) (b may be NULL) */
+/* y (N,Ho,Wo,Co) = conv(x (N,H,W,Ci), w (Co,Ci,Kh,Kw)) + b (Co) (b may be NULL) */
 int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
                    const struct bk_conv2d *s, bk_ctx *ctx)
 {
@@ -351,26 +342,23 @@ int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, voi
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    set(e->ux, x);
-    set(e->m[M_XN], p);
-    set(e->m[M_YN], p + l->x);
+    set(e->m[M_X], x);
+    set(e->m[M_Y], y);
     set(e->uw, w);
-    set(e->m[M_WF], p + l->x + l->y);
-    set(e->m[M_SF], p + l->x + l->y + l->w_fwd);
-    set(e->uy, y);
+    set(e->m[M_WF], p);
+    set(e->m[M_SF], p + l->w_fwd);
     if (b) set(e->m[M_B], b);
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, e->m[M_XN]},
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, e->m[M_X]},
                             {DNNL_ARG_WEIGHTS, e->m[M_WF]},
-                            {DNNL_ARG_DST, e->m[M_YN]},
+                            {DNNL_ARG_DST, e->m[M_Y]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SF]},
                             {DNNL_ARG_BIAS, e->m[M_B]}};
-    if (reorder(e->x_in, e->ux, e->m[M_XN], ctx) || reorder(e->w_fwd, e->uw, e->m[M_WF], ctx) ||
-        run(e->fwd, b ? 5 : 4, a, ctx) || reorder(e->y_out, e->m[M_YN], e->uy, ctx))
+    if (reorder(e->w_fwd, e->uw, e->m[M_WF], ctx) || run(e->fwd, b ? 5 : 4, a, ctx))
         return BK_ERR_DEVICE;
     return BK_OK;
 }
 
-/* dx (N,Ci,H,W) (=/+= per accum) = conv^T(dy (N,Co,Ho,Wo), w) */
+/* dx (N,H,W,Ci) (=/+= per accum) = conv^T(dy (N,Ho,Wo,Co), w) */
 int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
@@ -381,20 +369,18 @@ int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, v
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    set(e->uy, dy);
-    set(e->m[M_YN], p);
-    set(e->m[M_XN], p + l->y);
+    set(e->m[M_Y], dy);
+    set(e->m[M_X], dx);
+    set(e->m[M_DXT], p);
     set(e->uw, w);
-    set(e->m[M_WD], p + l->y + l->x);
-    set(e->m[M_SD], p + l->y + l->x + l->w_bwd_d);
-    set(e->ux, dx);
-    dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, e->m[M_YN]},
+    set(e->m[M_WD], p + l->x);
+    set(e->m[M_SD], p + l->x + l->w_bwd_d);
+    dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, e->m[M_Y]},
                             {DNNL_ARG_WEIGHTS, e->m[M_WD]},
-                            {DNNL_ARG_DIFF_SRC, e->m[M_XN]},
+                            {DNNL_ARG_DIFF_SRC, accum ? e->m[M_DXT] : e->m[M_X]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SD]}};
-    if (reorder(e->y_in, e->uy, e->m[M_YN], ctx) || reorder(e->w_bwd_d, e->uw, e->m[M_WD], ctx) ||
-        run(e->bwd_d, 4, a, ctx) ||
-        reorder(accum ? e->x_out_acc : e->x_out, e->m[M_XN], e->ux, ctx))
+    if (reorder(e->w_bwd_d, e->uw, e->m[M_WD], ctx) || run(e->bwd_d, 4, a, ctx) ||
+        (accum && reorder(e->x_acc, e->m[M_DXT], e->m[M_X], ctx)))
         return BK_ERR_DEVICE;
     return BK_OK;
 }
@@ -408,22 +394,19 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x,
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    set(e->uy, dy);
-    set(e->m[M_YN], p);
-    set(e->ux, x);
-    set(e->m[M_XN], p + l->y);
-    set(e->m[M_DWB], p + l->y + l->x);
-    float *dbt = (float *)(p + l->y + l->x + l->dw);
+    set(e->m[M_Y], dy);
+    set(e->m[M_X], x);
+    set(e->m[M_DWB], p);
+    float *dbt = (float *)(p + l->dw);
     set(e->m[M_DB], dbt);
-    set(e->m[M_SW], p + l->y + l->x + l->dw + l->db);
+    set(e->m[M_SW], p + l->dw + l->db);
     set(e->uw, dw);
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_DIFF_DST, e->m[M_YN]},
-                            {DNNL_ARG_SRC, e->m[M_XN]},
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_DIFF_DST, e->m[M_Y]},
+                            {DNNL_ARG_SRC, e->m[M_X]},
                             {DNNL_ARG_DIFF_WEIGHTS, e->m[M_DWB]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SW]},
                             {DNNL_ARG_DIFF_BIAS, e->m[M_DB]}};
-    if (reorder(e->y_in, e->uy, e->m[M_YN], ctx) || reorder(e->x_in, e->ux, e->m[M_XN], ctx) ||
-        run(e->bwd_w, db ? 5 : 4, a, ctx) || reorder(e->dw_out_acc, e->m[M_DWB], e->uw, ctx))
+    if (run(e->bwd_w, db ? 5 : 4, a, ctx) || reorder(e->dw_out_acc, e->m[M_DWB], e->uw, ctx))
         return BK_ERR_DEVICE;
     if (db)
         for (int o = 0; o < s->co; o++) db[o] += dbt[o];

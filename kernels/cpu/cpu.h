@@ -108,10 +108,11 @@ int cpu_xent_fwd(float *loss, float *prob, const float *logits, const float *tar
 int cpu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
                  int accum, int n, int k, bk_ctx *ctx);
 int cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step,
-                    uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+                    uint32_t op, int sample_base, int n, size_t per_sample, int channels,
+                    bk_ctx *ctx);
 int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
                     uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                    bk_ctx *ctx);
+                    int channels, bk_ctx *ctx);
 /* optim.c */
 int cpu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx);
 int cpu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,

@@ -1,21 +1,65 @@
 /* eltwise.c - the CPU backend's element-wise kernels: SiLU, exact GELU, add, gradient copy,
- * per-channel broadcast add (the time-embedding term) and scalar scale. OpenMP over elements;
+ * per-channel broadcast add (the time-embedding term, over NHWC images) and scalar scale. OpenMP over elements;
  * every output element is written by one thread, so results do not depend on the thread count.
  */
 #include <math.h>
 
 #include "cpu.h"
+#include "vmath.h"
 
 /* below this many elements a parallel region costs more than it saves */
 #define ELTWISE_PAR_MIN 16384
 
+/* SiLU and GELU below run over fixed blocks of ELTWISE_BLK elements (the blocks, not the
+ * threads, decide where a vector loop ends and its scalar remainder starts, so results do not
+ * depend on the thread count) with vectorized inner loops; the math is vmath.h's. */
+#define ELTWISE_BLK 4096
+
+/* -inf -> -FLT_MAX, anything else unchanged: x f(x) with f(-inf) = 0 is then -0, not NaN */
+VM_INLINE float clamp_neg_inf(float v)
+{
+    return vm_sel_neg(v, vm_clamp_inf(v), v);
+}
+
+/* x sigmoid(x) = x / (1 + e^-x); with t = e^-|x| in (0, 1] nothing overflows: x / (1 + t) for
+ * x >= 0, x t / (1 + t) for x < 0 (-0 at -inf, x at +inf) */
+VM_INLINE float silu_val(float v)
+{
+    float t = vm_expf(-fabsf(v));
+    return clamp_neg_inf(v) * vm_sel_neg(v, t, 1.0f) / (1.0f + t);
+}
+
+/* d/dx x s(x) = s (1 + x (1 - s)), s and 1 - s both from t = e^-|x| without cancellation */
+VM_INLINE float silu_grad(float v)
+{
+    float t = vm_expf(-fabsf(v));
+    float r = 1.0f / (1.0f + t), tr = t * r;
+    float s = vm_sel_neg(v, tr, r), oms = vm_sel_neg(v, r, tr);
+    return s * fmaf(vm_clamp_inf(v), oms, 1.0f);
+}
+
+/* the standard normal CDF Phi(x) and density phi(x): Phi(x) = 1 - Q(|x|) for x >= 0 and Q(|x|)
+ * for x < 0 with the upper tail Q(u) = phi(u) R(u) (R the Mills ratio), so that Phi keeps its
+ * relative accuracy for negative x (1 + erf(x/sqrt2) is 0 in float from x = -5.9 on) */
+#define GELU_RSQRT2PI 0.39894228040143267794f /* 1/sqrt(2*pi) */
+VM_INLINE float gelu_cdf_pdf(float v, float *pdf)
+{
+    float u = vm_min_pos(fabsf(v), 20.0f); /* Q(20) is 0 in float; NaN -> 20, x is NaN anyway */
+    float d = vm_gaussf(u) * GELU_RSQRT2PI;
+    float q = d * vm_millsf(u);
+    *pdf = d;
+    return fmaf(vm_sel_neg(v, 1.0f, -1.0f), q, vm_sel_neg(v, 0.0f, 1.0f)); /* q or 1 - q */
+}
+
 int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 {
+    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < count; i++) {
-        float v = x[i];
-        /* x * sigmoid(x); for very negative x expf overflows to inf and the result is -0 */
-        y[i] = v / (1.0f + expf(-v));
+    for (long b = 0; b < nblk; b++) {
+        size_t i0 = (size_t)b * ELTWISE_BLK;
+        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
+#pragma omp simd
+        for (size_t i = i0; i < i1; i++) y[i] = silu_val(x[i]);
     }
     return BK_OK;
 }
@@ -23,41 +67,60 @@ int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 int cpu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                  bk_ctx *ctx) // (count)
 {
+    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < count; i++) {
-        float v = x[i];
-        float s = 1.0f / (1.0f + expf(-v));
-        /* d/dx x*s(x) = s + x*s*(1-s) = s*(1 + x*(1-s)) */
-        float g = dy[i] * (s * (1.0f + v * (1.0f - s)));
-        dx[i] = accum ? dx[i] + g : g;
+    for (long b = 0; b < nblk; b++) {
+        size_t i0 = (size_t)b * ELTWISE_BLK;
+        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
+        if (accum) {
+#pragma omp simd
+            for (size_t i = i0; i < i1; i++) dx[i] += dy[i] * silu_grad(x[i]);
+        } else {
+#pragma omp simd
+            for (size_t i = i0; i < i1; i++) dx[i] = dy[i] * silu_grad(x[i]);
+        }
     }
     return BK_OK;
 }
-
-#define GELU_RSQRT2 0.70710678118654752440f   /* 1/sqrt(2) */
-#define GELU_RSQRT2PI 0.39894228040143267794f /* 1/sqrt(2*pi) */
 
 int cpu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 {
+    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < count; i++) {
-        float v = x[i];
-        y[i] = 0.5f * v * (1.0f + erff(v * GELU_RSQRT2));
+    for (long b = 0; b < nblk; b++) {
+        size_t i0 = (size_t)b * ELTWISE_BLK;
+        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
+#pragma omp simd
+        for (size_t i = i0; i < i1; i++) {
+            float v = x[i], pdf;
+            y[i] = clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
+        }
     }
     return BK_OK;
 }
 
+/* Phi(x) + x phi(x), the exact (erf) GELU's derivative */
 int cpu_gelu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                  bk_ctx *ctx) // (count)
 {
+    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < count; i++) {
-        float v = x[i];
-        /* Phi(x) + x * phi(x), the exact (erf) GELU's derivative */
-        float cdf = 0.5f * (1.0f + erff(v * GELU_RSQRT2));
-        float pdf = expf(-0.5f * v * v) * GELU_RSQRT2PI;
-        float g = dy[i] * (cdf + v * pdf);
-        dx[i] = accum ? dx[i] + g : g;
+    for (long b = 0; b < nblk; b++) {
+        size_t i0 = (size_t)b * ELTWISE_BLK;
+        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
+        if (accum) {
+#pragma omp simd
+            for (size_t i = i0; i < i1; i++) {
+                float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
+                dx[i] += dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
+            }
+        } else {
+#pragma omp simd
+            for (size_t i = i0; i < i1; i++) {
+                float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
+                dx[i] = dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
+            }
+        }
     }
     return BK_OK;
 }
@@ -81,39 +144,40 @@ int cpu_copy_grad(float *dx, const float *dy, int accum, size_t count, bk_ctx *c
     return BK_OK;
 }
 
-/* y (N,C,HW) = x (N,C,HW) + b (N,C) */
+/* y = x + b (N,C) broadcast over the pixels; x, y NHWC (the CPU backend's image layout) */
 int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int hw,
                       bk_ctx *ctx)
 {
-    long rows = (long)n * c;
-    int par = (size_t)rows * (size_t)hw >= ELTWISE_PAR_MIN;
+    long rows = (long)n * hw;
+    int par = (size_t)rows * (size_t)c >= ELTWISE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * hw;
-        float *yr = y + (size_t)r * hw;
-        float br = b[r];
-        for (int p = 0; p < hw; p++) yr[p] = xr[p] + br;
+        const float *xr = x + (size_t)r * c, *br = b + (size_t)(r / hw) * c;
+        float *yr = y + (size_t)r * c;
+        for (int k = 0; k < c; k++) yr[k] = xr[k] + br[k];
     }
     return BK_OK;
 }
 
-/* db (N,C) (=/+=) sum over HW of dy (N,C,HW). Each row is summed serially by one thread, in
- * double with eight fixed lanes combined in a fixed order: thread-count independent. */
+/* db (N,C) (=/+=) sum over the pixels of dy (NHWC). One thread owns a block of 64 channels of
+ * one image and adds its pixels in order, in double: thread-count independent. */
+#define BCAST_CBLK 64
 int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx)
 {
-    long rows = (long)n * c;
-    int par = (size_t)rows * (size_t)hw >= ELTWISE_PAR_MIN;
+    int cblocks = (c + BCAST_CBLK - 1) / BCAST_CBLK;
+    long tasks = (long)n * cblocks;
+    int par = (size_t)n * c * (size_t)hw >= ELTWISE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const float *g = dy + (size_t)r * hw;
-        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int p = 0;
-        for (; p + 8 <= hw; p += 8)
-            for (int l = 0; l < 8; l++) acc[l] += (double)g[p + l];
-        for (; p < hw; p++) acc[p & 7] += (double)g[p];
-        double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-                   ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        db[r] = accum ? (float)((double)db[r] + s) : (float)s;
+    for (long t = 0; t < tasks; t++) {
+        int img = (int)(t / cblocks), c0 = (int)(t % cblocks) * BCAST_CBLK;
+        int nc = c - c0 < BCAST_CBLK ? c - c0 : BCAST_CBLK;
+        double acc[BCAST_CBLK];
+        for (int k = 0; k < nc; k++) acc[k] = 0.0;
+        const float *g = dy + (size_t)img * hw * c + c0;
+        for (int p = 0; p < hw; p++, g += c)
+            for (int k = 0; k < nc; k++) acc[k] += (double)g[k];
+        float *d = db + (size_t)img * c + c0;
+        for (int k = 0; k < nc; k++) d[k] = accum ? (float)((double)d[k] + acc[k]) : (float)acc[k];
     }
     return BK_OK;
 }

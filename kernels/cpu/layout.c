@@ -1,5 +1,6 @@
-/* layout.c - the CPU backend's layout kernels: channel concat in NCHW (forward and backward)
- * and the (N,C,HW) <-> (N,HW,C) transpose around attention, cache-blocked. Pure data movement:
+/* layout.c - the CPU backend's layout kernels: channel concat of NHWC images (forward and
+ * backward) and the (N,C,HW) <-> (N,HW,C) transpose (the host-side layout change and a reshape
+ * that flattens an image), cache-blocked. Pure data movement:
  * every output element is written by exactly one thread.
  */
 #include <string.h>
@@ -9,52 +10,42 @@
 #define LAYOUT_PAR_MIN 16384
 #define LAYOUT_TILE 32 /* 32x32 floats = 4 KiB per side: both tiles stay in L1 */
 
-/* y (N,C1+C2,HW) = [a (N,C1,HW), b (N,C2,HW)] */
+/* channel concat of NHWC images: each pixel of y is [a's C1 channels, b's C2 channels] */
 int cpu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
                    bk_ctx *ctx)
 {
     int ct = c1 + c2;
-    long rows = (long)n * ct;
-    int par = (size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN;
+    long rows = (long)n * hw;
+    int par = (size_t)rows * (size_t)ct >= LAYOUT_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        long s = r / ct;
-        int ch = (int)(r % ct);
-        const float *src = ch < c1 ? a + ((size_t)s * c1 + ch) * hw
-                                   : b + ((size_t)s * c2 + (ch - c1)) * hw;
-        memcpy(y + (size_t)r * hw, src, (size_t)hw * sizeof(float));
+        memcpy(y + (size_t)r * ct, a + (size_t)r * c1, (size_t)c1 * sizeof(float));
+        memcpy(y + (size_t)r * ct + c1, b + (size_t)r * c2, (size_t)c2 * sizeof(float));
     }
     return BK_OK;
 }
 
-/* da (N,C1,HW), db (N,C2,HW) from dy (N,C1+C2,HW); each (=/+=) per its own accum flag; a NULL
- * da or db is skipped. */
+static void part_grad(float *dst, const float *g, int accum, int cnt)
+{
+    if (accum)
+        for (int k = 0; k < cnt; k++) dst[k] += g[k];
+    else
+        memcpy(dst, g, (size_t)cnt * sizeof(float));
+}
+
+/* da (N,H,W,C1), db (N,H,W,C2) from dy (N,H,W,C1+C2); each (=/+=) per its own accum flag; a
+ * NULL da or db is skipped. */
 int cpu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n,
                    int c1, int c2, int hw, bk_ctx *ctx)
 {
     int ct = c1 + c2;
-    long rows = (long)n * ct;
-    int par = (size_t)rows * (size_t)hw >= LAYOUT_PAR_MIN;
+    long rows = (long)n * hw;
+    int par = (size_t)rows * (size_t)ct >= LAYOUT_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        long s = r / ct;
-        int ch = (int)(r % ct);
-        float *dst;
-        int acc;
-        if (ch < c1) {
-            if (!da) continue;
-            dst = da + ((size_t)s * c1 + ch) * hw;
-            acc = accum_a;
-        } else {
-            if (!db) continue;
-            dst = db + ((size_t)s * c2 + (ch - c1)) * hw;
-            acc = accum_b;
-        }
-        const float *g = dy + (size_t)r * hw;
-        if (acc)
-            for (int p = 0; p < hw; p++) dst[p] += g[p];
-        else
-            memcpy(dst, g, (size_t)hw * sizeof(float));
+        const float *g = dy + (size_t)r * ct;
+        if (da) part_grad(da + (size_t)r * c1, g, accum_a, c1);
+        if (db) part_grad(db + (size_t)r * c2, g + c1, accum_b, c2);
     }
     return BK_OK;
 }

@@ -61,9 +61,11 @@ int cpu_mse_bwd(float *dpred, const float *pred, const float *target, float dlos
  * out (N,per_sample) (= or += per accum) from in (N,per_sample). */
 static int dropout_apply(float *out, const float *in, float p, uint64_t seed, uint64_t step,
                          uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                         bk_ctx *ctx)
+                         int channels, bk_ctx *ctx)
 {
-    if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull) return BK_ERR_INVALID;
+    if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull || channels < 0 ||
+        (channels > 1 && per_sample % (size_t)channels))
+        return BK_ERR_INVALID;
     size_t total = (size_t)n * per_sample;
     if (p == 0.0f) { /* every uniform is > 0: all kept, scale 1 - an exact copy */
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN) schedule(static)
@@ -71,6 +73,21 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
         return BK_OK;
     }
     float scale = 1.0f / (1.0f - p);
+    if (channels > 1) {
+        /* NHWC image: memory element m = pixel * C + c is logical element c * HW + pixel */
+        const size_t hw = per_sample / (size_t)channels;
+#pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
+        for (size_t i = 0; i < total; i++) {
+            size_t s = i / per_sample, m = i % per_sample;
+            size_t e = (m % (size_t)channels) * hw + m / (size_t)channels;
+            struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                              (uint32_t)(sample_base + (int)s), op,
+                                              (uint32_t)(e / 4));
+            float v = philox_uniform(r.v[e % 4]) >= p ? in[i] * scale : 0.0f;
+            out[i] = accum ? out[i] + v : v;
+        }
+        return BK_OK;
+    }
     size_t nblk = (per_sample + 3) / 4; /* one Philox call gives 4 elements */
     size_t blocks = (size_t)n * nblk;
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
@@ -92,17 +109,19 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
 
 /* y (N,per_sample) = keep ? x / (1-p) : 0 */
 int cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step,
-                    uint32_t op, int sample_base, int n, size_t per_sample, bk_ctx *ctx)
+                    uint32_t op, int sample_base, int n, size_t per_sample, int channels,
+                    bk_ctx *ctx)
 {
-    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, ctx);
+    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, channels, ctx);
 }
 
 /* dx (N,per_sample) (=/+=) keep ? dy / (1-p) : 0, the forward's mask recomputed */
 int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
                     uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                    bk_ctx *ctx)
+                    int channels, bk_ctx *ctx)
 {
-    return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, ctx);
+    return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, channels,
+                         ctx);
 }
 
 /* softmax cross-entropy: rows in parallel, each row's sums in double in a fixed order */

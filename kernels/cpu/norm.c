@@ -1,4 +1,4 @@
-/* norm.c - CPU group norm (x (N,C,HW), G groups) and layer norm (x (M,D) over D), forward and
+/* norm.c - CPU group norm (x NHWC, G groups of channels) and layer norm (x (M,D) over D), forward and
  * backward. PyTorch semantics: biased variance, rstd = 1/sqrt(var + eps); the forward saves
  * mean and rstd in fp32. Sums run in double, each in one thread in a fixed order.
  * gamma / beta may be NULL (no affine: 1 / 0); dx, dgamma, dbeta may be NULL (skipped).
@@ -6,9 +6,6 @@
 #include <math.h>
 
 #include "cpu.h"
-
-/* column block of the layer-norm parameter-gradient reduction */
-#define NORM_COL_BLOCK 64
 
 /* mean and rstd of cnt contiguous values, two-pass in double */
 static void norm_stats(float *mean, float *rstd, const float *x, size_t cnt, float eps)
@@ -24,6 +21,20 @@ static void norm_stats(float *mean, float *rstd, const float *x, size_t cnt, flo
     *rstd = (float)(1.0 / sqrt(ss / (double)cnt + (double)eps));
 }
 
+/* Group norm over NHWC images: group g of image i is the cpg channels [g*cpg, (g+1)*cpg) of
+ * every pixel. Work is split into channel blocks of whole groups, at least GN_BLOCK channels
+ * wide, so a pixel's block is one contiguous run that vectorizes. Every sum is a per-channel
+ * sum over the pixels in order (in double), then over the group's channels in order: fixed
+ * whatever the thread count. */
+#define GN_BLOCK 16
+#define GN_MAX_BLOCK 1024
+
+static int gn_block(int c, int cpg)
+{
+    int b = cpg >= GN_BLOCK ? cpg : (GN_BLOCK + cpg - 1) / cpg * cpg;
+    return b < c ? b : c;
+}
+
 int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
                       const float *beta, int n, int c, int hw, int groups, float eps,
                       bk_ctx *ctx)
@@ -31,24 +42,65 @@ int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const 
     if (!y || !mean || !rstd || !x || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
         c % groups != 0 || !(eps >= 0.0f))
         return BK_ERR_INVALID;
-    const int cpg = c / groups, ng = n * groups;
+    const int cpg = c / groups, blk = gn_block(c, cpg), nblk = (c + blk - 1) / blk;
+    if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
+    const double cnt = (double)cpg * hw;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int t = 0; t < ng; t++) {
-        int g = t % groups;
-        size_t base = (size_t)t * cpg * hw; /* == ((t / groups) * c + g * cpg) * hw */
-        norm_stats(&mean[t], &rstd[t], x + base, (size_t)cpg * hw, eps);
-        const float mu = mean[t], rs = rstd[t];
-        for (int ch = 0; ch < cpg; ch++) {
-            int cc = g * cpg + ch;
-            const float gm = gamma ? gamma[cc] : 1.0f, bt = beta ? beta[cc] : 0.0f;
-            const float *xr = x + base + (size_t)ch * hw;
-            float *yr = y + base + (size_t)ch * hw;
-            for (int p = 0; p < hw; p++) yr[p] = (xr[p] - mu) * rs * gm + bt;
+    for (int t = 0; t < n * nblk; t++) {
+        const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
+        const float *xb = x + (size_t)img * hw * c + c0;
+        float *yb = y + (size_t)img * hw * c + c0;
+        double acc[GN_MAX_BLOCK], mu[GN_MAX_BLOCK];
+        for (int k = 0; k < nc; k++) acc[k] = 0.0;
+        for (int p = 0; p < hw; p++) {
+            const float *xr = xb + (size_t)p * c;
+#pragma omp simd
+            for (int k = 0; k < nc; k++) acc[k] += xr[k];
+        }
+        for (int k0 = 0; k0 < nc; k0 += cpg) {
+            double sum = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) sum += acc[k];
+            for (int k = k0; k < k0 + cpg; k++) mu[k] = sum / cnt;
+        }
+        for (int k = 0; k < nc; k++) acc[k] = 0.0;
+        for (int p = 0; p < hw; p++) {
+            const float *xr = xb + (size_t)p * c;
+#pragma omp simd
+            for (int k = 0; k < nc; k++) {
+                double d = (double)xr[k] - mu[k];
+                acc[k] += d * d;
+            }
+        }
+        float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
+        for (int k0 = 0; k0 < nc; k0 += cpg) {
+            double ss = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) ss += acc[k];
+            int gi = img * groups + (c0 + k0) / cpg;
+            mean[gi] = (float)mu[k0];
+            rstd[gi] = (float)(1.0 / sqrt(ss / cnt + (double)eps));
+            for (int k = k0; k < k0 + cpg; k++) {
+                m[k] = mean[gi];
+                rs[k] = rstd[gi];
+            }
+        }
+        for (int k = 0; k < nc; k++) {
+            gm[k] = gamma ? gamma[c0 + k] : 1.0f;
+            bt[k] = beta ? beta[c0 + k] : 0.0f;
+        }
+        for (int p = 0; p < hw; p++) {
+            const float *xr = xb + (size_t)p * c;
+            float *yr = yb + (size_t)p * c;
+#pragma omp simd
+            for (int k = 0; k < nc; k++) yr[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
         }
     }
     return BK_OK;
 }
 
+/* dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma; dgamma = sum of
+ * dy xhat, dbeta = sum of dy. One pass gathers the per-channel sums of dy and dy xhat of an
+ * image (which give both the group means and the parameter gradients), a second writes dx. A
+ * thread owns a channel block across all images, so parameter gradients add images in order. */
 int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
                       const float *gamma, const float *mean, const float *rstd, int accum, int n,
                       int c, int hw, int groups, bk_ctx *ctx)
@@ -56,56 +108,85 @@ int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
     if (!dy || !x || !mean || !rstd || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
         c % groups != 0)
         return BK_ERR_INVALID;
-    const int cpg = c / groups, ng = n * groups;
-    if (dx) {
-        /* dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma, over the group */
+    const int cpg = c / groups, blk = gn_block(c, cpg), nblk = (c + blk - 1) / blk;
+    if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
+    const double cnt = (double)cpg * hw;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int t = 0; t < ng; t++) {
-            int g = t % groups;
-            size_t base = (size_t)t * cpg * hw;
-            const double mu = mean[t], rs = rstd[t];
-            double s1 = 0.0, s2 = 0.0;
-            for (int ch = 0; ch < cpg; ch++) {
-                const double gm = gamma ? gamma[g * cpg + ch] : 1.0;
-                const float *xr = x + base + (size_t)ch * hw, *dr = dy + base + (size_t)ch * hw;
-                for (int p = 0; p < hw; p++) {
-                    double gd = dr[p] * gm;
-                    s1 += gd;
-                    s2 += gd * ((xr[p] - mu) * rs);
+    for (int bi = 0; bi < nblk; bi++) {
+        const int c0 = bi * blk, nc = c - c0 < blk ? c - c0 : blk;
+        double sg_all[GN_MAX_BLOCK], sb_all[GN_MAX_BLOCK];
+        for (int k = 0; k < nc; k++) sg_all[k] = sb_all[k] = 0.0;
+        float gm[GN_MAX_BLOCK];
+        for (int k = 0; k < nc; k++) gm[k] = gamma ? gamma[c0 + k] : 1.0f;
+        for (int img = 0; img < n; img++) {
+            const size_t off = (size_t)img * hw * c + c0;
+            const float *xb = x + off, *gb = dy + off;
+            double mu[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], sg[GN_MAX_BLOCK], sb[GN_MAX_BLOCK];
+            for (int k = 0; k < nc; k++) {
+                int gi = img * groups + (c0 + k) / cpg;
+                mu[k] = mean[gi];
+                rs[k] = rstd[gi];
+                sg[k] = sb[k] = 0.0;
+            }
+            for (int p = 0; p < hw; p++) {
+                const float *xr = xb + (size_t)p * c, *dr = gb + (size_t)p * c;
+#pragma omp simd
+                for (int k = 0; k < nc; k++) {
+                    sg[k] += dr[k] * (((double)xr[k] - mu[k]) * rs[k]);
+                    sb[k] += dr[k];
                 }
             }
-            const double cnt = (double)cpg * hw, a = s1 / cnt, b = s2 / cnt;
-            for (int ch = 0; ch < cpg; ch++) {
-                const double gm = gamma ? gamma[g * cpg + ch] : 1.0;
-                const float *xr = x + base + (size_t)ch * hw, *dr = dy + base + (size_t)ch * hw;
-                float *o = dx + base + (size_t)ch * hw;
-                for (int p = 0; p < hw; p++) {
-                    float v = (float)(rs * (dr[p] * gm - a - (xr[p] - mu) * rs * b));
-                    o[p] = accum ? o[p] + v : v;
+            for (int k = 0; k < nc; k++) {
+                sg_all[k] += sg[k];
+                sb_all[k] += sb[k];
+            }
+            if (!dx) continue;
+            /* per group: a = mean(dy gamma), b = mean(dy gamma xhat) */
+            double a[GN_MAX_BLOCK], b[GN_MAX_BLOCK];
+            for (int k0 = 0; k0 < nc; k0 += cpg) {
+                double s1 = 0.0, s2 = 0.0;
+                for (int k = k0; k < k0 + cpg; k++) {
+                    s1 += sb[k] * gm[k];
+                    s2 += sg[k] * gm[k];
+                }
+                for (int k = k0; k < k0 + cpg; k++) {
+                    a[k] = s1 / cnt;
+                    b[k] = s2 / cnt;
+                }
+            }
+            /* dx = A dy + B (x - mean) + C per channel, in float */
+            float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK], cm[GN_MAX_BLOCK];
+            for (int k = 0; k < nc; k++) {
+                ca[k] = (float)(rs[k] * gm[k]);
+                cb[k] = (float)(-rs[k] * rs[k] * b[k]);
+                cc[k] = (float)(-rs[k] * a[k]);
+                cm[k] = (float)mu[k];
+            }
+            float *ob = dx + off;
+            for (int p = 0; p < hw; p++) {
+                const float *xr = xb + (size_t)p * c, *dr = gb + (size_t)p * c;
+                float *o = ob + (size_t)p * c;
+                if (accum) {
+#pragma omp simd
+                    for (int k = 0; k < nc; k++)
+                        o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - cm[k]) + cc[k];
+                } else {
+#pragma omp simd
+                    for (int k = 0; k < nc; k++)
+                        o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - cm[k]) + cc[k];
                 }
             }
         }
-    }
-    if (dgamma || dbeta) {
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int cc = 0; cc < c; cc++) {
-            int g = cc / cpg;
-            double sg = 0.0, sb = 0.0;
-            for (int ni = 0; ni < n; ni++) {
-                const double mu = mean[ni * groups + g], rs = rstd[ni * groups + g];
-                size_t off = ((size_t)ni * c + cc) * hw;
-                const float *xr = x + off, *dr = dy + off;
-                for (int p = 0; p < hw; p++) {
-                    sg += dr[p] * ((xr[p] - mu) * rs);
-                    sb += dr[p];
-                }
-            }
-            if (dgamma) dgamma[cc] += (float)sg;
-            if (dbeta) dbeta[cc] += (float)sb;
+        for (int k = 0; k < nc; k++) {
+            if (dgamma) dgamma[c0 + k] += (float)sg_all[k];
+            if (dbeta) dbeta[c0 + k] += (float)sb_all[k];
         }
     }
     return BK_OK;
 }
+
+/* column block of the layer-norm parameter-gradient reduction */
+#define NORM_COL_BLOCK 64
 
 int cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
                       const float *beta, int m, int d, float eps, bk_ctx *ctx)

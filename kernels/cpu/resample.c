@@ -1,6 +1,7 @@
-/* resample.c - the CPU backend's resampling kernels: nearest and bilinear 2x upsampling (PyTorch
- * F.interpolate(scale_factor=2) semantics, both align_corners) and 2x2/stride-2 max pooling.
- * Backwards are gathers or serial per-(n,c)-plane scatters: deterministic, no atomics.
+/* resample.c - the CPU backend's resampling kernels over NHWC images: nearest and bilinear 2x
+ * upsampling (PyTorch F.interpolate(scale_factor=2) semantics, both align_corners) and
+ * 2x2/stride-2 max pooling. Backwards are gathers, or scatters done serially per (image,
+ * channel block) by one thread: deterministic, no atomics.
  */
 #include <math.h>
 #include <string.h>
@@ -9,40 +10,45 @@
 
 #define RESAMPLE_PAR_MIN 16384
 
-/* x (N,C,H,W) -> y (N,C,2H,2W), y[2i+a][2j+b] = x[i][j] */
+/* x (N,H,W,C) -> y (N,2H,2W,C), y[2i+a][2j+b] = x[i][j] */
 int cpu_upsample_nearest2x_fwd(float *y, const float *x, int n, int c, int h, int w,
                                bk_ctx *ctx)
 {
-    long rows = (long)n * c * h; /* input rows; each writes two output rows */
-    int wo = 2 * w;
-    int par = (size_t)rows * (size_t)w >= RESAMPLE_PAR_MIN;
+    long rows = (long)n * h; /* input rows; each writes two output rows */
+    size_t px = (size_t)c * sizeof(float), orow = (size_t)2 * w * c;
+    int par = (size_t)rows * (size_t)w * c >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * w;
-        float *y0 = y + (size_t)r * 2 * wo, *y1 = y0 + wo;
+        const float *xr = x + (size_t)r * w * c;
+        float *y0 = y + (size_t)r * 2 * orow, *y1 = y0 + orow;
         for (int j = 0; j < w; j++) {
-            y0[2 * j] = xr[j];
-            y0[2 * j + 1] = xr[j];
+            memcpy(y0 + (size_t)2 * j * c, xr + (size_t)j * c, px);
+            memcpy(y0 + (size_t)(2 * j + 1) * c, xr + (size_t)j * c, px);
         }
-        memcpy(y1, y0, (size_t)wo * sizeof(float));
+        memcpy(y1, y0, orow * sizeof(float));
     }
     return BK_OK;
 }
 
-/* dx (N,C,H,W) (=/+=) sum of the 2x2 block of dy (N,C,2H,2W) over it (a gather) */
+/* dx (N,H,W,C) (=/+=) sum of the 2x2 block of dy (N,2H,2W,C) over it (a gather) */
 int cpu_upsample_nearest2x_bwd(float *dx, const float *dy, int accum, int n, int c, int h,
                                int w, bk_ctx *ctx)
 {
-    long rows = (long)n * c * h;
-    int wo = 2 * w;
-    int par = (size_t)rows * (size_t)w >= RESAMPLE_PAR_MIN;
+    long rows = (long)n * h;
+    size_t orow = (size_t)2 * w * c;
+    int par = (size_t)rows * (size_t)w * c >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        const float *g0 = dy + (size_t)r * 2 * wo, *g1 = g0 + wo;
-        float *dr = dx + (size_t)r * w;
+        const float *g0 = dy + (size_t)r * 2 * orow, *g1 = g0 + orow;
+        float *dr = dx + (size_t)r * w * c;
         for (int j = 0; j < w; j++) {
-            float s = (g0[2 * j] + g0[2 * j + 1]) + (g1[2 * j] + g1[2 * j + 1]);
-            dr[j] = accum ? dr[j] + s : s;
+            const float *a = g0 + (size_t)2 * j * c, *b = a + c, *e = g1 + (size_t)2 * j * c,
+                        *f = e + c;
+            float *d = dr + (size_t)j * c;
+            for (int k = 0; k < c; k++) {
+                float v = (a[k] + b[k]) + (e[k] + f[k]);
+                d[k] = accum ? d[k] + v : v;
+            }
         }
     }
     return BK_OK;
@@ -74,64 +80,78 @@ static inline void bilinear_tap(int dst, int in, float scale, int align_corners,
     *l0 = 1.0f - lam;
 }
 
-/* x (N,C,H,W) -> y (N,C,2H,2W) bilinear */
+/* x (N,H,W,C) -> y (N,2H,2W,C) bilinear */
 int cpu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int n, int c,
                                 int h, int w, bk_ctx *ctx)
 {
     int ho = 2 * h, wo = 2 * w;
     float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
-    long rows = (long)n * c * ho; /* output rows */
-    int par = (size_t)rows * (size_t)wo >= RESAMPLE_PAR_MIN;
+    long rows = (long)n * ho; /* output rows */
+    int par = (size_t)rows * (size_t)wo * c >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        long plane = r / ho;
+        long img = r / ho;
         int oy = (int)(r % ho);
         int y0, y1;
         float ly0, ly1;
         bilinear_tap(oy, h, sh, align_corners, &y0, &y1, &ly0, &ly1);
-        const float *xr0 = x + ((size_t)plane * h + y0) * w;
-        const float *xr1 = x + ((size_t)plane * h + y1) * w;
-        float *yr = y + (size_t)r * wo;
+        const float *xr0 = x + ((size_t)img * h + y0) * w * c;
+        const float *xr1 = x + ((size_t)img * h + y1) * w * c;
+        float *yr = y + (size_t)r * wo * c;
         for (int ox = 0; ox < wo; ox++) {
             int x0, x1;
             float lx0, lx1;
             bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
-            yr[ox] = ly0 * (lx0 * xr0[x0] + lx1 * xr0[x1]) +
-                     ly1 * (lx0 * xr1[x0] + lx1 * xr1[x1]);
+            const float *a = xr0 + (size_t)x0 * c, *b = xr0 + (size_t)x1 * c;
+            const float *e = xr1 + (size_t)x0 * c, *f = xr1 + (size_t)x1 * c;
+            float *o = yr + (size_t)ox * c;
+            for (int k = 0; k < c; k++)
+                o[k] = ly0 * (lx0 * a[k] + lx1 * b[k]) + ly1 * (lx0 * e[k] + lx1 * f[k]);
         }
     }
     return BK_OK;
 }
 
-/* dx (N,C,H,W) (=/+=) from dy (N,C,2H,2W): each (n,c) plane is scattered serially by one
- * thread in output row-major order, so the summation order is fixed. */
+#define RESAMPLE_CBLK 64
+
+/* dx (N,H,W,C) (=/+=) from dy (N,2H,2W,C): each (image, 64-channel block) is scattered serially
+ * by one thread in output row-major order, so the summation order is fixed. */
 int cpu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, int accum,
                                 int n, int c, int h, int w, bk_ctx *ctx)
 {
     int ho = 2 * h, wo = 2 * w;
     float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
-    long planes = (long)n * c;
-    int par = (size_t)planes * (size_t)ho * (size_t)wo >= RESAMPLE_PAR_MIN;
+    int cblocks = (c + RESAMPLE_CBLK - 1) / RESAMPLE_CBLK;
+    long tasks = (long)n * cblocks;
+    int par = (size_t)n * c * (size_t)ho * (size_t)wo >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long pl = 0; pl < planes; pl++) {
-        float *d = dx + (size_t)pl * h * w;
-        const float *g = dy + (size_t)pl * ho * wo;
-        if (!accum) memset(d, 0, (size_t)h * w * sizeof(float));
+    for (long t = 0; t < tasks; t++) {
+        long img = t / cblocks;
+        int c0 = (int)(t % cblocks) * RESAMPLE_CBLK;
+        int nc = c - c0 < RESAMPLE_CBLK ? c - c0 : RESAMPLE_CBLK;
+        float *d = dx + (size_t)img * h * w * c + c0;
+        const float *g = dy + (size_t)img * ho * wo * c + c0;
+        if (!accum)
+            for (size_t p = 0; p < (size_t)h * w; p++) memset(d + p * c, 0, (size_t)nc * sizeof(float));
         for (int oy = 0; oy < ho; oy++) {
             int y0, y1;
             float ly0, ly1;
             bilinear_tap(oy, h, sh, align_corners, &y0, &y1, &ly0, &ly1);
-            float *d0 = d + (size_t)y0 * w, *d1 = d + (size_t)y1 * w;
-            const float *gr = g + (size_t)oy * wo;
+            float *d0 = d + (size_t)y0 * w * c, *d1 = d + (size_t)y1 * w * c;
+            const float *gr = g + (size_t)oy * wo * c;
             for (int ox = 0; ox < wo; ox++) {
                 int x0, x1;
                 float lx0, lx1;
                 bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
-                float v = gr[ox];
-                d0[x0] += ly0 * lx0 * v;
-                d0[x1] += ly0 * lx1 * v;
-                d1[x0] += ly1 * lx0 * v;
-                d1[x1] += ly1 * lx1 * v;
+                const float *v = gr + (size_t)ox * c;
+                float *a = d0 + (size_t)x0 * c, *b = d0 + (size_t)x1 * c;
+                float *e = d1 + (size_t)x0 * c, *f = d1 + (size_t)x1 * c;
+                for (int k = 0; k < nc; k++) {
+                    a[k] += ly0 * lx0 * v[k];
+                    b[k] += ly0 * lx1 * v[k];
+                    e[k] += ly1 * lx0 * v[k];
+                    f[k] += ly1 * lx1 * v[k];
+                }
             }
         }
     }
@@ -140,9 +160,9 @@ int cpu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, i
 
 /* Index (0..3, row-major in the window) of the window's maximum, as PyTorch's CPU max_pool2d:
  * a later value wins only if strictly greater, or if it is NaN (NaN propagates). */
-static inline int maxpool_argmax(const float *r0, const float *r1, int j, float *out)
+static inline int maxpool_argmax(float v0, float v1, float v2, float v3, float *out)
 {
-    float v[4] = {r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1]};
+    float v[4] = {v0, v1, v2, v3};
     float m = -INFINITY;
     int k = 0;
     for (int q = 0; q < 4; q++) {
@@ -155,64 +175,67 @@ static inline int maxpool_argmax(const float *r0, const float *r1, int j, float 
     return k;
 }
 
-/* x (N,C,H,W) -> y (N,C,H/2,W/2) (floor: an odd last row/column is dropped) */
+/* x (N,H,W,C) -> y (N,H/2,W/2,C) (floor: an odd last row/column is dropped) */
 int cpu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_ctx *ctx)
 {
     int ho = h / 2, wo = w / 2;
-    long rows = (long)n * c * ho;
-    int par = (size_t)rows * (size_t)wo >= RESAMPLE_PAR_MIN / 4;
+    long rows = (long)n * ho;
+    int par = (size_t)rows * (size_t)wo * c >= RESAMPLE_PAR_MIN / 4;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        long plane = r / ho;
+        long img = r / ho;
         int oy = (int)(r % ho);
-        const float *r0 = x + ((size_t)plane * h + 2 * oy) * w, *r1 = r0 + w;
-        float *yr = y + (size_t)r * wo;
-        for (int j = 0; j < wo; j++) maxpool_argmax(r0, r1, j, &yr[j]);
+        const float *r0 = x + ((size_t)img * h + 2 * oy) * w * c, *r1 = r0 + (size_t)w * c;
+        float *yr = y + (size_t)r * wo * c;
+        for (int j = 0; j < wo; j++) {
+            const float *a = r0 + (size_t)2 * j * c, *b = a + c, *e = r1 + (size_t)2 * j * c,
+                        *f = e + c;
+            for (int k = 0; k < c; k++) maxpool_argmax(a[k], b[k], e[k], f[k], &yr[(size_t)j * c + k]);
+        }
     }
     return BK_OK;
 }
 
-/* dx (N,C,H,W) (=/+=): dy goes to each window's argmax (recomputed from x), zero elsewhere,
+/* dx (N,H,W,C) (=/+=): dy goes to each window's argmax (recomputed from x), zero elsewhere,
  * including a dropped odd last row/column. A gather: each dx element is written once. */
 int cpu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, int n, int c,
                        int h, int w, bk_ctx *ctx)
 {
     int ho = h / 2, wo = w / 2;
-    long planes = (long)n * c;
-    int par = (size_t)planes * (size_t)h * (size_t)w >= RESAMPLE_PAR_MIN;
+    long rows = (long)n * h; /* input rows */
+    size_t row = (size_t)w * c;
+    int par = (size_t)rows * row >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long pl = 0; pl < planes; pl++) {
-        const float *xp = x + (size_t)pl * h * w;
-        const float *gp = dy + (size_t)pl * ho * wo;
-        float *dp = dx + (size_t)pl * h * w;
-        for (int oy = 0; oy < ho; oy++) {
-            const float *r0 = xp + (size_t)2 * oy * w, *r1 = r0 + w;
-            float *d0 = dp + (size_t)2 * oy * w, *d1 = d0 + w;
-            const float *gr = gp + (size_t)oy * wo;
-            for (int j = 0; j < wo; j++) {
+    for (long r = 0; r < rows; r++) {
+        long img = r / h;
+        int iy = (int)(r % h), oy = iy / 2;
+        float *d = dx + (size_t)r * row;
+        if (oy >= ho) { /* the dropped odd last row */
+            if (!accum) memset(d, 0, row * sizeof(float));
+            continue;
+        }
+        const float *r0 = x + ((size_t)img * h + 2 * oy) * row, *r1 = r0 + row;
+        const float *gr = dy + ((size_t)img * ho + oy) * wo * c;
+        int want_lo = (iy & 1) ? 2 : 0; /* window indices 0,1 are the top row, 2,3 the bottom */
+        for (int j = 0; j < wo; j++) {
+            const float *a = r0 + (size_t)2 * j * c, *b = a + c, *e = r1 + (size_t)2 * j * c,
+                        *f = e + c;
+            float *d0 = d + (size_t)2 * j * c, *d1 = d0 + c;
+            for (int k = 0; k < c; k++) {
                 float m;
-                int k = maxpool_argmax(r0, r1, j, &m);
-                float g = gr[j];
-                float v0 = k == 0 ? g : 0.0f, v1 = k == 1 ? g : 0.0f;
-                float v2 = k == 2 ? g : 0.0f, v3 = k == 3 ? g : 0.0f;
+                int q = maxpool_argmax(a[k], b[k], e[k], f[k], &m);
+                float g = gr[(size_t)j * c + k];
+                float v0 = q == want_lo ? g : 0.0f, v1 = q == want_lo + 1 ? g : 0.0f;
                 if (accum) {
-                    d0[2 * j] += v0;
-                    d0[2 * j + 1] += v1;
-                    d1[2 * j] += v2;
-                    d1[2 * j + 1] += v3;
+                    d0[k] += v0;
+                    d1[k] += v1;
                 } else {
-                    d0[2 * j] = v0;
-                    d0[2 * j + 1] = v1;
-                    d1[2 * j] = v2;
-                    d1[2 * j + 1] = v3;
+                    d0[k] = v0;
+                    d1[k] = v1;
                 }
             }
-            if (!accum && (w & 1)) {
-                d0[w - 1] = 0.0f;
-                d1[w - 1] = 0.0f;
-            }
         }
-        if (!accum && (h & 1)) memset(dp + (size_t)(h - 1) * w, 0, (size_t)w * sizeof(float));
+        if (!accum && (w & 1)) memset(d + (size_t)(w - 1) * c, 0, (size_t)c * sizeof(float));
     }
     return BK_OK;
 }

@@ -241,10 +241,10 @@ int cu_xent_fwd(float *loss, float *prob, const float *logits, const float *targ
 int cu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
                 int accum, int n, int k, bk_ctx *ctx);
 int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
-                   int sample_base, int n, size_t per_sample, bk_ctx *ctx);
+                   int sample_base, int n, size_t per_sample, int channels, bk_ctx *ctx);
 int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
                    uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                   bk_ctx *ctx);
+                   int channels, bk_ctx *ctx);
 int cu_philox_normal_fill(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
                           int sample_base, int n, size_t per_sample, bk_ctx *ctx);
 int cu_philox_u32_fill(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,

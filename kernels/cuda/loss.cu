@@ -195,15 +195,16 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
     return BK_OK;
 }
 
+/* the CUDA backend stores images NCHW: `channels` (an NHWC backend's mapping) is always 0 here */
 int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
-                   int sample_base, int n, size_t per_sample, bk_ctx *ctx)
+                   int sample_base, int n, size_t per_sample, int channels, bk_ctx *ctx)
 {
     return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, ctx);
 }
 
 int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
                    uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                   bk_ctx *ctx)
+                   int channels, bk_ctx *ctx)
 {
     return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, ctx);
 }

@@ -12,6 +12,7 @@
 
 #include "backend_load.h"
 #include "philox.h"
+#include "nchw_shim.h"
 #include "test_util.h"
 
 #define TOL 1e-5
@@ -593,8 +594,8 @@ static void test_dropout(int n, size_t per_sample, float p)
     begin(name);
     size_t cnt = (size_t)n * per_sample;
     struct t x = t_in(cnt, 1.0), y = t_out(cnt);
-    C->dropout_fwd(y.h, x.h, p, 1234, 77, 5, 3, n, per_sample, cctx);
-    gpu_ok(G->dropout_fwd(y.d, x.d, p, 1234, 77, 5, 3, n, per_sample, gctx), "fwd");
+    C->dropout_fwd(y.h, x.h, p, 1234, 77, 5, 3, n, per_sample, 0, cctx);
+    gpu_ok(G->dropout_fwd(y.d, x.d, p, 1234, 77, 5, 3, n, per_sample, 0, gctx), "fwd");
     t_cmp("y", &y, TOL);
     /* the masks are equal, so the outputs are bit-identical */
     float *g = malloc(cnt * 4);
@@ -603,8 +604,8 @@ static void test_dropout(int n, size_t per_sample, float p)
     free(g);
     for (int accum = 0; accum < 2; accum++) {
         struct t dx = accum ? t_acc(cnt, 1.0) : t_out(cnt);
-        C->dropout_bwd(dx.h, x.h, p, 1234, 77, 5, 3, accum, n, per_sample, cctx);
-        gpu_ok(G->dropout_bwd(dx.d, x.d, p, 1234, 77, 5, 3, accum, n, per_sample, gctx), "bwd");
+        C->dropout_bwd(dx.h, x.h, p, 1234, 77, 5, 3, accum, n, per_sample, 0, cctx);
+        gpu_ok(G->dropout_bwd(dx.d, x.d, p, 1234, 77, 5, 3, accum, n, per_sample, 0, gctx), "bwd");
         t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
         t_free(&dx);
     }
@@ -725,7 +726,10 @@ int main(void)
         printf("SKIPPED: no CUDA device (%s)\n", err);
         return 77;
     }
-    C = backend_cpu();
+    /* the CUDA backend keeps images NCHW: compare with the CPU kernels seen through NCHW */
+    static struct backend cpu_nchw;
+    cpu_nchw = nchw_cpu_backend();
+    C = &cpu_nchw;
     struct bk_device_mem dm;
     int emulated = 0;
     if (G->device_mem(0, &dm) == 0) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "nchw_shim.h"
 #include "test_util.h"
 
 #define TOL_FWD 1e-5
@@ -172,22 +173,22 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
 
     /* forward */
     fill_nan(y, ny);
-    CHECK(cpu_conv2d_fwd(y, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
+    CHECK(nchw_conv2d_fwd(y, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
     double *xd = to_double(x, nx), *wd = to_double(wt, nw), *bd = to_double(b, co);
     double *rd = to_double(r, ny), *yd = dalloc(ny);
     ref_conv(yd, xd, wd, bias ? bd : NULL, &s);
     double e = tu_rel_err(y, yd, ny);
     note(&max_fwd[OP_CONV], e);
     CHECK(e <= TOL_FWD, "%s: fwd rel err %.3g", tag, e);
-    CHECK(cpu_conv2d_fwd(y2, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd2", tag);
+    CHECK(nchw_conv2d_fwd(y2, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd2", tag);
     CHECK(memcmp(y, y2, ny * sizeof(float)) == 0, "%s: fwd not deterministic", tag);
 
     /* backward: dy = r, so the kernel gradients are those of sum(y * r) */
     fill_nan(dx, nx);
-    CHECK(cpu_conv2d_bwd_data(dx, r, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd_data", tag);
+    CHECK(nchw_conv2d_bwd_data(dx, r, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd_data", tag);
     memset(dw, 0, nw * sizeof(float));
     memset(db, 0, co * sizeof(float));
-    CHECK(cpu_conv2d_bwd_filter(dw, bias ? db : NULL, r, x, ws, &s, ctx) == BK_OK,
+    CHECK(nchw_conv2d_bwd_filter(dw, bias ? db : NULL, r, x, ws, &s, ctx) == BK_OK,
           "%s: bwd_filter", tag);
     struct conv_arg a = {&s, xd, wd, bias ? bd : NULL, yd, rd, ny};
     double ex = fd_err(dx, xd, nx, 400, conv_loss, &a);
@@ -203,7 +204,7 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
     /* accum=1 on dx; dw, db always accumulate */
     tu_fill(prev, nx, 1.0);
     memcpy(dx2, prev, nx * sizeof(float));
-    CHECK(cpu_conv2d_bwd_data(dx2, r, wt, 1, ws, &s, ctx) == BK_OK, "%s: bwd_data acc", tag);
+    CHECK(nchw_conv2d_bwd_data(dx2, r, wt, 1, ws, &s, ctx) == BK_OK, "%s: bwd_data acc", tag);
     e = accum_err(dx2, prev, dx, nx);
     CHECK(e <= TOL_ACC, "%s: dx accum err %.3g", tag, e);
     float *pw = falloc(nw), *pbias = falloc(co);
@@ -211,7 +212,7 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
     tu_fill(pbias, co, 1.0);
     memcpy(dw2, pw, nw * sizeof(float));
     memcpy(db2, pbias, co * sizeof(float));
-    CHECK(cpu_conv2d_bwd_filter(dw2, db2, r, x, ws, &s, ctx) == BK_OK, "%s: bwd_filter acc", tag);
+    CHECK(nchw_conv2d_bwd_filter(dw2, db2, r, x, ws, &s, ctx) == BK_OK, "%s: bwd_filter acc", tag);
     e = accum_err(dw2, pw, dw, nw);
     CHECK(e <= TOL_ACC, "%s: dw accum err %.3g", tag, e);
     if (bias) {
@@ -229,11 +230,11 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
 
     /* determinism of both backward kernels */
     fill_nan(dx2, nx);
-    CHECK(cpu_conv2d_bwd_data(dx2, r, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd_data 2", tag);
+    CHECK(nchw_conv2d_bwd_data(dx2, r, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd_data 2", tag);
     CHECK(memcmp(dx, dx2, nx * sizeof(float)) == 0, "%s: bwd_data not deterministic", tag);
     memset(dw2, 0, nw * sizeof(float));
     memset(db2, 0, co * sizeof(float));
-    CHECK(cpu_conv2d_bwd_filter(dw2, bias ? db2 : NULL, r, x, ws, &s, ctx) == BK_OK,
+    CHECK(nchw_conv2d_bwd_filter(dw2, bias ? db2 : NULL, r, x, ws, &s, ctx) == BK_OK,
           "%s: bwd_filter 2", tag);
     CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0 && memcmp(db, db2, co * sizeof(float)) == 0,
           "%s: bwd_filter not deterministic", tag);
@@ -250,13 +251,13 @@ static void test_conv_invalid(void)
     CHECK(bk_conv2d_init(&s) == BK_OK, "conv init");
     float buf[1024] = {0};
     s.ho = 4; /* inconsistent with the padding */
-    CHECK(cpu_conv2d_fwd(buf, buf, buf, NULL, buf, &s, ctx) == BK_ERR_INVALID, "conv bad ho");
+    CHECK(nchw_conv2d_fwd(buf, buf, buf, NULL, buf, &s, ctx) == BK_ERR_INVALID, "conv bad ho");
     CHECK(cpu_conv2d_ws_bytes(&s) == 0, "conv bad shape ws");
     s.ho = 5;
     s.ci = 0;
-    CHECK(cpu_conv2d_bwd_data(buf, buf, buf, 0, buf, &s, ctx) == BK_ERR_INVALID, "conv ci 0");
+    CHECK(nchw_conv2d_bwd_data(buf, buf, buf, 0, buf, &s, ctx) == BK_ERR_INVALID, "conv ci 0");
     s.ci = 2;
-    CHECK(cpu_conv2d_bwd_filter(buf, NULL, buf, buf, NULL, &s, ctx) == BK_ERR_INVALID,
+    CHECK(nchw_conv2d_bwd_filter(buf, NULL, buf, buf, NULL, &s, ctx) == BK_ERR_INVALID,
           "conv missing ws");
 }
 
@@ -424,10 +425,10 @@ static void test_norm(int n, int c, int hw, int groups, int affine)
     const float *gp = affine ? gamma : NULL, *bp = affine ? beta : NULL;
 
 #define NORM_FWD(Y, M, S)                                                                    \
-    (gn ? cpu_groupnorm_fwd(Y, M, S, x, gp, bp, n, c, hw, groups, eps, ctx)                  \
+    (gn ? nchw_groupnorm_fwd(Y, M, S, x, gp, bp, n, c, hw, groups, eps, ctx)                  \
         : cpu_layernorm_fwd(Y, M, S, x, gp, bp, n, c, eps, ctx))
 #define NORM_BWD(DX, DG, DB, ACC)                                                            \
-    (gn ? cpu_groupnorm_bwd(DX, DG, DB, r, x, gp, mean, rstd, ACC, n, c, hw, groups, ctx)     \
+    (gn ? nchw_groupnorm_bwd(DX, DG, DB, r, x, gp, mean, rstd, ACC, n, c, hw, groups, ctx)     \
         : cpu_layernorm_bwd(DX, DG, DB, r, x, gp, mean, rstd, ACC, n, c, ctx))
 
     fill_nan(y, total);
@@ -502,7 +503,7 @@ static void test_norm(int n, int c, int hw, int groups, int affine)
 static void test_norm_invalid(void)
 {
     float buf[64] = {0};
-    CHECK(cpu_groupnorm_fwd(buf, buf, buf, buf, NULL, NULL, 1, 6, 2, 4, 1e-5f, ctx) ==
+    CHECK(nchw_groupnorm_fwd(buf, buf, buf, buf, NULL, NULL, 1, 6, 2, 4, 1e-5f, ctx) ==
               BK_ERR_INVALID,
           "groupnorm c %% groups");
     CHECK(cpu_layernorm_bwd(buf, NULL, NULL, buf, buf, NULL, buf, buf, 0, 0, 4, ctx) ==

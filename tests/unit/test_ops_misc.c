@@ -7,6 +7,7 @@
 
 #include "cpu/cpu.h"
 #include "philox.h"
+#include "nchw_shim.h"
 #include "test_util.h"
 
 /* contexts made directly (not by cpu_ctx_init) so this test needs only the kernels it tests */
@@ -271,13 +272,13 @@ static void ref_add_bcast(double *y, const double *b, const void *pv)
 static void fwd_add_bcast(float *y, const float *b, const void *pv, bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_add_bcast_fwd(y, p->other, b, p->n, p->c, p->h * p->w, c) == BK_OK, "status");
+    CHECK(nchw_add_bcast_fwd(y, p->other, b, p->n, p->c, p->h * p->w, c) == BK_OK, "status");
 }
 static void bwd_add_bcast(float *db, const float *dy, const float *b, int accum, const void *pv,
                           bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_add_bcast_bwd(db, dy, accum, p->n, p->c, p->h * p->w, c) == BK_OK, "status");
+    CHECK(nchw_add_bcast_bwd(db, dy, accum, p->n, p->c, p->h * p->w, c) == BK_OK, "status");
 }
 
 static void test_eltwise(void)
@@ -360,6 +361,127 @@ static void test_eltwise(void)
     free(other);
 }
 
+/* silu / gelu over a dense grid of [-100, 100], every binade of the float range (subnormals
+ * included) and the special values, against float64 references: finite outputs for finite
+ * inputs, exact limits at +-inf, NaN for NaN, accum = 1 adding exactly the accum = 0 result,
+ * bit-identical at 1/2/3 threads. Forward errors are relative (|ref| > 1e-30; absolute 2e-36
+ * below). The derivatives cross zero (silu' at x = -1.278, gelu' at x = -0.752), where the
+ * cancellation in s (1 + x (1 - s)) or Phi + x phi leaves no float evaluation a relative
+ * accuracy, so their errors are relative to the sum of the magnitudes of the two terms. */
+static void test_eltwise_sweep(void)
+{
+    printf("eltwise sweep (silu, gelu over the float range):\n");
+    const float big = 0x1.fffffep127f;
+    float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, big, -big, 1e30f, -1e30f, 1e10f,
+                       -1e10f, 0x1p-126f, -0x1p-126f, 0x1p-149f, -0x1p-149f, 1e-40f, -1e-40f,
+                       88.72f, -88.72f, 103.97f, -103.97f, 104.0f, -104.0f, 1000.0f, -1000.0f,
+                       13.2f, -13.2f, 20.0f, -20.0f, 1.2784645f, -1.2784645f, -0.7517915f};
+    size_t nspec = sizeof special / sizeof special[0], ngrid = 204801, nbin = 2 * 277 * 8;
+    size_t n = nspec + ngrid + nbin + 1, k = 0;
+    float *x = fbuf(n), *y[3], *g[3], *acc = fbuf(n), *ones = fbuf(n);
+    for (int t = 0; t < 3; t++) {
+        y[t] = fbuf(n);
+        g[t] = fbuf(n);
+    }
+    for (size_t i = 0; i < nspec; i++) x[k++] = special[i];
+    for (size_t i = 0; i < ngrid; i++) x[k++] = (float)((double)i / 1024.0 - 100.0);
+    for (int e = -149; e <= 127; e++)
+        for (int m = 0; m < 8; m++)
+            for (int sg = -1; sg <= 1; sg += 2) x[k++] = (float)(sg * ldexp(1.0 + m / 8.0, e));
+    x[k++] = NAN;
+    for (size_t i = 0; i < n; i++) ones[i] = 1.0f;
+
+    for (int f = 0; f < 2; f++) {
+        const char *name = f ? "gelu" : "silu";
+        bk_ctx *cs[3] = {&ctx2, &ctx1, &ctx3};
+        for (int t = 0; t < 3; t++) {
+            fill_nan(y[t], n);
+            fill_nan(g[t], n);
+            if (f) {
+                cpu_gelu_fwd(y[t], x, n, cs[t]);
+                cpu_gelu_bwd(g[t], ones, x, 0, n, cs[t]);
+            } else {
+                cpu_silu_fwd(y[t], x, n, cs[t]);
+                cpu_silu_bwd(g[t], ones, x, 0, n, cs[t]);
+            }
+        }
+        for (size_t i = 0; i < n; i++) acc[i] = x[i] > 0 ? 0.5f : -0.25f;
+        if (f)
+            cpu_gelu_bwd(acc, ones, x, 1, n, &ctx2);
+        else
+            cpu_silu_bwd(acc, ones, x, 1, n, &ctx2);
+        CHECK(memcmp(y[0], y[1], n * sizeof(float)) == 0 &&
+                  memcmp(y[0], y[2], n * sizeof(float)) == 0 &&
+                  memcmp(g[0], g[1], n * sizeof(float)) == 0 &&
+                  memcmp(g[0], g[2], n * sizeof(float)) == 0,
+              "%s sweep: fwd and bwd bit-identical at 1/2/3 threads", name);
+
+        double ef = 0, eb = 0, eabs = 0;
+        float xf = 0, xb = 0;
+        size_t bad_finite = 0, bad_limit = 0, bad_accum = 0;
+        for (size_t i = 0; i < n; i++) {
+            double v = x[i], yv = y[0][i], gv = g[0][i];
+            float add = (x[i] > 0 ? 0.5f : -0.25f) + g[0][i];
+            if (memcmp(&acc[i], &add, sizeof add) != 0 && !(isnan(acc[i]) && isnan(add)))
+                bad_accum++;
+            if (isnan(v)) {
+                bad_limit += !isnan(yv) || !isnan(gv);
+                continue;
+            }
+            if (isinf(v)) { /* silu, gelu: -inf -> (-)0, grad 0; +inf -> +inf, grad 1 */
+                bad_limit += v < 0 ? !(yv == 0 && gv == 0) : !(yv == v && gv == 1);
+                continue;
+            }
+            if (!isfinite(yv) || !isfinite(gv)) {
+                bad_finite++;
+                continue;
+            }
+            double ref, dref, dscale;
+            if (f) {
+                double cdf = 0.5 * erfc(-v / sqrt(2.0));
+                double pdf = exp(-0.5 * v * v) / 2.5066282746310005024; /* sqrt(2 pi) */
+                ref = v * cdf;
+                dref = cdf + v * pdf;
+                dscale = cdf + fabs(v) * pdf;
+            } else {
+                double s = 1.0 / (1.0 + exp(-v)), oms = 1.0 / (1.0 + exp(v));
+                ref = v * s;
+                dref = s * (1.0 + v * oms);
+                dscale = s + fabs(v) * s * oms;
+            }
+            double d = fabs(yv - ref), db = fabs(gv - dref);
+            if (fabs(ref) > 1e-30) {
+                if (d / fabs(ref) > ef) ef = d / fabs(ref), xf = x[i];
+            } else if (d > eabs) {
+                eabs = d;
+            }
+            if (dscale > 1e-30) {
+                if (db / dscale > eb) eb = db / dscale, xb = x[i];
+            } else if (db > eabs) {
+                eabs = db;
+            }
+        }
+        printf("  %-5s fwd max rel %.2e (x = %.9g)  bwd max rel-to-terms %.2e (x = %.9g)  "
+               "abs below 1e-30 %.1e\n",
+               name, ef, xf, eb, xb, eabs);
+        CHECK(bad_finite == 0, "%s sweep: %zu non-finite outputs for finite inputs", name,
+              bad_finite);
+        CHECK(bad_limit == 0, "%s sweep: %zu wrong results at +-inf / NaN", name, bad_limit);
+        CHECK(bad_accum == 0, "%s sweep: accum=1 differs from dx + (accum=0 result) at %zu", name,
+              bad_accum);
+        CHECK(ef < 2e-6, "%s sweep: fwd rel err %.3e at x = %.9g", name, ef, xf);
+        CHECK(eb < 2e-6, "%s sweep: bwd rel err %.3e at x = %.9g", name, eb, xb);
+        CHECK(eabs < 2e-36, "%s sweep: abs err %.3e where |ref| <= 1e-30", name, eabs);
+    }
+    free(x);
+    free(acc);
+    free(ones);
+    for (int t = 0; t < 3; t++) {
+        free(y[t]);
+        free(g[t]);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * layout
  */
@@ -388,25 +510,25 @@ static void ref_concat_b(double *y, const double *b, const void *pv)
 static void fwd_concat_a(float *y, const float *a, const void *pv, bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_concat_fwd(y, a, p->other, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK, "status");
+    CHECK(nchw_concat_fwd(y, a, p->other, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK, "status");
 }
 static void fwd_concat_b(float *y, const float *b, const void *pv, bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_concat_fwd(y, p->other, b, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK, "status");
+    CHECK(nchw_concat_fwd(y, p->other, b, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK, "status");
 }
 static void bwd_concat_a(float *da, const float *dy, const float *a, int accum, const void *pv,
                          bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_concat_bwd(da, NULL, dy, accum, 0, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK,
+    CHECK(nchw_concat_bwd(da, NULL, dy, accum, 0, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK,
           "status");
 }
 static void bwd_concat_b(float *db, const float *dy, const float *b, int accum, const void *pv,
                          bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_concat_bwd(NULL, db, dy, 0, accum, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK,
+    CHECK(nchw_concat_bwd(NULL, db, dy, 0, accum, p->n, p->c, p->c2, p->h * p->w, c) == BK_OK,
           "status");
 }
 
@@ -455,7 +577,7 @@ static void test_layout(void)
     fill_nan(da, na);
     tu_fill(db0, nb, 1.0);
     memcpy(db, db0, nb * sizeof *db);
-    cpu_concat_bwd(da, db, y, 0, 1, n, c1, c2, hw, &ctx2);
+    nchw_concat_bwd(da, db, y, 0, 1, n, c1, c2, hw, &ctx2);
     int ok = 1;
     for (int s = 0; s < n; s++)
         for (int ch = 0; ch < c1 + c2; ch++)
@@ -523,13 +645,13 @@ static void ref_nearest(double *y, const double *x, const void *pv)
 static void fwd_nearest(float *y, const float *x, const void *pv, bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_upsample_nearest2x_fwd(y, x, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
+    CHECK(nchw_upsample_nearest2x_fwd(y, x, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
 }
 static void bwd_nearest(float *dx, const float *dy, const float *x, int accum, const void *pv,
                         bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_upsample_nearest2x_bwd(dx, dy, accum, p->n, p->c, p->h, p->w, c) == BK_OK,
+    CHECK(nchw_upsample_nearest2x_bwd(dx, dy, accum, p->n, p->c, p->h, p->w, c) == BK_OK,
           "status");
 }
 
@@ -569,14 +691,14 @@ static void ref_bilinear(double *y, const double *x, const void *pv)
 static void fwd_bilinear(float *y, const float *x, const void *pv, bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_upsample_bilinear2x_fwd(y, x, p->align, p->n, p->c, p->h, p->w, c) == BK_OK,
+    CHECK(nchw_upsample_bilinear2x_fwd(y, x, p->align, p->n, p->c, p->h, p->w, c) == BK_OK,
           "status");
 }
 static void bwd_bilinear(float *dx, const float *dy, const float *x, int accum, const void *pv,
                          bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_upsample_bilinear2x_bwd(dx, dy, p->align, accum, p->n, p->c, p->h, p->w, c) ==
+    CHECK(nchw_upsample_bilinear2x_bwd(dx, dy, p->align, accum, p->n, p->c, p->h, p->w, c) ==
               BK_OK,
           "status");
 }
@@ -600,13 +722,13 @@ static void ref_maxpool(double *y, const double *x, const void *pv)
 static void fwd_maxpool(float *y, const float *x, const void *pv, bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_maxpool2x2_fwd(y, x, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
+    CHECK(nchw_maxpool2x2_fwd(y, x, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
 }
 static void bwd_maxpool(float *dx, const float *dy, const float *x, int accum, const void *pv,
                         bk_ctx *c)
 {
     const struct p_nchw *p = pv;
-    CHECK(cpu_maxpool2x2_bwd(dx, dy, x, accum, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
+    CHECK(nchw_maxpool2x2_bwd(dx, dy, x, accum, p->n, p->c, p->h, p->w, c) == BK_OK, "status");
 }
 
 static void test_resample(void)
@@ -650,26 +772,26 @@ static void test_resample(void)
                                  2.5, 2.75, 3.25, 3.5, 3.0, 3.25, 3.75, 4.0};
     const double want_ac1[16] = {1.0,    1.3333, 1.6667, 2.0,    1.6667, 2.0,    2.3333, 2.6667,
                                  2.3333, 2.6667, 3.0,    3.3333, 3.0,    3.3333, 3.6667, 4.0};
-    cpu_upsample_nearest2x_fwd(y, xin, 1, 1, 2, 2, &ctx1);
+    nchw_upsample_nearest2x_fwd(y, xin, 1, 1, 2, 2, &ctx1);
     CHECK(max_abs_diff(y, want_nearest, 16) == 0, "nearest matches the torch docs example");
-    cpu_upsample_bilinear2x_fwd(y, xin, 0, 1, 1, 2, 2, &ctx1);
+    nchw_upsample_bilinear2x_fwd(y, xin, 0, 1, 1, 2, 2, &ctx1);
     CHECK(max_abs_diff(y, want_ac0, 16) == 0, "bilinear ac=0 matches the torch docs example");
-    cpu_upsample_bilinear2x_fwd(y, xin, 1, 1, 1, 2, 2, &ctx1);
+    nchw_upsample_bilinear2x_fwd(y, xin, 1, 1, 1, 2, 2, &ctx1);
     CHECK(max_abs_diff(y, want_ac1, 16) < 1e-4, "bilinear ac=1 matches the torch docs example");
 
     /* maxpool ties, NaN and -inf follow PyTorch: the first maximum wins, NaN propagates */
     /* one 2x6 plane, windows [1 3; 3 2], [5 3; NaN 2], [2 1; -inf -inf] */
     float xm[12] = {1, 3, 5, 3, 2, 1, 3, 2, NAN, 2, -INFINITY, -INFINITY};
     float ym[3], dym[3] = {10, 20, 30}, dxm[12];
-    cpu_maxpool2x2_fwd(ym, xm, 1, 1, 2, 6, &ctx1);
+    nchw_maxpool2x2_fwd(ym, xm, 1, 1, 2, 6, &ctx1);
     CHECK(ym[0] == 3 && isnan(ym[1]) && ym[2] == 2, "maxpool tie/NaN forward");
-    cpu_maxpool2x2_bwd(dxm, dym, xm, 0, 1, 1, 2, 6, &ctx1);
+    nchw_maxpool2x2_bwd(dxm, dym, xm, 0, 1, 1, 2, 6, &ctx1);
     const float want_dx[12] = {0, 10, 0, 0, 30, 0, 0, 0, 20, 0, 0, 0};
     CHECK(memcmp(dxm, want_dx, sizeof dxm) == 0,
           "maxpool backward: first maximum of a tie, NaN takes the gradient");
     float xi[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, yi, gi = 1, dxi[4];
-    cpu_maxpool2x2_fwd(&yi, xi, 1, 1, 2, 2, &ctx1);
-    cpu_maxpool2x2_bwd(dxi, &gi, xi, 0, 1, 1, 2, 2, &ctx1);
+    nchw_maxpool2x2_fwd(&yi, xi, 1, 1, 2, 2, &ctx1);
+    nchw_maxpool2x2_bwd(dxi, &gi, xi, 0, 1, 1, 2, 2, &ctx1);
     CHECK(yi == -INFINITY && dxi[0] == 1 && dxi[1] == 0 && dxi[2] == 0 && dxi[3] == 0,
           "maxpool all -inf window: gradient to the first element");
 }
@@ -839,7 +961,7 @@ static void test_dropout(void)
     for (int k = 0; k < 3; k++) {
         float p = ps[k], sc = 1.0f / (1.0f - p);
         fill_nan(y, tot);
-        CHECK(cpu_dropout_fwd(y, x, p, seed, step, op, 0, n, per, &ctx2) == BK_OK, "status");
+        CHECK(cpu_dropout_fwd(y, x, p, seed, step, op, 0, n, per, 0, &ctx2) == BK_OK, "status");
         double rate = (double)count_kept(y, tot) / tot;
         CHECK(fabs(rate - (1 - p)) <= 0.01 * (1 - p), "dropout p=%.1f keep rate %.4f", p, rate);
         printf("  dropout p=%.1f keep rate %.4f (expect %.4f)\n", p, rate, 1 - p);
@@ -854,20 +976,20 @@ static void test_dropout(void)
               p);
         fill_nan(y1, tot);
         fill_nan(y3, tot);
-        cpu_dropout_fwd(y1, x, p, seed, step, op, 0, n, per, &ctx1);
-        cpu_dropout_fwd(y3, x, p, seed, step, op, 0, n, per, &ctx3);
+        cpu_dropout_fwd(y1, x, p, seed, step, op, 0, n, per, 0, &ctx1);
+        cpu_dropout_fwd(y3, x, p, seed, step, op, 0, n, per, 0, &ctx3);
         CHECK(memcmp(y, y1, tot * sizeof *y) == 0 && memcmp(y, y3, tot * sizeof *y) == 0,
               "dropout bit-identical at 1/2/3 threads");
 
         /* backward: the same mask, the same scale, =/+= */
         fill_nan(dx, tot);
-        cpu_dropout_bwd(dx, dy, p, seed, step, op, 0, 0, n, per, &ctx2);
+        cpu_dropout_bwd(dx, dy, p, seed, step, op, 0, 0, n, per, 0, &ctx2);
         exact = 1;
         for (size_t i = 0; i < tot; i++)
             exact &= (y[i] != 0.0f) ? dx[i] == dy[i] * sc : dx[i] == 0.0f;
         CHECK(exact, "dropout p=%.1f backward reproduces the mask", p);
         memcpy(dx, d0, tot * sizeof *dx);
-        cpu_dropout_bwd(dx, dy, p, seed, step, op, 0, 1, n, per, &ctx2);
+        cpu_dropout_bwd(dx, dy, p, seed, step, op, 0, 1, n, per, 0, &ctx2);
         exact = 1;
         for (size_t i = 0; i < tot; i++)
             exact &= dx[i] == d0[i] + ((y[i] != 0.0f) ? dy[i] * sc : 0.0f);
@@ -876,14 +998,14 @@ static void test_dropout(void)
 
     /* different step, op, sample, seed give different masks (about 2p(1-p) of positions) */
     float p = 0.5f;
-    cpu_dropout_fwd(y, x, p, seed, step, op, 0, n, per, &ctx2);
-    cpu_dropout_fwd(y1, x, p, seed, step + 1, op, 0, n, per, &ctx2);
+    cpu_dropout_fwd(y, x, p, seed, step, op, 0, n, per, 0, &ctx2);
+    cpu_dropout_fwd(y1, x, p, seed, step + 1, op, 0, n, per, 0, &ctx2);
     size_t diff = count_mask_diff(y, y1, tot);
     CHECK(diff > tot / 2 * 9 / 10 && diff < tot / 2 * 11 / 10, "step changes the mask (%zu)", diff);
-    cpu_dropout_fwd(y1, x, p, seed, step, op + 1, 0, n, per, &ctx2);
+    cpu_dropout_fwd(y1, x, p, seed, step, op + 1, 0, n, per, 0, &ctx2);
     diff = count_mask_diff(y, y1, tot);
     CHECK(diff > tot / 2 * 9 / 10 && diff < tot / 2 * 11 / 10, "op changes the mask (%zu)", diff);
-    cpu_dropout_fwd(y1, x, p, seed + 1, step, op, 0, n, per, &ctx2);
+    cpu_dropout_fwd(y1, x, p, seed + 1, step, op, 0, n, per, 0, &ctx2);
     diff = count_mask_diff(y, y1, tot);
     CHECK(diff > tot / 2 * 9 / 10 && diff < tot / 2 * 11 / 10, "seed changes the mask (%zu)", diff);
     diff = count_mask_diff(y, y + per, per);
@@ -891,25 +1013,25 @@ static void test_dropout(void)
           "samples 0 and 1 have different masks (%zu)", diff);
 
     /* sample_base: a micro-batch holding samples 2..3 equals rows 2..3 of the full batch */
-    cpu_dropout_fwd(y1, x + 2 * per, p, seed, step, op, 2, 2, per, &ctx2);
+    cpu_dropout_fwd(y1, x + 2 * per, p, seed, step, op, 2, 2, per, 0, &ctx2);
     CHECK(memcmp(y1, y + 2 * per, 2 * per * sizeof *y) == 0,
           "dropout micro-batch (sample_base=2) equals rows 2..3 of the full batch");
-    cpu_dropout_bwd(dx, dy + 2 * per, p, seed, step, op, 2, 0, 2, per, &ctx2);
+    cpu_dropout_bwd(dx, dy + 2 * per, p, seed, step, op, 2, 0, 2, per, 0, &ctx2);
     int ok = 1;
     for (size_t i = 0; i < 2 * per; i++) ok &= (dx[i] != 0.0f) == (y[2 * per + i] != 0.0f);
     CHECK(ok, "dropout backward micro-batch reproduces rows 2..3 of the mask");
 
     /* p = 0: an exact copy */
-    cpu_dropout_fwd(y, x, 0.0f, seed, step, op, 0, n, per, &ctx2);
+    cpu_dropout_fwd(y, x, 0.0f, seed, step, op, 0, n, per, 0, &ctx2);
     CHECK(memcmp(y, x, tot * sizeof *y) == 0, "dropout p=0 is an exact copy");
     memcpy(dx, d0, tot * sizeof *dx);
-    cpu_dropout_bwd(dx, dy, 0.0f, seed, step, op, 0, 1, n, per, &ctx2);
+    cpu_dropout_bwd(dx, dy, 0.0f, seed, step, op, 0, 1, n, per, 0, &ctx2);
     ok = 1;
     for (size_t i = 0; i < tot; i++) ok &= dx[i] == d0[i] + dy[i];
     CHECK(ok, "dropout p=0 backward accum=1 adds dy");
-    CHECK(cpu_dropout_fwd(y, x, 1.0f, seed, step, op, 0, n, per, &ctx2) == BK_ERR_INVALID,
+    CHECK(cpu_dropout_fwd(y, x, 1.0f, seed, step, op, 0, n, per, 0, &ctx2) == BK_ERR_INVALID,
           "dropout rejects p = 1");
-    CHECK(cpu_dropout_fwd(y, x, -0.1f, seed, step, op, 0, n, per, &ctx2) == BK_ERR_INVALID,
+    CHECK(cpu_dropout_fwd(y, x, -0.1f, seed, step, op, 0, n, per, 0, &ctx2) == BK_ERR_INVALID,
           "dropout rejects p < 0");
 
     free(x);
@@ -1039,6 +1161,7 @@ int main(void)
 {
     tu_seed(20240611);
     test_eltwise();
+    test_eltwise_sweep();
     test_layout();
     test_resample();
     test_embed();

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# cpu.sh - the CPU training-step benchmark: ddpmd against PyTorch (Debian's python3-torch, same
+# model, same step: forward, MSE, backward, clip, AdamW, EMA) on this machine, in one run, plus
+# the machine's ceilings (a large SGEMM and a 3x3 convolution forward + backward through
+# oneDNN). Prints a markdown table; timings are medians over STEPS steps after WARMUP.
+#   bash bench/cpu.sh                 # all four configs
+#   CONFIGS="fmnist-tiny:32" STEPS=10 bash bench/cpu.sh
+# Not a test: it asserts nothing; ratios > 1 mean ddpmd is ahead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS=${STEPS:-10}
+WARMUP=${WARMUP:-2}
+THREADS=${THREADS:-$(nproc)}
+CONFIGS=${CONFIGS:-"fmnist-tiny:8 fmnist-tiny:32 cifar-small:8 ddpm-cifar10:8"}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+# the build users run (scripts/build.sh: build/, RelWithDebInfo)
+bash scripts/build.sh >/dev/null
+B=build/cpu_bench
+
+have_torch=0
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then have_torch=1; fi
+
+val() { awk -v k="$1" '$1 == k { print $2; exit }' <<<"$2"; }
+
+echo "# ddpmd CPU benchmark"
+echo
+echo "machine: $(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), $(nproc) cores," \
+     "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo);" \
+     "ISA: $(grep -o -w -m1 -E 'avx512f' /proc/cpuinfo | head -1 || true) $(grep -o -w -m1 avx2 /proc/cpuinfo | head -1);" \
+     "oneDNN $(dpkg-query -W -f='${Version}' libdnnl2 2>/dev/null || echo '?');" \
+     "torch $( [ $have_torch = 1 ] && /usr/bin/python3 -c 'import torch; print(torch.__version__)' || echo 'absent');" \
+     "threads $THREADS; $STEPS steps after $WARMUP warm-up"
+echo "libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
+echo
+
+ceil=$($B --ceilings --threads "$THREADS" --seconds 3)
+sgemm=$(val ceiling_sgemm_gflops "$ceil")
+convc=$(val ceiling_conv_gflops "$ceil")
+echo "ceilings: SGEMM $(val ceiling_sgemm_shape "$ceil") $sgemm GFLOP/s;" \
+     "conv $(val ceiling_conv_shape "$ceil") fwd $(val ceiling_conv_fwd_gflops "$ceil")," \
+     "bwd-data $(val ceiling_conv_bwd_data_gflops "$ceil"), bwd-filter" \
+     "$(val ceiling_conv_bwd_filter_gflops "$ceil"), all three $convc GFLOP/s (oneDNN)"
+echo
+echo "| config | batch | ddpmd ms/step | torch ms/step | ddpmd img/s | torch img/s | speed ratio | ddpmd GFLOP/s (% conv ceiling) | torch GFLOP/s | ddpmd peak RSS MiB | torch peak RSS MiB | RSS ratio | ddpmd plan MiB + overhead MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+for cb in $CONFIGS; do
+  cfg=${cb%%:*}
+  bs=${cb##*:}
+  d=$($B --config "$cfg" --batch "$bs" --steps "$STEPS" --warmup "$WARMUP" --threads "$THREADS")
+  dms=$(val step_ms_median "$d")
+  dips=$(val images_per_s "$d")
+  dgf=$(val gflops "$d")
+  gps=$(val gflop_per_step "$d")
+  drss=$(val peak_rss_kib "$d")
+  plan=$(val plan_bytes "$d")
+  over=$(val overhead_kib "$d")
+  if [ $have_torch = 1 ]; then
+    t=$(/usr/bin/python3 bench/torch_step.py --config "$cfg" --batch "$bs" --steps "$STEPS" \
+          --warmup "$WARMUP" --threads "$THREADS")
+    tms=$(val step_ms_median "$t")
+    tips=$(val images_per_s "$t")
+    trss=$(val peak_rss_kib "$t")
+  else
+    tms=nan; tips=nan; trss=nan
+  fi
+  awk -v cfg="$cfg" -v bs="$bs" -v dms="$dms" -v tms="$tms" -v dips="$dips" -v tips="$tips" \
+      -v dgf="$dgf" -v gps="$gps" -v convc="$convc" -v drss="$drss" -v trss="$trss" \
+      -v plan="$plan" -v over="$over" 'BEGIN {
+    tgf = (tms == "nan") ? "-" : sprintf("%.1f", gps / (tms / 1000));
+    ratio = (tms == "nan") ? "-" : sprintf("**%.2fx**", tms / dms);
+    rr = (trss == "nan") ? "-" : sprintf("%.2f", drss / trss);
+    printf "| %s | %s | %.1f | %s | %.2f | %s | %s | %.1f (%.0f%%) | %s | %.0f | %s | %s | %.0f + %.0f |\n",
+      cfg, bs, dms, (tms == "nan") ? "-" : sprintf("%.1f", tms), dips,
+      (tips == "nan") ? "-" : sprintf("%.2f", tips), ratio, dgf, 100 * dgf / convc, tgf,
+      drss / 1024, (trss == "nan") ? "-" : sprintf("%.0f", trss / 1024), rr,
+      plan / 1048576, over / 1024 }'
+done
+echo
+echo "speed ratio = torch ms/step / ddpmd ms/step (images/s ratio); RSS ratio = ddpmd / torch;"
+echo "GFLOP/s count convolutions, linears and attention matmuls of the step (same count for both)."
