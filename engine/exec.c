@@ -530,9 +530,13 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         .bias_c1 = (float)(1.0 - pow((double)c->beta1, (double)t)),
         .bias_c2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t)),
     };
-    if (e->bk->adamw_step(w, (float *)(e->base + p->adam_m_off),
-                          (float *)(e->base + p->adam_v_off), g, gscale, &h, words, e->ctx))
-        return EXEC_ERR_BACKEND;
+    float *m = (float *)(e->base + p->adam_m_off), *v = (float *)(e->base + p->adam_v_off);
+    if (c->ema_decay > 0.0f && e->bk->adamw_ema_step)
+        return e->bk->adamw_ema_step(w, m, v, (float *)(e->base + p->ema_off), g, gscale, &h,
+                                     c->ema_decay, words, e->ctx)
+                   ? EXEC_ERR_BACKEND
+                   : EXEC_OK;
+    if (e->bk->adamw_step(w, m, v, g, gscale, &h, words, e->ctx)) return EXEC_ERR_BACKEND;
     if (c->ema_decay > 0.0f &&
         e->bk->ema_update((float *)(e->base + p->ema_off), w, c->ema_decay, words, e->ctx))
         return EXEC_ERR_BACKEND;

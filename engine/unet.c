@@ -10,7 +10,7 @@ void unet_config_default(struct unet_config *c, enum unet_preset preset)
 {
     memset(c, 0, sizeof *c);
     c->preset = preset;
-    c->attn_tiled = 1;
+    c->attn_tiled = -1;
     if (preset == UNET_DDPM) {
         c->in_channels = c->out_channels = 3;
         c->image_size = 32;
@@ -138,6 +138,15 @@ static int layernorm(struct graph *g, const char *name, int x, float eps)
     return graph_layernorm(g, x, ga, be, eps);
 }
 
+/* attention form: the config's choice, or (auto, -1) the plain form - GEMMs, probabilities
+ * saved - while those probabilities (heads * L^2 per image) are at most 4x the block's input
+ * (L * C per image), and the tiled, memory-efficient form beyond */
+static int attn_form(const struct unet_config *c, int l, int heads, int ch)
+{
+    if (c->attn_tiled >= 0) return c->attn_tiled;
+    return (double)heads * l * l > 4.0 * l * ch;
+}
+
 static const char *cat(char *buf, size_t n, const char *a, const char *b)
 {
     snprintf(buf, n, "%s%s", a, b);
@@ -181,7 +190,7 @@ static int ddpm_attention(struct graph *g, const struct unet_config *c, const ch
     int q = linear(g, cat(b, sizeof b, name, "to_q"), h, ch);
     int k = linear(g, cat(b, sizeof b, name, "to_k"), h, ch);
     int v = linear(g, cat(b, sizeof b, name, "to_v"), h, ch);
-    int o = graph_attention(g, q, k, v, heads, c->attn_tiled);
+    int o = graph_attention(g, q, k, v, heads, attn_form(c, hh * ww, heads, ch));
     o = linear(g, cat(b, sizeof b, name, "to_out.0"), o, ch);
     o = graph_to_image(g, o, hh, ww);
     return graph_add(g, o, x);
@@ -310,7 +319,8 @@ static int seed_up(struct graph *g, const char *name, int x, int skip, int out, 
 
 /* SelfAttention: LayerNorm, nn.MultiheadAttention (packed in_proj), + x, then
  * LayerNorm Linear GELU Linear + residual */
-static int seed_attention(struct graph *g, const char *name, int x, int heads, int tiled)
+static int seed_attention(struct graph *g, const struct unet_config *c, const char *name, int x,
+                          int heads)
 {
     char b[256];
     if (x < 0) return -1;
@@ -321,7 +331,7 @@ static int seed_attention(struct graph *g, const char *name, int x, int heads, i
     int w = param(g, name, ".mha.in_proj_weight", 2, wd, INIT_XAVIER_UNIFORM, ch, 3 * ch);
     int bb = param(g, name, ".mha.in_proj_bias", 1, bd, INIT_ZEROS, 0, 0);
     int qkv = graph_linear(g, h, w, bb);
-    int a = graph_attention(g, qkv, -1, -1, heads, tiled);
+    int a = graph_attention(g, qkv, -1, -1, heads, attn_form(c, hh * ww, heads, ch));
     a = linear(g, cat(b, sizeof b, name, ".mha.out_proj"), a, ch);
     if (a >= 0) g->tensors[g->n_tensors - 1].init = INIT_ZEROS; /* out_proj.bias */
     a = graph_add(g, a, tok);
@@ -339,20 +349,20 @@ static int build_seed(struct graph *g, const struct unet_config *c, int batch,
     int xd[4] = {batch, c->in_channels, c->image_size, c->image_size}, td[1] = {batch};
     io->x = graph_input(g, "x", 4, xd);
     io->t = graph_input(g, "t", 1, td);
-    int b = c->base, hd = c->heads, tl = c->attn_tiled;
+    int b = c->base, hd = c->heads;
     /* pos_encoding: [sin(t f), cos(t f)], f_i = 10000^(-2i/dim): freq_shift 0, no flip */
     int temb = graph_timestep_embed(g, io->t, c->time_dim, 0, 0.0f, 10000.0f);
     int t_act = graph_silu(g, temb); /* each emb_layer starts with SiLU; computed once */
     int x1 = seed_double_conv(g, "inc", io->x, b, b, 0);
-    int x2 = seed_attention(g, "sa1", seed_down(g, "down1", x1, 2 * b, t_act), hd, tl);
-    int x3 = seed_attention(g, "sa2", seed_down(g, "down2", x2, 4 * b, t_act), hd, tl);
-    int x4 = seed_attention(g, "sa3", seed_down(g, "down3", x3, 4 * b, t_act), hd, tl);
+    int x2 = seed_attention(g, c, "sa1", seed_down(g, "down1", x1, 2 * b, t_act), hd);
+    int x3 = seed_attention(g, c, "sa2", seed_down(g, "down2", x2, 4 * b, t_act), hd);
+    int x4 = seed_attention(g, c, "sa3", seed_down(g, "down3", x3, 4 * b, t_act), hd);
     x4 = seed_double_conv(g, "bot1", x4, 8 * b, 8 * b, 0);
     x4 = seed_double_conv(g, "bot2", x4, 8 * b, 8 * b, 0);
     x4 = seed_double_conv(g, "bot3", x4, 4 * b, 4 * b, 0);
-    int h = seed_attention(g, "sa4", seed_up(g, "up1", x4, x3, 2 * b, t_act), hd, tl);
-    h = seed_attention(g, "sa5", seed_up(g, "up2", h, x2, b, t_act), hd, tl);
-    h = seed_attention(g, "sa6", seed_up(g, "up3", h, x1, b, t_act), hd, tl);
+    int h = seed_attention(g, c, "sa4", seed_up(g, "up1", x4, x3, 2 * b, t_act), hd);
+    h = seed_attention(g, c, "sa5", seed_up(g, "up2", h, x2, b, t_act), hd);
+    h = seed_attention(g, c, "sa6", seed_up(g, "up3", h, x1, b, t_act), hd);
     io->out = conv(g, "outc", h, c->out_channels, 1, 1, 0, 0, 0, 0, 1);
     return g->status;
 }

@@ -39,7 +39,9 @@ struct unet_config {
     int heads;                       /* 4 in the script */
 
     /* engine */
-    int attn_tiled;                  /* 1: FlashAttention-style kernels, 0: plain */
+    int attn_tiled;                  /* 1: FlashAttention-style kernels, 0: plain,
+                                      * -1 (default): plain where its L x L probabilities
+                                      * are small (see unet.c attn_form) */
 };
 
 /* google/ddpm-cifar10-32 (ddpm) or the script's 64x64 RGB model (seed) */

@@ -257,6 +257,9 @@ struct backend {
 
     /* images stored NHWC (channels last) rather than NCHW; see the top of this file */
     int nhwc;
+    /* optional: adamw_step then ema_update (ema = lerp(ema, w, 1 - ema_decay)) in one pass */
+    int (*adamw_ema_step)(float *w, float *m, float *v, float *ema, const float *g, float gscale,
+                          const struct bk_adamw *h, float ema_decay, size_t count, bk_ctx *ctx);
 };
 
 /* the CPU backend, always present */

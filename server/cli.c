@@ -202,7 +202,7 @@ static int cmd_plan(int argc, char **argv)
     double ms = 1e3 * (now_s() - t0);
     printf("model: %s, %d px, %d channels, %zu parameters; micro-batch %d, %s attention\n",
            m.cfg.preset == UNET_DDPM ? "ddpm" : "seed", m.cfg.image_size, m.cfg.in_channels,
-           g.param_numel, m.batch, m.cfg.attn_tiled ? "tiled" : "plain");
+           g.param_numel, m.batch, m.cfg.attn_tiled < 0 ? "auto" : m.cfg.attn_tiled ? "tiled" : "plain");
     printf("graph: %d ops (%d forward), %d tensors; planned in %.1f ms\n", g.n_ops, g.n_fwd_ops,
            g.n_tensors, ms);
     plan_print(&p, stdout);

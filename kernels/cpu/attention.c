@@ -1,6 +1,6 @@
 /* attention.c - CPU multi-head self-attention o = softmax(scale q k^T) v, in two forms: tiled
  * (FlashAttention-style online softmax, saves only lse (N,H,L), no workspace) and plain (saves
- * p (N,H,L,L); its backward takes an L x L workspace).
+ * p (N,H,L,L); its backward takes an L x L workspace; GEMMs through cpu_gemm).
  * q, k, v, dq, dk, dv rows have stride s->ld; o and dout are dense (N,L,H*D); head h of a token
  * is the columns [h*D, (h+1)*D) of its row. Every sum is done by one thread in a fixed order
  * (no thread-count dependence); the backward of the tiled form runs a pass over key blocks for
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "vmath.h"
 
 /* query rows and key columns of one tile; the only scratch is a few of these on the stack */
 #define ATTN_BR 32
@@ -244,38 +245,39 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
     return BK_OK;
 }
 
+/* Plain form, per (n, h): S = scale q k^T (L,L) into p, row softmax, o = p v; three GEMMs
+ * through cpu_gemm (OpenBLAS blocks split across the job's threads). */
 int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
     if (attn_check(s) != BK_OK || !o || !p || !q || !k || !v || !ctx) return BK_ERR_INVALID;
     const int L = s->l, H = s->heads, D = s->d;
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
-    const float scale = s->scale;
-    const int rows = s->n * H * L;
-    /* one task per (n, h, query row): p row (L) then o row (D) */
+    for (int nh = 0; nh < s->n * H; nh++) {
+        const int h = nh % H, ni = nh / H;
+        float *ph = p + (size_t)nh * L * L;
+        cpu_gemm(0, 1, L, L, D, s->scale, ROW_LD(q, ni, 0, h), (int)ld, ROW_LD(k, ni, 0, h),
+                 (int)ld, 0.0f, ph, L, ctx);
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int t = 0; t < rows; t++) {
-        const int i = t % L, h = (t / L) % H, ni = t / (L * H);
-        float *pr = p + (size_t)t * L, *orow = ROW_HD(o, ni, i, h);
-        attn_dots(pr, ROW_LD(q, ni, i, h), ROW_LD(k, ni, 0, h), ld, L, D);
-        float mx = -INFINITY;
-        for (int c = 0; c < L; c++) {
-            pr[c] *= scale;
-            mx = fmaxf(mx, pr[c]);
+        for (int i = 0; i < L; i++) {
+            float *pr = ph + (size_t)i * L;
+            float mx = -INFINITY;
+            for (int c = 0; c < L; c++) mx = fmaxf(mx, pr[c]);
+#pragma omp simd
+            for (int c = 0; c < L; c++) pr[c] = vm_expf(pr[c] - mx);
+            double sum = 0.0;
+            for (int c = 0; c < L; c++) sum += pr[c];
+            const float inv = (float)(1.0 / sum);
+            for (int c = 0; c < L; c++) pr[c] *= inv;
         }
-        double sum = 0.0;
-        for (int c = 0; c < L; c++) {
-            pr[c] = expf(pr[c] - mx);
-            sum += pr[c];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int c = 0; c < L; c++) pr[c] *= inv;
-        memset(orow, 0, (size_t)D * sizeof(float));
-        attn_axpys(orow, pr, 1, ROW_LD(v, ni, 0, h), ld, L, D);
+        cpu_gemm(0, 0, L, D, L, 1.0f, ph, L, ROW_LD(v, ni, 0, h), (int)ld, 0.0f,
+                 ROW_HD(o, ni, 0, h), (int)hd, ctx);
     }
     return BK_OK;
 }
 
+/* per (n, h): dp = dout v^T, ds = scale p (dp - rowsum(p dp)) (in ws), dq = ds k,
+ * dk = ds^T q, dv = p^T dout */
 int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                        const float *k, const float *v, const float *p, void *ws,
                        const struct bk_attn *s, bk_ctx *ctx)
@@ -286,34 +288,27 @@ int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const
     const int L = s->l, H = s->heads, D = s->d;
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
-    float *ds = ws; /* (L,L): scale * dS of the current (n, h) */
-#pragma omp parallel num_threads(ctx->threads)
+    float *ds = ws; /* (L,L) of the current (n, h) */
     for (int nh = 0; nh < s->n * H; nh++) {
         const int h = nh % H, ni = nh / H;
         const float *ph = p + (size_t)nh * L * L;
-        /* rows: dp = dout v^T, ds = p (dp - rowsum(p dp)), dq = scale ds k */
-#pragma omp for schedule(static)
+        cpu_gemm(0, 1, L, L, D, 1.0f, ROW_HD(dout, ni, 0, h), (int)hd, ROW_LD(v, ni, 0, h),
+                 (int)ld, 0.0f, ds, L, ctx);
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
         for (int i = 0; i < L; i++) {
             const float *pr = ph + (size_t)i * L;
-            float *dsr = ds + (size_t)i * L, *dqr = ROW_LD(dq, ni, i, h);
-            attn_dots(dsr, ROW_HD(dout, ni, i, h), ROW_LD(v, ni, 0, h), ld, L, D);
+            float *dsr = ds + (size_t)i * L;
             double rs = 0.0;
             for (int c = 0; c < L; c++) rs += (double)pr[c] * dsr[c];
             const float rsf = (float)rs;
             for (int c = 0; c < L; c++) dsr[c] = pr[c] * (dsr[c] - rsf) * scale;
-            memset(dqr, 0, (size_t)D * sizeof(float));
-            attn_axpys(dqr, dsr, 1, ROW_LD(k, ni, 0, h), ld, L, D);
         }
-        /* columns: dv = p^T dout, dk = (scale ds)^T q; the implicit barrier above orders
-         * the reads of ds after its writes */
-#pragma omp for schedule(static)
-        for (int c = 0; c < L; c++) {
-            float *dkr = ROW_LD(dk, ni, c, h), *dvr = ROW_LD(dv, ni, c, h);
-            memset(dkr, 0, (size_t)D * sizeof(float));
-            memset(dvr, 0, (size_t)D * sizeof(float));
-            attn_axpys(dvr, ph + c, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L, D);
-            attn_axpys(dkr, ds + c, (size_t)L, ROW_LD(q, ni, 0, h), ld, L, D);
-        }
+        cpu_gemm(0, 0, L, D, L, 1.0f, ds, L, ROW_LD(k, ni, 0, h), (int)ld, 0.0f,
+                 ROW_LD(dq, ni, 0, h), (int)ld, ctx);
+        cpu_gemm(1, 0, L, D, L, 1.0f, ds, L, ROW_LD(q, ni, 0, h), (int)ld, 0.0f,
+                 ROW_LD(dk, ni, 0, h), (int)ld, ctx);
+        cpu_gemm(1, 0, L, D, L, 1.0f, ph, L, ROW_HD(dout, ni, 0, h), (int)hd, 0.0f,
+                 ROW_LD(dv, ni, 0, h), (int)ld, ctx);
     }
     return BK_OK;
 }

@@ -123,6 +123,7 @@ static const struct backend cpu_backend = {
     .adamw_step = cpu_adamw_step,
     .ema_update = cpu_ema_update,
     .nhwc = 1,
+    .adamw_ema_step = cpu_adamw_ema_step,
 };
 
 const struct backend *backend_cpu(void) { return &cpu_backend; }

@@ -117,6 +117,8 @@ int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t
 int cpu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx);
 int cpu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
                    const struct bk_adamw *h, size_t count, bk_ctx *ctx);
+int cpu_adamw_ema_step(float *w, float *m, float *v, float *ema, const float *g, float gscale,
+                       const struct bk_adamw *h, float ema_decay, size_t count, bk_ctx *ctx);
 int cpu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
 
 #endif

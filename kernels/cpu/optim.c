@@ -3,6 +3,7 @@
  * The sum of squares is a double reduction over fixed chunks combined in a fixed order.
  */
 #include <math.h>
+#include <omp.h>
 
 #include "cpu.h"
 
@@ -52,25 +53,83 @@ int cpu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx)
  *   g = g*gscale; w = w*(1 - lr*wd); m = lerp(m, g, 1-beta1); v = v*beta2 + ((1-beta2)*g)*g;
  *   denom = sqrt(v)/bias_c2_sqrt + eps; w = w - (lr/bias_c1) * (m/denom).
  * The scalar factors are rounded to float once, as torch passes them to float kernels. */
+/* AdamW, and the EMA of the updated weights when ema is not NULL, in one pass over memory.
+ * optim_lerp's branch depends only on its constant weight: m_small and e_mode are literal
+ * constants at each call of this always-inlined loop, so every specialisation is branch-free
+ * and vectorizes. e_mode: 0 no EMA, 1 the |w| < 0.5 lerp form, 2 the other. */
+struct adamw_k {
+    float gscale, decay, w1, b2, w2, c2, eps, step_size, ew;
+};
+
+static inline __attribute__((always_inline)) void
+adamw_chunk(float *restrict w, float *restrict m, float *restrict v, float *restrict ema,
+            const float *restrict g, const struct adamw_k *k, size_t i0, size_t i1,
+            const int m_small, const int e_mode)
+{
+    const float gscale = k->gscale, decay = k->decay, w1 = k->w1, b2 = k->b2, w2 = k->w2;
+    const float c2 = k->c2, eps = k->eps, step_size = k->step_size, ew = k->ew;
+#pragma omp simd
+    for (size_t i = i0; i < i1; i++) {
+        float gi = g[i] * gscale;
+        float wi = w[i] * decay;
+        float mi = m_small ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);
+        float vi = v[i] * b2 + (w2 * gi) * gi;
+        float denom = sqrtf(vi) / c2 + eps;
+        wi = wi - step_size * (mi / denom);
+        w[i] = wi;
+        m[i] = mi;
+        v[i] = vi;
+        if (e_mode == 1) ema[i] = ema[i] + ew * (wi - ema[i]);
+        if (e_mode == 2) ema[i] = wi - (wi - ema[i]) * (1.0f - ew);
+    }
+}
+
+static int adamw(float *w, float *m, float *v, float *ema, const float *g, float gscale,
+                 const struct bk_adamw *h, float ema_decay, size_t count, bk_ctx *ctx)
+{
+    const struct adamw_k k = {
+        .gscale = gscale,
+        .decay = (float)(1.0 - (double)h->lr * (double)h->weight_decay),
+        .w1 = 1.0f - h->beta1,
+        .b2 = h->beta2,
+        .w2 = 1.0f - h->beta2,
+        .c2 = h->bias_c2_sqrt,
+        .eps = h->eps,
+        .step_size = h->lr / h->bias_c1,
+        .ew = 1.0f - ema_decay,
+    };
+    const int mode = (fabsf(k.w1) < 0.5f ? 3 : 0) + (!ema ? 0 : fabsf(k.ew) < 0.5f ? 1 : 2);
+#pragma omp parallel num_threads(ctx->threads) if (count >= OPTIM_PAR_MIN)
+    {
+        /* equal contiguous chunks, 16-element aligned; the arithmetic is element-wise, so the
+         * split does not change any result */
+        size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+        size_t per = (count + nt - 1) / nt;
+        per = (per + 15) / 16 * 16;
+        size_t i0 = id * per < count ? id * per : count;
+        size_t i1 = i0 + per < count ? i0 + per : count;
+        switch (mode) {
+        case 0: adamw_chunk(w, m, v, ema, g, &k, i0, i1, 0, 0); break;
+        case 1: adamw_chunk(w, m, v, ema, g, &k, i0, i1, 0, 1); break;
+        case 2: adamw_chunk(w, m, v, ema, g, &k, i0, i1, 0, 2); break;
+        case 3: adamw_chunk(w, m, v, ema, g, &k, i0, i1, 1, 0); break;
+        case 4: adamw_chunk(w, m, v, ema, g, &k, i0, i1, 1, 1); break;
+        default: adamw_chunk(w, m, v, ema, g, &k, i0, i1, 1, 2); break;
+        }
+    }
+    return BK_OK;
+}
+
 int cpu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
                    const struct bk_adamw *h, size_t count, bk_ctx *ctx)
 {
-    const float decay = (float)(1.0 - (double)h->lr * (double)h->weight_decay);
-    const float w1 = 1.0f - h->beta1, b2 = h->beta2, w2 = 1.0f - h->beta2;
-    const float c2 = h->bias_c2_sqrt, eps = h->eps;
-    const float step_size = h->lr / h->bias_c1;
-#pragma omp parallel for num_threads(ctx->threads) if (count >= OPTIM_PAR_MIN) schedule(static)
-    for (size_t i = 0; i < count; i++) {
-        float gi = g[i] * gscale;
-        float wi = w[i] * decay;
-        float mi = optim_lerp(m[i], gi, w1);
-        float vi = v[i] * b2 + (w2 * gi) * gi;
-        float denom = sqrtf(vi) / c2 + eps;
-        w[i] = wi - step_size * (mi / denom);
-        m[i] = mi;
-        v[i] = vi;
-    }
-    return BK_OK;
+    return adamw(w, m, v, NULL, g, gscale, h, 0.0f, count, ctx);
+}
+
+int cpu_adamw_ema_step(float *w, float *m, float *v, float *ema, const float *g, float gscale,
+                       const struct bk_adamw *h, float ema_decay, size_t count, bk_ctx *ctx)
+{
+    return adamw(w, m, v, ema, g, gscale, h, ema_decay, count, ctx);
 }
 
 /* ema (count) = ema + (w - ema)*(1 - decay): the torch lerp form (ema.lerp_(w, 1 - decay)),
