@@ -7,6 +7,7 @@
  * dk, dv and a pass over query blocks for dq instead of racing on dq.
  */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -105,8 +106,12 @@ static int attn_check(const struct bk_attn *s)
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
     if (attn_check(s) != BK_OK) return 0;
-    /* tiled: none. plain backward: dS of one (n, h) at a time, (L,L) */
-    return tiled ? 0 : (size_t)s->l * s->l * sizeof(float);
+    /* tiled: none. plain backward: dS (L,L) of each (n, h) in flight: one per thread, at most
+     * the machine's cores (see attn_plain_split) */
+    if (tiled) return 0;
+    int procs = omp_get_num_procs(), pairs = s->n * s->heads;
+    int slots = pairs < procs ? pairs : procs;
+    return (size_t)slots * s->l * s->l * sizeof(float);
 }
 
 /* row pointers: strided inputs (q, k, v, dq, dk, dv) and dense (o, dout) */
@@ -245,39 +250,85 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
     return BK_OK;
 }
 
-/* Plain form, per (n, h): S = scale q k^T (L,L) into p, row softmax, o = p v; three GEMMs
- * through cpu_gemm (OpenBLAS blocks split across the job's threads). */
+/* Plain form, per (n, h): S = scale q k^T (L,L) into p, row softmax, o = p v; three GEMMs.
+ * With at least as many (n, h) pairs as threads, each thread takes whole pairs and runs them
+ * with single-threaded GEMMs (small heads: no split overhead); otherwise the pairs run in turn,
+ * each GEMM split across the threads by cpu_gemm. Either way a pair's results depend only on
+ * the thread count. */
+static int attn_plain_split(const struct bk_attn *s, const bk_ctx *ctx)
+{
+    int procs = omp_get_num_procs(), nt = ctx->threads < procs ? ctx->threads : procs;
+    return s->n * s->heads >= nt ? nt : 0; /* threads over pairs, or 0: pairs in turn */
+}
+
+static void plain_fwd_one(float *o, float *p, const float *q, const float *k, const float *v,
+                          const struct bk_attn *s, int nh, bk_ctx *c)
+{
+    const int L = s->l, H = s->heads, D = s->d, h = nh % H, ni = nh / H;
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
+    float *ph = p + (size_t)nh * L * L;
+    cpu_gemm(0, 1, L, L, D, s->scale, ROW_LD(q, ni, 0, h), (int)ld, ROW_LD(k, ni, 0, h), (int)ld,
+             0.0f, ph, L, c);
+#pragma omp parallel for num_threads(c->threads) schedule(static)
+    for (int i = 0; i < L; i++) {
+        float *pr = ph + (size_t)i * L;
+        float mx = -INFINITY;
+        for (int j = 0; j < L; j++) mx = fmaxf(mx, pr[j]);
+#pragma omp simd
+        for (int j = 0; j < L; j++) pr[j] = vm_expf(pr[j] - mx);
+        double sum = 0.0;
+        for (int j = 0; j < L; j++) sum += pr[j];
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < L; j++) pr[j] *= inv;
+    }
+    cpu_gemm(0, 0, L, D, L, 1.0f, ph, L, ROW_LD(v, ni, 0, h), (int)ld, 0.0f, ROW_HD(o, ni, 0, h),
+             (int)hd, c);
+}
+
 int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
     if (attn_check(s) != BK_OK || !o || !p || !q || !k || !v || !ctx) return BK_ERR_INVALID;
-    const int L = s->l, H = s->heads, D = s->d;
-    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
-    for (int nh = 0; nh < s->n * H; nh++) {
-        const int h = nh % H, ni = nh / H;
-        float *ph = p + (size_t)nh * L * L;
-        cpu_gemm(0, 1, L, L, D, s->scale, ROW_LD(q, ni, 0, h), (int)ld, ROW_LD(k, ni, 0, h),
-                 (int)ld, 0.0f, ph, L, ctx);
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int i = 0; i < L; i++) {
-            float *pr = ph + (size_t)i * L;
-            float mx = -INFINITY;
-            for (int c = 0; c < L; c++) mx = fmaxf(mx, pr[c]);
-#pragma omp simd
-            for (int c = 0; c < L; c++) pr[c] = vm_expf(pr[c] - mx);
-            double sum = 0.0;
-            for (int c = 0; c < L; c++) sum += pr[c];
-            const float inv = (float)(1.0 / sum);
-            for (int c = 0; c < L; c++) pr[c] *= inv;
-        }
-        cpu_gemm(0, 0, L, D, L, 1.0f, ph, L, ROW_LD(v, ni, 0, h), (int)ld, 0.0f,
-                 ROW_HD(o, ni, 0, h), (int)hd, ctx);
+    const int pairs = s->n * s->heads, nt = attn_plain_split(s, ctx);
+    if (nt) {
+        bk_ctx one = {.threads = 1};
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int nh = 0; nh < pairs; nh++) plain_fwd_one(o, p, q, k, v, s, nh, &one);
+    } else {
+        for (int nh = 0; nh < pairs; nh++) plain_fwd_one(o, p, q, k, v, s, nh, ctx);
     }
     return BK_OK;
 }
 
-/* per (n, h): dp = dout v^T, ds = scale p (dp - rowsum(p dp)) (in ws), dq = ds k,
+/* per (n, h): dp = dout v^T, ds = scale p (dp - rowsum(p dp)) (in ds, L x L), dq = ds k,
  * dk = ds^T q, dv = p^T dout */
+static void plain_bwd_one(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          const float *k, const float *v, const float *p, float *ds,
+                          const struct bk_attn *s, int nh, bk_ctx *c)
+{
+    const int L = s->l, H = s->heads, D = s->d, h = nh % H, ni = nh / H;
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
+    const float scale = s->scale;
+    const float *ph = p + (size_t)nh * L * L;
+    cpu_gemm(0, 1, L, L, D, 1.0f, ROW_HD(dout, ni, 0, h), (int)hd, ROW_LD(v, ni, 0, h), (int)ld,
+             0.0f, ds, L, c);
+#pragma omp parallel for num_threads(c->threads) schedule(static)
+    for (int i = 0; i < L; i++) {
+        const float *pr = ph + (size_t)i * L;
+        float *dsr = ds + (size_t)i * L;
+        double rs = 0.0;
+        for (int j = 0; j < L; j++) rs += (double)pr[j] * dsr[j];
+        const float rsf = (float)rs;
+        for (int j = 0; j < L; j++) dsr[j] = pr[j] * (dsr[j] - rsf) * scale;
+    }
+    cpu_gemm(0, 0, L, D, L, 1.0f, ds, L, ROW_LD(k, ni, 0, h), (int)ld, 0.0f, ROW_LD(dq, ni, 0, h),
+             (int)ld, c);
+    cpu_gemm(1, 0, L, D, L, 1.0f, ds, L, ROW_LD(q, ni, 0, h), (int)ld, 0.0f, ROW_LD(dk, ni, 0, h),
+             (int)ld, c);
+    cpu_gemm(1, 0, L, D, L, 1.0f, ph, L, ROW_HD(dout, ni, 0, h), (int)hd, 0.0f,
+             ROW_LD(dv, ni, 0, h), (int)ld, c);
+}
+
 int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                        const float *k, const float *v, const float *p, void *ws,
                        const struct bk_attn *s, bk_ctx *ctx)
@@ -285,30 +336,20 @@ int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const
     if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !p || !ws ||
         !ctx)
         return BK_ERR_INVALID;
-    const int L = s->l, H = s->heads, D = s->d;
-    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
-    const float scale = s->scale;
-    float *ds = ws; /* (L,L) of the current (n, h) */
-    for (int nh = 0; nh < s->n * H; nh++) {
-        const int h = nh % H, ni = nh / H;
-        const float *ph = p + (size_t)nh * L * L;
-        cpu_gemm(0, 1, L, L, D, 1.0f, ROW_HD(dout, ni, 0, h), (int)hd, ROW_LD(v, ni, 0, h),
-                 (int)ld, 0.0f, ds, L, ctx);
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int i = 0; i < L; i++) {
-            const float *pr = ph + (size_t)i * L;
-            float *dsr = ds + (size_t)i * L;
-            double rs = 0.0;
-            for (int c = 0; c < L; c++) rs += (double)pr[c] * dsr[c];
-            const float rsf = (float)rs;
-            for (int c = 0; c < L; c++) dsr[c] = pr[c] * (dsr[c] - rsf) * scale;
+    const int pairs = s->n * s->heads, nt = attn_plain_split(s, ctx);
+    const size_t ll = (size_t)s->l * s->l;
+    if (nt) {
+        bk_ctx one = {.threads = 1};
+#pragma omp parallel num_threads(nt)
+        {
+            float *ds = (float *)ws + (size_t)omp_get_thread_num() * ll;
+#pragma omp for schedule(static)
+            for (int nh = 0; nh < pairs; nh++)
+                plain_bwd_one(dq, dk, dv, dout, q, k, v, p, ds, s, nh, &one);
         }
-        cpu_gemm(0, 0, L, D, L, 1.0f, ds, L, ROW_LD(k, ni, 0, h), (int)ld, 0.0f,
-                 ROW_LD(dq, ni, 0, h), (int)ld, ctx);
-        cpu_gemm(1, 0, L, D, L, 1.0f, ds, L, ROW_LD(q, ni, 0, h), (int)ld, 0.0f,
-                 ROW_LD(dk, ni, 0, h), (int)ld, ctx);
-        cpu_gemm(1, 0, L, D, L, 1.0f, ph, L, ROW_HD(dout, ni, 0, h), (int)hd, 0.0f,
-                 ROW_LD(dv, ni, 0, h), (int)ld, ctx);
+    } else {
+        for (int nh = 0; nh < pairs; nh++)
+            plain_bwd_one(dq, dk, dv, dout, q, k, v, p, ws, s, nh, ctx);
     }
     return BK_OK;
 }
