@@ -255,6 +255,41 @@ static int check_guards(struct exec *e, int k)
 #define P(i) exec_tensor(e, o->in[i])
 #define Q(i) exec_tensor(e, o->out[i])
 
+/* silu(group norm): the backend's fused kernels, or group norm then SiLU */
+static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
+{
+    const struct backend *bk = e->bk;
+    if (bk->groupnorm_silu_fwd)
+        return bk->groupnorm_silu_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
+                                      o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
+    size_t count = (size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw;
+    int rc = bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
+                               o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
+    return rc ? rc : bk->silu_fwd(Q(0), Q(0), count, e->ctx);
+}
+
+/* the unfused backward recomputes z = group norm(x) (and its statistics, equal bits to the
+ * saved ones) in the workspace (plan.c sizes it), turns dy into dz = dy silu'(z) there, and
+ * runs the group norm backward on dz */
+static int groupnorm_silu_bwd(struct exec *e, const struct op *o, void *ws)
+{
+    const struct backend *bk = e->bk;
+    const int n = o->a.gn.n, ch = o->a.gn.c, hw = o->a.gn.hw, gr = o->a.gn.groups;
+    if (bk->groupnorm_silu_bwd)
+        return bk->groupnorm_silu_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(5), P(3), P(4),
+                                      o->accum[0], n, ch, hw, gr, ws, e->ctx);
+    const size_t count = (size_t)n * ch * hw;
+    float *z = ws, *st = (float *)((char *)ws + (count * sizeof(float) + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN);
+    const struct op *f = &e->g->ops[o->fwd];
+    int rc = bk->groupnorm_fwd(z, st, st + (size_t)n * gr, P(1), P(2), P(5), n, ch, hw, gr,
+                               f->a.gn.eps, e->ctx);
+    if (!rc) rc = bk->silu_bwd(z, P(0), z, 0, count, e->ctx);
+    if (!rc)
+        rc = bk->groupnorm_bwd(Q(0), Q(1), Q(2), z, P(1), P(2), P(3), P(4), o->accum[0], n, ch,
+                               hw, gr, e->ctx);
+    return rc;
+}
+
 static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint64_t step,
                   int sample_base)
 {
@@ -276,9 +311,11 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
         return bk->linear_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->accum[0], o->a.lin.m,
                               o->a.lin.k, o->a.lin.n, c);
     case OP_GROUPNORM:
+        if (o->a.gn.silu) return groupnorm_silu_fwd(e, o);
         return bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
                                  o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, c);
     case OP_GROUPNORM_BWD:
+        if (o->a.gn.silu) return groupnorm_silu_bwd(e, o, ws);
         return bk->groupnorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
                                  o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups, c);
     case OP_LAYERNORM:

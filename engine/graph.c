@@ -228,7 +228,8 @@ static int stats(struct graph *g, int n)
     return act(g, 1, dims, 0);
 }
 
-int graph_groupnorm(struct graph *g, int x, int gamma, int beta, int groups, float eps)
+static int groupnorm_op(struct graph *g, int x, int gamma, int beta, int groups, float eps,
+                        int silu)
 {
     NEED(x); NEED(gamma); NEED(beta);
     const struct tensor *tx = T(g, x);
@@ -248,7 +249,18 @@ int graph_groupnorm(struct graph *g, int x, int gamma, int beta, int groups, flo
     o->a.gn.hw = tx->d[2] * tx->d[3];
     o->a.gn.groups = groups;
     o->a.gn.eps = eps;
+    o->a.gn.silu = silu;
     return y;
+}
+
+int graph_groupnorm(struct graph *g, int x, int gamma, int beta, int groups, float eps)
+{
+    return groupnorm_op(g, x, gamma, beta, groups, eps, 0);
+}
+
+int graph_groupnorm_silu(struct graph *g, int x, int gamma, int beta, int groups, float eps)
+{
+    return groupnorm_op(g, x, gamma, beta, groups, eps, 1);
 }
 
 int graph_layernorm(struct graph *g, int x, int gamma, int beta, float eps)
@@ -626,6 +638,10 @@ int graph_backward(struct graph *g, int loss)
             if (!o) break;
             o->n_in = 5; o->in[0] = dy; o->in[1] = f.in[0]; o->in[2] = f.in[1];
             o->in[3] = f.out[1]; o->in[4] = f.out[2];
+            if (f.type == OP_GROUPNORM && f.a.gn.silu) {
+                o->n_in = 6;
+                o->in[5] = f.in[2]; /* beta: the backward recomputes silu's input */
+            }
             o->a = f.a;
             bwd_out(g, o, 0, f.in[0]);
             bwd_out(g, o, 1, f.in[1]);

@@ -56,8 +56,8 @@ enum op_type {
     OP_CONV2D_BWD_FILTER, /* in: dy, x          out: dw, [db] */
     OP_LINEAR,          /* in: x, w, [b]        out: y */
     OP_LINEAR_BWD,      /* in: dy, x, w         out: [dx], dw, [db] */
-    OP_GROUPNORM,       /* in: x, gamma, beta   out: y, mean, rstd */
-    OP_GROUPNORM_BWD,   /* in: dy, x, gamma, mean, rstd  out: dx, dgamma, dbeta */
+    OP_GROUPNORM,       /* in: x, gamma, beta   out: y, mean, rstd (a.gn.silu: y = silu(gn)) */
+    OP_GROUPNORM_BWD,   /* in: dy, x, gamma, mean, rstd, [beta (silu)]  out: dx, dgamma, dbeta */
     OP_LAYERNORM,
     OP_LAYERNORM_BWD,
     OP_SILU,            /* in: x  out: y */
@@ -105,7 +105,7 @@ struct op {
     union {
         struct bk_conv2d conv;
         struct { int m, k, n; } lin;
-        struct { int n, c, hw, groups; float eps; } gn;
+        struct { int n, c, hw, groups, silu; float eps; } gn; /* silu: SiLU fused after */
         struct { int m, d; float eps; } ln;
         struct { int n, c, hw; } bc;      /* add_bcast, to_tokens, to_image */
         struct { int n, c1, c2, hw; } cat;
@@ -149,6 +149,9 @@ int graph_conv2d(struct graph *g, int x, int w, int b, int stride, int pad_t, in
                  int pad_b, int pad_r);
 int graph_linear(struct graph *g, int x, int w, int b);
 int graph_groupnorm(struct graph *g, int x, int gamma, int beta, int groups, float eps);
+/* silu(groupnorm(x)) as one op: the normalised values are recomputed in the backward instead
+ * of being kept, and the data is read and written once */
+int graph_groupnorm_silu(struct graph *g, int x, int gamma, int beta, int groups, float eps);
 int graph_layernorm(struct graph *g, int x, int gamma, int beta, float eps);
 int graph_silu(struct graph *g, int x);
 int graph_gelu(struct graph *g, int x);

@@ -130,6 +130,14 @@ static int groupnorm(struct graph *g, const char *name, int x, int groups, float
     return graph_groupnorm(g, x, ga, be, groups, eps);
 }
 
+static int groupnorm_silu(struct graph *g, const char *name, int x, int groups, float eps)
+{
+    if (x < 0) return -1;
+    int ga, be;
+    if (!norm_affine(g, name, g->tensors[x].d[1], &ga, &be)) return -1;
+    return graph_groupnorm_silu(g, x, ga, be, groups, eps);
+}
+
 static int layernorm(struct graph *g, const char *name, int x, float eps)
 {
     if (x < 0) return -1;
@@ -163,13 +171,11 @@ static int ddpm_resnet(struct graph *g, const struct unet_config *c, const char 
     char b[256];
     if (x < 0) return -1;
     int in = g->tensors[x].d[1];
-    int h = groupnorm(g, cat(b, sizeof b, name, "norm1"), x, c->groups, c->norm_eps);
-    h = graph_silu(g, h);
+    int h = groupnorm_silu(g, cat(b, sizeof b, name, "norm1"), x, c->groups, c->norm_eps);
     h = conv3(g, cat(b, sizeof b, name, "conv1"), h, out, 1);
     int tp = linear(g, cat(b, sizeof b, name, "time_emb_proj"), temb_act, out);
     h = graph_add_bcast(g, h, tp);
-    h = groupnorm(g, cat(b, sizeof b, name, "norm2"), h, c->groups, c->norm_eps);
-    h = graph_silu(g, h);
+    h = groupnorm_silu(g, cat(b, sizeof b, name, "norm2"), h, c->groups, c->norm_eps);
     h = graph_dropout(g, h, c->dropout);
     h = conv3(g, cat(b, sizeof b, name, "conv2"), h, out, 1);
     int sc = in != out ? conv(g, cat(b, sizeof b, name, "conv_shortcut"), x, out, 1, 1, 0, 0, 0,
@@ -264,8 +270,7 @@ static int build_ddpm(struct graph *g, const struct unet_config *c, int batch,
             res *= 2;
         }
     }
-    h = groupnorm(g, "conv_norm_out", h, c->groups, c->norm_eps);
-    h = graph_silu(g, h);
+    h = groupnorm_silu(g, "conv_norm_out", h, c->groups, c->norm_eps);
     io->out = conv3(g, "conv_out", h, c->out_channels, 1);
     return g->status;
 }

@@ -15,29 +15,6 @@
  * depend on the thread count) with vectorized inner loops; the math is vmath.h's. */
 #define ELTWISE_BLK 4096
 
-/* -inf -> -FLT_MAX, anything else unchanged: x f(x) with f(-inf) = 0 is then -0, not NaN */
-VM_INLINE float clamp_neg_inf(float v)
-{
-    return vm_sel_neg(v, vm_clamp_inf(v), v);
-}
-
-/* x sigmoid(x) = x / (1 + e^-x); with t = e^-|x| in (0, 1] nothing overflows: x / (1 + t) for
- * x >= 0, x t / (1 + t) for x < 0 (-0 at -inf, x at +inf) */
-VM_INLINE float silu_val(float v)
-{
-    float t = vm_expf(-fabsf(v));
-    return clamp_neg_inf(v) * vm_sel_neg(v, t, 1.0f) / (1.0f + t);
-}
-
-/* d/dx x s(x) = s (1 + x (1 - s)), s and 1 - s both from t = e^-|x| without cancellation */
-VM_INLINE float silu_grad(float v)
-{
-    float t = vm_expf(-fabsf(v));
-    float r = 1.0f / (1.0f + t), tr = t * r;
-    float s = vm_sel_neg(v, tr, r), oms = vm_sel_neg(v, r, tr);
-    return s * fmaf(vm_clamp_inf(v), oms, 1.0f);
-}
-
 /* the standard normal CDF Phi(x) and density phi(x): Phi(x) = 1 - Q(|x|) for x >= 0 and Q(|x|)
  * for x < 0 with the upper tail Q(u) = phi(u) R(u) (R the Mills ratio), so that Phi keeps its
  * relative accuracy for negative x (1 + erf(x/sqrt2) is 0 in float from x = -5.9 on) */
@@ -59,7 +36,7 @@ int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
         size_t i0 = (size_t)b * ELTWISE_BLK;
         size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
 #pragma omp simd
-        for (size_t i = i0; i < i1; i++) y[i] = silu_val(x[i]);
+        for (size_t i = i0; i < i1; i++) y[i] = vm_silu(x[i]);
     }
     return BK_OK;
 }
@@ -74,10 +51,10 @@ int cpu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t c
         size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
         if (accum) {
 #pragma omp simd
-            for (size_t i = i0; i < i1; i++) dx[i] += dy[i] * silu_grad(x[i]);
+            for (size_t i = i0; i < i1; i++) dx[i] += dy[i] * vm_silu_grad(x[i]);
         } else {
 #pragma omp simd
-            for (size_t i = i0; i < i1; i++) dx[i] = dy[i] * silu_grad(x[i]);
+            for (size_t i = i0; i < i1; i++) dx[i] = dy[i] * vm_silu_grad(x[i]);
         }
     }
     return BK_OK;
@@ -93,7 +70,7 @@ int cpu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 #pragma omp simd
         for (size_t i = i0; i < i1; i++) {
             float v = x[i], pdf;
-            y[i] = clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
+            y[i] = vm_clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
         }
     }
     return BK_OK;

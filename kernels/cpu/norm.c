@@ -4,8 +4,10 @@
  * gamma / beta may be NULL (no affine: 1 / 0); dx, dgamma, dbeta may be NULL (skipped).
  */
 #include <math.h>
+#include <omp.h>
 
 #include "cpu.h"
+#include "vmath.h"
 
 /* mean and rstd of cnt contiguous values, two-pass in double */
 static void norm_stats(float *mean, float *rstd, const float *x, size_t cnt, float eps)
@@ -29,20 +31,29 @@ static void norm_stats(float *mean, float *rstd, const float *x, size_t cnt, flo
 #define GN_BLOCK 16
 #define GN_MAX_BLOCK 1024
 
-static int gn_block(int c, int cpg)
+static int gn_block_min(int c, int cpg, int min)
 {
-    int b = cpg >= GN_BLOCK ? cpg : (GN_BLOCK + cpg - 1) / cpg * cpg;
-    return b < c ? b : c;
+    int b = cpg >= min ? cpg : (min + cpg - 1) / cpg * cpg;
+    b = b < c ? b : c;
+    return b > GN_MAX_BLOCK && cpg <= GN_MAX_BLOCK ? cpg : b;
 }
 
-int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                      const float *beta, int n, int c, int hw, int groups, float eps,
-                      bk_ctx *ctx)
+static int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOCK); }
+
+/* the wider blocks of the (image, block) parallel kernels: longer contiguous runs per pixel */
+#define GN_WIDE 64
+/* pixels summed in float before a double accumulation */
+#define GN_CHUNK 32
+
+/* y = gn(x), or silu(gn(x)) */
+static int gn_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                  const float *beta, int n, int c, int hw, int groups, float eps, int silu,
+                  bk_ctx *ctx)
 {
     if (!y || !mean || !rstd || !x || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
         c % groups != 0 || !(eps >= 0.0f))
         return BK_ERR_INVALID;
-    const int cpg = c / groups, blk = gn_block(c, cpg), nblk = (c + blk - 1) / blk;
+    const int cpg = c / groups, blk = gn_block_min(c, cpg, GN_WIDE), nblk = (c + blk - 1) / blk;
     if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
     const double cnt = (double)cpg * hw;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
@@ -90,96 +101,202 @@ int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const 
         for (int p = 0; p < hw; p++) {
             const float *xr = xb + (size_t)p * c;
             float *yr = yb + (size_t)p * c;
+            if (silu) {
 #pragma omp simd
-            for (int k = 0; k < nc; k++) yr[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+                for (int k = 0; k < nc; k++) yr[k] = vm_silu((xr[k] - m[k]) * rs[k] * gm[k] + bt[k]);
+            } else {
+#pragma omp simd
+                for (int k = 0; k < nc; k++) yr[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+            }
         }
     }
     return BK_OK;
 }
 
+int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                      const float *beta, int n, int c, int hw, int groups, float eps,
+                      bk_ctx *ctx)
+{
+    return gn_fwd(y, mean, rstd, x, gamma, beta, n, c, hw, groups, eps, 0, ctx);
+}
+
+int cpu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x,
+                           const float *gamma, const float *beta, int n, int c, int hw,
+                           int groups, float eps, bk_ctx *ctx)
+{
+    return gn_fwd(y, mean, rstd, x, gamma, beta, n, c, hw, groups, eps, 1, ctx);
+}
+
 /* dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma; dgamma = sum of
- * dy xhat, dbeta = sum of dy. One pass gathers the per-channel sums of dy and dy xhat of an
- * image (which give both the group means and the parameter gradients), a second writes dx. A
- * thread owns a channel block across all images, so parameter gradients add images in order. */
+ * dy xhat, dbeta = sum of dy. For one image and one channel block, one pass gathers the
+ * per-channel sums of g and g xhat (which give both the group means and the parameter
+ * gradients), a second writes dx. silu: dy is the gradient of silu(z), z = gn(x) recomputed
+ * from x, mean, rstd, gamma, beta, and g = dy silu'(z), kept between the passes in gzbuf
+ * (hw x nc floats). The image's per-channel sums go to sg, sb. */
+static inline void gn_bwd_image(float *dx, double *sg, double *sb, const float *dy,
+                                const float *x, const float *gamma, const float *beta,
+                                const float *mean, const float *rstd, int accum, int c, int hw,
+                                int groups, int img, int c0, int nc, float *gzbuf)
+{
+    const int silu = gzbuf != NULL;
+    const int cpg = c / groups;
+    const double cnt = (double)cpg * hw;
+    const size_t off = (size_t)img * hw * c + c0;
+    const float *xb = x + off, *gb = dy + off;
+    double rs[GN_MAX_BLOCK];
+    float mf[GN_MAX_BLOCK], rf[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
+    for (int k = 0; k < nc; k++) {
+        int gi = img * groups + (c0 + k) / cpg;
+        mf[k] = mean[gi];
+        rs[k] = rf[k] = rstd[gi];
+        sg[k] = sb[k] = 0.0;
+        gm[k] = gamma ? gamma[c0 + k] : 1.0f;
+        bt[k] = beta ? beta[c0 + k] : 0.0f;
+    }
+    /* float sums over GN_CHUNK pixels, added into the double sums chunk by chunk */
+    float fg[GN_MAX_BLOCK], fb[GN_MAX_BLOCK];
+    for (int p0 = 0; p0 < hw; p0 += GN_CHUNK) {
+        const int p1 = p0 + GN_CHUNK < hw ? p0 + GN_CHUNK : hw;
+        for (int k = 0; k < nc; k++) fg[k] = fb[k] = 0.0f;
+        for (int p = p0; p < p1; p++) {
+            const float *xr = xb + (size_t)p * c, *dr = gb + (size_t)p * c;
+            if (silu) {
+                float *gz = gzbuf + (size_t)p * nc;
+#pragma omp simd
+                for (int k = 0; k < nc; k++)
+                    gz[k] = dr[k] * vm_silu_grad((xr[k] - mf[k]) * rf[k] * gm[k] + bt[k]);
+                dr = gz;
+            }
+#pragma omp simd
+            for (int k = 0; k < nc; k++) {
+                fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
+                fb[k] += dr[k];
+            }
+        }
+        for (int k = 0; k < nc; k++) {
+            sg[k] += fg[k];
+            sb[k] += fb[k];
+        }
+    }
+    if (!dx) return;
+    /* per group: a = mean(g gamma), b = mean(g gamma xhat); then dx = A g + B (x - mean) + C
+     * per channel, in float */
+    float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK];
+    for (int k0 = 0; k0 < nc; k0 += cpg) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int k = k0; k < k0 + cpg; k++) {
+            s1 += sb[k] * gm[k];
+            s2 += sg[k] * gm[k];
+        }
+        const double a = s1 / cnt, b = s2 / cnt;
+        for (int k = k0; k < k0 + cpg; k++) {
+            ca[k] = (float)(rs[k] * gm[k]);
+            cb[k] = (float)(-rs[k] * rs[k] * b);
+            cc[k] = (float)(-rs[k] * a);
+        }
+    }
+    float *ob = dx + off;
+    for (int p = 0; p < hw; p++) {
+        const float *xr = xb + (size_t)p * c;
+        const float *dr = silu ? gzbuf + (size_t)p * nc : gb + (size_t)p * c;
+        float *o = ob + (size_t)p * c;
+        if (accum) {
+#pragma omp simd
+            for (int k = 0; k < nc; k++) o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
+        } else {
+#pragma omp simd
+            for (int k = 0; k < nc; k++) o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
+        }
+    }
+}
+
+static int gn_bwd_check(const float *dy, const float *x, const float *mean, const float *rstd,
+                        bk_ctx *ctx, int n, int c, int hw, int groups)
+{
+    if (!dy || !x || !mean || !rstd || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
+        c % groups != 0 || gn_block(c, c / groups) > GN_MAX_BLOCK)
+        return BK_ERR_INVALID;
+    return BK_OK;
+}
+
+/* Without a workspace: a thread owns a channel block across all images, so the parameter
+ * gradients add images in order. */
 int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
                       const float *gamma, const float *mean, const float *rstd, int accum, int n,
                       int c, int hw, int groups, bk_ctx *ctx)
 {
-    if (!dy || !x || !mean || !rstd || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
-        c % groups != 0)
-        return BK_ERR_INVALID;
-    const int cpg = c / groups, blk = gn_block(c, cpg), nblk = (c + blk - 1) / blk;
-    if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
-    const double cnt = (double)cpg * hw;
+    if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups)) return BK_ERR_INVALID;
+    const int blk = gn_block(c, c / groups), nblk = (c + blk - 1) / blk;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
     for (int bi = 0; bi < nblk; bi++) {
         const int c0 = bi * blk, nc = c - c0 < blk ? c - c0 : blk;
-        double sg_all[GN_MAX_BLOCK], sb_all[GN_MAX_BLOCK];
+        double sg_all[GN_MAX_BLOCK], sb_all[GN_MAX_BLOCK], sg[GN_MAX_BLOCK], sb[GN_MAX_BLOCK];
         for (int k = 0; k < nc; k++) sg_all[k] = sb_all[k] = 0.0;
-        float gm[GN_MAX_BLOCK];
-        for (int k = 0; k < nc; k++) gm[k] = gamma ? gamma[c0 + k] : 1.0f;
         for (int img = 0; img < n; img++) {
-            const size_t off = (size_t)img * hw * c + c0;
-            const float *xb = x + off, *gb = dy + off;
-            double mu[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], sg[GN_MAX_BLOCK], sb[GN_MAX_BLOCK];
-            for (int k = 0; k < nc; k++) {
-                int gi = img * groups + (c0 + k) / cpg;
-                mu[k] = mean[gi];
-                rs[k] = rstd[gi];
-                sg[k] = sb[k] = 0.0;
-            }
-            for (int p = 0; p < hw; p++) {
-                const float *xr = xb + (size_t)p * c, *dr = gb + (size_t)p * c;
-#pragma omp simd
-                for (int k = 0; k < nc; k++) {
-                    sg[k] += dr[k] * (((double)xr[k] - mu[k]) * rs[k]);
-                    sb[k] += dr[k];
-                }
-            }
+            gn_bwd_image(dx, sg, sb, dy, x, gamma, NULL, mean, rstd, accum, c, hw, groups, img, c0,
+                         nc, NULL);
             for (int k = 0; k < nc; k++) {
                 sg_all[k] += sg[k];
                 sb_all[k] += sb[k];
-            }
-            if (!dx) continue;
-            /* per group: a = mean(dy gamma), b = mean(dy gamma xhat) */
-            double a[GN_MAX_BLOCK], b[GN_MAX_BLOCK];
-            for (int k0 = 0; k0 < nc; k0 += cpg) {
-                double s1 = 0.0, s2 = 0.0;
-                for (int k = k0; k < k0 + cpg; k++) {
-                    s1 += sb[k] * gm[k];
-                    s2 += sg[k] * gm[k];
-                }
-                for (int k = k0; k < k0 + cpg; k++) {
-                    a[k] = s1 / cnt;
-                    b[k] = s2 / cnt;
-                }
-            }
-            /* dx = A dy + B (x - mean) + C per channel, in float */
-            float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK], cm[GN_MAX_BLOCK];
-            for (int k = 0; k < nc; k++) {
-                ca[k] = (float)(rs[k] * gm[k]);
-                cb[k] = (float)(-rs[k] * rs[k] * b[k]);
-                cc[k] = (float)(-rs[k] * a[k]);
-                cm[k] = (float)mu[k];
-            }
-            float *ob = dx + off;
-            for (int p = 0; p < hw; p++) {
-                const float *xr = xb + (size_t)p * c, *dr = gb + (size_t)p * c;
-                float *o = ob + (size_t)p * c;
-                if (accum) {
-#pragma omp simd
-                    for (int k = 0; k < nc; k++)
-                        o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - cm[k]) + cc[k];
-                } else {
-#pragma omp simd
-                    for (int k = 0; k < nc; k++)
-                        o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - cm[k]) + cc[k];
-                }
             }
         }
         for (int k = 0; k < nc; k++) {
             if (dgamma) dgamma[c0 + k] += (float)sg_all[k];
             if (dbeta) dbeta[c0 + k] += (float)sb_all[k];
+        }
+    }
+    return BK_OK;
+}
+
+/* the fused backward's workspace: each image's per-channel sums, (N, 2, C) doubles, then per
+ * thread (at most the machine's cores) one task's silu'-scaled gradient, hw x block floats */
+static int gn_silu_slots(bk_ctx *ctx)
+{
+    int procs = omp_get_num_procs();
+    return ctx && ctx->threads < procs ? ctx->threads : procs;
+}
+
+size_t cpu_groupnorm_silu_ws_bytes(int n, int c, int hw, int groups)
+{
+    if (n < 1 || c < 1 || hw < 1 || groups < 1 || c % groups) return 0;
+    size_t blk = (size_t)gn_block_min(c, c / groups, GN_WIDE);
+    return (size_t)n * 2 * c * sizeof(double) +
+           (size_t)gn_silu_slots(NULL) * hw * blk * sizeof(float);
+}
+
+/* With the workspace the (image, channel block) tasks run in parallel, each block at least
+ * GN_WIDE channels, and the parameter gradients add the images' sums in order afterwards. */
+int cpu_groupnorm_silu_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
+                           const float *x, const float *gamma, const float *beta,
+                           const float *mean, const float *rstd, int accum, int n, int c, int hw,
+                           int groups, void *ws, bk_ctx *ctx)
+{
+    if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws) return BK_ERR_INVALID;
+    const int blk = gn_block_min(c, c / groups, GN_WIDE);
+    const int nblk = (c + blk - 1) / blk;
+    double *part = ws; /* (N, 2, C) */
+    float *gzs = (float *)(part + (size_t)n * 2 * c);
+#pragma omp parallel num_threads(gn_silu_slots(ctx))
+    {
+        float *gz = gzs + (size_t)omp_get_thread_num() * hw * blk;
+#pragma omp for schedule(static)
+        for (int t = 0; t < n * nblk; t++) {
+            const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
+            double *sg = part + (size_t)img * 2 * c + c0, *sb = sg + c;
+            gn_bwd_image(dx, sg, sb, dy, x, gamma, beta, mean, rstd, accum, c, hw, groups, img, c0,
+                         nc, gz);
+        }
+    }
+    if (dgamma || dbeta) {
+#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (c >= 256)
+        for (int k = 0; k < c; k++) {
+            double g = 0.0, b = 0.0;
+            for (int img = 0; img < n; img++) {
+                g += part[(size_t)img * 2 * c + k];
+                b += part[(size_t)img * 2 * c + c + k];
+            }
+            if (dgamma) dgamma[k] += (float)g;
+            if (dbeta) dbeta[k] += (float)b;
         }
     }
     return BK_OK;

@@ -121,4 +121,27 @@ VM_INLINE float vm_millsf(float u)
     return p / (1.0f + u);
 }
 
+/* -inf -> -FLT_MAX, anything else unchanged: x f(x) with f(-inf) = 0 is then -0, not NaN */
+VM_INLINE float vm_clamp_neg_inf(float v)
+{
+    return vm_sel_neg(v, vm_clamp_inf(v), v);
+}
+
+/* x sigmoid(x) = x / (1 + e^-x); with t = e^-|x| in (0, 1] nothing overflows: x / (1 + t) for
+ * x >= 0, x t / (1 + t) for x < 0 (-0 at -inf, x at +inf) */
+VM_INLINE float vm_silu(float v)
+{
+    float t = vm_expf(-fabsf(v));
+    return vm_clamp_neg_inf(v) * vm_sel_neg(v, t, 1.0f) / (1.0f + t);
+}
+
+/* d/dx x s(x) = s (1 + x (1 - s)), s and 1 - s both from t = e^-|x| without cancellation */
+VM_INLINE float vm_silu_grad(float v)
+{
+    float t = vm_expf(-fabsf(v));
+    float r = 1.0f / (1.0f + t), tr = t * r;
+    float s = vm_sel_neg(v, tr, r), oms = vm_sel_neg(v, r, tr);
+    return s * fmaf(vm_clamp_inf(v), oms, 1.0f);
+}
+
 #endif

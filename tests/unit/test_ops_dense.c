@@ -676,6 +676,48 @@ static void test_attn_invalid(void)
           "attn plain bwd without ws");
 }
 
+/* silu(group norm) fused (NHWC, the CPU layout) against group norm then SiLU through the
+ * unfused kernels: forward, and backward with dx written and accumulated */
+static void test_groupnorm_silu(int n, int c, int hw, int groups)
+{
+    bk_ctx ctx2 = {.threads = 2};
+    char tag[96];
+    snprintf(tag, sizeof tag, "groupnorm+silu n%d c%d hw%d g%d", n, c, hw, groups);
+    size_t nx = (size_t)n * c * hw, ns = (size_t)n * groups;
+    float *x = falloc(nx), *gm = falloc(c), *bt = falloc(c), *dy = falloc(nx);
+    float *z = falloc(nx), *y = falloc(nx), *y2 = falloc(nx), *m = falloc(ns), *r = falloc(ns);
+    float *m2 = falloc(ns), *r2 = falloc(ns), *gz = falloc(nx), *dx = falloc(nx), *dx2 = falloc(nx);
+    float *dg = calloc(c, 4), *db = calloc(c, 4), *dg2 = calloc(c, 4), *db2 = calloc(c, 4);
+    void *ws = malloc(cpu_groupnorm_silu_ws_bytes(n, c, hw, groups));
+    tu_fill(x, nx, 2.0);
+    tu_fill(gm, c, 1.0);
+    tu_fill(bt, c, 1.0);
+    tu_fill(dy, nx, 1.0);
+    cpu_groupnorm_fwd(z, m, r, x, gm, bt, n, c, hw, groups, 1e-5f, &ctx2);
+    cpu_silu_fwd(y, z, nx, &ctx2);
+    CHECK(cpu_groupnorm_silu_fwd(y2, m2, r2, x, gm, bt, n, c, hw, groups, 1e-5f, &ctx2) == BK_OK,
+          "%s: fwd status", tag);
+    CHECK(!memcmp(m, m2, ns * 4) && !memcmp(r, r2, ns * 4), "%s: statistics differ", tag);
+    double ef = tu_rel_err_f(y2, y, nx);
+    CHECK(ef < 1e-6, "%s: fwd rel err %.3g", tag, ef);
+    cpu_silu_bwd(gz, dy, z, 0, nx, &ctx2);
+    for (int accum = 0; accum < 2; accum++) {
+        tu_fill(dx, nx, 1.0);
+        memcpy(dx2, dx, nx * 4);
+        cpu_groupnorm_bwd(dx, dg, db, gz, x, gm, m, r, accum, n, c, hw, groups, &ctx2);
+        CHECK(cpu_groupnorm_silu_bwd(dx2, dg2, db2, dy, x, gm, bt, m, r, accum, n, c, hw, groups,
+                                     ws, &ctx2) == BK_OK,
+              "%s: bwd status", tag);
+        double ex = tu_rel_err_f(dx2, dx, nx), eg = tu_rel_err_f(dg2, dg, c),
+               eb = tu_rel_err_f(db2, db, c);
+        CHECK(ex < 1e-5 && eg < 1e-5 && eb < 1e-5, "%s accum %d: bwd rel err dx %.3g dgamma %.3g "
+              "dbeta %.3g", tag, accum, ex, eg, eb);
+    }
+    free(x); free(gm); free(bt); free(dy); free(z); free(y); free(y2); free(m); free(r);
+    free(m2); free(r2); free(gz); free(dx); free(dx2); free(dg); free(db); free(dg2); free(db2);
+    free(ws);
+}
+
 int main(void)
 {
     tu_seed(20240611);
@@ -703,6 +745,9 @@ int main(void)
     test_norm(2, 6, 5, 6, 1);
     test_norm(3, 12, 7, 4, 1);
     test_norm(2, 10, 9, 5, 0);
+    test_groupnorm_silu(2, 32, 37, 8);
+    test_groupnorm_silu(3, 96, 16, 32);
+    test_groupnorm_silu(1, 20, 9, 1);
     /* layer norm: m, d, (unused), 0, affine */
     test_norm(5, 7, 1, 0, 1);
     test_norm(3, 33, 1, 0, 1);
