@@ -69,7 +69,9 @@ static void usage(FILE *f)
             "  --groups N             ddpm group-norm groups\n"
             "  --base N               seed width (64 in the original script)\n"
             "  --batch N              micro-batch size (default 8)\n"
-            "  --plain-attention      keep the L x L attention matrix instead of tiling\n"
+            "  --plain-attention      keep every L x L attention matrix for the backward\n"
+            "  --tiled-attention      tile every attention (FlashAttention-style); default: plain\n"
+            "                         where the matrices are at most 4x the block's input\n"
             "  --threads N            CPU threads (default 2)\n"
             "demo options:\n"
             "  --steps N              training steps (default 30)\n"
@@ -137,6 +139,8 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
             m->seed = strtoull(v, NULL, 10);
         } else if (strcmp(a, "--plain-attention") == 0) {
             m->cfg.attn_tiled = 0;
+        } else if (strcmp(a, "--tiled-attention") == 0) {
+            m->cfg.attn_tiled = 1;
         } else {
             fprintf(stderr, "ddpmd: unknown or incomplete option '%s' (see ddpmd --help)\n", a);
             return -1;
