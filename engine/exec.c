@@ -268,16 +268,21 @@ static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
     return rc ? rc : bk->silu_fwd(Q(0), Q(0), count, e->ctx);
 }
 
-/* the unfused backward recomputes z = group norm(x) (and its statistics, equal bits to the
+/* The group-norm backward: the backend's with a workspace, or its plain one. For silu without
+ * the former, the executor recomputes z = group norm(x) (and its statistics, equal bits to the
  * saved ones) in the workspace (plan.c sizes it), turns dy into dz = dy silu'(z) there, and
- * runs the group norm backward on dz */
-static int groupnorm_silu_bwd(struct exec *e, const struct op *o, void *ws)
+ * runs the group norm backward on dz. */
+static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
 {
     const struct backend *bk = e->bk;
     const int n = o->a.gn.n, ch = o->a.gn.c, hw = o->a.gn.hw, gr = o->a.gn.groups;
-    if (bk->groupnorm_silu_bwd)
-        return bk->groupnorm_silu_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(5), P(3), P(4),
-                                      o->accum[0], n, ch, hw, gr, ws, e->ctx);
+    const int silu = o->a.gn.silu;
+    if (bk->groupnorm_bwd_ws)
+        return bk->groupnorm_bwd_ws(Q(0), Q(1), Q(2), P(0), P(1), P(2), silu ? P(5) : NULL, P(3),
+                                    P(4), o->accum[0], n, ch, hw, gr, silu, ws, e->ctx);
+    if (!silu)
+        return bk->groupnorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0], n,
+                                 ch, hw, gr, e->ctx);
     const size_t count = (size_t)n * ch * hw;
     float *z = ws, *st = (float *)((char *)ws + (count * sizeof(float) + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN);
     const struct op *f = &e->g->ops[o->fwd];
@@ -315,9 +320,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
         return bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
                                  o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, c);
     case OP_GROUPNORM_BWD:
-        if (o->a.gn.silu) return groupnorm_silu_bwd(e, o, ws);
-        return bk->groupnorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
-                                 o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups, c);
+        return groupnorm_bwd(e, o, ws);
     case OP_LAYERNORM:
         return bk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
                                  o->a.ln.eps, c);

@@ -50,10 +50,11 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk)
     case OP_ATTENTION:
     case OP_ATTENTION_BWD:
         return bk->attn_ws_bytes(&o->a.at.s, o->a.at.tiled);
-    case OP_GROUPNORM_BWD: /* fused: the backend's; unfused: the normalised x and statistics */
+    case OP_GROUPNORM_BWD: /* the backend's, or for silu: the normalised x and statistics */
+        if (bk->groupnorm_bwd_ws_bytes)
+            return bk->groupnorm_bwd_ws_bytes(o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
+                                              o->a.gn.silu);
         if (!o->a.gn.silu) return 0;
-        if (bk->groupnorm_silu_bwd) return bk->groupnorm_silu_ws_bytes(o->a.gn.n, o->a.gn.c, o->a.gn.hw,
-                                                                 o->a.gn.groups);
         return align_up((size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw * sizeof(float)) +
                2 * (size_t)o->a.gn.n * o->a.gn.groups * sizeof(float);
     default:

@@ -260,17 +260,19 @@ struct backend {
     /* optional: adamw_step then ema_update (ema = lerp(ema, w, 1 - ema_decay)) in one pass */
     int (*adamw_ema_step)(float *w, float *m, float *v, float *ema, const float *g, float gscale,
                           const struct bk_adamw *h, float ema_decay, size_t count, bk_ctx *ctx);
-    /* optional: y = silu(group norm(x)) and its backward, which recomputes the normalised
-     * values from x, mean, rstd, gamma and beta. Without them the executor runs groupnorm_fwd
-     * and silu_fwd, and in the backward recomputes into the workspace. */
+    /* optional: y = silu(group norm(x)). Without it the executor runs groupnorm_fwd, silu_fwd */
     int (*groupnorm_silu_fwd)(float *y, float *mean, float *rstd, const float *x,
                               const float *gamma, const float *beta, int n, int c, int hw,
                               int groups, float eps, bk_ctx *ctx);
-    int (*groupnorm_silu_bwd)(float *dx, float *dgamma, float *dbeta, const float *dy,
-                              const float *x, const float *gamma, const float *beta,
-                              const float *mean, const float *rstd, int accum, int n, int c,
-                              int hw, int groups, void *ws, bk_ctx *ctx);
-    size_t (*groupnorm_silu_ws_bytes)(int n, int c, int hw, int groups);
+    /* optional: the group-norm backward with a workspace (groupnorm_bwd_ws_bytes), of plain
+     * group norm or (silu) of silu(group norm), which recomputes the normalised values from x,
+     * mean, rstd, gamma and beta (beta unused without silu). Without it the executor runs
+     * groupnorm_bwd, and for silu first recomputes silu's input into the workspace. */
+    int (*groupnorm_bwd_ws)(float *dx, float *dgamma, float *dbeta, const float *dy,
+                            const float *x, const float *gamma, const float *beta,
+                            const float *mean, const float *rstd, int accum, int n, int c, int hw,
+                            int groups, int silu, void *ws, bk_ctx *ctx);
+    size_t (*groupnorm_bwd_ws_bytes)(int n, int c, int hw, int groups, int silu);
 };
 
 /* the CPU backend, always present */

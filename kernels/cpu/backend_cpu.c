@@ -125,8 +125,8 @@ static const struct backend cpu_backend = {
     .nhwc = 1,
     .adamw_ema_step = cpu_adamw_ema_step,
     .groupnorm_silu_fwd = cpu_groupnorm_silu_fwd,
-    .groupnorm_silu_bwd = cpu_groupnorm_silu_bwd,
-    .groupnorm_silu_ws_bytes = cpu_groupnorm_silu_ws_bytes,
+    .groupnorm_bwd_ws = cpu_groupnorm_bwd_ws,
+    .groupnorm_bwd_ws_bytes = cpu_groupnorm_bwd_ws_bytes,
 };
 
 const struct backend *backend_cpu(void) { return &cpu_backend; }

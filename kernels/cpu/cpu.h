@@ -50,11 +50,11 @@ int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
 int cpu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x,
                            const float *gamma, const float *beta, int n, int c, int hw,
                            int groups, float eps, bk_ctx *ctx);
-int cpu_groupnorm_silu_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
-                           const float *x, const float *gamma, const float *beta,
-                           const float *mean, const float *rstd, int accum, int n, int c, int hw,
-                           int groups, void *ws, bk_ctx *ctx);
-size_t cpu_groupnorm_silu_ws_bytes(int n, int c, int hw, int groups);
+int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                         const float *gamma, const float *beta, const float *mean,
+                         const float *rstd, int accum, int n, int c, int hw, int groups, int silu,
+                         void *ws, bk_ctx *ctx);
+size_t cpu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu);
 int cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
                       const float *beta, int m, int d, float eps, bk_ctx *ctx);
 int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,

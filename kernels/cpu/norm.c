@@ -248,28 +248,28 @@ int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
     return BK_OK;
 }
 
-/* the fused backward's workspace: each image's per-channel sums, (N, 2, C) doubles, then per
- * thread (at most the machine's cores) one task's silu'-scaled gradient, hw x block floats */
+/* the workspace: each image's per-channel sums, (N, 2, C) doubles, then for silu per thread
+ * (at most the machine's cores) one task's silu'-scaled gradient, hw x block floats */
 static int gn_silu_slots(bk_ctx *ctx)
 {
     int procs = omp_get_num_procs();
     return ctx && ctx->threads < procs ? ctx->threads : procs;
 }
 
-size_t cpu_groupnorm_silu_ws_bytes(int n, int c, int hw, int groups)
+size_t cpu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu)
 {
     if (n < 1 || c < 1 || hw < 1 || groups < 1 || c % groups) return 0;
     size_t blk = (size_t)gn_block_min(c, c / groups, GN_WIDE);
     return (size_t)n * 2 * c * sizeof(double) +
-           (size_t)gn_silu_slots(NULL) * hw * blk * sizeof(float);
+           (silu ? (size_t)gn_silu_slots(NULL) * hw * blk * sizeof(float) : 0);
 }
 
 /* With the workspace the (image, channel block) tasks run in parallel, each block at least
  * GN_WIDE channels, and the parameter gradients add the images' sums in order afterwards. */
-int cpu_groupnorm_silu_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
-                           const float *x, const float *gamma, const float *beta,
-                           const float *mean, const float *rstd, int accum, int n, int c, int hw,
-                           int groups, void *ws, bk_ctx *ctx)
+int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                         const float *gamma, const float *beta, const float *mean,
+                         const float *rstd, int accum, int n, int c, int hw, int groups, int silu,
+                         void *ws, bk_ctx *ctx)
 {
     if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws) return BK_ERR_INVALID;
     const int blk = gn_block_min(c, c / groups, GN_WIDE);
@@ -278,7 +278,7 @@ int cpu_groupnorm_silu_bwd(float *dx, float *dgamma, float *dbeta, const float *
     float *gzs = (float *)(part + (size_t)n * 2 * c);
 #pragma omp parallel num_threads(gn_silu_slots(ctx))
     {
-        float *gz = gzs + (size_t)omp_get_thread_num() * hw * blk;
+        float *gz = silu ? gzs + (size_t)omp_get_thread_num() * hw * blk : NULL;
 #pragma omp for schedule(static)
         for (int t = 0; t < n * nblk; t++) {
             const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
