@@ -236,7 +236,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
                     idx[i] = idx[j];
                     idx[j] = tmp;
                 }
-        for (int i = 0; i < m && i < 40; i++) {
+        for (int i = 0; i < m && i < 12; i++) {
             const struct op *o = &g.ops[idx[i]];
             const struct bk_conv2d *s = &o->a.conv;
             double sec = pr->op_seconds[idx[i]] * per;
