@@ -110,25 +110,88 @@ static size_t md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
 
 #define ALIGN64(b) (((b) + 63) & ~(size_t)63)
 
-/* the workspace of each kernel: blocked weights (and dx when accumulating), then scratchpad */
+/* a reorder from -> to (adding into `to` when accum), its scratchpad user-provided: *scratch
+ * gets its size. With out NULL it is only measured. */
+static int make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from,
+                        const dnnl_memory_desc_t *to, int accum, size_t *scratch)
+{
+    dnnl_engine_t eng = conv_engine();
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = -1;
+    if (!eng || dnnl_primitive_attr_create(&attr) ||
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
+        goto out;
+    if (accum) {
+        if (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
+            dnnl_primitive_attr_set_post_ops(attr, po))
+            goto out;
+    }
+    if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, attr)) goto out;
+    *scratch = md_bytes(pd, dnnl_query_scratchpad_md);
+    rc = out ? (dnnl_primitive_create(out, pd) == dnnl_success ? 0 : -1) : 0;
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+/* the four reorders of a shape: weights into the forward's and the backward-data's layouts, the
+ * weight gradient back (adding), an x-shaped NHWC tensor into another (adding). With out NULL
+ * only their scratchpad sizes are measured. */
+static int conv_reorders(dnnl_primitive_t out[4], size_t scratch[4], const struct conv_pds *p,
+                         const struct bk_conv2d *s)
+{
+    const dnnl_memory_desc_t *xn = dnnl_primitive_desc_query_md(p->fwd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *wf = dnnl_primitive_desc_query_md(p->fwd, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p->bwd_d, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *dwb =
+        dnnl_primitive_desc_query_md(p->bwd_w, dnnl_query_diff_weights_md, 0);
+    dnnl_dims_t wdims = {s->co, s->ci, s->kh, s->kw};
+    dnnl_memory_desc_t uw;
+    if (dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw)) return -1;
+    return make_reorder(out ? &out[0] : NULL, &uw, wf, 0, &scratch[0]) ||
+           make_reorder(out ? &out[1] : NULL, &uw, wd, 0, &scratch[1]) ||
+           make_reorder(out ? &out[2] : NULL, dwb, &uw, 1, &scratch[2]) ||
+           make_reorder(out ? &out[3] : NULL, xn, xn, 1, &scratch[3]);
+}
+
+/* the workspace of each kernel: blocked weights (and dx when accumulating), then the scratchpad
+ * its convolution and its reorders share (they run one after the other) */
 struct conv_ws {
     size_t x, w_fwd, w_bwd_d, dw, db, scr_fwd, scr_bwd_d, scr_bwd_w;
     size_t fwd, bwd_d, bwd_w; /* totals */
 };
 
-static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s)
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+
+static int conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s)
 {
+    size_t r[4];
+    if (conv_reorders(NULL, r, p, s)) return -1;
     l->x = ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float));
     l->w_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_weights_md));
     l->w_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_weights_md));
     l->dw = ALIGN64(md_bytes(p->bwd_w, dnnl_query_diff_weights_md));
     l->db = ALIGN64((size_t)s->co * sizeof(float));
-    l->scr_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_scratchpad_md));
-    l->scr_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_scratchpad_md));
-    l->scr_bwd_w = ALIGN64(md_bytes(p->bwd_w, dnnl_query_scratchpad_md));
+    l->scr_fwd = ALIGN64(max2(md_bytes(p->fwd, dnnl_query_scratchpad_md), r[0]));
+    l->scr_bwd_d = ALIGN64(max2(md_bytes(p->bwd_d, dnnl_query_scratchpad_md), max2(r[1], r[3])));
+    l->scr_bwd_w = ALIGN64(max2(md_bytes(p->bwd_w, dnnl_query_scratchpad_md), r[2]));
     l->fwd = l->w_fwd + l->scr_fwd;
     l->bwd_d = l->x + l->w_bwd_d + l->scr_bwd_d;
     l->bwd_w = l->dw + l->db + l->scr_bwd_w;
+    return 0;
+}
+
+/* a scratchpad memory of `bytes` (at least 1) */
+static int make_scratch_mem(dnnl_memory_t *m, size_t bytes)
+{
+    dnnl_dims_t d = {(dnnl_dim_t)(bytes ? bytes : 1)};
+    dnnl_memory_desc_t md;
+    if (dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_x)) return -1;
+    return dnnl_memory_create(m, &md, conv_engine(), DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
 }
 
 /* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
@@ -143,7 +206,10 @@ size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
         struct conv_pds p;
         if (conv_pds_make(&p, s, bias) != BK_OK) continue;
         struct conv_ws l;
-        conv_ws_layout(&l, &p, s);
+        if (conv_ws_layout(&l, &p, s)) {
+            conv_pds_free(&p);
+            continue;
+        }
         size_t m = l.fwd > l.bwd_d ? l.fwd : l.bwd_d;
         if (l.bwd_w > m) m = l.bwd_w;
         if (m > best) best = m;
@@ -203,29 +269,6 @@ static int make_prim(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd)
     return dnnl_primitive_create(out, pd) == dnnl_success ? 0 : -1;
 }
 
-static int make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from,
-                        const dnnl_memory_desc_t *to, int accum)
-{
-    dnnl_engine_t eng = conv_engine();
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    int rc = -1;
-    if (dnnl_primitive_attr_create(&attr)) goto out;
-    if (accum) {
-        if (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
-            dnnl_primitive_attr_set_post_ops(attr, po))
-            goto out;
-    }
-    if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, attr)) goto out;
-    rc = make_prim(out, pd);
-out:
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    if (po) dnnl_post_ops_destroy(po);
-    if (attr) dnnl_primitive_attr_destroy(attr);
-    return rc;
-}
-
 static int make_mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md)
 {
     return dnnl_memory_create(m, md, conv_engine(), DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
@@ -238,9 +281,9 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
     e->bias = bias;
     struct conv_pds p;
     if (conv_pds_make(&p, s, bias) != BK_OK) return -1;
-    conv_ws_layout(&e->l, &p, s);
-    e->planned = cpu_conv2d_ws_bytes(s);
     int rc = -1;
+    if (conv_ws_layout(&e->l, &p, s)) goto out;
+    e->planned = cpu_conv2d_ws_bytes(s);
     const dnnl_memory_desc_t *xn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *yn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_dst_md, 0);
     const dnnl_memory_desc_t *wf = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_weights_md, 0);
@@ -249,21 +292,26 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
         dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_diff_weights_md, 0);
     dnnl_dims_t wdims = {s->co, s->ci, s->kh, s->kw}, bd = {s->co};
     dnnl_memory_desc_t uw, b;
+    dnnl_primitive_t ro[4] = {NULL, NULL, NULL, NULL};
+    size_t rs[4];
     if (dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw) ||
         dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
         goto out;
     if (make_prim(&e->fwd, p.fwd) || make_prim(&e->bwd_d, p.bwd_d) || make_prim(&e->bwd_w, p.bwd_w))
         goto out;
-    if (make_reorder(&e->w_fwd, &uw, wf, 0) || make_reorder(&e->w_bwd_d, &uw, wd, 0) ||
-        make_reorder(&e->dw_out_acc, dwb, &uw, 1) || make_reorder(&e->x_acc, xn, xn, 1))
-        goto out;
+    int rrc = conv_reorders(ro, rs, &p, s);
+    e->w_fwd = ro[0];
+    e->w_bwd_d = ro[1];
+    e->dw_out_acc = ro[2];
+    e->x_acc = ro[3];
+    if (rrc) goto out;
     if (make_mem(&e->uw, &uw) || make_mem(&e->m[M_X], xn) || make_mem(&e->m[M_DXT], xn) ||
         make_mem(&e->m[M_Y], yn) || make_mem(&e->m[M_WF], wf) ||
         make_mem(&e->m[M_WD], wd) || make_mem(&e->m[M_DWB], dwb) || make_mem(&e->m[M_B], &b) ||
         make_mem(&e->m[M_DB], &b) ||
-        make_mem(&e->m[M_SF], dnnl_primitive_desc_query_md(p.fwd, dnnl_query_scratchpad_md, 0)) ||
-        make_mem(&e->m[M_SD], dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_scratchpad_md, 0)) ||
-        make_mem(&e->m[M_SW], dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_scratchpad_md, 0)))
+        make_scratch_mem(&e->m[M_SF], e->l.scr_fwd) ||
+        make_scratch_mem(&e->m[M_SD], e->l.scr_bwd_d) ||
+        make_scratch_mem(&e->m[M_SW], e->l.scr_bwd_w))
         goto out;
     rc = 0;
 out:
@@ -308,10 +356,11 @@ static int run(dnnl_primitive_t p, int nargs, const dnnl_exec_arg_t *args, bk_ct
     return dnnl_primitive_execute(p, ctx->conv->stream, nargs, args) == dnnl_success ? 0 : -1;
 }
 
-static int reorder(dnnl_primitive_t p, dnnl_memory_t from, dnnl_memory_t to, bk_ctx *ctx)
+static int reorder(dnnl_primitive_t p, dnnl_memory_t from, dnnl_memory_t to,
+                   dnnl_memory_t scratch, bk_ctx *ctx)
 {
-    dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
-    return run(p, 2, a, ctx);
+    dnnl_exec_arg_t a[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}, {DNNL_ARG_SCRATCHPAD, scratch}};
+    return run(p, 3, a, ctx);
 }
 
 static void set(dnnl_memory_t m, const void *p) { dnnl_memory_set_data_handle(m, (void *)p); }
@@ -353,7 +402,7 @@ int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, voi
                             {DNNL_ARG_DST, e->m[M_Y]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SF]},
                             {DNNL_ARG_BIAS, e->m[M_B]}};
-    if (reorder(e->w_fwd, e->uw, e->m[M_WF], ctx) || run(e->fwd, b ? 5 : 4, a, ctx))
+    if (reorder(e->w_fwd, e->uw, e->m[M_WF], e->m[M_SF], ctx) || run(e->fwd, b ? 5 : 4, a, ctx))
         return BK_ERR_DEVICE;
     return BK_OK;
 }
@@ -379,8 +428,8 @@ int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, v
                             {DNNL_ARG_WEIGHTS, e->m[M_WD]},
                             {DNNL_ARG_DIFF_SRC, accum ? e->m[M_DXT] : e->m[M_X]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SD]}};
-    if (reorder(e->w_bwd_d, e->uw, e->m[M_WD], ctx) || run(e->bwd_d, 4, a, ctx) ||
-        (accum && reorder(e->x_acc, e->m[M_DXT], e->m[M_X], ctx)))
+    if (reorder(e->w_bwd_d, e->uw, e->m[M_WD], e->m[M_SD], ctx) || run(e->bwd_d, 4, a, ctx) ||
+        (accum && reorder(e->x_acc, e->m[M_DXT], e->m[M_X], e->m[M_SD], ctx)))
         return BK_ERR_DEVICE;
     return BK_OK;
 }
@@ -406,7 +455,7 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x,
                             {DNNL_ARG_DIFF_WEIGHTS, e->m[M_DWB]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SW]},
                             {DNNL_ARG_DIFF_BIAS, e->m[M_DB]}};
-    if (run(e->bwd_w, db ? 5 : 4, a, ctx) || reorder(e->dw_out_acc, e->m[M_DWB], e->uw, ctx))
+    if (run(e->bwd_w, db ? 5 : 4, a, ctx) || reorder(e->dw_out_acc, e->m[M_DWB], e->uw, e->m[M_SW], ctx))
         return BK_ERR_DEVICE;
     if (db)
         for (int o = 0; o < s->co; o++) db[o] += dbt[o];
