@@ -26,7 +26,9 @@ struct exec {
     int eval;                   /* dropout is the identity (exec_forward) */
     struct exec_profile prof;   /* when opts.profile */
     double *op_seconds;         /* (g->n_ops) when opts.profile */
-    float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc */
+    float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc,
+                                 * grown to the largest image uploaded or downloaded so far */
+    size_t stage_n;
 };
 
 static double now_seconds(void)
@@ -111,10 +113,14 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         if (!e->guard_host) goto fail;
     }
     if (bk->nhwc) {
+        /* the inputs are uploaded every step: stage them from the start */
         size_t most = 0;
         for (int i = 0; i < g->n_tensors; i++)
-            if (g->tensors[i].image && g->tensors[i].numel > most) most = g->tensors[i].numel;
+            if (g->tensors[i].image && g->tensors[i].kind == TENSOR_INPUT &&
+                g->tensors[i].numel > most)
+                most = g->tensors[i].numel;
         if (most && !(e->stage = malloc(most * sizeof(float)))) goto fail;
+        e->stage_n = most;
     }
     if (e->opts.profile) {
         e->op_seconds = calloc((size_t)g->n_ops + 1, sizeof *e->op_seconds);
@@ -140,6 +146,17 @@ static void host_transpose(float *y, const float *x, int n, int a, int b)
     }
 }
 
+/* e->stage holding at least n floats */
+static int stage_reserve(struct exec *e, size_t n)
+{
+    if (n <= e->stage_n) return EXEC_OK;
+    float *p = realloc(e->stage, n * sizeof(float));
+    if (!p) return EXEC_ERR_NOMEM;
+    e->stage = p;
+    e->stage_n = n;
+    return EXEC_OK;
+}
+
 /* host data is NCHW; an image of an NHWC backend is converted through e->stage */
 int exec_upload(struct exec *e, int id, const float *host)
 {
@@ -147,6 +164,7 @@ int exec_upload(struct exec *e, int id, const float *host)
     if (!d) return EXEC_ERR_ARG;
     const struct tensor *t = &e->g->tensors[id];
     if (e->bk->nhwc && t->image) {
+        if (stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
         host_transpose(e->stage, host, t->d[0], t->d[1], t->d[2] * t->d[3]);
         host = e->stage;
     }
@@ -159,6 +177,7 @@ int exec_download(struct exec *e, int id, float *host)
     if (!d) return EXEC_ERR_ARG;
     const struct tensor *t = &e->g->tensors[id];
     int conv = e->bk->nhwc && t->image;
+    if (conv && stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
     if (e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx))
         return EXEC_ERR_BACKEND;
     if (conv) host_transpose(host, e->stage, t->d[0], t->d[2] * t->d[3], t->d[1]);
