@@ -64,6 +64,17 @@ void exec_free(struct exec *e)
     free(e);
 }
 
+/* e->stage holding at least n floats */
+static int stage_reserve(struct exec *e, size_t n)
+{
+    if (n <= e->stage_n) return EXEC_OK;
+    float *p = realloc(e->stage, n * sizeof(float));
+    if (!p) return EXEC_ERR_NOMEM;
+    e->stage = p;
+    e->stage_n = n;
+    return EXEC_OK;
+}
+
 int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
               const struct backend *bk, const struct exec_opts *opts)
 {
@@ -119,8 +130,7 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
             if (g->tensors[i].image && g->tensors[i].kind == TENSOR_INPUT &&
                 g->tensors[i].numel > most)
                 most = g->tensors[i].numel;
-        if (most && !(e->stage = malloc(most * sizeof(float)))) goto fail;
-        e->stage_n = most;
+        if (stage_reserve(e, most)) goto fail;
     }
     if (e->opts.profile) {
         e->op_seconds = calloc((size_t)g->n_ops + 1, sizeof *e->op_seconds);
@@ -132,6 +142,12 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
 fail:
     exec_free(e);
     return rc;
+}
+
+/* an image the backend stores NHWC: host data and flattened views are NCHW */
+static int nhwc_image(const struct exec *e, const struct tensor *t)
+{
+    return e->bk->nhwc && t->image;
 }
 
 /* y (N, b, a) = x (N, a, b) per image, on the host: NCHW <-> NHWC with (a, b) = (C, HW) or
@@ -146,24 +162,13 @@ static void host_transpose(float *y, const float *x, int n, int a, int b)
     }
 }
 
-/* e->stage holding at least n floats */
-static int stage_reserve(struct exec *e, size_t n)
-{
-    if (n <= e->stage_n) return EXEC_OK;
-    float *p = realloc(e->stage, n * sizeof(float));
-    if (!p) return EXEC_ERR_NOMEM;
-    e->stage = p;
-    e->stage_n = n;
-    return EXEC_OK;
-}
-
 /* host data is NCHW; an image of an NHWC backend is converted through e->stage */
 int exec_upload(struct exec *e, int id, const float *host)
 {
     float *d = exec_tensor(e, id);
     if (!d) return EXEC_ERR_ARG;
     const struct tensor *t = &e->g->tensors[id];
-    if (e->bk->nhwc && t->image) {
+    if (nhwc_image(e, t)) {
         if (stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
         host_transpose(e->stage, host, t->d[0], t->d[1], t->d[2] * t->d[3]);
         host = e->stage;
@@ -176,7 +181,7 @@ int exec_download(struct exec *e, int id, float *host)
     float *d = exec_tensor(e, id);
     if (!d) return EXEC_ERR_ARG;
     const struct tensor *t = &e->g->tensors[id];
-    int conv = e->bk->nhwc && t->image;
+    int conv = nhwc_image(e, t);
     if (conv && stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
     if (e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx))
         return EXEC_ERR_BACKEND;
@@ -233,8 +238,7 @@ static void guard_range(const struct exec *e, int s, size_t *start, size_t *word
     const struct plan *p = e->p;
     size_t guard = p->n_storages ? p->guards_bytes / (size_t)p->n_storages : 0;
     *start = (size_t)p->st[s].offset + p->st[s].bytes;
-    size_t end = (size_t)p->st[s].offset +
-                 (p->st[s].bytes + guard + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    size_t end = (size_t)p->st[s].offset + plan_align(p->st[s].bytes + guard);
     *words = (end - *start) / 4;
     if (*words > e->guard_host_words) *words = e->guard_host_words;
 }
@@ -303,7 +307,7 @@ static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
         return bk->groupnorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0], n,
                                  ch, hw, gr, e->ctx);
     const size_t count = (size_t)n * ch * hw;
-    float *z = ws, *st = (float *)((char *)ws + (count * sizeof(float) + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN);
+    float *z = ws, *st = (float *)((char *)ws + plan_align(count * sizeof(float)));
     const struct op *f = &e->g->ops[o->fwd];
     int rc = bk->groupnorm_fwd(z, st, st + (size_t)n * gr, P(1), P(2), P(5), n, ch, hw, gr,
                                f->a.gn.eps, e->ctx);
@@ -380,14 +384,13 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_CONCAT_BWD:
         return bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
                               o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, c);
-    case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C): NHWC images already are tokens */
+    case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C) */
+    case OP_TO_IMAGE:  /* (N,HW,C) -> (N,C,HW); for NHWC images both are copies (or in place) */
         if (bk->nhwc)
             return Q(0) == P(0) ? BK_OK : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
-        return bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
-    case OP_TO_IMAGE: /* (N,HW,C) -> (N,C,HW) */
-        if (bk->nhwc)
-            return Q(0) == P(0) ? BK_OK : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
-        return bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, c);
+        return o->type == OP_TO_TOKENS
+                   ? bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c)
+                   : bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, c);
     case OP_UPSAMPLE_NEAREST:
         return bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
                                           o->a.rs.w, c);
@@ -454,7 +457,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_RESHAPE_BWD: {
         /* flattening an NHWC image (or its gradient back) changes the element order */
         const struct tensor *to = &e->g->tensors[o->out[0]];
-        if (bk->nhwc && t0->image != to->image) {
+        if (nhwc_image(e, t0) != nhwc_image(e, to)) {
             const struct tensor *im = t0->image ? t0 : to;
             int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];
             return t0->image ? bk->transpose_fwd(Q(0), P(0), o->accum[0], n, hw, ch, c)
@@ -468,12 +471,12 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_DROPOUT:
         if (e->eval) return bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
         return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)k, sample_base,
-                               o->a.dr.n, o->a.dr.per_sample,
-                               bk->nhwc && t0->image ? t0->d[1] : 0, c);
+                               o->a.dr.n, o->a.dr.per_sample, nhwc_image(e, t0) ? t0->d[1] : 0,
+                               c);
     case OP_DROPOUT_BWD:
         return bk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd, sample_base,
                                o->accum[0], o->a.dr.n, o->a.dr.per_sample,
-                               bk->nhwc && t0->image ? t0->d[1] : 0, c);
+                               nhwc_image(e, t0) ? t0->d[1] : 0, c);
     default:
         return BK_ERR_INVALID;
     }

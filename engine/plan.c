@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t align_up(size_t x) { return (x + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
-
 /* ops whose output may take over the bytes of an input that dies at that op: the kernels are
  * element-wise in these positions (out[i] depends only on in[i] of the same index). With NHWC
  * images, the image <-> tokens changes around attention are copies too, and a reshape that
@@ -50,12 +48,13 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk)
     case OP_ATTENTION:
     case OP_ATTENTION_BWD:
         return bk->attn_ws_bytes(&o->a.at.s, o->a.at.tiled);
-    case OP_GROUPNORM_BWD: /* the backend's, or for silu: the normalised x and statistics */
+    case OP_GROUPNORM_BWD: /* the backend's, or for silu: the normalised x and statistics (the
+                            * layout exec.c's groupnorm_bwd uses) */
         if (bk->groupnorm_bwd_ws_bytes)
             return bk->groupnorm_bwd_ws_bytes(o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
                                               o->a.gn.silu);
         if (!o->a.gn.silu) return 0;
-        return align_up((size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw * sizeof(float)) +
+        return plan_align((size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw * sizeof(float)) +
                2 * (size_t)o->a.gn.n * o->a.gn.groups * sizeof(float);
     default:
         return 0;
@@ -109,12 +108,12 @@ static int64_t place_best_fit(const struct plan_storage *st, const int *placed, 
         const struct plan_storage *o = &st[placed[i]];
         if (o->first <= s->last && s->first <= o->last) {
             busy[2 * nb] = o->offset;
-            busy[2 * nb + 1] = o->offset + (int64_t)align_up(o->bytes + guard);
+            busy[2 * nb + 1] = o->offset + (int64_t)plan_align(o->bytes + guard);
             nb++;
         }
     }
     qsort(busy, (size_t)nb, 2 * sizeof(int64_t), cmp_offset);
-    int64_t need = (int64_t)align_up(s->bytes + guard), best = -1, best_gap = INT64_MAX;
+    int64_t need = (int64_t)plan_align(s->bytes + guard), best = -1, best_gap = INT64_MAX;
     int64_t cursor = 0;
     for (int i = 0; i < nb; i++) {
         int64_t gap = busy[2 * i] - cursor;
@@ -205,7 +204,7 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     for (int t = 0; t < n; t++)
         if (g->tensors[t].kind == TENSOR_PARAM) {
             p->offset[t] = (int64_t)off;
-            off += align_up(tensor_bytes(&g->tensors[t]));
+            off += plan_align(tensor_bytes(&g->tensors[t]));
         }
     p->params_off = 0;
     p->params_bytes = off;
@@ -227,7 +226,7 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     for (int t = 0; t < n; t++)
         if (g->tensors[t].kind == TENSOR_INPUT) {
             p->offset[t] = (int64_t)off;
-            off += align_up(tensor_bytes(&g->tensors[t]));
+            off += plan_align(tensor_bytes(&g->tensors[t]));
         }
     p->inputs_bytes = off - p->inputs_off;
     p->ws_off = off;
@@ -235,7 +234,7 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
         size_t w = op_ws_bytes(&g->ops[k], bk);
         if (w > p->ws_bytes) p->ws_bytes = w;
     }
-    p->ws_bytes = align_up(p->ws_bytes);
+    p->ws_bytes = plan_align(p->ws_bytes);
     p->arena_off = p->ws_off + p->ws_bytes;
 
     /* arena: best fit, largest first */
@@ -246,12 +245,12 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     size_t top = 0, guard = opts->guard_bytes;
     for (int i = 0; i < p->n_storages; i++) {
         order[i] = i;
-        p->no_reuse_arena_bytes += align_up(p->st[i].bytes);
+        p->no_reuse_arena_bytes += plan_align(p->st[i].bytes);
     }
     if (opts->no_reuse) {
         for (int i = 0; i < p->n_storages; i++) {
             p->st[i].offset = (int64_t)top;
-            top += align_up(p->st[i].bytes + guard);
+            top += plan_align(p->st[i].bytes + guard);
         }
     } else {
         sort_idx(order, p->n_storages, cmp_size_desc, p->st);
@@ -259,7 +258,7 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
             struct plan_storage *s = &p->st[order[i]];
             s->offset = place_best_fit(p->st, placed, i, s, guard, busy);
             placed[i] = order[i];
-            size_t end = (size_t)s->offset + align_up(s->bytes + guard);
+            size_t end = (size_t)s->offset + plan_align(s->bytes + guard);
             if (end > top) top = end;
         }
     }

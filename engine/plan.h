@@ -15,6 +15,9 @@
 
 #define PLAN_ALIGN 64
 
+/* x rounded up to PLAN_ALIGN */
+static inline size_t plan_align(size_t x) { return (x + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
+
 struct plan_opts {
     int no_reuse;        /* every arena storage gets its own bytes (the honesty reference) */
     size_t guard_bytes;  /* canary gap after every arena storage (checked by the executor) */

@@ -122,20 +122,14 @@ static int norm_affine(struct graph *g, const char *name, int c, int *gamma, int
     return *gamma >= 0 && *beta >= 0;
 }
 
-static int groupnorm(struct graph *g, const char *name, int x, int groups, float eps)
+/* group norm with its affine parameters, SiLU fused after when silu */
+static int groupnorm(struct graph *g, const char *name, int x, int groups, float eps, int silu)
 {
     if (x < 0) return -1;
     int ga, be;
     if (!norm_affine(g, name, g->tensors[x].d[1], &ga, &be)) return -1;
-    return graph_groupnorm(g, x, ga, be, groups, eps);
-}
-
-static int groupnorm_silu(struct graph *g, const char *name, int x, int groups, float eps)
-{
-    if (x < 0) return -1;
-    int ga, be;
-    if (!norm_affine(g, name, g->tensors[x].d[1], &ga, &be)) return -1;
-    return graph_groupnorm_silu(g, x, ga, be, groups, eps);
+    return silu ? graph_groupnorm_silu(g, x, ga, be, groups, eps)
+                : graph_groupnorm(g, x, ga, be, groups, eps);
 }
 
 static int layernorm(struct graph *g, const char *name, int x, float eps)
@@ -171,11 +165,11 @@ static int ddpm_resnet(struct graph *g, const struct unet_config *c, const char 
     char b[256];
     if (x < 0) return -1;
     int in = g->tensors[x].d[1];
-    int h = groupnorm_silu(g, cat(b, sizeof b, name, "norm1"), x, c->groups, c->norm_eps);
+    int h = groupnorm(g, cat(b, sizeof b, name, "norm1"), x, c->groups, c->norm_eps, 1);
     h = conv3(g, cat(b, sizeof b, name, "conv1"), h, out, 1);
     int tp = linear(g, cat(b, sizeof b, name, "time_emb_proj"), temb_act, out);
     h = graph_add_bcast(g, h, tp);
-    h = groupnorm_silu(g, cat(b, sizeof b, name, "norm2"), h, c->groups, c->norm_eps);
+    h = groupnorm(g, cat(b, sizeof b, name, "norm2"), h, c->groups, c->norm_eps, 1);
     h = graph_dropout(g, h, c->dropout);
     h = conv3(g, cat(b, sizeof b, name, "conv2"), h, out, 1);
     int sc = in != out ? conv(g, cat(b, sizeof b, name, "conv_shortcut"), x, out, 1, 1, 0, 0, 0,
@@ -191,7 +185,7 @@ static int ddpm_attention(struct graph *g, const struct unet_config *c, const ch
     if (x < 0) return -1;
     int ch = g->tensors[x].d[1], hh = g->tensors[x].d[2], ww = g->tensors[x].d[3];
     int heads = c->attn_head_dim ? ch / c->attn_head_dim : 1;
-    int h = groupnorm(g, cat(b, sizeof b, name, "group_norm"), x, c->groups, c->norm_eps);
+    int h = groupnorm(g, cat(b, sizeof b, name, "group_norm"), x, c->groups, c->norm_eps, 0);
     h = graph_to_tokens(g, h);
     int q = linear(g, cat(b, sizeof b, name, "to_q"), h, ch);
     int k = linear(g, cat(b, sizeof b, name, "to_k"), h, ch);
@@ -270,7 +264,7 @@ static int build_ddpm(struct graph *g, const struct unet_config *c, int batch,
             res *= 2;
         }
     }
-    h = groupnorm_silu(g, "conv_norm_out", h, c->groups, c->norm_eps);
+    h = groupnorm(g, "conv_norm_out", h, c->groups, c->norm_eps, 1);
     io->out = conv3(g, "conv_out", h, c->out_channels, 1);
     return g->status;
 }
@@ -284,10 +278,10 @@ static int seed_double_conv(struct graph *g, const char *name, int x, int mid, i
 {
     char b[256];
     int h = conv3(g, cat(b, sizeof b, name, ".double_conv.0"), x, mid, 0);
-    h = groupnorm(g, cat(b, sizeof b, name, ".double_conv.1"), h, 1, 1e-5f);
+    h = groupnorm(g, cat(b, sizeof b, name, ".double_conv.1"), h, 1, 1e-5f, 0);
     h = graph_gelu(g, h);
     h = conv3(g, cat(b, sizeof b, name, ".double_conv.3"), h, out, 0);
-    h = groupnorm(g, cat(b, sizeof b, name, ".double_conv.4"), h, 1, 1e-5f);
+    h = groupnorm(g, cat(b, sizeof b, name, ".double_conv.4"), h, 1, 1e-5f, 0);
     return residual ? graph_gelu(g, graph_add(g, x, h)) : h;
 }
 

@@ -2,9 +2,10 @@
  * (FlashAttention-style online softmax, saves only lse (N,H,L), no workspace) and plain (saves
  * p (N,H,L,L); its backward takes an L x L workspace; GEMMs through cpu_gemm).
  * q, k, v, dq, dk, dv rows have stride s->ld; o and dout are dense (N,L,H*D); head h of a token
- * is the columns [h*D, (h+1)*D) of its row. Every sum is done by one thread in a fixed order
- * (no thread-count dependence); the backward of the tiled form runs a pass over key blocks for
- * dk, dv and a pass over query blocks for dq instead of racing on dq.
+ * is the columns [h*D, (h+1)*D) of its row. The tiled form does every sum in one thread in a
+ * fixed order (no thread-count dependence); its backward runs a pass over key blocks for dk, dv
+ * and a pass over query blocks for dq instead of racing on dq. The plain form's results depend
+ * on the thread count (cpu_gemm's split), as the convolutions' do.
  */
 #include <math.h>
 #include <omp.h>
@@ -109,7 +110,7 @@ size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
     /* tiled: none. plain backward: dS (L,L) of each (n, h) in flight: one per thread, at most
      * the machine's cores (see attn_plain_split) */
     if (tiled) return 0;
-    int procs = omp_get_num_procs(), pairs = s->n * s->heads;
+    int procs = cpu_threads(NULL), pairs = s->n * s->heads;
     int slots = pairs < procs ? pairs : procs;
     return (size_t)slots * s->l * s->l * sizeof(float);
 }
@@ -257,7 +258,7 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
  * the thread count. */
 static int attn_plain_split(const struct bk_attn *s, const bk_ctx *ctx)
 {
-    int procs = omp_get_num_procs(), nt = ctx->threads < procs ? ctx->threads : procs;
+    int nt = cpu_threads(ctx);
     return s->n * s->heads >= nt ? nt : 0; /* threads over pairs, or 0: pairs in turn */
 }
 

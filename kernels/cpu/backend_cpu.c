@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include <cblas.h>
+#include <omp.h>
 
 #include "cpu.h"
 
@@ -17,6 +18,12 @@ int cpu_ctx_init(bk_ctx **out, int threads)
     openblas_set_num_threads(1);
     *out = c;
     return BK_OK;
+}
+
+int cpu_threads(const bk_ctx *ctx)
+{
+    int procs = omp_get_num_procs();
+    return ctx && ctx->threads < procs ? ctx->threads : procs;
 }
 
 void cpu_ctx_free(bk_ctx *ctx)

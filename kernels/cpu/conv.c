@@ -110,6 +110,13 @@ static size_t md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
 
 #define ALIGN64(b) (((b) + 63) & ~(size_t)63)
 
+/* the weights as the engine keeps them, OIHW */
+static int oihw_md(dnnl_memory_desc_t *md, const struct bk_conv2d *s)
+{
+    dnnl_dims_t d = {s->co, s->ci, s->kh, s->kw};
+    return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, dnnl_oihw) == dnnl_success ? 0 : -1;
+}
+
 /* a reorder from -> to (adding into `to` when accum), its scratchpad user-provided: *scratch
  * gets its size. With out NULL it is only measured. */
 static int make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from,
@@ -149,9 +156,8 @@ static int conv_reorders(dnnl_primitive_t out[4], size_t scratch[4], const struc
     const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p->bwd_d, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *dwb =
         dnnl_primitive_desc_query_md(p->bwd_w, dnnl_query_diff_weights_md, 0);
-    dnnl_dims_t wdims = {s->co, s->ci, s->kh, s->kw};
     dnnl_memory_desc_t uw;
-    if (dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw)) return -1;
+    if (oihw_md(&uw, s)) return -1;
     return make_reorder(out ? &out[0] : NULL, &uw, wf, 0, &scratch[0]) ||
            make_reorder(out ? &out[1] : NULL, &uw, wd, 0, &scratch[1]) ||
            make_reorder(out ? &out[2] : NULL, dwb, &uw, 1, &scratch[2]) ||
@@ -167,10 +173,10 @@ struct conv_ws {
 
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
-static int conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s)
+/* r: the scratchpad sizes of the shape's reorders (conv_reorders) */
+static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s,
+                           const size_t r[4])
 {
-    size_t r[4];
-    if (conv_reorders(NULL, r, p, s)) return -1;
     l->x = ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float));
     l->w_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_weights_md));
     l->w_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_weights_md));
@@ -182,7 +188,6 @@ static int conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const str
     l->fwd = l->w_fwd + l->scr_fwd;
     l->bwd_d = l->x + l->w_bwd_d + l->scr_bwd_d;
     l->bwd_w = l->dw + l->db + l->scr_bwd_w;
-    return 0;
 }
 
 /* a scratchpad memory of `bytes` (at least 1) */
@@ -199,20 +204,18 @@ static int make_scratch_mem(dnnl_memory_t *m, size_t bytes)
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
 {
     if (conv_check(s) != BK_OK) return 0;
-    int saved = omp_get_max_threads(), procs = omp_get_num_procs();
-    omp_set_num_threads(procs);
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(cpu_threads(NULL));
     size_t best = 0;
     for (int bias = 0; bias < 2; bias++) {
         struct conv_pds p;
         if (conv_pds_make(&p, s, bias) != BK_OK) continue;
-        struct conv_ws l;
-        if (conv_ws_layout(&l, &p, s)) {
-            conv_pds_free(&p);
-            continue;
+        size_t r[4];
+        if (!conv_reorders(NULL, r, &p, s)) {
+            struct conv_ws l;
+            conv_ws_layout(&l, &p, s, r);
+            best = max2(best, max2(l.fwd, max2(l.bwd_d, l.bwd_w)));
         }
-        size_t m = l.fwd > l.bwd_d ? l.fwd : l.bwd_d;
-        if (l.bwd_w > m) m = l.bwd_w;
-        if (m > best) best = m;
         conv_pds_free(&p);
     }
     omp_set_num_threads(saved);
@@ -282,29 +285,28 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
     struct conv_pds p;
     if (conv_pds_make(&p, s, bias) != BK_OK) return -1;
     int rc = -1;
-    if (conv_ws_layout(&e->l, &p, s)) goto out;
-    e->planned = cpu_conv2d_ws_bytes(s);
     const dnnl_memory_desc_t *xn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *yn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_dst_md, 0);
     const dnnl_memory_desc_t *wf = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *dwb =
         dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_diff_weights_md, 0);
-    dnnl_dims_t wdims = {s->co, s->ci, s->kh, s->kw}, bd = {s->co};
+    dnnl_dims_t bd = {s->co};
     dnnl_memory_desc_t uw, b;
     dnnl_primitive_t ro[4] = {NULL, NULL, NULL, NULL};
     size_t rs[4];
-    if (dnnl_memory_desc_init_by_tag(&uw, 4, wdims, dnnl_f32, dnnl_oihw) ||
-        dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
-        goto out;
-    if (make_prim(&e->fwd, p.fwd) || make_prim(&e->bwd_d, p.bwd_d) || make_prim(&e->bwd_w, p.bwd_w))
-        goto out;
     int rrc = conv_reorders(ro, rs, &p, s);
     e->w_fwd = ro[0];
     e->w_bwd_d = ro[1];
     e->dw_out_acc = ro[2];
     e->x_acc = ro[3];
     if (rrc) goto out;
+    conv_ws_layout(&e->l, &p, s, rs);
+    e->planned = cpu_conv2d_ws_bytes(s);
+    if (oihw_md(&uw, s) || dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
+        goto out;
+    if (make_prim(&e->fwd, p.fwd) || make_prim(&e->bwd_d, p.bwd_d) || make_prim(&e->bwd_w, p.bwd_w))
+        goto out;
     if (make_mem(&e->uw, &uw) || make_mem(&e->m[M_X], xn) || make_mem(&e->m[M_DXT], xn) ||
         make_mem(&e->m[M_Y], yn) || make_mem(&e->m[M_WF], wf) ||
         make_mem(&e->m[M_WD], wd) || make_mem(&e->m[M_DWB], dwb) || make_mem(&e->m[M_B], &b) ||
@@ -369,14 +371,13 @@ static void set(dnnl_memory_t m, const void *p) { dnnl_memory_set_data_handle(m,
 static struct conv_entry *conv_begin(const struct bk_conv2d *s, int bias, void *ws, bk_ctx *ctx)
 {
     if (conv_check(s) != BK_OK || !ctx || !ws) return NULL;
-    int procs = omp_get_num_procs();
-    omp_set_num_threads(ctx->threads < procs ? ctx->threads : procs);
+    omp_set_num_threads(cpu_threads(ctx));
     struct conv_entry *e = conv_get(s, bias, ctx);
     if (!e) return NULL;
     const struct conv_ws *l = &e->l;
     if (l->fwd > e->planned || l->bwd_d > e->planned || l->bwd_w > e->planned) {
         fprintf(stderr, "ddpmd: convolution scratch at %d threads exceeds the plan (made for %d)\n",
-                ctx->threads, omp_get_num_procs());
+                ctx->threads, cpu_threads(NULL));
         return NULL;
     }
     return e;

@@ -14,6 +14,9 @@ struct bk_ctx {
 };
 
 int cpu_ctx_init(bk_ctx **out, int threads);
+/* threads of the job's oneDNN calls and of kernels with per-thread scratch: ctx->threads capped
+ * at the machine's cores, for which such workspaces are planned; with ctx NULL, the cores */
+int cpu_threads(const bk_ctx *ctx);
 void cpu_ctx_free(bk_ctx *ctx);
 int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);
 void cpu_mem_free(void *p, bk_ctx *ctx);

@@ -1,6 +1,7 @@
 /* eltwise.c - the CPU backend's element-wise kernels: SiLU, exact GELU, add, gradient copy,
- * per-channel broadcast add (the time-embedding term, over NHWC images) and scalar scale. OpenMP over elements;
- * every output element is written by one thread, so results do not depend on the thread count.
+ * per-channel broadcast add (the time-embedding term, over NHWC images) and scalar scale.
+ * OpenMP over elements; every output element is written by one thread, so results do not
+ * depend on the thread count.
  */
 #include <math.h>
 

@@ -1,5 +1,5 @@
-/* norm.c - CPU group norm (x NHWC, G groups of channels) and layer norm (x (M,D) over D), forward and
- * backward. PyTorch semantics: biased variance, rstd = 1/sqrt(var + eps); the forward saves
+/* norm.c - CPU group norm (x NHWC, G groups of channels) and layer norm (x (M,D) over D),
+ * forward and backward. PyTorch semantics: biased variance, rstd = 1/sqrt(var + eps); the forward saves
  * mean and rstd in fp32. Sums run in double, each in one thread in a fixed order.
  * gamma / beta may be NULL (no affine: 1 / 0); dx, dgamma, dbeta may be NULL (skipped).
  */
@@ -24,9 +24,10 @@ static void norm_stats(float *mean, float *rstd, const float *x, size_t cnt, flo
 }
 
 /* Group norm over NHWC images: group g of image i is the cpg channels [g*cpg, (g+1)*cpg) of
- * every pixel. Work is split into channel blocks of whole groups, at least GN_BLOCK channels
- * wide, so a pixel's block is one contiguous run that vectorizes. Every sum is a per-channel
- * sum over the pixels in order (in double), then over the group's channels in order: fixed
+ * every pixel. Work is split into channel blocks of whole groups (GN_WIDE channels at least,
+ * GN_BLOCK in the workspace-free backward), so a pixel's block is one contiguous run that
+ * vectorizes. Every sum is a per-channel sum over the pixels in order (in double; the backward
+ * adds float partial sums of GN_CHUNK pixels), then over the group's channels in order: fixed
  * whatever the thread count. */
 #define GN_BLOCK 16
 #define GN_MAX_BLOCK 1024
@@ -249,19 +250,14 @@ int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
 }
 
 /* the workspace: each image's per-channel sums, (N, 2, C) doubles, then for silu per thread
- * (at most the machine's cores) one task's silu'-scaled gradient, hw x block floats */
-static int gn_silu_slots(bk_ctx *ctx)
-{
-    int procs = omp_get_num_procs();
-    return ctx && ctx->threads < procs ? ctx->threads : procs;
-}
-
+ * (cpu_threads: at most the machine's cores) one task's silu'-scaled gradient, hw x block
+ * floats */
 size_t cpu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu)
 {
     if (n < 1 || c < 1 || hw < 1 || groups < 1 || c % groups) return 0;
     size_t blk = (size_t)gn_block_min(c, c / groups, GN_WIDE);
     return (size_t)n * 2 * c * sizeof(double) +
-           (silu ? (size_t)gn_silu_slots(NULL) * hw * blk * sizeof(float) : 0);
+           (silu ? (size_t)cpu_threads(NULL) * hw * blk * sizeof(float) : 0);
 }
 
 /* With the workspace the (image, channel block) tasks run in parallel, each block at least
@@ -276,7 +272,7 @@ int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy
     const int nblk = (c + blk - 1) / blk;
     double *part = ws; /* (N, 2, C) */
     float *gzs = (float *)(part + (size_t)n * 2 * c);
-#pragma omp parallel num_threads(gn_silu_slots(ctx))
+#pragma omp parallel num_threads(cpu_threads(ctx))
     {
         float *gz = silu ? gzs + (size_t)omp_get_thread_num() * hw * blk : NULL;
 #pragma omp for schedule(static)

@@ -676,8 +676,32 @@ static void test_attn_invalid(void)
           "attn plain bwd without ws");
 }
 
+/* the workspace backward (silu or not, gradient g_in) against the plain group-norm backward on
+ * g_ref (dy silu'(z) for silu, else g_in itself), dx written or accumulated onto equal data */
+static void gn_bwd_ws_check(const char *tag, const char *what, const float *g_in,
+                            const float *g_ref, const float *x, const float *gm, const float *bt,
+                            const float *m, const float *r, int accum, int n, int c, int hw,
+                            int groups, int silu, void *ws, double tol, bk_ctx *ctx)
+{
+    size_t nx = (size_t)n * c * hw;
+    float *dx = falloc(nx), *dx2 = falloc(nx);
+    float *dg = calloc(c, 4), *db = calloc(c, 4), *dg2 = calloc(c, 4), *db2 = calloc(c, 4);
+    tu_fill(dx, nx, 1.0);
+    memcpy(dx2, dx, nx * 4);
+    cpu_groupnorm_bwd(dx, dg, db, g_ref, x, gm, m, r, accum, n, c, hw, groups, ctx);
+    CHECK(cpu_groupnorm_bwd_ws(dx2, dg2, db2, g_in, x, gm, silu ? bt : NULL, m, r, accum, n, c, hw,
+                               groups, silu, ws, ctx) == BK_OK,
+          "%s: %s status", tag, what);
+    double ex = tu_rel_err_f(dx2, dx, nx), eg = tu_rel_err_f(dg2, dg, c),
+           eb = tu_rel_err_f(db2, db, c);
+    CHECK(ex < tol && eg < tol && eb < tol, "%s accum %d: %s rel err dx %.3g dgamma %.3g dbeta %.3g",
+          tag, accum, what, ex, eg, eb);
+    free(dx); free(dx2); free(dg); free(db); free(dg2); free(db2);
+}
+
 /* silu(group norm) fused (NHWC, the CPU layout) against group norm then SiLU through the
- * unfused kernels: forward, and backward with dx written and accumulated */
+ * unfused kernels: forward, and backward with dx written and accumulated; and the workspace
+ * backward without silu against the plain one */
 static void test_groupnorm_silu(int n, int c, int hw, int groups)
 {
     bk_ctx ctx2 = {.threads = 2};
@@ -686,8 +710,7 @@ static void test_groupnorm_silu(int n, int c, int hw, int groups)
     size_t nx = (size_t)n * c * hw, ns = (size_t)n * groups;
     float *x = falloc(nx), *gm = falloc(c), *bt = falloc(c), *dy = falloc(nx);
     float *z = falloc(nx), *y = falloc(nx), *y2 = falloc(nx), *m = falloc(ns), *r = falloc(ns);
-    float *m2 = falloc(ns), *r2 = falloc(ns), *gz = falloc(nx), *dx = falloc(nx), *dx2 = falloc(nx);
-    float *dg = calloc(c, 4), *db = calloc(c, 4), *dg2 = calloc(c, 4), *db2 = calloc(c, 4);
+    float *m2 = falloc(ns), *r2 = falloc(ns), *gz = falloc(nx);
     void *ws = malloc(cpu_groupnorm_bwd_ws_bytes(n, c, hw, groups, 1));
     tu_fill(x, nx, 2.0);
     tu_fill(gm, c, 1.0);
@@ -702,35 +725,13 @@ static void test_groupnorm_silu(int n, int c, int hw, int groups)
     CHECK(ef < 1e-6, "%s: fwd rel err %.3g", tag, ef);
     cpu_silu_bwd(gz, dy, z, 0, nx, &ctx2);
     for (int accum = 0; accum < 2; accum++) {
-        tu_fill(dx, nx, 1.0);
-        memcpy(dx2, dx, nx * 4);
-        cpu_groupnorm_bwd(dx, dg, db, gz, x, gm, m, r, accum, n, c, hw, groups, &ctx2);
-        CHECK(cpu_groupnorm_bwd_ws(dx2, dg2, db2, dy, x, gm, bt, m, r, accum, n, c, hw, groups, 1,
-                                   ws, &ctx2) == BK_OK,
-              "%s: bwd status", tag);
-        double ex = tu_rel_err_f(dx2, dx, nx), eg = tu_rel_err_f(dg2, dg, c),
-               eb = tu_rel_err_f(db2, db, c);
-        CHECK(ex < 1e-5 && eg < 1e-5 && eb < 1e-5, "%s accum %d: bwd rel err dx %.3g dgamma %.3g "
-              "dbeta %.3g", tag, accum, ex, eg, eb);
-        /* the workspace kernel without silu against the plain group-norm backward */
-        float *dx3 = falloc(nx), *dg3 = calloc(c, 4), *db3 = calloc(c, 4), *dg4 = calloc(c, 4),
-              *db4 = calloc(c, 4);
-        tu_fill(dx3, nx, 1.0);
-        memcpy(dx2, dx3, nx * 4);
-        cpu_groupnorm_bwd(dx2, dg3, db3, gz, x, gm, m, r, accum, n, c, hw, groups, &ctx2);
-        CHECK(cpu_groupnorm_bwd_ws(dx3, dg4, db4, gz, x, gm, NULL, m, r, accum, n, c, hw, groups, 0,
-                                   ws, &ctx2) == BK_OK,
-              "%s: plain ws status", tag);
-        ex = tu_rel_err_f(dx3, dx2, nx);
-        eg = tu_rel_err_f(dg4, dg3, c);
-        eb = tu_rel_err_f(db4, db3, c);
-        CHECK(ex < 1e-6 && eg < 1e-6 && eb < 1e-6, "%s accum %d: plain ws rel err dx %.3g "
-              "dgamma %.3g dbeta %.3g", tag, accum, ex, eg, eb);
-        free(dx3); free(dg3); free(db3); free(dg4); free(db4);
+        gn_bwd_ws_check(tag, "bwd", dy, gz, x, gm, bt, m, r, accum, n, c, hw, groups, 1, ws, 1e-5,
+                        &ctx2);
+        gn_bwd_ws_check(tag, "plain ws", gz, gz, x, gm, bt, m, r, accum, n, c, hw, groups, 0, ws,
+                        1e-6, &ctx2);
     }
     free(x); free(gm); free(bt); free(dy); free(z); free(y); free(y2); free(m); free(r);
-    free(m2); free(r2); free(gz); free(dx); free(dx2); free(dg); free(db); free(dg2); free(db2);
-    free(ws);
+    free(m2); free(r2); free(gz); free(ws);
 }
 
 int main(void)
