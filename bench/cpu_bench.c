@@ -132,17 +132,17 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
 
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].numel > maxn) maxn = g.tensors[i].numel;
+        if (g.tensors[i]->numel > maxn) maxn = g.tensors[i]->numel;
     float *h = malloc(maxn * sizeof *h);
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM) {
-            init_param(&g.tensors[i], 42, h);
+        if (g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(g.tensors[i], 42, h);
             exec_upload(e, i, h);
         }
     free(h);
     exec_reset_state(e);
 
-    size_t nx = g.tensors[io.x].numel;
+    size_t nx = g.tensors[io.x]->numel;
     float *x = malloc(nx * sizeof *x), *y = malloc(nx * sizeof *y), *t = malloc(batch * sizeof *t);
     fill_normal(x, nx, 1, 0, 0);
     fill_normal(y, nx, 1, 0, 1);
@@ -175,9 +175,9 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     /* a checksum of the weights after the run: equal bits at equal thread counts */
     uint64_t sum = 1469598103934665603ull;
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM) {
+        if (g.tensors[i]->kind == TENSOR_PARAM) {
             const unsigned char *b = (const unsigned char *)exec_tensor(e, i);
-            for (size_t k = 0; k < g.tensors[i].numel * 4; k++) sum = (sum ^ b[k]) * 1099511628211ull;
+            for (size_t k = 0; k < g.tensors[i]->numel * 4; k++) sum = (sum ^ b[k]) * 1099511628211ull;
         }
 
     long peak = rss_peak_kib();

@@ -154,9 +154,9 @@ static int param(struct graph *g, const char *name, int rank, const int *dims,
 {
     int id = graph_param(g, name, rank, dims);
     if (id >= 0) {
-        g->tensors[id].init = init;
-        g->tensors[id].fan_in = fan_in;
-        g->tensors[id].fan_out = fan_out;
+        g->tensors[id]->init = init;
+        g->tensors[id]->fan_in = fan_in;
+        g->tensors[id]->fan_out = fan_out;
     }
     return id;
 }
@@ -165,7 +165,7 @@ static int linear(struct graph *g, const char *name, int x, int out)
 {
     if (x < 0) return -1;
     char n[64];
-    int in = g->tensors[x].d[g->tensors[x].rank - 1];
+    int in = g->tensors[x]->d[g->tensors[x]->rank - 1];
     int wd[2] = {out, in}, bd[1] = {out};
     snprintf(n, sizeof n, "%s.weight", name);
     int w = param(g, n, 2, wd, INIT_FAN_IN_UNIFORM, in, out);
@@ -180,7 +180,7 @@ static int stage(struct graph *g, int s, int x, int co, int groups)
 {
     if (x < 0) return -1;
     char n[64];
-    int ci = g->tensors[x].d[1];
+    int ci = g->tensors[x]->d[1];
     int wd[4] = {co, ci, 3, 3}, cd[1] = {co};
     snprintf(n, sizeof n, "conv%d.weight", s + 1);
     int w = param(g, n, 4, wd, INIT_FAN_IN_UNIFORM, ci * 9, co * 9);
@@ -271,7 +271,7 @@ int classifier_runner_set_param(struct classifier_runner *r, const char *name,
                                 const float *data, size_t numel, char *err, size_t errlen)
 {
     int id = name ? graph_find_param(&r->g, name) : -1;
-    if (id < 0 || r->g.tensors[id].numel != numel) {
+    if (id < 0 || r->g.tensors[id]->numel != numel) {
         if (err && errlen)
             snprintf(err, errlen, "classifier: %s '%s' (%zu values)",
                      id < 0 ? "no parameter" : "wrong size for", name ? name : "(null)", numel);
@@ -283,7 +283,7 @@ int classifier_runner_set_param(struct classifier_runner *r, const char *name,
 int classifier_runner_predict(struct classifier_runner *r, const float *x, int n, float *prob)
 {
     if (!r || !r->e || (n > 0 && (!x || !prob)) || n < 0) return CLASSIFIER_ERR_ARG;
-    const struct tensor *tx = &r->g.tensors[r->io.x];
+    const struct tensor *tx = r->g.tensors[r->io.x];
     size_t per = tx->numel / (size_t)r->batch;
     int k = r->cfg.classes;
     float *chunk = NULL;

@@ -127,9 +127,9 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         /* the inputs are uploaded every step: stage them from the start */
         size_t most = 0;
         for (int i = 0; i < g->n_tensors; i++)
-            if (g->tensors[i].image && g->tensors[i].kind == TENSOR_INPUT &&
-                g->tensors[i].numel > most)
-                most = g->tensors[i].numel;
+            if (g->tensors[i]->image && g->tensors[i]->kind == TENSOR_INPUT &&
+                g->tensors[i]->numel > most)
+                most = g->tensors[i]->numel;
         if (stage_reserve(e, most)) goto fail;
     }
     if (e->opts.profile) {
@@ -167,7 +167,7 @@ int exec_upload(struct exec *e, int id, const float *host)
 {
     float *d = exec_tensor(e, id);
     if (!d) return EXEC_ERR_ARG;
-    const struct tensor *t = &e->g->tensors[id];
+    const struct tensor *t = e->g->tensors[id];
     if (nhwc_image(e, t)) {
         if (stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
         host_transpose(e->stage, host, t->d[0], t->d[1], t->d[2] * t->d[3]);
@@ -180,7 +180,7 @@ int exec_download(struct exec *e, int id, float *host)
 {
     float *d = exec_tensor(e, id);
     if (!d) return EXEC_ERR_ARG;
-    const struct tensor *t = &e->g->tensors[id];
+    const struct tensor *t = e->g->tensors[id];
     int conv = nhwc_image(e, t);
     if (conv && stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
     if (e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx))
@@ -191,7 +191,7 @@ int exec_download(struct exec *e, int id, float *host)
 
 static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id)
 {
-    if (id < 0 || id >= e->g->n_tensors || e->g->tensors[id].kind != TENSOR_PARAM) return NULL;
+    if (id < 0 || id >= e->g->n_tensors || e->g->tensors[id]->kind != TENSOR_PARAM) return NULL;
     size_t base = part == EXEC_PART_EMA      ? e->p->ema_off
                   : part == EXEC_PART_ADAM_M ? e->p->adam_m_off
                   : part == EXEC_PART_ADAM_V ? e->p->adam_v_off
@@ -203,7 +203,7 @@ int exec_download_part(struct exec *e, enum exec_part part, int id, float *host)
 {
     unsigned char *d = part_ptr(e, part, id);
     if (!d) return EXEC_ERR_ARG;
-    return e->bk->mem_download(host, d, tensor_bytes(&e->g->tensors[id]), e->ctx)
+    return e->bk->mem_download(host, d, tensor_bytes(e->g->tensors[id]), e->ctx)
                ? EXEC_ERR_BACKEND
                : EXEC_OK;
 }
@@ -212,7 +212,7 @@ int exec_upload_part(struct exec *e, enum exec_part part, int id, const float *h
 {
     unsigned char *d = part_ptr(e, part, id);
     if (!d) return EXEC_ERR_ARG;
-    return e->bk->mem_upload(d, host, tensor_bytes(&e->g->tensors[id]), e->ctx)
+    return e->bk->mem_upload(d, host, tensor_bytes(e->g->tensors[id]), e->ctx)
                ? EXEC_ERR_BACKEND
                : EXEC_OK;
 }
@@ -325,7 +325,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     const struct backend *bk = e->bk;
     bk_ctx *c = e->ctx;
     void *ws = e->base + e->p->ws_off;
-    const struct tensor *t0 = o->in[0] >= 0 ? &e->g->tensors[o->in[0]] : NULL;
+    const struct tensor *t0 = o->in[0] >= 0 ? e->g->tensors[o->in[0]] : NULL;
     switch (o->type) {
     case OP_CONV2D:
         return bk->conv2d_fwd(Q(0), P(0), P(1), P(2), ws, &o->a.conv, c);
@@ -456,7 +456,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_RESHAPE: /* in place (same bytes) when the planner merged the two */
     case OP_RESHAPE_BWD: {
         /* flattening an NHWC image (or its gradient back) changes the element order */
-        const struct tensor *to = &e->g->tensors[o->out[0]];
+        const struct tensor *to = e->g->tensors[o->out[0]];
         if (nhwc_image(e, t0) != nhwc_image(e, to)) {
             const struct tensor *im = t0->image ? t0 : to;
             int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];

@@ -61,7 +61,10 @@ int graph_init(struct graph *g)
 
 void graph_free(struct graph *g)
 {
-    for (int i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
+    for (int i = 0; i < g->n_tensors; i++) {
+        free(g->tensors[i]->name);
+        free(g->tensors[i]);
+    }
     free(g->tensors);
     free(g->ops);
     memset(g, 0, sizeof *g);
@@ -92,13 +95,15 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
     if (rank < 1 || rank > 4) return graph_fail(g, GRAPH_ERR_SHAPE, "rank %d", rank);
     if (g->n_tensors == g->cap_tensors) {
         int cap = g->cap_tensors ? 2 * g->cap_tensors : 256;
-        struct tensor *t = realloc(g->tensors, (size_t)cap * sizeof *t);
-        if (!t) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
-        g->tensors = t;
+        struct tensor **ts = realloc(g->tensors, (size_t)cap * sizeof *ts);
+        if (!ts) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
+        g->tensors = ts;
         g->cap_tensors = cap;
     }
-    struct tensor *t = &g->tensors[g->n_tensors];
-    memset(t, 0, sizeof *t);
+    struct tensor *t = calloc(1, sizeof *t);
+    if (!t) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
+    int id = g->n_tensors++; /* owned by the graph from here, even if the checks below fail */
+    g->tensors[id] = t;
     t->kind = kind;
     t->dtype = DTYPE_F32;
     t->rank = rank;
@@ -107,6 +112,9 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
         t->d[i] = i < rank ? dims[i] : 1;
         if (t->d[i] < 1) return graph_fail(g, GRAPH_ERR_SHAPE, "%s: dim %d is %d",
                                            name ? name : "tensor", i, t->d[i]);
+        if (t->numel > GRAPH_MAX_NUMEL / (size_t)t->d[i])
+            return graph_fail(g, GRAPH_ERR_SHAPE, "%s: more than 2^40 elements",
+                              name ? name : "tensor");
         t->numel *= (size_t)t->d[i];
     }
     t->grad = -1;
@@ -121,7 +129,7 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
         t->param_index = g->n_params++;
         g->param_numel += t->numel;
     }
-    return g->n_tensors++;
+    return id;
 }
 
 int graph_param(struct graph *g, const char *name, int rank, const int *dims)
@@ -139,7 +147,7 @@ int graph_input(struct graph *g, const char *name, int rank, const int *dims)
 int graph_find_param(const struct graph *g, const char *name)
 {
     for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].kind == TENSOR_PARAM && strcmp(g->tensors[i].name, name) == 0)
+        if (g->tensors[i]->kind == TENSOR_PARAM && strcmp(g->tensors[i]->name, name) == 0)
             return i;
     return -1;
 }
@@ -148,7 +156,7 @@ int graph_find_param(const struct graph *g, const char *name)
 static int act(struct graph *g, int rank, const int *dims, int rg)
 {
     int t = graph_tensor(g, TENSOR_ACT, NULL, rank, dims);
-    if (t >= 0) g->tensors[t].requires_grad = rg;
+    if (t >= 0) g->tensors[t]->requires_grad = rg;
     return t;
 }
 
@@ -173,8 +181,8 @@ static struct op *op_new(struct graph *g, enum op_type type)
     return o;
 }
 
-static const struct tensor *T(const struct graph *g, int id) { return &g->tensors[id]; }
-static int rg(const struct graph *g, int id) { return id >= 0 && g->tensors[id].requires_grad; }
+static const struct tensor *T(const struct graph *g, int id) { return g->tensors[id]; }
+static int rg(const struct graph *g, int id) { return id >= 0 && g->tensors[id]->requires_grad; }
 
 #define BAD(...) return graph_fail(g, GRAPH_ERR_SHAPE, __VA_ARGS__)
 #define NEED(id) if ((id) < 0 || g->status) return -1
@@ -470,7 +478,7 @@ int graph_attention(struct graph *g, int q, int k, int v, int heads, int tiled)
     } else {
         int sd[4] = {s.n, s.heads, s.l, s.l};
         saved = act(g, 4, sd, 0);
-        if (saved >= 0) g->tensors[saved].image = 0; /* probabilities (N,H,L,L) */
+        if (saved >= 0) g->tensors[saved]->image = 0; /* probabilities (N,H,L,L) */
     }
     struct op *o = op_new(g, OP_ATTENTION);
     if (!o || o_id < 0 || saved < 0) return -1;
@@ -532,8 +540,8 @@ int graph_reshape(struct graph *g, int x, int rank, const int *dims)
  * always accumulate; an activation's first writer (in backward order) writes, later ones add. */
 static int grad_of(struct graph *g, int x, int *accum)
 {
-    if (x < 0 || !g->tensors[x].requires_grad) return -1;
-    struct tensor *t = &g->tensors[x];
+    if (x < 0 || !g->tensors[x]->requires_grad) return -1;
+    struct tensor *t = g->tensors[x];
     if (t->grad >= 0) {
         *accum = 1;
         return t->grad;
@@ -549,7 +557,7 @@ static int grad_of(struct graph *g, int x, int *accum)
     int gid = graph_tensor(g, kind, name, t->rank, t->d);
     free(name);
     if (gid < 0) return -1;
-    t = &g->tensors[x]; /* graph_tensor may have moved the array */
+    t = g->tensors[x]; /* graph_tensor may have moved the array */
     t->grad = gid;
     *accum = t->kind == TENSOR_PARAM;
     return gid;
@@ -601,7 +609,7 @@ int graph_backward(struct graph *g, int loss)
             bwd_out(g, o, 0, f.in[0]);
             continue;
         }
-        int dy = g->tensors[f.out[0]].grad;
+        int dy = g->tensors[f.out[0]]->grad;
         if (dy < 0) continue; /* output does not reach the loss */
         int any_in = 0;
         for (int j = 0; j < f.n_in; j++) any_in |= rg(g, f.in[j]);

@@ -92,6 +92,9 @@ enum op_type {
     OP_COUNT
 };
 
+/* no tensor has more elements (4 TiB of f32): bounds every size computed from a shape */
+#define GRAPH_MAX_NUMEL ((size_t)1 << 40)
+
 #define OP_MAX_IN 6
 #define OP_MAX_OUT 3
 
@@ -117,7 +120,9 @@ struct op {
 };
 
 struct graph {
-    struct tensor *tensors;
+    /* one allocation per tensor: a tensor's address never changes while the graph grows, so a
+     * `const struct tensor *` (or its dims) may be held across builder calls that append */
+    struct tensor **tensors;
     int n_tensors, cap_tensors;
     struct op *ops;
     int n_ops, cap_ops;

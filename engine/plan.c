@@ -22,7 +22,7 @@ static int inplace_input(const struct graph *g, const struct op *o, int out_idx,
     case OP_RESHAPE:
     case OP_RESHAPE_BWD:
         *in_idx = 0;
-        return !bk->nhwc || g->tensors[o->in[0]].image == g->tensors[o->out[0]].image;
+        return !bk->nhwc || g->tensors[o->in[0]]->image == g->tensors[o->out[0]]->image;
     case OP_ADD:
     case OP_ADD_BCAST:
     case OP_SILU_BWD:
@@ -171,7 +171,7 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     }
     /* an arena tensor nobody reads (the loss) stays until the step ends: the host reads it */
     for (int t = 0; t < n; t++)
-        if (g->tensors[t].kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t])
+        if (g->tensors[t]->kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t])
             p->last[t] = g->n_ops - 1;
     free(readers);
 
@@ -180,18 +180,18 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
         const struct op *o = &g->ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
-            if (t < 0 || g->tensors[t].kind != TENSOR_ACT || p->storage[t] >= 0) continue;
+            if (t < 0 || g->tensors[t]->kind != TENSOR_ACT || p->storage[t] >= 0) continue;
             int in_idx, src;
             if (!opts->no_reuse && p->first[t] == k && inplace_input(g, o, j, &in_idx, bk) &&
-                (src = o->in[in_idx]) >= 0 && g->tensors[src].kind == TENSOR_ACT &&
+                (src = o->in[in_idx]) >= 0 && g->tensors[src]->kind == TENSOR_ACT &&
                 p->storage[src] >= 0 && p->st[p->storage[src]].last == k &&
-                tensor_bytes(&g->tensors[src]) == tensor_bytes(&g->tensors[t])) {
+                tensor_bytes(g->tensors[src]) == tensor_bytes(g->tensors[t])) {
                 p->storage[t] = p->storage[src];
                 p->st[p->storage[t]].last = p->last[t];
                 continue;
             }
             struct plan_storage *s = &p->st[p->n_storages];
-            s->bytes = tensor_bytes(&g->tensors[t]);
+            s->bytes = tensor_bytes(g->tensors[t]);
             s->first = p->first[t];
             s->last = p->last[t];
             s->offset = -1;
@@ -202,9 +202,9 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     /* persistent parts */
     size_t off = 0;
     for (int t = 0; t < n; t++)
-        if (g->tensors[t].kind == TENSOR_PARAM) {
+        if (g->tensors[t]->kind == TENSOR_PARAM) {
             p->offset[t] = (int64_t)off;
-            off += plan_align(tensor_bytes(&g->tensors[t]));
+            off += plan_align(tensor_bytes(g->tensors[t]));
         }
     p->params_off = 0;
     p->params_bytes = off;
@@ -214,19 +214,19 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     p->ema_off = p->adam_v_off + p->params_bytes;
     off = p->ema_off + p->params_bytes;
     for (int t = 0; t < n; t++) {
-        const struct tensor *tt = &g->tensors[t];
+        const struct tensor *tt = g->tensors[t];
         if (tt->kind == TENSOR_GRAD) {
             int w = -1;
             for (int s = 0; s < n && w < 0; s++)
-                if (g->tensors[s].grad == t) w = s;
+                if (g->tensors[s]->grad == t) w = s;
             p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[w]);
         }
     }
     p->inputs_off = off;
     for (int t = 0; t < n; t++)
-        if (g->tensors[t].kind == TENSOR_INPUT) {
+        if (g->tensors[t]->kind == TENSOR_INPUT) {
             p->offset[t] = (int64_t)off;
-            off += plan_align(tensor_bytes(&g->tensors[t]));
+            off += plan_align(tensor_bytes(g->tensors[t]));
         }
     p->inputs_bytes = off - p->inputs_off;
     p->ws_off = off;

@@ -81,9 +81,9 @@ static int param(struct graph *g, const char *prefix, const char *suffix, int ra
         return graph_fail(g, GRAPH_ERR_SHAPE, "parameter name %s%s is too long", prefix, suffix);
     int id = graph_param(g, name, rank, dims);
     if (id >= 0) {
-        g->tensors[id].init = init;
-        g->tensors[id].fan_in = fan_in;
-        g->tensors[id].fan_out = fan_out;
+        g->tensors[id]->init = init;
+        g->tensors[id]->fan_in = fan_in;
+        g->tensors[id]->fan_out = fan_out;
     }
     return id;
 }
@@ -92,7 +92,7 @@ static int conv(struct graph *g, const char *name, int x, int co, int k, int str
                 int pl, int pb, int pr, int bias)
 {
     if (x < 0) return -1;
-    int ci = g->tensors[x].d[1];
+    int ci = g->tensors[x]->d[1];
     int wd[4] = {co, ci, k, k}, bd[1] = {co};
     int w = param(g, name, ".weight", 4, wd, INIT_FAN_IN_UNIFORM, ci * k * k, co * k * k);
     int b = bias ? param(g, name, ".bias", 1, bd, INIT_FAN_IN_UNIFORM, ci * k * k, 0) : -1;
@@ -107,7 +107,7 @@ static int conv3(struct graph *g, const char *name, int x, int co, int bias)
 static int linear(struct graph *g, const char *name, int x, int out)
 {
     if (x < 0) return -1;
-    int in = g->tensors[x].d[g->tensors[x].rank - 1];
+    int in = g->tensors[x]->d[g->tensors[x]->rank - 1];
     int wd[2] = {out, in}, bd[1] = {out};
     int w = param(g, name, ".weight", 2, wd, INIT_FAN_IN_UNIFORM, in, out);
     int b = param(g, name, ".bias", 1, bd, INIT_FAN_IN_UNIFORM, in, 0);
@@ -127,7 +127,7 @@ static int groupnorm(struct graph *g, const char *name, int x, int groups, float
 {
     if (x < 0) return -1;
     int ga, be;
-    if (!norm_affine(g, name, g->tensors[x].d[1], &ga, &be)) return -1;
+    if (!norm_affine(g, name, g->tensors[x]->d[1], &ga, &be)) return -1;
     return silu ? graph_groupnorm_silu(g, x, ga, be, groups, eps)
                 : graph_groupnorm(g, x, ga, be, groups, eps);
 }
@@ -136,7 +136,7 @@ static int layernorm(struct graph *g, const char *name, int x, float eps)
 {
     if (x < 0) return -1;
     int ga, be;
-    if (!norm_affine(g, name, g->tensors[x].d[g->tensors[x].rank - 1], &ga, &be)) return -1;
+    if (!norm_affine(g, name, g->tensors[x]->d[g->tensors[x]->rank - 1], &ga, &be)) return -1;
     return graph_layernorm(g, x, ga, be, eps);
 }
 
@@ -164,7 +164,7 @@ static int ddpm_resnet(struct graph *g, const struct unet_config *c, const char 
 {
     char b[256];
     if (x < 0) return -1;
-    int in = g->tensors[x].d[1];
+    int in = g->tensors[x]->d[1];
     int h = groupnorm(g, cat(b, sizeof b, name, "norm1"), x, c->groups, c->norm_eps, 1);
     h = conv3(g, cat(b, sizeof b, name, "conv1"), h, out, 1);
     int tp = linear(g, cat(b, sizeof b, name, "time_emb_proj"), temb_act, out);
@@ -183,7 +183,7 @@ static int ddpm_attention(struct graph *g, const struct unet_config *c, const ch
 {
     char b[256];
     if (x < 0) return -1;
-    int ch = g->tensors[x].d[1], hh = g->tensors[x].d[2], ww = g->tensors[x].d[3];
+    int ch = g->tensors[x]->d[1], hh = g->tensors[x]->d[2], ww = g->tensors[x]->d[3];
     int heads = c->attn_head_dim ? ch / c->attn_head_dim : 1;
     int h = groupnorm(g, cat(b, sizeof b, name, "group_norm"), x, c->groups, c->norm_eps, 0);
     h = graph_to_tokens(g, h);
@@ -289,7 +289,7 @@ static int seed_time_term(struct graph *g, const char *name, int x, int t_act)
 {
     char b[256];
     if (x < 0) return -1;
-    int e = linear(g, cat(b, sizeof b, name, ".emb_layer.1"), t_act, g->tensors[x].d[1]);
+    int e = linear(g, cat(b, sizeof b, name, ".emb_layer.1"), t_act, g->tensors[x]->d[1]);
     return graph_add_bcast(g, x, e);
 }
 
@@ -297,7 +297,7 @@ static int seed_down(struct graph *g, const char *name, int x, int out, int t_ac
 {
     char b[256];
     if (x < 0) return -1;
-    int in = g->tensors[x].d[1];
+    int in = g->tensors[x]->d[1];
     int h = graph_maxpool(g, x);
     h = seed_double_conv(g, cat(b, sizeof b, name, ".maxpool_conv.1"), h, in, in, 1);
     h = seed_double_conv(g, cat(b, sizeof b, name, ".maxpool_conv.2"), h, out, out, 0);
@@ -310,7 +310,7 @@ static int seed_up(struct graph *g, const char *name, int x, int skip, int out, 
     int h = graph_upsample_bilinear(g, x, 1);
     h = graph_concat(g, skip, h);
     if (h < 0) return -1;
-    int in = g->tensors[h].d[1];
+    int in = g->tensors[h]->d[1];
     h = seed_double_conv(g, cat(b, sizeof b, name, ".conv.0"), h, in, in, 1);
     h = seed_double_conv(g, cat(b, sizeof b, name, ".conv.1"), h, in / 2, out, 0);
     return seed_time_term(g, name, h, t_act);
@@ -323,7 +323,7 @@ static int seed_attention(struct graph *g, const struct unet_config *c, const ch
 {
     char b[256];
     if (x < 0) return -1;
-    int ch = g->tensors[x].d[1], hh = g->tensors[x].d[2], ww = g->tensors[x].d[3];
+    int ch = g->tensors[x]->d[1], hh = g->tensors[x]->d[2], ww = g->tensors[x]->d[3];
     int tok = graph_to_tokens(g, x);
     int h = layernorm(g, cat(b, sizeof b, name, ".ln"), tok, 1e-5f);
     int wd[2] = {3 * ch, ch}, bd[1] = {3 * ch};
@@ -332,7 +332,7 @@ static int seed_attention(struct graph *g, const struct unet_config *c, const ch
     int qkv = graph_linear(g, h, w, bb);
     int a = graph_attention(g, qkv, -1, -1, heads, attn_form(c, hh * ww, heads, ch));
     a = linear(g, cat(b, sizeof b, name, ".mha.out_proj"), a, ch);
-    if (a >= 0) g->tensors[g->n_tensors - 1].init = INIT_ZEROS; /* out_proj.bias */
+    if (a >= 0) g->tensors[g->n_tensors - 1]->init = INIT_ZEROS; /* out_proj.bias */
     a = graph_add(g, a, tok);
     int f = layernorm(g, cat(b, sizeof b, name, ".ff_self.0"), a, 1e-5f);
     f = linear(g, cat(b, sizeof b, name, ".ff_self.1"), f, ch);
@@ -381,7 +381,7 @@ int unet_build_training(struct graph *g, const struct unet_config *c, int batch,
                         struct unet_io *io, int *target, int *loss)
 {
     if (unet_build(g, c, batch, io)) return g->status;
-    int t = graph_input(g, "target", 4, g->tensors[io->x].d);
+    int t = graph_input(g, "target", 4, g->tensors[io->x]->d);
     int l = graph_mse(g, io->out, t);
     if (target) *target = t;
     if (loss) *loss = l;

@@ -33,7 +33,7 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
     float *dst = host;
     for (int part = EXEC_PART_WEIGHT; part <= EXEC_PART_ADAM_V; part++) {
         for (int i = 0; i < g->n_tensors; i++) {
-            const struct tensor *t = &g->tensors[i];
+            const struct tensor *t = g->tensors[i];
             if (t->kind != TENSOR_PARAM) continue;
             size_t len = strlen(t->name) + 16;
             char *name = malloc(len);
@@ -110,8 +110,8 @@ int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct 
 {
     size_t maxn = 0;
     for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].kind == TENSOR_PARAM && g->tensors[i].numel > maxn)
-            maxn = g->tensors[i].numel;
+        if (g->tensors[i]->kind == TENSOR_PARAM && g->tensors[i]->numel > maxn)
+            maxn = g->tensors[i]->numel;
     float *buf = malloc(maxn * sizeof *buf + 1);
     if (!buf) {
         snprintf(err, errlen, "out of memory");
@@ -128,7 +128,7 @@ int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct 
         enum exec_part src = part == EXEC_PART_WEIGHT && from_ema ? EXEC_PART_EMA
                                                                   : (enum exec_part)part;
         for (int i = 0; i < g->n_tensors; i++) {
-            const struct tensor *t = &g->tensors[i];
+            const struct tensor *t = g->tensors[i];
             if (t->kind != TENSOR_PARAM) continue;
             snprintf(name, sizeof name, "%s%s", part_prefix(src), t->name);
             const struct st_tensor *s;

@@ -261,9 +261,9 @@ static int cmd_demo(int argc, char **argv)
     }
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM && g.tensors[i].numel > maxn)
-            maxn = g.tensors[i].numel;
-    size_t img = g.tensors[io.x].numel, per = img / (size_t)m.batch;
+        if (g.tensors[i]->kind == TENSOR_PARAM && g.tensors[i]->numel > maxn)
+            maxn = g.tensors[i]->numel;
+    size_t img = g.tensors[io.x]->numel, per = img / (size_t)m.batch;
     w = malloc(maxn * sizeof *w);
     x0 = malloc(img * sizeof *x0);
     eps = malloc(img * sizeof *eps);
@@ -274,8 +274,8 @@ static int cmd_demo(int argc, char **argv)
         ddpm_schedule_init(&sch, 1000, DDPM_BETA_LINEAR, 1e-4, 0.02))
         goto out;
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM) {
-            init_param(&g.tensors[i], m.seed, w);
+        if (g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(g.tensors[i], m.seed, w);
             exec_upload(e, i, w);
         }
     exec_reset_state(e);
@@ -498,7 +498,7 @@ static int cmd_export(int argc, char **argv)
     unet_build(&g, &spec.model, 1, &io);
     safetensors_writer_init(&w);
     for (int i = 0; i < g.n_tensors && !g.status; i++) {
-        const struct tensor *t = &g.tensors[i];
+        const struct tensor *t = g.tensors[i];
         if (t->kind != TENSOR_PARAM) continue;
         snprintf(path, sizeof path, "%s%s", raw ? "" : "ema.", t->name);
         const struct st_tensor *s;

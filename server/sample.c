@@ -48,12 +48,12 @@ int sample_job_copy_weights(struct sample_job *j, struct exec *train, const stru
 {
     size_t maxn = 0;
     for (int i = 0; i < j->g.n_tensors; i++)
-        if (j->g.tensors[i].kind == TENSOR_PARAM && j->g.tensors[i].numel > maxn)
-            maxn = j->g.tensors[i].numel;
+        if (j->g.tensors[i]->kind == TENSOR_PARAM && j->g.tensors[i]->numel > maxn)
+            maxn = j->g.tensors[i]->numel;
     float *buf = malloc(maxn * sizeof *buf + 1);
     int rc = buf ? 0 : -1;
     for (int i = 0; i < j->g.n_tensors && !rc; i++) {
-        const struct tensor *t = &j->g.tensors[i];
+        const struct tensor *t = j->g.tensors[i];
         if (t->kind != TENSOR_PARAM) continue;
         int k = graph_find_param(tg, t->name);
         rc = k < 0 ||
@@ -76,7 +76,7 @@ int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
 {
     int T = sch->T, rc = -1;
     int *ts = malloc((size_t)T * sizeof *ts);
-    size_t per = j->g.tensors[j->io.x].numel / (size_t)j->batch;
+    size_t per = j->g.tensors[j->io.x]->numel / (size_t)j->batch;
     size_t bytes = (size_t)j->batch * per * sizeof(float);
     float *x = malloc(bytes), *eps = malloc(bytes), *noise = malloc(bytes), *xp = malloc(bytes);
     float *tf = malloc((size_t)j->batch * sizeof *tf);

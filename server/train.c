@@ -172,7 +172,7 @@ static int build(struct job *j, char *err, size_t errlen)
         snprintf(err, errlen, "cannot allocate the plan's %zu bytes", j->p.total_bytes);
         return -1;
     }
-    size_t img = j->g.tensors[j->io.x].numel;
+    size_t img = j->g.tensors[j->io.x]->numel;
     j->per = img / (size_t)s->batch;
     j->x0 = malloc(img * sizeof(float));
     j->eps = malloc(img * sizeof(float));
@@ -221,13 +221,13 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     } else {
         size_t maxn = 0;
         for (int i = 0; i < j->g.n_tensors; i++)
-            if (j->g.tensors[i].kind == TENSOR_PARAM && j->g.tensors[i].numel > maxn)
-                maxn = j->g.tensors[i].numel;
+            if (j->g.tensors[i]->kind == TENSOR_PARAM && j->g.tensors[i]->numel > maxn)
+                maxn = j->g.tensors[i]->numel;
         float *w = malloc(maxn * sizeof *w);
         if (!w) return -1;
         for (int i = 0; i < j->g.n_tensors; i++)
-            if (j->g.tensors[i].kind == TENSOR_PARAM) {
-                init_param(&j->g.tensors[i], s->seed, w);
+            if (j->g.tensors[i]->kind == TENSOR_PARAM) {
+                init_param(j->g.tensors[i], s->seed, w);
                 exec_upload(j->e, i, w);
             }
         free(w);

@@ -152,7 +152,7 @@ static int fmc_load(struct classifier_runner *r, const char *path, int threads)
         goto out;
     }
     for (int i = 0; i < r->g.n_tensors; i++) {
-        const struct tensor *t = &r->g.tensors[i];
+        const struct tensor *t = r->g.tensors[i];
         if (t->kind != TENSOR_PARAM) continue;
         float *buf = malloc(t->numel * sizeof *buf);
         if (!buf) snprintf(err, sizeof err, "out of memory");
@@ -190,7 +190,7 @@ static int fmc_copy_weights(struct classifier_runner *r, struct exec *e, const s
 {
     char err[256];
     for (int i = 0; i < g->n_tensors; i++) {
-        const struct tensor *t = &g->tensors[i];
+        const struct tensor *t = g->tensors[i];
         if (t->kind != TENSOR_PARAM) continue;
         if (exec_download(e, i, buf) ||
             classifier_runner_set_param(r, t->name, buf, t->numel, err, sizeof err)) {
@@ -215,7 +215,7 @@ static int fmc_save(const struct fmc_train_opts *o, struct exec *e, const struct
     }
     size_t off = 0;
     for (int i = 0; i < g->n_tensors; i++) {
-        const struct tensor *t = &g->tensors[i];
+        const struct tensor *t = g->tensors[i];
         if (t->kind != TENSOR_PARAM) continue;
         int64_t shape[4];
         for (int d = 0; d < t->rank; d++) shape[d] = t->d[d];
@@ -305,8 +305,8 @@ static int fmc_train(const struct fmc_train_opts *o)
     }
     size_t maxn = 0, per = (size_t)c.channels * c.image_size * c.image_size;
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM && g.tensors[i].numel > maxn)
-            maxn = g.tensors[i].numel;
+        if (g.tensors[i]->kind == TENSOR_PARAM && g.tensors[i]->numel > maxn)
+            maxn = g.tensors[i]->numel;
     buf = malloc(maxn * sizeof *buf);
     x = malloc((size_t)o->batch * per * sizeof *x);
     onehot = malloc((size_t)o->batch * c.classes * sizeof *onehot);
@@ -316,8 +316,8 @@ static int fmc_train(const struct fmc_train_opts *o)
         goto out;
     }
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM) {
-            init_param(&g.tensors[i], o->seed, buf);
+        if (g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(g.tensors[i], o->seed, buf);
             exec_upload(e, i, buf);
         }
     exec_reset_state(e);

@@ -60,16 +60,16 @@ static int run(const struct backend *bk, enum unet_preset preset, int batch, int
     }
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].numel > maxn) maxn = g.tensors[i].numel;
+        if (g.tensors[i]->numel > maxn) maxn = g.tensors[i]->numel;
     float *h = malloc(maxn * sizeof *h);
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM) {
-            init_param(&g.tensors[i], 42, h);
+        if (g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(g.tensors[i], 42, h);
             exec_upload(e, i, h);
         }
     free(h);
     exec_reset_state(e);
-    size_t nx = g.tensors[io.x].numel;
+    size_t nx = g.tensors[io.x]->numel;
     float *x = malloc(nx * sizeof *x), *y = malloc(nx * sizeof *y), *t = malloc(batch * sizeof *t);
     for (size_t i = 0; i < nx; i++) {
         x[i] = philox_normal(1, PHILOX_TAG_NOISE, 0, 0, 0, (uint32_t)i);

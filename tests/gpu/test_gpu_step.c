@@ -70,13 +70,13 @@ static int job_init(struct job *j, const struct backend *bk, const struct unet_c
     if (rc) return 100 + rc;
     size_t maxn = 0;
     for (int i = 0; i < j->g.n_tensors; i++)
-        if (j->g.tensors[i].numel > maxn) maxn = j->g.tensors[i].numel;
+        if (j->g.tensors[i]->numel > maxn) maxn = j->g.tensors[i]->numel;
     float *h = malloc(maxn * sizeof *h);
     for (int i = 0; i < j->g.n_tensors; i++)
-        if (j->g.tensors[i].kind == TENSOR_PARAM) {
-            init_param(&j->g.tensors[i], 42, h);
-            if (j->g.tensors[i].init == INIT_ONES || j->g.tensors[i].init == INIT_ZEROS)
-                for (size_t k = 0; k < j->g.tensors[i].numel; k++)
+        if (j->g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(j->g.tensors[i], 42, h);
+            if (j->g.tensors[i]->init == INIT_ONES || j->g.tensors[i]->init == INIT_ZEROS)
+                for (size_t k = 0; k < j->g.tensors[i]->numel; k++)
                     h[k] += 0.1f * (philox_uniform_at(7, 1, (uint64_t)i, 0, 0, (uint32_t)k) - 0.5f);
             exec_upload(j->e, i, h);
         }
@@ -94,8 +94,8 @@ static void job_free(struct job *j)
 
 static void feed(struct job *j, int s)
 {
-    size_t n = j->g.tensors[j->io.x].numel;
-    int b = j->g.tensors[j->io.x].d[0];
+    size_t n = j->g.tensors[j->io.x]->numel;
+    int b = j->g.tensors[j->io.x]->d[0];
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), t[64];
     for (size_t i = 0; i < n; i++) {
         x[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 0, 0, (uint32_t)i);
@@ -126,9 +126,9 @@ static double grad_norm(struct job *c, float *y)
 {
     double ss = 0;
     for (int i = 0; i < c->g.n_tensors; i++)
-        if (c->g.tensors[i].kind == TENSOR_GRAD) {
+        if (c->g.tensors[i]->kind == TENSOR_GRAD) {
             dl(c, i, -1, y);
-            for (size_t k = 0; k < c->g.tensors[i].numel; k++) ss += (double)y[k] * y[k];
+            for (size_t k = 0; k < c->g.tensors[i]->numel; k++) ss += (double)y[k] * y[k];
         }
     return sqrt(ss);
 }
@@ -139,7 +139,7 @@ static double grad_norm(struct job *c, float *y)
  * rounding there, which no relative measure can compare */
 static double grad_err(struct job *a, struct job *b, int id, double gnorm, float *x, float *y)
 {
-    size_t n = a->g.tensors[id].numel;
+    size_t n = a->g.tensors[id]->numel;
     dl(a, id, -1, x);
     dl(b, id, -1, y);
     double num = 0, den = 0;
@@ -160,13 +160,13 @@ static void check_after_adamw(const char *name, int s, struct job *a, struct job
 {
     size_t maxn = 0;
     for (int i = 0; i < a->g.n_tensors; i++)
-        if (a->g.tensors[i].numel > maxn) maxn = a->g.tensors[i].numel;
+        if (a->g.tensors[i]->numel > maxn) maxn = a->g.tensors[i]->numel;
     float *ga = malloc(maxn * 4), *gb = malloc(maxn * 4), *x = malloc(maxn * 4),
           *y = malloc(maxn * 4);
     double worst[4] = {0, 0, 0, 0}, far = 0;
     size_t noisy = 0;
     for (int i = 0; i < a->g.n_tensors; i++) {
-        const struct tensor *t = &a->g.tensors[i];
+        const struct tensor *t = a->g.tensors[i];
         if (t->kind != TENSOR_PARAM || t->grad < 0) continue;
         dl(a, t->grad, -1, ga);
         dl(b, t->grad, -1, gb);
@@ -248,15 +248,15 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards)
         double worst = 0, gnorm = grad_norm(&cj, y);
         int worst_id = -1, ngrads = 0;
         for (int i = 0; i < gj.g.n_tensors; i++) {
-            if (gj.g.tensors[i].kind != TENSOR_GRAD) continue;
+            if (gj.g.tensors[i]->kind != TENSOR_GRAD) continue;
             double e = grad_err(&gj, &cj, i, gnorm, x, y);
             ngrads++;
             if (!(e <= worst)) worst = e, worst_id = i;
             if (!(e < tol)) {
                 const char *pn = "?";
                 for (int k = 0; k < gj.g.n_tensors; k++)
-                    if (gj.g.tensors[k].grad == i && gj.g.tensors[k].name)
-                        pn = gj.g.tensors[k].name;
+                    if (gj.g.tensors[k]->grad == i && gj.g.tensors[k]->name)
+                        pn = gj.g.tensors[k]->name;
                 CHECK(0, "%s step %d: gradient of %s: rel err %.3g", name, s, pn, e);
             }
         }

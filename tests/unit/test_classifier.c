@@ -118,8 +118,8 @@ static void test_xent(void)
     CHECK(exec_forward(j.e, &loss_f) == 0, "xent: forward");
     CHECK(exec_download(j.e, j.prob, prob) == 0, "xent: download prob");
     CHECK(exec_forward_backward(j.e, 1, 1.0f, 1, 0, 0, &loss_fb) == 0, "xent: forward+backward");
-    exec_download(j.e, j.g.tensors[j.w].grad, dw);
-    exec_download(j.e, j.g.tensors[j.b].grad, db);
+    exec_download(j.e, j.g.tensors[j.w]->grad, dw);
+    exec_download(j.e, j.g.tensors[j.b]->grad, db);
     double le = fabs(loss_f - loss_ref) / fabs(loss_ref);
     CHECK(le < 1e-6, "xent loss %.9g vs float64 %.9g (rel %.2e)", (double)loss_f, loss_ref, le);
     CHECK(loss_f == loss_fb, "xent loss: forward %.9g, forward+backward %.9g", (double)loss_f,
@@ -154,7 +154,7 @@ static void test_xent(void)
         double err = fabs(fd - probe[q].grad) / (fabs(fd) + 1e-2);
         worst = err > worst ? err : worst;
         CHECK(err < 2e-3, "xent finite difference %s[%d]: analytic %.6g, numeric %.6g",
-              j.g.tensors[probe[q].id].name, probe[q].idx, (double)probe[q].grad, fd);
+              j.g.tensors[probe[q].id]->name, probe[q].idx, (double)probe[q].grad, fd);
     }
     printf("xent finite differences (6 parameters through linear -> reshape -> xent): worst "
            "rel %.1e\n",
@@ -163,7 +163,7 @@ static void test_xent(void)
     float dw2[XK * XD];
     exec_forward_backward(j.e, 1, 0.5f, 1, 0, 0, NULL);
     exec_forward_backward(j.e, 0, 0.5f, 1, 0, 0, NULL);
-    exec_download(j.e, j.g.tensors[j.w].grad, dw2);
+    exec_download(j.e, j.g.tensors[j.w]->grad, dw2);
     CHECK(tu_rel_err_f(dw2, dw, XK * XD) < 1e-6, "xent: two half-scaled micro-batches != one");
     xent_job_free(&j);
 }
@@ -203,8 +203,8 @@ static void test_graph(void)
         CHECK(graph_find_param(&g, names[i]) >= 0, "no parameter %s", names[i]);
     /* 32*9 + 64 + 64*32*9 + 128 + 64*64*9 + 128 + 1024*128 + 128 + 128*10 + 10 */
     CHECK(g.param_numel == 188394, "%zu parameter values", g.param_numel);
-    CHECK(g.tensors[io.logits].rank == 2 && g.tensors[io.logits].d[0] == 4 &&
-              g.tensors[io.logits].d[1] == 10,
+    CHECK(g.tensors[io.logits]->rank == 2 && g.tensors[io.logits]->d[0] == 4 &&
+              g.tensors[io.logits]->d[1] == 10,
           "logits shape");
     graph_free(&g);
 }
@@ -230,7 +230,7 @@ static int load_classifier(struct classifier_runner *r, const char *path)
         goto out;
     }
     for (int i = 0; i < r->g.n_tensors; i++) {
-        const struct tensor *t = &r->g.tensors[i];
+        const struct tensor *t = r->g.tensors[i];
         if (t->kind != TENSOR_PARAM) continue;
         float *buf = malloc(t->numel * sizeof *buf);
         int bad = !buf ||

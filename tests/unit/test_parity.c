@@ -156,7 +156,7 @@ static void run_fixture(const char *path, int tiled)
         if (strncmp(t->name, "param.", 6) == 0) {
             n_file_params++;
             int id = graph_find_param(&g, t->name + 6);
-            CHECK(id >= 0 && g.tensors[id].numel == (size_t)t->numel, "param %s: %s", t->name,
+            CHECK(id >= 0 && g.tensors[id]->numel == (size_t)t->numel, "param %s: %s", t->name,
                   id < 0 ? "not in the graph" : "size differs");
         }
     }
@@ -171,16 +171,16 @@ static void run_fixture(const char *path, int tiled)
     if (!e) goto out_plan;
     char name[300];
     for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i].kind == TENSOR_PARAM) {
-            snprintf(name, sizeof name, "param.%s", g.tensors[i].name);
-            const float *w = tensor(st, name, g.tensors[i].numel);
+        if (g.tensors[i]->kind == TENSOR_PARAM) {
+            snprintf(name, sizeof name, "param.%s", g.tensors[i]->name);
+            const float *w = tensor(st, name, g.tensors[i]->numel);
             if (w) exec_upload(e, i, w);
         }
     exec_reset_state(e);
 
     struct ddpm_schedule sch;
     ddpm_schedule_init(&sch, T, DDPM_BETA_LINEAR, 1e-4, 0.02);
-    size_t img = g.tensors[io.x].numel, per = img / (size_t)batch;
+    size_t img = g.tensors[io.x]->numel, per = img / (size_t)batch;
     float *xt = malloc(img * sizeof *xt), *out = malloc(img * sizeof *out);
     float *tf = malloc((size_t)batch * sizeof *tf);
     int *ti = malloc((size_t)batch * sizeof *ti);
@@ -224,10 +224,10 @@ static void run_fixture(const char *path, int tiled)
               ref_loss[s], lrel);
         if (s == 0) {
             for (int i = 0; i < g.n_tensors; i++) {
-                if (g.tensors[i].kind != TENSOR_PARAM) continue;
-                snprintf(name, sizeof name, "grad.%s", g.tensors[i].name);
-                size_t n = g.tensors[i].numel;
-                exec_download(e, g.tensors[i].grad, host);
+                if (g.tensors[i]->kind != TENSOR_PARAM) continue;
+                snprintf(name, sizeof name, "grad.%s", g.tensors[i]->name);
+                size_t n = g.tensors[i]->numel;
+                exec_download(e, g.tensors[i]->grad, host);
                 const float *ref = tensor(st, name, n);
                 size_t lo, hi;
                 if (key_bias_slice(name, n, &lo, &hi)) {
@@ -260,15 +260,15 @@ static void run_fixture(const char *path, int tiled)
 
     double worst_final = 0, worst_ema = 0;
     for (int i = 0; i < g.n_tensors; i++) {
-        if (g.tensors[i].kind != TENSOR_PARAM) continue;
-        size_t n = g.tensors[i].numel;
+        if (g.tensors[i]->kind != TENSOR_PARAM) continue;
+        size_t n = g.tensors[i]->numel;
         double rel, mx;
-        snprintf(name, sizeof name, "final.%s", g.tensors[i].name);
+        snprintf(name, sizeof name, "final.%s", g.tensors[i]->name);
         exec_download(e, i, host);
         errs_param(name, host, refc, tensor(st, name, n), n, &rel, &mx);
         if (rel > worst_final) worst_final = rel;
         CHECK(rel <= 1e-4, "%s %s: rel %.3g", path, name, rel);
-        snprintf(name, sizeof name, "ema.%s", g.tensors[i].name);
+        snprintf(name, sizeof name, "ema.%s", g.tensors[i]->name);
         exec_download_ema(e, i, host);
         errs_param(name, host, refc, tensor(st, name, n), n, &rel, &mx);
         if (rel > worst_ema) worst_ema = rel;

@@ -94,14 +94,14 @@ static int job_init(struct job *j, const struct unet_config *c, int batch,
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), eo)) return -1;
     size_t maxn = 0;
     for (int i = 0; i < j->g.n_tensors; i++)
-        if (j->g.tensors[i].numel > maxn) maxn = j->g.tensors[i].numel;
+        if (j->g.tensors[i]->numel > maxn) maxn = j->g.tensors[i]->numel;
     float *h = malloc(maxn * sizeof *h);
     for (int i = 0; i < j->g.n_tensors; i++)
-        if (j->g.tensors[i].kind == TENSOR_PARAM) {
-            init_param(&j->g.tensors[i], 42, h);
+        if (j->g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(j->g.tensors[i], 42, h);
             /* norm scales and biases off their defaults so every path carries signal */
-            if (j->g.tensors[i].init == INIT_ONES || j->g.tensors[i].init == INIT_ZEROS)
-                for (size_t k = 0; k < j->g.tensors[i].numel; k++)
+            if (j->g.tensors[i]->init == INIT_ONES || j->g.tensors[i]->init == INIT_ZEROS)
+                for (size_t k = 0; k < j->g.tensors[i]->numel; k++)
                     h[k] += 0.1f * (philox_uniform_at(7, 1, (uint64_t)i, 0, 0, (uint32_t)k) - 0.5f);
             exec_upload(j->e, i, h);
         }
@@ -120,8 +120,8 @@ static void job_free(struct job *j)
 /* a deterministic batch for step s */
 static void feed(struct job *j, int s)
 {
-    size_t n = j->g.tensors[j->io.x].numel;
-    int b = j->g.tensors[j->io.x].d[0];
+    size_t n = j->g.tensors[j->io.x]->numel;
+    int b = j->g.tensors[j->io.x]->d[0];
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), t[64];
     for (size_t i = 0; i < n; i++) {
         x[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 0, 0, (uint32_t)i);
@@ -147,8 +147,8 @@ static int step(struct job *j, int s, float *loss)
 static int params_equal(struct job *a, struct job *b)
 {
     for (int i = 0; i < a->g.n_tensors; i++) {
-        if (a->g.tensors[i].kind != TENSOR_PARAM && a->g.tensors[i].kind != TENSOR_GRAD) continue;
-        size_t n = a->g.tensors[i].numel;
+        if (a->g.tensors[i]->kind != TENSOR_PARAM && a->g.tensors[i]->kind != TENSOR_GRAD) continue;
+        size_t n = a->g.tensors[i]->numel;
         float *x = malloc(n * 4), *y = malloc(n * 4);
         exec_download(a->e, i, x);
         exec_download(b->e, i, y);
@@ -157,7 +157,7 @@ static int params_equal(struct job *a, struct job *b)
         free(y);
         if (!same) {
             fprintf(stderr, "tensor %d (%s) differs\n", i,
-                    a->g.tensors[i].name ? a->g.tensors[i].name : "grad");
+                    a->g.tensors[i]->name ? a->g.tensors[i]->name : "grad");
             return 0;
         }
     }
@@ -247,9 +247,9 @@ static void checks_catch_bugs(void)
     float *gr = malloc(j.g.param_numel * 4);
     int nan = !isfinite(loss);
     for (int i = 0; i < j.g.n_tensors && !nan; i++)
-        if (j.g.tensors[i].kind == TENSOR_GRAD) {
+        if (j.g.tensors[i]->kind == TENSOR_GRAD) {
             exec_download(j.e, i, gr);
-            for (size_t k = 0; k < j.g.tensors[i].numel; k++) nan |= !isfinite(gr[k]);
+            for (size_t k = 0; k < j.g.tensors[i]->numel; k++) nan |= !isfinite(gr[k]);
         }
     CHECK(nan, "poisoning did not expose a storage freed too early");
     free(gr);

@@ -35,7 +35,7 @@ int main(void)
         CHECK(graph_find_param(&g, names[i]) >= 0, "ddpm: no parameter %s", names[i]);
     CHECK(graph_find_param(&g, "down_blocks.3.downsamplers.0.conv.weight") < 0,
           "ddpm: the last level has no downsampler");
-    const struct tensor *out = &g.tensors[io.out];
+    const struct tensor *out = g.tensors[io.out];
     CHECK(out->d[0] == 2 && out->d[1] == 3 && out->d[2] == 32 && out->d[3] == 32,
           "ddpm output (%d,%d,%d,%d)", out->d[0], out->d[1], out->d[2], out->d[3]);
     graph_free(&g);
@@ -51,7 +51,7 @@ int main(void)
     for (size_t i = 0; i < sizeof seed_names / sizeof *seed_names; i++)
         CHECK(graph_find_param(&g, seed_names[i]) >= 0, "seed: no parameter %s", seed_names[i]);
     int w = graph_find_param(&g, "sa1.mha.in_proj_weight");
-    CHECK(w >= 0 && g.tensors[w].d[0] == 384 && g.tensors[w].d[1] == 128, "sa1 in_proj shape");
+    CHECK(w >= 0 && g.tensors[w]->d[0] == 384 && g.tensors[w]->d[1] == 128, "sa1 in_proj shape");
     CHECK(graph_find_param(&g, "inc.double_conv.0.bias") < 0, "seed convs have no bias");
     /* attention at 32, 16, 8, 16, 32 and 64 px: 4096 tokens in sa6 */
     int max_tokens = 0;
