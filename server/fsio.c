@@ -1,9 +1,11 @@
-/* fsio.c - opening regular files only, with the reason in the error (see fsio.h). */
+/* fsio.c - opening regular files only, and the one atomic write of job files (temp, fsync,
+ * rename, fsync of the folder), with the reason in every error (see fsio.h). */
 #include "fsio.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,4 +60,126 @@ FILE *fsio_fopen_read(const char *path, char *err, size_t errlen)
         close(fd);
     }
     return f;
+}
+
+/* every byte of buf, retrying short writes and EINTR; 0 or -1 with errno set */
+static int fsio_write_full(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t k = write(fd, p, len);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (k == 0) {
+            errno = EIO; /* a regular file that accepts nothing: not progress */
+            return -1;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char *err,
+                      size_t errlen)
+{
+    char tmp[FSIO_PATH_MAX], dir[FSIO_PATH_MAX];
+    int fd = -1, dfd = -1, created = 0, rc = -1;
+    size_t plen = path ? strlen(path) : 0;
+    if (err && errlen) err[0] = '\0';
+    if (!path || !*path || n < 0 || (n > 0 && !bufs)) {
+        fsio_err(err, errlen, "fsio_write_atomic: NULL or empty argument");
+        return -1;
+    }
+    if (plen > (size_t)FSIO_FINAL_MAX) {
+        fsio_err(err, errlen, "cannot write '%.200s...': the path is %zu bytes (limit %d)", path,
+                 plen, FSIO_FINAL_MAX);
+        return -1;
+    }
+    /* the folder, for the post-rename fsync ("." for a bare name, "/" for "/name") */
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    /* same folder as path, so the rename is atomic; mkstemp makes the name unique per call, so
+     * concurrent writers of one path never share a temporary */
+    snprintf(tmp, sizeof tmp, "%s" FSIO_TMP_INFIX "XXXXXX", path);
+    fd = mkstemp(tmp);
+    if (fd < 0) {
+        fsio_err(err, errlen, "cannot create a temporary for '%s': %s", path, strerror(errno));
+        goto out;
+    }
+    created = 1;
+    if (fchmod(fd, 0644) != 0) {
+        fsio_err(err, errlen, "cannot chmod '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        if (bufs[i].len && fsio_write_full(fd, bufs[i].data, bufs[i].len) != 0) {
+            fsio_err(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
+            goto out;
+        }
+    if (fsync(fd) != 0) {
+        fsio_err(err, errlen, "cannot fsync '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    int closed = close(fd);
+    fd = -1;
+    if (closed != 0) {
+        fsio_err(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        fsio_err(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        goto out;
+    }
+    created = 0; /* the temporary's name is gone: path holds the new file */
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        fsio_err(err, errlen, "saved '%s' but cannot open its folder to fsync: %s", path,
+                 strerror(errno));
+        goto out;
+    }
+    /* EINVAL: the filesystem cannot sync folders; nothing more can be done there */
+    if (fsync(dfd) != 0 && errno != EINVAL) {
+        fsio_err(err, errlen, "saved '%s' but cannot fsync its folder: %s", path, strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    if (fd >= 0) close(fd);
+    if (created) unlink(tmp);
+    if (dfd >= 0) close(dfd);
+    return rc;
+}
+
+int fsio_write_atomic_text(const char *path, const char *text, char *err, size_t errlen)
+{
+    struct fsio_buf b = {text, text ? strlen(text) : 0};
+    return fsio_write_atomic(path, &b, 1, err, errlen);
+}
+
+int fsio_is_temp_of(const char *name, const char *base)
+{
+    size_t nb = strlen(base), ni = sizeof FSIO_TMP_INFIX - 1;
+    return strncmp(name, base, nb) == 0 && strncmp(name + nb, FSIO_TMP_INFIX, ni) == 0 &&
+           strlen(name + nb + ni) == 6;
+}
+
+int fsio_path(char *buf, size_t len, char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+    if (k >= 0 && (size_t)k < len) return 0;
+    fsio_err(err, errlen, "path too long: %d bytes (limit %zu): '%.200s...'", k, len ? len - 1 : 0,
+             buf);
+    if (len) buf[0] = '\0';
+    return -1;
 }

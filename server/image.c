@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fsio.h"
+
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
@@ -398,14 +400,38 @@ static unsigned char img_quantise(float v)
 }
 
 struct png_wr {
-    FILE *fp;
     png_structp png;
     png_infop info;
     unsigned char *row; /* w * c bytes */
     const float *chw;
     int c, h, w;
     struct png_errctx e;
+    unsigned char *buf; /* the encoded file, grown by png_wr_data */
+    size_t len, cap;
+    int oom;
 };
+
+/* libpng's output into st->buf: the file is written in one piece by fsio_write_atomic, so a
+ * failed write reports its errno there instead of libpng's bare "Write Error" */
+static void png_wr_data(png_structp png, png_bytep data, size_t n)
+{
+    struct png_wr *st = png_get_io_ptr(png);
+    if (n > st->cap - st->len) {
+        size_t cap = st->cap ? st->cap : 4096;
+        while (cap - st->len < n && cap < ((size_t)1 << 40)) cap *= 2;
+        unsigned char *b = cap - st->len >= n ? realloc(st->buf, cap) : NULL;
+        if (!b) {
+            st->oom = 1;
+            png_error(png, "out of memory encoding the PNG");
+        }
+        st->buf = b;
+        st->cap = cap;
+    }
+    memcpy(st->buf + st->len, data, n);
+    st->len += n;
+}
+
+static void png_wr_flush(png_structp png) { (void)png; }
 
 /* Same setjmp discipline as png_rd_run: nothing local is read after the longjmp. */
 static int png_wr_run(struct png_wr *st)
@@ -414,7 +440,7 @@ static int png_wr_run(struct png_wr *st)
     int y, x, ch;
 
     if (setjmp(png_jmpbuf(st->png))) return -1;
-    png_init_io(st->png, st->fp);
+    png_set_write_fn(st->png, st, png_wr_data, png_wr_flush);
     png_set_IHDR(st->png, st->info, (png_uint_32)st->w, (png_uint_32)st->h, 8,
                  st->c == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
@@ -430,26 +456,11 @@ static int png_wr_run(struct png_wr *st)
     return 0;
 }
 
-/* the directory holding path, for the post-rename fsync */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
-    char *d = malloc(n + 1);
-    if (!d) return NULL;
-    if (!slash) memcpy(d, ".", 1);
-    else memcpy(d, path, n);
-    d[n] = '\0';
-    return d;
-}
-
 enum image_status image_save_png(const char *path, const float *chw, int c, int h, int w,
                                  char *err, size_t errlen)
 {
     enum image_status rc = IMAGE_ERR_ARG;
     struct png_wr st;
-    char *tmp = NULL, *dir = NULL;
-    int fd = -1, dfd = -1, created = 0, closed;
 
     memset(&st, 0, sizeof st);
     if (err && errlen) err[0] = '\0';
@@ -464,88 +475,32 @@ enum image_status image_save_png(const char *path, const float *chw, int c, int 
     st.w = w;
 
     rc = IMAGE_ERR_NOMEM;
-    tmp = malloc(strlen(path) + 16);
-    dir = dir_of(path);
     st.row = malloc((size_t)w * c);
-    if (!tmp || !dir || !st.row) {
+    if (!st.row) {
         set_err(err, errlen, "out of memory saving '%s'", path);
         goto done;
     }
-    /* same directory as path, so the rename is atomic; mkstemp makes the name unique per call,
-     * so concurrent saves of one path never share a temp file */
-    snprintf(tmp, strlen(path) + 16, "%s.tmp.XXXXXX", path);
-
-    rc = IMAGE_ERR_IO;
-    fd = mkstemp(tmp);
-    if (fd < 0) {
-        set_err(err, errlen, "cannot create a temp file for '%s': %s", path, strerror(errno));
-        goto done;
-    }
-    created = 1;
-    if (fchmod(fd, 0644) != 0) {
-        set_err(err, errlen, "cannot chmod '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    st.fp = fdopen(fd, "wb");
-    if (!st.fp) {
-        set_err(err, errlen, "cannot open '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    fd = -1; /* owned by st.fp now */
-
-    rc = IMAGE_ERR_NOMEM;
     st.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &st.e, png_err_fn, png_warn_fn);
     if (st.png) st.info = png_create_info_struct(st.png);
     if (!st.png || !st.info) {
         set_err(err, errlen, "'%s': cannot create the libpng writer", path);
         goto done;
     }
-    rc = IMAGE_ERR_IO;
     if (png_wr_run(&st) != 0) {
-        set_err(err, errlen, "cannot write '%s': %s", tmp, st.e.msg[0] ? st.e.msg : "libpng error");
+        rc = st.oom ? IMAGE_ERR_NOMEM : IMAGE_ERR_IO;
+        set_err(err, errlen, "cannot encode '%s': %s", path,
+                st.e.msg[0] ? st.e.msg : "libpng error");
         goto done;
     }
-    if (fflush(st.fp) != 0 || ferror(st.fp)) {
-        set_err(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (fsync(fileno(st.fp)) != 0) {
-        set_err(err, errlen, "cannot fsync '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    closed = fclose(st.fp);
-    st.fp = NULL;
-    if (closed != 0) {
-        set_err(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        set_err(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        goto done;
-    }
-    created = 0;
-    /* make the rename durable; path already holds the new file if this fails */
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        set_err(err, errlen, "saved '%s' but cannot open its directory to fsync: %s", path,
-                strerror(errno));
-        goto done;
-    }
-    if (fsync(dfd) != 0 && errno != EINVAL) {
-        set_err(err, errlen, "saved '%s' but cannot fsync its directory: %s", path,
-                strerror(errno));
-        goto done;
-    }
+    /* temp in the same folder, every byte, fsync, rename, fsync of the folder (fsio.h) */
+    rc = IMAGE_ERR_IO;
+    struct fsio_buf b = {st.buf, st.len};
+    if (fsio_write_atomic(path, &b, 1, err, errlen)) goto done;
     rc = IMAGE_OK;
 done:
     if (st.png) png_destroy_write_struct(&st.png, st.info ? &st.info : NULL);
-    if (st.fp) fclose(st.fp);
-    if (fd >= 0) close(fd);
-    if (created) unlink(tmp);
-    if (dfd >= 0) close(dfd);
     free(st.row);
-    free(tmp);
-    free(dir);
+    free(st.buf);
     return rc;
 }
 

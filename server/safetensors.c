@@ -9,12 +9,15 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "fsio.h"
 
 /* Tensor bytes are copied between file and memory unchanged, which is only right on a
  * little-endian host (the format is little-endian). */
@@ -208,19 +211,6 @@ static int read_full(int fd, void *buf, size_t n, int *eof)
             *eof = 1;
             return 0;
         }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 1;
-}
-
-static int write_full(int fd, const void *buf, size_t n)
-{
-    const unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t r = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return 0;
         p += r;
         n -= (size_t)r;
     }
@@ -561,11 +551,9 @@ enum st_status safetensors_open(struct safetensors **out, const char *path, char
         set_err(err, errlen, "safetensors_open: NULL argument");
         goto done;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        set_err(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-        goto done;
-    }
+    /* regular files only: a FIFO must not block open() (fsio.h) */
+    fd = fsio_open_regular(path, O_RDONLY, err, errlen);
+    if (fd < 0) goto done;
     if (fstat(fd, &sb) != 0) {
         set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
         goto done;
@@ -892,28 +880,15 @@ static void sb_json_str(struct st_sbuf *b, const char *s)
     sb_put(b, "\"", 1);
 }
 
-/* the directory holding path, for the post-rename fsync */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
-    char *d = malloc(n + 1);
-    if (!d) return NULL;
-    if (!slash) memcpy(d, ".", 1);
-    else memcpy(d, path, n);
-    d[n] = '\0';
-    return d;
-}
-
 enum st_status safetensors_writer_save(const struct safetensors_writer *w, const char *path,
                                        char *err, size_t errlen)
 {
     enum st_status rc = ST_ERR_ARG;
     struct st_sbuf hb = {0};
-    char *tmp = NULL, *dir = NULL;
+    struct fsio_buf *bufs = NULL;
     unsigned char lenbuf[8];
     uint64_t off = 0, hlen;
-    int fd = -1, dfd = -1, created = 0, i;
+    int i;
     size_t k;
 
     if (err && errlen) err[0] = '\0';
@@ -971,72 +946,23 @@ enum st_status safetensors_writer_save(const struct safetensors_writer *w, const
         goto done;
     }
 
+    /* length, header, tensors in order: one atomic write (fsio.h) */
     rc = ST_ERR_NOMEM;
-    tmp = malloc(strlen(path) + 32);
-    dir = dir_of(path);
-    if (!tmp || !dir) {
+    bufs = malloc((w->n + 2) * sizeof *bufs);
+    if (!bufs) {
         set_err(err, errlen, "out of memory");
         goto done;
     }
-    /* same directory as path, so the rename is atomic (same filesystem) */
-    snprintf(tmp, strlen(path) + 32, "%s.tmp.%ld", path, (long)getpid());
-
-    rc = ST_ERR_IO;
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        set_err(err, errlen, "cannot create '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    created = 1;
     hlen = hb.len;
     for (i = 0; i < 8; i++) lenbuf[i] = (unsigned char)(hlen >> (8 * i));
-    if (!write_full(fd, lenbuf, 8) || !write_full(fd, hb.p, hb.len)) {
-        set_err(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    for (k = 0; k < w->n; k++) {
-        if (w->t[k].nbytes && !write_full(fd, w->t[k].data, w->t[k].nbytes)) {
-            set_err(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
-            goto done;
-        }
-    }
-    if (fsync(fd) != 0) {
-        set_err(err, errlen, "cannot fsync '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    i = close(fd);
-    fd = -1;
-    if (i != 0) {
-        set_err(err, errlen, "cannot close '%s': %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        set_err(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        goto done;
-    }
-    created = 0; /* the temp name is gone; path now holds the new file */
-
-    /* make the rename itself durable; from here on path is already replaced, so a failure only
-     * means the new file might not survive a crash */
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        set_err(err, errlen, "saved '%s' but cannot open its directory to fsync: %s", path,
-                strerror(errno));
-        goto done;
-    }
-    /* EINVAL: the filesystem cannot sync directories; nothing more can be done there */
-    if (fsync(dfd) != 0 && errno != EINVAL) {
-        set_err(err, errlen, "saved '%s' but cannot fsync its directory: %s", path,
-                strerror(errno));
-        goto done;
-    }
+    bufs[0] = (struct fsio_buf){lenbuf, 8};
+    bufs[1] = (struct fsio_buf){hb.p, hb.len};
+    for (k = 0; k < w->n; k++) bufs[k + 2] = (struct fsio_buf){w->t[k].data, w->t[k].nbytes};
+    rc = ST_ERR_IO;
+    if (w->n + 2 > INT_MAX || fsio_write_atomic(path, bufs, (int)(w->n + 2), err, errlen)) goto done;
     rc = ST_OK;
 done:
-    if (fd >= 0) close(fd);
-    if (created) unlink(tmp);
-    if (dfd >= 0) close(dfd);
-    free(tmp);
-    free(dir);
+    free(bufs);
     free(hb.p);
     return rc;
 }
