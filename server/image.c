@@ -53,26 +53,43 @@ void image_free(struct image *img)
 /* ---- libpng error plumbing ---- */
 
 struct png_errctx {
-    char msg[200];
-    int nomem; /* the error was our own allocation failure */
+    char msg[320];
+    char warn[120]; /* the last warning: libpng says why an IHDR is invalid only in one */
+    int nomem;      /* the error was our own allocation failure */
 };
 
 /* libpng requires that an error handler never returns: record the message, then longjmp. */
 static void png_err_fn(png_structp png, png_const_charp msg)
 {
     struct png_errctx *e = png_get_error_ptr(png);
-    if (e) snprintf(e->msg, sizeof e->msg, "%s", msg ? msg : "libpng error");
+    if (!msg) msg = "libpng error";
+    if (e && !strcmp(msg, "Invalid IHDR data") && strstr(e->warn, "exceeds user limit"))
+        snprintf(e->msg, sizeof e->msg,
+                 "image width or height is over the %d-pixel limit (IMAGE_MAX_SIDE)",
+                 IMAGE_MAX_SIDE);
+    else if (e && !strcmp(msg, "Invalid IHDR data") && e->warn[0])
+        snprintf(e->msg, sizeof e->msg, "%s (%s)", msg, e->warn);
+    else if (e)
+        snprintf(e->msg, sizeof e->msg, "%s", msg);
     png_longjmp(png, 1);
 }
 
-/* Warnings (bad sRGB profiles, extra IDAT data, ...) do not make a file unusable; drop them
- * rather than print to stderr from a library. */
-static void png_warn_fn(png_structp png, png_const_charp msg) {}
+/* Warnings (bad sRGB profiles, extra IDAT data, ...) do not make a file unusable; keep the last
+ * one for the error message rather than print to stderr from a library. */
+static void png_warn_fn(png_structp png, png_const_charp msg)
+{
+    struct png_errctx *e = png_get_error_ptr(png);
+    if (e && msg) snprintf(e->warn, sizeof e->warn, "%s", msg);
+}
 
 /* ---- decoding ---- */
 
+/* zlib's documented upper bound on deflate's expansion (one byte of stream -> 1032 bytes) */
+#define IMAGE_DEFLATE_MAX_RATIO 1032u
+
 struct png_rd {
     FILE *fp;
+    uint64_t file_bytes; /* the file's size, which bounds what its IDAT can decompress to */
     png_structp png;
     png_infop info;
     unsigned char *raw; /* h * rowbytes decoded bytes */
@@ -82,24 +99,77 @@ struct png_rd {
     struct png_errctx e;
 };
 
+/* libpng's own reader says only "Read Error"; this one says whether the file ended or why the
+ * read failed. */
+static void png_rd_data(png_structp png, png_bytep buf, size_t n)
+{
+    struct png_rd *st = png_get_io_ptr(png);
+    if (fread(buf, 1, n, st->fp) == n) return;
+    if (ferror(st->fp)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "read failed: %s", strerror(errno));
+        png_error(png, msg);
+    }
+    png_error(png, "file is truncated");
+}
+
+/* Every limit on a PNG's header, applied before a pixel buffer is allocated. Decompressed image
+ * data is at least (w * h * bits per pixel) / 8 bytes (filter bytes and row padding only add), and
+ * deflate expands a byte to at most 1032 (zlib's documented maximum ratio), so a file smaller than
+ * that / 1032 cannot hold the image it declares: refusing it before allocating keeps a 100-byte
+ * "PNG bomb" from reserving hundreds of MiB only to fail at the first row. */
+static void png_rd_check_size(struct png_rd *st, png_uint_32 w, png_uint_32 h, int depth,
+                              int file_channels, int out_channels)
+{
+    uint64_t decoded = (uint64_t)w * h * (uint64_t)out_channels * sizeof(float);
+    uint64_t packed = (uint64_t)w * h * (uint64_t)file_channels * (uint64_t)depth / 8;
+    char msg[300];
+    if (decoded > IMAGE_MAX_DECODED_BYTES) {
+        snprintf(msg, sizeof msg,
+                 "%ux%u image with %d channels decodes to %llu MiB, over the %llu MiB limit "
+                 "(IMAGE_MAX_DECODED_BYTES)",
+                 (unsigned)w, (unsigned)h, out_channels, (unsigned long long)(decoded >> 20),
+                 (unsigned long long)(IMAGE_MAX_DECODED_BYTES >> 20));
+        png_error(st->png, msg);
+    }
+    if (packed / IMAGE_DEFLATE_MAX_RATIO > st->file_bytes) {
+        snprintf(msg, sizeof msg,
+                 "file is truncated or corrupt: it declares %ux%u pixels (%llu bytes of pixel "
+                 "data) but its %llu bytes cannot decompress to more than %llu",
+                 (unsigned)w, (unsigned)h, (unsigned long long)packed,
+                 (unsigned long long)st->file_bytes,
+                 (unsigned long long)(st->file_bytes * IMAGE_DEFLATE_MAX_RATIO));
+        png_error(st->png, msg);
+    }
+}
+
 /* All state that changes after setjmp lives in *st, which is not a local of this function, so it
  * keeps its value across the longjmp (C11 7.13.2.1p3 only makes non-volatile LOCALS of the
  * function that called setjmp indeterminate); the caller frees what *st holds either way.
  * Returns 0 on success, -1 after a libpng error (message in st->e). */
 static int png_rd_run(struct png_rd *st)
 {
+    static const png_byte keep_trns[] = {'t', 'R', 'N', 'S', '\0'};
     png_uint_32 w, h, y, x;
-    int depth, ctype, interlace, c, bd, ch;
+    int depth, ctype, interlace, fc, c, bd, ch;
     size_t rowbytes;
 
     if (setjmp(png_jmpbuf(st->png))) return -1;
 
-    png_init_io(st->png, st->fp);
+    png_set_read_fn(st->png, st, png_rd_data);
     png_set_sig_bytes(st->png, 8);
     png_set_user_limits(st->png, IMAGE_MAX_SIDE, IMAGE_MAX_SIDE);
+    /* no chunk may make libpng allocate more than this, and at most this many ancillary chunks
+     * are kept (a text chunk declaring 2 GiB was malloc'd whole before these were set) */
+    png_set_chunk_malloc_max(st->png, IMAGE_MAX_CHUNK_BYTES);
+    png_set_chunk_cache_max(st->png, IMAGE_MAX_CHUNK_CACHE);
+    /* ancillary chunks other than tRNS (text, ICC profiles, EXIF, palettes ...) change nothing
+     * we decode: skip them unread instead of buffering them */
+    png_set_keep_unknown_chunks(st->png, PNG_HANDLE_CHUNK_NEVER, NULL, -1);
+    png_set_keep_unknown_chunks(st->png, PNG_HANDLE_CHUNK_AS_DEFAULT, keep_trns, 1);
     png_read_info(st->png, st->info);
     png_get_IHDR(st->png, st->info, &w, &h, &depth, &ctype, &interlace, NULL, NULL);
-    if ((long)w * (long)h > IMAGE_MAX_PIXELS) png_error(st->png, "image has too many pixels");
+    fc = png_get_channels(st->png, st->info); /* as stored: a palette index is one channel */
 
     if (ctype == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(st->png);
     if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(st->png);
@@ -112,6 +182,7 @@ static int png_rd_run(struct png_rd *st)
     rowbytes = png_get_rowbytes(st->png, st->info);
     if (c < 1 || c > 4 || (bd != 8 && bd != 16) || rowbytes != (size_t)w * (size_t)c * (bd / 8))
         png_error(st->png, "unexpected pixel layout after expansion");
+    png_rd_check_size(st, w, h, depth, fc, c);
 
     st->raw = malloc((size_t)h * rowbytes);
     st->rows = malloc((size_t)h * sizeof *st->rows);
@@ -151,6 +222,7 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
     enum image_status rc = IMAGE_ERR_ARG;
     struct png_rd st;
     unsigned char sig[8];
+    struct stat sb;
     size_t got;
 
     memset(&st, 0, sizeof st);
@@ -165,11 +237,14 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
         goto done;
     }
     rc = IMAGE_ERR_IO;
-    st.fp = fopen(path, "rb");
-    if (!st.fp) {
-        set_err(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    /* regular files only: a FIFO or device named *.png must not block or be read (fsio.h) */
+    st.fp = fsio_fopen_read(path, err, errlen);
+    if (!st.fp) goto done;
+    if (fstat(fileno(st.fp), &sb) != 0) {
+        set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
         goto done;
     }
+    st.file_bytes = (uint64_t)sb.st_size;
     rc = IMAGE_ERR_FORMAT;
     got = fread(sig, 1, sizeof sig, st.fp);
     if (got == 0 && ferror(st.fp)) {

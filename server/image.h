@@ -11,14 +11,24 @@
 enum image_status {
     IMAGE_OK = 0,
     IMAGE_ERR_IO,     /* open/read/write/fsync/rename failed (errno text in err) */
-    IMAGE_ERR_FORMAT, /* not a PNG, truncated, corrupt, or larger than IMAGE_MAX_PIXELS */
+    IMAGE_ERR_FORMAT, /* not a PNG, truncated, corrupt, or over a decoding limit below */
     IMAGE_ERR_NOMEM,  /* allocation failed */
     IMAGE_ERR_ARG,    /* invalid argument (NULL, channel count, size) */
 };
 
-/* Decoding limits: a corrupt or hostile header must not make us allocate gigabytes. */
-#define IMAGE_MAX_SIDE 16384
-#define IMAGE_MAX_PIXELS ((long)1 << 25)
+/* Decoding limits (docs/limits.md): a corrupt or hostile header must not make us allocate
+ * gigabytes. Checked on the header, before any pixel buffer exists; each refusal is
+ * IMAGE_ERR_FORMAT with the limit's name in the message. The trainer resizes to at most 4096
+ * (usually <= 1024), so these leave room for any camera photo (16384 x 16384 grey, or a
+ * 20-megapixel RGB photo) while keeping one decode's peak under about 450 MiB. */
+#define IMAGE_MAX_SIDE 16384 /* width and height each (libpng user limits) */
+/* width * height * channels * sizeof(float) of the decoded planes (the raw rows libpng fills are
+ * at most half of that again) */
+#define IMAGE_MAX_DECODED_BYTES ((unsigned long long)256 << 20)
+/* no single chunk may make libpng allocate more (text, ICC and other ancillary chunks) */
+#define IMAGE_MAX_CHUNK_BYTES ((unsigned long)8 << 20)
+/* ancillary chunks libpng keeps per file */
+#define IMAGE_MAX_CHUNK_CACHE 64
 
 /* A decoded image: c planes of h x w floats, data laid out (C,H,W). Decoded values are
  * v / (2^depth - 1) in [0, 1], computed as (float)v / 255.0f or (float)v / 65535.0f, where depth

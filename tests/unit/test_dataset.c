@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -361,6 +362,241 @@ static void test_corrupt_pngs(void)
               "signature + garbage: %s", err);
     }
     free(b);
+}
+
+/* ---- hostile PNGs: every limit is applied before a pixel buffer exists ---- */
+
+static void put_be32(unsigned char *p, uint32_t v);
+
+/* one chunk: declared length (normally n), type, n data bytes, CRC over type + data */
+static size_t png_chunk(unsigned char *o, const char *type, const void *data, uint32_t n,
+                        uint32_t declared)
+{
+    put_be32(o, declared);
+    memcpy(o + 4, type, 4);
+    if (n) memcpy(o + 8, data, n);
+    put_be32(o + 8 + n, (uint32_t)crc32(0, o + 4, 4 + n));
+    return 12 + (size_t)n;
+}
+
+/* signature + IHDR; returns the length written into o (33 bytes) */
+static size_t png_head(unsigned char *o, uint32_t w, uint32_t h, int depth, int ctype)
+{
+    unsigned char ih[13];
+    memcpy(o, "\x89PNG\r\n\x1a\n", 8);
+    put_be32(ih, w);
+    put_be32(ih + 4, h);
+    ih[8] = (unsigned char)depth;
+    ih[9] = (unsigned char)ctype;
+    ih[10] = ih[11] = ih[12] = 0;
+    return 8 + png_chunk(o + 8, "IHDR", ih, 13, 13);
+}
+
+/* A whole PNG: header, one IDAT of raw (already filtered rows) compressed at level 9, IEND.
+ * malloc'd; *len its size. */
+static unsigned char *png_craft(size_t *len, uint32_t w, uint32_t h, int depth, int ctype,
+                                const unsigned char *raw, size_t raw_n)
+{
+    uLongf zn = compressBound((uLong)raw_n);
+    unsigned char *z = malloc(zn), *o = malloc(zn + 64);
+    size_t n;
+    if (!z || !o || compress2(z, &zn, raw, (uLong)raw_n, 9) != Z_OK) {
+        free(z);
+        free(o);
+        return NULL;
+    }
+    n = png_head(o, w, h, depth, ctype);
+    n += png_chunk(o + n, "IDAT", z, (uint32_t)zn, (uint32_t)zn);
+    n += png_chunk(o + n, "IEND", NULL, 0, 0);
+    free(z);
+    *len = n;
+    return o;
+}
+
+/* peak virtual memory growth of this process since the baseline, in KiB (-1: no /proc) */
+static long vm_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl)) v = atol(line + kl);
+    fclose(f);
+    return v;
+}
+
+/* The child side of png_probe: decode path in this fresh process and report the status, how far
+ * the peak address space grew (VmPeak - VmSize before), and the error. */
+static int png_probe_main(const char *path)
+{
+    struct image img = {0};
+    char err[512] = "";
+    long before = vm_kib("VmSize:");
+    enum image_status rc = image_load_png(path, &img, err, sizeof err);
+    long after = vm_kib("VmPeak:");
+    image_free(&img);
+    printf("%d %ld %s\n", (int)rc, before < 0 || after < 0 ? -1L : after - before, err);
+    return 0;
+}
+
+/* Decode path in a freshly exec'd copy of this test (so VmPeak starts near the baseline, unlike a
+ * fork that inherits the parent's peak): its status, peak growth in KiB (-1 when unknown) and
+ * error. A child that hangs is killed after 20 s. 0 ok, -1 the probe itself failed. */
+static int png_probe(const char *path, int *rc, long *grow_kib, char *err, size_t errlen)
+{
+    int fd[2], status;
+    pid_t pid;
+    char buf[1024];
+    ssize_t got, n = 0;
+    if (pipe(fd) != 0) return -1;
+    pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        char *argv[] = {"test_dataset", "--probe-png", (char *)path, NULL};
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        alarm(20);
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    while (n < (ssize_t)sizeof buf - 1 && (got = read(fd[0], buf + n, sizeof buf - 1 - n)) > 0)
+        n += got;
+    close(fd[0]);
+    buf[n] = '\0';
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return -1;
+    char *sp = strchr(buf, ' '), *sp2 = sp ? strchr(sp + 1, ' ') : NULL;
+    if (!sp || !sp2) return -1;
+    *rc = atoi(buf);
+    *grow_kib = atol(sp + 1);
+    snprintf(err, errlen, "%s", sp2 + 1);
+    if (n && err[strlen(err) - 1] == '\n') err[strlen(err) - 1] = '\0';
+    return 0;
+}
+
+/* Crafted files each refused with the limit named in the message, without the process's address
+ * space growing by more than a few MiB (before libpng limits were set, the 44-byte file reserved
+ * 2 GiB, the 4096x4096 one 320 MiB). */
+static void test_hostile_pngs(void)
+{
+    unsigned char b[256], row[64];
+    size_t n, len;
+    char err[600];
+    int rc, cases = 0;
+    long grow;
+    static const long grow_max_kib = 32 * 1024;
+    struct {
+        const char *name;
+        unsigned char *bytes;
+        size_t len;
+        const char *want; /* in the error */
+    } t[8];
+
+    memset(row, 0, sizeof row);
+    /* 44 bytes: signature, IHDR 1x1 grey, a tEXt chunk declaring 2^31 - 1 bytes, 3 of them */
+    n = png_head(b, 1, 1, 8, PNG_COLOR_TYPE_GRAY);
+    put_be32(b + n, 0x7fffffffu);
+    memcpy(b + n + 4, "tEXtabc", 7);
+    n += 11;
+    CHECK(n == 44, "the chunk file is %zu bytes", n);
+    t[cases].name = "chunk2g.png";
+    t[cases].bytes = malloc(n);
+    memcpy(t[cases].bytes, b, n);
+    t[cases].len = n;
+    t[cases++].want = "truncated";
+    /* the same with the 2 GiB chunk an IDAT and one a zTXt */
+    memcpy(b + 37, "IDAT", 4);
+    t[cases].name = "idat2g.png";
+    t[cases].bytes = malloc(n);
+    memcpy(t[cases].bytes, b, n);
+    t[cases].len = n;
+    t[cases++].want = "truncated";
+    memcpy(b + 37, "zTXt", 4);
+    t[cases].name = "ztxt2g.png";
+    t[cases].bytes = malloc(n);
+    memcpy(t[cases].bytes, b, n);
+    t[cases].len = n;
+    t[cases++].want = "truncated";
+    /* PNG bombs: a valid 1-row IDAT under headers declaring far more */
+    t[cases].name = "side.png";
+    t[cases].bytes = png_craft(&t[cases].len, 60000, 60000, 8, PNG_COLOR_TYPE_GRAY, row, 1 + 60);
+    t[cases++].want = "IMAGE_MAX_SIDE";
+    t[cases].name = "decoded.png";
+    t[cases].bytes = png_craft(&t[cases].len, 5000, 5000, 16, PNG_COLOR_TYPE_RGB_ALPHA, row, 33);
+    t[cases++].want = "IMAGE_MAX_DECODED_BYTES";
+    t[cases].name = "bomb.png";
+    t[cases].bytes = png_craft(&t[cases].len, 4096, 4096, 8, PNG_COLOR_TYPE_RGB_ALPHA, row, 33);
+    t[cases++].want = "cannot decompress";
+    /* a valid 64x64 RGB image cut inside its IDAT, and one with a wrong IHDR CRC */
+    {
+        unsigned char raw[64 * (1 + 64 * 3)];
+        for (size_t i = 0; i < sizeof raw; i++) raw[i] = i % 193 ? (unsigned char)(i * 7919 >> 3) : 0;
+        for (int y = 0; y < 64; y++) raw[(size_t)y * (1 + 64 * 3)] = 0; /* filter: none */
+        unsigned char *whole = png_craft(&len, 64, 64, 8, PNG_COLOR_TYPE_RGB, raw, sizeof raw);
+        t[cases].name = "cut.png";
+        t[cases].bytes = whole;
+        t[cases].len = len > 40 ? len - 30 : len;
+        t[cases++].want = "truncated";
+        t[cases].name = "crc.png";
+        t[cases].bytes = malloc(len);
+        memcpy(t[cases].bytes, whole, len);
+        t[cases].bytes[32] ^= 0x5a; /* last byte of the IHDR CRC */
+        t[cases].len = len;
+        t[cases++].want = "CRC";
+    }
+    for (int i = 0; i < cases; i++) {
+        CHECK(t[i].bytes && write_bytes(in_dir(t[i].name), t[i].bytes, t[i].len), "%s written",
+              t[i].name);
+        if (png_probe(in_dir(t[i].name), &rc, &grow, err, sizeof err) != 0) {
+            CHECK(0, "%s: the probe child failed (crash or hang)", t[i].name);
+            continue;
+        }
+        CHECK(rc == IMAGE_ERR_FORMAT && strstr(err, t[i].name) && strstr(err, t[i].want),
+              "%s: status %d, error '%s' (expected one naming the file and '%s')", t[i].name, rc,
+              err, t[i].want);
+        CHECK((grow >= 0 && grow <= grow_max_kib) || grow == -1,
+              "%s: the address space grew by %ld KiB while refusing it (limit %ld)", t[i].name,
+              grow, grow_max_kib);
+        free(t[i].bytes);
+    }
+
+    /* the deflate-ratio bound never refuses a real file: 2048x2048 zeros at zlib's best ratio */
+    {
+        size_t rn = (size_t)2048 * (1 + 2048);
+        unsigned char *raw = calloc(rn, 1);
+        unsigned char *z = raw ? png_craft(&len, 2048, 2048, 8, PNG_COLOR_TYPE_GRAY, raw, rn) : NULL;
+        struct image img = {0};
+        CHECK(z && write_bytes(in_dir("zeros.png"), z, len), "zeros.png written");
+        rc = image_load_png(in_dir("zeros.png"), &img, err, sizeof err);
+        CHECK(rc == IMAGE_OK && img.w == 2048 && img.h == 2048 && img.c == 1 && img.data[12345] == 0.0f,
+              "a %zu-byte all-zero 2048x2048 PNG (ratio %.0f:1): %s", len, (double)rn / (double)len,
+              err);
+        image_free(&img);
+        free(raw);
+        free(z);
+    }
+
+    /* a FIFO named *.png is refused at once, never opened for a blocking read */
+    {
+        pid_t pid;
+        int status;
+        CHECK(mkfifo(in_dir("pipe.png"), 0600) == 0, "mkfifo");
+        pid = fork();
+        if (pid == 0) {
+            struct image img = {0};
+            alarm(10);
+            rc = image_load_png(in_dir("pipe.png"), &img, err, sizeof err);
+            _exit(rc == IMAGE_ERR_IO && strstr(err, "not a regular file") ? 0 : 1);
+        }
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+                  WEXITSTATUS(status) == 0,
+              "a FIFO: the loader %s", pid > 0 && WIFSIGNALED(status) ? "hung" : "did not refuse it");
+        unlink(in_dir("pipe.png"));
+    }
 }
 
 /* ---- resampling and channels ---- */
@@ -1135,8 +1371,9 @@ static void test_order_and_loader(void)
     dataset_free(ds);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 3 && !strcmp(argv[1], "--probe-png")) return png_probe_main(argv[2]);
     snprintf(g_dir, sizeof g_dir, "/tmp/ddpmd_dataset_XXXXXX");
     if (!mkdtemp(g_dir)) {
         perror("mkdtemp");
@@ -1144,6 +1381,7 @@ int main(void)
     }
     test_decode_all_types();
     test_corrupt_pngs();
+    test_hostile_pngs();
     test_resize();
     test_channels();
     test_save();
