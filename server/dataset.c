@@ -6,27 +6,33 @@
 
 #include "dataset.h"
 
+#include "fsio.h"
 #include "image.h"
 #include "philox.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define DATASET_MAX_SIZE 4096
 #define DATASET_MAX_LOADER_DEPTH 8
-/* more images than this in one IDX file is a corrupt header, not a dataset */
-#define DATASET_IDX_MAX_COUNT 10000000u
 #define FMNIST_SIDE 28
+/* zlib's documented upper bound on deflate's expansion (one byte of stream -> 1032 bytes) */
+#define DATASET_DEFLATE_MAX_RATIO 1032u
+/* image memory grows (doubling) as images load, starting at about this many bytes */
+#define DATASET_GROW_FIRST_BYTES ((size_t)16 << 20)
 
 struct dataset {
     int n, c, s;
+    size_t cap;      /* images x has room for (>= n) */
     float *x;        /* (N,C,S,S) in [-1, 1] */
     uint8_t *labels; /* (N) or NULL */
     int *train;      /* (ntrain) image indices, ascending */
@@ -96,23 +102,51 @@ void dataset_free(struct dataset *ds)
     free(ds);
 }
 
-/* A dataset of n images with room for them, every image training (no split yet). */
-static struct dataset *dataset_alloc(int n, int c, int s, int with_labels)
+/* An empty dataset of c x s x s images, with labels for up to max_n images when with_labels.
+ * Image memory comes later from dataset_reserve, as images actually load: a header or a folder
+ * listing that promises a million images must not size an allocation by itself. */
+static struct dataset *dataset_alloc(int max_n, int c, int s, int with_labels)
 {
     struct dataset *ds = calloc(1, sizeof *ds);
-    size_t per = (size_t)c * s * s;
     if (!ds) return NULL;
-    ds->n = n;
     ds->c = c;
     ds->s = s;
-    if ((size_t)n > SIZE_MAX / sizeof(float) / per) goto fail;
-    ds->x = malloc((size_t)n * per * sizeof *ds->x);
-    if (!ds->x) goto fail;
-    if (with_labels && !(ds->labels = malloc((size_t)n))) goto fail;
+    if (with_labels && !(ds->labels = malloc((size_t)max_n))) {
+        dataset_free(ds);
+        return NULL;
+    }
     return ds;
-fail:
-    dataset_free(ds);
-    return NULL;
+}
+
+/* Room for at least count images (capacity doubles, so loading N images costs O(log N)
+ * reallocs, which glibc does by remapping pages rather than copying). 0 ok, -1 out of memory
+ * (ds unchanged). */
+static int dataset_reserve(struct dataset *ds, size_t count)
+{
+    size_t per = (size_t)ds->c * ds->s * ds->s, cap = ds->cap;
+    float *x;
+    if (count <= ds->cap) return 0;
+    if (!cap) cap = DATASET_GROW_FIRST_BYTES / (per * sizeof *x);
+    if (!cap) cap = 1;
+    while (cap < count) cap = cap > SIZE_MAX / 2 ? SIZE_MAX : 2 * cap;
+    if (cap > SIZE_MAX / sizeof(float) / per) return -1;
+    x = realloc(ds->x, cap * per * sizeof *x);
+    if (!x) return -1;
+    ds->x = x;
+    ds->cap = cap;
+    return 0;
+}
+
+/* Give back capacity past n images; a failed shrink keeps the larger block, which is right. */
+static void dataset_shrink(struct dataset *ds)
+{
+    size_t per = (size_t)ds->c * ds->s * ds->s;
+    float *x;
+    if (ds->n < 1 || (size_t)ds->n >= ds->cap) return;
+    x = realloc(ds->x, (size_t)ds->n * per * sizeof *x);
+    if (!x) return;
+    ds->x = x;
+    ds->cap = (size_t)ds->n;
 }
 
 /* Finish a loaded dataset: every image trains. 0 ok, -1 out of memory. */
@@ -161,6 +195,16 @@ static void name_list_free(struct name_list *l)
     for (size_t i = 0; i < l->n; i++) free(l->v[i]);
     free(l->v);
     memset(l, 0, sizeof *l);
+}
+
+/* process-wide cap on the .png files one folder may list (dataset_set_folder_limit) */
+static size_t g_max_files = DATASET_MAX_FILES;
+
+size_t dataset_set_folder_limit(size_t max_files)
+{
+    size_t old = g_max_files;
+    g_max_files = !max_files ? DATASET_MAX_FILES : max_files > INT32_MAX ? INT32_MAX : max_files;
+    return old;
 }
 
 static int name_list_push(struct name_list *l, const char *s)
@@ -265,6 +309,16 @@ static enum dataset_status list_pngs(struct name_list *l, const char *root, cons
                 goto done;
             }
         } else if ((st != 0 || S_ISREG(sb.st_mode)) && has_png_ext(de->d_name)) {
+            /* checked while listing, so a folder of millions of names is refused before its
+             * listing grows past the limit */
+            if (l->n >= g_max_files) {
+                set_err(err, errlen,
+                        "'%s' holds more than %zu .png files (DATASET_MAX_FILES); split it or "
+                        "remove some",
+                        root, g_max_files);
+                rc = DATASET_ERR_FORMAT;
+                goto done;
+            }
             if (name_list_push(l, rel)) goto oom;
         }
         free(rel);
@@ -324,11 +378,6 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
     }
     rc = list_pngs(&names, dir, NULL, log_cb, log_ctx, err, errlen);
     if (rc != DATASET_OK) goto done;
-    if (names.n > (size_t)INT32_MAX) {
-        rc = DATASET_ERR_ARG;
-        set_err(err, errlen, "'%s' holds too many files", dir);
-        goto done;
-    }
     rep.found = (int)names.n;
     if (names.n == 0) {
         rc = DATASET_ERR_EMPTY;
@@ -341,8 +390,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
     rc = DATASET_ERR_NOMEM;
     ds = dataset_alloc((int)names.n, channels, size, 0);
     if (!ds) {
-        set_err(err, errlen, "out of memory for %zu images of %dx%dx%d from '%s'", names.n,
-                channels, size, size, dir);
+        set_err(err, errlen, "out of memory for a dataset from '%s'", dir);
         goto done;
     }
     per = (size_t)channels * size * size;
@@ -356,6 +404,13 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
         ir = image_load_png(full, &img, ierr, sizeof ierr);
         if (ir == IMAGE_OK) {
             ir = image_to_channels(&img, channels);
+            /* room for an image only once one has decoded */
+            if (ir == IMAGE_OK && dataset_reserve(ds, (size_t)loaded + 1)) {
+                set_err(err, errlen, "out of memory for %d images of %dx%dx%d from '%s'",
+                        loaded + 1, channels, size, size, dir);
+                free(full);
+                goto done;
+            }
             if (ir == IMAGE_OK) ir = image_resize_square(ds->x + (size_t)loaded * per, &img, size);
             if (ir != IMAGE_OK) snprintf(ierr, sizeof ierr, "cannot convert '%s': %s", full,
                                          image_status_name(ir));
@@ -367,7 +422,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
             goto done;
         }
         if (ir == IMAGE_OK) {
-            loaded++;
+            ds->n = ++loaded;
             continue;
         }
         if (rep.skipped < DATASET_REPORT_NAMES)
@@ -387,11 +442,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
                 rep.found, rep.first_reason);
         goto done;
     }
-    if (loaded < ds->n) {
-        float *x = realloc(ds->x, (size_t)loaded * per * sizeof *x);
-        if (x) ds->x = x; /* a failed shrink keeps the larger block, which is still right */
-        ds->n = loaded;
-    }
+    dataset_shrink(ds);
     if (dataset_train_all(ds)) {
         set_err(err, errlen, "out of memory");
         goto done;
@@ -411,23 +462,33 @@ done:
 
 struct idx_file {
     gzFile gz;
+    uint64_t file_bytes; /* on disk (compressed or not) */
     char path[1024];
 };
 
-/* Open dir/base.gz, or dir/base when there is no .gz; zlib reads plain files transparently. */
+/* Open dir/base.gz, or dir/base when there is no .gz; zlib reads plain files transparently.
+ * Regular files only: a FIFO must not block the open (fsio.h). */
 static enum dataset_status idx_open(struct idx_file *f, const char *dir, const char *base,
                                     char *err, size_t errlen)
 {
     struct stat sb;
+    int fd;
     snprintf(f->path, sizeof f->path, "%s/%s.gz", dir, base);
     if (stat(f->path, &sb) != 0 && errno == ENOENT)
         snprintf(f->path, sizeof f->path, "%s/%s", dir, base);
-    errno = 0;
-    f->gz = gzopen(f->path, "rb");
+    fd = fsio_open_regular(f->path, O_RDONLY, err, errlen);
+    if (fd < 0) return DATASET_ERR_IO;
+    if (fstat(fd, &sb) != 0) {
+        set_err(err, errlen, "cannot stat '%s': %s", f->path, strerror(errno));
+        close(fd);
+        return DATASET_ERR_IO;
+    }
+    f->file_bytes = (uint64_t)sb.st_size;
+    f->gz = gzdopen(fd, "rb");
     if (!f->gz) {
-        set_err(err, errlen, "cannot open '%s': %s", f->path,
-                errno ? strerror(errno) : "out of memory");
-        return errno ? DATASET_ERR_IO : DATASET_ERR_NOMEM;
+        set_err(err, errlen, "cannot open '%s': out of memory", f->path);
+        close(fd);
+        return DATASET_ERR_NOMEM;
     }
     return DATASET_OK;
 }
@@ -462,14 +523,18 @@ static uint32_t be32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* Read the IDX header: magic, then ndims big-endian u32 dimensions into dims. */
+/* Read the IDX header: magic, then ndims big-endian u32 dimensions into dims. The count dims[0]
+ * is bounded by DATASET_IDX_MAX_COUNT and by the file itself before anything is sized by it: an
+ * uncompressed file must hold exactly header + count * item bytes, and a gzip one cannot
+ * decompress to more than DATASET_DEFLATE_MAX_RATIO times its size. */
 static enum dataset_status idx_header(struct idx_file *f, uint32_t magic, int ndims,
                                       uint32_t *dims, char *err, size_t errlen)
 {
     unsigned char h[16];
+    uint64_t hbytes = 4 + 4 * (uint64_t)ndims, item = 1, total;
     uint32_t m;
     int i;
-    if (idx_read(f, h, 4 + 4 * (size_t)ndims, "the header", err, errlen)) return DATASET_ERR_FORMAT;
+    if (idx_read(f, h, (size_t)hbytes, "the header", err, errlen)) return DATASET_ERR_FORMAT;
     m = be32(h);
     if (m != magic) {
         set_err(err, errlen, "'%s' has IDX magic %u, expected %u (%s)", f->path, m, magic,
@@ -478,8 +543,26 @@ static enum dataset_status idx_header(struct idx_file *f, uint32_t magic, int nd
     }
     for (i = 0; i < ndims; i++) dims[i] = be32(h + 4 + 4 * i);
     if (dims[0] == 0 || dims[0] > DATASET_IDX_MAX_COUNT) {
-        set_err(err, errlen, "'%s' declares %u items (expected 1..%u)", f->path, dims[0],
-                DATASET_IDX_MAX_COUNT);
+        set_err(err, errlen, "'%s' declares %u items (expected 1..%u, DATASET_IDX_MAX_COUNT)",
+                f->path, dims[0], DATASET_IDX_MAX_COUNT);
+        return DATASET_ERR_FORMAT;
+    }
+    /* at most 2 u32 dimensions per item: the product fits u64, times a count < 2^24 does too */
+    for (i = 1; i < ndims; i++) item *= dims[i];
+    if (item > (UINT64_MAX - hbytes) / dims[0]) {
+        set_err(err, errlen, "'%s' declares %u items of %llu bytes: too large", f->path, dims[0],
+                (unsigned long long)item);
+        return DATASET_ERR_FORMAT;
+    }
+    total = hbytes + item * dims[0];
+    if (gzdirect(f->gz) ? total != f->file_bytes
+                        : (total - hbytes) / DATASET_DEFLATE_MAX_RATIO > f->file_bytes) {
+        set_err(err, errlen,
+                "'%s' declares %u items (%llu bytes with the header) but %s %llu bytes%s",
+                f->path, dims[0], (unsigned long long)total,
+                gzdirect(f->gz) ? "the file holds" : "its compressed",
+                (unsigned long long)f->file_bytes,
+                gzdirect(f->gz) ? "" : " cannot hold that much (truncated or corrupt)");
         return DATASET_ERR_FORMAT;
     }
     return DATASET_OK;
@@ -573,9 +656,18 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
     plane = (size_t)size * size;
     per = (size_t)channels * plane;
     for (i = 0; i < n; i++) {
-        float *dst = ds->x + (size_t)i * per;
+        float *dst;
         rc = DATASET_ERR_FORMAT;
         if (idx_read(&fi, px, sizeof px, "the images", err, errlen)) goto done;
+        /* grown as items arrive: a gzip stream shorter than its header claims costs only what
+         * it holds */
+        if (dataset_reserve(ds, (size_t)i + 1)) {
+            rc = DATASET_ERR_NOMEM;
+            set_err(err, errlen, "out of memory for %u images of %dx%dx%d", i + 1, channels, size,
+                    size);
+            goto done;
+        }
+        dst = ds->x + (size_t)i * per;
         /* the same arithmetic as a PNG through image_load_png + image_resize_square */
         for (int k = 0; k < FMNIST_SIDE * FMNIST_SIDE; k++) grey[k] = (float)px[k] / 255.0f;
         if (fit == DATASET_FIT_PAD) {
@@ -596,8 +688,10 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
             }
         }
         for (ch = 1; ch < channels; ch++) memcpy(dst + ch * plane, dst, plane * sizeof *dst);
+        ds->n = (int)i + 1;
     }
     if ((rc = idx_expect_end(&fi, err, errlen)) != DATASET_OK) goto done;
+    dataset_shrink(ds);
     rc = DATASET_ERR_NOMEM;
     if (dataset_train_all(ds)) {
         set_err(err, errlen, "out of memory");

@@ -12,7 +12,8 @@
 enum dataset_status {
     DATASET_OK = 0,
     DATASET_ERR_IO,     /* a directory or file could not be opened or read (errno text in err) */
-    DATASET_ERR_FORMAT, /* an IDX file is malformed (magic, dimensions, counts, truncation) */
+    DATASET_ERR_FORMAT, /* an IDX file is malformed (magic, dimensions, counts, truncation), or
+                         * an input is over a limit below (docs/limits.md) */
     DATASET_ERR_EMPTY,  /* no usable image (empty folder, every file unreadable) */
     DATASET_ERR_NOMEM,  /* allocation failed */
     DATASET_ERR_ARG,    /* invalid argument (NULL, channels, size, split larger than the set) */
@@ -29,6 +30,19 @@ enum dataset_fit {
     DATASET_FIT_PAD = 0, /* centred on a background of -1 (offset (size-28)/2); size >= 28 */
     DATASET_FIT_RESIZE,  /* image_resize_square: bilinear up, area down */
 };
+
+/* Limits on untrusted input (docs/limits.md); each refusal is DATASET_ERR_FORMAT with the
+ * limit's name in the message. Image memory is allocated as images load, never sized by a count
+ * read from a header or a listing alone. */
+/* .png files one folder (with its immediate subdirectories) may hold; the listing stops there */
+#define DATASET_MAX_FILES 1000000u
+/* items one IDX file may declare; the count must also fit the file's size (exactly, or at
+ * deflate's 1032:1 for gzip) */
+#define DATASET_IDX_MAX_COUNT 10000000u
+
+/* Set the process-wide folder limit (0 restores DATASET_MAX_FILES; capped at INT32_MAX) and
+ * return the previous one. For tests and tools; not thread-safe against dataset_open_folder. */
+size_t dataset_set_folder_limit(size_t max_files);
 
 /* Where the Debian package dataset-fashion-mnist puts the files. */
 #define DATASET_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
@@ -62,6 +76,9 @@ const char *dataset_status_name(enum dataset_status status);
  * "a/x.png" < "b.png" < "b/y.png"), each converted to channels (1 or 3, see image_to_channels),
  * resized and centre-cropped to size x size (image_resize_square). Files that cannot be decoded are
  * skipped, counted in *report (may be NULL) and passed to log_cb (may be NULL). No labels.
+ * Entries that are not regular files (FIFOs, sockets, devices) are passed over unopened, and
+ * every file is opened through fsio (a name swapped for a FIFO after listing is refused, not
+ * waited on). More than DATASET_MAX_FILES .png names is DATASET_ERR_FORMAT.
  * DATASET_ERR_EMPTY, with a message naming dir and the first failure, when nothing loads. */
 enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
                                         int size, struct dataset_report *report,
@@ -71,8 +88,9 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
 /* Load a Fashion-MNIST split from dir (DATASET_FMNIST_DIR for the Debian package): the IDX files
  * "<prefix>-images-idx3-ubyte.gz" and "<prefix>-labels-idx1-ubyte.gz" (a file without ".gz" is
  * used when the .gz one is absent; zlib reads both). Checked: image magic 2051 with 3 dimensions
- * 28 x 28, label magic 2049 with 1 dimension, equal non-zero counts, every label 0..9, no missing
- * and no extra bytes. Pixels v become v/255 * 2 - 1, replicated to channels (1 or 3), then padded
+ * 28 x 28, label magic 2049 with 1 dimension, equal non-zero counts of at most
+ * DATASET_IDX_MAX_COUNT that fit each file's size, every label 0..9, no missing and no extra
+ * bytes; FIFOs and other non-regular files are refused without blocking. Pixels v become v/255 * 2 - 1, replicated to channels (1 or 3), then padded
  * or resized to size x size by fit. Labels are kept. */
 enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
                                         enum dataset_fmnist_split split, int channels, int size,

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1121,6 +1123,139 @@ static void test_idx(void)
     CHECK(rc == DATASET_ERR_ARG, "pad to 24 accepted");
 }
 
+/* An IDX pair in g_dir/<name>: the image file declares icount items and holds ihold of them, the
+ * label file declares lcount and holds lhold (each gzip-compressed when gz). */
+static void make_idx_pair(const char *name, uint32_t icount, uint32_t ihold, uint32_t lcount,
+                          uint32_t lhold, int gz)
+{
+    char dir[600], p[700];
+    size_t isz = 16 + (size_t)ihold * 784, lsz = 8 + (size_t)lhold;
+    unsigned char *im = calloc(isz, 1), *lb = calloc(lsz, 1);
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    mkdir(dir, 0755);
+    put_be32(im, 2051);
+    put_be32(im + 4, icount);
+    put_be32(im + 8, 28);
+    put_be32(im + 12, 28);
+    for (size_t k = 16; k < isz; k++) im[k] = (unsigned char)(k * 2654435761u >> 13);
+    put_be32(lb, 2049);
+    put_be32(lb + 4, lcount);
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte%s", dir, gz ? ".gz" : "");
+    CHECK(write_idx(p, gz, im, isz), "%s written", p);
+    snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte%s", dir, gz ? ".gz" : "");
+    CHECK(write_idx(p, gz, lb, lsz), "%s written", p);
+    free(im);
+    free(lb);
+}
+
+/* Every count read from a file or a listing is bounded before it sizes an allocation. Each case
+ * opens at 3 x 4096 x 4096, 201 MB per image, so sizing by the declared count would fail with
+ * DATASET_ERR_NOMEM (or take terabytes) instead of giving the format error. */
+static void test_bounds(void)
+{
+    struct dataset *ds = NULL;
+    char err[1024], dir[600], p[700];
+    enum dataset_status rc;
+    static const struct {
+        const char *name;
+        uint32_t icount, ihold, lcount, lhold;
+        int gz;
+        const char *want;
+    } idx[] = {
+        /* plain files must hold exactly what the header declares */
+        {"b_plain_10m", 10000000, 1, 10000000, 1, 0, "declares 10000000 items"},
+        {"b_plain_short", 3, 2, 3, 3, 0, "the file holds"},
+        /* gzip: 10 million items cannot come out of a few KiB */
+        {"b_gz_10m", 10000000, 2, 10000000, 2, 1, "cannot hold that much"},
+        /* gzip: plausible by size, but the stream ends after 3 of 5000 items */
+        {"b_gz_short", 5000, 3, 5000, 5000, 1, "truncated"},
+        {"b_count_max", 10000001, 1, 10000001, 1, 1, "DATASET_IDX_MAX_COUNT"},
+        {"b_count_zero", 0, 0, 0, 0, 1, "declares 0 items"},
+        {"b_labels_10m", 2, 2, 10000000, 2, 0, "labels-idx1-ubyte' declares 10000000"},
+    };
+    for (size_t k = 0; k < sizeof idx / sizeof idx[0]; k++) {
+        make_idx_pair(idx[k].name, idx[k].icount, idx[k].ihold, idx[k].lcount, idx[k].lhold,
+                      idx[k].gz);
+        err[0] = '\0';
+        rc = dataset_open_fmnist(&ds, in_dir(idx[k].name), DATASET_FMNIST_TEST, 3, 4096,
+                                 DATASET_FIT_RESIZE, err, sizeof err);
+        CHECK(rc == DATASET_ERR_FORMAT && ds == NULL && strstr(err, idx[k].want),
+              "%s: status %d (%s), expected a format error with '%s'", idx[k].name, rc, err,
+              idx[k].want);
+        dataset_free(ds);
+        ds = NULL;
+    }
+
+    /* a FIFO as the label file is refused at once */
+    {
+        pid_t pid;
+        int status = 0;
+        make_idx_pair("b_fifo", 2, 2, 2, 2, 0);
+        snprintf(p, sizeof p, "%s/b_fifo/t10k-labels-idx1-ubyte", g_dir);
+        unlink(p);
+        CHECK(mkfifo(p, 0600) == 0, "mkfifo");
+        pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            rc = dataset_open_fmnist(&ds, in_dir("b_fifo"), DATASET_FMNIST_TEST, 1, 28,
+                                     DATASET_FIT_PAD, err, sizeof err);
+            _exit(rc == DATASET_ERR_IO && strstr(err, "not a regular file") ? 0 : 1);
+        }
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+                  WEXITSTATUS(status) == 0,
+              "IDX labels as a FIFO: the loader %s",
+              WIFSIGNALED(status) ? "hung" : "did not refuse it");
+    }
+
+    /* a folder of 1000 empty .png files at 3 x 4096 x 4096: nothing loads, nothing was sized by
+     * the listing (it asked for 201 GB up front) */
+    snprintf(dir, sizeof dir, "%s/b_many", g_dir);
+    mkdir(dir, 0755);
+    for (int i = 0; i < 1000; i++) {
+        snprintf(p, sizeof p, "%s/x%04d.png", dir, i);
+        write_bytes(p, "", 0);
+    }
+    rc = dataset_open_folder(&ds, dir, 3, 4096, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_ERR_EMPTY && ds == NULL && strstr(err, "all 1000"),
+          "1000 empty files at 4096: status %d (%s)", rc, err);
+
+    /* the listing limit, lowered for the test; a socket and a FIFO are passed over unopened */
+    {
+        size_t old = dataset_set_folder_limit(5);
+        rc = dataset_open_folder(&ds, dir, 1, 8, NULL, NULL, NULL, err, sizeof err);
+        CHECK(rc == DATASET_ERR_FORMAT && ds == NULL && strstr(err, "more than 5") &&
+                  strstr(err, "DATASET_MAX_FILES"),
+              "over the folder limit: status %d (%s)", rc, err);
+        dataset_set_folder_limit(old);
+    }
+    {
+        unsigned g[16];
+        struct png_spec sg = {4, 4, 8, PNG_COLOR_TYPE_GRAY, 0, g, NULL, 0, NULL, 0, NULL};
+        struct sockaddr_un sa;
+        struct dataset_report rep;
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        for (int i = 0; i < 16; i++) g[i] = 7;
+        snprintf(dir, sizeof dir, "%s/b_special", g_dir);
+        mkdir(dir, 0755);
+        snprintf(p, sizeof p, "%s/ok.png", dir);
+        CHECK(write_png(p, &sg), "ok.png");
+        snprintf(p, sizeof p, "%s/fifo.png", dir);
+        CHECK(mkfifo(p, 0600) == 0, "mkfifo");
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        snprintf(p, sizeof p, "%s/sock.png", dir);
+        CHECK(strlen(p) < sizeof sa.sun_path, "socket path too long");
+        memcpy(sa.sun_path, p, strlen(p) < sizeof sa.sun_path ? strlen(p) : 0);
+        CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "bind sock.png");
+        rc = dataset_open_folder(&ds, dir, 1, 4, &rep, NULL, NULL, err, sizeof err);
+        CHECK(rc == DATASET_OK && dataset_count(ds) == 1 && rep.found == 1,
+              "FIFO + socket + one PNG: status %d, found %d (%s)", rc, rep.found, err);
+        dataset_free(ds);
+        ds = NULL;
+        if (fd >= 0) close(fd);
+    }
+}
+
 static void test_real_fmnist(void)
 {
     struct dataset *ds = NULL;
@@ -1388,6 +1523,7 @@ int main(int argc, char **argv)
     test_grid();
     test_folder();
     test_idx();
+    test_bounds();
     test_real_fmnist();
     test_order_and_loader();
     rm_rf(g_dir, 0);
