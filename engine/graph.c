@@ -4,6 +4,7 @@
  */
 #include "graph.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -93,6 +94,19 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
 {
     if (g->status) return -1;
     if (rank < 1 || rank > 4) return graph_fail(g, GRAPH_ERR_SHAPE, "rank %d", rank);
+    /* the shape is checked before anything is appended: a refused tensor never joins the
+     * graph half-made (a parameter without its name, say) */
+    int d[4];
+    size_t numel = 1;
+    for (int i = 0; i < 4; i++) {
+        d[i] = i < rank ? dims[i] : 1;
+        if (d[i] < 1) return graph_fail(g, GRAPH_ERR_SHAPE, "%s: dim %d is %d",
+                                        name ? name : "tensor", i, d[i]);
+        if (numel > GRAPH_MAX_NUMEL / (size_t)d[i])
+            return graph_fail(g, GRAPH_ERR_SHAPE, "%s: more than 2^40 elements",
+                              name ? name : "tensor");
+        numel *= (size_t)d[i];
+    }
     if (g->n_tensors == g->cap_tensors) {
         int cap = g->cap_tensors ? 2 * g->cap_tensors : 256;
         struct tensor **ts = realloc(g->tensors, (size_t)cap * sizeof *ts);
@@ -101,29 +115,23 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
         g->cap_tensors = cap;
     }
     struct tensor *t = calloc(1, sizeof *t);
-    if (!t) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
-    int id = g->n_tensors++; /* owned by the graph from here, even if the checks below fail */
+    char *nm = name ? strdup(name) : NULL;
+    if (!t || (name && !nm)) {
+        free(t);
+        free(nm);
+        return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
+    }
+    int id = g->n_tensors++;
     g->tensors[id] = t;
     t->kind = kind;
     t->dtype = DTYPE_F32;
     t->rank = rank;
-    t->numel = 1;
-    for (int i = 0; i < 4; i++) {
-        t->d[i] = i < rank ? dims[i] : 1;
-        if (t->d[i] < 1) return graph_fail(g, GRAPH_ERR_SHAPE, "%s: dim %d is %d",
-                                           name ? name : "tensor", i, t->d[i]);
-        if (t->numel > GRAPH_MAX_NUMEL / (size_t)t->d[i])
-            return graph_fail(g, GRAPH_ERR_SHAPE, "%s: more than 2^40 elements",
-                              name ? name : "tensor");
-        t->numel *= (size_t)t->d[i];
-    }
+    memcpy(t->d, d, sizeof t->d);
+    t->numel = numel;
+    t->name = nm;
     t->grad = -1;
     t->param_index = -1;
     t->image = rank == 4 && (kind == TENSOR_ACT || kind == TENSOR_INPUT);
-    if (name) {
-        t->name = strdup(name);
-        if (!t->name) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
-    }
     if (kind == TENSOR_PARAM) {
         t->requires_grad = 1;
         t->param_index = g->n_params++;
@@ -134,6 +142,8 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
 
 int graph_param(struct graph *g, const char *name, int rank, const int *dims)
 {
+    if (g->status) return -1;
+    if (!name) return graph_fail(g, GRAPH_ERR_SHAPE, "a parameter needs a name");
     if (graph_find_param(g, name) >= 0)
         return graph_fail(g, GRAPH_ERR_SHAPE, "duplicate parameter name %s", name);
     return graph_tensor(g, TENSOR_PARAM, name, rank, dims);
@@ -147,7 +157,8 @@ int graph_input(struct graph *g, const char *name, int rank, const int *dims)
 int graph_find_param(const struct graph *g, const char *name)
 {
     for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i]->kind == TENSOR_PARAM && strcmp(g->tensors[i]->name, name) == 0)
+        if (g->tensors[i]->kind == TENSOR_PARAM && g->tensors[i]->name &&
+            strcmp(g->tensors[i]->name, name) == 0)
             return i;
     return -1;
 }
@@ -187,6 +198,17 @@ static int rg(const struct graph *g, int id) { return id >= 0 && g->tensors[id]-
 #define BAD(...) return graph_fail(g, GRAPH_ERR_SHAPE, __VA_ARGS__)
 #define NEED(id) if ((id) < 0 || g->status) return -1
 
+/* a * b for an op's int size field (the kernels take ints), or -1 with the graph's error when
+ * it does not fit; a and b are dims (>= 1) or sizes derived from them */
+static int isize(struct graph *g, const char *what, int64_t a, int64_t b)
+{
+    int64_t p = a * b;
+    if (a < 0 || b < 0 || (a && p / a != b) || p > INT_MAX)
+        return graph_fail(g, GRAPH_ERR_SHAPE, "%s: %lld x %lld does not fit an int", what,
+                          (long long)a, (long long)b);
+    return (int)p;
+}
+
 int graph_conv2d(struct graph *g, int x, int w, int b, int stride, int pad_t, int pad_l,
                  int pad_b, int pad_r)
 {
@@ -195,6 +217,10 @@ int graph_conv2d(struct graph *g, int x, int w, int b, int stride, int pad_t, in
     if (tx->rank != 4 || tw->rank != 4 || tw->d[1] != tx->d[1])
         BAD("conv2d %s: input channels %d, weight expects %d", tw->name, tx->d[1], tw->d[1]);
     if (b >= 0 && T(g, b)->numel != (size_t)tw->d[0]) BAD("conv2d %s: bias size", tw->name);
+    if (stride < 1 || pad_t < 0 || pad_l < 0 || pad_b < 0 || pad_r < 0 ||
+        (int64_t)tx->d[2] + pad_t + pad_b > INT_MAX || (int64_t)tx->d[3] + pad_l + pad_r > INT_MAX)
+        BAD("conv2d %s: stride %d, padding %d,%d,%d,%d", tw->name, stride, pad_t, pad_l, pad_b,
+            pad_r);
     struct bk_conv2d s = {.n = tx->d[0], .ci = tx->d[1], .h = tx->d[2], .w = tx->d[3],
                           .co = tw->d[0], .kh = tw->d[2], .kw = tw->d[3], .stride = stride,
                           .pad_t = pad_t, .pad_l = pad_l, .pad_b = pad_b, .pad_r = pad_r};
@@ -216,6 +242,8 @@ int graph_linear(struct graph *g, int x, int w, int b)
     int k = tx->d[tx->rank - 1];
     if (tw->rank != 2 || tw->d[1] != k) BAD("linear %s: input features %d", tw->name, k);
     if (b >= 0 && T(g, b)->numel != (size_t)tw->d[0]) BAD("linear %s: bias size", tw->name);
+    int m = isize(g, "linear rows", (int64_t)(tx->numel / (size_t)k), 1);
+    if (m < 0) return -1;
     int dims[4];
     memcpy(dims, tx->d, sizeof dims);
     dims[tx->rank - 1] = tw->d[0];
@@ -224,7 +252,7 @@ int graph_linear(struct graph *g, int x, int w, int b)
     if (!o || y < 0) return -1;
     o->n_in = 3; o->in[0] = x; o->in[1] = w; o->in[2] = b;
     o->n_out = 1; o->out[0] = y;
-    o->a.lin.m = (int)(tx->numel / (size_t)k);
+    o->a.lin.m = m;
     o->a.lin.k = k;
     o->a.lin.n = tw->d[0];
     return y;
@@ -246,15 +274,18 @@ static int groupnorm_op(struct graph *g, int x, int gamma, int beta, int groups,
         BAD("groupnorm %s: %d channels in %d groups", T(g, gamma)->name, c, groups);
     if (T(g, gamma)->numel != (size_t)c || T(g, beta)->numel != (size_t)c)
         BAD("groupnorm %s: affine size", T(g, gamma)->name);
+    int ng = isize(g, "groupnorm statistics", tx->d[0], groups);
+    int hw = isize(g, "groupnorm pixels", tx->d[2], tx->d[3]);
+    if (ng < 0 || hw < 0) return -1;
     int y = act(g, 4, tx->d, 1);
-    int mean = stats(g, tx->d[0] * groups), rstd = stats(g, tx->d[0] * groups);
+    int mean = stats(g, ng), rstd = stats(g, ng);
     struct op *o = op_new(g, OP_GROUPNORM);
     if (!o || y < 0 || mean < 0 || rstd < 0) return -1;
     o->n_in = 3; o->in[0] = x; o->in[1] = gamma; o->in[2] = beta;
     o->n_out = 3; o->out[0] = y; o->out[1] = mean; o->out[2] = rstd;
     o->a.gn.n = tx->d[0];
     o->a.gn.c = c;
-    o->a.gn.hw = tx->d[2] * tx->d[3];
+    o->a.gn.hw = hw;
     o->a.gn.groups = groups;
     o->a.gn.eps = eps;
     o->a.gn.silu = silu;
@@ -278,7 +309,8 @@ int graph_layernorm(struct graph *g, int x, int gamma, int beta, float eps)
     int d = tx->d[tx->rank - 1];
     if (T(g, gamma)->numel != (size_t)d || T(g, beta)->numel != (size_t)d)
         BAD("layernorm %s: affine size", T(g, gamma)->name);
-    int m = (int)(tx->numel / (size_t)d);
+    int m = isize(g, "layernorm rows", (int64_t)(tx->numel / (size_t)d), 1);
+    if (m < 0) return -1;
     int y = act(g, tx->rank, tx->d, 1);
     int mean = stats(g, m), rstd = stats(g, m);
     struct op *o = op_new(g, OP_LAYERNORM);
@@ -309,7 +341,7 @@ int graph_gelu(struct graph *g, int x) { return unary(g, OP_GELU, x); }
 int graph_dropout(struct graph *g, int x, float p)
 {
     if (p == 0.0f) return x; /* identity: no op, no memory */
-    if (p < 0.0f || p >= 1.0f) return graph_fail(g, GRAPH_ERR_SHAPE, "dropout p %g", p);
+    if (!(p > 0.0f && p < 1.0f)) return graph_fail(g, GRAPH_ERR_SHAPE, "dropout p %g", p);
     int y = unary(g, OP_DROPOUT, x);
     if (y < 0) return -1;
     struct op *o = &g->ops[g->n_ops - 1];
@@ -338,6 +370,8 @@ int graph_add_bcast(struct graph *g, int x, int b)
     const struct tensor *tx = T(g, x);
     if (tx->rank != 4 || T(g, b)->numel != (size_t)tx->d[0] * tx->d[1])
         BAD("add_bcast: term of %zu elements for (%d,%d)", T(g, b)->numel, tx->d[0], tx->d[1]);
+    int hw = isize(g, "add_bcast pixels", tx->d[2], tx->d[3]);
+    if (hw < 0) return -1;
     int y = act(g, 4, tx->d, rg(g, x) || rg(g, b));
     struct op *o = op_new(g, OP_ADD_BCAST);
     if (!o || y < 0) return -1;
@@ -345,7 +379,7 @@ int graph_add_bcast(struct graph *g, int x, int b)
     o->n_out = 1; o->out[0] = y;
     o->a.bc.n = tx->d[0];
     o->a.bc.c = tx->d[1];
-    o->a.bc.hw = tx->d[2] * tx->d[3];
+    o->a.bc.hw = hw;
     return y;
 }
 
@@ -357,7 +391,10 @@ int graph_concat(struct graph *g, int a, int b)
         ta->d[3] != tb->d[3])
         BAD("concat: (%d,%d,%d,%d) with (%d,%d,%d,%d)", ta->d[0], ta->d[1], ta->d[2], ta->d[3],
             tb->d[0], tb->d[1], tb->d[2], tb->d[3]);
-    int dims[4] = {ta->d[0], ta->d[1] + tb->d[1], ta->d[2], ta->d[3]};
+    int c = isize(g, "concat channels", (int64_t)ta->d[1] + tb->d[1], 1);
+    int hw = isize(g, "concat pixels", ta->d[2], ta->d[3]);
+    if (c < 0 || hw < 0) return -1;
+    int dims[4] = {ta->d[0], c, ta->d[2], ta->d[3]};
     int y = act(g, 4, dims, rg(g, a) || rg(g, b));
     struct op *o = op_new(g, OP_CONCAT);
     if (!o || y < 0) return -1;
@@ -366,7 +403,7 @@ int graph_concat(struct graph *g, int a, int b)
     o->a.cat.n = ta->d[0];
     o->a.cat.c1 = ta->d[1];
     o->a.cat.c2 = tb->d[1];
-    o->a.cat.hw = ta->d[2] * ta->d[3];
+    o->a.cat.hw = hw;
     return y;
 }
 
@@ -375,7 +412,9 @@ int graph_to_tokens(struct graph *g, int x)
     NEED(x);
     const struct tensor *tx = T(g, x);
     if (tx->rank != 4) BAD("to_tokens: rank %d", tx->rank);
-    int dims[3] = {tx->d[0], tx->d[2] * tx->d[3], tx->d[1]};
+    int hw = isize(g, "to_tokens pixels", tx->d[2], tx->d[3]);
+    if (hw < 0) return -1;
+    int dims[3] = {tx->d[0], hw, tx->d[1]};
     int y = act(g, 3, dims, rg(g, x));
     struct op *o = op_new(g, OP_TO_TOKENS);
     if (!o || y < 0) return -1;
@@ -383,7 +422,7 @@ int graph_to_tokens(struct graph *g, int x)
     o->n_out = 1; o->out[0] = y;
     o->a.bc.n = tx->d[0];
     o->a.bc.c = tx->d[1];
-    o->a.bc.hw = tx->d[2] * tx->d[3];
+    o->a.bc.hw = hw;
     return y;
 }
 
@@ -391,7 +430,8 @@ int graph_to_image(struct graph *g, int x, int h, int w)
 {
     NEED(x);
     const struct tensor *tx = T(g, x);
-    if (tx->rank != 3 || tx->d[1] != h * w) BAD("to_image: %d tokens for %dx%d", tx->d[1], h, w);
+    if (tx->rank != 3 || h < 1 || w < 1 || (int64_t)h * w != tx->d[1])
+        BAD("to_image: %d tokens for %dx%d", tx->rank == 3 ? tx->d[1] : 0, h, w);
     int dims[4] = {tx->d[0], tx->d[2], h, w};
     int y = act(g, 4, dims, rg(g, x));
     struct op *o = op_new(g, OP_TO_IMAGE);
@@ -410,6 +450,8 @@ static int resample(struct graph *g, enum op_type type, int x, int up, int align
     const struct tensor *tx = T(g, x);
     if (tx->rank != 4) BAD("%s: rank %d", op_name(type), tx->rank);
     if (!up && (tx->d[2] < 2 || tx->d[3] < 2)) BAD("maxpool: %dx%d input", tx->d[2], tx->d[3]);
+    if (up && (isize(g, op_name(type), tx->d[2], 2) < 0 || isize(g, op_name(type), tx->d[3], 2) < 0))
+        return -1;
     int dims[4] = {tx->d[0], tx->d[1], up ? 2 * tx->d[2] : tx->d[2] / 2,
                    up ? 2 * tx->d[3] : tx->d[3] / 2};
     int y = act(g, 4, dims, rg(g, x));
@@ -440,7 +482,7 @@ int graph_timestep_embed(struct graph *g, int t, int dim, int flip_sin_to_cos, f
 {
     NEED(t);
     int n = (int)T(g, t)->numel;
-    if (dim < 2 || (float)(dim / 2) - freq_shift <= 0.0f) BAD("timestep_embed: dim %d", dim);
+    if (dim < 2 || !((float)(dim / 2) - freq_shift > 0.0f)) BAD("timestep_embed: dim %d", dim);
     int dims[2] = {n, dim};
     int y = act(g, 2, dims, 0);
     struct op *o = op_new(g, OP_TIMESTEP_EMBED);

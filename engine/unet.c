@@ -38,34 +38,56 @@ void unet_config_default(struct unet_config *c, enum unet_preset preset)
 int unet_config_check(const struct unet_config *c, char *err, size_t errlen)
 {
 #define FAIL(...) return snprintf(err, errlen, __VA_ARGS__), 1
-    if (c->in_channels < 1 || c->out_channels < 1) FAIL("channels must be >= 1");
+    /* every bound is checked before the value is used in arithmetic (groups before a modulo,
+     * n_levels before a shift), and float tests are written to fail on NaN */
+    if (c->preset != UNET_DDPM && c->preset != UNET_SEED) FAIL("unknown preset %d", c->preset);
+    if (c->in_channels < 1 || c->in_channels > UNET_MAX_CHANNELS || c->out_channels < 1 ||
+        c->out_channels > UNET_MAX_CHANNELS)
+        FAIL("in/out channels %d/%d: must be in [1, %d]", c->in_channels, c->out_channels,
+             UNET_MAX_CHANNELS);
+    if (c->image_size < 1 || c->image_size > UNET_MAX_IMAGE_SIZE)
+        FAIL("image_size %d: must be in [1, %d]", c->image_size, UNET_MAX_IMAGE_SIZE);
     if (c->preset == UNET_DDPM) {
-        if (c->n_levels < 1 || c->n_levels > UNET_MAX_LEVELS) FAIL("1..8 levels");
+        if (c->n_levels < 1 || c->n_levels > UNET_MAX_LEVELS)
+            FAIL("%d levels: must be in [1, %d]", c->n_levels, UNET_MAX_LEVELS);
         if (c->image_size % (1 << (c->n_levels - 1)))
             FAIL("image_size %d must be divisible by %d", c->image_size, 1 << (c->n_levels - 1));
-        if (c->layers_per_block < 1) FAIL("layers_per_block must be >= 1");
+        if (c->layers_per_block < 1 || c->layers_per_block > UNET_MAX_LAYERS)
+            FAIL("layers_per_block %d: must be in [1, %d]", c->layers_per_block,
+                 UNET_MAX_LAYERS);
+        if (c->groups < 1) FAIL("norm_num_groups %d: must be >= 1", c->groups);
+        if (c->attn_head_dim < 0) FAIL("attention_head_dim %d: must be >= 1", c->attn_head_dim);
+        if (c->n_attn < 0 || c->n_attn > UNET_MAX_LEVELS)
+            FAIL("%d attention resolutions: at most %d", c->n_attn, UNET_MAX_LEVELS);
         for (int i = 0; i < c->n_levels; i++) {
-            if (c->channels[i] < 1 || c->channels[i] % c->groups)
+            if (c->channels[i] < 1 || c->channels[i] > UNET_MAX_CHANNELS)
+                FAIL("channels %d: must be in [1, %d]", c->channels[i], UNET_MAX_CHANNELS);
+            if (c->channels[i] % c->groups)
                 FAIL("channels %d not divisible by %d groups", c->channels[i], c->groups);
             if (c->attn_head_dim && c->channels[i] % c->attn_head_dim)
                 FAIL("channels %d not divisible by attention_head_dim %d", c->channels[i],
                      c->attn_head_dim);
-        }
-        if (c->channels[0] % 2) FAIL("channels[0] must be even (time embedding)");
-        for (int i = 0; i < c->n_levels; i++)
             if (c->channels[i] / c->groups > UNET_MAX_GROUP_CHANNELS)
                 FAIL("%d channels per norm group (at most %d)", c->channels[i] / c->groups,
                      UNET_MAX_GROUP_CHANNELS);
-        if (c->dropout < 0 || c->dropout >= 1) FAIL("dropout must be in [0, 1)");
+        }
+        if (c->channels[0] % 2) FAIL("channels[0] must be even (time embedding)");
+        if (!(c->freq_shift >= 0 && c->freq_shift < (float)(c->channels[0] / 2)))
+            FAIL("freq_shift %g: must be in [0, %d) for %d channels", c->freq_shift,
+                 c->channels[0] / 2, c->channels[0]);
+        if (!(c->norm_eps > 0 && c->norm_eps <= 1)) FAIL("norm_eps %g: must be in (0, 1]",
+                                                         c->norm_eps);
+        if (!(c->dropout >= 0 && c->dropout < 1)) FAIL("dropout must be in [0, 1)");
     } else {
         if (c->image_size < 8 || c->image_size % 8) FAIL("image_size must be a multiple of 8");
         if (c->base < 2 || c->base % 2) FAIL("base must be even");
         /* the widest block (8 base) is normalised as one group */
-        if (8 * c->base > UNET_MAX_GROUP_CHANNELS)
+        if (c->base > UNET_MAX_GROUP_CHANNELS / 8)
             FAIL("base %d: at most %d (its widest group norm spans 8 base channels)", c->base,
                  UNET_MAX_GROUP_CHANNELS / 8);
         if (c->heads < 1 || c->base % c->heads) FAIL("base must be divisible by heads");
-        if (c->time_dim < 2 || c->time_dim % 2) FAIL("time_dim must be even");
+        if (c->time_dim < 2 || c->time_dim % 2 || c->time_dim > UNET_MAX_CHANNELS)
+            FAIL("time_dim %d: must be even, in [2, %d]", c->time_dim, UNET_MAX_CHANNELS);
     }
     return 0;
 #undef FAIL
@@ -104,14 +126,21 @@ static int conv3(struct graph *g, const char *name, int x, int co, int bias)
     return conv(g, name, x, co, 3, 1, 1, 1, 1, 1, bias);
 }
 
-static int linear(struct graph *g, const char *name, int x, int out)
+/* nn.Linear, its bias initialised as bias_init (PyTorch's default: fan-in uniform) */
+static int linear_init(struct graph *g, const char *name, int x, int out,
+                       enum param_init bias_init)
 {
     if (x < 0) return -1;
     int in = g->tensors[x]->d[g->tensors[x]->rank - 1];
     int wd[2] = {out, in}, bd[1] = {out};
     int w = param(g, name, ".weight", 2, wd, INIT_FAN_IN_UNIFORM, in, out);
-    int b = param(g, name, ".bias", 1, bd, INIT_FAN_IN_UNIFORM, in, 0);
+    int b = param(g, name, ".bias", 1, bd, bias_init, in, 0);
     return graph_linear(g, x, w, b);
+}
+
+static int linear(struct graph *g, const char *name, int x, int out)
+{
+    return linear_init(g, name, x, out, INIT_FAN_IN_UNIFORM);
 }
 
 static int norm_affine(struct graph *g, const char *name, int c, int *gamma, int *beta)
@@ -220,7 +249,13 @@ static int build_ddpm(struct graph *g, const struct unet_config *c, int batch,
     int temb_act = graph_silu(g, temb);
 
     int h = conv3(g, "conv_in", io->x, ch0, 1);
-    int skips[64], n_skips = 0;
+    /* conv_in, every down resnet (+attention), every downsampler: 1 + L * layers + (L - 1)
+     * entries, which the bounds unet_config_check enforces keep within the list */
+    int skips[UNET_MAX_LEVELS * (UNET_MAX_LAYERS + 1)], n_skips = 0;
+    const int max_skips = (int)(sizeof skips / sizeof *skips);
+    if (L * (c->layers_per_block + 1) > max_skips)
+        return graph_fail(g, GRAPH_ERR_SHAPE, "%d levels of %d layers: at most %d skips", L,
+                          c->layers_per_block, max_skips), g->status;
     skips[n_skips++] = h;
     int res = c->image_size;
     for (int i = 0; i < L; i++) {
@@ -331,8 +366,9 @@ static int seed_attention(struct graph *g, const struct unet_config *c, const ch
     int bb = param(g, name, ".mha.in_proj_bias", 1, bd, INIT_ZEROS, 0, 0);
     int qkv = graph_linear(g, h, w, bb);
     int a = graph_attention(g, qkv, -1, -1, heads, attn_form(c, hh * ww, heads, ch));
-    a = linear(g, cat(b, sizeof b, name, ".mha.out_proj"), a, ch);
-    if (a >= 0) g->tensors[g->n_tensors - 1]->init = INIT_ZEROS; /* out_proj.bias */
+    /* nn.MultiheadAttention._reset_parameters zeroes out_proj.bias (its weight keeps the
+     * Linear default) */
+    a = linear_init(g, cat(b, sizeof b, name, ".mha.out_proj"), a, ch, INIT_ZEROS);
     a = graph_add(g, a, tok);
     int f = layernorm(g, cat(b, sizeof b, name, ".ff_self.0"), a, 1e-5f);
     f = linear(g, cat(b, sizeof b, name, ".ff_self.1"), f, ch);

@@ -12,6 +12,13 @@
 enum unet_preset { UNET_DDPM = 0, UNET_SEED = 1 };
 
 #define UNET_MAX_LEVELS 8
+/* ddpm resnets per level (the spec allows 8): bounds the builder's skip list */
+#define UNET_MAX_LAYERS 64
+/* the largest width, image size and time dimension a config may name: keeps every int the
+ * builders compute (4 * channels, fan-ins, H * W) far from overflow; whether such a model fits
+ * anywhere is the graph's and the planner's question (shapes are bounded there) */
+#define UNET_MAX_CHANNELS (1 << 20)
+#define UNET_MAX_IMAGE_SIZE 16384
 
 /* the most channels one group-norm group may span (the CPU kernels' channel block) */
 #define UNET_MAX_GROUP_CHANNELS 1024
@@ -46,7 +53,8 @@ struct unet_config {
 
 /* google/ddpm-cifar10-32 (ddpm) or the script's 64x64 RGB model (seed) */
 void unet_config_default(struct unet_config *c, enum unet_preset preset);
-/* 0 when the config can be built; otherwise a message in err */
+/* 0 when the config can be built; otherwise a message in err. Every config it accepts builds
+ * without overflow or division by zero (shapes too large for the graph are refused there). */
 int unet_config_check(const struct unet_config *c, char *err, size_t errlen);
 
 struct unet_io {
