@@ -385,6 +385,45 @@ done:
     return rc;
 }
 
+/* Bound the parse before it runs: one pass over the header outside string literals counting
+ * nesting depth and values (every value but the first follows a ',' or opens a container... so
+ * commas + opening brackets + 1 bounds the parser's nodes from above). cJSON's own nesting limit
+ * is 1000 and it has no node limit: a 100 MiB header of "[0,0,..." would cost ~3 GiB of nodes. */
+static enum st_status scan_header_json(const unsigned char *h, size_t n, char *err, size_t errlen)
+{
+    size_t i, values = 1;
+    int depth = 0, in_str = 0;
+    for (i = 0; i < n; i++) {
+        unsigned char c = h[i];
+        if (in_str) {
+            if (c == '\\') i++; /* the escaped byte cannot end the string */
+            else if (c == '"') in_str = 0;
+            continue;
+        }
+        if (c == '"') {
+            in_str = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > ST_MAX_JSON_DEPTH) {
+                set_err(err, errlen,
+                        "header nests deeper than %d levels at byte %zu (ST_MAX_JSON_DEPTH)",
+                        ST_MAX_JSON_DEPTH, i);
+                return ST_ERR_FORMAT;
+            }
+            values++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == ',') {
+            values++;
+        }
+        if (values > ST_MAX_JSON_VALUES) {
+            set_err(err, errlen, "header holds more than %zu JSON values (ST_MAX_JSON_VALUES)",
+                    ST_MAX_JSON_VALUES);
+            return ST_ERR_FORMAT;
+        }
+    }
+    return ST_OK;
+}
+
 /* Parse and validate the n-byte header h against the data section already in st. */
 static enum st_status parse_header(struct safetensors *st, const char *h, size_t n, char *err,
                                    size_t errlen)
@@ -400,6 +439,7 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
     int seen_meta = 0;
 
     if ((rc = check_header_bytes((const unsigned char *)h, n, err, errlen)) != ST_OK) goto done;
+    if ((rc = scan_header_json((const unsigned char *)h, n, err, errlen)) != ST_OK) goto done;
     rc = ST_ERR_FORMAT;
     st->root = cJSON_ParseWithLengthOpts(h, n, &end, 0);
     if (!st->root) {
@@ -424,7 +464,19 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
         goto done;
     }
 
-    cJSON_ArrayForEach(e, st->root) ntensors++;
+    cJSON_ArrayForEach(e, st->root)
+    {
+        if (strlen(e->string) > ST_MAX_NAME_BYTES) {
+            set_err(err, errlen, "tensor name '%.60s...' is %zu bytes, over %d (ST_MAX_NAME_BYTES)",
+                    e->string, strlen(e->string), ST_MAX_NAME_BYTES);
+            goto done;
+        }
+        if (strcmp(e->string, "__metadata__") && ++ntensors > ST_MAX_TENSORS) {
+            set_err(err, errlen, "header has more than %d tensors (ST_MAX_TENSORS)",
+                    ST_MAX_TENSORS);
+            goto done;
+        }
+    }
     /* +1: never ask calloc for 0 bytes (it may return NULL) */
     st->tensors = calloc(ntensors + 1, sizeof *st->tensors);
     spans = calloc(ntensors + 1, sizeof *spans);
@@ -448,8 +500,22 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
                         json_describe(e, desc, sizeof desc));
                 goto done;
             }
+            k = 0;
             cJSON_ArrayForEach(m, e)
             {
+                if (++k > ST_MAX_META_ENTRIES) {
+                    set_err(err, errlen,
+                            "\"__metadata__\" has more than %d entries (ST_MAX_META_ENTRIES)",
+                            ST_MAX_META_ENTRIES);
+                    goto done;
+                }
+                if (strlen(m->string) > ST_MAX_NAME_BYTES) {
+                    set_err(err, errlen,
+                            "\"__metadata__\" key '%.60s...' is %zu bytes, over %d "
+                            "(ST_MAX_NAME_BYTES)",
+                            m->string, strlen(m->string), ST_MAX_NAME_BYTES);
+                    goto done;
+                }
                 if (!cJSON_IsString(m)) {
                     set_err(err, errlen,
                             "\"__metadata__\" value for '%.200s' is %s, expected a string",
@@ -477,7 +543,7 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
         }
     }
     if (st->meta) {
-        /* few keys: quadratic is fine and keeps names[] free */
+        /* at most ST_MAX_META_ENTRIES keys: quadratic is fine and keeps names[] free */
         const cJSON *a, *b;
         cJSON_ArrayForEach(a, st->meta) for (b = a->next; b; b = b->next)
         {
@@ -733,6 +799,8 @@ enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *
 
     memset(&e, 0, sizeof e);
     if (!w || !str_utf8_ok(name) || !strcmp(name, "__metadata__")) goto done;
+    /* never write what safetensors_open would refuse */
+    if (strlen(name) > ST_MAX_NAME_BYTES || w->n >= ST_MAX_TENSORS) goto done;
     if ((unsigned)dtype >= ST_DTYPE_COUNT || ndim < 0 || ndim > ST_MAX_NDIM) goto done;
     if (ndim > 0 && !shape) goto done;
     for (i = 0; i < (size_t)ndim; i++) e.shape[i] = shape[i];
@@ -770,7 +838,8 @@ enum st_status safetensors_writer_meta(struct safetensors_writer *w, const char 
     char *k = NULL, *v = NULL;
     size_t i;
 
-    if (!w || !str_utf8_ok(key) || !str_utf8_ok(value)) goto done;
+    if (!w || !str_utf8_ok(key) || !str_utf8_ok(value) || strlen(key) > ST_MAX_NAME_BYTES)
+        goto done;
     rc = ST_ERR_NOMEM;
     v = malloc(strlen(value) + 1);
     if (!v) goto done;
@@ -783,6 +852,10 @@ enum st_status safetensors_writer_meta(struct safetensors_writer *w, const char 
             rc = ST_OK;
             goto done;
         }
+    }
+    if (w->nmeta >= ST_MAX_META_ENTRIES) { /* a new key past what readers accept */
+        rc = ST_ERR_ARG;
+        goto done;
     }
     if (w->nmeta == w->mcap) {
         size_t cap = w->mcap ? 2 * w->mcap : 8;

@@ -34,8 +34,23 @@ enum st_dtype {
 };
 
 #define ST_MAX_NDIM 8
-/* Header lengths above this are rejected before allocating (a corrupt length must not OOM us). */
+/* Limits on what a file may declare (docs/limits.md), each checked before it sizes an
+ * allocation; a file over one is ST_ERR_FORMAT with the limit's name in the message. The writer
+ * refuses to produce a file the reader would refuse.
+ * Header lengths above this are rejected before allocating (a corrupt length must not OOM us);
+ * the same bound as the reference implementation. */
 #define ST_MAX_HEADER_BYTES ((uint64_t)100 * 1024 * 1024)
+/* JSON nesting in the header: the format needs 3 (file, tensor entry, shape) */
+#define ST_MAX_JSON_DEPTH 8
+/* JSON values (objects, arrays, strings, numbers, ...) in the header, counted by a scan before
+ * it is parsed: each becomes a parser node of ~64 bytes, so this caps the parse at ~64 MiB */
+#define ST_MAX_JSON_VALUES ((size_t)1 << 20)
+/* tensor entries in one file (a large diffusion UNet has ~700) */
+#define ST_MAX_TENSORS 65536
+/* bytes in a tensor name or a __metadata__ key (diffusers' longest are ~80) */
+#define ST_MAX_NAME_BYTES 1024
+/* __metadata__ entries (a checkpoint writes 6); values are bounded only by the header size */
+#define ST_MAX_META_ENTRIES 1024
 
 /* One tensor of an open file. Borrowed from the struct safetensors: valid until safetensors_free.
  * data points at nbytes bytes of raw little-endian values (nbytes == numel * dtype size; NULL-safe
@@ -64,7 +79,8 @@ const char *safetensors_status_name(enum st_status status);
 /* ---- reading ---- */
 
 /* Load the whole file at path and validate all of it before returning: header length within the
- * file and <= ST_MAX_HEADER_BYTES; header is UTF-8 JSON, an object; every entry but __metadata__ has
+ * file and <= ST_MAX_HEADER_BYTES; header is UTF-8 JSON, an object, within the limits above
+ * (depth, values, tensors, name bytes, metadata entries); every entry but __metadata__ has
  * a known dtype, a shape of <= 8 non-negative integers and data_offsets [begin, end] with
  * end - begin == numel * dtype size; the tensors cover the data section exactly (no overlap, no
  * hole, nothing after the last); names unique; __metadata__ maps strings to strings.
@@ -96,11 +112,13 @@ enum st_status safetensors_writer_init(struct safetensors_writer **out);
 /* Queue a tensor. name and shape are copied; data (numel * dtype size bytes, may be NULL when that
  * is 0) is referenced, not copied, and must stay valid and unchanged until save returns.
  * ST_ERR_ARG for: NULL/invalid-UTF-8 name, the reserved name "__metadata__", a name already added,
- * a bad dtype, ndim outside 0..8, a negative dim, an element count overflowing int64/size_t. */
+ * a bad dtype, ndim outside 0..8, a negative dim, an element count overflowing int64/size_t, a
+ * name over ST_MAX_NAME_BYTES, more than ST_MAX_TENSORS tensors. */
 enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *name,
                                       enum st_dtype dtype, int ndim, const int64_t *shape,
                                       const void *data);
-/* Set __metadata__[key] = value (both copied, both valid UTF-8); setting a key again replaces it. */
+/* Set __metadata__[key] = value (both copied, both valid UTF-8); setting a key again replaces it.
+ * ST_ERR_ARG for a key over ST_MAX_NAME_BYTES or a key past ST_MAX_META_ENTRIES. */
 enum st_status safetensors_writer_meta(struct safetensors_writer *w, const char *key,
                                        const char *value);
 /* Write everything to path atomically: header (metadata first, then tensors in insertion order

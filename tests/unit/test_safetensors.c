@@ -462,6 +462,177 @@ static void test_writer_args(void)
           "dtype names");
 }
 
+/* ---- limits on what a header may declare ---- */
+
+/* a growable string for building large headers */
+struct sbuf {
+    char *p;
+    size_t n, cap;
+};
+
+static void sb_add(struct sbuf *b, const char *s)
+{
+    size_t k = strlen(s);
+    if (b->n + k + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + k + 1) cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) abort(); /* test harness only */
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, k + 1);
+    b->n += k;
+}
+
+static void sb_rep(struct sbuf *b, const char *s, size_t times)
+{
+    for (size_t i = 0; i < times; i++) sb_add(b, s);
+}
+
+/* open header + 0 data bytes, expecting acceptance */
+static int accepts_hdr(const char *label, const char *header)
+{
+    size_t n = 0;
+    unsigned char *b = make_raw(header, 8, NULL, 0, &n);
+    struct safetensors *st = NULL;
+    char err[512] = "";
+    enum st_status rc = ST_ERR_NOMEM;
+    if (b && write_bytes(in_dir("limit.safetensors"), b, n))
+        rc = safetensors_open(&st, in_dir("limit.safetensors"), err, sizeof err);
+    CHECK(rc == ST_OK, "%s: refused: %s", label, err);
+    safetensors_free(st);
+    free(b);
+    unlink(in_dir("limit.safetensors"));
+    return rc == ST_OK;
+}
+
+/* n zero-size U8 tensors "t0".."t<n-1>" (plus metadata entries m0..m<nmeta-1>) */
+static char *hdr_many(size_t n, size_t nmeta, size_t name_len, size_t key_len)
+{
+    struct sbuf b = {0};
+    char tmp[64];
+    sb_add(&b, "{\"__metadata__\":{");
+    for (size_t i = 0; i < nmeta; i++) {
+        snprintf(tmp, sizeof tmp, "%s\"m%zu", i ? "," : "", i);
+        sb_add(&b, tmp);
+        if (i == 0) sb_rep(&b, "k", key_len);
+        sb_add(&b, "\":\"v\"");
+    }
+    sb_add(&b, "}");
+    for (size_t i = 0; i < n; i++) {
+        snprintf(tmp, sizeof tmp, ",\"t%zu", i);
+        sb_add(&b, tmp);
+        if (i == 0) sb_rep(&b, "n", name_len);
+        sb_add(&b, "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}");
+    }
+    sb_add(&b, "}");
+    return b.p;
+}
+
+/* Each limit of safetensors.h refuses the first value over it, with its name in the message, and
+ * accepts the limit itself. Before the limits, all of these were accepted or parsed whole (a
+ * header of 2^20 commas became 2^20 parser nodes; 65537 tensors or a 2000-byte name loaded). */
+static void test_limits(void)
+{
+    struct sbuf b = {0};
+    char *h;
+
+    printf("limits:\n");
+    /* depth: 9 levels; 2000 (past cJSON's own limit of 1000) */
+    expect_reject_hdr("depth 9",
+                      "{\"w\":{\"dtype\":\"U8\",\"shape\":[0],\"x\":[[[[[[[0]]]]]]],"
+                      "\"data_offsets\":[0,0]}}",
+                      0, "ST_MAX_JSON_DEPTH");
+    sb_add(&b, "{\"w\":");
+    sb_rep(&b, "[", 2000);
+    sb_rep(&b, "]", 2000);
+    sb_add(&b, "}");
+    expect_reject_hdr("depth 2000", b.p, 0, "ST_MAX_JSON_DEPTH");
+    b.n = 0;
+    /* brackets, braces, commas inside strings (and escaped quotes) do not count */
+    CHECK(accepts_hdr("brackets in strings",
+                      "{\"__metadata__\":{\"k\\\"[[[[[[[[[[\":\"[[[[[[[[[[{{{{{{{{{,,,,\\\"\"}}"),
+          "brackets in strings");
+
+    /* values: a shape of 2^20 + 1 zeros */
+    sb_add(&b, "{\"w\":{\"dtype\":\"U8\",\"shape\":[0");
+    sb_rep(&b, ",0", (size_t)1 << 20);
+    sb_add(&b, "],\"data_offsets\":[0,0]}}");
+    expect_reject_hdr("2^20 values", b.p, 0, "ST_MAX_JSON_VALUES");
+    b.n = 0;
+    /* a metadata value of 2^21 commas is one value */
+    sb_add(&b, "{\"__metadata__\":{\"k\":\"");
+    sb_rep(&b, ",", (size_t)1 << 21);
+    sb_add(&b, "\"}}");
+    CHECK(accepts_hdr("2^21 commas in a string", b.p), "commas in a string counted as values");
+    free(b.p);
+
+    /* tensor count */
+    h = hdr_many(ST_MAX_TENSORS, 0, 0, 0);
+    CHECK(accepts_hdr("ST_MAX_TENSORS tensors", h), "at the tensor limit");
+    free(h);
+    h = hdr_many(ST_MAX_TENSORS + 1, 0, 0, 0);
+    expect_reject_hdr("ST_MAX_TENSORS + 1", h, 0, "ST_MAX_TENSORS");
+    free(h);
+    /* name bytes: "t0" + padding to exactly the limit, then one more */
+    h = hdr_many(1, 0, ST_MAX_NAME_BYTES - 2, 0);
+    CHECK(accepts_hdr("name of ST_MAX_NAME_BYTES", h), "name at the limit");
+    free(h);
+    h = hdr_many(1, 0, ST_MAX_NAME_BYTES - 1, 0);
+    expect_reject_hdr("name over ST_MAX_NAME_BYTES", h, 0, "ST_MAX_NAME_BYTES");
+    free(h);
+    h = hdr_many(1, 1, 0, ST_MAX_NAME_BYTES - 1);
+    expect_reject_hdr("metadata key too long", h, 0, "ST_MAX_NAME_BYTES");
+    free(h);
+    /* metadata entries */
+    h = hdr_many(1, ST_MAX_META_ENTRIES, 0, 0);
+    CHECK(accepts_hdr("ST_MAX_META_ENTRIES entries", h), "metadata at the limit");
+    free(h);
+    h = hdr_many(1, ST_MAX_META_ENTRIES + 1, 0, 0);
+    expect_reject_hdr("ST_MAX_META_ENTRIES + 1", h, 0, "ST_MAX_META_ENTRIES");
+    free(h);
+
+    /* the writer never makes a file the reader refuses */
+    {
+        struct safetensors_writer *w = NULL;
+        char name[ST_MAX_NAME_BYTES + 2], key[32];
+        int64_t zero[1] = {0};
+        int ok = 1;
+        CHECK(safetensors_writer_init(&w) == ST_OK, "writer_init");
+        memset(name, 'n', sizeof name);
+        name[ST_MAX_NAME_BYTES + 1] = '\0';
+        CHECK(safetensors_writer_add(w, name, ST_U8, 1, zero, NULL) == ST_ERR_ARG,
+              "writer took a name over ST_MAX_NAME_BYTES");
+        CHECK(safetensors_writer_meta(w, name, "v") == ST_ERR_ARG,
+              "writer took a metadata key over ST_MAX_NAME_BYTES");
+        name[ST_MAX_NAME_BYTES] = '\0';
+        CHECK(safetensors_writer_add(w, name, ST_U8, 1, zero, NULL) == ST_OK,
+              "writer refused a name of ST_MAX_NAME_BYTES");
+        for (int i = 0; i < ST_MAX_META_ENTRIES && ok; i++) {
+            snprintf(key, sizeof key, "k%d", i);
+            ok = safetensors_writer_meta(w, key, "v") == ST_OK;
+        }
+        CHECK(ok, "writer refused ST_MAX_META_ENTRIES metadata entries");
+        CHECK(safetensors_writer_meta(w, "one-more", "v") == ST_ERR_ARG,
+              "writer took metadata entry ST_MAX_META_ENTRIES + 1");
+        CHECK(safetensors_writer_meta(w, "k0", "replaced") == ST_OK,
+              "writer refused to replace a key at the limit");
+        /* (the writer's tensor limit is not filled here: its duplicate-name check is linear per
+         * add, so 65536 adds take seconds) */
+        char err[512] = "";
+        struct safetensors *st = NULL;
+        CHECK(safetensors_writer_save(w, in_dir("full.safetensors"), err, sizeof err) == ST_OK,
+              "save at the name and metadata limits: %s", err);
+        CHECK(safetensors_open(&st, in_dir("full.safetensors"), err, sizeof err) == ST_OK &&
+                  safetensors_count(st) == 1 && !strcmp(safetensors_meta(st, "k0"), "replaced"),
+              "reading back a file at the name and metadata limits: %s", err);
+        safetensors_free(st);
+        safetensors_writer_free(w);
+        unlink(in_dir("full.safetensors"));
+    }
+}
+
 /* save twice to the same path, with failures in between: the file is replaced whole or not at
  * all, and no temp file survives */
 static void test_atomic_save(void)
@@ -551,6 +722,7 @@ int main(void)
     test_python_layout();
     test_rejections();
     test_writer_args();
+    test_limits();
     test_atomic_save();
     cleanup_dir();
     return tu_finish("test_safetensors");
