@@ -582,6 +582,16 @@ static enum dataset_status idx_expect_end(struct idx_file *f, char *err, size_t 
         set_err(err, errlen, "cannot read '%s': %s", f->path, gzerror(f->gz, &zerr));
         return DATASET_ERR_FORMAT;
     }
+    /* every item arrived, but a gzip stream cut inside its trailer ends with Z_BUF_ERROR
+     * ("unexpected end of file") rather than a failed read: its CRC was never checked */
+    {
+        int zerr = Z_OK;
+        const char *zmsg = gzerror(f->gz, &zerr);
+        if (zerr != Z_OK) {
+            set_err(err, errlen, "'%s' is truncated or corrupt: %s", f->path, zmsg);
+            return DATASET_ERR_FORMAT;
+        }
+    }
     return DATASET_OK;
 }
 

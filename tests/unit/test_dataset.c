@@ -302,22 +302,24 @@ static void test_decode_all_types(void)
     }
 }
 
-/* every prefix, and many corruptions, of a valid PNG: an error or an image, never a crash */
-static void test_corrupt_pngs(void)
+/* every prefix, every header byte flipped, and random corruptions of the PNG s: an error or an
+ * image, never a crash (the ASan build runs this too). Returns the file's bytes (malloc'd). */
+static unsigned char *corrupt_loop(const char *tag, const struct png_spec *s, size_t *np)
 {
-    unsigned smp[16 * 12 * 3];
-    struct png_spec s = {16, 12, 8, PNG_COLOR_TYPE_RGB, 1, smp, NULL, 0, NULL, 0, NULL};
     struct image img = {0};
     char err[512];
     size_t n = 0;
-    unsigned char *b;
-    int failures = 0, ok_prefix = 0;
+    unsigned char *b, *c;
+    int failures = 0, ok_prefix = 0, bad = 0;
 
-    for (int i = 0; i < 16 * 12 * 3; i++) smp[i] = pat(i, 3, 1, 255);
-    CHECK(write_png(in_dir("whole.png"), &s), "whole.png not written");
+    *np = 0;
+    CHECK(write_png(in_dir("whole.png"), s), "%s: whole.png not written", tag);
     b = slurp(in_dir("whole.png"), &n);
-    CHECK(b && n > 60, "cannot read back whole.png");
-    if (!b) return;
+    CHECK(b && n > 60, "%s: cannot read back whole.png", tag);
+    if (!b || n <= 60) {
+        free(b);
+        return NULL;
+    }
     for (size_t len = 0; len < n; len++) {
         write_bytes(in_dir("prefix.png"), b, len);
         enum image_status rc = image_load_png(in_dir("prefix.png"), &img, err, sizeof err);
@@ -327,21 +329,58 @@ static void test_corrupt_pngs(void)
         image_free(&img);
     }
     CHECK(ok_prefix == 0 && failures == (int)n,
-          "prefixes: %d decoded, %d failed cleanly of %zu", ok_prefix, failures, n);
+          "%s prefixes: %d decoded, %d failed cleanly of %zu", tag, ok_prefix, failures, n);
+    c = malloc(n);
+    /* every byte of signature + IHDR + the next chunk's header, each xor 0xff and 0x01 */
+    for (size_t at = 0; at < 64 && at < n; at++) {
+        for (int k = 0; k < 2; k++) {
+            memcpy(c, b, n);
+            c[at] ^= k ? 0x01 : 0xff;
+            write_bytes(in_dir("flip.png"), c, n);
+            enum image_status rc = image_load_png(in_dir("flip.png"), &img, err, sizeof err);
+            if (!(rc == IMAGE_OK || rc == IMAGE_ERR_FORMAT)) bad++;
+            image_free(&img);
+        }
+    }
+    CHECK(bad == 0, "%s: %d header flips gave a status other than ok or format", tag, bad);
     /* single-byte corruptions past the signature: CRCs catch most; none may crash */
     tu_seed(42);
     for (int t = 0; t < 300; t++) {
-        unsigned char *c = malloc(n);
         memcpy(c, b, n);
         size_t at = 8 + (size_t)((tu_rand() + 1.0) * 0.5 * (double)(n - 8));
         if (at >= n) at = n - 1;
         c[at] ^= (unsigned char)(1u + (unsigned)((tu_rand() + 1.0) * 127.0));
         write_bytes(in_dir("flip.png"), c, n);
         enum image_status rc = image_load_png(in_dir("flip.png"), &img, err, sizeof err);
-        CHECK(rc == IMAGE_OK || rc == IMAGE_ERR_FORMAT, "corruption at %zu: status %d", at, rc);
+        CHECK(rc == IMAGE_OK || rc == IMAGE_ERR_FORMAT, "%s: corruption at %zu: status %d", tag,
+              at, rc);
         image_free(&img);
-        free(c);
     }
+    free(c);
+    *np = n;
+    return b;
+}
+
+static void test_corrupt_pngs(void)
+{
+    unsigned smp[16 * 12 * 4];
+    static const png_color pal[4] = {{255, 0, 0}, {0, 128, 255}, {10, 20, 30}, {9, 9, 9}};
+    static const png_byte trns[2] = {0, 100};
+    struct png_spec s = {16, 12, 8, PNG_COLOR_TYPE_RGB, 1, smp, NULL, 0, NULL, 0, NULL};
+    struct png_spec sp = {16, 12, 4, PNG_COLOR_TYPE_PALETTE, 1, smp, pal, 4, trns, 2, NULL};
+    struct png_spec sg = {16, 12, 16, PNG_COLOR_TYPE_GRAY_ALPHA, 0, smp, NULL, 0, NULL, 0, NULL};
+    struct image img = {0};
+    char err[512];
+    size_t n = 0;
+    unsigned char *b;
+
+    for (int i = 0; i < 16 * 12 * 4; i++) smp[i] = pat(i, 3, 1, 3);
+    free(corrupt_loop("palette+tRNS interlaced", &sp, &n));
+    for (int i = 0; i < 16 * 12 * 4; i++) smp[i] = pat(i, 3, 1, 65535);
+    free(corrupt_loop("grey+alpha 16-bit", &sg, &n));
+    for (int i = 0; i < 16 * 12 * 3; i++) smp[i] = pat(i, 3, 1, 255);
+    b = corrupt_loop("RGB interlaced", &s, &n);
+    if (!b) return;
     /* empty file, garbage, missing file */
     write_bytes(in_dir("empty.png"), "", 0);
     CHECK(image_load_png(in_dir("empty.png"), &img, err, sizeof err) == IMAGE_ERR_FORMAT &&
@@ -1123,6 +1162,67 @@ static void test_idx(void)
     CHECK(rc == DATASET_ERR_ARG, "pad to 24 accepted");
 }
 
+/* Every prefix and byte flips of valid IDX files (plain and gzip): an error, never a crash or a
+ * hang; a prefix never loads. */
+static void test_idx_hostile(void)
+{
+    static const char *const files[] = {"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    struct dataset *ds = NULL;
+    char err[1024], p[700], q[720];
+    int bad = 0, loaded = 0, tries = 0;
+    make_fmnist("idx_hp", 2, 0, 0, 0, 0, 0);
+    make_fmnist("idx_hz", 2, 0, 0, 0, 1, 0);
+    for (int gz = 0; gz < 2; gz++) {
+        for (int f = 0; f < 2; f++) {
+            size_t n = 0;
+            snprintf(p, sizeof p, "%s/%s/%s%s", g_dir, gz ? "idx_hz" : "idx_hp", files[f],
+                     gz ? ".gz" : "");
+            snprintf(q, sizeof q, "%s.orig", p);
+            unsigned char *b = slurp(p, &n), *c = b ? malloc(n + 1) : NULL;
+            CHECK(b && c && rename(p, q) == 0, "%s: cannot set up", p);
+            if (!b || !c) {
+                free(b);
+                free(c);
+                continue;
+            }
+            /* every prefix of the image files (ends of items are where it matters); all of the
+             * small label files */
+            for (size_t len = 0; len < n; len += f == 0 && len > 40 ? 97 : 1) {
+                write_bytes(p, b, len);
+                enum dataset_status rc = dataset_open_fmnist(
+                    &ds, in_dir(gz ? "idx_hz" : "idx_hp"), DATASET_FMNIST_TEST, 1, 28,
+                    DATASET_FIT_PAD, err, sizeof err);
+                tries++;
+                if (rc == DATASET_OK) loaded++;
+                else if (rc != DATASET_ERR_FORMAT || ds) bad++;
+                dataset_free(ds);
+                ds = NULL;
+            }
+            /* each header byte, and 100 random bytes, flipped */
+            tu_seed(7 + (uint64_t)gz * 2 + (uint64_t)f);
+            for (int t = 0; t < 120; t++) {
+                size_t at = t < 20 ? (size_t)t : (size_t)((tu_rand() + 1.0) * 0.5 * (double)n);
+                if (at >= n) at = n - 1;
+                memcpy(c, b, n);
+                c[at] ^= (unsigned char)(1u + (unsigned)((tu_rand() + 1.0) * 127.0));
+                write_bytes(p, c, n);
+                enum dataset_status rc = dataset_open_fmnist(
+                    &ds, in_dir(gz ? "idx_hz" : "idx_hp"), DATASET_FMNIST_TEST, 1, 28,
+                    DATASET_FIT_PAD, err, sizeof err);
+                tries++;
+                if (rc != DATASET_OK && (rc != DATASET_ERR_FORMAT || ds)) bad++;
+                dataset_free(ds);
+                ds = NULL;
+            }
+            rename(q, p);
+            free(b);
+            free(c);
+        }
+    }
+    CHECK(bad == 0 && loaded == 0, "IDX prefixes/flips: %d of %d bad statuses, %d prefixes loaded",
+          bad, tries, loaded);
+}
+
 /* An IDX pair in g_dir/<name>: the image file declares icount items and holds ihold of them, the
  * label file declares lcount and holds lhold (each gzip-compressed when gz). */
 static void make_idx_pair(const char *name, uint32_t icount, uint32_t ihold, uint32_t lcount,
@@ -1524,6 +1624,7 @@ int main(int argc, char **argv)
     test_folder();
     test_idx();
     test_bounds();
+    test_idx_hostile();
     test_real_fmnist();
     test_order_and_loader();
     rm_rf(g_dir, 0);

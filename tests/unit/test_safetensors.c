@@ -633,6 +633,66 @@ static void test_limits(void)
     }
 }
 
+/* Every prefix of a valid file, every header byte flipped (two ways) and random data-length
+ * changes: an error or a valid file, never a crash (the ASan build runs this); no prefix opens. */
+static void test_hostile_bytes(void)
+{
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    int64_t s_w[2] = {2, 3}, s_b[1] = {3};
+    uint8_t bytes[3] = {1, 2, 3};
+    struct safetensors_writer *wr = NULL;
+    struct safetensors *st = NULL;
+    const char *path = in_dir("hostile.safetensors"), *src = in_dir("hostile_src.safetensors");
+    char err[512];
+    size_t n = 0;
+    unsigned char *b, *c;
+    int bad = 0, opened = 0, tries = 0;
+
+    CHECK(safetensors_writer_init(&wr) == ST_OK, "writer_init");
+    safetensors_writer_add(wr, "conv.weight", ST_F32, 2, s_w, w);
+    safetensors_writer_add(wr, "b", ST_U8, 1, s_b, bytes);
+    safetensors_writer_meta(wr, "spec", "{\"model\":{\"preset\":\"ddpm\"}}");
+    CHECK(safetensors_writer_save(wr, src, err, sizeof err) == ST_OK, "save: %s", err);
+    safetensors_writer_free(wr);
+    b = slurp(src, &n);
+    CHECK(b && n > 16, "slurp");
+    if (!b || n <= 16) {
+        free(b);
+        return;
+    }
+    c = malloc(n);
+    for (size_t len = 0; len < n; len++) {
+        enum st_status rc;
+        write_bytes(path, b, len);
+        rc = safetensors_open(&st, path, err, sizeof err);
+        tries++;
+        if (rc == ST_OK) opened++;
+        else if (rc != ST_ERR_FORMAT || st) bad++;
+        safetensors_free(st);
+        st = NULL;
+    }
+    CHECK(opened == 0, "%d of %zu prefixes opened", opened, n);
+    for (size_t at = 0; at < n - 6 * 4 - 3; at++) { /* the length and the header */
+        for (int k = 0; k < 2; k++) {
+            enum st_status rc;
+            memcpy(c, b, n);
+            c[at] ^= k ? 0x01 : 0x80;
+            write_bytes(path, c, n);
+            rc = safetensors_open(&st, path, err, sizeof err);
+            tries++;
+            if (rc != ST_OK && (rc != ST_ERR_FORMAT || st)) bad++;
+            safetensors_free(st);
+            st = NULL;
+        }
+    }
+    CHECK(bad == 0, "prefixes and flips: %d of %d gave a status other than ok or format", bad,
+          tries);
+    free(b);
+    free(c);
+    unlink(path);
+    unlink(src);
+}
+
 /* save twice to the same path, with failures in between: the file is replaced whole or not at
  * all, and no temp file survives */
 static void test_atomic_save(void)
@@ -723,6 +783,7 @@ int main(void)
     test_rejections();
     test_writer_args();
     test_limits();
+    test_hostile_bytes();
     test_atomic_save();
     cleanup_dir();
     return tu_finish("test_safetensors");
