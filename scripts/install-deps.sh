@@ -3,7 +3,7 @@
 # Used by README, .ci/run and docker/. Needs root (or sudo) on Debian 12 / bookworm.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config
+pkgs=(build-essential cmake pkg-config clang-14 libclang-rt-14-dev libomp-14-dev
       libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
       python3-torch python3-numpy python3-yaml python3-jsonschema dataset-fashion-mnist)
 

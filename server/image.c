@@ -339,6 +339,7 @@ static void img_axis_free(struct img_axis *a)
     free(a->first);
     free(a->taps);
     free(a->w);
+    memset(a, 0, sizeof *a); /* img_axis_make frees on failure and the caller frees again */
 }
 
 /* Map the n_in samples onto a virtual axis of length n_res and keep outputs off .. off+n_out-1. */

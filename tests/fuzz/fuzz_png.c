@@ -1,0 +1,46 @@
+/* fuzz_png.c - PNG decoding (image_load_png through libpng, with its size limits) on arbitrary
+ * bytes, then what the folder loader does next: channel conversion and resize to a small square.
+ * Invariants: a decoded image has 1..4 channels, sides and float planes within the documented
+ * limits (IMAGE_MAX_SIDE, IMAGE_MAX_DECODED_BYTES), and
+ * every value is in [0, 1]; a failure leaves the image empty and says why. */
+#include "fuzz.h"
+#include "image.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fuzz_png(const uint8_t *data, size_t size)
+{
+    const char *path = fuzz_bytes_path(0, data, size);
+    struct image img;
+    char err[512];
+    err[0] = '\0';
+    enum image_status rc = image_load_png(path, &img, err, sizeof err);
+    if (rc != IMAGE_OK) {
+        if (img.data || img.c || img.h || img.w)
+            fuzz_fail("png", "failed decode (%d) left an image", (int)rc);
+        if (!err[0]) fuzz_fail("png", "failed decode (%d) without a message", (int)rc);
+        return 0;
+    }
+    if (img.c < 1 || img.c > 4 || img.h < 1 || img.w < 1 || img.h > IMAGE_MAX_SIDE ||
+        img.w > IMAGE_MAX_SIDE || !img.data ||
+        (unsigned long long)img.c * img.h * img.w * sizeof(float) > IMAGE_MAX_DECODED_BYTES)
+        fuzz_fail("png", "decoded %dx%dx%d outside the limits", img.c, img.h, img.w);
+    size_t n = (size_t)img.c * img.h * img.w;
+    for (size_t i = 0; i < n; i++)
+        if (!(img.data[i] >= 0.0f && img.data[i] <= 1.0f))
+            fuzz_fail("png", "value %zu is %g, outside [0, 1]", i, (double)img.data[i]);
+    /* the dataset path: grey or RGB (chosen by the image, not by extra input bytes), 8 x 8 */
+    int channels = (img.h + img.w) % 2 ? 1 : 3;
+    float dst[3 * 8 * 8];
+    if (image_to_channels(&img, channels) != IMAGE_OK || img.c != channels)
+        fuzz_fail("png", "image_to_channels(%d) failed", channels);
+    if (image_resize_square(dst, &img, 8) == IMAGE_OK) {
+        for (int i = 0; i < channels * 64; i++)
+            if (!(dst[i] >= -1.0f && dst[i] <= 1.0f))
+                fuzz_fail("png", "resized value %d is %g, outside [-1, 1]", i, (double)dst[i]);
+    }
+    image_free(&img);
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* fuzz_safetensors.c - safetensors_open (header length, JSON header, tensor table, data section)
+ * on arbitrary bytes, then every accessor over what it accepted. Invariants: each tensor's bytes
+ * lie inside the file and equal numel * dtype size; lookups by name find the same tensor; F32
+ * tensors read back through safetensors_read_f32. */
+#include "fuzz.h"
+#include "safetensors.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int fuzz_safetensors(const uint8_t *data, size_t size)
+{
+    const char *path = fuzz_bytes_path(0, data, size);
+    struct safetensors *st = NULL;
+    char err[512];
+    err[0] = '\0';
+    enum st_status rc = safetensors_open(&st, path, err, sizeof err);
+    if (rc != ST_OK) {
+        if (st) fuzz_fail("safetensors", "failed open (%d) left *out set", (int)rc);
+        if (!err[0]) fuzz_fail("safetensors", "failed open (%d) without a message", (int)rc);
+        return 0;
+    }
+    size_t n = safetensors_count(st), total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = NULL, *f = NULL;
+        if (safetensors_get(st, i, &t) != ST_OK || !t)
+            fuzz_fail("safetensors", "tensor %zu of %zu missing", i, n);
+        if (t->ndim < 0 || t->ndim > ST_MAX_NDIM)
+            fuzz_fail("safetensors", "'%s' has ndim %d", t->name, t->ndim);
+        if ((size_t)t->numel * safetensors_dtype_size(t->dtype) != t->nbytes)
+            fuzz_fail("safetensors", "'%s': numel %lld x %zu != %zu bytes", t->name,
+                      (long long)t->numel, safetensors_dtype_size(t->dtype), t->nbytes);
+        total += t->nbytes;
+        if (total > size) fuzz_fail("safetensors", "tensors hold more bytes than the file");
+        (void)fuzz_touch(t->data, t->nbytes);
+        (void)fuzz_touch(t->name, strlen(t->name) + 1);
+        if (safetensors_find(st, t->name, &f) != ST_OK || f != t)
+            fuzz_fail("safetensors", "find('%s') does not return tensor %zu", t->name, i);
+        if (t->dtype == ST_F32) {
+            float *buf = malloc(t->nbytes + 1);
+            if (buf && safetensors_read_f32(st, t->name, buf, t->numel, err, sizeof err) != ST_OK)
+                fuzz_fail("safetensors", "read_f32('%s'): %s", t->name, err);
+            free(buf);
+        }
+    }
+    const char *keys[] = {"format", "spec", "step", "threads", ""};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        const char *v = safetensors_meta(st, keys[k]);
+        if (v) (void)fuzz_touch(v, strlen(v) + 1);
+    }
+    safetensors_free(st);
+    return 0;
+}
