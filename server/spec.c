@@ -1,15 +1,26 @@
 /* spec.c - training spec JSON <-> struct train_spec through cJSON, with validation that names
  * each offending field by its path. Unknown fields are errors (a typo must not silently fall
- * back to a default).
+ * back to a default); so are duplicate keys, trailing bytes, NUL characters and invalid UTF-8.
+ * One table of value rules serves the parser and spec_validate (the CLI's options).
  */
 #include "spec.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fsio.h"
+
+/* how deep a spec may nest (it needs 3: root, section, list); bounds the audit's recursion */
+#define SPEC_MAX_DEPTH 16
+/* the most bytes of user text (a snippet, a key, an enum value) echoed in one message */
+#define SPEC_ECHO_MAX 40
 
 static void err(struct spec_errors *E, const char *path, const char *fmt, ...)
 {
@@ -22,10 +33,96 @@ static void err(struct spec_errors *E, const char *path, const char *fmt, ...)
     E->n++;
 }
 
+/* ---- echoing user text: valid UTF-8 kept, other bytes as \xNN, long text cut with "..." ---- */
+
+/* the length of the valid UTF-8 sequence at p (n bytes left), or 0 (RFC 3629: no overlongs,
+ * no surrogates, nothing above U+10FFFF) */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t k;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) k = 2;
+    else if (c >= 0xE0 && c <= 0xEF) k = 3;
+    else if (c >= 0xF0 && c <= 0xF4) k = 4;
+    else return 0;
+    if (n < k) return 0;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+    return k;
+}
+
+/* n bytes of s as printable text in out: control bytes and invalid UTF-8 as \xNN, at most max
+ * source bytes, then "..." */
+static const char *echo(char *out, size_t outlen, const char *s, size_t n, size_t max)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0, i = 0;
+    out[0] = 0;
+    while (i < n && i < max) {
+        size_t k = p[i] >= 0x20 && p[i] != 0x7F ? utf8_len(p + i, n - i) : 0;
+        if (k && o + k < outlen) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else if (!k && o + 4 < outlen) {
+            snprintf(out + o, outlen - o, "\\x%02x", p[i]);
+            o += 4;
+            i++;
+        } else {
+            break;
+        }
+        out[o] = 0;
+    }
+    if (i < n && o + 3 < outlen) memcpy(out + o, "...", 4);
+    return out;
+}
+
 static const char *join(char *buf, size_t n, const char *path, const char *key)
 {
-    snprintf(buf, n, "%s%s%s", path, *path ? "." : "", key);
+    char k[SPEC_ECHO_MAX * 4 + 4];
+    echo(k, sizeof k, key, strlen(key), SPEC_ECHO_MAX);
+    if (snprintf(buf, n, "%s%s%s", path, *path ? "." : "", k) >= (int)n && n > 4)
+        memcpy(buf + n - 4, "...", 4);
     return buf;
+}
+
+/* the shortest "%g" text that reads back as x (as a double); integers below 2^53 in full */
+static const char *fmt_num(char *buf, size_t n, double x)
+{
+    if (x == floor(x) && fabs(x) <= 9007199254740992.0) {
+        snprintf(buf, n, "%.0f", x);
+        return buf;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, n, "%.*g", p, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    return buf;
+}
+
+/* the shortest "%g" text that reads back as f (as a float) */
+static const char *fmt_float(char *buf, size_t n, float f)
+{
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, n, "%.*g", p, (double)f);
+        if ((float)strtod(buf, NULL) == f) break;
+    }
+    return buf;
+}
+
+/* a float as the double whose shortest text is the float's: canonical JSON writes 0.0002, not
+ * 0.00019999999494757503, so the text also passes the range checks on the double */
+static double json_float(float f)
+{
+    char buf[40];
+    return strtod(fmt_float(buf, sizeof buf, f), NULL);
 }
 
 static const char *type_name(const cJSON *v)
@@ -37,6 +134,264 @@ static const char *type_name(const cJSON *v)
     if (cJSON_IsArray(v)) return "an array";
     if (cJSON_IsObject(v)) return "an object";
     return "invalid";
+}
+
+/* ---- the value rules: one table for the parser and spec_validate ---- */
+
+enum rule_kind { RULE_INT, RULE_U64, RULE_FLOAT, RULE_DOUBLE };
+
+#define RULE_DDPM 1 /* model fields: the presets a rule applies to (0: not a model field) */
+#define RULE_SEED 2
+
+struct rule {
+    const char *path;
+    enum rule_kind kind;
+    size_t off; /* into struct train_spec */
+    double min, max;
+    int min_open; /* (min, max] instead of [min, max] */
+    int presets;
+};
+
+#define R(path, kind, field, lo, hi, open, presets) \
+    {path, kind, offsetof(struct train_spec, field), lo, hi, open, presets}
+static const struct rule rules[] = {
+    R("model.in_channels", RULE_INT, model.in_channels, 1, 4, 0, RULE_DDPM | RULE_SEED),
+    R("model.out_channels", RULE_INT, model.out_channels, 1, 4, 0, RULE_DDPM | RULE_SEED),
+    R("model.image_size", RULE_INT, model.image_size, 8, 1024, 0, RULE_DDPM | RULE_SEED),
+    R("model.layers_per_block", RULE_INT, model.layers_per_block, 1, 8, 0, RULE_DDPM),
+    R("model.norm_num_groups", RULE_INT, model.groups, 1, 1024, 0, RULE_DDPM),
+    R("model.norm_eps", RULE_FLOAT, model.norm_eps, 0, 1, 1, RULE_DDPM),
+    R("model.attention_head_dim", RULE_INT, model.attn_head_dim, 1, 4096, 0, RULE_DDPM),
+    R("model.dropout", RULE_FLOAT, model.dropout, 0, 0.99, 0, RULE_DDPM),
+    R("model.freq_shift", RULE_FLOAT, model.freq_shift, 0, 1, 0, RULE_DDPM),
+    R("model.base", RULE_INT, model.base, 2, 1024, 0, RULE_SEED),
+    R("model.time_dim", RULE_INT, model.time_dim, 2, 4096, 0, RULE_SEED),
+    R("model.heads", RULE_INT, model.heads, 1, 64, 0, RULE_SEED),
+    R("data.validation", RULE_INT, validation, 0, 100000, 0, 0),
+    R("diffusion.timesteps", RULE_INT, timesteps, 2, 100000, 0, 0),
+    R("diffusion.beta_start", RULE_DOUBLE, beta_start, 0, 1, 1, 0),
+    R("diffusion.beta_end", RULE_DOUBLE, beta_end, 0, 1, 1, 0),
+    R("train.batch", RULE_INT, batch, 1, SPEC_BATCH_MAX, 0, 0),
+    R("train.steps", RULE_INT, steps, 1, 100000000, 0, 0),
+    R("train.lr", RULE_FLOAT, optim.lr, 0, 1, 1, 0),
+    R("train.warmup", RULE_INT, optim.warmup, 0, 100000000, 0, 0),
+    R("train.beta1", RULE_FLOAT, optim.beta1, 0, 0.999999, 0, 0),
+    /* 0.9999999 is 0.99999988 as a float; anything that rounds to 1.0f would zero Adam's bias
+     * correction */
+    R("train.beta2", RULE_FLOAT, optim.beta2, 0, 0.9999999, 0, 0),
+    R("train.eps", RULE_FLOAT, optim.eps, 0, 1, 1, 0),
+    R("train.weight_decay", RULE_FLOAT, optim.weight_decay, 0, 10, 0, 0),
+    R("train.clip", RULE_FLOAT, optim.clip, 0, 1e6, 0, 0),
+    R("train.ema_decay", RULE_FLOAT, optim.ema_decay, 0, 0.999999, 0, 0),
+    R("train.seed", RULE_U64, seed, 0, (double)SPEC_SEED_MAX, 0, 0),
+    R("train.threads", RULE_INT, threads, 1, SPEC_THREADS_MAX, 0, 0),
+    R("output.checkpoint_every", RULE_INT, checkpoint_every, 0, 100000000, 0, 0),
+    R("output.sample_every", RULE_INT, sample_every, 0, 100000000, 0, 0),
+    R("output.log_every", RULE_INT, log_every, 1, 100000000, 0, 0),
+    R("output.keep_last", RULE_INT, keep_last, 1, 1000, 0, 0),
+    R("output.samples", RULE_INT, samples, 1, 1024, 0, 0),
+};
+#undef R
+
+static const struct rule *rule_find(const char *path)
+{
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        if (strcmp(rules[i].path, path) == 0) return &rules[i];
+    return NULL;
+}
+
+/* whether v (the value as stored: a float rule's v is a float) satisfies r; a float's bounds are
+ * themselves rounded to float, and an open lower bound of 0 means at least the smallest normal
+ * float (a subnormal step size or epsilon is flushed to 0 by FTZ arithmetic) */
+static int rule_ok(const struct rule *r, double v, int as_float)
+{
+    double lo = r->min, hi = r->max;
+    if (!isfinite(v)) return 0;
+    if (as_float) {
+        lo = (float)lo;
+        hi = (float)hi;
+        if (r->min_open && lo == 0 && v < FLT_MIN) return 0;
+    }
+    return v >= lo && v <= hi && !(r->min_open && v <= lo);
+}
+
+static const char *rule_range(char *buf, size_t n, const struct rule *r)
+{
+    char lo[40], hi[40];
+    snprintf(buf, n, "%s%s, %s]", r->min_open ? "(" : "[", fmt_num(lo, sizeof lo, r->min),
+             fmt_num(hi, sizeof hi, r->max));
+    return buf;
+}
+
+static void rule_fail(struct spec_errors *E, const struct rule *r, const char *path, double v,
+                      const char *note)
+{
+    char range[100], got[40];
+    err(E, path, "must be in %s, got %s%s", rule_range(range, sizeof range, r),
+        fmt_num(got, sizeof got, v), note);
+}
+
+/* the value a rule's field holds in s, as a double */
+static double rule_get(const struct rule *r, const struct train_spec *s)
+{
+    const char *p = (const char *)s + r->off;
+    int i;
+    uint64_t u;
+    float f;
+    double d;
+    switch (r->kind) {
+    case RULE_INT: memcpy(&i, p, sizeof i); return i;
+    case RULE_U64: memcpy(&u, p, sizeof u); return (double)u;
+    case RULE_FLOAT: memcpy(&f, p, sizeof f); return f;
+    case RULE_DOUBLE: memcpy(&d, p, sizeof d); return d;
+    }
+    return NAN;
+}
+
+/* checks one stored value; a seed is checked as an integer (its double could round) */
+static void rule_check(struct spec_errors *E, const struct rule *r, const struct train_spec *s)
+{
+    if (r->kind == RULE_U64) {
+        uint64_t u;
+        memcpy(&u, (const char *)s + r->off, sizeof u);
+        if (u > SPEC_SEED_MAX)
+            err(E, r->path, "must be in [0, %llu] (2^53 - 1: JSON numbers above it are not "
+                            "exact), got %llu",
+                (unsigned long long)SPEC_SEED_MAX, (unsigned long long)u);
+        return;
+    }
+    double v = rule_get(r, s);
+    if (!rule_ok(r, v, r->kind == RULE_FLOAT))
+        rule_fail(E, r, r->path, v,
+                  r->kind == RULE_FLOAT && v > 0 && v < FLT_MIN
+                      ? " (below the smallest normal 32-bit float)"
+                      : r->kind == RULE_FLOAT ? " (as a 32-bit float)" : "");
+}
+
+/* ---- reading a document ---- */
+
+struct spec_issue {
+    int index;     /* of the string token (keys and values, in document order) */
+    size_t offset; /* byte of the problem */
+    unsigned char byte;
+    int kind;      /* ISSUE_* */
+};
+enum { ISSUE_NUL, ISSUE_CONTROL, ISSUE_UTF8 };
+
+struct spec_ctx {
+    struct spec_errors *E;
+    struct spec_issue issues[SPEC_MAX_ERRORS];
+    int n_issues, next_issue, n_strings;
+    int failed_alloc;
+};
+
+/* What cJSON lets through inside strings: \u0000 (decoded to a NUL that cuts the C string, so
+ * "a\u0000x" would read as "a"), raw control bytes (RFC 8259 forbids them) and invalid UTF-8.
+ * The text has parsed as JSON, so its string tokens are exactly cJSON's strings, in order. */
+static void scan_strings(struct spec_ctx *c, const char *text, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)text;
+    int in = 0, flagged = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!in) {
+            if (p[i] == '"') {
+                in = 1;
+                flagged = 0;
+                c->n_strings++;
+            }
+            continue;
+        }
+        int kind = -1;
+        if (p[i] == '"') {
+            in = 0;
+            continue;
+        } else if (p[i] == '\\') {
+            if (i + 5 < n && p[i + 1] == 'u' && !memcmp(p + i + 2, "0000", 4)) kind = ISSUE_NUL;
+            i++; /* the escaped character ("\\\\u0000" is a backslash, then u0000) */
+        } else if (p[i] < 0x20) {
+            kind = ISSUE_CONTROL;
+        } else if (p[i] >= 0x80) {
+            size_t k = utf8_len(p + i, n - i);
+            if (k)
+                i += k - 1;
+            else
+                kind = ISSUE_UTF8;
+        }
+        if (kind >= 0 && !flagged && c->n_issues < SPEC_MAX_ERRORS) {
+            c->issues[c->n_issues++] =
+                (struct spec_issue){c->n_strings - 1, kind == ISSUE_NUL ? i - 1 : i, p[i], kind};
+            flagged = 1;
+        }
+    }
+}
+
+/* the next string token: reports its issue under path */
+static void audit_string(struct spec_ctx *c, const char *path, const char *what)
+{
+    int idx = c->n_strings++;
+    if (c->next_issue >= c->n_issues || c->issues[c->next_issue].index != idx) return;
+    const struct spec_issue *is = &c->issues[c->next_issue++];
+    if (is->kind == ISSUE_NUL)
+        err(c->E, path, "%s contains a \\u0000 escape at byte %zu (NUL characters are not "
+                        "allowed)", what, is->offset);
+    else if (is->kind == ISSUE_CONTROL)
+        err(c->E, path, "%s contains the raw control byte \\x%02x at byte %zu (JSON requires it "
+                        "escaped)", what, is->byte, is->offset);
+    else
+        err(c->E, path, "%s is not valid UTF-8 (byte \\x%02x at byte %zu)", what, is->byte,
+            is->offset);
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* walks the tree in document order: string issues by path, duplicate keys (cJSON keeps both
+ * and item lookups see only the first, so the second would never be validated), depth */
+static void audit(struct spec_ctx *c, const cJSON *node, const char *path, int depth)
+{
+    char sub[sizeof c->E->e[0].path];
+    const cJSON *x;
+    if (depth > SPEC_MAX_DEPTH) {
+        err(c->E, path, "nested deeper than %d levels", SPEC_MAX_DEPTH);
+        return;
+    }
+    if (cJSON_IsString(node)) {
+        audit_string(c, path, "the string");
+        return;
+    }
+    if (cJSON_IsArray(node)) {
+        int i = 0;
+        cJSON_ArrayForEach(x, node)
+        {
+            snprintf(sub, sizeof sub, "%s[%d]", path, i++);
+            audit(c, x, sub, depth + 1);
+        }
+        return;
+    }
+    if (!cJSON_IsObject(node)) return;
+    size_t n = 0, k = 0;
+    cJSON_ArrayForEach(x, node) n++;
+    cJSON_ArrayForEach(x, node)
+    {
+        join(sub, sizeof sub, path, x->string);
+        audit_string(c, sub, "the field name");
+        audit(c, x, sub, depth + 1);
+    }
+    if (n < 2) return;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) {
+        c->failed_alloc = 1;
+        err(c->E, path, "out of memory checking %zu keys", n);
+        return;
+    }
+    cJSON_ArrayForEach(x, node) keys[k++] = x->string;
+    qsort(keys, n, sizeof *keys, key_cmp);
+    for (k = 1; k < n; k++)
+        if (strcmp(keys[k - 1], keys[k]) == 0 && (k < 2 || strcmp(keys[k - 2], keys[k]) != 0))
+            err(c->E, join(sub, sizeof sub, path, keys[k]), "duplicate key (given more than once)");
+    free(keys);
 }
 
 static void check_keys(struct spec_errors *E, const cJSON *obj, const char *path,
@@ -57,66 +412,55 @@ static const cJSON *item(const cJSON *obj, const char *key)
     return cJSON_GetObjectItemCaseSensitive(obj, key);
 }
 
-/* an optional integer in [min, max]; absent keeps *dst */
-static void get_int(struct spec_errors *E, const cJSON *obj, const char *path, const char *key,
-                    int *dst, long min, long max)
+/* an optional number under its rule (path.key); absent or invalid keeps the stored value, so
+ * spec_validate never reports it a second time */
+static void get_rule(struct spec_errors *E, const cJSON *obj, const char *path, const char *key,
+                     struct train_spec *s)
 {
     const cJSON *v = item(obj, key);
-    char buf[128];
+    char buf[128], got[40], fl[40], note[80];
     if (!v) return;
     join(buf, sizeof buf, path, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
-        err(E, buf, "expected an integer, got %s", cJSON_IsNumber(v) ? "a fraction" : type_name(v));
+    const struct rule *r = rule_find(buf);
+    if (!r) { /* a programmer error: every numeric key has a rule */
+        err(E, buf, "internal error: no rule");
         return;
     }
-    if (v->valuedouble < (double)min || v->valuedouble > (double)max) {
-        err(E, buf, "must be in [%ld, %ld], got %.0f", min, max, v->valuedouble);
-        return;
-    }
-    *dst = (int)v->valuedouble;
-}
-
-static void get_u64(struct spec_errors *E, const cJSON *obj, const char *path, const char *key,
-                    uint64_t *dst)
-{
-    const cJSON *v = item(obj, key);
-    char buf[128];
-    if (!v) return;
-    join(buf, sizeof buf, path, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
-        v->valuedouble > 9007199254740992.0) {
-        err(E, buf, "expected a non-negative integer below 2^53");
-        return;
-    }
-    *dst = (uint64_t)v->valuedouble;
-}
-
-/* an optional number in [min, max] (or (min, max] when min_open) */
-static void get_num(struct spec_errors *E, const cJSON *obj, const char *path, const char *key,
-                    double *dst, double min, double max, int min_open)
-{
-    const cJSON *v = item(obj, key);
-    char buf[128];
-    if (!v) return;
-    join(buf, sizeof buf, path, key);
+    int integer = r->kind == RULE_INT || r->kind == RULE_U64;
     if (!cJSON_IsNumber(v)) {
-        err(E, buf, "expected a number, got %s", type_name(v));
+        err(E, buf, "expected %s, got %s", integer ? "an integer" : "a number", type_name(v));
         return;
     }
     double x = v->valuedouble;
-    if (x > max || x < min || (min_open && x == min)) {
-        err(E, buf, "must be in %s%g, %g], got %g", min_open ? "(" : "[", min, max, x);
+    if (integer && !(x == floor(x))) {
+        err(E, buf, "expected an integer, got %s", fmt_num(got, sizeof got, x));
         return;
     }
-    *dst = x;
-}
-
-static void get_float(struct spec_errors *E, const cJSON *obj, const char *path, const char *key,
-                      float *dst, double min, double max, int min_open)
-{
-    double d = *dst;
-    get_num(E, obj, path, key, &d, min, max, min_open);
-    *dst = (float)d;
+    if (!rule_ok(r, x, 0)) {
+        rule_fail(E, r, buf, x,
+                  integer && fabs(x) >= 9007199254740992.0
+                      ? " (integers above 2^53 are rounded in JSON)" : "");
+        return;
+    }
+    char *p = (char *)s + r->off;
+    if (r->kind == RULE_INT) {
+        int i = (int)x;
+        memcpy(p, &i, sizeof i);
+    } else if (r->kind == RULE_U64) {
+        uint64_t u = (uint64_t)x;
+        memcpy(p, &u, sizeof u);
+    } else if (r->kind == RULE_DOUBLE) {
+        memcpy(p, &x, sizeof x);
+    } else {
+        float f = (float)x; /* the value training uses: check that, not the double */
+        if (!rule_ok(r, f, 1)) {
+            snprintf(note, sizeof note, ", which is %s as a 32-bit float",
+                     fmt_float(fl, sizeof fl, f));
+            rule_fail(E, r, buf, x, note);
+            return;
+        }
+        memcpy(p, &f, sizeof f);
+    }
 }
 
 static void get_bool(struct spec_errors *E, const cJSON *obj, const char *path, const char *key,
@@ -137,7 +481,7 @@ static void get_enum(struct spec_errors *E, const cJSON *obj, const char *path, 
                      const char *const *choices, int *dst)
 {
     const cJSON *v = item(obj, key);
-    char buf[128], list[200] = "";
+    char buf[128], list[200] = "", got[SPEC_ECHO_MAX * 4 + 8];
     if (!v) return;
     join(buf, sizeof buf, path, key);
     for (int i = 0; choices[i]; i++) {
@@ -148,14 +492,18 @@ static void get_enum(struct spec_errors *E, const cJSON *obj, const char *path, 
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"", i ? ", " : "",
                  choices[i]);
     }
-    err(E, buf, "must be one of %s", list);
+    if (cJSON_IsString(v))
+        err(E, buf, "must be one of %s, got \"%s\"", list,
+            echo(got, sizeof got, v->valuestring, strlen(v->valuestring), SPEC_ECHO_MAX));
+    else
+        err(E, buf, "must be one of %s, got %s", list, type_name(v));
 }
 
 static int get_int_list(struct spec_errors *E, const cJSON *obj, const char *path,
-                        const char *key, int *dst, int max, int min_value)
+                        const char *key, int *dst, int max)
 {
     const cJSON *v = item(obj, key), *x;
-    char buf[128], ebuf[160];
+    char buf[128], ebuf[160], got[40];
     if (!v) return -1;
     join(buf, sizeof buf, path, key);
     if (!cJSON_IsArray(v)) {
@@ -170,9 +518,14 @@ static int get_int_list(struct spec_errors *E, const cJSON *obj, const char *pat
             err(E, buf, "at most %d entries", max);
             return -1;
         }
-        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
-            x->valuedouble < min_value || x->valuedouble > 1e6) {
-            err(E, ebuf, "expected an integer >= %d", min_value);
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble)) {
+            err(E, ebuf, "expected an integer, got %s",
+                cJSON_IsNumber(x) ? fmt_num(got, sizeof got, x->valuedouble) : type_name(x));
+            return -1;
+        }
+        if (x->valuedouble < 1 || x->valuedouble > SPEC_MAX_LIST_VALUE) {
+            err(E, ebuf, "must be in [1, %d], got %s", SPEC_MAX_LIST_VALUE,
+                fmt_num(got, sizeof got, x->valuedouble));
             return -1;
         }
         dst[n++] = (int)x->valuedouble;
@@ -195,9 +548,23 @@ static const cJSON *get_object(struct spec_errors *E, const cJSON *root, const c
     return v;
 }
 
-static void parse_model(struct spec_errors *E, const cJSON *m, struct unet_config *c)
+/* a string field into a fixed buffer */
+static void get_string(struct spec_errors *E, const cJSON *v, const char *path, char *dst,
+                       size_t cap)
+{
+    if (!cJSON_IsString(v) || !v->valuestring[0])
+        err(E, path, "expected a non-empty string, got %s",
+            cJSON_IsString(v) ? "\"\"" : type_name(v));
+    else if (strlen(v->valuestring) >= cap)
+        err(E, path, "longer than %zu bytes (%zu)", cap - 1, strlen(v->valuestring));
+    else
+        snprintf(dst, cap, "%s", v->valuestring);
+}
+
+static void parse_model(struct spec_errors *E, const cJSON *m, struct train_spec *s)
 {
     static const char *presets[] = {"ddpm", "seed", NULL};
+    struct unet_config *c = &s->model;
     int preset = -1;
     const cJSON *p = item(m, "preset");
     if (!p) {
@@ -207,10 +574,10 @@ static void parse_model(struct spec_errors *E, const cJSON *m, struct unet_confi
     get_enum(E, m, "model", "preset", presets, &preset);
     if (preset < 0) return;
     unet_config_default(c, (enum unet_preset)preset);
-    get_int(E, m, "model", "in_channels", &c->in_channels, 1, 4);
+    get_rule(E, m, "model", "in_channels", s);
     c->out_channels = c->in_channels;
-    get_int(E, m, "model", "out_channels", &c->out_channels, 1, 4);
-    get_int(E, m, "model", "image_size", &c->image_size, 8, 1024);
+    get_rule(E, m, "model", "out_channels", s);
+    get_rule(E, m, "model", "image_size", s);
     if (preset == UNET_DDPM) {
         static const char *keys[] = {"preset", "in_channels", "out_channels", "image_size",
                                      "block_out_channels", "layers_per_block",
@@ -218,32 +585,30 @@ static void parse_model(struct spec_errors *E, const cJSON *m, struct unet_confi
                                      "attention_head_dim", "dropout", "flip_sin_to_cos",
                                      "freq_shift", NULL};
         check_keys(E, m, "model", keys);
-        int n = get_int_list(E, m, "model", "block_out_channels", c->channels, UNET_MAX_LEVELS, 1);
+        int n = get_int_list(E, m, "model", "block_out_channels", c->channels, UNET_MAX_LEVELS);
         if (n == 0) err(E, "model.block_out_channels", "needs at least one level");
         if (n > 0) c->n_levels = n;
-        get_int(E, m, "model", "layers_per_block", &c->layers_per_block, 1, 8);
-        n = get_int_list(E, m, "model", "attention_resolutions", c->attn_res, UNET_MAX_LEVELS, 1);
+        get_rule(E, m, "model", "layers_per_block", s);
+        n = get_int_list(E, m, "model", "attention_resolutions", c->attn_res, UNET_MAX_LEVELS);
         if (n >= 0) c->n_attn = n;
-        get_int(E, m, "model", "norm_num_groups", &c->groups, 1, 1024);
-        get_float(E, m, "model", "norm_eps", &c->norm_eps, 0, 1, 1);
+        get_rule(E, m, "model", "norm_num_groups", s);
+        get_rule(E, m, "model", "norm_eps", s);
         const cJSON *hd = item(m, "attention_head_dim");
         if (hd && cJSON_IsNull(hd))
             c->attn_head_dim = 0;
         else
-            get_int(E, m, "model", "attention_head_dim", &c->attn_head_dim, 1, 4096);
-        get_float(E, m, "model", "dropout", &c->dropout, 0, 0.99, 0);
+            get_rule(E, m, "model", "attention_head_dim", s);
+        get_rule(E, m, "model", "dropout", s);
         get_bool(E, m, "model", "flip_sin_to_cos", &c->flip_sin_to_cos);
-        get_float(E, m, "model", "freq_shift", &c->freq_shift, 0, 1, 0);
+        get_rule(E, m, "model", "freq_shift", s);
     } else {
         static const char *keys[] = {"preset", "in_channels", "out_channels", "image_size",
                                      "base", "time_dim", "heads", NULL};
         check_keys(E, m, "model", keys);
-        get_int(E, m, "model", "base", &c->base, 2, 1024);
-        get_int(E, m, "model", "time_dim", &c->time_dim, 2, 4096);
-        get_int(E, m, "model", "heads", &c->heads, 1, 64);
+        get_rule(E, m, "model", "base", s);
+        get_rule(E, m, "model", "time_dim", s);
+        get_rule(E, m, "model", "heads", s);
     }
-    char msg[200];
-    if (E->n == 0 && unet_config_check(c, msg, sizeof msg)) err(E, "model", "%s", msg);
 }
 
 void spec_defaults(struct train_spec *s)
@@ -277,27 +642,158 @@ void spec_defaults(struct train_spec *s)
     s->samples = 16;
 }
 
-int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
+static void check_flag(struct spec_errors *E, const char *path, int v, int lo, int hi)
+{
+    if (v < lo || v > hi) err(E, path, "must be in [%d, %d], got %d", lo, hi, v);
+}
+
+static void check_text(struct spec_errors *E, const char *path, const char *s, size_t cap)
+{
+    if (!memchr(s, 0, cap)) err(E, path, "not terminated within %zu bytes", cap);
+}
+
+/* every value check; appends to E */
+static void validate(const struct train_spec *s, struct spec_errors *E)
+{
+    const struct unet_config *c = &s->model;
+    int n0 = E->n, preset = c->preset == UNET_DDPM ? RULE_DDPM : RULE_SEED;
+    char path[64];
+    if (c->preset != UNET_DDPM && c->preset != UNET_SEED) {
+        err(E, "model.preset", "must be ddpm (0) or seed (1), got %d", (int)c->preset);
+        preset = 0;
+    }
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        const struct rule *r = &rules[i];
+        if (r->presets && !(r->presets & preset)) continue;
+        if (r->off == offsetof(struct train_spec, model.attn_head_dim) && c->attn_head_dim == 0)
+            continue; /* 0: one head over all channels (JSON null) */
+        rule_check(E, r, s);
+    }
+    if (preset == RULE_DDPM) {
+        if (c->n_levels < 1 || c->n_levels > UNET_MAX_LEVELS)
+            err(E, "model.block_out_channels", "must have 1 to %d levels, got %d",
+                UNET_MAX_LEVELS, c->n_levels);
+        else
+            for (int k = 0; k < c->n_levels; k++)
+                if (c->channels[k] < 1 || c->channels[k] > SPEC_MAX_LIST_VALUE) {
+                    snprintf(path, sizeof path, "model.block_out_channels[%d]", k);
+                    err(E, path, "must be in [1, %d], got %d", SPEC_MAX_LIST_VALUE,
+                        c->channels[k]);
+                }
+        if (c->n_attn < 0 || c->n_attn > UNET_MAX_LEVELS)
+            err(E, "model.attention_resolutions", "must have 0 to %d entries, got %d",
+                UNET_MAX_LEVELS, c->n_attn);
+        else
+            for (int k = 0; k < c->n_attn; k++)
+                if (c->attn_res[k] < 1 || c->attn_res[k] > SPEC_MAX_LIST_VALUE) {
+                    snprintf(path, sizeof path, "model.attention_resolutions[%d]", k);
+                    err(E, path, "must be in [1, %d], got %d", SPEC_MAX_LIST_VALUE,
+                        c->attn_res[k]);
+                }
+        check_flag(E, "model.flip_sin_to_cos", c->flip_sin_to_cos, 0, 1);
+    }
+    check_flag(E, "model.attn_tiled", c->attn_tiled, -1, 1);
+    check_flag(E, "data.flip", s->flip, 0, 1);
+    check_flag(E, "data.fmnist_resize", s->fmnist_resize, 0, 1);
+    check_flag(E, "diffusion.beta_schedule", (int)s->beta_schedule, 0, 1);
+    check_flag(E, "diffusion.prediction", (int)s->prediction, 0, 1);
+    check_flag(E, "train.lr_schedule", s->optim.cosine, 0, 1);
+    check_text(E, "data.dataset", s->dataset, sizeof s->dataset);
+    check_text(E, "init_from", s->init_from, sizeof s->init_from);
+
+    /* cross-field rules, on values that passed their own checks (unet_config_check divides by
+     * groups and heads) */
+    if (E->n > n0) return;
+    if (s->beta_end < s->beta_start) {
+        char b[40];
+        err(E, "diffusion.beta_end", "must be >= beta_start (%s)",
+            fmt_num(b, sizeof b, s->beta_start));
+    }
+    if (strcmp(s->dataset, "fashion-mnist") == 0) {
+        if (c->in_channels != 1) err(E, "model.in_channels", "fashion-mnist images have 1 channel");
+        if (!s->fmnist_resize && c->image_size != 28 && c->image_size != 32)
+            err(E, "model.image_size", "fashion-mnist is 28x28: use 28 or 32 (padded), or "
+                                       "data.fmnist_resize \"resize\"");
+    }
+    if (E->n > n0) return;
+    if (c->out_channels != c->in_channels)
+        err(E, "model.out_channels", "must equal in_channels: the model predicts noise");
+    char msg[200];
+    if (E->n == n0 && unet_config_check(c, msg, sizeof msg)) err(E, "model", "%s", msg);
+}
+
+int spec_validate(const struct train_spec *s, struct spec_errors *E)
 {
     memset(E, 0, sizeof *E);
+    validate(s, E);
+    return E->n ? -1 : 0;
+}
+
+static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+
+/* "byte N (line L, column C)" of offset at in text */
+static const char *where(char *buf, size_t n, const char *text, size_t at)
+{
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < at; i++) {
+        if (text[i] == '\n') {
+            line++;
+            col = 1;
+        } else {
+            col++;
+        }
+    }
+    snprintf(buf, n, "byte %zu (line %zu, column %zu)", at, line, col);
+    return buf;
+}
+
+/* parses n bytes (no NUL among them) */
+static int parse_text(const char *json, size_t len, struct train_spec *s, struct spec_errors *E)
+{
+    struct spec_ctx ctx;
+    char pos[80], snip[SPEC_ECHO_MAX * 4 + 8];
+    size_t i = 0;
+    memset(E, 0, sizeof *E);
+    memset(&ctx, 0, sizeof ctx);
+    ctx.E = E;
     spec_defaults(s);
-    cJSON *root = cJSON_Parse(json);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        err(E, "", "not valid JSON%s%.20s", at ? " near: " : "", at ? at : "");
+    while (i < len && is_ws(json[i])) i++;
+    if (i == len) {
+        err(E, "", len ? "empty document (only whitespace)" : "empty document");
         return -1;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        size_t at = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
+        err(E, "", "not valid JSON at %s%s%s%s", where(pos, sizeof pos, json, at),
+            at < len ? ", near '" : " (it ends early)",
+            at < len ? echo(snip, sizeof snip, json + at, len - at, SPEC_ECHO_MAX) : "",
+            at < len ? "'" : "");
+        return -1;
+    }
+    for (i = (size_t)(end - json); i < len && is_ws(json[i]); i++) {
+    }
+    if (i < len) {
+        err(E, "", "trailing bytes after the JSON value at %s: '%s'",
+            where(pos, sizeof pos, json, i), echo(snip, sizeof snip, json + i, len - i, SPEC_ECHO_MAX));
+        goto done;
     }
     if (!cJSON_IsObject(root)) {
-        err(E, "", "expected a JSON object");
-        cJSON_Delete(root);
-        return -1;
+        err(E, "", "expected a JSON object, got %s", type_name(root));
+        goto done;
     }
+    scan_strings(&ctx, json, len);
+    ctx.n_strings = 0;
+    audit(&ctx, root, "", 0);
+    if (E->n) goto done;
+
     static const char *top[] = {"model", "data", "diffusion", "train", "output", "init_from",
                                 NULL};
     check_keys(E, root, "", top);
 
     const cJSON *m = get_object(E, root, "model", 1);
-    if (m) parse_model(E, m, &s->model);
+    if (m) parse_model(E, m, s);
 
     const cJSON *d = get_object(E, root, "data", 1);
     if (d) {
@@ -307,15 +803,11 @@ int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
         const cJSON *ds = item(d, "dataset");
         if (!ds)
             err(E, "data.dataset", "required (\"fashion-mnist\" or a folder of PNG images)");
-        else if (!cJSON_IsString(ds) || !ds->valuestring[0])
-            err(E, "data.dataset", "expected a non-empty string");
-        else if (strlen(ds->valuestring) >= sizeof s->dataset)
-            err(E, "data.dataset", "longer than %zu bytes", sizeof s->dataset - 1);
         else
-            snprintf(s->dataset, sizeof s->dataset, "%s", ds->valuestring);
+            get_string(E, ds, "data.dataset", s->dataset, sizeof s->dataset);
         get_bool(E, d, "data", "flip", &s->flip);
         get_enum(E, d, "data", "fmnist_resize", resize, &s->fmnist_resize);
-        get_int(E, d, "data", "validation", &s->validation, 0, 100000);
+        get_rule(E, d, "data", "validation", s);
     }
 
     const cJSON *df = get_object(E, root, "diffusion", 0);
@@ -325,16 +817,14 @@ int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
         static const char *sched[] = {"linear", "cosine", NULL};
         static const char *pred[] = {"epsilon", "v_prediction", NULL};
         check_keys(E, df, "diffusion", keys);
-        get_int(E, df, "diffusion", "timesteps", &s->timesteps, 2, 100000);
+        get_rule(E, df, "diffusion", "timesteps", s);
         int k = (int)s->beta_schedule, p = (int)s->prediction;
         get_enum(E, df, "diffusion", "beta_schedule", sched, &k);
         get_enum(E, df, "diffusion", "prediction", pred, &p);
         s->beta_schedule = (enum ddpm_beta_schedule)k;
         s->prediction = (enum spec_prediction)p;
-        get_num(E, df, "diffusion", "beta_start", &s->beta_start, 0, 1, 1);
-        get_num(E, df, "diffusion", "beta_end", &s->beta_end, 0, 1, 1);
-        if (s->beta_end < s->beta_start)
-            err(E, "diffusion.beta_end", "must be >= beta_start (%g)", s->beta_start);
+        get_rule(E, df, "diffusion", "beta_start", s);
+        get_rule(E, df, "diffusion", "beta_end", s);
     }
 
     const cJSON *t = get_object(E, root, "train", 0);
@@ -343,20 +833,12 @@ int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
                                      "beta2", "eps", "weight_decay", "clip", "ema_decay", "seed",
                                      "threads", NULL};
         static const char *sched[] = {"constant", "cosine", NULL};
+        static const char *nums[] = {"batch", "steps", "lr", "warmup", "beta1", "beta2", "eps",
+                                     "weight_decay", "clip", "ema_decay", "seed", "threads",
+                                     NULL};
         check_keys(E, t, "train", keys);
-        get_int(E, t, "train", "batch", &s->batch, 1, 65535);
-        get_int(E, t, "train", "steps", &s->steps, 1, 100000000);
-        get_float(E, t, "train", "lr", &s->optim.lr, 0, 1, 1);
+        for (const char *const *k = nums; *k; k++) get_rule(E, t, "train", *k, s);
         get_enum(E, t, "train", "lr_schedule", sched, &s->optim.cosine);
-        get_int(E, t, "train", "warmup", &s->optim.warmup, 0, 100000000);
-        get_float(E, t, "train", "beta1", &s->optim.beta1, 0, 0.999999, 0);
-        get_float(E, t, "train", "beta2", &s->optim.beta2, 0, 0.99999999, 0);
-        get_float(E, t, "train", "eps", &s->optim.eps, 0, 1, 1);
-        get_float(E, t, "train", "weight_decay", &s->optim.weight_decay, 0, 10, 0);
-        get_float(E, t, "train", "clip", &s->optim.clip, 0, 1e6, 0);
-        get_float(E, t, "train", "ema_decay", &s->optim.ema_decay, 0, 0.999999, 0);
-        get_u64(E, t, "train", "seed", &s->seed);
-        get_int(E, t, "train", "threads", &s->threads, 1, 256);
     }
     s->optim.total_steps = s->steps;
 
@@ -365,57 +847,90 @@ int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
         static const char *keys[] = {"checkpoint_every", "sample_every", "log_every",
                                      "keep_last", "samples", NULL};
         check_keys(E, o, "output", keys);
-        get_int(E, o, "output", "checkpoint_every", &s->checkpoint_every, 0, 100000000);
-        get_int(E, o, "output", "sample_every", &s->sample_every, 0, 100000000);
-        get_int(E, o, "output", "log_every", &s->log_every, 1, 100000000);
-        get_int(E, o, "output", "keep_last", &s->keep_last, 1, 1000);
-        get_int(E, o, "output", "samples", &s->samples, 1, 1024);
+        for (const char *const *k = keys; *k; k++) get_rule(E, o, "output", *k, s);
     }
 
     const cJSON *init = item(root, "init_from");
     if (init && !cJSON_IsNull(init)) {
-        if (!cJSON_IsString(init) || strlen(init->valuestring) >= sizeof s->init_from)
-            err(E, "init_from", "expected a checkpoint path or null");
+        if (!cJSON_IsString(init))
+            err(E, "init_from", "expected a checkpoint path or null, got %s", type_name(init));
         else
-            snprintf(s->init_from, sizeof s->init_from, "%s", init->valuestring);
+            get_string(E, init, "init_from", s->init_from, sizeof s->init_from);
     }
 
-    /* cross-field rules */
-    if (E->n == 0 && strcmp(s->dataset, "fashion-mnist") == 0) {
-        if (s->model.in_channels != 1) err(E, "model.in_channels", "fashion-mnist images have 1 channel");
-        if (!s->fmnist_resize && s->model.image_size != 28 && s->model.image_size != 32)
-            err(E, "model.image_size", "fashion-mnist is 28x28: use 28 or 32 (padded), or "
-                                       "data.fmnist_resize \"resize\"");
-    }
-    if (E->n == 0 && s->model.out_channels != s->model.in_channels)
-        err(E, "model.out_channels", "must equal in_channels: the model predicts noise");
+    /* the same checks as spec_validate: what was stored passed its rule already, so this adds
+     * the cross-field rules (only when everything else is clean) */
+    if (E->n == 0) validate(s, E);
+done:
     cJSON_Delete(root);
     return E->n ? -1 : 0;
 }
 
+int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
+{
+    return parse_text(json, strlen(json), s, E);
+}
+
 int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *E)
 {
+    char name[SPEC_ECHO_MAX * 4 + 8], *why = NULL, *buf = NULL;
+    const char *reason;
+    size_t n = 0, plen = strlen(path);
+    int rc = -1;
+    FILE *f = NULL;
     memset(E, 0, sizeof *E);
-    FILE *f = fopen(path, "rb");
+    spec_defaults(s);
+    /* messages name the file by at most its last SPEC_ECHO_MAX bytes, escaped */
+    echo(name, sizeof name, plen > SPEC_ECHO_MAX ? path + plen - SPEC_ECHO_MAX : path,
+         plen > SPEC_ECHO_MAX ? SPEC_ECHO_MAX : plen, SPEC_ECHO_MAX);
+    const char *dots = plen > SPEC_ECHO_MAX ? "..." : "";
+    why = malloc(plen + 256);
+    if (!why) {
+        err(E, "", "out of memory");
+        goto out;
+    }
+    f = fsio_fopen_read(path, why, plen + 256);
     if (!f) {
-        err(E, "", "cannot open %s", path);
-        return -1;
+        /* fsio says "cannot open 'PATH': REASON"; keep the reason, name the file shortly */
+        size_t pre = strlen("cannot open '") + plen;
+        reason = strncmp(why, "cannot open '", 13) == 0 && strlen(why) > pre + 3 &&
+                         strncmp(why + pre, "': ", 3) == 0
+                     ? why + pre + 3
+                     : why;
+        err(E, "", "cannot open '%s%s': %s", dots, name, reason);
+        goto out;
     }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1 << 20) &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
-        fread(buf, 1, (size_t)n, f) == (size_t)n) {
-        buf[n] = 0;
-        fclose(f);
-        int rc = spec_parse(buf, s, E);
-        free(buf);
-        return rc;
+    buf = malloc(SPEC_FILE_MAX + 1);
+    if (!buf) {
+        err(E, "", "out of memory for a %d-byte spec", SPEC_FILE_MAX);
+        goto out;
     }
-    fclose(f);
+    n = fread(buf, 1, SPEC_FILE_MAX + 1, f);
+    if (ferror(f)) {
+        err(E, "", "cannot read '%s%s': %s", dots, name, strerror(errno));
+        goto out;
+    }
+    if (n > SPEC_FILE_MAX) {
+        err(E, "", "'%s%s' is larger than %d bytes (1 MiB)", dots, name, SPEC_FILE_MAX);
+        goto out;
+    }
+    if (n == 0) {
+        err(E, "", "'%s%s' is an empty file", dots, name);
+        goto out;
+    }
+    const char *nul = memchr(buf, 0, n);
+    if (nul) {
+        err(E, "", "'%s%s' contains a NUL byte at byte %zu (not a JSON text file)", dots, name,
+            (size_t)(nul - buf));
+        goto out;
+    }
+    buf[n] = 0;
+    rc = parse_text(buf, n, s, E);
+out:
+    if (f) fclose(f);
     free(buf);
-    err(E, "", n >= (1 << 20) ? "%s is larger than 1 MiB" : "cannot read %s", path);
-    return -1;
+    free(why);
+    return rc;
 }
 
 char *spec_to_json(const struct train_spec *s)
@@ -431,14 +946,14 @@ char *spec_to_json(const struct train_spec *s)
         cJSON_AddNumberToObject(m, "layers_per_block", c->layers_per_block);
         cJSON_AddItemToObject(m, "attention_resolutions", cJSON_CreateIntArray(c->attn_res, c->n_attn));
         cJSON_AddNumberToObject(m, "norm_num_groups", c->groups);
-        cJSON_AddNumberToObject(m, "norm_eps", c->norm_eps);
+        cJSON_AddNumberToObject(m, "norm_eps", json_float(c->norm_eps));
         if (c->attn_head_dim)
             cJSON_AddNumberToObject(m, "attention_head_dim", c->attn_head_dim);
         else
             cJSON_AddNullToObject(m, "attention_head_dim");
-        cJSON_AddNumberToObject(m, "dropout", c->dropout);
+        cJSON_AddNumberToObject(m, "dropout", json_float(c->dropout));
         cJSON_AddBoolToObject(m, "flip_sin_to_cos", c->flip_sin_to_cos);
-        cJSON_AddNumberToObject(m, "freq_shift", c->freq_shift);
+        cJSON_AddNumberToObject(m, "freq_shift", json_float(c->freq_shift));
     } else {
         cJSON_AddNumberToObject(m, "base", c->base);
         cJSON_AddNumberToObject(m, "time_dim", c->time_dim);
@@ -460,15 +975,15 @@ char *spec_to_json(const struct train_spec *s)
     cJSON *t = cJSON_AddObjectToObject(r, "train");
     cJSON_AddNumberToObject(t, "batch", s->batch);
     cJSON_AddNumberToObject(t, "steps", s->steps);
-    cJSON_AddNumberToObject(t, "lr", s->optim.lr);
+    cJSON_AddNumberToObject(t, "lr", json_float(s->optim.lr));
     cJSON_AddStringToObject(t, "lr_schedule", s->optim.cosine ? "cosine" : "constant");
     cJSON_AddNumberToObject(t, "warmup", s->optim.warmup);
-    cJSON_AddNumberToObject(t, "beta1", s->optim.beta1);
-    cJSON_AddNumberToObject(t, "beta2", s->optim.beta2);
-    cJSON_AddNumberToObject(t, "eps", s->optim.eps);
-    cJSON_AddNumberToObject(t, "weight_decay", s->optim.weight_decay);
-    cJSON_AddNumberToObject(t, "clip", s->optim.clip);
-    cJSON_AddNumberToObject(t, "ema_decay", s->optim.ema_decay);
+    cJSON_AddNumberToObject(t, "beta1", json_float(s->optim.beta1));
+    cJSON_AddNumberToObject(t, "beta2", json_float(s->optim.beta2));
+    cJSON_AddNumberToObject(t, "eps", json_float(s->optim.eps));
+    cJSON_AddNumberToObject(t, "weight_decay", json_float(s->optim.weight_decay));
+    cJSON_AddNumberToObject(t, "clip", json_float(s->optim.clip));
+    cJSON_AddNumberToObject(t, "ema_decay", json_float(s->optim.ema_decay));
     cJSON_AddNumberToObject(t, "seed", (double)s->seed);
     cJSON_AddNumberToObject(t, "threads", s->threads);
     cJSON *o = cJSON_AddObjectToObject(r, "output");

@@ -13,6 +13,12 @@
 
 #define SPEC_MAX_ERRORS 16
 #define SPEC_PATH_MAX 1024
+/* limits shared with the CLI's options and openapi.yaml's TrainSpec */
+#define SPEC_FILE_MAX (1 << 20)            /* bytes of a spec file */
+#define SPEC_THREADS_MAX 256               /* train.threads (and every --threads) */
+#define SPEC_BATCH_MAX 65535               /* train.batch */
+#define SPEC_SEED_MAX 9007199254740991ull  /* train.seed: 2^53 - 1, exact in a JSON number */
+#define SPEC_MAX_LIST_VALUE 1000000        /* block_out_channels and attention_resolutions entries */
 
 struct spec_errors {
     int n;
@@ -53,9 +59,20 @@ struct train_spec {
 
 /* defaults for everything but the model and dataset */
 void spec_defaults(struct train_spec *s);
-/* parses and validates; on failure returns -1 with every error found (up to 16) */
+/* parses and validates; on failure returns -1 with every error found (up to 16). Refused besides
+ * bad values: unknown fields, duplicate keys, bytes after the object, \u0000 and raw control
+ * characters in strings, invalid UTF-8, nesting deeper than 16. Messages echo at most 40 bytes
+ * of the input, with bytes that are not printable UTF-8 as \xNN. */
 int spec_parse(const char *json, struct train_spec *s, struct spec_errors *errs);
+/* spec_parse of a regular file of at most SPEC_FILE_MAX bytes (a FIFO or directory is refused
+ * without blocking); open and read errors carry strerror's reason */
 int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *errs);
+/* The value checks spec_parse applies, on a filled struct (the CLI's options fill one): every
+ * field's range by its path ("train.threads: must be in [1, 256], got 100000"), checked on the
+ * value as stored (a float field as the 32-bit float training uses), enums, the model's shape
+ * (unet_config_check, only once every field is in range) and the cross-field rules. data.dataset
+ * may be empty (commands without data). Returns 0, or -1 with errs filled. */
+int spec_validate(const struct train_spec *s, struct spec_errors *errs);
 /* the spec as canonical JSON (every field explicit); caller frees with free() */
 char *spec_to_json(const struct train_spec *s);
 /* prints "path: message" lines */
