@@ -621,6 +621,34 @@ static void test_hostile_pngs(void)
         free(z);
     }
 
+    /* a valid file with a 9 MiB tEXt chunk (over IMAGE_MAX_CHUNK_BYTES) decodes: ancillary
+     * chunks are skipped unread, not buffered */
+    {
+        size_t tn = (size_t)9 << 20, rn = 4 * (1 + 4);
+        unsigned char raw[20] = {0}, *f = malloc(tn + 512), *z = malloc(256);
+        uLongf zn = 256;
+        struct image img = {0};
+        memcpy(raw + 5, "\0\x10\x20\x30\x40", 5);
+        CHECK(f && z && compress2(z, &zn, raw, (uLong)rn, 9) == Z_OK, "compress");
+        if (f && z) {
+            unsigned char *text = calloc(tn, 1);
+            memcpy(text, "Comment", 7);
+            len = png_head(f, 4, 4, 8, PNG_COLOR_TYPE_GRAY);
+            len += png_chunk(f + len, "tEXt", text, (uint32_t)tn, (uint32_t)tn);
+            len += png_chunk(f + len, "IDAT", z, (uint32_t)zn, (uint32_t)zn);
+            len += png_chunk(f + len, "IEND", NULL, 0, 0);
+            free(text);
+            CHECK(write_bytes(in_dir("bigtext.png"), f, len), "bigtext.png written");
+            rc = image_load_png(in_dir("bigtext.png"), &img, err, sizeof err);
+            CHECK(rc == IMAGE_OK && img.w == 4 && img.data[4] == 16 / 255.0f,
+                  "a PNG with a 9 MiB text chunk: %s", err);
+            image_free(&img);
+            unlink(in_dir("bigtext.png"));
+        }
+        free(f);
+        free(z);
+    }
+
     /* a FIFO named *.png is refused at once, never opened for a blocking read */
     {
         pid_t pid;
