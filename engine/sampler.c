@@ -21,6 +21,11 @@ void sampler_config_default(struct sampler_config *c)
     c->prediction = SAMPLER_PRED_EPSILON;
 }
 
+int sampler_stop_requested(const struct sampler_config *c)
+{
+    return c && c->stop && *c->stop;
+}
+
 int sampler_timesteps(const struct sampler_config *c, const struct ddpm_schedule *s, int *ts,
                       int max)
 {

@@ -5,6 +5,7 @@
 #ifndef DDPMD_SAMPLER_H
 #define DDPMD_SAMPLER_H
 
+#include <signal.h>
 #include <stddef.h>
 
 #include "ddpm.h"
@@ -33,9 +34,15 @@ struct sampler_config {
     enum sampler_variance variance;    /* DDPM only */
     int clip_x0;                       /* clamp the predicted x0 to [-1, 1] */
     enum sampler_prediction prediction; /* what the model outputs: eps or v */
+    /* a stop request (a signal handler's flag, may be NULL): the sampling loops poll it with
+     * sampler_stop_requested before every denoising step and return "stopped" when it is set */
+    volatile sig_atomic_t *stop;
 };
 
-/* DDIM, 50 steps, eta 0, leading, fixed-small, clip on, epsilon prediction */
+/* whether c->stop is set (0 when c or c->stop is NULL) */
+int sampler_stop_requested(const struct sampler_config *c);
+
+/* DDIM, 50 steps, eta 0, leading, fixed-small, clip on, epsilon prediction, no stop flag */
 void sampler_config_default(struct sampler_config *c);
 
 /* The descending timesteps to visit, written to ts[0..count). DDPM: T-1 .. 0 (steps and spacing

@@ -2,6 +2,7 @@
 #include "checkpoint.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,48 @@ static const char *part_prefix(enum exec_part p)
     }
 }
 
+/* the metadata of a checkpoint at step into w; a refused value (not UTF-8: a dataset path in
+ * another encoding) fails with the key named, since a checkpoint without its spec can be neither
+ * sampled nor resumed */
+static int checkpoint_meta(struct safetensors_writer *w, const struct train_spec *spec,
+                           int64_t step, const char *json, char *err, size_t errlen)
+{
+    char sbuf[32], tbuf[32];
+    snprintf(sbuf, sizeof sbuf, "%" PRId64, step);
+    snprintf(tbuf, sizeof tbuf, "%d", spec->threads);
+    const char *kv[][2] = {
+        {"format", CHECKPOINT_FORMAT}, {"format_version", CHECKPOINT_VERSION}, {"step", sbuf},
+        /* all draws are Philox functions of (seed, step, ...): the step is the RNG position */
+        {"rng_position", sbuf}, {"threads", tbuf}, {"spec", json},
+    };
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        enum st_status st = safetensors_writer_meta(w, kv[i][0], kv[i][1]);
+        if (st != ST_OK) {
+            snprintf(err, errlen, "cannot store metadata '%s' in the checkpoint: %s%s", kv[i][0],
+                     safetensors_status_name(st),
+                     st == ST_ERR_ARG ? " (the value is not valid UTF-8: a path in the spec, such "
+                                        "as data.dataset, in another encoding?)"
+                                      : "");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen)
+{
+    struct safetensors_writer *w = NULL;
+    char *json = spec_to_json(spec);
+    int rc = -1;
+    if (!json || safetensors_writer_init(&w))
+        snprintf(err, errlen, "out of memory");
+    else
+        rc = checkpoint_meta(w, spec, 0, json, err, errlen);
+    safetensors_writer_free(w);
+    free(json);
+    return rc;
+}
+
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
                     const struct train_spec *spec, int64_t step, char *err, size_t errlen)
 {
@@ -24,7 +67,6 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
     float *host = malloc(4 * g->param_numel * sizeof *host + 1);
     char **names = calloc((size_t)g->n_params * 4 + 1, sizeof *names);
     char *json = spec_to_json(spec);
-    char buf[64];
     int n_names = 0;
     if (!host || !names || !json || safetensors_writer_init(&w)) {
         snprintf(err, errlen, "out of memory saving %s", path);
@@ -50,15 +92,7 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
             dst += t->numel;
         }
     }
-    snprintf(buf, sizeof buf, "%" PRId64, step);
-    safetensors_writer_meta(w, "format", CHECKPOINT_FORMAT);
-    safetensors_writer_meta(w, "format_version", CHECKPOINT_VERSION);
-    safetensors_writer_meta(w, "step", buf);
-    /* all draws are Philox functions of (seed, step, ...): the step is the RNG position */
-    safetensors_writer_meta(w, "rng_position", buf);
-    snprintf(buf, sizeof buf, "%d", spec->threads);
-    safetensors_writer_meta(w, "threads", buf);
-    safetensors_writer_meta(w, "spec", json);
+    if (checkpoint_meta(w, spec, step, json, err, errlen)) goto out;
     if (safetensors_writer_save(w, path, err, errlen)) goto out;
     rc = 0;
 out:
@@ -90,12 +124,25 @@ int checkpoint_open(struct safetensors **out, const char *path, struct train_spe
         }
     }
     if (step) {
+        /* digits only, within the run's length: "", "-1", "1e3", "7 " or a huge value would
+         * otherwise become a wrong start step */
         const char *s = safetensors_meta(st, "step");
-        char *end = NULL;
-        *step = s ? strtoll(s, &end, 10) : 0;
-        if (s && (*end || *step < 0)) {
-            snprintf(err, errlen, "%s: bad step '%s' in its metadata", path, s);
-            goto fail;
+        int64_t max = spec ? spec->steps : INT_MAX, v = 0;
+        if (!s && !spec) {
+            *step = 0; /* an imported state_dict has no step */
+        } else {
+            int ok = s && *s && strlen(s) <= 19;
+            for (const char *p = s; ok && *p; p++) {
+                ok = *p >= '0' && *p <= '9' && v <= (INT64_MAX - (*p - '0')) / 10;
+                if (ok) v = v * 10 + (*p - '0');
+            }
+            ok = ok && v <= max;
+            if (!ok) {
+                snprintf(err, errlen, "%s: bad step '%.40s' in its metadata (digits, at most %" PRId64
+                         "%s)", path, s ? s : "(missing)", max, spec ? ", the spec's train.steps" : "");
+                goto fail;
+            }
+            *step = v;
         }
     }
     *out = st;

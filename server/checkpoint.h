@@ -21,10 +21,16 @@
 enum checkpoint_parts { CHECKPOINT_WEIGHTS = 1, CHECKPOINT_EMA = 2, CHECKPOINT_OPTIM = 4,
                         CHECKPOINT_ALL = 7 };
 
+/* writes the weights, EMA, AdamW moments and metadata of step atomically (fsio.h); fails (the
+ * previous file at path untouched) when any part, metadata included, cannot be stored */
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
                     const struct train_spec *spec, int64_t step, char *err, size_t errlen);
+/* whether spec can be stored in a checkpoint's metadata (checked before a run trains) */
+int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen);
 
-/* opens and validates a checkpoint; spec and step from its metadata (either may be NULL) */
+/* opens and validates a checkpoint; spec and step from its metadata (either may be NULL). The
+ * step must be digits only and at most the metadata spec's train.steps (INT_MAX without spec);
+ * a missing step is 0 only when no spec is asked for (an imported state_dict). */
 int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
                     int64_t *step, char *err, size_t errlen);
 

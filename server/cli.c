@@ -24,6 +24,7 @@
 #include "spec.h"
 #include "train.h"
 #include "exec.h"
+#include "fsio.h"
 #include "init.h"
 #include "philox.h"
 #include "plan.h"
@@ -44,9 +45,12 @@ static void usage(FILE *f)
             "usage: ddpmd COMMAND [options]\n"
             "\n"
             "commands:\n"
-            "  train SPEC.json [--out DIR] [--resume]\n"
+            "  train SPEC.json [--out DIR] [--resume | --resume-or-start]\n"
             "         train the model a spec describes; checkpoints, sample grids, loss.csv and\n"
-            "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first\n"
+            "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first.\n"
+            "         --resume continues from DIR's newest usable checkpoint (an error when there\n"
+            "         is none); --resume-or-start does the same but starts at step 0 when DIR has\n"
+            "         no checkpoint (a job that may or may not have run before)\n"
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
@@ -339,7 +343,9 @@ static int cmd_train(int argc, char **argv)
         if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
             out = argv[++i];
         else if (strcmp(argv[i], "--resume") == 0)
-            resume = 1;
+            resume = TRAIN_RESUME_REQUIRED;
+        else if (strcmp(argv[i], "--resume-or-start") == 0)
+            resume = TRAIN_RESUME_IF_ANY;
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
@@ -348,7 +354,7 @@ static int cmd_train(int argc, char **argv)
         }
     }
     if (!spec_path) {
-        fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume]\n");
+        fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume | --resume-or-start]\n");
         return 2;
     }
     struct train_spec spec;
@@ -444,13 +450,11 @@ static char *diffusers_config(const struct unet_config *c)
 
 static int write_text(const char *path, const char *text)
 {
-    char tmp[1300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return -1;
-    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = fclose(f) == 0 && ok;
-    return ok && rename(tmp, path) == 0 ? 0 : -1;
+    char err[600];
+    struct fsio_buf b[2] = {{text, strlen(text)}, {"\n", 1}};
+    if (fsio_write_atomic(path, b, 2, err, sizeof err) == 0) return 0;
+    fprintf(stderr, "ddpmd: %s\n", err); /* atomic: temp, fsync, rename (fsio.h) */
+    return -1;
 }
 
 /* ddpmd export --diffusers DIR CHECKPOINT: config.json + diffusion_pytorch_model.safetensors of

@@ -3,6 +3,7 @@
 #include "plot.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "image.h"
@@ -31,13 +32,16 @@ static void line(float *img, int x0, int y0, int x1, int y1, const float rgb[3])
 }
 
 int plot_loss_png(const char *path, const int64_t *step, const float *loss, const float *val,
-                  int n)
+                  int n, char *err, size_t errlen)
 {
     static const float black[3] = {-1, -1, -1}, grey[3] = {0.6f, 0.6f, 0.6f},
                        blue[3] = {-0.8f, -0.4f, 0.9f}, red[3] = {0.9f, -0.8f, -0.8f};
     if (n < 1) return 0;
     float *img = malloc(3 * (size_t)PW * PH * sizeof *img);
-    if (!img) return -1;
+    if (!img) {
+        snprintf(err, errlen, "out of memory drawing %s", path);
+        return -1;
+    }
     for (size_t i = 0; i < 3 * (size_t)PW * PH; i++) img[i] = 1.0f;
     double lo = INFINITY, hi = -INFINITY;
     for (int i = 0; i < n; i++) {
@@ -77,8 +81,7 @@ int plot_loss_png(const char *path, const int64_t *step, const float *loss, cons
                 line(img, x - 2, y + d, x + 2, y + d, red);
             }
         }
-    char err[256];
-    int rc = image_save_png(path, img, 3, PH, PW, err, sizeof err) ? -1 : 0;
+    int rc = image_save_png(path, img, 3, PH, PW, err, errlen) ? -1 : 0;
     free(img);
     return rc;
 }

@@ -74,7 +74,7 @@ int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
                    const struct sampler_config *sc, uint64_t seed, int n, float *out,
                    void (*progress)(int done, int total, void *ctx), void *ctx)
 {
-    int T = sch->T, rc = -1;
+    int T = sch->T, rc = SAMPLE_FAILED;
     int *ts = malloc((size_t)T * sizeof *ts);
     size_t per = j->g.tensors[j->io.x]->numel / (size_t)j->batch;
     size_t bytes = (size_t)j->batch * per * sizeof(float);
@@ -92,6 +92,11 @@ int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
                                                        (uint32_t)(first + i), 0, (uint32_t)e);
         for (int k = 0; k < nts; k++) {
             int t = ts[k], t_prev = k + 1 < nts ? ts[k + 1] : -1;
+            /* a stop lands between two denoising steps: one forward is the longest wait */
+            if (sampler_stop_requested(sc)) {
+                rc = SAMPLE_STOPPED;
+                goto out;
+            }
             for (int i = 0; i < j->batch; i++) tf[i] = (float)t;
             if (exec_upload(j->e, j->io.x, x) || exec_upload(j->e, j->io.t, tf) ||
                 exec_forward(j->e, NULL) || exec_download(j->e, j->io.out, eps))
@@ -113,7 +118,7 @@ int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
             out[(size_t)first * per + e] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
         }
     }
-    rc = 0;
+    rc = SAMPLE_OK;
 out:
     free(ts);
     free(x);

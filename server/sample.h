@@ -33,8 +33,13 @@ int sample_job_copy_weights(struct sample_job *j, struct exec *train, const stru
 int sample_job_load(struct sample_job *j, const struct safetensors *st, int from_ema, char *err,
                     size_t errlen);
 
+enum sample_status { SAMPLE_OK = 0, SAMPLE_STOPPED = 1, SAMPLE_FAILED = -1 };
+
 /* n images (n, C, S, S) in [-1, 1] into out; image i's noise depends only on (seed, i), so a
- * sample is the same whatever the batch. progress (may be NULL) is called after each step. */
+ * sample is the same whatever the batch. progress (may be NULL) is called after each denoising
+ * step with done/total counted over all chunks of the batch. sc->stop is polled before every
+ * step: when set, SAMPLE_STOPPED is returned at once (out incomplete). SAMPLE_FAILED when the
+ * config gives no timesteps or a step fails. */
 int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
                    const struct sampler_config *sc, uint64_t seed, int n, float *out,
                    void (*progress)(int done, int total, void *ctx), void *ctx);

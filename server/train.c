@@ -1,8 +1,10 @@
 /* train.c - the training loop of one job on the CPU backend (see train.h for the contract). */
 #include "train.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include "dataset.h"
 #include "ddpm.h"
 #include "exec.h"
+#include "fsio.h"
 #include "image.h"
 #include "init.h"
 #include "philox.h"
@@ -47,8 +50,15 @@ struct job {
     int64_t *log_step;
     float *log_loss, *log_val;
     int n_log, cap_log;
-    char dir_ckpt[1100], dir_samples[1100];
+    int64_t last_ckpt;          /* step of the newest checkpoint on disk, -1 for none */
+    char dir_ckpt[FSIO_PATH_MAX], dir_samples[FSIO_PATH_MAX];
 };
+
+/* room a job's folder leaves for the names under it ("/checkpoints/step-%08lld.safetensors"
+ * and its temporary) */
+#define TRAIN_NAME_ROOM 64
+
+static int stop_requested(const struct train_opts *o) { return o->stop && *o->stop; }
 
 static double now_s(void)
 {
@@ -57,11 +67,14 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* mkdir -p */
+/* mkdir -p; path fits FSIO_PATH_MAX (checked by the caller) */
 static int mkdir_p1(const char *path)
 {
-    char buf[1100];
-    snprintf(buf, sizeof buf, "%s", path);
+    char buf[FSIO_PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     for (char *p = buf + 1; *p; p++)
         if (*p == '/') {
             *p = 0;
@@ -71,52 +84,125 @@ static int mkdir_p1(const char *path)
     return mkdir(buf, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
-int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step)
+/* The step of an exact checkpoint name "step-%08lld.safetensors" (as checkpoint() writes it), or
+ * -1: temporaries ("....safetensors.tmp.x1Yz2w"), copies (".bak", ".orig") and names with other
+ * padding ("step-3.safetensors", "step-000000003.safetensors") are not checkpoints. ext is
+ * ".safetensors" or ".png" (sample grids). */
+static int64_t step_of_name(const char *name, const char *ext)
 {
-    char dir[1100];
-    snprintf(dir, sizeof dir, "%s/checkpoints", out_dir);
+    if (strncmp(name, "step-", 5) != 0) return -1;
+    const char *p = name + 5;
+    int64_t v = 0;
+    int nd = 0;
+    for (; *p >= '0' && *p <= '9'; p++, nd++) {
+        if (nd >= 18) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (nd < 8 || strcmp(p, ext) != 0) return -1;
+    char want[64];
+    snprintf(want, sizeof want, "step-%08" PRId64 "%s", v, ext);
+    return strcmp(want, name) == 0 ? v : -1;
+}
+
+/* whether dir's entry name is a regular file (a FIFO or a folder under a checkpoint's name is
+ * skipped: opening a FIFO would block) */
+static int is_regular_at(int dfd, const char *name)
+{
+    struct stat st;
+    return fstatat(dfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* the steps of dir's checkpoints, newest first, into a malloc'd *steps; -1 when dir cannot be
+ * read or out of memory */
+static int scan_checkpoints(const char *dir, int64_t **steps, int *n)
+{
+    *steps = NULL;
+    *n = 0;
     DIR *d = opendir(dir);
     if (!d) return -1;
-    int64_t best = -1;
+    int cap = 0, rc = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        long long s;
-        char tail[8];
-        if (sscanf(de->d_name, "step-%lld.safe%7s", &s, tail) == 2 && strcmp(tail, "tensors") == 0 &&
-            s > best)
-            best = s;
+        int64_t s = step_of_name(de->d_name, ".safetensors");
+        if (s < 0 || !is_regular_at(dirfd(d), de->d_name)) continue;
+        if (*n == cap) {
+            int64_t *a = realloc(*steps, (size_t)(cap ? 2 * cap : 64) * sizeof *a);
+            if (!a) {
+                rc = -1;
+                break;
+            }
+            *steps = a;
+            cap = cap ? 2 * cap : 64;
+        }
+        (*steps)[(*n)++] = s;
     }
     closedir(d);
-    if (best < 0) return -1;
-    snprintf(path, len, "%s/step-%08" PRId64 ".safetensors", dir, best);
-    *step = best;
+    if (rc) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (*n) qsort(*steps, (size_t)*n, sizeof **steps, cmp_desc);
     return 0;
 }
 
-/* removes all but the newest keep checkpoints */
+int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step)
+{
+    char dir[FSIO_PATH_MAX];
+    int64_t *steps = NULL;
+    int n = 0;
+    if (fsio_path(dir, sizeof dir, NULL, 0, "%s/checkpoints", out_dir) ||
+        scan_checkpoints(dir, &steps, &n) || n == 0) {
+        free(steps);
+        return -1;
+    }
+    *step = steps[0];
+    free(steps);
+    return fsio_path(path, len, NULL, 0, "%s/step-%08" PRId64 ".safetensors", dir, *step);
+}
+
+/* removes all but the newest keep checkpoints (exact names only) */
 static void prune_checkpoints(const char *dir, int keep)
+{
+    int64_t *steps;
+    int n;
+    if (scan_checkpoints(dir, &steps, &n)) return;
+    for (int i = keep; i < n; i++) {
+        char p[FSIO_PATH_MAX];
+        if (!fsio_path(p, sizeof p, NULL, 0, "%s/step-%08" PRId64 ".safetensors", dir, steps[i]))
+            unlink(p);
+    }
+    free(steps);
+}
+
+/* Removes the temporaries an interrupted write (kill -9, power loss) left in one of the job's
+ * folders: "FINAL.tmp.*" regular files whose FINAL is a name this job writes there (a
+ * checkpoint or sample grid of exact name, loss.csv, loss.png). Nothing else is touched. */
+static void remove_stale_temps(const char *dir, const char *ext, int quiet)
 {
     DIR *d = opendir(dir);
     if (!d) return;
-    int64_t steps[4096];
-    int n = 0;
     struct dirent *de;
-    while ((de = readdir(d)) && n < 4096) {
-        long long s;
-        char tail[8];
-        if (sscanf(de->d_name, "step-%lld.safe%7s", &s, tail) == 2 && strcmp(tail, "tensors") == 0)
-            steps[n++] = s;
+    while ((de = readdir(d))) {
+        const char *tmp = strstr(de->d_name, FSIO_TMP_INFIX);
+        if (!tmp || !tmp[sizeof FSIO_TMP_INFIX - 1]) continue;
+        char base[256];
+        snprintf(base, sizeof base, "%.*s", (int)(tmp - de->d_name), de->d_name);
+        int ours = ext ? step_of_name(base, ext) >= 0
+                       : strcmp(base, "loss.csv") == 0 || strcmp(base, "loss.png") == 0;
+        if (!ours || !is_regular_at(dirfd(d), de->d_name)) continue;
+        if (unlinkat(dirfd(d), de->d_name, 0) == 0 && !quiet)
+            fprintf(stderr, "ddpmd: removed %s/%s, left by an interrupted write\n", dir,
+                    de->d_name);
     }
     closedir(d);
-    for (int i = 0; i < n; i++) {
-        int newer = 0;
-        for (int k = 0; k < n; k++) newer += steps[k] > steps[i];
-        if (newer >= keep) {
-            char p[1200];
-            snprintf(p, sizeof p, "%s/step-%08" PRId64 ".safetensors", dir, steps[i]);
-            unlink(p);
-        }
-    }
 }
 
 static void log_skipped(void *ctx, const char *line)
@@ -155,18 +241,26 @@ static int open_data(struct job *j, char *err, size_t errlen)
     return 0;
 }
 
-static int build(struct job *j, char *err, size_t errlen)
+int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
+               struct plan *p, char *err, size_t errlen)
 {
-    const struct train_spec *s = j->spec;
-    graph_init(&j->g);
-    if (unet_build_training(&j->g, &s->model, s->batch, &j->io, &j->target, NULL)) {
-        snprintf(err, errlen, "cannot build the model: %s", j->g.err);
+    graph_init(g);
+    memset(p, 0, sizeof *p);
+    if (unet_build_training(g, &s->model, s->batch, io, target, NULL)) {
+        snprintf(err, errlen, "cannot build the model: %s", g->err);
         return -1;
     }
-    if (plan_make(&j->p, &j->g, backend_cpu(), NULL)) {
+    if (plan_make(p, g, backend_cpu(), NULL)) {
         snprintf(err, errlen, "cannot plan the training step");
         return -1;
     }
+    return 0;
+}
+
+static int build(struct job *j, char *err, size_t errlen)
+{
+    const struct train_spec *s = j->spec;
+    if (train_plan(s, &j->g, &j->io, &j->target, &j->p, err, errlen)) return -1;
     struct exec_opts eo = {.threads = s->threads};
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) {
         snprintf(err, errlen, "cannot allocate the plan's %zu bytes", j->p.total_bytes);
@@ -188,29 +282,158 @@ static int build(struct job *j, char *err, size_t errlen)
     return 0;
 }
 
+/* Fields of a resumed run's spec that may differ from its checkpoint's: they change what is
+ * written and when, not the numbers of any step (train.steps also sets the learning-rate
+ * schedule's length: stated, since the run is then not the uninterrupted run of either spec). */
+static int resume_may_change(const char *path)
+{
+    return strcmp(path, "train.steps") == 0 || strncmp(path, "output.", 7) == 0 ||
+           strcmp(path, "init_from") == 0;
+}
+
+/* Compares the two canonical spec documents field by field. Every difference is stated: the
+ * changeable ones on stderr (unless quiet), the others appended to refused ("; "-separated).
+ * Returns the number of refused differences. */
+static int spec_diff(const cJSON *was, const cJSON *now, const char *prefix, int quiet,
+                     char *refused, size_t rlen)
+{
+    int bad = 0;
+    const cJSON *w;
+    cJSON_ArrayForEach(w, was)
+    {
+        char path[160];
+        snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", w->string);
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(now, w->string);
+        if (cJSON_IsObject(w) && cJSON_IsObject(n)) {
+            bad += spec_diff(w, n, path, quiet, refused, rlen);
+            continue;
+        }
+        if (n && cJSON_Compare(w, n, 1)) continue;
+        char *ws = cJSON_PrintUnformatted(w), *ns = n ? cJSON_PrintUnformatted(n) : NULL;
+        if (resume_may_change(path)) {
+            if (!quiet)
+                fprintf(stderr, "ddpmd: resuming with %s %.60s (the checkpoint's spec has %.60s)\n",
+                        path, ns ? ns : "(none)", ws ? ws : "?");
+        } else {
+            size_t len = strlen(refused);
+            snprintf(refused + len, rlen - len, "%s%s is %.60s there, %.60s here", len ? "; " : "",
+                     path, ws ? ws : "?", ns ? ns : "(none)");
+            bad++;
+        }
+        free(ws);
+        free(ns);
+    }
+    cJSON_ArrayForEach(w, now) /* a field only the new spec has */
+        if (!cJSON_GetObjectItemCaseSensitive(was, w->string)) {
+            size_t len = strlen(refused);
+            snprintf(refused + len, rlen - len, "%s%s%s%s is new", len ? "; " : "", prefix,
+                     prefix[0] ? "." : "", w->string);
+            bad++;
+        }
+    return bad;
+}
+
+/* whether the checkpoint's spec (saved) allows an exact resume under spec; err says why not */
+static int resume_check(const struct train_spec *saved, const struct train_spec *spec,
+                        int64_t step, const char *path, int quiet, char *err, size_t errlen)
+{
+    char *a = spec_to_json(saved), *b = spec_to_json(spec);
+    cJSON *ja = a ? cJSON_Parse(a) : NULL, *jb = b ? cJSON_Parse(b) : NULL;
+    char refused[1024] = "";
+    int rc = -1;
+    if (!ja || !jb) {
+        snprintf(err, errlen, "out of memory comparing the specs");
+    } else if (spec_diff(ja, jb, "", quiet, refused, sizeof refused)) {
+        snprintf(err, errlen, "%s was made with a different spec, and resuming would not continue "
+                 "that run exactly: %s (train elsewhere with --out, or restore those values)",
+                 path, refused);
+    } else if (step > spec->steps) {
+        snprintf(err, errlen, "%s is at step %" PRId64 ", beyond this spec's train.steps %d", path,
+                 step, spec->steps);
+    } else {
+        rc = 0;
+    }
+    cJSON_Delete(ja);
+    cJSON_Delete(jb);
+    free(a);
+    free(b);
+    return rc;
+}
+
+/* The newest usable checkpoint, newest first: one that does not open (truncated, corrupt,
+ * metadata step not its name's) is renamed NAME.corrupt, said on stderr, and the previous one is
+ * tried. Returns 1 with *st open when one was found, 0 when none, -1 on an error. */
+static int open_newest(struct job *j, char *path, size_t plen, struct safetensors **st,
+                       struct train_spec *saved, int64_t *step, char *err, size_t errlen)
+{
+    int64_t *steps = NULL;
+    int n = 0, rc = 0;
+    if (scan_checkpoints(j->dir_ckpt, &steps, &n)) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, errlen, "cannot list %s: %s", j->dir_ckpt, strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        char why[600];
+        if (fsio_path(path, plen, err, errlen, "%s/step-%08" PRId64 ".safetensors", j->dir_ckpt,
+                      steps[i])) {
+            rc = -1;
+            break;
+        }
+        if (checkpoint_open(st, path, saved, step, why, sizeof why) == 0) {
+            if (*step == steps[i]) {
+                rc = 1;
+                break;
+            }
+            snprintf(why, sizeof why, "its metadata says step %" PRId64, *step);
+            safetensors_free(*st);
+            *st = NULL;
+        }
+        char aside[FSIO_PATH_MAX];
+        int moved = !fsio_path(aside, sizeof aside, NULL, 0, "%s.corrupt", path) &&
+                    rename(path, aside) == 0;
+        fprintf(stderr, "ddpmd: cannot resume from %s (%s)%s%s; %s\n", path, why,
+                moved ? ", kept as " : "", moved ? aside : "",
+                i + 1 < n ? "trying the previous checkpoint" : "no older checkpoint");
+    }
+    free(steps);
+    return rc;
+}
+
 static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
-    char path[1200];
+    char path[FSIO_PATH_MAX];
     int64_t step = 0;
     *start = 0;
-    if (j->o->resume && train_latest_checkpoint(j->o->out_dir, path, sizeof path, &step) == 0) {
+    if (j->o->resume) {
         struct safetensors *st = NULL;
         struct train_spec saved;
-        if (checkpoint_open(&st, path, &saved, &step, err, errlen)) return -1;
-        if (memcmp(&saved.model, &s->model, sizeof saved.model) != 0 ||
-            saved.batch != s->batch || saved.seed != s->seed) {
-            snprintf(err, errlen, "%s was made by a different model, batch or seed than this spec",
-                     path);
+        int found = open_newest(j, path, sizeof path, &st, &saved, &step, err, errlen);
+        if (found < 0) return -1;
+        if (found) {
+            if (resume_check(&saved, s, step, path, j->o->quiet, err, errlen)) {
+                safetensors_free(st);
+                return -1;
+            }
+            int rc = checkpoint_apply(st, j->e, &j->g, CHECKPOINT_ALL, 0, err, errlen);
             safetensors_free(st);
+            if (rc) return -1;
+            *start = step;
+            j->last_ckpt = step;
+            if (j->o->stats) j->o->stats->resumed = 1;
+            if (!j->o->quiet)
+                fprintf(stderr, "ddpmd: resuming from %s (step %" PRId64 ")\n", path, step);
+            return 0;
+        }
+        if (j->o->resume != TRAIN_RESUME_IF_ANY) {
+            snprintf(err, errlen, "nothing to resume: no usable checkpoint in %s (to start fresh "
+                     "when there is none, ask to resume if possible: --resume-or-start)",
+                     j->dir_ckpt);
             return -1;
         }
-        int rc = checkpoint_apply(st, j->e, &j->g, CHECKPOINT_ALL, 0, err, errlen);
-        safetensors_free(st);
-        if (rc) return -1;
-        *start = step;
-        if (!j->o->quiet) fprintf(stderr, "ddpmd: resuming from %s (step %" PRId64 ")\n", path, step);
-        return 0;
+        if (!j->o->quiet)
+            fprintf(stderr, "ddpmd: no checkpoint in %s; starting at step 0\n", j->dir_ckpt);
     }
     if (s->init_from[0]) {
         struct safetensors *st = NULL;
@@ -262,8 +485,33 @@ static int upload_inputs(struct job *j)
            exec_upload(j->e, j->target, j->tgt);
 }
 
-/* mean loss over the held-out images (whole batches of them) at fixed timesteps and noise */
-static float validation_loss(struct job *j)
+/* progress of a long phase ("validation", "sampling"): a counter on a terminal, a JSON line
+ * {"event":E,"step":N,"done":D,"total":T} otherwise */
+static void report_phase(const struct train_opts *o, const char *event, int64_t step, int done,
+                         int total)
+{
+    if (o->quiet) return;
+    if (o->progress) {
+        printf("\r  %s %d/%d   ", event, done, total);
+        if (done == total) printf("\n");
+    } else {
+        printf("{\"event\":\"%s\",\"step\":%" PRId64 ",\"done\":%d,\"total\":%d}\n", event, step,
+               done, total);
+    }
+    fflush(stdout);
+}
+
+/* a JSON line {"event":E,"step":N} (checkpoint, samples, stopped, done); nothing on a terminal */
+static void report_event(const struct train_opts *o, const char *event, int64_t step)
+{
+    if (o->quiet || o->progress) return;
+    printf("{\"event\":\"%s\",\"step\":%" PRId64 "}\n", event, step);
+    fflush(stdout);
+}
+
+/* mean loss over the held-out images (whole batches of them) at fixed timesteps and noise; NaN
+ * when there are none or a stop was requested (polled between batches) */
+static float validation_loss(struct job *j, int64_t step)
 {
     const struct train_spec *s = j->spec;
     int nv = dataset_val_count(j->ds), nb = nv / s->batch;
@@ -271,37 +519,75 @@ static float validation_loss(struct job *j)
     double sum = 0;
     int t[65536];
     for (int b = 0; b < nb; b++) {
+        if (stop_requested(j->o)) return NAN;
         if (dataset_val_batch(j->ds, b * s->batch, s->batch, j->x0, NULL)) return NAN;
         for (int i = 0; i < s->batch; i++) t[i] = val_ts[(b * s->batch + i) % 5] * s->timesteps / 1000;
         make_inputs(j, (int64_t)b, s->seed ^ VAL_SEED_SALT, t);
         float loss = 0;
         if (upload_inputs(j) || exec_forward(j->e, &loss)) return NAN;
         sum += loss;
+        if (nb > 1) report_phase(j->o, "validation", step, b + 1, nb);
     }
     return (float)(sum / nb);
 }
 
+struct sample_progress_ctx {
+    const struct train_opts *o;
+    int64_t step;
+};
+
+static void sample_progress(int done, int total, void *ctx)
+{
+    const struct sample_progress_ctx *c = ctx;
+    report_phase(c->o, "sampling", c->step, done, total);
+}
+
+/* the sample grid of step: SAMPLE_OK, SAMPLE_STOPPED (a stop request: nothing written) or
+ * SAMPLE_FAILED with err */
 static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
     struct sample_job sj;
-    int n = s->samples, batch = n < 16 ? n : 16, rc = -1;
+    int n = s->samples, batch = n < 16 ? n : 16, rc = SAMPLE_FAILED;
+    char path[FSIO_PATH_MAX];
+    if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".png", j->dir_samples,
+                  step))
+        return SAMPLE_FAILED;
     float *img = malloc((size_t)n * j->per * sizeof *img);
-    if (!img || sample_job_init(&sj, &s->model, batch, s->threads, err, errlen)) {
+    if (!img) {
+        snprintf(err, errlen, "out of memory for %d samples", n);
+        return SAMPLE_FAILED;
+    }
+    if (sample_job_init(&sj, &s->model, batch, s->threads, err, errlen)) {
         free(img);
-        return -1;
+        return SAMPLE_FAILED;
     }
     struct sampler_config sc;
     sampler_config_default(&sc);
     sc.prediction = s->prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
-    char path[1300];
-    snprintf(path, sizeof path, "%s/step-%08" PRId64 ".png", j->dir_samples, step);
+    sc.stop = j->o->stop;
+    struct sample_progress_ctx pc = {j->o, step};
     int cols = (int)ceil(sqrt((double)n));
-    if (!sample_job_copy_weights(&sj, j->e, &j->g, 1) &&
-        !sample_job_run(&sj, &j->sch, &sc, s->seed, n, img, NULL, NULL) &&
-        !image_save_grid_png(path, img, n, s->model.out_channels, s->model.image_size,
-                             s->model.image_size, cols, 2, err, errlen))
-        rc = 0;
+    if (sample_job_copy_weights(&sj, j->e, &j->g, 1)) {
+        snprintf(err, errlen, "cannot copy the EMA weights for sampling at step %" PRId64, step);
+        goto out;
+    }
+    rc = sample_job_run(&sj, &j->sch, &sc, s->seed, n, img, sample_progress, &pc);
+    if (rc == SAMPLE_STOPPED) {
+        if (!j->o->quiet && j->o->progress) printf("\n");
+        goto out;
+    }
+    if (rc != SAMPLE_OK) {
+        snprintf(err, errlen, "sampling at step %" PRId64 " failed", step);
+        goto out;
+    }
+    if (image_save_grid_png(path, img, n, s->model.out_channels, s->model.image_size,
+                            s->model.image_size, cols, 2, err, errlen)) {
+        rc = SAMPLE_FAILED;
+        goto out;
+    }
+    report_event(j->o, "samples", step);
+out:
     sample_job_free(&sj);
     free(img);
     return rc;
@@ -329,9 +615,9 @@ static void log_push(struct job *j, int64_t step, float loss, float val)
 /* loss.csv: keeps rows of steps <= start (a resumed run rewrites what followed) */
 static void csv_reload(struct job *j, int64_t start)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/loss.csv", j->o->out_dir);
-    FILE *f = fopen(path, "r");
+    char path[FSIO_PATH_MAX];
+    if (fsio_path(path, sizeof path, NULL, 0, "%s/loss.csv", j->o->out_dir)) return;
+    FILE *f = fsio_fopen_read(path, NULL, 0);
     if (!f) return;
     char line[256];
     while (fgets(line, sizeof line, f)) {
@@ -345,33 +631,46 @@ static void csv_reload(struct job *j, int64_t start)
     fclose(f);
 }
 
-static void csv_write(struct job *j)
+/* loss.csv and loss.png, each replaced atomically; a failed write fails (err says why) */
+static int csv_write(struct job *j, char *err, size_t errlen)
 {
-    char path[1200], tmp[1300];
-    snprintf(path, sizeof path, "%s/loss.csv", j->o->out_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    fprintf(f, "step,loss,val_loss\n");
+    char path[FSIO_PATH_MAX];
+    size_t cap = 32 + (size_t)j->n_log * 128, len = 0; /* a row is at most 117 bytes */
+    char *text = malloc(cap);
+    if (!text) {
+        snprintf(err, errlen, "out of memory writing loss.csv");
+        return -1;
+    }
+    len += (size_t)snprintf(text, cap, "step,loss,val_loss\n");
     for (int i = 0; i < j->n_log; i++) {
         if (isnan(j->log_val[i]))
-            fprintf(f, "%" PRId64 ",%.6f,\n", j->log_step[i], j->log_loss[i]);
+            len += (size_t)snprintf(text + len, cap - len, "%" PRId64 ",%.6f,\n", j->log_step[i],
+                                    j->log_loss[i]);
         else
-            fprintf(f, "%" PRId64 ",%.6f,%.6f\n", j->log_step[i], j->log_loss[i], j->log_val[i]);
+            len += (size_t)snprintf(text + len, cap - len, "%" PRId64 ",%.6f,%.6f\n",
+                                    j->log_step[i], j->log_loss[i], j->log_val[i]);
     }
-    if (fclose(f) == 0) rename(tmp, path);
-    snprintf(path, sizeof path, "%s/loss.png", j->o->out_dir);
-    plot_loss_png(path, j->log_step, j->log_loss, j->log_val, j->n_log);
+    int rc = fsio_path(path, sizeof path, err, errlen, "%s/loss.csv", j->o->out_dir) ||
+             fsio_write_atomic_text(path, text, err, errlen);
+    free(text);
+    if (rc) return -1;
+    if (fsio_path(path, sizeof path, err, errlen, "%s/loss.png", j->o->out_dir) ||
+        plot_loss_png(path, j->log_step, j->log_loss, j->log_val, j->n_log, err, errlen))
+        return -1;
+    return 0;
 }
 
 static int checkpoint(struct job *j, int64_t step, char *err, size_t errlen)
 {
-    char path[1300];
-    snprintf(path, sizeof path, "%s/step-%08" PRId64 ".safetensors", j->dir_ckpt, step);
-    if (checkpoint_save(path, j->e, &j->g, j->spec, step, err, errlen)) return -1;
+    char path[FSIO_PATH_MAX];
+    if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".safetensors",
+                  j->dir_ckpt, step) ||
+        checkpoint_save(path, j->e, &j->g, j->spec, step, err, errlen))
+        return -1;
+    j->last_ckpt = step;
     prune_checkpoints(j->dir_ckpt, j->spec->keep_last);
-    csv_write(j);
-    return 0;
+    report_event(j->o, "checkpoint", step);
+    return csv_write(j, err, errlen);
 }
 
 static void fmt_eta(char *buf, size_t n, double s)
@@ -403,7 +702,7 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         if (!isnan(val)) printf("\n  validation loss %.4f at step %" PRId64 "\n", val, step);
         fflush(stdout);
     } else {
-        printf("{\"step\":%" PRId64 ",\"steps\":%d,\"loss\":%.6f,\"loss_avg\":%.6f,\"lr\":%.6g,"
+        printf("{\"event\":\"step\",\"step\":%" PRId64 ",\"steps\":%d,\"loss\":%.6f,\"loss_avg\":%.6f,\"lr\":%.6g,"
                "\"grad_norm\":%.4f,\"img_per_s\":%.2f,\"eta_s\":%.0f",
                step, s->steps, loss, avg, lr, norm, ips, eta);
         if (!isnan(val)) printf(",\"val_loss\":%.6f", val);
@@ -431,6 +730,25 @@ static void job_free(struct job *j)
     free(j->log_val);
 }
 
+/* the sample grid a resumed run owes for its start step: due there but missing (a stop or a
+ * failed write during that sampling). SAMPLE_OK when written or not owed. */
+static int owed_samples(struct job *j, int64_t start, char *err, size_t errlen)
+{
+    const struct train_spec *s = j->spec;
+    char path[FSIO_PATH_MAX];
+    if (start <= 0 || j->last_ckpt != start || s->samples < 1 ||
+        !(start == s->steps || (s->sample_every && start % s->sample_every == 0)))
+        return SAMPLE_OK;
+    if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".png", j->dir_samples,
+                  start))
+        return SAMPLE_FAILED;
+    struct stat st;
+    if (stat(path, &st) == 0) return SAMPLE_OK;
+    if (!j->o->quiet)
+        fprintf(stderr, "ddpmd: %s is missing; sampling it first\n", path);
+    return save_samples(j, start, err, errlen);
+}
+
 int train_run(const struct train_spec *spec, const struct train_opts *o, char *err,
               size_t errlen)
 {
@@ -438,16 +756,30 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     memset(&j, 0, sizeof j);
     j.spec = spec;
     j.o = o;
+    j.last_ckpt = -1;
     int rc = TRAIN_FAILED;
     int64_t start = 0;
+    if (o->stats) memset(o->stats, 0, sizeof *o->stats);
+    size_t olen = o->out_dir ? strlen(o->out_dir) : 0;
+    if (!olen || olen > (size_t)FSIO_FINAL_MAX - TRAIN_NAME_ROOM) {
+        snprintf(err, errlen, "the output folder's path is %zu bytes; it must be 1 to %d", olen,
+                 FSIO_FINAL_MAX - TRAIN_NAME_ROOM);
+        return TRAIN_FAILED;
+    }
+    /* a spec the checkpoints cannot hold would end in checkpoints that cannot be resumed */
+    if (checkpoint_check_spec(spec, err, errlen)) return TRAIN_FAILED;
     snprintf(j.dir_ckpt, sizeof j.dir_ckpt, "%s/checkpoints", o->out_dir);
     snprintf(j.dir_samples, sizeof j.dir_samples, "%s/samples", o->out_dir);
     if (mkdir_p1(o->out_dir) || mkdir_p1(j.dir_ckpt) || mkdir_p1(j.dir_samples)) {
         snprintf(err, errlen, "cannot create %s: %s", o->out_dir, strerror(errno));
         return TRAIN_FAILED;
     }
+    remove_stale_temps(j.dir_ckpt, ".safetensors", o->quiet);
+    remove_stale_temps(j.dir_samples, ".png", o->quiet);
+    remove_stale_temps(o->out_dir, NULL, o->quiet);
     if (open_data(&j, err, errlen) || build(&j, err, errlen) || init_weights(&j, &start, err, errlen))
         goto out;
+    if (o->stats) o->stats->start_step = start;
     if (!o->quiet) {
         fprintf(stderr, "ddpmd: %s UNet, %zu parameters, %d training images%s, batch %d, %d "
                         "threads\nddpmd: memory plan (allocated once, before the first step):\n",
@@ -457,6 +789,13 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
         plan_print(&j.p, stderr);
     }
     if (o->resume) csv_reload(&j, start);
+    int owed = owed_samples(&j, start, err, errlen);
+    if (owed == SAMPLE_FAILED) goto out;
+    if (owed == SAMPLE_STOPPED) {
+        report_event(o, "stopped", start);
+        rc = TRAIN_STOPPED;
+        goto out;
+    }
     if (dataset_loader_init(&j.loader, j.ds, spec->seed, spec->batch, spec->flip, start, 2, err,
                             errlen))
         goto out;
@@ -464,51 +803,65 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     double avg = 0;
     int64_t step = start, first = start;
     while (step < spec->steps) {
-        if (dataset_loader_next(j.loader, step, j.x0, NULL)) {
-            snprintf(err, errlen, "data loading failed at step %" PRId64, step);
-            goto out;
+        int stopping = stop_requested(o);
+        if (!stopping) {
+            if (dataset_loader_next(j.loader, step, j.x0, NULL)) {
+                snprintf(err, errlen, "data loading failed at step %" PRId64, step);
+                goto out;
+            }
+            make_inputs(&j, step, spec->seed, NULL);
+            float loss = 0, norm = 0, lr = optim_lr(&spec->optim, step);
+            if (upload_inputs(&j) ||
+                exec_forward_backward(j.e, 1, 1.0f, spec->seed, (uint64_t)step, 0, &loss) ||
+                exec_optimizer_step(j.e, &spec->optim, step + 1, lr, &norm)) {
+                snprintf(err, errlen, "training step %" PRId64 " failed", step + 1);
+                goto out;
+            }
+            if (!isfinite(loss)) {
+                snprintf(err, errlen, "the loss is %g at step %" PRId64 " (diverged; lower train.lr)",
+                         loss, step + 1);
+                goto out;
+            }
+            step++;
+            if (o->stats) o->stats->steps_run++;
+            avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
+            stopping = stop_requested(o) || (o->stop_after > 0 && step >= o->stop_after);
+            int last = step == spec->steps;
+            int do_ckpt = last || stopping ||
+                          (spec->checkpoint_every && step % spec->checkpoint_every == 0);
+            int do_log = last || step % spec->log_every == 0 || do_ckpt;
+            float val = NAN;
+            if (do_log) {
+                /* a stop during validation leaves val NaN; the checkpoint follows (do_ckpt) */
+                if (do_ckpt && dataset_val_count(j.ds)) val = validation_loss(&j, step);
+                double el = now_s() - t0, ips = (double)(step - first) * spec->batch / el;
+                double eta = (double)(spec->steps - step) * el / (double)(step - first);
+                log_push(&j, step, loss, val);
+                report(&j, step, loss, (float)avg, val, lr, norm, ips, eta);
+            }
+            if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
+            /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting; a stop
+             * during sampling ends it between two denoising steps, and --resume samples again */
+            if ((last || (spec->sample_every && step % spec->sample_every == 0)) && !stopping) {
+                int sr = save_samples(&j, step, err, errlen);
+                if (sr == SAMPLE_FAILED) goto out;
+                stopping = sr == SAMPLE_STOPPED;
+            }
+            stopping = stopping || stop_requested(o);
         }
-        make_inputs(&j, step, spec->seed, NULL);
-        float loss = 0, norm = 0, lr = optim_lr(&spec->optim, step);
-        if (upload_inputs(&j) ||
-            exec_forward_backward(j.e, 1, 1.0f, spec->seed, (uint64_t)step, 0, &loss) ||
-            exec_optimizer_step(j.e, &spec->optim, step + 1, lr, &norm)) {
-            snprintf(err, errlen, "training step %" PRId64 " failed", step + 1);
-            goto out;
-        }
-        if (!isfinite(loss)) {
-            snprintf(err, errlen, "the loss is %g at step %" PRId64 " (diverged; lower train.lr)",
-                     loss, step + 1);
-            goto out;
-        }
-        step++;
-        avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
-        int stopping = (o->stop && *o->stop) || (o->stop_after > 0 && step >= o->stop_after);
-        int last = step == spec->steps;
-        int do_ckpt = last || stopping ||
-                      (spec->checkpoint_every && step % spec->checkpoint_every == 0);
-        int do_log = last || step % spec->log_every == 0 || do_ckpt;
-        float val = NAN;
-        if (do_log) {
-            if (do_ckpt && dataset_val_count(j.ds)) val = validation_loss(&j);
-            double el = now_s() - t0, ips = (double)(step - first) * spec->batch / el;
-            double eta = (double)(spec->steps - step) * el / (double)(step - first);
-            log_push(&j, step, loss, val);
-            report(&j, step, loss, (float)avg, val, lr, norm, ips, eta);
-        }
-        if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
-        /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting */
-        if ((last || (spec->sample_every && step % spec->sample_every == 0)) && !stopping &&
-            save_samples(&j, step, err, errlen))
-            goto out;
         if (stopping) {
+            /* the state to resume from: the last finished step's checkpoint */
+            if (step > start && j.last_ckpt != step && checkpoint(&j, step, err, errlen))
+                goto out;
             if (o->progress && !o->quiet) printf("\n");
+            report_event(o, "stopped", step);
             rc = TRAIN_STOPPED;
             goto out;
         }
     }
     if (o->progress && !o->quiet) printf("\n");
-    if (start >= spec->steps) csv_write(&j);
+    if (start >= spec->steps && csv_write(&j, err, errlen)) goto out;
+    report_event(o, "done", step);
     rc = TRAIN_DONE;
 out:
     job_free(&j);

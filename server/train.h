@@ -9,24 +9,63 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "graph.h"
+#include "plan.h"
 #include "spec.h"
 
+/* what --resume asks for */
+enum train_resume {
+    TRAIN_RESUME_NO = 0,       /* a fresh run (an existing checkpoints/ folder is overwritten) */
+    TRAIN_RESUME_REQUIRED = 1, /* continue from the newest usable checkpoint; none is an error */
+    TRAIN_RESUME_IF_ANY = 2,   /* continue when there is one, else start fresh (and say so) */
+};
+
+/* what a run did, for callers that must tell a resume from a restart */
+struct train_stats {
+    int64_t start_step;        /* the step the run began at: 0 fresh, N resumed at step N */
+    int64_t steps_run;         /* training steps executed by this call */
+    int resumed;               /* 1 when weights and state came from a checkpoint */
+};
+
 struct train_opts {
-    const char *out_dir;            /* created if missing */
-    int resume;                     /* continue from the newest checkpoint in out_dir */
-    int progress;                   /* 1: a progress bar (terminal), 0: one JSON line per log */
+    const char *out_dir;            /* created if missing; at most FSIO_FINAL_MAX - 64 bytes */
+    int resume;                     /* enum train_resume */
+    int progress;                   /* 1: a progress bar (terminal), 0: one JSON line per event */
     volatile sig_atomic_t *stop;    /* set asynchronously: checkpoint, then return */
     int64_t stop_after;             /* > 0: stop (with a checkpoint) once this step is done */
     int quiet;                      /* no per-step output (tests) */
+    struct train_stats *stats;      /* filled when not NULL */
 };
 
 enum train_result { TRAIN_DONE = 0, TRAIN_STOPPED = 1, TRAIN_FAILED = -1 };
 
-/* runs to spec->steps (or a stop); err gets a message on TRAIN_FAILED */
+/* Runs to spec->steps (or a stop); err gets a message on TRAIN_FAILED.
+ *
+ * Durability: every file (checkpoints, sample grids, loss.csv, loss.png) is written atomically
+ * (fsio_write_atomic) and every failed write fails the run with its reason; temporaries that an
+ * interrupted earlier run left in out_dir are removed at the start. A stop request (o->stop) is
+ * honoured between training steps, validation batches and sampling steps: the run writes a
+ * checkpoint of the last finished step (unless it has one) and returns TRAIN_STOPPED, and a
+ * resumed run first writes the sample grid due at its start step when that file is missing.
+ *
+ * Resume: the newest checkpoint named exactly step-%08lld.safetensors (a regular file) that opens
+ * is used; an unreadable newer one is renamed to NAME.corrupt with a message on stderr. Every
+ * field of the checkpoint's spec must equal this spec's, except train.steps (not below the
+ * checkpoint's step), output.* and init_from, whose changes are stated on stderr.
+ *
+ * Progress (not quiet): on a terminal a bar and "sampling 12/50"; otherwise JSON lines on
+ * stdout, each an object whose "event" says what it is ("step", "validation", "sampling",
+ * "checkpoint", "samples", "stopped", "done"), see train.c report_*. */
 int train_run(const struct train_spec *spec, const struct train_opts *o, char *err,
               size_t errlen);
 
-/* path of the newest checkpoint in out_dir/checkpoints, or -1 when there is none */
+/* path of the newest checkpoint in out_dir/checkpoints (an exact step-%08lld.safetensors name of
+ * a regular file), or -1 when there is none */
 int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step);
+
+/* the training graph of spec built and planned exactly as train_run does (the job's bytes before
+ * a byte is allocated); the caller frees g and p (graph_free, plan_free) */
+int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
+               struct plan *p, char *err, size_t errlen);
 
 #endif
