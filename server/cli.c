@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <unistd.h>
@@ -29,6 +30,9 @@
 #include "philox.h"
 #include "plan.h"
 #include "unet.h"
+
+/* the most images one `ddpmd sample` makes */
+#define CLI_SAMPLE_MAX 65536
 
 struct cli_model {
     struct unet_config cfg;
@@ -82,17 +86,119 @@ static void usage(FILE *f)
             "  --seed N               random seed (default 1)\n");
 }
 
-static int parse_list(const char *s, int *dst, int max)
+/* a command-line value for messages: at most 40 bytes, anything unprintable as \xNN */
+static const char *cli_echo(char *buf, size_t n, const char *v)
+{
+    size_t o = 0, i = 0;
+    buf[0] = 0;
+    for (; v[i] && i < 40 && o + 5 < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        o += (size_t)snprintf(buf + o, n - o, c < 0x20 || c >= 0x7f ? "\\x%02x" : "%c", c);
+    }
+    if (v[i] && o + 4 < n) memcpy(buf + o, "...", 4);
+    return buf;
+}
+
+/* the whole of v as a decimal int (no sign for unsigned use, no spaces, no trailing junk) */
+static int cli_int(const char *flag, const char *v, int *out)
+{
+    char *end, e[200];
+    errno = 0;
+    long long x = v[0] == '-' || (v[0] >= '0' && v[0] <= '9') ? strtoll(v, &end, 10) : 0;
+    if (!(v[0] == '-' || (v[0] >= '0' && v[0] <= '9')) || *end || errno == ERANGE ||
+        x < INT_MIN || x > INT_MAX) {
+        fprintf(stderr, "ddpmd: %s: '%s' is not an integer\n", flag, cli_echo(e, sizeof e, v));
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* an int in [lo, hi] */
+static int cli_int_in(const char *flag, const char *v, int *out, int lo, int hi)
+{
+    if (cli_int(flag, v, out)) return -1;
+    if (*out < lo || *out > hi) {
+        fprintf(stderr, "ddpmd: %s: must be in [%d, %d], got %d\n", flag, lo, hi, *out);
+        return -1;
+    }
+    return 0;
+}
+
+static int cli_u64(const char *flag, const char *v, uint64_t *out)
+{
+    char *end, e[200];
+    errno = 0;
+    unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (!(v[0] >= '0' && v[0] <= '9') || *end || errno == ERANGE) {
+        fprintf(stderr, "ddpmd: %s: '%s' is not a non-negative integer (below 2^64)\n", flag,
+                cli_echo(e, sizeof e, v));
+        return -1;
+    }
+    *out = (uint64_t)x;
+    return 0;
+}
+
+/* a finite number in [lo, hi], the whole of v */
+static int cli_float_in(const char *flag, const char *v, float *out, double lo, double hi)
+{
+    char *end, e[200];
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || v[0] == ' ' || !isfinite(x) || x < lo || x > hi) {
+        fprintf(stderr, "ddpmd: %s: must be a number in [%g, %g], got '%s'\n", flag, lo, hi,
+                cli_echo(e, sizeof e, v));
+        return -1;
+    }
+    *out = (float)x;
+    return 0;
+}
+
+/* "a,b,c": up to max ints, each whole; an empty text is an empty list */
+static int parse_list(const char *flag, const char *s, int *dst, int max)
 {
     int n = 0;
-    while (*s && n < max) {
+    char e[200];
+    while (*s) {
         char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s) return -1;
+        errno = 0;
+        long v = *s == '-' || (*s >= '0' && *s <= '9') ? strtol(s, &end, 10) : 0;
+        if (!(*s == '-' || (*s >= '0' && *s <= '9')) || (*end && *end != ',') ||
+            errno == ERANGE || v < INT_MIN || v > INT_MAX || (*end == ',' && !end[1])) {
+            fprintf(stderr, "ddpmd: %s: '%s' is not a list of integers like 1,2,2\n", flag,
+                    cli_echo(e, sizeof e, s));
+            return -1;
+        }
+        if (n >= max) {
+            fprintf(stderr, "ddpmd: %s: at most %d entries\n", flag, max);
+            return -1;
+        }
         dst[n++] = (int)v;
         s = *end == ',' ? end + 1 : end;
     }
     return n;
+}
+
+/* the option that sets a spec field, for messages */
+static const char *cli_flag_of(const char *path)
+{
+    static const struct {
+        const char *field, *flag;
+    } map[] = {
+        {"model.image_size", "--image"},          {"model.in_channels", "--channels"},
+        {"model.out_channels", "--channels"},     {"model.block_out_channels", "--ch/--mult"},
+        {"model.layers_per_block", "--layers"},   {"model.attention_resolutions", "--attn"},
+        {"model.norm_num_groups", "--groups"},    {"model.base", "--base"},
+        {"model.attn_tiled", "--plain-attention/--tiled-attention"},
+        {"train.batch", "--batch"},               {"train.threads", "--threads"},
+        {"train.steps", "--steps"},               {"train.seed", "--seed"},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        size_t k = strlen(map[i].field);
+        if (strncmp(path, map[i].field, k) == 0 && (path[k] == 0 || path[k] == '['))
+            return map[i].flag;
+    }
+    return NULL; /* "model": the shape as a whole (unet_config_check) */
 }
 
 static int parse_model(int argc, char **argv, struct cli_model *m)
@@ -113,34 +219,40 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
             }
             unet_config_default(&m->cfg, strcmp(v, "seed") == 0 ? UNET_SEED : UNET_DDPM);
         } else if (ARG("--image")) {
-            m->cfg.image_size = atoi(v);
+            if (cli_int(a, v, &m->cfg.image_size)) return -1;
         } else if (ARG("--channels")) {
-            m->cfg.in_channels = m->cfg.out_channels = atoi(v);
+            if (cli_int(a, v, &m->cfg.in_channels)) return -1;
+            m->cfg.out_channels = m->cfg.in_channels;
         } else if (ARG("--ch")) {
-            m->ch = atoi(v);
+            if (cli_int(a, v, &m->ch)) return -1;
+            if (m->ch < 1) {
+                fprintf(stderr, "ddpmd: --ch: must be >= 1, got %d\n", m->ch);
+                return -1;
+            }
         } else if (ARG("--mult")) {
-            m->n_mult = parse_list(v, m->mult, UNET_MAX_LEVELS);
-            if (m->n_mult < 1) {
+            m->n_mult = parse_list(a, v, m->mult, UNET_MAX_LEVELS);
+            if (m->n_mult < 0) return -1;
+            if (m->n_mult == 0) {
                 fprintf(stderr, "ddpmd: --mult takes a list like 1,2,2\n");
                 return -1;
             }
         } else if (ARG("--layers")) {
-            m->cfg.layers_per_block = atoi(v);
+            if (cli_int(a, v, &m->cfg.layers_per_block)) return -1;
         } else if (ARG("--attn")) {
-            m->cfg.n_attn = parse_list(v, m->cfg.attn_res, UNET_MAX_LEVELS);
+            m->cfg.n_attn = parse_list(a, v, m->cfg.attn_res, UNET_MAX_LEVELS);
             if (m->cfg.n_attn < 0) return -1;
         } else if (ARG("--groups")) {
-            m->cfg.groups = atoi(v);
+            if (cli_int(a, v, &m->cfg.groups)) return -1;
         } else if (ARG("--base")) {
-            m->cfg.base = atoi(v);
+            if (cli_int(a, v, &m->cfg.base)) return -1;
         } else if (ARG("--batch")) {
-            m->batch = atoi(v);
+            if (cli_int(a, v, &m->batch)) return -1;
         } else if (ARG("--threads")) {
-            m->threads = atoi(v);
+            if (cli_int(a, v, &m->threads)) return -1;
         } else if (ARG("--steps")) {
-            m->steps = atoi(v);
+            if (cli_int(a, v, &m->steps)) return -1;
         } else if (ARG("--seed")) {
-            m->seed = strtoull(v, NULL, 10);
+            if (cli_u64(a, v, &m->seed)) return -1;
         } else if (strcmp(a, "--plain-attention") == 0) {
             m->cfg.attn_tiled = 0;
         } else if (strcmp(a, "--tiled-attention") == 0) {
@@ -151,23 +263,39 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
         }
 #undef ARG
     }
-    if (m->ch || m->n_mult) {
-        int ch = m->ch ? m->ch : m->cfg.channels[0];
-        if (m->n_mult) {
-            m->cfg.n_levels = m->n_mult;
-            for (int k = 0; k < m->n_mult; k++) m->cfg.channels[k] = ch * m->mult[k];
-        } else {
-            int c0 = m->cfg.channels[0];
-            for (int k = 0; k < m->cfg.n_levels; k++) m->cfg.channels[k] = m->cfg.channels[k] / c0 * ch;
+    if (m->cfg.preset == UNET_DDPM && (m->ch || m->n_mult)) {
+        /* widths in 64 bits: --ch 2000000000 x 2 must be refused, not wrap */
+        long long ch = m->ch ? m->ch : m->cfg.channels[0];
+        if (m->n_mult) m->cfg.n_levels = m->n_mult;
+        int c0 = m->cfg.channels[0];
+        for (int k = 0; k < m->cfg.n_levels; k++) {
+            long long w = ch * (m->n_mult ? m->mult[k] : m->cfg.channels[k] / c0);
+            if (w < INT_MIN || w > INT_MAX) {
+                fprintf(stderr, "ddpmd: --ch/--mult: model.block_out_channels[%d] would be %lld "
+                                "(at most %d)\n", k, w, SPEC_MAX_LIST_VALUE);
+                return -1;
+            }
+            m->cfg.channels[k] = (int)w;
         }
     }
-    char err[200];
-    if (unet_config_check(&m->cfg, err, sizeof err)) {
-        fprintf(stderr, "ddpmd: bad model: %s\n", err);
-        return -1;
-    }
-    if (m->batch < 1 || m->threads < 1 || m->steps < 1) {
-        fprintf(stderr, "ddpmd: --batch, --threads and --steps must be >= 1\n");
+    /* the spec's own checks (spec_validate), so the CLI and a JSON spec accept the same models */
+    struct train_spec s;
+    struct spec_errors E;
+    spec_defaults(&s);
+    s.model = m->cfg;
+    s.batch = m->batch;
+    s.threads = m->threads;
+    s.steps = m->steps;
+    s.optim.total_steps = m->steps;
+    s.seed = m->seed;
+    if (spec_validate(&s, &E)) {
+        for (int i = 0; i < E.n; i++) {
+            const char *flag = cli_flag_of(E.e[i].path);
+            if (flag)
+                fprintf(stderr, "ddpmd: %s: %s: %s\n", flag, E.e[i].path, E.e[i].msg);
+            else
+                fprintf(stderr, "ddpmd: bad model: %s\n", E.e[i].msg);
+        }
         return -1;
     }
     return 0;
@@ -548,15 +676,16 @@ static int cmd_sample(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name) (strcmp(a, name) == 0 && v && (i++, 1))
-        if (OPT("--n"))
-            n = atoi(v);
-        else if (OPT("--steps"))
-            sc.steps = atoi(v);
-        else if (OPT("--sampler")) {
+        if (OPT("--n")) {
+            if (cli_int_in(a, v, &n, 1, CLI_SAMPLE_MAX)) return 2;
+        } else if (OPT("--steps")) {
+            /* at most the model's timesteps: checked again once the checkpoint is read */
+            if (cli_int_in(a, v, &sc.steps, 1, 100000)) return 2;
+        } else if (OPT("--sampler")) {
             if (sampler_kind_parse(v, &sc.kind)) goto bad;
-        } else if (OPT("--eta"))
-            sc.eta = strtof(v, NULL);
-        else if (OPT("--spacing")) {
+        } else if (OPT("--eta")) {
+            if (cli_float_in(a, v, &sc.eta, 0, 1)) return 2;
+        } else if (OPT("--spacing")) {
             if (sampler_spacing_parse(v, &sc.spacing)) goto bad;
         } else if (OPT("--variance")) {
             if (sampler_variance_parse(v, &sc.variance)) goto bad;
@@ -564,13 +693,13 @@ static int cmd_sample(int argc, char **argv)
             sc.clip_x0 = 0;
         else if (strcmp(a, "--raw") == 0)
             raw = 1;
-        else if (OPT("--seed"))
-            seed = strtoull(v, NULL, 10);
-        else if (OPT("--batch"))
-            batch = atoi(v);
-        else if (OPT("--threads"))
-            threads = atoi(v);
-        else if (OPT("--out"))
+        else if (OPT("--seed")) {
+            if (cli_u64(a, v, &seed)) return 2;
+        } else if (OPT("--batch")) {
+            if (cli_int_in(a, v, &batch, 1, SPEC_BATCH_MAX)) return 2;
+        } else if (OPT("--threads")) {
+            if (cli_int_in(a, v, &threads, 1, SPEC_THREADS_MAX)) return 2;
+        } else if (OPT("--out"))
             out = v;
         else if (OPT("--each"))
             each = v;
@@ -624,6 +753,12 @@ static int cmd_sample(int argc, char **argv)
                 raw = 1;
             }
         }
+    }
+    if (sc.kind == SAMPLER_DDIM && sc.steps > spec.timesteps) {
+        fprintf(stderr, "ddpmd: --steps: must be at most the model's diffusion.timesteps (%d), "
+                        "got %d\n", spec.timesteps, sc.steps);
+        safetensors_free(st);
+        return 2;
     }
     sc.prediction = spec.prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
     struct ddpm_schedule sch;
