@@ -418,7 +418,7 @@ static void get_rule(struct spec_errors *E, const cJSON *obj, const char *path, 
                      struct train_spec *s)
 {
     const cJSON *v = item(obj, key);
-    char buf[128], got[40], fl[40], note[80];
+    char buf[128], got[40], fl[40], note[120];
     if (!v) return;
     join(buf, sizeof buf, path, key);
     const struct rule *r = rule_find(buf);
@@ -454,8 +454,12 @@ static void get_rule(struct spec_errors *E, const cJSON *obj, const char *path, 
     } else {
         float f = (float)x; /* the value training uses: check that, not the double */
         if (!rule_ok(r, f, 1)) {
-            snprintf(note, sizeof note, ", which is %s as a 32-bit float",
-                     fmt_float(fl, sizeof fl, f));
+            if (f != 0 && fabsf(f) < FLT_MIN)
+                snprintf(note, sizeof note, ", below the smallest normal 32-bit float (%s)",
+                         fmt_float(fl, sizeof fl, FLT_MIN));
+            else
+                snprintf(note, sizeof note, ", which is %s as a 32-bit float",
+                         fmt_float(fl, sizeof fl, f));
             rule_fail(E, r, buf, x, note);
             return;
         }
@@ -854,7 +858,7 @@ static int parse_text(const char *json, size_t len, struct train_spec *s, struct
     if (init && !cJSON_IsNull(init)) {
         if (!cJSON_IsString(init))
             err(E, "init_from", "expected a checkpoint path or null, got %s", type_name(init));
-        else
+        else if (init->valuestring[0]) /* "" is the same as null: fresh weights */
             get_string(E, init, "init_from", s->init_from, sizeof s->init_from);
     }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Validates examples/*.json against components/schemas/TrainSpec of openapi.yaml, and checks
-that the schema rejects what the C parser rejects (unknown fields, wrong types, bad ranges).
+that the schema rejects what the C parser rejects (unknown fields, wrong types, bad ranges,
+values that do not survive being stored: seeds above 2^53 - 1, floats that round to 0 or 1).
 Prints 'N passed, N failed'; exits non-zero on any failure."""
 import glob
 import json
@@ -50,11 +51,41 @@ bad = {
     "missing dataset": lambda d: d["data"].pop("dataset"),
     "unknown preset": lambda d: d["model"].update(preset="vit"),
     "seed field on ddpm": lambda d: d["model"].update(base=64),
+    # what the C parser refuses because of how the value is stored (spec.c's rule table)
+    "seed 2^53 (2^53 + 1 reads as it)": lambda d: d["train"].update(seed=2**53),
+    "beta2 that rounds to 1.0f": lambda d: d["train"].update(beta2=0.99999999),
+    "lr that is 0 as a float": lambda d: d["train"].update(lr=1e-50),
+    "eps below the smallest normal float": lambda d: d["train"].update(eps=1e-40),
+    "norm_eps that is 0 as a float": lambda d: d["model"].update(norm_eps=1e-50),
+    "clip beyond 1e6": lambda d: d["train"].update(clip=1e300),
+    "warmup beyond 1e8": lambda d: d["train"].update(warmup=10**9),
+    "threads 100000": lambda d: d["train"].update(threads=100000),
+    "norm_num_groups 0": lambda d: d["model"].update(norm_num_groups=0),
+    "layers_per_block 40": lambda d: d["model"].update(layers_per_block=40),
+    "channels 2e9": lambda d: d["model"].update(block_out_channels=[2000000000]),
+    "attention_head_dim 5000": lambda d: d["model"].update(attention_head_dim=5000),
+    "NUL in dataset": lambda d: d["data"].update(dataset="fashion-mnist\u0000/etc"),
+    "NUL in init_from": lambda d: d.update(init_from="a\u0000b"),
+    "log_every beyond 1e8": lambda d: d["output"].update(log_every=10**9),
 }
 for name, mutate in bad.items():
     doc = json.loads(json.dumps(base))
     mutate(doc)
     check(not validator.is_valid(doc), f"schema accepts: {name}")
+
+# the edges the C parser accepts, the schema accepts too
+good = {
+    "seed 2^53 - 1": lambda d: d["train"].update(seed=2**53 - 1),
+    "beta2 0.9999999": lambda d: d["train"].update(beta2=0.9999999),
+    "eps at the smallest normal float": lambda d: d["train"].update(eps=1.1754943508222875e-38),
+    "clip 1e6": lambda d: d["train"].update(clip=1000000),
+    "attention_head_dim null": lambda d: d["model"].update(attention_head_dim=None),
+}
+for name, mutate in good.items():
+    doc = json.loads(json.dumps(base))
+    mutate(doc)
+    errors = list(validator.iter_errors(doc))
+    check(not errors, f"schema refuses: {name}: {[e.message for e in errors]}")
 
 print(f"check_examples: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

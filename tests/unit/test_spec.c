@@ -256,6 +256,8 @@ int main(void)
            "\"norm_num_groups\":8,\"dropout\":0.99,\"norm_eps\":1e-6,\"freq_shift\":1}," DATA "}",
            &s);
     accept("{" BASE ",\"train\":{\"lr\":0.1,\"seed\":0}}", &s);
+    accept("{" BASE ",\"init_from\":\"\"}", &s); /* "" is null: fresh weights */
+    CHECK(s.init_from[0] == 0, "init_from \"\" kept as a path");
     accept("\xef\xbb\xbf {" BASE "} \n", &s); /* a UTF-8 byte-order mark and whitespace */
     accept("{" MODEL ",\"data\":{\"dataset\":\"caf\xc3\xa9 \\\\u0000 \\\"x\\\"\"}}", &s);
     CHECK(strcmp(s.dataset, "caf\xc3\xa9 \\u0000 \"x\"") == 0, "escaped backslash kept: %s",
