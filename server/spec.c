@@ -347,6 +347,17 @@ static int key_cmp(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* the string tokens (keys and string values) under node, node included (cJSON bounds the
+ * depth of this recursion at CJSON_NESTING_LIMIT) */
+static int count_strings(const cJSON *node)
+{
+    int n = cJSON_IsString(node) ? 1 : 0;
+    const cJSON *x;
+    if (cJSON_IsArray(node) || cJSON_IsObject(node))
+        cJSON_ArrayForEach(x, node) n += (cJSON_IsObject(node) ? 1 : 0) + count_strings(x);
+    return n;
+}
+
 /* walks the tree in document order: string issues by path, duplicate keys (cJSON keeps both
  * and item lookups see only the first, so the second would never be validated), depth */
 static void audit(struct spec_ctx *c, const cJSON *node, const char *path, int depth)
@@ -355,6 +366,10 @@ static void audit(struct spec_ctx *c, const cJSON *node, const char *path, int d
     const cJSON *x;
     if (depth > SPEC_MAX_DEPTH) {
         err(c->E, path, "nested deeper than %d levels", SPEC_MAX_DEPTH);
+        /* skip the subtree's strings so later issues keep their paths */
+        c->n_strings += count_strings(node);
+        while (c->next_issue < c->n_issues && c->issues[c->next_issue].index < c->n_strings)
+            c->next_issue++;
         return;
     }
     if (cJSON_IsString(node)) {

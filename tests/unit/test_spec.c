@@ -244,6 +244,13 @@ int main(void)
         strcat(json, "}}");
         for (int i = 0; i < 15; i++) strcat(path, "[0]");
         reject(json, path, "nested deeper than 16");
+        /* a string issue after a too-deep subtree keeps its own path */
+        char json2[600] = "{" BASE ",\"output\":{\"a\":";
+        for (int i = 0; i < 20; i++) strcat(json2, "[");
+        strcat(json2, "\"x\",{\"k\":\"v\"}");
+        for (int i = 0; i < 20; i++) strcat(json2, "]");
+        strcat(json2, "},\"init_from\":\"a\\u0000\"}");
+        reject(json2, "init_from", "\\u0000");
     }
 
     /* the edges that are valid stay valid, and round-trip */
