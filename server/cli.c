@@ -22,6 +22,7 @@
 #include "image.h"
 #include "sample.h"
 #include "sampler.h"
+#include "serve.h"
 #include "spec.h"
 #include "train.h"
 #include "exec.h"
@@ -66,6 +67,8 @@ static void usage(FILE *f)
             "         diffusers' UNet2DModel (ddpm preset)\n"
             "  plan   print the memory plan of one training step (bytes of each part)\n"
             "  demo   train a small model for a few steps on generated images, print the loss\n"
+            "  serve  [--listen HOST:PORT] [--data DIR] [--vram-budget cpu=SIZE] ... the REST\n"
+            "         service: jobs over HTTP (ddpmd serve --help lists every option)\n"
             "\n"
             "model options (both commands):\n"
             "  --preset ddpm|seed     UNet preset (default ddpm: google/ddpm-cifar10-32)\n"
@@ -827,6 +830,7 @@ int cli_main(int argc, char **argv)
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc, argv);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc, argv);
+    if (strcmp(argv[1], "serve") == 0) return serve_main(argc, argv);
     fprintf(stderr, "ddpmd: unknown command '%s' (see ddpmd --help)\n", argv[1]);
     return 2;
 }

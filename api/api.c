@@ -1,0 +1,1025 @@
+/* api.c - the HTTP routes of ddpmd serve (see api.h): one table drives dispatch, 404/405 and
+ * `ddpmd serve --routes`; every error is application/problem+json; event streams are responses
+ * from a callback that suspend their connection while there is nothing to send, so a stream
+ * costs no thread.
+ */
+#define _GNU_SOURCE
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fsio.h"
+#include "spec.h"
+
+#define SSE_BATCH 64
+#define LIST_LIMIT_MAX 200
+#define LIST_LIMIT_DEFAULT 50
+#define PROBLEM_BASE "urn:ddpmd:problem:"
+
+struct sse;
+
+struct api {
+    struct api_config cfg;
+    struct MHD_Daemon *d;
+    pthread_mutex_t mu;     /* streams, gen */
+    struct sse *streams;    /* every open stream */
+    uint64_t gen;           /* bumped by every notify */
+    int stopping;
+    int admitting;
+    pthread_t ticker;
+    int ticker_on;
+};
+
+struct req {
+    int route;              /* -1: no path matches; -2: a path matches, not the method */
+    char param[96];
+    char *body;
+    size_t len, cap;
+    int too_big;
+};
+
+struct ctx {
+    struct api *a;
+    struct MHD_Connection *conn;
+    struct req *r;
+    const char *param;
+    char owner[64];
+    int admin;
+};
+
+typedef enum MHD_Result (*handler_fn)(struct ctx *c);
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- responses ---- */
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *type,
+                                 const char *body, const char *const *headers)
+{
+    struct MHD_Response *res = MHD_create_response_from_buffer(strlen(body), (void *)body,
+                                                               MHD_RESPMEM_MUST_COPY);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    for (int i = 0; headers && headers[i]; i += 2) MHD_add_response_header(res, headers[i], headers[i + 1]);
+    enum MHD_Result r = MHD_queue_response(conn, status, res);
+    MHD_destroy_response(res);
+    return r;
+}
+
+/* sends o (and deletes it) */
+static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, cJSON *o,
+                                 const char *type, const char *const *headers)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return MHD_NO;
+    enum MHD_Result r = send_text(conn, status, type ? type : "application/json", s, headers);
+    free(s);
+    return r;
+}
+
+static const char *status_title(unsigned status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+    }
+}
+
+/* RFC 9457: type (about:blank for plain HTTP statuses), title, status, detail, and extension
+ * members in extra (errors[] with field paths, needed_bytes, ...), which is consumed */
+static enum MHD_Result problem(struct MHD_Connection *conn, unsigned status, const char *slug,
+                               const char *detail, cJSON *extra, const char *const *headers)
+{
+    cJSON *o = extra ? extra : cJSON_CreateObject();
+    char type[96];
+    snprintf(type, sizeof type, "%s%s", slug ? PROBLEM_BASE : "about:blank", slug ? slug : "");
+    cJSON_AddStringToObject(o, "type", type);
+    cJSON_AddStringToObject(o, "title", status_title(status));
+    cJSON_AddNumberToObject(o, "status", status);
+    cJSON_AddStringToObject(o, "detail", detail);
+    return send_json(conn, status, o, "application/problem+json", headers);
+}
+
+static cJSON *errors_one(const char *path, const char *msg)
+{
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "errors");
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "path", path);
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddItemToArray(arr, e);
+    return o;
+}
+
+static enum MHD_Result invalid(struct MHD_Connection *conn, unsigned status, const char *path,
+                               const char *msg)
+{
+    char detail[400];
+    snprintf(detail, sizeof detail, "%s%s%s", path, *path ? ": " : "", msg);
+    return problem(conn, status, "validation", detail, errors_one(path, msg), NULL);
+}
+
+/* ---- jobs as JSON ---- */
+
+static void add_num_or_null(cJSON *o, const char *k, double v)
+{
+    if (isfinite(v))
+        cJSON_AddNumberToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+static void add_str_or_null(cJSON *o, const char *k, const char *v)
+{
+    if (v && *v)
+        cJSON_AddStringToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+static cJSON *job_json(const struct job_row *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "kind", r->kind);
+    cJSON_AddStringToObject(o, "owner", r->owner);
+    cJSON_AddStringToObject(o, "state", job_state_name(r->state));
+    cJSON_AddStringToObject(o, "device", r->device);
+    if (r->threads > 0)
+        cJSON_AddNumberToObject(o, "threads", r->threads);
+    else
+        cJSON_AddNullToObject(o, "threads");
+    cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
+    cJSON *plan = cJSON_Parse(r->plan);
+    cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+    cJSON_AddNumberToObject(o, "step", (double)r->step);
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    add_num_or_null(o, "loss", r->loss);
+    add_num_or_null(o, "images_per_s", r->img_per_s);
+    add_str_or_null(o, "error", r->error);
+    cJSON_AddBoolToObject(o, "cancel_requested", r->cancel_requested);
+    cJSON_AddNumberToObject(o, "starts", r->starts);
+    add_str_or_null(o, "created_at", r->created_at);
+    add_str_or_null(o, "started_at", r->started_at);
+    add_str_or_null(o, "ended_at", r->ended_at);
+    cJSON *spec = cJSON_Parse(r->spec);
+    cJSON_AddItemToObject(o, "spec", spec ? spec : cJSON_CreateObject());
+    char buf[96];
+    cJSON *links = cJSON_AddObjectToObject(o, "links");
+    snprintf(buf, sizeof buf, "/jobs/%s", r->id);
+    cJSON_AddStringToObject(links, "self", buf);
+    snprintf(buf, sizeof buf, "/jobs/%s/events", r->id);
+    cJSON_AddStringToObject(links, "events", buf);
+    snprintf(buf, sizeof buf, "/jobs/%s/checkpoints", r->id);
+    cJSON_AddStringToObject(links, "checkpoints", buf);
+    return o;
+}
+
+/* the job named by the path, visible to the caller: 0, or the response was sent (*res) */
+static int load_job(struct ctx *c, const char *id, struct job_row *r, enum MHD_Result *res)
+{
+    memset(r, 0, sizeof *r);
+    char detail[160];
+    if (!pool_job_id_valid(id)) {
+        snprintf(detail, sizeof detail, "no job '%.40s' (job ids look like j0123456789abcdef)", id);
+        *res = problem(c->conn, 404, NULL, detail, NULL, NULL);
+        return -1;
+    }
+    int rc = jobs_get(c->a->cfg.db, id, r);
+    if (rc == JOBS_ERR_NOT_FOUND) {
+        snprintf(detail, sizeof detail, "no job %s", id);
+        *res = problem(c->conn, 404, NULL, detail, NULL, NULL);
+        return -1;
+    }
+    if (rc) {
+        *res = problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
+        return -1;
+    }
+    if (!c->admin && strcmp(r->owner, c->owner) != 0) {
+        snprintf(detail, sizeof detail, "job %s belongs to another token", id);
+        job_row_free(r);
+        *res = problem(c->conn, 403, NULL, detail, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- handlers ---- */
+
+static enum MHD_Result h_train(struct ctx *c)
+{
+    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct || strncasecmp(ct, "application/json", 16) != 0 || (ct[16] && ct[16] != ';' && ct[16] != ' '))
+        return problem(c->conn, 415, NULL, "POST /train takes a TrainSpec as application/json",
+                       NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
+    if (!c->a->admitting)
+        return problem(c->conn, 503, "stopping", "the server is shutting down", NULL,
+                       (const char *const[]){"Retry-After", "10", NULL});
+    const char *body = c->r->body ? c->r->body : "";
+    /* the parse end through the out-parameter: cJSON_GetErrorPtr is one global for all threads */
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, c->r->len, &at, 0);
+    if (!root) {
+        char detail[200];
+        size_t off = at && at >= body ? (size_t)(at - body) : 0;
+        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)", off,
+                 c->r->len);
+        return problem(c->conn, 400, "malformed-json", detail, NULL, NULL);
+    }
+    cJSON_Delete(root);
+    struct train_spec spec, child;
+    struct spec_errors es;
+    if (spec_parse(body, &spec, &es)) {
+        cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "errors");
+        for (int i = 0; i < es.n; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "path", es.e[i].path);
+            cJSON_AddStringToObject(e, "message", es.e[i].msg);
+            cJSON_AddItemToArray(arr, e);
+        }
+        char detail[600];
+        snprintf(detail, sizeof detail, "the spec has %d error%s; the first: %.128s%s%.256s", es.n,
+                 es.n == 1 ? "" : "s", es.n ? es.e[0].path : "", es.n ? ": " : "",
+                 es.n ? es.e[0].msg : "");
+        return problem(c->conn, 422, "validation", detail, o, NULL);
+    }
+    /* over HTTP a job names data by id, never by a path on the server's disk */
+    if (strcmp(spec.dataset, "fashion-mnist") != 0)
+        return invalid(c->conn, 422, "data.dataset",
+                       "unknown dataset id; the built-in one is \"fashion-mnist\" (a server path "
+                       "is never accepted over HTTP)");
+    child = spec;
+    if (spec.init_from[0]) {
+        char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
+        int64_t step;
+        struct job_row src;
+        struct stat sb;
+        if (pool_checkpoint_id_parse(spec.init_from, jid, sizeof jid, &step))
+            return invalid(c->conn, 422, "init_from",
+                           "expected a checkpoint id like j0123456789abcdef-300 (GET "
+                           "/jobs/{id}/checkpoints lists them), or null");
+        int rc = jobs_get(c->a->cfg.db, jid, &src);
+        int visible = rc == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0);
+        job_row_free(&src);
+        if (!visible || pool_checkpoint_path(c->a->cfg.pool, jid, step, path, sizeof path) ||
+            stat(path, &sb) || !S_ISREG(sb.st_mode))
+            return invalid(c->conn, 422, "init_from", "no such checkpoint");
+        if (strlen(path) >= sizeof child.init_from)
+            return invalid(c->conn, 422, "init_from", "the checkpoint's path is too long");
+        memcpy(child.init_from, path, strlen(path) + 1);
+    }
+    struct pool_estimate est;
+    char id[JOBS_ID_LEN], err[512];
+    int rc = pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &est, id, err, sizeof err);
+    if (rc == POOL_ERR_NEVER_FITS) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "needed_bytes", (double)est.reserved);
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)pool_config_of(c->a->cfg.pool)->budget_bytes);
+        char *pj = pool_estimate_json(&est);
+        cJSON *plan = pj ? cJSON_Parse(pj) : NULL;
+        free(pj);
+        cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+        return problem(c->conn, 422, "never-fits", err, o, NULL);
+    }
+    if (rc == POOL_ERR_QUEUE_FULL)
+        return problem(c->conn, 503, "queue-full", err, NULL,
+                       (const char *const[]){"Retry-After", "30", NULL});
+    if (rc == POOL_ERR_STOPPING)
+        return problem(c->conn, 503, "stopping", err, NULL,
+                       (const char *const[]){"Retry-After", "10", NULL});
+    if (rc == POOL_ERR_PLAN) return invalid(c->conn, 422, "model", err);
+    if (rc) return problem(c->conn, 500, NULL, err, NULL, NULL);
+    struct job_row r;
+    if (jobs_get(c->a->cfg.db, id, &r))
+        return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
+    char loc[64];
+    snprintf(loc, sizeof loc, "/jobs/%s", id);
+    cJSON *o = job_json(&r);
+    job_row_free(&r);
+    return send_json(c->conn, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
+}
+
+static const char *arg(struct ctx *c, const char *k)
+{
+    return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, k);
+}
+
+static int parse_int(const char *s, long long lo, long long hi, long long *v)
+{
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || *end || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+static enum MHD_Result h_jobs(struct ctx *c)
+{
+    const char *st = arg(c, "state"), *lim = arg(c, "limit"), *after = arg(c, "after");
+    int state = -1;
+    long long limit = LIST_LIMIT_DEFAULT;
+    if (st && (state = job_state_parse(st)) < 0)
+        return invalid(c->conn, 400, "state",
+                       "expected one of queued, running, succeeded, failed, canceled");
+    if (lim && parse_int(lim, 1, LIST_LIMIT_MAX, &limit))
+        return invalid(c->conn, 400, "limit", "expected an integer from 1 to 200");
+    if (after && !pool_job_id_valid(after))
+        return invalid(c->conn, 400, "after", "expected a job id (the previous page's next)");
+    struct job_row *rows;
+    int n;
+    if (jobs_list(c->a->cfg.db, c->admin ? NULL : c->owner, state, after, (int)limit, &rows, &n))
+        return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "jobs");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, job_json(&rows[i]));
+    if (n == limit && n > 0)
+        cJSON_AddStringToObject(o, "next", rows[n - 1].id);
+    else
+        cJSON_AddNullToObject(o, "next");
+    job_rows_free(rows, n);
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+static enum MHD_Result h_job(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, c->param, &r, &res)) return res;
+    cJSON *o = job_json(&r);
+    job_row_free(&r);
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+static enum MHD_Result h_cancel(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, c->param, &r, &res)) return res;
+    job_row_free(&r);
+    enum job_state now = JOB_QUEUED;
+    int rc = pool_cancel(c->a->cfg.pool, c->param, &now);
+    if (rc == POOL_ERR_STATE) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "job %s has already ended (%s)", c->param,
+                 job_state_name(now));
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(now));
+        return problem(c->conn, 409, "wrong-state", detail, o, NULL);
+    }
+    if (rc) return problem(c->conn, 500, NULL, "the cancel could not be recorded", NULL, NULL);
+    if (jobs_get(c->a->cfg.db, c->param, &r))
+        return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
+    cJSON *o = job_json(&r);
+    job_row_free(&r);
+    /* running: the child stops at its next step; 202 until then */
+    return send_json(c->conn, now == JOB_CANCELED ? 200 : 202, o, NULL, NULL);
+}
+
+static int ckpt_cmp(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static enum MHD_Result h_checkpoints(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, c->param, &r, &res)) return res;
+    job_row_free(&r);
+    char dir[FSIO_PATH_MAX], path[FSIO_PATH_MAX];
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "checkpoints");
+    if (pool_checkpoint_path(c->a->cfg.pool, c->param, 0, dir, sizeof dir) == 0) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        DIR *d = opendir(dir);
+        int64_t steps[1024];
+        int n = 0;
+        struct dirent *de;
+        while (d && (de = readdir(d)) && n < 1024) {
+            long long s;
+            char tail[16];
+            if (sscanf(de->d_name, "step-%lld.safe%15s", &s, tail) == 2 &&
+                strcmp(tail, "tensors") == 0 && s >= 0)
+                steps[n++] = s;
+        }
+        if (d) closedir(d);
+        qsort(steps, (size_t)n, sizeof *steps, ckpt_cmp);
+        for (int i = 0; i < n; i++) {
+            struct stat sb;
+            if (pool_checkpoint_path(c->a->cfg.pool, c->param, steps[i], path, sizeof path) ||
+                stat(path, &sb))
+                continue;
+            char id[64], url[96];
+            snprintf(id, sizeof id, "%s-%" PRId64, c->param, steps[i]);
+            snprintf(url, sizeof url, "/checkpoints/%s", id);
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "id", id);
+            cJSON_AddNumberToObject(e, "step", (double)steps[i]);
+            cJSON_AddNumberToObject(e, "bytes", (double)sb.st_size);
+            cJSON_AddStringToObject(e, "url", url);
+            cJSON_AddItemToArray(arr, e);
+        }
+    }
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+static enum MHD_Result h_checkpoint(struct ctx *c)
+{
+    char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX], detail[160], err[300];
+    int64_t step;
+    if (pool_checkpoint_id_parse(c->param, jid, sizeof jid, &step)) {
+        snprintf(detail, sizeof detail, "no checkpoint '%.40s' (ids look like j0123456789abcdef-300)",
+                 c->param);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, jid, &r, &res)) return res;
+    job_row_free(&r);
+    int fd = -1;
+    if (pool_checkpoint_path(c->a->cfg.pool, jid, step, path, sizeof path) == 0)
+        fd = fsio_open_regular(path, O_RDONLY, err, sizeof err);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        if (fd >= 0) close(fd);
+        snprintf(detail, sizeof detail, "no checkpoint %s (only the newest ones are kept)", c->param);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    /* the open descriptor keeps the file even if the job prunes it meanwhile */
+    struct MHD_Response *resp = MHD_create_response_from_fd((uint64_t)sb.st_size, fd);
+    if (!resp) {
+        close(fd);
+        return MHD_NO;
+    }
+    char disp[128];
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s.safetensors\"", c->param);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
+    MHD_add_response_header(resp, "Content-Disposition", disp);
+    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+static enum MHD_Result h_healthz(struct ctx *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ok");
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+static enum MHD_Result h_readyz(struct ctx *c)
+{
+    int n = 0, running = 0, threads = 0;
+    int64_t reserved = 0;
+    int store = jobs_count(c->a->cfg.db, -1, &n) == JOBS_OK;
+    pool_usage(c->a->cfg.pool, &reserved, &running, &threads);
+    const struct pool_config *pc = pool_config_of(c->a->cfg.pool);
+    int ready = store && c->a->admitting;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", ready ? "ready" : "not ready");
+    cJSON_AddBoolToObject(o, "store", store);
+    cJSON_AddBoolToObject(o, "admitting", c->a->admitting);
+    cJSON *devs = cJSON_AddArrayToObject(o, "devices"), *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "name", pc->device);
+    cJSON_AddNumberToObject(d, "budget_bytes", (double)pc->budget_bytes);
+    cJSON_AddNumberToObject(d, "process_baseline_bytes", (double)pc->baseline_bytes);
+    cJSON_AddNumberToObject(d, "reserved_bytes", (double)reserved);
+    cJSON_AddNumberToObject(d, "running_jobs", running);
+    cJSON_AddNumberToObject(d, "cores", pc->cores);
+    cJSON_AddNumberToObject(d, "threads_used", threads);
+    cJSON_AddItemToArray(devs, d);
+    return send_json(c->conn, ready ? 200 : 503, o, NULL, NULL);
+}
+
+static enum MHD_Result h_openapi(struct ctx *c)
+{
+    struct MHD_Response *res = MHD_create_response_from_buffer(
+        c->a->cfg.openapi_len, (void *)c->a->cfg.openapi, MHD_RESPMEM_PERSISTENT);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, "application/yaml");
+    enum MHD_Result r = MHD_queue_response(c->conn, 200, res);
+    MHD_destroy_response(res);
+    return r;
+}
+
+/* ---- Server-Sent Events ---- */
+
+struct sse {
+    struct api *a;
+    struct MHD_Connection *conn;
+    char job[JOBS_ID_LEN];
+    int64_t last;
+    char *buf;
+    size_t len, off, cap;
+    double last_write;
+    int suspended, done;
+    struct sse *next, *prev;
+};
+
+static int sse_put(struct sse *s, const char *text)
+{
+    size_t n = strlen(text);
+    if (s->len + n + 1 > s->cap) {
+        size_t cap = (s->len + n + 1) * 2;
+        char *b = realloc(s->buf, cap);
+        if (!b) return -1;
+        s->buf = b;
+        s->cap = cap;
+    }
+    memcpy(s->buf + s->len, text, n + 1);
+    s->len += n;
+    return 0;
+}
+
+/* refills s->buf from the event log; 1 when something was added */
+static int sse_fill(struct sse *s, int *ended)
+{
+    struct job_row r;
+    *ended = 0;
+    /* the state first: a job's last event is committed with its final state */
+    if (jobs_get(s->a->cfg.db, s->job, &r) == JOBS_OK) {
+        *ended = job_state_ended(r.state);
+        job_row_free(&r);
+    } else {
+        *ended = 1;
+    }
+    struct job_event *ev;
+    int n;
+    if (jobs_events_after(s->a->cfg.db, s->job, s->last, SSE_BATCH, &ev, &n)) return 0;
+    for (int i = 0; i < n; i++) {
+        char head[96];
+        snprintf(head, sizeof head, "id: %" PRId64 "\nevent: %s\ndata: ", ev[i].seq, ev[i].type);
+        /* event data is one-line JSON (compact), so it needs no splitting into data: lines */
+        if (sse_put(s, head) || sse_put(s, ev[i].data) || sse_put(s, "\n\n")) break;
+        s->last = ev[i].seq;
+    }
+    job_events_free(ev, n);
+    if (n > 0) *ended = 0; /* send these; the end is seen on the next fill */
+    return n > 0;
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+    struct sse *s = cls;
+    struct api *a = s->a;
+    for (;;) {
+        if (s->off < s->len) {
+            size_t n = s->len - s->off < max ? s->len - s->off : max;
+            memcpy(out, s->buf + s->off, n);
+            s->off += n;
+            s->last_write = now_s();
+            return (ssize_t)n;
+        }
+        s->len = s->off = 0;
+        if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&a->mu);
+        uint64_t gen = a->gen;
+        int stopping = a->stopping;
+        pthread_mutex_unlock(&a->mu);
+        if (stopping) return MHD_CONTENT_READER_END_OF_STREAM;
+        int ended;
+        if (sse_fill(s, &ended)) continue;
+        if (ended) {
+            s->done = 1;
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        if (now_s() - s->last_write >= a->cfg.keepalive_s) {
+            sse_put(s, ": keep-alive\n\n");
+            continue;
+        }
+        /* nothing to send: park the connection until a notify (or the ticker) resumes it; a
+         * notify between the fill and here changed gen, so it cannot be missed */
+        pthread_mutex_lock(&a->mu);
+        if (a->gen != gen || a->stopping) {
+            pthread_mutex_unlock(&a->mu);
+            continue;
+        }
+        s->suspended = 1;
+        MHD_suspend_connection(s->conn);
+        pthread_mutex_unlock(&a->mu);
+        return 0;
+    }
+}
+
+static void sse_free(void *cls)
+{
+    struct sse *s = cls;
+    struct api *a = s->a;
+    pthread_mutex_lock(&a->mu);
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        a->streams = s->next;
+    if (s->next) s->next->prev = s->prev;
+    pthread_mutex_unlock(&a->mu);
+    free(s->buf);
+    free(s);
+}
+
+/* resumes suspended streams: all of them, or those quiet for the keep-alive interval (lock held) */
+static void sse_resume(struct api *a, int all)
+{
+    double t = now_s();
+    for (struct sse *s = a->streams; s; s = s->next)
+        if (s->suspended && (all || t - s->last_write >= a->cfg.keepalive_s)) {
+            s->suspended = 0;
+            MHD_resume_connection(s->conn);
+        }
+}
+
+void api_notify(void *ctx)
+{
+    struct api *a = ctx;
+    pthread_mutex_lock(&a->mu);
+    a->gen++;
+    sse_resume(a, 1);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void *ticker(void *arg)
+{
+    struct api *a = arg;
+    for (;;) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&a->mu);
+        int stop = a->stopping;
+        sse_resume(a, stop);
+        pthread_mutex_unlock(&a->mu);
+        if (stop) return NULL;
+    }
+}
+
+static enum MHD_Result h_events(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, c->param, &r, &res)) return res;
+    job_row_free(&r);
+    const char *lei = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Last-Event-ID");
+    if (!lei) lei = arg(c, "last_event_id");
+    long long last = 0;
+    if (lei && parse_int(lei, 0, INT64_MAX, &last))
+        return invalid(c->conn, 400, "Last-Event-ID", "expected an event id (a number >= 0)");
+    struct sse *s = calloc(1, sizeof *s);
+    if (!s) return MHD_NO;
+    s->a = c->a;
+    s->conn = c->conn;
+    snprintf(s->job, sizeof s->job, "%s", c->param);
+    s->last = last;
+    s->last_write = now_s();
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, s, sse_free);
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    pthread_mutex_lock(&c->a->mu);
+    s->next = c->a->streams;
+    if (s->next) s->next->prev = s;
+    c->a->streams = s;
+    pthread_mutex_unlock(&c->a->mu);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* ---- the route table ---- */
+
+struct route {
+    const char *method;
+    const char *pattern;    /* "{id}" matches one path segment */
+    handler_fn fn;
+    int auth;
+};
+
+static const struct route routes[] = {
+    {"POST", "/train", h_train, 1},
+    {"GET", "/jobs", h_jobs, 1},
+    {"GET", "/jobs/{id}", h_job, 1},
+    {"POST", "/jobs/{id}/cancel", h_cancel, 1},
+    {"GET", "/jobs/{id}/events", h_events, 1},
+    {"GET", "/jobs/{id}/checkpoints", h_checkpoints, 1},
+    {"GET", "/checkpoints/{id}", h_checkpoint, 1},
+    {"GET", "/healthz", h_healthz, 0},
+    {"GET", "/readyz", h_readyz, 0},
+    {"GET", "/openapi.yaml", h_openapi, 0},
+};
+#define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
+
+void api_routes_print(FILE *f)
+{
+    for (int i = 0; i < N_ROUTES; i++) fprintf(f, "%s %s\n", routes[i].method, routes[i].pattern);
+}
+
+/* whether url matches pattern; the {id} segment goes to param */
+static int route_match(const char *pattern, const char *url, char *param, size_t n)
+{
+    const char *p = pattern, *u = url;
+    while (*p && *u) {
+        if (strncmp(p, "{id}", 4) == 0) {
+            size_t len = strcspn(u, "/");
+            if (len == 0 || len >= n) return 0;
+            memcpy(param, u, len);
+            param[len] = 0;
+            p += 4;
+            u += len;
+        } else if (*p++ != *u++) {
+            return 0;
+        }
+    }
+    return *p == 0 && *u == 0;
+}
+
+static void route_find(const char *method, const char *url, struct req *r)
+{
+    int path_seen = 0;
+    if (strcmp(method, "HEAD") == 0) method = "GET";
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (!route_match(routes[i].pattern, url, r->param, sizeof r->param)) continue;
+        path_seen = 1;
+        if (strcmp(routes[i].method, method) == 0) {
+            r->route = i;
+            return;
+        }
+    }
+    r->route = path_seen ? -2 : -1;
+}
+
+static enum MHD_Result not_allowed(struct MHD_Connection *conn, const char *url)
+{
+    char allow[64] = "", p[96];
+    for (int i = 0; i < N_ROUTES; i++)
+        if (route_match(routes[i].pattern, url, p, sizeof p)) {
+            if (*allow) strcat(allow, ", ");
+            strcat(allow, routes[i].method);
+            if (strcmp(routes[i].method, "GET") == 0) strcat(allow, ", HEAD");
+        }
+    char detail[240];
+    snprintf(detail, sizeof detail, "%.100s allows %s", url, allow);
+    return problem(conn, 405, NULL, detail, NULL, (const char *const[]){"Allow", allow, NULL});
+}
+
+/* constant time in the secrets' contents: every token is compared, over its full length */
+static int auth_check(struct api *a, struct MHD_Connection *conn, struct ctx *c, int *present)
+{
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    *present = h != NULL;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return -1;
+    const char *got = h + 7;
+    size_t glen = strlen(got);
+    int found = -1;
+    for (int t = 0; t < a->cfg.n_tokens; t++) {
+        const char *want = a->cfg.tokens[t].secret;
+        size_t wlen = strlen(want);
+        volatile unsigned char diff = (unsigned char)(glen != wlen);
+        for (size_t i = 0; i < wlen; i++) diff |= (unsigned char)(want[i] ^ (i < glen ? got[i] : 0));
+        if (diff == 0 && found < 0) found = t;
+    }
+    if (found < 0) return -1;
+    snprintf(c->owner, sizeof c->owner, "%s", a->cfg.tokens[found].name);
+    c->admin = a->cfg.tokens[found].admin;
+    return 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    struct api *a = cls;
+    struct req *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        *con_cls = r;
+        route_find(method, url, r);
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        long long len;
+        if (cl && parse_int(cl, 0, INT64_MAX, &len) == 0 && (size_t)len > a->cfg.max_body) {
+            /* refused before a byte of it is read; libmicrohttpd closes the connection after */
+            char detail[160];
+            snprintf(detail, sizeof detail, "the body is %lld bytes; the limit is %zu", len,
+                     a->cfg.max_body);
+            r->too_big = 2;
+            return problem(conn, 413, NULL, detail, NULL, NULL);
+        }
+        return MHD_YES;
+    }
+    if (r->too_big == 2) return MHD_YES;
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->too_big || r->len + n > a->cfg.max_body) {
+            r->too_big = 1; /* keep reading (and dropping) so the 413 gets through */
+            return MHD_YES;
+        }
+        if (r->len + n + 1 > r->cap) {
+            size_t cap = (r->len + n + 1) * 2;
+            if (cap > a->cfg.max_body + 1) cap = a->cfg.max_body + 1;
+            char *b = realloc(r->body, cap);
+            if (!b) return MHD_NO;
+            r->body = b;
+            r->cap = cap;
+        }
+        memcpy(r->body + r->len, upload_data, n);
+        r->len += n;
+        r->body[r->len] = 0;
+        return MHD_YES;
+    }
+    if (r->route == -1) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "no route %.100s (GET /openapi.yaml lists them)", url);
+        return problem(conn, 404, NULL, detail, NULL, NULL);
+    }
+    if (r->route == -2) return not_allowed(conn, url);
+    const struct route *rt = &routes[r->route];
+    struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param};
+    snprintf(c.owner, sizeof c.owner, "anonymous");
+    c.admin = 1; /* without tokens everyone is the one local user */
+    if (a->cfg.tokens && rt->auth) {
+        int present;
+        c.admin = 0;
+        if (auth_check(a, conn, &c, &present))
+            return problem(conn, 401, NULL,
+                           present ? "the bearer token is not valid"
+                                   : "this route needs Authorization: Bearer TOKEN",
+                           NULL,
+                           (const char *const[]){"WWW-Authenticate",
+                                                 present ? "Bearer realm=\"ddpmd\", "
+                                                           "error=\"invalid_token\""
+                                                         : "Bearer realm=\"ddpmd\"",
+                                                 NULL});
+    }
+    if (r->too_big) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "the body is larger than the limit of %zu bytes",
+                 a->cfg.max_body);
+        return problem(conn, 413, NULL, detail, NULL, NULL);
+    }
+    return rt->fn(&c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct req *r = *con_cls;
+    if (!r) return;
+    free(r->body);
+    free(r);
+    *con_cls = NULL;
+}
+
+int api_start(struct api **out, const struct api_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct api *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return API_ERR_START;
+    }
+    a->cfg = *cfg;
+    if (!(a->cfg.keepalive_s > 0)) a->cfg.keepalive_s = 15;
+    a->admitting = 1;
+    pthread_mutex_init(&a->mu, NULL);
+    if (pthread_create(&a->ticker, NULL, ticker, a)) {
+        snprintf(err, errlen, "cannot start the event-stream ticker");
+        goto fail;
+    }
+    a->ticker_on = 1;
+    a->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                                MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
+    if (!a->d) {
+        snprintf(err, errlen, "libmicrohttpd did not start on the listening socket");
+        goto fail;
+    }
+    *out = a;
+    return API_OK;
+fail:
+    if (a->ticker_on) {
+        pthread_mutex_lock(&a->mu);
+        a->stopping = 1;
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->ticker, NULL);
+    }
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+    return API_ERR_START;
+}
+
+void api_stop_admitting(struct api *a)
+{
+    pthread_mutex_lock(&a->mu);
+    a->admitting = 0;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void api_stop(struct api *a)
+{
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    a->stopping = 1;
+    a->admitting = 0;
+    sse_resume(a, 1);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->ticker, NULL);
+    MHD_stop_daemon(a->d);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *err,
+                    size_t errlen)
+{
+    *tokens = NULL;
+    *n = 0;
+    FILE *f = fsio_fopen_read(path, err, errlen);
+    if (!f) return -1;
+    char line[1024];
+    int lineno = 0, cap = 0, rc = -1;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char name[64], secret[256], flag[16], extra[2];
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        int k = sscanf(line, "%63s %255s %15s %1s", name, secret, flag, extra);
+        if (k <= 0) continue;
+        if (k < 2 || k > 3 || (k == 3 && strcmp(flag, "admin") != 0)) {
+            snprintf(err, errlen, "%s:%d: expected \"NAME SECRET\" or \"NAME SECRET admin\"", path,
+                     lineno);
+            goto out;
+        }
+        if (strlen(secret) < 16) {
+            snprintf(err, errlen, "%s:%d: the secret of %s is shorter than 16 characters", path,
+                     lineno, name);
+            goto out;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            struct api_token *t = realloc(*tokens, (size_t)cap * sizeof *t);
+            if (!t) {
+                snprintf(err, errlen, "out of memory");
+                goto out;
+            }
+            *tokens = t;
+        }
+        struct api_token *t = &(*tokens)[(*n)++];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        snprintf(t->secret, sizeof t->secret, "%s", secret);
+        t->admin = k == 3;
+    }
+    if (*n == 0) {
+        snprintf(err, errlen, "%s has no tokens", path);
+        goto out;
+    }
+    rc = 0;
+out:
+    fclose(f);
+    if (rc) {
+        free(*tokens);
+        *tokens = NULL;
+        *n = 0;
+    }
+    return rc;
+}

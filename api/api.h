@@ -1,0 +1,52 @@
+/* api.h - ddpmd's HTTP surface on libmicrohttpd (epoll, its own thread pool): the route table,
+ * the handlers (JSON <-> the server's structs), bearer-token auth, RFC 9457 problem+json errors
+ * and Server-Sent Events. It knows no tensors: jobs reach the engine through server/pool.
+ */
+#ifndef DDPMD_API_H
+#define DDPMD_API_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "jobs.h"
+#include "pool.h"
+
+struct api_token {
+    char name[64];
+    char secret[256];
+    int admin;
+};
+
+struct api_config {
+    int listen_fd;                  /* bound and listening; the api owns it from api_start */
+    int threads;                    /* libmicrohttpd's thread pool */
+    size_t max_body;                /* request bodies beyond this: 413 */
+    double keepalive_s;             /* an event stream quiet this long gets a comment line */
+    struct jobs *db;
+    struct pool *pool;
+    const struct api_token *tokens; /* NULL: no auth (the server then listens on loopback only) */
+    int n_tokens;
+    const char *openapi;            /* served as GET /openapi.yaml */
+    size_t openapi_len;
+};
+
+enum api_status { API_OK = 0, API_ERR_START = 1 };
+
+struct api;
+
+int api_start(struct api **out, const struct api_config *cfg, char *err, size_t errlen);
+/* POST /train answers 503 from now on */
+void api_stop_admitting(struct api *a);
+/* ends every event stream, stops the daemon, frees */
+void api_stop(struct api *a);
+/* the pool's notifier: new events, wake the waiting streams (ctx is the api) */
+void api_notify(void *ctx);
+
+/* one "METHOD PATH" line per route, in table order (tests compare them with openapi.yaml) */
+void api_routes_print(FILE *f);
+
+/* parses "name secret [admin]" lines ('#' comments, blank lines); err names the line */
+int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *err,
+                    size_t errlen);
+
+#endif

@@ -1,0 +1,497 @@
+/* jobs.c - the SQLite job store (see jobs.h): tables jobs and events, schema version in
+ * PRAGMA user_version and in table meta, WAL journal. One connection behind one mutex: the
+ * store is a few rows per second, never the bottleneck, and every call is then atomic.
+ */
+#define _DEFAULT_SOURCE
+#include "jobs.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct jobs {
+    sqlite3 *db;
+    pthread_mutex_t mu;
+};
+
+static const char *state_names[JOB_STATE_COUNT] = {"queued", "running", "succeeded", "failed",
+                                                   "canceled"};
+
+const char *job_state_name(enum job_state s)
+{
+    return s >= 0 && s < JOB_STATE_COUNT ? state_names[s] : "unknown";
+}
+
+int job_state_parse(const char *name)
+{
+    for (int i = 0; i < JOB_STATE_COUNT; i++)
+        if (strcmp(name, state_names[i]) == 0) return i;
+    return -1;
+}
+
+void jobs_now(char *buf, size_t n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char base[24];
+    strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, n, "%s.%03ldZ", base, ts.tv_nsec / 1000000);
+}
+
+static const char *schema =
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS jobs("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " id TEXT NOT NULL UNIQUE,"
+    " owner TEXT NOT NULL,"
+    " kind TEXT NOT NULL,"
+    " state TEXT NOT NULL,"
+    " spec TEXT NOT NULL,"
+    " device TEXT NOT NULL,"
+    " reserved_bytes INTEGER NOT NULL,"
+    " plan TEXT NOT NULL,"
+    " threads INTEGER NOT NULL DEFAULT 0,"
+    " step INTEGER NOT NULL DEFAULT 0,"
+    " steps INTEGER NOT NULL DEFAULT 0,"
+    " loss REAL,"
+    " img_per_s REAL,"
+    " error TEXT,"
+    " cancel_requested INTEGER NOT NULL DEFAULT 0,"
+    " starts INTEGER NOT NULL DEFAULT 0,"
+    " created_at TEXT NOT NULL,"
+    " started_at TEXT,"
+    " ended_at TEXT);"
+    "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);"
+    "CREATE TABLE IF NOT EXISTS events("
+    " job_id TEXT NOT NULL,"
+    " seq INTEGER NOT NULL,"
+    " type TEXT NOT NULL,"
+    " data TEXT NOT NULL,"
+    " at TEXT NOT NULL,"
+    " PRIMARY KEY(job_id, seq)) WITHOUT ROWID;";
+
+int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct jobs *j = calloc(1, sizeof *j);
+    if (!j) {
+        snprintf(err, errlen, "out of memory");
+        return JOBS_ERR_NOMEM;
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ddpmd.db", dir);
+    int rc = sqlite3_open_v2(path, &j->db,
+                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                             NULL);
+    char *msg = NULL;
+    int version = -1;
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open %s: %s", path,
+                 j->db ? sqlite3_errmsg(j->db) : sqlite3_errstr(rc));
+        goto fail;
+    }
+    sqlite3_busy_timeout(j->db, 5000);
+    /* WAL: readers never block the writer; NORMAL sync is durable across a process crash */
+    if (sqlite3_exec(j->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
+                     &msg) != SQLITE_OK)
+        goto sqlfail;
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(j->db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
+        goto sqlfail;
+    if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    if (version > JOBS_SCHEMA_VERSION) {
+        snprintf(err, errlen, "%s has schema version %d; this ddpmd knows versions up to %d", path,
+                 version, JOBS_SCHEMA_VERSION);
+        goto fail;
+    }
+    /* version 0 = a new file; the migrations from older versions go here as they appear */
+    if (sqlite3_exec(j->db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
+        sqlite3_exec(j->db, schema, NULL, NULL, &msg) != SQLITE_OK ||
+        sqlite3_exec(j->db,
+                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '1');"
+                     "PRAGMA user_version = 1; COMMIT;",
+                     NULL, NULL, &msg) != SQLITE_OK)
+        goto sqlfail;
+    *out = j;
+    return JOBS_OK;
+sqlfail:
+    snprintf(err, errlen, "%s: %s", path, msg ? msg : sqlite3_errmsg(j->db));
+    sqlite3_free(msg);
+fail:
+    sqlite3_close(j->db);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+    return JOBS_ERR_DB;
+}
+
+void jobs_close(struct jobs *db)
+{
+    if (!db) return;
+    sqlite3_close(db->db);
+    pthread_mutex_destroy(&db->mu);
+    free(db);
+}
+
+static char *dup_col(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? strdup((const char *)t) : NULL;
+}
+
+static void copy_col(char *dst, size_t n, sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    snprintf(dst, n, "%s", t ? (const char *)t : "");
+}
+
+#define ROW_COLS                                                                                  \
+    "seq, id, owner, kind, state, spec, device, reserved_bytes, plan, threads, step, steps, "    \
+    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at"
+
+static int read_row(sqlite3_stmt *st, struct job_row *r)
+{
+    memset(r, 0, sizeof *r);
+    r->seq = sqlite3_column_int64(st, 0);
+    copy_col(r->id, sizeof r->id, st, 1);
+    copy_col(r->owner, sizeof r->owner, st, 2);
+    copy_col(r->kind, sizeof r->kind, st, 3);
+    const unsigned char *s = sqlite3_column_text(st, 4);
+    int k = s ? job_state_parse((const char *)s) : -1;
+    r->state = k < 0 ? JOB_FAILED : (enum job_state)k;
+    r->spec = dup_col(st, 5);
+    copy_col(r->device, sizeof r->device, st, 6);
+    r->reserved_bytes = sqlite3_column_int64(st, 7);
+    r->plan = dup_col(st, 8);
+    r->threads = sqlite3_column_int(st, 9);
+    r->step = sqlite3_column_int64(st, 10);
+    r->steps = sqlite3_column_int64(st, 11);
+    r->loss = sqlite3_column_type(st, 12) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 12);
+    r->img_per_s = sqlite3_column_type(st, 13) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 13);
+    r->error = dup_col(st, 14);
+    r->cancel_requested = sqlite3_column_int(st, 15);
+    r->starts = sqlite3_column_int(st, 16);
+    copy_col(r->created_at, sizeof r->created_at, st, 17);
+    copy_col(r->started_at, sizeof r->started_at, st, 18);
+    copy_col(r->ended_at, sizeof r->ended_at, st, 19);
+    if (!r->spec || !r->plan) {
+        job_row_free(r);
+        return JOBS_ERR_NOMEM;
+    }
+    return JOBS_OK;
+}
+
+void job_row_free(struct job_row *r)
+{
+    if (!r) return;
+    free(r->spec);
+    free(r->plan);
+    free(r->error);
+    r->spec = r->plan = r->error = NULL;
+}
+
+void job_rows_free(struct job_row *rows, int n)
+{
+    for (int i = 0; i < n; i++) job_row_free(&rows[i]);
+    free(rows);
+}
+
+/* appends an event inside the caller's transaction (lock held) */
+static int event_append_locked(struct jobs *db, const char *id, const char *type,
+                               const char *json, int64_t *seq)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    char now[32];
+    jobs_now(now, sizeof now);
+    if (sqlite3_prepare_v2(db->db,
+                           "INSERT INTO events(job_id, seq, type, data, at) VALUES(?1, "
+                           "(SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1), "
+                           "?2, ?3, ?4) RETURNING seq",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, type, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, json, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, now, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) != SQLITE_ROW) goto out;
+    if (seq) *seq = sqlite3_column_int64(st, 0);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    rc = JOBS_OK;
+out:
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int begin(struct jobs *db)
+{
+    pthread_mutex_lock(&db->mu);
+    if (sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        pthread_mutex_unlock(&db->mu);
+        return JOBS_ERR_DB;
+    }
+    return JOBS_OK;
+}
+
+static int end(struct jobs *db, int rc)
+{
+    if (rc == JOBS_OK && sqlite3_exec(db->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        rc = JOBS_ERR_DB;
+    if (rc != JOBS_OK) sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int jobs_insert(struct jobs *db, const struct job_row *r)
+{
+    if (begin(db)) return JOBS_ERR_DB;
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    char now[32];
+    jobs_now(now, sizeof now);
+    if (sqlite3_prepare_v2(db->db,
+                           "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
+                           "plan, steps, created_at) VALUES(?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, r->id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, r->owner, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, r->kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, r->spec, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, r->device, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, r->reserved_bytes);
+    sqlite3_bind_text(st, 7, r->plan, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 8, r->steps);
+    sqlite3_bind_text(st, 9, now, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    rc = event_append_locked(db, r->id, "state", "{\"state\":\"queued\"}", NULL);
+out:
+    sqlite3_finalize(st);
+    return end(db, rc);
+}
+
+int jobs_get(struct jobs *db, const char *id, struct job_row *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "SELECT " ROW_COLS " FROM jobs WHERE id = ?", -1, &st, NULL) !=
+        SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW)
+        rc = read_row(st, out);
+    else if (s == SQLITE_DONE)
+        rc = JOBS_ERR_NOT_FOUND;
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int jobs_list(struct jobs *db, const char *owner, int state, const char *after, int limit,
+              struct job_row **rows, int *n)
+{
+    *rows = NULL;
+    *n = 0;
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB, cap = 0;
+    if (sqlite3_prepare_v2(db->db,
+                           "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "
+                           "(?2 IS NULL OR state = ?2) AND "
+                           "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) "
+                           "ORDER BY seq LIMIT ?4",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    if (owner) sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    if (state >= 0) sqlite3_bind_text(st, 2, job_state_name((enum job_state)state), -1, SQLITE_STATIC);
+    if (after) sqlite3_bind_text(st, 3, after, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 4, limit);
+    int s;
+    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            struct job_row *r = realloc(*rows, (size_t)cap * sizeof *r);
+            if (!r) {
+                rc = JOBS_ERR_NOMEM;
+                goto out;
+            }
+            *rows = r;
+        }
+        if ((rc = read_row(st, &(*rows)[*n])) != JOBS_OK) goto out;
+        (*n)++;
+    }
+    rc = s == SQLITE_DONE ? JOBS_OK : JOBS_ERR_DB;
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    if (rc != JOBS_OK) {
+        job_rows_free(*rows, *n);
+        *rows = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+int jobs_count(struct jobs *db, int state, int *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "SELECT COUNT(*) FROM jobs WHERE ?1 IS NULL OR state = ?1", -1,
+                           &st, NULL) != SQLITE_OK)
+        goto out;
+    if (state >= 0) sqlite3_bind_text(st, 1, job_state_name((enum job_state)state), -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        *n = sqlite3_column_int(st, 0);
+        rc = JOBS_OK;
+    }
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int threads,
+                   const char *error, const char *event_json)
+{
+    if (begin(db)) return JOBS_ERR_DB;
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    char now[32];
+    jobs_now(now, sizeof now);
+    /* running: a new start (started_at, starts + 1, a fresh error); ended: ended_at */
+    if (sqlite3_prepare_v2(db->db,
+                           "UPDATE jobs SET state = ?2,"
+                           " threads = CASE WHEN ?3 > 0 THEN ?3 ELSE threads END,"
+                           " error = CASE WHEN ?4 IS NOT NULL THEN ?4 WHEN ?2 = 'running' THEN "
+                           "NULL ELSE error END,"
+                           " started_at = CASE WHEN ?2 = 'running' THEN ?5 ELSE started_at END,"
+                           " starts = starts + (?2 = 'running'),"
+                           " ended_at = CASE WHEN ?2 IN ('succeeded', 'failed', 'canceled') THEN "
+                           "?5 ELSE NULL END"
+                           " WHERE id = ?1",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, job_state_name(state), -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, threads);
+    if (error) sqlite3_bind_text(st, 4, error, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, now, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    if (sqlite3_changes(db->db) != 1) {
+        rc = JOBS_ERR_NOT_FOUND;
+        goto out;
+    }
+    rc = event_append_locked(db, id, "state", event_json, NULL);
+out:
+    sqlite3_finalize(st);
+    return end(db, rc);
+}
+
+static int exec_one(struct jobs *db, const char *sql, const char *id, int64_t a, int64_t b,
+                    double c, double d)
+{
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, sql, -1, &st, NULL) != SQLITE_OK) goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int np = sqlite3_bind_parameter_count(st);
+    if (np >= 2) sqlite3_bind_int64(st, 2, a);
+    if (np >= 3) sqlite3_bind_int64(st, 3, b);
+    if (np >= 4) isnan(c) ? sqlite3_bind_null(st, 4) : sqlite3_bind_double(st, 4, c);
+    if (np >= 5) isnan(d) ? sqlite3_bind_null(st, 5) : sqlite3_bind_double(st, 5, d);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    rc = sqlite3_changes(db->db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int jobs_set_cancel_requested(struct jobs *db, const char *id)
+{
+    return exec_one(db, "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", id, 0, 0, 0, 0);
+}
+
+int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t steps, double loss,
+                      double img_per_s)
+{
+    return exec_one(db,
+                    "UPDATE jobs SET step = ?2, steps = ?3, loss = ?4, img_per_s = ?5 WHERE id = ?1",
+                    id, step, steps, loss, img_per_s);
+}
+
+int jobs_event_append(struct jobs *db, const char *id, const char *type, const char *json,
+                      int64_t *seq)
+{
+    if (begin(db)) return JOBS_ERR_DB;
+    return end(db, event_append_locked(db, id, type, json, seq));
+}
+
+int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
+                      struct job_event **ev, int *n)
+{
+    *ev = NULL;
+    *n = 0;
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB, cap = 0;
+    if (sqlite3_prepare_v2(db->db,
+                           "SELECT seq, type, data FROM events WHERE job_id = ? AND seq > ? "
+                           "ORDER BY seq LIMIT ?",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, after);
+    sqlite3_bind_int(st, 3, limit);
+    int s;
+    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            struct job_event *e = realloc(*ev, (size_t)cap * sizeof *e);
+            if (!e) {
+                rc = JOBS_ERR_NOMEM;
+                goto out;
+            }
+            *ev = e;
+        }
+        struct job_event *e = &(*ev)[*n];
+        e->seq = sqlite3_column_int64(st, 0);
+        copy_col(e->type, sizeof e->type, st, 1);
+        e->data = dup_col(st, 2);
+        if (!e->data) {
+            rc = JOBS_ERR_NOMEM;
+            goto out;
+        }
+        (*n)++;
+    }
+    rc = s == SQLITE_DONE ? JOBS_OK : JOBS_ERR_DB;
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    if (rc != JOBS_OK) {
+        job_events_free(*ev, *n);
+        *ev = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+void job_events_free(struct job_event *ev, int n)
+{
+    for (int i = 0; i < n; i++) free(ev[i].data);
+    free(ev);
+}

@@ -1,0 +1,85 @@
+/* jobs.h - the job store: one SQLite database (WAL) in the data directory holding every job and
+ * its event log, so a restart loses nothing. Thread-safe: every call takes the store's lock, and
+ * a state change and the event that announces it are one transaction.
+ */
+#ifndef DDPMD_JOBS_H
+#define DDPMD_JOBS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define JOBS_SCHEMA_VERSION 1
+#define JOBS_ID_LEN 24
+
+enum jobs_status { JOBS_OK = 0, JOBS_ERR_DB = 1, JOBS_ERR_NOT_FOUND = 2, JOBS_ERR_NOMEM = 3 };
+
+enum job_state { JOB_QUEUED = 0, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELED, JOB_STATE_COUNT };
+
+struct job_row {
+    int64_t seq;                 /* creation order */
+    char id[JOBS_ID_LEN];
+    char owner[64];
+    char kind[16];               /* "train" */
+    enum job_state state;
+    char device[32];
+    int64_t reserved_bytes;      /* plan + process baseline (+ host data on the cpu device) */
+    int threads;                 /* fixed at start; 0 while never started */
+    int64_t step, steps;
+    double loss, img_per_s;      /* NaN until the first progress line */
+    int cancel_requested;
+    int starts;                  /* how many times a child was started for it */
+    char created_at[32], started_at[32], ended_at[32]; /* RFC 3339 UTC; "" when not yet */
+    char *spec;                  /* the spec as submitted (canonical JSON), owned */
+    char *plan;                  /* the planner's bytes by part (JSON object), owned */
+    char *error;                 /* NULL unless failed */
+};
+
+struct job_event {
+    int64_t seq;
+    char type[24];
+    char *data;                  /* JSON, owned */
+};
+
+struct jobs;
+
+const char *job_state_name(enum job_state s);
+/* -1 when name is no state */
+int job_state_parse(const char *name);
+static inline int job_state_ended(enum job_state s) { return s >= JOB_SUCCEEDED; }
+
+/* opens (creating or migrating) DIR/ddpmd.db; err names the cause */
+int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen);
+void jobs_close(struct jobs *db);
+
+/* inserts r (id, owner, kind, device, reserved_bytes, steps, spec, plan; state queued) and its
+ * first event, "state" {"state":"queued"} */
+int jobs_insert(struct jobs *db, const struct job_row *r);
+int jobs_get(struct jobs *db, const char *id, struct job_row *out);
+void job_row_free(struct job_row *r);
+void job_rows_free(struct job_row *rows, int n);
+
+/* jobs in creation order after the job `after` (NULL: from the first); owner NULL = all,
+ * state < 0 = any; at most limit rows */
+int jobs_list(struct jobs *db, const char *owner, int state, const char *after, int limit,
+              struct job_row **rows, int *n);
+int jobs_count(struct jobs *db, int state, int *n);
+
+/* sets the state (and started_at/ended_at, threads when > 0, error when non-NULL) and appends
+ * the event type "state" with data (a JSON object) in one transaction */
+int jobs_set_state(struct jobs *db, const char *id, enum job_state st, int threads,
+                   const char *error, const char *event_json);
+int jobs_set_cancel_requested(struct jobs *db, const char *id);
+int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t steps, double loss,
+                      double img_per_s);
+/* appends one event; *seq (may be NULL) gets its position in the job's log (1, 2, ...) */
+int jobs_event_append(struct jobs *db, const char *id, const char *type, const char *json,
+                      int64_t *seq);
+/* events with seq > after, in order, at most limit */
+int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
+                      struct job_event **ev, int *n);
+void job_events_free(struct job_event *ev, int n);
+
+/* the RFC 3339 time of now, UTC */
+void jobs_now(char *buf, size_t n);
+
+#endif

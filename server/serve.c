@@ -1,0 +1,430 @@
+/* serve.c - `ddpmd serve` (see serve.h): parses the options, refuses a non-loopback address
+ * without tokens, measures the per-process baseline with a probe child, opens the store, starts
+ * the pool and the api, prints where it listens as one JSON line, and waits for SIGTERM/SIGINT.
+ */
+#define _GNU_SOURCE
+#include "serve.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "exec.h"
+#include "jobs.h"
+#include "pool.h"
+#include "spec.h"
+#include "train.h"
+
+extern const char ddpmd_openapi_yaml[];
+extern const size_t ddpmd_openapi_yaml_len;
+
+struct serve_opts {
+    const char *listen, *data, *device, *budget, *token_file;
+    int max_queue, cores, http_threads;
+    int64_t max_body;
+};
+
+static void serve_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ddpmd serve [options]    (each option also from the environment variable shown)\n"
+            "  --listen HOST:PORT     address to listen on (DDPMD_LISTEN; default 127.0.0.1:8080);\n"
+            "                         port 0 picks a free port. Where it listens is printed on\n"
+            "                         stdout as one JSON line {\"listening\":...,\"port\":N}\n"
+            "  --data DIR             data directory: ddpmd.db (SQLite) and jobs/<id>/ (DDPMD_DATA;\n"
+            "                         default ./ddpmd-data)\n"
+            "  --device cpu           the device jobs run on (DDPMD_DEVICE; default cpu; cuda\n"
+            "                         devices are not served yet)\n"
+            "  --vram-budget DEV=SIZE the device's budget for the sum of job reservations, e.g.\n"
+            "                         cpu=8GiB (DDPMD_VRAM_BUDGET; default: the machine's memory)\n"
+            "  --max-queue N          queued jobs before POST /train answers 503 (DDPMD_MAX_QUEUE;\n"
+            "                         default 100)\n"
+            "  --token-file FILE      bearer tokens, one \"NAME SECRET [admin]\" per line\n"
+            "                         (DDPMD_TOKEN_FILE). Without it only a loopback address is\n"
+            "                         accepted and every caller is the one local user\n"
+            "  --cpu-cores N          CPU threads divided among running jobs (DDPMD_CPU_CORES;\n"
+            "                         default: the online CPUs)\n"
+            "  --http-threads N       HTTP worker threads (DDPMD_HTTP_THREADS; default 4)\n"
+            "  --max-body BYTES       largest request body (DDPMD_MAX_BODY; default 1MiB)\n"
+            "  --sse-keepalive S      a comment line on an event stream quiet for S seconds\n"
+            "                         (DDPMD_SSE_KEEPALIVE; default 15)\n"
+            "  --routes               print the HTTP routes (METHOD PATH) and exit\n"
+            "SIGTERM or SIGINT: stop admitting, stop running jobs at their next step with a\n"
+            "checkpoint, exit; the next start resumes them.\n");
+}
+
+int serve_parse_size(const char *s, int64_t *bytes)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) return -1;
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {{"", 1},           {"B", 1},          {"KiB", 1024.0},     {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+                 {"GB", 1e9},       {"TB", 1e12},      {"K", 1024.0},       {"M", 1048576.0},
+                 {"G", 1073741824.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (b > 9.0e18) return -1;
+            *bytes = (int64_t)b;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_count(const char *name, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "ddpmd serve: %s must be an integer from %d to %d, not '%s'\n", name, lo,
+                hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* the process baseline: peak resident bytes of a child that loaded the libraries and ran one
+ * training step of a tiny model, less that model's plan */
+static int probe_run(void)
+{
+    struct train_spec s;
+    spec_defaults(&s);
+    unet_config_default(&s.model, UNET_DDPM);
+    s.model.in_channels = s.model.out_channels = 1;
+    s.model.image_size = 8;
+    s.model.n_levels = 1;
+    s.model.channels[0] = 8;
+    s.model.n_attn = 0;
+    s.model.groups = 4;
+    s.batch = 1;
+    struct graph g;
+    struct unet_io io;
+    struct plan p;
+    struct exec *e = NULL;
+    int target, rc = 1;
+    char err[300];
+    float loss = 0;
+    if (train_plan(&s, &g, &io, &target, &p, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve --probe: %s\n", err);
+        goto out;
+    }
+    struct exec_opts eo = {.threads = 1};
+    if (exec_init(&e, &g, &p, backend_cpu(), &eo) || exec_reset_state(e) ||
+        exec_forward_backward(e, 1, 1.0f, 1, 0, 0, &loss)) {
+        fprintf(stderr, "ddpmd serve --probe: the probe step failed\n");
+        goto out;
+    }
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long hwm = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lld kB", &hwm) == 1) break;
+    if (f) fclose(f);
+    if (hwm < 0) {
+        fprintf(stderr, "ddpmd serve --probe: no VmHWM in /proc/self/status\n");
+        goto out;
+    }
+    long long base = hwm * 1024 - (long long)p.total_bytes;
+    printf("{\"baseline_bytes\":%lld}\n", base > 0 ? base : 0);
+    rc = 0;
+out:
+    exec_free(e);
+    plan_free(&p);
+    graph_free(&g);
+    return rc;
+}
+
+static int probe_baseline(const char *exe, int64_t *bytes)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC)) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        char *argv[] = {(char *)exe, "serve", "--probe", NULL};
+        execv(exe, argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    char buf[256];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
+    buf[n] = 0;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    long long b;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        sscanf(buf, "{\"baseline_bytes\":%lld}", &b) != 1)
+        return -1;
+    *bytes = b;
+    return 0;
+}
+
+/* HOST:PORT or [V6]:PORT -> a listening socket; *loopback says whether it is 127/8 or ::1 */
+static int open_listener(const char *spec, int *loopback, char *host, size_t hostlen, int *port,
+                         char *err, size_t errlen)
+{
+    char h[128];
+    const char *colon = strrchr(spec, ':');
+    if (!colon || colon == spec || strlen(colon + 1) == 0) {
+        snprintf(err, errlen, "--listen takes HOST:PORT, not '%s'", spec);
+        return -1;
+    }
+    size_t hl = (size_t)(colon - spec);
+    if (spec[0] == '[' && colon[-1] == ']') {
+        spec++;
+        hl -= 2;
+    }
+    if (hl >= sizeof h) {
+        snprintf(err, errlen, "--listen: host too long");
+        return -1;
+    }
+    memcpy(h, spec, hl);
+    h[hl] = 0;
+    if (strcmp(h, "localhost") == 0) snprintf(h, sizeof h, "127.0.0.1");
+    char *end;
+    long pn = strtol(colon + 1, &end, 10);
+    if (*end || pn < 0 || pn > 65535) {
+        snprintf(err, errlen, "--listen: '%s' is no port", colon + 1);
+        return -1;
+    }
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t sl;
+    int fam;
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, h, &s4->sin_addr) == 1) {
+        fam = AF_INET;
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)pn);
+        sl = sizeof *s4;
+        *loopback = (ntohl(s4->sin_addr.s_addr) >> 24) == 127;
+    } else if (inet_pton(AF_INET6, h, &s6->sin6_addr) == 1) {
+        fam = AF_INET6;
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t)pn);
+        sl = sizeof *s6;
+        *loopback = IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr);
+    } else {
+        snprintf(err, errlen, "--listen: '%s' is no numeric IPv4/IPv6 address (or localhost)", h);
+        return -1;
+    }
+    int fd = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, sl) || listen(fd, 128)) {
+        snprintf(err, errlen, "cannot listen on %s: %s", spec, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *port = ntohs(fam == AF_INET ? s4->sin_port : s6->sin6_port);
+    snprintf(host, hostlen, "%s", h);
+    return fd;
+}
+
+static const char *env_or(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : def;
+}
+
+int serve_main(int argc, char **argv)
+{
+    struct serve_opts o = {0};
+    o.listen = env_or("DDPMD_LISTEN", "127.0.0.1:8080");
+    o.data = env_or("DDPMD_DATA", "ddpmd-data");
+    o.device = env_or("DDPMD_DEVICE", "cpu");
+    o.budget = env_or("DDPMD_VRAM_BUDGET", NULL);
+    o.token_file = env_or("DDPMD_TOKEN_FILE", NULL);
+    const char *mq = env_or("DDPMD_MAX_QUEUE", "100"), *cores = env_or("DDPMD_CPU_CORES", NULL);
+    const char *ht = env_or("DDPMD_HTTP_THREADS", "4"), *mb = env_or("DDPMD_MAX_BODY", "1MiB");
+    const char *ka = env_or("DDPMD_SSE_KEEPALIVE", "15");
+    int probe = 0, routes = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (strcmp(a, name) == 0 && v && (i++, 1))
+        if (OPT("--listen")) o.listen = v;
+        else if (OPT("--data")) o.data = v;
+        else if (OPT("--device")) o.device = v;
+        else if (OPT("--vram-budget")) o.budget = v;
+        else if (OPT("--token-file")) o.token_file = v;
+        else if (OPT("--max-queue")) mq = v;
+        else if (OPT("--cpu-cores")) cores = v;
+        else if (OPT("--http-threads")) ht = v;
+        else if (OPT("--max-body")) mb = v;
+        else if (OPT("--sse-keepalive")) ka = v;
+        else if (strcmp(a, "--probe") == 0) probe = 1;
+        else if (strcmp(a, "--routes") == 0) routes = 1;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            serve_usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "ddpmd serve: unknown or incomplete option '%s' (see ddpmd serve --help)\n", a);
+            return 2;
+        }
+#undef OPT
+    }
+    if (probe) return probe_run();
+    if (routes) {
+        api_routes_print(stdout);
+        return 0;
+    }
+    int rc = 1, max_queue, ncores, http_threads, keepalive;
+    int64_t budget = 0, max_body;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    char coredef[24];
+    snprintf(coredef, sizeof coredef, "%ld", online > 0 ? online : 1);
+    if (parse_count("--max-queue", mq, 0, 1000000, &max_queue) ||
+        parse_count("--cpu-cores", cores ? cores : coredef, 1, 4096, &ncores) ||
+        parse_count("--http-threads", ht, 1, 256, &http_threads) ||
+        parse_count("--sse-keepalive", ka, 1, 3600, &keepalive))
+        return 2;
+    if (serve_parse_size(mb, &max_body) || max_body < 1024) {
+        fprintf(stderr, "ddpmd serve: --max-body must be a size of at least 1024 bytes, not '%s'\n", mb);
+        return 2;
+    }
+    if (strcmp(o.device, "cpu") != 0) {
+        fprintf(stderr, "ddpmd serve: --device %s: only the cpu device is served so far\n", o.device);
+        return 2;
+    }
+    if (o.budget) {
+        const char *eq = strchr(o.budget, '=');
+        if (!eq || (size_t)(eq - o.budget) != strlen(o.device) ||
+            strncmp(o.budget, o.device, (size_t)(eq - o.budget)) != 0 ||
+            serve_parse_size(eq + 1, &budget)) {
+            fprintf(stderr, "ddpmd serve: --vram-budget takes %s=SIZE (e.g. %s=8GiB), not '%s'\n",
+                    o.device, o.device, o.budget);
+            return 2;
+        }
+    } else {
+        budget = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGESIZE);
+    }
+    struct api_token *tokens = NULL;
+    int n_tokens = 0;
+    char err[600];
+    if (o.token_file && api_tokens_load(o.token_file, &tokens, &n_tokens, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve: %s\n", err);
+        return 2;
+    }
+    int loopback = 0, port = 0;
+    char host[128];
+    int lfd = open_listener(o.listen, &loopback, host, sizeof host, &port, err, sizeof err);
+    if (lfd < 0) {
+        fprintf(stderr, "ddpmd serve: %s\n", err);
+        free(tokens);
+        return 2;
+    }
+    if (!tokens && !loopback) {
+        fprintf(stderr, "ddpmd serve: refusing to listen on %s without --token-file: without "
+                        "tokens only a loopback address (127.0.0.1, ::1) is accepted\n", o.listen);
+        close(lfd);
+        return 2;
+    }
+    if (mkdir(o.data, 0755) && errno != EEXIST) {
+        fprintf(stderr, "ddpmd serve: cannot create %s: %s\n", o.data, strerror(errno));
+        close(lfd);
+        free(tokens);
+        return 1;
+    }
+    char exe[1024];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (el <= 0) {
+        fprintf(stderr, "ddpmd serve: readlink /proc/self/exe: %s\n", strerror(errno));
+        close(lfd);
+        free(tokens);
+        return 1;
+    }
+    exe[el] = 0;
+    int64_t baseline = 0;
+    if (probe_baseline(exe, &baseline)) {
+        fprintf(stderr, "ddpmd serve: the probe child (ddpmd serve --probe) failed: cannot "
+                        "measure the per-process baseline\n");
+        close(lfd);
+        free(tokens);
+        return 1;
+    }
+    /* the signals are taken by sigwait below; every thread (and so every child before its
+     * exec, which unblocks) inherits the mask */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct jobs *db = NULL;
+    struct pool *pool = NULL;
+    struct api *api = NULL;
+    if (jobs_open(&db, o.data, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve: %s\n", err);
+        goto out;
+    }
+    struct pool_config pc = {.exe = exe, .data_dir = o.data, .device = o.device,
+                             .budget_bytes = budget, .baseline_bytes = baseline, .cores = ncores,
+                             .max_queue = max_queue};
+    if (pool_start(&pool, db, &pc, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve: %s\n", err);
+        goto out;
+    }
+    struct api_config ac = {.listen_fd = lfd, .threads = http_threads, .max_body = (size_t)max_body,
+                            .keepalive_s = keepalive,
+                            .db = db, .pool = pool, .tokens = tokens, .n_tokens = n_tokens,
+                            .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len};
+    if (api_start(&api, &ac, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve: %s\n", err);
+        goto out;
+    }
+    lfd = -1; /* the daemon's now */
+    pool_set_notify(pool, api_notify, api);
+    api_notify(api);
+    fprintf(stderr, "ddpmd serve: %s on %s:%d, device %s with a budget of %" PRId64
+                    " bytes (process baseline %" PRId64 "), %d cores, data in %s\n",
+            tokens ? "bearer tokens required" : "no tokens: loopback only, one local user", host,
+            port, o.device, budget, baseline, ncores, o.data);
+    printf("{\"listening\":\"http://%s%s%s:%d\",\"host\":\"%s\",\"port\":%d}\n",
+           strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port, host, port);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "ddpmd serve: %s: no new jobs; running jobs stop at their next step with a "
+                    "checkpoint\n", strsignal(sig));
+    api_stop_admitting(api);
+    pool_stop(pool); /* waits for the children; their last events still reach the streams */
+    rc = 0;
+out:
+    if (pool && rc) pool_stop(pool);
+    api_stop(api);
+    pool_free(pool);
+    jobs_close(db);
+    if (lfd >= 0) close(lfd);
+    free(tokens);
+    if (rc == 0) fprintf(stderr, "ddpmd serve: stopped\n");
+    return rc;
+}

@@ -1,0 +1,85 @@
+"""test_admission.py - admission by planned bytes on a cpu device: a job that can never fit gets
+422 with the bytes it needs and leaves no row and no folder; with a budget that holds one job
+but not two the second waits queued while the first runs and starts when the first ends; a
+full queue answers 503 with Retry-After; a queued job cancels at once. Usage: test_admission.py
+PATH/TO/ddpmd
+"""
+import http.client
+import os
+import sys
+import time
+
+from serverlib import Server, check, need_fmnist, problem_ok, tiny
+
+
+def keepalive_seen(s, job):
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=20)
+    c.request("GET", "/jobs/%s/events" % job)
+    r = c.getresponse()
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        line = r.readline()
+        if line.startswith(b": keep-alive"):
+            c.close()
+            return True
+        if not line:
+            break
+    c.close()
+    return False
+
+
+def main(exe):
+    need_fmnist()
+    s = Server(exe, args=["--vram-budget", "cpu=1MiB"]).start()
+    p = problem_ok(s.request("POST", "/train", tiny()), 422)
+    check(p["type"].endswith("never-fits"), "type %s" % p["type"])
+    need = p["needed_bytes"]
+    check(need > 1 << 20 and p["budget_bytes"] == 1 << 20, "needed %s" % p)
+    check(p["plan"]["plan_bytes"] > 0 and p["plan"]["reserved_bytes"] == need, "plan %s" % p["plan"])
+    check(s.get_json("/jobs")["jobs"] == [], "a refused job left a row")
+    check(os.listdir(os.path.join(s.data, "jobs")) == [], "a refused job left a folder")
+    check(s.stop() == 0, "exit status")
+
+    # room for one job and a half: the second must wait for the first
+    budget = need * 3 // 2
+    s2 = Server(exe, args=["--vram-budget", "cpu=%d" % budget, "--max-queue", "1",
+                           "--sse-keepalive", "1"]).start()
+    long = tiny(steps=100000, checkpoint_every=0)
+    a = s2.request("POST", "/train", long).json()["id"]
+    s2.wait_job(a, lambda j: j["state"] == "running", what="running")
+    r = s2.request("POST", "/train", long)
+    check(r.status == 202, "second job: %d %s" % (r.status, r.body[:300]))
+    b = r.json()["id"]
+    # while a makes progress, b stays queued: the budget holds one reservation
+    step0 = s2.get_json("/jobs/" + a)["step"]
+    s2.wait_job(a, lambda j: j["step"] >= step0 + 3, what="three more steps")
+    check(s2.get_json("/jobs/" + b)["state"] == "queued", "b started beside a")
+    # the queued job's stream is quiet: a keep-alive comment comes (every second here)
+    check(keepalive_seen(s2, b), "no keep-alive comment on a quiet event stream")
+    ready = s2.get_json("/readyz")["devices"][0]
+    check(ready["reserved_bytes"] == s2.get_json("/jobs/" + a)["reserved_bytes"], "reserved %s" % ready)
+    check(ready["reserved_bytes"] <= ready["budget_bytes"], "over budget %s" % ready)
+    # the queue (max 1) is full
+    r = s2.request("POST", "/train", long)
+    problem_ok(r, 503)
+    check(r.header("Retry-After"), "503 without Retry-After")
+    # a queued job cancels at once; then c takes its place in the queue
+    r = s2.request("POST", "/jobs/%s/cancel" % b)
+    check(r.status == 200 and r.json()["state"] == "canceled", "cancel queued: %d %s" % (r.status, r.body[:200]))
+    r = s2.request("POST", "/train", long)
+    check(r.status == 202, "third job: %d" % r.status)
+    c = r.json()["id"]
+    check(s2.get_json("/jobs/" + c)["state"] == "queued", "c started beside a")
+    # a ends: c starts
+    check(s2.request("POST", "/jobs/%s/cancel" % a).status == 202, "cancel a")
+    s2.wait_job(a, lambda j: j["state"] == "canceled", what="a canceled")
+    s2.wait_job(c, lambda j: j["state"] == "running", what="c running")
+    check(s2.request("POST", "/jobs/%s/cancel" % c).status == 202, "cancel c")
+    s2.wait_job(c, lambda j: j["state"] == "canceled", what="c canceled")
+    check(s2.get_json("/readyz")["devices"][0]["reserved_bytes"] == 0, "reservations left over")
+    check(s2.stop() == 0, "exit status")
+    print("test_admission: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,67 @@
+"""test_restart.py - nothing lost across restarts: SIGTERM during training stops the job's
+process with a checkpoint and the server exits 0; the next start re-queues the job and resumes it
+from that checkpoint (not from step 0). kill -9 of the server takes its job process with it
+(PR_SET_PDEATHSIG), and the next start resumes again; the job then finishes. Usage:
+test_restart.py PATH/TO/ddpmd
+"""
+import signal
+import sys
+import time
+
+from serverlib import Server, check, job_processes, need_fmnist, tiny
+
+
+def step_events(evs):
+    return [e[2]["step"] for e in evs if e[1] == "progress" and e[2].get("event") == "step"]
+
+
+def main(exe):
+    need_fmnist()
+    s = Server(exe).start()
+    spec = tiny(steps=24, checkpoint_every=4)
+    jid = s.request("POST", "/train", spec).json()["id"]
+    s.wait_job(jid, lambda j: j["step"] >= 5, what="step 5")
+    check(s.stop(signal.SIGTERM) == 0, "SIGTERM: exit status")
+    check(job_processes(s.data) == [], "a job process outlived the server")
+
+    # restart on the same data: running -> queued -> resumed from the stop's checkpoint
+    s2 = Server(exe, data=s.data).start()
+    s2.own_data = False
+    seen = {"running": 0}
+
+    def first_step_of_second_run(e):
+        if e[1] == "state" and e[2]["state"] == "running":
+            seen["running"] += 1
+        return seen["running"] == 2 and e[1] == "progress" and e[2].get("event") == "step"
+
+    evs, _ = s2.events(jid, until=first_step_of_second_run)
+    states = [e[2] for e in evs if e[1] == "state"]
+    check([x["state"] for x in states] == ["queued", "running", "queued", "running"],
+          "states across the restart %s" % states)
+    r0 = states[3].get("resumed_from_step", 0)
+    check(r0 >= 5, "resumed from step %d (the stop was after step 5)" % r0)
+    check(step_events(evs)[-1] == r0 + 1, "the first step after the restart is %d, resumed at %d"
+          % (step_events(evs)[-1], r0))
+
+    # kill -9 while it runs: its job process dies with it
+    s3data = s2.data
+    s2.proc.send_signal(signal.SIGKILL)
+    s2.proc.wait()
+    deadline = time.time() + 10
+    while job_processes(s3data) and time.time() < deadline:
+        time.sleep(0.1)
+    check(job_processes(s3data) == [], "a job process outlived kill -9 of the server")
+
+    s3 = Server(exe, data=s3data).start()
+    evs, _ = s3.events(jid)
+    j = s3.get_json("/jobs/" + jid)
+    check(j["state"] == "succeeded" and j["step"] == 24, "final job %s" % j)
+    check(j["starts"] == 3, "starts %d" % j["starts"])
+    running = [e[2] for e in evs if e[1] == "state" and e[2]["state"] == "running"]
+    check(len(running) == 3, "running states %s" % running)
+    check(s3.stop() == 0, "exit status")
+    print("test_restart: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

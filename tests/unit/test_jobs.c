@@ -1,0 +1,196 @@
+/* test_jobs.c - the service's pieces below HTTP: the SQLite job store (insert, list with filters
+ * and paging, state changes with their events, event log order, reopen, a newer schema refused),
+ * job and checkpoint ids that can never name a path, sizes and the token file.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "jobs.h"
+#include "pool.h"
+#include "serve.h"
+#include "test_util.h"
+
+static void row(struct job_row *r, const char *id, const char *owner)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%s", id);
+    snprintf(r->owner, sizeof r->owner, "%s", owner);
+    snprintf(r->kind, sizeof r->kind, "train");
+    snprintf(r->device, sizeof r->device, "cpu");
+    r->reserved_bytes = 1234;
+    r->steps = 10;
+    r->spec = "{\"x\":1}";
+    r->plan = "{\"plan_bytes\":1000}";
+}
+
+static void test_store(const char *dir)
+{
+    struct jobs *db;
+    char err[300];
+    CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "open: %s", err);
+    struct job_row r;
+    row(&r, "j0000000000000001", "alice");
+    CHECK(jobs_insert(db, &r) == 0, "insert 1");
+    row(&r, "j0000000000000002", "bob");
+    CHECK(jobs_insert(db, &r) == 0, "insert 2");
+    row(&r, "j0000000000000003", "alice");
+    CHECK(jobs_insert(db, &r) == 0, "insert 3");
+    CHECK(jobs_insert(db, &r) != 0, "a duplicate id is refused");
+
+    struct job_row g;
+    CHECK(jobs_get(db, "j0000000000000002", &g) == 0 && g.state == JOB_QUEUED &&
+              strcmp(g.owner, "bob") == 0 && g.reserved_bytes == 1234 && g.steps == 10 &&
+              isnan(g.loss) && g.threads == 0 && g.created_at[0] && !g.started_at[0],
+          "get");
+    job_row_free(&g);
+    CHECK(jobs_get(db, "j00000000000000ff", &g) == JOBS_ERR_NOT_FOUND, "unknown id");
+
+    struct job_row *rows;
+    int n;
+    CHECK(jobs_list(db, "alice", -1, NULL, 10, &rows, &n) == 0 && n == 2 &&
+              strcmp(rows[0].id, "j0000000000000001") == 0 &&
+              strcmp(rows[1].id, "j0000000000000003") == 0,
+          "owner filter, creation order");
+    job_rows_free(rows, n);
+    CHECK(jobs_list(db, NULL, -1, NULL, 1, &rows, &n) == 0 && n == 1, "limit");
+    job_rows_free(rows, n);
+    CHECK(jobs_list(db, NULL, -1, "j0000000000000001", 10, &rows, &n) == 0 && n == 2 &&
+              strcmp(rows[0].id, "j0000000000000002") == 0,
+          "after");
+    job_rows_free(rows, n);
+
+    CHECK(jobs_set_state(db, "j0000000000000002", JOB_RUNNING, 3, NULL, "{\"state\":\"running\"}") == 0,
+          "to running");
+    CHECK(jobs_set_progress(db, "j0000000000000002", 4, 10, 0.5, 12.0) == 0, "progress");
+    CHECK(jobs_event_append(db, "j0000000000000002", "progress", "{\"step\":4}", NULL) == 0, "event");
+    CHECK(jobs_set_state(db, "j0000000000000002", JOB_FAILED, 0, "exit status 1",
+                         "{\"state\":\"failed\"}") == 0,
+          "to failed");
+    CHECK(jobs_get(db, "j0000000000000002", &g) == 0 && g.state == JOB_FAILED && g.threads == 3 &&
+              g.step == 4 && g.loss == 0.5 && g.starts == 1 && g.error &&
+              strcmp(g.error, "exit status 1") == 0 && g.started_at[0] && g.ended_at[0],
+          "after the run");
+    job_row_free(&g);
+    CHECK(jobs_list(db, NULL, JOB_QUEUED, NULL, 10, &rows, &n) == 0 && n == 2, "state filter");
+    job_rows_free(rows, n);
+    int cnt;
+    CHECK(jobs_count(db, JOB_FAILED, &cnt) == 0 && cnt == 1, "count");
+    CHECK(jobs_set_state(db, "j00000000000000ff", JOB_FAILED, 0, NULL, "{}") == JOBS_ERR_NOT_FOUND,
+          "state of an unknown job");
+
+    struct job_event *ev;
+    CHECK(jobs_events_after(db, "j0000000000000002", 0, 100, &ev, &n) == 0 && n == 4, "events");
+    if (n == 4) {
+        CHECK(ev[0].seq == 1 && ev[3].seq == 4, "seq 1..4");
+        CHECK(strcmp(ev[0].type, "state") == 0 && strstr(ev[0].data, "queued"), "first: queued");
+        CHECK(strcmp(ev[2].type, "progress") == 0, "third: progress");
+        CHECK(strstr(ev[3].data, "failed") != NULL, "last: failed");
+    }
+    job_events_free(ev, n);
+    CHECK(jobs_events_after(db, "j0000000000000002", 2, 100, &ev, &n) == 0 && n == 2 &&
+              ev[0].seq == 3,
+          "events after 2");
+    job_events_free(ev, n);
+    CHECK(jobs_events_after(db, "j0000000000000001", 0, 100, &ev, &n) == 0 && n == 1,
+          "events are per job");
+    job_events_free(ev, n);
+    jobs_close(db);
+
+    /* reopened: everything is there */
+    CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "reopen: %s", err);
+    CHECK(jobs_count(db, -1, &cnt) == 0 && cnt == 3, "rows after reopen");
+    jobs_close(db);
+
+    /* a database from a newer ddpmd is refused, not rewritten */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ddpmd.db", dir);
+    sqlite3 *s;
+    sqlite3_open(path, &s);
+    sqlite3_exec(s, "PRAGMA user_version = 99", NULL, NULL, NULL);
+    sqlite3_close(s);
+    CHECK(jobs_open(&db, dir, err, sizeof err) != 0 && strstr(err, "schema version 99"),
+          "newer schema: %s", err);
+}
+
+static void test_ids(void)
+{
+    CHECK(pool_job_id_valid("j0123456789abcdef"), "valid id");
+    const char *bad[] = {"", "j", "J0123456789abcdef", "j0123456789abcdeF", "j0123456789abcde",
+                         "j0123456789abcdef0", "../ddpmd.db", "j0123456789abcd/f", "j..........."};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(!pool_job_id_valid(bad[i]), "invalid id '%s' accepted", bad[i]);
+    char jid[JOBS_ID_LEN];
+    int64_t step = -1;
+    CHECK(pool_checkpoint_id_parse("j0123456789abcdef-300", jid, sizeof jid, &step) == 0 &&
+              step == 300 && strcmp(jid, "j0123456789abcdef") == 0,
+          "checkpoint id");
+    CHECK(pool_checkpoint_id_parse("j0123456789abcdef-0", jid, sizeof jid, &step) == 0 && step == 0,
+          "step 0");
+    const char *badc[] = {"j0123456789abcdef", "j0123456789abcdef-", "j0123456789abcdef-01",
+                          "j0123456789abcdef--1", "j0123456789abcdef-1x", "/etc/passwd",
+                          "j0123456789abcdef-1234567890123", "x0123456789abcdef-1"};
+    for (size_t i = 0; i < sizeof badc / sizeof badc[0]; i++)
+        CHECK(pool_checkpoint_id_parse(badc[i], jid, sizeof jid, &step) != 0,
+              "invalid checkpoint id '%s' accepted", badc[i]);
+}
+
+static void test_sizes(void)
+{
+    int64_t b;
+    CHECK(serve_parse_size("8GiB", &b) == 0 && b == 8ll << 30, "8GiB");
+    CHECK(serve_parse_size("512MiB", &b) == 0 && b == 512ll << 20, "512MiB");
+    CHECK(serve_parse_size("100MB", &b) == 0 && b == 100000000, "100MB");
+    CHECK(serve_parse_size("4096", &b) == 0 && b == 4096, "bytes");
+    CHECK(serve_parse_size("1.5GiB", &b) == 0 && b == 3ll << 29, "1.5GiB");
+    CHECK(serve_parse_size("8 GiB", &b) != 0, "a space");
+    CHECK(serve_parse_size("-1", &b) != 0, "negative");
+    CHECK(serve_parse_size("GiB", &b) != 0, "no number");
+    CHECK(serve_parse_size("8XB", &b) != 0, "unknown unit");
+    CHECK(serve_parse_size("1e30", &b) != 0, "overflow");
+}
+
+static void test_tokens(const char *dir)
+{
+    char path[1200], err[300];
+    snprintf(path, sizeof path, "%s/tokens", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# comment\n\nalice aaaaaaaaaaaaaaaa\nroot bbbbbbbbbbbbbbbb admin  # the admin\n");
+    fclose(f);
+    struct api_token *t;
+    int n;
+    CHECK(api_tokens_load(path, &t, &n, err, sizeof err) == 0 && n == 2, "load: %s", err);
+    if (n == 2)
+        CHECK(strcmp(t[0].name, "alice") == 0 && !t[0].admin && strcmp(t[1].name, "root") == 0 &&
+                  t[1].admin && strcmp(t[1].secret, "bbbbbbbbbbbbbbbb") == 0,
+              "parsed");
+    free(t);
+    const char *bad[] = {"alice short\n", "alice aaaaaaaaaaaaaaaa superuser\n", "alice\n",
+                         "# nothing\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i], f);
+        fclose(f);
+        CHECK(api_tokens_load(path, &t, &n, err, sizeof err) != 0 && t == NULL && n == 0,
+              "bad token file accepted: %s", bad[i]);
+    }
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/ddpmd-test-jobs-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    test_store(dir);
+    test_ids();
+    test_sizes();
+    test_tokens(dir);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    return tu_finish("test_jobs");
+}
