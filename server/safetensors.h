@@ -121,12 +121,12 @@ enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *
  * ST_ERR_ARG for a key over ST_MAX_NAME_BYTES or a key past ST_MAX_META_ENTRIES. */
 enum st_status safetensors_writer_meta(struct safetensors_writer *w, const char *key,
                                        const char *value);
-/* Write everything to path atomically: header (metadata first, then tensors in insertion order
- * with contiguous offsets, padded with spaces so the data starts at a multiple of 8) and data go to
- * "<path>.tmp.<pid>", which is fsynced and renamed over path; then path's directory is fsynced.
- * On any failure before the rename the temp file is removed and an existing path is untouched.
- * Saves of the same path from several threads of one process must be serialised by the caller
- * (they would share the temp name). The writer may be saved again or freed afterwards. */
+/* Write everything to path atomically (fsio_write_atomic): header (metadata first, then tensors in
+ * insertion order with contiguous offsets, padded with spaces so the data starts at a multiple of
+ * 8) and data go to a unique "<path>.tmp.XXXXXX", which is fsynced and renamed over path; then
+ * path's directory is fsynced. On any failure before the rename the temp file is removed and an
+ * existing path is untouched; err names the step and strerror ("No space left on device"). The
+ * writer may be saved again or freed afterwards. */
 enum st_status safetensors_writer_save(const struct safetensors_writer *w, const char *path,
                                        char *err, size_t errlen);
 void safetensors_writer_free(struct safetensors_writer *w);

@@ -184,7 +184,8 @@ static void prune_checkpoints(const char *dir, int keep)
 
 /* Removes the temporaries an interrupted write (kill -9, power loss) left in one of the job's
  * folders: "FINAL.tmp.*" regular files whose FINAL is a name this job writes there (a
- * checkpoint or sample grid of exact name, loss.csv, loss.png). Nothing else is touched. */
+ * checkpoint or sample grid of exact name, loss.csv, loss.png; and loss.csv.tmp). Nothing else
+ * is touched. */
 static void remove_stale_temps(const char *dir, const char *ext, int quiet)
 {
     DIR *d = opendir(dir);
@@ -192,11 +193,13 @@ static void remove_stale_temps(const char *dir, const char *ext, int quiet)
     struct dirent *de;
     while ((de = readdir(d))) {
         const char *tmp = strstr(de->d_name, FSIO_TMP_INFIX);
-        if (!tmp || !tmp[sizeof FSIO_TMP_INFIX - 1]) continue;
-        char base[256];
-        snprintf(base, sizeof base, "%.*s", (int)(tmp - de->d_name), de->d_name);
-        int ours = ext ? step_of_name(base, ext) >= 0
-                       : strcmp(base, "loss.csv") == 0 || strcmp(base, "loss.png") == 0;
+        /* "loss.csv.tmp": the one fixed temporary name of earlier versions */
+        int legacy = !ext && strcmp(de->d_name, "loss.csv.tmp") == 0;
+        if (!legacy && (!tmp || !tmp[sizeof FSIO_TMP_INFIX - 1])) continue;
+        char base[256] = "";
+        if (tmp) snprintf(base, sizeof base, "%.*s", (int)(tmp - de->d_name), de->d_name);
+        int ours = legacy || (ext ? step_of_name(base, ext) >= 0
+                                  : strcmp(base, "loss.csv") == 0 || strcmp(base, "loss.png") == 0);
         if (!ours || !is_regular_at(dirfd(d), de->d_name)) continue;
         if (unlinkat(dirfd(d), de->d_name, 0) == 0 && !quiet)
             fprintf(stderr, "ddpmd: removed %s/%s, left by an interrupted write\n", dir,
@@ -434,6 +437,18 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
         }
         if (!j->o->quiet)
             fprintf(stderr, "ddpmd: no checkpoint in %s; starting at step 0\n", j->dir_ckpt);
+    } else {
+        /* a fresh run would prune an earlier run's checkpoints as "newer" ones: refuse */
+        int64_t *steps = NULL;
+        int n = 0;
+        if (scan_checkpoints(j->dir_ckpt, &steps, &n) == 0 && n > 0) {
+            snprintf(err, errlen, "%s already holds checkpoints of an earlier run (up to step %"
+                     PRId64 "): continue it with --resume, or train into another --out (nothing "
+                     "was changed)", j->dir_ckpt, steps[0]);
+            free(steps);
+            return -1;
+        }
+        free(steps);
     }
     if (s->init_from[0]) {
         struct safetensors *st = NULL;

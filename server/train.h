@@ -15,7 +15,7 @@
 
 /* what --resume asks for */
 enum train_resume {
-    TRAIN_RESUME_NO = 0,       /* a fresh run (an existing checkpoints/ folder is overwritten) */
+    TRAIN_RESUME_NO = 0,       /* a fresh run; an error when out_dir holds checkpoints */
     TRAIN_RESUME_REQUIRED = 1, /* continue from the newest usable checkpoint; none is an error */
     TRAIN_RESUME_IF_ANY = 2,   /* continue when there is one, else start fresh (and say so) */
 };

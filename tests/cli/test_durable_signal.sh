@@ -2,7 +2,8 @@
 # test_durable_signal.sh - a real SIGTERM during the end-of-run sample grid: `ddpmd train` stops
 # between two denoising steps (not minutes later), exits 130 with the final checkpoint on disk and
 # no partial PNG; `--resume` then trains nothing and writes the missing grid. Also: --resume
-# without a checkpoint is an error. Usage: test_durable_signal.sh DDPMD
+# without a checkpoint is an error; a FIFO as checkpoint does not hang.
+# Usage: test_durable_signal.sh DDPMD
 set -u
 ddpmd=${1:?path to ddpmd}
 dir=$(mktemp -d /tmp/ddpmd-test-durable-signal-XXXXXX)
@@ -25,6 +26,15 @@ check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1))
 rc=$?
 check '[ "$rc" -eq 1 ] && grep -q "nothing to resume" "$dir/err0"' \
       "--resume without a checkpoint: rc $rc, $(tail -n 1 "$dir/err0")"
+
+# a FIFO as checkpoint: refused at once (the timeout only bounds a hang)
+mkfifo "$dir/fifo.safetensors"
+timeout 20 "$ddpmd" sample "$dir/fifo.safetensors" --out "$dir/x.png" > /dev/null 2> "$dir/errf"
+rc=$?
+check '[ "$rc" -eq 1 ] && grep -q "not a regular file" "$dir/errf"' "sample of a FIFO: rc $rc, $(tail -n 1 "$dir/errf")"
+timeout 20 "$ddpmd" export --diffusers "$dir/exp" "$dir/fifo.safetensors" > /dev/null 2> "$dir/errf"
+rc=$?
+check '[ "$rc" -eq 1 ] && grep -q "not a regular file" "$dir/errf"' "export of a FIFO: rc $rc, $(tail -n 1 "$dir/errf")"
 
 # 256 samples: 16 chunks of 50 DDIM steps, far longer than the wait for the signal
 "$ddpmd" train "$dir/spec.json" --out "$dir/out" > "$dir/log" 2> "$dir/err" &

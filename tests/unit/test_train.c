@@ -1,7 +1,8 @@
 /* test_train.c - training end to end on a generated PNG folder: the loss falls; resume is exact
  * (2N steps == N steps, a stop with a checkpoint, N resumed steps: bit-identical weights, EMA
  * and AdamW state, with flip and dropout on) and provably a resume (it began at the checkpoint's
- * step and ran only the rest); --resume without a checkpoint is an error; a stop request writes
+ * step and ran only the rest); --resume without a checkpoint is an error, and so is a fresh run
+ * over an earlier run's checkpoints; a FIFO as checkpoint is refused at once; a stop request writes
  * a checkpoint; checkpoints keep the last K; what a kill -9 leaves (temporaries, a corrupt newest
  * checkpoint, a FIFO) does not break a resume; a changed thread count, learning rate or model is
  * refused; a bad metadata step is refused; a spec the metadata cannot hold fails before training;
@@ -13,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -150,6 +153,24 @@ static void stop_at(int done, int total, void *ctx)
     if (done == c->at) *c->flag = 1;
 }
 
+/* checkpoint_open of a FIFO in a child with a 20 s alarm: 0 when it failed at once naming the
+ * file type, 1 when it returned otherwise, 2 when it hung in open() */
+static int open_fifo_child(const char *fifo)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        struct safetensors *st = NULL;
+        struct train_spec sp;
+        char e[512] = "";
+        int rc = checkpoint_open(&st, fifo, &sp, NULL, e, sizeof e);
+        _exit(rc != 0 && strstr(e, "not a regular file") ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return 1;
+    return WIFSIGNALED(status) ? 2 : WEXITSTATUS(status);
+}
+
 static int count_checkpoints(const char *out)
 {
     int n = 0;
@@ -210,6 +231,11 @@ int main(void)
     if (f) fclose(f);
     CHECK(rows == 7, "resumed loss.csv has %d rows (header + 6 steps)", rows);
 
+    /* a fresh run into a folder with an earlier run's checkpoints would prune them: refused */
+    CHECK(train_run(&s, &o, err, sizeof err) == TRAIN_FAILED && strstr(err, "already holds"),
+          "a fresh run over checkpoints: '%s'", err);
+    CHECK(count_checkpoints(a) == 2, "a refused fresh run changed the checkpoints");
+
     /* resuming with a different model is refused with a reason */
     struct train_spec other = s;
     other.model.channels[1] = 48;
@@ -256,6 +282,9 @@ int main(void)
     snprintf(dck, sizeof dck, "%s/checkpoints", b);
     put_file(dck, "step-00000009.safetensors.tmp.4242", "half a checkpoint");
     put_file(dck, "step-00000009.safetensors.tmp.Ab3dE9", "half a checkpoint");
+    put_file(b, "loss.csv.tmp", "");
+    put_file(b, "loss.csv.tmp.Qw3rTy", "step,loss");
+    put_file(b, "notes.tmp.txt", "the user's");
     put_file(dck, "step-00000010.safetensors.bak", "x");
     put_file(dck, "step-00000011.safetensors.orig", "x");
     put_file(dck, "step-12.safetensors", "x");
@@ -275,6 +304,9 @@ int main(void)
     CHECK(!exists(dck, "step-00000009.safetensors.tmp.4242") &&
               !exists(dck, "step-00000009.safetensors.tmp.Ab3dE9"),
           "stale temporaries left");
+    CHECK(!exists(b, "loss.csv.tmp") && !exists(b, "loss.csv.tmp.Qw3rTy") &&
+              exists(b, "notes.tmp.txt"),
+          "stale loss.csv temporaries left, or a file not ours removed");
     CHECK(exists(dck, "step-00000007.safetensors.corrupt") &&
               exists(dck, "step-00000010.safetensors.bak") &&
               exists(dck, "step-00000011.safetensors.orig") && exists(dck, "step-12.safetensors") &&
@@ -285,6 +317,16 @@ int main(void)
     CHECK(train_latest_checkpoint(b, latest, sizeof latest, &stats.start_step) == 0 &&
               stats.start_step == 8,
           "the newest checkpoint after resuming over debris is %lld", (long long)stats.start_step);
+
+    /* a FIFO given as a checkpoint is refused at once instead of blocking open() */
+    {
+        char fp[400];
+        snprintf(fp, sizeof fp, "%s/fifo.safetensors", root);
+        CHECK(mkfifo(fp, 0644) == 0, "mkfifo: %s", strerror(errno));
+        int r = open_fifo_child(fp);
+        CHECK(r == 0, "checkpoint_open of a FIFO %s", r == 2 ? "hung" : "did not name the cause");
+        unlink(fp);
+    }
 
     /* a metadata step that is empty, not digits or beyond train.steps is refused */
     {
