@@ -222,6 +222,11 @@ def _cleanup_all():
             s.proc.kill()
             s.proc.wait()
     for s in _servers:
+        for pid in job_processes(s.data):  # only after a failure: a job process left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         s.cleanup()
 
 

@@ -78,6 +78,23 @@ def main(exe):
     s2.wait_job(c, lambda j: j["state"] == "canceled", what="c canceled")
     check(s2.get_json("/readyz")["devices"][0]["reserved_bytes"] == 0, "reservations left over")
     check(s2.stop() == 0, "exit status")
+
+    # cores divided among running jobs: 3 cores, two jobs asking for 2 threads each get 2 and 1,
+    # fixed at their start
+    s3 = Server(exe, args=["--cpu-cores", "3"]).start()
+    two = tiny(steps=100000, checkpoint_every=0, threads=2)
+    x = s3.request("POST", "/train", two).json()["id"]
+    s3.wait_job(x, lambda j: j["state"] == "running", what="x running")
+    y = s3.request("POST", "/train", two).json()["id"]
+    jy = s3.wait_job(y, lambda j: j["state"] == "running", what="y running")
+    check(s3.get_json("/jobs/" + x)["threads"] == 2 and jy["threads"] == 1,
+          "threads %s, %s" % (s3.get_json("/jobs/" + x)["threads"], jy["threads"]))
+    check(s3.get_json("/readyz")["devices"][0]["threads_used"] == 3, "threads used")
+    for j in (x, y):
+        s3.request("POST", "/jobs/%s/cancel" % j)
+    for j in (x, y):
+        s3.wait_job(j, lambda j: j["state"] == "canceled", what="canceled")
+    check(s3.stop() == 0, "exit status")
     print("test_admission: ok")
 
 

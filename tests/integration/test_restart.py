@@ -43,22 +43,36 @@ def main(exe):
     check(step_events(evs)[-1] == r0 + 1, "the first step after the restart is %d, resumed at %d"
           % (step_events(evs)[-1], r0))
 
-    # kill -9 while it runs: its job process dies with it
+    # kill -9 while it runs: its job processes die with it. One of them writes nothing (no
+    # progress lines), so only PR_SET_PDEATHSIG can end it, not a broken pipe
+    quiet = s2.request("POST", "/train", tiny(steps=100000, checkpoint_every=0, log_every=100000))
+    check(quiet.status == 202, "quiet job: %d %s" % (quiet.status, quiet.body[:200]))
+    qid = quiet.json()["id"]
+    s2.wait_job(qid, lambda j: j["state"] == "running", what="quiet job running")
+    deadline = time.time() + 30
+    while len(job_processes(s2.data)) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    check(len(job_processes(s2.data)) == 2, "job processes %s" % job_processes(s2.data))
+    # past its start-up output (the memory plan on stderr ends with the total)
+    s2.events(qid, until=lambda e: e[1] == "log" and e[2]["line"].lstrip().startswith("total"))
+    time.sleep(0.5)
     s3data = s2.data
     s2.proc.send_signal(signal.SIGKILL)
     s2.proc.wait()
-    deadline = time.time() + 10
+    deadline = time.time() + 5
     while job_processes(s3data) and time.time() < deadline:
         time.sleep(0.1)
     check(job_processes(s3data) == [], "a job process outlived kill -9 of the server")
 
     s3 = Server(exe, data=s3data).start()
+    check(s3.request("POST", "/jobs/%s/cancel" % qid).status in (200, 202), "cancel the quiet job")
     evs, _ = s3.events(jid)
     j = s3.get_json("/jobs/" + jid)
     check(j["state"] == "succeeded" and j["step"] == 24, "final job %s" % j)
     check(j["starts"] == 3, "starts %d" % j["starts"])
     running = [e[2] for e in evs if e[1] == "state" and e[2]["state"] == "running"]
     check(len(running) == 3, "running states %s" % running)
+    s3.wait_job(qid, lambda j: j["state"] == "canceled", what="quiet job canceled")
     check(s3.stop() == 0, "exit status")
     print("test_restart: ok")
 
