@@ -541,6 +541,26 @@ static void event_line(struct pool *p, const char *id, const char *type, const c
     free(s);
 }
 
+/* a line of the job's output without the server's paths: clients name files by ids, so
+ * "<data>/jobs/<id>/out/checkpoints" reads "out/checkpoints" and any other "<data>" "DATA" */
+static void redact(const struct pool *p, const char *id, const char *in, char *out, size_t n)
+{
+    char job[FSIO_PATH_MAX];
+    snprintf(job, sizeof job, "%s/jobs/%s/", p->data_dir, id);
+    size_t lj = strlen(job), ld = strlen(p->data_dir), o = 0;
+    while (*in && o + 1 < n) {
+        if (strncmp(in, job, lj) == 0) {
+            in += lj;
+        } else if (ld && strncmp(in, p->data_dir, ld) == 0) {
+            for (const char *r = "DATA"; *r && o + 1 < n; r++) out[o++] = *r;
+            in += ld;
+        } else {
+            out[o++] = *in++;
+        }
+    }
+    out[o] = 0;
+}
+
 static void check_checkpoint(struct pool *p, struct child *k)
 {
     char out[FSIO_PATH_MAX], path[FSIO_PATH_MAX];
@@ -612,11 +632,13 @@ static int drain(struct pool *p, struct child *k, int is_err)
         if (!end && *n < LINE_MAX_BYTES - 1) buf[(*n)++] = chunk[i];
         if (end && *n > 0) {
             buf[*n] = 0;
+            char line[LINE_MAX_BYTES];
+            redact(p, k->id, buf, line, sizeof line);
             if (is_err) {
-                tail_add(k, buf);
-                event_line(p, k->id, "log", "stderr", buf);
+                tail_add(k, line);
+                event_line(p, k->id, "log", "stderr", line);
             } else {
-                stdout_line(p, k, buf);
+                stdout_line(p, k, line);
             }
             *n = 0;
         }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -353,6 +354,20 @@ int serve_main(int argc, char **argv)
         free(tokens);
         return 1;
     }
+    /* one server per data directory: a second would run the same queued jobs */
+    char lockpath[1200];
+    snprintf(lockpath, sizeof lockpath, "%s/ddpmd.lock", o.data);
+    int lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lockfd < 0 || flock(lockfd, LOCK_EX | LOCK_NB)) {
+        fprintf(stderr, "ddpmd serve: %s: %s\n", lockpath,
+                lockfd < 0 ? strerror(errno)
+                           : errno == EWOULDBLOCK ? "another ddpmd serve uses this data directory"
+                                                  : strerror(errno));
+        if (lockfd >= 0) close(lockfd);
+        close(lfd);
+        free(tokens);
+        return 1;
+    }
     char exe[1024];
     ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (el <= 0) {
@@ -424,6 +439,7 @@ out:
     pool_free(pool);
     jobs_close(db);
     if (lfd >= 0) close(lfd);
+    close(lockfd);
     free(tokens);
     if (rc == 0) fprintf(stderr, "ddpmd serve: stopped\n");
     return rc;

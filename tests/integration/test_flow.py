@@ -5,6 +5,7 @@ openapi.yaml. Usage: test_flow.py PATH/TO/ddpmd
 """
 import json
 import struct
+import subprocess
 import sys
 
 from serverlib import Server, check, need_fmnist, problem_ok, tiny, validate
@@ -44,6 +45,11 @@ def main(exe):
     check(r.status == 200 and r.body == open(s_root() + "/openapi.yaml", "rb").read(),
           "GET /openapi.yaml differs from openapi.yaml")
     check(s.get_json("/healthz") == {"status": "ok"}, "healthz")
+    # one server per data directory
+    p = subprocess.run([exe, "serve", "--listen", "127.0.0.1:0", "--data", s.data],
+                       capture_output=True, timeout=60)
+    check(p.returncode == 1 and b"another ddpmd serve" in p.stderr,
+          "a second server on the same data: %d %s" % (p.returncode, p.stderr))
     validate(s.get_json("/readyz"), "Ready")
 
     r = s.request("POST", "/train", tiny())
@@ -69,6 +75,8 @@ def main(exe):
     ckpts = [e[2]["id"] for e in evs if e[1] == "checkpoint"]
     check(ckpts and ckpts[-1] == jid + "-6", "checkpoint events %s" % ckpts)
     check(evs[-1][1] == "state", "the stream does not end with the final state")
+    logs = " ".join(e[2]["line"] for e in evs if e[1] == "log")
+    check(s.data not in logs, "a server path in the job's log events: %s" % logs[:300])
 
     j = s.get_json("/jobs/" + jid)
     validate(j, "Job")
