@@ -1,8 +1,20 @@
 /* test_plan.c - the planner's honesty: a step out of the planned arena (reuse, in-place, NaN
  * poisoning of dead tensors, canary gaps checked after every op) is bit-identical to a step with
- * no reuse at all; steps 2 and 3 allocate nothing (malloc interposer); the arena's high-water
- * mark is the planned size; and the checks themselves catch a planted lifetime or size bug.
+ * no reuse at all; steps 2 and 3 allocate nothing of ddpmd's own: every heap allocation made
+ * during them (malloc interposer, or ASan's allocator hooks under ASan) is attributed by its
+ * call stack to the library that asked for it, and only two kinds are allowed, none above
+ * 64 KiB: oneDNN's inside its primitive execution (argument maps, the closures of its parallel
+ * loops, on machines without AVX-512 per-call GEMM packing buffers of a few KiB), and libgomp's
+ * team of a parallel region that runs on one thread (an if() clause false or num_threads 1:
+ * libgomp allocates and frees that team on every entry; the same number in steps 2 and 3); the
+ * arena's high-water mark is the planned size; and the checks themselves catch a planted
+ * lifetime or size bug.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <link.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,47 +25,175 @@
 #include "test_util.h"
 #include "unet.h"
 
-/* ---- malloc interposer: counts allocations while armed ---- */
+/* ---- allocation recorder: while armed, every heap allocation's size and call stack ---- */
+
+#define REC_MAX 16384 /* allocations recorded per armed step (a step makes ~1,200) */
+#define REC_DEPTH 24
+static volatile int alloc_armed;
+static long alloc_count; /* all allocations while armed, recorded or not */
+static size_t rec_size[REC_MAX];
+static void *rec_stack[REC_MAX][REC_DEPTH];
+static int rec_depth[REC_MAX];
+static __thread int in_record; /* backtrace() may allocate: not counted, no recursion */
+
+static void record(size_t n)
+{
+    if (!alloc_armed || in_record) return;
+    in_record = 1;
+    long k = __atomic_fetch_add(&alloc_count, 1, __ATOMIC_RELAXED);
+    if (k < REC_MAX) {
+        rec_size[k] = n;
+        rec_depth[k] = backtrace(rec_stack[k], REC_DEPTH);
+    }
+    in_record = 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_PLAN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_PLAN_ASAN 1
+#endif
+#endif
+
+#ifdef TEST_PLAN_ASAN
+/* ASan owns malloc: its allocator reports every allocation to these hooks (declared here:
+ * gcc ships no sanitizer/allocator_interface.h) */
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
+static void asan_malloc_hook(const volatile void *p, size_t n)
+{
+    (void)p;
+    record(n);
+}
+static void asan_free_hook(const volatile void *p) { (void)p; }
+static void recorder_install(void)
+{
+    __sanitizer_install_malloc_and_free_hooks(asan_malloc_hook, asan_free_hook);
+}
+#else
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
 extern void *__libc_memalign(size_t, size_t);
-static volatile int alloc_armed;
-static volatile long alloc_count;
-static volatile size_t alloc_max; /* the largest single request while armed */
-#define ARMED(n) \
-    do { \
-        if (alloc_armed) { \
-            __atomic_add_fetch(&alloc_count, 1, __ATOMIC_RELAXED); \
-            if ((n) > alloc_max) alloc_max = (n); \
-        } \
-    } while (0)
 
 void *malloc(size_t n)
 {
-    ARMED(n);
+    record(n);
     return __libc_malloc(n);
 }
 void *calloc(size_t a, size_t b)
 {
-    ARMED(a * b);
+    record(a * b);
     return __libc_calloc(a, b);
 }
 void *realloc(void *p, size_t n)
 {
-    ARMED(n);
+    record(n);
     return __libc_realloc(p, n);
 }
 int posix_memalign(void **out, size_t align, size_t n)
 {
-    ARMED(n);
+    record(n);
     *out = __libc_memalign(align, n);
     return *out ? 0 : 12;
 }
 void *aligned_alloc(size_t align, size_t n)
 {
-    ARMED(n);
+    record(n);
     return __libc_memalign(align, n);
+}
+void *memalign(size_t align, size_t n)
+{
+    record(n);
+    return __libc_memalign(align, n);
+}
+static void recorder_install(void) {}
+#endif
+
+struct alloc_report {
+    long count, onednn, gomp, other;
+    size_t largest;
+    char other_site[256]; /* the stack of the first allocation of neither kind */
+};
+
+/* the code segments of the loaded objects: a pc is classified by range, not by dladdr (which
+ * also searches the symbol table - too slow for ~200,000 frames) */
+struct code_range {
+    uintptr_t lo, hi;
+    const char *name; /* "" for this executable */
+};
+static struct code_range ranges[128];
+static int n_ranges;
+
+static int collect_range(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size, (void)data;
+    for (int i = 0; i < info->dlpi_phnum && n_ranges < 128; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        ranges[n_ranges].lo = info->dlpi_addr + ph->p_vaddr;
+        ranges[n_ranges].hi = ranges[n_ranges].lo + ph->p_memsz;
+        ranges[n_ranges].name = info->dlpi_name ? info->dlpi_name : "";
+        n_ranges++;
+    }
+    return 0;
+}
+
+/* the object holding code address pc ("" for this executable), or NULL */
+static const char *object_of(void *pc)
+{
+    for (int i = 0; i < n_ranges; i++)
+        if ((uintptr_t)pc >= ranges[i].lo && (uintptr_t)pc < ranges[i].hi) return ranges[i].name;
+    return NULL;
+}
+
+/* the allocator's own layers: this executable's recorder, ASan/UBSan's interceptors, libc,
+ * libstdc++'s operator new and string/container helpers, the unwinder */
+static int allocator_layer(const char *obj)
+{
+    static const char *libs[] = {"libasan", "libubsan", "libc.so", "libstdc++", "libgcc_s"};
+    if (!obj[0]) return 1;
+    for (size_t i = 0; i < sizeof libs / sizeof *libs; i++)
+        if (strstr(obj, libs[i])) return 1;
+    return 0;
+}
+
+/* attributes the allocations recorded in the last armed stretch to the first object on each
+ * stack beyond the allocator's layers: libdnnl (oneDNN), libgomp, or anything else - ddpmd's
+ * own code lives in this executable, so its allocations have no such object, and count as
+ * other, as do OpenBLAS's or anyone's */
+static struct alloc_report alloc_attribute(void)
+{
+    struct alloc_report r = {.count = alloc_count};
+    n_ranges = 0;
+    dl_iterate_phdr(collect_range, NULL);
+    long n = alloc_count < REC_MAX ? alloc_count : REC_MAX;
+    for (long k = 0; k < n; k++) {
+        if (rec_size[k] > r.largest) r.largest = rec_size[k];
+        const char *who = NULL;
+        for (int f = 0; f < rec_depth[k] && !who; f++) {
+            const char *obj = object_of(rec_stack[k][f]);
+            if (obj && !allocator_layer(obj)) who = obj;
+        }
+        if (who && strstr(who, "libdnnl")) {
+            r.onednn++;
+        } else if (who && (strstr(who, "libgomp") || strstr(who, "libomp"))) { /* gcc, clang */
+            r.gomp++;
+        } else if (r.other++ == 0) {
+            size_t len = 0;
+            for (int f = 0; f < rec_depth[k] && len + 1 < sizeof r.other_site; f++) {
+                Dl_info di;
+                const char *sym = !dladdr(rec_stack[k][f], &di) ? "?"
+                                  : di.dli_sname                ? di.dli_sname
+                                  : di.dli_fname && strrchr(di.dli_fname, '/')
+                                      ? strrchr(di.dli_fname, '/') + 1
+                                      : "?";
+                len += (size_t)snprintf(r.other_site + len, sizeof r.other_site - len, " %s", sym);
+            }
+        }
+    }
+    return r;
 }
 
 struct job {
@@ -182,6 +322,7 @@ static void honesty(enum unet_preset preset, int tiled)
     printf("%s (%s attention): arena %zu bytes planned, %zu without reuse (%.1fx), %d storages\n",
            name, tiled ? "tiled" : "plain", h.p.arena_bytes, h.p.no_reuse_arena_bytes,
            (double)h.p.no_reuse_arena_bytes / (double)h.p.arena_bytes, h.p.n_storages);
+    long gomp_step2 = -1;
     for (int s = 0; s < 3; s++) {
         float la = 0, lb = 0, lh = 0;
         feed(&a, s);
@@ -192,22 +333,33 @@ static void honesty(enum unet_preset preset, int tiled)
         if (s == 0) {
             CHECK(step(&h, s, &lh) == 0, "%s: step", name);
         } else {
-            /* steps 2 and 3: no tensor, workspace or scratch allocated anywhere in the process.
-             * oneDNN's primitive execution builds small argument maps on the heap (C++ inside
-             * the library), and on machines without AVX-512 the GEMM-based kernel it picks for
-             * some tiny convolutions (2x2 images here) packs operands in per-call buffers of a
-             * few KiB; those are the only allocations allowed, and none above 64 KiB. */
+            /* steps 2 and 3: no tensor, workspace or scratch of ddpmd's allocated anywhere in
+             * the process. oneDNN's primitive execution builds small argument maps on the heap
+             * (C++ inside the library), its parallel loops allocate their closures, and on
+             * machines without AVX-512 the GEMM-based kernel it picks for some tiny convolutions
+             * (2x2 images here) packs operands in per-call buffers of a few KiB; libgomp
+             * allocates the team of every parallel region the CPU kernels run on one thread
+             * (their if() clauses on small tensors). Those are the only allocations allowed,
+             * none above 64 KiB, libgomp's the same number in both steps. */
             alloc_count = 0;
-            alloc_max = 0;
             alloc_armed = 1;
             int rc = step(&h, s, &lh);
             alloc_armed = 0;
             CHECK(rc == 0, "%s: step %d", name, s);
-            CHECK(alloc_max <= 65536, "%s: an allocation of %zu bytes during step %d (%ld in all)",
-                  name, alloc_max, s + 1, alloc_count);
-            if (s == 2)
-                printf("%s: step %d made %ld small allocations, the largest %zu bytes\n", name,
-                       s + 1, alloc_count, alloc_max);
+            struct alloc_report r = alloc_attribute();
+            CHECK(r.count <= REC_MAX, "%s: %ld allocations during step %d, %d recorded", name,
+                  r.count, s + 1, REC_MAX);
+            CHECK(r.other == 0, "%s: %ld allocations during step %d neither oneDNN's nor "
+                  "libgomp's, the first from:%s", name, r.other, s + 1, r.other_site);
+            CHECK(r.largest <= 65536, "%s: an allocation of %zu bytes during step %d (%ld in all)",
+                  name, r.largest, s + 1, r.count);
+            if (s == 1) gomp_step2 = r.gomp;
+            else
+                CHECK(r.gomp == gomp_step2, "%s: libgomp allocated %ld times in step 2, %ld in "
+                      "step 3", name, gomp_step2, r.gomp);
+            printf("%s: step %d made %ld allocations: %ld in oneDNN, %ld libgomp teams of "
+                   "one-thread regions, the largest %zu bytes\n", name, s + 1, r.count, r.onednn,
+                   r.gomp, r.largest);
         }
         CHECK(isfinite(la) && memcmp(&la, &lb, 4) == 0 && memcmp(&la, &lh, 4) == 0,
               "%s step %d: losses %.9g (checked) %.9g (no reuse) %.9g", name, s, la, lb, lh);
@@ -265,8 +417,26 @@ static void checks_catch_bugs(void)
     job_free(&j);
 }
 
+/* the recorder sees an allocation outside oneDNN, as the step check relies on */
+static void recorder_catches(void)
+{
+    void *bt[4];
+    backtrace(bt, 4); /* the first call loads the unwinder (allocating): before arming */
+    alloc_count = 0;
+    alloc_armed = 1;
+    void *volatile p = malloc(100);
+    alloc_armed = 0;
+    free(p);
+    struct alloc_report r = alloc_attribute();
+    CHECK(r.count == 1 && r.other == 1 && r.largest == 100,
+          "the recorder missed a malloc(100): %ld recorded, %ld outside oneDNN, largest %zu",
+          r.count, r.other, r.largest);
+}
+
 int main(void)
 {
+    recorder_install();
+    recorder_catches();
     honesty(UNET_DDPM, 1);
     honesty(UNET_SEED, 1);
     honesty(UNET_SEED, 0);
