@@ -952,70 +952,111 @@ out:
     return rc;
 }
 
+/* builders that remember a failed cJSON allocation in *bad (spec_to_json returns NULL then,
+ * never a document with fields missing) */
+static cJSON *js_obj(cJSON *parent, const char *key, int *bad)
+{
+    cJSON *o = parent ? cJSON_AddObjectToObject(parent, key) : NULL;
+    if (!o) *bad = 1;
+    return o;
+}
+
+static void js_num(cJSON *o, const char *key, double v, int *bad)
+{
+    if (!o || !cJSON_AddNumberToObject(o, key, v)) *bad = 1;
+}
+
+static void js_str(cJSON *o, const char *key, const char *v, int *bad)
+{
+    if (!o || !cJSON_AddStringToObject(o, key, v)) *bad = 1;
+}
+
+static void js_bool(cJSON *o, const char *key, int v, int *bad)
+{
+    if (!o || !cJSON_AddBoolToObject(o, key, v)) *bad = 1;
+}
+
+static void js_null(cJSON *o, const char *key, int *bad)
+{
+    if (!o || !cJSON_AddNullToObject(o, key)) *bad = 1;
+}
+
+static void js_ints(cJSON *o, const char *key, const int *v, int n, int *bad)
+{
+    cJSON *a = o ? cJSON_CreateIntArray(v, n) : NULL;
+    /* cJSON_CreateIntArray returns a partial array when an element's allocation fails */
+    if (!a || cJSON_GetArraySize(a) != n || !cJSON_AddItemToObject(o, key, a)) {
+        cJSON_Delete(a);
+        *bad = 1;
+    }
+}
+
 char *spec_to_json(const struct train_spec *s)
 {
-    cJSON *r = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(r, "model");
+    int bad = 0;
+    cJSON *r = cJSON_CreateObject();
+    if (!r) return NULL;
+    cJSON *m = js_obj(r, "model", &bad);
     const struct unet_config *c = &s->model;
-    cJSON_AddStringToObject(m, "preset", c->preset == UNET_DDPM ? "ddpm" : "seed");
-    cJSON_AddNumberToObject(m, "in_channels", c->in_channels);
-    cJSON_AddNumberToObject(m, "out_channels", c->out_channels);
-    cJSON_AddNumberToObject(m, "image_size", c->image_size);
+    js_str(m, "preset", c->preset == UNET_DDPM ? "ddpm" : "seed", &bad);
+    js_num(m, "in_channels", c->in_channels, &bad);
+    js_num(m, "out_channels", c->out_channels, &bad);
+    js_num(m, "image_size", c->image_size, &bad);
     if (c->preset == UNET_DDPM) {
-        cJSON_AddItemToObject(m, "block_out_channels", cJSON_CreateIntArray(c->channels, c->n_levels));
-        cJSON_AddNumberToObject(m, "layers_per_block", c->layers_per_block);
-        cJSON_AddItemToObject(m, "attention_resolutions", cJSON_CreateIntArray(c->attn_res, c->n_attn));
-        cJSON_AddNumberToObject(m, "norm_num_groups", c->groups);
-        cJSON_AddNumberToObject(m, "norm_eps", json_float(c->norm_eps));
+        js_ints(m, "block_out_channels", c->channels, c->n_levels, &bad);
+        js_num(m, "layers_per_block", c->layers_per_block, &bad);
+        js_ints(m, "attention_resolutions", c->attn_res, c->n_attn, &bad);
+        js_num(m, "norm_num_groups", c->groups, &bad);
+        js_num(m, "norm_eps", json_float(c->norm_eps), &bad);
         if (c->attn_head_dim)
-            cJSON_AddNumberToObject(m, "attention_head_dim", c->attn_head_dim);
+            js_num(m, "attention_head_dim", c->attn_head_dim, &bad);
         else
-            cJSON_AddNullToObject(m, "attention_head_dim");
-        cJSON_AddNumberToObject(m, "dropout", json_float(c->dropout));
-        cJSON_AddBoolToObject(m, "flip_sin_to_cos", c->flip_sin_to_cos);
-        cJSON_AddNumberToObject(m, "freq_shift", json_float(c->freq_shift));
+            js_null(m, "attention_head_dim", &bad);
+        js_num(m, "dropout", json_float(c->dropout), &bad);
+        js_bool(m, "flip_sin_to_cos", c->flip_sin_to_cos, &bad);
+        js_num(m, "freq_shift", json_float(c->freq_shift), &bad);
     } else {
-        cJSON_AddNumberToObject(m, "base", c->base);
-        cJSON_AddNumberToObject(m, "time_dim", c->time_dim);
-        cJSON_AddNumberToObject(m, "heads", c->heads);
+        js_num(m, "base", c->base, &bad);
+        js_num(m, "time_dim", c->time_dim, &bad);
+        js_num(m, "heads", c->heads, &bad);
     }
-    cJSON *d = cJSON_AddObjectToObject(r, "data");
-    cJSON_AddStringToObject(d, "dataset", s->dataset);
-    cJSON_AddBoolToObject(d, "flip", s->flip);
-    cJSON_AddStringToObject(d, "fmnist_resize", s->fmnist_resize ? "resize" : "pad");
-    cJSON_AddNumberToObject(d, "validation", s->validation);
-    cJSON *df = cJSON_AddObjectToObject(r, "diffusion");
-    cJSON_AddNumberToObject(df, "timesteps", s->timesteps);
-    cJSON_AddStringToObject(df, "beta_schedule",
-                            s->beta_schedule == DDPM_BETA_LINEAR ? "linear" : "cosine");
-    cJSON_AddNumberToObject(df, "beta_start", s->beta_start);
-    cJSON_AddNumberToObject(df, "beta_end", s->beta_end);
-    cJSON_AddStringToObject(df, "prediction",
-                            s->prediction == SPEC_PRED_EPSILON ? "epsilon" : "v_prediction");
-    cJSON *t = cJSON_AddObjectToObject(r, "train");
-    cJSON_AddNumberToObject(t, "batch", s->batch);
-    cJSON_AddNumberToObject(t, "steps", s->steps);
-    cJSON_AddNumberToObject(t, "lr", json_float(s->optim.lr));
-    cJSON_AddStringToObject(t, "lr_schedule", s->optim.cosine ? "cosine" : "constant");
-    cJSON_AddNumberToObject(t, "warmup", s->optim.warmup);
-    cJSON_AddNumberToObject(t, "beta1", json_float(s->optim.beta1));
-    cJSON_AddNumberToObject(t, "beta2", json_float(s->optim.beta2));
-    cJSON_AddNumberToObject(t, "eps", json_float(s->optim.eps));
-    cJSON_AddNumberToObject(t, "weight_decay", json_float(s->optim.weight_decay));
-    cJSON_AddNumberToObject(t, "clip", json_float(s->optim.clip));
-    cJSON_AddNumberToObject(t, "ema_decay", json_float(s->optim.ema_decay));
-    cJSON_AddNumberToObject(t, "seed", (double)s->seed);
-    cJSON_AddNumberToObject(t, "threads", s->threads);
-    cJSON *o = cJSON_AddObjectToObject(r, "output");
-    cJSON_AddNumberToObject(o, "checkpoint_every", s->checkpoint_every);
-    cJSON_AddNumberToObject(o, "sample_every", s->sample_every);
-    cJSON_AddNumberToObject(o, "log_every", s->log_every);
-    cJSON_AddNumberToObject(o, "keep_last", s->keep_last);
-    cJSON_AddNumberToObject(o, "samples", s->samples);
+    cJSON *d = js_obj(r, "data", &bad);
+    js_str(d, "dataset", s->dataset, &bad);
+    js_bool(d, "flip", s->flip, &bad);
+    js_str(d, "fmnist_resize", s->fmnist_resize ? "resize" : "pad", &bad);
+    js_num(d, "validation", s->validation, &bad);
+    cJSON *df = js_obj(r, "diffusion", &bad);
+    js_num(df, "timesteps", s->timesteps, &bad);
+    js_str(df, "beta_schedule", s->beta_schedule == DDPM_BETA_LINEAR ? "linear" : "cosine", &bad);
+    js_num(df, "beta_start", s->beta_start, &bad);
+    js_num(df, "beta_end", s->beta_end, &bad);
+    js_str(df, "prediction", s->prediction == SPEC_PRED_EPSILON ? "epsilon" : "v_prediction",
+           &bad);
+    cJSON *t = js_obj(r, "train", &bad);
+    js_num(t, "batch", s->batch, &bad);
+    js_num(t, "steps", s->steps, &bad);
+    js_num(t, "lr", json_float(s->optim.lr), &bad);
+    js_str(t, "lr_schedule", s->optim.cosine ? "cosine" : "constant", &bad);
+    js_num(t, "warmup", s->optim.warmup, &bad);
+    js_num(t, "beta1", json_float(s->optim.beta1), &bad);
+    js_num(t, "beta2", json_float(s->optim.beta2), &bad);
+    js_num(t, "eps", json_float(s->optim.eps), &bad);
+    js_num(t, "weight_decay", json_float(s->optim.weight_decay), &bad);
+    js_num(t, "clip", json_float(s->optim.clip), &bad);
+    js_num(t, "ema_decay", json_float(s->optim.ema_decay), &bad);
+    js_num(t, "seed", (double)s->seed, &bad);
+    js_num(t, "threads", s->threads, &bad);
+    cJSON *o = js_obj(r, "output", &bad);
+    js_num(o, "checkpoint_every", s->checkpoint_every, &bad);
+    js_num(o, "sample_every", s->sample_every, &bad);
+    js_num(o, "log_every", s->log_every, &bad);
+    js_num(o, "keep_last", s->keep_last, &bad);
+    js_num(o, "samples", s->samples, &bad);
     if (s->init_from[0])
-        cJSON_AddStringToObject(r, "init_from", s->init_from);
+        js_str(r, "init_from", s->init_from, &bad);
     else
-        cJSON_AddNullToObject(r, "init_from");
-    char *out = cJSON_Print(r);
+        js_null(r, "init_from", &bad);
+    char *out = bad ? NULL : cJSON_Print(r);
     cJSON_Delete(r);
     return out;
 }

@@ -73,7 +73,8 @@ int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *e
  * (unet_config_check, only once every field is in range) and the cross-field rules. data.dataset
  * may be empty (commands without data). Returns 0, or -1 with errs filled. */
 int spec_validate(const struct train_spec *s, struct spec_errors *errs);
-/* the spec as canonical JSON (every field explicit); caller frees with free() */
+/* the spec as canonical JSON (every field explicit; floats in their shortest form); caller frees
+ * with free(). NULL when an allocation fails (never a document with a field missing). */
 char *spec_to_json(const struct train_spec *s);
 /* prints "path: message" lines */
 void spec_errors_print(const struct spec_errors *errs, const char *prefix);
