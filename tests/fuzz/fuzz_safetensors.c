@@ -1,7 +1,7 @@
 /* fuzz_safetensors.c - safetensors_open (header length, JSON header, tensor table, data section)
- * on arbitrary bytes, then every accessor over what it accepted. Invariants: each tensor's bytes
- * lie inside the file and equal numel * dtype size; lookups by name find the same tensor; F32
- * tensors read back through safetensors_read_f32. */
+ * on arbitrary bytes, then every accessor over what it accepted. Invariants: each tensor holds
+ * numel * dtype size bytes and together they are exactly the data section after the header;
+ * lookups by name find the same tensor; F32 tensors read back through safetensors_read_f32. */
 #include "fuzz.h"
 #include "safetensors.h"
 
@@ -43,6 +43,12 @@ int fuzz_safetensors(const uint8_t *data, size_t size)
             free(buf);
         }
     }
+    /* accepted means: 8-byte length, header, and tensors covering the rest exactly */
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | data[i];
+    if (size < 8 || hlen > size - 8 || total != size - 8 - hlen)
+        fuzz_fail("safetensors", "tensors hold %zu bytes, the data section is %llu", total,
+                  size < 8 || hlen > size - 8 ? 0ull : (unsigned long long)(size - 8 - hlen));
     const char *keys[] = {"format", "spec", "step", "threads", ""};
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         const char *v = safetensors_meta(st, keys[k]);
