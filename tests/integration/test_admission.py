@@ -70,6 +70,12 @@ def main(exe):
     check(r.status == 202, "third job: %d" % r.status)
     c = r.json()["id"]
     check(s2.get_json("/jobs/" + c)["state"] == "queued", "c started beside a")
+    # a restart keeps the queue: a (running) resumes, c (queued) stays queued behind it
+    check(s2.stop() == 0, "exit status at the restart")
+    s2 = Server(exe, data=s2.data, args=s2.args).start()
+    s2.wait_job(a, lambda j: j["state"] == "running" and j["starts"] == 2, what="a resumed")
+    check(s2.get_json("/jobs/" + c)["state"] == "queued", "c after the restart")
+    check(s2.get_json("/jobs/" + b)["state"] == "canceled", "b after the restart")
     # a ends: c starts
     check(s2.request("POST", "/jobs/%s/cancel" % a).status == 202, "cancel a")
     s2.wait_job(a, lambda j: j["state"] == "canceled", what="a canceled")

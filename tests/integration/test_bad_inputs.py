@@ -44,7 +44,8 @@ def main(exe):
     tokfile = os.path.join(d, "tokens")
     with open(tokfile, "w") as f:
         f.write("# name secret [admin]\nalice %s\nbob %s\nroot %s admin\n" % (ALICE, BOB, ROOT))
-    s = Server(exe, data=d, args=["--token-file", tokfile, "--max-body", "4096"])
+    # the body limit from the environment (every option has its DDPMD_* variable)
+    s = Server(exe, data=d, args=["--token-file", tokfile], env={"DDPMD_MAX_BODY": "4096"})
     s.own_data = True  # the folder is removed at exit
     s.start()
     s.token = ALICE

@@ -126,6 +126,17 @@ def main(exe):
     j = s.wait_job(qid, lambda j: j["state"] == "canceled", timeout=60, what="canceled")
     check(j["error"] is None, "error of a canceled job: %s" % j["error"])
 
+    # a job that fails in its process: failed, with the exit status and its last stderr lines
+    r = s.request("POST", "/train", dict(tiny(), data={"dataset": "fashion-mnist", "validation": 70000}))
+    check(r.status == 202, "POST /train (failing): %d %s" % (r.status, r.body[:300]))
+    fid = r.json()["id"]
+    evs, _ = s.events(fid)
+    j = s.get_json("/jobs/" + fid)
+    check(j["state"] == "failed" and "exit status 1" in j["error"] and
+          "leaves no training images" in j["error"], "failed job: %s / %s" % (j["state"], j["error"]))
+    check(evs[-1][2] == {"state": "failed", "error": j["error"]}, "last event %s" % (evs[-1],))
+    check(s.get_json("/healthz") == {"status": "ok"}, "healthy after a failed job")
+
     check(s.stop() == 0, "server exit status")
     print("test_flow: ok")
 
