@@ -79,7 +79,7 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
             if (t->kind != TENSOR_PARAM) continue;
             size_t len = strlen(t->name) + 16;
             char *name = malloc(len);
-            if (!name) goto out;
+            if (!name) { snprintf(err, errlen, "out of memory saving %s", path); goto out; }
             snprintf(name, len, "%s%s", part_prefix((enum exec_part)part), t->name);
             names[n_names++] = name;
             int64_t shape[4];
