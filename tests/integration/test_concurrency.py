@@ -1,7 +1,8 @@
 """test_concurrency.py - submits and cancels from several clients at once against a cpu budget
 that holds two jobs: the sum of reservations never exceeds the budget (nor do more than two jobs
-run), no admitted job fails, every job ends canceled, and nothing stays reserved. Usage:
-test_concurrency.py PATH/TO/ddpmd
+run), no admitted job fails, every job ends canceled, and nothing stays reserved. Then 24 event
+streams at once on 2 HTTP threads (a stream holds no thread). Usage: test_concurrency.py
+PATH/TO/ddpmd
 """
 import random
 import sys
@@ -79,7 +80,30 @@ def main(exe):
     d = s.get_json("/readyz")["devices"][0]
     check(d["reserved_bytes"] == 0 and d["running_jobs"] == 0, "left reserved: %s" % d)
     check(s.stop() == 0, "exit status")
-    print("test_concurrency: ok (%d jobs)" % len(ids))
+
+    # event streams hold no thread: 24 streams open at once on a server with 2 HTTP threads all
+    # follow the job to its end, and plain requests are answered meanwhile
+    s2 = Server(exe, args=["--http-threads", "2"]).start()
+    jid = s2.request("POST", "/train", tiny(steps=6)).json()["id"]
+    results = []
+
+    def follow():
+        evs, _ = s2.events(jid, timeout=120)
+        results.append(evs)
+
+    followers = [threading.Thread(target=follow) for _ in range(24)]
+    for t in followers:
+        t.start()
+    time.sleep(0.5)
+    check(s2.get_json("/healthz") == {"status": "ok"}, "healthz with 24 open streams")
+    check(s2.get_json("/jobs/" + jid)["id"] == jid, "GET /jobs/{id} with 24 open streams")
+    for t in followers:
+        t.join()
+    check(len(results) == 24, "streams ended: %d" % len(results))
+    check(all(r == results[0] and r[-1][2]["state"] == "succeeded" for r in results),
+          "the streams differ or did not end with succeeded")
+    check(s2.stop() == 0, "exit status")
+    print("test_concurrency: ok (%d jobs, 24 streams)" % len(ids))
 
 
 if __name__ == "__main__":
