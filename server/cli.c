@@ -217,7 +217,9 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
 #define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
         if (ARG("--preset")) {
             if (strcmp(v, "ddpm") && strcmp(v, "seed")) {
-                fprintf(stderr, "ddpmd: --preset must be ddpm or seed, not '%s'\n", v);
+                char e[200];
+                fprintf(stderr, "ddpmd: --preset must be ddpm or seed, not '%s'\n",
+                        cli_echo(e, sizeof e, v));
                 return -1;
             }
             unet_config_default(&m->cfg, strcmp(v, "seed") == 0 ? UNET_SEED : UNET_DDPM);
@@ -261,7 +263,9 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
         } else if (strcmp(a, "--tiled-attention") == 0) {
             m->cfg.attn_tiled = 1;
         } else {
-            fprintf(stderr, "ddpmd: unknown or incomplete option '%s' (see ddpmd --help)\n", a);
+            char e[200];
+            fprintf(stderr, "ddpmd: unknown or incomplete option '%s' (see ddpmd --help)\n",
+                    cli_echo(e, sizeof e, a));
             return -1;
         }
 #undef ARG
@@ -480,7 +484,9 @@ static int cmd_train(int argc, char **argv)
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
-            fprintf(stderr, "ddpmd train: unknown option '%s' (see ddpmd --help)\n", argv[i]);
+            char e[200];
+            fprintf(stderr, "ddpmd train: unknown option '%s' (see ddpmd --help)\n",
+                    cli_echo(e, sizeof e, argv[i]));
             return 2;
         }
     }
@@ -602,7 +608,8 @@ static int cmd_export(int argc, char **argv)
         else if (argv[i][0] != '-' && !ckpt)
             ckpt = argv[i];
         else {
-            fprintf(stderr, "ddpmd export: unknown option '%s'\n", argv[i]);
+            char e[200];
+            fprintf(stderr, "ddpmd export: unknown option '%s'\n", cli_echo(e, sizeof e, argv[i]));
             return 2;
         }
     }
@@ -711,9 +718,10 @@ static int cmd_sample(int argc, char **argv)
         else if (a[0] != '-' && !ckpt)
             ckpt = a;
         else {
-        bad:
-            fprintf(stderr, "ddpmd sample: bad option '%s'%s%s (see ddpmd --help)\n", a,
-                    v ? " " : "", v ? v : "");
+        bad:;
+            char e1[200], e2[200];
+            fprintf(stderr, "ddpmd sample: bad option '%s'%s%s (see ddpmd --help)\n",
+                    cli_echo(e1, sizeof e1, a), v ? " " : "", v ? cli_echo(e2, sizeof e2, v) : "");
             return 2;
         }
 #undef OPT

@@ -42,6 +42,9 @@ expect 2 "--mult" plan --mult 1,,2
 expect 2 "--mult: at most 8" plan --mult 1,1,1,1,1,1,1,1,1
 expect 2 "--attn" plan --attn 16,abc
 expect 2 "--groups" plan --groups
+expect 2 "unknown or incomplete option '--x\\xff'" plan $'--x\xff'
+check '! LC_ALL=C grep -q $'"'"'\xff'"'"' "$dir/err"' "a raw byte of an unknown option is echoed"
+expect 2 "bad option '--sampler' dd\\x01im" sample "$dir/none.safetensors" --sampler $'dd\x01im'
 
 # sample's own numbers, checked before the checkpoint is opened
 expect 2 "--steps: must be in [1, 100000], got 0" sample "$dir/none.safetensors" --steps 0
