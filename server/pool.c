@@ -310,6 +310,13 @@ int pool_cancel(struct pool *p, const char *id, enum job_state *now)
             *now = JOB_CANCELED;
             rc = POOL_OK;
         }
+    } else if (g == JOBS_OK && r.state == JOB_RUNNING) {
+        /* no child: the server is stopping and the job waits in the store to be resumed; the
+         * next start ends it canceled instead */
+        if (jobs_set_cancel_requested(p->db, id) == 0) {
+            *now = JOB_RUNNING;
+            rc = POOL_OK;
+        }
     } else if (g == JOBS_OK) {
         *now = r.state;
         rc = POOL_ERR_STATE;

@@ -1,7 +1,8 @@
 """test_restart.py - nothing lost across restarts: SIGTERM during training stops the job's
 process with a checkpoint and the server exits 0; the next start re-queues the job and resumes it
 from that checkpoint (not from step 0). kill -9 of the server takes its job process with it
-(PR_SET_PDEATHSIG), and the next start resumes again; the job then finishes. Usage:
+(PR_SET_PDEATHSIG), and the next start resumes again; the job then finishes. A cancel cut short
+by kill -9 ends canceled at the next start. Usage:
 test_restart.py PATH/TO/ddpmd
 """
 import signal
@@ -73,7 +74,19 @@ def main(exe):
     running = [e[2] for e in evs if e[1] == "state" and e[2]["state"] == "running"]
     check(len(running) == 3, "running states %s" % running)
     s3.wait_job(qid, lambda j: j["state"] == "canceled", what="quiet job canceled")
-    check(s3.stop() == 0, "exit status")
+
+    # a cancel the server had no time to finish (kill -9 right after it) ends canceled at the
+    # next start, not resumed
+    cid = s3.request("POST", "/train", tiny(steps=100000, checkpoint_every=0)).json()["id"]
+    s3.wait_job(cid, lambda j: j["step"] >= 1, what="a first step")
+    check(s3.request("POST", "/jobs/%s/cancel" % cid).status == 202, "cancel")
+    s3.proc.send_signal(signal.SIGKILL)
+    s3.proc.wait()
+    s4 = Server(exe, data=s3data).start()
+    j = s4.get_json("/jobs/" + cid)
+    check(j["state"] == "canceled" and j["error"] is None, "after the restart: %s %s" % (j["state"], j["error"]))
+    check(s4.get_json("/jobs/" + jid)["state"] == "succeeded", "the finished job stays finished")
+    check(s4.stop() == 0, "exit status")
     print("test_restart: ok")
 
 
