@@ -109,6 +109,7 @@ static const char *status_title(unsigned status)
     case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
     case 422: return "Unprocessable Content";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
@@ -456,6 +457,38 @@ static enum MHD_Result h_checkpoints(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
+/* one "bytes=A-B", "bytes=A-" or "bytes=-N" range of a size-byte file -> [off, off+len);
+ * -1 when it is unsatisfiable (416). Anything else (several ranges, other units, bad syntax)
+ * leaves the whole file (RFC 9110 allows ignoring Range). */
+static int range_parse(const char *h, uint64_t size, uint64_t *off, uint64_t *len)
+{
+    unsigned long long a = 0, b = 0;
+    int n = 0;
+    if (strncmp(h, "bytes=", 6) != 0 || strchr(h, ',')) return 0;
+    h += 6;
+    if (h[0] == '-') {
+        if (sscanf(h + 1, "%llu%n", &b, &n) != 1 || h[1 + n] || h[1] < '0' || h[1] > '9') return 0;
+        if (b == 0 || size == 0) return -1;
+        if (b > size) b = size;
+        *off = size - b;
+        *len = b;
+        return 0;
+    }
+    if (h[0] < '0' || h[0] > '9' || sscanf(h, "%llu-%n", &a, &n) != 1 || h[n - 1] != '-') return 0;
+    if (h[n] == 0) {
+        b = size ? size - 1 : 0;
+    } else {
+        int m = 0;
+        if (h[n] < '0' || h[n] > '9' || sscanf(h + n, "%llu%n", &b, &m) != 1 || h[n + m] || b < a)
+            return 0;
+    }
+    if (a >= size) return -1;
+    if (b >= size) b = size - 1;
+    *off = a;
+    *len = b - a + 1;
+    return 0;
+}
+
 static enum MHD_Result h_checkpoint(struct ctx *c)
 {
     char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX], detail[160], err[300];
@@ -478,17 +511,54 @@ static enum MHD_Result h_checkpoint(struct ctx *c)
         snprintf(detail, sizeof detail, "no checkpoint %s (only the newest ones are kept)", c->param);
         return problem(c->conn, 404, NULL, detail, NULL, NULL);
     }
+    /* a checkpoint never changes once renamed into place (fsio_write_atomic): inode, size and
+     * mtime name its bytes */
+    char etag[96];
+    snprintf(etag, sizeof etag, "\"%llx-%llx-%llx.%lx\"", (unsigned long long)sb.st_ino,
+             (unsigned long long)sb.st_size, (unsigned long long)sb.st_mtim.tv_sec,
+             (long)sb.st_mtim.tv_nsec);
+    const char *inm = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "If-None-Match");
+    if (inm && (strcmp(inm, "*") == 0 || strstr(inm, etag))) {
+        close(fd);
+        struct MHD_Response *nm = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+        if (!nm) return MHD_NO;
+        MHD_add_response_header(nm, MHD_HTTP_HEADER_ETAG, etag);
+        enum MHD_Result rr = MHD_queue_response(c->conn, 304, nm);
+        MHD_destroy_response(nm);
+        return rr;
+    }
+    uint64_t size = (uint64_t)sb.st_size, off = 0, len = size;
+    unsigned status = 200;
+    const char *range = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Range");
+    const char *ifr = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "If-Range");
+    if (range && (!ifr || strcmp(ifr, etag) == 0) && range_parse(range, size, &off, &len)) {
+        close(fd);
+        char cr[64];
+        snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)size);
+        snprintf(detail, sizeof detail, "the range '%.40s' is outside the %llu bytes", range,
+                 (unsigned long long)size);
+        return problem(c->conn, 416, NULL, detail, NULL,
+                       (const char *const[]){"Content-Range", cr, NULL});
+    }
+    if (len != size) status = 206;
     /* the open descriptor keeps the file even if the job prunes it meanwhile */
-    struct MHD_Response *resp = MHD_create_response_from_fd((uint64_t)sb.st_size, fd);
+    struct MHD_Response *resp = MHD_create_response_from_fd_at_offset64(len, fd, off);
     if (!resp) {
         close(fd);
         return MHD_NO;
     }
-    char disp[128];
+    char disp[128], cr[96];
     snprintf(disp, sizeof disp, "attachment; filename=\"%s.safetensors\"", c->param);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
     MHD_add_response_header(resp, "Content-Disposition", disp);
-    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, etag);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
+    if (status == 206) {
+        snprintf(cr, sizeof cr, "bytes %llu-%llu/%llu", (unsigned long long)off,
+                 (unsigned long long)(off + len - 1), (unsigned long long)size);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
+    }
+    enum MHD_Result rr = MHD_queue_response(c->conn, status, resp);
     MHD_destroy_response(resp);
     return rr;
 }

@@ -90,6 +90,23 @@ def main(exe):
     check(r.status == 200, "download: %d" % r.status)
     check(len(r.body) == cl["checkpoints"][-1]["bytes"], "download size")
     safetensors_ok(r.body)
+    full, url, etag = r.body, cl["checkpoints"][-1]["url"], r.header("ETag")
+    check(etag and r.header("Accept-Ranges") == "bytes", "ETag %s, Accept-Ranges %s"
+          % (etag, r.header("Accept-Ranges")))
+    r = s.request("GET", url, headers={"Range": "bytes=0-7"})
+    check(r.status == 206 and r.body == full[:8] and
+          r.header("Content-Range") == "bytes 0-7/%d" % len(full), "range 0-7: %d %s" % (r.status, r.header("Content-Range")))
+    r = s.request("GET", url, headers={"Range": "bytes=-16"})
+    check(r.status == 206 and r.body == full[-16:], "suffix range: %d" % r.status)
+    r = s.request("GET", url, headers={"Range": "bytes=100-"})
+    check(r.status == 206 and r.body == full[100:], "open range: %d" % r.status)
+    problem_ok(s.request("GET", url, headers={"Range": "bytes=%d-" % len(full)}), 416)
+    r = s.request("GET", url, headers={"Range": "bytes=0-1,5-6"})
+    check(r.status == 200 and r.body == full, "several ranges: the whole file (%d)" % r.status)
+    r = s.request("GET", url, headers={"Range": "bytes=0-7", "If-Range": '"other"'})
+    check(r.status == 200 and r.body == full, "If-Range of another version: the whole file")
+    r = s.request("GET", url, headers={"If-None-Match": etag})
+    check(r.status == 304 and r.body == b"", "If-None-Match: %d" % r.status)
 
     # Last-Event-ID: only what came after
     tail, _ = s.events(jid, last_event_id=ids[-3])
