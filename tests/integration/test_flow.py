@@ -118,6 +118,16 @@ def main(exe):
     page2 = s.get_json("/jobs?state=succeeded&limit=1&after=" + jid)
     check(page2["jobs"] == [] and page2["next"] is None, "second page %s" % page2)
 
+    # fine-tuning from that checkpoint, named by its id (the job shows the id, never a path)
+    ft = tiny(steps=2, checkpoint_every=0)
+    ft["init_from"] = jid + "-6"
+    r = s.request("POST", "/train", ft)
+    check(r.status == 202, "init_from by id: %d %s" % (r.status, r.body[:300]))
+    fj = r.json()
+    check(fj["spec"]["init_from"] == ft["init_from"], "shown init_from %s" % fj["spec"]["init_from"])
+    fj = s.wait_job(fj["id"], lambda j: j["state"] == "succeeded", what="fine-tuning succeeded")
+    check(fj["step"] == 2, "fine-tuning steps %d" % fj["step"])
+
     # cancel a running job: it stops at its next step with a checkpoint
     r = s.request("POST", "/train", tiny(steps=100000, checkpoint_every=0))
     check(r.status == 202, "POST /train (long): %d %s" % (r.status, r.body[:300]))
