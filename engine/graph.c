@@ -599,7 +599,6 @@ static int grad_of(struct graph *g, int x, int *accum)
     int gid = graph_tensor(g, kind, name, t->rank, t->d);
     free(name);
     if (gid < 0) return -1;
-    t = g->tensors[x]; /* graph_tensor may have moved the array */
     t->grad = gid;
     *accum = t->kind == TENSOR_PARAM;
     return gid;
