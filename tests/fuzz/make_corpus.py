@@ -167,9 +167,27 @@ def idxs():
         struct.pack(">IIII", 2051, 1, 28, 28) + pix[:784] + struct.pack(">II", 2049, 2) + b"\1\2")
 
 
+# ---- http (byte 0 mod 4: 0 checkpoint id, 1 job id, 2 state, 3 token file) ----
+def https():
+    put("http", "ckpt-id", b"\x00j0123456789abcdef-300")
+    put("http", "ckpt-id-zero", b"\x00j0123456789abcdef-0")
+    put("http", "ckpt-id-lead0", b"\x00j0123456789abcdef-0300")
+    put("http", "ckpt-id-huge", b"\x00j0123456789abcdef-9999999999999")
+    put("http", "job-id", b"\x01j00000000deadbeef")
+    put("http", "job-id-upper", b"\x01j0123456789ABCDEF")
+    put("http", "state", b"\x02running")
+    put("http", "state-bad", b"\x02Running")
+    put("http", "tokens", b"\x03# tokens\nalice 0123456789abcdef0123 admin\n\nbob "
+        b"bbbbbbbbbbbbbbbbbbbb # comment\n")
+    put("http", "tokens-short", b"\x03carol short\n")
+    put("http", "tokens-extra", b"\x03dave dddddddddddddddddd admin more\n")
+    put("http", "tokens-long-line", b"\x03" + b"e" * 2000 + b" " + b"s" * 300 + b"\n")
+
+
 if __name__ == "__main__":
     specs()
     sts()
     ckpt()
     pngs()
     idxs()
+    https()

@@ -18,6 +18,7 @@ const struct fuzz_target fuzz_targets[] = {
     {"checkpoint", fuzz_checkpoint, 16384},
     {"png", fuzz_png, 65536},
     {"idx", fuzz_idx, 16384},
+    {"http", fuzz_http, 4096},
     {NULL, NULL, 0},
 };
 
