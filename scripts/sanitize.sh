@@ -26,11 +26,9 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN
 cd "$dir"
 rc=0
 # Left to the normal build (SANITIZE_EXCLUDE, a ctest -E regex, overrides the list):
-# - test_plan defines malloc itself (an interposer over __libc_malloc counting a step's
-#   allocations), which cannot share a process with ASan's allocator (ASan CHECK-fails at start);
-# - test_gpu_step_emu: a whole training step in the instrumented SIMT emulator takes over 15
-#   minutes (ctest's timeout); test_gpu_ops_emu runs every kernel under ASan instead.
-exclude=${SANITIZE_EXCLUDE-^(test_plan|test_gpu_step_emu)\$}
+# test_gpu_step_emu: a whole training step in the instrumented SIMT emulator takes over 15
+# minutes (ctest's timeout); test_gpu_ops_emu runs every kernel under ASan instead.
+exclude=${SANITIZE_EXCLUDE-^test_gpu_step_emu\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc
