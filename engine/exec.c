@@ -1,10 +1,11 @@
 /* exec.c - runs a planned graph through a backend out of one allocation.
  * Debug aids for the planner's honesty tests: NaN poisoning of dead storages, canary gaps
- * checked after every op, and the arena high-water mark.
+ * (arena storages, workspace) checked after every op, and the arena high-water mark.
  */
 #include "exec.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +20,9 @@ struct exec {
     bk_ctx *ctx;
     struct exec_opts opts;
     unsigned char *base;        /* the job's one allocation */
+    size_t alloc_bytes;         /* its size: the reservation */
+    int borrowed;               /* nested: base and ctx are the host's, not freed here */
+    struct exec_error err;      /* the last failure */
     int *ends_start, *ends;     /* per op: storages whose lifetime ends there (CSR) */
     uint32_t *guard_host;       /* host copy buffer for canary checks */
     size_t guard_host_words;
@@ -54,8 +58,10 @@ float *exec_tensor(struct exec *e, int id)
 void exec_free(struct exec *e)
 {
     if (!e) return;
-    if (e->base) e->bk->mem_free(e->base, e->ctx);
-    if (e->ctx) e->bk->ctx_free(e->ctx);
+    if (!e->borrowed) {
+        if (e->base) e->bk->mem_free(e->base, e->ctx);
+        if (e->ctx) e->bk->ctx_free(e->ctx);
+    }
     free(e->ends_start);
     free(e->ends);
     free(e->guard_host);
@@ -75,41 +81,108 @@ static int stage_reserve(struct exec *e, size_t n)
     return EXEC_OK;
 }
 
-int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
-              const struct backend *bk, const struct exec_opts *opts)
+/* records a failure in e->err and returns status */
+__attribute__((format(printf, 5, 6))) static int exec_fail(struct exec *e, int status,
+                                                           int bk_status, int op,
+                                                           const char *fmt, ...)
 {
-    int rc = EXEC_ERR_NOMEM;
-    struct exec *e = calloc(1, sizeof *e);
-    if (!e) return EXEC_ERR_NOMEM;
-    e->g = g;
-    e->p = p;
-    e->bk = bk;
-    if (opts) e->opts = *opts;
-    e->loss_tensor = -1;
-    for (int k = 0; k < g->n_ops; k++)
-        if (g->ops[k].type == OP_MSE || g->ops[k].type == OP_XENT)
-            e->loss_tensor = g->ops[k].out[0];
-    if (bk->ctx_init(&e->ctx, e->opts.threads)) {
-        rc = EXEC_ERR_BACKEND;
-        goto fail;
+    e->err.status = status;
+    e->err.bk_status = bk_status;
+    e->err.op = op;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->err.msg, sizeof e->err.msg, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static const char *bk_status_name(int rc)
+{
+    switch (rc) {
+    case BK_ERR_INVALID: return "invalid call";
+    case BK_ERR_DEVICE: return "device error";
+    case BK_ERR_NOMEM: return "out of memory";
+    default: return "unknown status";
     }
-    if (bk->mem_alloc((void **)&e->base, p->total_bytes, e->ctx)) goto fail;
-    /* persistent parts start at zero (padding between parameters must stay zero for the flat
-     * optimizer passes); the arena starts as a NaN fill pattern */
-    if (bk->mem_set_f32((float *)e->base, 0.0f, p->arena_off / 4, e->ctx) ||
-        bk->mem_set_f32((float *)(e->base + p->arena_off), bits_to_float(FILL_BITS),
-                        p->arena_bytes / 4, e->ctx)) {
-        rc = EXEC_ERR_BACKEND;
-        goto fail;
+}
+
+/* a backend call's status rc (nonzero) as the executor's: the backend refusing memory is out of
+ * budget, anything else a backend error; the backend's own code is kept in e->err */
+static int bk_fail(struct exec *e, int rc, int op, const char *what)
+{
+    int status = rc == BK_ERR_NOMEM ? EXEC_ERR_BUDGET : EXEC_ERR_BACKEND;
+    if (op >= 0)
+        return exec_fail(e, status, rc, op, "op %d (%s): %s failed on %s: %s (backend status %d)",
+                         op, op_name(e->g->ops[op].type), what, e->bk->name, bk_status_name(rc),
+                         rc);
+    return exec_fail(e, status, rc, -1, "%s failed on %s: %s (backend status %d)", what,
+                     e->bk->name, bk_status_name(rc), rc);
+}
+
+/* rc of a backend call: EXEC_OK, or the failure recorded */
+static int bk_check(struct exec *e, int rc, const char *what)
+{
+    return rc ? bk_fail(e, rc, -1, what) : EXEC_OK;
+}
+
+const struct exec_error *exec_last_error(const struct exec *e) { return &e->err; }
+
+const char *exec_status_name(int status)
+{
+    switch (status) {
+    case EXEC_OK: return "ok";
+    case EXEC_ERR_NOMEM: return "out of host memory";
+    case EXEC_ERR_BACKEND: return "backend error";
+    case EXEC_ERR_GUARD: return "write outside a tensor (canary)";
+    case EXEC_ERR_ARG: return "invalid argument";
+    case EXEC_ERR_BUDGET: return "out of budget";
+    default: return "unknown status";
     }
+}
+
+/* the canary gaps before and after the workspace: the fill pattern */
+static int fill_ws_guards(struct exec *e)
+{
+    const struct plan *p = e->p;
+    size_t words = p->ws_guard_bytes / 4;
+    if (!words) return EXEC_OK;
+    float fill = bits_to_float(FILL_BITS);
+    return bk_check(e,
+                    e->bk->mem_set_f32((float *)(e->base + p->ws_off - p->ws_guard_bytes), fill,
+                                       words, e->ctx) ||
+                            e->bk->mem_set_f32((float *)(e->base + p->ws_off + p->ws_bytes), fill,
+                                               words, e->ctx)
+                        ? BK_ERR_DEVICE
+                        : BK_OK,
+                    "filling the workspace canaries");
+}
+
+/* everything after base and ctx: the bytes from `from` on start as zero below the arena and as
+ * the fill pattern from the arena on (the persistent parts must start at zero: padding between
+ * parameters stays zero for the flat optimizer passes), then the host-side tables */
+static int exec_setup(struct exec *e, size_t from)
+{
+    const struct graph *g = e->g;
+    const struct plan *p = e->p;
+    const struct backend *bk = e->bk;
+    int rc;
+    if (p->arena_off > from &&
+        (rc = bk->mem_set_f32((float *)(e->base + from), 0.0f, (p->arena_off - from) / 4, e->ctx)))
+        return bk_fail(e, rc, -1, "zeroing the persistent part");
+    /* a job's own arena to the end of its reservation (a nested plan's bytes included) */
+    size_t end = e->borrowed ? p->total_bytes : e->alloc_bytes;
+    if ((rc = bk->mem_set_f32((float *)(e->base + p->arena_off), bits_to_float(FILL_BITS),
+                              (end - p->arena_off) / 4, e->ctx)))
+        return bk_fail(e, rc, -1, "filling the arena");
+    if ((rc = fill_ws_guards(e))) return rc;
     e->ends_start = calloc((size_t)g->n_ops + 1, sizeof *e->ends_start);
     e->ends = malloc(((size_t)p->n_storages + 1) * sizeof *e->ends);
-    if (!e->ends_start || !e->ends) goto fail;
+    if (!e->ends_start || !e->ends) goto nomem;
     for (int s = 0; s < p->n_storages; s++) e->ends_start[p->st[s].last + 1]++;
     for (int k = 0; k < g->n_ops; k++) e->ends_start[k + 1] += e->ends_start[k];
     {
         int *fill = calloc((size_t)g->n_ops + 1, sizeof *fill);
-        if (!fill) goto fail;
+        if (!fill) goto nomem;
         for (int s = 0; s < p->n_storages; s++) {
             int k = p->st[s].last;
             e->ends[e->ends_start[k] + fill[k]++] = s;
@@ -117,11 +190,13 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         free(fill);
     }
     if (e->opts.check_guards) {
-        /* a storage's gap is at most guard + PLAN_ALIGN - 1 bytes */
-        size_t guard = p->n_storages ? p->guards_bytes / (size_t)p->n_storages : 0;
-        e->guard_host_words = (guard + PLAN_ALIGN) / 4;
+        /* a storage's gap is at most guard + PLAN_ALIGN - 1 bytes, a workspace gap guard
+         * rounded up to PLAN_ALIGN */
+        size_t most = p->guard_bytes + PLAN_ALIGN;
+        if (p->ws_guard_bytes > most) most = p->ws_guard_bytes;
+        e->guard_host_words = most / 4;
         e->guard_host = malloc(e->guard_host_words * 4);
-        if (!e->guard_host) goto fail;
+        if (!e->guard_host) goto nomem;
     }
     if (bk->nhwc) {
         /* the inputs are uploaded every step: stage them from the start */
@@ -130,18 +205,113 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
             if (g->tensors[i]->image && g->tensors[i]->kind == TENSOR_INPUT &&
                 g->tensors[i]->numel > most)
                 most = g->tensors[i]->numel;
-        if (stage_reserve(e, most)) goto fail;
+        if (stage_reserve(e, most)) goto nomem;
     }
     if (e->opts.profile) {
         e->op_seconds = calloc((size_t)g->n_ops + 1, sizeof *e->op_seconds);
-        if (!e->op_seconds) goto fail;
+        if (!e->op_seconds) goto nomem;
         e->prof.op_seconds = e->op_seconds;
     }
-    *out = e;
     return EXEC_OK;
-fail:
+nomem:
+    return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the executor's tables");
+}
+
+static struct exec *exec_new(const struct graph *g, const struct plan *p,
+                             const struct backend *bk, const struct exec_opts *opts)
+{
+    struct exec *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->g = g;
+    e->p = p;
+    e->bk = bk;
+    if (opts) e->opts = *opts;
+    e->err.op = -1;
+    e->loss_tensor = -1;
+    for (int k = 0; k < g->n_ops; k++)
+        if (g->ops[k].type == OP_MSE || g->ops[k].type == OP_XENT)
+            e->loss_tensor = g->ops[k].out[0];
+    return e;
+}
+
+/* a failed init: the reason to opts->init_error, everything freed */
+static int exec_init_failed(struct exec *e, const struct exec_opts *opts, int rc)
+{
+    if (opts && opts->init_error) *opts->init_error = e->err;
     exec_free(e);
     return rc;
+}
+
+static void init_error_nomem(const struct exec_opts *opts)
+{
+    if (!opts || !opts->init_error) return;
+    memset(opts->init_error, 0, sizeof *opts->init_error);
+    opts->init_error->status = EXEC_ERR_NOMEM;
+    opts->init_error->op = -1;
+    snprintf(opts->init_error->msg, sizeof opts->init_error->msg,
+             "out of host memory for the executor");
+}
+
+int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
+              const struct backend *bk, const struct exec_opts *opts)
+{
+    int rc;
+    struct exec *e = exec_new(g, p, bk, opts);
+    if (!e) {
+        init_error_nomem(opts);
+        return EXEC_ERR_NOMEM;
+    }
+    if (p->nested) {
+        rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "a nested plan runs through exec_init_nested");
+        return exec_init_failed(e, opts, rc);
+    }
+    if ((rc = bk->ctx_init(&e->ctx, e->opts.threads))) {
+        rc = bk_fail(e, rc, -1, "creating the backend context");
+        return exec_init_failed(e, opts, rc);
+    }
+    if ((rc = bk->mem_alloc((void **)&e->base, p->total_bytes, e->ctx))) {
+        e->base = NULL;
+        rc = bk_fail(e, rc, -1, "the reservation");
+        snprintf(e->err.msg, sizeof e->err.msg,
+                 "cannot reserve the plan's %zu bytes (%.1f MiB) on %s: %s (backend status %d)",
+                 p->total_bytes, (double)p->total_bytes / 1048576.0, bk->name,
+                 bk_status_name(e->err.bk_status), e->err.bk_status);
+        return exec_init_failed(e, opts, rc);
+    }
+    e->alloc_bytes = p->total_bytes;
+    if ((rc = exec_setup(e, 0))) return exec_init_failed(e, opts, rc);
+    *out = e;
+    return EXEC_OK;
+}
+
+int exec_init_nested(struct exec **out, const struct graph *g, const struct plan *sub,
+                     struct exec *host, const struct exec_opts *opts)
+{
+    int rc;
+    struct exec *e = exec_new(g, sub, host->bk, opts);
+    if (!e) {
+        init_error_nomem(opts);
+        return EXEC_ERR_NOMEM;
+    }
+    e->borrowed = 1;
+    e->base = host->base;
+    e->ctx = host->ctx;
+    e->alloc_bytes = host->alloc_bytes;
+    if (!sub->nested || host->borrowed) {
+        rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "not a nested plan over a job's own executor");
+        return exec_init_failed(e, opts, rc);
+    }
+    if (sub->total_bytes > host->alloc_bytes) {
+        rc = exec_fail(e, EXEC_ERR_BUDGET, 0, -1,
+                       "the nested plan needs %zu bytes of the reservation, which holds %zu "
+                       "(plan_reserve_nested before the host's exec_init)",
+                       sub->total_bytes, host->alloc_bytes);
+        return exec_init_failed(e, opts, rc);
+    }
+    /* only the nested plan's own bytes start fresh: its parameters are the host's */
+    if ((rc = exec_setup(e, sub->inputs_off))) return exec_init_failed(e, opts, rc);
+    *out = e;
+    return EXEC_OK;
 }
 
 /* an image the backend stores NHWC: host data and flattened views are NCHW */
@@ -166,25 +336,27 @@ static void host_transpose(float *y, const float *x, int n, int a, int b)
 int exec_upload(struct exec *e, int id, const float *host)
 {
     float *d = exec_tensor(e, id);
-    if (!d) return EXEC_ERR_ARG;
+    if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "tensor %d has no place in the plan", id);
     const struct tensor *t = e->g->tensors[id];
     if (nhwc_image(e, t)) {
-        if (stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
+        if (stage_reserve(e, t->numel))
+            return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for staging");
         host_transpose(e->stage, host, t->d[0], t->d[1], t->d[2] * t->d[3]);
         host = e->stage;
     }
-    return e->bk->mem_upload(d, host, tensor_bytes(t), e->ctx) ? EXEC_ERR_BACKEND : EXEC_OK;
+    return bk_check(e, e->bk->mem_upload(d, host, tensor_bytes(t), e->ctx), "an upload");
 }
 
 int exec_download(struct exec *e, int id, float *host)
 {
     float *d = exec_tensor(e, id);
-    if (!d) return EXEC_ERR_ARG;
+    if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "tensor %d has no place in the plan", id);
     const struct tensor *t = e->g->tensors[id];
     int conv = nhwc_image(e, t);
-    if (conv && stage_reserve(e, t->numel)) return EXEC_ERR_NOMEM;
-    if (e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx))
-        return EXEC_ERR_BACKEND;
+    if (conv && stage_reserve(e, t->numel))
+        return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for staging");
+    int rc = e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx);
+    if (rc) return bk_fail(e, rc, -1, "a download");
     if (conv) host_transpose(host, e->stage, t->d[0], t->d[2] * t->d[3], t->d[1]);
     return EXEC_OK;
 }
@@ -192,6 +364,7 @@ int exec_download(struct exec *e, int id, float *host)
 static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id)
 {
     if (id < 0 || id >= e->g->n_tensors || e->g->tensors[id]->kind != TENSOR_PARAM) return NULL;
+    if (e->p->inference && part != EXEC_PART_WEIGHT) return NULL; /* no EMA, no moments */
     size_t base = part == EXEC_PART_EMA      ? e->p->ema_off
                   : part == EXEC_PART_ADAM_M ? e->p->adam_m_off
                   : part == EXEC_PART_ADAM_V ? e->p->adam_v_off
@@ -202,32 +375,31 @@ static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id)
 int exec_download_part(struct exec *e, enum exec_part part, int id, float *host)
 {
     unsigned char *d = part_ptr(e, part, id);
-    if (!d) return EXEC_ERR_ARG;
-    return e->bk->mem_download(host, d, tensor_bytes(e->g->tensors[id]), e->ctx)
-               ? EXEC_ERR_BACKEND
-               : EXEC_OK;
+    if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "no part %d of tensor %d", (int)part, id);
+    return bk_check(e, e->bk->mem_download(host, d, tensor_bytes(e->g->tensors[id]), e->ctx),
+                    "a download");
 }
 
 int exec_upload_part(struct exec *e, enum exec_part part, int id, const float *host)
 {
     unsigned char *d = part_ptr(e, part, id);
-    if (!d) return EXEC_ERR_ARG;
-    return e->bk->mem_upload(d, host, tensor_bytes(e->g->tensors[id]), e->ctx)
-               ? EXEC_ERR_BACKEND
-               : EXEC_OK;
+    if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "no part %d of tensor %d", (int)part, id);
+    return bk_check(e, e->bk->mem_upload(d, host, tensor_bytes(e->g->tensors[id]), e->ctx),
+                    "an upload");
 }
 
 int exec_reset_state(struct exec *e)
 {
     const struct plan *p = e->p;
+    if (p->inference)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no EMA or AdamW state");
     size_t words = p->params_bytes / 4;
-    if (e->bk->mem_set_f32((float *)(e->base + p->adam_m_off), 0.0f, 2 * words, e->ctx))
-        return EXEC_ERR_BACKEND;
+    int rc = e->bk->mem_set_f32((float *)(e->base + p->adam_m_off), 0.0f, 2 * words, e->ctx);
+    if (rc) return bk_fail(e, rc, -1, "zeroing the AdamW state");
     /* ema <- params: scale by 1 is a copy through the backend */
-    if (e->bk->scale_fwd((float *)(e->base + p->ema_off), (float *)(e->base + p->params_off),
-                         1.0f, words, e->ctx))
-        return EXEC_ERR_BACKEND;
-    return EXEC_OK;
+    rc = e->bk->scale_fwd((float *)(e->base + p->ema_off), (float *)(e->base + p->params_off),
+                          1.0f, words, e->ctx);
+    return bk_check(e, rc, "copying the weights to the EMA");
 }
 
 /* canary gap of storage s: from the end of its bytes to the end of its placed block. Storages
@@ -236,7 +408,7 @@ int exec_reset_state(struct exec *e)
 static void guard_range(const struct exec *e, int s, size_t *start, size_t *words)
 {
     const struct plan *p = e->p;
-    size_t guard = p->n_storages ? p->guards_bytes / (size_t)p->n_storages : 0;
+    size_t guard = p->guard_bytes;
     *start = (size_t)p->st[s].offset + p->st[s].bytes;
     size_t end = (size_t)p->st[s].offset + plan_align(p->st[s].bytes + guard);
     *words = (end - *start) / 4;
@@ -249,28 +421,47 @@ static int fill_guards(struct exec *e, int k)
         if (e->p->st[s].first != k) continue;
         size_t start, words;
         guard_range(e, s, &start, &words);
-        if (e->bk->mem_set_f32((float *)(e->base + start), bits_to_float(FILL_BITS), words,
-                               e->ctx))
-            return EXEC_ERR_BACKEND;
+        int rc = e->bk->mem_set_f32((float *)(e->base + start), bits_to_float(FILL_BITS),
+                                    words, e->ctx);
+        if (rc) return bk_fail(e, rc, k, "filling a canary");
     }
+    return EXEC_OK;
+}
+
+/* words of the fill pattern at start, else EXEC_ERR_GUARD naming what op k overwrote */
+static int check_gap(struct exec *e, int k, size_t start, size_t words, const char *what)
+{
+    int rc = e->bk->mem_download(e->guard_host, e->base + start, words * 4, e->ctx);
+    if (rc) return bk_fail(e, rc, k, "reading a canary");
+    for (size_t i = 0; i < words; i++)
+        if (e->guard_host[i] != FILL_BITS) {
+            exec_fail(e, EXEC_ERR_GUARD, 0, k, "op %d (%s) wrote %s (+%zu bytes into the gap)",
+                      k, op_name(e->g->ops[k].type), what, 4 * i);
+            fprintf(stderr, "exec: %s\n", e->err.msg);
+            return EXEC_ERR_GUARD;
+        }
     return EXEC_OK;
 }
 
 static int check_guards(struct exec *e, int k)
 {
     const struct plan *p = e->p;
+    int rc;
+    if (p->ws_guard_bytes) {
+        size_t words = p->ws_guard_bytes / 4;
+        if ((rc = check_gap(e, k, p->ws_off - p->ws_guard_bytes, words,
+                            "before the workspace")) ||
+            (rc = check_gap(e, k, p->ws_off + p->ws_bytes, words,
+                            "past the end of the workspace")))
+            return rc;
+    }
     for (int s = 0; s < p->n_storages; s++) {
         if (p->st[s].first > k || p->st[s].last < k) continue;
         size_t start, words;
         guard_range(e, s, &start, &words);
-        if (e->bk->mem_download(e->guard_host, e->base + start, words * 4, e->ctx))
-            return EXEC_ERR_BACKEND;
-        for (size_t i = 0; i < words; i++)
-            if (e->guard_host[i] != FILL_BITS) {
-                fprintf(stderr, "exec: op %d (%s) wrote past storage %d (+%zu bytes)\n", k,
-                        op_name(e->g->ops[k].type), s, 4 * i);
-                return EXEC_ERR_GUARD;
-            }
+        char what[48];
+        snprintf(what, sizeof what, "past storage %d", s);
+        if ((rc = check_gap(e, k, start, words, what))) return rc;
     }
     return EXEC_OK;
 }
@@ -500,18 +691,20 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
             rc = run_op(e, k, dloss_scale, seed, step, sample_base);
         }
         if (rc) {
-            fprintf(stderr, "exec: op %d (%s) failed: %d\n", k, op_name(e->g->ops[k].type), rc);
-            return EXEC_ERR_BACKEND;
+            rc = bk_fail(e, rc, k, "the kernel");
+            fprintf(stderr, "exec: %s\n", e->err.msg);
+            return rc;
         }
         if (e->opts.check_guards && (rc = check_guards(e, k))) return rc;
         if (e->opts.poison) {
             for (int i = e->ends_start[k]; i < e->ends_start[k + 1]; i++) {
                 const struct plan_storage *s = &e->p->st[e->ends[i]];
                 int t = e->loss_tensor;
-                if (t >= 0 && e->p->storage[t] == e->ends[i]) continue; /* read by the host */
-                if (e->bk->mem_set_f32((float *)(e->base + s->offset),
-                                       bits_to_float(POISON_BITS), s->bytes / 4, e->ctx))
-                    return EXEC_ERR_BACKEND;
+                if (s->keep || (t >= 0 && e->p->storage[t] == e->ends[i]))
+                    continue; /* read by the host */
+                rc = e->bk->mem_set_f32((float *)(e->base + s->offset),
+                                        bits_to_float(POISON_BITS), s->bytes / 4, e->ctx);
+                if (rc) return bk_fail(e, rc, k, "poisoning a dead storage");
             }
         }
     }
@@ -522,10 +715,16 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
                           uint64_t step, int sample_base, float *loss)
 {
     const struct plan *p = e->p;
+    int rc;
+    if (p->inference)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no backward");
     if (zero_grads &&
-        e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4, e->ctx))
-        return EXEC_ERR_BACKEND;
-    int rc = run_range(e, 0, e->g->n_ops, dloss_scale, seed, step, sample_base);
+        (rc = e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4,
+                                 e->ctx)))
+        return bk_fail(e, rc, -1, "zeroing the gradients");
+    /* a nested plan's run may have overwritten the workspace canaries */
+    if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
+    rc = run_range(e, 0, e->g->n_ops, dloss_scale, seed, step, sample_base);
     if (rc) return rc;
     if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
     return EXEC_OK;
@@ -533,9 +732,10 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
 
 int exec_forward(struct exec *e, float *loss)
 {
-    int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops;
+    int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops, rc;
+    if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     e->eval = 1;
-    int rc = run_range(e, 0, n, 1.0f, 0, 0, 0);
+    rc = run_range(e, 0, n, 1.0f, 0, 0, 0);
     e->eval = 0;
     if (!rc && loss && e->loss_tensor >= 0) rc = exec_download(e, e->loss_tensor, loss);
     return rc;
@@ -572,10 +772,13 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
                           float *grad_norm)
 {
     const struct plan *p = e->p;
+    if (p->inference)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no optimizer state");
     size_t words = p->params_bytes / 4;
     float *w = (float *)(e->base + p->params_off), *g = (float *)(e->base + p->grads_off);
     double ss = 0;
-    if (e->bk->sumsq(&ss, g, words, e->ctx)) return EXEC_ERR_BACKEND;
+    int rc = e->bk->sumsq(&ss, g, words, e->ctx);
+    if (rc) return bk_fail(e, rc, -1, "the gradient norm");
     float norm = (float)sqrt(ss), gscale = 1.0f;
     if (grad_norm) *grad_norm = norm;
     /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
@@ -594,14 +797,15 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     };
     float *m = (float *)(e->base + p->adam_m_off), *v = (float *)(e->base + p->adam_v_off);
     if (c->ema_decay > 0.0f && e->bk->adamw_ema_step)
-        return e->bk->adamw_ema_step(w, m, v, (float *)(e->base + p->ema_off), g, gscale, &h,
-                                     c->ema_decay, words, e->ctx)
-                   ? EXEC_ERR_BACKEND
-                   : EXEC_OK;
-    if (e->bk->adamw_step(w, m, v, g, gscale, &h, words, e->ctx)) return EXEC_ERR_BACKEND;
+        return bk_check(e,
+                        e->bk->adamw_ema_step(w, m, v, (float *)(e->base + p->ema_off), g, gscale,
+                                              &h, c->ema_decay, words, e->ctx),
+                        "the AdamW + EMA step");
+    if ((rc = e->bk->adamw_step(w, m, v, g, gscale, &h, words, e->ctx)))
+        return bk_fail(e, rc, -1, "the AdamW step");
     if (c->ema_decay > 0.0f &&
-        e->bk->ema_update((float *)(e->base + p->ema_off), w, c->ema_decay, words, e->ctx))
-        return EXEC_ERR_BACKEND;
+        (rc = e->bk->ema_update((float *)(e->base + p->ema_off), w, c->ema_decay, words, e->ctx)))
+        return bk_fail(e, rc, -1, "the EMA update");
     return EXEC_OK;
 }
 

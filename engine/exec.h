@@ -1,6 +1,6 @@
 /* exec.h - the executor: takes a job's one allocation (plan.total_bytes), binds every tensor to
  * its planned address and runs forward, backward, clipping, AdamW and EMA through a backend.
- * Nothing is allocated after exec_init.
+ * Nothing is allocated after exec_init; a nested executor (exec_init_nested) allocates nothing.
  */
 #ifndef DDPMD_EXEC_H
 #define DDPMD_EXEC_H
@@ -14,10 +14,21 @@
 
 enum exec_status {
     EXEC_OK = 0,
-    EXEC_ERR_NOMEM = 1,
-    EXEC_ERR_BACKEND = 2,
-    EXEC_ERR_GUARD = 3,   /* a kernel wrote outside its tensor (canary check) */
+    EXEC_ERR_NOMEM = 1,   /* host memory (the executor's own bookkeeping) */
+    EXEC_ERR_BACKEND = 2, /* the backend failed: a device error or an invalid call */
+    EXEC_ERR_GUARD = 3,   /* a kernel wrote outside its tensor or the workspace (canary check) */
     EXEC_ERR_ARG = 4,
+    EXEC_ERR_BUDGET = 5,  /* out of budget: the backend refused memory (BK_ERR_NOMEM): the
+                           * reservation itself, or a library's request beyond it during a step;
+                           * or a nested plan larger than its host's reservation */
+};
+
+/* why a call failed: the status it returned, and the backend's own status and op */
+struct exec_error {
+    int status;           /* enum exec_status; EXEC_OK when nothing failed */
+    int bk_status;        /* enum bk_status of the failing backend call; 0 if not the backend's */
+    int op;               /* graph op that failed; -1 outside an op */
+    char msg[256];        /* names the cause: the call, the op, the bytes */
 };
 
 struct exec_opts {
@@ -25,6 +36,7 @@ struct exec_opts {
     int poison;           /* fill every arena storage with NaN after its last use */
     int check_guards;     /* verify the canary gaps (plan_opts.guard_bytes) after every op */
     int profile;          /* accumulate wall time per op (exec_profile); off: one branch per op */
+    struct exec_error *init_error; /* may be NULL: where a failing exec_init says why */
 };
 
 /* wall time accumulated while exec_opts.profile is set, since exec_init or the last
@@ -52,6 +64,20 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
               const struct backend *bk, const struct exec_opts *opts);
 void exec_free(struct exec *e);
 
+/* An executor of a nested plan (plan_make_nested against host's plan) over host's allocation and
+ * backend context: it allocates nothing. EXEC_ERR_BUDGET when sub does not fit host's
+ * reservation (plan_reserve_nested was not called before host's exec_init), EXEC_ERR_ARG when sub
+ * is not nested. Its parameters ARE host's weights or EMA (uploading one writes host's); a run
+ * overwrites host's inputs and arena (upload host's inputs again before host's next step). host
+ * outlives it; the two never run at once. opts->threads is ignored (host's context is used). */
+int exec_init_nested(struct exec **out, const struct graph *g, const struct plan *sub,
+                     struct exec *host, const struct exec_opts *opts);
+
+/* the last failure of a call on e (status EXEC_OK when none has failed) */
+const struct exec_error *exec_last_error(const struct exec *e);
+/* "ok", "out of host memory", "backend error", "out of budget", ... */
+const char *exec_status_name(int status);
+
 /* device pointer of tensor id (valid for inputs, params, grads; arena tensors only while live) */
 float *exec_tensor(struct exec *e, int id);
 int exec_upload(struct exec *e, int id, const float *host);
@@ -64,13 +90,14 @@ static inline int exec_download_ema(struct exec *e, int id, float *host)
 {
     return exec_download_part(e, EXEC_PART_EMA, id, host);
 }
-/* copies the current parameters into the EMA block and zeroes the AdamW state */
+/* copies the current parameters into the EMA block and zeroes the AdamW state (EXEC_ERR_ARG for
+ * an inference plan, which has neither; EMA and AdamW parts likewise) */
 int exec_reset_state(struct exec *e);
 
 /* one forward + backward over the whole graph; parameter gradients are zeroed first when
  * zero_grads (a micro-batch after the first accumulates). dloss_scale multiplies the loss
  * gradient (1/micro-batches for accumulation, or a loss scale). seed/step/sample_base feed
- * dropout. loss (host) may be NULL. */
+ * dropout. loss (host) may be NULL. An inference plan has no backward: EXEC_ERR_ARG. */
 int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
                           uint64_t step, int sample_base, float *loss);
 /* forward only (ops [0, n_fwd_ops)) in evaluation mode (dropout is the identity): for

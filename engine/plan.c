@@ -126,23 +126,44 @@ static int64_t place_best_fit(const struct plan_storage *st, const int *placed, 
     return best >= 0 ? best : cursor;
 }
 
-int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
-              const struct plan_opts *opts)
+/* the shapes of two parameters agree */
+static int same_shape(const struct tensor *a, const struct tensor *b)
+{
+    if (a->rank != b->rank || a->numel != b->numel) return 0;
+    for (int k = 0; k < a->rank; k++)
+        if (a->d[k] != b->d[k]) return 0;
+    return 1;
+}
+
+/* plan_make and plan_make_nested: infer plans the forward ops only and no training state; host
+ * (may be NULL) is the plan whose allocation a nested plan lives in */
+static int plan_build(struct plan *p, const struct graph *g, const struct backend *bk,
+                      const struct plan_opts *opts, int infer, const struct plan *host,
+                      const struct graph *host_g, enum plan_weights weights)
 {
     struct plan_opts def = {0};
     if (!opts) opts = &def;
     memset(p, 0, sizeof *p);
     int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
-    int *order = NULL, *placed = NULL;
+    int *order = NULL, *placed = NULL, *readers = NULL;
+    unsigned char *secondary = NULL;
     int64_t *busy = NULL;
     if (g->status) return PLAN_ERR_GRAPH;
+    p->inference = infer;
+    p->nested = host != NULL;
+    /* a backward, when there is one, starts at n_fwd_ops: an inference step never runs it */
+    int n_run = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
+    p->n_run_ops = n_run;
     p->n_tensors = n;
-    p->offset = malloc((size_t)n * sizeof *p->offset);
-    p->storage = malloc((size_t)n * sizeof *p->storage);
-    p->first = malloc((size_t)n * sizeof *p->first);
-    p->last = malloc((size_t)n * sizeof *p->last);
+    p->offset = malloc((size_t)n * sizeof *p->offset + 1);
+    p->storage = malloc((size_t)n * sizeof *p->storage + 1);
+    p->first = malloc((size_t)n * sizeof *p->first + 1);
+    p->last = malloc((size_t)n * sizeof *p->last + 1);
     p->st = malloc((size_t)(n + 1) * sizeof *p->st);
-    if (!p->offset || !p->storage || !p->first || !p->last || !p->st) goto out;
+    readers = calloc((size_t)n + 1, sizeof *readers);
+    secondary = calloc((size_t)n + 1, 1);
+    if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !readers || !secondary)
+        goto out;
     for (int i = 0; i < n; i++) {
         p->offset[i] = -1;
         p->storage[i] = -1;
@@ -151,14 +172,15 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
     }
 
     /* lifetimes of arena tensors in execution order */
-    int *readers = calloc((size_t)n, sizeof *readers);
-    if (!readers) goto out;
-    for (int k = 0; k < g->n_ops; k++) {
+    for (int k = 0; k < n_run; k++) {
         const struct op *o = &g->ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
             if (t < 0) continue;
-            if (p->first[t] < 0) p->first[t] = k;
+            if (p->first[t] < 0) {
+                p->first[t] = k;
+                secondary[t] = j > 0;
+            }
             p->last[t] = k;
         }
         for (int j = 0; j < o->n_in; j++) {
@@ -169,18 +191,21 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
             readers[t]++;
         }
     }
-    /* an arena tensor nobody reads (the loss) stays until the step ends: the host reads it */
+    /* An arena tensor nobody reads (the loss, a forward-only graph's output) stays until the
+     * step ends: the host reads it. In inference, an op's secondary output nobody reads (the
+     * statistics group norm and attention save for a backward that never runs) dies at once. */
     for (int t = 0; t < n; t++)
-        if (g->tensors[t]->kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t])
-            p->last[t] = g->n_ops - 1;
-    free(readers);
+        if (g->tensors[t]->kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t] &&
+            !(infer && secondary[t]))
+            p->last[t] = n_run - 1;
 
     /* storages: one per arena tensor, merged through in-place ops */
-    for (int k = 0; k < g->n_ops; k++) {
+    for (int k = 0; k < n_run; k++) {
         const struct op *o = &g->ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
             if (t < 0 || g->tensors[t]->kind != TENSOR_ACT || p->storage[t] >= 0) continue;
+            int keep = !readers[t] && p->last[t] == n_run - 1;
             int in_idx, src;
             if (!opts->no_reuse && p->first[t] == k && inplace_input(g, o, j, &in_idx, bk) &&
                 (src = o->in[in_idx]) >= 0 && g->tensors[src]->kind == TENSOR_ACT &&
@@ -188,38 +213,64 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
                 tensor_bytes(g->tensors[src]) == tensor_bytes(g->tensors[t])) {
                 p->storage[t] = p->storage[src];
                 p->st[p->storage[t]].last = p->last[t];
+                p->st[p->storage[t]].keep |= keep;
                 continue;
             }
             struct plan_storage *s = &p->st[p->n_storages];
             s->bytes = tensor_bytes(g->tensors[t]);
             s->first = p->first[t];
             s->last = p->last[t];
+            s->keep = keep;
             s->offset = -1;
             p->storage[t] = p->n_storages++;
         }
     }
 
-    /* persistent parts */
+    /* persistent parts: a nested plan's parameters are its host's, the rest starts where the
+     * host's transient part does */
     size_t off = 0;
-    for (int t = 0; t < n; t++)
-        if (g->tensors[t]->kind == TENSOR_PARAM) {
-            p->offset[t] = (int64_t)off;
-            off += plan_align(tensor_bytes(g->tensors[t]));
+    if (host) {
+        size_t base = weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
+        for (int t = 0; t < n; t++) {
+            const struct tensor *tt = g->tensors[t];
+            if (tt->kind != TENSOR_PARAM) continue;
+            int w = graph_find_param(host_g, tt->name);
+            if (w < 0 || w >= host->n_tensors || host->offset[w] < 0 ||
+                !same_shape(tt, host_g->tensors[w])) {
+                rc = PLAN_ERR_GRAPH;
+                goto out;
+            }
+            p->offset[t] = (int64_t)(base + ((size_t)host->offset[w] - host->params_off));
         }
-    p->params_off = 0;
-    p->params_bytes = off;
-    p->grads_off = p->params_bytes;
-    p->adam_m_off = p->grads_off + p->params_bytes;
-    p->adam_v_off = p->adam_m_off + p->params_bytes;
-    p->ema_off = p->adam_v_off + p->params_bytes;
-    off = p->ema_off + p->params_bytes;
-    for (int t = 0; t < n; t++) {
-        const struct tensor *tt = g->tensors[t];
-        if (tt->kind == TENSOR_GRAD) {
-            int w = -1;
-            for (int s = 0; s < n && w < 0; s++)
-                if (g->tensors[s]->grad == t) w = s;
-            p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[w]);
+        p->params_off = base;
+        p->params_bytes = host->params_bytes;
+        off = host->inputs_off;
+    } else {
+        for (int t = 0; t < n; t++)
+            if (g->tensors[t]->kind == TENSOR_PARAM) {
+                p->offset[t] = (int64_t)off;
+                off += plan_align(tensor_bytes(g->tensors[t]));
+            }
+        p->params_off = 0;
+        p->params_bytes = off;
+    }
+    if (!infer) {
+        p->grads_off = p->params_bytes;
+        p->grads_bytes = p->params_bytes;
+        p->adam_m_off = p->grads_off + p->params_bytes;
+        p->adam_v_off = p->adam_m_off + p->params_bytes;
+        p->adam_bytes = 2 * p->params_bytes;
+        p->ema_off = p->adam_v_off + p->params_bytes;
+        p->ema_bytes = p->params_bytes;
+        off = p->ema_off + p->params_bytes;
+        for (int t = 0; t < n; t++) {
+            const struct tensor *tt = g->tensors[t];
+            if (tt->kind == TENSOR_GRAD) {
+                int w = -1;
+                for (int s = 0; s < n && w < 0; s++)
+                    if (g->tensors[s]->grad == t) w = s;
+                p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[w]);
+            }
         }
     }
     p->inputs_off = off;
@@ -229,13 +280,16 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
             off += plan_align(tensor_bytes(g->tensors[t]));
         }
     p->inputs_bytes = off - p->inputs_off;
-    p->ws_off = off;
-    for (int k = 0; k < g->n_ops; k++) {
+    /* the workspace: canary gaps on both sides, as the arena storages have after them */
+    p->guard_bytes = opts->guard_bytes;
+    p->ws_guard_bytes = opts->guard_bytes ? plan_align(opts->guard_bytes) : 0;
+    p->ws_off = off + p->ws_guard_bytes;
+    for (int k = 0; k < n_run; k++) {
         size_t w = op_ws_bytes(&g->ops[k], bk);
         if (w > p->ws_bytes) p->ws_bytes = w;
     }
     p->ws_bytes = plan_align(p->ws_bytes);
-    p->arena_off = p->ws_off + p->ws_bytes;
+    p->arena_off = p->ws_off + p->ws_bytes + p->ws_guard_bytes;
 
     /* arena: best fit, largest first */
     order = malloc((size_t)(p->n_storages + 1) * sizeof *order);
@@ -273,8 +327,35 @@ out:
     free(order);
     free(placed);
     free(busy);
+    free(readers);
+    free(secondary);
     if (rc) plan_free(p);
     return rc;
+}
+
+int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
+              const struct plan_opts *opts)
+{
+    enum plan_mode mode = opts ? opts->mode : PLAN_MODE_AUTO;
+    int infer = mode == PLAN_MODE_INFER || (mode == PLAN_MODE_AUTO && g->n_fwd_ops == 0);
+    return plan_build(p, g, bk, opts, infer, NULL, NULL, PLAN_WEIGHTS_PARAMS);
+}
+
+int plan_make_nested(struct plan *sub, const struct graph *g, const struct backend *bk,
+                     const struct plan_opts *opts, const struct plan *host,
+                     const struct graph *host_g, enum plan_weights weights)
+{
+    memset(sub, 0, sizeof *sub);
+    if (!host || !host_g || host->nested || host->n_tensors != host_g->n_tensors ||
+        (weights == PLAN_WEIGHTS_EMA && !host->ema_bytes))
+        return PLAN_ERR_ARG;
+    return plan_build(sub, g, bk, opts, 1, host, host_g, weights);
+}
+
+void plan_reserve_nested(struct plan *host, const struct plan *sub)
+{
+    if (sub->total_bytes > host->nested_bytes) host->nested_bytes = sub->total_bytes;
+    if (host->nested_bytes > host->total_bytes) host->total_bytes = host->nested_bytes;
 }
 
 static void pr(FILE *f, const char *what, size_t bytes)
@@ -284,13 +365,19 @@ static void pr(FILE *f, const char *what, size_t bytes)
 
 void plan_print(const struct plan *p, FILE *f)
 {
-    pr(f, "parameters", p->params_bytes);
-    pr(f, "gradients", p->params_bytes);
-    pr(f, "adamw state (m, v)", 2 * p->params_bytes);
-    pr(f, "ema", p->params_bytes);
+    pr(f, p->nested ? "parameters (host's)" : "parameters", p->params_bytes);
+    if (p->inference) {
+        fprintf(f, "  (inference: no gradients, optimizer state or EMA)\n");
+    } else {
+        pr(f, "gradients", p->grads_bytes);
+        pr(f, "adamw state (m, v)", p->adam_bytes);
+        pr(f, "ema", p->ema_bytes);
+    }
     pr(f, "inputs", p->inputs_bytes);
     pr(f, "workspace", p->ws_bytes);
+    if (p->ws_guard_bytes) pr(f, "  (canaries around it)", 2 * p->ws_guard_bytes);
     pr(f, "activation arena", p->arena_bytes);
     pr(f, "  (without reuse)", p->no_reuse_arena_bytes);
+    if (p->nested_bytes) pr(f, "nested sampling (end)", p->nested_bytes);
     pr(f, "total", p->total_bytes);
 }

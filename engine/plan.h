@@ -1,7 +1,9 @@
-/* plan.h - the memory plan: every byte a training step touches, decided before any is allocated.
- * One allocation per job: [params | grads | adam m | adam v | ema | inputs | workspace | arena].
- * Arena tensors are placed by best-fit over their lifetimes in execution order, with in-place
- * reuse where an op allows it. plan.total_bytes IS the job's reservation.
+/* plan.h - the memory plan: every byte a step touches, decided before any is allocated.
+ * One allocation per job: [params | grads | adam m | adam v | ema | inputs | workspace | arena]
+ * for training, [params | inputs | workspace | arena] for inference (sampling). Arena tensors are
+ * placed by best-fit over their lifetimes in execution order, with in-place reuse where an op
+ * allows it. plan.total_bytes IS the job's reservation; a nested inference plan (a training
+ * job's sample grid) runs inside it (plan_make_nested).
  */
 #ifndef DDPMD_PLAN_H
 #define DDPMD_PLAN_H
@@ -18,9 +20,19 @@
 /* x rounded up to PLAN_ALIGN */
 static inline size_t plan_align(size_t x) { return (x + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
 
+enum plan_mode {
+    PLAN_MODE_AUTO = 0,  /* training when graph_backward ran on the graph (n_fwd_ops > 0),
+                          * inference otherwise */
+    PLAN_MODE_TRAIN,     /* gradients, AdamW moments and EMA whatever the graph */
+    PLAN_MODE_INFER,     /* the forward ops only ([0, n_fwd_ops), all ops of a forward-only
+                          * graph): weights, inputs, workspace and the arena, nothing else */
+};
+
 struct plan_opts {
     int no_reuse;        /* every arena storage gets its own bytes (the honesty reference) */
-    size_t guard_bytes;  /* canary gap after every arena storage (checked by the executor) */
+    size_t guard_bytes;  /* canary gap after every arena storage and on both sides of the
+                          * workspace (checked by the executor) */
+    enum plan_mode mode;
 };
 
 /* a storage: one or more arena tensors sharing bytes through in-place ops */
@@ -28,9 +40,14 @@ struct plan_storage {
     int64_t offset;      /* in the job's allocation */
     size_t bytes;
     int first, last;     /* op indices of its lifetime, inclusive */
+    int keep;            /* a result nothing reads (the loss, a forward-only graph's output):
+                          * lives to the end of the step, for the host to read */
 };
 
 struct plan {
+    int inference;       /* no gradients, AdamW moments or EMA (their *_off are unused) */
+    int nested;          /* a sub-plan inside another plan's allocation (plan_make_nested) */
+    int n_run_ops;       /* the ops a step runs: all, or the forward ones of an inference plan */
     int n_tensors;
     int64_t *offset;     /* per tensor: byte offset in the allocation; -1 if never touched */
     int *storage;        /* per arena tensor: storage index; -1 otherwise */
@@ -40,21 +57,48 @@ struct plan {
 
     /* the parts, as byte ranges of the allocation */
     size_t params_off, params_bytes;  /* parameters, each 64-byte aligned, padding zeroed */
-    size_t grads_off;                 /* same layout as params */
+    size_t grads_off, grads_bytes;    /* same layout as params; 0 bytes for inference */
     size_t adam_m_off, adam_v_off;    /* same layout as params */
-    size_t ema_off;                   /* same layout as params */
+    size_t adam_bytes;                /* m and v together; 0 for inference */
+    size_t ema_off, ema_bytes;        /* same layout as params; 0 for inference */
     size_t inputs_off, inputs_bytes;
     size_t ws_off, ws_bytes;          /* library scratch: the largest any op needs */
+    size_t ws_guard_bytes;            /* the canary gap before ws_off and the one after the
+                                       * workspace, each (0 without guard_bytes) */
     size_t arena_off, arena_bytes;    /* activations, statistics, activation gradients */
+    size_t guard_bytes;               /* plan_opts.guard_bytes: the gap after each storage */
     size_t guards_bytes;              /* of arena_bytes, bytes that are canary gaps */
+    size_t nested_bytes;              /* the end of the nested sub-plan this reservation also
+                                       * holds (plan_reserve_nested); 0 when none */
     size_t total_bytes;
     size_t no_reuse_arena_bytes;      /* the arena without any reuse, for comparison */
 };
 
-enum plan_status { PLAN_OK = 0, PLAN_ERR_NOMEM = 1, PLAN_ERR_GRAPH = 2 };
+enum plan_status { PLAN_OK = 0, PLAN_ERR_NOMEM = 1, PLAN_ERR_GRAPH = 2, PLAN_ERR_ARG = 3 };
 
 int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
               const struct plan_opts *opts);
+
+/* which of the host's blocks a nested plan's parameters are */
+enum plan_weights { PLAN_WEIGHTS_PARAMS = 0, PLAN_WEIGHTS_EMA = 1 };
+
+/* An inference plan of g (forward ops, as PLAN_MODE_INFER; opts->mode is ignored) that runs
+ * inside host's allocation between two of host's steps: a training job's sample grid inside its
+ * one reservation. g's parameters are not copied: each is bound to the same-named parameter of
+ * host_g in host's weight or EMA block (every one must exist there with the same shape:
+ * PLAN_ERR_GRAPH otherwise; a host without EMA and PLAN_WEIGHTS_EMA: PLAN_ERR_ARG). g's inputs,
+ * workspace and arena are laid out from host->inputs_off on, over host's transient part (its
+ * inputs, workspace and arena), which holds nothing between two steps. sub->total_bytes is the
+ * end of the bytes sub touches; call plan_reserve_nested(host, sub) before host's exec_init so
+ * that the reservation covers it (the larger of the two). Contract for the caller: a nested run
+ * leaves host's inputs and arena overwritten, so host's inputs are uploaded again before its
+ * next step (a training step uploads them anyway). */
+int plan_make_nested(struct plan *sub, const struct graph *g, const struct backend *bk,
+                     const struct plan_opts *opts, const struct plan *host,
+                     const struct graph *host_g, enum plan_weights weights);
+/* host's reservation grown to hold sub too: total_bytes = max(host, sub). Before exec_init. */
+void plan_reserve_nested(struct plan *host, const struct plan *sub);
+
 void plan_free(struct plan *p);
 /* a human-readable summary of the parts (one line each) */
 void plan_print(const struct plan *p, FILE *f);

@@ -285,7 +285,7 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards)
     CHECK(dev_free() == free0, "%s: the device did not get its memory back", name);
 }
 
-/* a plan larger than the device: exec_init fails with EXEC_ERR_NOMEM and nothing breaks */
+/* a plan larger than the device: exec_init fails with EXEC_ERR_BUDGET and nothing breaks */
 static void over_budget(void)
 {
     struct bk_device_mem m;
@@ -310,7 +310,7 @@ static void over_budget(void)
     int er = exec_init(&e, &j.g, &j.p, G, &eo);
     printf("over budget: seed 64px batch %d plans %.1f GiB on a %.1f GiB device: exec_init %d\n",
            batch, (double)j.p.total_bytes / 1073741824.0, (double)m.total / 1073741824.0, er);
-    CHECK(er == EXEC_ERR_NOMEM && e == NULL, "over-budget exec_init: %d", er);
+    CHECK(er == EXEC_ERR_BUDGET && e == NULL, "over-budget exec_init: %d", er);
     CHECK(!G->device_poisoned(0), "the device is poisoned after an over-budget request");
     CHECK(dev_free() == free0, "a failed reservation kept device memory");
     plan_free(&j.p);
