@@ -147,14 +147,11 @@ static int fill_ws_guards(struct exec *e)
     size_t words = p->ws_guard_bytes / 4;
     if (!words) return EXEC_OK;
     float fill = bits_to_float(FILL_BITS);
-    return bk_check(e,
-                    e->bk->mem_set_f32((float *)(e->base + p->ws_off - p->ws_guard_bytes), fill,
-                                       words, e->ctx) ||
-                            e->bk->mem_set_f32((float *)(e->base + p->ws_off + p->ws_bytes), fill,
-                                               words, e->ctx)
-                        ? BK_ERR_DEVICE
-                        : BK_OK,
-                    "filling the workspace canaries");
+    int rc = e->bk->mem_set_f32((float *)(e->base + p->ws_off - p->ws_guard_bytes), fill, words,
+                                e->ctx);
+    if (!rc)
+        rc = e->bk->mem_set_f32((float *)(e->base + p->ws_off + p->ws_bytes), fill, words, e->ctx);
+    return bk_check(e, rc, "filling the workspace canaries");
 }
 
 /* everything after base and ctx: the bytes from `from` on start as zero below the arena and as
