@@ -2,7 +2,10 @@
  * process (context, a pool of per-job streams and library handles, every library module loaded
  * eagerly, one tiny convolution and GEMM run) and then measured: what the process holds there is
  * known before any job is admitted. A job's context borrows a slot of that pool, so the job itself
- * allocates exactly one thing on the device, its reservation (mem_alloc).
+ * allocates exactly one thing on the device, its reservation (mem_alloc). The pool grows when
+ * every slot is taken (the growth is measured and added to what the process holds). The device
+ * and parity mode are the calling thread's selection (device_select, set_parity), captured by
+ * each context at ctx_init: no process-wide mode one job could change under another.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -11,10 +14,11 @@
 
 #include "cuda_backend.h"
 
-int cu_parity = 1;
 int cu_sync_checks = 0;
+static int g_parity_env = 1; /* DDPMD_CUDA_PARITY, read once at the table's init */
 
 struct cu_slot {
+    struct cu_slot *next;
     int used;
     cudaStream_t stream;
     cudnnHandle_t cudnn;
@@ -31,17 +35,19 @@ struct cu_dev {
     int cc_major, cc_minor;
     char name[96];
     int nslots;
-    struct cu_slot slot[CU_MAX_SLOTS];
+    struct cu_slot *slots;    /* the pool, a list: grows, never shrinks */
     cudnnHandle_t qcudnn;     /* job-less queries (conv2d_ws_bytes) under g_qlock */
 };
 
 static struct cu_dev g_dev[CU_MAX_DEVICES];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;  /* g_dev states and slots */
 static pthread_mutex_t g_qlock = PTHREAD_MUTEX_INITIALIZER; /* query handles, conv cache */
-static int g_default_device = 0;
-static __thread int tl_device = -1; /* the device this thread made current */
+static __thread int tl_device = -1;  /* the device this thread made current */
+static __thread int tl_select = 0;   /* this thread's device_select */
+static __thread int tl_parity = -1;  /* this thread's set_parity; -1: DDPMD_CUDA_PARITY */
 
-int cu_default_device(void) { return g_default_device; }
+int cu_default_device(void) { return tl_select; }
+int cu_thread_parity(void) { return tl_parity >= 0 ? tl_parity : g_parity_env; }
 void cu_query_lock(void) { pthread_mutex_lock(&g_qlock); }
 void cu_query_unlock(void) { pthread_mutex_unlock(&g_qlock); }
 cudnnHandle_t cu_query_cudnn(int device) { return g_dev[device].qcudnn; }
@@ -176,7 +182,7 @@ static int env_int(const char *name, int def, int lo, int hi)
 
 /* one small convolution in every direction through every algorithm the finders try, and a
  * GEMM: the libraries load what they load lazily (sub-libraries, heuristics, kernels) now */
-static int warm_libraries(struct cu_dev *d, struct cu_slot *sl)
+static int warm_libraries(struct cu_dev *d, struct cu_slot *sl, int parity)
 {
     const int n = 2, c = 8, hw = 16, k = 3;
     const size_t ws_bytes = 16u << 20;
@@ -205,7 +211,7 @@ static int warm_libraries(struct cu_dev *d, struct cu_slot *sl)
     WARM_CUDNN(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, c, c, k, k));
     WARM_CUDNN(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
                                                CUDNN_DATA_FLOAT));
-    WARM_CUDNN(cudnnSetConvolutionMathType(cd, cu_parity ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+    WARM_CUDNN(cudnnSetConvolutionMathType(cd, parity ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
     WARM_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(sl->cudnn, xd, wd, cd, yd,
                                                       2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
                                                       fp));
@@ -235,6 +241,35 @@ fail:
     return ok ? 0 : -1;
 }
 
+/* a new slot of device d's pool: stream and handles (device current, g_lock held) */
+static int slot_make(struct cu_dev *d, struct cu_slot **out)
+{
+    struct cu_slot *sl = (struct cu_slot *)calloc(1, sizeof *sl);
+    if (!sl) {
+        snprintf(d->err, sizeof d->err, "out of host memory for a job slot");
+        return -1;
+    }
+    WARM_CUDA(cudaStreamCreateWithFlags(&sl->stream, cudaStreamNonBlocking));
+    WARM_CUDNN(cudnnCreate(&sl->cudnn));
+    WARM_CUDNN(cudnnSetStream(sl->cudnn, sl->stream));
+    WARM_CUBLAS(cublasCreate(&sl->cublas));
+    WARM_CUBLAS(cublasSetStream(sl->cublas, sl->stream));
+    /* no workspace of cuBLAS's own: the plan's (ctx_set_workspace) or none */
+    WARM_CUBLAS(cublasSetWorkspace(sl->cublas, NULL, 0));
+    WARM_CUDA(cudaMalloc(&sl->scratch, CU_SCRATCH_DOUBLES * sizeof(double)));
+    WARM_CUDA(cudaMallocHost(&sl->host, 8 * sizeof(double)));
+    sl->next = d->slots;
+    d->slots = sl;
+    d->nslots++;
+    *out = sl;
+    return 0;
+fail:
+    /* what was made stays unreachable until the process ends: a failed slot is rare */
+    (void)cudaGetLastError();
+    free(sl);
+    return -1;
+}
+
 /* called with g_lock held */
 static int dev_warm_up(int dev)
 {
@@ -256,21 +291,15 @@ static int dev_warm_up(int dev)
     WARM_CUDNN(cudnnGraphVersionCheck());
     WARM_CUDNN(cudnnOpsVersionCheck());
     WARM_CUDNN(cudnnCnnVersionCheck());
-    d->nslots = env_int("DDPMD_CUDA_SLOTS", 4, 1, CU_MAX_SLOTS);
-    for (int i = 0; i < d->nslots; i++) {
-        struct cu_slot *sl = &d->slot[i];
-        WARM_CUDA(cudaStreamCreateWithFlags(&sl->stream, cudaStreamNonBlocking));
-        WARM_CUDNN(cudnnCreate(&sl->cudnn));
-        WARM_CUDNN(cudnnSetStream(sl->cudnn, sl->stream));
-        WARM_CUBLAS(cublasCreate(&sl->cublas));
-        WARM_CUBLAS(cublasSetStream(sl->cublas, sl->stream));
-        /* no workspace of cuBLAS's own: the plan's (ctx_set_workspace) or none */
-        WARM_CUBLAS(cublasSetWorkspace(sl->cublas, NULL, 0));
-        WARM_CUDA(cudaMalloc(&sl->scratch, CU_SCRATCH_DOUBLES * sizeof(double)));
-        WARM_CUDA(cudaMallocHost(&sl->host, 8 * sizeof(double)));
+    {
+        /* the slots made at the warm-up (measured with the rest); more are made on demand */
+        const int first = env_int("DDPMD_CUDA_SLOTS", 4, 1, CU_MAX_SLOTS);
+        struct cu_slot *sl = NULL;
+        for (int i = 0; i < first; i++)
+            if (slot_make(d, &sl)) goto fail;
     }
     WARM_CUDNN(cudnnCreate(&d->qcudnn));
-    if (warm_libraries(d, &d->slot[0])) goto fail;
+    if (warm_libraries(d, d->slots, cu_thread_parity())) goto fail;
     WARM_CUDA(cudaDeviceSynchronize());
     WARM_CUDA(cudaMemGetInfo(&free_b, &total_b));
     d->total = total_b;
@@ -354,7 +383,7 @@ static int cu_device_select(int device, char *err, size_t errlen)
                      g_dev[device].poisoned ? "poisoned" : g_dev[device].err);
         return rc;
     }
-    g_default_device = device;
+    tl_select = device;
     return BK_OK;
 }
 
@@ -381,9 +410,10 @@ static int cu_device_poisoned(int device)
     return g_dev[device].poisoned;
 }
 
+/* this thread's parity mode: for its later ctx_init and *_ws_bytes calls */
 static int cu_set_parity(int on)
 {
-    cu_parity = on ? 1 : 0;
+    tl_parity = on ? 1 : 0;
     return BK_OK;
 }
 
@@ -393,31 +423,43 @@ int cu_ctx_init(bk_ctx **out, int threads)
 {
     (void)threads;
     if (!out) return BK_ERR_INVALID;
-    int dev = g_default_device;
+    int dev = tl_select;
     int rc = cu_device_ready(dev);
     if (rc) return rc;
     bk_ctx *c = (bk_ctx *)calloc(1, sizeof *c);
     if (!c) return BK_ERR_NOMEM;
     struct cu_dev *d = &g_dev[dev];
     pthread_mutex_lock(&g_lock);
-    int s = 0;
-    while (s < d->nslots && d->slot[s].used) s++;
-    if (s < d->nslots) d->slot[s].used = 1;
-    pthread_mutex_unlock(&g_lock);
-    if (s == d->nslots) {
-        fprintf(stderr, "ddpmd cuda: device %d: all %d job slots in use (DDPMD_CUDA_SLOTS)\n", dev,
-                d->nslots);
-        free(c);
-        return BK_ERR_NOMEM;
+    struct cu_slot *sl = d->slots;
+    while (sl && sl->used) sl = sl->next;
+    if (!sl) {
+        /* every slot taken: one more, measured and counted as the process's own */
+        size_t f0 = 0, f1 = 0, t = 0;
+        const int measured = cudaMemGetInfo(&f0, &t) == cudaSuccess;
+        if (slot_make(d, &sl)) {
+            pthread_mutex_unlock(&g_lock);
+            fprintf(stderr, "ddpmd cuda: device %d: cannot add a job slot (%d made): %s\n", dev,
+                    d->nslots, d->err);
+            free(c);
+            return BK_ERR_NOMEM;
+        }
+        if (measured && cudaMemGetInfo(&f1, &t) == cudaSuccess && f0 > f1)
+            d->process += f0 - f1;
+        if (getenv("DDPMD_CUDA_VERBOSE"))
+            fprintf(stderr, "ddpmd cuda: device %d: job slot %d added (%zu KiB)\n", dev,
+                    d->nslots, f0 > f1 ? (f0 - f1) >> 10 : 0);
     }
+    sl->used = 1;
+    pthread_mutex_unlock(&g_lock);
     c->device = dev;
-    c->slot = s;
-    c->stream = d->slot[s].stream;
-    c->cudnn = d->slot[s].cudnn;
-    c->cublas = d->slot[s].cublas;
-    c->scratch = d->slot[s].scratch;
-    c->host = d->slot[s].host;
-    cublasStatus_t bs = cublasSetMathMode(c->cublas, cu_parity ? CUBLAS_PEDANTIC_MATH
+    c->parity = cu_thread_parity();
+    c->slot = sl;
+    c->stream = sl->stream;
+    c->cudnn = sl->cudnn;
+    c->cublas = sl->cublas;
+    c->scratch = sl->scratch;
+    c->host = sl->host;
+    cublasStatus_t bs = cublasSetMathMode(c->cublas, c->parity ? CUBLAS_PEDANTIC_MATH
                                                                 : CUBLAS_DEFAULT_MATH);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->cublas, NULL, 0);
     if (bs != CUBLAS_STATUS_SUCCESS) {
@@ -438,7 +480,7 @@ void cu_ctx_free(bk_ctx *ctx)
         (void)cudaGetLastError();
     }
     pthread_mutex_lock(&g_lock);
-    g_dev[ctx->device].slot[ctx->slot].used = 0;
+    if (ctx->slot) ctx->slot->used = 0;
     pthread_mutex_unlock(&g_lock);
     free(ctx);
 }
@@ -548,7 +590,7 @@ static void cu_table_init(void)
      * is then measured once. CUDA_MODULE_LOADING=LAZY in the environment trades that away. */
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     cu_sync_checks = env_int("DDPMD_CUDA_SYNC", 0, 0, 1);
-    cu_parity = env_int("DDPMD_CUDA_PARITY", 1, 0, 1);
+    g_parity_env = env_int("DDPMD_CUDA_PARITY", 1, 0, 1);
     struct backend *t = &cu_backend;
     t->name = "cuda";
     t->ctx_init = cu_ctx_init;

@@ -249,10 +249,11 @@ static int entry_build(struct conv_entry *e)
 }
 
 /* the cache entry of (device, shape, parity), made on first sight; query lock held */
-static int entry_get_locked(int device, const struct bk_conv2d *s, struct conv_entry **out)
+static int entry_get_locked(int device, int parity, const struct bk_conv2d *s,
+                            struct conv_entry **out)
 {
     for (struct conv_entry *e = g_conv; e; e = e->next)
-        if (e->device == device && e->parity == cu_parity && same_shape(&e->s, s)) {
+        if (e->device == device && e->parity == parity && same_shape(&e->s, s)) {
             *out = e;
             return BK_OK;
         }
@@ -261,7 +262,7 @@ static int entry_get_locked(int device, const struct bk_conv2d *s, struct conv_e
     struct conv_entry *e = (struct conv_entry *)calloc(1, sizeof *e);
     if (!e) return BK_ERR_NOMEM;
     e->device = device;
-    e->parity = cu_parity;
+    e->parity = parity;
     e->s = *s;
     rc = entry_build(e);
     if (rc) {
@@ -295,7 +296,7 @@ size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s)
     if (conv_check(s) != BK_OK) return 0;
     struct conv_entry *e = NULL;
     cu_query_lock();
-    int rc = entry_get_locked(cu_default_device(), s, &e);
+    int rc = entry_get_locked(cu_default_device(), cu_thread_parity(), s, &e);
     cu_query_unlock();
     if (rc) {
         fprintf(stderr, "ddpmd cuda: no convolution plan for this shape (error %d)\n", rc);
@@ -356,7 +357,7 @@ int cu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
-    int rc = entry_get_locked(ctx->device, s, &e);
+    int rc = entry_get_locked(ctx->device, ctx->parity, s, &e);
     cu_query_unlock();
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;
@@ -405,7 +406,7 @@ int cu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, vo
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
-    int rc = entry_get_locked(ctx->device, s, &e);
+    int rc = entry_get_locked(ctx->device, ctx->parity, s, &e);
     cu_query_unlock();
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;
@@ -460,7 +461,7 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, 
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
-    int rc = entry_get_locked(ctx->device, s, &e);
+    int rc = entry_get_locked(ctx->device, ctx->parity, s, &e);
     cu_query_unlock();
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;

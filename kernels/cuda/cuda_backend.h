@@ -25,16 +25,19 @@
 #endif
 
 #define CU_MAX_DEVICES 16
-#define CU_MAX_SLOTS 16
+#define CU_MAX_SLOTS 16 /* made at the warm-up at most (DDPMD_CUDA_SLOTS); more on demand */
 #define CU_THREADS 256
 #define CU_SCRATCH_DOUBLES 4096 /* per slot: partial sums of the two-stage reductions */
 #define CU_REDUCE_CHUNKS 256    /* at most this many partials (<= CU_SCRATCH_DOUBLES - 8) */
 
+struct cu_slot;
 /* a job's context: one stream and library handles borrowed from the device's pool (created and
- * measured at the warm-up, so a job allocates nothing but its one reservation) */
+ * measured at the warm-up, so a job allocates nothing but its one reservation); its device and
+ * parity mode are fixed at ctx_init */
 struct bk_ctx {
     int device;
-    int slot;
+    int parity;           /* fp32-only, deterministic algorithms (set_parity of the thread) */
+    struct cu_slot *slot; /* the pool's, returned at ctx_free */
     cudaStream_t stream;
     cudnnHandle_t cudnn;
     cublasHandle_t cublas;
@@ -45,9 +48,11 @@ struct bk_ctx {
 };
 
 /* ---- status and checks (backend_cuda.cu) ---- */
-extern int cu_parity;        /* parity mode (set_parity) */
 extern int cu_sync_checks;   /* DDPMD_CUDA_SYNC=1: synchronize after every launch */
+/* the calling thread's device_select (default 0) and parity mode (set_parity, default
+ * DDPMD_CUDA_PARITY or on): what its ctx_init and *_ws_bytes queries use */
 int cu_default_device(void);
+int cu_thread_parity(void);
 /* the device is warmed up (context, pool, handles); BK_ERR_DEVICE with a logged reason */
 int cu_device_ready(int device);
 /* the shared cuDNN handle of a device for queries that have no job (conv2d_ws_bytes); callers

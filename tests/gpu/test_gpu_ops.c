@@ -7,6 +7,7 @@
  * Philox fills equal philox.h's (u32 exactly, Gaussians within 1e-6). Without a GPU it prints
  * "SKIPPED: no CUDA device" and exits 77, which ctest reports as skipped.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -727,6 +728,65 @@ static void test_memory(void)
     gpu_ok(G->mem_set_f32(d, 1.0f, 4, gctx), "set after the failed request");
 }
 
+/* several jobs on one device: each context its own stream and handles, more contexts than the
+ * pool made at the warm-up (DDPMD_CUDA_SLOTS, 4), each runs an op, and a context from another
+ * thread's set_parity keeps its own mode */
+static void test_contexts(void)
+{
+    begin("contexts");
+    enum { NCTX = 8, N = 300 };
+    bk_ctx *cx[NCTX] = {0};
+    float *buf[NCTX] = {0};
+    int made = 0;
+    for (int i = 0; i < NCTX; i++) {
+        int rc = G->ctx_init(&cx[i], 1);
+        CHECK(rc == 0, "ctx_init of context %d (gctx and %d others open): rc %d", i + 2, i, rc);
+        if (rc) break;
+        made++;
+        rc = G->mem_alloc((void **)&buf[i], 2 * N * sizeof(float), cx[i]);
+        CHECK(rc == 0, "mem_alloc on context %d: rc %d", i, rc);
+        if (rc) break;
+        gpu_ok(G->mem_set_f32(buf[i], (float)i, N, cx[i]), "set");
+    }
+    for (int i = 0; i < made && buf[i]; i++) {
+        float back[N];
+        gpu_ok(G->silu_fwd(buf[i] + N, buf[i], N, cx[i]), "silu on each context");
+        gpu_ok(G->mem_download(back, buf[i] + N, sizeof back, cx[i]), "download");
+        const float want = (float)i / (1.0f + expf(-(float)i));
+        CHECK(fabsf(back[N - 1] - want) <= 1e-5f * (1.0f + fabsf(want)),
+              "context %d: silu %g, want %g", i, back[N - 1], want);
+    }
+    for (int i = 0; i < made; i++) {
+        if (buf[i]) G->mem_free(buf[i], cx[i]);
+        G->ctx_free(cx[i]);
+    }
+    printf("contexts: %d at once on device 0, each with its own stream and handles\n", made);
+}
+
+/* tests/gpu/emu only: the emulator's own planted misuses (ddpmd_emu_selfcheck), then the
+ * backend seen through them: copies with a host pointer where the device's belongs fail without
+ * poisoning the device */
+static void test_emulator_checks(void)
+{
+    begin("emulator");
+    const char *mod = getenv("DDPMD_CUDA_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    int (*self)(void) = h ? (int (*)(void))dlsym(h, "ddpmd_emu_selfcheck") : NULL;
+    CHECK(self != NULL, "ddpmd_emu_selfcheck not found in %s", mod ? mod : "(no module)");
+    if (self) {
+        int missed = self();
+        CHECK(missed == 0, "the emulator missed %d planted misuses (see above)", missed);
+    }
+    if (h) dlclose(h);
+    float hbuf[64] = {0}, hsrc[64] = {0};
+    float *d = dalloc(sizeof hbuf);
+    CHECK(G->mem_upload(hbuf, hsrc, sizeof hbuf, gctx) != 0, "mem_upload to a host pointer");
+    CHECK(G->mem_download(hbuf, hsrc, sizeof hbuf, gctx) != 0, "mem_download from a host pointer");
+    CHECK(!G->device_poisoned(0), "a refused copy poisoned the device");
+    gpu_ok(G->mem_upload(d, hsrc, sizeof hsrc, gctx), "upload after the refused copies");
+    printf("emulator: planted misuses caught; refused copies left the device usable\n");
+}
+
 static int have_nvidia_device(void)
 {
     struct stat st;
@@ -756,7 +816,7 @@ int main(void)
     if (G->device_mem(0, &dm) == 0) {
         printf("device: %s (sm_%d%d), %zu MiB, the process holds %zu MiB\n", dm.name, dm.cc_major,
                dm.cc_minor, dm.total >> 20, dm.process >> 20);
-        emulated = strstr(dm.name, "emulator") != NULL; /* tests/gpu/emu: no faults to catch */
+        emulated = strstr(dm.name, "emulator") != NULL; /* tests/gpu/emu */
     }
     if (G->ctx_init(&gctx, 1) || C->ctx_init(&cctx, 4)) {
         fprintf(stderr, "test_gpu_ops: ctx_init failed\n");
@@ -806,11 +866,13 @@ int main(void)
     test_dropout(2, 17, 0.0f);
     test_optim(300007);
     test_philox(3, 10007);
+    test_contexts();
+    if (emulated) test_emulator_checks();
 
     CHECK(!G->device_poisoned(0), "device poisoned at the end");
-    /* last, on a real GPU: a kernel that faults (a wild pointer) poisons the device, and every
-     * later call fails at once instead of touching the broken context */
-    if (!emulated) {
+    /* last: a kernel that faults (a wild pointer) poisons the device, and every later call fails
+     * at once instead of touching the broken context (the emulator: an untagged pointer) */
+    {
         begin("poison");
         float *wild = (float *)(uintptr_t)0x1000;
         int r1 = G->silu_fwd(wild, wild, (size_t)1 << 20, gctx);

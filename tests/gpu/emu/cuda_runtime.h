@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 using std::isnan;
@@ -106,6 +107,9 @@ enum cudaError {
     cudaErrorInvalidPc = 718,
     cudaErrorLaunchFailure = 719,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevicePointer = 17,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInvalidResourceHandle = 400,
 };
 typedef enum cudaError cudaError_t;
 typedef struct emu_stream *cudaStream_t;
@@ -114,11 +118,15 @@ enum cudaMemcpyKind {
     cudaMemcpyHostToDevice = 1,
     cudaMemcpyDeviceToHost = 2,
     cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
 };
+typedef struct emu_event *cudaEvent_t;
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
 struct cudaDeviceProp {
     char name[256];
     int major, minor;
+    size_t totalGlobalMem;
 };
 
 const char *cudaGetErrorName(cudaError_t e);
@@ -146,6 +154,37 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaFreeHost(void *p);
+
+/* ---- the emulator's checks (emu.cpp) ----
+ * Device memory is tagged: every cudaMalloc is an allocation the emulator knows (base, size,
+ * last writer). A kernel argument that is a non-null pointer outside every device allocation
+ * (a host pointer, pinned or not, or a wild one) is an illegal address: the launch does not run
+ * and the context is poisoned (sticky cudaErrorIllegalAddress: every later call fails), as a
+ * GPU would after the fault. Copies check their kind against the pointers (and the device side
+ * against its allocation's end); libraries check their device arguments the same way.
+ * Stream order: each allocation remembers the stream and sequence number of the last operation
+ * that wrote it (non-const kernel pointers, copy and memset destinations, library outputs and
+ * workspaces); an operation on another stream that touches it before that write is known to be
+ * done - the host synchronized that stream (or the device), or the stream waited on an event
+ * recorded after it - fails (cudaErrorInvalidResourceHandle, with a message). Read-after-write
+ * and write-after-write at allocation granularity; write-after-read and host reads of a
+ * D2H destination before the sync are not checked. */
+/* the stream order check for [p, p+bytes) (bytes 0: the pointer only) used by stream s */
+cudaError_t emu_use(cudaStream_t s, const void *p, size_t bytes, int write, const char *what);
+struct emu_ptr_arg {
+    const void *p;
+    int write;
+};
+/* a launch's pointer arguments: checked (tags, stream order) before it runs */
+cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n);
+void emu_launch_done(cudaStream_t s, const emu_ptr_arg *a, int n);
 
 /* ---- launches ---- */
 struct emu_kernel_call {
@@ -154,13 +193,27 @@ struct emu_kernel_call {
 };
 void emu_run_grid(dim3 grid, dim3 block, size_t smem, const emu_kernel_call &k);
 
+template <typename T> static inline void emu_note_arg(const T &v, emu_ptr_arg *a, int *n)
+{
+    if constexpr (std::is_pointer<T>::value) {
+        a[*n].p = (const void *)v;
+        a[*n].write = !std::is_const<typename std::remove_pointer<T>::type>::value;
+        ++*n;
+    }
+}
+
 template <typename... P> struct emu_launch {
     void (*k)(P...);
     dim3 g, b;
     size_t smem;
+    cudaStream_t s;
     template <typename... A> void operator()(A &&...a) const
     {
         std::tuple<P...> args(std::forward<A>(a)...);
+        emu_ptr_arg ptrs[sizeof...(P) + 1];
+        int np = 0;
+        std::apply([&](const auto &...x) { (emu_note_arg(x, ptrs, &np), ...); }, args);
+        if (emu_launch_check(s, ptrs, np) != cudaSuccess) return;
         struct pack {
             void (*k)(P...);
             std::tuple<P...> *args;
@@ -171,14 +224,15 @@ template <typename... P> struct emu_launch {
                                 },
                                 &pk};
         emu_run_grid(g, b, smem, call);
+        emu_launch_done(s, ptrs, np);
     }
 };
 template <typename... P>
 static inline emu_launch<P...> emu_launcher(void (*k)(P...), dim3 g, dim3 b, size_t smem,
                                             cudaStream_t s)
 {
-    (void)s;
     emu_launch<P...> l;
+    l.s = s;
     l.k = k;
     l.g = g;
     l.b = b;

@@ -77,7 +77,9 @@ typedef struct emu_tensor_desc *cudnnTensorDescriptor_t;
 typedef struct emu_filter_desc *cudnnFilterDescriptor_t;
 typedef struct emu_conv_desc *cudnnConvolutionDescriptor_t;
 
+/* a handle holds device memory of its own (counted against the device) */
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h);
+cudnnStatus_t cudnnDestroy(cudnnHandle_t h);
 cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s);
 cudnnStatus_t cudnnGraphVersionCheck(void);
 cudnnStatus_t cudnnOpsVersionCheck(void);

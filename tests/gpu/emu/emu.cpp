@@ -11,7 +11,7 @@
 #include <string.h>
 #include <ucontext.h>
 
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 #include "cublas_v2.h"
@@ -191,9 +191,32 @@ void emu_run_grid(dim3 grid, dim3 block, size_t smem, const emu_kernel_call &k)
 
 /* ---- the runtime ---- */
 
-static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
-static std::unordered_map<void *, size_t> g_allocs;
+/* one device allocation (or a pinned host one: host memory, never a kernel's argument) */
+struct emu_alloc {
+    size_t bytes, rounded;
+    int pinned;
+    int wstream;   /* the stream that wrote it last, -1: none yet */
+    uint64_t wseq; /* that write's sequence number on its stream */
+};
+/* a stream: id, operations enqueued so far, and per other stream the sequence number this one
+ * is known to be ordered after (cudaStreamWaitEvent) */
+struct emu_stream {
+    int id;
+    uint64_t seq;
+    std::vector<uint64_t> after;
+};
+struct emu_event {
+    int stream;
+    uint64_t seq;
+};
+
+static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER; /* everything below */
+static std::map<uintptr_t, emu_alloc> g_allocs;
 static size_t g_used;
+static std::vector<emu_stream *> g_streams; /* by id; 0 is the NULL stream */
+static std::vector<uint64_t> g_done;        /* per stream: done as far as the host knows */
+static cudaError_t g_sticky;                /* a fault poisoned the context */
+static thread_local cudaError_t tl_last;    /* cudaGetLastError's, per host thread */
 
 static size_t emu_total(void)
 {
@@ -202,94 +225,298 @@ static size_t emu_total(void)
     return mb << 20;
 }
 
+/* an error of a call: recorded for cudaGetLastError */
+static cudaError_t emu_err(cudaError_t e)
+{
+    if (e != cudaSuccess) tl_last = e;
+    return e;
+}
+/* a fault: the context is poisoned, every later call returns it */
+static cudaError_t emu_fault(cudaError_t e)
+{
+    if (g_sticky == cudaSuccess) g_sticky = e;
+    tl_last = e;
+    return e;
+}
+
+static emu_stream *stream_of(cudaStream_t s)
+{
+    if (g_streams.empty()) {
+        g_streams.push_back(new emu_stream{0, 0, {}});
+        g_done.push_back(0);
+    }
+    return s ? (emu_stream *)s : g_streams[0];
+}
+
+/* the allocation holding p (mem lock held), NULL if none */
+static emu_alloc *find_alloc(const void *p, uintptr_t *base)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_allocs.upper_bound(a);
+    if (it == g_allocs.begin()) return NULL;
+    --it;
+    if (a >= it->first + (it->second.bytes ? it->second.bytes : 1)) return NULL;
+    if (base) *base = it->first;
+    return &it->second;
+}
+
+static int is_device(const void *p)
+{
+    emu_alloc *al = find_alloc(p, NULL);
+    return al && !al->pinned;
+}
+
+/* mem lock held; bytes 0: the pointer alone. cudaErrorIllegalAddress (the caller decides
+ * whether that is a fault) or cudaErrorInvalidResourceHandle for a stream order violation */
+static cudaError_t use_locked(emu_stream *st, const void *p, size_t bytes, int write,
+                              const char *what)
+{
+    uintptr_t base = 0;
+    emu_alloc *al = find_alloc(p, &base);
+    if (!al || al->pinned) {
+        fprintf(stderr, "emu: %s: %p is not device memory (a host pointer%s)\n", what, p,
+                al ? ", pinned" : " or a wild one");
+        return cudaErrorIllegalAddress;
+    }
+    if (bytes && (uintptr_t)p + bytes > base + al->bytes) {
+        fprintf(stderr, "emu: %s: %zu bytes at offset %zu run past the allocation's %zu\n", what,
+                bytes, (size_t)((uintptr_t)p - base), al->bytes);
+        return cudaErrorIllegalAddress;
+    }
+    if (al->wstream >= 0 && al->wstream != st->id) {
+        const int w = al->wstream;
+        const uint64_t known = (size_t)w < st->after.size() ? st->after[w] : 0;
+        if (g_done[w] < al->wseq && known < al->wseq) {
+            fprintf(stderr, "emu: stream order: %s on stream %d uses the allocation at %p that "
+                            "stream %d wrote (operation %llu) without a sync or an event wait "
+                            "after it\n", what, st->id, (void *)base, w,
+                    (unsigned long long)al->wseq);
+            return cudaErrorInvalidResourceHandle;
+        }
+    }
+    if (write) {
+        al->wstream = st->id;
+        al->wseq = st->seq + 1; /* the operation being enqueued */
+    }
+    return cudaSuccess;
+}
+
+/* fault: a bad pointer is an illegal address in a kernel (the context poisoned); else the
+ * runtime refuses the call (cudaErrorInvalidValue) before anything runs */
+static cudaError_t use_ex(cudaStream_t s, const void *p, size_t bytes, int write,
+                          const char *what, int fault)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    cudaError_t e = g_sticky;
+    if (e == cudaSuccess) {
+        emu_stream *st = stream_of(s);
+        e = use_locked(st, p, bytes, write, what);
+        if (e == cudaErrorIllegalAddress && fault) e = emu_fault(e);
+        else if (e == cudaErrorIllegalAddress) e = emu_err(cudaErrorInvalidValue);
+        else e = emu_err(e);
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    return e;
+}
+cudaError_t emu_use(cudaStream_t s, const void *p, size_t bytes, int write, const char *what)
+{
+    return use_ex(s, p, bytes, write, what, 1);
+}
+
+/* one operation enqueued on s (its writes were tagged with seq + 1) */
+static void emu_enqueued(cudaStream_t s)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    stream_of(s)->seq++;
+    pthread_mutex_unlock(&g_mem_lock);
+}
+
+cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    cudaError_t e = g_sticky;
+    emu_stream *st = stream_of(s);
+    for (int i = 0; i < n && e == cudaSuccess; i++) {
+        if (!a[i].p) continue;
+        char what[64];
+        snprintf(what, sizeof what, "kernel argument (pointer %d)", i);
+        e = use_locked(st, a[i].p, 0, a[i].write, what);
+        if (e == cudaErrorIllegalAddress) e = emu_fault(e);
+    }
+    if (e != cudaSuccess) {
+        emu_err(e);
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    return e;
+}
+
+void emu_launch_done(cudaStream_t s, const emu_ptr_arg *, int) { emu_enqueued(s); }
+
 const char *cudaGetErrorName(cudaError_t e)
 {
     switch (e) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     default: return "cudaErrorEmulated";
     }
 }
 const char *cudaGetErrorString(cudaError_t e)
 {
-    return e == cudaErrorMemoryAllocation ? "out of memory" : cudaGetErrorName(e);
+    switch (e) {
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    default: return cudaGetErrorName(e);
+    }
 }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+/* the last error of this thread, cleared; a sticky one stays */
+cudaError_t cudaGetLastError(void)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    cudaError_t e = g_sticky != cudaSuccess ? g_sticky : tl_last;
+    tl_last = cudaSuccess;
+    pthread_mutex_unlock(&g_mem_lock);
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    cudaError_t e = g_sticky != cudaSuccess ? g_sticky : tl_last;
+    pthread_mutex_unlock(&g_mem_lock);
+    return e;
+}
+/* every call starts with this: a poisoned context fails them all */
+#define EMU_STICKY()                                                                           \
+    do {                                                                                       \
+        if (g_sticky != cudaSuccess) return emu_err(g_sticky);                                 \
+    } while (0)
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
     *n = 1;
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaSetDevice(int d)
+{
+    EMU_STICKY();
+    return emu_err(d == 0 ? cudaSuccess : cudaErrorInvalidValue);
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "ddpmd SIMT emulator (host)");
     p->major = 0;
     p->minor = 0;
-    return d == 0 ? cudaSuccess : cudaErrorInvalidValue;
+    p->totalGlobalMem = emu_total();
+    return emu_err(d == 0 ? cudaSuccess : cudaErrorInvalidValue);
 }
-cudaError_t cudaMalloc(void **p, size_t bytes)
+
+/* the device's memory (the driver's 2 MiB granularity) or pinned host memory */
+static cudaError_t emu_malloc(void **p, size_t bytes, int pinned)
 {
-    /* the driver's granularity: 2 MiB */
-    size_t rounded = (bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    const size_t g = (size_t)2 << 20;
+    size_t rounded = pinned ? 0 : (bytes + g - 1) & ~(g - 1);
+    *p = NULL;
     pthread_mutex_lock(&g_mem_lock);
+    if (g_sticky != cudaSuccess) {
+        cudaError_t e = emu_err(g_sticky);
+        pthread_mutex_unlock(&g_mem_lock);
+        return e;
+    }
     if (g_used + rounded > emu_total()) {
         pthread_mutex_unlock(&g_mem_lock);
-        *p = NULL;
-        return cudaErrorMemoryAllocation;
+        return emu_err(cudaErrorMemoryAllocation);
     }
-    void *q = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    void *q = aligned_alloc(256, (bytes + 255) & ~(size_t)255 ? (bytes + 255) & ~(size_t)255 : 256);
     if (!q) {
         pthread_mutex_unlock(&g_mem_lock);
-        return cudaErrorMemoryAllocation;
+        return emu_err(cudaErrorMemoryAllocation);
     }
     memset(q, 0xFF, bytes); /* not zeroed, as on a GPU */
-    g_allocs[q] = rounded;
+    g_allocs[(uintptr_t)q] = emu_alloc{bytes, rounded, pinned, -1, 0};
     g_used += rounded;
     pthread_mutex_unlock(&g_mem_lock);
     *p = q;
     return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **p, size_t bytes)
-{
-    *p = malloc(bytes);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFree(void *p)
+static cudaError_t emu_free(void *p, int pinned)
 {
     if (!p) return cudaSuccess;
     pthread_mutex_lock(&g_mem_lock);
-    auto it = g_allocs.find(p);
-    if (it == g_allocs.end()) {
+    auto it = g_allocs.find((uintptr_t)p);
+    if (it == g_allocs.end() || it->second.pinned != pinned) {
         pthread_mutex_unlock(&g_mem_lock);
-        fprintf(stderr, "emu: cudaFree of %p, not a device allocation\n", p);
-        return cudaErrorInvalidValue;
+        fprintf(stderr, "emu: %s of %p, not a %s allocation\n", pinned ? "cudaFreeHost" : "cudaFree",
+                p, pinned ? "pinned host" : "device");
+        return emu_err(cudaErrorInvalidValue);
     }
-    g_used -= it->second;
+    g_used -= it->second.rounded;
     g_allocs.erase(it);
+    cudaError_t e = g_sticky; /* the memory goes, the error stays */
     pthread_mutex_unlock(&g_mem_lock);
     free(p);
-    return cudaSuccess;
+    return emu_err(e);
 }
+cudaError_t cudaMalloc(void **p, size_t bytes) { return emu_malloc(p, bytes, 0); }
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return emu_malloc(p, bytes, 1); }
+cudaError_t cudaFree(void *p)
+{
+    if (!p) {
+        EMU_STICKY();
+        return cudaSuccess;
+    }
+    return emu_free(p, 0);
+}
+cudaError_t cudaFreeHost(void *p) { return emu_free(p, 1); }
+
+/* the copy kind must match the pointers (cudaMemcpyDefault infers it) */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k,
                             cudaStream_t s)
 {
-    (void)k;
-    (void)s;
+    EMU_STICKY();
+    if (!bytes) return cudaSuccess;
+    if (!dst || !src) return emu_err(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_mem_lock);
+    const int dd = is_device(dst), sd = is_device(src);
+    pthread_mutex_unlock(&g_mem_lock);
+    if (k == cudaMemcpyDefault)
+        k = (cudaMemcpyKind)(sd ? (dd ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                                : (dd ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost));
+    const int want_dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+    const int want_sd = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+    if (k < cudaMemcpyHostToHost || k > cudaMemcpyDeviceToDevice)
+        return emu_err(cudaErrorInvalidMemcpyDirection);
+    if (dd != want_dd || sd != want_sd) {
+        fprintf(stderr, "emu: cudaMemcpyAsync kind %d: the destination %p is %s memory and the "
+                        "source %p %s memory\n", (int)k, dst, dd ? "device" : "host", src,
+                sd ? "device" : "host");
+        return emu_err(cudaErrorInvalidValue);
+    }
+    cudaError_t e;
+    if (sd && (e = use_ex(s, src, bytes, 0, "cudaMemcpyAsync source", 0))) return e;
+    if (dd && (e = use_ex(s, dst, bytes, 1, "cudaMemcpyAsync destination", 0))) return e;
     memmove(dst, src, bytes);
+    emu_enqueued(s);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s)
 {
-    (void)s;
+    EMU_STICKY();
+    if (!bytes) return cudaSuccess;
+    cudaError_t e = use_ex(s, dst, bytes, 1, "cudaMemsetAsync", 0);
+    if (e) return e;
     memset(dst, v, bytes);
+    emu_enqueued(s);
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 {
+    EMU_STICKY();
     pthread_mutex_lock(&g_mem_lock);
     *total_b = emu_total();
     *free_b = *total_b - g_used;
@@ -299,33 +526,148 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     (void)flags;
-    static int dummy[64];
-    static int next;
-    *s = (cudaStream_t)&dummy[next++ & 63];
+    EMU_STICKY();
+    pthread_mutex_lock(&g_mem_lock);
+    stream_of(NULL);
+    emu_stream *st = new emu_stream{(int)g_streams.size(), 0, {}};
+    g_streams.push_back(st);
+    g_done.push_back(0);
+    pthread_mutex_unlock(&g_mem_lock);
+    *s = (cudaStream_t)st;
     return cudaSuccess;
+}
+/* streams are never deleted (allocations may name them as their last writer): retired */
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    EMU_STICKY();
+    return s ? cudaSuccess : emu_err(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    (void)s;
+    EMU_STICKY();
+    pthread_mutex_lock(&g_mem_lock);
+    emu_stream *st = stream_of(s);
+    g_done[st->id] = st->seq;
+    pthread_mutex_unlock(&g_mem_lock);
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void)
+{
+    EMU_STICKY();
+    pthread_mutex_lock(&g_mem_lock);
+    stream_of(NULL);
+    for (size_t i = 0; i < g_streams.size(); i++) g_done[i] = g_streams[i]->seq;
+    pthread_mutex_unlock(&g_mem_lock);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    (void)flags;
+    EMU_STICKY();
+    *e = new emu_event{-1, 0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    EMU_STICKY();
+    if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&g_mem_lock);
+    emu_stream *st = stream_of(s);
+    e->stream = st->id;
+    e->seq = st->seq;
+    pthread_mutex_unlock(&g_mem_lock);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    (void)flags;
+    EMU_STICKY();
+    if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+    if (e->stream < 0) return cudaSuccess; /* never recorded: nothing to wait for */
+    pthread_mutex_lock(&g_mem_lock);
+    emu_stream *st = stream_of(s);
+    if (st->after.size() <= (size_t)e->stream) st->after.resize(e->stream + 1, 0);
+    if (st->after[e->stream] < e->seq) st->after[e->stream] = e->seq;
+    pthread_mutex_unlock(&g_mem_lock);
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    EMU_STICKY();
+    if (!e) return emu_err(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&g_mem_lock);
+    if (e->stream >= 0 && g_done[e->stream] < e->seq) g_done[e->stream] = e->seq;
+    pthread_mutex_unlock(&g_mem_lock);
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
 
 /* ---- cuBLAS ---- */
 
+#define EMU_LIB_STATE_BYTES ((size_t)64 << 10)    /* a handle's own device memory */
+#define EMU_CUBLAS_DEFAULT_WS ((size_t)4 << 20)   /* cuBLAS's workspace when none was set */
+#define EMU_CUBLAS_GEMM_WS ((size_t)1 << 20)      /* what one GEMM uses of a workspace at most */
+
 struct emu_cublas {
     int math;
+    cudaStream_t stream;
+    void *state;     /* device memory of the handle's own */
+    int ws_set;      /* cublasSetWorkspace called */
+    void *ws;        /* the user's workspace, or the default one */
+    size_t ws_bytes;
+    void *own_ws;    /* the default workspace, allocated by the first GEMM without ws_set */
 };
 cublasStatus_t cublasCreate(cublasHandle_t *h)
 {
-    *h = new emu_cublas();
+    emu_cublas *c = new emu_cublas();
+    if (cudaMalloc(&c->state, EMU_LIB_STATE_BYTES) != cudaSuccess) {
+        (void)cudaGetLastError();
+        delete c;
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    }
+    *h = c;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *ws, size_t bytes)
+cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    (void)cudaFree(h->own_ws);
+    (void)cudaFree(h->state);
+    (void)cudaGetLastError();
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
+{
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+/* the workspace must be device memory, 256-byte aligned, within its allocation */
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
 {
     if (ws && ((uintptr_t)ws & 255)) return CUBLAS_STATUS_INVALID_VALUE;
     if (!ws && bytes) return CUBLAS_STATUS_INVALID_VALUE;
+    if (ws && bytes) {
+        pthread_mutex_lock(&g_mem_lock);
+        uintptr_t base = 0;
+        emu_alloc *al = find_alloc(ws, &base);
+        int ok = al && !al->pinned && (uintptr_t)ws + bytes <= base + al->bytes;
+        pthread_mutex_unlock(&g_mem_lock);
+        if (!ok) {
+            fprintf(stderr, "emu cublas: cublasSetWorkspace(%p, %zu): not within a device "
+                            "allocation\n", ws, bytes);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+    }
+    (void)cudaFree(h->own_ws);
+    h->own_ws = NULL;
+    h->ws_set = 1;
+    h->ws = bytes ? ws : NULL;
+    h->ws_bytes = bytes;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m)
@@ -337,7 +679,12 @@ const char *cublasGetStatusString(cublasStatus_t s)
 {
     return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_(emulated error)";
 }
-cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
+/* a library's device argument: tags and stream order, as a kernel's */
+static int lib_use(cudaStream_t s, const void *p, size_t bytes, int write, const char *what)
+{
+    return emu_use(s, p, bytes, write, what) != cudaSuccess;
+}
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const float *alpha, const float *a, int lda,
                            const float *b, int ldb, const float *beta, float *c, int ldc)
 {
@@ -346,6 +693,36 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
         return CUBLAS_STATUS_INVALID_VALUE;
     if (ldb < (tb == CUBLAS_OP_N ? (k > 1 ? k : 1) : (n > 1 ? n : 1)))
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (!m || !n) return CUBLAS_STATUS_SUCCESS;
+    /* alpha and beta: host memory (CUBLAS_POINTER_MODE_HOST) */
+    pthread_mutex_lock(&g_mem_lock);
+    const int scalars_on_device = is_device(alpha) || is_device(beta);
+    pthread_mutex_unlock(&g_mem_lock);
+    if (scalars_on_device) {
+        fprintf(stderr, "emu cublas: alpha/beta are device pointers in host pointer mode\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const size_t ab = (size_t)lda * (ta == CUBLAS_OP_N ? k : m) * sizeof(float);
+    const size_t bb = (size_t)ldb * (tb == CUBLAS_OP_N ? n : k) * sizeof(float);
+    const size_t cb = (size_t)ldc * n * sizeof(float);
+    if ((k && (lib_use(h->stream, a, ab, 0, "cublasSgemm A") ||
+               lib_use(h->stream, b, bb, 0, "cublasSgemm B"))) ||
+        lib_use(h->stream, c, cb, 1, "cublasSgemm C"))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (!h->ws_set && !h->own_ws) {
+        if (cudaMalloc(&h->own_ws, EMU_CUBLAS_DEFAULT_WS) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return CUBLAS_STATUS_ALLOC_FAILED;
+        }
+        h->ws = h->own_ws;
+        h->ws_bytes = EMU_CUBLAS_DEFAULT_WS;
+    }
+    if (h->ws_bytes) {
+        const size_t use = h->ws_bytes < EMU_CUBLAS_GEMM_WS ? h->ws_bytes : EMU_CUBLAS_GEMM_WS;
+        if (lib_use(h->stream, h->ws, use, 1, "cublasSgemm workspace"))
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        memset(h->ws, 0x5A, use); /* a workspace holds garbage after use */
+    }
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             double s = 0.0;
@@ -358,13 +735,27 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
             float r = (float)(*alpha * s);
             *cv = *beta == 0.0f ? r : r + *beta * *cv;
         }
+    emu_enqueued(h->stream);
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- test hooks: libddpmd_cuda_emu.so only (tests/gpu look them up with dlsym) ---- */
+
+/* the context made usable again after a planted fault (a real one never is): the sticky error
+ * and this thread's last error cleared */
+extern "C" __attribute__((visibility("default"))) void ddpmd_emu_clear_fault(void)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    g_sticky = cudaSuccess;
+    tl_last = cudaSuccess;
+    pthread_mutex_unlock(&g_mem_lock);
 }
 
 /* ---- cuDNN ---- */
 
 struct emu_cudnn {
-    int dummy;
+    cudaStream_t stream;
+    void *state; /* device memory of the handle's own */
 };
 struct emu_tensor_desc {
     int n, c, h, w;
@@ -378,10 +769,45 @@ struct emu_conv_desc {
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h)
 {
-    *h = new emu_cudnn();
+    emu_cudnn *d = new emu_cudnn();
+    if (cudaMalloc(&d->state, EMU_LIB_STATE_BYTES) != cudaSuccess) {
+        (void)cudaGetLastError();
+        delete d;
+        return CUDNN_STATUS_ALLOC_FAILED;
+    }
+    *h = d;
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetStream(cudnnHandle_t, cudaStream_t) { return CUDNN_STATUS_SUCCESS; }
+cudnnStatus_t cudnnDestroy(cudnnHandle_t h)
+{
+    if (!h) return CUDNN_STATUS_BAD_PARAM;
+    (void)cudaFree(h->state);
+    (void)cudaGetLastError();
+    delete h;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s)
+{
+    h->stream = s;
+    return CUDNN_STATUS_SUCCESS;
+}
+static size_t tbytes(const emu_tensor_desc *d) { return (size_t)d->n * d->c * d->h * d->w * 4; }
+static size_t fbytes(const emu_filter_desc *d) { return (size_t)d->k * d->c * d->h * d->w * 4; }
+/* a cuDNN call's device arguments (tags, stream order); ws: the workspace it uses */
+static int dnn_use(cudnnHandle_t h, const void *in1, size_t b1, const void *in2, size_t b2,
+                   void *out, size_t bo, int out_read, void *ws, size_t wsb, const char *what)
+{
+    char w[96];
+    snprintf(w, sizeof w, "%s input", what);
+    if (lib_use(h->stream, in1, b1, 0, w)) return 1;
+    if (in2 && lib_use(h->stream, in2, b2, 0, w)) return 1;
+    snprintf(w, sizeof w, "%s output", what);
+    if (lib_use(h->stream, out, bo, 1, w)) return 1;
+    (void)out_read;
+    snprintf(w, sizeof w, "%s workspace", what);
+    if (wsb && lib_use(h->stream, ws, wsb, 1, w)) return 1;
+    return 0;
+}
 cudnnStatus_t cudnnGraphVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
 cudnnStatus_t cudnnOpsVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
 cudnnStatus_t cudnnCnnVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
@@ -668,36 +1094,48 @@ static void scribble(float *p, size_t n)
 }
 
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
-    cudnnHandle_t, cudnnTensorDescriptor_t xd, const void *, cudnnFilterDescriptor_t wd,
-    const void *, cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t yd, void *y, int req,
+    cudnnHandle_t h, cudnnTensorDescriptor_t xd, const void *x, cudnnFilterDescriptor_t wd,
+    const void *w, cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t yd, void *y, int req,
     int *got, cudnnConvolutionFwdAlgoPerf_t *p, void *ws, size_t ws_bytes)
 {
     cudnnStatus_t s = check_shapes(xd, wd, c, yd);
     if (s) return s;
+    if (dnn_use(h, x, tbytes(xd), w, fbytes(wd), y, tbytes(yd), 0, ws, ws_bytes,
+                "cudnnFindConvolutionForwardAlgorithmEx"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
     scribble((float *)y, (size_t)yd->n * yd->c * yd->h * yd->w);
     fill_perf(p, req, got, FWD, N_OF(FWD), 1, ws_bytes);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
-    cudnnHandle_t, cudnnFilterDescriptor_t wd, const void *, cudnnTensorDescriptor_t dyd,
-    const void *, cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t dxd, void *dx, int req,
+    cudnnHandle_t h, cudnnFilterDescriptor_t wd, const void *w, cudnnTensorDescriptor_t dyd,
+    const void *dy, cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t dxd, void *dx, int req,
     int *got, cudnnConvolutionBwdDataAlgoPerf_t *p, void *ws, size_t ws_bytes)
 {
     cudnnStatus_t s = check_shapes(dxd, wd, c, dyd);
     if (s) return s;
+    if (dnn_use(h, w, fbytes(wd), dy, tbytes(dyd), dx, tbytes(dxd), 0, ws, ws_bytes,
+                "cudnnFindConvolutionBackwardDataAlgorithmEx"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
     scribble((float *)dx, (size_t)dxd->n * dxd->c * dxd->h * dxd->w);
     fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 1, ws_bytes);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
-    cudnnHandle_t, cudnnTensorDescriptor_t xd, const void *, cudnnTensorDescriptor_t dyd,
-    const void *, cudnnConvolutionDescriptor_t c, cudnnFilterDescriptor_t dwd, void *dw, int req,
+    cudnnHandle_t h, cudnnTensorDescriptor_t xd, const void *x, cudnnTensorDescriptor_t dyd,
+    const void *dy, cudnnConvolutionDescriptor_t c, cudnnFilterDescriptor_t dwd, void *dw, int req,
     int *got, cudnnConvolutionBwdFilterAlgoPerf_t *p, void *ws, size_t ws_bytes)
 {
     cudnnStatus_t s = check_shapes(xd, dwd, c, dyd);
     if (s) return s;
+    if (dnn_use(h, x, tbytes(xd), dy, tbytes(dyd), dw, fbytes(dwd), 0, ws, ws_bytes,
+                "cudnnFindConvolutionBackwardFilterAlgorithmEx"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
     scribble((float *)dw, (size_t)dwd->k * dwd->c * dwd->h * dwd->w);
     fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 1, ws_bytes);
@@ -742,7 +1180,7 @@ static int parity_violation(const emu_conv_desc *c, int refused)
     return 0;
 }
 
-cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha,
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
                                       cudnnTensorDescriptor_t xd, const void *x,
                                       cudnnFilterDescriptor_t wd, const void *w,
                                       cudnnConvolutionDescriptor_t c, cudnnConvolutionFwdAlgo_t a,
@@ -753,11 +1191,15 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha,
     if (s) return s;
     if (parity_violation(c, a >= CUDNN_CONVOLUTION_FWD_ALGO_FFT)) return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(FWD, N_OF(FWD), a), ws, ws_bytes))) return s;
+    if (dnn_use(h, x, tbytes(xd), w, fbytes(wd), y, tbytes(yd), *(const float *)beta != 0.0f, ws,
+                find_offer(FWD, N_OF(FWD), a)->memory, "cudnnConvolutionForward"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     conv_fwd(*(const float *)alpha, xd, (const float *)x, wd, (const float *)w, c,
              *(const float *)beta, yd, (float *)y);
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void *alpha,
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
                                            cudnnFilterDescriptor_t wd, const void *w,
                                            cudnnTensorDescriptor_t dyd, const void *dy,
                                            cudnnConvolutionDescriptor_t c,
@@ -769,11 +1211,16 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void *alpha,
     if (s) return s;
     if (parity_violation(c, a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)) return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(BWD_DATA, N_OF(BWD_DATA), a), ws, ws_bytes))) return s;
+    if (dnn_use(h, w, fbytes(wd), dy, tbytes(dyd), dx, tbytes(dxd), *(const float *)beta != 0.0f,
+                ws, find_offer(BWD_DATA, N_OF(BWD_DATA), a)->memory,
+                "cudnnConvolutionBackwardData"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     conv_bwd_data(*(const float *)alpha, wd, (const float *)w, dyd, (const float *)dy, c,
                   *(const float *)beta, dxd, (float *)dx);
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void *alpha,
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              cudnnTensorDescriptor_t xd, const void *x,
                                              cudnnTensorDescriptor_t dyd, const void *dy,
                                              cudnnConvolutionDescriptor_t c,
@@ -786,15 +1233,23 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void *alpha,
     if (parity_violation(c, a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1))
         return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(BWD_FILTER, N_OF(BWD_FILTER), a), ws, ws_bytes))) return s;
+    if (dnn_use(h, x, tbytes(xd), dy, tbytes(dyd), dw, fbytes(dwd), *(const float *)beta != 0.0f,
+                ws, find_offer(BWD_FILTER, N_OF(BWD_FILTER), a)->memory,
+                "cudnnConvolutionBackwardFilter"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     conv_bwd_filter(*(const float *)alpha, xd, (const float *)x, dyd, (const float *)dy, c,
                     *(const float *)beta, dwd, (float *)dw);
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnAddTensor(cudnnHandle_t, const void *alpha, cudnnTensorDescriptor_t ad,
+cudnnStatus_t cudnnAddTensor(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t ad,
                              const void *a, const void *beta, cudnnTensorDescriptor_t cd, void *c)
 {
     if (ad->n != cd->n || ad->c != cd->c || ad->h != cd->h || ad->w != cd->w)
         return CUDNN_STATUS_NOT_SUPPORTED;
+    if (dnn_use(h, a, tbytes(ad), NULL, 0, c, tbytes(cd), 1, NULL, 0, "cudnnAddTensor"))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    emu_enqueued(h->stream);
     size_t n = (size_t)cd->n * cd->c * cd->h * cd->w;
     const float al = *(const float *)alpha, be = *(const float *)beta;
     for (size_t i = 0; i < n; i++) {
@@ -802,4 +1257,167 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t, const void *alpha, cudnnTensorDescri
         ((float *)c)[i] = be == 0.0f ? r : r + be * ((float *)c)[i];
     }
     return CUDNN_STATUS_SUCCESS;
+}
+
+/* ---- the emulator's own checks, each a planted misuse it must catch ---- */
+
+__global__ void emu_k_fill(float *y, const float *x, int n)
+{
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = x ? x[i] + 1.0f : 1.0f;
+}
+
+#define SELF(cond, ...)                                                                        \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            missed++;                                                                          \
+            fprintf(stderr, "emu self-check: not caught: " __VA_ARGS__);                       \
+            fputc('\n', stderr);                                                               \
+        }                                                                                      \
+    } while (0)
+
+/* runs every planted misuse against the emulator's runtime and libraries; returns how many went
+ * unnoticed (0: all caught). Leaves the context usable (ddpmd_emu_clear_fault) and frees what
+ * it made. Messages of the caught ones go to stderr as usual. */
+extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
+{
+    int missed = 0;
+    size_t f0 = 0, f1 = 0, total = 0;
+    float host[64] = {0};
+    float *dev = NULL, *dev2 = NULL;
+    cudaStream_t a = NULL, b = NULL;
+    cudaEvent_t ev = NULL;
+    (void)cudaGetLastError();
+    if (cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) ||
+        cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) ||
+        cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) ||
+        cudaMalloc(&dev, 64 * sizeof(float)) || cudaMalloc(&dev2, 1024 * sizeof(float))) {
+        fprintf(stderr, "emu self-check: setup failed\n");
+        return 1000;
+    }
+
+    /* copies: the kind must match the pointers, errors are not sticky, GetLastError clears */
+    SELF(cudaMemcpyAsync(host, host + 32, 16, cudaMemcpyHostToDevice, a) != cudaSuccess,
+         "cudaMemcpyAsync H2D to a host pointer");
+    SELF(cudaGetLastError() != cudaSuccess && cudaGetLastError() == cudaSuccess,
+         "cudaGetLastError reports a failed copy once");
+    SELF(cudaMemcpyAsync(host, host + 32, 16, cudaMemcpyDeviceToHost, a) != cudaSuccess,
+         "cudaMemcpyAsync D2H from a host pointer");
+    SELF(cudaMemcpyAsync(dev, host, 16, cudaMemcpyDeviceToDevice, a) != cudaSuccess,
+         "cudaMemcpyAsync D2D from a host pointer");
+    SELF(cudaMemcpyAsync(dev, host, 64 * sizeof(float) + 4, cudaMemcpyHostToDevice, a) !=
+             cudaSuccess,
+         "cudaMemcpyAsync past the end of its allocation");
+    SELF(cudaMemsetAsync(host, 0, 16, a) != cudaSuccess, "cudaMemsetAsync of host memory");
+    (void)cudaGetLastError();
+    SELF(cudaMemcpyAsync(dev, host, 16, cudaMemcpyHostToDevice, a) == cudaSuccess &&
+             cudaStreamSynchronize(a) == cudaSuccess,
+         "(a good H2D copy after the failed ones fails: an error stuck)");
+
+    /* the device's size */
+    SELF(cudaMemGetInfo(&f0, &total) == cudaSuccess && total == emu_total(), "cudaMemGetInfo");
+    void *big = NULL;
+    SELF(cudaMalloc(&big, total + 1) == cudaErrorMemoryAllocation && !big,
+         "cudaMalloc beyond the device's memory (EMU_DEVICE_MB)");
+    (void)cudaGetLastError();
+    SELF(cudaMemGetInfo(&f1, &total) == cudaSuccess && f1 == f0,
+         "a refused cudaMalloc kept memory (%zu -> %zu free, last %s)", f0, f1,
+         cudaGetErrorName(cudaPeekAtLastError()));
+
+    /* libraries: their own memory counted, cuBLAS's default workspace unless one is set */
+    cublasHandle_t bl = NULL;
+    cudnnHandle_t dn = NULL;
+    (void)cudaMemGetInfo(&f0, &total);
+    SELF(cublasCreate(&bl) == CUBLAS_STATUS_SUCCESS && cudnnCreate(&dn) == CUDNN_STATUS_SUCCESS,
+         "(handles)");
+    (void)cudaMemGetInfo(&f1, &total);
+    /* each handle's own memory is one allocation (the driver's 2 MiB granularity) */
+    SELF(f0 - f1 >= 2 * ((size_t)2 << 20), "handles' own device memory invisible");
+    if (bl && dn) {
+        const float one = 1.0f, zero = 0.0f;
+        cublasSetStream(bl, a);
+        cudnnSetStream(dn, a);
+        (void)cudaMemGetInfo(&f0, &total);
+        SELF(cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, dev, 4, dev, 4, &zero,
+                         dev2, 4) == CUBLAS_STATUS_SUCCESS,
+             "(a GEMM)");
+        (void)cudaMemGetInfo(&f1, &total);
+        SELF(f0 - f1 >= EMU_CUBLAS_DEFAULT_WS,
+             "cuBLAS's default workspace (no cublasSetWorkspace) invisible");
+        SELF(cublasSetWorkspace(bl, dev2, 8192) ==
+                 CUBLAS_STATUS_INVALID_VALUE,
+             "cublasSetWorkspace past its allocation's end");
+        SELF(cublasSetWorkspace(bl, (void *)(((uintptr_t)host + 255) & ~(uintptr_t)255), 64) ==
+                 CUBLAS_STATUS_INVALID_VALUE,
+             "cublasSetWorkspace with host memory");
+        (void)cudaMemGetInfo(&f0, &total);
+        SELF(cublasSetWorkspace(bl, dev2 + 256, 128) == CUBLAS_STATUS_SUCCESS, "(workspace)");
+        (void)cudaMemGetInfo(&f1, &total);
+        SELF(f1 - f0 >= EMU_CUBLAS_DEFAULT_WS, "a set workspace did not release the default one");
+        SELF(cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, dev, 4, dev, 4, &zero,
+                         dev2, 4) == CUBLAS_STATUS_SUCCESS &&
+                 ((unsigned char *)(dev2 + 256))[127] == 0x5A,
+             "a GEMM left the workspace it was given untouched");
+        SELF(cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, host, 4, dev, 4, &zero,
+                         dev2, 4) != CUBLAS_STATUS_SUCCESS &&
+                 cudaGetLastError() == cudaErrorIllegalAddress,
+             "cublasSgemm with a host matrix");
+        ddpmd_emu_clear_fault();
+        cudnnTensorDescriptor_t td = NULL;
+        cudnnCreateTensorDescriptor(&td);
+        cudnnSetTensor4dDescriptor(td, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, 4, 4);
+        SELF(cudnnAddTensor(dn, &one, td, host, &zero, td, dev2) != CUDNN_STATUS_SUCCESS &&
+                 cudaPeekAtLastError() == cudaErrorIllegalAddress,
+             "cudnnAddTensor with a host tensor");
+        ddpmd_emu_clear_fault();
+        cudnnDestroyTensorDescriptor(td);
+        cublasDestroy(bl);
+        cudnnDestroy(dn);
+    }
+    (void)cudaDeviceSynchronize();
+
+    /* a kernel given a host pointer: an illegal address that poisons the context */
+    CU_LAUNCH(emu_k_fill, 1, 32, 0, a)(host, (const float *)NULL, 64);
+    SELF(host[0] == 0.0f, "a kernel ran with a host pointer");
+    SELF(cudaPeekAtLastError() == cudaErrorIllegalAddress &&
+             cudaGetLastError() == cudaErrorIllegalAddress &&
+             cudaGetLastError() == cudaErrorIllegalAddress,
+         "a kernel fault is not reported (sticky) by cudaGetLastError/cudaPeekAtLastError");
+    void *after = NULL;
+    SELF(cudaMalloc(&after, 16) == cudaErrorIllegalAddress &&
+             cudaStreamSynchronize(a) == cudaErrorIllegalAddress &&
+             cudaMemcpyAsync(dev, host, 16, cudaMemcpyHostToDevice, b) == cudaErrorIllegalAddress,
+         "calls after a fault succeed (the context is not poisoned)");
+    if (after) cudaFree(after);
+    ddpmd_emu_clear_fault();
+
+    /* stream order: B reads what A writes before A's work is known done */
+    (void)cudaDeviceSynchronize();
+    SELF(cudaMemsetAsync(dev, 0, 64 * sizeof(float), a) == cudaSuccess, "(memset)");
+    CU_LAUNCH(emu_k_fill, 1, 32, 0, b)(dev2, (const float *)dev, 64);
+    SELF(cudaGetLastError() == cudaErrorInvalidResourceHandle,
+         "stream B read a buffer stream A was still writing (no event wait, no sync)");
+    SELF(cudaMemcpyAsync(host, dev, 16, cudaMemcpyDeviceToHost, b) != cudaSuccess,
+         "stream B copied out a buffer stream A was still writing");
+    (void)cudaGetLastError();
+    SELF(cudaEventRecord(ev, a) == cudaSuccess && cudaStreamWaitEvent(b, ev, 0) == cudaSuccess,
+         "(event)");
+    CU_LAUNCH(emu_k_fill, 1, 32, 0, b)(dev2, (const float *)dev, 64);
+    SELF(cudaGetLastError() == cudaSuccess, "(a read after an event wait was refused)");
+    SELF(cudaMemsetAsync(dev, 0, 64 * sizeof(float), a) == cudaSuccess, "(memset)");
+    SELF(cudaMemsetAsync(dev, 1, 64 * sizeof(float), b) != cudaSuccess,
+         "stream B wrote a buffer stream A was still writing");
+    (void)cudaGetLastError();
+    SELF(cudaStreamSynchronize(a) == cudaSuccess &&
+             cudaMemsetAsync(dev, 1, 64 * sizeof(float), b) == cudaSuccess,
+         "(a write after the host synchronized the writer was refused)");
+    (void)cudaDeviceSynchronize();
+    (void)cudaGetLastError();
+
+    cudaFree(dev);
+    cudaFree(dev2);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    ddpmd_emu_clear_fault();
+    return missed;
 }
