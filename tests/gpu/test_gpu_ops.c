@@ -761,6 +761,23 @@ static void test_contexts(void)
         G->ctx_free(cx[i]);
     }
     printf("contexts: %d at once on device 0, each with its own stream and handles\n", made);
+    /* parity is fixed per context at ctx_init: a later set_parity(0) (another job's planning)
+     * must not switch gctx's convolutions to non-parity math (the emulator refuses those) */
+    if (G->set_parity) {
+        struct bk_conv2d s = {.n = 1, .ci = 3, .h = 6, .w = 5, .co = 4, .kh = 3, .kw = 3,
+                              .stride = 1, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1};
+        CHECK(bk_conv2d_init(&s) == 0, "parity conv shape");
+        size_t ws = G->conv2d_ws_bytes(&s);
+        float *x = dalloc((size_t)3 * 30 * 4), *w = dalloc((size_t)4 * 27 * 4);
+        float *y = dalloc((size_t)4 * 30 * 4);
+        void *wsp = dalloc(ws ? ws : 256);
+        gpu_ok(G->mem_set_f32(x, 0.5f, 90, gctx), "set x");
+        gpu_ok(G->mem_set_f32(w, 0.25f, 108, gctx), "set w");
+        G->set_parity(0);
+        gpu_ok(G->conv2d_fwd(y, x, w, NULL, wsp, &s, gctx), "conv on a parity context after "
+                                                             "set_parity(0)");
+        G->set_parity(1);
+    }
 }
 
 /* tests/gpu/emu only: the emulator's own planted misuses (ddpmd_emu_selfcheck), then the
@@ -784,6 +801,25 @@ static void test_emulator_checks(void)
     CHECK(G->mem_download(hbuf, hsrc, sizeof hbuf, gctx) != 0, "mem_download from a host pointer");
     CHECK(!G->device_poisoned(0), "a refused copy poisoned the device");
     gpu_ok(G->mem_upload(d, hsrc, sizeof hsrc, gctx), "upload after the refused copies");
+    /* ctx_set_workspace: cuBLAS runs in the plan's workspace (the emulator's GEMM scribbles over
+     * what it uses) and refuses host memory */
+    if (G->ctx_set_workspace) {
+        enum { WS = 1 << 16 };
+        unsigned char *ws = dalloc(WS), *wsh = malloc(WS);
+        float *x = dalloc(16 * 16 * 4), *w = dalloc(16 * 16 * 4), *y = dalloc(16 * 16 * 4);
+        gpu_ok(G->mem_set_f32((float *)ws, 0.0f, WS / 4, gctx), "zero the workspace");
+        gpu_ok(G->mem_set_f32(x, 1.0f, 256, gctx), "set x");
+        gpu_ok(G->mem_set_f32(w, 1.0f, 256, gctx), "set w");
+        gpu_ok(G->ctx_set_workspace(gctx, ws + 64, WS - 64), "ctx_set_workspace");
+        gpu_ok(G->linear_fwd(y, x, w, NULL, 16, 16, 16, gctx), "linear in the plan's workspace");
+        gpu_ok(G->mem_download(wsh, ws, WS, gctx), "download the workspace");
+        int used = 0;
+        for (int i = 0; i < WS; i++) used += wsh[i] == 0x5A;
+        CHECK(used > 0, "cuBLAS did not run in the workspace ctx_set_workspace gave it");
+        CHECK(G->ctx_set_workspace(gctx, wsh, WS) != 0, "ctx_set_workspace took host memory");
+        gpu_ok(G->ctx_set_workspace(gctx, NULL, 0), "ctx_set_workspace(NULL)");
+        free(wsh);
+    }
     printf("emulator: planted misuses caught; refused copies left the device usable\n");
 }
 
