@@ -23,8 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "fsio.h"
+#include "safetensors.h"
 #include "spec.h"
+#include "train.h"
 
 #define SSE_BATCH 64
 #define LIST_LIMIT_MAX 200
@@ -47,7 +50,8 @@ struct api {
 
 struct req {
     int route;              /* -1: no path matches; -2: a path matches, not the method */
-    char param[96];
+    char param[96];         /* the path's first {..} segment */
+    char param2[32];        /* its second (/samples/{id}/images/{k}.png) */
     char *body;
     size_t len, cap;
     int too_big;
@@ -57,7 +61,7 @@ struct ctx {
     struct api *a;
     struct MHD_Connection *conn;
     struct req *r;
-    const char *param;
+    const char *param, *param2;
     char owner[64];
     int admin;
 };
@@ -237,6 +241,9 @@ static int load_job(struct ctx *c, const char *id, struct job_row *r, enum MHD_R
 
 /* ---- handlers ---- */
 
+static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_estimate *est,
+                                      const char *err, const char *plan_path);
+
 static enum MHD_Result h_train(struct ctx *c)
 {
     const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
@@ -303,24 +310,7 @@ static enum MHD_Result h_train(struct ctx *c)
     struct pool_estimate est;
     char id[JOBS_ID_LEN], err[512];
     int rc = pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &est, id, err, sizeof err);
-    if (rc == POOL_ERR_NEVER_FITS) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "needed_bytes", (double)est.reserved);
-        cJSON_AddNumberToObject(o, "budget_bytes", (double)pool_config_of(c->a->cfg.pool)->budget_bytes);
-        char *pj = pool_estimate_json(&est);
-        cJSON *plan = pj ? cJSON_Parse(pj) : NULL;
-        free(pj);
-        cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
-        return problem(c->conn, 422, "never-fits", err, o, NULL);
-    }
-    if (rc == POOL_ERR_QUEUE_FULL)
-        return problem(c->conn, 503, "queue-full", err, NULL,
-                       (const char *const[]){"Retry-After", "30", NULL});
-    if (rc == POOL_ERR_STOPPING)
-        return problem(c->conn, 503, "stopping", err, NULL,
-                       (const char *const[]){"Retry-After", "10", NULL});
-    if (rc == POOL_ERR_PLAN) return invalid(c->conn, 422, "model", err);
-    if (rc) return problem(c->conn, 500, NULL, err, NULL, NULL);
+    if (rc) return submit_refused(c, rc, &est, err, "model");
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
         return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
@@ -347,9 +337,313 @@ static int parse_int(const char *s, long long lo, long long hi, long long *v)
     return 0;
 }
 
-static enum MHD_Result h_jobs(struct ctx *c)
+/* ---- sampling jobs (kind "sample": the same store, pool, cancel and event stream) ---- */
+
+#define SAMPLE_N_MAX 1024
+
+static cJSON *sample_json(struct api *a, const struct job_row *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    char buf[128];
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "kind", r->kind);
+    cJSON_AddStringToObject(o, "owner", r->owner);
+    cJSON_AddStringToObject(o, "state", job_state_name(r->state));
+    cJSON_AddStringToObject(o, "device", r->device);
+    cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
+    cJSON *plan = cJSON_Parse(r->plan);
+    cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+    cJSON_AddNumberToObject(o, "step", (double)r->step);
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    add_str_or_null(o, "error", r->error);
+    add_str_or_null(o, "created_at", r->created_at);
+    add_str_or_null(o, "started_at", r->started_at);
+    add_str_or_null(o, "ended_at", r->ended_at);
+    cJSON *params = cJSON_Parse(r->spec);
+    cJSON_AddItemToObject(o, "params", params ? params : cJSON_CreateObject());
+    /* the images exist once the job succeeded (cmd_sample writes them after the loop) */
+    cJSON *imgs = cJSON_AddArrayToObject(o, "images");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(params, "n");
+    if (r->state == JOB_SUCCEEDED && cJSON_IsNumber(n))
+        for (int k = 0; k < n->valueint; k++) {
+            snprintf(buf, sizeof buf, "/samples/%s/images/%d.png", r->id, k);
+            cJSON_AddItemToArray(imgs, cJSON_CreateString(buf));
+        }
+    (void)a;
+    cJSON *links = cJSON_AddObjectToObject(o, "links");
+    snprintf(buf, sizeof buf, "/samples/%s", r->id);
+    cJSON_AddStringToObject(links, "self", buf);
+    snprintf(buf, sizeof buf, "/samples/%s.png", r->id);
+    if (r->state == JOB_SUCCEEDED)
+        cJSON_AddStringToObject(links, "grid", buf);
+    else
+        cJSON_AddNullToObject(links, "grid");
+    snprintf(buf, sizeof buf, "/jobs/%s/events", r->id);
+    cJSON_AddStringToObject(links, "events", buf);
+    snprintf(buf, sizeof buf, "/jobs/%s/cancel", r->id);
+    cJSON_AddStringToObject(links, "cancel", buf);
+    return o;
+}
+
+/* load_job, and the job is a sampling job (a training job's id is no sample: 404) */
+static int load_sample(struct ctx *c, const char *id, struct job_row *r, enum MHD_Result *res)
+{
+    if (load_job(c, id, r, res)) return -1;
+    if (strcmp(r->kind, "sample") != 0) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "no sample %s (%s is a %s job: GET /jobs/%s)", id, id,
+                 r->kind, id);
+        job_row_free(r);
+        *res = problem(c->conn, 404, NULL, detail, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+static void err_add(cJSON *arr, const char *path, const char *msg)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "path", path);
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddItemToArray(arr, e);
+}
+
+/* an integer field in [lo, hi] (absent: def); 0 when valid */
+static int field_int(const cJSON *o, const char *k, double lo, double hi, double def, double *v,
+                     cJSON *errs)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, k);
+    char msg[120];
+    *v = def;
+    if (!f || cJSON_IsNull(f)) return 0;
+    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || f->valuedouble < lo ||
+        f->valuedouble > hi) {
+        snprintf(msg, sizeof msg, "expected an integer from %.0f to %.0f", lo, hi);
+        err_add(errs, k, msg);
+        return -1;
+    }
+    *v = f->valuedouble;
+    return 0;
+}
+
+static enum MHD_Result send_problem_errors(struct ctx *c, cJSON *o)
+{
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "errors");
+    int n = cJSON_GetArraySize(arr);
+    const cJSON *e0 = cJSON_GetArrayItem(arr, 0);
+    const cJSON *p0 = cJSON_GetObjectItemCaseSensitive(e0, "path");
+    const cJSON *m0 = cJSON_GetObjectItemCaseSensitive(e0, "message");
+    char detail[600];
+    snprintf(detail, sizeof detail, "the request has %d error%s; the first: %.128s%s%.256s", n,
+             n == 1 ? "" : "s", cJSON_IsString(p0) ? p0->valuestring : "",
+             cJSON_IsString(p0) && *p0->valuestring ? ": " : "",
+             cJSON_IsString(m0) ? m0->valuestring : "");
+    return problem(c->conn, 422, "validation", detail, o, NULL);
+}
+
+/* a submit refused by the pool -> its problem (shared by POST /train and POST /samples) */
+static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_estimate *est,
+                                      const char *err, const char *plan_path)
+{
+    if (rc == POOL_ERR_NEVER_FITS) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "needed_bytes", (double)est->reserved);
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)pool_config_of(c->a->cfg.pool)->budget_bytes);
+        char *pj = pool_estimate_json(est);
+        cJSON *plan = pj ? cJSON_Parse(pj) : NULL;
+        free(pj);
+        cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+        return problem(c->conn, 422, "never-fits", err, o, NULL);
+    }
+    if (rc == POOL_ERR_QUEUE_FULL)
+        return problem(c->conn, 503, "queue-full", err, NULL,
+                       (const char *const[]){"Retry-After", "30", NULL});
+    if (rc == POOL_ERR_STOPPING)
+        return problem(c->conn, 503, "stopping", err, NULL,
+                       (const char *const[]){"Retry-After", "10", NULL});
+    if (rc == POOL_ERR_PLAN) return invalid(c->conn, 422, plan_path, err);
+    return problem(c->conn, 500, NULL, err, NULL, NULL);
+}
+
+static int json_content_type(struct ctx *c)
+{
+    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
+    return ct && strncasecmp(ct, "application/json", 16) == 0 &&
+           (!ct[16] || ct[16] == ';' || ct[16] == ' ');
+}
+
+/* POST /samples: {checkpoint | job, n, sampler, steps, eta, seed, ema, batch}; the checkpoint
+ * (a job's newest when given a job) must be visible to the caller */
+static enum MHD_Result h_samples_post(struct ctx *c)
+{
+    if (!json_content_type(c))
+        return problem(c->conn, 415, NULL, "POST /samples takes a SampleRequest as application/json",
+                       NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
+    if (!c->a->admitting)
+        return problem(c->conn, 503, "stopping", "the server is shutting down", NULL,
+                       (const char *const[]){"Retry-After", "10", NULL});
+    const char *body = c->r->body ? c->r->body : "";
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, c->r->len, &at, 0);
+    if (!root) {
+        char detail[200];
+        size_t off = at && at >= body ? (size_t)(at - body) : 0;
+        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)", off,
+                 c->r->len);
+        return problem(c->conn, 400, "malformed-json", detail, NULL, NULL);
+    }
+    static const char *const known[] = {"checkpoint", "job", "n", "sampler", "steps", "eta",
+                                        "seed", "ema", "batch", NULL};
+    struct pool_sample s;
+    memset(&s, 0, sizeof s);
+    cJSON *eo = cJSON_CreateObject(), *errs = cJSON_AddArrayToObject(eo, "errors");
+    enum MHD_Result res;
+    if (!cJSON_IsObject(root)) {
+        err_add(errs, "", "expected a JSON object");
+        goto invalid;
+    }
+    for (const cJSON *f = root->child; f; f = f->next) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= f->string && strcmp(f->string, known[i]) == 0;
+        if (!ok) {
+            char path[80];
+            snprintf(path, sizeof path, "%.64s", f->string ? f->string : "");
+            err_add(errs, path, "unknown field");
+        }
+    }
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(root, "checkpoint");
+    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(root, "job");
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(root, "sampler");
+    const cJSON *eta = cJSON_GetObjectItemCaseSensitive(root, "eta");
+    const cJSON *ema = cJSON_GetObjectItemCaseSensitive(root, "ema");
+    if (cJSON_IsNull(ck)) ck = NULL;
+    if (cJSON_IsNull(jb)) jb = NULL;
+    if (!ck == !jb)
+        err_add(errs, ck ? "job" : "checkpoint",
+                "give exactly one of checkpoint (an id like j0123456789abcdef-300) or job (its "
+                "newest checkpoint)");
+    if (ck && !cJSON_IsString(ck)) err_add(errs, "checkpoint", "expected a checkpoint id (a string)");
+    if (jb && !cJSON_IsString(jb)) err_add(errs, "job", "expected a job id (a string)");
+    double n, steps, seed, batch;
+    field_int(root, "n", 1, SAMPLE_N_MAX, 16, &n, errs);
+    field_int(root, "steps", 1, 100000, -1, &steps, errs);
+    field_int(root, "seed", 0, 9007199254740991.0, 1, &seed, errs);
+    field_int(root, "batch", 1, SPEC_BATCH_MAX, 16, &batch, errs);
+    snprintf(s.sampler, sizeof s.sampler, "ddim");
+    if (sm && !cJSON_IsNull(sm)) {
+        if (cJSON_IsString(sm) && (strcmp(sm->valuestring, "ddim") == 0 ||
+                                   strcmp(sm->valuestring, "ddpm") == 0))
+            snprintf(s.sampler, sizeof s.sampler, "%s", sm->valuestring);
+        else
+            err_add(errs, "sampler", "expected \"ddim\" or \"ddpm\"");
+    }
+    s.eta = 0;
+    if (eta && !cJSON_IsNull(eta)) {
+        if (cJSON_IsNumber(eta) && eta->valuedouble >= 0 && eta->valuedouble <= 1)
+            s.eta = eta->valuedouble;
+        else
+            err_add(errs, "eta", "expected a number from 0 to 1");
+    }
+    s.ema = 1;
+    if (ema && !cJSON_IsNull(ema)) {
+        if (cJSON_IsBool(ema))
+            s.ema = cJSON_IsTrue(ema);
+        else
+            err_add(errs, "ema", "expected true (the EMA weights) or false (the raw weights)");
+    }
+    if (cJSON_GetArraySize(errs) > 0) goto invalid;
+    s.n = (int)n;
+    s.batch = (int)batch;
+    s.seed = (uint64_t)seed;
+    /* the checkpoint: named, or the job's newest; visible to the caller, never a path */
+    char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
+    int64_t step = -1;
+    const char *field = ck ? "checkpoint" : "job";
+    struct job_row src;
+    memset(&src, 0, sizeof src);
+    if (ck) {
+        if (pool_checkpoint_id_parse(ck->valuestring, jid, sizeof jid, &step)) {
+            err_add(errs, field, "expected a checkpoint id like j0123456789abcdef-300 (GET "
+                                 "/jobs/{id}/checkpoints lists them)");
+            goto invalid;
+        }
+    } else if (!pool_job_id_valid(jb->valuestring)) {
+        err_add(errs, field, "expected a job id like j0123456789abcdef");
+        goto invalid;
+    } else {
+        snprintf(jid, sizeof jid, "%s", jb->valuestring);
+    }
+    int g = jobs_get(c->a->cfg.db, jid, &src);
+    int visible = g == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0) &&
+                  strcmp(src.kind, "train") == 0;
+    job_row_free(&src);
+    if (!visible) {
+        err_add(errs, field, ck ? "no such checkpoint" : "no such training job");
+        goto invalid;
+    }
+    if (!ck) {
+        char out[FSIO_PATH_MAX];
+        if (pool_job_file(c->a->cfg.pool, jid, "out", out, sizeof out) ||
+            train_latest_checkpoint(out, path, sizeof path, &step)) {
+            err_add(errs, field, "the job has no checkpoint yet");
+            goto invalid;
+        }
+    }
+    struct stat sb;
+    if (pool_checkpoint_path(c->a->cfg.pool, jid, step, path, sizeof path) || stat(path, &sb) ||
+        !S_ISREG(sb.st_mode) || strlen(path) >= sizeof s.checkpoint_path) {
+        err_add(errs, field, "no such checkpoint");
+        goto invalid;
+    }
+    snprintf(s.checkpoint_path, sizeof s.checkpoint_path, "%s", path);
+    snprintf(s.checkpoint_id, sizeof s.checkpoint_id, "%s-%" PRId64, jid, step);
+    {
+        struct safetensors *st = NULL;
+        struct train_spec spec;
+        char err[512];
+        if (checkpoint_open(&st, path, &spec, NULL, err, sizeof err)) {
+            err_add(errs, field, "the checkpoint cannot be read");
+            goto invalid;
+        }
+        safetensors_free(st);
+        s.model = spec.model;
+        s.timesteps = spec.timesteps;
+    }
+    if (steps < 0) steps = s.timesteps < 50 ? s.timesteps : 50;
+    if (strcmp(s.sampler, "ddim") == 0 && steps > s.timesteps) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "must be at most the model's diffusion.timesteps (%d) for ddim",
+                 s.timesteps);
+        err_add(errs, "steps", msg);
+        goto invalid;
+    }
+    s.steps = (int)steps;
+    cJSON_Delete(eo);
+    cJSON_Delete(root);
+    struct pool_estimate est;
+    char id[JOBS_ID_LEN], err[512];
+    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, &s, &est, id, err, sizeof err);
+    if (rc) return submit_refused(c, rc, &est, err, "checkpoint");
+    struct job_row r;
+    if (jobs_get(c->a->cfg.db, id, &r))
+        return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
+    char loc[64];
+    snprintf(loc, sizeof loc, "/samples/%s", id);
+    cJSON *o = sample_json(c->a, &r);
+    job_row_free(&r);
+    return send_json(c->conn, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
+invalid:
+    cJSON_Delete(root);
+    res = send_problem_errors(c, eo);
+    return res;
+}
+
+/* GET /jobs and GET /samples: paging by `after`, filters state, owner (and kind for /jobs) */
+static enum MHD_Result list_jobs(struct ctx *c, const char *kind, const char *key)
 {
     const char *st = arg(c, "state"), *lim = arg(c, "limit"), *after = arg(c, "after");
+    const char *owner = arg(c, "owner"), *k = kind ? NULL : arg(c, "kind");
     int state = -1;
     long long limit = LIST_LIMIT_DEFAULT;
     if (st && (state = job_state_parse(st)) < 0)
@@ -359,18 +653,94 @@ static enum MHD_Result h_jobs(struct ctx *c)
         return invalid(c->conn, 400, "limit", "expected an integer from 1 to 200");
     if (after && !pool_job_id_valid(after))
         return invalid(c->conn, 400, "after", "expected a job id (the previous page's next)");
+    if (k && strcmp(k, "train") != 0 && strcmp(k, "sample") != 0)
+        return invalid(c->conn, 400, "kind", "expected train or sample");
+    if (k) kind = k;
+    if (owner && !c->admin && strcmp(owner, c->owner) != 0)
+        return problem(c->conn, 403, NULL, "only an admin token lists another token's jobs", NULL,
+                       NULL);
+    if (!owner && !c->admin) owner = c->owner;
     struct job_row *rows;
     int n;
-    if (jobs_list(c->a->cfg.db, c->admin ? NULL : c->owner, state, after, (int)limit, &rows, &n))
+    if (jobs_list_kind(c->a->cfg.db, owner, kind, state, after, (int)limit, &rows, &n))
         return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
-    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "jobs");
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, job_json(&rows[i]));
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, key);
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, strcmp(key, "samples") == 0 ? sample_json(c->a, &rows[i])
+                                                                : job_json(&rows[i]));
     if (n == limit && n > 0)
         cJSON_AddStringToObject(o, "next", rows[n - 1].id);
     else
         cJSON_AddNullToObject(o, "next");
     job_rows_free(rows, n);
     return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+static enum MHD_Result h_jobs(struct ctx *c) { return list_jobs(c, NULL, "jobs"); }
+static enum MHD_Result h_samples(struct ctx *c) { return list_jobs(c, "sample", "samples"); }
+
+static enum MHD_Result h_sample(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_sample(c, c->param, &r, &res)) return res;
+    cJSON *o = sample_json(c->a, &r);
+    job_row_free(&r);
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+/* a file of a succeeded sampling job: tail under its folder */
+static enum MHD_Result send_sample_file(struct ctx *c, const char *tail, const char *what)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_sample(c, c->param, &r, &res)) return res;
+    enum job_state st = r.state;
+    job_row_free(&r);
+    char detail[200], path[FSIO_PATH_MAX], err[300];
+    if (st != JOB_SUCCEEDED) {
+        snprintf(detail, sizeof detail, "sample %s is %s: its images exist once it succeeded",
+                 c->param, job_state_name(st));
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(st));
+        return problem(c->conn, 409, "wrong-state", detail, o, NULL);
+    }
+    int fd = -1;
+    if (pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0)
+        fd = fsio_open_regular(path, O_RDONLY, err, sizeof err);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        if (fd >= 0) close(fd);
+        snprintf(detail, sizeof detail, "sample %s has no %s", c->param, what);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
+    if (!resp) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "image/png");
+    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+static enum MHD_Result h_sample_grid(struct ctx *c) { return send_sample_file(c, "grid.png", "grid"); }
+
+static enum MHD_Result h_sample_image(struct ctx *c)
+{
+    long long k;
+    char tail[64], what[64];
+    /* k: a plain decimal index (no sign, no leading zeros), so it can never name another file */
+    if (parse_int(c->param2, 0, SAMPLE_N_MAX - 1, &k) || (c->param2[0] == '0' && c->param2[1]) ||
+        c->param2[0] == '+' || c->param2[0] == '-') {
+        char detail[160];
+        snprintf(detail, sizeof detail, "no image '%.20s' (images are numbered 0 to n-1)", c->param2);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    snprintf(tail, sizeof tail, "images/%04lld.png", k);
+    snprintf(what, sizeof what, "image %lld", k);
+    return send_sample_file(c, tail, what);
 }
 
 static enum MHD_Result h_job(struct ctx *c)
@@ -807,6 +1177,11 @@ static const struct route routes[] = {
     {"GET", "/jobs/{id}/events", h_events, 1},
     {"GET", "/jobs/{id}/checkpoints", h_checkpoints, 1},
     {"GET", "/checkpoints/{id}", h_checkpoint, 1},
+    {"POST", "/samples", h_samples_post, 1},
+    {"GET", "/samples", h_samples, 1},
+    {"GET", "/samples/{id}", h_sample, 1},
+    {"GET", "/samples/{id}.png", h_sample_grid, 1},
+    {"GET", "/samples/{id}/images/{k}.png", h_sample_image, 1},
     {"GET", "/healthz", h_healthz, 0},
     {"GET", "/readyz", h_readyz, 0},
     {"GET", "/openapi.yaml", h_openapi, 0},
@@ -818,17 +1193,24 @@ void api_routes_print(FILE *f)
     for (int i = 0; i < N_ROUTES; i++) fprintf(f, "%s %s\n", routes[i].method, routes[i].pattern);
 }
 
-/* whether url matches pattern; the {id} segment goes to param */
-static int route_match(const char *pattern, const char *url, char *param, size_t n)
+/* whether url matches pattern; a "{name}" matches one non-empty segment up to the next '/' or
+ * '.' (ids never hold either), the first going to param, the second to param2 */
+static int route_match(const char *pattern, const char *url, char *param, size_t n, char *param2,
+                       size_t n2)
 {
     const char *p = pattern, *u = url;
+    int k = 0;
     while (*p && *u) {
-        if (strncmp(p, "{id}", 4) == 0) {
-            size_t len = strcspn(u, "/");
-            if (len == 0 || len >= n) return 0;
-            memcpy(param, u, len);
-            param[len] = 0;
-            p += 4;
+        if (*p == '{') {
+            const char *close = strchr(p, '}');
+            size_t len = strcspn(u, "/.");
+            char *dst = k == 0 ? param : param2;
+            size_t cap = k == 0 ? n : n2;
+            if (!close || k > 1 || len == 0 || len >= cap) return 0;
+            memcpy(dst, u, len);
+            dst[len] = 0;
+            k++;
+            p = close + 1;
             u += len;
         } else if (*p++ != *u++) {
             return 0;
@@ -842,7 +1224,9 @@ static void route_find(const char *method, const char *url, struct req *r)
     int path_seen = 0;
     if (strcmp(method, "HEAD") == 0) method = "GET";
     for (int i = 0; i < N_ROUTES; i++) {
-        if (!route_match(routes[i].pattern, url, r->param, sizeof r->param)) continue;
+        if (!route_match(routes[i].pattern, url, r->param, sizeof r->param, r->param2,
+                         sizeof r->param2))
+            continue;
         path_seen = 1;
         if (strcmp(routes[i].method, method) == 0) {
             r->route = i;
@@ -854,9 +1238,9 @@ static void route_find(const char *method, const char *url, struct req *r)
 
 static enum MHD_Result not_allowed(struct MHD_Connection *conn, const char *url)
 {
-    char allow[64] = "", p[96];
+    char allow[64] = "", p[96], p2[32];
     for (int i = 0; i < N_ROUTES; i++)
-        if (route_match(routes[i].pattern, url, p, sizeof p)) {
+        if (route_match(routes[i].pattern, url, p, sizeof p, p2, sizeof p2)) {
             if (*allow) strcat(allow, ", ");
             strcat(allow, routes[i].method);
             if (strcmp(routes[i].method, "GET") == 0) strcat(allow, ", HEAD");
@@ -940,7 +1324,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (r->route == -2) return not_allowed(conn, url);
     const struct route *rt = &routes[r->route];
-    struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param};
+    struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2};
     snprintf(c.owner, sizeof c.owner, "anonymous");
     c.admin = 1; /* without tokens everyone is the one local user */
     if (a->cfg.tokens && rt->auth) {

@@ -59,9 +59,10 @@ static void usage(FILE *f)
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
-            "         [--spec SPEC.json]\n"
+            "         [--spec SPEC.json] [--threads 2] [--progress-json]\n"
             "         generate images (EMA weights unless --raw) into a grid PNG; --spec gives\n"
-            "         the model of an imported state_dict (tools/convert_seed_ckpt.py)\n"
+            "         the model of an imported state_dict (tools/convert_seed_ckpt.py);\n"
+            "         --progress-json: a JSON line per denoising step on stdout (ddpmd serve)\n"
             "  export --diffusers DIR CHECKPOINT [--raw]\n"
             "         write config.json + diffusion_pytorch_model.safetensors (EMA weights) for\n"
             "         diffusers' UNet2DModel (ddpm preset)\n"
@@ -528,9 +529,13 @@ static int cmd_train(int argc, char **argv)
     return rc == TRAIN_STOPPED ? 130 : 0;
 }
 
+/* ctx non-NULL (--progress-json, for ddpmd serve): one JSON line per denoising step on stdout */
 static void sample_progress(int done, int total, void *ctx)
 {
-    (void)ctx;
+    if (ctx) {
+        printf("{\"event\":\"sampling\",\"done\":%d,\"total\":%d}\n", done, total);
+        fflush(stdout);
+    }
     if (isatty(2)) {
         fprintf(stderr, "\rsampling %d/%d", done, total);
         if (done == total) fprintf(stderr, "\n");
@@ -679,7 +684,7 @@ out:
 static int cmd_sample(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = "samples.png", *each = NULL, *spec_path = NULL;
-    int n = 64, batch = 16, raw = 0, threads = 2;
+    int n = 64, batch = 16, raw = 0, threads = 2, progress_json = 0;
     uint64_t seed = 1;
     struct sampler_config sc;
     sampler_config_default(&sc);
@@ -703,6 +708,8 @@ static int cmd_sample(int argc, char **argv)
             sc.clip_x0 = 0;
         else if (strcmp(a, "--raw") == 0)
             raw = 1;
+        else if (strcmp(a, "--progress-json") == 0)
+            progress_json = 1;
         else if (OPT("--seed")) {
             if (cli_u64(a, v, &seed)) return 2;
         } else if (OPT("--batch")) {
@@ -794,7 +801,8 @@ static int cmd_sample(int argc, char **argv)
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
             ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
     double t0 = now_s();
-    if (sample_job_run(&sj, &sch, &sc, seed, n, img, sample_progress, NULL)) {
+    if (sample_job_run(&sj, &sch, &sc, seed, n, img, sample_progress,
+                       progress_json ? &progress_json : NULL)) {
         fprintf(stderr, "ddpmd: sampling failed\n");
         goto out;
     }

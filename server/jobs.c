@@ -301,6 +301,12 @@ out:
 int jobs_list(struct jobs *db, const char *owner, int state, const char *after, int limit,
               struct job_row **rows, int *n)
 {
+    return jobs_list_kind(db, owner, NULL, state, after, limit, rows, n);
+}
+
+int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int state,
+                   const char *after, int limit, struct job_row **rows, int *n)
+{
     *rows = NULL;
     *n = 0;
     pthread_mutex_lock(&db->mu);
@@ -309,7 +315,8 @@ int jobs_list(struct jobs *db, const char *owner, int state, const char *after, 
     if (sqlite3_prepare_v2(db->db,
                            "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "
                            "(?2 IS NULL OR state = ?2) AND "
-                           "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) "
+                           "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) AND "
+                           "(?5 IS NULL OR kind = ?5) "
                            "ORDER BY seq LIMIT ?4",
                            -1, &st, NULL) != SQLITE_OK)
         goto out;
@@ -317,6 +324,7 @@ int jobs_list(struct jobs *db, const char *owner, int state, const char *after, 
     if (state >= 0) sqlite3_bind_text(st, 2, job_state_name((enum job_state)state), -1, SQLITE_STATIC);
     if (after) sqlite3_bind_text(st, 3, after, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 4, limit);
+    if (kind) sqlite3_bind_text(st, 5, kind, -1, SQLITE_STATIC);
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW) {
         if (*n == cap) {

@@ -19,7 +19,7 @@ struct job_row {
     int64_t seq;                 /* creation order */
     char id[JOBS_ID_LEN];
     char owner[64];
-    char kind[16];               /* "train" */
+    char kind[16];               /* "train" or "sample" */
     enum job_state state;
     char device[32];
     int64_t reserved_bytes;      /* plan + process baseline (+ host data on the cpu device) */
@@ -62,6 +62,9 @@ void job_rows_free(struct job_row *rows, int n);
  * state < 0 = any; at most limit rows */
 int jobs_list(struct jobs *db, const char *owner, int state, const char *after, int limit,
               struct job_row **rows, int *n);
+/* the same, only jobs of kind (NULL: any) */
+int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int state,
+                   const char *after, int limit, struct job_row **rows, int *n);
 int jobs_count(struct jobs *db, int state, int *n);
 
 /* sets the state (and started_at/ended_at, threads when > 0, error when non-NULL) and appends

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "fsio.h"
+#include "sample.h"
 #include "train.h"
 
 extern char **environ;
@@ -39,6 +40,7 @@ extern char **environ;
 
 struct child {
     char id[JOBS_ID_LEN];
+    char kind[16];
     pid_t pid;
     int out_fd, err_fd;          /* -1 after EOF */
     char out[LINE_MAX_BYTES], errl[LINE_MAX_BYTES];
@@ -201,26 +203,14 @@ static int mkdir_one(const char *path, char *err, size_t errlen)
     return 0;
 }
 
-int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
-                const struct train_spec *child, struct pool_estimate *e, char *id, char *err,
-                size_t errlen)
+/* stores a planned job (lock taken here): its folder and child file first, then the row; r has
+ * kind, steps, spec, plan and reserved_bytes set. On POOL_OK id gets the new id. */
+static int queue_job(struct pool *p, const char *owner, struct job_row *r, const char *child_file,
+                     const char *child_json, char *id, char *err, size_t errlen)
 {
-    struct job_row r;
-    memset(&r, 0, sizeof r);
     char dir[FSIO_PATH_MAX], path[FSIO_PATH_MAX];
-    char *child_json = NULL;
-    int rc = pool_estimate(p, child, e, err, errlen);
-    if (rc) return rc;
-    if (e->reserved > p->cfg.budget_bytes) {
-        snprintf(err, errlen, "the job needs %" PRId64 " bytes on %s (plan %" PRId64
-                 " + process %" PRId64 " + host data %" PRId64 "); the budget is %" PRId64,
-                 e->reserved, p->device, e->plan_total, e->baseline, e->host_data,
-                 p->cfg.budget_bytes);
-        return POOL_ERR_NEVER_FITS;
-    }
     pthread_mutex_lock(&p->mu);
-    int queued = 0;
-    rc = POOL_ERR_INTERNAL;
+    int queued = 0, rc = POOL_ERR_INTERNAL;
     if (p->stopping) {
         rc = POOL_ERR_STOPPING;
         snprintf(err, errlen, "the server is shutting down");
@@ -235,13 +225,57 @@ int pool_submit(struct pool *p, const char *owner, const struct train_spec *show
         snprintf(err, errlen, "%d jobs are queued (the limit, --max-queue)", queued);
         goto out;
     }
-    if (make_id(r.id)) {
+    if (make_id(r->id)) {
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
         goto out;
     }
-    snprintf(r.owner, sizeof r.owner, "%s", owner);
+    snprintf(r->owner, sizeof r->owner, "%s", owner);
+    snprintf(r->device, sizeof r->device, "%s", p->device);
+    /* the job's folder and its child file exist before the row, so a stored job always has them */
+    if (job_dir(p, r->id, "", dir, sizeof dir) || job_dir(p, r->id, child_file, path, sizeof path)) {
+        snprintf(err, errlen, "the data directory's path is too long");
+        goto out;
+    }
+    if (mkdir_one(dir, err, errlen) || fsio_write_atomic_text(path, child_json, err, errlen))
+        goto out;
+    if (jobs_insert(p->db, r)) {
+        snprintf(err, errlen, "the job store cannot be written");
+        unlink(path);
+        rmdir(dir);
+        goto out;
+    }
+    snprintf(id, JOBS_ID_LEN, "%s", r->id);
+    rc = POOL_OK;
+out:
+    pthread_mutex_unlock(&p->mu);
+    if (rc == POOL_OK) {
+        notify(p);
+        wake(p);
+    }
+    return rc;
+}
+
+static int never_fits(const struct pool *p, const struct pool_estimate *e, char *err, size_t errlen)
+{
+    if (e->reserved <= p->cfg.budget_bytes) return 0;
+    snprintf(err, errlen, "the job needs %" PRId64 " bytes on %s (plan %" PRId64
+             " + process %" PRId64 " + host data %" PRId64 "); the budget is %" PRId64,
+             e->reserved, p->device, e->plan_total, e->baseline, e->host_data,
+             p->cfg.budget_bytes);
+    return 1;
+}
+
+int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
+                const struct train_spec *child, struct pool_estimate *e, char *id, char *err,
+                size_t errlen)
+{
+    struct job_row r;
+    memset(&r, 0, sizeof r);
+    char *child_json = NULL;
+    int rc = pool_estimate(p, child, e, err, errlen);
+    if (rc) return rc;
+    if (never_fits(p, e, err, errlen)) return POOL_ERR_NEVER_FITS;
     snprintf(r.kind, sizeof r.kind, "train");
-    snprintf(r.device, sizeof r.device, "%s", p->device);
     r.reserved_bytes = e->reserved;
     r.steps = shown->steps;
     r.spec = spec_to_json(shown);
@@ -249,31 +283,114 @@ int pool_submit(struct pool *p, const char *owner, const struct train_spec *show
     child_json = spec_to_json(child);
     if (!r.spec || !r.plan || !child_json) {
         snprintf(err, errlen, "out of memory");
-        goto out;
+        rc = POOL_ERR_INTERNAL;
+    } else {
+        rc = queue_job(p, owner, &r, "/spec.json", child_json, id, err, errlen);
     }
-    /* the job's folder and its spec exist before the row, so a stored job always has them */
-    if (job_dir(p, r.id, "", dir, sizeof dir) || job_dir(p, r.id, "/spec.json", path, sizeof path)) {
-        snprintf(err, errlen, "the data directory's path is too long");
-        goto out;
-    }
-    if (mkdir_one(dir, err, errlen) || fsio_write_atomic_text(path, child_json, err, errlen))
-        goto out;
-    if (jobs_insert(p->db, &r)) {
-        snprintf(err, errlen, "the job store cannot be written");
-        unlink(path);
-        rmdir(dir);
-        goto out;
-    }
-    snprintf(id, JOBS_ID_LEN, "%s", r.id);
-    rc = POOL_OK;
-out:
-    pthread_mutex_unlock(&p->mu);
     free(child_json);
     job_row_free(&r);
-    if (rc == POOL_OK) {
-        notify(p);
-        wake(p);
+    return rc;
+}
+
+int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
+                  size_t len)
+{
+    char e[8];
+    return fsio_path(path, len, e, sizeof e, "%s/jobs/%s/%s", p->data_dir, job_id, tail);
+}
+
+int pool_estimate_sample(const struct pool *p, const struct pool_sample *s,
+                         struct pool_estimate *e, char *err, size_t errlen)
+{
+    memset(e, 0, sizeof *e);
+    struct graph g;
+    struct unet_io io;
+    struct plan pl;
+    int batch = s->batch < s->n ? s->batch : s->n, rc = POOL_ERR_PLAN;
+    if (sample_plan(&s->model, batch, &g, &io, &pl, err, errlen)) goto out;
+    e->params = (int64_t)pl.params_bytes;
+    e->inputs = (int64_t)pl.inputs_bytes;
+    e->workspace = (int64_t)pl.ws_bytes;
+    e->arena = (int64_t)pl.arena_bytes;
+    e->arena_no_reuse = (int64_t)pl.no_reuse_arena_bytes;
+    e->plan_total = (int64_t)pl.total_bytes;
+    e->baseline = p->cfg.baseline_bytes;
+    if (strcmp(p->device, "cpu") == 0) {
+        /* cmd_sample's host buffers: every image as float, the grid and one image as bytes, and
+         * sample_job_run's x, eps, noise, x_prev at the batch */
+        int64_t per = (int64_t)s->model.out_channels * s->model.image_size * s->model.image_size;
+        int cols = 1;
+        while ((int64_t)cols * cols < s->n) cols++;
+        int64_t rows = (s->n + cols - 1) / cols, side = s->model.image_size + 2;
+        e->host_data = (int64_t)s->n * per * (int64_t)sizeof(float) +
+                       rows * cols * side * side * s->model.out_channels + per +
+                       4 * (int64_t)batch * per * (int64_t)sizeof(float);
     }
+    e->reserved = e->plan_total + e->baseline + e->host_data;
+    rc = POOL_OK;
+out:
+    plan_free(&pl);
+    graph_free(&g);
+    return rc;
+}
+
+static cJSON *sample_obj(const struct pool_sample *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    int ok = cJSON_AddStringToObject(o, "checkpoint", s->checkpoint_id) &&
+             cJSON_AddNumberToObject(o, "n", s->n) &&
+             cJSON_AddStringToObject(o, "sampler", s->sampler) &&
+             cJSON_AddNumberToObject(o, "steps", s->steps) &&
+             cJSON_AddNumberToObject(o, "eta", s->eta) &&
+             cJSON_AddNumberToObject(o, "seed", (double)s->seed) &&
+             cJSON_AddBoolToObject(o, "ema", s->ema) &&
+             cJSON_AddNumberToObject(o, "batch", s->batch);
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+char *pool_sample_json(const struct pool_sample *s)
+{
+    cJSON *o = sample_obj(s);
+    char *r = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return r;
+}
+
+int pool_submit_sample(struct pool *p, const char *owner, const struct pool_sample *s,
+                       struct pool_estimate *e, char *id, char *err, size_t errlen)
+{
+    struct job_row r;
+    memset(&r, 0, sizeof r);
+    char *child_json = NULL;
+    int rc = pool_estimate_sample(p, s, e, err, errlen);
+    if (rc) return rc;
+    if (never_fits(p, e, err, errlen)) return POOL_ERR_NEVER_FITS;
+    snprintf(r.kind, sizeof r.kind, "sample");
+    r.reserved_bytes = e->reserved;
+    int chunks = (s->n + s->batch - 1) / s->batch;
+    r.steps = (int64_t)chunks * (strcmp(s->sampler, "ddpm") == 0 ? s->timesteps : s->steps);
+    r.spec = pool_sample_json(s);
+    r.plan = pool_estimate_json(e);
+    cJSON *c = sample_obj(s);
+    if (c && !cJSON_AddStringToObject(c, "checkpoint_path", s->checkpoint_path)) {
+        cJSON_Delete(c);
+        c = NULL;
+    }
+    child_json = c ? cJSON_PrintUnformatted(c) : NULL;
+    cJSON_Delete(c);
+    if (!r.spec || !r.plan || !child_json) {
+        snprintf(err, errlen, "out of memory");
+        rc = POOL_ERR_INTERNAL;
+    } else {
+        rc = queue_job(p, owner, &r, "/sample.json", child_json, id, err, errlen);
+    }
+    free(child_json);
+    job_row_free(&r);
     return rc;
 }
 
@@ -390,6 +507,76 @@ static char **child_env(int threads, char *omp, size_t omplen)
     return env;
 }
 
+/* a sampling job's command line: `ddpmd sample CKPT ... --out grid.png --each images
+ * --progress-json` from its sample.json (every field checked when it was submitted) */
+struct sample_args {
+    char ckpt[FSIO_PATH_MAX], grid[FSIO_PATH_MAX], each[FSIO_PATH_MAX], file[FSIO_PATH_MAX];
+    char n[16], steps[16], batch[16], threads[16], seed[32], eta[40], sampler[8];
+    char *argv[32];
+};
+
+static int sample_args_make(struct pool *p, const char *id, int threads, struct sample_args *a,
+                            char *err, size_t errlen)
+{
+    char *text = NULL;
+    cJSON *o = NULL;
+    int rc = -1;
+    if (job_dir(p, id, "/sample.json", a->file, sizeof a->file) ||
+        job_dir(p, id, "/grid.png", a->grid, sizeof a->grid) ||
+        job_dir(p, id, "/images", a->each, sizeof a->each)) {
+        snprintf(err, errlen, "path too long");
+        goto out;
+    }
+    FILE *f = fsio_fopen_read(a->file, err, errlen);
+    if (!f) goto out;
+    text = calloc(1, 65536);
+    size_t len = text ? fread(text, 1, 65535, f) : 0;
+    fclose(f);
+    if (!text || len == 0) {
+        snprintf(err, errlen, "the job's sample.json cannot be read");
+        goto out;
+    }
+    o = cJSON_Parse(text);
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(o, "checkpoint_path");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "n");
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(o, "sampler");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "steps");
+    const cJSON *eta = cJSON_GetObjectItemCaseSensitive(o, "eta");
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
+    const cJSON *ema = cJSON_GetObjectItemCaseSensitive(o, "ema");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "batch");
+    if (!cJSON_IsString(ck) || !cJSON_IsNumber(n) || !cJSON_IsString(sm) ||
+        strlen(sm->valuestring) >= sizeof a->sampler || !cJSON_IsNumber(st) ||
+        !cJSON_IsNumber(eta) || !cJSON_IsNumber(seed) || !cJSON_IsBool(ema) ||
+        !cJSON_IsNumber(b) || strlen(ck->valuestring) >= sizeof a->ckpt) {
+        snprintf(err, errlen, "the job's sample.json is damaged");
+        goto out;
+    }
+    snprintf(a->ckpt, sizeof a->ckpt, "%s", ck->valuestring);
+    snprintf(a->sampler, sizeof a->sampler, "%s", sm->valuestring);
+    snprintf(a->n, sizeof a->n, "%d", n->valueint);
+    snprintf(a->steps, sizeof a->steps, "%d", st->valueint);
+    snprintf(a->batch, sizeof a->batch, "%d", b->valueint);
+    snprintf(a->threads, sizeof a->threads, "%d", threads);
+    snprintf(a->seed, sizeof a->seed, "%" PRIu64, (uint64_t)seed->valuedouble);
+    snprintf(a->eta, sizeof a->eta, "%.17g", eta->valuedouble);
+    char **v = a->argv;
+    int i = 0;
+    v[i++] = p->exe, v[i++] = "sample", v[i++] = a->ckpt;
+    v[i++] = "--n", v[i++] = a->n, v[i++] = "--sampler", v[i++] = a->sampler;
+    v[i++] = "--steps", v[i++] = a->steps, v[i++] = "--eta", v[i++] = a->eta;
+    v[i++] = "--seed", v[i++] = a->seed, v[i++] = "--batch", v[i++] = a->batch;
+    v[i++] = "--threads", v[i++] = a->threads, v[i++] = "--out", v[i++] = a->grid;
+    v[i++] = "--each", v[i++] = a->each, v[i++] = "--progress-json";
+    if (cJSON_IsFalse(ema)) v[i++] = "--raw";
+    v[i] = NULL;
+    rc = 0;
+out:
+    cJSON_Delete(o);
+    free(text);
+    return rc;
+}
+
 /* starts the queued job r (lock held); on failure the job is failed with the reason */
 static int start_child(struct pool *p, const struct job_row *r, int threads)
 {
@@ -397,16 +584,32 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
     int po[2] = {-1, -1}, pe[2] = {-1, -1};
     char **env = NULL;
     struct child *k = NULL;
+    struct sample_args *sa = NULL;
     int64_t from = -1;
-    if (write_child_spec(p, r->id, threads, spec, sizeof spec, err, sizeof err)) goto fail;
-    if (job_dir(p, r->id, "/out", out, sizeof out)) {
-        snprintf(err, sizeof err, "path too long");
-        goto fail;
+    int resume = r->starts > 0, is_sample = strcmp(r->kind, "sample") == 0;
+    char *targv[] = {p->exe, "train", spec, "--out", out, resume ? "--resume-or-start" : NULL, NULL};
+    char **argv = targv;
+    if (is_sample) {
+        /* a sampling job has no checkpoints of its own: a restart samples again from the start
+         * (the same seed gives the same images) */
+        sa = calloc(1, sizeof *sa);
+        if (!sa) {
+            snprintf(err, sizeof err, "out of memory");
+            goto fail;
+        }
+        if (sample_args_make(p, r->id, threads, sa, err, sizeof err)) goto fail;
+        argv = sa->argv;
+        resume = 0;
+    } else {
+        if (write_child_spec(p, r->id, threads, spec, sizeof spec, err, sizeof err)) goto fail;
+        if (job_dir(p, r->id, "/out", out, sizeof out)) {
+            snprintf(err, sizeof err, "path too long");
+            goto fail;
+        }
+        /* a job started before resumes from its newest usable checkpoint, or starts over when
+         * it never wrote one (`ddpmd train --resume-or-start`) */
+        if (train_latest_checkpoint(out, ckpt, sizeof ckpt, &from)) from = -1;
     }
-    /* a job started before resumes from its newest usable checkpoint, or starts over when it
-     * never wrote one (`ddpmd train --resume-or-start`) */
-    int resume = r->starts > 0;
-    if (train_latest_checkpoint(out, ckpt, sizeof ckpt, &from)) from = -1;
     k = calloc(1, sizeof *k);
     env = child_env(threads, omp, sizeof omp);
     if (!k || !env) {
@@ -417,7 +620,6 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
         snprintf(err, sizeof err, "pipe: %s", strerror(errno));
         goto fail;
     }
-    char *argv[] = {p->exe, "train", spec, "--out", out, resume ? "--resume-or-start" : NULL, NULL};
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -451,6 +653,8 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
     close(po[1]);
     close(pe[1]);
     free(env);
+    free(sa);
+    snprintf(k->kind, sizeof k->kind, "%s", r->kind);
     snprintf(k->id, sizeof k->id, "%s", r->id);
     k->pid = pid;
     k->out_fd = po[0];
@@ -477,6 +681,7 @@ fail:
     if (pe[0] >= 0) close(pe[0]), close(pe[1]);
     free(env);
     free(k);
+    free(sa);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "state", "failed");
     cJSON_AddStringToObject(o, "error", err);
@@ -608,6 +813,12 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
                               cJSON_IsNumber(ips) ? ips->valuedouble : NAN);
         type = "progress";
     } else if (strcmp(name, "validation") == 0 || strcmp(name, "sampling") == 0) {
+        const cJSON *done = cJSON_GetObjectItemCaseSensitive(o, "done");
+        const cJSON *total = cJSON_GetObjectItemCaseSensitive(o, "total");
+        /* a sampling job's progress is its denoising steps (`ddpmd sample --progress-json`) */
+        if (strcmp(k->kind, "sample") == 0 && cJSON_IsNumber(done) && cJSON_IsNumber(total))
+            jobs_set_progress(p->db, k->id, (int64_t)done->valuedouble,
+                              (int64_t)total->valuedouble, NAN, NAN);
         type = "progress";
     } else if (strcmp(name, "samples") == 0) {
         type = "sample";

@@ -66,6 +66,30 @@ char *pool_estimate_json(const struct pool_estimate *e);
 int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
                 const struct train_spec *child, struct pool_estimate *e, char *id, char *err,
                 size_t errlen);
+/* a sampling job (POST /samples), its fields validated by the caller */
+struct pool_sample {
+    char checkpoint_id[64];     /* "<job id>-<step>": shown to the owner */
+    char checkpoint_path[4096]; /* the file the child reads (never shown) */
+    struct unet_config model;   /* the checkpoint's model */
+    int timesteps;              /* the checkpoint's diffusion.timesteps */
+    int n, steps, batch, ema;
+    char sampler[8];            /* "ddim" | "ddpm" */
+    double eta;
+    uint64_t seed;
+};
+
+/* a sampling job's bytes through sample_plan, the function `ddpmd sample` allocates with */
+int pool_estimate_sample(const struct pool *p, const struct pool_sample *s,
+                         struct pool_estimate *e, char *err, size_t errlen);
+/* the sample's parameters as the job's spec (canonical JSON, no path); caller frees */
+char *pool_sample_json(const struct pool_sample *s);
+/* plans and queues a sampling job (kind "sample"), as pool_submit */
+int pool_submit_sample(struct pool *p, const char *owner, const struct pool_sample *s,
+                       struct pool_estimate *e, char *id, char *err, size_t errlen);
+/* data_dir/jobs/<id>/<tail> ("grid.png", "images/0003.png"); 0 when it fits */
+int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
+                  size_t len);
+
 /* queued: canceled at once; running: SIGINT (the child checkpoints and the job ends canceled);
  * *now gets the state right after the call */
 int pool_cancel(struct pool *p, const char *id, enum job_state *now);

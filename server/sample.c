@@ -9,21 +9,76 @@
 #include "checkpoint.h"
 #include "philox.h"
 
+int sample_plan(const struct unet_config *model, int batch, struct graph *g, struct unet_io *io,
+                struct plan *p, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    graph_init(g);
+    if (unet_build(g, model, batch, io)) {
+        snprintf(err, errlen, "cannot build the model: %s", g->err);
+        return -1;
+    }
+    if (plan_make(p, g, backend_cpu(), NULL)) {
+        snprintf(err, errlen, "cannot plan the sampling graph");
+        return -1;
+    }
+    return 0;
+}
+
+int sample_plan_bytes(const struct unet_config *model, int batch, int64_t *bytes, char *err,
+                      size_t errlen)
+{
+    struct graph g;
+    struct unet_io io;
+    struct plan p;
+    int rc = sample_plan(model, batch, &g, &io, &p, err, errlen);
+    *bytes = rc ? 0 : (int64_t)p.total_bytes;
+    plan_free(&p);
+    graph_free(&g);
+    return rc;
+}
+
+int sample_job_plan_nested(const struct unet_config *model, int batch, const struct plan *host,
+                           const struct graph *host_g, const struct backend *bk, struct graph *g,
+                           struct unet_io *io, struct plan *p, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    graph_init(g);
+    if (unet_build(g, model, batch, io)) {
+        snprintf(err, errlen, "cannot build the sampling model: %s", g->err);
+        return -1;
+    }
+    int rc = plan_make_nested(p, g, bk, NULL, host, host_g, PLAN_WEIGHTS_EMA);
+    if (rc) {
+        snprintf(err, errlen, "cannot plan the sample grid inside the training job's reservation "
+                 "(plan_make_nested status %d)", rc);
+        return -1;
+    }
+    return 0;
+}
+
+void sample_job_bind_nested(struct sample_job *view, const struct graph *g,
+                            const struct unet_io *io, const struct plan *p, struct exec *e,
+                            int batch, const struct unet_config *model)
+{
+    memset(view, 0, sizeof *view);
+    /* shallow copies: sample_job_run reads them; the owner frees the originals */
+    view->g = *g;
+    view->io = *io;
+    view->p = *p;
+    view->e = e;
+    view->batch = batch;
+    view->model = *model;
+    view->view = 1;
+}
+
 int sample_job_init(struct sample_job *j, const struct unet_config *model, int batch,
                     int threads, char *err, size_t errlen)
 {
     memset(j, 0, sizeof *j);
     j->batch = batch;
     j->model = *model;
-    graph_init(&j->g);
-    if (unet_build(&j->g, model, batch, &j->io)) {
-        snprintf(err, errlen, "cannot build the model: %s", j->g.err);
-        goto fail;
-    }
-    if (plan_make(&j->p, &j->g, backend_cpu(), NULL)) {
-        snprintf(err, errlen, "cannot plan the sampling graph");
-        goto fail;
-    }
+    if (sample_plan(model, batch, &j->g, &j->io, &j->p, err, errlen)) goto fail;
     struct exec_opts eo = {.threads = threads};
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) {
         snprintf(err, errlen, "cannot allocate %zu bytes for sampling", j->p.total_bytes);
@@ -37,6 +92,10 @@ fail:
 
 void sample_job_free(struct sample_job *j)
 {
+    if (j->view) {
+        memset(j, 0, sizeof *j);
+        return;
+    }
     exec_free(j->e);
     plan_free(&j->p);
     graph_free(&j->g);
@@ -46,6 +105,7 @@ void sample_job_free(struct sample_job *j)
 int sample_job_copy_weights(struct sample_job *j, struct exec *train, const struct graph *tg,
                             int from_ema)
 {
+    if (j->view) return -1;
     size_t maxn = 0;
     for (int i = 0; i < j->g.n_tensors; i++)
         if (j->g.tensors[i]->kind == TENSOR_PARAM && j->g.tensors[i]->numel > maxn)
@@ -67,6 +127,10 @@ int sample_job_copy_weights(struct sample_job *j, struct exec *train, const stru
 int sample_job_load(struct sample_job *j, const struct safetensors *st, int from_ema, char *err,
                     size_t errlen)
 {
+    if (j->view) {
+        snprintf(err, errlen, "a training job's sampling view reads its EMA: nothing to load");
+        return -1;
+    }
     return checkpoint_apply(st, j->e, &j->g, CHECKPOINT_WEIGHTS, from_ema, err, errlen);
 }
 
