@@ -1,4 +1,5 @@
-/* train.c - the training loop of one job on the CPU backend (see train.h for the contract). */
+/* train.c - the training loop of one job on the CPU backend (see train.h for the contract). Its
+ * sample grids run inside the job's one reservation: a nested inference plan over the EMA. */
 #include "train.h"
 
 #include <cjson/cJSON.h>
@@ -42,6 +43,11 @@ struct job {
     int target;
     struct plan p;
     struct exec *e;
+    /* the sample grids: a forward graph nested in p, weights read in place from e's EMA */
+    struct graph sg;
+    struct unet_io sio;
+    struct plan sp;
+    struct exec *se;
     struct ddpm_schedule sch;
     size_t per;                 /* elements of one image */
     float *x0, *eps, *xt, *tgt, *tf;
@@ -244,29 +250,69 @@ static int open_data(struct job *j, char *err, size_t errlen)
     return 0;
 }
 
-int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
-               struct plan *p, char *err, size_t errlen)
+/* the batch of a job's sample grids: output.samples in chunks of at most 16 */
+static int grid_batch(const struct train_spec *s) { return s->samples < 16 ? s->samples : 16; }
+
+int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
+                   struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
+                   char *err, size_t errlen)
 {
+    const struct backend *bk = backend_cpu();
     graph_init(g);
+    graph_init(sg);
     memset(p, 0, sizeof *p);
+    memset(sp, 0, sizeof *sp);
     if (unet_build_training(g, &s->model, s->batch, io, target, NULL)) {
         snprintf(err, errlen, "cannot build the model: %s", g->err);
         return -1;
     }
-    if (plan_make(p, g, backend_cpu(), NULL)) {
+    if (plan_make(p, g, bk, NULL)) {
         snprintf(err, errlen, "cannot plan the training step");
         return -1;
     }
+    graph_free(sg); /* sample_job_plan_nested initialises it again */
+    if (sample_job_plan_nested(&s->model, grid_batch(s), p, g, bk, sg, sio, sp, err, errlen))
+        return -1;
+    plan_reserve_nested(p, sp);
     return 0;
+}
+
+int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
+               struct plan *p, char *err, size_t errlen)
+{
+    struct graph sg;
+    struct unet_io sio;
+    struct plan sp;
+    int rc = train_plan_job(s, g, io, target, p, &sg, &sio, &sp, err, errlen);
+    plan_free(&sp);
+    graph_free(&sg);
+    return rc;
+}
+
+void train_sampler_config(const struct train_spec *s, struct sampler_config *sc)
+{
+    sampler_config_default(sc);
+    sc->prediction = s->prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
+    /* DDIM cannot take more steps than the schedule has timesteps (diffusion.timesteps >= 2) */
+    if (sc->steps > s->timesteps) sc->steps = s->timesteps;
 }
 
 static int build(struct job *j, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
-    if (train_plan(s, &j->g, &j->io, &j->target, &j->p, err, errlen)) return -1;
+    if (train_plan_job(s, &j->g, &j->io, &j->target, &j->p, &j->sg, &j->sio, &j->sp, err,
+                       errlen))
+        return -1;
     struct exec_opts eo = {.threads = s->threads};
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) {
         snprintf(err, errlen, "cannot allocate the plan's %zu bytes", j->p.total_bytes);
+        return -1;
+    }
+    /* allocates nothing: the grids run in the reservation just made */
+    struct exec_error ee = {0};
+    if (exec_init_nested(&j->se, &j->sg, &j->sp, j->e, &(struct exec_opts){.init_error = &ee})) {
+        snprintf(err, errlen, "cannot place the sample grids in the job's reservation: %s",
+                 ee.msg);
         return -1;
     }
     size_t img = j->g.tensors[j->io.x]->numel;
@@ -563,7 +609,7 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
     struct sample_job sj;
-    int n = s->samples, batch = n < 16 ? n : 16, rc = SAMPLE_FAILED;
+    int n = s->samples, rc = SAMPLE_FAILED;
     char path[FSIO_PATH_MAX];
     if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".png", j->dir_samples,
                   step))
@@ -573,20 +619,14 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for %d samples", n);
         return SAMPLE_FAILED;
     }
-    if (sample_job_init(&sj, &s->model, batch, s->threads, err, errlen)) {
-        free(img);
-        return SAMPLE_FAILED;
-    }
+    /* the nested executor reads the EMA in place: nothing is copied or uploaded, and the next
+     * training step uploads its own inputs again (the grid overwrote them) */
+    sample_job_bind_nested(&sj, &j->sg, &j->sio, &j->sp, j->se, grid_batch(s), &s->model);
     struct sampler_config sc;
-    sampler_config_default(&sc);
-    sc.prediction = s->prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
+    train_sampler_config(s, &sc);
     sc.stop = j->o->stop;
     struct sample_progress_ctx pc = {j->o, step};
     int cols = (int)ceil(sqrt((double)n));
-    if (sample_job_copy_weights(&sj, j->e, &j->g, 1)) {
-        snprintf(err, errlen, "cannot copy the EMA weights for sampling at step %" PRId64, step);
-        goto out;
-    }
     rc = sample_job_run(&sj, &j->sch, &sc, s->seed, n, img, sample_progress, &pc);
     if (rc == SAMPLE_STOPPED) {
         if (!j->o->quiet && j->o->progress) printf("\n");
@@ -603,7 +643,7 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
     }
     report_event(j->o, "samples", step);
 out:
-    sample_job_free(&sj);
+    sample_job_free(&sj); /* a view: clears it, frees nothing of the job's */
     free(img);
     return rc;
 }
@@ -730,6 +770,9 @@ static void job_free(struct job *j)
 {
     dataset_loader_free(j->loader);
     dataset_free(j->ds);
+    exec_free(j->se); /* borrows j->e's allocation: first */
+    plan_free(&j->sp);
+    graph_free(&j->sg);
     exec_free(j->e);
     plan_free(&j->p);
     graph_free(&j->g);

@@ -11,7 +11,9 @@
 
 #include "graph.h"
 #include "plan.h"
+#include "sampler.h"
 #include "spec.h"
+#include "unet.h"
 
 /* what --resume asks for */
 enum train_resume {
@@ -64,8 +66,20 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
 int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step);
 
 /* the training graph of spec built and planned exactly as train_run does (the job's bytes before
- * a byte is allocated); the caller frees g and p (graph_free, plan_free) */
+ * a byte is allocated, its sample grids included: p->total_bytes is the larger of the step and
+ * the nested sampling plan, p->nested_bytes the latter's end); the caller frees g and p
+ * (graph_free, plan_free) */
 int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
                struct plan *p, char *err, size_t errlen);
+/* train_plan that also returns the sampling part: the forward graph at the grid's batch
+ * (min(output.samples, 16)) and its plan nested in p (weights read from p's EMA block,
+ * plan_make_nested), already reserved in p (plan_reserve_nested). The caller frees all four,
+ * also on failure. */
+int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
+                   struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
+                   char *err, size_t errlen);
+/* the grid's sampler: 50-step DDIM (leading spacing, eta 0) with the spec's prediction, its
+ * steps clamped to the schedule's diffusion.timesteps (a valid spec may have fewer than 50) */
+void train_sampler_config(const struct train_spec *s, struct sampler_config *sc);
 
 #endif
