@@ -893,8 +893,10 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(cudnnConvolutionDescriptor_t
 static cudnnStatus_t check_shapes(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
                                   cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t y)
 {
-    int n, ch, h, wd;
-    cudnnGetConvolution2dForwardOutputDim(c, x, w, &n, &ch, &h, &wd);
+    int n = 0, ch = 0, h = 0, wd = 0;
+    /* channels that disagree: BAD_PARAM, not a comparison with unset sizes (-O3 saw it) */
+    cudnnStatus_t st = cudnnGetConvolution2dForwardOutputDim(c, x, w, &n, &ch, &h, &wd);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (y->n != n || y->c != ch || y->h != h || y->w != wd) {
         fprintf(stderr, "emu cudnn: output descriptor %dx%dx%dx%d, the conv gives %dx%dx%dx%d\n",
                 y->n, y->c, y->h, y->w, n, ch, h, wd);
