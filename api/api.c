@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "dataset.h"
 #include "fsio.h"
 #include "safetensors.h"
 #include "spec.h"
@@ -1160,6 +1161,145 @@ static enum MHD_Result h_events(struct ctx *c)
     return rr;
 }
 
+/* ---- the remaining read routes ---- */
+
+/* GET /jobs/{id}/logs: the job's log events (its stderr and the server's notes about it) as
+ * text, one line each, already without server paths (pool.c redacts them when stored) */
+static enum MHD_Result h_logs(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, c->param, &r, &res)) return res;
+    job_row_free(&r);
+    size_t len = 0, cap = 4096;
+    char *out = malloc(cap);
+    int64_t after = 0;
+    int ok = out != NULL;
+    if (out) out[0] = 0;
+    while (ok) {
+        struct job_event *ev;
+        int n;
+        if (jobs_events_after(c->a->cfg.db, c->param, after, 256, &ev, &n)) {
+            ok = 0;
+            break;
+        }
+        for (int i = 0; i < n && ok; i++) {
+            after = ev[i].seq;
+            if (strcmp(ev[i].type, "log") != 0) continue;
+            cJSON *o = cJSON_Parse(ev[i].data);
+            const cJSON *line = cJSON_GetObjectItemCaseSensitive(o, "line");
+            if (cJSON_IsString(line)) {
+                size_t need = len + strlen(line->valuestring) + 2;
+                if (need > cap) {
+                    while (cap < need) cap *= 2;
+                    char *b = realloc(out, cap);
+                    if (!b) ok = 0; else out = b;
+                }
+                if (ok) len += (size_t)sprintf(out + len, "%s\n", line->valuestring);
+            }
+            cJSON_Delete(o);
+        }
+        job_events_free(ev, n);
+        if (n < 256) break;
+    }
+    if (!ok) {
+        free(out);
+        return problem(c->conn, 500, NULL, "the job's log cannot be read", NULL, NULL);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, out, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(out);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* a file of a training job's out/ folder */
+static enum MHD_Result send_job_file(struct ctx *c, const char *tail, const char *type)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_job(c, c->param, &r, &res)) return res;
+    int is_train = strcmp(r.kind, "train") == 0;
+    job_row_free(&r);
+    char path[FSIO_PATH_MAX], err[300], detail[200];
+    int fd = -1;
+    if (is_train && pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0)
+        fd = fsio_open_regular(path, O_RDONLY, err, sizeof err);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        if (fd >= 0) close(fd);
+        snprintf(detail, sizeof detail, "job %s has no %s yet (a training job writes it as it logs)",
+                 c->param, strrchr(tail, '/') + 1);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
+    if (!resp) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+static enum MHD_Result h_loss_csv(struct ctx *c)
+{
+    return send_job_file(c, "out/loss.csv", "text/csv; charset=utf-8");
+}
+
+static enum MHD_Result h_loss_png(struct ctx *c) { return send_job_file(c, "out/loss.png", "image/png"); }
+
+/* GET /datasets: the built-in one (uploads come with the deployment issue) */
+static enum MHD_Result h_datasets(struct ctx *c)
+{
+    struct stat sb;
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "datasets");
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "id", "fashion-mnist");
+    cJSON_AddNumberToObject(d, "images", 60000);
+    cJSON_AddNumberToObject(d, "test_images", 10000);
+    cJSON_AddNumberToObject(d, "size", 28);
+    cJSON_AddNumberToObject(d, "channels", 1);
+    cJSON_AddBoolToObject(d, "available", stat(DATASET_FMNIST_DIR, &sb) == 0 && S_ISDIR(sb.st_mode));
+    cJSON_AddItemToArray(arr, d);
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+/* GET /devices: each device's budget and what is on it now */
+static enum MHD_Result h_devices(struct ctx *c)
+{
+    int running = 0, threads = 0, queued = 0;
+    int64_t reserved = 0;
+    pool_usage(c->a->cfg.pool, &reserved, &running, &threads);
+    if (jobs_count(c->a->cfg.db, JOB_QUEUED, &queued))
+        return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
+    const struct pool_config *pc = pool_config_of(c->a->cfg.pool);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "devices");
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "name", pc->device);
+    cJSON_AddStringToObject(d, "kind", strncmp(pc->device, "cuda", 4) == 0 ? "cuda" : "cpu");
+    if (pages > 0 && psz > 0)
+        cJSON_AddNumberToObject(d, "total_bytes", (double)pages * (double)psz);
+    else
+        cJSON_AddNullToObject(d, "total_bytes");
+    cJSON_AddNumberToObject(d, "budget_bytes", (double)pc->budget_bytes);
+    cJSON_AddNumberToObject(d, "overhead_bytes", (double)pc->baseline_bytes);
+    cJSON_AddNumberToObject(d, "reserved_bytes", (double)reserved);
+    cJSON_AddNumberToObject(d, "free_bytes", (double)(pc->budget_bytes - reserved));
+    cJSON_AddNumberToObject(d, "running_jobs", running);
+    cJSON_AddNumberToObject(d, "waiting_jobs", queued);
+    cJSON_AddNumberToObject(d, "cores", pc->cores);
+    cJSON_AddNumberToObject(d, "threads_used", threads);
+    cJSON_AddItemToArray(arr, d);
+    return send_json(c->conn, 200, o, NULL, NULL);
+}
+
 /* ---- the route table ---- */
 
 struct route {
@@ -1176,12 +1316,17 @@ static const struct route routes[] = {
     {"POST", "/jobs/{id}/cancel", h_cancel, 1},
     {"GET", "/jobs/{id}/events", h_events, 1},
     {"GET", "/jobs/{id}/checkpoints", h_checkpoints, 1},
+    {"GET", "/jobs/{id}/logs", h_logs, 1},
+    {"GET", "/jobs/{id}/loss.csv", h_loss_csv, 1},
+    {"GET", "/jobs/{id}/loss.png", h_loss_png, 1},
     {"GET", "/checkpoints/{id}", h_checkpoint, 1},
     {"POST", "/samples", h_samples_post, 1},
     {"GET", "/samples", h_samples, 1},
     {"GET", "/samples/{id}", h_sample, 1},
     {"GET", "/samples/{id}.png", h_sample_grid, 1},
     {"GET", "/samples/{id}/images/{k}.png", h_sample_image, 1},
+    {"GET", "/datasets", h_datasets, 1},
+    {"GET", "/devices", h_devices, 1},
     {"GET", "/healthz", h_healthz, 0},
     {"GET", "/readyz", h_readyz, 0},
     {"GET", "/openapi.yaml", h_openapi, 0},

@@ -2,7 +2,8 @@
 (by job and by checkpoint id), follow the job's events to the end, fetch and decode the grid and
 one image (PNG signature, IHDR size = the grid's), the same seed gives the same bytes twice, a
 different one other bytes; validation with field paths stores nothing; a running sampling job is
-canceled through POST /jobs/{id}/cancel. Usage: test_samples.py PATH/TO/ddpmd
+canceled through POST /jobs/{id}/cancel. The read routes of the same slice: GET /devices,
+/datasets, /jobs/{id}/logs, loss.csv and loss.png. Usage: test_samples.py PATH/TO/ddpmd
 """
 import struct
 import sys
@@ -41,6 +42,27 @@ def main(exe):
     check(r.status == 202, "POST /train: %d %s" % (r.status, r.body[:300]))
     jid = r.json()["id"]
     s.wait_job(jid, lambda j: j["state"] == "succeeded", what="the training job succeeding")
+
+    # the read routes around a job
+    devs = s.get_json("/devices")
+    validate(devs, "DeviceList")
+    d = devs["devices"][0]
+    check(d["name"] == "cpu" and d["reserved_bytes"] == 0 and d["free_bytes"] == d["budget_bytes"]
+          and d["running_jobs"] == 0 and d["waiting_jobs"] == 0 and d["overhead_bytes"] > 0,
+          "devices %s" % devs)
+    ds = s.get_json("/datasets")
+    validate(ds, "DatasetList")
+    check(ds["datasets"][0]["id"] == "fashion-mnist" and ds["datasets"][0]["available"], "datasets %s" % ds)
+    lg = s.request("GET", "/jobs/%s/logs" % jid)
+    check(lg.status == 200 and lg.header("Content-Type").startswith("text/plain"), "logs %d" % lg.status)
+    check(lg.body and s.data.encode() not in lg.body, "logs: empty or with a server path: %r" % lg.body[:300])
+    evlog = [e[2]["line"] for e in s.events(jid)[0] if e[1] == "log"]
+    check(lg.body.decode() == "".join(l + "\n" for l in evlog), "logs differ from the log events")
+    csv = s.request("GET", "/jobs/%s/loss.csv" % jid)
+    check(csv.status == 200 and csv.body.count(b"\n") >= 6, "loss.csv %d %r" % (csv.status, csv.body[:200]))
+    lp = s.request("GET", "/jobs/%s/loss.png" % jid)
+    check(lp.status == 200 and png_size(lp.body)[0] > 0, "loss.png %d" % lp.status)
+    problem_ok(s.request("GET", "/jobs/j0000000000000000/logs"), 404)
 
     # a sample before the training job is read: 404 for a training job's id on /samples
     problem_ok(s.request("GET", "/samples/" + jid), 404)
@@ -145,6 +167,9 @@ def main(exe):
     problem_ok(s.request("GET", "/samples/%s.png" % cid), 409)
     problem_ok(s.request("POST", "/jobs/%s/cancel" % cid), 409)
     check(s.get_json("/healthz") == {"status": "ok"}, "healthz after")
+    problem_ok(s.request("GET", "/jobs/%s/loss.csv" % cid), 404)  # a sampling job has none
+    d = s.get_json("/devices")["devices"][0]
+    check(d["reserved_bytes"] == 0 and d["running_jobs"] == 0, "devices after %s" % d)
     print("test_samples: ok")
 
 
