@@ -47,9 +47,8 @@ fi
 
 say "configure and build ($build, sm_90, Release)"
 rm -rf "$build"
-# -Wno-error=format-truncation: GCC 12 at -O3 flags engine/unet.c's snprintf of parameter names
+# the whole tree builds clean at -O3 with -Werror (no warning is waived here)
 if ! cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDPMD_CUDA=ON \
-        -DCMAKE_C_FLAGS=-Wno-error=format-truncation \
         -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 >"$build.configure.log" 2>&1; then
     tail -30 "$build.configure.log"; echo "check.sh: configure failed"; exit 1
 fi
