@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "cublas_v2.h"
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "cuda_runtime.h"
 #include "cudnn.h"
 
@@ -1414,6 +1416,40 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
          "(a write after the host synchronized the writer was refused)");
     (void)cudaDeviceSynchronize();
     (void)cudaGetLastError();
+
+    /* 16-bit types: CUDA's conversions (nearest even, overflow, subnormals, NaN) */
+    {
+        const struct {
+            float f;
+            uint16_t h, b;
+        } cv[] = {
+            {1.0f, 0x3c00, 0x3f80},          {-2.0f, 0xc000, 0xc000},
+            {65504.0f, 0x7bff, 0x4780},      {65520.0f, 0x7c00, 0x4780},
+            {1.0f + 1.0f / 2048, 0x3c00, 0x3f80}, /* a tie: even */
+            {1.0f + 3.0f / 2048, 0x3c02, 0x3f80}, /* a tie: up to even */
+            {5.9604645e-8f, 0x0001, 0x3380}, /* the smallest half subnormal */
+            {1.0f + 1.0f / 256, 0x3c04, 0x3f80}, /* bf16 tie: even */
+            {1.0f + 3.0f / 256, 0x3c0c, 0x3f82}, /* bf16 tie: up to even */
+        };
+        for (size_t i = 0; i < sizeof cv / sizeof *cv; i++) {
+            SELF(__float2half(cv[i].f).x == cv[i].h, "__float2half(%.9g) = 0x%04x, want 0x%04x",
+                 cv[i].f, __float2half(cv[i].f).x, cv[i].h);
+            SELF(__float2bfloat16(cv[i].f).x == cv[i].b,
+                 "__float2bfloat16(%.9g) = 0x%04x, want 0x%04x", cv[i].f,
+                 __float2bfloat16(cv[i].f).x, cv[i].b);
+            if (cv[i].h != 0x7c00) {
+                const float back = __half2float(__half{cv[i].h});
+                SELF(__float2half(back).x == cv[i].h, "__half2float(0x%04x) = %.9g", cv[i].h,
+                     back);
+            }
+            const float bb = __bfloat162float(__nv_bfloat16{cv[i].b});
+            SELF(__float2bfloat16(bb).x == cv[i].b, "__bfloat162float(0x%04x) = %.9g", cv[i].b,
+                 bb);
+        }
+        SELF(__half2float(__float2half(NAN)) != __half2float(__float2half(NAN)) &&
+                 __bfloat162float(__float2bfloat16(NAN)) != __bfloat162float(__float2bfloat16(NAN)),
+             "NaN through half / bfloat16");
+    }
 
     cudaFree(dev);
     cudaFree(dev2);
