@@ -65,6 +65,8 @@ struct ctx {
     const char *param, *param2;
     char owner[64];
     int admin;
+    char idem_key[129];     /* the request's Idempotency-Key */
+    int idem_open;          /* the key is reserved for this request: answer or abandon it */
 };
 
 typedef enum MHD_Result (*handler_fn)(struct ctx *c);
@@ -116,6 +118,7 @@ static const char *status_title(unsigned status)
     case 415: return "Unsupported Media Type";
     case 416: return "Range Not Satisfiable";
     case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default: return "Error";
@@ -242,6 +245,77 @@ static int load_job(struct ctx *c, const char *id, struct job_row *r, enum MHD_R
 
 /* ---- handlers ---- */
 
+/* Idempotency-Key on POST /train and POST /samples: 1 when the answer is already sent (the
+ * first answer replayed, a key reused with another body: 422, a key whose first request is still
+ * being answered: 409, a malformed key: 400); 0 to go on (the key, if any, reserved) */
+static int idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
+{
+    const char *k = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Idempotency-Key");
+    if (!k) return 0;
+    size_t kl = strlen(k);
+    int ok = kl >= 1 && kl < sizeof c->idem_key;
+    for (size_t i = 0; ok && i < kl; i++) ok = k[i] > 0x20 && k[i] < 0x7f;
+    if (!ok) {
+        *res = invalid(c->conn, 400, "Idempotency-Key",
+                       "expected 1 to 128 printable ASCII characters without spaces");
+        return 1;
+    }
+    snprintf(c->idem_key, sizeof c->idem_key, "%s", k);
+    size_t bl = c->r->len, rl = strlen(route);
+    char *req = malloc(rl + 1 + bl + 1);
+    if (!req) {
+        *res = MHD_NO;
+        return 1;
+    }
+    memcpy(req, route, rl);
+    req[rl] = '\n';
+    if (bl) memcpy(req + rl + 1, c->r->body, bl);
+    req[rl + 1 + bl] = 0;
+    int outcome, status;
+    char *loc = NULL, *body = NULL;
+    int rc = jobs_idem_begin(c->a->cfg.db, c->owner, c->idem_key, req, &outcome, &status, &loc,
+                             &body);
+    free(req);
+    if (rc) {
+        *res = problem(c->conn, 500, NULL, "the idempotency keys cannot be read", NULL, NULL);
+        return 1;
+    }
+    if (outcome == JOBS_IDEM_NEW) {
+        c->idem_open = 1;
+        return 0;
+    }
+    if (outcome == JOBS_IDEM_DONE) {
+        *res = send_text(c->conn, (unsigned)status, "application/json", body,
+                         (const char *const[]){"Location", loc, "Idempotent-Replayed", "true", NULL});
+    } else if (outcome == JOBS_IDEM_MISMATCH) {
+        *res = problem(c->conn, 422, "idempotency-key-reused",
+                       "this Idempotency-Key was used with another request body or route",
+                       errors_one("Idempotency-Key", "already used with another request"), NULL);
+    } else {
+        *res = problem(c->conn, 409, "idempotency-key-in-flight",
+                       "the first request with this Idempotency-Key is still being answered",
+                       NULL, (const char *const[]){"Retry-After", "1", NULL});
+    }
+    free(loc);
+    free(body);
+    return 1;
+}
+
+/* a 202 with Location; stored as the answer of the request's Idempotency-Key, if it has one */
+static enum MHD_Result accepted(struct ctx *c, cJSON *o, const char *loc)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return MHD_NO;
+    if (c->idem_open &&
+        jobs_idem_finish(c->a->cfg.db, c->owner, c->idem_key, 202, loc, s) == JOBS_OK)
+        c->idem_open = 0;
+    enum MHD_Result r = send_text(c->conn, 202, "application/json", s,
+                                  (const char *const[]){"Location", loc, NULL});
+    free(s);
+    return r;
+}
+
 static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_estimate *est,
                                       const char *err, const char *plan_path);
 
@@ -255,6 +329,8 @@ static enum MHD_Result h_train(struct ctx *c)
     if (!c->a->admitting)
         return problem(c->conn, 503, "stopping", "the server is shutting down", NULL,
                        (const char *const[]){"Retry-After", "10", NULL});
+    enum MHD_Result ires;
+    if (idem_begin(c, "POST /train", &ires)) return ires;
     const char *body = c->r->body ? c->r->body : "";
     /* the parse end through the out-parameter: cJSON_GetErrorPtr is one global for all threads */
     const char *at = NULL;
@@ -319,7 +395,7 @@ static enum MHD_Result h_train(struct ctx *c)
     snprintf(loc, sizeof loc, "/jobs/%s", id);
     cJSON *o = job_json(&r);
     job_row_free(&r);
-    return send_json(c->conn, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
+    return accepted(c, o, loc);
 }
 
 static const char *arg(struct ctx *c, const char *k)
@@ -462,6 +538,10 @@ static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_e
     if (rc == POOL_ERR_STOPPING)
         return problem(c->conn, 503, "stopping", err, NULL,
                        (const char *const[]){"Retry-After", "10", NULL});
+    /* the caller's own limit, not the server's state: 429 (503 is the whole queue) */
+    if (rc == POOL_ERR_OWNER_LIMIT)
+        return problem(c->conn, 429, "owner-limit", err, NULL,
+                       (const char *const[]){"Retry-After", "30", NULL});
     if (rc == POOL_ERR_PLAN) return invalid(c->conn, 422, plan_path, err);
     return problem(c->conn, 500, NULL, err, NULL, NULL);
 }
@@ -484,6 +564,8 @@ static enum MHD_Result h_samples_post(struct ctx *c)
     if (!c->a->admitting)
         return problem(c->conn, 503, "stopping", "the server is shutting down", NULL,
                        (const char *const[]){"Retry-After", "10", NULL});
+    enum MHD_Result ires;
+    if (idem_begin(c, "POST /samples", &ires)) return ires;
     const char *body = c->r->body ? c->r->body : "";
     const char *at = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, c->r->len, &at, 0);
@@ -633,7 +715,7 @@ static enum MHD_Result h_samples_post(struct ctx *c)
     snprintf(loc, sizeof loc, "/samples/%s", id);
     cJSON *o = sample_json(c->a, &r);
     job_row_free(&r);
-    return send_json(c->conn, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
+    return accepted(c, o, loc);
 invalid:
     cJSON_Delete(root);
     res = send_problem_errors(c, eo);
@@ -1492,7 +1574,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                  a->cfg.max_body);
         return problem(conn, 413, NULL, detail, NULL, NULL);
     }
-    return rt->fn(&c);
+    enum MHD_Result res = rt->fn(&c);
+    /* a refused request leaves its key free for a retry */
+    if (c.idem_open) jobs_idem_abandon(a->cfg.db, c.owner, c.idem_key);
+    return res;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

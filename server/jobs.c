@@ -74,7 +74,19 @@ static const char *schema =
     " type TEXT NOT NULL,"
     " data TEXT NOT NULL,"
     " at TEXT NOT NULL,"
-    " PRIMARY KEY(job_id, seq)) WITHOUT ROWID;";
+    " PRIMARY KEY(job_id, seq)) WITHOUT ROWID;"
+    /* version 2: Idempotency-Key answers; status 0 = the first request is still being answered */
+    "CREATE TABLE IF NOT EXISTS idempotency("
+    " owner TEXT NOT NULL,"
+    " key TEXT NOT NULL,"
+    " request TEXT NOT NULL,"
+    " status INTEGER NOT NULL DEFAULT 0,"
+    " location TEXT,"
+    " response TEXT,"
+    " created_at TEXT NOT NULL,"
+    " PRIMARY KEY(owner, key)) WITHOUT ROWID;"
+    /* no request survives the process that was answering it */
+    "DELETE FROM idempotency WHERE status = 0;";
 
 int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
 {
@@ -112,12 +124,12 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
                  version, JOBS_SCHEMA_VERSION);
         goto fail;
     }
-    /* version 0 = a new file; the migrations from older versions go here as they appear */
+    /* version 0 = a new file; 1 -> 2 only adds the idempotency table (CREATE IF NOT EXISTS) */
     if (sqlite3_exec(j->db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
         sqlite3_exec(j->db, schema, NULL, NULL, &msg) != SQLITE_OK ||
         sqlite3_exec(j->db,
-                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '1');"
-                     "PRAGMA user_version = 1; COMMIT;",
+                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '2');"
+                     "PRAGMA user_version = 2; COMMIT;",
                      NULL, NULL, &msg) != SQLITE_OK)
         goto sqlfail;
     *out = j;
@@ -371,6 +383,26 @@ out:
     return rc;
 }
 
+int jobs_count_owner(struct jobs *db, const char *owner, int *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND "
+                           "state IN ('queued', 'running')", -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        *n = sqlite3_column_int(st, 0);
+        rc = JOBS_OK;
+    }
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
 int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int threads,
                    const char *error, const char *event_json)
 {
@@ -502,4 +534,101 @@ void job_events_free(struct job_event *ev, int n)
 {
     for (int i = 0; i < n; i++) free(ev[i].data);
     free(ev);
+}
+
+int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const char *request,
+                    int *outcome, int *status, char **location, char **response)
+{
+    *outcome = JOBS_IDEM_NEW;
+    *status = 0;
+    *location = *response = NULL;
+    if (begin(db)) return JOBS_ERR_DB;
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "SELECT request, status, location, response FROM idempotency "
+                           "WHERE owner = ?1 AND key = ?2", -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+        const char *req = (const char *)sqlite3_column_text(st, 0);
+        *status = sqlite3_column_int(st, 1);
+        if (!req || strcmp(req, request) != 0) {
+            *outcome = JOBS_IDEM_MISMATCH;
+        } else if (*status == 0) {
+            *outcome = JOBS_IDEM_PENDING;
+        } else {
+            const char *l = (const char *)sqlite3_column_text(st, 2);
+            const char *r = (const char *)sqlite3_column_text(st, 3);
+            *location = strdup(l ? l : "");
+            *response = strdup(r ? r : "");
+            if (!*location || !*response) {
+                rc = JOBS_ERR_NOMEM;
+                goto out;
+            }
+            *outcome = JOBS_IDEM_DONE;
+        }
+        rc = JOBS_OK;
+        goto out;
+    }
+    if (s != SQLITE_DONE) goto out;
+    sqlite3_finalize(st);
+    st = NULL;
+    char now[32];
+    jobs_now(now, sizeof now);
+    if (sqlite3_prepare_v2(db->db, "INSERT INTO idempotency(owner, key, request, created_at) "
+                           "VALUES(?1, ?2, ?3, ?4)", -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, request, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, now, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
+out:
+    sqlite3_finalize(st);
+    if (rc != JOBS_OK) {
+        free(*location);
+        free(*response);
+        *location = *response = NULL;
+    }
+    return end(db, rc);
+}
+
+int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int status,
+                     const char *location, const char *response)
+{
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "UPDATE idempotency SET status = ?3, location = ?4, "
+                           "response = ?5 WHERE owner = ?1 AND key = ?2", -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, status);
+    sqlite3_bind_text(st, 4, location, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, response, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int jobs_idem_abandon(struct jobs *db, const char *owner, const char *key)
+{
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "DELETE FROM idempotency WHERE owner = ?1 AND key = ?2 AND "
+                           "status = 0", -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
 }

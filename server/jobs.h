@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define JOBS_SCHEMA_VERSION 1
+#define JOBS_SCHEMA_VERSION 2
 #define JOBS_ID_LEN 24
 
 enum jobs_status { JOBS_OK = 0, JOBS_ERR_DB = 1, JOBS_ERR_NOT_FOUND = 2, JOBS_ERR_NOMEM = 3 };
@@ -66,6 +66,8 @@ int jobs_list(struct jobs *db, const char *owner, int state, const char *after, 
 int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int state,
                    const char *after, int limit, struct job_row **rows, int *n);
 int jobs_count(struct jobs *db, int state, int *n);
+/* the owner's jobs that are queued or running */
+int jobs_count_owner(struct jobs *db, const char *owner, int *n);
 
 /* sets the state (and started_at/ended_at, threads when > 0, error when non-NULL) and appends
  * the event type "state" with data (a JSON object) in one transaction */
@@ -81,6 +83,21 @@ int jobs_event_append(struct jobs *db, const char *id, const char *type, const c
 int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
                       struct job_event **ev, int *n);
 void job_events_free(struct job_event *ev, int n);
+
+/* Idempotency-Key: what a (owner, key) pair has answered */
+enum jobs_idem { JOBS_IDEM_NEW = 0, JOBS_IDEM_DONE, JOBS_IDEM_PENDING, JOBS_IDEM_MISMATCH };
+/* looks (owner, key) up in one transaction: unseen -> reserved for this request (NEW); seen with
+ * another request text -> MISMATCH; seen, answer stored -> DONE with *status, *location and
+ * *response (owned); seen, first request still being answered -> PENDING. Reservations of a
+ * process that died are dropped when the store opens. */
+int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const char *request,
+                    int *outcome, int *status, char **location, char **response);
+/* stores the answer of a reserved key */
+int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int status,
+                     const char *location, const char *response);
+/* drops a reservation whose request was refused (a refusal is not remembered: a retry with the
+ * same key is a new attempt) */
+int jobs_idem_abandon(struct jobs *db, const char *owner, const char *key);
 
 /* the RFC 3339 time of now, UTC */
 void jobs_now(char *buf, size_t n);

@@ -225,6 +225,19 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         snprintf(err, errlen, "%d jobs are queued (the limit, --max-queue)", queued);
         goto out;
     }
+    int mine = 0;
+    if (p->cfg.max_per_owner > 0) {
+        if (jobs_count_owner(p->db, owner, &mine)) {
+            snprintf(err, errlen, "the job store cannot be read");
+            goto out;
+        }
+        if (mine >= p->cfg.max_per_owner) {
+            rc = POOL_ERR_OWNER_LIMIT;
+            snprintf(err, errlen, "%s has %d jobs queued or running (the limit, "
+                     "--max-jobs-per-owner)", owner, mine);
+            goto out;
+        }
+    }
     if (make_id(r->id)) {
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
         goto out;

@@ -18,6 +18,8 @@ struct pool_config {
     int64_t baseline_bytes;     /* measured per-process overhead, added to every reservation */
     int cores;                  /* CPU threads divided among the running jobs */
     int max_queue;              /* queued jobs beyond this: POOL_ERR_QUEUE_FULL */
+    int max_per_owner;          /* one owner's queued + running jobs beyond this:
+                                 * POOL_ERR_OWNER_LIMIT; 0 = no limit */
 };
 
 enum pool_status {
@@ -28,7 +30,8 @@ enum pool_status {
     POOL_ERR_NOT_FOUND,
     POOL_ERR_STATE,             /* cancel of an ended job */
     POOL_ERR_PLAN,              /* the spec cannot be built or planned (err says why) */
-    POOL_ERR_INTERNAL           /* store, files or processes (err says why) */
+    POOL_ERR_INTERNAL,          /* store, files or processes (err says why) */
+    POOL_ERR_OWNER_LIMIT        /* the owner has max_per_owner jobs queued or running */
 };
 
 /* what a job costs on the device, by part */
