@@ -383,6 +383,27 @@ out:
     return rc;
 }
 
+int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "SELECT COUNT(*) FROM events WHERE job_id = ?1 AND type = ?2",
+                           -1, &st, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, type, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        *n = sqlite3_column_int(st, 0);
+        rc = JOBS_OK;
+    }
+out:
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
 int jobs_count_owner(struct jobs *db, const char *owner, int *n)
 {
     *n = 0;

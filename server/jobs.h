@@ -66,6 +66,8 @@ int jobs_list(struct jobs *db, const char *owner, int state, const char *after, 
 int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int state,
                    const char *after, int limit, struct job_row **rows, int *n);
 int jobs_count(struct jobs *db, int state, int *n);
+/* how many events of type the job's log holds */
+int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n);
 /* the owner's jobs that are queued or running */
 int jobs_count_owner(struct jobs *db, const char *owner, int *n);
 

@@ -888,7 +888,7 @@ static int drain(struct pool *p, struct child *k, int is_err)
 static void finish(struct pool *p, struct child *k, int status)
 {
     check_checkpoint(p, k);
-    char err[ERR_TAIL_BYTES + 64], ev[ERR_TAIL_BYTES + 256];
+    char err[ERR_TAIL_BYTES + 128], ev[ERR_TAIL_BYTES + 512];
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     /* a SIGINT that came before the child set up its handler (while it loads) kills it: it had
      * no step to save, which is a stop all the same */
@@ -905,9 +905,27 @@ static void finish(struct pool *p, struct child *k, int status)
         event_line(p, k->id, "log", NULL, "the server is stopping: the job stopped with a "
                                           "checkpoint and resumes when the server starts again");
     } else {
+        /* a crash (a signal, not a clean failure) is retried from the last checkpoint a bounded
+         * number of times; the count is the job's "retry" events, so it survives restarts */
+        int retries = 0;
+        if (WIFSIGNALED(status) && !k->cancel && !p->stopping &&
+            jobs_event_count(p->db, k->id, "retry", &retries) == JOBS_OK &&
+            retries < p->cfg.max_retries) {
+            snprintf(ev, sizeof ev, "{\"attempt\":%d,\"max_retries\":%d,\"signal\":%d,"
+                     "\"from_step\":%" PRId64 "}", retries + 1, p->cfg.max_retries,
+                     WTERMSIG(status), k->last_ckpt);
+            jobs_event_append(p->db, k->id, "retry", ev, NULL);
+            snprintf(ev, sizeof ev, "{\"state\":\"queued\",\"reason\":\"killed by signal %d "
+                     "(%s); retry %d of %d from its last checkpoint\"}", WTERMSIG(status),
+                     strsignal(WTERMSIG(status)), retries + 1, p->cfg.max_retries);
+            jobs_set_state(p->db, k->id, JOB_QUEUED, 0, NULL, ev);
+            goto release;
+        }
         if (WIFSIGNALED(status))
-            snprintf(err, sizeof err, "killed by signal %d (%s)%s%s", WTERMSIG(status),
-                     strsignal(WTERMSIG(status)), k->tail_n ? "; last output:\n" : "", k->tail);
+            snprintf(err, sizeof err, "killed by signal %d (%s)%s%s%s", WTERMSIG(status),
+                     strsignal(WTERMSIG(status)),
+                     retries > 0 ? " after its retries (--max-retries)" : "",
+                     k->tail_n ? "; last output:\n" : "", k->tail);
         else
             snprintf(err, sizeof err, "exit status %d%s%s", code,
                      k->tail_n ? "; last output:\n" : "", k->tail);
@@ -920,6 +938,7 @@ static void finish(struct pool *p, struct child *k, int status)
         free(s);
         jobs_set_state(p->db, k->id, JOB_FAILED, 0, err, ev);
     }
+release:
     p->reserved -= k->reserved;
     p->threads_used -= k->threads;
     for (int i = 0; i < p->n_kids; i++)

@@ -18,6 +18,8 @@ struct pool_config {
     int64_t baseline_bytes;     /* measured per-process overhead, added to every reservation */
     int cores;                  /* CPU threads divided among the running jobs */
     int max_queue;              /* queued jobs beyond this: POOL_ERR_QUEUE_FULL */
+    int max_retries;            /* a job whose process dies of a signal (not a stop) is started
+                                 * again from its last checkpoint this many times, then failed */
     int max_per_owner;          /* one owner's queued + running jobs beyond this:
                                  * POOL_ERR_OWNER_LIMIT; 0 = no limit */
 };

@@ -54,6 +54,9 @@ static void serve_usage(FILE *f)
             "  --max-jobs-per-owner N one token's queued + running jobs before its POST /train and\n"
             "                         POST /samples answer 429 with Retry-After\n"
             "                         (DDPMD_MAX_JOBS_PER_OWNER; default 0 = no limit)\n"
+            "  --max-retries N        a job whose process dies of a signal is started again from\n"
+            "                         its last checkpoint up to N times, then failed with the\n"
+            "                         reason (DDPMD_MAX_RETRIES; default 2)\n"
             "  --token-file FILE      bearer tokens, one \"NAME SECRET [admin]\" per line\n"
             "                         (DDPMD_TOKEN_FILE). Without it only a loopback address is\n"
             "                         accepted and every caller is the one local user\n"
@@ -271,6 +274,7 @@ int serve_main(int argc, char **argv)
     const char *ht = env_or("DDPMD_HTTP_THREADS", "4"), *mb = env_or("DDPMD_MAX_BODY", "1MiB");
     const char *ka = env_or("DDPMD_SSE_KEEPALIVE", "15");
     const char *mpo = env_or("DDPMD_MAX_JOBS_PER_OWNER", "0");
+    const char *mr = env_or("DDPMD_MAX_RETRIES", "2");
     int probe = 0, routes = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -282,6 +286,7 @@ int serve_main(int argc, char **argv)
         else if (OPT("--token-file")) o.token_file = v;
         else if (OPT("--max-queue")) mq = v;
         else if (OPT("--max-jobs-per-owner")) mpo = v;
+        else if (OPT("--max-retries")) mr = v;
         else if (OPT("--cpu-cores")) cores = v;
         else if (OPT("--http-threads")) ht = v;
         else if (OPT("--max-body")) mb = v;
@@ -302,13 +307,14 @@ int serve_main(int argc, char **argv)
         api_routes_print(stdout);
         return 0;
     }
-    int rc = 1, max_queue, ncores, http_threads, keepalive, max_per_owner;
+    int rc = 1, max_queue, ncores, http_threads, keepalive, max_per_owner, max_retries;
     int64_t budget = 0, max_body;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     char coredef[24];
     snprintf(coredef, sizeof coredef, "%ld", online > 0 ? online : 1);
     if (parse_count("--max-queue", mq, 0, 1000000, &max_queue) ||
         parse_count("--max-jobs-per-owner", mpo, 0, 1000000, &max_per_owner) ||
+        parse_count("--max-retries", mr, 0, 100, &max_retries) ||
         parse_count("--cpu-cores", cores ? cores : coredef, 1, 4096, &ncores) ||
         parse_count("--http-threads", ht, 1, 256, &http_threads) ||
         parse_count("--sse-keepalive", ka, 1, 3600, &keepalive))
@@ -409,7 +415,8 @@ int serve_main(int argc, char **argv)
     }
     struct pool_config pc = {.exe = exe, .data_dir = o.data, .device = o.device,
                              .budget_bytes = budget, .baseline_bytes = baseline, .cores = ncores,
-                             .max_queue = max_queue, .max_per_owner = max_per_owner};
+                             .max_queue = max_queue, .max_per_owner = max_per_owner,
+                             .max_retries = max_retries};
     if (pool_start(&pool, db, &pc, err, sizeof err)) {
         fprintf(stderr, "ddpmd serve: %s\n", err);
         goto out;
