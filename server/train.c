@@ -633,7 +633,9 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
         goto out;
     }
     if (rc != SAMPLE_OK) {
-        snprintf(err, errlen, "sampling at step %" PRId64 " failed", step);
+        const struct exec_error *ee = exec_last_error(j->se);
+        snprintf(err, errlen, "sampling at step %" PRId64 " failed: %s", step,
+                 ee->status ? ee->msg : "no timesteps for the grid's sampler");
         goto out;
     }
     if (image_save_grid_png(path, img, n, s->model.out_channels, s->model.image_size,

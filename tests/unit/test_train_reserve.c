@@ -2,8 +2,9 @@
  * makes exactly one backend allocation, of exactly train_plan's total_bytes (which covers the
  * nested sampling plan); its grids are bit-identical (PNG bytes) to sampling the same step's
  * checkpoint EMA standalone with the same sampler, seed and batch; sampling in between does not
- * change training (the last grid and checkpoint equal a run without intermediate grids); and a
- * schedule of fewer than 50 timesteps still gets its grid (DDIM steps clamped).
+ * change training (the last grid and checkpoint equal a run without intermediate grids); the
+ * plan print shows the sampling part; and a schedule of fewer than 50 timesteps still gets its
+ * grid (DDIM steps clamped).
  */
 #define _DEFAULT_SOURCE
 #include <math.h>
@@ -264,6 +265,17 @@ int main(void)
     graph_free(&g);
     CHECK(train_plan(&s, &g, &io, &target, &p, err, sizeof err) == 0 && p.total_bytes == total,
           "train_plan (pool admission) holds %zu bytes, the job %zu", p.total_bytes, total);
+    /* the job's plan print (train_run's, before the first step) names the sampling part */
+    char *txt = NULL;
+    size_t tlen = 0;
+    FILE *mf = open_memstream(&txt, &tlen);
+    if (mf) {
+        plan_print(&p, mf);
+        fclose(mf);
+    }
+    CHECK(txt && strstr(txt, "nested sampling"), "the plan print shows no sampling part:\n%s",
+          txt ? txt : "");
+    free(txt);
     plan_free(&p);
     graph_free(&g);
 
