@@ -1,10 +1,10 @@
 /* test_train_reserve.c - a training job's reservation is the whole truth: a run with sample grids
- * makes exactly one backend allocation, of exactly train_plan's total_bytes (which covers the
- * nested sampling plan); its grids are bit-identical (PNG bytes) to sampling the same step's
- * checkpoint EMA standalone with the same sampler, seed and batch; sampling in between does not
- * change training (the last grid and checkpoint equal a run without intermediate grids); the
- * plan print shows the sampling part; and a schedule of fewer than 50 timesteps still gets its
- * grid (DDIM steps clamped).
+ * (and the grid owed on --resume) makes exactly one backend allocation, of exactly train_plan's
+ * total_bytes, which covers the nested sampling plan; its grids are bit-identical (PNG bytes) to
+ * sampling the same step's checkpoint EMA standalone with the same sampler, seed and batch;
+ * sampling in between does not change training (the last grid and checkpoint equal a run without
+ * intermediate grids); the plan print shows the sampling part; and a schedule of fewer than 50
+ * timesteps still gets its grid (DDIM steps clamped).
  */
 #define _DEFAULT_SOURCE
 #include <math.h>
@@ -297,6 +297,21 @@ int main(void)
         snprintf(ref, sizeof ref, "%s/ref-%d.png", root, step);
         CHECK(standalone_grid(&s, a, step, ref) == 0 && same_file(grid, ref),
               "the grid of step %d differs from standalone sampling of its checkpoint", step);
+    }
+
+    /* the grid owed on --resume takes the same path: one allocation, the same PNG bytes */
+    {
+        char grid[600], kept[600];
+        snprintf(grid, sizeof grid, "%s/samples/step-00000004.png", a);
+        snprintf(kept, sizeof kept, "%s/kept-4.png", root);
+        CHECK(rename(grid, kept) == 0, "cannot move %s aside", grid);
+        struct train_opts orr = {.out_dir = a, .quiet = 1, .resume = TRAIN_RESUME_REQUIRED};
+        arm();
+        rc = train_run(&s, &orr, err, sizeof err);
+        armed = 0;
+        CHECK(rc == TRAIN_DONE && n_dev == 1 && dev_bytes[0] == total && same_file(grid, kept),
+              "the grid owed on --resume: %s, %ld device allocations, %s", rc ? err : "done",
+              n_dev, same_file(grid, kept) ? "same bytes" : "other bytes or missing");
     }
 
     /* sampling in between leaves training alone: no grid at step 2, the same step 4 */
