@@ -26,6 +26,7 @@
 #include "checkpoint.h"
 #include "dataset.h"
 #include "fsio.h"
+#include "parse.h"
 #include "safetensors.h"
 #include "spec.h"
 #include "train.h"
@@ -252,10 +253,7 @@ static int idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
 {
     const char *k = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (!k) return 0;
-    size_t kl = strlen(k);
-    int ok = kl >= 1 && kl < sizeof c->idem_key;
-    for (size_t i = 0; ok && i < kl; i++) ok = k[i] > 0x20 && k[i] < 0x7f;
-    if (!ok) {
+    if (api_parse_idem_key(k)) {
         *res = invalid(c->conn, 400, "Idempotency-Key",
                        "expected 1 to 128 printable ASCII characters without spaces");
         return 1;
@@ -323,7 +321,7 @@ static enum MHD_Result h_train(struct ctx *c)
 {
     const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (!ct || strncasecmp(ct, "application/json", 16) != 0 || (ct[16] && ct[16] != ';' && ct[16] != ' '))
+    if (!api_parse_json_content_type(ct))
         return problem(c->conn, 415, NULL, "POST /train takes a TrainSpec as application/json",
                        NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
     if (!c->a->admitting)
@@ -401,17 +399,6 @@ static enum MHD_Result h_train(struct ctx *c)
 static const char *arg(struct ctx *c, const char *k)
 {
     return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, k);
-}
-
-static int parse_int(const char *s, long long lo, long long hi, long long *v)
-{
-    if (!s || !*s) return -1;
-    char *end;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (errno || *end || x < lo || x > hi) return -1;
-    *v = x;
-    return 0;
 }
 
 /* ---- sampling jobs (kind "sample": the same store, pool, cancel and event stream) ---- */
@@ -548,10 +535,8 @@ static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_e
 
 static int json_content_type(struct ctx *c)
 {
-    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
-    return ct && strncasecmp(ct, "application/json", 16) == 0 &&
-           (!ct[16] || ct[16] == ';' || ct[16] == ' ');
+    return api_parse_json_content_type(
+        MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE));
 }
 
 /* POST /samples: {checkpoint | job, n, sampler, steps, eta, seed, ema, batch}; the checkpoint
@@ -732,7 +717,7 @@ static enum MHD_Result list_jobs(struct ctx *c, const char *kind, const char *ke
     if (st && (state = job_state_parse(st)) < 0)
         return invalid(c->conn, 400, "state",
                        "expected one of queued, running, succeeded, failed, canceled");
-    if (lim && parse_int(lim, 1, LIST_LIMIT_MAX, &limit))
+    if (lim && api_parse_int(lim, 1, LIST_LIMIT_MAX, &limit))
         return invalid(c->conn, 400, "limit", "expected an integer from 1 to 200");
     if (after && !pool_job_id_valid(after))
         return invalid(c->conn, 400, "after", "expected a job id (the previous page's next)");
@@ -815,8 +800,7 @@ static enum MHD_Result h_sample_image(struct ctx *c)
     long long k;
     char tail[64], what[64];
     /* k: a plain decimal index (no sign, no leading zeros), so it can never name another file */
-    if (parse_int(c->param2, 0, SAMPLE_N_MAX - 1, &k) || (c->param2[0] == '0' && c->param2[1]) ||
-        c->param2[0] == '+' || c->param2[0] == '-') {
+    if (api_parse_image_index(c->param2, SAMPLE_N_MAX, &k)) {
         char detail[160];
         snprintf(detail, sizeof detail, "no image '%.20s' (images are numbered 0 to n-1)", c->param2);
         return problem(c->conn, 404, NULL, detail, NULL, NULL);
@@ -910,38 +894,6 @@ static enum MHD_Result h_checkpoints(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
-/* one "bytes=A-B", "bytes=A-" or "bytes=-N" range of a size-byte file -> [off, off+len);
- * -1 when it is unsatisfiable (416). Anything else (several ranges, other units, bad syntax)
- * leaves the whole file (RFC 9110 allows ignoring Range). */
-static int range_parse(const char *h, uint64_t size, uint64_t *off, uint64_t *len)
-{
-    unsigned long long a = 0, b = 0;
-    int n = 0;
-    if (strncmp(h, "bytes=", 6) != 0 || strchr(h, ',')) return 0;
-    h += 6;
-    if (h[0] == '-') {
-        if (sscanf(h + 1, "%llu%n", &b, &n) != 1 || h[1 + n] || h[1] < '0' || h[1] > '9') return 0;
-        if (b == 0 || size == 0) return -1;
-        if (b > size) b = size;
-        *off = size - b;
-        *len = b;
-        return 0;
-    }
-    if (h[0] < '0' || h[0] > '9' || sscanf(h, "%llu-%n", &a, &n) != 1 || h[n - 1] != '-') return 0;
-    if (h[n] == 0) {
-        b = size ? size - 1 : 0;
-    } else {
-        int m = 0;
-        if (h[n] < '0' || h[n] > '9' || sscanf(h + n, "%llu%n", &b, &m) != 1 || h[n + m] || b < a)
-            return 0;
-    }
-    if (a >= size) return -1;
-    if (b >= size) b = size - 1;
-    *off = a;
-    *len = b - a + 1;
-    return 0;
-}
-
 static enum MHD_Result h_checkpoint(struct ctx *c)
 {
     char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX], detail[160], err[300];
@@ -984,7 +936,7 @@ static enum MHD_Result h_checkpoint(struct ctx *c)
     unsigned status = 200;
     const char *range = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Range");
     const char *ifr = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "If-Range");
-    if (range && (!ifr || strcmp(ifr, etag) == 0) && range_parse(range, size, &off, &len)) {
+    if (range && (!ifr || strcmp(ifr, etag) == 0) && api_parse_range(range, size, &off, &len)) {
         close(fd);
         char cr[64];
         snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)size);
@@ -1214,8 +1166,8 @@ static enum MHD_Result h_events(struct ctx *c)
     job_row_free(&r);
     const char *lei = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Last-Event-ID");
     if (!lei) lei = arg(c, "last_event_id");
-    long long last = 0;
-    if (lei && parse_int(lei, 0, INT64_MAX, &last))
+    long long last;
+    if (api_parse_last_event_id(lei, &last))
         return invalid(c->conn, 400, "Last-Event-ID", "expected an event id (a number >= 0)");
     struct sse *s = calloc(1, sizeof *s);
     if (!s) return MHD_NO;
@@ -1420,38 +1372,12 @@ void api_routes_print(FILE *f)
     for (int i = 0; i < N_ROUTES; i++) fprintf(f, "%s %s\n", routes[i].method, routes[i].pattern);
 }
 
-/* whether url matches pattern; a "{name}" matches one non-empty segment up to the next '/' or
- * '.' (ids never hold either), the first going to param, the second to param2 */
-static int route_match(const char *pattern, const char *url, char *param, size_t n, char *param2,
-                       size_t n2)
-{
-    const char *p = pattern, *u = url;
-    int k = 0;
-    while (*p && *u) {
-        if (*p == '{') {
-            const char *close = strchr(p, '}');
-            size_t len = strcspn(u, "/.");
-            char *dst = k == 0 ? param : param2;
-            size_t cap = k == 0 ? n : n2;
-            if (!close || k > 1 || len == 0 || len >= cap) return 0;
-            memcpy(dst, u, len);
-            dst[len] = 0;
-            k++;
-            p = close + 1;
-            u += len;
-        } else if (*p++ != *u++) {
-            return 0;
-        }
-    }
-    return *p == 0 && *u == 0;
-}
-
 static void route_find(const char *method, const char *url, struct req *r)
 {
     int path_seen = 0;
     if (strcmp(method, "HEAD") == 0) method = "GET";
     for (int i = 0; i < N_ROUTES; i++) {
-        if (!route_match(routes[i].pattern, url, r->param, sizeof r->param, r->param2,
+        if (!api_parse_route(routes[i].pattern, url, r->param, sizeof r->param, r->param2,
                          sizeof r->param2))
             continue;
         path_seen = 1;
@@ -1467,7 +1393,7 @@ static enum MHD_Result not_allowed(struct MHD_Connection *conn, const char *url)
 {
     char allow[64] = "", p[96], p2[32];
     for (int i = 0; i < N_ROUTES; i++)
-        if (route_match(routes[i].pattern, url, p, sizeof p, p2, sizeof p2)) {
+        if (api_parse_route(routes[i].pattern, url, p, sizeof p, p2, sizeof p2)) {
             if (*allow) strcat(allow, ", ");
             strcat(allow, routes[i].method);
             if (strcmp(routes[i].method, "GET") == 0) strcat(allow, ", HEAD");
@@ -1513,7 +1439,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len;
-        if (cl && parse_int(cl, 0, INT64_MAX, &len) == 0 && (size_t)len > a->cfg.max_body) {
+        if (cl && api_parse_int(cl, 0, INT64_MAX, &len) == 0 && (size_t)len > a->cfg.max_body) {
             /* refused before a byte of it is read; libmicrohttpd closes the connection after */
             char detail[160];
             snprintf(detail, sizeof detail, "the body is %lld bytes; the limit is %zu", len,
