@@ -18,6 +18,30 @@ struct jobs {
     pthread_mutex_t mu;
 };
 
+/* the message of this thread's last failed store call: thread-local, so a caller reads its own
+ * call's cause even while other threads use the store */
+static _Thread_local char last_err[256];
+
+const char *jobs_errmsg(void)
+{
+    return last_err[0] ? last_err : "no store error";
+}
+
+/* records SQLite's current error for jobs_errmsg (kept as it was when SQLite reports none, e.g.
+ * after the failed statement was finalized) and maps it to a status: SQLITE_FULL (the disk is
+ * full) is JOBS_ERR_FULL, every other failure JOBS_ERR_DB */
+static int db_fail(struct jobs *db)
+{
+    int code = sqlite3_extended_errcode(db->db), prim = code & 0xff;
+    if (prim != SQLITE_OK && prim != SQLITE_ROW && prim != SQLITE_DONE)
+        snprintf(last_err, sizeof last_err, "%s (%s, code %d)", sqlite3_errmsg(db->db),
+                 prim == SQLITE_FULL    ? "SQLITE_FULL"
+                 : prim == SQLITE_IOERR ? "SQLITE_IOERR"
+                                        : "SQLite",
+                 code);
+    return prim == SQLITE_FULL ? JOBS_ERR_FULL : JOBS_ERR_DB;
+}
+
 static const char *state_names[JOB_STATE_COUNT] = {"queued", "running", "succeeded", "failed",
                                                    "canceled"};
 
@@ -239,6 +263,7 @@ static int event_append_locked(struct jobs *db, const char *id, const char *type
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     rc = JOBS_OK;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     return rc;
 }
@@ -247,8 +272,9 @@ static int begin(struct jobs *db)
 {
     pthread_mutex_lock(&db->mu);
     if (sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        int rc = db_fail(db);
         pthread_mutex_unlock(&db->mu);
-        return JOBS_ERR_DB;
+        return rc;
     }
     return JOBS_OK;
 }
@@ -256,7 +282,7 @@ static int begin(struct jobs *db)
 static int end(struct jobs *db, int rc)
 {
     if (rc == JOBS_OK && sqlite3_exec(db->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-        rc = JOBS_ERR_DB;
+        rc = db_fail(db);
     if (rc != JOBS_OK) sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -264,7 +290,8 @@ static int end(struct jobs *db, int rc)
 
 int jobs_insert(struct jobs *db, const struct job_row *r)
 {
-    if (begin(db)) return JOBS_ERR_DB;
+    int brc = begin(db);
+    if (brc) return brc;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
     char now[32];
@@ -286,6 +313,7 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     rc = event_append_locked(db, r->id, "state", "{\"state\":\"queued\"}", NULL);
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     return end(db, rc);
 }
@@ -306,6 +334,7 @@ int jobs_get(struct jobs *db, const char *id, struct job_row *out)
     else if (s == SQLITE_DONE)
         rc = JOBS_ERR_NOT_FOUND;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -354,6 +383,7 @@ int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int sta
     }
     rc = s == SQLITE_DONE ? JOBS_OK : JOBS_ERR_DB;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     if (rc != JOBS_OK) {
@@ -379,6 +409,7 @@ int jobs_count(struct jobs *db, int state, int *n)
         rc = JOBS_OK;
     }
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -400,6 +431,7 @@ int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n)
         rc = JOBS_OK;
     }
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -420,6 +452,7 @@ int jobs_count_owner(struct jobs *db, const char *owner, int *n)
         rc = JOBS_OK;
     }
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -428,7 +461,8 @@ out:
 int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int threads,
                    const char *error, const char *event_json)
 {
-    if (begin(db)) return JOBS_ERR_DB;
+    int brc = begin(db);
+    if (brc) return brc;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
     char now[32];
@@ -458,6 +492,7 @@ int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int th
     }
     rc = event_append_locked(db, id, "state", event_json, NULL);
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     return end(db, rc);
 }
@@ -478,6 +513,7 @@ static int exec_one(struct jobs *db, const char *sql, const char *id, int64_t a,
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     rc = sqlite3_changes(db->db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -499,7 +535,8 @@ int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t ste
 int jobs_event_append(struct jobs *db, const char *id, const char *type, const char *json,
                       int64_t *seq)
 {
-    if (begin(db)) return JOBS_ERR_DB;
+    int brc = begin(db);
+    if (brc) return brc;
     return end(db, event_append_locked(db, id, type, json, seq));
 }
 
@@ -542,6 +579,7 @@ int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
     }
     rc = s == SQLITE_DONE ? JOBS_OK : JOBS_ERR_DB;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     if (rc != JOBS_OK) {
@@ -564,7 +602,8 @@ int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const c
     *outcome = JOBS_IDEM_NEW;
     *status = 0;
     *location = *response = NULL;
-    if (begin(db)) return JOBS_ERR_DB;
+    int brc = begin(db);
+    if (brc) return brc;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
     if (sqlite3_prepare_v2(db->db, "SELECT request, status, location, response FROM idempotency "
@@ -608,6 +647,7 @@ int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const c
     sqlite3_bind_text(st, 4, now, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     if (rc != JOBS_OK) {
         free(*location);
@@ -633,6 +673,7 @@ int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int st
     sqlite3_bind_text(st, 5, response, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -650,6 +691,7 @@ int jobs_idem_abandon(struct jobs *db, const char *owner, const char *key)
     sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
 out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     pthread_mutex_unlock(&db->mu);
     return rc;

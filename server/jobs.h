@@ -11,7 +11,9 @@
 #define JOBS_SCHEMA_VERSION 2
 #define JOBS_ID_LEN 24
 
-enum jobs_status { JOBS_OK = 0, JOBS_ERR_DB = 1, JOBS_ERR_NOT_FOUND = 2, JOBS_ERR_NOMEM = 3 };
+/* JOBS_ERR_FULL: SQLite said SQLITE_FULL (the disk is full): nothing of the call was stored */
+enum jobs_status { JOBS_OK = 0, JOBS_ERR_DB = 1, JOBS_ERR_NOT_FOUND = 2, JOBS_ERR_NOMEM = 3,
+                   JOBS_ERR_FULL = 4 };
 
 enum job_state { JOB_QUEUED = 0, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELED, JOB_STATE_COUNT };
 
@@ -50,6 +52,9 @@ static inline int job_state_ended(enum job_state s) { return s >= JOB_SUCCEEDED;
 /* opens (creating or migrating) DIR/ddpmd.db; err names the cause */
 int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen);
 void jobs_close(struct jobs *db);
+/* why this thread's last store call that returned JOBS_ERR_DB or JOBS_ERR_FULL failed: SQLite's
+ * message with its code, e.g. "database or disk is full (SQLITE_FULL, code 13)" */
+const char *jobs_errmsg(void);
 
 /* inserts r (id, owner, kind, device, reserved_bytes, steps, spec, plan; state queued) and its
  * first event, "state" {"state":"queued"} */
