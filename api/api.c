@@ -122,6 +122,7 @@ static const char *status_title(unsigned status)
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
+    case 507: return "Insufficient Storage";
     default: return "Error";
     }
 }
@@ -274,6 +275,12 @@ static int idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
     int rc = jobs_idem_begin(c->a->cfg.db, c->owner, c->idem_key, req, &outcome, &status, &loc,
                              &body);
     free(req);
+    if (rc == JOBS_ERR_FULL) { /* the reservation is a write: a full disk refuses it */
+        char detail[400];
+        snprintf(detail, sizeof detail, "the idempotency key cannot be stored: %s", jobs_errmsg());
+        *res = problem(c->conn, 507, "insufficient-storage", detail, NULL, NULL);
+        return 1;
+    }
     if (rc) {
         *res = problem(c->conn, 500, NULL, "the idempotency keys cannot be read", NULL, NULL);
         return 1;
@@ -530,6 +537,8 @@ static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_e
         return problem(c->conn, 429, "owner-limit", err, NULL,
                        (const char *const[]){"Retry-After", "30", NULL});
     if (rc == POOL_ERR_PLAN) return invalid(c->conn, 422, plan_path, err);
+    /* the data directory's disk is full: nothing was stored; a retry may work once space is freed */
+    if (rc == POOL_ERR_STORAGE) return problem(c->conn, 507, "insufficient-storage", err, NULL, NULL);
     return problem(c->conn, 500, NULL, err, NULL, NULL);
 }
 

@@ -249,10 +249,20 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         snprintf(err, errlen, "the data directory's path is too long");
         goto out;
     }
-    if (mkdir_one(dir, err, errlen) || fsio_write_atomic_text(path, child_json, err, errlen))
+    if (mkdir_one(dir, err, errlen) || fsio_write_atomic_text(path, child_json, err, errlen)) {
+        int e = errno == EDQUOT ? EDQUOT : ENOSPC;
+        if (errno == ENOSPC || errno == EDQUOT || strstr(err, strerror(ENOSPC))) {
+            rc = POOL_ERR_STORAGE; /* the cause, without the server's paths (clients see ids) */
+            snprintf(err, errlen, "the job's files cannot be written: %s", strerror(e));
+        }
+        unlink(path); /* nothing of a refused job stays (the writer leaves no temporary) */
+        rmdir(dir);
         goto out;
-    if (jobs_insert(p->db, r)) {
-        snprintf(err, errlen, "the job store cannot be written");
+    }
+    int jrc = jobs_insert(p->db, r);
+    if (jrc) {
+        snprintf(err, errlen, "the job store cannot be written: %s", jobs_errmsg());
+        if (jrc == JOBS_ERR_FULL) rc = POOL_ERR_STORAGE;
         unlink(path);
         rmdir(dir);
         goto out;

@@ -33,7 +33,8 @@ enum pool_status {
     POOL_ERR_STATE,             /* cancel of an ended job */
     POOL_ERR_PLAN,              /* the spec cannot be built or planned (err says why) */
     POOL_ERR_INTERNAL,          /* store, files or processes (err says why) */
-    POOL_ERR_OWNER_LIMIT        /* the owner has max_per_owner jobs queued or running */
+    POOL_ERR_OWNER_LIMIT,       /* the owner has max_per_owner jobs queued or running */
+    POOL_ERR_STORAGE            /* the data directory's disk is full (err says what failed) */
 };
 
 /* what a job costs on the device, by part */
