@@ -5,6 +5,8 @@
 #define _DEFAULT_SOURCE
 #include "jobs.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -12,10 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+/* bytes kept in DIR/ddpmd.db-reserve so that a job's end can be recorded on a full disk: when a
+ * change to an ended state gets SQLITE_FULL the reserve is deleted and the change tried again;
+ * the next jobs_insert makes it again, or refuses the job while it cannot */
+#define JOBS_RESERVE_BYTES (256 * 1024)
 
 struct jobs {
     sqlite3 *db;
     pthread_mutex_t mu;
+    char reserve[1200];          /* DIR/ddpmd.db-reserve */
+    int have_reserve;            /* under mu */
 };
 
 /* the message of this thread's last failed store call: thread-local, so a caller reads its own
@@ -40,6 +50,22 @@ static int db_fail(struct jobs *db)
                                         : "SQLite",
                  code);
     return prim == SQLITE_FULL ? JOBS_ERR_FULL : JOBS_ERR_DB;
+}
+
+/* makes the reserve file (lock held or not yet shared); -1 with errno when the disk has no room */
+static int reserve_make(struct jobs *j)
+{
+    int fd = open(j->reserve, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    int e = posix_fallocate(fd, 0, JOBS_RESERVE_BYTES);
+    close(fd);
+    if (e) {
+        unlink(j->reserve);
+        errno = e;
+        return -1;
+    }
+    j->have_reserve = 1;
+    return 0;
 }
 
 static const char *state_names[JOB_STATE_COUNT] = {"queued", "running", "succeeded", "failed",
@@ -157,6 +183,8 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
                      "PRAGMA user_version = 2; COMMIT;",
                      NULL, NULL, &msg) != SQLITE_OK)
         goto sqlfail;
+    snprintf(j->reserve, sizeof j->reserve, "%s/ddpmd.db-reserve", dir);
+    reserve_make(j); /* without room now the next jobs_insert tries again */
     *out = j;
     return JOBS_OK;
 sqlfail:
@@ -292,6 +320,12 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
 {
     int brc = begin(db);
     if (brc) return brc;
+    /* no new job while the reserve for recording job ends cannot be kept */
+    if (!db->have_reserve && reserve_make(db)) {
+        snprintf(last_err, sizeof last_err, "the disk is full: the job store cannot keep its %d "
+                 "bytes for recording job ends (%s)", JOBS_RESERVE_BYTES, strerror(errno));
+        return end(db, JOBS_ERR_FULL);
+    }
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
     char now[32];
@@ -458,8 +492,8 @@ out:
     return rc;
 }
 
-int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int threads,
-                   const char *error, const char *event_json)
+static int set_state_once(struct jobs *db, const char *id, enum job_state state, int threads,
+                          const char *error, const char *event_json)
 {
     int brc = begin(db);
     if (brc) return brc;
@@ -495,6 +529,20 @@ out:
     if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
     return end(db, rc);
+}
+
+int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int threads,
+                   const char *error, const char *event_json)
+{
+    int rc = set_state_once(db, id, state, threads, error, event_json);
+    if (rc != JOBS_ERR_FULL || !job_state_ended(state)) return rc;
+    /* a job's end is recorded even on a full disk: the reserve's bytes are given to SQLite */
+    pthread_mutex_lock(&db->mu);
+    int had = db->have_reserve;
+    if (had) unlink(db->reserve);
+    db->have_reserve = 0;
+    pthread_mutex_unlock(&db->mu);
+    return had ? set_state_once(db, id, state, threads, error, event_json) : rc;
 }
 
 static int exec_one(struct jobs *db, const char *sql, const char *id, int64_t a, int64_t b,

@@ -57,7 +57,8 @@ void jobs_close(struct jobs *db);
 const char *jobs_errmsg(void);
 
 /* inserts r (id, owner, kind, device, reserved_bytes, steps, spec, plan; state queued) and its
- * first event, "state" {"state":"queued"} */
+ * first event, "state" {"state":"queued"}; JOBS_ERR_FULL also when the reserve (see
+ * jobs_set_state) was used and the disk has no room to make it again */
 int jobs_insert(struct jobs *db, const struct job_row *r);
 int jobs_get(struct jobs *db, const char *id, struct job_row *out);
 void job_row_free(struct job_row *r);
@@ -77,7 +78,8 @@ int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n);
 int jobs_count_owner(struct jobs *db, const char *owner, int *n);
 
 /* sets the state (and started_at/ended_at, threads when > 0, error when non-NULL) and appends
- * the event type "state" with data (a JSON object) in one transaction */
+ * the event type "state" with data (a JSON object) in one transaction. A change to an ended
+ * state that meets a full disk is tried again with the store's reserve file deleted */
 int jobs_set_state(struct jobs *db, const char *id, enum job_state st, int threads,
                    const char *error, const char *event_json);
 int jobs_set_cancel_requested(struct jobs *db, const char *id);

@@ -2,7 +2,8 @@
 (a) with the disk full POST /train answers 507 problem+json with the cause (the job's files, or
 SQLITE_FULL from the store with an Idempotency-Key), stores nothing, the server stays healthy and
 takes the job once space is freed; (b) a running job whose next checkpoint hits ENOSPC ends failed
-with that cause, its previous checkpoint intact and listed. Skips (77) where tmpfs cannot be
+with that cause, its previous checkpoint intact and listed; (c) with the disk filled to the last byte while a job
+runs, the job's end is still recorded (the store's reserve) and new jobs get 507. Skips (77) where tmpfs cannot be
 mounted; the tmpfs is unmounted whatever happens. Usage: test_diskfull.py PATH/TO/ddpmd
 """
 import os
@@ -96,6 +97,27 @@ def part_b(s):
     s.wait_job(r.json()["id"], lambda j: j["state"] == "succeeded", what="a later job succeeded")
 
 
+def part_c(s):
+    """the disk filled to the last byte while a job runs: its end is still recorded (the store's
+    reserve), and new jobs are refused 507 until space is freed"""
+    r = s.request("POST", "/train", tiny(steps=100000, checkpoint_every=4, keep_last=1))
+    check(r.status == 202, "POST /train (long): %d %s" % (r.status, r.body[:300]))
+    jid = r.json()["id"]
+    s.wait_job(jid, lambda j: j["step"] >= 5, timeout=120, what="a first checkpoint and a step")
+    filler = os.path.join(s.data, "fill")
+    fill(filler)
+    j = s.wait_job(jid, lambda j: j["state"] == "failed", timeout=120, what="failed on a full disk")
+    check(j["error"] and "No space left on device" in j["error"], "error names ENOSPC: %s" % j["error"])
+    fill(filler + "2")  # what the reserve gave back is taken too
+    problem_ok(s.request("POST", "/train", tiny()), 507)
+    check(s.get_json("/healthz") == {"status": "ok"}, "healthz while full")
+    os.unlink(filler)
+    os.unlink(filler + "2")
+    r = s.request("POST", "/train", tiny(steps=2, checkpoint_every=0))
+    check(r.status == 202, "POST after freeing: %d %s" % (r.status, r.body[:300]))
+    s.wait_job(r.json()["id"], lambda j: j["state"] == "succeeded", what="a later job succeeded")
+
+
 def main(exe):
     need_fmnist()
     mnt = tempfile.mkdtemp(prefix="ddpmd-diskfull-")
@@ -107,7 +129,7 @@ def main(exe):
         sys.exit(77)
     s = None
     try:
-        for part in (part_a, part_b):
+        for part in (part_a, part_b, part_c):
             data = os.path.join(mnt, part.__name__)
             os.mkdir(data)
             s = Server(exe, data=data).start()

@@ -1,6 +1,7 @@
 /* test_jobs_faults.c - the job store on a full disk (issue 9): on a tiny tmpfs filled to the last
  * byte every store write (insert, event, state, progress, idempotency) fails with SQLite's cause
- * (SQLITE_FULL), stores nothing of itself, and once space is freed the store works and is whole.
+ * (SQLITE_FULL) and stores nothing of itself, except a job's end (the store's reserve); once
+ * space is freed the store works and is whole.
  * Needs mount(2) (root in a namespace that allows tmpfs): exit 77 (ctest skip) where it is denied.
  */
 #define _GNU_SOURCE
@@ -113,8 +114,6 @@ static void test_full(const char *dir)
     is_full(jobs_insert(db, &r), "jobs_insert");
     is_full(jobs_event_append(db, "j00000000000000a1", "progress", big, NULL), "jobs_event_append");
     is_full(jobs_set_state(db, "j00000000000000a1", JOB_RUNNING, 2, NULL, big), "jobs_set_state");
-    is_full(jobs_set_state(db, "j00000000000000a1", JOB_FAILED, 0, big, "{\"state\":\"failed\"}"),
-            "jobs_set_state with an error");
     int prc = jobs_set_progress(db, "j00000000000000a1", 5, 10, 0.5, 1.0);
     CHECK(prc == JOBS_ERR_FULL, "jobs_set_progress on a full disk: %d, %s", prc, jobs_errmsg());
     is_full(jobs_idem_begin(db, "alice", "k2", big, &outcome, &status, &loc, &resp),
@@ -130,21 +129,36 @@ static void test_full(const char *dir)
     CHECK(jobs_get(db, "j00000000000000b2", &g) == JOBS_ERR_NOT_FOUND, "the refused job is absent");
     job_row_free(&g);
 
+    /* a job's end is still recorded: the store's reserve gives SQLite the room */
+    char reserve[200];
+    snprintf(reserve, sizeof reserve, "%s/ddpmd.db-reserve", dir);
+    CHECK(access(reserve, F_OK) == 0, "the reserve exists before it is needed");
+    CHECK(jobs_set_state(db, "j00000000000000a1", JOB_FAILED, 0, "cannot write: No space left",
+                         "{\"state\":\"failed\"}") == JOBS_OK,
+          "an end is recorded on a full disk: %s", jobs_errmsg());
+    CHECK(access(reserve, F_OK) != 0, "the reserve was spent");
+    fill_disk(); /* what the reserve freed is taken again */
+    struct job_row r3;
+    row(&r3, "j00000000000000c3", small);
+    CHECK(jobs_insert(db, &r3) == JOBS_ERR_FULL, "no new job while the reserve cannot be made: %s",
+          jobs_errmsg());
+
     CHECK(unlink(fill) == 0, "free the space: %s", strerror(errno));
 
     CHECK(jobs_count(db, -1, &n) == JOBS_OK && n == 1, "one job after freeing: %d", n);
     if (jobs_get(db, "j00000000000000a1", &g) == JOBS_OK) {
-        CHECK(g.state == JOB_QUEUED && g.step == 0 && !g.error && g.starts == 0,
-              "the job holds none of the failed updates: %s step %lld", job_state_name(g.state),
+        CHECK(g.state == JOB_FAILED && g.step == 0 && g.error && strstr(g.error, "No space") &&
+                  g.starts == 0,
+              "the job holds its end and none of the failed updates: %s step %lld", job_state_name(g.state),
               (long long)g.step);
         job_row_free(&g);
     } else {
         CHECK(0, "the first job reads back");
     }
     struct job_event *ev = NULL;
-    CHECK(jobs_events_after(db, "j00000000000000a1", 0, 100, &ev, &n) == JOBS_OK && n == 1 &&
-              strcmp(ev[0].type, "state") == 0,
-          "only the queued event: %d events", n);
+    CHECK(jobs_events_after(db, "j00000000000000a1", 0, 100, &ev, &n) == JOBS_OK && n == 2 &&
+              strcmp(ev[0].type, "state") == 0 && strstr(ev[1].data, "failed"),
+          "the queued and the failed event only: %d events", n);
     job_events_free(ev, n);
     CHECK(jobs_events_after(db, "j00000000000000b2", 0, 100, &ev, &n) == JOBS_OK && n == 0,
           "no event of the refused job: %d", n);
@@ -156,13 +170,14 @@ static void test_full(const char *dir)
 
     /* and every write works again */
     CHECK(jobs_insert(db, &r) == JOBS_OK, "insert after freeing: %s", jobs_errmsg());
+    CHECK(access(reserve, F_OK) == 0, "the insert made the reserve again");
     CHECK(jobs_set_state(db, "j00000000000000a1", JOB_RUNNING, 2, NULL, "{\"state\":\"running\"}") ==
               JOBS_OK, "set_state after freeing: %s", jobs_errmsg());
     CHECK(jobs_set_progress(db, "j00000000000000a1", 5, 10, 0.5, 1.0) == JOBS_OK,
           "progress after freeing: %s", jobs_errmsg());
     int64_t seq = 0;
-    CHECK(jobs_event_append(db, "j00000000000000a1", "progress", "{}", &seq) == JOBS_OK && seq == 3,
-          "event after freeing: seq %lld (want 3: no hole and no leftover)", (long long)seq);
+    CHECK(jobs_event_append(db, "j00000000000000a1", "progress", "{}", &seq) == JOBS_OK && seq == 4,
+          "event after freeing: seq %lld (want 4: no hole and no leftover)", (long long)seq);
     CHECK(jobs_idem_finish(db, "alice", "k1", 202, "/jobs/j00000000000000a1", "{}") == JOBS_OK,
           "idem_finish after freeing: %s", jobs_errmsg());
     CHECK(jobs_idem_begin(db, "alice", "k2", "POST /train\n{}", &outcome, &status, &loc, &resp) ==
@@ -189,8 +204,8 @@ int main(void)
     }
     snprintf(mnt, sizeof mnt, "%s", tmpl);
     snprintf(fill, sizeof fill, "%s/fill", mnt);
-    /* 1 MiB: the database and its WAL fit; 96 KiB values never fit in what is left after filling */
-    if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m,mode=0755") != 0) {
+    /* 2 MiB: the database, its WAL and the reserve fit; 96 KiB values never fit in what is left after filling */
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=2m,mode=0755") != 0) {
         fprintf(stderr, "test_jobs_faults: cannot mount a tmpfs on %s (%s): skipped\n", mnt,
                 strerror(errno));
         rmdir(mnt);
