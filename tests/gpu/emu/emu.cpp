@@ -215,7 +215,12 @@ struct emu_event {
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER; /* everything below */
 static std::map<uintptr_t, emu_alloc> g_allocs;
 static size_t g_used;
-static std::vector<emu_stream *> g_streams; /* by id; 0 is the NULL stream */
+/* by id; 0 is the NULL stream. Streams are retired, never deleted, while the process runs;
+ * they are freed with the table at exit (LeakSanitizer checks after static destructors) */
+struct emu_stream_table : std::vector<emu_stream *> {
+    ~emu_stream_table() { for (emu_stream *st : *this) delete st; }
+};
+static emu_stream_table g_streams;
 static std::vector<uint64_t> g_done;        /* per stream: done as far as the host knows */
 static cudaError_t g_sticky;                /* a fault poisoned the context */
 static thread_local cudaError_t tl_last;    /* cudaGetLastError's, per host thread */
