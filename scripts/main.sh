@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 out=out/fmnist-tiny
-./build/ddpmd train examples/fmnist-tiny.json --out "$out"
+# --resume-or-start: a second run of main.sh continues (or finds the run finished) instead of
+# refusing a folder that already holds checkpoints
+./build/ddpmd train examples/fmnist-tiny.json --out "$out" --resume-or-start
 ckpt=$(ls "$out"/checkpoints/step-*.safetensors | tail -n 1)
 ./build/ddpmd sample "$ckpt" --n 64 --steps 50 --out "$out/grid.png"
 echo "your model: $ckpt"
