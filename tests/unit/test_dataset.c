@@ -44,25 +44,6 @@ static int write_bytes(const char *path, const void *b, size_t n)
     return fclose(f) == 0 && ok;
 }
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    unsigned char *b = NULL;
-    long sz;
-    *n = 0;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (sz = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        b = malloc((size_t)sz + 1);
-        if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-            free(b);
-            b = NULL;
-        }
-        *n = (size_t)sz;
-    }
-    fclose(f);
-    return b;
-}
-
 /* remove dir and everything up to two levels under it */
 static void rm_rf(const char *dir, int depth)
 {
@@ -314,7 +295,7 @@ static unsigned char *corrupt_loop(const char *tag, const struct png_spec *s, si
 
     *np = 0;
     CHECK(write_png(in_dir("whole.png"), s), "%s: whole.png not written", tag);
-    b = slurp(in_dir("whole.png"), &n);
+    b = tu_slurp(in_dir("whole.png"), &n);
     CHECK(b && n > 60, "%s: cannot read back whole.png", tag);
     if (!b || n <= 60) {
         free(b);
@@ -950,7 +931,7 @@ static void test_folder(void)
     CHECK(write_png(p, &sr), "a.png");
     snprintf(p, sizeof p, "%s/c.png", sub);
     CHECK(write_png(p, &sa), "sub/c.png");
-    whole = slurp(p, &n);
+    whole = tu_slurp(p, &n);
     snprintf(p, sizeof p, "%s/z_trunc.png", dir);
     write_bytes(p, whole, n / 2);
     free(whole);
@@ -1174,7 +1155,7 @@ static void test_idx(void)
         char p[700];
         make_fmnist("idx_gzcut", 4, 0, 0, 0, 1, 0);
         snprintf(p, sizeof p, "%s/idx_gzcut/t10k-images-idx3-ubyte.gz", g_dir);
-        unsigned char *b = slurp(p, &n);
+        unsigned char *b = tu_slurp(p, &n);
         if (b) write_bytes(p, b, n * 2 / 3);
         free(b);
         rc = dataset_open_fmnist(&ds, in_dir("idx_gzcut"), DATASET_FMNIST_TEST, 1, 32,
@@ -1206,7 +1187,7 @@ static void test_idx_hostile(void)
             snprintf(p, sizeof p, "%s/%s/%s%s", g_dir, gz ? "idx_hz" : "idx_hp", files[f],
                      gz ? ".gz" : "");
             snprintf(q, sizeof q, "%s.orig", p);
-            unsigned char *b = slurp(p, &n), *c = b ? malloc(n + 1) : NULL;
+            unsigned char *b = tu_slurp(p, &n), *c = b ? malloc(n + 1) : NULL;
             CHECK(b && c && rename(p, q) == 0, "%s: cannot set up", p);
             if (!b || !c) {
                 free(b);

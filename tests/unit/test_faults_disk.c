@@ -27,25 +27,6 @@
 
 static char g_mnt[64];
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    unsigned char *b = NULL;
-    long sz;
-    *n = 0;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (sz = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        b = malloc((size_t)sz + 1);
-        if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-            free(b);
-            b = NULL;
-        }
-        *n = (size_t)sz;
-    }
-    fclose(f);
-    return b;
-}
-
 static int count_entries(const char *dir, char *list, size_t len)
 {
     DIR *d = opendir(dir);
@@ -155,10 +136,10 @@ int main(void)
     CHECK(fill_disk(filler) == ENOSPC, "the tmpfs fills up");
     for (int k = 0; k < 3; k++) {
         size_t n1, n2;
-        unsigned char *before = slurp(path[k], &n1);
+        unsigned char *before = tu_slurp(path[k], &n1);
         err[0] = '\0';
         int rc = save(&t, k, 2, path[k], err, sizeof err);
-        unsigned char *after = slurp(path[k], &n2);
+        unsigned char *after = tu_slurp(path[k], &n2);
         printf("  %-26s on a full disk: %s\n", names[k], err);
         CHECK(rc != 0, "%s: a save on a full disk reported success", names[k]);
         CHECK(strstr(err, strerror(ENOSPC)) && strstr(err, names[k]),
@@ -173,11 +154,11 @@ int main(void)
     CHECK(unlink(filler) == 0, "remove filler");
     for (int k = 0; k < 3; k++) {
         size_t n1;
-        unsigned char *before = slurp(path[k], &n1);
+        unsigned char *before = tu_slurp(path[k], &n1);
         CHECK(save(&t, k, 2, path[k], err, sizeof err) == 0, "%s: save after freeing: %s",
               names[k], err);
         size_t n2;
-        unsigned char *after = slurp(path[k], &n2);
+        unsigned char *after = tu_slurp(path[k], &n2);
         CHECK(after && (n1 != n2 || memcmp(before, after, n1)), "%s: not replaced", names[k]);
         free(before);
         free(after);

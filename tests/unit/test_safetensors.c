@@ -36,25 +36,6 @@ static int write_bytes(const char *path, const void *b, size_t n)
     return fclose(f) == 0 && ok;
 }
 
-/* whole file into a malloc'd buffer (*n bytes); NULL if unreadable */
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    unsigned char *b = NULL;
-    long sz;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (sz = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        b = malloc((size_t)sz + 1);
-        if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-            free(b);
-            b = NULL;
-        }
-        *n = (size_t)sz;
-    }
-    fclose(f);
-    return b;
-}
-
 static void put_u64le(unsigned char *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -166,7 +147,7 @@ static void test_round_trip(void)
 
     /* layout: header length a multiple of 8, padding is spaces */
     size_t n = 0;
-    unsigned char *raw = slurp(path, &n);
+    unsigned char *raw = tu_slurp(path, &n);
     CHECK(raw && n >= 8, "slurp");
     if (raw && n >= 8) {
         uint64_t hl = 0;
@@ -404,7 +385,7 @@ static void test_rejections(void)
         CHECK(safetensors_writer_add(w, "x", ST_F32, 1, shp, x) == ST_OK, "add");
         CHECK(safetensors_writer_save(w, path, err, sizeof err) == ST_OK, "save: %s", err);
         safetensors_writer_free(w);
-        raw = slurp(path, &n);
+        raw = tu_slurp(path, &n);
         CHECK(raw != NULL, "slurp");
         if (raw) {
             expect_reject("truncated data", raw, n - 3, ST_ERR_FORMAT, "exceed");
@@ -654,7 +635,7 @@ static void test_hostile_bytes(void)
     safetensors_writer_meta(wr, "spec", "{\"model\":{\"preset\":\"ddpm\"}}");
     CHECK(safetensors_writer_save(wr, src, err, sizeof err) == ST_OK, "save: %s", err);
     safetensors_writer_free(wr);
-    b = slurp(src, &n);
+    b = tu_slurp(src, &n);
     CHECK(b && n > 16, "slurp");
     if (!b || n <= 16) {
         free(b);
@@ -730,13 +711,13 @@ static void test_atomic_save(void)
 
     /* a foreign entry under an old-style temp name (PATH.tmp.PID): temporaries are unique
      * (mkstemp, fsio.h), so the save succeeds and leaves that entry alone */
-    before = slurp(path, &n1);
+    before = tu_slurp(path, &n1);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     CHECK(mkdir(tmp, 0700) == 0, "mkdir temp name");
     err[0] = '\0';
     CHECK(safetensors_writer_save(w, in_dir("ckpt.safetensors"), err, sizeof err) == ST_OK,
           "save beside a foreign temp-like entry: %s", err);
-    after = slurp(path, &n2);
+    after = tu_slurp(path, &n2);
     CHECK(before && after && n1 == n2 && !memcmp(before, after, n1), "same contents rewritten");
     CHECK(stat(tmp, &sbuf) == 0 && S_ISDIR(sbuf.st_mode), "foreign temp-name entry not removed");
     rmdir(tmp);

@@ -67,4 +67,24 @@ static inline double tu_rel_err_f(const float *a, const float *ref, size_t n)
     return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-300);
 }
 
+/* a whole file into a malloc'd buffer (*n bytes, one spare byte after them); NULL if unreadable */
+static inline unsigned char *tu_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *b = NULL;
+    long sz;
+    *n = 0;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (sz = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        b = malloc((size_t)sz + 1);
+        if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+            free(b);
+            b = NULL;
+        }
+        *n = (size_t)sz;
+    }
+    fclose(f);
+    return b;
+}
+
 #endif
