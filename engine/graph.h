@@ -23,7 +23,7 @@ enum tensor_kind {
     TENSOR_INPUT,    /* data fed each step (x_t, t, target): persistent */
 };
 
-enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16 };
+enum tensor_dtype { DTYPE_F32 = BK_DTYPE_F32, DTYPE_F16 = BK_DTYPE_F16, DTYPE_BF16 = BK_DTYPE_BF16 };
 
 /* how a parameter starts when no checkpoint gives it (PyTorch's defaults for the layer) */
 enum param_init {

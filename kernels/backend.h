@@ -26,6 +26,14 @@ extern "C" {
 
 typedef struct bk_ctx bk_ctx; /* per-job: thread count, stream, library handles */
 
+/* element types of device buffers (graph.h's tensor dtypes are these values). Every kernel
+ * computes in fp32 on fp32 buffers unless its entry says otherwise; 16-bit tensors reach the
+ * fp32 kernels through `convert` into planned fp32 scratch (engine/exec.c). */
+enum bk_dtype { BK_DTYPE_F32 = 0, BK_DTYPE_F16 = 1, BK_DTYPE_BF16 = 2 };
+
+/* bytes of one element of dtype */
+static inline size_t bk_dtype_size(int dtype) { return dtype == BK_DTYPE_F32 ? 4 : 2; }
+
 enum bk_status {
     BK_OK = 0,
     BK_ERR_INVALID = 1,
@@ -273,6 +281,15 @@ struct backend {
                             const float *mean, const float *rstd, int accum, int n, int c, int hw,
                             int groups, int silu, void *ws, bk_ctx *ctx);
     size_t (*groupnorm_bwd_ws_bytes)(int n, int c, int hw, int groups, int silu);
+
+    /* ---- 16-bit storage (optional: NULL where a backend has none; a plan with 16-bit tensors
+     * then cannot run there) ---- */
+    /* dst (dst_dtype) = src (src_dtype), count elements, enum bk_dtype. To bf16: round to
+     * nearest even; to f16: IEEE binary16, round to nearest even, overflow to inf, subnormals
+     * kept; NaN stays NaN (quiet, sign kept); to f32: exact. Equal dtypes: a copy. dst and src
+     * do not overlap. Bit-identical to kernels/half.h on every backend. */
+    int (*convert)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
+                   bk_ctx *ctx);
 };
 
 /* the CPU backend, always present */

@@ -134,6 +134,7 @@ static const struct backend cpu_backend = {
     .groupnorm_silu_fwd = cpu_groupnorm_silu_fwd,
     .groupnorm_bwd_ws = cpu_groupnorm_bwd_ws,
     .groupnorm_bwd_ws_bytes = cpu_groupnorm_bwd_ws_bytes,
+    .convert = cpu_convert,
 };
 
 const struct backend *backend_cpu(void) { return &cpu_backend; }

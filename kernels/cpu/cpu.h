@@ -131,5 +131,8 @@ int cpu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
 int cpu_adamw_ema_step(float *w, float *m, float *v, float *ema, const float *g, float gscale,
                        const struct bk_adamw *h, float ema_decay, size_t count, bk_ctx *ctx);
 int cpu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
+/* convert.c */
+int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
+                bk_ctx *ctx);
 
 #endif

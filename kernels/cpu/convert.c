@@ -1,0 +1,97 @@
+/* convert.c - fp32 <-> bf16 / f16 storage conversions on the CPU (backend.h `convert`).
+ * The backend is built for x86-64-v3: f16 goes through F16C (vcvtps2ph with round to nearest
+ * even, vcvtph2ps), bf16 through AVX2 integer rounding; the tails and NaN quieting follow
+ * kernels/half.h bit for bit (test_convert checks every 16-bit pattern and the f32 ties).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "half.h"
+
+/* elements per parallel chunk: below one chunk, one thread */
+#define CVT_CHUNK 16384
+
+static void f32_to_bf16(uint16_t *y, const float *x, size_t n)
+{
+    size_t i = 0;
+    const __m256i lsb = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
+                  abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
+                  quiet = _mm256_set1_epi32(0x00400000);
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(x + i));
+        __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(
+                                                                  _mm256_srli_epi32(u, 16), lsb)));
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+        r = _mm256_srli_epi32(r, 16);
+        /* pack the 8 low halves: packus within lanes, then the lanes in order */
+        __m256i p = _mm256_packus_epi32(r, r);
+        p = _mm256_permute4x64_epi64(p, 0x08);
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_castsi256_si128(p));
+    }
+    for (; i < n; i++) y[i] = half_f32_to_bf16(x[i]);
+}
+
+static void bf16_to_f32(float *y, const uint16_t *x, size_t n)
+{
+    size_t i = 0;
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
+                  quiet = _mm256_set1_epi32(0x00400000);
+    for (; i + 8 <= n; i += 8) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        __m256i u = _mm256_slli_epi32(h, 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+        u = _mm256_or_si256(u, _mm256_and_si256(nan, quiet));
+        _mm256_storeu_si256((__m256i *)(y + i), u);
+    }
+    for (; i < n; i++) y[i] = half_bf16_to_f32(x[i]);
+}
+
+static void f32_to_f16(uint16_t *y, const float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = half_f32_to_f16(x[i]);
+}
+
+static void f16_to_f32(float *y, const uint16_t *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = half_f16_to_f32(x[i]);
+}
+
+static int valid(int dt) { return dt == BK_DTYPE_F32 || dt == BK_DTYPE_F16 || dt == BK_DTYPE_BF16; }
+
+int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
+                bk_ctx *ctx)
+{
+    if (!valid(dst_dtype) || !valid(src_dtype) ||
+        (dst_dtype != BK_DTYPE_F32 && src_dtype != BK_DTYPE_F32 && dst_dtype != src_dtype))
+        return BK_ERR_INVALID;
+    if (dst_dtype == src_dtype) {
+        memcpy(dst, src, count * bk_dtype_size(dst_dtype));
+        return BK_OK;
+    }
+    long chunks = (long)((count + CVT_CHUNK - 1) / CVT_CHUNK);
+#pragma omp parallel for num_threads(cpu_threads(ctx)) if (chunks > 1) schedule(static)
+    for (long c = 0; c < chunks; c++) {
+        size_t i = (size_t)c * CVT_CHUNK, n = count - i < CVT_CHUNK ? count - i : CVT_CHUNK;
+        if (src_dtype == BK_DTYPE_F32) {
+            const float *x = (const float *)src + i;
+            uint16_t *y = (uint16_t *)dst + i;
+            if (dst_dtype == BK_DTYPE_BF16) f32_to_bf16(y, x, n);
+            else f32_to_f16(y, x, n);
+        } else {
+            const uint16_t *x = (const uint16_t *)src + i;
+            float *y = (float *)dst + i;
+            if (src_dtype == BK_DTYPE_BF16) bf16_to_f32(y, x, n);
+            else f16_to_f32(y, x, n);
+        }
+    }
+    return BK_OK;
+}
