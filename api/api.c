@@ -14,11 +14,13 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,6 +28,8 @@
 #include "checkpoint.h"
 #include "dataset.h"
 #include "fsio.h"
+#include "log.h"
+#include "metrics.h"
 #include "parse.h"
 #include "safetensors.h"
 #include "spec.h"
@@ -35,6 +39,7 @@
 #define LIST_LIMIT_MAX 200
 #define LIST_LIMIT_DEFAULT 50
 #define PROBLEM_BASE "urn:ddpmd:problem:"
+#define REQUEST_ID_MAX 64
 
 struct sse;
 
@@ -57,7 +62,16 @@ struct req {
     char *body;
     size_t len, cap;
     int too_big;
+    double t0;              /* the request's first byte (the access log's duration) */
+    unsigned status;        /* the status answered; 0 while none */
+    char rid[REQUEST_ID_MAX + 1]; /* X-Request-Id: the client's when sane, else made here */
+    char method[12], path[256];
+    char job[JOBS_ID_LEN];  /* the job the request made or named, for the log */
 };
+
+/* the request the calling HTTP thread is answering: handlers run inside on_request, so every
+ * response queued on this thread belongs to it (respond() stamps its status and id) */
+static _Thread_local struct req *tl_req;
 
 struct ctx {
     struct api *a;
@@ -81,6 +95,18 @@ static double now_s(void)
 
 /* ---- responses ---- */
 
+/* every response goes out here: it carries the request's X-Request-Id, and its status is kept
+ * for the access log and the metrics */
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status,
+                               struct MHD_Response *res)
+{
+    if (tl_req) {
+        tl_req->status = status;
+        MHD_add_response_header(res, "X-Request-Id", tl_req->rid);
+    }
+    return MHD_queue_response(conn, status, res);
+}
+
 static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *type,
                                  const char *body, const char *const *headers)
 {
@@ -89,7 +115,7 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, c
     if (!res) return MHD_NO;
     MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     for (int i = 0; headers && headers[i]; i += 2) MHD_add_response_header(res, headers[i], headers[i + 1]);
-    enum MHD_Result r = MHD_queue_response(conn, status, res);
+    enum MHD_Result r = respond(conn, status, res);
     MHD_destroy_response(res);
     return r;
 }
@@ -312,6 +338,8 @@ static enum MHD_Result accepted(struct ctx *c, cJSON *o, const char *loc)
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!s) return MHD_NO;
+    const char *slash = strrchr(loc, '/');
+    if (c->r && slash) snprintf(c->r->job, sizeof c->r->job, "%s", slash + 1);
     if (c->idem_open &&
         jobs_idem_finish(c->a->cfg.db, c->owner, c->idem_key, 202, loc, s) == JOBS_OK)
         c->idem_open = 0;
@@ -797,7 +825,7 @@ static enum MHD_Result send_sample_file(struct ctx *c, const char *tail, const c
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "image/png");
-    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    enum MHD_Result rr = respond(c->conn, 200, resp);
     MHD_destroy_response(resp);
     return rr;
 }
@@ -937,7 +965,7 @@ static enum MHD_Result h_checkpoint(struct ctx *c)
         struct MHD_Response *nm = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
         if (!nm) return MHD_NO;
         MHD_add_response_header(nm, MHD_HTTP_HEADER_ETAG, etag);
-        enum MHD_Result rr = MHD_queue_response(c->conn, 304, nm);
+        enum MHD_Result rr = respond(c->conn, 304, nm);
         MHD_destroy_response(nm);
         return rr;
     }
@@ -972,7 +1000,7 @@ static enum MHD_Result h_checkpoint(struct ctx *c)
                  (unsigned long long)(off + len - 1), (unsigned long long)size);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
     }
-    enum MHD_Result rr = MHD_queue_response(c->conn, status, resp);
+    enum MHD_Result rr = respond(c->conn, status, resp);
     MHD_destroy_response(resp);
     return rr;
 }
@@ -1014,7 +1042,7 @@ static enum MHD_Result h_openapi(struct ctx *c)
         c->a->cfg.openapi_len, (void *)c->a->cfg.openapi, MHD_RESPMEM_PERSISTENT);
     if (!res) return MHD_NO;
     MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, "application/yaml");
-    enum MHD_Result r = MHD_queue_response(c->conn, 200, res);
+    enum MHD_Result r = respond(c->conn, 200, res);
     MHD_destroy_response(res);
     return r;
 }
@@ -1199,7 +1227,7 @@ static enum MHD_Result h_events(struct ctx *c)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    enum MHD_Result rr = respond(c->conn, 200, resp);
     MHD_destroy_response(resp);
     return rr;
 }
@@ -1255,7 +1283,7 @@ static enum MHD_Result h_logs(struct ctx *c)
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
-    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    enum MHD_Result rr = respond(c->conn, 200, resp);
     MHD_destroy_response(resp);
     return rr;
 }
@@ -1285,7 +1313,7 @@ static enum MHD_Result send_job_file(struct ctx *c, const char *tail, const char
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    enum MHD_Result rr = MHD_queue_response(c->conn, 200, resp);
+    enum MHD_Result rr = respond(c->conn, 200, resp);
     MHD_destroy_response(resp);
     return rr;
 }
@@ -1343,6 +1371,30 @@ static enum MHD_Result h_devices(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
+/* GET /metrics: Prometheus text format 0.0.4 */
+static enum MHD_Result h_metrics(struct ctx *c)
+{
+    struct metrics_gauges g = {.device = pool_config_of(c->a->cfg.pool)->device,
+                               .budget_bytes = pool_config_of(c->a->cfg.pool)->budget_bytes};
+    int threads = 0;
+    pool_usage(c->a->cfg.pool, &g.reserved_bytes, &g.running_jobs, &threads);
+    g.jobs_ok = 1;
+    for (int s = 0; s < JOB_STATE_COUNT && g.jobs_ok; s++)
+        g.jobs_ok = jobs_count(c->a->cfg.db, s, &g.jobs[s]) == JOBS_OK;
+    size_t len = 0;
+    char *text = metrics_render(&g, &len);
+    if (!text) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result rr = respond(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
 /* ---- the route table ---- */
 
 struct route {
@@ -1370,6 +1422,7 @@ static const struct route routes[] = {
     {"GET", "/samples/{id}/images/{k}.png", h_sample_image, 1},
     {"GET", "/datasets", h_datasets, 1},
     {"GET", "/devices", h_devices, 1},
+    {"GET", "/metrics", h_metrics, 1},
     {"GET", "/healthz", h_healthz, 0},
     {"GET", "/readyz", h_readyz, 0},
     {"GET", "/openapi.yaml", h_openapi, 0},
@@ -1434,6 +1487,26 @@ static int auth_check(struct api *a, struct MHD_Connection *conn, struct ctx *c,
     return 0;
 }
 
+/* the client's X-Request-Id when it is 1..64 of [A-Za-z0-9._:-], else 16 random hex digits */
+static void request_id(struct MHD_Connection *conn, char *rid)
+{
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = h ? strlen(h) : 0;
+    if (n >= 1 && n <= REQUEST_ID_MAX &&
+        strspn(h, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") == n) {
+        memcpy(rid, h, n + 1);
+        return;
+    }
+    unsigned char b[8] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        /* no entropy (never on Linux >= 3.17 after boot): time and a counter still differ */
+        static atomic_uint_least64_t seq;
+        uint64_t v = (uint64_t)(now_s() * 1e6) ^ (atomic_fetch_add(&seq, 1) << 40);
+        memcpy(b, &v, sizeof b);
+    }
+    for (int i = 0; i < 8; i++) snprintf(rid + 2 * i, 3, "%02x", b[i]);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **con_cls)
@@ -1444,7 +1517,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;
         *con_cls = r;
+        r->t0 = now_s();
+        request_id(conn, r->rid);
+        snprintf(r->method, sizeof r->method, "%s", method);
+        snprintf(r->path, sizeof r->path, "%s", url);
         route_find(method, url, r);
+        tl_req = r;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len;
@@ -1458,6 +1536,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         return MHD_YES;
     }
+    tl_req = r;
     if (r->too_big == 2) return MHD_YES;
     if (*upload_size) {
         size_t n = *upload_size;
@@ -1520,6 +1599,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 {
     struct req *r = *con_cls;
     if (!r) return;
+    double sec = now_s() - r->t0;
+    if (r->status) metrics_http_observe(r->route, r->status, sec);
+    if (!r->job[0] && r->route >= 0 && pool_job_id_valid(r->param)) /* /jobs/{id}/... */
+        memcpy(r->job, r->param, strlen(r->param) + 1); /* a valid id fits */
+    struct log_request lr = {.request_id = r->rid, .method = r->method, .path = r->path,
+                             .route = r->route >= 0 ? routes[r->route].pattern : NULL,
+                             .job = r->job, .status = r->status, .duration_ms = sec * 1e3};
+    log_request(&lr);
     free(r->body);
     free(r);
     *con_cls = NULL;
@@ -1535,6 +1622,9 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
     }
     a->cfg = *cfg;
     if (!(a->cfg.keepalive_s > 0)) a->cfg.keepalive_s = 15;
+    static const char *methods[N_ROUTES], *patterns[N_ROUTES];
+    for (int i = 0; i < N_ROUTES; i++) methods[i] = routes[i].method, patterns[i] = routes[i].pattern;
+    metrics_set_routes(methods, patterns, N_ROUTES);
     a->admitting = 1;
     pthread_mutex_init(&a->mu, NULL);
     if (pthread_create(&a->ticker, NULL, ticker, a)) {

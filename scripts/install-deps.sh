@@ -5,6 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config clang-14 libclang-rt-14-dev libomp-14-dev
       libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
+      prometheus
       python3-torch python3-numpy python3-yaml python3-jsonschema dataset-fashion-mnist)
 
 missing=()

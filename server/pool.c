@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "fsio.h"
+#include "metrics.h"
 #include "sample.h"
 #include "train.h"
 
@@ -51,6 +52,8 @@ struct child {
     int threads;
     int cancel;
     int64_t last_ckpt;
+    int64_t last_step;           /* the step its last report (or its resume point) named */
+    int batch;                   /* a training job's images per step (the metrics) */
 };
 
 struct pool {
@@ -685,6 +688,12 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
     k->reserved = r->reserved_bytes;
     k->threads = threads;
     k->last_ckpt = from > 0 ? from : 0;
+    k->last_step = k->last_ckpt; /* the child resumes from that checkpoint */
+    if (!is_sample) {
+        struct train_spec ts;
+        struct spec_errors es;
+        k->batch = spec_parse(r->spec, &ts, &es) == 0 ? ts.batch : 0;
+    }
     k->cancel = r->cancel_requested;
     p->kids[p->n_kids++] = k;
     p->reserved += k->reserved;
@@ -712,6 +721,7 @@ fail:
     cJSON_Delete(o);
     jobs_set_state(p->db, r->id, JOB_FAILED, 0, err, fev ? fev : "{\"state\":\"failed\"}");
     free(fev);
+    metrics_job_failed(METRICS_FAIL_START);
     return -1;
 }
 
@@ -829,11 +839,19 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
         const cJSON *steps = cJSON_GetObjectItemCaseSensitive(o, "steps");
         const cJSON *loss = cJSON_GetObjectItemCaseSensitive(o, "loss");
         const cJSON *ips = cJSON_GetObjectItemCaseSensitive(o, "img_per_s");
+        const cJSON *sts = cJSON_GetObjectItemCaseSensitive(o, "step_s");
         if (cJSON_IsNumber(step))
             jobs_set_progress(p->db, k->id, (int64_t)step->valuedouble,
                               cJSON_IsNumber(steps) ? (int64_t)steps->valuedouble : 0,
                               cJSON_IsNumber(loss) ? loss->valuedouble : NAN,
                               cJSON_IsNumber(ips) ? ips->valuedouble : NAN);
+        /* the steps since its last report, each taking step_s (the mean the child measured) */
+        if (cJSON_IsNumber(step) && step->valuedouble > (double)k->last_step &&
+            step->valuedouble <= 9e15) {
+            int64_t now = (int64_t)step->valuedouble, d = now - k->last_step;
+            metrics_train_steps(d, d * k->batch, cJSON_IsNumber(sts) ? sts->valuedouble : -1);
+            k->last_step = now;
+        }
         type = "progress";
     } else if (strcmp(name, "validation") == 0 || strcmp(name, "sampling") == 0) {
         const cJSON *done = cJSON_GetObjectItemCaseSensitive(o, "done");
@@ -925,6 +943,7 @@ static void finish(struct pool *p, struct child *k, int status)
                      "\"from_step\":%" PRId64 "}", retries + 1, p->cfg.max_retries,
                      WTERMSIG(status), k->last_ckpt);
             jobs_event_append(p->db, k->id, "retry", ev, NULL);
+            metrics_job_retried();
             snprintf(ev, sizeof ev, "{\"state\":\"queued\",\"reason\":\"killed by signal %d "
                      "(%s); retry %d of %d from its last checkpoint\"}", WTERMSIG(status),
                      strsignal(WTERMSIG(status)), retries + 1, p->cfg.max_retries);
@@ -947,6 +966,7 @@ static void finish(struct pool *p, struct child *k, int status)
         snprintf(ev, sizeof ev, "%s", s ? s : "{\"state\":\"failed\"}");
         free(s);
         jobs_set_state(p->db, k->id, JOB_FAILED, 0, err, ev);
+        metrics_job_failed(WIFSIGNALED(status) ? METRICS_FAIL_SIGNAL : METRICS_FAIL_EXIT);
     }
 release:
     p->reserved -= k->reserved;

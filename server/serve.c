@@ -23,6 +23,7 @@
 #include "api.h"
 #include "exec.h"
 #include "jobs.h"
+#include "log.h"
 #include "pool.h"
 #include "spec.h"
 #include "train.h"
@@ -66,6 +67,11 @@ static void serve_usage(FILE *f)
             "  --max-body BYTES       largest request body (DDPMD_MAX_BODY; default 1MiB)\n"
             "  --sse-keepalive S      a comment line on an event stream quiet for S seconds\n"
             "                         (DDPMD_SSE_KEEPALIVE; default 15)\n"
+            "  --log-format text|json log lines on stderr: text, or one JSON object per line\n"
+            "                         (time, level, msg; requests add request_id, method, route,\n"
+            "                         path, status, duration_ms, job) (DDPMD_LOG_FORMAT; default\n"
+            "                         text). Every response carries X-Request-Id: the request's\n"
+            "                         own when it is 1-64 of [A-Za-z0-9._:-], else a new one\n"
             "  --routes               print the HTTP routes (METHOD PATH) and exit\n"
             "SIGTERM or SIGINT: stop admitting, stop running jobs at their next step with a\n"
             "checkpoint, exit; the next start resumes them.\n");
@@ -275,6 +281,7 @@ int serve_main(int argc, char **argv)
     const char *ka = env_or("DDPMD_SSE_KEEPALIVE", "15");
     const char *mpo = env_or("DDPMD_MAX_JOBS_PER_OWNER", "0");
     const char *mr = env_or("DDPMD_MAX_RETRIES", "2");
+    const char *lf = env_or("DDPMD_LOG_FORMAT", "text");
     int probe = 0, routes = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -291,6 +298,7 @@ int serve_main(int argc, char **argv)
         else if (OPT("--http-threads")) ht = v;
         else if (OPT("--max-body")) mb = v;
         else if (OPT("--sse-keepalive")) ka = v;
+        else if (OPT("--log-format")) lf = v;
         else if (strcmp(a, "--probe") == 0) probe = 1;
         else if (strcmp(a, "--routes") == 0) routes = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -319,12 +327,18 @@ int serve_main(int argc, char **argv)
         parse_count("--http-threads", ht, 1, 256, &http_threads) ||
         parse_count("--sse-keepalive", ka, 1, 3600, &keepalive))
         return 2;
+    enum log_format logf;
+    if (log_format_parse(lf, &logf)) {
+        fprintf(stderr, "ddpmd serve: --log-format takes text or json, not '%s'\n", lf);
+        return 2;
+    }
+    log_set_format(logf);
     if (serve_parse_size(mb, &max_body) || max_body < 1024) {
-        fprintf(stderr, "ddpmd serve: --max-body must be a size of at least 1024 bytes, not '%s'\n", mb);
+        log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", mb);
         return 2;
     }
     if (strcmp(o.device, "cpu") != 0) {
-        fprintf(stderr, "ddpmd serve: --device %s: only the cpu device is served so far\n", o.device);
+        log_msg(LOG_ERROR, "--device %s: only the cpu device is served so far", o.device);
         return 2;
     }
     if (o.budget) {
@@ -332,7 +346,7 @@ int serve_main(int argc, char **argv)
         if (!eq || (size_t)(eq - o.budget) != strlen(o.device) ||
             strncmp(o.budget, o.device, (size_t)(eq - o.budget)) != 0 ||
             serve_parse_size(eq + 1, &budget)) {
-            fprintf(stderr, "ddpmd serve: --vram-budget takes %s=SIZE (e.g. %s=8GiB), not '%s'\n",
+            log_msg(LOG_ERROR, "--vram-budget takes %s=SIZE (e.g. %s=8GiB), not '%s'",
                     o.device, o.device, o.budget);
             return 2;
         }
@@ -343,25 +357,25 @@ int serve_main(int argc, char **argv)
     int n_tokens = 0;
     char err[600];
     if (o.token_file && api_tokens_load(o.token_file, &tokens, &n_tokens, err, sizeof err)) {
-        fprintf(stderr, "ddpmd serve: %s\n", err);
+        log_msg(LOG_ERROR, "%s", err);
         return 2;
     }
     int loopback = 0, port = 0;
     char host[128];
     int lfd = open_listener(o.listen, &loopback, host, sizeof host, &port, err, sizeof err);
     if (lfd < 0) {
-        fprintf(stderr, "ddpmd serve: %s\n", err);
+        log_msg(LOG_ERROR, "%s", err);
         free(tokens);
         return 2;
     }
     if (!tokens && !loopback) {
-        fprintf(stderr, "ddpmd serve: refusing to listen on %s without --token-file: without "
-                        "tokens only a loopback address (127.0.0.1, ::1) is accepted\n", o.listen);
+        log_msg(LOG_ERROR, "refusing to listen on %s without --token-file: without "
+                        "tokens only a loopback address (127.0.0.1, ::1) is accepted", o.listen);
         close(lfd);
         return 2;
     }
     if (mkdir(o.data, 0755) && errno != EEXIST) {
-        fprintf(stderr, "ddpmd serve: cannot create %s: %s\n", o.data, strerror(errno));
+        log_msg(LOG_ERROR, "cannot create %s: %s", o.data, strerror(errno));
         close(lfd);
         free(tokens);
         return 1;
@@ -371,7 +385,7 @@ int serve_main(int argc, char **argv)
     snprintf(lockpath, sizeof lockpath, "%s/ddpmd.lock", o.data);
     int lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (lockfd < 0 || flock(lockfd, LOCK_EX | LOCK_NB)) {
-        fprintf(stderr, "ddpmd serve: %s: %s\n", lockpath,
+        log_msg(LOG_ERROR, "%s: %s", lockpath,
                 lockfd < 0 ? strerror(errno)
                            : errno == EWOULDBLOCK ? "another ddpmd serve uses this data directory"
                                                   : strerror(errno));
@@ -383,7 +397,7 @@ int serve_main(int argc, char **argv)
     char exe[1024];
     ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (el <= 0) {
-        fprintf(stderr, "ddpmd serve: readlink /proc/self/exe: %s\n", strerror(errno));
+        log_msg(LOG_ERROR, "readlink /proc/self/exe: %s", strerror(errno));
         close(lfd);
         free(tokens);
         return 1;
@@ -391,8 +405,8 @@ int serve_main(int argc, char **argv)
     exe[el] = 0;
     int64_t baseline = 0;
     if (probe_baseline(exe, &baseline)) {
-        fprintf(stderr, "ddpmd serve: the probe child (ddpmd serve --probe) failed: cannot "
-                        "measure the per-process baseline\n");
+        log_msg(LOG_ERROR, "the probe child (ddpmd serve --probe) failed: cannot "
+                        "measure the per-process baseline");
         close(lfd);
         free(tokens);
         return 1;
@@ -410,7 +424,7 @@ int serve_main(int argc, char **argv)
     struct pool *pool = NULL;
     struct api *api = NULL;
     if (jobs_open(&db, o.data, err, sizeof err)) {
-        fprintf(stderr, "ddpmd serve: %s\n", err);
+        log_msg(LOG_ERROR, "%s", err);
         goto out;
     }
     struct pool_config pc = {.exe = exe, .data_dir = o.data, .device = o.device,
@@ -418,7 +432,7 @@ int serve_main(int argc, char **argv)
                              .max_queue = max_queue, .max_per_owner = max_per_owner,
                              .max_retries = max_retries};
     if (pool_start(&pool, db, &pc, err, sizeof err)) {
-        fprintf(stderr, "ddpmd serve: %s\n", err);
+        log_msg(LOG_ERROR, "%s", err);
         goto out;
     }
     struct api_config ac = {.listen_fd = lfd, .threads = http_threads, .max_body = (size_t)max_body,
@@ -426,14 +440,14 @@ int serve_main(int argc, char **argv)
                             .db = db, .pool = pool, .tokens = tokens, .n_tokens = n_tokens,
                             .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len};
     if (api_start(&api, &ac, err, sizeof err)) {
-        fprintf(stderr, "ddpmd serve: %s\n", err);
+        log_msg(LOG_ERROR, "%s", err);
         goto out;
     }
     lfd = -1; /* the daemon's now */
     pool_set_notify(pool, api_notify, api);
     api_notify(api);
-    fprintf(stderr, "ddpmd serve: %s on %s:%d, device %s with a budget of %" PRId64
-                    " bytes (process baseline %" PRId64 "), %d cores, data in %s\n",
+    log_msg(LOG_INFO, "%s on %s:%d, device %s with a budget of %" PRId64
+                      " bytes (process baseline %" PRId64 "), %d cores, data in %s",
             tokens ? "bearer tokens required" : "no tokens: loopback only, one local user", host,
             port, o.device, budget, baseline, ncores, o.data);
     printf("{\"listening\":\"http://%s%s%s:%d\",\"host\":\"%s\",\"port\":%d}\n",
@@ -441,8 +455,8 @@ int serve_main(int argc, char **argv)
     fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "ddpmd serve: %s: no new jobs; running jobs stop at their next step with a "
-                    "checkpoint\n", strsignal(sig));
+    log_msg(LOG_INFO, "%s: no new jobs; running jobs stop at their next step with a checkpoint",
+            strsignal(sig));
     api_stop_admitting(api);
     pool_stop(pool); /* waits for the children; their last events still reach the streams */
     rc = 0;
@@ -454,6 +468,6 @@ out:
     if (lfd >= 0) close(lfd);
     close(lockfd);
     free(tokens);
-    if (rc == 0) fprintf(stderr, "ddpmd serve: stopped\n");
+    if (rc == 0) log_msg(LOG_INFO, "stopped");
     return rc;
 }

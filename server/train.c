@@ -744,7 +744,7 @@ static void fmt_eta(char *buf, size_t n, double s)
 }
 
 static void report(struct job *j, int64_t step, float loss, float avg, float val, float lr,
-                   float norm, double ips, double eta)
+                   float norm, double ips, double eta, double step_s)
 {
     const struct train_spec *s = j->spec;
     if (j->o->quiet) return;
@@ -763,6 +763,7 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
                "\"grad_norm\":%.4f,\"img_per_s\":%.2f,\"eta_s\":%.0f",
                step, s->steps, loss, avg, lr, norm, ips, eta);
         if (!isnan(val)) printf(",\"val_loss\":%.6f", val);
+        if (step_s >= 0) printf(",\"step_s\":%.6f", step_s);
         printf("}\n");
         fflush(stdout);
     }
@@ -862,9 +863,12 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     double t0 = now_s();
     double avg = 0;
     int64_t step = start, first = start;
+    double step_sum = 0; /* seconds of the steps since the last report (step_s: their mean) */
+    int step_n = 0;
     while (step < spec->steps) {
         int stopping = stop_requested(o);
         if (!stopping) {
+            double ts = now_s();
             if (dataset_loader_next(j.loader, step, j.x0, NULL)) {
                 snprintf(err, errlen, "data loading failed at step %" PRId64, step);
                 goto out;
@@ -883,6 +887,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 goto out;
             }
             step++;
+            step_sum += now_s() - ts;
+            step_n++;
             if (o->stats) o->stats->steps_run++;
             avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
             stopping = stop_requested(o) || (o->stop_after > 0 && step >= o->stop_after);
@@ -897,7 +903,9 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 double el = now_s() - t0, ips = (double)(step - first) * spec->batch / el;
                 double eta = (double)(spec->steps - step) * el / (double)(step - first);
                 log_push(&j, step, loss, val);
-                report(&j, step, loss, (float)avg, val, lr, norm, ips, eta);
+                report(&j, step, loss, (float)avg, val, lr, norm, ips, eta, step_sum / step_n);
+                step_sum = 0;
+                step_n = 0;
             }
             if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
             /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting; a stop

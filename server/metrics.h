@@ -1,0 +1,48 @@
+/* metrics.h - the server's Prometheus counters and histograms (GET /metrics). Process-wide and
+ * lock-free (C11 atomics): the HTTP threads and the pool's thread update them without a lock.
+ * metrics_render writes them in the text exposition format 0.0.4, with the gauges (jobs by state,
+ * the device's bytes) the caller reads at scrape time.
+ */
+#ifndef DDPMD_METRICS_H
+#define DDPMD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "jobs.h"
+
+#define METRICS_MAX_ROUTES 64
+
+/* why a job ended failed (ddpmd_job_failures_total{reason}) */
+enum metrics_failure {
+    METRICS_FAIL_SIGNAL = 0,    /* its process was killed by a signal (after its retries) */
+    METRICS_FAIL_EXIT,          /* its process exited with an error status */
+    METRICS_FAIL_START,         /* its process could not be started */
+    METRICS_FAIL_COUNT
+};
+
+/* the route labels: "METHOD PATTERN" pairs in the api's table order (kept, not copied); a route
+ * index outside [0, n) counts as route "unmatched" */
+void metrics_set_routes(const char *const *methods, const char *const *patterns, int n);
+/* one answered request: its route index, status and seconds from first byte to completion */
+void metrics_http_observe(int route, unsigned status, double seconds);
+
+/* a job reported steps it trained (images = steps x batch), each taking step_s seconds on
+ * average (step_s < 0: unknown, the histogram is not fed) */
+void metrics_train_steps(int64_t steps, int64_t images, double step_s);
+void metrics_job_failed(enum metrics_failure why);
+void metrics_job_retried(void);
+
+/* read at scrape time */
+struct metrics_gauges {
+    int jobs[JOB_STATE_COUNT];  /* jobs in the store by state */
+    int jobs_ok;                /* 0: the store could not be read (no ddpmd_jobs lines) */
+    const char *device;
+    int64_t budget_bytes, reserved_bytes;
+    int running_jobs;
+};
+
+/* the exposition text (caller frees); NULL when out of memory */
+char *metrics_render(const struct metrics_gauges *g, size_t *len);
+
+#endif
