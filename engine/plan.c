@@ -71,59 +71,88 @@ void plan_free(struct plan *p)
     memset(p, 0, sizeof *p);
 }
 
-static int cmp_size_desc(const void *a, const void *b, void *ctx)
+/* placement order: largest first, then earliest, then index (a total order: any sort agrees) */
+static int storage_before(const struct plan_storage *st, int a, int b)
 {
-    const struct plan_storage *st = ctx;
-    const struct plan_storage *x = &st[*(const int *)a], *y = &st[*(const int *)b];
-    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
-    if (x->first != y->first) return x->first < y->first ? -1 : 1;
-    return *(const int *)a - *(const int *)b;
+    const struct plan_storage *x = &st[a], *y = &st[b];
+    if (x->bytes != y->bytes) return x->bytes > y->bytes;
+    if (x->first != y->first) return x->first < y->first;
+    return a < b;
 }
 
-/* insertion sort with a context (qsort_r is not C11); storages number in the thousands */
-static void sort_idx(int *idx, int n, int (*cmp)(const void *, const void *, void *), void *ctx)
+/* merge sort of idx[0..n) by storage_before, tmp of n ints */
+static void sort_storages(int *idx, int *tmp, int n, const struct plan_storage *st)
 {
-    for (int i = 1; i < n; i++) {
-        int v = idx[i], j = i - 1;
-        while (j >= 0 && cmp(&idx[j], &v, ctx) > 0) {
-            idx[j + 1] = idx[j];
-            j--;
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = storage_before(st, idx[j], idx[i]) ? idx[j++] : idx[i++];
+            while (i < mid) tmp[k++] = idx[i++];
+            while (j < hi) tmp[k++] = idx[j++];
         }
-        idx[j + 1] = v;
+        memcpy(idx, tmp, (size_t)n * sizeof *idx);
     }
 }
 
-static int cmp_offset(const void *a, const void *b)
+/* Best fit: the smallest gap between the storages already placed that overlap s in time.
+ * byoff[0..n_placed) holds the placed storages in ascending offset order, so one pass over it
+ * sees the busy ranges in address order; the result does not depend on how storages with equal
+ * offsets are ordered among themselves. */
+static int64_t place_best_fit(const struct plan_storage *st, const int *byoff, int n_placed,
+                              const struct plan_storage *s, size_t guard)
 {
-    const int64_t *x = a, *y = b;
-    return x[0] < y[0] ? -1 : x[0] > y[0];
-}
-
-/* best fit: the smallest gap between storages already placed that overlap s in time */
-static int64_t place_best_fit(const struct plan_storage *st, const int *placed, int n_placed,
-                              const struct plan_storage *s, size_t guard, int64_t *busy)
-{
-    int nb = 0;
-    for (int i = 0; i < n_placed; i++) {
-        const struct plan_storage *o = &st[placed[i]];
-        if (o->first <= s->last && s->first <= o->last) {
-            busy[2 * nb] = o->offset;
-            busy[2 * nb + 1] = o->offset + (int64_t)plan_align(o->bytes + guard);
-            nb++;
-        }
-    }
-    qsort(busy, (size_t)nb, 2 * sizeof(int64_t), cmp_offset);
     int64_t need = (int64_t)plan_align(s->bytes + guard), best = -1, best_gap = INT64_MAX;
     int64_t cursor = 0;
-    for (int i = 0; i < nb; i++) {
-        int64_t gap = busy[2 * i] - cursor;
+    for (int i = 0; i < n_placed; i++) {
+        const struct plan_storage *o = &st[byoff[i]];
+        if (o->first > s->last || s->first > o->last) continue;
+        int64_t gap = o->offset - cursor, end = o->offset + (int64_t)plan_align(o->bytes + guard);
         if (gap >= need && gap < best_gap) {
             best = cursor;
             best_gap = gap;
         }
-        if (busy[2 * i + 1] > cursor) cursor = busy[2 * i + 1];
+        if (end > cursor) cursor = end;
     }
     return best >= 0 ? best : cursor;
+}
+
+/* storage k (just placed) inserted into byoff[0..n) by offset */
+static void insert_by_offset(int *byoff, int n, const struct plan_storage *st, int k)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (st[byoff[mid]].offset <= st[k].offset) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(byoff + lo + 1, byoff + lo, (size_t)(n - lo) * sizeof *byoff);
+    byoff[lo] = k;
+}
+
+/* what plan_build can lay out today: the plain fp32 step at any micro-batch */
+static int plan_strategy_supported(const struct strategy *s)
+{
+    return s->precision == STRATEGY_PRECISION_F32 && s->micro_batch >= 0 &&
+           s->recompute == STRATEGY_RECOMPUTE_NONE && s->offload == 0;
+}
+
+/* p->parts and p->host_bytes from the part fields (after any change to them) */
+static void plan_count_parts(struct plan *p)
+{
+    memset(p->parts, 0, sizeof p->parts);
+    struct plan_part_bytes *b = p->parts;
+    if (!p->nested) b[PLAN_PART_WEIGHTS].device = p->params_bytes;
+    b[PLAN_PART_GRADS].device = p->grads_bytes;
+    b[PLAN_PART_OPTIMIZER].device = p->adam_bytes;
+    b[PLAN_PART_EMA].device = p->ema_bytes;
+    b[PLAN_PART_INPUTS].device = p->inputs_bytes;
+    b[PLAN_PART_WORKSPACE].device = p->ws_bytes + 2 * p->ws_guard_bytes;
+    b[PLAN_PART_ARENA].device = p->arena_bytes;
+    size_t end = p->arena_off + p->arena_bytes;
+    b[PLAN_PART_NESTED].device = p->nested_bytes > end ? p->nested_bytes - end : 0;
+    p->host_bytes = 0;
+    for (int k = 0; k < PLAN_PART_COUNT; k++) p->host_bytes += b[k].host;
 }
 
 /* the shapes of two parameters agree */
@@ -145,10 +174,11 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     if (!opts) opts = &def;
     memset(p, 0, sizeof *p);
     int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
-    int *order = NULL, *placed = NULL, *readers = NULL;
+    int *order = NULL, *byoff = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
     unsigned char *secondary = NULL;
-    int64_t *busy = NULL;
     if (g->status) return PLAN_ERR_GRAPH;
+    if (!plan_strategy_supported(&opts->strategy)) return PLAN_ERR_ARG;
+    p->strategy = opts->strategy;
     p->inference = infer;
     p->nested = host != NULL;
     /* a backward, when there is one, starts at n_fwd_ops: an inference step never runs it */
@@ -263,14 +293,21 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->ema_off = p->adam_v_off + p->params_bytes;
         p->ema_bytes = p->params_bytes;
         off = p->ema_off + p->params_bytes;
+        /* a gradient sits where its parameter does in the parameter block (the first
+         * parameter naming it, if several did) */
+        if (!(param_of = malloc((size_t)n * sizeof *param_of + 1))) goto out;
+        for (int t = 0; t < n; t++) param_of[t] = -1;
+        for (int t = n - 1; t >= 0; t--) {
+            int gt = g->tensors[t]->grad;
+            if (gt >= 0 && gt < n) param_of[gt] = t;
+        }
         for (int t = 0; t < n; t++) {
-            const struct tensor *tt = g->tensors[t];
-            if (tt->kind == TENSOR_GRAD) {
-                int w = -1;
-                for (int s = 0; s < n && w < 0; s++)
-                    if (g->tensors[s]->grad == t) w = s;
-                p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[w]);
+            if (g->tensors[t]->kind != TENSOR_GRAD) continue;
+            if (param_of[t] < 0 || p->offset[param_of[t]] < 0) {
+                rc = PLAN_ERR_GRAPH;
+                goto out;
             }
+            p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[param_of[t]]);
         }
     }
     p->inputs_off = off;
@@ -284,8 +321,21 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->guard_bytes = opts->guard_bytes;
     p->ws_guard_bytes = opts->guard_bytes ? plan_align(opts->guard_bytes) : 0;
     p->ws_off = off + p->ws_guard_bytes;
-    for (int k = 0; k < n_run; k++) {
-        size_t w = op_ws_bytes(&g->ops[k], bk);
+    /* the largest scratch any op needs; each convolution shape is asked once (building
+     * oneDNN's primitive descriptors is most of a plan's time; a conv's three ops share one
+     * shape and a UNet repeats its shapes) */
+    if (!(convs = malloc((size_t)n_run * sizeof *convs + 1))) goto out;
+    for (int k = 0, n_convs = 0; k < n_run; k++) {
+        const struct op *o = &g->ops[k];
+        if (o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA ||
+            o->type == OP_CONV2D_BWD_FILTER) {
+            int seen = 0;
+            for (int i = 0; i < n_convs && !seen; i++)
+                seen = !memcmp(&g->ops[convs[i]].a.conv, &o->a.conv, sizeof o->a.conv);
+            if (seen) continue;
+            convs[n_convs++] = k;
+        }
+        size_t w = op_ws_bytes(o, bk);
         if (w > p->ws_bytes) p->ws_bytes = w;
     }
     p->ws_bytes = plan_align(p->ws_bytes);
@@ -293,9 +343,8 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
 
     /* arena: best fit, largest first */
     order = malloc((size_t)(p->n_storages + 1) * sizeof *order);
-    placed = malloc((size_t)(p->n_storages + 1) * sizeof *placed);
-    busy = malloc((size_t)(2 * p->n_storages + 2) * sizeof *busy);
-    if (!order || !placed || !busy) goto out;
+    byoff = malloc((size_t)(p->n_storages + 1) * sizeof *byoff);
+    if (!order || !byoff) goto out;
     size_t top = 0, guard = opts->guard_bytes;
     for (int i = 0; i < p->n_storages; i++) {
         order[i] = i;
@@ -307,11 +356,11 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             top += plan_align(p->st[i].bytes + guard);
         }
     } else {
-        sort_idx(order, p->n_storages, cmp_size_desc, p->st);
+        sort_storages(order, byoff, p->n_storages, p->st); /* byoff: its scratch until here */
         for (int i = 0; i < p->n_storages; i++) {
             struct plan_storage *s = &p->st[order[i]];
-            s->offset = place_best_fit(p->st, placed, i, s, guard, busy);
-            placed[i] = order[i];
+            s->offset = place_best_fit(p->st, byoff, i, s, guard);
+            insert_by_offset(byoff, i, p->st, order[i]);
             size_t end = (size_t)s->offset + plan_align(s->bytes + guard);
             if (end > top) top = end;
         }
@@ -322,11 +371,13 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     for (int t = 0; t < n; t++)
         if (p->storage[t] >= 0) p->offset[t] = p->st[p->storage[t]].offset;
     p->total_bytes = p->arena_off + p->arena_bytes;
+    plan_count_parts(p);
     rc = PLAN_OK;
 out:
     free(order);
-    free(placed);
-    free(busy);
+    free(byoff);
+    free(param_of);
+    free(convs);
     free(readers);
     free(secondary);
     if (rc) plan_free(p);
@@ -356,28 +407,51 @@ void plan_reserve_nested(struct plan *host, const struct plan *sub)
 {
     if (sub->total_bytes > host->nested_bytes) host->nested_bytes = sub->total_bytes;
     if (host->nested_bytes > host->total_bytes) host->total_bytes = host->nested_bytes;
+    plan_count_parts(host);
 }
 
-static void pr(FILE *f, const char *what, size_t bytes)
+const char *plan_part_name(enum plan_part k)
 {
-    fprintf(f, "  %-22s %14zu bytes  %10.2f MiB\n", what, bytes, bytes / 1048576.0);
+    static const char *const names[PLAN_PART_COUNT] = {
+        [PLAN_PART_WEIGHTS] = "weights",     [PLAN_PART_WORKING] = "working_copy",
+        [PLAN_PART_GRADS] = "gradients",     [PLAN_PART_OPTIMIZER] = "optimizer",
+        [PLAN_PART_MASTER] = "master",       [PLAN_PART_EMA] = "ema",
+        [PLAN_PART_INPUTS] = "inputs",       [PLAN_PART_WORKSPACE] = "workspace",
+        [PLAN_PART_ARENA] = "arena",         [PLAN_PART_NESTED] = "nested_sampling",
+    };
+    return (unsigned)k < PLAN_PART_COUNT ? names[k] : "?";
+}
+
+static void pr(FILE *f, const char *what, size_t dev, size_t host)
+{
+    fprintf(f, "  %-24s %14zu bytes %10.2f MiB", what, dev, dev / 1048576.0);
+    if (host) fprintf(f, "   host %14zu bytes %10.2f MiB", host, host / 1048576.0);
+    fputc('\n', f);
 }
 
 void plan_print(const struct plan *p, FILE *f)
 {
-    pr(f, p->nested ? "parameters (host's)" : "parameters", p->params_bytes);
-    if (p->inference) {
-        fprintf(f, "  (inference: no gradients, optimizer state or EMA)\n");
-    } else {
-        pr(f, "gradients", p->grads_bytes);
-        pr(f, "adamw state (m, v)", p->adam_bytes);
-        pr(f, "ema", p->ema_bytes);
+    static const char *const label[PLAN_PART_COUNT] = {
+        [PLAN_PART_WEIGHTS] = "weights (fp32)",     [PLAN_PART_WORKING] = "working copy (16-bit)",
+        [PLAN_PART_GRADS] = "gradients",            [PLAN_PART_OPTIMIZER] = "adamw state (m, v)",
+        [PLAN_PART_MASTER] = "master weights",      [PLAN_PART_EMA] = "ema",
+        [PLAN_PART_INPUTS] = "inputs",              [PLAN_PART_WORKSPACE] = "workspace",
+        [PLAN_PART_ARENA] = "activation arena",     [PLAN_PART_NESTED] = "nested sampling (beyond)",
+    };
+    if (p->nested) pr(f, "weights (host's)", p->params_bytes, 0);
+    if (p->inference) fprintf(f, "  (inference: no gradients, optimizer state or EMA)\n");
+    for (int k = 0; k < PLAN_PART_COUNT; k++) {
+        const struct plan_part_bytes *b = &p->parts[k];
+        int always = k == PLAN_PART_INPUTS || k == PLAN_PART_WORKSPACE || k == PLAN_PART_ARENA ||
+                     (k == PLAN_PART_WEIGHTS && !p->nested) ||
+                     (!p->inference && (k == PLAN_PART_GRADS || k == PLAN_PART_OPTIMIZER ||
+                                        k == PLAN_PART_EMA));
+        if (always || b->device || b->host) pr(f, label[k], b->device, b->host);
+        if (k == PLAN_PART_WORKSPACE && p->ws_guard_bytes)
+            pr(f, "  (canaries around it)", 2 * p->ws_guard_bytes, 0);
+        if (k == PLAN_PART_ARENA) pr(f, "  (without reuse)", p->no_reuse_arena_bytes, 0);
     }
-    pr(f, "inputs", p->inputs_bytes);
-    pr(f, "workspace", p->ws_bytes);
-    if (p->ws_guard_bytes) pr(f, "  (canaries around it)", 2 * p->ws_guard_bytes);
-    pr(f, "activation arena", p->arena_bytes);
-    pr(f, "  (without reuse)", p->no_reuse_arena_bytes);
-    if (p->nested_bytes) pr(f, "nested sampling (end)", p->nested_bytes);
-    pr(f, "total", p->total_bytes);
+    if (p->nested_bytes) pr(f, "  (nested sampling end)", p->nested_bytes, 0);
+    pr(f, "device total", p->total_bytes, 0);
+    if (p->host_bytes) pr(f, "host total", p->host_bytes, 0);
 }

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "graph.h"
+#include "strategy.h"
 
 #define PLAN_ALIGN 64
 
@@ -33,6 +34,31 @@ struct plan_opts {
     size_t guard_bytes;  /* canary gap after every arena storage and on both sides of the
                           * workspace (checked by the executor) */
     enum plan_mode mode;
+    /* a resolved strategy (no AUTO field); zero: the plain fp32 step (micro_batch 0: the
+     * graph's batch). The graph is built for the micro-batch. A strategy the engine cannot run
+     * yet is PLAN_ERR_ARG. */
+    struct strategy strategy;
+};
+
+/* the parts a job's bytes are reported by; each has device bytes and host bytes */
+enum plan_part {
+    PLAN_PART_WEIGHTS = 0,  /* the fp32 weights on the device (the master copy too, unless
+                             * PLAN_PART_MASTER holds one apart) */
+    PLAN_PART_WORKING,      /* a 16-bit working copy of the weights the kernels read */
+    PLAN_PART_GRADS,        /* parameter gradients */
+    PLAN_PART_OPTIMIZER,    /* AdamW m and v */
+    PLAN_PART_MASTER,       /* fp32 master weights kept apart from PLAN_PART_WEIGHTS */
+    PLAN_PART_EMA,
+    PLAN_PART_INPUTS,       /* the step's inputs (images, timesteps, targets) */
+    PLAN_PART_WORKSPACE,    /* library scratch, its canary gaps included */
+    PLAN_PART_ARENA,        /* activations, statistics, activation gradients, conversions */
+    PLAN_PART_NESTED,       /* a nested plan's bytes beyond the step's own end (the sample grid
+                             * of a training job: plan_reserve_nested) */
+    PLAN_PART_COUNT
+};
+
+struct plan_part_bytes {
+    size_t device, host;
 };
 
 /* a storage: one or more arena tensors sharing bytes through in-place ops */
@@ -70,8 +96,15 @@ struct plan {
     size_t guards_bytes;              /* of arena_bytes, bytes that are canary gaps */
     size_t nested_bytes;              /* the end of the nested sub-plan this reservation also
                                        * holds (plan_reserve_nested); 0 when none */
-    size_t total_bytes;
+    size_t total_bytes;               /* the device reservation */
     size_t no_reuse_arena_bytes;      /* the arena without any reuse, for comparison */
+
+    /* the strategy the plan was made for (plan_opts.strategy) and its bytes by part and place:
+     * the device column sums to total_bytes, the host column to host_bytes (bytes the job
+     * allocates in host memory apart from the reservation: offloaded state) */
+    struct strategy strategy;
+    struct plan_part_bytes parts[PLAN_PART_COUNT];
+    size_t host_bytes;
 };
 
 enum plan_status { PLAN_OK = 0, PLAN_ERR_NOMEM = 1, PLAN_ERR_GRAPH = 2, PLAN_ERR_ARG = 3 };
@@ -100,7 +133,10 @@ int plan_make_nested(struct plan *sub, const struct graph *g, const struct backe
 void plan_reserve_nested(struct plan *host, const struct plan *sub);
 
 void plan_free(struct plan *p);
-/* a human-readable summary of the parts (one line each) */
+/* the part's name in reports and JSON keys: "weights", "working_copy", "gradients",
+ * "optimizer", "master", "ema", "inputs", "workspace", "arena", "nested_sampling" */
+const char *plan_part_name(enum plan_part k);
+/* a human-readable summary of the parts (one line each, device and host bytes) */
 void plan_print(const struct plan *p, FILE *f);
 
 #endif
