@@ -15,6 +15,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,9 @@ struct api {
     int admitting;
     pthread_t ticker;
     int ticker_on;
+    char prefix[API_PARSE_PREFIX_MAX + 1]; /* "" or "/seg..." (api_parse_path_prefix) */
+    char *openapi;          /* cfg.openapi with its servers entry set to the prefix */
+    size_t openapi_len;
 };
 
 struct req {
@@ -94,6 +98,21 @@ static double now_s(void)
 }
 
 /* ---- responses ---- */
+
+/* the path prefix + the formatted path: every URL the server emits (Location, links, event data)
+ * is made here, so a client behind the proxy can follow it as given */
+static void api_link(const struct api *a, char *buf, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void api_link(const struct api *a, char *buf, size_t n, const char *fmt, ...)
+{
+    size_t pl = strlen(a->prefix);
+    snprintf(buf, n, "%s", a->prefix);
+    if (pl >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + pl, n - pl, fmt, ap);
+    va_end(ap);
+}
 
 /* every response goes out here: it carries the request's X-Request-Id, and its status is kept
  * for the access log and the metrics */
@@ -204,7 +223,7 @@ static void add_str_or_null(cJSON *o, const char *k, const char *v)
         cJSON_AddNullToObject(o, k);
 }
 
-static cJSON *job_json(const struct job_row *r)
+static cJSON *job_json(const struct api *a, const struct job_row *r)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", r->id);
@@ -231,13 +250,13 @@ static cJSON *job_json(const struct job_row *r)
     add_str_or_null(o, "ended_at", r->ended_at);
     cJSON *spec = cJSON_Parse(r->spec);
     cJSON_AddItemToObject(o, "spec", spec ? spec : cJSON_CreateObject());
-    char buf[96];
+    char buf[192];
     cJSON *links = cJSON_AddObjectToObject(o, "links");
-    snprintf(buf, sizeof buf, "/jobs/%s", r->id);
+    api_link(a, buf, sizeof buf, "/jobs/%s", r->id);
     cJSON_AddStringToObject(links, "self", buf);
-    snprintf(buf, sizeof buf, "/jobs/%s/events", r->id);
+    api_link(a, buf, sizeof buf, "/jobs/%s/events", r->id);
     cJSON_AddStringToObject(links, "events", buf);
-    snprintf(buf, sizeof buf, "/jobs/%s/checkpoints", r->id);
+    api_link(a, buf, sizeof buf, "/jobs/%s/checkpoints", r->id);
     cJSON_AddStringToObject(links, "checkpoints", buf);
     return o;
 }
@@ -424,9 +443,9 @@ static enum MHD_Result h_train(struct ctx *c)
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
         return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
-    char loc[64];
-    snprintf(loc, sizeof loc, "/jobs/%s", id);
-    cJSON *o = job_json(&r);
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, "/jobs/%s", id);
+    cJSON *o = job_json(c->a, &r);
     job_row_free(&r);
     return accepted(c, o, loc);
 }
@@ -440,10 +459,10 @@ static const char *arg(struct ctx *c, const char *k)
 
 #define SAMPLE_N_MAX 1024
 
-static cJSON *sample_json(struct api *a, const struct job_row *r)
+static cJSON *sample_json(const struct api *a, const struct job_row *r)
 {
     cJSON *o = cJSON_CreateObject();
-    char buf[128];
+    char buf[192];
     cJSON_AddStringToObject(o, "id", r->id);
     cJSON_AddStringToObject(o, "kind", r->kind);
     cJSON_AddStringToObject(o, "owner", r->owner);
@@ -465,21 +484,20 @@ static cJSON *sample_json(struct api *a, const struct job_row *r)
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(params, "n");
     if (r->state == JOB_SUCCEEDED && cJSON_IsNumber(n))
         for (int k = 0; k < n->valueint; k++) {
-            snprintf(buf, sizeof buf, "/samples/%s/images/%d.png", r->id, k);
+            api_link(a, buf, sizeof buf, "/samples/%s/images/%d.png", r->id, k);
             cJSON_AddItemToArray(imgs, cJSON_CreateString(buf));
         }
-    (void)a;
     cJSON *links = cJSON_AddObjectToObject(o, "links");
-    snprintf(buf, sizeof buf, "/samples/%s", r->id);
+    api_link(a, buf, sizeof buf, "/samples/%s", r->id);
     cJSON_AddStringToObject(links, "self", buf);
-    snprintf(buf, sizeof buf, "/samples/%s.png", r->id);
+    api_link(a, buf, sizeof buf, "/samples/%s.png", r->id);
     if (r->state == JOB_SUCCEEDED)
         cJSON_AddStringToObject(links, "grid", buf);
     else
         cJSON_AddNullToObject(links, "grid");
-    snprintf(buf, sizeof buf, "/jobs/%s/events", r->id);
+    api_link(a, buf, sizeof buf, "/jobs/%s/events", r->id);
     cJSON_AddStringToObject(links, "events", buf);
-    snprintf(buf, sizeof buf, "/jobs/%s/cancel", r->id);
+    api_link(a, buf, sizeof buf, "/jobs/%s/cancel", r->id);
     cJSON_AddStringToObject(links, "cancel", buf);
     return o;
 }
@@ -733,8 +751,8 @@ static enum MHD_Result h_samples_post(struct ctx *c)
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
         return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
-    char loc[64];
-    snprintf(loc, sizeof loc, "/samples/%s", id);
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, "/samples/%s", id);
     cJSON *o = sample_json(c->a, &r);
     job_row_free(&r);
     return accepted(c, o, loc);
@@ -772,7 +790,7 @@ static enum MHD_Result list_jobs(struct ctx *c, const char *kind, const char *ke
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, key);
     for (int i = 0; i < n; i++)
         cJSON_AddItemToArray(arr, strcmp(key, "samples") == 0 ? sample_json(c->a, &rows[i])
-                                                                : job_json(&rows[i]));
+                                                                : job_json(c->a, &rows[i]));
     if (n == limit && n > 0)
         cJSON_AddStringToObject(o, "next", rows[n - 1].id);
     else
@@ -852,7 +870,7 @@ static enum MHD_Result h_job(struct ctx *c)
     struct job_row r;
     enum MHD_Result res;
     if (load_job(c, c->param, &r, &res)) return res;
-    cJSON *o = job_json(&r);
+    cJSON *o = job_json(c->a, &r);
     job_row_free(&r);
     return send_json(c->conn, 200, o, NULL, NULL);
 }
@@ -876,7 +894,7 @@ static enum MHD_Result h_cancel(struct ctx *c)
     if (rc) return problem(c->conn, 500, NULL, "the cancel could not be recorded", NULL, NULL);
     if (jobs_get(c->a->cfg.db, c->param, &r))
         return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
-    cJSON *o = job_json(&r);
+    cJSON *o = job_json(c->a, &r);
     job_row_free(&r);
     /* running: the child stops at its next step; 202 until then */
     return send_json(c->conn, now == JOB_CANCELED ? 200 : 202, o, NULL, NULL);
@@ -917,9 +935,9 @@ static enum MHD_Result h_checkpoints(struct ctx *c)
             if (pool_checkpoint_path(c->a->cfg.pool, c->param, steps[i], path, sizeof path) ||
                 stat(path, &sb))
                 continue;
-            char id[64], url[96];
+            char id[64], url[160];
             snprintf(id, sizeof id, "%s-%" PRId64, c->param, steps[i]);
-            snprintf(url, sizeof url, "/checkpoints/%s", id);
+            api_link(c->a, url, sizeof url, "/checkpoints/%s", id);
             cJSON *e = cJSON_CreateObject();
             cJSON_AddStringToObject(e, "id", id);
             cJSON_AddNumberToObject(e, "step", (double)steps[i]);
@@ -1039,7 +1057,7 @@ static enum MHD_Result h_readyz(struct ctx *c)
 static enum MHD_Result h_openapi(struct ctx *c)
 {
     struct MHD_Response *res = MHD_create_response_from_buffer(
-        c->a->cfg.openapi_len, (void *)c->a->cfg.openapi, MHD_RESPMEM_PERSISTENT);
+        c->a->openapi_len, (void *)c->a->openapi, MHD_RESPMEM_PERSISTENT);
     if (!res) return MHD_NO;
     MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, "application/yaml");
     enum MHD_Result r = respond(c->conn, 200, res);
@@ -1076,6 +1094,22 @@ static int sse_put(struct sse *s, const char *text)
     return 0;
 }
 
+/* a checkpoint event's data ({"id", "step", ...}) with "url": its GET /checkpoints/{id}; NULL
+ * (send it as stored) when it has no id */
+static char *sse_checkpoint_data(const struct api *a, const char *data)
+{
+    cJSON *o = cJSON_Parse(data);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    char *out = NULL, url[192];
+    if (cJSON_IsString(id) && !cJSON_GetObjectItemCaseSensitive(o, "url")) {
+        api_link(a, url, sizeof url, "/checkpoints/%s", id->valuestring);
+        cJSON_AddStringToObject(o, "url", url);
+        out = cJSON_PrintUnformatted(o);
+    }
+    cJSON_Delete(o);
+    return out;
+}
+
 /* refills s->buf from the event log; 1 when something was added */
 static int sse_fill(struct sse *s, int *ended)
 {
@@ -1094,8 +1128,13 @@ static int sse_fill(struct sse *s, int *ended)
     for (int i = 0; i < n; i++) {
         char head[96];
         snprintf(head, sizeof head, "id: %" PRId64 "\nevent: %s\ndata: ", ev[i].seq, ev[i].type);
-        /* event data is one-line JSON (compact), so it needs no splitting into data: lines */
-        if (sse_put(s, head) || sse_put(s, ev[i].data) || sse_put(s, "\n\n")) break;
+        /* event data is one-line JSON (compact), so it needs no splitting into data: lines; a
+         * checkpoint's gets its download URL here, where the path prefix is known */
+        char *data = strcmp(ev[i].type, "checkpoint") == 0 ? sse_checkpoint_data(s->a, ev[i].data)
+                                                             : NULL;
+        int bad = sse_put(s, head) || sse_put(s, data ? data : ev[i].data) || sse_put(s, "\n\n");
+        free(data);
+        if (bad) break;
         s->last = ev[i].seq;
     }
     job_events_free(ev, n);
@@ -1513,6 +1552,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     struct api *a = cls;
     struct req *r = *con_cls;
+    url = api_parse_strip_prefix(a->prefix, url); /* the routes' path */
     if (!r) {
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;
@@ -1612,6 +1652,59 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
+/* the line of openapi.yaml that names where the routes are; the served copy names the prefix */
+#define OPENAPI_SERVERS_LINE "\nservers: [{url: /}]\n"
+
+int api_path_prefix_check(const char *p, char *out, size_t n, char *err, size_t errlen)
+{
+    if (api_parse_path_prefix(p, out, n)) {
+        snprintf(err, errlen, "the path prefix '%.80s' is not /SEGMENT[/SEGMENT...] (letters, "
+                              "digits, '.', '_', '~', '-'; at most %d bytes)", p, API_PARSE_PREFIX_MAX);
+        return -1;
+    }
+    size_t s1 = strcspn(out + (*out != 0), "/");
+    for (int i = 0; *out && i < N_ROUTES; i++) {
+        const char *seg = routes[i].pattern + 1;
+        size_t s2 = strcspn(seg, "/");
+        if (s1 == s2 && strncmp(out + 1, seg, s1) == 0) {
+            snprintf(err, errlen, "the path prefix '%s' begins like the route %s %s: choose "
+                                  "another first segment", out, routes[i].method, routes[i].pattern);
+            out[0] = 0;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* a->prefix from p (api_path_prefix_check) and a->openapi: the document with its servers entry
+ * set to it */
+static int api_prefix_set(struct api *a, const char *p, char *err, size_t errlen)
+{
+    if (api_path_prefix_check(p, a->prefix, sizeof a->prefix, err, errlen)) return -1;
+    const char *doc = a->cfg.openapi ? a->cfg.openapi : "";
+    size_t len = a->cfg.openapi ? a->cfg.openapi_len : 0;
+    const char *at = memmem(doc, len, OPENAPI_SERVERS_LINE, strlen(OPENAPI_SERVERS_LINE));
+    if (!at) {
+        snprintf(err, errlen, "openapi.yaml has no line \"%s\" to name the path prefix in",
+                 "servers: [{url: /}]");
+        return -1;
+    }
+    size_t head = (size_t)(at - doc) + strlen("\nservers: [{url: ");
+    const char *tail = at + strlen(OPENAPI_SERVERS_LINE) - strlen("}]\n");
+    const char *url = *a->prefix ? a->prefix : "/";
+    a->openapi_len = head + strlen(url) + (size_t)(doc + len - tail);
+    a->openapi = malloc(a->openapi_len + 1);
+    if (!a->openapi) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(a->openapi, doc, head);
+    memcpy(a->openapi + head, url, strlen(url));
+    memcpy(a->openapi + head + strlen(url), tail, (size_t)(doc + len - tail));
+    a->openapi[a->openapi_len] = 0;
+    return 0;
+}
+
 int api_start(struct api **out, const struct api_config *cfg, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1625,6 +1718,10 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
     static const char *methods[N_ROUTES], *patterns[N_ROUTES];
     for (int i = 0; i < N_ROUTES; i++) methods[i] = routes[i].method, patterns[i] = routes[i].pattern;
     metrics_set_routes(methods, patterns, N_ROUTES);
+    if (api_prefix_set(a, cfg->path_prefix ? cfg->path_prefix : "", err, errlen)) {
+        free(a);
+        return API_ERR_START;
+    }
     a->admitting = 1;
     pthread_mutex_init(&a->mu, NULL);
     if (pthread_create(&a->ticker, NULL, ticker, a)) {
@@ -1652,6 +1749,7 @@ fail:
         pthread_join(a->ticker, NULL);
     }
     pthread_mutex_destroy(&a->mu);
+    free(a->openapi);
     free(a);
     return API_ERR_START;
 }
@@ -1674,6 +1772,7 @@ void api_stop(struct api *a)
     pthread_join(a->ticker, NULL);
     MHD_stop_daemon(a->d);
     pthread_mutex_destroy(&a->mu);
+    free(a->openapi);
     free(a);
 }
 

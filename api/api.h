@@ -26,8 +26,12 @@ struct api_config {
     struct pool *pool;
     const struct api_token *tokens; /* NULL: no auth (the server then listens on loopback only) */
     int n_tokens;
-    const char *openapi;            /* served as GET /openapi.yaml */
+    const char *openapi;            /* served as GET /openapi.yaml (its servers entry set to
+                                     * path_prefix) */
     size_t openapi_len;
+    const char *path_prefix;        /* "" / NULL, or a normal form of api_parse_path_prefix:
+                                     * requests are routed with it or without it (a proxy that
+                                     * strips it), every Location and link carries it */
 };
 
 enum api_status { API_OK = 0, API_ERR_START = 1 };
@@ -41,6 +45,11 @@ void api_stop_admitting(struct api *a);
 void api_stop(struct api *a);
 /* the pool's notifier: new events, wake the waiting streams (ctx is the api) */
 void api_notify(void *ctx);
+
+/* a --path-prefix value -> its normal form in out (cap n > API_PARSE_PREFIX_MAX, see
+ * api_parse_path_prefix), 0; -1 with err when it is none, or its first segment is a route's
+ * (/jobs: a request could then mean either) */
+int api_path_prefix_check(const char *p, char *out, size_t n, char *err, size_t errlen);
 
 /* one "METHOD PATH" line per route, in table order (tests compare them with openapi.yaml) */
 void api_routes_print(FILE *f);

@@ -111,3 +111,37 @@ int api_parse_last_event_id(const char *s, long long *last)
     }
     return api_parse_int(s, 0, INT64_MAX, last);
 }
+
+int api_parse_path_prefix(const char *in, char *out, size_t n)
+{
+    size_t len = in ? strlen(in) : 0;
+    if (n <= API_PARSE_PREFIX_MAX) return -1;
+    out[0] = 0;
+    if (!in) return -1;
+    if (len == 0 || strcmp(in, "/") == 0) return 0;
+    if (in[len - 1] == '/') len--; /* "/ddpmd/" is "/ddpmd" */
+    if (in[0] != '/' || len > API_PARSE_PREFIX_MAX) return -1;
+    static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._~-";
+    for (size_t i = 0; i < len;) {
+        size_t seg = 0; /* in[i] is a '/' */
+        while (i + 1 + seg < len && in[i + 1 + seg] != '/') {
+            if (!strchr(ok, in[i + 1 + seg])) return -1;
+            seg++;
+        }
+        if (seg == 0 || (seg == 1 && in[i + 1] == '.') ||
+            (seg == 2 && in[i + 1] == '.' && in[i + 2] == '.'))
+            return -1;
+        i += 1 + seg;
+    }
+    memcpy(out, in, len);
+    out[len] = 0;
+    return 0;
+}
+
+const char *api_parse_strip_prefix(const char *prefix, const char *url)
+{
+    size_t n = strlen(prefix);
+    if (n == 0 || strncmp(url, prefix, n) != 0) return url;
+    if (url[n] == 0) return "/";
+    return url[n] == '/' ? url + n : url;
+}

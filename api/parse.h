@@ -46,4 +46,18 @@ int api_parse_json_content_type(const char *ct);
  * means none was given: *last = 0, 0. */
 int api_parse_last_event_id(const char *s, long long *last);
 
+/* the longest path prefix (--path-prefix), in bytes */
+#define API_PARSE_PREFIX_MAX 64
+
+/* a --path-prefix value -> its normal form in out (cap n > API_PARSE_PREFIX_MAX), 0: "" for none
+ * ("" or "/"), else "/seg[/seg...]" without the trailing slash, each segment one or more of
+ * [A-Za-z0-9._~-] and neither "." nor ".."; -1 (out = "") for anything else (an empty segment,
+ * a '%', '?', a space, too long) */
+int api_parse_path_prefix(const char *in, char *out, size_t n);
+
+/* the path the routes see for url under prefix (a normal form, may be ""): the rest of url when
+ * it starts with prefix followed by '/' (prefix itself: "/"), else url unchanged, so a server
+ * behind a proxy that strips the prefix and one reached with it route the same */
+const char *api_parse_strip_prefix(const char *prefix, const char *url);
+
 #endif

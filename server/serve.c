@@ -24,6 +24,7 @@
 #include "exec.h"
 #include "jobs.h"
 #include "log.h"
+#include "parse.h"
 #include "pool.h"
 #include "spec.h"
 #include "train.h"
@@ -32,7 +33,7 @@ extern const char ddpmd_openapi_yaml[];
 extern const size_t ddpmd_openapi_yaml_len;
 
 struct serve_opts {
-    const char *listen, *data, *device, *budget, *token_file;
+    const char *listen, *data, *device, *budget, *token_file, *path_prefix;
     int max_queue, cores, http_threads;
     int64_t max_body;
 };
@@ -72,6 +73,10 @@ static void serve_usage(FILE *f)
             "                         path, status, duration_ms, job) (DDPMD_LOG_FORMAT; default\n"
             "                         text). Every response carries X-Request-Id: the request's\n"
             "                         own when it is 1-64 of [A-Za-z0-9._:-], else a new one\n"
+            "  --path-prefix /P       the path a reverse proxy serves the API under, e.g. /ddpmd\n"
+            "                         (DDPMD_PATH_PREFIX; default none): requests are routed both\n"
+            "                         with it (/ddpmd/jobs) and without it (a proxy that strips\n"
+            "                         it), and every Location and link the server sends carries it\n"
             "  --routes               print the HTTP routes (METHOD PATH) and exit\n"
             "SIGTERM or SIGINT: stop admitting, stop running jobs at their next step with a\n"
             "checkpoint, exit; the next start resumes them.\n");
@@ -276,6 +281,7 @@ int serve_main(int argc, char **argv)
     o.device = env_or("DDPMD_DEVICE", "cpu");
     o.budget = env_or("DDPMD_VRAM_BUDGET", NULL);
     o.token_file = env_or("DDPMD_TOKEN_FILE", NULL);
+    o.path_prefix = env_or("DDPMD_PATH_PREFIX", "");
     const char *mq = env_or("DDPMD_MAX_QUEUE", "100"), *cores = env_or("DDPMD_CPU_CORES", NULL);
     const char *ht = env_or("DDPMD_HTTP_THREADS", "4"), *mb = env_or("DDPMD_MAX_BODY", "1MiB");
     const char *ka = env_or("DDPMD_SSE_KEEPALIVE", "15");
@@ -299,6 +305,7 @@ int serve_main(int argc, char **argv)
         else if (OPT("--max-body")) mb = v;
         else if (OPT("--sse-keepalive")) ka = v;
         else if (OPT("--log-format")) lf = v;
+        else if (OPT("--path-prefix")) o.path_prefix = v;
         else if (strcmp(a, "--probe") == 0) probe = 1;
         else if (strcmp(a, "--routes") == 0) routes = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -355,7 +362,11 @@ int serve_main(int argc, char **argv)
     }
     struct api_token *tokens = NULL;
     int n_tokens = 0;
-    char err[600];
+    char err[600], prefix[API_PARSE_PREFIX_MAX + 1];
+    if (api_path_prefix_check(o.path_prefix, prefix, sizeof prefix, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve: --path-prefix: %s\n", err);
+        return 2;
+    }
     if (o.token_file && api_tokens_load(o.token_file, &tokens, &n_tokens, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         return 2;
@@ -438,7 +449,8 @@ int serve_main(int argc, char **argv)
     struct api_config ac = {.listen_fd = lfd, .threads = http_threads, .max_body = (size_t)max_body,
                             .keepalive_s = keepalive,
                             .db = db, .pool = pool, .tokens = tokens, .n_tokens = n_tokens,
-                            .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len};
+                            .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len,
+                            .path_prefix = prefix};
     if (api_start(&api, &ac, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;

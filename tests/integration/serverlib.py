@@ -86,6 +86,10 @@ class Server:
         self.env = env
         self.proc = None
         self.token = None
+        # where requests go: the server's own port and routes, or set them to a reverse proxy's
+        # port and path prefix (test_nginx.py, test_prefix.py)
+        self.via_port = None
+        self.prefix = ""
         _servers.append(self)
 
     def start(self, timeout=60):
@@ -113,7 +117,7 @@ class Server:
             return ""
 
     def request(self, method, path, body=None, headers=None, token=None, timeout=30):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        c = http.client.HTTPConnection("127.0.0.1", self.via_port or self.port, timeout=timeout)
         h = dict(headers or {})
         tok = token if token is not None else self.token
         if tok:
@@ -121,7 +125,7 @@ class Server:
         if isinstance(body, (dict, list)):
             body = json.dumps(body)
             h.setdefault("Content-Type", "application/json")
-        c.request(method, path, body=body, headers=h)
+        c.request(method, self.prefix + path, body=body, headers=h)
         r = c.getresponse()
         out = Response(r.status, r.getheaders(), r.read())
         c.close()
@@ -134,13 +138,13 @@ class Server:
 
     def events(self, job, last_event_id=None, timeout=120, until=None):
         """the job's SSE stream to its end (or until(event) is true): [(id, type, data)], headers"""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        c = http.client.HTTPConnection("127.0.0.1", self.via_port or self.port, timeout=timeout)
         h = {"Accept": "text/event-stream"}
         if self.token:
             h["Authorization"] = "Bearer " + self.token
         if last_event_id is not None:
             h["Last-Event-ID"] = str(last_event_id)
-        c.request("GET", "/jobs/%s/events" % job, headers=h)
+        c.request("GET", self.prefix + "/jobs/%s/events" % job, headers=h)
         r = c.getresponse()
         if r.status != 200:
             fail("events: %d %s" % (r.status, r.read()[:300]))

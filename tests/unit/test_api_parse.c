@@ -1,5 +1,6 @@
 /* test_api_parse.c - api/parse.c, table-driven: route patterns with their captures, Range
- * headers, integers, image indexes, Idempotency-Key, Content-Type and Last-Event-ID, each on
+ * headers, integers, image indexes, Idempotency-Key, Content-Type, Last-Event-ID and the path
+ * prefix (its normal form, and which URLs it is stripped from), each on
  * valid, edge and hostile inputs (overflow, empty, huge, embedded NUL, "..", "//", '%').
  */
 #include "parse.h"
@@ -251,8 +252,51 @@ static void test_last_event_id(void)
     CHECK(api_parse_last_event_id("abc", &v) == -1, "abc");
 }
 
+static void test_path_prefix(void)
+{
+    static const struct {
+        const char *in, *out; /* out NULL: refused */
+    } t[] = {
+        {"", ""}, {"/", ""}, {"/ddpmd", "/ddpmd"}, {"/ddpmd/", "/ddpmd"}, {"/a/b-c_d.e~f", "/a/b-c_d.e~f"},
+        {"/a/b/", "/a/b"}, {"/..x", "/..x"}, {"/x.", "/x."},
+        {"ddpmd", NULL}, {"//", NULL}, {"/a//b", NULL}, {"/a/./b", NULL}, {"/a/..", NULL},
+        {"/.", NULL}, {"/a b", NULL}, {"/a%2f", NULL}, {"/a?b", NULL}, {"/a#b", NULL},
+        {"/a\\b", NULL}, {"/caf\xc3\xa9", NULL}, {"/ddpmd//", NULL},
+        /* 64 bytes are taken, 65 are not */
+        {"/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+         "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"},
+        {"/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", NULL},
+    };
+    char out[API_PARSE_PREFIX_MAX + 1];
+    for (size_t i = 0; i < N_OF(t); i++) {
+        int rc = api_parse_path_prefix(t[i].in, out, sizeof out);
+        if (t[i].out)
+            CHECK(rc == 0 && strcmp(out, t[i].out) == 0, "prefix '%s' -> '%s' (got %d '%s')", t[i].in,
+                  t[i].out, rc, out);
+        else
+            CHECK(rc == -1 && out[0] == 0, "prefix '%s' refused (got %d '%s')", t[i].in, rc, out);
+    }
+    CHECK(api_parse_path_prefix(NULL, out, sizeof out) == -1, "NULL refused");
+    CHECK(api_parse_path_prefix("/a", out, API_PARSE_PREFIX_MAX) == -1, "a short buffer refused");
+    static const struct {
+        const char *prefix, *url, *path;
+    } s[] = {
+        {"", "/jobs", "/jobs"},           {"/ddpmd", "/ddpmd/jobs", "/jobs"},
+        {"/ddpmd", "/jobs", "/jobs"},     {"/ddpmd", "/ddpmd", "/"},
+        {"/ddpmd", "/ddpmd/", "/"},       {"/ddpmd", "/ddpmdx/jobs", "/ddpmdx/jobs"},
+        {"/ddpmd", "/ddpm", "/ddpm"},     {"/a/b", "/a/b/jobs/j1", "/jobs/j1"},
+        {"/a/b", "/a/jobs", "/a/jobs"},   {"/ddpmd", "/ddpmd/ddpmd/jobs", "/ddpmd/jobs"},
+    };
+    for (size_t i = 0; i < N_OF(s); i++) {
+        const char *got = api_parse_strip_prefix(s[i].prefix, s[i].url);
+        CHECK(strcmp(got, s[i].path) == 0, "'%s' under '%s' routes as '%s' (got '%s')", s[i].url,
+              s[i].prefix, s[i].path, got);
+    }
+}
+
 int main(void)
 {
+    test_path_prefix();
     test_route();
     test_int();
     test_image_index();
