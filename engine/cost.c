@@ -1,0 +1,219 @@
+/* cost.c - the cost model: work per op (FLOPs or bytes), seconds per unit and per op by class,
+ * the step's prediction, and the calibration file's text form.
+ */
+#include "cost.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const class_names[COST_CLASS_COUNT] = {
+    [COST_CONV_FWD] = "conv_fwd",         [COST_CONV_BWD_DATA] = "conv_bwd_data",
+    [COST_CONV_BWD_FILTER] = "conv_bwd_filter", [COST_GEMM] = "gemm",
+    [COST_ATTN_FWD] = "attn_fwd",         [COST_ATTN_BWD] = "attn_bwd",
+    [COST_NORM] = "norm",                 [COST_ELTWISE] = "eltwise",
+};
+
+const char *cost_class_name(enum cost_class c)
+{
+    return (unsigned)c < COST_CLASS_COUNT ? class_names[c] : "?";
+}
+
+void cost_model_default(struct cost_model *m)
+{
+    /* measured by bench/calibrate (2 threads, AVX-512, a busy shared machine), rounded */
+    static const double per_unit[COST_CLASS_COUNT] = {
+        [COST_CONV_FWD] = 1.9e-10,  [COST_CONV_BWD_DATA] = 1.5e-10,
+        [COST_CONV_BWD_FILTER] = 2.5e-10, [COST_GEMM] = 1.1e-9,
+        [COST_ATTN_FWD] = 1.1e-9,   [COST_ATTN_BWD] = 1.0e-9,
+        [COST_NORM] = 2.3e-8,       [COST_ELTWISE] = 1.0e-8,
+    };
+    static const double per_op[COST_CLASS_COUNT] = {
+        [COST_CONV_FWD] = 1e-4,  [COST_CONV_BWD_DATA] = 6e-5, [COST_CONV_BWD_FILTER] = 1.3e-4,
+        [COST_GEMM] = 2e-5,      [COST_ATTN_FWD] = 5e-5,     [COST_ATTN_BWD] = 3e-5,
+        [COST_NORM] = 1.3e-5,    [COST_ELTWISE] = 1e-7,
+    };
+    memset(m, 0, sizeof *m);
+    memcpy(m->seconds_per_unit, per_unit, sizeof per_unit);
+    memcpy(m->op_seconds, per_op, sizeof per_op);
+    m->optim_seconds_per_param = 8e-9;
+    m->host_optim_seconds_per_param = 8e-9;
+    m->transfer_seconds_per_byte = 3e-10;
+    m->convert_seconds_per_byte = 9e-10;
+    m->half_speedup = 1.0;
+    m->threads = 2;
+}
+
+enum cost_class cost_class_of(enum op_type t)
+{
+    switch (t) {
+    case OP_CONV2D: return COST_CONV_FWD;
+    case OP_CONV2D_BWD_DATA: return COST_CONV_BWD_DATA;
+    case OP_CONV2D_BWD_FILTER: return COST_CONV_BWD_FILTER;
+    case OP_LINEAR:
+    case OP_LINEAR_BWD: return COST_GEMM;
+    case OP_ATTENTION: return COST_ATTN_FWD;
+    case OP_ATTENTION_BWD: return COST_ATTN_BWD;
+    case OP_GROUPNORM:
+    case OP_GROUPNORM_BWD:
+    case OP_LAYERNORM:
+    case OP_LAYERNORM_BWD: return COST_NORM;
+    default: return COST_ELTWISE;
+    }
+}
+
+double cost_op_work(const struct graph *g, int k)
+{
+    const struct op *o = &g->ops[k];
+    switch (o->type) {
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER: {
+        const struct bk_conv2d *s = &o->a.conv;
+        return 2.0 * s->n * s->co * s->ho * s->wo * (double)s->ci * s->kh * s->kw;
+    }
+    case OP_LINEAR:
+        return 2.0 * o->a.lin.m * (double)o->a.lin.k * o->a.lin.n;
+    case OP_LINEAR_BWD: /* dw always, dx when asked for */
+        return (o->out[0] >= 0 ? 4.0 : 2.0) * o->a.lin.m * (double)o->a.lin.k * o->a.lin.n;
+    case OP_ATTENTION:
+    case OP_ATTENTION_BWD: {
+        const struct bk_attn *s = &o->a.at.s;
+        double f = 4.0 * s->n * s->heads * (double)s->l * s->l * s->d;
+        return o->type == OP_ATTENTION ? f : 2.5 * f;
+    }
+    default: {
+        double b = 0;
+        for (int j = 0; j < o->n_in; j++)
+            if (o->in[j] >= 0) b += (double)tensor_bytes(g->tensors[o->in[j]]);
+        for (int j = 0; j < o->n_out; j++)
+            if (o->out[j] >= 0) b += (double)tensor_bytes(g->tensors[o->out[j]]);
+        return b;
+    }
+    }
+}
+
+double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
+{
+    enum cost_class c = cost_class_of(g->ops[k].type);
+    return cost_op_work(g, k) * m->seconds_per_unit[c] + m->op_seconds[c];
+}
+
+double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,
+                                 const struct graph *g, int batch)
+{
+    const struct strategy *st = &p->strategy;
+    int half = st->precision == STRATEGY_PRECISION_BF16 || st->precision == STRATEGY_PRECISION_F16;
+    double pass = 0;
+    for (int k = 0; k < p->n_run_ops && k < g->n_ops; k++) {
+        enum cost_class c = cost_class_of(g->ops[k].type);
+        double t = cost_op_seconds(m, g, k);
+        if (half && c <= COST_ATTN_BWD && m->half_speedup > 0)
+            t = t / m->half_speedup;
+        pass += t;
+    }
+    if (p->inference) return pass;
+    int micro = st->micro_batch > 0 && st->micro_batch < batch ? st->micro_batch : batch;
+    if (micro <= 0) return pass;
+    int full = batch / micro, rest = batch % micro;
+    double t = pass * full + (rest ? pass * rest / micro : 0.0);
+    double params = (double)g->param_numel;
+    if (st->offload == 1) /* gradients down, weights back up, the optimizer on host threads */
+        t += 2.0 * params * sizeof(float) * m->transfer_seconds_per_byte +
+             params * m->host_optim_seconds_per_param;
+    else
+        t += params * m->optim_seconds_per_param;
+    if (half) /* the 16-bit working copy refreshed from the fp32 weights after the update */
+        t += params * sizeof(float) * m->convert_seconds_per_byte;
+    return t;
+}
+
+/* ---- the calibration file ---- */
+
+static int parse_num(const char *s, char **end, double *v)
+{
+    errno = 0;
+    *v = strtod(s, end);
+    return *end == s || errno == ERANGE || !isfinite(*v) || *v < 0 ? -1 : 0;
+}
+
+int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t errlen)
+{
+    struct cost_model w = *m;
+    int line = 0;
+    const char *s = text;
+    while (*s) {
+        line++;
+        const char *eol = strchr(s, '\n');
+        size_t n = eol ? (size_t)(eol - s) : strlen(s);
+        char buf[256], key[32];
+        if (n >= sizeof buf) {
+            snprintf(err, errlen, "line %d: longer than %zu bytes", line, sizeof buf - 1);
+            return -1;
+        }
+        memcpy(buf, s, n);
+        buf[n] = 0;
+        s += n + (eol ? 1 : 0);
+        char *hash = strchr(buf, '#');
+        if (hash) *hash = 0;
+        int used = 0;
+        if (sscanf(buf, " %31s%n", key, &used) != 1) continue; /* blank or comment */
+        char *p = buf + used, *end;
+        double a, b;
+        int c = -1;
+        for (int k = 0; k < COST_CLASS_COUNT; k++)
+            if (strcmp(key, class_names[k]) == 0) c = k;
+        if (parse_num(p, &end, &a)) goto bad;
+        p = end;
+        if (c >= 0) {
+            if (parse_num(p, &end, &b)) goto bad;
+            w.seconds_per_unit[c] = a;
+            w.op_seconds[c] = b;
+            p = end;
+        } else if (strcmp(key, "threads") == 0 && a >= 1 && a <= 4096 && a == floor(a)) {
+            w.threads = (int)a;
+        } else if (strcmp(key, "optim") == 0) {
+            w.optim_seconds_per_param = a;
+        } else if (strcmp(key, "host_optim") == 0) {
+            w.host_optim_seconds_per_param = a;
+        } else if (strcmp(key, "transfer") == 0) {
+            w.transfer_seconds_per_byte = a;
+        } else if (strcmp(key, "convert") == 0) {
+            w.convert_seconds_per_byte = a;
+        } else if (strcmp(key, "half_speedup") == 0 && a > 0) {
+            w.half_speedup = a;
+        } else {
+            snprintf(err, errlen, "line %d: unknown key or bad value '%.31s'", line, key);
+            return -1;
+        }
+        while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+        if (*p) goto bad;
+        continue;
+    bad:
+        snprintf(err, errlen, "line %d: '%.31s' needs %s non-negative number%s", line, key,
+                 c >= 0 ? "two" : "one", c >= 0 ? "s (seconds per unit, per op)" : "");
+        return -1;
+    }
+    *m = w;
+    return 0;
+}
+
+char *cost_model_format(const struct cost_model *m)
+{
+    size_t cap = 2048;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    int o = snprintf(s, cap, "# ddpmd cost model (bench/calibrate): class seconds_per_unit "
+                             "seconds_per_op; units are FLOPs (conv, gemm, attn) or bytes\n"
+                             "threads %d\n", m->threads);
+    for (int k = 0; k < COST_CLASS_COUNT; k++)
+        o += snprintf(s + o, cap - (size_t)o, "%s %.6g %.6g\n", class_names[k],
+                      m->seconds_per_unit[k], m->op_seconds[k]);
+    snprintf(s + o, cap - (size_t)o,
+             "optim %.6g\nhost_optim %.6g\ntransfer %.6g\nconvert %.6g\nhalf_speedup %.6g\n",
+             m->optim_seconds_per_param, m->host_optim_seconds_per_param,
+             m->transfer_seconds_per_byte, m->convert_seconds_per_byte, m->half_speedup);
+    return s;
+}

@@ -1,0 +1,139 @@
+/* test_planner_cost.c - the cost model: the calibration file's text reads back to the same
+ * constants, a bad line is refused naming its line, unknown keys are errors; an op's work is its
+ * FLOPs (conv: 2 N Co Ho Wo Ci Kh Kw) or its bytes; a step's prediction is the sum of its ops'
+ * predictions once per micro-batch (an uneven last one by its share) plus the optimizer, and a
+ * forward-only plan is one forward.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cost.h"
+#include "plan.h"
+#include "test_util.h"
+#include "unet.h"
+
+const struct backend *backend_cpu(void);
+
+static int close_rel(double a, double b, double tol) { return fabs(a - b) <= tol * fabs(b); }
+
+static void file_format(void)
+{
+    struct cost_model m, r;
+    cost_model_default(&m);
+    m.seconds_per_unit[COST_GEMM] = 3.25e-11;
+    m.op_seconds[COST_NORM] = 7e-6;
+    m.threads = 5;
+    m.half_speedup = 1.75;
+    char *txt = cost_model_format(&m), err[200];
+    memset(&r, 0, sizeof r);
+    CHECK(txt && cost_model_parse(&r, txt, err, sizeof err) == 0, "parse of format: %s", err);
+    int same = r.threads == m.threads;
+    for (int k = 0; k < COST_CLASS_COUNT; k++)
+        same &= close_rel(r.seconds_per_unit[k], m.seconds_per_unit[k], 1e-5) &&
+                close_rel(r.op_seconds[k], m.op_seconds[k], 1e-5);
+    same &= close_rel(r.optim_seconds_per_param, m.optim_seconds_per_param, 1e-5) &&
+            close_rel(r.host_optim_seconds_per_param, m.host_optim_seconds_per_param, 1e-5) &&
+            close_rel(r.transfer_seconds_per_byte, m.transfer_seconds_per_byte, 1e-5) &&
+            close_rel(r.convert_seconds_per_byte, m.convert_seconds_per_byte, 1e-5) &&
+            close_rel(r.half_speedup, m.half_speedup, 1e-5);
+    CHECK(same, "the file does not read back to the constants written:\n%s", txt ? txt : "");
+    free(txt);
+
+    /* a partial file keeps the other constants */
+    cost_model_default(&r);
+    CHECK(cost_model_parse(&r, "# comment\n\ngemm 1e-9 2e-6  # trailing\nthreads 3\n", err,
+                           sizeof err) == 0 && r.seconds_per_unit[COST_GEMM] == 1e-9 &&
+              r.op_seconds[COST_GEMM] == 2e-6 && r.threads == 3 &&
+              r.seconds_per_unit[COST_CONV_FWD] == m.seconds_per_unit[COST_CONV_FWD],
+          "a partial file: %s", err);
+    static const char *const bad[] = {
+        "threads 2\nconv_fwd 1e-9\n",   /* one number where two are needed */
+        "conv_fwd 1e-9 -1\n",           /* negative */
+        "optim 1e-9 junk\n",            /* trailing junk */
+        "\nnot_a_key 1\n",              /* unknown key */
+        "threads 0\n",                  /* out of range */
+        "half_speedup 0\n",
+        "transfer nan\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cost_model_default(&r);
+        struct cost_model before = r;
+        err[0] = 0;
+        CHECK(cost_model_parse(&r, bad[i], err, sizeof err) == -1 && strstr(err, "line ") &&
+                  !memcmp(&r, &before, sizeof r),
+              "bad file %zu accepted or changed the model (%s)", i, err);
+    }
+    CHECK(strstr(err, "line 1"), "the message names the line: %s", err);
+}
+
+static int build(struct graph *g, enum unet_preset preset, int image, int batch, int train)
+{
+    struct unet_config c;
+    unet_config_default(&c, preset);
+    c.image_size = image;
+    struct unet_io io;
+    int target;
+    graph_init(g);
+    return train ? unet_build_training(g, &c, batch, &io, &target, NULL)
+                 : unet_build(g, &c, batch, &io);
+}
+
+static void prediction(void)
+{
+    struct cost_model m;
+    cost_model_default(&m);
+    struct graph g4, g8, gi;
+    struct plan p4, p8, pi;
+    int ok = !build(&g4, UNET_SEED, 16, 4, 1) && !build(&g8, UNET_SEED, 16, 8, 1) &&
+             !build(&gi, UNET_SEED, 16, 4, 0);
+    struct plan_opts o4 = {.strategy = strategy_plain(4)}, o8 = {.strategy = strategy_plain(8)};
+    ok = ok && !plan_make(&p4, &g4, backend_cpu(), &o4) && !plan_make(&p8, &g8, backend_cpu(), &o8) &&
+         !plan_make(&pi, &gi, backend_cpu(), NULL);
+    CHECK(ok, "graphs and plans");
+    if (!ok) return;
+
+    /* the work of a convolution is its FLOPs */
+    for (int k = 0; k < g4.n_ops; k++)
+        if (g4.ops[k].type == OP_CONV2D) {
+            const struct bk_conv2d *s = &g4.ops[k].a.conv;
+            double f = 2.0 * s->n * s->co * s->ho * s->wo * s->ci * s->kh * s->kw;
+            CHECK(cost_op_work(&g4, k) == f, "conv op %d: work %g, FLOPs %g", k,
+                  cost_op_work(&g4, k), f);
+            break;
+        }
+    double pass4 = 0, fwd4 = 0;
+    for (int k = 0; k < g4.n_ops; k++) pass4 += cost_op_seconds(&m, &g4, k);
+    for (int k = 0; k < gi.n_ops; k++) fwd4 += cost_op_seconds(&m, &gi, k);
+    double optim = (double)g4.param_numel * m.optim_seconds_per_param;
+
+    /* batch 4 in one micro-batch; batch 8 in two micro-batches of 4; batch 10: 2.5 of them */
+    double s4 = cost_predict_step_seconds(&m, &p4, &g4, 4);
+    CHECK(close_rel(s4, pass4 + optim, 1e-12), "b4 step %g, ops + optimizer %g", s4, pass4 + optim);
+    p4.strategy.micro_batch = 4;
+    double s8 = cost_predict_step_seconds(&m, &p4, &g4, 8);
+    CHECK(close_rel(s8, 2 * pass4 + optim, 1e-12), "b8 as 2 x 4: %g, expected %g", s8,
+          2 * pass4 + optim);
+    double s10 = cost_predict_step_seconds(&m, &p4, &g4, 10);
+    CHECK(close_rel(s10, 2.5 * pass4 + optim, 1e-12), "b10 as 4+4+2: %g, expected %g", s10,
+          2.5 * pass4 + optim);
+    /* the plain full batch of 8 does the same work as 2 x 4 with fewer ops: no slower */
+    double f8 = cost_predict_step_seconds(&m, &p8, &g8, 8);
+    CHECK(f8 <= s8 && f8 > s4, "b8 in one: %g; 2 x 4: %g; b4: %g", f8, s8, s4);
+    /* forward only */
+    double si = cost_predict_step_seconds(&m, &pi, &gi, 4);
+    CHECK(close_rel(si, fwd4, 1e-12) && si < pass4, "inference %g, forward ops %g", si, fwd4);
+    plan_free(&p4);
+    plan_free(&p8);
+    plan_free(&pi);
+    graph_free(&g4);
+    graph_free(&g8);
+    graph_free(&gi);
+}
+
+int main(void)
+{
+    file_format();
+    prediction();
+    return tu_finish("test_planner_cost");
+}
