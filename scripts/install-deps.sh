@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
 # install-deps.sh - installs ddpmd's build and test dependencies from Debian when missing.
 # Used by README, .ci/run and docker/. Needs root (or sudo) on Debian 12 / bookworm.
+#   install-deps.sh           what building and testing need (build + test below)
+#   install-deps.sh --build   only what compiling `ddpmd` needs (docker/Dockerfile's build stage)
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config clang-14 libclang-rt-14-dev libomp-14-dev
-      libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
-      prometheus
+# compilers and the -dev packages of every library ddpmd links (a new library goes here)
+build=(build-essential cmake pkg-config
+       libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev)
+# the tests, fuzzers and tools around them; nginx for tests/integration/test_nginx.py; docker.io,
+# docker-compose and debootstrap for tests/docker/test_container.sh
+test=(clang-14 libclang-rt-14-dev libomp-14-dev
+      prometheus nginx docker.io docker-compose debootstrap
       python3-torch python3-numpy python3-yaml python3-jsonschema dataset-fashion-mnist)
+
+pkgs=("${build[@]}" "${test[@]}")
+case "${1:-}" in
+  --build) pkgs=("${build[@]}") ;;
+  "") ;;
+  *) echo "usage: install-deps.sh [--build]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${pkgs[@]}"; do
