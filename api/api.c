@@ -35,6 +35,7 @@
 #include "safetensors.h"
 #include "spec.h"
 #include "train.h"
+#include "upload.h"
 
 #define SSE_BATCH 64
 #define LIST_LIMIT_MAX 200
@@ -71,6 +72,9 @@ struct req {
     char rid[REQUEST_ID_MAX + 1]; /* X-Request-Id: the client's when sane, else made here */
     char method[12], path[256];
     char job[JOBS_ID_LEN];  /* the job the request made or named, for the log */
+    int upload;             /* POST /datasets: the body streams to upload_fd, never to memory */
+    int upload_fd, upload_errno;
+    char upload_path[FSIO_PATH_MAX];
 };
 
 /* the request the calling HTTP thread is answering: handlers run inside on_request, so every
@@ -370,6 +374,9 @@ static enum MHD_Result accepted(struct ctx *c, cJSON *o, const char *loc)
 
 static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_estimate *est,
                                       const char *err, const char *plan_path);
+static cJSON *upload_json(struct ctx *c, const char *id);
+static int upload_visible(struct ctx *c, const cJSON *o);
+static const char *data_dir(struct ctx *c);
 
 static enum MHD_Result h_train(struct ctx *c)
 {
@@ -411,12 +418,23 @@ static enum MHD_Result h_train(struct ctx *c)
                  es.n ? es.e[0].msg : "");
         return problem(c->conn, 422, "validation", detail, o, NULL);
     }
-    /* over HTTP a job names data by id, never by a path on the server's disk */
-    if (strcmp(spec.dataset, "fashion-mnist") != 0)
-        return invalid(c->conn, 422, "data.dataset",
-                       "unknown dataset id; the built-in one is \"fashion-mnist\" (a server path "
-                       "is never accepted over HTTP)");
     child = spec;
+    /* over HTTP a job names data by id, never by a path on the server's disk: the built-in
+     * fashion-mnist or an upload the caller can see, whose images/ folder the child reads */
+    int uploaded = strcmp(spec.dataset, "fashion-mnist") != 0;
+    if (uploaded) {
+        cJSON *d = upload_id_valid(spec.dataset) ? upload_json(c, spec.dataset) : NULL;
+        int visible = d && upload_visible(c, d);
+        cJSON_Delete(d);
+        char path[FSIO_PATH_MAX];
+        if (!visible ||
+            upload_dataset_path(data_dir(c), spec.dataset, "images", path, sizeof path) ||
+            strlen(path) >= sizeof child.dataset)
+            return invalid(c->conn, 422, "data.dataset",
+                           "unknown dataset id: \"fashion-mnist\" or an uploaded dataset's id "
+                           "(GET /datasets lists them; a server path is never accepted over HTTP)");
+        memcpy(child.dataset, path, strlen(path) + 1);
+    }
     if (spec.init_from[0]) {
         char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
         int64_t step;
@@ -438,7 +456,13 @@ static enum MHD_Result h_train(struct ctx *c)
     }
     struct pool_estimate est;
     char id[JOBS_ID_LEN], err[512];
-    int rc = pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &est, id, err, sizeof err);
+    /* an uploaded dataset cannot be deleted between the check above and the job's queueing */
+    if (uploaded) upload_lock();
+    int still = !uploaded || access(child.dataset, F_OK) == 0;
+    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &est, id, err, sizeof err)
+                   : 0;
+    if (uploaded) upload_unlock();
+    if (!still) return invalid(c->conn, 422, "data.dataset", "the dataset was deleted");
     if (rc) return submit_refused(c, rc, &est, err, "model");
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
@@ -1364,20 +1388,241 @@ static enum MHD_Result h_loss_csv(struct ctx *c)
 
 static enum MHD_Result h_loss_png(struct ctx *c) { return send_job_file(c, "out/loss.png", "image/png"); }
 
-/* GET /datasets: the built-in one (uploads come with the deployment issue) */
-static enum MHD_Result h_datasets(struct ctx *c)
+/* ---- datasets: the built-in fashion-mnist and uploads (server/upload.c) ---- */
+
+static cJSON *fmnist_json(void)
 {
     struct stat sb;
-    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "datasets");
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "id", "fashion-mnist");
+    cJSON_AddStringToObject(d, "kind", "builtin");
     cJSON_AddNumberToObject(d, "images", 60000);
     cJSON_AddNumberToObject(d, "test_images", 10000);
     cJSON_AddNumberToObject(d, "size", 28);
     cJSON_AddNumberToObject(d, "channels", 1);
     cJSON_AddBoolToObject(d, "available", stat(DATASET_FMNIST_DIR, &sb) == 0 && S_ISDIR(sb.st_mode));
-    cJSON_AddItemToArray(arr, d);
+    return d;
+}
+
+static const char *data_dir(struct ctx *c) { return pool_config_of(c->a->cfg.pool)->data_dir; }
+
+/* an uploaded dataset's JSON, from its dataset.json; NULL when there is none */
+static cJSON *upload_json(struct ctx *c, const char *id)
+{
+    char *m = upload_dataset_meta(data_dir(c), id);
+    cJSON *o = m ? cJSON_Parse(m) : NULL;
+    free(m);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    const cJSON *sz = cJSON_GetObjectItemCaseSensitive(o, "sizes");
+    const cJSON *w0 = cJSON_GetObjectItemCaseSensitive(sz, "min_width");
+    const cJSON *w1 = cJSON_GetObjectItemCaseSensitive(sz, "max_width");
+    const cJSON *h0 = cJSON_GetObjectItemCaseSensitive(sz, "min_height");
+    const cJSON *h1 = cJSON_GetObjectItemCaseSensitive(sz, "max_height");
+    /* size: the side when every image is the same square */
+    if (cJSON_IsNumber(w0) && cJSON_IsNumber(w1) && cJSON_IsNumber(h0) && cJSON_IsNumber(h1) &&
+        w0->valuedouble == w1->valuedouble && h0->valuedouble == h1->valuedouble &&
+        w0->valuedouble == h0->valuedouble)
+        cJSON_AddNumberToObject(o, "size", w0->valuedouble);
+    else
+        cJSON_AddNullToObject(o, "size");
+    cJSON_AddStringToObject(o, "kind", "uploaded");
+    cJSON_AddBoolToObject(o, "available", 1);
+    char buf[160];
+    cJSON *links = cJSON_AddObjectToObject(o, "links");
+    api_link(c->a, buf, sizeof buf, "/datasets/%s", id);
+    cJSON_AddStringToObject(links, "self", buf);
+    api_link(c->a, buf, sizeof buf, "/datasets/%s/preview.png", id);
+    cJSON_AddStringToObject(links, "preview", buf);
+    return o;
+}
+
+static int upload_visible(struct ctx *c, const cJSON *o)
+{
+    const cJSON *ow = cJSON_GetObjectItemCaseSensitive(o, "owner");
+    return c->admin || (cJSON_IsString(ow) && strcmp(ow->valuestring, c->owner) == 0);
+}
+
+/* GET /datasets: the built-in one and the caller's uploads (an admin: every upload) */
+static enum MHD_Result h_datasets(struct ctx *c)
+{
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "datasets");
+    cJSON_AddItemToArray(arr, fmnist_json());
+    char(*ids)[UPLOAD_ID_LEN] = NULL;
+    int n = 0;
+    if (upload_dataset_ids(data_dir(c), &ids, &n)) {
+        cJSON_Delete(o);
+        return problem(c->conn, 500, NULL, "the dataset folder cannot be read", NULL, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        cJSON *d = upload_json(c, ids[i]);
+        if (d && upload_visible(c, d))
+            cJSON_AddItemToArray(arr, d);
+        else
+            cJSON_Delete(d);
+    }
+    free(ids);
     return send_json(c->conn, 200, o, NULL, NULL);
+}
+
+/* the uploaded dataset named by the path, visible to the caller: its JSON, or the answer sent */
+static cJSON *load_upload(struct ctx *c, enum MHD_Result *res)
+{
+    char detail[160];
+    cJSON *o = upload_id_valid(c->param) ? upload_json(c, c->param) : NULL;
+    if (!o) {
+        snprintf(detail, sizeof detail, "no dataset '%.40s' (GET /datasets lists them)", c->param);
+        *res = problem(c->conn, 404, NULL, detail, NULL, NULL);
+        return NULL;
+    }
+    if (!upload_visible(c, o)) {
+        cJSON_Delete(o);
+        snprintf(detail, sizeof detail, "dataset %s belongs to another token", c->param);
+        *res = problem(c->conn, 403, NULL, detail, NULL, NULL);
+        return NULL;
+    }
+    return o;
+}
+
+static enum MHD_Result h_dataset(struct ctx *c)
+{
+    if (strcmp(c->param, "fashion-mnist") == 0) return send_json(c->conn, 200, fmnist_json(), NULL, NULL);
+    enum MHD_Result res;
+    cJSON *o = load_upload(c, &res);
+    return o ? send_json(c->conn, 200, o, NULL, NULL) : res;
+}
+
+static enum MHD_Result h_dataset_preview(struct ctx *c)
+{
+    enum MHD_Result res;
+    if (strcmp(c->param, "fashion-mnist") == 0)
+        return problem(c->conn, 404, NULL, "the built-in dataset has no preview (uploads do)", NULL,
+                       NULL);
+    cJSON *o = load_upload(c, &res);
+    if (!o) return res;
+    cJSON_Delete(o);
+    char path[FSIO_PATH_MAX], err[300];
+    int fd = upload_dataset_path(data_dir(c), c->param, "preview.png", path, sizeof path) == 0
+                 ? fsio_open_regular(path, O_RDONLY, err, sizeof err)
+                 : -1;
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        if (fd >= 0) close(fd);
+        return problem(c->conn, 404, NULL, "the dataset has no preview", NULL, NULL);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
+    if (!resp) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "image/png");
+    enum MHD_Result rr = respond(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* the queued and running jobs whose spec names dataset id, into arr (ids); -1 when the store
+ * cannot be read */
+static int jobs_using(struct ctx *c, const char *id, cJSON *arr)
+{
+    static const enum job_state live[] = {JOB_QUEUED, JOB_RUNNING};
+    for (int k = 0; k < 2; k++) {
+        char after[JOBS_ID_LEN] = "";
+        for (;;) {
+            struct job_row *rows;
+            int n;
+            if (jobs_list(c->a->cfg.db, NULL, live[k], *after ? after : NULL, 200, &rows, &n))
+                return -1;
+            for (int i = 0; i < n; i++) {
+                cJSON *sp = cJSON_Parse(rows[i].spec);
+                const cJSON *d = cJSON_GetObjectItemCaseSensitive(
+                    cJSON_GetObjectItemCaseSensitive(sp, "data"), "dataset");
+                if (cJSON_IsString(d) && strcmp(d->valuestring, id) == 0)
+                    cJSON_AddItemToArray(arr, cJSON_CreateString(rows[i].id));
+                cJSON_Delete(sp);
+            }
+            if (n) snprintf(after, sizeof after, "%s", rows[n - 1].id);
+            job_rows_free(rows, n);
+            if (n < 200) break;
+        }
+    }
+    return 0;
+}
+
+static enum MHD_Result h_dataset_delete(struct ctx *c)
+{
+    if (strcmp(c->param, "fashion-mnist") == 0)
+        return problem(c->conn, 403, NULL, "the built-in dataset cannot be deleted", NULL, NULL);
+    enum MHD_Result res;
+    cJSON *o = load_upload(c, &res);
+    if (!o) return res;
+    cJSON_Delete(o);
+    cJSON *x = cJSON_CreateObject(), *users = cJSON_AddArrayToObject(x, "jobs");
+    upload_lock(); /* no job can be queued on it between the check and the delete */
+    if (jobs_using(c, c->param, users)) {
+        upload_unlock();
+        cJSON_Delete(x);
+        return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
+    }
+    if (cJSON_GetArraySize(users) > 0) {
+        upload_unlock();
+        char detail[200];
+        snprintf(detail, sizeof detail, "dataset %s is used by %d queued or running job%s", c->param,
+                 cJSON_GetArraySize(users), cJSON_GetArraySize(users) == 1 ? "" : "s");
+        return problem(c->conn, 409, "dataset-in-use", detail, x, NULL);
+    }
+    cJSON_Delete(x);
+    int rc = upload_dataset_delete(data_dir(c), c->param);
+    upload_unlock();
+    if (rc) return problem(c->conn, 500, NULL, "the dataset could not be removed", NULL, NULL);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    enum MHD_Result rr = respond(c->conn, 204, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* POST /datasets: the body is already on disk (on_request streamed it to r->upload_path) */
+static enum MHD_Result h_datasets_post(struct ctx *c)
+{
+    struct req *r = c->r;
+    if (r->upload_errno) {
+        char detail[200];
+        snprintf(detail, sizeof detail, "the upload cannot be stored: %s", strerror(r->upload_errno));
+        return problem(c->conn, r->upload_errno == ENOSPC ? 507 : 500,
+                       r->upload_errno == ENOSPC ? "insufficient-storage" : NULL, detail, NULL, NULL);
+    }
+    close(r->upload_fd);
+    r->upload_fd = -1;
+    struct upload_limits lim = {.max_unpacked = c->a->cfg.upload_max_unpacked,
+                                .max_files = c->a->cfg.upload_max_files};
+    char id[UPLOAD_ID_LEN], err[600];
+    int rc = upload_dataset_create(data_dir(c), r->upload_path, c->owner, &lim, (int64_t)r->len,
+                                   id, err, sizeof err);
+    r->upload_path[0] = 0; /* removed by upload_dataset_create */
+    if (rc) {
+        static const struct {
+            int rc;
+            unsigned status;
+            const char *slug;
+        } map[] = {{UPLOAD_ERR_CORRUPT, 422, "archive-corrupt"},
+                   {UPLOAD_ERR_UNSAFE, 422, "archive-unsafe-entry"},
+                   {UPLOAD_ERR_NOT_PNG, 422, "archive-not-png"},
+                   {UPLOAD_ERR_EMPTY, 422, "archive-empty"},
+                   {UPLOAD_ERR_TOO_LARGE, 413, "archive-too-large"},
+                   {UPLOAD_ERR_TOO_MANY, 413, "archive-too-many-entries"},
+                   {UPLOAD_ERR_NOSPACE, 507, "insufficient-storage"}};
+        for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+            if (map[i].rc == rc) return problem(c->conn, map[i].status, map[i].slug, err, NULL, NULL);
+        return problem(c->conn, 500, NULL, err, NULL, NULL);
+    }
+    cJSON *o = upload_json(c, id);
+    if (!o) return problem(c->conn, 500, NULL, "the new dataset cannot be read back", NULL, NULL);
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, "/datasets/%s", id);
+    return send_json(c->conn, 201, o, NULL, (const char *const[]){"Location", loc, NULL});
 }
 
 /* GET /devices: each device's budget and what is on it now */
@@ -1460,6 +1705,10 @@ static const struct route routes[] = {
     {"GET", "/samples/{id}.png", h_sample_grid, 1},
     {"GET", "/samples/{id}/images/{k}.png", h_sample_image, 1},
     {"GET", "/datasets", h_datasets, 1},
+    {"POST", "/datasets", h_datasets_post, 1},
+    {"GET", "/datasets/{id}", h_dataset, 1},
+    {"DELETE", "/datasets/{id}", h_dataset_delete, 1},
+    {"GET", "/datasets/{id}/preview.png", h_dataset_preview, 1},
     {"GET", "/devices", h_devices, 1},
     {"GET", "/metrics", h_metrics, 1},
     {"GET", "/healthz", h_healthz, 0},
@@ -1546,6 +1795,71 @@ static void request_id(struct MHD_Connection *conn, char *rid)
     for (int i = 0; i < 8; i++) snprintf(rid + 2 * i, 3, "%02x", b[i]);
 }
 
+/* the caller of route rt: c->owner and c->admin; 0, or -1 with the 401 sent (*res) */
+static int authorize(struct api *a, struct MHD_Connection *conn, struct ctx *c,
+                     const struct route *rt, enum MHD_Result *res)
+{
+    snprintf(c->owner, sizeof c->owner, "anonymous");
+    c->admin = 1; /* without tokens everyone is the one local user */
+    if (!a->cfg.tokens || !rt->auth) return 0;
+    int present;
+    c->admin = 0;
+    if (auth_check(a, conn, c, &present) == 0) return 0;
+    *res = problem(conn, 401, NULL,
+                   present ? "the bearer token is not valid"
+                           : "this route needs Authorization: Bearer TOKEN",
+                   NULL,
+                   (const char *const[]){"WWW-Authenticate",
+                                         present ? "Bearer realm=\"ddpmd\", "
+                                                   "error=\"invalid_token\""
+                                                 : "Bearer realm=\"ddpmd\"",
+                                         NULL});
+    return -1;
+}
+
+/* POST /datasets, first call: refused before a byte of the body is read (401, 415, 413, or the
+ * store cannot take it), else its temporary file is opened; 1 when an answer was sent */
+static int upload_begin(struct api *a, struct MHD_Connection *conn, struct req *r,
+                        long long declared, enum MHD_Result *res)
+{
+    struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2};
+    if (authorize(a, conn, &c, &routes[r->route], res)) return 1;
+    const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    static const char *const types[] = {"application/x-tar", "application/tar", "application/gzip",
+                                        "application/x-gzip", "application/x-gtar",
+                                        "application/octet-stream", NULL};
+    int ok = 0;
+    for (int i = 0; ct && types[i]; i++) {
+        size_t n = strlen(types[i]);
+        ok |= strncasecmp(ct, types[i], n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
+    }
+    if (!ok) {
+        *res = problem(conn, 415, NULL,
+                       "POST /datasets takes a tar archive of PNG files, plain (application/x-tar) "
+                       "or gzip-compressed (application/gzip)",
+                       NULL, (const char *const[]){"Accept-Post", "application/x-tar, application/gzip", NULL});
+        return 1;
+    }
+    if (declared > a->cfg.upload_max_bytes) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "the archive is %lld bytes; the limit is %lld", declared,
+                 (long long)a->cfg.upload_max_bytes);
+        *res = problem(conn, 413, "archive-too-large", detail, NULL, NULL);
+        return 1;
+    }
+    char err[300];
+    r->upload_fd = upload_part_open(pool_config_of(a->cfg.pool)->data_dir, r->upload_path,
+                                    sizeof r->upload_path, err, sizeof err);
+    if (r->upload_fd < 0) {
+        r->upload_path[0] = 0;
+        *res = problem(conn, errno == ENOSPC ? 507 : 500,
+                       errno == ENOSPC ? "insufficient-storage" : NULL, err, NULL, NULL);
+        return 1;
+    }
+    r->upload = 1;
+    return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **con_cls)
@@ -1561,12 +1875,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         request_id(conn, r->rid);
         snprintf(r->method, sizeof r->method, "%s", method);
         snprintf(r->path, sizeof r->path, "%s", url);
+        r->upload_fd = -1;
         route_find(method, url, r);
         tl_req = r;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
-        long long len;
-        if (cl && api_parse_int(cl, 0, INT64_MAX, &len) == 0 && (size_t)len > a->cfg.max_body) {
+        long long len = -1;
+        if (cl && api_parse_int(cl, 0, INT64_MAX, &len)) len = -1;
+        if (r->route >= 0 && routes[r->route].fn == h_datasets_post) {
+            enum MHD_Result res;
+            if (upload_begin(a, conn, r, len, &res)) {
+                r->too_big = 2; /* answered: the body is dropped */
+                return res;
+            }
+            return MHD_YES;
+        }
+        if (len >= 0 && (size_t)len > a->cfg.max_body) {
             /* refused before a byte of it is read; libmicrohttpd closes the connection after */
             char detail[160];
             snprintf(detail, sizeof detail, "the body is %lld bytes; the limit is %zu", len,
@@ -1578,6 +1902,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     tl_req = r;
     if (r->too_big == 2) return MHD_YES;
+    if (*upload_size && r->upload) {
+        /* an archive: to its file as it comes, counted against the upload limit */
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->too_big || r->upload_errno) return MHD_YES;
+        if ((int64_t)(r->len + n) > a->cfg.upload_max_bytes) {
+            r->too_big = 1; /* the rest is dropped; what came is gone before the 413 */
+            close(r->upload_fd);
+            r->upload_fd = -1;
+            unlink(r->upload_path);
+            r->upload_path[0] = 0;
+            return MHD_YES;
+        }
+        if (fsio_write_full(r->upload_fd, upload_data, n)) {
+            r->upload_errno = errno ? errno : EIO;
+            return MHD_YES;
+        }
+        r->len += n;
+        return MHD_YES;
+    }
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
@@ -1606,27 +1950,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (r->route == -2) return not_allowed(conn, url);
     const struct route *rt = &routes[r->route];
     struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2};
-    snprintf(c.owner, sizeof c.owner, "anonymous");
-    c.admin = 1; /* without tokens everyone is the one local user */
-    if (a->cfg.tokens && rt->auth) {
-        int present;
-        c.admin = 0;
-        if (auth_check(a, conn, &c, &present))
-            return problem(conn, 401, NULL,
-                           present ? "the bearer token is not valid"
-                                   : "this route needs Authorization: Bearer TOKEN",
-                           NULL,
-                           (const char *const[]){"WWW-Authenticate",
-                                                 present ? "Bearer realm=\"ddpmd\", "
-                                                           "error=\"invalid_token\""
-                                                         : "Bearer realm=\"ddpmd\"",
-                                                 NULL});
-    }
+    enum MHD_Result ares;
+    if (authorize(a, conn, &c, rt, &ares)) return ares;
     if (r->too_big) {
         char detail[96];
-        snprintf(detail, sizeof detail, "the body is larger than the limit of %zu bytes",
-                 a->cfg.max_body);
-        return problem(conn, 413, NULL, detail, NULL, NULL);
+        snprintf(detail, sizeof detail, "the body is larger than the limit of %lld bytes",
+                 r->upload ? (long long)a->cfg.upload_max_bytes : (long long)a->cfg.max_body);
+        return problem(conn, 413, r->upload ? "archive-too-large" : NULL, detail, NULL, NULL);
     }
     enum MHD_Result res = rt->fn(&c);
     /* a refused request leaves its key free for a retry */
@@ -1647,6 +1977,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                              .route = r->route >= 0 ? routes[r->route].pattern : NULL,
                              .job = r->job, .status = r->status, .duration_ms = sec * 1e3};
     log_request(&lr);
+    if (r->upload_fd >= 0) close(r->upload_fd);
+    if (r->upload_path[0]) unlink(r->upload_path); /* an upload refused or cut off */
     free(r->body);
     free(r);
     *con_cls = NULL;

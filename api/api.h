@@ -6,6 +6,7 @@
 #define DDPMD_API_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "jobs.h"
@@ -32,6 +33,9 @@ struct api_config {
     const char *path_prefix;        /* "" / NULL, or a normal form of api_parse_path_prefix:
                                      * requests are routed with it or without it (a proxy that
                                      * strips it), every Location and link carries it */
+    int64_t upload_max_bytes;       /* POST /datasets: the archive as sent (413 beyond) */
+    int64_t upload_max_unpacked;    /* its files unpacked (413 beyond) */
+    int64_t upload_max_files;       /* its entries (413 beyond) */
 };
 
 enum api_status { API_OK = 0, API_ERR_START = 1 };

@@ -62,8 +62,7 @@ FILE *fsio_fopen_read(const char *path, char *err, size_t errlen)
     return f;
 }
 
-/* every byte of buf, retrying short writes and EINTR; 0 or -1 with errno set */
-static int fsio_write_full(int fd, const void *buf, size_t len)
+int fsio_write_full(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
     while (len) {

@@ -24,6 +24,9 @@ int fsio_open_regular(const char *path, int flags, char *err, size_t errlen);
 /* the same as a stdio stream opened for reading ("rb") */
 FILE *fsio_fopen_read(const char *path, char *err, size_t errlen);
 
+/* every byte of buf to fd, retrying short writes and EINTR; 0 or -1 with errno set */
+int fsio_write_full(int fd, const void *buf, size_t len);
+
 /* one piece of a file's contents */
 struct fsio_buf {
     const void *data;

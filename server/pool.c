@@ -29,6 +29,7 @@
 #include "metrics.h"
 #include "sample.h"
 #include "train.h"
+#include "upload.h"
 
 extern char **environ;
 
@@ -157,7 +158,12 @@ int pool_estimate(const struct pool *p, const struct train_spec *spec, struct po
          * memory the cpu budget covers (train.c: the loader's 2 batches ahead, x0/eps/xt/target) */
         int64_t per = (int64_t)spec->model.in_channels * spec->model.image_size *
                       spec->model.image_size * (int64_t)sizeof(float);
-        e->host_data = (int64_t)FMNIST_TRAIN_IMAGES * per + 6 * (int64_t)spec->batch * per;
+        int64_t images = FMNIST_TRAIN_IMAGES;
+        if (strcmp(spec->dataset, "fashion-mnist") != 0) { /* an uploaded folder's count */
+            int64_t n = upload_folder_images(spec->dataset);
+            if (n >= 0) images = n;
+        }
+        e->host_data = images * per + 6 * (int64_t)spec->batch * per;
     }
     e->reserved = e->plan_total + e->baseline + e->host_data;
     rc = POOL_OK;

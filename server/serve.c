@@ -28,6 +28,7 @@
 #include "pool.h"
 #include "spec.h"
 #include "train.h"
+#include "upload.h"
 
 extern const char ddpmd_openapi_yaml[];
 extern const size_t ddpmd_openapi_yaml_len;
@@ -77,6 +78,12 @@ static void serve_usage(FILE *f)
             "                         (DDPMD_PATH_PREFIX; default none): requests are routed both\n"
             "                         with it (/ddpmd/jobs) and without it (a proxy that strips\n"
             "                         it), and every Location and link the server sends carries it\n"
+            "  --upload-max-bytes SIZE  POST /datasets: the largest archive as sent\n"
+            "                         (DDPMD_UPLOAD_MAX_BYTES; default 1GiB)\n"
+            "  --upload-max-unpacked SIZE  the most bytes its files may unpack to\n"
+            "                         (DDPMD_UPLOAD_MAX_UNPACKED; default 4GiB)\n"
+            "  --upload-max-files N   the most entries (files and folders) it may hold\n"
+            "                         (DDPMD_UPLOAD_MAX_FILES; default 100000)\n"
             "  --routes               print the HTTP routes (METHOD PATH) and exit\n"
             "SIGTERM or SIGINT: stop admitting, stop running jobs at their next step with a\n"
             "checkpoint, exit; the next start resumes them.\n");
@@ -288,6 +295,9 @@ int serve_main(int argc, char **argv)
     const char *mpo = env_or("DDPMD_MAX_JOBS_PER_OWNER", "0");
     const char *mr = env_or("DDPMD_MAX_RETRIES", "2");
     const char *lf = env_or("DDPMD_LOG_FORMAT", "text");
+    const char *umb = env_or("DDPMD_UPLOAD_MAX_BYTES", "1GiB");
+    const char *umu = env_or("DDPMD_UPLOAD_MAX_UNPACKED", "4GiB");
+    const char *umf = env_or("DDPMD_UPLOAD_MAX_FILES", "100000");
     int probe = 0, routes = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -306,6 +316,9 @@ int serve_main(int argc, char **argv)
         else if (OPT("--sse-keepalive")) ka = v;
         else if (OPT("--log-format")) lf = v;
         else if (OPT("--path-prefix")) o.path_prefix = v;
+        else if (OPT("--upload-max-bytes")) umb = v;
+        else if (OPT("--upload-max-unpacked")) umu = v;
+        else if (OPT("--upload-max-files")) umf = v;
         else if (strcmp(a, "--probe") == 0) probe = 1;
         else if (strcmp(a, "--routes") == 0) routes = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -340,6 +353,15 @@ int serve_main(int argc, char **argv)
         return 2;
     }
     log_set_format(logf);
+    int64_t up_bytes, up_unpacked;
+    int up_files;
+    if (serve_parse_size(umb, &up_bytes) || up_bytes < 1024 ||
+        serve_parse_size(umu, &up_unpacked) || up_unpacked < 1024) {
+        log_msg(LOG_ERROR, "--upload-max-bytes and --upload-max-unpacked take sizes of at least "
+                           "1024 bytes, not '%s' and '%s'", umb, umu);
+        return 2;
+    }
+    if (parse_count("--upload-max-files", umf, 1, 100000000, &up_files)) return 2;
     if (serve_parse_size(mb, &max_body) || max_body < 1024) {
         log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", mb);
         return 2;
@@ -434,6 +456,10 @@ int serve_main(int argc, char **argv)
     struct jobs *db = NULL;
     struct pool *pool = NULL;
     struct api *api = NULL;
+    if (upload_store_init(o.data, err, sizeof err)) {
+        log_msg(LOG_ERROR, "%s", err);
+        goto out;
+    }
     if (jobs_open(&db, o.data, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;
@@ -450,7 +476,9 @@ int serve_main(int argc, char **argv)
                             .keepalive_s = keepalive,
                             .db = db, .pool = pool, .tokens = tokens, .n_tokens = n_tokens,
                             .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len,
-                            .path_prefix = prefix};
+                            .path_prefix = prefix,
+                            .upload_max_bytes = up_bytes, .upload_max_unpacked = up_unpacked,
+                            .upload_max_files = up_files};
     if (api_start(&api, &ac, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;

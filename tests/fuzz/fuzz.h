@@ -24,6 +24,7 @@ int fuzz_checkpoint(const uint8_t *data, size_t size);
 int fuzz_png(const uint8_t *data, size_t size);
 int fuzz_idx(const uint8_t *data, size_t size);
 int fuzz_http(const uint8_t *data, size_t size);
+int fuzz_archive(const uint8_t *data, size_t size);
 
 /* every target, ending with {NULL} */
 extern const struct fuzz_target fuzz_targets[];

@@ -3,9 +3,11 @@
 running it again gives the same bytes). Valid examples of every format plus a few edge cases;
 libFuzzer mutates from these. Usage: python3 tests/fuzz/make_corpus.py (from anywhere)."""
 import gzip
+import io
 import json
 import os
 import struct
+import tarfile
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -184,6 +186,41 @@ def https():
     put("http", "tokens-long-line", b"\x03" + b"e" * 2000 + b" " + b"s" * 300 + b"\n")
 
 
+# ---- archive (POST /datasets) ----
+def tar_bytes(entries, gz=False):
+    """entries: (name, bytes) files or (name, tarfile type, linkname); deterministic (mtime 0)"""
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for e in entries:
+            ti = tarfile.TarInfo(e[0])
+            ti.mtime = 0
+            if len(e) == 2:
+                ti.size = len(e[1])
+                t.addfile(ti, io.BytesIO(e[1]))
+            else:
+                ti.type, ti.linkname = e[1], e[2]
+                t.addfile(ti)
+    raw = b.getvalue()
+    return gzip.compress(raw, 6, mtime=0) if gz else raw
+
+
+def archives():
+    a = png(2, 2, 8, 0, [b"\x10\x20", b"\x30\x40"])
+    b = png(3, 2, 8, 2, [bytes(range(9)), bytes(range(100, 109))])
+    put("archive", "two-pngs", tar_bytes([("a.png", a), ("b.png", b)]))
+    put("archive", "two-pngs-gz", tar_bytes([("a.png", a), ("b.png", b)], gz=True))
+    put("archive", "class-folders", tar_bytes([("cat", tarfile.DIRTYPE, ""), ("cat/a.png", a),
+                                              ("dog/b.png", b)]))
+    put("archive", "traversal", tar_bytes([("../a.png", a)]))
+    put("archive", "absolute", tar_bytes([("/a.png", a)]))
+    put("archive", "symlink", tar_bytes([("a.png", a), ("l.png", tarfile.SYMTYPE, "a.png")]))
+    put("archive", "hardlink", tar_bytes([("a.png", a), ("h.png", tarfile.LNKTYPE, "a.png")]))
+    put("archive", "device", tar_bytes([("d.png", tarfile.CHRTYPE, "")]))
+    put("archive", "not-png", tar_bytes([("a.png", b"hello")]))
+    put("archive", "truncated", tar_bytes([("a.png", a), ("b.png", b)])[:700])
+    put("archive", "duplicate", tar_bytes([("a.png", a), ("a.png", a)]))
+
+
 if __name__ == "__main__":
     specs()
     sts()
@@ -191,3 +228,4 @@ if __name__ == "__main__":
     pngs()
     idxs()
     https()
+    archives()

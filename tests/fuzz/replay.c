@@ -19,6 +19,7 @@ const struct fuzz_target fuzz_targets[] = {
     {"png", fuzz_png, 65536},
     {"idx", fuzz_idx, 16384},
     {"http", fuzz_http, 4096},
+    {"archive", fuzz_archive, 65536},
     {NULL, NULL, 0},
 };
 

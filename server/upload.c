@@ -1,0 +1,566 @@
+/* upload.c - uploaded datasets (see upload.h). An archive is read once with libarchive (tar
+ * formats only, gzip or no filter); every entry is judged before a byte of it is written: its path
+ * (relative, no "..", no hidden component, at most one folder deep), its type (folders and regular
+ * files only: no symlink, hardlink, device, FIFO), the entry count and the running byte total. A
+ * file must start with the PNG signature and then decode with image_load_png (its size limits).
+ * Files are created with O_EXCL | O_NOFOLLOW under a folder this process made, so no entry can
+ * write outside it, and the whole folder is removed on any refusal.
+ */
+#define _GNU_SOURCE /* nftw, syncfs */
+#include "upload.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fsio.h"
+#include "image.h"
+#include "jobs.h"
+
+#define UPLOAD_CHUNK 65536
+
+static pthread_mutex_t upload_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void upload_lock(void) { pthread_mutex_lock(&upload_mu); }
+void upload_unlock(void) { pthread_mutex_unlock(&upload_mu); }
+
+void upload_result_free(struct upload_result *r)
+{
+    free(r->preview);
+    memset(r, 0, sizeof *r);
+}
+
+int upload_id_valid(const char *s)
+{
+    if (s[0] != 'd') return 0;
+    for (int i = 1; i <= 16; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return s[17] == 0;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) && errno != ENOENT ? -1 : 0;
+}
+
+int upload_rmtree(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb)) return errno == ENOENT ? 0 : -1;
+    return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* an entry's path -> its normalized relative form in out ("./a/b.png" -> "a/b.png", a folder's
+ * trailing '/' dropped) and its depth (components); -1 with why when it may not be unpacked */
+static int entry_path(const char *in, char *out, size_t n, int *depth, const char **why)
+{
+    size_t o = 0;
+    *depth = 0;
+    if (!in || !*in) return *why = "an entry without a name", -1;
+    if (in[0] == '/') return *why = "an absolute path", -1;
+    if (strlen(in) >= UPLOAD_PATH_MAX) return *why = "a path longer than 1023 bytes", -1;
+    const char *p = in;
+    while (*p) {
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || (len == 1 && p[0] == '.')) {
+            /* "a//b" and "./a": empty and "." components mean nothing */
+        } else if (len == 2 && p[0] == '.' && p[1] == '.') {
+            return *why = "a path with \"..\"", -1;
+        } else if (p[0] == '.') {
+            return *why = "a hidden name (starting with '.')", -1;
+        } else if (len > UPLOAD_NAME_MAX) {
+            return *why = "a name longer than 255 bytes", -1;
+        } else {
+            for (size_t i = 0; i < len; i++)
+                if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+                    return *why = "a name with a control character", -1;
+            if (o && o + 1 < n) out[o++] = '/';
+            if (o + len >= n) return *why = "a path too long", -1;
+            memcpy(out + o, p, len);
+            o += len;
+            (*depth)++;
+        }
+        p += len;
+        if (*p == '/') p++;
+    }
+    out[o] = 0;
+    if (*depth == 0) return *why = "an entry without a name", -1;
+    return 0;
+}
+
+/* "name" with a printable, bounded echo of an entry's name for messages */
+static void echo(char *out, size_t n, const char *s)
+{
+    size_t o = 0;
+    for (; s && *s && o + 5 < n && o < 80; s++)
+        out[o++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
+    if (s && *s && o + 4 < n) out[o++] = '.', out[o++] = '.', out[o++] = '.';
+    out[o] = 0;
+}
+
+static int has_png_suffix(const char *s)
+{
+    size_t n = strlen(s);
+    return n > 4 && strcasecmp(s + n - 4, ".png") == 0;
+}
+
+/* the decoded image's size and channels into res, and its tile into the preview */
+static int note_image(struct upload_result *res, struct image *img)
+{
+    if (res->images == 0 || img->w < res->min_w) res->min_w = img->w;
+    if (res->images == 0 || img->h < res->min_h) res->min_h = img->h;
+    if (img->w > res->max_w) res->max_w = img->w;
+    if (img->h > res->max_h) res->max_h = img->h;
+    if (img->c > res->channels) res->channels = img->c;
+    if (res->preview_n >= UPLOAD_PREVIEW_N) return 0;
+    if (res->preview_n == 0) {
+        res->preview_c = img->c >= 3 ? 3 : 1;
+        size_t tile = (size_t)res->preview_c * UPLOAD_PREVIEW_SIDE * UPLOAD_PREVIEW_SIDE;
+        res->preview = malloc(UPLOAD_PREVIEW_N * tile * sizeof(float));
+        if (!res->preview) return -1;
+    }
+    size_t tile = (size_t)res->preview_c * UPLOAD_PREVIEW_SIDE * UPLOAD_PREVIEW_SIDE;
+    if (image_to_channels(img, res->preview_c) ||
+        image_resize_square(res->preview + (size_t)res->preview_n * tile, img, UPLOAD_PREVIEW_SIDE))
+        return -1;
+    res->preview_n++;
+    return 0;
+}
+
+int upload_unpack(const char *path, const char *dest, const struct upload_limits *lim,
+                  struct upload_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    int rc = UPLOAD_ERR_IO, dfd = -1, fd = -1, made = 0;
+    int64_t entries = 0;
+    char *buf = NULL, rel[UPLOAD_PATH_MAX], shown[96], full[FSIO_PATH_MAX];
+    struct archive *a = archive_read_new();
+    struct archive_entry *e;
+    if (!a || !(buf = malloc(UPLOAD_CHUNK))) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (mkdir(dest, 0755)) {
+        snprintf(err, errlen, "cannot create the dataset folder: %s", strerror(errno));
+        goto out;
+    }
+    made = 1;
+    dfd = open(dest, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        snprintf(err, errlen, "cannot open the dataset folder: %s", strerror(errno));
+        goto out;
+    }
+    archive_read_support_filter_gzip(a);
+    archive_read_support_format_tar(a);
+    if (archive_read_open_filename(a, path, UPLOAD_CHUNK) != ARCHIVE_OK) {
+        rc = UPLOAD_ERR_CORRUPT;
+        snprintf(err, errlen, "not a tar archive (plain or gzip): %s", archive_error_string(a));
+        goto out;
+    }
+    for (;;) {
+        int r = archive_read_next_header(a, &e);
+        if (r == ARCHIVE_EOF) break;
+        if (r != ARCHIVE_OK) {
+            rc = UPLOAD_ERR_CORRUPT;
+            snprintf(err, errlen, "%s after %lld entries: %s",
+                     entries ? "the archive is truncated or corrupt" : "not a tar archive (plain or gzip)",
+                     (long long)entries, archive_error_string(a) ? archive_error_string(a) : "?");
+            goto out;
+        }
+        const char *name = archive_entry_pathname(e), *why = NULL;
+        echo(shown, sizeof shown, name);
+        if (++entries > lim->max_files) {
+            rc = UPLOAD_ERR_TOO_MANY;
+            snprintf(err, errlen, "the archive holds more than %lld entries (the limit)",
+                     (long long)lim->max_files);
+            goto out;
+        }
+        int depth;
+        if (entry_path(name, rel, sizeof rel, &depth, &why)) {
+            rc = UPLOAD_ERR_UNSAFE;
+            snprintf(err, errlen, "entry '%s': %s is not allowed", shown, why);
+            goto out;
+        }
+        mode_t type = archive_entry_filetype(e);
+        if (archive_entry_hardlink(e)) {
+            rc = UPLOAD_ERR_UNSAFE;
+            snprintf(err, errlen, "entry '%s': a hard link is not allowed", shown);
+            goto out;
+        }
+        if (type == AE_IFDIR) {
+            if (depth > 1) {
+                rc = UPLOAD_ERR_UNSAFE;
+                snprintf(err, errlen, "entry '%s': folders may be one level deep", shown);
+                goto out;
+            }
+            if (mkdirat(dfd, rel, 0755) && errno != EEXIST) {
+                rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+                snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
+                goto out;
+            }
+            continue;
+        }
+        if (type != AE_IFREG) {
+            rc = UPLOAD_ERR_UNSAFE;
+            snprintf(err, errlen, "entry '%s': a %s is not allowed (only folders and PNG files)",
+                     shown, type == AE_IFLNK ? "symbolic link" : type == AE_IFCHR ? "character device"
+                     : type == AE_IFBLK ? "block device" : type == AE_IFIFO ? "FIFO"
+                     : type == AE_IFSOCK ? "socket" : "special file");
+            goto out;
+        }
+        if (depth > 2) {
+            rc = UPLOAD_ERR_UNSAFE;
+            snprintf(err, errlen, "entry '%s': files may be at most one folder deep", shown);
+            goto out;
+        }
+        if (!has_png_suffix(rel)) {
+            rc = UPLOAD_ERR_NOT_PNG;
+            snprintf(err, errlen, "entry '%s': only .png files are allowed", shown);
+            goto out;
+        }
+        int64_t declared = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+        if (declared < 0 || declared > lim->max_unpacked - res->bytes) {
+            rc = UPLOAD_ERR_TOO_LARGE;
+            snprintf(err, errlen, "entry '%s': the files unpack to more than %lld bytes (the limit)",
+                     shown, (long long)lim->max_unpacked);
+            goto out;
+        }
+        if (depth == 2) { /* its folder, when the archive did not list it first */
+            char *slash = strchr(rel, '/');
+            *slash = 0;
+            int mr = mkdirat(dfd, rel, 0755);
+            *slash = '/';
+            if (mr && errno != EEXIST) {
+                rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+                snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
+                goto out;
+            }
+        }
+        fd = openat(dfd, rel, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            rc = errno == EEXIST ? UPLOAD_ERR_UNSAFE : errno == ENOSPC ? UPLOAD_ERR_NOSPACE
+                                                                         : UPLOAD_ERR_IO;
+            snprintf(err, errlen, "entry '%s': %s", shown,
+                     errno == EEXIST ? "the archive holds this name twice" : strerror(errno));
+            goto out;
+        }
+        int64_t got = 0;
+        for (;;) {
+            la_ssize_t k = archive_read_data(a, buf, UPLOAD_CHUNK);
+            if (k == 0) break;
+            if (k < 0) {
+                rc = UPLOAD_ERR_CORRUPT;
+                snprintf(err, errlen, "entry '%s': the archive is truncated or corrupt: %s", shown,
+                         archive_error_string(a) ? archive_error_string(a) : "?");
+                goto out;
+            }
+            if (got == 0 && (k < 8 || memcmp(buf, "\x89PNG\r\n\x1a\n", 8) != 0)) {
+                rc = UPLOAD_ERR_NOT_PNG;
+                snprintf(err, errlen, "entry '%s': not a PNG file (no PNG signature)", shown);
+                goto out;
+            }
+            got += k;
+            if (got > lim->max_unpacked - res->bytes) {
+                rc = UPLOAD_ERR_TOO_LARGE;
+                snprintf(err, errlen, "entry '%s': the files unpack to more than %lld bytes (the "
+                         "limit)", shown, (long long)lim->max_unpacked);
+                goto out;
+            }
+            if (fsio_write_full(fd, buf, (size_t)k)) {
+                rc = errno == ENOSPC || errno == EDQUOT ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+                snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
+                goto out;
+            }
+        }
+        if (close(fd)) {
+            fd = -1;
+            rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+            snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
+            goto out;
+        }
+        fd = -1;
+        if (got == 0) {
+            rc = UPLOAD_ERR_NOT_PNG;
+            snprintf(err, errlen, "entry '%s': an empty file is no PNG", shown);
+            goto out;
+        }
+        res->bytes += got;
+        struct image img;
+        char ierr[300];
+        if (fsio_path(full, sizeof full, ierr, sizeof ierr, "%s/%s", dest, rel) ||
+            image_load_png(full, &img, ierr, sizeof ierr)) {
+            rc = UPLOAD_ERR_NOT_PNG;
+            /* the reader names the file by its path here: keep only the reason */
+            const char *reason = strstr(ierr, "': ");
+            snprintf(err, errlen, "entry '%s': not a usable PNG: %s", shown,
+                     reason ? reason + 3 : ierr);
+            goto out;
+        }
+        int nr = note_image(res, &img);
+        image_free(&img);
+        if (nr) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
+        res->images++;
+    }
+    if (res->images == 0) {
+        rc = UPLOAD_ERR_EMPTY;
+        snprintf(err, errlen, "the archive holds no PNG file");
+        goto out;
+    }
+    /* every file of the dataset on disk before it is named (one syncfs, not an fsync per file) */
+    if (syncfs(dfd)) {
+        rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+        snprintf(err, errlen, "cannot sync the dataset: %s", strerror(errno));
+        goto out;
+    }
+    rc = UPLOAD_OK;
+out:
+    if (fd >= 0) close(fd);
+    if (dfd >= 0) close(dfd);
+    if (a) archive_read_free(a);
+    free(buf);
+    if (rc) {
+        if (made) upload_rmtree(dest);
+        upload_result_free(res);
+    }
+    return rc;
+}
+
+/* ---- the store ---- */
+
+static int store_dir(const char *data_dir, char *path, size_t len)
+{
+    char e[8];
+    return fsio_path(path, len, e, sizeof e, "%s/datasets", data_dir);
+}
+
+int upload_store_init(const char *data_dir, char *err, size_t errlen)
+{
+    char dir[FSIO_PATH_MAX], p[FSIO_PATH_MAX];
+    if (store_dir(data_dir, dir, sizeof dir) || (mkdir(dir, 0755) && errno != EEXIST)) {
+        snprintf(err, errlen, "cannot create %s/datasets: %s", data_dir, strerror(errno));
+        return -1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(err, errlen, "cannot open %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if ((strncmp(de->d_name, ".upload-", 8) == 0 || strncmp(de->d_name, ".tmp-", 5) == 0 ||
+             strncmp(de->d_name, ".del-", 5) == 0) &&
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name) < (int)sizeof p)
+            upload_rmtree(p);
+    closedir(d);
+    return 0;
+}
+
+static int rand_hex(char *out, int bytes)
+{
+    unsigned char r[16];
+    if (bytes > 16 || getrandom(r, (size_t)bytes, 0) != bytes) return -1;
+    for (int i = 0; i < bytes; i++) sprintf(out + 2 * i, "%02x", r[i]);
+    return 0;
+}
+
+int upload_part_open(const char *data_dir, char *path, size_t len, char *err, size_t errlen)
+{
+    char hex[33];
+    if (rand_hex(hex, 8) ||
+        fsio_path(path, len, err, errlen, "%s/datasets/.upload-%s.part", data_dir, hex)) {
+        snprintf(err, errlen, "no name for the upload: %s", strerror(errno));
+        return -1;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) snprintf(err, errlen, "cannot store the upload: %s", strerror(errno));
+    return fd;
+}
+
+int upload_dataset_path(const char *data_dir, const char *id, const char *tail, char *path,
+                        size_t len)
+{
+    char e[8];
+    if (!upload_id_valid(id)) return -1;
+    return fsio_path(path, len, e, sizeof e, "%s/datasets/%s%s%s", data_dir, id, *tail ? "/" : "",
+                     tail);
+}
+
+static int write_meta(const char *dir, const char *id, const char *owner, int64_t archive_bytes,
+                      const struct upload_result *r, char *err, size_t errlen)
+{
+    char path[FSIO_PATH_MAX], now[32];
+    jobs_now(now, sizeof now);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "owner", owner);
+    cJSON_AddNumberToObject(o, "images", (double)r->images);
+    cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
+    cJSON_AddNumberToObject(o, "archive_bytes", (double)archive_bytes);
+    cJSON_AddNumberToObject(o, "channels", r->channels);
+    cJSON *sz = cJSON_AddObjectToObject(o, "sizes");
+    cJSON_AddNumberToObject(sz, "min_width", r->min_w);
+    cJSON_AddNumberToObject(sz, "max_width", r->max_w);
+    cJSON_AddNumberToObject(sz, "min_height", r->min_h);
+    cJSON_AddNumberToObject(sz, "max_height", r->max_h);
+    cJSON_AddStringToObject(o, "created_at", now);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    int rc = -1;
+    if (s && snprintf(path, sizeof path, "%s/dataset.json", dir) < (int)sizeof path)
+        rc = fsio_write_atomic_text(path, s, err, errlen);
+    else
+        snprintf(err, errlen, "out of memory");
+    free(s);
+    return rc;
+}
+
+int upload_dataset_create(const char *data_dir, const char *part, const char *owner,
+                          const struct upload_limits *lim, int64_t archive_bytes, char *id,
+                          char *err, size_t errlen)
+{
+    char hex[33], tmp[FSIO_PATH_MAX], images[FSIO_PATH_MAX], path[FSIO_PATH_MAX],
+        final[FSIO_PATH_MAX], perr[300];
+    struct upload_result res;
+    memset(&res, 0, sizeof res);
+    int rc = UPLOAD_ERR_IO, made = 0;
+    if (rand_hex(hex, 8)) {
+        snprintf(err, errlen, "getrandom: %s", strerror(errno));
+        goto out;
+    }
+    id[0] = 'd';
+    memcpy(id + 1, hex, 17); /* 16 hex digits and their NUL */
+    if (fsio_path(tmp, sizeof tmp, err, errlen, "%s/datasets/.tmp-%s", data_dir, hex) ||
+        fsio_path(images, sizeof images, err, errlen, "%s/images", tmp) ||
+        upload_dataset_path(data_dir, id, "", final, sizeof final))
+        goto out;
+    if (mkdir(tmp, 0755)) {
+        rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+        snprintf(err, errlen, "cannot create the dataset folder: %s", strerror(errno));
+        goto out;
+    }
+    made = 1;
+    rc = upload_unpack(part, images, lim, &res, err, errlen);
+    if (rc) goto out;
+    rc = UPLOAD_ERR_IO;
+    if (fsio_path(path, sizeof path, err, errlen, "%s/preview.png", tmp)) goto out;
+    if (image_save_grid_png(path, res.preview, res.preview_n, res.preview_c, UPLOAD_PREVIEW_SIDE,
+                            UPLOAD_PREVIEW_SIDE, 4, 2, perr, sizeof perr)) {
+        snprintf(err, errlen, "cannot write the preview: %s", perr);
+        goto out;
+    }
+    if (write_meta(tmp, id, owner, archive_bytes, &res, perr, sizeof perr)) {
+        rc = strstr(perr, "No space") ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+        snprintf(err, errlen, "cannot write dataset.json: %s", perr);
+        goto out;
+    }
+    if (rename(tmp, final)) {
+        snprintf(err, errlen, "cannot name the dataset: %s", strerror(errno));
+        goto out;
+    }
+    char dir[FSIO_PATH_MAX];
+    if (store_dir(data_dir, dir, sizeof dir) == 0) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) fsync(dfd), close(dfd);
+    }
+    rc = UPLOAD_OK;
+out:
+    upload_result_free(&res);
+    unlink(part);
+    if (rc && made) upload_rmtree(tmp);
+    return rc;
+}
+
+char *upload_dataset_meta(const char *data_dir, const char *id)
+{
+    char path[FSIO_PATH_MAX], err[300];
+    if (upload_dataset_path(data_dir, id, "dataset.json", path, sizeof path)) return NULL;
+    FILE *f = fsio_fopen_read(path, err, sizeof err);
+    if (!f) return NULL;
+    char *s = malloc(65536);
+    size_t n = s ? fread(s, 1, 65535, f) : 0;
+    fclose(f);
+    if (s) s[n] = 0;
+    return s;
+}
+
+static int id_cmp(const void *a, const void *b) { return strcmp(a, b); }
+
+int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n)
+{
+    char dir[FSIO_PATH_MAX];
+    *ids = NULL;
+    *n = 0;
+    if (store_dir(data_dir, dir, sizeof dir)) return -1;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    int cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!upload_id_valid(de->d_name)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char(*g)[UPLOAD_ID_LEN] = realloc(*ids, (size_t)cap * sizeof **ids);
+            if (!g) {
+                closedir(d);
+                free(*ids);
+                *ids = NULL;
+                *n = 0;
+                return -1;
+            }
+            *ids = g;
+        }
+        memcpy((*ids)[(*n)++], de->d_name, UPLOAD_ID_LEN);
+    }
+    closedir(d);
+    if (*n) qsort(*ids, (size_t)*n, sizeof **ids, id_cmp);
+    return 0;
+}
+
+int64_t upload_folder_images(const char *images_dir)
+{
+    char path[FSIO_PATH_MAX], err[300];
+    const char *slash = strrchr(images_dir, '/');
+    if (!slash || strcmp(slash, "/images") != 0 ||
+        snprintf(path, sizeof path, "%.*s/dataset.json", (int)(slash - images_dir), images_dir) >=
+            (int)sizeof path)
+        return -1;
+    FILE *f = fsio_fopen_read(path, err, sizeof err);
+    if (!f) return -1;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *o = cJSON_Parse(buf);
+    const cJSON *im = cJSON_GetObjectItemCaseSensitive(o, "images");
+    int64_t v = cJSON_IsNumber(im) && im->valuedouble >= 0 ? (int64_t)im->valuedouble : -1;
+    cJSON_Delete(o);
+    return v;
+}
+
+int upload_dataset_delete(const char *data_dir, const char *id)
+{
+    char path[FSIO_PATH_MAX], away[FSIO_PATH_MAX], e[8];
+    if (upload_dataset_path(data_dir, id, "", path, sizeof path) ||
+        fsio_path(away, sizeof away, e, sizeof e, "%s/datasets/.del-%s", data_dir, id + 1))
+        return -1;
+    if (rename(path, away)) return -1;
+    return upload_rmtree(away);
+}

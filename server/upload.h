@@ -1,0 +1,87 @@
+/* upload.h - uploaded datasets: a tar (plain or gzip) of PNG files checked and unpacked with
+ * libarchive into DATA/datasets/<id>/ (images/, dataset.json, preview.png), listed, read and
+ * deleted. Everything an archive holds is untrusted: paths, entry types, sizes and images are
+ * checked entry by entry and a refused archive leaves nothing on disk (docs/limits.md).
+ */
+#ifndef DDPMD_UPLOAD_H
+#define DDPMD_UPLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define UPLOAD_ID_LEN 18          /* "d" + 16 hex digits + NUL */
+#define UPLOAD_NAME_MAX 255       /* one path component of an entry */
+#define UPLOAD_PATH_MAX 1024      /* a whole entry path */
+#define UPLOAD_PREVIEW_N 16       /* images in the preview grid (4 x 4) */
+#define UPLOAD_PREVIEW_SIDE 48    /* pixels of one preview tile */
+
+enum upload_status {
+    UPLOAD_OK = 0,
+    UPLOAD_ERR_CORRUPT,         /* not a tar / gzip, truncated, a damaged header: 422 */
+    UPLOAD_ERR_UNSAFE,          /* absolute path, "..", a link, a device, FIFO, hidden or too deep: 422 */
+    UPLOAD_ERR_NOT_PNG,         /* a file that is not a decodable PNG within the image limits: 422 */
+    UPLOAD_ERR_EMPTY,           /* no image at all: 422 */
+    UPLOAD_ERR_TOO_LARGE,       /* more unpacked bytes than the limit: 413 */
+    UPLOAD_ERR_TOO_MANY,        /* more entries than the limit: 413 */
+    UPLOAD_ERR_NOSPACE,         /* the data disk is full: 507 */
+    UPLOAD_ERR_IO,              /* any other file error: 500 */
+};
+
+struct upload_limits {
+    int64_t max_unpacked;       /* bytes of all files together */
+    int64_t max_files;          /* entries (files and folders) */
+};
+
+struct upload_result {
+    int64_t images, bytes;      /* PNG files and their bytes */
+    int min_w, max_w, min_h, max_h;
+    int channels;               /* the most channels any image has (1..4) */
+    /* up to UPLOAD_PREVIEW_N tiles (C,S,S) of the first images, in [-1, 1]; preview_c channels */
+    float *preview;
+    int preview_n, preview_c;
+};
+
+void upload_result_free(struct upload_result *r);
+
+/* Checks and unpacks the archive at path into dest (created; must not exist). Entries may be
+ * folders and regular files at most one folder deep ("a.png", "cat/a.png"), each file a PNG
+ * that image_load_png decodes. On any refusal dest is removed and err says which entry and why. */
+int upload_unpack(const char *path, const char *dest, const struct upload_limits *lim,
+                  struct upload_result *res, char *err, size_t errlen);
+
+/* removes path and everything under it (no link is followed); 0 when it is gone */
+int upload_rmtree(const char *path);
+
+/* whether s is a well-formed dataset id (so it can never name a path) */
+int upload_id_valid(const char *s);
+
+/* ---- the store: DATA/datasets/ ---- */
+
+/* makes DATA/datasets and removes what an interrupted upload left (.part files, .tmp- folders) */
+int upload_store_init(const char *data_dir, char *err, size_t errlen);
+/* a fresh temporary file for an upload's body (O_EXCL, 0600): its fd, its path in path */
+int upload_part_open(const char *data_dir, char *path, size_t len, char *err, size_t errlen);
+
+/* unpacks the uploaded archive at part (then removed) into a new dataset owned by owner; id gets
+ * its id. The dataset appears (one rename) only once whole: dataset.json, preview.png, images/ */
+int upload_dataset_create(const char *data_dir, const char *part, const char *owner,
+                          const struct upload_limits *lim, int64_t archive_bytes, char *id,
+                          char *err, size_t errlen);
+/* DATA/datasets/<id>/<tail> ("dataset.json", "preview.png", "images"); 0 when it fits */
+int upload_dataset_path(const char *data_dir, const char *id, const char *tail, char *path,
+                        size_t len);
+/* the dataset's dataset.json text (caller frees), NULL when there is none */
+char *upload_dataset_meta(const char *data_dir, const char *id);
+/* every dataset id in the store, sorted (caller frees ids); 0 ok */
+int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
+/* the images an uploaded dataset's images/ folder holds, from its dataset.json (-1: unknown) */
+int64_t upload_folder_images(const char *images_dir);
+/* removes a dataset (renamed away first, so it is gone at once); 0 ok */
+int upload_dataset_delete(const char *data_dir, const char *id);
+
+/* held by whoever checks a dataset is unused and deletes it, and by whoever submits a job that
+ * names it, so a job is never queued on a dataset being deleted */
+void upload_lock(void);
+void upload_unlock(void);
+
+#endif
