@@ -4,6 +4,8 @@
  */
 #include "exec.h"
 
+#include "half.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@ struct exec {
     size_t guard_host_words;
     int loss_tensor;
     int eval;                   /* dropout is the identity (exec_forward) */
+    int cur_op;                 /* the op running: its 16-bit operands are read from scratch */
     struct exec_profile prof;   /* when opts.profile */
     double *op_seconds;         /* (g->n_ops) when opts.profile */
     float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc,
@@ -262,6 +265,11 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "a nested plan runs through exec_init_nested");
         return exec_init_failed(e, opts, rc);
     }
+    if ((p->n_cvt || p->work_bytes) && !bk->convert) {
+        rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no 16-bit conversions: plan "
+                       "it in f32", bk->name);
+        return exec_init_failed(e, opts, rc);
+    }
     if ((rc = bk->ctx_init(&e->ctx, e->opts.threads))) {
         rc = bk_fail(e, rc, -1, "creating the backend context");
         return exec_init_failed(e, opts, rc);
@@ -298,6 +306,11 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "not a nested plan over a job's own executor");
         return exec_init_failed(e, opts, rc);
     }
+    if ((sub->n_cvt || sub->work_bytes) && !host->bk->convert) {
+        rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no 16-bit conversions",
+                       host->bk->name);
+        return exec_init_failed(e, opts, rc);
+    }
     if (sub->total_bytes > host->alloc_bytes) {
         rc = exec_fail(e, EXEC_ERR_BUDGET, 0, -1,
                        "the nested plan needs %zu bytes of the reservation, which holds %zu "
@@ -329,19 +342,40 @@ static void host_transpose(float *y, const float *x, int n, int a, int b)
     }
 }
 
-/* host data is NCHW; an image of an NHWC backend is converted through e->stage */
+/* n host floats to 16-bit dtype (y) and back (x): kernels/half.h, as every backend rounds */
+static void host_to16(uint16_t *y, const float *x, size_t n, int dtype)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = dtype == DTYPE_BF16 ? half_f32_to_bf16(x[i]) : half_f32_to_f16(x[i]);
+}
+
+static void host_from16(float *y, const uint16_t *x, size_t n, int dtype)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = dtype == DTYPE_BF16 ? half_bf16_to_f32(x[i]) : half_f16_to_f32(x[i]);
+}
+
+/* host data is NCHW fp32; an image of an NHWC backend is transposed, and a 16-bit tensor
+ * converted, through e->stage (numel floats, then numel 16-bit values) */
 int exec_upload(struct exec *e, int id, const float *host)
 {
     float *d = exec_tensor(e, id);
     if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "tensor %d has no place in the plan", id);
     const struct tensor *t = e->g->tensors[id];
-    if (nhwc_image(e, t)) {
-        if (stage_reserve(e, t->numel))
-            return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for staging");
+    int conv = nhwc_image(e, t), low = t->dtype != DTYPE_F32;
+    if ((conv || low) && stage_reserve(e, t->numel + (low ? t->numel / 2 + 1 : 0)))
+        return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for staging");
+    const void *src = host;
+    if (conv) {
         host_transpose(e->stage, host, t->d[0], t->d[1], t->d[2] * t->d[3]);
-        host = e->stage;
+        src = host = e->stage;
     }
-    return bk_check(e, e->bk->mem_upload(d, host, tensor_bytes(t), e->ctx), "an upload");
+    if (low) {
+        uint16_t *h16 = (uint16_t *)(e->stage + t->numel);
+        host_to16(h16, host, t->numel, t->dtype);
+        src = h16;
+    }
+    return bk_check(e, e->bk->mem_upload(d, src, tensor_bytes(t), e->ctx), "an upload");
 }
 
 int exec_download(struct exec *e, int id, float *host)
@@ -349,11 +383,14 @@ int exec_download(struct exec *e, int id, float *host)
     float *d = exec_tensor(e, id);
     if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "tensor %d has no place in the plan", id);
     const struct tensor *t = e->g->tensors[id];
-    int conv = nhwc_image(e, t);
-    if (conv && stage_reserve(e, t->numel))
+    int conv = nhwc_image(e, t), low = t->dtype != DTYPE_F32;
+    if ((conv || low) && stage_reserve(e, t->numel + (low ? t->numel / 2 + 1 : 0)))
         return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for staging");
-    int rc = e->bk->mem_download(conv ? e->stage : host, d, tensor_bytes(t), e->ctx);
+    uint16_t *h16 = low ? (uint16_t *)(e->stage + t->numel) : NULL;
+    float *dst = conv ? e->stage : host;
+    int rc = e->bk->mem_download(low ? (void *)h16 : (void *)dst, d, tensor_bytes(t), e->ctx);
     if (rc) return bk_fail(e, rc, -1, "a download");
+    if (low) host_from16(dst, h16, t->numel, t->dtype);
     if (conv) host_transpose(host, e->stage, t->d[0], t->d[2] * t->d[3], t->d[1]);
     return EXEC_OK;
 }
@@ -463,8 +500,58 @@ static int check_guards(struct exec *e, int k)
     return EXEC_OK;
 }
 
-#define P(i) exec_tensor(e, o->in[i])
-#define Q(i) exec_tensor(e, o->out[i])
+/* the address the running op's kernel reads or writes tensor t at: its fp32 scratch when it is a
+ * 16-bit operand of this op, else its own bytes */
+static float *opnd(struct exec *e, int t)
+{
+    const struct plan *p = e->p;
+    if (t < 0) return NULL;
+    for (int i = p->cvt_start[e->cur_op]; i < p->cvt_start[e->cur_op + 1]; i++)
+        if (p->cvt[i].tensor == t) return (float *)(e->base + p->st[p->cvt[i].storage].offset);
+    return exec_tensor(e, t);
+}
+
+/* the 16-bit bytes behind a conversion: a weight's working copy, or the tensor's own */
+static void *cvt_src(struct exec *e, const struct plan_cvt *c)
+{
+    if (e->g->tensors[c->tensor]->kind == TENSOR_PARAM)
+        return e->base + e->p->work_offset[c->tensor];
+    return exec_tensor(e, c->tensor);
+}
+
+/* op k's 16-bit operands into their fp32 scratch (before) or its outputs back (after) */
+static int convert_operands(struct exec *e, int k, int after)
+{
+    const struct plan *p = e->p;
+    for (int i = p->cvt_start[k]; i < p->cvt_start[k + 1]; i++) {
+        const struct plan_cvt *c = &p->cvt[i];
+        if (after ? !c->store : !c->load) continue;
+        float *s = (float *)(e->base + p->st[c->storage].offset);
+        size_t n = e->g->tensors[c->tensor]->numel;
+        int rc = after ? e->bk->convert(cvt_src(e, c), c->dtype, s, DTYPE_F32, n, e->ctx)
+                       : e->bk->convert(s, DTYPE_F32, cvt_src(e, c), c->dtype, n, e->ctx);
+        if (rc) return rc;
+    }
+    return BK_OK;
+}
+
+/* the 16-bit working copy of the weights from the fp32 master weights */
+static int refresh_work(struct exec *e)
+{
+    const struct plan *p = e->p;
+    if (!p->work_bytes) return EXEC_OK;
+    int lo = graph_low_dtype(e->g);
+    for (int t = 0; t < e->g->n_tensors; t++) {
+        if (p->work_offset[t] < 0) continue;
+        int rc = e->bk->convert(e->base + p->work_offset[t], lo, exec_tensor(e, t), DTYPE_F32,
+                                e->g->tensors[t]->numel, e->ctx);
+        if (rc) return bk_fail(e, rc, -1, "the 16-bit working weights");
+    }
+    return EXEC_OK;
+}
+
+#define P(i) opnd(e, o->in[i])
+#define Q(i) opnd(e, o->out[i])
 
 /* silu(group norm): the backend's fused kernels, or group norm then SiLU */
 static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
@@ -670,6 +757,17 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     }
 }
 
+/* op k with its 16-bit operands converted around it */
+static int run_op_typed(struct exec *e, int k, float dloss_scale, uint64_t seed, uint64_t step,
+                        int sample_base)
+{
+    e->cur_op = k;
+    int rc = convert_operands(e, k, 0);
+    if (!rc) rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+    if (!rc) rc = convert_operands(e, k, 1);
+    return rc;
+}
+
 static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64_t seed,
                      uint64_t step, int sample_base)
 {
@@ -678,14 +776,14 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
         if (e->opts.profile) {
             double t0 = now_seconds();
-            rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+            rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
             double dt = now_seconds() - t0;
             enum op_type ty = e->g->ops[k].type;
             e->op_seconds[k] += dt;
             e->prof.seconds[ty] += dt;
             e->prof.calls[ty]++;
         } else {
-            rc = run_op(e, k, dloss_scale, seed, step, sample_base);
+            rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
         }
         if (rc) {
             rc = bk_fail(e, rc, k, "the kernel");
@@ -721,6 +819,7 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
         return bk_fail(e, rc, -1, "zeroing the gradients");
     /* a nested plan's run may have overwritten the workspace canaries */
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
+    if ((rc = refresh_work(e))) return rc;
     rc = run_range(e, 0, e->g->n_ops, dloss_scale, seed, step, sample_base);
     if (rc) return rc;
     if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
@@ -731,6 +830,7 @@ int exec_forward(struct exec *e, float *loss)
 {
     int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops, rc;
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
+    if ((rc = refresh_work(e))) return rc;
     e->eval = 1;
     rc = run_range(e, 0, n, 1.0f, 0, 0, 0);
     e->eval = 0;
@@ -751,13 +851,13 @@ float optim_lr(const struct optim_config *c, int64_t s)
 }
 
 static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
-                          float *grad_norm);
+                          float loss_scale, int skip_nonfinite, float *grad_norm, int *applied);
 
-int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
-                        float *grad_norm)
+static int optimizer_timed(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                           float loss_scale, int skip_nonfinite, float *grad_norm, int *applied)
 {
     double t0 = e->opts.profile ? now_seconds() : 0.0;
-    int rc = optimizer_step(e, c, t, lr, grad_norm);
+    int rc = optimizer_step(e, c, t, lr, loss_scale, skip_nonfinite, grad_norm, applied);
     if (e->opts.profile) {
         e->prof.optim_seconds += now_seconds() - t0;
         e->prof.optim_calls++;
@@ -765,8 +865,44 @@ int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t,
     return rc;
 }
 
+int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                        float *grad_norm)
+{
+    return optimizer_timed(e, c, t, lr, 1.0f, 0, grad_norm, NULL);
+}
+
+int exec_optimizer_step_scaled(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                               float loss_scale, float *grad_norm, int *applied)
+{
+    if (!(loss_scale > 0.0f) || isinf(loss_scale))
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "loss scale %g", (double)loss_scale);
+    return optimizer_timed(e, c, t, lr, loss_scale, 1, grad_norm, applied);
+}
+
+void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c)
+{
+    s->scale = c->initial;
+    s->good_steps = 0;
+    s->skipped = 0;
+}
+
+void loss_scaler_update(struct loss_scaler *s, const struct strategy_loss_scale *c, int finite)
+{
+    if (!finite) {
+        s->scale *= c->backoff;
+        s->good_steps = 0;
+        s->skipped++;
+        return;
+    }
+    if (++s->good_steps >= c->growth_interval) {
+        float grown = s->scale * c->growth;
+        if (isfinite(grown)) s->scale = grown; /* an infinite scale would make every step inf */
+        s->good_steps = 0;
+    }
+}
+
 static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
-                          float *grad_norm)
+                          float loss_scale, int skip_nonfinite, float *grad_norm, int *applied)
 {
     const struct plan *p = e->p;
     if (p->inference)
@@ -774,15 +910,22 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     size_t words = p->params_bytes / 4;
     float *w = (float *)(e->base + p->params_off), *g = (float *)(e->base + p->grads_off);
     double ss = 0;
+    if (applied) *applied = 0;
     int rc = e->bk->sumsq(&ss, g, words, e->ctx);
     if (rc) return bk_fail(e, rc, -1, "the gradient norm");
-    float norm = (float)sqrt(ss), gscale = 1.0f;
+    /* the norm of the unscaled gradients: a loss scaled by s has gradients s times larger */
+    float norm = (float)(sqrt(ss) / (double)loss_scale), gscale = 1.0f;
     if (grad_norm) *grad_norm = norm;
+    /* an inf or NaN anywhere makes the sum of squares (in double) inf or NaN: the step is
+     * skipped, weights, moments and EMA untouched */
+    if (skip_nonfinite && !isfinite(ss)) return EXEC_OK;
     /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
     if (c->clip > 0.0f) {
         float coef = c->clip / (norm + 1e-6f);
         gscale = coef < 1.0f ? coef : 1.0f;
     }
+    if (loss_scale != 1.0f) gscale = (float)((double)gscale / (double)loss_scale);
+    if (applied) *applied = 1;
     struct bk_adamw h = {
         .lr = lr,
         .beta1 = c->beta1,

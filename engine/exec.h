@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "graph.h"
 #include "plan.h"
+#include "strategy.h"
 
 enum exec_status {
     EXEC_OK = 0,
@@ -110,6 +111,30 @@ float optim_lr(const struct optim_config *c, int64_t s);
  * before clipping (host, may be NULL). */
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm);
+
+/* exec_optimizer_step for the gradients of a loss multiplied by loss_scale (the dloss_scale given
+ * to exec_forward_backward): they are divided by it, and grad_norm is the unscaled norm. When any
+ * gradient is inf or NaN nothing changes - no AdamW, no EMA - *applied is 0 and the call
+ * succeeds (grad_norm gets the inf/NaN); otherwise *applied is 1. EXEC_ERR_ARG for a loss scale
+ * that is not a positive finite number. */
+int exec_optimizer_step_scaled(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                               float loss_scale, float *grad_norm, int *applied);
+
+/* Dynamic loss scaling (f16): the loss gradient is multiplied by scale; a step whose gradients
+ * hold an inf or NaN is skipped (exec_optimizer_step_scaled), the scale multiplied by backoff;
+ * growth_interval finite steps in a row multiply it by growth (never to inf). Step semantics: a
+ * skipped step still consumes its step number (data, noise, learning rate and RNG position follow
+ * the global step), but AdamW's bias-correction step t counts applied steps only: t = step + 1 -
+ * skipped, so a skip is as if that batch had not been drawn for the optimizer. The state is a
+ * run's: checkpoints store it, a resume restores it. */
+struct loss_scaler {
+    float scale;
+    int good_steps;      /* finite steps in a row since the scale last changed */
+    int64_t skipped;     /* steps skipped over the run */
+};
+void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c);
+/* after a step: finite or not (exec_optimizer_step_scaled's *applied) */
+void loss_scaler_update(struct loss_scaler *s, const struct strategy_loss_scale *c, int finite);
 
 /* NULL unless exec_opts.profile was set */
 const struct exec_profile *exec_get_profile(struct exec *e);

@@ -3,6 +3,7 @@
  * return -1, so a model builder checks the status once at the end.
  */
 #include "graph.h"
+#include "strategy.h"
 
 #include <limits.h>
 #include <math.h>
@@ -774,4 +775,63 @@ int graph_backward(struct graph *g, int loss)
         }
     }
     return g->status;
+}
+
+/* ---- precision policy ---- */
+
+enum tensor_dtype graph_low_dtype(const struct graph *g)
+{
+    return g->precision == STRATEGY_PRECISION_BF16 ? DTYPE_BF16
+           : g->precision == STRATEGY_PRECISION_F16 ? DTYPE_F16
+                                                     : DTYPE_F32;
+}
+
+/* the weight operand of a GEMM-like op (convolution, linear), forward and backward */
+static int weight_slot(enum op_type t, int slot)
+{
+    switch (t) {
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_LINEAR:
+        return slot == 1;
+    case OP_LINEAR_BWD:
+        return slot == 2;
+    default:
+        return 0;
+    }
+}
+
+enum tensor_dtype graph_input_dtype(const struct graph *g, const struct op *o, int slot)
+{
+    int t = o->in[slot];
+    if (t < 0) return DTYPE_F32;
+    if (g->tensors[t]->kind == TENSOR_PARAM && weight_slot(o->type, slot)) return graph_low_dtype(g);
+    return g->tensors[t]->dtype;
+}
+
+int graph_set_precision(struct graph *g, int precision)
+{
+    if (g->status) return g->status;
+    if (precision != STRATEGY_PRECISION_F32 && precision != STRATEGY_PRECISION_BF16 &&
+        precision != STRATEGY_PRECISION_F16)
+        return graph_fail(g, GRAPH_ERR_ARG, "precision %d is not f32, bf16 or f16", precision),
+               g->status;
+    for (int i = 0; i < g->n_tensors; i++) g->tensors[i]->dtype = DTYPE_F32;
+    g->precision = precision;
+    enum tensor_dtype lo = graph_low_dtype(g);
+    if (lo == DTYPE_F32) return GRAPH_OK;
+    int n_fwd = g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
+    for (int k = 0; k < n_fwd; k++) {
+        const struct op *o = &g->ops[k];
+        if (o->type == OP_MSE || o->type == OP_XENT) continue; /* the loss */
+        int t = o->out[0];
+        if (t >= 0 && g->tensors[t]->kind == TENSOR_ACT) g->tensors[t]->dtype = lo;
+    }
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tensor *t = g->tensors[i];
+        if (t->kind == TENSOR_ACT && t->dtype == lo && t->grad >= 0 &&
+            g->tensors[t->grad]->kind == TENSOR_ACT)
+            g->tensors[t->grad]->dtype = lo;
+    }
+    return GRAPH_OK;
 }

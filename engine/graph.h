@@ -14,6 +14,7 @@ enum graph_status {
     GRAPH_OK = 0,
     GRAPH_ERR_NOMEM = 1,
     GRAPH_ERR_SHAPE = 2,
+    GRAPH_ERR_ARG = 3,
 };
 
 enum tensor_kind {
@@ -129,6 +130,7 @@ struct graph {
     int n_fwd_ops;          /* ops [0, n_fwd_ops) are the forward pass */
     int n_params;
     size_t param_numel;     /* sum of parameter sizes */
+    int precision;          /* enum strategy_precision set by graph_set_precision (0: f32) */
     int status;             /* sticky: first builder error (GRAPH_ERR_*) */
     char err[256];
 };
@@ -183,6 +185,24 @@ int graph_reshape(struct graph *g, int x, int rank, const int *dims);
 /* Appends the backward of every forward op reaching `loss` (an OP_MSE or OP_XENT output). Parameter
  * gradients become TENSOR_GRAD tensors (tensor.grad). */
 int graph_backward(struct graph *g, int loss);
+
+/* The precision policy, the one place that decides dtypes (enum strategy_precision: F32, BF16
+ * or F16; AUTO is resolved by the planner before). Under BF16/F16 every activation an op of the
+ * forward writes as its first output is stored in the 16-bit type - the inputs of convolutions
+ * and GEMMs and the activations kept for the backward - and so is the gradient of each of them;
+ * the loss, norm statistics, attention's softmax (log-sum-exp or probabilities), cross-entropy
+ * probabilities, the data inputs, the parameters (the fp32 master weights) and their gradients
+ * stay fp32. Convolution and linear weights are read from a 16-bit working copy of the master
+ * weights (graph_operand_dtype; the plan's own part). Kernels compute in fp32: the executor
+ * converts 16-bit operands into planned fp32 scratch around them. Call after graph_backward
+ * (gradients exist); calling again re-decides every dtype (the planner's search). GRAPH_ERR_ARG
+ * for another value. */
+int graph_set_precision(struct graph *g, int precision);
+/* the 16-bit type of g's precision, or DTYPE_F32 under F32 */
+enum tensor_dtype graph_low_dtype(const struct graph *g);
+/* the dtype op o reads its input `slot` in: the tensor's own, or for a convolution's or linear's
+ * weight under 16-bit precision the working copy's */
+enum tensor_dtype graph_input_dtype(const struct graph *g, const struct op *o, int slot);
 
 const char *op_name(enum op_type t);
 

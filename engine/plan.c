@@ -68,6 +68,9 @@ void plan_free(struct plan *p)
     free(p->first);
     free(p->last);
     free(p->st);
+    free(p->work_offset);
+    free(p->cvt);
+    free(p->cvt_start);
     memset(p, 0, sizeof *p);
 }
 
@@ -130,10 +133,12 @@ static void insert_by_offset(int *byoff, int n, const struct plan_storage *st, i
     byoff[lo] = k;
 }
 
-/* what plan_build can lay out today: the plain fp32 step at any micro-batch */
+/* what plan_build can lay out today: fp32, bf16 or f16 steps at any micro-batch */
 static int plan_strategy_supported(const struct strategy *s)
 {
-    return s->precision == STRATEGY_PRECISION_F32 && s->micro_batch >= 0 &&
+    return (s->precision == STRATEGY_PRECISION_F32 || s->precision == STRATEGY_PRECISION_BF16 ||
+            s->precision == STRATEGY_PRECISION_F16) &&
+           s->micro_batch >= 0 &&
            s->recompute == STRATEGY_RECOMPUTE_NONE && s->offload == 0;
 }
 
@@ -146,6 +151,7 @@ static void plan_count_parts(struct plan *p)
     b[PLAN_PART_GRADS].device = p->grads_bytes;
     b[PLAN_PART_OPTIMIZER].device = p->adam_bytes;
     b[PLAN_PART_EMA].device = p->ema_bytes;
+    b[PLAN_PART_WORKING].device = p->work_bytes;
     b[PLAN_PART_INPUTS].device = p->inputs_bytes;
     b[PLAN_PART_WORKSPACE].device = p->ws_bytes + 2 * p->ws_guard_bytes;
     b[PLAN_PART_ARENA].device = p->arena_bytes;
@@ -177,7 +183,8 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     int *order = NULL, *byoff = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
     unsigned char *secondary = NULL;
     if (g->status) return PLAN_ERR_GRAPH;
-    if (!plan_strategy_supported(&opts->strategy)) return PLAN_ERR_ARG;
+    if (!plan_strategy_supported(&opts->strategy) || opts->strategy.precision != g->precision)
+        return PLAN_ERR_ARG;
     p->strategy = opts->strategy;
     p->inference = infer;
     p->nested = host != NULL;
@@ -189,12 +196,19 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->storage = malloc((size_t)n * sizeof *p->storage + 1);
     p->first = malloc((size_t)n * sizeof *p->first + 1);
     p->last = malloc((size_t)n * sizeof *p->last + 1);
-    p->st = malloc((size_t)(n + 1) * sizeof *p->st);
+    /* a storage per arena tensor, and at most one conversion scratch per operand of an op */
+    size_t max_cvt = (size_t)n_run * (OP_MAX_IN + OP_MAX_OUT);
+    p->st = malloc(((size_t)n + max_cvt + 1) * sizeof *p->st);
+    p->work_offset = malloc((size_t)n * sizeof *p->work_offset + 1);
+    p->cvt = malloc((max_cvt + 1) * sizeof *p->cvt);
+    p->cvt_start = calloc((size_t)n_run + 1, sizeof *p->cvt_start);
     readers = calloc((size_t)n + 1, sizeof *readers);
     secondary = calloc((size_t)n + 1, 1);
-    if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !readers || !secondary)
+    if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !p->work_offset ||
+        !p->cvt || !p->cvt_start || !readers || !secondary)
         goto out;
     for (int i = 0; i < n; i++) {
+        p->work_offset[i] = -1;
         p->offset[i] = -1;
         p->storage[i] = -1;
         p->first[i] = -1;
@@ -256,6 +270,39 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         }
     }
 
+    /* conversion scratch: every 16-bit operand of an op gets fp32 bytes for that op alone (the
+     * kernels compute in fp32); a weight read in 16 bits marks its working copy */
+    for (int k = 0; k < n_run; k++) {
+        const struct op *o = &g->ops[k];
+        p->cvt_start[k] = p->n_cvt;
+        for (int j = 0; j < o->n_in + o->n_out; j++) {
+            int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
+            if (t < 0) continue;
+            int dt = in ? (int)graph_input_dtype(g, o, j) : (int)g->tensors[t]->dtype;
+            if (dt == DTYPE_F32) continue;
+            if (in && g->tensors[t]->kind == TENSOR_PARAM) p->work_offset[t] = -2; /* placed below */
+            int dup = -1;
+            for (int i = p->cvt_start[k]; i < p->n_cvt; i++)
+                if (p->cvt[i].tensor == t) dup = i;
+            if (dup >= 0) { /* an input read twice (add(x, x)) */
+                p->cvt[dup].load |= in;
+                continue;
+            }
+            struct plan_storage *s = &p->st[p->n_storages];
+            s->bytes = g->tensors[t]->numel * sizeof(float);
+            s->first = s->last = k;
+            s->keep = 0;
+            s->offset = -1;
+            struct plan_cvt *c = &p->cvt[p->n_cvt++];
+            c->tensor = t;
+            c->storage = p->n_storages++;
+            c->dtype = dt;
+            c->load = in || o->accum[j - o->n_in];
+            c->store = !in;
+        }
+    }
+    p->cvt_start[n_run] = p->n_cvt;
+
     /* persistent parts: a nested plan's parameters are its host's, the rest starts where the
      * host's transient part does */
     size_t off = 0;
@@ -310,6 +357,14 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[param_of[t]]);
         }
     }
+    /* the 16-bit working copy of the weights the GEMM-like ops read */
+    p->work_off = off;
+    for (int t = 0; t < n; t++)
+        if (p->work_offset[t] == -2) {
+            p->work_offset[t] = (int64_t)off;
+            off += plan_align(g->tensors[t]->numel * bk_dtype_size(graph_low_dtype(g)));
+        }
+    p->work_bytes = off - p->work_off;
     p->inputs_off = off;
     for (int t = 0; t < n; t++)
         if (g->tensors[t]->kind == TENSOR_INPUT) {

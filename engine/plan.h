@@ -1,6 +1,9 @@
 /* plan.h - the memory plan: every byte a step touches, decided before any is allocated.
- * One allocation per job: [params | grads | adam m | adam v | ema | inputs | workspace | arena]
- * for training, [params | inputs | workspace | arena] for inference (sampling). Arena tensors are
+ * One allocation per job: [params | grads | adam m | adam v | ema | work | inputs | workspace |
+ * arena] for training, [params | work | inputs | workspace | arena] for inference (sampling); work
+ * (the 16-bit weights) is empty under f32. Tensors take the bytes their dtype says
+ * (graph_set_precision); the fp32 scratch the kernels compute 16-bit operands in is planned as
+ * arena storages living for one op (plan.cvt). Arena tensors are
  * placed by best-fit over their lifetimes in execution order, with in-place reuse where an op
  * allows it. plan.total_bytes IS the job's reservation; a nested inference plan (a training
  * job's sample grid) runs inside it (plan_make_nested).
@@ -36,8 +39,19 @@ struct plan_opts {
     enum plan_mode mode;
     /* a resolved strategy (no AUTO field); zero: the plain fp32 step (micro_batch 0: the
      * graph's batch). The graph is built for the micro-batch. A strategy the engine cannot run
-     * yet is PLAN_ERR_ARG. */
+     * yet is PLAN_ERR_ARG, and so is a precision other than the graph's (graph_set_precision;
+     * 0 = f32 for both). */
     struct strategy strategy;
+};
+
+/* a 16-bit operand of an op, computed in fp32 scratch (an arena storage of that op alone): the
+ * kernels compute in fp32 */
+struct plan_cvt {
+    int tensor;          /* the operand (an activation, or a weight read from the working copy) */
+    int storage;         /* its fp32 scratch: p->st[storage], 4 bytes per element */
+    int dtype;           /* the 16-bit type it is stored in (enum tensor_dtype) */
+    int load;            /* converted into the scratch before the op (inputs, accumulated outputs) */
+    int store;           /* converted back after it (outputs) */
 };
 
 /* the parts a job's bytes are reported by; each has device bytes and host bytes */
@@ -87,6 +101,13 @@ struct plan {
     size_t adam_m_off, adam_v_off;    /* same layout as params */
     size_t adam_bytes;                /* m and v together; 0 for inference */
     size_t ema_off, ema_bytes;        /* same layout as params; 0 for inference */
+    size_t work_off, work_bytes;      /* the 16-bit working copy of the convolution and linear
+                                       * weights (16-bit precision; 0 bytes under f32), refreshed
+                                       * from the fp32 weights before every forward */
+    int64_t *work_offset;             /* per tensor: its working copy's offset; -1 if none */
+    struct plan_cvt *cvt;             /* conversion scratch, grouped by op: op k's are */
+    int *cvt_start;                   /* cvt[cvt_start[k] .. cvt_start[k + 1]) (n_run_ops + 1) */
+    int n_cvt;
     size_t inputs_off, inputs_bytes;
     size_t ws_off, ws_bytes;          /* library scratch: the largest any op needs */
     size_t ws_guard_bytes;            /* the canary gap before ws_off and the one after the

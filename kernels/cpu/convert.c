@@ -65,6 +65,23 @@ static void f16_to_f32(float *y, const uint16_t *x, size_t n)
     for (; i < n; i++) y[i] = half_f16_to_f32(x[i]);
 }
 
+/* elements [i, i + n) */
+static void convert_chunk(void *dst, int dst_dtype, const void *src, int src_dtype, size_t i,
+                          size_t n)
+{
+    if (src_dtype == BK_DTYPE_F32) {
+        const float *x = (const float *)src + i;
+        uint16_t *y = (uint16_t *)dst + i;
+        if (dst_dtype == BK_DTYPE_BF16) f32_to_bf16(y, x, n);
+        else f32_to_f16(y, x, n);
+    } else {
+        const uint16_t *x = (const uint16_t *)src + i;
+        float *y = (float *)dst + i;
+        if (src_dtype == BK_DTYPE_BF16) bf16_to_f32(y, x, n);
+        else f16_to_f32(y, x, n);
+    }
+}
+
 static int valid(int dt) { return dt == BK_DTYPE_F32 || dt == BK_DTYPE_F16 || dt == BK_DTYPE_BF16; }
 
 int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
@@ -78,20 +95,16 @@ int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t
         return BK_OK;
     }
     long chunks = (long)((count + CVT_CHUNK - 1) / CVT_CHUNK);
-#pragma omp parallel for num_threads(cpu_threads(ctx)) if (chunks > 1) schedule(static)
+    int threads = cpu_threads(ctx);
+    if (chunks <= 1 || threads <= 1) { /* no parallel region: libgomp would allocate a team */
+        convert_chunk(dst, dst_dtype, src, src_dtype, 0, count);
+        return BK_OK;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (long c = 0; c < chunks; c++) {
-        size_t i = (size_t)c * CVT_CHUNK, n = count - i < CVT_CHUNK ? count - i : CVT_CHUNK;
-        if (src_dtype == BK_DTYPE_F32) {
-            const float *x = (const float *)src + i;
-            uint16_t *y = (uint16_t *)dst + i;
-            if (dst_dtype == BK_DTYPE_BF16) f32_to_bf16(y, x, n);
-            else f32_to_f16(y, x, n);
-        } else {
-            const uint16_t *x = (const uint16_t *)src + i;
-            float *y = (float *)dst + i;
-            if (src_dtype == BK_DTYPE_BF16) bf16_to_f32(y, x, n);
-            else f16_to_f32(y, x, n);
-        }
+        size_t i = (size_t)c * CVT_CHUNK;
+        convert_chunk(dst, dst_dtype, src, src_dtype, i,
+                      count - i < CVT_CHUNK ? count - i : CVT_CHUNK);
     }
     return BK_OK;
 }

@@ -224,13 +224,17 @@ static void small_config(struct unet_config *c, enum unet_preset preset)
     }
 }
 
-static int job_init(struct job *j, const struct unet_config *c, int batch,
-                    const struct plan_opts *po, const struct exec_opts *eo)
+static int job_init_prec(struct job *j, const struct unet_config *c, int batch,
+                         const struct plan_opts *po, const struct exec_opts *eo, int precision)
 {
     memset(j, 0, sizeof *j);
     graph_init(&j->g);
     if (unet_build_training(&j->g, c, batch, &j->io, &j->target, &j->loss)) return -1;
-    if (plan_make(&j->p, &j->g, backend_cpu(), po)) return -1;
+    if (graph_set_precision(&j->g, precision)) return -1;
+    struct plan_opts o = {0};
+    if (po) o = *po;
+    o.strategy.precision = precision;
+    if (plan_make(&j->p, &j->g, backend_cpu(), &o)) return -1;
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), eo)) return -1;
     size_t maxn = 0;
     for (int i = 0; i < j->g.n_tensors; i++)
@@ -248,6 +252,12 @@ static int job_init(struct job *j, const struct unet_config *c, int batch,
     free(h);
     exec_reset_state(j->e);
     return 0;
+}
+
+static int job_init(struct job *j, const struct unet_config *c, int batch,
+                    const struct plan_opts *po, const struct exec_opts *eo)
+{
+    return job_init_prec(j, c, batch, po, eo, STRATEGY_PRECISION_F32);
 }
 
 static void job_free(struct job *j)
@@ -304,9 +314,10 @@ static int params_equal(struct job *a, struct job *b)
     return 1;
 }
 
-static void honesty(enum unet_preset preset, int tiled)
+static void honesty(enum unet_preset preset, int tiled, int precision)
 {
-    const char *name = preset == UNET_DDPM ? "ddpm" : "seed";
+    const char *name = preset == UNET_DDPM ? (precision ? "ddpm bf16" : "ddpm")
+                                           : (precision ? "seed bf16" : "seed");
     struct unet_config c;
     small_config(&c, preset);
     c.attn_tiled = tiled;
@@ -314,9 +325,9 @@ static void honesty(enum unet_preset preset, int tiled)
     struct exec_opts checked = {.threads = 2, .poison = 1, .check_guards = 1};
     struct exec_opts plain = {.threads = 2};
     struct job a, b, h;
-    CHECK(job_init(&a, &c, 3, &reuse_guarded, &checked) == 0, "%s: job a", name);
-    CHECK(job_init(&b, &c, 3, &none, &plain) == 0, "%s: job b", name);
-    CHECK(job_init(&h, &c, 3, NULL, &plain) == 0, "%s: job h", name);
+    CHECK(job_init_prec(&a, &c, 3, &reuse_guarded, &checked, precision) == 0, "%s: job a", name);
+    CHECK(job_init_prec(&b, &c, 3, &none, &plain, precision) == 0, "%s: job b", name);
+    CHECK(job_init_prec(&h, &c, 3, NULL, &plain, precision) == 0, "%s: job h", name);
     CHECK(h.p.arena_bytes < h.p.no_reuse_arena_bytes, "%s: reuse saves nothing: %zu of %zu",
           name, h.p.arena_bytes, h.p.no_reuse_arena_bytes);
     printf("%s (%s attention): arena %zu bytes planned, %zu without reuse (%.1fx), %d storages\n",
@@ -437,9 +448,11 @@ int main(void)
 {
     recorder_install();
     recorder_catches();
-    honesty(UNET_DDPM, 1);
-    honesty(UNET_SEED, 1);
-    honesty(UNET_SEED, 0);
+    honesty(UNET_DDPM, 1, STRATEGY_PRECISION_F32);
+    honesty(UNET_SEED, 1, STRATEGY_PRECISION_F32);
+    honesty(UNET_SEED, 0, STRATEGY_PRECISION_F32);
+    /* 16-bit storage: conversion scratch and working weights planned, nothing allocated */
+    honesty(UNET_DDPM, 1, STRATEGY_PRECISION_BF16);
     checks_catch_bugs();
     return tu_finish("test_plan");
 }

@@ -1,0 +1,349 @@
+/* test_prec: 16-bit precision in graph, plan and executor. The policy (graph_set_precision):
+ * which tensors are 16-bit and which stay fp32; the plan's bytes follow the dtypes exactly (every
+ * part but the arena unchanged, the working weights 2 bytes per GEMM weight element, the arena
+ * without reuse smaller by 2 bytes per 16-bit activation element and larger by the planned fp32
+ * conversion scratch); a strategy that disagrees with the graph is refused. Dynamic loss scaling
+ * in f16: an input that overflows half range makes the gradients inf/NaN, the step is skipped
+ * (weights, EMA and AdamW moments bit-identical across it), the scale backs off, the next step
+ * proceeds, and the scale grows after growth_interval finite steps.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec.h"
+#include "init.h"
+#include "philox.h"
+#include "plan.h"
+#include "test_util.h"
+#include "unet.h"
+
+static void small_config(struct unet_config *c, enum unet_preset preset)
+{
+    unet_config_default(c, preset);
+    c->image_size = 16;
+    if (preset == UNET_DDPM) {
+        c->in_channels = c->out_channels = 1;
+        c->n_levels = 3;
+        c->channels[0] = 16;
+        c->channels[1] = c->channels[2] = 24;
+        c->layers_per_block = 1;
+        c->attn_res[0] = 8;
+        c->groups = 8;
+        c->attn_head_dim = 8;
+    } else {
+        c->base = 8;
+        c->time_dim = 32;
+    }
+}
+
+static int build(struct graph *g, const struct unet_config *c, int batch, int precision,
+                 struct unet_io *io, int *target)
+{
+    graph_init(g);
+    if (unet_build_training(g, c, batch, io, target, NULL)) return -1;
+    return graph_set_precision(g, precision);
+}
+
+static int weight_slot(const struct op *o, int j)
+{
+    return ((o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA || o->type == OP_LINEAR) &&
+            j == 1) ||
+           (o->type == OP_LINEAR_BWD && j == 2);
+}
+
+/* which tensors the policy made 16-bit */
+static void policy(const struct graph *g, const char *name)
+{
+    long bad_kind = 0, conv_in32 = 0, kept32 = 0, stats16 = 0, n16 = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tensor *t = g->tensors[i];
+        if (t->dtype != DTYPE_F32) {
+            n16++;
+            CHECK(t->dtype == DTYPE_BF16, "%s: tensor %d is dtype %d", name, i, (int)t->dtype);
+            bad_kind += t->kind != TENSOR_ACT;
+        }
+    }
+    for (int k = 0; k < g->n_ops; k++) {
+        const struct op *o = &g->ops[k];
+        /* convolution and GEMM inputs: 16-bit unless they are data (x_t, an input) */
+        if (o->type == OP_CONV2D || o->type == OP_LINEAR)
+            conv_in32 += g->tensors[o->in[0]]->kind == TENSOR_ACT &&
+                         g->tensors[o->in[0]]->dtype == DTYPE_F32;
+        /* what the forward keeps for the backward: 16-bit, but statistics, softmax, loss */
+        if (k < g->n_fwd_ops && o->type != OP_MSE && o->out[0] >= 0) {
+            int read_later = 0;
+            for (int b = g->n_fwd_ops; b < g->n_ops && !read_later; b++)
+                for (int j = 0; j < g->ops[b].n_in; j++) read_later |= g->ops[b].in[j] == o->out[0];
+            kept32 += read_later && g->tensors[o->out[0]]->dtype == DTYPE_F32;
+        }
+        if (o->type == OP_GROUPNORM || o->type == OP_LAYERNORM || o->type == OP_ATTENTION ||
+            o->type == OP_MSE)
+            for (int j = o->type == OP_MSE ? 0 : 1; j < o->n_out; j++)
+                stats16 += o->out[j] >= 0 && g->tensors[o->out[j]]->dtype != DTYPE_F32;
+    }
+    CHECK(n16 > 0, "%s: nothing is 16-bit", name);
+    CHECK(bad_kind == 0, "%s: %ld parameters, gradients or inputs are 16-bit", name, bad_kind);
+    CHECK(conv_in32 == 0, "%s: %ld convolution/linear activation inputs stay fp32", name, conv_in32);
+    CHECK(kept32 == 0, "%s: %ld activations kept for the backward stay fp32", name, kept32);
+    CHECK(stats16 == 0, "%s: %ld statistics, softmax or loss tensors are 16-bit", name, stats16);
+}
+
+static size_t al(size_t x) { return plan_align(x); }
+
+/* the plan's bytes against what the dtypes say */
+static void bytes(enum unet_preset preset, int batch)
+{
+    const char *name = preset == UNET_DDPM ? "ddpm" : "seed";
+    struct unet_config c;
+    small_config(&c, preset);
+    struct graph g32, g16;
+    struct unet_io io;
+    int target;
+    CHECK(build(&g32, &c, batch, STRATEGY_PRECISION_F32, &io, &target) == 0, "%s: f32", name);
+    CHECK(build(&g16, &c, batch, STRATEGY_PRECISION_BF16, &io, &target) == 0, "%s: bf16", name);
+    policy(&g16, name);
+    const struct backend *bk = backend_cpu();
+    struct plan_opts nr32 = {.no_reuse = 1}, nr16 = nr32, r16 = {0};
+    nr16.strategy.precision = r16.strategy.precision = STRATEGY_PRECISION_BF16;
+    struct plan a, b, ra, rb;
+    CHECK(plan_make(&a, &g32, bk, &nr32) == PLAN_OK, "%s: plan f32", name);
+    CHECK(plan_make(&b, &g16, bk, &nr16) == PLAN_OK, "%s: plan bf16", name);
+    CHECK(plan_make(&ra, &g32, bk, NULL) == PLAN_OK, "%s: plan f32 reuse", name);
+    CHECK(plan_make(&rb, &g16, bk, &r16) == PLAN_OK, "%s: plan bf16 reuse", name);
+    /* the parts the dtypes leave alone */
+    CHECK(a.params_bytes == b.params_bytes && a.grads_bytes == b.grads_bytes &&
+          a.adam_bytes == b.adam_bytes && a.ema_bytes == b.ema_bytes &&
+          a.inputs_bytes == b.inputs_bytes && a.ws_bytes == b.ws_bytes,
+          "%s: a part other than the arena and the working weights changed", name);
+    CHECK(a.work_bytes == 0 && a.n_cvt == 0, "%s: an f32 plan has working weights or scratch",
+          name);
+    /* the working weights: 2 bytes per element of each weight a convolution or linear reads */
+    size_t work = 0;
+    char *seen = calloc((size_t)g16.n_tensors, 1);
+    for (int k = 0; k < g16.n_ops; k++)
+        for (int j = 0; j < g16.ops[k].n_in; j++) {
+            int t = g16.ops[k].in[j];
+            if (t >= 0 && weight_slot(&g16.ops[k], j) && !seen[t]) {
+                seen[t] = 1;
+                work += al(2 * g16.tensors[t]->numel);
+            }
+        }
+    free(seen);
+    CHECK(b.work_bytes == work, "%s: working weights %zu bytes, the weights say %zu", name,
+          b.work_bytes, work);
+    /* without reuse every activation has its own bytes: 2 per element fewer for a 16-bit one,
+     * plus an fp32 scratch (4 per element) per 16-bit operand of an op, living for that op */
+    size_t saved = 0, scratch = 0;
+    for (int i = 0; i < g16.n_tensors; i++) {
+        const struct tensor *t = g16.tensors[i];
+        if (t->kind == TENSOR_ACT && t->dtype != DTYPE_F32 && b.storage[i] >= 0)
+            saved += al(4 * t->numel) - al(2 * t->numel);
+    }
+    long bad_cvt = 0;
+    for (int i = 0; i < b.n_cvt; i++) {
+        const struct plan_storage *s = &b.st[b.cvt[i].storage];
+        bad_cvt += s->bytes != 4 * g16.tensors[b.cvt[i].tensor]->numel || s->first != s->last;
+        scratch += al(s->bytes);
+    }
+    CHECK(bad_cvt == 0, "%s: %ld conversion scratch storages are not 4 bytes per element for one "
+          "op", name, bad_cvt);
+    CHECK(b.arena_bytes == a.arena_bytes - saved + scratch,
+          "%s: arena without reuse %zu, the dtypes say %zu - %zu + %zu", name, b.arena_bytes,
+          a.arena_bytes, saved, scratch);
+    printf("%s b%d: f32 plan %zu bytes (arena %zu), bf16 %zu (arena %zu, working weights %zu, "
+           "%d conversion scratch storages)\n", name, batch, ra.total_bytes, ra.arena_bytes,
+           rb.total_bytes, rb.arena_bytes, rb.work_bytes, rb.n_cvt);
+    /* a strategy that disagrees with the graph */
+    struct plan x;
+    CHECK(plan_make(&x, &g16, bk, NULL) == PLAN_ERR_ARG, "%s: a bf16 graph planned as f32", name);
+    CHECK(plan_make(&x, &g32, bk, &r16) == PLAN_ERR_ARG, "%s: an f32 graph planned as bf16", name);
+    CHECK(graph_set_precision(&g32, 7) == GRAPH_ERR_ARG, "%s: precision 7 accepted", name);
+    plan_free(&a);
+    plan_free(&b);
+    plan_free(&ra);
+    plan_free(&rb);
+    graph_free(&g32);
+    graph_free(&g16);
+}
+
+/* on a model as large as fmnist-tiny's, bf16 plans fewer bytes than f32 */
+static void smaller(void)
+{
+    struct unet_config c;
+    unet_config_default(&c, UNET_DDPM);
+    c.in_channels = c.out_channels = 1;
+    c.image_size = 32;
+    c.n_levels = 3;
+    c.channels[0] = 32;
+    c.channels[1] = c.channels[2] = 64;
+    c.layers_per_block = 1;
+    c.attn_res[0] = 8;
+    c.groups = 8;
+    struct graph g32, g16;
+    struct unet_io io;
+    int target;
+    CHECK(build(&g32, &c, 32, STRATEGY_PRECISION_F32, &io, &target) == 0, "fmnist-tiny f32");
+    CHECK(build(&g16, &c, 32, STRATEGY_PRECISION_BF16, &io, &target) == 0, "fmnist-tiny bf16");
+    struct plan_opts o16 = {0};
+    o16.strategy.precision = STRATEGY_PRECISION_BF16;
+    struct plan a, b;
+    CHECK(plan_make(&a, &g32, backend_cpu(), NULL) == PLAN_OK, "plan f32");
+    CHECK(plan_make(&b, &g16, backend_cpu(), &o16) == PLAN_OK, "plan bf16");
+    printf("fmnist-tiny b32: f32 plan %.2f MiB (arena %.2f), bf16 %.2f MiB (arena %.2f, working "
+           "weights %.2f)\n", a.total_bytes / 1048576.0, a.arena_bytes / 1048576.0,
+           b.total_bytes / 1048576.0, b.arena_bytes / 1048576.0, b.work_bytes / 1048576.0);
+    CHECK(b.arena_bytes < a.arena_bytes && b.total_bytes < a.total_bytes,
+          "fmnist-tiny b32: bf16 plans %zu bytes (arena %zu), f32 %zu (arena %zu)", b.total_bytes,
+          b.arena_bytes, a.total_bytes, a.arena_bytes);
+    plan_free(&a);
+    plan_free(&b);
+    graph_free(&g32);
+    graph_free(&g16);
+}
+
+/* ---- loss scaling ---- */
+
+struct job {
+    struct graph g;
+    struct unet_io io;
+    int target;
+    struct plan p;
+    struct exec *e;
+};
+
+static int job_init(struct job *j, int precision)
+{
+    struct unet_config c;
+    small_config(&c, UNET_DDPM);
+    memset(j, 0, sizeof *j);
+    if (build(&j->g, &c, 2, precision, &j->io, &j->target)) return -1;
+    struct plan_opts po = {0};
+    po.strategy.precision = precision;
+    struct exec_opts eo = {.threads = 2, .poison = 1, .check_guards = 1};
+    if (plan_make(&j->p, &j->g, backend_cpu(), &po)) return -1;
+    if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) return -1;
+    float *h = malloc(j->g.param_numel * sizeof *h);
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i]->kind == TENSOR_PARAM) {
+            init_param(j->g.tensors[i], 42, h);
+            exec_upload(j->e, i, h);
+        }
+    free(h);
+    return exec_reset_state(j->e);
+}
+
+static void job_free(struct job *j)
+{
+    exec_free(j->e);
+    plan_free(&j->p);
+    graph_free(&j->g);
+}
+
+/* a batch for step s; x_t multiplied by amp (1e6: the first convolution's output overflows half
+ * range, 65504) */
+static void feed(struct job *j, int s, float amp)
+{
+    size_t n = j->g.tensors[j->io.x]->numel;
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), t[2] = {17.0f, 600.0f};
+    for (size_t i = 0; i < n; i++) {
+        x[i] = amp * philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 0, 0, (uint32_t)i);
+        y[i] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s, 1, 0, (uint32_t)i);
+    }
+    exec_upload(j->e, j->io.x, x);
+    exec_upload(j->e, j->io.t, t);
+    exec_upload(j->e, j->target, y);
+    free(x);
+    free(y);
+}
+
+/* weights, EMA, AdamW moments of every parameter, in one host buffer */
+static float *state(struct job *j)
+{
+    float *h = malloc(4 * j->g.param_numel * sizeof *h), *d = h;
+    for (int part = EXEC_PART_WEIGHT; part <= EXEC_PART_ADAM_V; part++)
+        for (int i = 0; i < j->g.n_tensors; i++)
+            if (j->g.tensors[i]->kind == TENSOR_PARAM) {
+                exec_download_part(j->e, (enum exec_part)part, i, d);
+                d += j->g.tensors[i]->numel;
+            }
+    return h;
+}
+
+static const struct optim_config oc = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                       .weight_decay = 0.01f, .clip = 1.0f, .ema_decay = 0.99f};
+
+/* one f16 step with loss scaling; returns whether the optimizer applied it */
+static int ls_step(struct job *j, struct loss_scaler *ls, const struct strategy_loss_scale *cfg,
+                   int s, int64_t *applied_steps, float *loss)
+{
+    int applied = -1;
+    float norm = 0;
+    int rc = exec_forward_backward(j->e, 1, ls->scale, 11, (uint64_t)s, 0, loss);
+    if (!rc)
+        rc = exec_optimizer_step_scaled(j->e, &oc, *applied_steps + 1, oc.lr, ls->scale, &norm,
+                                        &applied);
+    CHECK(rc == EXEC_OK, "step %d: %s", s, exec_last_error(j->e)->msg);
+    loss_scaler_update(ls, cfg, applied == 1);
+    *applied_steps += applied == 1;
+    return applied;
+}
+
+static void loss_scaling(void)
+{
+    struct job j;
+    CHECK(job_init(&j, STRATEGY_PRECISION_F16) == 0, "f16 job");
+    struct strategy_loss_scale cfg = {.initial = 1024.0f, .growth = 2.0f, .backoff = 0.5f,
+                                      .growth_interval = 2};
+    struct loss_scaler ls;
+    loss_scaler_init(&ls, &cfg);
+    int64_t applied_steps = 0;
+    float loss = 0;
+    feed(&j, 0, 1.0f);
+    CHECK(ls_step(&j, &ls, &cfg, 0, &applied_steps, &loss) == 1 && isfinite(loss),
+          "a normal f16 step is applied (loss %g)", loss);
+    CHECK(ls.scale == 1024.0f && ls.good_steps == 1 && ls.skipped == 0,
+          "after one finite step: scale %g, %d good, %lld skipped", ls.scale, ls.good_steps,
+          (long long)ls.skipped);
+    float *before = state(&j);
+    feed(&j, 1, 1e6f);
+    CHECK(ls_step(&j, &ls, &cfg, 1, &applied_steps, &loss) == 0,
+          "an input beyond half range: the step was not skipped");
+    CHECK(ls.scale == 512.0f && ls.good_steps == 0 && ls.skipped == 1,
+          "after the overflow: scale %g (want 512), %d good, %lld skipped", ls.scale,
+          ls.good_steps, (long long)ls.skipped);
+    float *after = state(&j);
+    CHECK(memcmp(before, after, 4 * j.g.param_numel * sizeof(float)) == 0,
+          "weights, EMA or AdamW moments changed across the skipped step");
+    feed(&j, 2, 1.0f);
+    CHECK(ls_step(&j, &ls, &cfg, 2, &applied_steps, &loss) == 1 && isfinite(loss),
+          "the step after the skip is applied");
+    float *next = state(&j);
+    CHECK(memcmp(before, next, j.g.param_numel * sizeof(float)) != 0,
+          "the step after the skip left the weights unchanged");
+    CHECK(applied_steps == 2, "%lld steps applied of 3, one skipped", (long long)applied_steps);
+    feed(&j, 3, 1.0f);
+    ls_step(&j, &ls, &cfg, 3, &applied_steps, &loss);
+    CHECK(ls.scale == 1024.0f && ls.good_steps == 0,
+          "two finite steps with growth_interval 2: scale %g (want 1024), %d good", ls.scale,
+          ls.good_steps);
+    /* an f32 run of the same overflowing input is not f16's business: nothing is skipped there,
+     * and exec_optimizer_step_scaled refuses a scale that is not positive and finite */
+    int applied = 0;
+    float norm;
+    CHECK(exec_optimizer_step_scaled(j.e, &oc, 5, oc.lr, 0.0f, &norm, &applied) == EXEC_ERR_ARG,
+          "a loss scale of 0 accepted");
+    free(before);
+    free(after);
+    free(next);
+    job_free(&j);
+}
+
+int main(void)
+{
+    bytes(UNET_DDPM, 3);
+    bytes(UNET_SEED, 2);
+    smaller();
+    loss_scaling();
+    return tu_finish("test_prec");
+}
