@@ -495,6 +495,10 @@ void plan_print(const struct plan *p, FILE *f)
     };
     if (p->nested) pr(f, "weights (host's)", p->params_bytes, 0);
     if (p->inference) fprintf(f, "  (inference: no gradients, optimizer state or EMA)\n");
+    if (p->strategy.precision != STRATEGY_PRECISION_F32)
+        fprintf(f, "  (precision %s: 16-bit activations and working weights; fp32 weights, "
+                "optimizer, statistics and loss)\n",
+                p->strategy.precision == STRATEGY_PRECISION_BF16 ? "bf16" : "f16");
     for (int k = 0; k < PLAN_PART_COUNT; k++) {
         const struct plan_part_bytes *b = &p->parts[k];
         int always = k == PLAN_PART_INPUTS || k == PLAN_PART_WORKSPACE || k == PLAN_PART_ARENA ||
