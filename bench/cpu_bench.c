@@ -1,7 +1,9 @@
 /* cpu_bench.c - CPU training-step benchmark of ddpmd (not a test): one config per process, so
  * that the peak RSS is that config's; or the machine's ceilings (a large SGEMM and a 3x3 conv
- * forward + backward through the CPU backend, i.e. oneDNN). Prints `key value` lines that
- * bench/cpu.sh gathers into a table; --profile adds a per-op profile of the measured steps.
+ * forward + backward through the CPU backend, i.e. oneDNN). A step is what `ddpmd train` does:
+ * draw t and the noise, x_t = q_sample(x0, t, noise), forward, MSE against the noise, backward,
+ * clip, AdamW, EMA. Prints `key value` lines that bench/cpu.sh gathers into a table; --profile
+ * adds a per-op profile of the measured steps.
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu.h"
+#include "ddpm.h"
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
@@ -22,6 +25,15 @@ static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (all threads): on a shared machine a kernel's CPU time moves
+ * less than its wall time */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -49,9 +61,14 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* the four configs of bench/cpu.sh, all 32x32; names as in bench/torch_step.py */
+/* the configs of bench/cpu.sh: four ddpm presets at 32x32 and the seed preset at 64x64
+ * (examples/seed-64.json); names as in bench/torch_step.py */
 static int config_by_name(struct unet_config *c, const char *name)
 {
+    if (!strcmp(name, "seed-64")) {
+        unet_config_default(c, UNET_SEED);
+        return 0;
+    }
     unet_config_default(c, UNET_DDPM);
     if (!strcmp(name, "ddpm-cifar10")) return 0;
     if (!strcmp(name, "fmnist-tiny")) {
@@ -142,14 +159,15 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     free(h);
     exec_reset_state(e);
 
-    size_t nx = g.tensors[io.x]->numel;
-    float *x = malloc(nx * sizeof *x), *y = malloc(nx * sizeof *y), *t = malloc(batch * sizeof *t);
-    fill_normal(x, nx, 1, 0, 0);
-    fill_normal(y, nx, 1, 0, 1);
-    for (int i = 0; i < batch; i++) t[i] = (float)((i * 377 + 11) % 1000);
-    exec_upload(e, io.x, x);
-    exec_upload(e, io.t, t);
-    exec_upload(e, target, y);
+    /* x0: a fixed batch; t, noise and x_t are drawn per step as server/train.c does */
+    size_t nx = g.tensors[io.x]->numel, per = nx / (size_t)batch;
+    float *x0 = malloc(nx * sizeof *x0), *xt = malloc(nx * sizeof *xt), *eps = malloc(nx * sizeof *eps);
+    float *t = malloc(batch * sizeof *t);
+    int *ti = malloc(batch * sizeof *ti);
+    fill_normal(x0, nx, 1, 0, 0);
+    struct ddpm_schedule sch;
+    if (ddpm_schedule_init(&sch, 1000, DDPM_BETA_LINEAR, 1e-4, 0.02))
+        return fprintf(stderr, "ddpm_schedule_init failed\n"), 1;
 
     struct optim_config oc = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .weight_decay = 0.0f, .clip = 1.0f, .ema_decay = 0.9999f};
@@ -158,7 +176,14 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup) exec_profile_reset(e);
         double t0 = now();
-        int rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, &l);
+        for (int i = 0; i < batch; i++) {
+            ti[i] = (int)(philox_u32_at(7, PHILOX_TAG_TIMESTEP, (uint64_t)s, (uint32_t)i, 0, 0) % 1000u);
+            t[i] = (float)ti[i];
+        }
+        fill_normal(eps, nx, 7, (uint64_t)s, 0);
+        ddpm_q_sample(xt, x0, eps, ti, batch, per, &sch);
+        int rc = exec_upload(e, io.x, xt) || exec_upload(e, io.t, t) || exec_upload(e, target, eps);
+        if (!rc) rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, &l);
         if (!rc) rc = exec_optimizer_step(e, &oc, s + 1, oc.lr, NULL);
         double t1 = now();
         if (rc) return fprintf(stderr, "step %d failed: %d\n", s, rc), 1;
@@ -248,9 +273,12 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     }
     free(sorted);
     free(dt);
-    free(x);
-    free(y);
+    free(x0);
+    free(xt);
+    free(eps);
     free(t);
+    free(ti);
+    ddpm_schedule_free(&sch);
     exec_free(e);
     plan_free(&p);
     graph_free(&g);
@@ -335,19 +363,85 @@ static int run_ceilings(int threads, double seconds)
     return 0;
 }
 
+/* the tiled attention at the seed-64 shapes (packed qkv, batch 8) and, as the reference in the
+ * same run, the plain form (GEMMs on the whole L x L scores) where its scores fit in memory */
+static int run_attn(int threads, double seconds)
+{
+    bk_ctx *ctx = NULL;
+    if (cpu_ctx_init(&ctx, threads)) return 1;
+    static const int shapes[][4] = {{8, 4096, 4, 16}, {8, 1024, 4, 32}, {8, 1024, 4, 16}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n = shapes[si][0], l = shapes[si][1], h = shapes[si][2], d = shapes[si][3];
+        const int c = h * d;
+        struct bk_attn s = {.n = n, .l = l, .heads = h, .d = d, .ld = 3 * c,
+                            .scale = 1.0f / sqrtf((float)d)};
+        const size_t nq = (size_t)n * l * 3 * c, no = (size_t)n * l * c, nl = (size_t)n * h * l;
+        const int plain = (double)nl * l * 4 <= 1.1e9; /* p (N,H,L,L) */
+        size_t wsb = cpu_attn_ws_bytes(&s, 1), wsp = plain ? cpu_attn_ws_bytes(&s, 0) : 0;
+        float *qkv = malloc(nq * 4), *o = malloc(no * 4), *lse = malloc(nl * 4);
+        float *dout = malloc(no * 4), *dqkv = malloc(nq * 4);
+        float *p = plain ? malloc(nl * (size_t)l * 4) : NULL;
+        void *ws = malloc(wsb > wsp ? wsb : wsp);
+        fill_normal(qkv, nq, 4, 0, 0);
+        fill_normal(dout, no, 4, 0, 1);
+        const float *q = qkv, *k = qkv + c, *v = qkv + 2 * c;
+        double fl = 4.0 * n * h * (double)l * l * d, best[4] = {1e30, 1e30, 1e30, 1e30};
+        double cbest[4] = {1e30, 1e30, 1e30, 1e30};
+        double t_end = now() + seconds;
+        for (int reps = 0; reps < 2 || now() < t_end; reps++) {
+            double t[5], ct[5];
+            for (int i = 0; i < 4; i++) {
+                t[i] = now();
+                ct[i] = cpu_now();
+                if (i == 0) cpu_attn_fwd(o, lse, q, k, v, ws, &s, ctx);
+                if (i == 1)
+                    cpu_attn_bwd(dqkv, dqkv + c, dqkv + 2 * c, dout, q, k, v, o, lse, ws, &s, ctx);
+                if (i == 2 && plain) cpu_attn_plain_fwd(o, p, q, k, v, ws, &s, ctx);
+                if (i == 3 && plain)
+                    cpu_attn_plain_bwd(dqkv, dqkv + c, dqkv + 2 * c, dout, q, k, v, p, ws, &s, ctx);
+            }
+            t[4] = now();
+            ct[4] = cpu_now();
+            for (int i = 0; i < 4; i++) {
+                if (t[i + 1] - t[i] < best[i]) best[i] = t[i + 1] - t[i];
+                if (ct[i + 1] - ct[i] < cbest[i]) cbest[i] = ct[i + 1] - ct[i];
+            }
+        }
+        /* GFLOP/s of wall time; in brackets, per CPU-second of all threads */
+        printf("attn N%d L%d H%d D%d: tiled fwd %.1f ms %.1f (%.1f) GFLOP/s, bwd %.1f ms %.1f (%.1f)", n,
+               l, h, d, 1e3 * best[0], 1e-9 * fl / best[0], 1e-9 * fl / cbest[0], 1e3 * best[1],
+               2e-9 * fl / best[1], 2e-9 * fl / cbest[1]);
+        if (plain)
+            printf("; plain fwd %.1f ms %.1f (%.1f), bwd %.1f ms %.1f (%.1f)", 1e3 * best[2],
+                   1e-9 * fl / best[2], 1e-9 * fl / cbest[2], 1e3 * best[3], 2e-9 * fl / best[3],
+                   2e-9 * fl / cbest[3]);
+        printf("; tiled ws %zu B\n", wsb);
+        free(qkv);
+        free(o);
+        free(lse);
+        free(dout);
+        free(dqkv);
+        free(p);
+        free(ws);
+    }
+    cpu_ctx_free(ctx);
+    return 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
             "[--profile]\n"
             "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
-            "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (all 32x32)\n");
+            "       cpu_bench --attn [--threads N] [--seconds S]\n"
+            "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *config = NULL;
-    int batch = 8, steps = 10, warmup = 2, profile = 0, ceilings = 0;
+    int batch = 8, steps = 10, warmup = 2, profile = 0, ceilings = 0, attn = 0;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double seconds = 3.0;
     for (int i = 1; i < argc; i++) {
@@ -360,6 +454,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--ceilings")) ceilings = 1;
+        else if (!strcmp(a, "--attn")) attn = 1;
         else {
             usage();
             return 2;
@@ -367,6 +462,7 @@ int main(int argc, char **argv)
     }
     if (threads < 1) threads = 1;
     if (ceilings) return run_ceilings(threads, seconds);
+    if (attn) return run_attn(threads, seconds);
     if (!config || batch < 1 || steps < 1 || warmup < 0) {
         usage();
         return 2;

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # torch_step.py - the PyTorch side of bench/cpu.sh: the same UNet (the parity fixtures' hand-written
-# diffusers UNet2DModel, tests/parity/make_fixtures.py), the same training step (forward, MSE
-# against a target, backward, clip 1.0, AdamW, EMA), float32 on the CPU, timed like cpu_bench.
+# diffusers UNet2DModel and seed UNet, tests/parity/make_fixtures.py), the same training step
+# (t and noise drawn, x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) noise, forward, MSE against the
+# noise, backward, clip 1.0, AdamW, EMA), float32 on the CPU, timed like cpu_bench.
 # Prints `key value` lines. Run with Debian's /usr/bin/python3 (python3-torch).
 import argparse
 import os
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
-from make_fixtures import build_ddpm  # noqa: E402
+from make_fixtures import SEED_FULL, build_ddpm, build_seed  # noqa: E402
 
 CONFIGS = {
     "fmnist-tiny": dict(in_channels=1, out_channels=1, block_out_channels=[32, 64, 64],
@@ -22,6 +23,7 @@ CONFIGS = {
                         layers_per_block=2, attention_resolutions=[16], norm_num_groups=32),
     "ddpm-cifar10": dict(in_channels=3, out_channels=3, block_out_channels=[128, 256, 256, 256],
                          layers_per_block=2, attention_resolutions=[16], norm_num_groups=32),
+    "seed-64": None,  # SEED_FULL: examples/seed-64.json
 }
 
 
@@ -36,21 +38,29 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = dict(image_size=32, norm_eps=1e-6, attention_head_dim=None, dropout=0.0,
-               flip_sin_to_cos=False, freq_shift=1, **CONFIGS[a.config])
-    model = build_ddpm(cfg).float()
+    if CONFIGS[a.config] is None:
+        cfg = dict(SEED_FULL)
+        model = build_seed(cfg).float()
+    else:
+        cfg = dict(image_size=32, norm_eps=1e-6, attention_head_dim=None, dropout=0.0,
+                   flip_sin_to_cos=False, freq_shift=1, **CONFIGS[a.config])
+        model = build_ddpm(cfg).float()
+    S = cfg["image_size"]
     ema = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(a.batch, cfg["in_channels"], 32, 32, generator=g)
-    y = torch.randn(a.batch, cfg["in_channels"], 32, 32, generator=g)
-    t = torch.tensor([float((i * 377 + 11) % 1000) for i in range(a.batch)])
+    x0 = torch.randn(a.batch, cfg["in_channels"], S, S, generator=g)
+    abar = torch.cumprod(1.0 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
+    sqrt_ab, sqrt_1mab = abar.sqrt().float(), (1.0 - abar).sqrt().float()
 
     times, first = [], None
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x, t), y)
+        ti = torch.randint(0, 1000, (a.batch,), generator=g)
+        noise = torch.randn(x0.shape, generator=g)
+        xt = sqrt_ab[ti].view(-1, 1, 1, 1) * x0 + sqrt_1mab[ti].view(-1, 1, 1, 1) * noise
+        loss = F.mse_loss(model(xt, ti.float()), noise)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

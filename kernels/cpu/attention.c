@@ -1,12 +1,14 @@
 /* attention.c - CPU multi-head self-attention o = softmax(scale q k^T) v, in two forms: tiled
- * (FlashAttention-style online softmax, saves only lse (N,H,L), no workspace) and plain (saves
- * p (N,H,L,L); its backward takes an L x L workspace; GEMMs through cpu_gemm).
+ * (FlashAttention-2's schedule, saves only lse (N,H,L); its workspace is a few tiles per thread)
+ * and plain (saves p (N,H,L,L); its backward takes an L x L workspace per thread).
  * q, k, v, dq, dk, dv rows have stride s->ld; o and dout are dense (N,L,H*D); head h of a token
- * is the columns [h*D, (h+1)*D) of its row. The tiled form does every sum in one thread in a
- * fixed order (no thread-count dependence); its backward runs a pass over key blocks for dk, dv
- * and a pass over query blocks for dq instead of racing on dq. The plain form's results depend
- * on the thread count (cpu_gemm's split), as the convolutions' do.
+ * is the columns [h*D, (h+1)*D) of its row. Every product of both forms is an OpenBLAS sgemm:
+ * the tiled form's on (query block x key block) tiles, single-threaded, one task per tile row
+ * (forward) or per (n, h) pair (backward), so its results do not depend on the thread count
+ * (except the backward's split of a pair's keys when there are fewer pairs than threads). The
+ * plain form's results depend on the thread count (cpu_gemm's split), as the convolutions' do.
  */
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -14,88 +16,10 @@
 #include "cpu.h"
 #include "vmath.h"
 
-/* query rows and key columns of one tile; the only scratch is a few of these on the stack */
-#define ATTN_BR 32
-#define ATTN_BC 32
-
-/* dot product in 8 interleaved partial sums (an order the compiler can map onto one vector
- * register without reassociating), reduced pairwise */
-static inline float attn_dot(const float *restrict a, const float *restrict b, int n)
-{
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int t = 0;
-    for (; t + 8 <= n; t += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[t + u] * b[t + u];
-    for (int u = 0; t + u < n; u++) acc[u] += a[t + u] * b[t + u];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-/* four attn_dot(a, b_j) at once (a loaded once); each result has attn_dot's exact order */
-static inline void attn_dot4(float *out, const float *restrict a, const float *restrict b0,
-                             const float *restrict b1, const float *restrict b2,
-                             const float *restrict b3, int n)
-{
-    float c0[8] = {0}, c1[8] = {0}, c2[8] = {0}, c3[8] = {0};
-    int t = 0;
-    for (; t + 8 <= n; t += 8)
-        for (int u = 0; u < 8; u++) {
-            c0[u] += a[t + u] * b0[t + u];
-            c1[u] += a[t + u] * b1[t + u];
-            c2[u] += a[t + u] * b2[t + u];
-            c3[u] += a[t + u] * b3[t + u];
-        }
-    for (int u = 0; t + u < n; u++) {
-        c0[u] += a[t + u] * b0[t + u];
-        c1[u] += a[t + u] * b1[t + u];
-        c2[u] += a[t + u] * b2[t + u];
-        c3[u] += a[t + u] * b3[t + u];
-    }
-    out[0] = ((c0[0] + c0[4]) + (c0[1] + c0[5])) + ((c0[2] + c0[6]) + (c0[3] + c0[7]));
-    out[1] = ((c1[0] + c1[4]) + (c1[1] + c1[5])) + ((c1[2] + c1[6]) + (c1[3] + c1[7]));
-    out[2] = ((c2[0] + c2[4]) + (c2[1] + c2[5])) + ((c2[2] + c2[6]) + (c2[3] + c2[7]));
-    out[3] = ((c3[0] + c3[4]) + (c3[1] + c3[5])) + ((c3[2] + c3[6]) + (c3[3] + c3[7]));
-}
-
-/* out[c] = a . b_c, b_c = b + c ldb, for c in [0, nc) */
-static void attn_dots(float *out, const float *a, const float *b, size_t ldb, int nc, int n)
-{
-    int c = 0;
-    for (; c + 4 <= nc; c += 4)
-        attn_dot4(out + c, a, b + c * ldb, b + (c + 1) * ldb, b + (c + 2) * ldb,
-                  b + (c + 3) * ldb, n);
-    for (; c < nc; c++) out[c] = attn_dot(a, b + c * ldb, n);
-}
-
-/* y += w_c x_c over c in [0, nc) in increasing c, w_c = w[c wst], x_c = x + c ldx. Four terms
- * are added per pass over y, in the same order as four single updates: same bits, fewer
- * loads and stores of y. */
-static void attn_axpys(float *restrict y, const float *w, size_t wst, const float *x, size_t ldx,
-                       int nc, int n)
-{
-    int c = 0;
-    for (; c + 4 <= nc; c += 4) {
-        const float a0 = w[c * wst], a1 = w[(c + 1) * wst], a2 = w[(c + 2) * wst],
-                    a3 = w[(c + 3) * wst];
-        const float *restrict x0 = x + c * ldx, *restrict x1 = x0 + ldx, *restrict x2 = x1 + ldx,
-                              *restrict x3 = x2 + ldx;
-        int t = 0;
-        for (; t + 8 <= n; t += 8)
-            for (int u = 0; u < 8; u++)
-                y[t + u] = (((y[t + u] + a0 * x0[t + u]) + a1 * x1[t + u]) + a2 * x2[t + u]) +
-                           a3 * x3[t + u];
-        for (; t < n; t++) y[t] = (((y[t] + a0 * x0[t]) + a1 * x1[t]) + a2 * x2[t]) + a3 * x3[t];
-    }
-    for (; c < nc; c++) {
-        const float a = w[c * wst];
-        const float *restrict xc = x + c * ldx;
-        for (int t = 0; t < n; t++) y[t] += a * xc[t];
-    }
-}
-
-static inline void attn_scal(float *y, float a, int n)
-{
-    for (int t = 0; t < n; t++) y[t] *= a;
-}
+/* query rows and key columns of one tile: S (BR x BC) and, in the backward, dS next to it stay
+ * in the core's L2 (2 x 64 KiB) with the key block's k, v rows */
+#define ATTN_BR 128
+#define ATTN_BC 128
 
 static int attn_check(const struct bk_attn *s)
 {
@@ -104,13 +28,37 @@ static int attn_check(const struct bk_attn *s)
     return BK_OK;
 }
 
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* the tiled backward's split of one (n, h) pair's key blocks: 1 when the pairs keep every
+ * thread busy, else enough chunks for the threads (each chunk sums its own dq, in ws) */
+static int attn_chunks(const struct bk_attn *s, int threads)
+{
+    const int pairs = s->n * s->heads, nkb = (s->l + ATTN_BC - 1) / ATTN_BC;
+    if (pairs >= threads) return 1;
+    return imin(nkb, (threads + pairs - 1) / pairs);
+}
+
+/* per-thread tile scratch (floats): S and dS (or the forward's S and its row max and sum) and
+ * the pair's Di = rowsum(dout o) */
+static size_t attn_slot_floats(const struct bk_attn *s)
+{
+    const int br = imin(ATTN_BR, s->l), bc = imin(ATTN_BC, s->l);
+    return (size_t)2 * br * bc + (size_t)s->l + 2 * (size_t)br;
+}
+
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
     if (attn_check(s) != BK_OK) return 0;
-    /* tiled: none. plain backward: dS (L,L) of each (n, h) in flight: one per thread, at most
-     * the machine's cores (see attn_plain_split) */
-    if (tiled) return 0;
+    /* one slot (tiled) or dS (L,L) (plain) per thread in flight, at most the machine's cores
+     * (see attn_plain_split); tiled, when a pair's keys are split, a dq per chunk */
     int procs = cpu_threads(NULL), pairs = s->n * s->heads;
+    if (tiled) {
+        const int ch = attn_chunks(s, procs);
+        size_t f = (size_t)procs * attn_slot_floats(s);
+        if (ch > 1) f += (size_t)pairs * ch * s->l * s->d;
+        return f * sizeof(float);
+    }
     int slots = pairs < procs ? pairs : procs;
     return (size_t)slots * s->l * s->l * sizeof(float);
 }
@@ -119,132 +67,161 @@ size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 #define ROW_LD(p, ni, i, h) ((p) + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D)
 #define ROW_HD(p, ni, i, h) ((p) + ((size_t)(ni) * L + (i)) * hd + (size_t)(h) * D)
 
+/* C (m,n) = alpha op(A) op(B) + beta C, row-major, one thread (called inside parallel loops) */
+static inline void attn_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                             size_t lda, const float *b, size_t ldb, float beta, float *c,
+                             size_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
 int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
                  void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !o || !lse || !q || !k || !v || !ctx) return BK_ERR_INVALID;
+    if (attn_check(s) != BK_OK || !o || !lse || !q || !k || !v || !ws || !ctx)
+        return BK_ERR_INVALID;
     const int L = s->l, H = s->heads, D = s->d;
-    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
     const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks = s->n * H * nqb;
-#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
-    for (int t = 0; t < tasks; t++) {
-        const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
-        const int i0 = qb * ATTN_BR, nr = L - i0 < ATTN_BR ? L - i0 : ATTN_BR;
-        float m[ATTN_BR], l[ATTN_BR], sc[ATTN_BC];
-        for (int r = 0; r < nr; r++) {
-            m[r] = -INFINITY;
-            l[r] = 0.0f;
-            memset(ROW_HD(o, ni, i0 + r, h), 0, (size_t)D * sizeof(float));
-        }
-        /* key blocks outer so one block of k, v serves all rows of the query block; o itself
-         * is the running (unnormalised) accumulator */
-        for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
-            const int nc = L - j0 < ATTN_BC ? L - j0 : ATTN_BC;
-            const float *kb = ROW_LD(k, ni, j0, h), *vb = ROW_LD(v, ni, j0, h);
-            for (int r = 0; r < nr; r++) {
-                float *orow = ROW_HD(o, ni, i0 + r, h);
-                attn_dots(sc, ROW_LD(q, ni, i0 + r, h), kb, ld, nc, D);
-                float mx = m[r];
-                for (int c = 0; c < nc; c++) {
-                    sc[c] *= scale;
-                    mx = fmaxf(mx, sc[c]);
+    const int nt = cpu_threads(ctx);
+#pragma omp parallel num_threads(nt)
+    {
+        float *sc = (float *)ws + (size_t)omp_get_thread_num() * slot;
+        float *m = sc + (size_t)imin(ATTN_BR, L) * imin(ATTN_BC, L), *l = m + imin(ATTN_BR, L);
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tasks; t++) {
+            const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
+            const int i0 = qb * ATTN_BR, nr = imin(L - i0, ATTN_BR);
+            const int bc = imin(ATTN_BC, L);
+            const float *qb0 = ROW_LD(q, ni, i0, h);
+            float *ob = ROW_HD(o, ni, i0, h);
+            /* key blocks outer, o the running unnormalised accumulator: after block j,
+             * o_r = sum_c exp(S_rc - m_r) v_c over the keys so far, l_r = the sum of those
+             * weights (online softmax: the earlier blocks are rescaled to each new maximum) */
+            for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
+                const int nc = imin(L - j0, ATTN_BC);
+                attn_gemm(0, 1, nr, nc, D, scale, qb0, ld, ROW_LD(k, ni, j0, h), ld, 0.0f, sc,
+                          (size_t)bc);
+                for (int r = 0; r < nr; r++) {
+                    float *sr = sc + (size_t)r * bc;
+                    float mx = j0 ? m[r] : -INFINITY;
+#pragma omp simd reduction(max : mx)
+                    for (int c = 0; c < nc; c++) mx = sr[c] > mx ? sr[c] : mx;
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int c = 0; c < nc; c++) {
+                        sr[c] = vm_expf(sr[c] - mx);
+                        sum += sr[c];
+                    }
+                    if (j0) {
+                        const float alpha = vm_expf(m[r] - mx);
+                        l[r] = l[r] * alpha + sum;
+                        if (alpha != 1.0f) {
+                            float *orow = ob + (size_t)r * hd;
+#pragma omp simd
+                            for (int e = 0; e < D; e++) orow[e] *= alpha;
+                        }
+                    } else {
+                        l[r] = sum;
+                    }
+                    m[r] = mx;
                 }
-                /* online softmax: rescale what the earlier blocks summed to the new maximum */
-                const float alpha = expf(m[r] - mx);
-                float sum = 0.0f;
-                for (int c = 0; c < nc; c++) {
-                    sc[c] = expf(sc[c] - mx);
-                    sum += sc[c];
-                }
-                l[r] = l[r] * alpha + sum;
-                m[r] = mx;
-                if (alpha != 1.0f) attn_scal(orow, alpha, D);
-                attn_axpys(orow, sc, 1, vb, ld, nc, D);
+                attn_gemm(0, 0, nr, D, nc, 1.0f, sc, (size_t)bc, ROW_LD(v, ni, j0, h), ld,
+                          j0 ? 1.0f : 0.0f, ob, hd);
             }
-        }
-        for (int r = 0; r < nr; r++) {
-            attn_scal(ROW_HD(o, ni, i0 + r, h), 1.0f / l[r], D);
-            lse[((size_t)ni * H + h) * L + i0 + r] = m[r] + logf(l[r]);
+            for (int r = 0; r < nr; r++) {
+                float *orow = ob + (size_t)r * hd;
+                const float inv = 1.0f / l[r];
+#pragma omp simd
+                for (int e = 0; e < D; e++) orow[e] *= inv;
+                lse[((size_t)ni * H + h) * L + i0 + r] = m[r] + logf(l[r]);
+            }
         }
     }
     return BK_OK;
 }
-
-/* queries handled together by the dk, dv pass, so each dk, dv row is updated once per group */
-#define ATTN_QG 4
 
 int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                  const float *k, const float *v, const float *o, const float *lse, void *ws,
                  const struct bk_attn *s, bk_ctx *ctx)
 {
     if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !o || !lse ||
-        !ctx)
+        !ws || !ctx)
         return BK_ERR_INVALID;
     const int L = s->l, H = s->heads, D = s->d;
-    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
+    const int nt = cpu_threads(ctx);
+    const int pairs = s->n * H, nkb = (L + ATTN_BC - 1) / ATTN_BC, nch = attn_chunks(s, nt);
+    const int br = imin(ATTN_BR, L), bc = imin(ATTN_BC, L);
+    /* a split pair's chunk c sums its dq into part + (pair nch + c) L D, dense (L, D) */
+    float *part = (float *)ws + (size_t)cpu_threads(NULL) * slot;
 
-    /* pass 1: dk, dv of one key block per task, summed over all queries in increasing order:
-     * p = exp(scale q.k - lse), dp = dout.v, ds = p (dp - Di), Di = dout_i.o_i (recomputed
-     * per block: D/(4*BC) of the block's work, and it keeps the tiled form workspace-free) */
-    const int nkb = (L + ATTN_BC - 1) / ATTN_BC, tasks_k = s->n * H * nkb;
-#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
-    for (int t = 0; t < tasks_k; t++) {
-        const int kb = t % nkb, h = (t / nkb) % H, ni = t / (nkb * H);
-        const int j0 = kb * ATTN_BC, nc = L - j0 < ATTN_BC ? L - j0 : ATTN_BC;
-        const float *lrow = lse + ((size_t)ni * H + h) * L;
-        const float *kb0 = ROW_LD(k, ni, j0, h), *vb0 = ROW_LD(v, ni, j0, h);
-        /* (query in group, key in block) */
-        float p[ATTN_QG][ATTN_BC], ds[ATTN_QG][ATTN_BC];
-        for (int c = 0; c < nc; c++) {
-            memset(ROW_LD(dk, ni, j0 + c, h), 0, (size_t)D * sizeof(float));
-            memset(ROW_LD(dv, ni, j0 + c, h), 0, (size_t)D * sizeof(float));
-        }
-        for (int i0 = 0; i0 < L; i0 += ATTN_QG) {
-            const int ng = L - i0 < ATTN_QG ? L - i0 : ATTN_QG;
-            for (int g = 0; g < ng; g++) {
-                const float *qr = ROW_LD(q, ni, i0 + g, h), *dor = ROW_HD(dout, ni, i0 + g, h);
-                const float di = attn_dot(dor, ROW_HD(o, ni, i0 + g, h), D);
-                attn_dots(p[g], qr, kb0, ld, nc, D);
-                attn_dots(ds[g], dor, vb0, ld, nc, D);
-                for (int c = 0; c < nc; c++) {
-                    p[g][c] = expf(p[g][c] * scale - lrow[i0 + g]);
-                    ds[g][c] = p[g][c] * (ds[g][c] - di) * scale;
+    /* one task per (pair, chunk of key blocks): key blocks outer, query blocks inner, so a key
+     * block's dk, dv are summed over all queries in one place; dq of the pair's queries is
+     * summed over the chunk's keys in the same loop (no second pass). Per tile:
+     * p = exp(scale q k^T - lse), dp = dout v^T, ds = scale p (dp - Di), Di = dout_i . o_i,
+     * dv += p^T dout, dk += ds^T q, dq += ds k. */
+#pragma omp parallel num_threads(nt)
+    {
+        float *pt = (float *)ws + (size_t)omp_get_thread_num() * slot;
+        float *dst = pt + (size_t)br * bc, *di = dst + (size_t)br * bc;
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < pairs * nch; t++) {
+            const int ch = t % nch, pr = t / nch, h = pr % H, ni = pr / H;
+            const int kb0 = (int)((long long)ch * nkb / nch), kb1 = (int)((long long)(ch + 1) * nkb / nch);
+            const float *lrow = lse + ((size_t)ni * H + h) * L;
+            float *dqp = nch > 1 ? part + (size_t)t * L * D : ROW_LD(dq, ni, 0, h);
+            const size_t ldq = nch > 1 ? (size_t)D : ld;
+            for (int i = 0; i < L; i++) {
+                const float *dor = ROW_HD(dout, ni, i, h), *orow = ROW_HD(o, ni, i, h);
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int e = 0; e < D; e++) acc += dor[e] * orow[e];
+                di[i] = acc;
+            }
+            for (int jb = kb0; jb < kb1; jb++) {
+                const int j0 = jb * ATTN_BC, nc = imin(L - j0, ATTN_BC);
+                const float *kj = ROW_LD(k, ni, j0, h), *vj = ROW_LD(v, ni, j0, h);
+                float *dkj = ROW_LD(dk, ni, j0, h), *dvj = ROW_LD(dv, ni, j0, h);
+                for (int i0 = 0; i0 < L; i0 += ATTN_BR) {
+                    const int nr = imin(L - i0, ATTN_BR);
+                    const float *qi = ROW_LD(q, ni, i0, h), *doi = ROW_HD(dout, ni, i0, h);
+                    attn_gemm(0, 1, nr, nc, D, scale, qi, ld, kj, ld, 0.0f, pt, (size_t)bc);
+                    attn_gemm(0, 1, nr, nc, D, 1.0f, doi, hd, vj, ld, 0.0f, dst, (size_t)bc);
+                    for (int r = 0; r < nr; r++) {
+                        float *prow = pt + (size_t)r * bc, *drow = dst + (size_t)r * bc;
+                        const float lr = lrow[i0 + r], dr = di[i0 + r];
+#pragma omp simd
+                        for (int c = 0; c < nc; c++) {
+                            const float pc = vm_expf(prow[c] - lr);
+                            prow[c] = pc;
+                            drow[c] = pc * (drow[c] - dr) * scale;
+                        }
+                    }
+                    const float beta = i0 ? 1.0f : 0.0f;
+                    attn_gemm(1, 0, nc, D, nr, 1.0f, pt, (size_t)bc, doi, hd, beta, dvj, ld);
+                    attn_gemm(1, 0, nc, D, nr, 1.0f, dst, (size_t)bc, qi, ld, beta, dkj, ld);
+                    attn_gemm(0, 0, nr, D, nc, 1.0f, dst, (size_t)bc, kj, ld,
+                              jb > kb0 ? 1.0f : 0.0f, dqp + (size_t)i0 * ldq, ldq);
                 }
             }
-            for (int c = 0; c < nc; c++) {
-                attn_axpys(ROW_LD(dv, ni, j0 + c, h), &p[0][c], ATTN_BC, ROW_HD(dout, ni, i0, h),
-                           hd, ng, D);
-                attn_axpys(ROW_LD(dk, ni, j0 + c, h), &ds[0][c], ATTN_BC, ROW_LD(q, ni, i0, h),
-                           ld, ng, D);
-            }
         }
-    }
-
-    /* pass 2: dq of one query block per task, summed over all keys in increasing order */
-    const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks_q = s->n * H * nqb;
-#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
-    for (int t = 0; t < tasks_q; t++) {
-        const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
-        const int i0 = qb * ATTN_BR, nr = L - i0 < ATTN_BR ? L - i0 : ATTN_BR;
-        const float *lrow = lse + ((size_t)ni * H + h) * L;
-        float di[ATTN_BR], p[ATTN_BC], dp[ATTN_BC];
-        for (int r = 0; r < nr; r++) {
-            memset(ROW_LD(dq, ni, i0 + r, h), 0, (size_t)D * sizeof(float));
-            di[r] = attn_dot(ROW_HD(dout, ni, i0 + r, h), ROW_HD(o, ni, i0 + r, h), D);
-        }
-        for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
-            const int nc = L - j0 < ATTN_BC ? L - j0 : ATTN_BC;
-            const float *kb = ROW_LD(k, ni, j0, h), *vb = ROW_LD(v, ni, j0, h);
-            for (int r = 0; r < nr; r++) {
-                attn_dots(p, ROW_LD(q, ni, i0 + r, h), kb, ld, nc, D);
-                attn_dots(dp, ROW_HD(dout, ni, i0 + r, h), vb, ld, nc, D);
-                for (int c = 0; c < nc; c++) {
-                    float pc = expf(p[c] * scale - lrow[i0 + r]);
-                    dp[c] = pc * (dp[c] - di[r]) * scale; /* ds */
+        if (nch > 1) {
+            /* dq = the chunks' sums added in chunk order */
+#pragma omp for schedule(static)
+            for (int r = 0; r < pairs * L; r++) {
+                const int pr = r / L, i = r % L, h = pr % H, ni = pr / H;
+                float *dst_row = ROW_LD(dq, ni, i, h);
+                const float *p0 = part + ((size_t)pr * nch * L + i) * D;
+                for (int e = 0; e < D; e++) dst_row[e] = p0[e];
+                for (int c = 1; c < nch; c++) {
+                    const float *pc = p0 + (size_t)c * L * D;
+#pragma omp simd
+                    for (int e = 0; e < D; e++) dst_row[e] += pc[e];
                 }
-                attn_axpys(ROW_LD(dq, ni, i0 + r, h), dp, 1, kb, ld, nc, D);
             }
         }
     }

@@ -573,7 +573,13 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
     const size_t nbuf = (size_t)3 * n * l * c, no = (size_t)n * l * c;
     const size_t nlse = (size_t)n * heads * l, np = nlse * l;
     const size_t toff = packed ? (size_t)c : no; /* offset from q to k and k to v */
-    CHECK(cpu_attn_ws_bytes(&s, 1) == 0, "%s: tiled ws", tag);
+    /* tiled: a few tiles per thread (no L x L), plus a dq per chunk when a pair is split */
+    size_t wst = cpu_attn_ws_bytes(&s, 1);
+    const size_t procs = (size_t)cpu_threads(NULL);
+    CHECK(wst > 0 && wst <= procs * (2 * 128 * 128 + (size_t)l + 256) * sizeof(float) +
+                                2 * procs * l * d * sizeof(float),
+          "%s: tiled ws %zu", tag, wst);
+    void *wt = malloc(wst);
     size_t wsb = cpu_attn_ws_bytes(&s, 0);
     /* one L x L dS per (n, h) pair in flight, at most one per core */
     CHECK(wsb % ((size_t)l * l * sizeof(float)) == 0 && wsb >= (size_t)l * l * sizeof(float) &&
@@ -594,13 +600,13 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
     /* tiled forward */
     fill_nan(o, no);
     fill_nan(lse, nlse);
-    CHECK(cpu_attn_fwd(o, lse, q, k, v, NULL, &s, ctx) == BK_OK, "%s: fwd", tag);
+    CHECK(cpu_attn_fwd(o, lse, q, k, v, wt, &s, ctx) == BK_OK, "%s: fwd", tag);
     double e = tu_rel_err(o, od, no), el = tu_rel_err(lse, lsed, nlse);
     note(&max_fwd[OP_ATTN], e);
     note(&max_lse, el);
     CHECK(e <= TOL_FWD, "%s: tiled o rel err %.3g", tag, e);
     CHECK(el <= TOL_FWD, "%s: tiled lse rel err %.3g", tag, el);
-    CHECK(cpu_attn_fwd(o2, lse2, q, k, v, NULL, &s, ctx) == BK_OK, "%s: fwd2", tag);
+    CHECK(cpu_attn_fwd(o2, lse2, q, k, v, wt, &s, ctx) == BK_OK, "%s: fwd2", tag);
     CHECK(memcmp(o, o2, no * 4) == 0 && memcmp(lse, lse2, nlse * 4) == 0,
           "%s: tiled fwd not deterministic", tag);
 
@@ -619,7 +625,7 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
 
     /* backward of sum(o * r); dq, dk, dv are written, never read: start them as NaN */
     fill_nan(g, nbuf);
-    CHECK(cpu_attn_bwd(g, g + toff, g + 2 * toff, r, q, k, v, o, lse, NULL, &s, ctx) == BK_OK,
+    CHECK(cpu_attn_bwd(g, g + toff, g + 2 * toff, r, q, k, v, o, lse, wt, &s, ctx) == BK_OK,
           "%s: bwd", tag);
     fill_nan(gp, nbuf);
     CHECK(cpu_attn_plain_bwd(gp, gp + toff, gp + 2 * toff, r, q, k, v, p, ws, &s, ctx) == BK_OK,
@@ -651,16 +657,34 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
     CHECK(e <= TOL_BWD, "%s: tiled vs plain grads rel err %.3g", tag, e);
 
     fill_nan(g2, nbuf);
-    CHECK(cpu_attn_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, o, lse, NULL, &s, ctx) == BK_OK,
+    CHECK(cpu_attn_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, o, lse, wt, &s, ctx) == BK_OK,
           "%s: bwd2", tag);
     CHECK(memcmp(g, g2, nbuf * 4) == 0, "%s: tiled bwd not deterministic", tag);
+    /* one thread: the same bits, forward always, backward while no pair is split (at least
+     * as many (n, h) pairs as the 2 threads of ctx) */
+    if (cpu_threads(ctx) == 2) {
+        bk_ctx *one = NULL;
+        CHECK(cpu_ctx_init(&one, 1) == BK_OK, "ctx 1");
+        fill_nan(o2, no);
+        CHECK(cpu_attn_fwd(o2, lse2, q, k, v, wt, &s, one) == BK_OK, "%s: fwd 1 thread", tag);
+        CHECK(memcmp(o, o2, no * 4) == 0 && memcmp(lse, lse2, nlse * 4) == 0,
+              "%s: tiled fwd differs at 1 thread", tag);
+        if (n * heads >= 2) {
+            fill_nan(g2, nbuf);
+            CHECK(cpu_attn_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, o, lse, wt, &s, one) ==
+                      BK_OK,
+                  "%s: bwd 1 thread", tag);
+            CHECK(memcmp(g, g2, nbuf * 4) == 0, "%s: tiled bwd differs at 1 thread", tag);
+        }
+        cpu_ctx_free(one);
+    }
     fill_nan(g2, nbuf);
     CHECK(cpu_attn_plain_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, p, ws, &s, ctx) == BK_OK,
           "%s: plain bwd2", tag);
     CHECK(memcmp(gp, g2, nbuf * 4) == 0, "%s: plain bwd not deterministic", tag);
 
-    free(idx); free(ws); free(buf); free(r); free(o); free(o2); free(lse); free(lse2); free(p);
-    free(p2); free(g); free(g2); free(gp); free(bd); free(rd); free(od); free(lsed); free(pd);
+    free(idx); free(ws); free(wt); free(buf); free(r); free(o); free(o2); free(lse); free(lse2);
+    free(p); free(p2); free(g); free(g2); free(gp); free(bd); free(rd); free(od); free(lsed); free(pd);
     free(srow);
 }
 
@@ -671,6 +695,11 @@ static void test_attn_invalid(void)
     CHECK(cpu_attn_fwd(buf, buf, buf, buf, buf, NULL, &s, ctx) == BK_ERR_INVALID,
           "attn ld < H*D");
     s.ld = 8;
+    CHECK(cpu_attn_fwd(buf, buf, buf, buf, buf, NULL, &s, ctx) == BK_ERR_INVALID,
+          "attn tiled fwd without ws");
+    CHECK(cpu_attn_bwd(buf, buf, buf, buf, buf, buf, buf, buf, buf, NULL, &s, ctx) ==
+              BK_ERR_INVALID,
+          "attn tiled bwd without ws");
     CHECK(cpu_attn_plain_bwd(buf, buf, buf, buf, buf, buf, buf, buf, NULL, &s, ctx) ==
               BK_ERR_INVALID,
           "attn plain bwd without ws");
@@ -781,6 +810,10 @@ int main(void)
     test_attn(1, 130, 1, 8, 0, 30);
     test_attn(2, 130, 4, 24, 1, 20);
     test_attn(1, 40, 1, 512, 0, 20); /* the largest head dim the UNet presets use */
+    /* several query and key blocks (128), the last ones partial: the seed's head dims */
+    test_attn(2, 300, 4, 16, 1, 12);
+    test_attn(1, 260, 2, 32, 0, 12);
+    test_attn(1, 300, 1, 16, 1, 12); /* one pair, 2 threads: its keys split in 2 chunks */
     test_attn_invalid();
 
     printf("max rel errors (fwd vs float64 ref | bwd vs finite differences):\n");
