@@ -401,10 +401,36 @@ static enum MHD_Result h_train(struct ctx *c)
                  c->r->len);
         return problem(c->conn, 400, "malformed-json", detail, NULL, NULL);
     }
+    /* "webhook" beside the spec: {"url", "events"}; the spec itself is parsed without it */
+    struct webhook_sub sub;
+    cJSON *wh = cJSON_IsObject(root) ? cJSON_DetachItemFromObjectCaseSensitive(root, "webhook") : NULL;
+    char *spec_text = NULL;
+    int hook = wh != NULL;
+    if (wh) {
+        char wpath[64], wmsg[200];
+        int bad = !c->a->cfg.webhook ||
+                  webhook_parse(c->a->cfg.webhook, wh, &sub, wpath, sizeof wpath, wmsg, sizeof wmsg);
+        if (!c->a->cfg.webhook) snprintf(wpath, sizeof wpath, "webhook"),
+                                snprintf(wmsg, sizeof wmsg, "this server sends no webhooks");
+        cJSON_Delete(wh);
+        if (bad) {
+            cJSON_Delete(root);
+            return invalid(c->conn, 422, wpath, wmsg);
+        }
+        spec_text = cJSON_PrintUnformatted(root);
+        if (!spec_text) {
+            cJSON_Delete(root);
+            return MHD_NO;
+        }
+        body = spec_text;
+    }
     cJSON_Delete(root);
     struct train_spec spec, child;
     struct spec_errors es;
-    if (spec_parse(body, &spec, &es)) {
+    int spec_bad = spec_parse(body, &spec, &es);
+    free(spec_text);
+    body = NULL;
+    if (spec_bad) {
         cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "errors");
         for (int i = 0; i < es.n; i++) {
             cJSON *e = cJSON_CreateObject();
@@ -458,12 +484,22 @@ static enum MHD_Result h_train(struct ctx *c)
     char id[JOBS_ID_LEN], err[512];
     /* an uploaded dataset cannot be deleted between the check above and the job's queueing */
     if (uploaded) upload_lock();
+    /* the job's events are looked up for its webhook only once it is stored (webhook.h) */
+    if (hook) webhook_lock(c->a->cfg.webhook);
     int still = !uploaded || access(child.dataset, F_OK) == 0;
     int rc = still ? pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &est, id, err, sizeof err)
                    : 0;
+    int wrc = hook && still && rc == 0 ? webhook_register(c->a->cfg.webhook, id, &sub, err, sizeof err) : 0;
+    if (hook) webhook_unlock(c->a->cfg.webhook);
     if (uploaded) upload_unlock();
     if (!still) return invalid(c->conn, 422, "data.dataset", "the dataset was deleted");
     if (rc) return submit_refused(c, rc, &est, err, "model");
+    if (wrc) { /* queued already: it runs, and says why it sends nothing */
+        char line[700];
+        snprintf(line, sizeof line, "{\"event\":\"register\",\"ok\":false,\"error\":\"the webhook "
+                 "could not be stored\"}");
+        jobs_event_append(c->a->cfg.db, id, "webhook", line, NULL);
+    }
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
         return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
@@ -2037,6 +2073,19 @@ static int api_prefix_set(struct api *a, const char *p, char *err, size_t errlen
     return 0;
 }
 
+/* a webhook body's "job": what GET /jobs/{id} (or /samples/{id}) answers */
+static char *webhook_job(void *ctx, const char *id)
+{
+    struct api *a = ctx;
+    struct job_row r;
+    if (jobs_get(a->cfg.db, id, &r)) return NULL;
+    cJSON *o = strcmp(r.kind, "sample") == 0 ? sample_json(a, &r) : job_json(a, &r);
+    job_row_free(&r);
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
 int api_start(struct api **out, const struct api_config *cfg, char *err, size_t errlen)
 {
     *out = NULL;
@@ -2050,6 +2099,7 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
     static const char *methods[N_ROUTES], *patterns[N_ROUTES];
     for (int i = 0; i < N_ROUTES; i++) methods[i] = routes[i].method, patterns[i] = routes[i].pattern;
     metrics_set_routes(methods, patterns, N_ROUTES);
+    if (cfg->webhook) webhook_set_renderer(cfg->webhook, webhook_job, a);
     if (api_prefix_set(a, cfg->path_prefix ? cfg->path_prefix : "", err, errlen)) {
         free(a);
         return API_ERR_START;

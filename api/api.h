@@ -11,6 +11,7 @@
 
 #include "jobs.h"
 #include "pool.h"
+#include "webhook.h"
 
 struct api_token {
     char name[64];
@@ -36,6 +37,7 @@ struct api_config {
     int64_t upload_max_bytes;       /* POST /datasets: the archive as sent (413 beyond) */
     int64_t upload_max_unpacked;    /* its files unpacked (413 beyond) */
     int64_t upload_max_files;       /* its entries (413 beyond) */
+    struct webhook *webhook;        /* a POST /train body's "webhook" is registered here */
 };
 
 enum api_status { API_OK = 0, API_ERR_START = 1 };

@@ -8,7 +8,7 @@ set -euo pipefail
 # compilers and the -dev packages of every library ddpmd links (a new library goes here)
 build=(build-essential cmake pkg-config
        libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
-       libarchive-dev)
+       libarchive-dev libcurl4-openssl-dev libssl-dev)
 # the tests, fuzzers and tools around them; nginx for tests/integration/test_nginx.py; docker.io,
 # docker-compose and debootstrap for tests/docker/test_container.sh
 test=(clang-14 libclang-rt-14-dev libomp-14-dev

@@ -26,7 +26,22 @@ struct jobs {
     pthread_mutex_t mu;
     char reserve[1200];          /* DIR/ddpmd.db-reserve */
     int have_reserve;            /* under mu */
+    jobs_observer_fn observer;   /* set before any other thread uses the store */
+    void *observer_ctx;
 };
+
+void jobs_set_observer(struct jobs *db, jobs_observer_fn fn, void *ctx)
+{
+    db->observer = fn;
+    db->observer_ctx = ctx;
+}
+
+/* an event is committed: tell the observer (outside the store's lock) */
+static int observed(struct jobs *db, int rc, const char *id, const char *type, const char *json)
+{
+    if (rc == JOBS_OK && db->observer) db->observer(db->observer_ctx, id, type, json);
+    return rc;
+}
 
 /* the message of this thread's last failed store call: thread-local, so a caller reads its own
  * call's cause even while other threads use the store */
@@ -349,7 +364,7 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
 out:
     if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
-    return end(db, rc);
+    return observed(db, end(db, rc), r->id, "state", "{\"state\":\"queued\"}");
 }
 
 int jobs_get(struct jobs *db, const char *id, struct job_row *out)
@@ -528,7 +543,7 @@ static int set_state_once(struct jobs *db, const char *id, enum job_state state,
 out:
     if (rc == JOBS_ERR_DB) rc = db_fail(db);
     sqlite3_finalize(st);
-    return end(db, rc);
+    return observed(db, end(db, rc), id, "state", event_json);
 }
 
 int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int threads,
@@ -585,7 +600,7 @@ int jobs_event_append(struct jobs *db, const char *id, const char *type, const c
 {
     int brc = begin(db);
     if (brc) return brc;
-    return end(db, event_append_locked(db, id, type, json, seq));
+    return observed(db, end(db, event_append_locked(db, id, type, json, seq)), id, type, json);
 }
 
 int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,

@@ -108,6 +108,12 @@ int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int st
  * same key is a new attempt) */
 int jobs_idem_abandon(struct jobs *db, const char *owner, const char *key);
 
+/* called after every committed event (type, its JSON data), on the committing thread and
+ * outside the store's lock: it must be quick and must not call the store back. Set once, before
+ * other threads use the store (the webhook sender's queue) */
+typedef void (*jobs_observer_fn)(void *ctx, const char *job_id, const char *type, const char *json);
+void jobs_set_observer(struct jobs *db, jobs_observer_fn fn, void *ctx);
+
 /* the RFC 3339 time of now, UTC */
 void jobs_now(char *buf, size_t n);
 

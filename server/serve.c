@@ -29,6 +29,7 @@
 #include "spec.h"
 #include "train.h"
 #include "upload.h"
+#include "webhook.h"
 
 extern const char ddpmd_openapi_yaml[];
 extern const size_t ddpmd_openapi_yaml_len;
@@ -84,6 +85,16 @@ static void serve_usage(FILE *f)
             "                         (DDPMD_UPLOAD_MAX_UNPACKED; default 4GiB)\n"
             "  --upload-max-files N   the most entries (files and folders) it may hold\n"
             "                         (DDPMD_UPLOAD_MAX_FILES; default 100000)\n"
+            "  --webhook-secret-file FILE  the HMAC-SHA256 key webhooks are signed with, its\n"
+            "                         first line, >= 16 characters (DDPMD_WEBHOOK_SECRET_FILE;\n"
+            "                         default DATA/webhook.secret, made with mode 0600 at the first\n"
+            "                         start)\n"
+            "  --webhook-allow H1,H2  webhook URLs must name one of these hosts\n"
+            "                         (DDPMD_WEBHOOK_ALLOW; default any: see README, SSRF)\n"
+            "  --webhook-attempts N   deliveries tried at most N times (DDPMD_WEBHOOK_ATTEMPTS;\n"
+            "                         default 5), waiting S, 2S, 4S... between them\n"
+            "  --webhook-backoff S    (DDPMD_WEBHOOK_BACKOFF; default 1 second)\n"
+            "  --webhook-timeout S    one attempt's limit (DDPMD_WEBHOOK_TIMEOUT; default 10)\n"
             "  --routes               print the HTTP routes (METHOD PATH) and exit\n"
             "SIGTERM or SIGINT: stop admitting, stop running jobs at their next step with a\n"
             "checkpoint, exit; the next start resumes them.\n");
@@ -298,6 +309,11 @@ int serve_main(int argc, char **argv)
     const char *umb = env_or("DDPMD_UPLOAD_MAX_BYTES", "1GiB");
     const char *umu = env_or("DDPMD_UPLOAD_MAX_UNPACKED", "4GiB");
     const char *umf = env_or("DDPMD_UPLOAD_MAX_FILES", "100000");
+    const char *whs = env_or("DDPMD_WEBHOOK_SECRET_FILE", NULL);
+    const char *wha = env_or("DDPMD_WEBHOOK_ALLOW", NULL);
+    const char *whn = env_or("DDPMD_WEBHOOK_ATTEMPTS", "5");
+    const char *whb = env_or("DDPMD_WEBHOOK_BACKOFF", "1");
+    const char *wht = env_or("DDPMD_WEBHOOK_TIMEOUT", "10");
     int probe = 0, routes = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -319,6 +335,11 @@ int serve_main(int argc, char **argv)
         else if (OPT("--upload-max-bytes")) umb = v;
         else if (OPT("--upload-max-unpacked")) umu = v;
         else if (OPT("--upload-max-files")) umf = v;
+        else if (OPT("--webhook-secret-file")) whs = v;
+        else if (OPT("--webhook-allow")) wha = v;
+        else if (OPT("--webhook-attempts")) whn = v;
+        else if (OPT("--webhook-backoff")) whb = v;
+        else if (OPT("--webhook-timeout")) wht = v;
         else if (strcmp(a, "--probe") == 0) probe = 1;
         else if (strcmp(a, "--routes") == 0) routes = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -362,6 +383,18 @@ int serve_main(int argc, char **argv)
         return 2;
     }
     if (parse_count("--upload-max-files", umf, 1, 100000000, &up_files)) return 2;
+    int wh_attempts;
+    double wh_backoff, wh_timeout;
+    char *wend1, *wend2;
+    wh_backoff = strtod(whb, &wend1);
+    wh_timeout = strtod(wht, &wend2);
+    if (parse_count("--webhook-attempts", whn, 1, 100, &wh_attempts)) return 2;
+    if (*wend1 || wend1 == whb || !(wh_backoff >= 0 && wh_backoff <= 3600) || *wend2 ||
+        wend2 == wht || !(wh_timeout > 0 && wh_timeout <= 600)) {
+        log_msg(LOG_ERROR, "--webhook-backoff takes seconds in [0, 3600] and --webhook-timeout "
+                           "in (0, 600], not '%s' and '%s'", whb, wht);
+        return 2;
+    }
     if (serve_parse_size(mb, &max_body) || max_body < 1024) {
         log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", mb);
         return 2;
@@ -456,6 +489,7 @@ int serve_main(int argc, char **argv)
     struct jobs *db = NULL;
     struct pool *pool = NULL;
     struct api *api = NULL;
+    struct webhook *hooks = NULL;
     if (upload_store_init(o.data, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;
@@ -468,6 +502,14 @@ int serve_main(int argc, char **argv)
                              .budget_bytes = budget, .baseline_bytes = baseline, .cores = ncores,
                              .max_queue = max_queue, .max_per_owner = max_per_owner,
                              .max_retries = max_retries};
+    struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow_hosts = wha,
+                                .max_attempts = wh_attempts, .backoff_s = wh_backoff,
+                                .timeout_s = wh_timeout};
+    if (webhook_start(&hooks, &wc, db, err, sizeof err)) {
+        log_msg(LOG_ERROR, "%s", err);
+        goto out;
+    }
+    jobs_set_observer(db, webhook_observe, hooks); /* before the pool's thread uses the store */
     if (pool_start(&pool, db, &pc, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;
@@ -478,7 +520,7 @@ int serve_main(int argc, char **argv)
                             .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len,
                             .path_prefix = prefix,
                             .upload_max_bytes = up_bytes, .upload_max_unpacked = up_unpacked,
-                            .upload_max_files = up_files};
+                            .upload_max_files = up_files, .webhook = hooks};
     if (api_start(&api, &ac, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;
@@ -502,7 +544,10 @@ int serve_main(int argc, char **argv)
     rc = 0;
 out:
     if (pool && rc) pool_stop(pool);
+    webhook_stop(hooks); /* before the api, whose job JSON its bodies use */
     api_stop(api);
+    if (db) jobs_set_observer(db, NULL, NULL); /* no thread is left to append events */
+    webhook_free(hooks);
     pool_free(pool);
     jobs_close(db);
     if (lfd >= 0) close(lfd);
