@@ -101,20 +101,20 @@ double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
     return cost_op_work(g, k) * m->seconds_per_unit[c] + m->op_seconds[c];
 }
 
-double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,
-                                 const struct graph *g, int batch)
+/* ops [0, n_run) of g once per micro-batch, the optimizer, transfers and conversions */
+static double predict(const struct cost_model *m, const struct graph *g, int n_run, int inference,
+                      const struct strategy *st, int batch)
 {
-    const struct strategy *st = &p->strategy;
     int half = st->precision == STRATEGY_PRECISION_BF16 || st->precision == STRATEGY_PRECISION_F16;
     double pass = 0;
-    for (int k = 0; k < p->n_run_ops && k < g->n_ops; k++) {
+    for (int k = 0; k < n_run && k < g->n_ops; k++) {
         enum cost_class c = cost_class_of(g->ops[k].type);
         double t = cost_op_seconds(m, g, k);
         if (half && c <= COST_ATTN_BWD && m->half_speedup > 0)
             t = t / m->half_speedup;
         pass += t;
     }
-    if (p->inference) return pass;
+    if (inference) return pass;
     int micro = st->micro_batch > 0 && st->micro_batch < batch ? st->micro_batch : batch;
     if (micro <= 0) return pass;
     int full = batch / micro, rest = batch % micro;
@@ -128,6 +128,18 @@ double cost_predict_step_seconds(const struct cost_model *m, const struct plan *
     if (half) /* the 16-bit working copy refreshed from the fp32 weights after the update */
         t += params * sizeof(float) * m->convert_seconds_per_byte;
     return t;
+}
+
+double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,
+                                 const struct graph *g, int batch)
+{
+    return predict(m, g, p->n_run_ops, p->inference, &p->strategy, batch);
+}
+
+double cost_predict_graph_seconds(const struct cost_model *m, const struct graph *g,
+                                  const struct strategy *s, int batch)
+{
+    return predict(m, g, g->n_ops, 0, s, batch);
 }
 
 /* ---- the calibration file ---- */

@@ -64,5 +64,8 @@ double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
  * An inference plan: one forward. */
 double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,
                                  const struct graph *g, int batch);
+/* the same for a training graph not yet planned, under strategy s (every op of g runs) */
+double cost_predict_graph_seconds(const struct cost_model *m, const struct graph *g,
+                                  const struct strategy *s, int batch);
 
 #endif

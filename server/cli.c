@@ -50,12 +50,13 @@ static void usage(FILE *f)
             "usage: ddpmd COMMAND [options]\n"
             "\n"
             "commands:\n"
-            "  train SPEC.json [--out DIR] [--resume | --resume-or-start]\n"
+            "  train SPEC.json [--out DIR] [--resume | --resume-or-start] [--vram-budget SIZE]\n"
             "         train the model a spec describes; checkpoints, sample grids, loss.csv and\n"
             "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first.\n"
             "         --resume continues from DIR's newest usable checkpoint (an error when there\n"
             "         is none); --resume-or-start does the same but starts at step 0 when DIR has\n"
-            "         no checkpoint (a job that may or may not have run before)\n"
+            "         no checkpoint (a job that may or may not have run before); --vram-budget\n"
+            "         fits the job into SIZE device bytes (memory.vram_budget)\n"
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
@@ -66,7 +67,12 @@ static void usage(FILE *f)
             "  export --diffusers DIR CHECKPOINT [--raw]\n"
             "         write config.json + diffusion_pytorch_model.safetensors (EMA weights) for\n"
             "         diffusers' UNet2DModel (ddpm preset)\n"
-            "  plan   print the memory plan of one training step (bytes of each part)\n"
+            "  plan   SPEC.json [--vram-budget SIZE] [--json]\n"
+            "         the planner's candidates for a spec (precision, micro-batch, recompute,\n"
+            "         offload: the ones the engine runs), bytes by part, predicted step time,\n"
+            "         whether each fits the budget (default: the spec's memory.vram_budget),\n"
+            "         the chosen one marked; exit 1 when none fits (the smallest budget named)\n"
+            "  plan   [model options]  the memory plan of one plain training step\n"
             "  demo   train a small model for a few steps on generated images, print the loss\n"
             "  serve  [--listen HOST:PORT] [--data DIR] [--vram-budget cpu=SIZE] ... the REST\n"
             "         service: jobs over HTTP (ddpmd serve --help lists every option)\n"
@@ -321,6 +327,20 @@ static int build_training_graph(const struct cli_model *m, struct graph *g, stru
     return 0;
 }
 
+/* --vram-budget SIZE into the spec's memory.vram_budget, checked as the spec checks it */
+static int cli_budget(const char *v, struct train_spec *spec)
+{
+    int64_t b;
+    char e[200];
+    if (serve_parse_size(v, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
+        fprintf(stderr, "ddpmd: --vram-budget: '%s' is not a size such as 4GiB or 512MiB\n",
+                cli_echo(e, sizeof e, v));
+        return -1;
+    }
+    spec->vram_budget = b;
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -328,8 +348,94 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static void mib(char *buf, size_t n, size_t b) { snprintf(buf, n, "%.1f", b / 1048576.0); }
+
+/* `ddpmd plan SPEC.json [--vram-budget SIZE] [--json]`: every candidate of the search */
+static int cmd_plan_spec(int argc, char **argv)
+{
+    const char *path = NULL, *budget = NULL;
+    int json = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
+            budget = argv[++i];
+        else if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else if (argv[i][0] != '-' && !path)
+            path = argv[i];
+        else {
+            char e[200];
+            fprintf(stderr, "ddpmd plan: unknown option '%s' (see ddpmd --help)\n",
+                    cli_echo(e, sizeof e, argv[i]));
+            return 2;
+        }
+    }
+    struct train_spec spec;
+    struct spec_errors errs;
+    if (spec_load_file(path, &spec, &errs)) {
+        fprintf(stderr, "ddpmd: %s is not a valid spec:\n", path);
+        spec_errors_print(&errs, "  ");
+        return 2;
+    }
+    if (budget && cli_budget(budget, &spec)) return 2;
+    struct planner_result r;
+    char err[512];
+    double t0 = now_s();
+    int rc = train_search(&spec, 1, &r, err, sizeof err);
+    double ms = 1e3 * (now_s() - t0);
+    if (json) {
+        cJSON *o = train_search_json(&r, spec.batch);
+        char *txt = o ? cJSON_Print(o) : NULL;
+        if (txt) printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(o);
+    } else {
+        char b[32] = "none";
+        if (spec.vram_budget) snprintf(b, sizeof b, "%.2f GiB", spec.vram_budget / 1073741824.0);
+        printf("%s: %s UNet, %d px, %d channels; effective batch %d; device budget %s\n", path,
+               spec.model.preset == UNET_DDPM ? "ddpm" : "seed", spec.model.image_size,
+               spec.model.in_channels, spec.batch, b);
+        printf("%d candidate%s (every one planned in %.0f ms), fastest predicted first:\n",
+               r.n_cand, r.n_cand == 1 ? "" : "s", ms);
+        printf("     %-9s %6s %-10s %-7s %11s %9s %10s  %s\n", "precision", "micro", "recompute",
+               "offload", "device MiB", "host MiB", "step s", "fits");
+        for (int i = 0; i < r.n_cand; i++) {
+            const struct planner_candidate *c = &r.cand[i];
+            char d[32] = "-", h[32] = "-";
+            if (c->planned) {
+                mib(d, sizeof d, c->device_bytes);
+                mib(h, sizeof h, c->host_bytes);
+            }
+            printf("  %s  %-9s %6d %-10s %-7s %11s %9s %10.3f  %s\n", i == r.chosen ? "*" : " ",
+                   planner_precision_name(c->strategy.precision),
+                   c->strategy.micro_batch ? c->strategy.micro_batch : spec.batch,
+                   planner_recompute_name(c->strategy.recompute),
+                   c->strategy.offload == 1 ? "on" : "off", d, h, c->predicted_s,
+                   c->failed ? "failed" : !c->planned ? "-" : c->fits ? "yes" : "no");
+            if (c->planned) {
+                printf("       device MiB:");
+                for (int k = 0; k < PLAN_PART_COUNT; k++)
+                    if (c->parts[k].device)
+                        printf(" %s %.1f", plan_part_name((enum plan_part)k),
+                               c->parts[k].device / 1048576.0);
+                int any = 0;
+                for (int k = 0; k < PLAN_PART_COUNT; k++)
+                    if (c->parts[k].host) {
+                        printf("%s %s %.1f", any++ ? "" : "; host MiB:",
+                               plan_part_name((enum plan_part)k), c->parts[k].host / 1048576.0);
+                    }
+                printf("\n");
+            }
+        }
+        if (r.chosen >= 0) printf("chosen (*): %s\n", r.why);
+    }
+    if (rc) fprintf(stderr, "ddpmd: %s\n", err);
+    planner_result_free(&r);
+    return rc ? 1 : 0;
+}
+
 static int cmd_plan(int argc, char **argv)
 {
+    if (argc > 2 && argv[2][0] != '-') return cmd_plan_spec(argc, argv);
     struct cli_model m;
     if (parse_model(argc, argv, &m)) return 2;
     struct graph g;
@@ -472,7 +578,7 @@ static void on_signal(int sig)
 
 static int cmd_train(int argc, char **argv)
 {
-    const char *spec_path = NULL, *out = NULL;
+    const char *spec_path = NULL, *out = NULL, *budget = NULL;
     int resume = 0;
     char def_out[1100];
     for (int i = 2; i < argc; i++) {
@@ -482,6 +588,8 @@ static int cmd_train(int argc, char **argv)
             resume = TRAIN_RESUME_REQUIRED;
         else if (strcmp(argv[i], "--resume-or-start") == 0)
             resume = TRAIN_RESUME_IF_ANY;
+        else if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
+            budget = argv[++i];
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
@@ -492,7 +600,8 @@ static int cmd_train(int argc, char **argv)
         }
     }
     if (!spec_path) {
-        fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume | --resume-or-start]\n");
+        fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume | --resume-or-start] "
+                        "[--vram-budget SIZE]\n");
         return 2;
     }
     struct train_spec spec;
@@ -502,6 +611,7 @@ static int cmd_train(int argc, char **argv)
         spec_errors_print(&errs, "  ");
         return 2;
     }
+    if (budget && cli_budget(budget, &spec)) return 2;
     if (!out) {
         const char *base = strrchr(spec_path, '/');
         base = base ? base + 1 : spec_path;

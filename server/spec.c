@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "fsio.h"
+#include "serve.h"
 
 /* how deep a spec may nest (it needs 3: root, section, list); bounds the audit's recursion */
 #define SPEC_MAX_DEPTH 16
@@ -190,6 +191,12 @@ static const struct rule rules[] = {
     R("output.log_every", RULE_INT, log_every, 1, 100000000, 0, 0),
     R("output.keep_last", RULE_INT, keep_last, 1, 1000, 0, 0),
     R("output.samples", RULE_INT, samples, 1, 1024, 0, 0),
+    R("memory.micro_batch", RULE_INT, strategy.micro_batch, 0, SPEC_BATCH_MAX, 0, 0),
+    R("memory.loss_scale.initial", RULE_FLOAT, strategy.loss_scale.initial, 1, 16777216, 0, 0),
+    R("memory.loss_scale.growth", RULE_FLOAT, strategy.loss_scale.growth, 1, 1000, 1, 0),
+    R("memory.loss_scale.backoff", RULE_FLOAT, strategy.loss_scale.backoff, 0, 0.99, 1, 0),
+    R("memory.loss_scale.growth_interval", RULE_INT, strategy.loss_scale.growth_interval, 1,
+      100000000, 0, 0),
 };
 #undef R
 
@@ -659,6 +666,70 @@ void spec_defaults(struct train_spec *s)
     s->log_every = 50;
     s->keep_last = 3;
     s->samples = 16;
+    s->vram_budget = 0;
+    s->strategy = strategy_auto();
+}
+
+/* memory.vram_budget: bytes as an integer, or a size string ("4GiB", "512MiB"); 0 or null: none */
+static void get_budget(struct spec_errors *E, const cJSON *mem, struct train_spec *s)
+{
+    const cJSON *v = item(mem, "vram_budget");
+    char got[SPEC_ECHO_MAX * 4 + 8];
+    int64_t b = -1;
+    if (!v || cJSON_IsNull(v)) return;
+    if (cJSON_IsNumber(v)) {
+        double x = v->valuedouble;
+        if (x >= 0 && x <= (double)SPEC_BUDGET_MAX && x == floor(x)) b = (int64_t)x;
+        else err(E, "memory.vram_budget", "must be an integer in [0, %lld] bytes, got %s",
+                 (long long)SPEC_BUDGET_MAX, fmt_num(got, sizeof got, x));
+    } else if (cJSON_IsString(v)) {
+        /* digits, an optional fraction, a unit (the schema's pattern): no sign, exponent, hex
+         * or spaces that strtod would take */
+        const char *t = v->valuestring;
+        size_t d = strspn(t, "0123456789"), f = t[d] == '.' ? 1 + strspn(t + d + 1, "0123456789") : 0;
+        int shape = d > 0 && (f != 1) && strspn(t + d + f, "BKMGTi") == strlen(t + d + f);
+        if (!shape || serve_parse_size(t, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
+            err(E, "memory.vram_budget", "expected a size such as \"4GiB\" or \"512MiB\" (at "
+                "most 1 PiB), got \"%s\"",
+                echo(got, sizeof got, v->valuestring, strlen(v->valuestring), SPEC_ECHO_MAX));
+            b = -1;
+        }
+    } else {
+        err(E, "memory.vram_budget", "expected bytes or a size string, got %s", type_name(v));
+    }
+    if (b >= 0) s->vram_budget = b;
+}
+
+static void parse_memory(struct spec_errors *E, const cJSON *mem, struct train_spec *s)
+{
+    static const char *keys[] = {"vram_budget", "precision", "micro_batch", "recompute",
+                                 "offload", "loss_scale", NULL};
+    static const char *prec[] = {"auto", "f32", "bf16", "f16", NULL};
+    static const char *rec[] = {"auto", "none", "attention", "resblock", "level", NULL};
+    static const char *off[] = {"auto", "off", "on", NULL};
+    check_keys(E, mem, "memory", keys);
+    get_budget(E, mem, s);
+    /* the enums' indices are the strategy values + 1 (auto = -1) */
+    int p = s->strategy.precision + 1, r = s->strategy.recompute + 1, o = s->strategy.offload + 1;
+    get_enum(E, mem, "memory", "precision", prec, &p);
+    get_enum(E, mem, "memory", "recompute", rec, &r);
+    get_enum(E, mem, "memory", "offload", off, &o);
+    s->strategy.precision = p - 1;
+    s->strategy.recompute = r - 1;
+    s->strategy.offload = o - 1;
+    const cJSON *mb = item(mem, "micro_batch");
+    if (mb && cJSON_IsString(mb) && strcmp(mb->valuestring, "auto") == 0)
+        s->strategy.micro_batch = 0;
+    else
+        get_rule(E, mem, "memory", "micro_batch", s);
+    const cJSON *ls = item(mem, "loss_scale");
+    if (ls && !cJSON_IsObject(ls)) {
+        err(E, "memory.loss_scale", "expected an object, got %s", type_name(ls));
+    } else if (ls) {
+        static const char *lk[] = {"initial", "growth", "backoff", "growth_interval", NULL};
+        check_keys(E, ls, "memory.loss_scale", lk);
+        for (const char *const *k = lk; *k; k++) get_rule(E, ls, "memory.loss_scale", *k, s);
+    }
 }
 
 static void check_flag(struct spec_errors *E, const char *path, int v, int lo, int hi)
@@ -719,10 +790,21 @@ static void validate(const struct train_spec *s, struct spec_errors *E)
     check_flag(E, "train.lr_schedule", s->optim.cosine, 0, 1);
     check_text(E, "data.dataset", s->dataset, sizeof s->dataset);
     check_text(E, "init_from", s->init_from, sizeof s->init_from);
+    check_flag(E, "memory.precision", s->strategy.precision, STRATEGY_PRECISION_AUTO,
+               STRATEGY_PRECISION_F16);
+    check_flag(E, "memory.recompute", s->strategy.recompute, STRATEGY_RECOMPUTE_AUTO,
+               STRATEGY_RECOMPUTE_LEVEL);
+    check_flag(E, "memory.offload", s->strategy.offload, -1, 1);
+    if (s->vram_budget < 0 || s->vram_budget > SPEC_BUDGET_MAX)
+        err(E, "memory.vram_budget", "must be in [0, %lld] bytes (0: no limit), got %lld",
+            (long long)SPEC_BUDGET_MAX, (long long)s->vram_budget);
 
     /* cross-field rules, on values that passed their own checks (unet_config_check divides by
      * groups and heads) */
     if (E->n > n0) return;
+    if (s->strategy.micro_batch > s->batch)
+        err(E, "memory.micro_batch", "must be at most train.batch (%d), got %d", s->batch,
+            s->strategy.micro_batch);
     if (s->beta_end < s->beta_start) {
         char b[40];
         err(E, "diffusion.beta_end", "must be >= beta_start (%s)",
@@ -807,8 +889,8 @@ static int parse_text(const char *json, size_t len, struct train_spec *s, struct
     audit(&ctx, root, "", 0);
     if (E->n) goto done;
 
-    static const char *top[] = {"model", "data", "diffusion", "train", "output", "init_from",
-                                NULL};
+    static const char *top[] = {"model", "data", "diffusion", "train", "output", "memory",
+                                "init_from", NULL};
     check_keys(E, root, "", top);
 
     const cJSON *m = get_object(E, root, "model", 1);
@@ -868,6 +950,9 @@ static int parse_text(const char *json, size_t len, struct train_spec *s, struct
         check_keys(E, o, "output", keys);
         for (const char *const *k = keys; *k; k++) get_rule(E, o, "output", *k, s);
     }
+
+    const cJSON *mem = get_object(E, root, "memory", 0);
+    if (mem) parse_memory(E, mem, s);
 
     const cJSON *init = item(root, "init_from");
     if (init && !cJSON_IsNull(init)) {
@@ -1052,6 +1137,23 @@ char *spec_to_json(const struct train_spec *s)
     js_num(o, "log_every", s->log_every, &bad);
     js_num(o, "keep_last", s->keep_last, &bad);
     js_num(o, "samples", s->samples, &bad);
+    cJSON *mem = js_obj(r, "memory", &bad);
+    static const char *prec[] = {"auto", "f32", "bf16", "f16"};
+    static const char *rec[] = {"auto", "none", "attention", "resblock", "level"};
+    static const char *off[] = {"auto", "off", "on"};
+    js_num(mem, "vram_budget", (double)s->vram_budget, &bad);
+    js_str(mem, "precision", prec[s->strategy.precision + 1], &bad);
+    if (s->strategy.micro_batch)
+        js_num(mem, "micro_batch", s->strategy.micro_batch, &bad);
+    else
+        js_str(mem, "micro_batch", "auto", &bad);
+    js_str(mem, "recompute", rec[s->strategy.recompute + 1], &bad);
+    js_str(mem, "offload", off[s->strategy.offload + 1], &bad);
+    cJSON *ls = js_obj(mem, "loss_scale", &bad);
+    js_num(ls, "initial", json_float(s->strategy.loss_scale.initial), &bad);
+    js_num(ls, "growth", json_float(s->strategy.loss_scale.growth), &bad);
+    js_num(ls, "backoff", json_float(s->strategy.loss_scale.backoff), &bad);
+    js_num(ls, "growth_interval", s->strategy.loss_scale.growth_interval, &bad);
     if (s->init_from[0])
         js_str(r, "init_from", s->init_from, &bad);
     else

@@ -9,6 +9,7 @@
 
 #include "ddpm.h"
 #include "exec.h"
+#include "strategy.h"
 #include "unet.h"
 
 #define SPEC_MAX_ERRORS 16
@@ -19,6 +20,7 @@
 #define SPEC_BATCH_MAX 65535               /* train.batch */
 #define SPEC_SEED_MAX 9007199254740991ull  /* train.seed: 2^53 - 1, exact in a JSON number */
 #define SPEC_MAX_LIST_VALUE 1000000        /* block_out_channels and attention_resolutions entries */
+#define SPEC_BUDGET_MAX ((int64_t)1 << 50) /* memory.vram_budget: 1 PiB */
 
 struct spec_errors {
     int n;
@@ -55,6 +57,11 @@ struct train_spec {
     /* output */
     int checkpoint_every, sample_every, log_every, keep_last, samples;
     char init_from[SPEC_PATH_MAX]; /* checkpoint to start from ("" = fresh weights) */
+
+    /* memory: the device budget the job is fitted into and the strategy, each field forced or
+     * AUTO (the planner's search resolves those: engine/planner.h) */
+    int64_t vram_budget;          /* bytes; 0: no limit */
+    struct strategy strategy;     /* micro_batch 0 = auto */
 };
 
 /* defaults for everything but the model and dataset */

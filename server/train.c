@@ -24,6 +24,7 @@
 #include "init.h"
 #include "philox.h"
 #include "plan.h"
+#include "planner.h"
 #include "plot.h"
 #include "sample.h"
 #include "sampler.h"
@@ -253,20 +254,23 @@ static int open_data(struct job *j, char *err, size_t errlen)
 /* the batch of a job's sample grids: output.samples in chunks of at most 16 */
 static int grid_batch(const struct train_spec *s) { return s->samples < 16 ? s->samples : 16; }
 
-int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
-                   struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
-                   char *err, size_t errlen)
+/* the training graph at the strategy's micro-batch */
+static int build_step_graph(const struct train_spec *s, const struct strategy *st,
+                            struct graph *g, struct unet_io *io, int *target)
+{
+    int micro = st->micro_batch > 0 ? st->micro_batch : s->batch;
+    graph_init(g);
+    return unet_build_training(g, &s->model, micro, io, target, NULL);
+}
+
+/* g's plan under st with the sample grids nested in it (reserved in p) */
+static int plan_step(const struct train_spec *s, const struct strategy *st, const struct graph *g,
+                     struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
+                     char *err, size_t errlen)
 {
     const struct backend *bk = backend_cpu();
-    graph_init(g);
-    graph_init(sg);
-    memset(p, 0, sizeof *p);
-    memset(sp, 0, sizeof *sp);
-    if (unet_build_training(g, &s->model, s->batch, io, target, NULL)) {
-        snprintf(err, errlen, "cannot build the model: %s", g->err);
-        return -1;
-    }
-    if (plan_make(p, g, bk, NULL)) {
+    struct plan_opts po = {.strategy = *st};
+    if (plan_make(p, g, bk, &po)) {
         snprintf(err, errlen, "cannot plan the training step");
         return -1;
     }
@@ -275,6 +279,153 @@ int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *
         return -1;
     plan_reserve_nested(p, sp);
     return 0;
+}
+
+static int search_build(void *ctx, const struct strategy *st, struct graph *g)
+{
+    struct unet_io io;
+    int target;
+    return build_step_graph(ctx, st, g, &io, &target);
+}
+
+static int search_plan(void *ctx, const struct strategy *st, const struct graph *g, struct plan *p)
+{
+    struct graph sg;
+    struct unet_io sio;
+    struct plan sp;
+    char err[256];
+    graph_init(&sg);
+    memset(&sp, 0, sizeof sp);
+    int rc = plan_step(ctx, st, g, p, &sg, &sio, &sp, err, sizeof err);
+    plan_free(&sp);
+    graph_free(&sg);
+    return rc;
+}
+
+int train_cost_model(struct cost_model *m, char *err, size_t errlen)
+{
+    cost_model_default(m);
+    const char *path = getenv("DDPMD_COST_MODEL");
+    if (!path || !path[0]) return 0;
+    char why[256], txt[1 << 14];
+    FILE *f = fsio_fopen_read(path, why, sizeof why);
+    if (!f) {
+        snprintf(err, errlen, "DDPMD_COST_MODEL: %s", why);
+        return -1;
+    }
+    size_t n = fread(txt, 1, sizeof txt - 1, f);
+    int big = n == sizeof txt - 1 && fgetc(f) != EOF;
+    fclose(f);
+    txt[n] = 0;
+    if (big || memchr(txt, 0, n)) {
+        snprintf(err, errlen, "DDPMD_COST_MODEL: not a cost model file (text under %zu bytes)",
+                 sizeof txt);
+        return -1;
+    }
+    if (cost_model_parse(m, txt, why, sizeof why)) {
+        snprintf(err, errlen, "DDPMD_COST_MODEL: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
+int train_search(const struct train_spec *s, int plan_all, struct planner_result *r, char *err,
+                 size_t errlen)
+{
+    struct cost_model m;
+    memset(r, 0, sizeof *r);
+    r->chosen = r->smallest = -1;
+    if (train_cost_model(&m, err, errlen)) return -1;
+    struct planner_target t = {(void *)s, search_build, search_plan};
+    int rc = planner_search(&s->strategy, s->batch, (size_t)s->vram_budget, &m, &t, plan_all, r);
+    if (rc) {
+        snprintf(err, errlen, "%s", r->why);
+        return -1;
+    }
+    return 0;
+}
+
+cJSON *train_parts_json(const struct plan_part_bytes *parts, size_t device, size_t host)
+{
+    cJSON *o = cJSON_CreateObject(), *dv = cJSON_CreateObject(), *hs = cJSON_CreateObject();
+    if (!o || !dv || !hs) {
+        cJSON_Delete(o);
+        cJSON_Delete(dv);
+        cJSON_Delete(hs);
+        return NULL;
+    }
+    for (int k = 0; k < PLAN_PART_COUNT; k++) {
+        cJSON_AddNumberToObject(dv, plan_part_name((enum plan_part)k), (double)parts[k].device);
+        cJSON_AddNumberToObject(hs, plan_part_name((enum plan_part)k), (double)parts[k].host);
+    }
+    cJSON_AddItemToObject(o, "device", dv);
+    cJSON_AddItemToObject(o, "host", hs);
+    cJSON_AddNumberToObject(o, "device_bytes", (double)device);
+    cJSON_AddNumberToObject(o, "host_bytes", (double)host);
+    return o;
+}
+
+cJSON *train_search_json(const struct planner_result *r, int batch)
+{
+    cJSON *o = cJSON_CreateObject(), *cs = cJSON_CreateArray();
+    if (!o || !cs) {
+        cJSON_Delete(o);
+        cJSON_Delete(cs);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(o, "batch", batch);
+    cJSON_AddNumberToObject(o, "vram_budget", (double)r->budget);
+    for (int i = 0; i < r->n_cand; i++) {
+        const struct planner_candidate *c = &r->cand[i];
+        cJSON *j = cJSON_CreateObject();
+        if (!j) continue;
+        cJSON_AddStringToObject(j, "precision", planner_precision_name(c->strategy.precision));
+        cJSON_AddNumberToObject(j, "micro_batch",
+                                c->strategy.micro_batch ? c->strategy.micro_batch : batch);
+        cJSON_AddStringToObject(j, "recompute", planner_recompute_name(c->strategy.recompute));
+        cJSON_AddStringToObject(j, "offload", c->strategy.offload == 1 ? "on" : "off");
+        cJSON_AddNumberToObject(j, "predicted_step_seconds", c->predicted_s);
+        cJSON_AddBoolToObject(j, "planned", c->planned);
+        if (c->planned) cJSON_AddItemToObject(j, "bytes",
+                                              train_parts_json(c->parts, c->device_bytes,
+                                                               c->host_bytes));
+        cJSON_AddBoolToObject(j, "fits", c->fits);
+        cJSON_AddBoolToObject(j, "failed", c->failed);
+        cJSON_AddBoolToObject(j, "chosen", i == r->chosen);
+        cJSON_AddItemToArray(cs, j);
+    }
+    cJSON_AddItemToObject(o, "candidates", cs);
+    if (r->chosen >= 0) cJSON_AddNumberToObject(o, "chosen", r->chosen);
+    else cJSON_AddNullToObject(o, "chosen");
+    cJSON_AddStringToObject(o, "why", r->why);
+    return o;
+}
+
+int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
+                   struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
+                   char *err, size_t errlen)
+{
+    graph_init(g);
+    graph_init(sg);
+    memset(p, 0, sizeof *p);
+    memset(sp, 0, sizeof *sp);
+    struct planner_result r;
+    if (train_search(s, 0, &r, err, errlen)) {
+        int built = r.n_cand > 0 && !r.cand[0].failed;
+        planner_result_free(&r);
+        struct strategy whole = strategy_plain(s->batch);
+        if (!built && build_step_graph(s, &whole, g, io, target))
+            snprintf(err, errlen, "cannot build the model: %s", g->err);
+        return -1;
+    }
+    struct strategy st = r.cand[r.chosen].strategy;
+    planner_result_free(&r);
+    graph_free(g);
+    if (build_step_graph(s, &st, g, io, target)) {
+        snprintf(err, errlen, "cannot build the model: %s", g->err);
+        return -1;
+    }
+    return plan_step(s, &st, g, p, sg, sio, sp, err, errlen);
 }
 
 int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,

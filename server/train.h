@@ -6,11 +6,14 @@
 #ifndef DDPMD_TRAIN_H
 #define DDPMD_TRAIN_H
 
+#include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdint.h>
 
+#include "cost.h"
 #include "graph.h"
 #include "plan.h"
+#include "planner.h"
 #include "sampler.h"
 #include "spec.h"
 #include "unet.h"
@@ -65,7 +68,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
  * a regular file), or -1 when there is none */
 int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step);
 
-/* the training graph of spec built and planned exactly as train_run does (the job's bytes before
+/* the training graph of spec built and planned exactly as train_run does (its strategy the
+ * search's choice: train_search) (the job's bytes before
  * a byte is allocated, its sample grids included: p->total_bytes is the larger of the step and
  * the nested sampling plan, p->nested_bytes the latter's end); the caller frees g and p
  * (graph_free, plan_free) */
@@ -78,6 +82,21 @@ int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, 
 int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
                    struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
                    char *err, size_t errlen);
+/* The planner's search for s (engine/planner.h): its memory strategy against memory.vram_budget,
+ * each candidate built and planned as train_plan_job does. plan_all: every candidate planned
+ * (`ddpmd plan`). -1 with r->why in err when nothing fits (the smallest budget that would) or a
+ * forced strategy cannot run; r is filled either way and freed with planner_result_free. */
+int train_search(const struct train_spec *s, int plan_all, struct planner_result *r, char *err,
+                 size_t errlen);
+/* a plan's bytes by part as JSON: {"device": {part: bytes}, "host": {...}, "device_bytes",
+ * "host_bytes"} (part names: plan_part_name); NULL when out of memory */
+cJSON *train_parts_json(const struct plan_part_bytes *parts, size_t device, size_t host);
+/* a search's candidates as JSON (`ddpmd plan --json`, the server): batch, vram_budget,
+ * candidates [{precision, micro_batch, recompute, offload, predicted_step_seconds, planned,
+ * bytes, fits, failed, chosen}], chosen (index or null), why */
+cJSON *train_search_json(const struct planner_result *r, int batch);
+/* the cost model: bench/calibrate's file named by $DDPMD_COST_MODEL, else the defaults */
+int train_cost_model(struct cost_model *m, char *err, size_t errlen);
 /* the grid's sampler: 50-step DDIM (leading spacing, eta 0) with the spec's prediction, its
  * steps clamped to the schedule's diffusion.timesteps (a valid spec may have fewer than 50) */
 void train_sampler_config(const struct train_spec *s, struct sampler_config *sc);

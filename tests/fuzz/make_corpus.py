@@ -43,6 +43,11 @@ def specs():
     put("spec", "deep", "[" * 200 + "]" * 200)
     put("spec", "numbers", '{"train":{"lr":1e-50,"beta2":0.99999999,"seed":9007199254740993,'
         '"batch":1e300,"eps":-0.0}}')
+    put("spec", "memory", small[:-1] + ',"memory":{"vram_budget":"1.5GiB","precision":"bf16",'
+        '"micro_batch":3,"recompute":"resblock","offload":"on","loss_scale":{"initial":1024,'
+        '"growth":2,"backoff":0.5,"growth_interval":100}}}')
+    put("spec", "memory-bad", small[:-1] + ',"memory":{"vram_budget":"1e999GiB","precision":[],'
+        '"micro_batch":-7,"loss_scale":{"initial":1e300,"x":null},"offload":true}}')
     put("spec", "types", '{"model":{"preset":7,"block_out_channels":"x","layers_per_block":[]},'
         '"data":null,"train":true}')
 

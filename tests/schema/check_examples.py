@@ -67,6 +67,15 @@ bad = {
     "NUL in dataset": lambda d: d["data"].update(dataset="fashion-mnist\u0000/etc"),
     "NUL in init_from": lambda d: d.update(init_from="a\u0000b"),
     "log_every beyond 1e8": lambda d: d["output"].update(log_every=10**9),
+    # the memory object (spec.c parse_memory)
+    "unknown memory field": lambda d: d.update(memory={"budget": 1}),
+    "budget with an exponent": lambda d: d.update(memory={"vram_budget": "1e9"}),
+    "budget with a space": lambda d: d.update(memory={"vram_budget": "4 GiB"}),
+    "negative budget": lambda d: d.update(memory={"vram_budget": -1}),
+    "precision f64": lambda d: d.update(memory={"precision": "f64"}),
+    "offload true": lambda d: d.update(memory={"offload": True}),
+    "micro_batch half": lambda d: d.update(memory={"micro_batch": "half"}),
+    "loss_scale growth 1": lambda d: d.update(memory={"loss_scale": {"growth": 1}}),
 }
 for name, mutate in bad.items():
     doc = json.loads(json.dumps(base))
@@ -80,6 +89,13 @@ good = {
     "eps at the smallest normal float": lambda d: d["train"].update(eps=1.1754943508222875e-38),
     "clip 1e6": lambda d: d["train"].update(clip=1000000),
     "attention_head_dim null": lambda d: d["model"].update(attention_head_dim=None),
+    "memory as spec_to_json writes it": lambda d: d.update(memory={
+        "vram_budget": 0, "precision": "auto", "micro_batch": "auto", "recompute": "auto",
+        "offload": "auto",
+        "loss_scale": {"initial": 65536, "growth": 2, "backoff": 0.5, "growth_interval": 2000}}),
+    "memory forced": lambda d: d.update(memory={
+        "vram_budget": "512MiB", "precision": "f32", "micro_batch": 2, "recompute": "none",
+        "offload": "off"}),
 }
 for name, mutate in good.items():
     doc = json.loads(json.dumps(base))

@@ -1,0 +1,283 @@
+/* planner.c - the strategy search: candidates from what the engine runs today, ordered by the
+ * cost model, planned exactly until one fits the budget.
+ */
+#include "planner.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What the engine and the training loop run today. A strategy joins these lists in the change
+ * that makes exec.c and server/train.c run it (never before: the search must not choose a plan
+ * nothing can execute). */
+static const int avail_precision[] = {STRATEGY_PRECISION_F32};
+static const int avail_recompute[] = {STRATEGY_RECOMPUTE_NONE};
+static const int avail_offload[] = {0};
+static const int avail_micro_batching = 0; /* train.c runs one forward+backward per step */
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static int in_list(const int *l, int n, int v)
+{
+    for (int i = 0; i < n; i++)
+        if (l[i] == v) return 1;
+    return 0;
+}
+
+int planner_available(const struct strategy *s, int batch)
+{
+    return in_list(avail_precision, N_OF(avail_precision), s->precision) &&
+           in_list(avail_recompute, N_OF(avail_recompute), s->recompute) &&
+           in_list(avail_offload, N_OF(avail_offload), s->offload) && s->micro_batch >= 0 &&
+           s->micro_batch <= batch &&
+           (avail_micro_batching || s->micro_batch == 0 || s->micro_batch == batch);
+}
+
+const char *planner_precision_name(int precision)
+{
+    switch (precision) {
+    case STRATEGY_PRECISION_AUTO: return "auto";
+    case STRATEGY_PRECISION_F32: return "f32";
+    case STRATEGY_PRECISION_BF16: return "bf16";
+    case STRATEGY_PRECISION_F16: return "f16";
+    default: return "?";
+    }
+}
+
+const char *planner_recompute_name(int recompute)
+{
+    switch (recompute) {
+    case STRATEGY_RECOMPUTE_AUTO: return "auto";
+    case STRATEGY_RECOMPUTE_NONE: return "none";
+    case STRATEGY_RECOMPUTE_ATTENTION: return "attention";
+    case STRATEGY_RECOMPUTE_RESBLOCK: return "resblock";
+    case STRATEGY_RECOMPUTE_LEVEL: return "level";
+    default: return "?";
+    }
+}
+
+void planner_strategy_text(const struct strategy *s, int batch, char *buf, size_t n)
+{
+    int m = s->micro_batch > 0 ? s->micro_batch : batch;
+    snprintf(buf, n, "%s, micro-batch %d%s, recompute %s, offload %s",
+             planner_precision_name(s->precision), m,
+             m < batch ? (batch % m ? " (uneven last)" : "") : " (the whole batch)",
+             planner_recompute_name(s->recompute),
+             s->offload < 0 ? "auto" : s->offload ? "on" : "off");
+}
+
+static void fmt_bytes(char *buf, size_t n, size_t b)
+{
+    if (b >= ((size_t)1 << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else snprintf(buf, n, "%.1f MiB", b / 1048576.0);
+}
+
+/* the values a field takes: the forced one (if the engine runs it), or every available one */
+static int field_values(int want, int auto_v, const int *avail, int n_avail, int *out)
+{
+    if (want != auto_v) {
+        if (!in_list(avail, n_avail, want)) return -1;
+        out[0] = want;
+        return 1;
+    }
+    memcpy(out, avail, (size_t)n_avail * sizeof *out);
+    return n_avail;
+}
+
+/* micro-batch sizes: the forced one, or the smallest size for each number of passes
+ * (ceil(batch / k), k = 1..batch: 8 -> 8, 4, 3, 2, 1) */
+static int micro_values(int want, int batch, int *out)
+{
+    if (want > 0) {
+        if (want > batch || (want < batch && !avail_micro_batching)) return -1;
+        out[0] = want;
+        return 1;
+    }
+    if (!avail_micro_batching) {
+        out[0] = batch;
+        return 1;
+    }
+    int n = 0;
+    for (int k = 1; k <= batch; k++) {
+        int m = (batch + k - 1) / k;
+        if (n == 0 || out[n - 1] != m) out[n++] = m;
+    }
+    return n;
+}
+
+static int is_half(const struct strategy *s) { return s->precision != STRATEGY_PRECISION_F32; }
+
+/* fp32 before 16-bit, then by predicted time (a stable sort keeps enumeration order on ties) */
+static int cand_before(const struct planner_candidate *a, const struct planner_candidate *b)
+{
+    if (is_half(&a->strategy) != is_half(&b->strategy)) return !is_half(&a->strategy);
+    return a->predicted_s < b->predicted_s;
+}
+
+static int plan_candidate(const struct planner_target *t, struct planner_candidate *c,
+                          const struct graph *g, size_t budget, const struct cost_model *m,
+                          int batch)
+{
+    struct plan p;
+    memset(&p, 0, sizeof p);
+    if (t->plan(t->ctx, &c->strategy, g, &p)) {
+        plan_free(&p);
+        c->failed = 1;
+        return -1;
+    }
+    c->planned = 1;
+    memcpy(c->parts, p.parts, sizeof c->parts);
+    c->device_bytes = p.total_bytes;
+    c->host_bytes = p.host_bytes;
+    c->fits = !budget || p.total_bytes <= budget;
+    c->predicted_s = cost_predict_step_seconds(m, &p, g, batch);
+    plan_free(&p);
+    return 0;
+}
+
+int planner_search(const struct strategy *want, int batch, size_t budget,
+                   const struct cost_model *m, const struct planner_target *t, int plan_all,
+                   struct planner_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->chosen = r->smallest = -1;
+    r->budget = budget;
+    if (batch < 1) {
+        snprintf(r->why, sizeof r->why, "batch %d: must be at least 1", batch);
+        return PLANNER_ERR_ARG;
+    }
+    int prec[8], rec[8], off[4], *micro = malloc((size_t)batch * sizeof *micro + sizeof *micro);
+    struct graph *graphs = NULL;
+    int *graph_of = NULL, rc = PLANNER_ERR_NOMEM;
+    if (!micro) return PLANNER_ERR_NOMEM;
+    int np = field_values(want->precision, STRATEGY_PRECISION_AUTO, avail_precision,
+                          N_OF(avail_precision), prec);
+    int nr = field_values(want->recompute, STRATEGY_RECOMPUTE_AUTO, avail_recompute,
+                          N_OF(avail_recompute), rec);
+    int no = field_values(want->offload, -1, avail_offload, N_OF(avail_offload), off);
+    int nm = micro_values(want->micro_batch, batch, micro);
+    if (np < 0 || nr < 0 || no < 0 || nm < 0) {
+        if (np < 0)
+            snprintf(r->why, sizeof r->why, "the engine cannot run precision %s yet",
+                     planner_precision_name(want->precision));
+        else if (nr < 0)
+            snprintf(r->why, sizeof r->why, "the engine cannot run recompute %s yet",
+                     planner_recompute_name(want->recompute));
+        else if (no < 0)
+            snprintf(r->why, sizeof r->why, "the engine cannot run offload yet");
+        else if (want->micro_batch > batch)
+            snprintf(r->why, sizeof r->why, "micro-batch %d is larger than the batch %d",
+                     want->micro_batch, batch);
+        else
+            snprintf(r->why, sizeof r->why,
+                     "the engine cannot run micro-batches (gradient accumulation) yet");
+        rc = PLANNER_ERR_ARG;
+        goto out;
+    }
+
+    /* one graph per (precision, micro-batch): recomputation and offload share it */
+    int ng = np * nm, nc = ng * nr * no;
+    graphs = calloc((size_t)ng, sizeof *graphs);
+    r->cand = calloc((size_t)nc + 1, sizeof *r->cand);
+    graph_of = calloc((size_t)nc + 1, sizeof *graph_of);
+    if (!graphs || !r->cand || !graph_of) goto out;
+    for (int i = 0; i < ng; i++) graph_init(&graphs[i]);
+    int built = 0;
+    for (int ip = 0; ip < np; ip++)
+        for (int im = 0; im < nm; im++) {
+            int gi = ip * nm + im;
+            struct strategy s = *want;
+            s.precision = prec[ip];
+            s.micro_batch = micro[im];
+            s.recompute = rec[0];
+            s.offload = off[0];
+            int ok = t->build(t->ctx, &s, &graphs[gi]) == 0;
+            built += ok;
+            for (int ir = 0; ir < nr; ir++)
+                for (int io = 0; io < no; io++) {
+                    struct planner_candidate *c = &r->cand[r->n_cand];
+                    c->strategy = s;
+                    c->strategy.recompute = rec[ir];
+                    c->strategy.offload = off[io];
+                    c->failed = !ok;
+                    c->predicted_s = ok ? cost_predict_graph_seconds(m, &graphs[gi], &c->strategy,
+                                                                     batch)
+                                        : 0;
+                    graph_of[r->n_cand++] = gi;
+                }
+        }
+    if (!built) {
+        snprintf(r->why, sizeof r->why, "no candidate's graph could be built");
+        rc = PLANNER_ERR_BUILD;
+        goto out;
+    }
+    /* insertion sort (tens of candidates), graph_of along */
+    for (int i = 1; i < r->n_cand; i++) {
+        struct planner_candidate v = r->cand[i];
+        int vg = graph_of[i], j = i - 1;
+        while (j >= 0 && cand_before(&v, &r->cand[j])) {
+            r->cand[j + 1] = r->cand[j];
+            graph_of[j + 1] = graph_of[j];
+            j--;
+        }
+        r->cand[j + 1] = v;
+        graph_of[j + 1] = vg;
+    }
+    /* exactly, in order, until one fits (all of them when asked, or when none fits) */
+    for (int i = 0; i < r->n_cand; i++) {
+        struct planner_candidate *c = &r->cand[i];
+        if (r->chosen >= 0 && !plan_all) break;
+        if (c->failed) continue;
+        plan_candidate(t, c, &graphs[graph_of[i]], budget, m, batch);
+        if (c->planned && c->fits && r->chosen < 0) r->chosen = i;
+    }
+    for (int i = 0; i < r->n_cand; i++)
+        if (r->cand[i].planned &&
+            (r->smallest < 0 || r->cand[i].device_bytes < r->cand[r->smallest].device_bytes))
+            r->smallest = i;
+    char b1[32], b2[32], s[160];
+    if (r->chosen >= 0) {
+        const struct planner_candidate *c = &r->cand[r->chosen];
+        fmt_bytes(b1, sizeof b1, c->device_bytes);
+        if (!budget)
+            snprintf(r->why, sizeof r->why, "no budget: the fastest predicted plan (%.3g s/step)",
+                     c->predicted_s);
+        else if (r->chosen == 0)
+            snprintf(r->why, sizeof r->why, "the fastest predicted plan (%.3g s/step) fits: %s",
+                     c->predicted_s, b1);
+        else {
+            fmt_bytes(b2, sizeof b2, budget);
+            snprintf(r->why, sizeof r->why,
+                     "the fastest predicted plan that fits %s (%s, %.3g s/step); %d faster "
+                     "candidate%s do%s not fit", b2, b1, c->predicted_s, r->chosen,
+                     r->chosen == 1 ? "" : "s", r->chosen == 1 ? "es" : "");
+        }
+        rc = PLANNER_OK;
+    } else if (r->smallest >= 0) {
+        const struct planner_candidate *c = &r->cand[r->smallest];
+        fmt_bytes(b1, sizeof b1, budget);
+        fmt_bytes(b2, sizeof b2, c->device_bytes);
+        planner_strategy_text(&c->strategy, batch, s, sizeof s);
+        snprintf(r->why, sizeof r->why,
+                 "no plan fits %s: the smallest needs %s (%zu bytes): %.120s", b1, b2,
+                 c->device_bytes, s);
+        rc = PLANNER_ERR_NOFIT;
+    } else {
+        snprintf(r->why, sizeof r->why, "no candidate could be planned");
+        rc = PLANNER_ERR_BUILD;
+    }
+out:
+    if (graphs)
+        for (int i = 0; i < np * nm; i++) graph_free(&graphs[i]);
+    free(graphs);
+    free(graph_of);
+    free(micro);
+    if (rc == PLANNER_ERR_NOMEM) snprintf(r->why, sizeof r->why, "out of memory");
+    return rc;
+}
+
+void planner_result_free(struct planner_result *r)
+{
+    free(r->cand);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,75 @@
+/* planner.h - the strategy search: given a job's effective batch, a strategy whose fields are
+ * forced or AUTO, and a device budget, the fastest predicted plan that fits. Candidates are the
+ * cross product of the strategies the engine can run today (planner_available), ordered by the
+ * cost model's prediction; they are planned exactly in that order until one fits. The caller
+ * supplies how one candidate is built and planned (server/train.c: the job's graph at the
+ * micro-batch and its plan with the nested sample grid), so the search, `ddpmd plan`, `ddpmd
+ * train` and the server's admission agree to the byte.
+ */
+#ifndef DDPMD_PLANNER_H
+#define DDPMD_PLANNER_H
+
+#include <stddef.h>
+
+#include "cost.h"
+#include "graph.h"
+#include "plan.h"
+#include "strategy.h"
+
+/* how the caller builds and plans one candidate (a resolved strategy) */
+struct planner_target {
+    void *ctx;
+    /* the training graph at micro-batch s->micro_batch with s's precision; 0 or -1 */
+    int (*build)(void *ctx, const struct strategy *s, struct graph *g);
+    /* g's exact plan under s (the job's reservation: its nested parts included); 0 or -1 */
+    int (*plan)(void *ctx, const struct strategy *s, const struct graph *g, struct plan *p);
+};
+
+struct planner_candidate {
+    struct strategy strategy;      /* resolved: no AUTO field */
+    double predicted_s;            /* one effective-batch step (cost_predict_step_seconds) */
+    int planned;                   /* the exact plan was made (bytes below are known) */
+    int failed;                    /* building or planning it failed */
+    struct plan_part_bytes parts[PLAN_PART_COUNT];
+    size_t device_bytes, host_bytes;
+    int fits;                      /* planned and device_bytes <= budget */
+};
+
+struct planner_result {
+    struct planner_candidate *cand; /* ordered by predicted_s (fp32 first: see planner.c) */
+    int n_cand;
+    int chosen;                    /* index into cand; -1 when nothing fits */
+    int smallest;                  /* the candidate with the fewest device bytes (all planned
+                                    * when nothing fits); -1 when none planned */
+    size_t budget;                 /* 0: none */
+    char why[320];                 /* the reason for the choice, or for the failure */
+};
+
+enum planner_status {
+    PLANNER_OK = 0,
+    PLANNER_ERR_NOFIT = 1,         /* no candidate fits: why names the smallest budget and plan */
+    PLANNER_ERR_ARG = 2,           /* a forced strategy the engine cannot run, a bad batch */
+    PLANNER_ERR_BUILD = 3,         /* every candidate failed to build or plan */
+    PLANNER_ERR_NOMEM = 4,
+};
+
+/* Search. want: forced fields and AUTO ones (micro_batch 0 = auto; precision AUTO prefers fp32:
+ * a 16-bit precision changes the numbers a job computes, so it is picked only when no fp32
+ * candidate fits). budget 0: no limit. plan_all: plan every candidate exactly (`ddpmd plan`
+ * prints them all); otherwise only until the first that fits. r is filled in every case and
+ * freed with planner_result_free. */
+int planner_search(const struct strategy *want, int batch, size_t budget,
+                   const struct cost_model *m, const struct planner_target *t, int plan_all,
+                   struct planner_result *r);
+void planner_result_free(struct planner_result *r);
+
+/* whether the engine and the training loop can run s (fields resolved) at effective batch */
+int planner_available(const struct strategy *s, int batch);
+
+/* "f32", "bf16", "f16" / "none", "attention", "resblock", "level" */
+const char *planner_precision_name(int precision);
+const char *planner_recompute_name(int recompute);
+/* "f32 micro-batch 8 recompute none offload off" */
+void planner_strategy_text(const struct strategy *s, int batch, char *buf, size_t n);
+
+#endif
