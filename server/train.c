@@ -260,7 +260,8 @@ static int build_step_graph(const struct train_spec *s, const struct strategy *s
 {
     int micro = st->micro_batch > 0 ? st->micro_batch : s->batch;
     graph_init(g);
-    return unet_build_training(g, &s->model, micro, io, target, NULL);
+    if (unet_build_training(g, &s->model, micro, io, target, NULL)) return -1;
+    return st->precision == STRATEGY_PRECISION_F32 ? 0 : graph_set_precision(g, st->precision);
 }
 
 /* g's plan under st with the sample grids nested in it (reserved in p) */
