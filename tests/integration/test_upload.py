@@ -10,6 +10,7 @@ import gzip
 import http.client
 import io
 import os
+import re
 import struct
 import sys
 import tarfile
@@ -200,22 +201,31 @@ def main(exe):
     files = sorted(os.listdir(os.path.join(s.data, "datasets", did, "images")))
     check(files == ["cls0", "cls1", "top0.png", "top1.png"], "unpacked %s" % files)
 
-    # train on it by id; it cannot be deleted while the job is queued or running
+    # train on it by id: the job reads its 20 images
     spec = tiny(steps=3, log_every=1, checkpoint_every=3)
     spec["data"]["dataset"] = did
     r = s.request("POST", "/train", spec)
     check(r.status == 202, "POST /train on an upload: %d %s" % (r.status, r.body[:400]))
     jid = r.json()["id"]
     check(r.json()["spec"]["data"]["dataset"] == did, "the job shows the id, not a path")
-    r = s.request("DELETE", "/datasets/" + did)
-    if s.get_json("/jobs/" + jid)["state"] in ("queued", "running") or r.status == 409:
-        p = problem_ok(r, 409)
-        check(p["type"] == "urn:ddpmd:problem:dataset-in-use" and p["jobs"] == [jid], "409 %s" % p)
     evs, _ = s.events(jid)
     j = s.get_json("/jobs/" + jid)
     check(j["state"] == "succeeded", "job on the upload: %s %s" % (j["state"], j.get("error")))
-    logs = " ".join(e[2].get("line", "") for e in evs if e[1] == "log")
-    check("20 images" in logs or "20 " in logs, "the job did not read 20 images: %s" % logs[:400])
+    logs = [e[2].get("line", "") for e in evs if e[1] == "log"]
+    m = [re.search(r"parameters, (\d+) training images", l) for l in logs]
+    m = [x for x in m if x]
+    print("  the job's data line: " + m[0].string.strip() if m else "  no data line")
+    check(m and int(m[0].group(1)) == 20, "the job did not read the upload's 20 images: %s" % logs[:3])
+    check(s.data not in " ".join(logs), "a server path in the job's log")
+    # it cannot be deleted while a job that names it is queued or running
+    long = tiny(steps=100000, checkpoint_every=0, log_every=1)
+    long["data"]["dataset"] = did
+    lid = s.request("POST", "/train", long).json()["id"]
+    s.wait_job(lid, lambda j: j["state"] == "running", what="running")
+    p = problem_ok(s.request("DELETE", "/datasets/" + did), 409)
+    check(p["type"] == "urn:ddpmd:problem:dataset-in-use" and p["jobs"] == [lid], "409 %s" % p)
+    check(s.request("POST", "/jobs/%s/cancel" % lid).status in (200, 202), "cancel")
+    s.wait_job(lid, lambda j: j["state"] == "canceled", what="canceled")
     bad = tiny(steps=1)
     bad["data"]["dataset"] = "d0123456789abcdef"
     problem_ok(s.request("POST", "/train", bad), 422, "data.dataset")
