@@ -8,11 +8,13 @@ set -euo pipefail
 # compilers and the -dev packages of every library ddpmd links (a new library goes here)
 build=(build-essential cmake pkg-config
        libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
-       libarchive-dev libcurl4-openssl-dev libssl-dev)
+       libarchive-dev libcurl4-openssl-dev libssl-dev libcairo2-dev)
 # the tests, fuzzers and tools around them; nginx for tests/integration/test_nginx.py; docker.io,
-# docker-compose and debootstrap for tests/docker/test_container.sh
+# docker-compose and debootstrap for tests/docker/test_container.sh; fonts-dejavu-core for loss.png's
+# text (server/plot.c: also needed where ddpmd runs, with libcairo2)
 test=(clang-14 libclang-rt-14-dev libomp-14-dev
       prometheus nginx docker.io docker-compose debootstrap
+      fonts-dejavu-core
       python3-torch python3-numpy python3-yaml python3-jsonschema dataset-fashion-mnist)
 
 pkgs=("${build[@]}" "${test[@]}")
