@@ -1424,6 +1424,61 @@ static enum MHD_Result h_loss_csv(struct ctx *c)
 
 static enum MHD_Result h_loss_png(struct ctx *c) { return send_job_file(c, "out/loss.png", "image/png"); }
 
+/* GET /jobs/{id}/grids/{step}.png: the sample grid a training job drew at that step (its
+ * "sample" events name the steps); step is a plain decimal, so it names no other file */
+static enum MHD_Result h_job_grid(struct ctx *c)
+{
+    long long step;
+    char tail[64];
+    if (api_parse_image_index(c->param2, 1000000000000LL, &step)) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "no grid '%.20s' (grids are named by their step)", c->param2);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    snprintf(tail, sizeof tail, "out/samples/step-%08lld.png", step);
+    return send_job_file(c, tail, "image/png");
+}
+
+/* ---- the dashboard: web/'s files, embedded at build time (api/embed.cmake) ---- */
+
+extern const char ddpmd_web_index_html[], ddpmd_web_app_js[], ddpmd_web_style_css[];
+extern const size_t ddpmd_web_index_html_len, ddpmd_web_app_js_len, ddpmd_web_style_css_len;
+
+/* the page holds no data and no secret (it asks for the token and keeps it in sessionStorage), so
+ * it needs none to load; the policy allows nothing but this origin (and blob: images the page
+ * makes from authenticated fetches) */
+static enum MHD_Result send_asset(struct ctx *c, const char *body, size_t len, const char *type)
+{
+    struct MHD_Response *res = MHD_create_response_from_buffer(len, (void *)body,
+                                                               MHD_RESPMEM_PERSISTENT);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(res, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(res, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(res, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'self'; style-src 'self'; "
+                            "img-src 'self' blob: data:; connect-src 'self'; base-uri 'none'; "
+                            "form-action 'none'; frame-ancestors 'none'");
+    enum MHD_Result r = MHD_queue_response(c->conn, 200, res);
+    MHD_destroy_response(res);
+    return r;
+}
+
+static enum MHD_Result h_ui_index(struct ctx *c)
+{
+    return send_asset(c, ddpmd_web_index_html, ddpmd_web_index_html_len, "text/html; charset=utf-8");
+}
+
+static enum MHD_Result h_ui_js(struct ctx *c)
+{
+    return send_asset(c, ddpmd_web_app_js, ddpmd_web_app_js_len, "text/javascript; charset=utf-8");
+}
+
+static enum MHD_Result h_ui_css(struct ctx *c)
+{
+    return send_asset(c, ddpmd_web_style_css, ddpmd_web_style_css_len, "text/css; charset=utf-8");
+}
+
 /* ---- datasets: the built-in fashion-mnist and uploads (server/upload.c) ---- */
 
 static cJSON *fmnist_json(void)
@@ -1734,6 +1789,7 @@ static const struct route routes[] = {
     {"GET", "/jobs/{id}/logs", h_logs, 1},
     {"GET", "/jobs/{id}/loss.csv", h_loss_csv, 1},
     {"GET", "/jobs/{id}/loss.png", h_loss_png, 1},
+    {"GET", "/jobs/{id}/grids/{step}.png", h_job_grid, 1},
     {"GET", "/checkpoints/{id}", h_checkpoint, 1},
     {"POST", "/samples", h_samples_post, 1},
     {"GET", "/samples", h_samples, 1},
@@ -1750,6 +1806,9 @@ static const struct route routes[] = {
     {"GET", "/healthz", h_healthz, 0},
     {"GET", "/readyz", h_readyz, 0},
     {"GET", "/openapi.yaml", h_openapi, 0},
+    {"GET", "/", h_ui_index, 0},
+    {"GET", "/ui/app.js", h_ui_js, 0},
+    {"GET", "/ui/style.css", h_ui_css, 0},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
 

@@ -11,10 +11,11 @@ build=(build-essential cmake pkg-config
        libarchive-dev libcurl4-openssl-dev libssl-dev libcairo2-dev)
 # the tests, fuzzers and tools around them; nginx for tests/integration/test_nginx.py; docker.io,
 # docker-compose and debootstrap for tests/docker/test_container.sh; fonts-dejavu-core for loss.png's
-# text (server/plot.c: also needed where ddpmd runs, with libcairo2)
+# text (server/plot.c: also needed where ddpmd runs, with libcairo2); chromium, chromium-driver and
+# python3-selenium for the dashboard's browser test (tests/integration/test_dashboard.py)
 test=(clang-14 libclang-rt-14-dev libomp-14-dev
       prometheus nginx docker.io docker-compose debootstrap
-      fonts-dejavu-core
+      fonts-dejavu-core chromium chromium-driver python3-selenium
       python3-torch python3-numpy python3-yaml python3-jsonschema dataset-fashion-mnist)
 
 pkgs=("${build[@]}" "${test[@]}")
