@@ -75,6 +75,7 @@ struct req {
     int upload;             /* POST /datasets: the body streams to upload_fd, never to memory */
     int upload_fd, upload_errno;
     char upload_path[FSIO_PATH_MAX];
+    int bare_prefix;        /* the url was the path prefix itself, without its final '/' */
 };
 
 /* the request the calling HTTP thread is answering: handlers run inside on_request, so every
@@ -1459,13 +1460,20 @@ static enum MHD_Result send_asset(struct ctx *c, const char *body, size_t len, c
                             "default-src 'none'; script-src 'self'; style-src 'self'; "
                             "img-src 'self' blob: data:; connect-src 'self'; base-uri 'none'; "
                             "form-action 'none'; frame-ancestors 'none'");
-    enum MHD_Result r = MHD_queue_response(c->conn, 200, res);
+    enum MHD_Result r = respond(c->conn, 200, res);
     MHD_destroy_response(res);
     return r;
 }
 
 static enum MHD_Result h_ui_index(struct ctx *c)
 {
+    /* the page's URLs are relative to it: at "/P" they would resolve outside the prefix */
+    if (c->r->bare_prefix) {
+        char loc[API_PARSE_PREFIX_MAX + 2];
+        snprintf(loc, sizeof loc, "%s/", c->a->prefix);
+        return send_text(c->conn, 301, "text/plain; charset=utf-8", "the dashboard is at PREFIX/\n",
+                         (const char *const[]){"Location", loc, NULL});
+    }
     return send_asset(c, ddpmd_web_index_html, ddpmd_web_index_html_len, "text/html; charset=utf-8");
 }
 
@@ -1961,11 +1969,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     struct api *a = cls;
     struct req *r = *con_cls;
+    int bare = a->prefix[0] && strcmp(url, a->prefix) == 0;
     url = api_parse_strip_prefix(a->prefix, url); /* the routes' path */
     if (!r) {
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;
         *con_cls = r;
+        r->bare_prefix = bare;
         r->t0 = now_s();
         request_id(conn, r->rid);
         snprintf(r->method, sizeof r->method, "%s", method);

@@ -1,5 +1,7 @@
 """test_dashboard.py - the dashboard (web/, served at /) in a real headless Chromium driven by
-Selenium, behind a small reverse proxy that strips a /ddpmd/ prefix the way nginx does: submit a
+Selenium, behind a small reverse proxy that strips a /ddpmd/ prefix the way nginx does (the server
+runs with --path-prefix /ddpmd, so its JSON links name the prefix; the page must not need them;
+GET /ddpmd redirects to /ddpmd/): submit a
 small fmnist job THROUGH THE FORM, watch its progress, loss chart, sample grid and checkpoints
 appear on the job page, request samples through the form and see their grid, the jobs and devices
 pages, a bad spec's errors shown at their fields, and no console errors. Then with --token-file:
@@ -169,8 +171,12 @@ def http_checks(s):
 def main(exe):
     need_fmnist()
     print("screenshots: %s" % SHOTS, flush=True)
-    s = Server(exe).start()
+    s = Server(exe, args=["--path-prefix", PREFIX]).start()
     http_checks(s)
+    r = s.request("GET", PREFIX)  # the page's relative URLs need the final '/'
+    check(r.status == 301 and r.header("Location") == PREFIX + "/", "GET %s: %d %s" % (PREFIX, r.status, r.header("Location")))
+    r = s.request("GET", PREFIX + "/")
+    check(r.status == 200 and r.header("Content-Type").startswith("text/html"), "GET %s/: %d" % (PREFIX, r.status))
     proxy = start_proxy(s.port)
     base = "http://127.0.0.1:%d%s/" % (proxy.server_address[1], PREFIX)
     d = browser()
