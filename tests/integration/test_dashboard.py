@@ -11,6 +11,7 @@ and GET /jobs/{id}/grids/{step}.png. Screenshots go to a folder the test prints 
 chooses it). Exit 77 only when Chromium or its driver cannot start.
 Usage: test_dashboard.py PATH/TO/ddpmd
 """
+import atexit
 import http.client
 import http.server
 import json
@@ -69,12 +70,15 @@ def start_proxy(upstream_port):
                 if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                     self.send_header(k, v)
             self.end_headers()
-            while True:
-                chunk = r.read1(65536)
-                if not chunk:
-                    break
-                self.wfile.write(chunk)
-                self.wfile.flush()
+            try:
+                while True:
+                    chunk = r.read1(65536)
+                    if not chunk:
+                        break
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except (OSError, http.client.HTTPException):
+                pass  # the page left (an aborted stream) or the server ended it: so does this
             c.close()
 
         do_GET = do_POST = relay
@@ -97,9 +101,11 @@ def browser():
             sys.exit(77)
     o = webdriver.ChromeOptions()
     o.binary_location = "/usr/bin/chromium"
+    profile = tempfile.mkdtemp(prefix="ddpmd-chromium-")
+    atexit.register(shutil.rmtree, profile, True)
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
               "--window-size=1280,1400", "--no-first-run", "--disable-extensions",
-              "--user-data-dir=" + tempfile.mkdtemp(prefix="ddpmd-chromium-")):
+              "--user-data-dir=" + profile):
         o.add_argument(a)
     o.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     try:
