@@ -95,6 +95,25 @@ void log_msg(enum log_level level, const char *fmt, ...)
     log_write(line);
 }
 
+void log_job(enum log_level level, const char *job, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (log_get_format() == LOG_FORMAT_JSON) {
+        cJSON *o = log_head(level, msg);
+        if (!o) return;
+        cJSON_AddStringToObject(o, "job", job);
+        log_json(o);
+        return;
+    }
+    char line[2200];
+    snprintf(line, sizeof line, "ddpmd serve: job %.40s: %s\n", job, msg);
+    log_write(line);
+}
+
 void log_request(const struct log_request *r)
 {
     char msg[400];

@@ -16,6 +16,10 @@ enum log_format log_get_format(void);
 /* a message; in text it reads "ddpmd serve: MSG" as the server always printed */
 void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* a message about one job: JSON adds "job"; text reads "ddpmd serve: job ID: MSG" */
+void log_job(enum log_level level, const char *job, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* one answered HTTP request (the access log); job may be NULL */
 struct log_request {
     const char *request_id, *method, *route, *path, *job;

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "fsio.h"
+#include "log.h"
 #include "metrics.h"
 #include "sample.h"
 #include "train.h"
@@ -713,6 +714,8 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
         snprintf(ev, sizeof ev, "{\"state\":\"running\",\"threads\":%d,\"device\":\"%s\","
                  "\"reserved_bytes\":%" PRId64 "}", threads, p->device, r->reserved_bytes);
     jobs_set_state(p->db, r->id, JOB_RUNNING, threads, NULL, ev);
+    log_job(LOG_INFO, r->id, "running (%s job, %d threads, %" PRId64 " bytes reserved%s)", r->kind,
+            threads, r->reserved_bytes, resume && from > 0 ? ", resumed" : "");
     return 0;
 fail:
     if (po[0] >= 0) close(po[0]), close(po[1]);
@@ -728,6 +731,7 @@ fail:
     jobs_set_state(p->db, r->id, JOB_FAILED, 0, err, fev ? fev : "{\"state\":\"failed\"}");
     free(fev);
     metrics_job_failed(METRICS_FAIL_START);
+    log_job(LOG_ERROR, r->id, "failed to start: %s", err);
     return -1;
 }
 
@@ -930,10 +934,12 @@ static void finish(struct pool *p, struct child *k, int status)
         code = TRAIN_EXIT_STOPPED;
     if (code == 0) {
         jobs_set_state(p->db, k->id, JOB_SUCCEEDED, 0, NULL, "{\"state\":\"succeeded\"}");
+        log_job(LOG_INFO, k->id, "succeeded");
     } else if (code == TRAIN_EXIT_STOPPED && k->cancel) {
         jobs_set_state(p->db, k->id, JOB_CANCELED, 0, NULL,
                        "{\"state\":\"canceled\",\"reason\":\"canceled while running; stopped "
                        "with a checkpoint\"}");
+        log_job(LOG_INFO, k->id, "canceled (stopped with a checkpoint)");
     } else if (code == TRAIN_EXIT_STOPPED && p->stopping) {
         /* stays running in the store: the next start of the server resumes it */
         event_line(p, k->id, "log", NULL, "the server is stopping: the job stopped with a "
@@ -954,6 +960,8 @@ static void finish(struct pool *p, struct child *k, int status)
                      "(%s); retry %d of %d from its last checkpoint\"}", WTERMSIG(status),
                      strsignal(WTERMSIG(status)), retries + 1, p->cfg.max_retries);
             jobs_set_state(p->db, k->id, JOB_QUEUED, 0, NULL, ev);
+            log_job(LOG_WARN, k->id, "killed by signal %d; queued again (retry %d of %d)",
+                    WTERMSIG(status), retries + 1, p->cfg.max_retries);
             goto release;
         }
         if (WIFSIGNALED(status))
@@ -973,6 +981,8 @@ static void finish(struct pool *p, struct child *k, int status)
         free(s);
         jobs_set_state(p->db, k->id, JOB_FAILED, 0, err, ev);
         metrics_job_failed(WIFSIGNALED(status) ? METRICS_FAIL_SIGNAL : METRICS_FAIL_EXIT);
+        log_job(LOG_ERROR, k->id, "failed: %.*s (GET /jobs/%s has the rest)",
+                (int)strcspn(err, "\n"), err, k->id);
     }
 release:
     p->reserved -= k->reserved;

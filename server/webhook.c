@@ -429,8 +429,8 @@ static void attempt(struct webhook *w, struct delivery *d)
         enqueue(w, d);
     } else {
         if (!ok)
-            log_msg(LOG_WARN, "webhook %s of job %s not delivered after %d attempts", d->id,
-                    d->job, d->attempt);
+            log_job(LOG_WARN, d->job, "webhook %s (%s) not delivered after %d attempts", d->id,
+                    event_names[d->event], d->attempt);
         delivery_free(d);
     }
 }

@@ -1,8 +1,8 @@
 """test_logs.py - structured logs and request ids over a real socket. With --log-format json every
 stderr line is one JSON object (time, level, msg); each request logs request_id, method, route
 (the pattern), path, status, duration_ms and the job it made or named; every response echoes
-X-Request-Id: a sane incoming one as is, otherwise a fresh one (distinct per request). With
---log-format text the lines are not JSON. Usage: test_logs.py PATH/TO/ddpmd
+X-Request-Id: a sane incoming one as is, otherwise a fresh one (distinct per request); a job's start and end are
+lines that name it. With --log-format text the lines are not JSON. Usage: test_logs.py PATH/TO/ddpmd
 """
 import json
 import re
@@ -77,6 +77,10 @@ def main(exe):
     check(o["status"] == 202 and o["route"] == "/train" and o["job"] == jid, "train line %s" % o)
     s.events(jid)
     s.stop()
+    # the job's own lines: running, then succeeded, each naming it
+    mine = [o["msg"] for o in lines_json(s) if o.get("job") == jid and "request_id" not in o]
+    check(len(mine) == 2 and mine[0].startswith("running (train job, 1 threads") and
+          mine[1] == "succeeded", "the job's lines %s" % mine)
     msgs = [o["msg"] for o in lines_json(s)]
     check(any("loopback only" in m for m in msgs), "no start line in %s" % msgs[:3])
     check(msgs[-1] == "stopped", "last line %r" % msgs[-1])
