@@ -271,24 +271,38 @@ function partsBar(parts, total, opts) {
   return el('div', {}, bar, legend);
 }
 
-/* a job's plan -> the parts of its reservation. A plan that lists its own parts
- * (plan.parts: [{name, bytes}]) is shown as it is; otherwise every *_bytes field except the
- * totals is a part, and what the plan's total holds beyond them is "other". */
-const PLAN_TOTALS = new Set(['plan_bytes', 'reserved_bytes', 'arena_without_reuse_bytes']);
+/* a job's plan -> the parts of its reservation [{name, bytes}]. plan.parts may list them, as an
+ * array [{name, bytes}] or as the planner's columns {device: {name: bytes}, host: {name: bytes}}
+ * (host parts named "name (host)"); otherwise every *_bytes field except the totals is a part and
+ * what the plan's total holds beyond them is "other (plan)". What reserved holds beyond all the
+ * parts is "other", so the bar always adds up to the reservation. */
+const PLAN_TOTALS = new Set(['plan_bytes', 'reserved_bytes', 'arena_without_reuse_bytes',
+                             'device_bytes', 'host_bytes']);
 function planParts(plan, reserved) {
-  if (plan && Array.isArray(plan.parts))
-    return plan.parts.filter((p) => p && isFinite(p.bytes)).map((p) => ({name: String(p.name), bytes: Number(p.bytes), title: p.place}));
   const parts = [];
-  let inPlan = 0;
-  for (const [k, v] of Object.entries(plan || {})) {
-    if (!k.endsWith('_bytes') || PLAN_TOTALS.has(k) || typeof v !== 'number' || v <= 0) continue;
-    const name = k.slice(0, -6);
-    parts.push({name, bytes: v});
-    if (name !== 'process_baseline' && name !== 'host_data') inPlan += v;
+  const add = (name, v) => { if (typeof v === 'number' && isFinite(v) && v > 0) parts.push({name, bytes: v}); };
+  const pp = plan && plan.parts;
+  if (Array.isArray(pp)) {
+    for (const p of pp) if (p) add(String(p.name), Number(p.bytes));
+  } else if (pp && typeof pp === 'object') {
+    for (const [k, v] of Object.entries(pp.device || {})) add(k, v);
+    for (const [k, v] of Object.entries(pp.host || {})) add(k + ' (host)', v);
   }
-  if (plan && plan.plan_bytes > inPlan) parts.push({name: 'other (plan)', bytes: plan.plan_bytes - inPlan});
+  if (parts.length) {
+    add('process_baseline', plan.process_baseline_bytes);
+    add('host_data', plan.host_data_bytes);
+  } else {
+    let inPlan = 0;
+    for (const [k, v] of Object.entries(plan || {})) {
+      if (!k.endsWith('_bytes') || PLAN_TOTALS.has(k) || typeof v !== 'number' || v <= 0) continue;
+      const name = k.slice(0, -6);
+      add(name, v);
+      if (name !== 'process_baseline' && name !== 'host_data') inPlan += v;
+    }
+    if (plan && plan.plan_bytes > inPlan) add('other (plan)', plan.plan_bytes - inPlan);
+  }
   const sum = parts.reduce((a, p) => a + p.bytes, 0);
-  if (reserved > sum) parts.push({name: 'other', bytes: reserved - sum});
+  if (reserved > sum) add('other', reserved - sum);
   return parts;
 }
 

@@ -216,6 +216,17 @@ def main(exe):
         parts = [e.get_attribute("data-part") for e in d.find_elements("css selector", "[data-bar=plan] [data-part]")]
         check("params" in parts and "arena" in parts and "process_baseline" in parts, "plan bar parts %s" % parts)
         check(d.find_element("id", "cancel").get_attribute("disabled") is not None, "cancel enabled on an ended job")
+        # the plan bar takes any parts list: today's *_bytes fields, an array, the planner's columns
+        got = d.execute_script("return planParts(arguments[0], arguments[1])", job["plan"], job["reserved_bytes"])
+        check(sum(p["bytes"] for p in got) == job["reserved_bytes"], "plan parts %s do not add up to %d"
+              % (got, job["reserved_bytes"]))
+        got = d.execute_script("return planParts({parts: [{name: 'a', bytes: 3}, {name: 'b', bytes: 0}]}, 5)")
+        check(got == [{"name": "a", "bytes": 3}, {"name": "other", "bytes": 2}], "array parts: %s" % got)
+        got = d.execute_script("return planParts({parts: {device: {weights: 4, arena: 6}, host: {adam: 8, "
+                               "ema: 0}, device_bytes: 10, host_bytes: 8}, process_baseline_bytes: 2}, 20)")
+        check(got == [{"name": "weights", "bytes": 4}, {"name": "arena", "bytes": 6},
+                      {"name": "adam (host)", "bytes": 8}, {"name": "process_baseline", "bytes": 2}],
+              "planner columns: %s" % got)
         shot(d, "job-done")
         r = s.request("GET", "/jobs/%s/grids/3.png" % jid)
         check(r.status == 200 and r.header("Content-Type") == "image/png" and r.body[:4] == b"\x89PNG",
