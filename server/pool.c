@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cost.h"
 #include "fsio.h"
 #include "log.h"
 #include "metrics.h"
@@ -56,6 +57,10 @@ struct child {
     int64_t last_ckpt;
     int64_t last_step;           /* the step its last report (or its resume point) named */
     int batch;                   /* a training job's images per step (the metrics) */
+    /* its length for the backfill: steps done of steps, the measured seconds per step (0 until
+     * two step lines came) and the predicted one from its plan */
+    int64_t step, steps, step0;
+    double t0, step_s, pred_step_s;
 };
 
 struct pool {
@@ -137,6 +142,17 @@ int pool_checkpoint_path(const struct pool *p, const char *job_id, int64_t step,
 
 const struct pool_config *pool_config_of(const struct pool *p) { return &p->cfg; }
 
+/* e's predicted step time: the cost model's defaults for the plan, scaled to this machine's
+ * one thread (the probe's measurement), over the job's threads */
+static void predict_step(const struct pool *p, const struct plan *pl, const struct graph *g,
+                         int batch, int threads, struct pool_estimate *e)
+{
+    struct cost_model m;
+    cost_model_default(&m);
+    e->step_seconds = cost_predict_step_seconds(&m, pl, g, batch) * p->cfg.cost_scale /
+                      (threads > 0 ? threads : 1);
+}
+
 int pool_estimate(const struct pool *p, const struct train_spec *spec, struct pool_estimate *e,
                   char *err, size_t errlen)
 {
@@ -167,6 +183,7 @@ int pool_estimate(const struct pool *p, const struct train_spec *spec, struct po
         e->host_data = images * per + 6 * (int64_t)spec->batch * per;
     }
     e->reserved = e->plan_total + e->baseline + e->host_data;
+    predict_step(p, &pl, &g, spec->batch, spec->threads, e);
     rc = POOL_OK;
 out:
     plan_free(&pl);
@@ -190,6 +207,7 @@ char *pool_estimate_json(const struct pool_estimate *e)
     cJSON_AddNumberToObject(o, "process_baseline_bytes", (double)e->baseline);
     cJSON_AddNumberToObject(o, "host_data_bytes", (double)e->host_data);
     cJSON_AddNumberToObject(o, "reserved_bytes", (double)e->reserved);
+    cJSON_AddNumberToObject(o, "predicted_step_seconds", e->step_seconds);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
@@ -360,6 +378,7 @@ int pool_estimate_sample(const struct pool *p, const struct pool_sample *s,
                        4 * (int64_t)batch * per * (int64_t)sizeof(float);
     }
     e->reserved = e->plan_total + e->baseline + e->host_data;
+    predict_step(p, &pl, &g, batch, 1, e);
     rc = POOL_OK;
 out:
     plan_free(&pl);
@@ -610,6 +629,33 @@ out:
     return rc;
 }
 
+/* a job's predicted seconds per step at this thread count: its plan's (stored at submit, for
+ * the threads its spec asked for); INFINITY when unknown (a job stored before plans had it):
+ * then it is never taken for short */
+static double row_step_seconds(const struct pool *p, const struct job_row *r, int threads)
+{
+    cJSON *o = r->plan ? cJSON_Parse(r->plan) : NULL;
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "predicted_step_seconds");
+    struct train_spec s;
+    struct spec_errors es;
+    int want = strcmp(r->kind, "train") == 0 && spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
+    double sec = cJSON_IsNumber(f) && f->valuedouble > 0
+                     ? f->valuedouble * want / (threads > 0 ? threads : 1)
+                     : INFINITY;
+    cJSON_Delete(o);
+    (void)p;
+    return sec;
+}
+
+/* seconds until the running job k ends: steps left x its measured step time (predicted until
+ * it has one) */
+static double kid_remaining(const struct child *k)
+{
+    double per = k->step_s > 0 ? k->step_s : k->pred_step_s;
+    int64_t left = k->steps > k->step ? k->steps - k->step : 0;
+    return left == 0 ? 0 : (double)left * per;
+}
+
 /* starts the queued job r (lock held); on failure the job is failed with the reason */
 static int start_child(struct pool *p, const struct job_row *r, int threads)
 {
@@ -702,6 +748,9 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
         k->batch = spec_parse(r->spec, &ts, &es) == 0 ? ts.batch : 0;
     }
     k->cancel = r->cancel_requested;
+    k->step = is_sample ? 0 : k->last_ckpt;
+    k->steps = r->steps;
+    k->pred_step_s = row_step_seconds(p, r, threads);
     p->kids[p->n_kids++] = k;
     p->reserved += k->reserved;
     p->threads_used += threads;
@@ -735,31 +784,87 @@ fail:
     return -1;
 }
 
-/* FIFO: the head of the queue starts when its reservation fits; nothing passes it (lock held) */
+#define SCHEDULE_WINDOW 64 /* queued jobs looked at for a backfill, from the head on */
+
+/* how many threads a queued job gets if it starts now */
+static int job_threads(const struct pool *p, const struct job_row *r)
+{
+    if (r->threads > 0) return r->threads; /* a resumed job keeps its first count */
+    struct train_spec s;
+    struct spec_errors es;
+    int want = strcmp(r->kind, "train") == 0 && spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
+    int free_cores = p->cfg.cores - p->threads_used;
+    int threads = want < free_cores ? want : free_cores;
+    return threads < 1 ? 1 : threads; /* more jobs than cores: they share */
+}
+
+static int by_end(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* When the head can start (lock held). The running jobs end, by their predicted lengths, in
+ * order; the head's start (*shadow, seconds from now) is when enough of their bytes come back,
+ * and *extra is what is free then beyond the head's reservation. INFINITY when a length is
+ * unknown before enough is free. */
+static void head_start(const struct pool *p, int64_t need, double *shadow, int64_t *extra)
+{
+    double ends[POOL_MAX_CHILDREN][2];
+    for (int i = 0; i < p->n_kids; i++) {
+        ends[i][0] = kid_remaining(p->kids[i]);
+        ends[i][1] = (double)p->kids[i]->reserved;
+    }
+    qsort(ends, (size_t)p->n_kids, sizeof ends[0], by_end);
+    int64_t free_b = p->cfg.budget_bytes - p->reserved;
+    *shadow = INFINITY;
+    *extra = 0;
+    for (int i = 0; i < p->n_kids && isfinite(ends[i][0]); i++) {
+        free_b += (int64_t)ends[i][1];
+        if (free_b >= need) {
+            *shadow = ends[i][0];
+            *extra = free_b - need;
+            return;
+        }
+    }
+}
+
+/* FIFO with backfill (lock held): the head of the queue starts when its reservation fits. While
+ * it cannot, a later job that fits now starts ahead of it only if that cannot delay the head's
+ * start: it ends (its steps x its predicted step time) before the running jobs free the head's
+ * bytes, or it takes only bytes the head will not need then (EASY backfilling). */
 static void schedule(struct pool *p)
 {
     while (!p->stopping && p->n_kids < POOL_MAX_CHILDREN) {
         struct job_row *rows = NULL;
         int n = 0;
-        if (jobs_list(p->db, NULL, JOB_QUEUED, NULL, 1, &rows, &n) || n == 0) {
+        if (jobs_list(p->db, NULL, JOB_QUEUED, NULL, SCHEDULE_WINDOW, &rows, &n) || n == 0) {
             job_rows_free(rows, n);
             return;
         }
-        struct job_row *r = &rows[0];
-        if (p->reserved + r->reserved_bytes > p->cfg.budget_bytes) {
-            job_rows_free(rows, n);
-            return;
+        int64_t free_b = p->cfg.budget_bytes - p->reserved;
+        int pick = -1;
+        if (rows[0].reserved_bytes <= free_b) {
+            pick = 0;
+        } else {
+            double shadow;
+            int64_t extra;
+            head_start(p, rows[0].reserved_bytes, &shadow, &extra);
+            for (int i = 1; i < n && pick < 0; i++) {
+                const struct job_row *c = &rows[i];
+                if (c->reserved_bytes > free_b) continue;
+                /* all its steps, also for a resumed job (it redoes those after its last
+                 * checkpoint): a longer guess only makes a backfill rarer */
+                double len = (double)c->steps * row_step_seconds(p, c, job_threads(p, c));
+                if ((isfinite(shadow) && len <= shadow) || c->reserved_bytes <= extra) pick = i;
+            }
         }
-        struct train_spec s;
-        struct spec_errors es;
-        int want = spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
-        int free_cores = p->cfg.cores - p->threads_used;
-        int threads = want < free_cores ? want : free_cores;
-        if (threads < 1) threads = 1; /* more jobs than cores: they share */
-        if (r->threads > 0) threads = r->threads; /* a resumed job keeps its first count */
-        start_child(p, r, threads);
+        if (pick >= 0) {
+            start_child(p, &rows[pick], job_threads(p, &rows[pick]));
+            notify(p);
+        }
         job_rows_free(rows, n);
-        notify(p);
+        if (pick < 0) return;
     }
 }
 
@@ -829,6 +934,19 @@ static void check_checkpoint(struct pool *p, struct child *k)
     jobs_event_append(p->db, k->id, "checkpoint", ev, NULL);
 }
 
+/* a progress line at step: the measured seconds per step, over the steps since its first line */
+static void kid_progress(struct child *k, int64_t step)
+{
+    double t = now_s();
+    if (k->t0 == 0 || step < k->step0) {
+        k->t0 = t;
+        k->step0 = step;
+    } else if (step > k->step0) {
+        k->step_s = (t - k->t0) / (double)(step - k->step0);
+    }
+    k->step = step;
+}
+
 /* a JSON line of `ddpmd train` (train.h: {"event": "step" | "validation" | "sampling" |
  * "checkpoint" | "samples" | "stopped" | "done", "step": N, ...}) -> an event of the job:
  * step/validation/sampling are "progress" (a step also updates the job's row), a checkpoint is
@@ -850,6 +968,7 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
         const cJSON *loss = cJSON_GetObjectItemCaseSensitive(o, "loss");
         const cJSON *ips = cJSON_GetObjectItemCaseSensitive(o, "img_per_s");
         const cJSON *sts = cJSON_GetObjectItemCaseSensitive(o, "step_s");
+        if (cJSON_IsNumber(step)) kid_progress(k, (int64_t)step->valuedouble);
         if (cJSON_IsNumber(step))
             jobs_set_progress(p->db, k->id, (int64_t)step->valuedouble,
                               cJSON_IsNumber(steps) ? (int64_t)steps->valuedouble : 0,
@@ -867,6 +986,8 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
         const cJSON *done = cJSON_GetObjectItemCaseSensitive(o, "done");
         const cJSON *total = cJSON_GetObjectItemCaseSensitive(o, "total");
         /* a sampling job's progress is its denoising steps (`ddpmd sample --progress-json`) */
+        if (strcmp(k->kind, "sample") == 0 && cJSON_IsNumber(done) && cJSON_IsNumber(total))
+            kid_progress(k, (int64_t)done->valuedouble);
         if (strcmp(k->kind, "sample") == 0 && cJSON_IsNumber(done) && cJSON_IsNumber(total))
             jobs_set_progress(p->db, k->id, (int64_t)done->valuedouble,
                               (int64_t)total->valuedouble, NAN, NAN);

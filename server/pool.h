@@ -22,6 +22,9 @@ struct pool_config {
                                  * again from its last checkpoint this many times, then failed */
     int max_per_owner;          /* one owner's queued + running jobs beyond this:
                                  * POOL_ERR_OWNER_LIMIT; 0 = no limit */
+    double cost_scale;          /* this machine's one thread over the cost model's defaults
+                                 * (engine/cost.h), measured by the probe: a job's predicted
+                                 * step time is cost_predict_step_seconds x this / threads */
 };
 
 enum pool_status {
@@ -44,6 +47,8 @@ struct pool_estimate {
     int64_t baseline;           /* the process itself */
     int64_t host_data;          /* cpu device: the decoded dataset and its batch buffers */
     int64_t reserved;           /* plan_total + baseline + host_data */
+    double step_seconds;        /* predicted seconds of one step (a sampling job: one denoising
+                                 * step of a batch); 0 when the pool has no cost_scale */
 };
 
 struct pool;

@@ -18,9 +18,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api.h"
+#include "cost.h"
 #include "exec.h"
 #include "jobs.h"
 #include "log.h"
@@ -33,6 +35,8 @@
 
 extern const char ddpmd_openapi_yaml[];
 extern const size_t ddpmd_openapi_yaml_len;
+
+#define PROBE_TIMED_STEPS 3
 
 struct serve_opts {
     const char *listen, *data, *device, *budget, *token_file, *path_prefix;
@@ -137,37 +141,65 @@ static int parse_count(const char *name, const char *v, int lo, int hi, int *out
     return 0;
 }
 
-/* the process baseline: peak resident bytes of a child that loaded the libraries and ran one
- * training step of a tiny model, less that model's plan */
-static int probe_run(void)
+/* a small ddpm UNet for the probe: image_size x image_size, one channel, these levels */
+static void probe_spec(struct train_spec *s, int image_size, int levels, int width, int batch)
 {
-    struct train_spec s;
-    spec_defaults(&s);
-    unet_config_default(&s.model, UNET_DDPM);
-    s.model.in_channels = s.model.out_channels = 1;
-    s.model.image_size = 8;
-    s.model.n_levels = 1;
-    s.model.channels[0] = 8;
-    s.model.n_attn = 0;
-    s.model.groups = 4;
-    s.batch = 1;
-    struct graph g;
+    spec_defaults(s);
+    unet_config_default(&s->model, UNET_DDPM);
+    s->model.in_channels = s->model.out_channels = 1;
+    s->model.image_size = image_size;
+    s->model.n_levels = levels;
+    for (int i = 0; i < levels; i++) s->model.channels[i] = width << i;
+    s->model.n_attn = 0;
+    s->model.groups = 4;
+    s->batch = batch;
+}
+
+/* runs 1 + timed steps of spec on one thread; *secs gets the timed steps' seconds */
+static int probe_steps(const struct train_spec *s, int timed, double *secs, struct graph *g,
+                       struct plan *p)
+{
     struct unet_io io;
-    struct plan p;
     struct exec *e = NULL;
-    int target, rc = 1;
+    int target, rc = -1;
     char err[300];
     float loss = 0;
-    if (train_plan(&s, &g, &io, &target, &p, err, sizeof err)) {
+    struct timespec t0 = {0}, t1 = {0};
+    if (train_plan(s, g, &io, &target, p, err, sizeof err)) {
         fprintf(stderr, "ddpmd serve --probe: %s\n", err);
         goto out;
     }
     struct exec_opts eo = {.threads = 1};
-    if (exec_init(&e, &g, &p, backend_cpu(), &eo) || exec_reset_state(e) ||
-        exec_forward_backward(e, 1, 1.0f, 1, 0, 0, &loss)) {
-        fprintf(stderr, "ddpmd serve --probe: the probe step failed\n");
-        goto out;
+    if (exec_init(&e, g, p, backend_cpu(), &eo) || exec_reset_state(e)) goto fail;
+    for (int i = 0; i <= timed; i++) {
+        if (i == 1) clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (exec_forward_backward(e, 1, 1.0f, 1, (uint64_t)i, 0, &loss)) goto fail;
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "ddpmd serve --probe: the probe step failed\n");
+out:
+    exec_free(e);
+    return rc;
+}
+
+/* the process baseline: peak resident bytes of a child that loaded the libraries and ran one
+ * training step of a tiny model, less that model's plan. Then the speed of one thread, for the
+ * backfill's predicted job lengths: timed steps of a model big enough that its arithmetic, not
+ * the per-op overhead, takes the time, over what the cost model's defaults predict for them
+ * (engine/cost.h): the machine's speed as one factor */
+static int probe_run(void)
+{
+    struct train_spec s;
+    struct graph g = {0}, tg = {0};
+    struct plan p = {0}, tp = {0};
+    int rc = 1;
+    double secs = 0;
+    probe_spec(&s, 8, 1, 8, 1);
+    if (probe_steps(&s, 0, &secs, &g, &p)) goto out;
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     long long hwm = -1;
@@ -179,16 +211,22 @@ static int probe_run(void)
         goto out;
     }
     long long base = hwm * 1024 - (long long)p.total_bytes;
-    printf("{\"baseline_bytes\":%lld}\n", base > 0 ? base : 0);
+    probe_spec(&s, 16, 2, 16, 4);
+    if (probe_steps(&s, PROBE_TIMED_STEPS, &secs, &tg, &tp)) goto out;
+    struct cost_model m;
+    cost_model_default(&m);
+    double scale = secs / PROBE_TIMED_STEPS / cost_predict_step_seconds(&m, &tp, &tg, s.batch);
+    printf("{\"baseline_bytes\":%lld,\"cost_scale\":%.6g}\n", base > 0 ? base : 0, scale);
     rc = 0;
 out:
-    exec_free(e);
     plan_free(&p);
     graph_free(&g);
+    plan_free(&tp);
+    graph_free(&tg);
     return rc;
 }
 
-static int probe_baseline(const char *exe, int64_t *bytes)
+static int probe_baseline(const char *exe, int64_t *bytes, double *cost_scale)
 {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC)) return -1;
@@ -211,7 +249,8 @@ static int probe_baseline(const char *exe, int64_t *bytes)
     waitpid(pid, &status, 0);
     long long b;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
-        sscanf(buf, "{\"baseline_bytes\":%lld}", &b) != 1)
+        sscanf(buf, "{\"baseline_bytes\":%lld,\"cost_scale\":%lg}", &b, cost_scale) != 2 ||
+        !(*cost_scale > 0))
         return -1;
     *bytes = b;
     return 0;
@@ -470,7 +509,8 @@ int serve_main(int argc, char **argv)
     }
     exe[el] = 0;
     int64_t baseline = 0;
-    if (probe_baseline(exe, &baseline)) {
+    double cost_scale = 0;
+    if (probe_baseline(exe, &baseline, &cost_scale)) {
         log_msg(LOG_ERROR, "the probe child (ddpmd serve --probe) failed: cannot "
                         "measure the per-process baseline");
         close(lfd);
@@ -501,7 +541,7 @@ int serve_main(int argc, char **argv)
     struct pool_config pc = {.exe = exe, .data_dir = o.data, .device = o.device,
                              .budget_bytes = budget, .baseline_bytes = baseline, .cores = ncores,
                              .max_queue = max_queue, .max_per_owner = max_per_owner,
-                             .max_retries = max_retries};
+                             .max_retries = max_retries, .cost_scale = cost_scale};
     struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow_hosts = wha,
                                 .max_attempts = wh_attempts, .backoff_s = wh_backoff,
                                 .timeout_s = wh_timeout};
