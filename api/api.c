@@ -1693,7 +1693,12 @@ static enum MHD_Result h_datasets_post(struct ctx *c)
         return problem(c->conn, r->upload_errno == ENOSPC ? 507 : 500,
                        r->upload_errno == ENOSPC ? "insufficient-storage" : NULL, detail, NULL, NULL);
     }
-    close(r->upload_fd);
+    if (close(r->upload_fd)) {
+        int e = errno;
+        r->upload_fd = -1;
+        return problem(c->conn, e == ENOSPC ? 507 : 500, e == ENOSPC ? "insufficient-storage" : NULL,
+                       "the upload cannot be stored", NULL, NULL);
+    }
     r->upload_fd = -1;
     struct upload_limits lim = {.max_unpacked = c->a->cfg.upload_max_unpacked,
                                 .max_files = c->a->cfg.upload_max_files};
@@ -2021,7 +2026,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_YES;
         }
         if (fsio_write_full(r->upload_fd, upload_data, n)) {
-            r->upload_errno = errno ? errno : EIO;
+            r->upload_errno = errno ? errno : EIO; /* the rest is dropped; the 507/500 follows */
+            close(r->upload_fd);
+            r->upload_fd = -1;
+            unlink(r->upload_path);
+            r->upload_path[0] = 0;
             return MHD_YES;
         }
         r->len += n;

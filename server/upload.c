@@ -208,9 +208,17 @@ int upload_unpack(const char *path, const char *dest, const struct upload_limits
                 snprintf(err, errlen, "entry '%s': folders may be one level deep", shown);
                 goto out;
             }
-            if (mkdirat(dfd, rel, 0755) && errno != EEXIST) {
-                rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-                snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
+            if (mkdirat(dfd, rel, 0755)) {
+                int e0 = errno;
+                struct stat ds;
+                /* listed twice, or made already for a file inside it: the same folder */
+                if (e0 == EEXIST && fstatat(dfd, rel, &ds, AT_SYMLINK_NOFOLLOW) == 0 &&
+                    S_ISDIR(ds.st_mode))
+                    continue;
+                rc = e0 == EEXIST ? UPLOAD_ERR_UNSAFE : e0 == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+                snprintf(err, errlen, "entry '%s': %s", shown,
+                         e0 == EEXIST ? "the archive holds this name twice (as a file or a folder)"
+                                      : strerror(e0));
                 goto out;
             }
             continue;
@@ -253,10 +261,12 @@ int upload_unpack(const char *path, const char *dest, const struct upload_limits
         }
         fd = openat(dfd, rel, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd < 0) {
-            rc = errno == EEXIST ? UPLOAD_ERR_UNSAFE : errno == ENOSPC ? UPLOAD_ERR_NOSPACE
-                                                                         : UPLOAD_ERR_IO;
+            /* a name given twice, or a file where a folder of the same name is (or the reverse) */
+            int clash = errno == EEXIST || errno == ENOTDIR || errno == EISDIR || errno == ELOOP;
+            rc = clash ? UPLOAD_ERR_UNSAFE : errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
             snprintf(err, errlen, "entry '%s': %s", shown,
-                     errno == EEXIST ? "the archive holds this name twice" : strerror(errno));
+                     clash ? "the archive holds this name twice (as a file or a folder)"
+                           : strerror(errno));
             goto out;
         }
         int64_t got = 0;
