@@ -24,6 +24,7 @@
 #include "api.h"
 #include "cost.h"
 #include "exec.h"
+#include "fsio.h"
 #include "jobs.h"
 #include "log.h"
 #include "parse.h"
@@ -47,7 +48,12 @@ struct serve_opts {
 static void serve_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ddpmd serve [options]    (each option also from the environment variable shown)\n"
+            "usage: ddpmd serve [options]\n"
+            "Each option is also read from the environment variable shown and from a config file;\n"
+            "the command line wins over the environment, which wins over the file.\n"
+            "  --config FILE          options as lines NAME = VALUE, NAME an option below without\n"
+            "                         its dashes (e.g. 'vram-budget = cpu=8GiB'); blank lines and\n"
+            "                         lines starting with # are skipped (DDPMD_CONFIG; default none)\n"
             "  --listen HOST:PORT     address to listen on (DDPMD_LISTEN; default 127.0.0.1:8080);\n"
             "                         port 0 picks a free port. Where it listens is printed on\n"
             "                         stdout as one JSON line {\"listening\":...,\"port\":N}\n"
@@ -330,65 +336,158 @@ static const char *env_or(const char *name, const char *def)
     return v && *v ? v : def;
 }
 
+/* a `ddpmd serve` option: its flag, environment variable, value and default */
+struct serve_optvar {
+    const char *flag, *env;
+    const char **val;
+    const char *def;
+};
+
+static const struct serve_optvar *optvar_find(const struct serve_optvar *v, int n,
+                                              const char *flag)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(v[i].flag, flag) == 0) return &v[i];
+    return NULL;
+}
+
+#define CONFIG_MAX_BYTES (1 << 20)
+#define CONFIG_MAX_LINE 4096
+
+/* the config file's text, which the values it gives point into: kept for the process's life
+ * (reachable, so no leak report on an early return) */
+static char *serve_config_text;
+
+/* --config FILE: lines "NAME = VALUE", NAME an option without its dashes (listen, vram-budget),
+ * VALUE the rest of the line without surrounding blanks; blank lines and lines starting with '#'
+ * are skipped. Sets the values it names; 0, or -1 with the file, line and reason on stderr */
+static int config_load(const char *path, const struct serve_optvar *vars, int n_vars)
+{
+    char err[600];
+    FILE *f = fsio_fopen_read(path, err, sizeof err);
+    if (!f) {
+        fprintf(stderr, "ddpmd serve: --config: %s\n", err);
+        return -1;
+    }
+    char *text = serve_config_text = malloc(CONFIG_MAX_BYTES + 1);
+    size_t n = text ? fread(text, 1, CONFIG_MAX_BYTES + 1, f) : 0;
+    int bad = ferror(f);
+    fclose(f);
+    if (!text || bad || n > CONFIG_MAX_BYTES) {
+        fprintf(stderr, "ddpmd serve: --config %s: %s\n", path,
+                !text ? "out of memory" : bad ? "cannot be read" : "larger than 1 MiB");
+        return -1;
+    }
+    text[n] = 0;
+    if (strlen(text) != n) {
+        fprintf(stderr, "ddpmd serve: --config %s: holds a NUL byte\n", path);
+        return -1;
+    }
+    int line = 0;
+    for (char *p = text, *next; p && *p; p = next) {
+        line++;
+        char *nl = strchr(p, '\n');
+        next = nl ? nl + 1 : NULL;
+        if (nl) *nl = 0;
+        if (strlen(p) > CONFIG_MAX_LINE) {
+            fprintf(stderr, "ddpmd serve: %s:%d: line longer than %d bytes\n", path, line,
+                    CONFIG_MAX_LINE);
+            return -1;
+        }
+        while (*p == ' ' || *p == '\t') p++;
+        char *end = p + strlen(p);
+        while (end > p && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) *--end = 0;
+        if (*p == 0 || *p == '#') continue;
+        char *eq = strchr(p, '=');
+        if (!eq) {
+            fprintf(stderr, "ddpmd serve: %s:%d: expected NAME = VALUE, not '%.200s'\n", path,
+                    line, p);
+            return -1;
+        }
+        char *k = eq;
+        while (k > p && (k[-1] == ' ' || k[-1] == '\t')) k--;
+        *k = 0;
+        char *v = eq + 1;
+        while (*v == ' ' || *v == '\t') v++;
+        char flag[96];
+        snprintf(flag, sizeof flag, "--%.90s", p);
+        const struct serve_optvar *ov = strlen(p) < 90 ? optvar_find(vars, n_vars, flag) : NULL;
+        if (!ov) {
+            fprintf(stderr, "ddpmd serve: %s:%d: unknown option '%.100s' (the names are those of "
+                            "ddpmd serve --help without their dashes)\n", path, line, p);
+            return -1;
+        }
+        if (*v == 0) {
+            fprintf(stderr, "ddpmd serve: %s:%d: %s has no value\n", path, line, p);
+            return -1;
+        }
+        *ov->val = v;
+    }
+    return 0;
+}
+
 int serve_main(int argc, char **argv)
 {
     struct serve_opts o = {0};
-    o.listen = env_or("DDPMD_LISTEN", "127.0.0.1:8080");
-    o.data = env_or("DDPMD_DATA", "ddpmd-data");
-    o.device = env_or("DDPMD_DEVICE", "cpu");
-    o.budget = env_or("DDPMD_VRAM_BUDGET", NULL);
-    o.token_file = env_or("DDPMD_TOKEN_FILE", NULL);
-    o.path_prefix = env_or("DDPMD_PATH_PREFIX", "");
-    const char *mq = env_or("DDPMD_MAX_QUEUE", "100"), *cores = env_or("DDPMD_CPU_CORES", NULL);
-    const char *ht = env_or("DDPMD_HTTP_THREADS", "4"), *mb = env_or("DDPMD_MAX_BODY", "1MiB");
-    const char *ka = env_or("DDPMD_SSE_KEEPALIVE", "15");
-    const char *mpo = env_or("DDPMD_MAX_JOBS_PER_OWNER", "0");
-    const char *mr = env_or("DDPMD_MAX_RETRIES", "2");
-    const char *lf = env_or("DDPMD_LOG_FORMAT", "text");
-    const char *umb = env_or("DDPMD_UPLOAD_MAX_BYTES", "1GiB");
-    const char *umu = env_or("DDPMD_UPLOAD_MAX_UNPACKED", "4GiB");
-    const char *umf = env_or("DDPMD_UPLOAD_MAX_FILES", "100000");
-    const char *whs = env_or("DDPMD_WEBHOOK_SECRET_FILE", NULL);
-    const char *wha = env_or("DDPMD_WEBHOOK_ALLOW", NULL);
-    const char *whn = env_or("DDPMD_WEBHOOK_ATTEMPTS", "5");
-    const char *whb = env_or("DDPMD_WEBHOOK_BACKOFF", "1");
-    const char *wht = env_or("DDPMD_WEBHOOK_TIMEOUT", "10");
+    const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
+    const char *whb, *wht;
+    /* every option: its flag, its environment variable, where its value goes, its default. The
+     * value is the command line's, else the environment's, else the config file's, else the
+     * default */
+    const struct serve_optvar vars[] = {
+        {"--listen", "DDPMD_LISTEN", &o.listen, "127.0.0.1:8080"},
+        {"--data", "DDPMD_DATA", &o.data, "ddpmd-data"},
+        {"--device", "DDPMD_DEVICE", &o.device, "cpu"},
+        {"--vram-budget", "DDPMD_VRAM_BUDGET", &o.budget, NULL},
+        {"--token-file", "DDPMD_TOKEN_FILE", &o.token_file, NULL},
+        {"--path-prefix", "DDPMD_PATH_PREFIX", &o.path_prefix, ""},
+        {"--max-queue", "DDPMD_MAX_QUEUE", &mq, "100"},
+        {"--max-jobs-per-owner", "DDPMD_MAX_JOBS_PER_OWNER", &mpo, "0"},
+        {"--max-retries", "DDPMD_MAX_RETRIES", &mr, "2"},
+        {"--cpu-cores", "DDPMD_CPU_CORES", &cores, NULL},
+        {"--http-threads", "DDPMD_HTTP_THREADS", &ht, "4"},
+        {"--max-body", "DDPMD_MAX_BODY", &mb, "1MiB"},
+        {"--sse-keepalive", "DDPMD_SSE_KEEPALIVE", &ka, "15"},
+        {"--log-format", "DDPMD_LOG_FORMAT", &lf, "text"},
+        {"--upload-max-bytes", "DDPMD_UPLOAD_MAX_BYTES", &umb, "1GiB"},
+        {"--upload-max-unpacked", "DDPMD_UPLOAD_MAX_UNPACKED", &umu, "4GiB"},
+        {"--upload-max-files", "DDPMD_UPLOAD_MAX_FILES", &umf, "100000"},
+        {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL},
+        {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL},
+        {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &whn, "5"},
+        {"--webhook-backoff", "DDPMD_WEBHOOK_BACKOFF", &whb, "1"},
+        {"--webhook-timeout", "DDPMD_WEBHOOK_TIMEOUT", &wht, "10"},
+    };
+    const int n_vars = (int)(sizeof vars / sizeof vars[0]);
     int probe = 0, routes = 0;
+    const char *config = env_or("DDPMD_CONFIG", NULL);
+    for (int i = 0; i < n_vars; i++) *vars[i].val = vars[i].def;
+    /* the command line first only for what it decides alone: --config, --help, unknown flags */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name) (strcmp(a, name) == 0 && v && (i++, 1))
-        if (OPT("--listen")) o.listen = v;
-        else if (OPT("--data")) o.data = v;
-        else if (OPT("--device")) o.device = v;
-        else if (OPT("--vram-budget")) o.budget = v;
-        else if (OPT("--token-file")) o.token_file = v;
-        else if (OPT("--max-queue")) mq = v;
-        else if (OPT("--max-jobs-per-owner")) mpo = v;
-        else if (OPT("--max-retries")) mr = v;
-        else if (OPT("--cpu-cores")) cores = v;
-        else if (OPT("--http-threads")) ht = v;
-        else if (OPT("--max-body")) mb = v;
-        else if (OPT("--sse-keepalive")) ka = v;
-        else if (OPT("--log-format")) lf = v;
-        else if (OPT("--path-prefix")) o.path_prefix = v;
-        else if (OPT("--upload-max-bytes")) umb = v;
-        else if (OPT("--upload-max-unpacked")) umu = v;
-        else if (OPT("--upload-max-files")) umf = v;
-        else if (OPT("--webhook-secret-file")) whs = v;
-        else if (OPT("--webhook-allow")) wha = v;
-        else if (OPT("--webhook-attempts")) whn = v;
-        else if (OPT("--webhook-backoff")) whb = v;
-        else if (OPT("--webhook-timeout")) wht = v;
-        else if (strcmp(a, "--probe") == 0) probe = 1;
+        if (strcmp(a, "--probe") == 0) probe = 1;
         else if (strcmp(a, "--routes") == 0) routes = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             serve_usage(stdout);
             return 0;
+        } else if (strcmp(a, "--config") == 0 && v) {
+            config = argv[++i];
+        } else if (optvar_find(vars, n_vars, a) && v) {
+            i++;
         } else {
             fprintf(stderr, "ddpmd serve: unknown or incomplete option '%s' (see ddpmd serve --help)\n", a);
             return 2;
         }
-#undef OPT
+    }
+    if (config && config_load(config, vars, n_vars)) return 2;
+    for (int i = 0; i < n_vars; i++) {
+        const char *e = getenv(vars[i].env);
+        if (e && *e) *vars[i].val = e;
+    }
+    for (int i = 2; i < argc; i++) {
+        const struct serve_optvar *ov = optvar_find(vars, n_vars, argv[i]);
+        if (ov) *ov->val = argv[++i];
+        else if (strcmp(argv[i], "--config") == 0) i++;
     }
     if (probe) return probe_run();
     if (routes) {
