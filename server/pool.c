@@ -777,9 +777,9 @@ fail:
     cJSON_AddStringToObject(o, "error", err);
     char *fev = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
+    metrics_job_failed(METRICS_FAIL_START); /* counted before a client can see the state */
     jobs_set_state(p->db, r->id, JOB_FAILED, 0, err, fev ? fev : "{\"state\":\"failed\"}");
     free(fev);
-    metrics_job_failed(METRICS_FAIL_START);
     log_job(LOG_ERROR, r->id, "failed to start: %s", err);
     return -1;
 }
@@ -1100,8 +1100,8 @@ static void finish(struct pool *p, struct child *k, int status)
         cJSON_Delete(o);
         snprintf(ev, sizeof ev, "%s", s ? s : "{\"state\":\"failed\"}");
         free(s);
-        jobs_set_state(p->db, k->id, JOB_FAILED, 0, err, ev);
         metrics_job_failed(WIFSIGNALED(status) ? METRICS_FAIL_SIGNAL : METRICS_FAIL_EXIT);
+        jobs_set_state(p->db, k->id, JOB_FAILED, 0, err, ev);
         log_job(LOG_ERROR, k->id, "failed: %.*s (GET /jobs/%s has the rest)",
                 (int)strcspn(err, "\n"), err, k->id);
     }

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from serverlib import Server, check, job_processes, need_fmnist, tiny
 
@@ -44,6 +45,17 @@ def scrape(s):
     return parse(r.body.decode())
 
 
+def scrape_until(s, name, want, **labels):
+    """a scrape where name{labels} == want: a request is counted when libmicrohttpd completes it,
+    which may be just after its client read the answer"""
+    deadline = time.time() + 10
+    while True:
+        m = scrape(s)
+        if get(m, name, **labels) == want or time.time() > deadline:
+            return m
+        time.sleep(0.05)
+
+
 def main(exe):
     need_fmnist()
     if not shutil.which("promtool"):
@@ -73,7 +85,8 @@ def main(exe):
     s.events(jid)
     j = s.get_json("/jobs/" + jid)
     check(j["state"] == "succeeded", "job %s" % j["state"])
-    m = scrape(s)
+    m = scrape_until(s, "ddpmd_http_requests_total", 1, method="GET", route="/jobs/{id}/events",
+                     status="200")
     check(get(m, "ddpmd_jobs", state="succeeded") == 1, "succeeded jobs")
     check(get(m, "ddpmd_jobs", state="running") == 0, "running jobs after the end")
     check(get(m, "ddpmd_queue_length") == 0, "queue length")
@@ -94,7 +107,8 @@ def main(exe):
     for _ in range(3):
         s.request("GET", "/no/such/route")
     s.request("GET", "/jobs/j0000000000000000")
-    m = scrape(s)
+    m = scrape_until(s, "ddpmd_http_requests_total", 1, method="GET", route="/jobs/{id}",
+                     status="404")
     check(get(m, "ddpmd_http_requests_total", method="", route="unmatched", status="404") == 3,
           "unmatched 404s")
     check(get(m, "ddpmd_http_requests_total", method="GET", route="/jobs/{id}", status="404") == 1,
