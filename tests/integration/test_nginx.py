@@ -89,9 +89,9 @@ class Stream:
     """an event stream read one item at a time: ("event", (id, type, data)), ("comment", text),
     or ("end", None)"""
 
-    def __init__(self, port, path, timeout):
+    def __init__(self, port, path, timeout, headers=None):
         self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        self.c.request("GET", path, headers={"Accept": "text/event-stream"})
+        self.c.request("GET", path, headers=dict({"Accept": "text/event-stream"}, **(headers or {})))
         self.r = self.c.getresponse()
         if self.r.status != 200:
             fail("events via %d: %d %s" % (port, self.r.status, self.r.read()[:300]))
