@@ -215,6 +215,7 @@ const view = {
     view.urls = [];
     const m = document.getElementById('view');
     m.replaceChildren();
+    delete m.dataset.settled;
     return m;
   },
   every(ms, fn) { view.timers.push(setInterval(fn, ms)); },
@@ -564,6 +565,7 @@ const renderJob = guard(async (m, id) => {
   await api.events('jobs/' + id + '/events', onEvent, signal);
   await refresh();
   await loadCkpts();
+  if (!signal.aborted) m.dataset.settled = 'true'; /* the job ended and its page is final */
 });
 
 /* ---- the sample request form (#/new and a job's page) ---- */

@@ -205,6 +205,7 @@ def main(exe):
         wait(d, "a sample grid on the job page", lambda: d.execute_script(
             "const i = document.querySelector('#grids img'); return i && i.complete && i.naturalWidth > 0"))
         wait(d, "the job succeeding", lambda: d.find_element("css selector", "h2 .state").text == "succeeded")
+        wait(d, "the job page final", lambda: d.find_elements("css selector", "#view[data-settled]"))
         wait(d, "both grids", lambda: len(d.find_elements("css selector", "#grids img")) == 2)
         wait(d, "a checkpoint link", lambda: d.find_elements("css selector", "#checkpoints a[data-checkpoint]"))
         pts = int(wait(d, "the loss chart's points", lambda: d.find_element("id", "loss-chart").get_attribute("data-points")))
@@ -259,11 +260,11 @@ def main(exe):
         check(r.status == 202, "POST /train: %d %s" % (r.status, r.body[:200]))
         jid2 = r.json()["id"]
         s.wait_job(jid2, lambda j: j["state"] == "running" and j["step"] > 0, what="running")
-        seg = wait(d, "the running job's reservation in the budget bar", lambda: d.find_element(
-            "css selector", "[data-device=cpu] [data-bar=budget] [data-part='%s']" % jid2))
-        width = d.execute_script("return arguments[0].getBoundingClientRect().width", seg)
-        full = d.execute_script("return document.querySelector('[data-device=cpu] [data-bar=budget]')"
-                                ".getBoundingClientRect().width")
+        # one script reads both widths: the page redraws the bars every 2 s (elements go stale)
+        width, full = wait(d, "the running job's reservation in the budget bar", lambda: d.execute_script(
+            "const b = document.querySelector('[data-device=cpu] [data-bar=budget]');"
+            "const s = b && b.querySelector(\"[data-part='\" + arguments[0] + \"']\");"
+            "return s ? [s.getBoundingClientRect().width, b.getBoundingClientRect().width] : null", jid2))
         dev = s.get_json("/devices")["devices"][0]
         want = full * r.json()["reserved_bytes"] / dev["budget_bytes"]
         check(abs(width - want) <= 2, "the job's segment is %.1f px, its share of the budget %.1f px" % (width, want))
@@ -272,6 +273,7 @@ def main(exe):
         wait(d, "the cancel button", lambda: d.find_element("id", "cancel").get_attribute("disabled") is None)
         d.find_element("id", "cancel").click()
         wait(d, "the job canceled", lambda: d.find_element("css selector", "h2 .state").text == "canceled")
+        wait(d, "the job page final", lambda: d.find_elements("css selector", "#view[data-settled]"))
         check(s.get_json("/jobs/" + jid2)["state"] == "canceled", "the server's job is not canceled")
         errs = console_errors(d)
         check(not errs, "console errors: %s" % errs)
@@ -332,6 +334,7 @@ def main(exe):
         wait(d, "a grid with the token", lambda: d.execute_script(
             "const i = document.querySelector('#grids img'); return i && i.complete && i.naturalWidth > 0"))
         wait(d, "the job succeeding", lambda: d.find_element("css selector", "h2 .state").text == "succeeded")
+        wait(d, "the job page final", lambda: d.find_elements("css selector", "#view[data-settled]"))
         check(s.get_json("/jobs/" + jid)["owner"] == "alice", "the job is not alice's")
         shot(d, "token-job")
         errs = console_errors(d)
