@@ -16,8 +16,9 @@ build=(build-essential cmake pkg-config
 data=(dataset-fashion-mnist fonts-dejavu-core ca-certificates)
 # the tests, fuzzers and tools around them; nginx for tests/integration/test_nginx.py; docker.io,
 # docker-compose and debootstrap for tests/docker/test_container.sh; chromium, chromium-driver and
-# python3-selenium for the dashboard's browser test (tests/integration/test_dashboard.py)
-test=(clang-14 libclang-rt-14-dev libomp-14-dev
+# python3-selenium for the dashboard's browser test (tests/integration/test_dashboard.py); curl
+# and jq for scripts/main.sh (it drives the server over HTTP), wrk for bench/serve.sh
+test=(clang-14 libclang-rt-14-dev libomp-14-dev curl jq wrk
       prometheus nginx docker.io docker-compose debootstrap
       chromium chromium-driver python3-selenium
       python3-torch python3-numpy python3-yaml python3-jsonschema)
