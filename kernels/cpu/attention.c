@@ -9,6 +9,7 @@
  * plain form's results depend on the thread count (cpu_gemm's split), as the convolutions' do.
  */
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -39,12 +40,21 @@ static int attn_chunks(const struct bk_attn *s, int threads)
     return imin(nkb, (threads + pairs - 1) / pairs);
 }
 
-/* per-thread tile scratch (floats): S and dS (or the forward's S and its row max and sum) and
- * the pair's Di = rowsum(dout o) */
+/* row stride of a thread's S and dS tiles: the key block's width, rounded up to 16 when the
+ * register tiles compute them */
+static int attn_tile_ld(const struct bk_attn *s)
+{
+    const int bc = imin(ATTN_BC, s->l);
+    return s->d % 8 == 0 && s->d <= 64 ? (bc + 15) / 16 * 16 : bc;
+}
+
+/* per-thread tile scratch (floats): S and dS (or the forward's S and its row max and sum), the
+ * pair's Di = rowsum(dout o) and, for the register tiles, the key block's k and v transposed */
 static size_t attn_slot_floats(const struct bk_attn *s)
 {
-    const int br = imin(ATTN_BR, s->l), bc = imin(ATTN_BC, s->l);
-    return (size_t)2 * br * bc + (size_t)s->l + 2 * (size_t)br;
+    const size_t br = (size_t)imin(ATTN_BR, s->l), bcp = (size_t)attn_tile_ld(s);
+    const size_t packs = s->d % 8 == 0 && s->d <= 64 ? 2 * (size_t)s->d * bcp : 0;
+    return 2 * br * bcp + (size_t)s->l + 2 * br + packs;
 }
 
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
@@ -76,6 +86,145 @@ static inline void attn_gemm(int ta, int tb, int m, int n, int k, float alpha, c
                 n, k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
+/* ---- the tile products for head dims D = 8, 16, ..., 64 (AVX2 + FMA register tiles) ----
+ * With K or N = D that small, sgemm spends more on packing and C's beta pass than on the
+ * multiply (measured: 35% of the time in its kernel, 30% in copies and beta). These keep the
+ * tile's accumulators in registers and read q, k, v, dout rows in place; only the key block is
+ * packed transposed (BT, D x ncp, ncp = the block's width rounded up to 16, zero columns after
+ * nc), once per key block. Other D go through attn_gemm. */
+#define AI static inline __attribute__((always_inline))
+
+static int attn_fast(int d) { return d % 8 == 0 && d <= 64; }
+static int round16(int x) { return (x + 15) / 16 * 16; }
+
+/* bt (d, ncp) = b (nc rows of stride ldb, d columns) transposed, zero beyond nc */
+static void attn_pack_t(float *bt, int ncp, const float *b, size_t ldb, int nc, int d)
+{
+    for (int e = 0; e < d; e++) {
+        float *row = bt + (size_t)e * ncp;
+        for (int c = 0; c < nc; c++) row[c] = b[(size_t)c * ldb + e];
+        for (int c = nc; c < ncp; c++) row[c] = 0.0f;
+    }
+}
+
+/* S rows [0, R) = alpha A BT, columns [0, ncp) in steps of 16; A rows stride lda, d columns */
+AI void abt_rows(float *S, size_t lds, const float *A, size_t lda, const float *bt, int ncp,
+                 int d, float alpha, const int R)
+{
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int c = 0; c < ncp; c += 16) {
+        __m256 acc[6][2];
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int e = 0; e < d; e++) {
+            const __m256 b0 = _mm256_loadu_ps(bt + (size_t)e * ncp + c);
+            const __m256 b1 = _mm256_loadu_ps(bt + (size_t)e * ncp + c + 8);
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) {
+                const __m256 x = _mm256_broadcast_ss(A + (size_t)r * lda + e);
+                acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+            }
+        }
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(S + (size_t)r * lds + c, _mm256_mul_ps(acc[r][0], va));
+            _mm256_storeu_ps(S + (size_t)r * lds + c + 8, _mm256_mul_ps(acc[r][1], va));
+        }
+    }
+}
+
+/* S (nr, ncp) = alpha A BT */
+static void attn_abt(float *S, size_t lds, const float *A, size_t lda, const float *bt, int ncp,
+                     int nr, int d, float alpha)
+{
+    int r = 0;
+    for (; r + 6 <= nr; r += 6)
+        abt_rows(S + (size_t)r * lds, lds, A + (size_t)r * lda, lda, bt, ncp, d, alpha, 6);
+    for (; r < nr; r++)
+        abt_rows(S + (size_t)r * lds, lds, A + (size_t)r * lda, lda, bt, ncp, d, alpha, 1);
+}
+
+/* Y rows [0, R) (+)= W X: Y_j = sum_t W[j sw + t st] X_t over t in [0, nt), X rows of stride
+ * ldx, NV vectors (8 NV columns) each */
+AI void wx_rows(float *Y, size_t ldy, const float *W, size_t sw, size_t st, const float *X,
+                size_t ldx, int nt, int acc_y, const int R, const int NV)
+{
+    __m256 acc[6][8];
+#pragma GCC unroll 6
+    for (int j = 0; j < R; j++)
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; u++) acc[j][u] = _mm256_setzero_ps();
+    for (int t = 0; t < nt; t++) {
+        __m256 x[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; u++) x[u] = _mm256_loadu_ps(X + (size_t)t * ldx + 8 * u);
+#pragma GCC unroll 6
+        for (int j = 0; j < R; j++) {
+            const __m256 w = _mm256_broadcast_ss(W + (size_t)j * sw + (size_t)t * st);
+#pragma GCC unroll 8
+            for (int u = 0; u < NV; u++) acc[j][u] = _mm256_fmadd_ps(w, x[u], acc[j][u]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < R; j++)
+#pragma GCC unroll 8
+        for (int u = 0; u < NV; u++) {
+            float *y = Y + (size_t)j * ldy + 8 * u;
+            _mm256_storeu_ps(y, acc_y ? _mm256_add_ps(_mm256_loadu_ps(y), acc[j][u]) : acc[j][u]);
+        }
+}
+
+/* rows of Y per register tile: at most 12 accumulators */
+#define WX_CASE(NV, R)                                                                        \
+    case NV: {                                                                                \
+        int j = 0;                                                                            \
+        for (; j + R <= ny; j += R)                                                           \
+            wx_rows(Y + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, X, ldx, nt, acc_y, R, \
+                    NV);                                                                      \
+        for (; j < ny; j++)                                                                   \
+            wx_rows(Y + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, X, ldx, nt, acc_y, 1, \
+                    NV);                                                                      \
+        break;                                                                                \
+    }
+
+/* Y (ny, d) (+)= W X, W_jt = W[j sw + t st]: sw = ld, st = 1 is W X (P V, dS K); sw = 1,
+ * st = ld is W^T X (P^T dout, dS^T q) */
+static void attn_wx(float *Y, size_t ldy, const float *W, size_t sw, size_t st, const float *X,
+                    size_t ldx, int ny, int nt, int d, int acc_y)
+{
+    switch (d / 8) {
+        WX_CASE(1, 6)
+        WX_CASE(2, 6)
+        WX_CASE(3, 4)
+        WX_CASE(4, 3)
+        WX_CASE(5, 2)
+        WX_CASE(6, 2)
+        WX_CASE(7, 1)
+        WX_CASE(8, 1)
+    default:
+        break;
+    }
+}
+
+/* the two products of a tile, through the register tiles when bt (the key block packed by
+ * attn_pack_t) is given, else sgemm: S (nr, nc) = alpha A B^T, row stride lds */
+static void attn_sprod(float *S, size_t lds, const float *A, size_t lda, const float *B,
+                       size_t ldb, const float *bt, int nr, int nc, int d, float alpha)
+{
+    if (bt) attn_abt(S, lds, A, lda, bt, round16(nc), nr, d, alpha);
+    else attn_gemm(0, 1, nr, nc, d, alpha, A, lda, B, ldb, 0.0f, S, lds);
+}
+
+/* Y (ny, d) (+)= W X with W as in attn_wx (sw = 1: W^T X, W's rows of stride st) */
+static void attn_wprod(int fast, float *Y, size_t ldy, const float *W, size_t sw, size_t st,
+                       const float *X, size_t ldx, int ny, int nt, int d, int acc_y)
+{
+    if (fast) attn_wx(Y, ldy, W, sw, st, X, ldx, ny, nt, d, acc_y);
+    else if (sw == 1) attn_gemm(1, 0, ny, d, nt, 1.0f, W, st, X, ldx, acc_y ? 1.0f : 0.0f, Y, ldy);
+    else attn_gemm(0, 0, ny, d, nt, 1.0f, W, sw, X, ldx, acc_y ? 1.0f : 0.0f, Y, ldy);
+}
+
 int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
                  void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
@@ -85,16 +234,16 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
     const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks = s->n * H * nqb;
-    const int nt = cpu_threads(ctx);
+    const int nt = cpu_threads(ctx), fast = attn_fast(D), bc = attn_tile_ld(s);
 #pragma omp parallel num_threads(nt)
     {
         float *sc = (float *)ws + (size_t)omp_get_thread_num() * slot;
-        float *m = sc + (size_t)imin(ATTN_BR, L) * imin(ATTN_BC, L), *l = m + imin(ATTN_BR, L);
+        float *m = sc + (size_t)imin(ATTN_BR, L) * bc, *l = m + imin(ATTN_BR, L);
+        float *kt = fast ? l + imin(ATTN_BR, L) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tasks; t++) {
             const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
             const int i0 = qb * ATTN_BR, nr = imin(L - i0, ATTN_BR);
-            const int bc = imin(ATTN_BC, L);
             const float *qb0 = ROW_LD(q, ni, i0, h);
             float *ob = ROW_HD(o, ni, i0, h);
             /* key blocks outer, o the running unnormalised accumulator: after block j,
@@ -102,8 +251,9 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
              * weights (online softmax: the earlier blocks are rescaled to each new maximum) */
             for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
                 const int nc = imin(L - j0, ATTN_BC);
-                attn_gemm(0, 1, nr, nc, D, scale, qb0, ld, ROW_LD(k, ni, j0, h), ld, 0.0f, sc,
-                          (size_t)bc);
+                const float *kj = ROW_LD(k, ni, j0, h);
+                if (fast) attn_pack_t(kt, round16(nc), kj, ld, nc, D);
+                attn_sprod(sc, (size_t)bc, qb0, ld, kj, ld, kt, nr, nc, D, scale);
                 for (int r = 0; r < nr; r++) {
                     float *sr = sc + (size_t)r * bc;
                     float mx = j0 ? m[r] : -INFINITY;
@@ -128,8 +278,8 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
                     }
                     m[r] = mx;
                 }
-                attn_gemm(0, 0, nr, D, nc, 1.0f, sc, (size_t)bc, ROW_LD(v, ni, j0, h), ld,
-                          j0 ? 1.0f : 0.0f, ob, hd);
+                attn_wprod(fast, ob, hd, sc, (size_t)bc, 1, ROW_LD(v, ni, j0, h), ld, nr, nc, D,
+                           j0 != 0);
             }
             for (int r = 0; r < nr; r++) {
                 float *orow = ob + (size_t)r * hd;
@@ -155,7 +305,7 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
     const float scale = s->scale;
     const int nt = cpu_threads(ctx);
     const int pairs = s->n * H, nkb = (L + ATTN_BC - 1) / ATTN_BC, nch = attn_chunks(s, nt);
-    const int br = imin(ATTN_BR, L), bc = imin(ATTN_BC, L);
+    const int br = imin(ATTN_BR, L), bc = attn_tile_ld(s), fast = attn_fast(D);
     /* a split pair's chunk c sums its dq into part + (pair nch + c) L D, dense (L, D) */
     float *part = (float *)ws + (size_t)cpu_threads(NULL) * slot;
 
@@ -168,6 +318,7 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
     {
         float *pt = (float *)ws + (size_t)omp_get_thread_num() * slot;
         float *dst = pt + (size_t)br * bc, *di = dst + (size_t)br * bc;
+        float *kt = fast ? di + L + 2 * br : NULL, *vt = fast ? kt + (size_t)D * bc : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < pairs * nch; t++) {
             const int ch = t % nch, pr = t / nch, h = pr % H, ni = pr / H;
@@ -186,11 +337,15 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
                 const int j0 = jb * ATTN_BC, nc = imin(L - j0, ATTN_BC);
                 const float *kj = ROW_LD(k, ni, j0, h), *vj = ROW_LD(v, ni, j0, h);
                 float *dkj = ROW_LD(dk, ni, j0, h), *dvj = ROW_LD(dv, ni, j0, h);
+                if (fast) {
+                    attn_pack_t(kt, round16(nc), kj, ld, nc, D);
+                    attn_pack_t(vt, round16(nc), vj, ld, nc, D);
+                }
                 for (int i0 = 0; i0 < L; i0 += ATTN_BR) {
                     const int nr = imin(L - i0, ATTN_BR);
                     const float *qi = ROW_LD(q, ni, i0, h), *doi = ROW_HD(dout, ni, i0, h);
-                    attn_gemm(0, 1, nr, nc, D, scale, qi, ld, kj, ld, 0.0f, pt, (size_t)bc);
-                    attn_gemm(0, 1, nr, nc, D, 1.0f, doi, hd, vj, ld, 0.0f, dst, (size_t)bc);
+                    attn_sprod(pt, (size_t)bc, qi, ld, kj, ld, kt, nr, nc, D, scale);
+                    attn_sprod(dst, (size_t)bc, doi, hd, vj, ld, vt, nr, nc, D, 1.0f);
                     for (int r = 0; r < nr; r++) {
                         float *prow = pt + (size_t)r * bc, *drow = dst + (size_t)r * bc;
                         const float lr = lrow[i0 + r], dr = di[i0 + r];
@@ -201,11 +356,10 @@ int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float
                             drow[c] = pc * (drow[c] - dr) * scale;
                         }
                     }
-                    const float beta = i0 ? 1.0f : 0.0f;
-                    attn_gemm(1, 0, nc, D, nr, 1.0f, pt, (size_t)bc, doi, hd, beta, dvj, ld);
-                    attn_gemm(1, 0, nc, D, nr, 1.0f, dst, (size_t)bc, qi, ld, beta, dkj, ld);
-                    attn_gemm(0, 0, nr, D, nc, 1.0f, dst, (size_t)bc, kj, ld,
-                              jb > kb0 ? 1.0f : 0.0f, dqp + (size_t)i0 * ldq, ldq);
+                    attn_wprod(fast, dvj, ld, pt, 1, (size_t)bc, doi, hd, nc, nr, D, i0 != 0);
+                    attn_wprod(fast, dkj, ld, dst, 1, (size_t)bc, qi, ld, nc, nr, D, i0 != 0);
+                    attn_wprod(fast, dqp + (size_t)i0 * ldq, ldq, dst, (size_t)bc, 1, kj, ld, nr,
+                               nc, D, jb > kb0);
                 }
             }
         }

@@ -573,10 +573,12 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
     const size_t nbuf = (size_t)3 * n * l * c, no = (size_t)n * l * c;
     const size_t nlse = (size_t)n * heads * l, np = nlse * l;
     const size_t toff = packed ? (size_t)c : no; /* offset from q to k and k to v */
-    /* tiled: a few tiles per thread (no L x L), plus a dq per chunk when a pair is split */
+    /* tiled: per thread two 128 x 128 tiles, the key block's k and v transposed and L floats
+     * (no L x L), plus a dq per chunk when a pair is split */
     size_t wst = cpu_attn_ws_bytes(&s, 1);
     const size_t procs = (size_t)cpu_threads(NULL);
-    CHECK(wst > 0 && wst <= procs * (2 * 128 * 128 + (size_t)l + 256) * sizeof(float) +
+    CHECK(wst > 0 && wst <= procs * (2 * 128 * 128 + (size_t)l + 256 + 2 * 128 * (size_t)d) *
+                                    sizeof(float) +
                                 2 * procs * l * d * sizeof(float),
           "%s: tiled ws %zu", tag, wst);
     void *wt = malloc(wst);
