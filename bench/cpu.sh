@@ -5,8 +5,11 @@
 # oneDNN). Prints a markdown table. Each engine's time is the median over STEPS steps after
 # WARMUP, measured ROUNDS times alternating ddpmd and torch; the faster round counts (these
 # machines are shared: a round that met a noisy neighbour is discarded, for both engines alike).
-#   bash bench/cpu.sh                 # all four configs
+# The seed preset at 64x64 (seed-64, examples/seed-64.json) takes seconds a step on 2 cores: it
+# runs SEED_STEPS steps after SEED_WARMUP instead.
+#   bash bench/cpu.sh                 # all five configs
 #   CONFIGS="fmnist-tiny:32" STEPS=10 bash bench/cpu.sh
+#   CONFIGS="seed-64:8" SEED_STEPS=3 ROUNDS=2 bash bench/cpu.sh
 # Not a test: it asserts nothing; ratios > 1 mean ddpmd is ahead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,9 @@ STEPS=${STEPS:-10}
 ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-2}
 THREADS=${THREADS:-$(nproc)}
-CONFIGS=${CONFIGS:-"fmnist-tiny:8 fmnist-tiny:32 cifar-small:8 ddpm-cifar10:8"}
+SEED_STEPS=${SEED_STEPS:-3}
+SEED_WARMUP=${SEED_WARMUP:-1}
+CONFIGS=${CONFIGS:-"seed-64:8 fmnist-tiny:8 fmnist-tiny:32 cifar-small:8 ddpm-cifar10:8"}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 # the build users run (scripts/build.sh: build/, RelWithDebInfo)
@@ -34,7 +39,7 @@ echo "machine: $(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; e
      "ISA: $(grep -o -w -m1 -E 'avx512f' /proc/cpuinfo | head -1 || true) $(grep -o -w -m1 avx2 /proc/cpuinfo | head -1);" \
      "oneDNN $(dpkg-query -W -f='${Version}' libdnnl2 2>/dev/null || echo '?');" \
      "torch $( [ $have_torch = 1 ] && /usr/bin/python3 -c 'import torch; print(torch.__version__)' || echo 'absent');" \
-     "threads $THREADS; median of $STEPS steps after $WARMUP warm-up, best of $ROUNDS alternating rounds"
+     "threads $THREADS; median of $STEPS steps after $WARMUP warm-up (seed-64: $SEED_STEPS after $SEED_WARMUP), best of $ROUNDS alternating rounds"
 echo "libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
 echo
 
@@ -46,47 +51,56 @@ echo "ceilings: SGEMM $(val ceiling_sgemm_shape "$ceil") $sgemm GFLOP/s;" \
      "bwd-data $(val ceiling_conv_bwd_data_gflops "$ceil"), bwd-filter" \
      "$(val ceiling_conv_bwd_filter_gflops "$ceil"), all three $convc GFLOP/s (oneDNN)"
 echo
-echo "| config | batch | ddpmd ms/step | torch ms/step | ddpmd img/s | torch img/s | speed ratio | ddpmd GFLOP/s (% conv ceiling) | torch GFLOP/s | ddpmd peak RSS MiB | torch peak RSS MiB | RSS ratio | ddpmd plan MiB + overhead MiB |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| config | batch | ddpmd ms/step | torch ms/step | ddpmd img/s | torch img/s | speed ratio | ddpmd CPU s/step | torch CPU s/step | CPU ratio | ddpmd GFLOP/s (% conv ceiling) | torch GFLOP/s | ddpmd peak RSS MiB | torch peak RSS MiB | RSS ratio | ddpmd plan MiB + overhead MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for cb in $CONFIGS; do
   cfg=${cb%%:*}
   bs=${cb##*:}
-  dms=""; tms=nan; tips=nan; trss=nan
+  dms=""; tms=nan; tips=nan; trss=nan; dcpu=""; tcpu=nan
+  st=$STEPS; wu=$WARMUP
+  if [ "$cfg" = seed-64 ]; then st=$SEED_STEPS; wu=$SEED_WARMUP; fi
   for r in $(seq "$ROUNDS"); do
-    d=$($B --config "$cfg" --batch "$bs" --steps "$STEPS" --warmup "$WARMUP" --threads "$THREADS")
+    d=$($B --config "$cfg" --batch "$bs" --steps "$st" --warmup "$wu" --threads "$THREADS")
     m=$(val step_ms_median "$d")
     if [ -z "$dms" ] || awk -v a="$m" -v b="$dms" 'BEGIN { exit !(a < b) }'; then
       dms=$m
       dips=$(val images_per_s "$d")
       dgf=$(val gflops "$d")
     fi
+    m=$(val step_cpu_s_median "$d")
+    if [ -z "$dcpu" ] || awk -v a="$m" -v b="$dcpu" 'BEGIN { exit !(a < b) }'; then dcpu=$m; fi
     gps=$(val gflop_per_step "$d")
     drss=$(val peak_rss_kib "$d")
     plan=$(val plan_bytes "$d")
     over=$(val overhead_kib "$d")
     if [ $have_torch = 1 ]; then
-      t=$(/usr/bin/python3 bench/torch_step.py --config "$cfg" --batch "$bs" --steps "$STEPS" \
-            --warmup "$WARMUP" --threads "$THREADS")
+      t=$(/usr/bin/python3 bench/torch_step.py --config "$cfg" --batch "$bs" --steps "$st" \
+            --warmup "$wu" --threads "$THREADS")
       m=$(val step_ms_median "$t")
       if [ "$tms" = nan ] || awk -v a="$m" -v b="$tms" 'BEGIN { exit !(a < b) }'; then
         tms=$m
         tips=$(val images_per_s "$t")
       fi
       trss=$(val peak_rss_kib "$t")
+      m=$(val step_cpu_s_median "$t")
+      if [ "$tcpu" = nan ] || awk -v a="$m" -v b="$tcpu" 'BEGIN { exit !(a < b) }'; then tcpu=$m; fi
     fi
   done
   awk -v cfg="$cfg" -v bs="$bs" -v dms="$dms" -v tms="$tms" -v dips="$dips" -v tips="$tips" \
       -v dgf="$dgf" -v gps="$gps" -v convc="$convc" -v drss="$drss" -v trss="$trss" \
-      -v plan="$plan" -v over="$over" 'BEGIN {
+      -v plan="$plan" -v over="$over" -v dcpu="$dcpu" -v tcpu="$tcpu" 'BEGIN {
     tgf = (tms == "nan") ? "-" : sprintf("%.1f", gps / (tms / 1000));
     ratio = (tms == "nan") ? "-" : sprintf("**%.2fx**", tms / dms);
     rr = (trss == "nan") ? "-" : sprintf("%.2f", drss / trss);
-    printf "| %s | %s | %.1f | %s | %.2f | %s | %s | %.1f (%.0f%%) | %s | %.0f | %s | %s | %.0f + %.0f |\n",
+    cr = (tcpu == "nan") ? "-" : sprintf("%.2fx", tcpu / dcpu);
+    printf "| %s | %s | %.1f | %s | %.2f | %s | %s | %.2f | %s | %s | %.1f (%.0f%%) | %s | %.0f | %s | %s | %.0f + %.0f |\n",
       cfg, bs, dms, (tms == "nan") ? "-" : sprintf("%.1f", tms), dips,
-      (tips == "nan") ? "-" : sprintf("%.2f", tips), ratio, dgf, 100 * dgf / convc, tgf,
+      (tips == "nan") ? "-" : sprintf("%.2f", tips), ratio, dcpu,
+      (tcpu == "nan") ? "-" : sprintf("%.2f", tcpu), cr, dgf, 100 * dgf / convc, tgf,
       drss / 1024, (trss == "nan") ? "-" : sprintf("%.0f", trss / 1024), rr,
       plan / 1048576, over / 1024 }'
 done
 echo
-echo "speed ratio = torch ms/step / ddpmd ms/step (images/s ratio); RSS ratio = ddpmd / torch;"
+echo "speed ratio = torch ms/step / ddpmd ms/step (images/s ratio); CPU s/step = CPU seconds of all"
+echo "threads per step (least of the rounds), CPU ratio = torch / ddpmd; RSS ratio = ddpmd / torch;"
 echo "GFLOP/s count convolutions, linears and attention matmuls of the step (same count for both)."

@@ -171,11 +171,11 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
 
     struct optim_config oc = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .weight_decay = 0.0f, .clip = 1.0f, .ema_decay = 0.9999f};
-    double *dt = calloc((size_t)steps, sizeof *dt);
+    double *dt = calloc((size_t)steps, sizeof *dt), *dc = calloc((size_t)steps, sizeof *dc);
     float l = 0.0f, first_loss = 0.0f;
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup) exec_profile_reset(e);
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         for (int i = 0; i < batch; i++) {
             ti[i] = (int)(philox_u32_at(7, PHILOX_TAG_TIMESTEP, (uint64_t)s, (uint32_t)i, 0, 0) % 1000u);
             t[i] = (float)ti[i];
@@ -185,10 +185,13 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
         int rc = exec_upload(e, io.x, xt) || exec_upload(e, io.t, t) || exec_upload(e, target, eps);
         if (!rc) rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, &l);
         if (!rc) rc = exec_optimizer_step(e, &oc, s + 1, oc.lr, NULL);
-        double t1 = now();
+        double t1 = now(), c1 = cpu_now();
         if (rc) return fprintf(stderr, "step %d failed: %d\n", s, rc), 1;
         if (s == 0) first_loss = l;
-        if (s >= warmup) dt[s - warmup] = t1 - t0;
+        if (s >= warmup) {
+            dt[s - warmup] = t1 - t0;
+            dc[s - warmup] = c1 - c0;
+        }
     }
     double flops = 0.0;
     for (int k = 0; k < g.n_ops; k++) flops += op_flops(&g.ops[k]);
@@ -196,6 +199,8 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     memcpy(sorted, dt, (size_t)steps * sizeof *sorted);
     qsort(sorted, (size_t)steps, sizeof *sorted, cmp_double);
     double med = steps % 2 ? sorted[steps / 2] : 0.5 * (sorted[steps / 2 - 1] + sorted[steps / 2]);
+    qsort(dc, (size_t)steps, sizeof *dc, cmp_double);
+    double cmed = steps % 2 ? dc[steps / 2] : 0.5 * (dc[steps / 2 - 1] + dc[steps / 2]);
 
     /* a checksum of the weights after the run: equal bits at equal thread counts */
     uint64_t sum = 1469598103934665603ull;
@@ -211,6 +216,8 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f\n", steps,
            warmup, 1e3 * med, 1e3 * sorted[0], 1e3 * sorted[steps - 1]);
     printf("images_per_s %.3f\n", batch / med);
+    /* CPU seconds of all threads per step: what the step costs when the machine is shared */
+    printf("step_cpu_s_median %.3f\n", cmed);
     printf("gflop_per_step %.4f\ngflops %.3f\n", 1e-9 * flops, 1e-9 * flops / med);
     printf("plan_bytes %zu\nws_bytes %zu\narena_bytes %zu\n", p.total_bytes, p.ws_bytes, p.arena_bytes);
     printf("rss_start_kib %ld\nrss_graph_kib %ld\npeak_rss_kib %ld\n", rss0, rss_graph, peak);
@@ -273,6 +280,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     }
     free(sorted);
     free(dt);
+    free(dc);
     free(x0);
     free(xt);
     free(eps);

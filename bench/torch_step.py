@@ -53,9 +53,9 @@ def main():
     abar = torch.cumprod(1.0 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
     sqrt_ab, sqrt_1mab = abar.sqrt().float(), (1.0 - abar).sqrt().float()
 
-    times, first = [], None
+    times, cpus, first = [], [], None
     for s in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         ti = torch.randint(0, 1000, (a.batch,), generator=g)
         noise = torch.randn(x0.shape, generator=g)
@@ -67,11 +67,12 @@ def main():
         with torch.no_grad():
             torch._foreach_mul_(ema, 0.9999)
             torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=1 - 0.9999)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         if first is None:
             first = loss.item()
         if s >= a.warmup:
             times.append(t1 - t0)
+            cpus.append(c1 - c0)
     times.sort()
     n = len(times)
     med = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
@@ -81,6 +82,8 @@ def main():
     print("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f"
           % (a.steps, a.warmup, 1e3 * med, 1e3 * times[0], 1e3 * times[-1]))
     print("images_per_s %.3f" % (a.batch / med))
+    cpus.sort()
+    print("step_cpu_s_median %.3f" % (cpus[n // 2] if n % 2 else 0.5 * (cpus[n // 2 - 1] + cpus[n // 2])))
     print("peak_rss_kib %d" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     print("loss_first %.9g\nloss_last %.9g" % (first, loss.item()))
 
