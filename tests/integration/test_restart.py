@@ -54,8 +54,9 @@ def main(exe):
     while len(job_processes(s2.data)) < 2 and time.time() < deadline:
         time.sleep(0.1)
     check(len(job_processes(s2.data)) == 2, "job processes %s" % job_processes(s2.data))
-    # past its start-up output (the memory plan on stderr ends with the total)
-    s2.events(qid, until=lambda e: e[1] == "log" and e[2]["line"].lstrip().startswith("total"))
+    # past its start-up output (the memory plan on stderr ends with the device total)
+    s2.events(qid, until=lambda e: e[1] == "log" and
+              e[2]["line"].lstrip().startswith(("total", "device total")))
     time.sleep(0.5)
     s3data = s2.data
     s2.proc.send_signal(signal.SIGKILL)
