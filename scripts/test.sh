@@ -2,7 +2,7 @@
 # test.sh - the whole test suite: installs dependencies, builds, runs every ctest test; then the
 # same suite under ASan + UBSan (scripts/sanitize.sh, build-asan/) and each libFuzzer target for
 # FUZZ_SECONDS (scripts/fuzz.sh, build-fuzz/); and the CPU image in Docker behind nginx
-# (tests/docker/test_container.sh, about 7 minutes; it skips without root or Docker, and
+# (tests/docker/test_container.sh, 7 to 9 minutes here; it skips without root or Docker, and
 # DDPMD_SKIP_CONTAINER=1 leaves it out). Any failure fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
