@@ -14,6 +14,7 @@ import re
 import struct
 import sys
 import tarfile
+import tempfile
 import time
 import zlib
 
@@ -240,6 +241,34 @@ def main(exe):
     problem_ok(s.request("GET", "/datasets/" + did), 404)
     check(did not in dataset_files(s) and len(dataset_files(s)) == 1, "left %s" % dataset_files(s))
     s.stop()
+
+    # with tokens: no token is 401 before any byte is read; an upload is its owner's (another
+    # token: 403 and not listed, also not trainable), an admin sees it
+    d = tempfile.mkdtemp(prefix="ddpmd-it-")
+    tf = os.path.join(d, "tokens")
+    alice, bob, root = "a" * 20, "b" * 20, "r" * 20
+    with open(tf, "w") as f:
+        f.write("alice %s\nbob %s\nroot %s admin\n" % (alice, bob, root))
+    t = Server(exe, data=d, args=["--token-file", tf]).start()
+    t.own_data = True
+    r = post(t, 1 << 20, "application/x-tar")
+    problem_ok(r, 401)
+    check(dataset_files(t) == [], "a refused upload left %s" % dataset_files(t))
+    t.token = alice
+    r = post(t, tar(imgs))
+    check(r.status == 201 and r.json()["owner"] == "alice", "alice's upload %d" % r.status)
+    aid = r.json()["id"]
+    t.token = bob
+    problem_ok(t.request("GET", "/datasets/" + aid), 403)
+    problem_ok(t.request("DELETE", "/datasets/" + aid), 403)
+    check(aid not in [x["id"] for x in t.get_json("/datasets")["datasets"]], "bob lists alice's")
+    spec = tiny(steps=1)
+    spec["data"]["dataset"] = aid
+    problem_ok(t.request("POST", "/train", spec), 422, "data.dataset")
+    t.token = root
+    check(aid in [x["id"] for x in t.get_json("/datasets")["datasets"]], "the admin does not list it")
+    check(t.request("DELETE", "/datasets/" + aid).status == 204, "the admin deletes it")
+    t.stop()
     print("test_upload: ok")
 
 
