@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "export.h"
 #include "dataset.h"
 #include "fsio.h"
 #include "log.h"
@@ -1010,6 +1011,38 @@ static enum MHD_Result h_checkpoints(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
+/* ?format=diffusers: the checkpoint's EMA weights as diffusers' UNet2DModel folder in a tar
+ * (export.h, the code of `ddpmd export --diffusers`), built in the job's folder and sent from
+ * the open file, which has no name left on disk */
+static enum MHD_Result checkpoint_diffusers(struct ctx *c, const char *jid, const char *ckpt)
+{
+    char dir[FSIO_PATH_MAX], err[800], disp[128];
+    int fd = -1;
+    if (pool_job_file(c->a->cfg.pool, jid, "", dir, sizeof dir) ||
+        export_diffusers_tar(ckpt, dir, 0, &fd, err, sizeof err)) {
+        /* a checkpoint of the seed preset has no diffusers equivalent; else a server fault */
+        int unsupported = strstr(err, "only the ddpm preset") != NULL;
+        return problem(c->conn, unsupported ? 422 : 500, NULL,
+                       unsupported ? "only the ddpm preset has a diffusers equivalent "
+                                     "(UNet2DModel)"
+                                   : "the diffusers export failed",
+                       NULL, NULL);
+    }
+    struct stat sb;
+    struct MHD_Response *resp =
+        fstat(fd, &sb) ? NULL : MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
+    if (!resp) {
+        close(fd);
+        return MHD_NO;
+    }
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s-diffusers.tar\"", c->param);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
+    MHD_add_response_header(resp, "Content-Disposition", disp);
+    enum MHD_Result r = respond(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
 static enum MHD_Result h_checkpoint(struct ctx *c)
 {
     char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX], detail[160], err[300];
@@ -1031,6 +1064,13 @@ static enum MHD_Result h_checkpoint(struct ctx *c)
         if (fd >= 0) close(fd);
         snprintf(detail, sizeof detail, "no checkpoint %s (only the newest ones are kept)", c->param);
         return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    const char *fmt = MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, "format");
+    if (fmt && strcmp(fmt, "safetensors") != 0) {
+        close(fd);
+        if (strcmp(fmt, "diffusers") != 0)
+            return invalid(c->conn, 400, "format", "expected safetensors or diffusers");
+        return checkpoint_diffusers(c, jid, path);
     }
     /* a checkpoint never changes once renamed into place (fsio_write_atomic): inode, size and
      * mtime name its bytes */

@@ -26,6 +26,7 @@
 #include "spec.h"
 #include "train.h"
 #include "exec.h"
+#include "export.h"
 #include "fsio.h"
 #include "init.h"
 #include "philox.h"
@@ -652,65 +653,8 @@ static void sample_progress(int done, int total, void *ctx)
     }
 }
 
-/* diffusers' UNet2DModel config.json for a ddpm-preset model */
-static char *diffusers_config(const struct unet_config *c)
-{
-    cJSON *r = cJSON_CreateObject(), *down = cJSON_CreateArray(), *up = cJSON_CreateArray();
-    cJSON_AddStringToObject(r, "_class_name", "UNet2DModel");
-    cJSON_AddStringToObject(r, "_diffusers_version", "0.21.4");
-    cJSON_AddStringToObject(r, "act_fn", "silu");
-    cJSON_AddBoolToObject(r, "add_attention", 1);
-    if (c->attn_head_dim)
-        cJSON_AddNumberToObject(r, "attention_head_dim", c->attn_head_dim);
-    else
-        cJSON_AddNullToObject(r, "attention_head_dim");
-    cJSON_AddItemToObject(r, "block_out_channels", cJSON_CreateIntArray(c->channels, c->n_levels));
-    cJSON_AddBoolToObject(r, "center_input_sample", 0);
-    cJSON_AddNullToObject(r, "class_embed_type");
-    for (int i = 0; i < c->n_levels; i++) {
-        int res = c->image_size >> i, attn = 0, res_up = c->image_size >> (c->n_levels - 1 - i);
-        int attn_up = 0;
-        for (int k = 0; k < c->n_attn; k++) {
-            attn |= c->attn_res[k] == res;
-            attn_up |= c->attn_res[k] == res_up;
-        }
-        cJSON_AddItemToArray(down, cJSON_CreateString(attn ? "AttnDownBlock2D" : "DownBlock2D"));
-        cJSON_AddItemToArray(up, cJSON_CreateString(attn_up ? "AttnUpBlock2D" : "UpBlock2D"));
-    }
-    cJSON_AddItemToObject(r, "down_block_types", down);
-    cJSON_AddNumberToObject(r, "downsample_padding", 0);
-    cJSON_AddStringToObject(r, "downsample_type", "conv");
-    cJSON_AddNumberToObject(r, "dropout", c->dropout);
-    cJSON_AddBoolToObject(r, "flip_sin_to_cos", c->flip_sin_to_cos);
-    cJSON_AddNumberToObject(r, "freq_shift", c->freq_shift);
-    cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
-    cJSON_AddNumberToObject(r, "layers_per_block", c->layers_per_block);
-    cJSON_AddNumberToObject(r, "mid_block_scale_factor", 1);
-    cJSON_AddNumberToObject(r, "norm_eps", c->norm_eps);
-    cJSON_AddNumberToObject(r, "norm_num_groups", c->groups);
-    cJSON_AddNullToObject(r, "num_class_embeds");
-    cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
-    cJSON_AddStringToObject(r, "resnet_time_scale_shift", "default");
-    cJSON_AddNumberToObject(r, "sample_size", c->image_size);
-    cJSON_AddStringToObject(r, "time_embedding_type", "positional");
-    cJSON_AddItemToObject(r, "up_block_types", up);
-    cJSON_AddStringToObject(r, "upsample_type", "conv");
-    char *out = cJSON_Print(r);
-    cJSON_Delete(r);
-    return out;
-}
-
-static int write_text(const char *path, const char *text)
-{
-    char err[600];
-    struct fsio_buf b[2] = {{text, strlen(text)}, {"\n", 1}};
-    if (fsio_write_atomic(path, b, 2, err, sizeof err) == 0) return 0;
-    fprintf(stderr, "ddpmd: %s\n", err); /* atomic: temp, fsync, rename (fsio.h) */
-    return -1;
-}
-
 /* ddpmd export --diffusers DIR CHECKPOINT: config.json + diffusion_pytorch_model.safetensors of
- * the EMA weights under diffusers' names (which are the ddpm preset's own) */
+ * the EMA weights under diffusers' names (export.h) */
 static int cmd_export(int argc, char **argv)
 {
     const char *dir = NULL, *ckpt = NULL;
@@ -732,63 +676,15 @@ static int cmd_export(int argc, char **argv)
         fprintf(stderr, "usage: ddpmd export --diffusers DIR CHECKPOINT [--raw]\n");
         return 2;
     }
-    char err[512], path[1200];
-    struct safetensors *st = NULL;
-    struct train_spec spec;
-    struct safetensors_writer *w = NULL;
-    int rc = 1;
-    if (checkpoint_open(&st, ckpt, &spec, NULL, err, sizeof err)) {
+    char err[800];
+    if (export_diffusers(ckpt, dir, raw, err, sizeof err)) {
         fprintf(stderr, "ddpmd: %s\n", err);
         return 1;
-    }
-    if (spec.model.preset != UNET_DDPM) {
-        fprintf(stderr, "ddpmd: only the ddpm preset has a diffusers equivalent (UNet2DModel)\n");
-        goto out;
-    }
-    if (mkdir(dir, 0755) && errno != EEXIST) {
-        fprintf(stderr, "ddpmd: cannot create %s: %s\n", dir, strerror(errno));
-        goto out;
-    }
-    struct graph g;
-    struct unet_io io;
-    graph_init(&g);
-    unet_build(&g, &spec.model, 1, &io);
-    safetensors_writer_init(&w);
-    for (int i = 0; i < g.n_tensors && !g.status; i++) {
-        const struct tensor *t = g.tensors[i];
-        if (t->kind != TENSOR_PARAM) continue;
-        snprintf(path, sizeof path, "%s%s", raw ? "" : "ema.", t->name);
-        const struct st_tensor *s;
-        if (safetensors_find(st, path, &s)) {
-            fprintf(stderr, "ddpmd: %s has no tensor %s\n", ckpt, path);
-            graph_free(&g);
-            goto out;
-        }
-        safetensors_writer_add(w, t->name, ST_F32, s->ndim, s->shape, s->data);
-    }
-    graph_free(&g);
-    safetensors_writer_meta(w, "format", "pt");
-    snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
-    if (safetensors_writer_save(w, path, err, sizeof err)) {
-        fprintf(stderr, "ddpmd: %s\n", err);
-        goto out;
-    }
-    char *cfg = diffusers_config(&spec.model);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    int wr = cfg ? write_text(path, cfg) : -1;
-    free(cfg);
-    if (wr) {
-        fprintf(stderr, "ddpmd: cannot write %s\n", path);
-        goto out;
     }
     fprintf(stderr, "ddpmd: wrote %s/config.json and %s/diffusion_pytorch_model.safetensors (%s "
                     "weights); load with UNet2DModel.from_pretrained(\"%s\")\n",
             dir, dir, raw ? "raw" : "EMA", dir);
-    rc = 0;
-out:
-    safetensors_writer_free(w);
-    safetensors_free(st);
-    return rc;
+    return 0;
 }
 
 static int cmd_sample(int argc, char **argv)
