@@ -147,10 +147,12 @@ static void plan_count_parts(struct plan *p)
 {
     memset(p->parts, 0, sizeof p->parts);
     struct plan_part_bytes *b = p->parts;
-    if (!p->nested) b[PLAN_PART_WEIGHTS].device = p->params_bytes;
-    b[PLAN_PART_GRADS].device = p->grads_bytes;
-    b[PLAN_PART_OPTIMIZER].device = p->adam_bytes;
-    b[PLAN_PART_EMA].device = p->ema_bytes;
+    if (!p->nested) { /* a nested plan's persistent part is its host's */
+        b[PLAN_PART_WEIGHTS].device = p->params_bytes;
+        b[PLAN_PART_GRADS].device = p->grads_bytes;
+        b[PLAN_PART_OPTIMIZER].device = p->adam_bytes;
+        b[PLAN_PART_EMA].device = p->ema_bytes;
+    }
     b[PLAN_PART_WORKING].device = p->work_bytes;
     b[PLAN_PART_INPUTS].device = p->inputs_bytes;
     b[PLAN_PART_WORKSPACE].device = p->ws_bytes + 2 * p->ws_guard_bytes;
@@ -303,11 +305,12 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     }
     p->cvt_start[n_run] = p->n_cvt;
 
-    /* persistent parts: a nested plan's parameters are its host's, the rest starts where the
-     * host's transient part does */
+    /* persistent parts: a nested plan's parameters are its host's (and a shared training
+     * plan's gradients, moments and EMA too), the rest starts where the host's transient part
+     * does */
     size_t off = 0;
     if (host) {
-        size_t base = weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
+        size_t base = infer && weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
         for (int t = 0; t < n; t++) {
             const struct tensor *tt = g->tensors[t];
             if (tt->kind != TENSOR_PARAM) continue;
@@ -332,14 +335,24 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->params_bytes = off;
     }
     if (!infer) {
-        p->grads_off = p->params_bytes;
-        p->grads_bytes = p->params_bytes;
-        p->adam_m_off = p->grads_off + p->params_bytes;
-        p->adam_v_off = p->adam_m_off + p->params_bytes;
-        p->adam_bytes = 2 * p->params_bytes;
-        p->ema_off = p->adam_v_off + p->params_bytes;
-        p->ema_bytes = p->params_bytes;
-        off = p->ema_off + p->params_bytes;
+        if (host) {
+            p->grads_off = host->grads_off;
+            p->grads_bytes = host->grads_bytes;
+            p->adam_m_off = host->adam_m_off;
+            p->adam_v_off = host->adam_v_off;
+            p->adam_bytes = host->adam_bytes;
+            p->ema_off = host->ema_off;
+            p->ema_bytes = host->ema_bytes;
+        } else {
+            p->grads_off = p->params_bytes;
+            p->grads_bytes = p->params_bytes;
+            p->adam_m_off = p->grads_off + p->params_bytes;
+            p->adam_v_off = p->adam_m_off + p->params_bytes;
+            p->adam_bytes = 2 * p->params_bytes;
+            p->ema_off = p->adam_v_off + p->params_bytes;
+            p->ema_bytes = p->params_bytes;
+            off = p->ema_off + p->params_bytes;
+        }
         /* a gradient sits where its parameter does in the parameter block (the first
          * parameter naming it, if several did) */
         if (!(param_of = malloc((size_t)n * sizeof *param_of + 1))) goto out;
@@ -354,7 +367,8 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
                 rc = PLAN_ERR_GRAPH;
                 goto out;
             }
-            p->offset[t] = (int64_t)(p->grads_off + (size_t)p->offset[param_of[t]]);
+            p->offset[t] =
+                (int64_t)(p->grads_off + ((size_t)p->offset[param_of[t]] - p->params_off));
         }
     }
     /* the 16-bit working copy of the weights the GEMM-like ops read */
@@ -456,6 +470,17 @@ int plan_make_nested(struct plan *sub, const struct graph *g, const struct backe
         (weights == PLAN_WEIGHTS_EMA && !host->ema_bytes))
         return PLAN_ERR_ARG;
     return plan_build(sub, g, bk, opts, 1, host, host_g, weights);
+}
+
+int plan_make_shared(struct plan *sub, const struct graph *g, const struct backend *bk,
+                     const struct plan_opts *opts, const struct plan *host,
+                     const struct graph *host_g)
+{
+    memset(sub, 0, sizeof *sub);
+    if (!host || !host_g || host->nested || host->inference ||
+        host->n_tensors != host_g->n_tensors)
+        return PLAN_ERR_ARG;
+    return plan_build(sub, g, bk, opts, 0, host, host_g, PLAN_WEIGHTS_PARAMS);
 }
 
 void plan_reserve_nested(struct plan *host, const struct plan *sub)

@@ -38,9 +38,10 @@ struct plan_opts {
                           * workspace (checked by the executor) */
     enum plan_mode mode;
     /* a resolved strategy (no AUTO field); zero: the plain fp32 step (micro_batch 0: the
-     * graph's batch). The graph is built for the micro-batch. A strategy the engine cannot run
-     * yet is PLAN_ERR_ARG, and so is a precision other than the graph's (graph_set_precision;
-     * 0 = f32 for both). */
+     * graph's batch). The graph is built for the micro-batch; an uneven last micro-batch is a
+     * second graph planned with plan_make_shared. A strategy the engine cannot run yet is
+     * PLAN_ERR_ARG, and so is a precision other than the graph's (graph_set_precision; 0 = f32
+     * for both). */
     struct strategy strategy;
 };
 
@@ -86,7 +87,8 @@ struct plan_storage {
 
 struct plan {
     int inference;       /* no gradients, AdamW moments or EMA (their *_off are unused) */
-    int nested;          /* a sub-plan inside another plan's allocation (plan_make_nested) */
+    int nested;          /* a sub-plan inside another plan's allocation (plan_make_nested, or a
+                          * training one, plan_make_shared) */
     int n_run_ops;       /* the ops a step runs: all, or the forward ones of an inference plan */
     int n_tensors;
     int64_t *offset;     /* per tensor: byte offset in the allocation; -1 if never touched */
@@ -115,8 +117,8 @@ struct plan {
     size_t arena_off, arena_bytes;    /* activations, statistics, activation gradients */
     size_t guard_bytes;               /* plan_opts.guard_bytes: the gap after each storage */
     size_t guards_bytes;              /* of arena_bytes, bytes that are canary gaps */
-    size_t nested_bytes;              /* the end of the nested sub-plan this reservation also
-                                       * holds (plan_reserve_nested); 0 when none */
+    size_t nested_bytes;              /* the end of the largest nested sub-plan this reservation
+                                       * also holds (plan_reserve_nested); 0 when none */
     size_t total_bytes;               /* the device reservation */
     size_t no_reuse_arena_bytes;      /* the arena without any reuse, for comparison */
 
@@ -150,6 +152,18 @@ enum plan_weights { PLAN_WEIGHTS_PARAMS = 0, PLAN_WEIGHTS_EMA = 1 };
 int plan_make_nested(struct plan *sub, const struct graph *g, const struct backend *bk,
                      const struct plan_opts *opts, const struct plan *host,
                      const struct graph *host_g, enum plan_weights weights);
+/* A training plan of g inside host's allocation whose persistent part IS host's: g has host_g's
+ * parameters (every one of g's exists in host_g by name with the same shape: PLAN_ERR_GRAPH
+ * otherwise), the same model built at another batch size (the uneven last micro-batch of an
+ * effective batch). Its parameter gradients are host's gradient block (a step of sub accumulates
+ * into what host's steps accumulated), its AdamW moments and EMA are host's; its inputs,
+ * workspace and arena lie over host's transient part, as a nested plan's (the same contract:
+ * plan_reserve_nested(host, sub) before host's exec_init, exec_init_nested to run it, and
+ * host's inputs are uploaded again before its next step). host must be a training plan
+ * (PLAN_ERR_ARG otherwise). */
+int plan_make_shared(struct plan *sub, const struct graph *g, const struct backend *bk,
+                     const struct plan_opts *opts, const struct plan *host,
+                     const struct graph *host_g);
 /* host's reservation grown to hold sub too: total_bytes = max(host, sub). Before exec_init. */
 void plan_reserve_nested(struct plan *host, const struct plan *sub);
 

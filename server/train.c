@@ -39,18 +39,15 @@ struct job {
     const struct train_opts *o;
     struct dataset *ds;
     struct dataset_loader *loader;
-    struct graph g;
-    struct unet_io io;
-    int target;
-    struct plan p;
-    struct exec *e;
-    /* the sample grids: a forward graph nested in p, weights read in place from e's EMA */
-    struct graph sg;
-    struct unet_io sio;
-    struct plan sp;
-    struct exec *se;
+    /* the step at the micro-batch (e), the uneven last micro-batch (re, nested in e's
+     * reservation, sharing its parameters, gradients and optimizer state; NULL when none) and
+     * the sample grids (se, nested too, weights read in place from e's EMA) */
+    struct train_plans tp;
+    struct exec *e, *re, *se;
     struct ddpm_schedule sch;
     size_t per;                 /* elements of one image */
+    /* the effective batch (train.batch samples) on the host: sample i of it is drawn by i, its
+     * index in the effective batch, whatever micro-batch uploads it */
     float *x0, *eps, *xt, *tgt, *tf;
     int *ti;
     /* logged history for loss.csv and the curve */
@@ -254,32 +251,92 @@ static int open_data(struct job *j, char *err, size_t errlen)
 /* the batch of a job's sample grids: output.samples in chunks of at most 16 */
 static int grid_batch(const struct train_spec *s) { return s->samples < 16 ? s->samples : 16; }
 
-/* the training graph at the strategy's micro-batch */
-static int build_step_graph(const struct train_spec *s, const struct strategy *st,
-                            struct graph *g, struct unet_io *io, int *target)
+/* the samples of a strategy's micro-batch: its micro_batch, or the whole batch */
+static int micro_of(const struct train_spec *s, const struct strategy *st)
 {
-    int micro = st->micro_batch > 0 ? st->micro_batch : s->batch;
+    return st->micro_batch > 0 && st->micro_batch < s->batch ? st->micro_batch : s->batch;
+}
+
+/* the training graph at the strategy's micro-batch (or at `n` samples when n > 0: the uneven
+ * last micro-batch) */
+static int build_step_graph_n(const struct train_spec *s, const struct strategy *st, int n,
+                              struct graph *g, struct unet_io *io, int *target)
+{
     graph_init(g);
-    if (unet_build_training(g, &s->model, micro, io, target, NULL)) return -1;
+    if (unet_build_training(g, &s->model, n > 0 ? n : micro_of(s, st), io, target, NULL))
+        return -1;
     return st->precision == STRATEGY_PRECISION_F32 ? 0 : graph_set_precision(g, st->precision);
 }
 
-/* g's plan under st with the sample grids nested in it (reserved in p) */
+static int build_step_graph(const struct train_spec *s, const struct strategy *st,
+                            struct graph *g, struct unet_io *io, int *target)
+{
+    return build_step_graph_n(s, st, 0, g, io, target);
+}
+
+/* g's plan under st, with the uneven last micro-batch when st's micro-batch does not divide
+ * train.batch (rg built here, rp sharing p's persistent part: plan_make_shared) and the sample
+ * grids, both nested in p (reserved there) */
 static int plan_step(const struct train_spec *s, const struct strategy *st, const struct graph *g,
-                     struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
+                     struct plan *p, struct graph *rg, struct unet_io *rio, int *rtarget,
+                     struct plan *rp, struct graph *sg, struct unet_io *sio, struct plan *sp,
                      char *err, size_t errlen)
 {
     const struct backend *bk = backend_cpu();
     struct plan_opts po = {.strategy = *st};
+    int micro = micro_of(s, st), rest = s->batch % micro;
+    po.strategy.micro_batch = micro;
     if (plan_make(p, g, bk, &po)) {
         snprintf(err, errlen, "cannot plan the training step");
         return -1;
+    }
+    if (rest) {
+        po.strategy.micro_batch = rest;
+        graph_free(rg);
+        if (build_step_graph_n(s, st, rest, rg, rio, rtarget)) {
+            snprintf(err, errlen, "cannot build the model's last micro-batch: %s", rg->err);
+            return -1;
+        }
+        if (plan_make_shared(rp, rg, bk, &po, p, g)) {
+            snprintf(err, errlen, "cannot plan the last micro-batch of %d", rest);
+            return -1;
+        }
+        plan_reserve_nested(p, rp);
     }
     graph_free(sg); /* sample_job_plan_nested initialises it again */
     if (sample_job_plan_nested(&s->model, grid_batch(s), p, g, bk, sg, sio, sp, err, errlen))
         return -1;
     plan_reserve_nested(p, sp);
     return 0;
+}
+
+void train_plans_free(struct train_plans *tp)
+{
+    plan_free(&tp->sp);
+    plan_free(&tp->rp);
+    plan_free(&tp->p);
+    graph_free(&tp->sg);
+    graph_free(&tp->rg);
+    graph_free(&tp->g);
+}
+
+int train_plans_make(struct train_plans *tp, const struct train_spec *s,
+                     const struct strategy *st, char *err, size_t errlen)
+{
+    struct strategy plain = strategy_plain(s->batch);
+    if (!st) st = &plain;
+    memset(tp, 0, sizeof *tp);
+    graph_init(&tp->g);
+    graph_init(&tp->rg);
+    graph_init(&tp->sg);
+    tp->micro = micro_of(s, st);
+    tp->rest = s->batch % tp->micro;
+    if (build_step_graph(s, st, &tp->g, &tp->io, &tp->target)) {
+        snprintf(err, errlen, "cannot build the model: %s", tp->g.err);
+        return -1;
+    }
+    return plan_step(s, st, &tp->g, &tp->p, &tp->rg, &tp->rio, &tp->rtarget, &tp->rp, &tp->sg,
+                     &tp->sio, &tp->sp, err, errlen);
 }
 
 static int search_build(void *ctx, const struct strategy *st, struct graph *g)
@@ -291,15 +348,20 @@ static int search_build(void *ctx, const struct strategy *st, struct graph *g)
 
 static int search_plan(void *ctx, const struct strategy *st, const struct graph *g, struct plan *p)
 {
-    struct graph sg;
-    struct unet_io sio;
-    struct plan sp;
+    struct graph sg, rg;
+    struct unet_io sio, rio;
+    struct plan sp, rp;
+    int rtarget;
     char err[256];
     graph_init(&sg);
+    graph_init(&rg);
     memset(&sp, 0, sizeof sp);
-    int rc = plan_step(ctx, st, g, p, &sg, &sio, &sp, err, sizeof err);
+    memset(&rp, 0, sizeof rp);
+    int rc = plan_step(ctx, st, g, p, &rg, &rio, &rtarget, &rp, &sg, &sio, &sp, err, sizeof err);
     plan_free(&sp);
+    plan_free(&rp);
     graph_free(&sg);
+    graph_free(&rg);
     return rc;
 }
 
@@ -422,11 +484,35 @@ int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *
     struct strategy st = r.cand[r.chosen].strategy;
     planner_result_free(&r);
     graph_free(g);
-    if (build_step_graph(s, &st, g, io, target)) {
-        snprintf(err, errlen, "cannot build the model: %s", g->err);
-        return -1;
+    graph_free(sg);
+    struct train_plans tp;
+    int rc = train_plans_make(&tp, s, &st, err, errlen);
+    /* p's reservation covers the last micro-batch; its graph and plan are the job's own */
+    *g = tp.g;
+    *io = tp.io;
+    *target = tp.target;
+    *p = tp.p;
+    *sg = tp.sg;
+    *sio = tp.sio;
+    *sp = tp.sp;
+    plan_free(&tp.rp);
+    graph_free(&tp.rg);
+    return rc;
+}
+
+/* the strategy a job runs: train_opts' when given, else the search's choice for the spec */
+static int job_strategy(const struct train_spec *s, const struct train_opts *o,
+                        struct strategy *st, char *err, size_t errlen)
+{
+    if (o->strategy) {
+        *st = *o->strategy;
+        return 0;
     }
-    return plan_step(s, &st, g, p, sg, sio, sp, err, errlen);
+    struct planner_result r;
+    int rc = train_search(s, 0, &r, err, errlen);
+    if (!rc) *st = r.cand[r.chosen].strategy;
+    planner_result_free(&r);
+    return rc;
 }
 
 int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
@@ -452,23 +538,31 @@ void train_sampler_config(const struct train_spec *s, struct sampler_config *sc)
 static int build(struct job *j, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
-    if (train_plan_job(s, &j->g, &j->io, &j->target, &j->p, &j->sg, &j->sio, &j->sp, err,
-                       errlen))
+    struct strategy st;
+    if (job_strategy(s, j->o, &st, err, errlen) ||
+        train_plans_make(&j->tp, s, &st, err, errlen))
         return -1;
     struct exec_opts eo = {.threads = s->threads};
-    if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) {
-        snprintf(err, errlen, "cannot allocate the plan's %zu bytes", j->p.total_bytes);
+    if (exec_init(&j->e, &j->tp.g, &j->tp.p, backend_cpu(), &eo)) {
+        snprintf(err, errlen, "cannot allocate the plan's %zu bytes", j->tp.p.total_bytes);
         return -1;
     }
-    /* allocates nothing: the grids run in the reservation just made */
+    /* allocate nothing: the last micro-batch and the grids run in the reservation just made */
     struct exec_error ee = {0};
-    if (exec_init_nested(&j->se, &j->sg, &j->sp, j->e, &(struct exec_opts){.init_error = &ee})) {
+    if (j->tp.rest && exec_init_nested(&j->re, &j->tp.rg, &j->tp.rp, j->e,
+                                       &(struct exec_opts){.init_error = &ee})) {
+        snprintf(err, errlen, "cannot place the last micro-batch in the job's reservation: %s",
+                 ee.msg);
+        return -1;
+    }
+    if (exec_init_nested(&j->se, &j->tp.sg, &j->tp.sp, j->e,
+                         &(struct exec_opts){.init_error = &ee})) {
         snprintf(err, errlen, "cannot place the sample grids in the job's reservation: %s",
                  ee.msg);
         return -1;
     }
-    size_t img = j->g.tensors[j->io.x]->numel;
-    j->per = img / (size_t)s->batch;
+    j->per = j->tp.g.tensors[j->tp.io.x]->numel / (size_t)j->tp.micro;
+    size_t img = j->per * (size_t)s->batch;
     j->x0 = malloc(img * sizeof(float));
     j->eps = malloc(img * sizeof(float));
     j->xt = malloc(img * sizeof(float));
@@ -617,7 +711,7 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
                 safetensors_free(st);
                 return -1;
             }
-            int rc = checkpoint_apply(st, j->e, &j->g, CHECKPOINT_ALL, 0, err, errlen);
+            int rc = checkpoint_apply(st, j->e, &j->tp.g, CHECKPOINT_ALL, 0, err, errlen);
             safetensors_free(st);
             if (rc) return -1;
             *start = step;
@@ -651,19 +745,19 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     if (s->init_from[0]) {
         struct safetensors *st = NULL;
         if (checkpoint_open(&st, s->init_from, NULL, NULL, err, errlen)) return -1;
-        int rc = checkpoint_apply(st, j->e, &j->g, CHECKPOINT_WEIGHTS, 0, err, errlen);
+        int rc = checkpoint_apply(st, j->e, &j->tp.g, CHECKPOINT_WEIGHTS, 0, err, errlen);
         safetensors_free(st);
         if (rc) return -1;
     } else {
         size_t maxn = 0;
-        for (int i = 0; i < j->g.n_tensors; i++)
-            if (j->g.tensors[i]->kind == TENSOR_PARAM && j->g.tensors[i]->numel > maxn)
-                maxn = j->g.tensors[i]->numel;
+        for (int i = 0; i < j->tp.g.n_tensors; i++)
+            if (j->tp.g.tensors[i]->kind == TENSOR_PARAM && j->tp.g.tensors[i]->numel > maxn)
+                maxn = j->tp.g.tensors[i]->numel;
         float *w = malloc(maxn * sizeof *w);
         if (!w) return -1;
-        for (int i = 0; i < j->g.n_tensors; i++)
-            if (j->g.tensors[i]->kind == TENSOR_PARAM) {
-                init_param(j->g.tensors[i], s->seed, w);
+        for (int i = 0; i < j->tp.g.n_tensors; i++)
+            if (j->tp.g.tensors[i]->kind == TENSOR_PARAM) {
+                init_param(j->tp.g.tensors[i], s->seed, w);
                 exec_upload(j->e, i, w);
             }
         free(w);
@@ -671,7 +765,10 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     return exec_reset_state(j->e) ? -1 : 0;
 }
 
-/* timesteps, noise and the model's input/target for the batch of step s (x0 already loaded) */
+/* timesteps, noise and the model's input/target for the effective batch of step s (x0 already
+ * loaded): sample i's numbers are drawn by (seed, step, i, element), i its index in the effective
+ * batch, so every micro-batch split (and the loader's flips, drawn by the run's sample index
+ * step * batch + i) gives each sample the same numbers */
 static void make_inputs(struct job *j, int64_t step, uint64_t seed, const int *fixed_t)
 {
     const struct train_spec *s = j->spec;
@@ -692,10 +789,38 @@ static void make_inputs(struct job *j, int64_t step, uint64_t seed, const int *f
         memcpy(j->tgt, j->eps, (size_t)s->batch * j->per * sizeof(float));
 }
 
-static int upload_inputs(struct job *j)
+/* The effective batch made by make_inputs through its micro-batches, in order: samples
+ * [i0, i0 + n) go to the micro-batch executor (the last, uneven one to j->re), forward and
+ * backward when train (the gradients zeroed by the first, accumulated by the others; the loss
+ * gradient scaled by n / batch, so the sum is the whole batch's mean-loss gradient; dropout
+ * drawn by the sample's index in the effective batch, sample_base i0), forward only in
+ * evaluation mode otherwise. *loss: the mean over the effective batch. Nonzero on a failure,
+ * with the executor's reason in err. */
+static int run_batch(struct job *j, int train, uint64_t seed, int64_t step, float *loss,
+                     char *err, size_t errlen)
 {
-    return exec_upload(j->e, j->io.x, j->xt) || exec_upload(j->e, j->io.t, j->tf) ||
-           exec_upload(j->e, j->target, j->tgt);
+    const int batch = j->spec->batch, micro = j->tp.micro;
+    double sum = 0;
+    for (int i0 = 0; i0 < batch; i0 += micro) {
+        int n = batch - i0 < micro ? batch - i0 : micro, last = n != micro;
+        struct exec *e = last ? j->re : j->e;
+        const struct unet_io *io = last ? &j->tp.rio : &j->tp.io;
+        int target = last ? j->tp.rtarget : j->tp.target;
+        size_t off = (size_t)i0 * j->per;
+        float l = 0, w = (float)n / (float)batch;
+        if (exec_upload(e, io->x, j->xt + off) || exec_upload(e, io->t, j->tf + i0) ||
+            exec_upload(e, target, j->tgt + off) ||
+            (train ? exec_forward_backward(e, i0 == 0, w, seed, (uint64_t)step, i0, &l)
+                   : exec_forward(e, &l))) {
+            if (err)
+                snprintf(err, errlen, "samples %d..%d of the batch: %.256s", i0, i0 + n - 1,
+                         exec_last_error(e)->msg);
+            return -1;
+        }
+        sum += (double)w * l;
+    }
+    *loss = (float)sum;
+    return 0;
 }
 
 /* progress of a long phase ("validation", "sampling"): a counter on a terminal, a JSON line
@@ -737,7 +862,7 @@ static float validation_loss(struct job *j, int64_t step)
         for (int i = 0; i < s->batch; i++) t[i] = val_ts[(b * s->batch + i) % 5] * s->timesteps / 1000;
         make_inputs(j, (int64_t)b, s->seed ^ VAL_SEED_SALT, t);
         float loss = 0;
-        if (upload_inputs(j) || exec_forward(j->e, &loss)) return NAN;
+        if (run_batch(j, 0, 0, 0, &loss, NULL, 0)) return NAN;
         sum += loss;
         if (nb > 1) report_phase(j->o, "validation", step, b + 1, nb);
     }
@@ -773,7 +898,8 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
     }
     /* the nested executor reads the EMA in place: nothing is copied or uploaded, and the next
      * training step uploads its own inputs again (the grid overwrote them) */
-    sample_job_bind_nested(&sj, &j->sg, &j->sio, &j->sp, j->se, grid_batch(s), &s->model);
+    sample_job_bind_nested(&sj, &j->tp.sg, &j->tp.sio, &j->tp.sp, j->se, grid_batch(s),
+                           &s->model);
     struct sampler_config sc;
     train_sampler_config(s, &sc);
     sc.stop = j->o->stop;
@@ -874,7 +1000,7 @@ static int checkpoint(struct job *j, int64_t step, char *err, size_t errlen)
     char path[FSIO_PATH_MAX];
     if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".safetensors",
                   j->dir_ckpt, step) ||
-        checkpoint_save(path, j->e, &j->g, j->spec, step, err, errlen))
+        checkpoint_save(path, j->e, &j->tp.g, j->spec, step, err, errlen))
         return -1;
     j->last_ckpt = step;
     prune_checkpoints(j->dir_ckpt, j->spec->keep_last);
@@ -925,12 +1051,10 @@ static void job_free(struct job *j)
 {
     dataset_loader_free(j->loader);
     dataset_free(j->ds);
-    exec_free(j->se); /* borrows j->e's allocation: first */
-    plan_free(&j->sp);
-    graph_free(&j->sg);
+    exec_free(j->se); /* borrow j->e's allocation: first */
+    exec_free(j->re);
     exec_free(j->e);
-    plan_free(&j->p);
-    graph_free(&j->g);
+    train_plans_free(&j->tp);
     ddpm_schedule_free(&j->sch);
     free(j->x0);
     free(j->eps);
@@ -996,10 +1120,14 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     if (!o->quiet) {
         fprintf(stderr, "ddpmd: %s UNet, %zu parameters, %d training images%s, batch %d, %d "
                         "threads\nddpmd: memory plan (allocated once, before the first step):\n",
-                spec->model.preset == UNET_DDPM ? "ddpm" : "seed", j.g.param_numel,
+                spec->model.preset == UNET_DDPM ? "ddpm" : "seed", j.tp.g.param_numel,
                 dataset_train_count(j.ds),
                 dataset_val_count(j.ds) ? " (+ held-out)" : "", spec->batch, spec->threads);
-        plan_print(&j.p, stderr);
+        if (j.tp.micro < spec->batch)
+            fprintf(stderr, "ddpmd: micro-batches of %d (the last of %d) accumulate the "
+                            "gradient of each batch of %d\n",
+                    j.tp.micro, j.tp.rest ? j.tp.rest : j.tp.micro, spec->batch);
+        plan_print(&j.tp.p, stderr);
     }
     if (o->resume) csv_reload(&j, start);
     int owed = owed_samples(&j, start, err, errlen);
@@ -1027,10 +1155,14 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             }
             make_inputs(&j, step, spec->seed, NULL);
             float loss = 0, norm = 0, lr = optim_lr(&spec->optim, step);
-            if (upload_inputs(&j) ||
-                exec_forward_backward(j.e, 1, 1.0f, spec->seed, (uint64_t)step, 0, &loss) ||
-                exec_optimizer_step(j.e, &spec->optim, step + 1, lr, &norm)) {
-                snprintf(err, errlen, "training step %" PRId64 " failed", step + 1);
+            char why[512];
+            if (run_batch(&j, 1, spec->seed, step, &loss, why, sizeof why)) {
+                snprintf(err, errlen, "training step %" PRId64 " failed: %.400s", step + 1, why);
+                goto out;
+            }
+            if (exec_optimizer_step(j.e, &spec->optim, step + 1, lr, &norm)) {
+                snprintf(err, errlen, "training step %" PRId64 " failed: %s", step + 1,
+                         exec_last_error(j.e)->msg);
                 goto out;
             }
             if (!isfinite(loss)) {

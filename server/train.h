@@ -16,6 +16,7 @@
 #include "planner.h"
 #include "sampler.h"
 #include "spec.h"
+#include "strategy.h"
 #include "unet.h"
 
 /* what --resume asks for */
@@ -40,6 +41,11 @@ struct train_opts {
     int64_t stop_after;             /* > 0: stop (with a checkpoint) once this step is done */
     int quiet;                      /* no per-step output (tests) */
     struct train_stats *stats;      /* filled when not NULL */
+    /* how the step fits into memory (NULL: the plain fp32 step of the whole batch). Resolved:
+     * no AUTO field; micro_batch 0 or >= train.batch is the whole batch. train.batch stays the
+     * effective batch: the loader delivers it, and its gradient (the loss normalised over all
+     * of it) is what the optimizer steps on, whatever the micro-batch. */
+    const struct strategy *strategy;
 };
 
 enum train_result { TRAIN_DONE = 0, TRAIN_STOPPED = 1, TRAIN_FAILED = -1 };
@@ -75,6 +81,24 @@ int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t
  * (graph_free, plan_free) */
 int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
                struct plan *p, char *err, size_t errlen);
+/* A job's graphs and plans: the step at the micro-batch (g, p: p's reservation covers the two
+ * nested plans), the uneven last micro-batch when micro does not divide train.batch (rg, rp:
+ * the same model at `rest` samples, sharing p's parameters, gradients, moments and EMA,
+ * plan_make_shared) and the sample grid (sg, sp: plan_make_nested over p's EMA). */
+struct train_plans {
+    int micro;                  /* samples per micro-batch (train.batch without micro-batches) */
+    int rest;                   /* samples of the uneven last micro-batch; 0 when micro divides */
+    struct graph g, rg, sg;
+    struct unet_io io, rio, sio;
+    int target, rtarget;
+    struct plan p, rp, sp;
+};
+/* builds and plans them for spec s under strategy st (NULL: plain); on failure err says why.
+ * train_plans_free frees them (also after a failure). */
+int train_plans_make(struct train_plans *tp, const struct train_spec *s,
+                     const struct strategy *st, char *err, size_t errlen);
+void train_plans_free(struct train_plans *tp);
+
 /* train_plan that also returns the sampling part: the forward graph at the grid's batch
  * (min(output.samples, 16)) and its plan nested in p (weights read from p's EMA block,
  * plan_make_nested), already reserved in p (plan_reserve_nested). The caller frees all four,
