@@ -116,7 +116,8 @@ static int bk_fail(struct exec *e, int rc, int op, const char *what)
     int status = rc == BK_ERR_NOMEM ? EXEC_ERR_BUDGET : EXEC_ERR_BACKEND;
     if (op >= 0)
         return exec_fail(e, status, rc, op, "op %d (%s): %s failed on %s: %s (backend status %d)",
-                         op, op_name(e->g->ops[op].type), what, e->bk->name, bk_status_name(rc),
+                         op, op_name(plan_op(e->p, e->g, op)->type), what, e->bk->name,
+                         bk_status_name(rc),
                          rc);
     return exec_fail(e, status, rc, -1, "%s failed on %s: %s (backend status %d)", what,
                      e->bk->name, bk_status_name(rc), rc);
@@ -175,13 +176,14 @@ static int exec_setup(struct exec *e, size_t from)
                               (end - p->arena_off) / 4, e->ctx)))
         return bk_fail(e, rc, -1, "filling the arena");
     if ((rc = fill_ws_guards(e))) return rc;
-    e->ends_start = calloc((size_t)g->n_ops + 1, sizeof *e->ends_start);
+    const int n_run = p->n_run_ops;
+    e->ends_start = calloc((size_t)n_run + 2, sizeof *e->ends_start);
     e->ends = malloc(((size_t)p->n_storages + 1) * sizeof *e->ends);
     if (!e->ends_start || !e->ends) goto nomem;
     for (int s = 0; s < p->n_storages; s++) e->ends_start[p->st[s].last + 1]++;
-    for (int k = 0; k < g->n_ops; k++) e->ends_start[k + 1] += e->ends_start[k];
+    for (int k = 0; k < n_run; k++) e->ends_start[k + 1] += e->ends_start[k];
     {
-        int *fill = calloc((size_t)g->n_ops + 1, sizeof *fill);
+        int *fill = calloc((size_t)n_run + 1, sizeof *fill);
         if (!fill) goto nomem;
         for (int s = 0; s < p->n_storages; s++) {
             int k = p->st[s].last;
@@ -228,7 +230,7 @@ static struct exec *exec_new(const struct graph *g, const struct plan *p,
     if (opts) e->opts = *opts;
     e->err.op = -1;
     e->loss_tensor = -1;
-    for (int k = 0; k < g->n_ops; k++)
+    for (int k = 0; k < g->n_ops; k++) /* never recomputed: the same id in the run order */
         if (g->ops[k].type == OP_MSE || g->ops[k].type == OP_XENT)
             e->loss_tensor = g->ops[k].out[0];
     return e;
@@ -470,7 +472,7 @@ static int check_gap(struct exec *e, int k, size_t start, size_t words, const ch
     for (size_t i = 0; i < words; i++)
         if (e->guard_host[i] != FILL_BITS) {
             exec_fail(e, EXEC_ERR_GUARD, 0, k, "op %d (%s) wrote %s (+%zu bytes into the gap)",
-                      k, op_name(e->g->ops[k].type), what, 4 * i);
+                      k, op_name(plan_op(e->p, e->g, k)->type), what, 4 * i);
             fprintf(stderr, "exec: %s\n", e->err.msg);
             return EXEC_ERR_GUARD;
         }
@@ -514,7 +516,7 @@ static float *opnd(struct exec *e, int t)
 /* the 16-bit bytes behind a conversion: a weight's working copy, or the tensor's own */
 static void *cvt_src(struct exec *e, const struct plan_cvt *c)
 {
-    if (e->g->tensors[c->tensor]->kind == TENSOR_PARAM)
+    if (plan_tensor(e->p, e->g, c->tensor)->kind == TENSOR_PARAM)
         return e->base + e->p->work_offset[c->tensor];
     return exec_tensor(e, c->tensor);
 }
@@ -527,7 +529,7 @@ static int convert_operands(struct exec *e, int k, int after)
         const struct plan_cvt *c = &p->cvt[i];
         if (after ? !c->store : !c->load) continue;
         float *s = (float *)(e->base + p->st[c->storage].offset);
-        size_t n = e->g->tensors[c->tensor]->numel;
+        size_t n = plan_tensor(e->p, e->g, c->tensor)->numel;
         int rc = after ? e->bk->convert(cvt_src(e, c), c->dtype, s, DTYPE_F32, n, e->ctx)
                        : e->bk->convert(s, DTYPE_F32, cvt_src(e, c), c->dtype, n, e->ctx);
         if (rc) return rc;
@@ -596,11 +598,13 @@ static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
 static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint64_t step,
                   int sample_base)
 {
-    const struct op *o = &e->g->ops[k];
+    const struct op *o = plan_op(e->p, e->g, k);
     const struct backend *bk = e->bk;
     bk_ctx *c = e->ctx;
     void *ws = e->base + e->p->ws_off;
-    const struct tensor *t0 = o->in[0] >= 0 ? e->g->tensors[o->in[0]] : NULL;
+    const struct tensor *t0 = o->in[0] >= 0 ? plan_tensor(e->p, e->g, o->in[0]) : NULL;
+    /* the graph op this is: a recomputed copy draws its original's dropout mask */
+    const int src = e->p->op_src ? e->p->op_src[k] : k;
     switch (o->type) {
     case OP_CONV2D:
         return bk->conv2d_fwd(Q(0), P(0), P(1), P(2), ws, &o->a.conv, c);
@@ -731,7 +735,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_RESHAPE: /* in place (same bytes) when the planner merged the two */
     case OP_RESHAPE_BWD: {
         /* flattening an NHWC image (or its gradient back) changes the element order */
-        const struct tensor *to = e->g->tensors[o->out[0]];
+        const struct tensor *to = plan_tensor(e->p, e->g, o->out[0]);
         if (nhwc_image(e, t0) != nhwc_image(e, to)) {
             const struct tensor *im = t0->image ? t0 : to;
             int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];
@@ -745,7 +749,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     }
     case OP_DROPOUT:
         if (e->eval) return bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
-        return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)k, sample_base,
+        return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
                                o->a.dr.n, o->a.dr.per_sample, nhwc_image(e, t0) ? t0->d[1] : 0,
                                c);
     case OP_DROPOUT_BWD:
@@ -778,8 +782,9 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
             double t0 = now_seconds();
             rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
             double dt = now_seconds() - t0;
-            enum op_type ty = e->g->ops[k].type;
-            e->op_seconds[k] += dt;
+            /* a recomputed copy's time is its forward op's */
+            enum op_type ty = plan_op(e->p, e->g, k)->type;
+            e->op_seconds[e->p->op_src ? e->p->op_src[k] : k] += dt;
             e->prof.seconds[ty] += dt;
             e->prof.calls[ty]++;
         } else {
@@ -820,7 +825,7 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
     /* a nested plan's run may have overwritten the workspace canaries */
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     if ((rc = refresh_work(e))) return rc;
-    rc = run_range(e, 0, e->g->n_ops, dloss_scale, seed, step, sample_base);
+    rc = run_range(e, 0, p->n_run_ops, dloss_scale, seed, step, sample_base);
     if (rc) return rc;
     if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
     return EXEC_OK;

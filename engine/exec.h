@@ -45,7 +45,8 @@ struct exec_opts {
 struct exec_profile {
     double seconds[OP_COUNT];
     long calls[OP_COUNT];
-    const double *op_seconds;   /* (g->n_ops) per op of the graph */
+    const double *op_seconds;   /* (g->n_ops) per op of the graph (a recomputed forward op:
+                                 * both its runs) */
     double optim_seconds;
     long optim_calls;
 };
@@ -95,10 +96,14 @@ static inline int exec_download_ema(struct exec *e, int id, float *host)
  * an inference plan, which has neither; EMA and AdamW parts likewise) */
 int exec_reset_state(struct exec *e);
 
-/* one forward + backward over the whole graph; parameter gradients are zeroed first when
- * zero_grads (a micro-batch after the first accumulates). dloss_scale multiplies the loss
- * gradient (1/micro-batches for accumulation, or a loss scale). seed/step/sample_base feed
- * dropout. loss (host) may be NULL. An inference plan has no backward: EXEC_ERR_ARG. */
+/* one forward + backward over the whole graph (the plan's run order: with recomputation, a
+ * segment's forward ops run again before its backward, each drawing its original's dropout
+ * mask); parameter gradients are zeroed first when zero_grads (a micro-batch after the first
+ * accumulates). dloss_scale multiplies the loss gradient (n / batch for a micro-batch of n of
+ * an effective batch, or a loss scale). seed/step/sample_base feed dropout: sample_base is the
+ * index of the micro-batch's first sample in the effective batch, so masks are drawn by the
+ * sample's index there. loss (host) may be NULL. An inference plan has no backward:
+ * EXEC_ERR_ARG. */
 int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
                           uint64_t step, int sample_base, float *loss);
 /* forward only (ops [0, n_fwd_ops)) in evaluation mode (dropout is the identity): for

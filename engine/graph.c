@@ -69,7 +69,22 @@ void graph_free(struct graph *g)
     }
     free(g->tensors);
     free(g->ops);
+    free(g->segs);
     memset(g, 0, sizeof *g);
+}
+
+int graph_mark_segment(struct graph *g, int first, int kind)
+{
+    if (g->status || first < 0 || first >= g->n_ops || g->n_fwd_ops) return g->status;
+    if (g->n_segs == g->cap_segs) {
+        int cap = g->cap_segs ? 2 * g->cap_segs : 64;
+        struct graph_segment *s = realloc(g->segs, (size_t)cap * sizeof *s);
+        if (!s) return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory for segments"), g->status;
+        g->segs = s;
+        g->cap_segs = cap;
+    }
+    g->segs[g->n_segs++] = (struct graph_segment){first, g->n_ops, kind};
+    return GRAPH_OK;
 }
 
 int graph_fail(struct graph *g, int status, const char *fmt, ...)

@@ -120,6 +120,20 @@ struct op {
     } a;
 };
 
+/* a segment of the forward pass that recomputation may re-run before its backward instead of
+ * keeping its activations: a block the builder marked (graph_mark_segment) */
+enum graph_segment_kind {
+    GRAPH_SEG_ATTENTION = 1, /* an attention block */
+    GRAPH_SEG_RESBLOCK = 2,  /* a residual block (ddpm ResnetBlock2D, seed DoubleConv) */
+    GRAPH_SEG_LEVEL = 3,     /* a contiguous run of blocks at one resolution (a down level with
+                              * its downsampler, the middle, an up level with its upsampler) */
+};
+
+struct graph_segment {
+    int first, end;          /* forward ops [first, end) */
+    int kind;                /* enum graph_segment_kind */
+};
+
 struct graph {
     /* one allocation per tensor: a tensor's address never changes while the graph grows, so a
      * `const struct tensor *` (or its dims) may be held across builder calls that append */
@@ -131,6 +145,10 @@ struct graph {
     int n_params;
     size_t param_numel;     /* sum of parameter sizes */
     int precision;          /* enum strategy_precision set by graph_set_precision (0: f32) */
+    /* segments the builder marked, in op order; those of one kind never overlap (a level
+     * contains blocks) */
+    struct graph_segment *segs;
+    int n_segs, cap_segs;
     int status;             /* sticky: first builder error (GRAPH_ERR_*) */
     char err[256];
 };
@@ -181,6 +199,11 @@ int graph_dropout(struct graph *g, int x, float p);
 int graph_xent(struct graph *g, int logits, int target);
 /* the same elements as x in the shape dims (e.g. flattening (N,C,H,W) to (N,C*H*W)) */
 int graph_reshape(struct graph *g, int x, int rank, const int *dims);
+
+/* marks the forward ops [first, g->n_ops) appended since `first = g->n_ops` as a segment of
+ * kind (enum graph_segment_kind); an empty range or a failed graph marks nothing. Returns
+ * g->status. */
+int graph_mark_segment(struct graph *g, int first, int kind);
 
 /* Appends the backward of every forward op reaching `loss` (an OP_MSE or OP_XENT output). Parameter
  * gradients become TENSOR_GRAD tensors (tensor.grad). */

@@ -10,8 +10,8 @@
  * element-wise in these positions (out[i] depends only on in[i] of the same index). With NHWC
  * images, the image <-> tokens changes around attention are copies too, and a reshape that
  * flattens an image is a transpose. */
-static int inplace_input(const struct graph *g, const struct op *o, int out_idx, int *in_idx,
-                         const struct backend *bk)
+static int inplace_input(const struct tensor *const *tv, const struct op *o, int out_idx,
+                         int *in_idx, const struct backend *bk)
 {
     if (out_idx != 0 || o->accum[0]) return 0;
     switch (o->type) {
@@ -22,7 +22,7 @@ static int inplace_input(const struct graph *g, const struct op *o, int out_idx,
     case OP_RESHAPE:
     case OP_RESHAPE_BWD:
         *in_idx = 0;
-        return !bk->nhwc || g->tensors[o->in[0]]->image == g->tensors[o->out[0]]->image;
+        return !bk->nhwc || tv[o->in[0]]->image == tv[o->out[0]]->image;
     case OP_ADD:
     case OP_ADD_BCAST:
     case OP_SILU_BWD:
@@ -71,7 +71,120 @@ void plan_free(struct plan *p)
     free(p->work_offset);
     free(p->cvt);
     free(p->cvt_start);
+    free(p->ops);
+    free(p->op_src);
+    free(p->copy_of);
     memset(p, 0, sizeof *p);
+}
+
+/* whether segment kind is recomputed at granularity r (enum strategy_recompute) */
+static int seg_chosen(int kind, int r)
+{
+    switch (r) {
+    case STRATEGY_RECOMPUTE_ATTENTION: return kind == GRAPH_SEG_ATTENTION;
+    case STRATEGY_RECOMPUTE_RESBLOCK: return kind == GRAPH_SEG_ATTENTION || kind == GRAPH_SEG_RESBLOCK;
+    case STRATEGY_RECOMPUTE_LEVEL: return kind == GRAPH_SEG_LEVEL;
+    default: return 0;
+    }
+}
+
+/* The run order of a training step recomputing the segments granularity r chooses (see
+ * plan.h): p->ops, op_src, n_run_ops, copy_of, n_copies. No chosen segment whose activations a
+ * backward op reads leaves p->ops NULL. */
+static int recompute_schedule(struct plan *p, const struct graph *g, int r)
+{
+    const int n = g->n_tensors, nf = g->n_fwd_ops, nops = g->n_ops;
+    int rc = PLAN_ERR_NOMEM;
+    int *seg_of = malloc(((size_t)n + 1) * sizeof *seg_of); /* tensor: producing segment */
+    int *copy = malloc(((size_t)n + 1) * sizeof *copy);     /* tensor: its copy, -1 */
+    int *at = malloc(((size_t)g->n_segs + 1) * sizeof *at); /* segment: where it re-runs */
+    unsigned char *need = calloc((size_t)n + 1, 1), *op_need = calloc((size_t)nf + 1, 1);
+    if (!seg_of || !copy || !at || !need || !op_need) goto out;
+    for (int t = 0; t < n; t++) seg_of[t] = copy[t] = -1;
+    for (int s = 0; s < g->n_segs; s++) {
+        const struct graph_segment *sg = &g->segs[s];
+        at[s] = -1;
+        if (!seg_chosen(sg->kind, r)) continue;
+        for (int k = sg->first; k < sg->end; k++)
+            for (int j = 0; j < g->ops[k].n_out; j++) {
+                int t = g->ops[k].out[j];
+                if (t >= 0 && g->tensors[t]->kind == TENSOR_ACT && seg_of[t] < 0) seg_of[t] = s;
+            }
+    }
+    /* the activations backward ops read, and where each segment must be back */
+    for (int k = nf; k < nops; k++)
+        for (int j = 0; j < g->ops[k].n_in; j++) {
+            int t = g->ops[k].in[j];
+            if (t < 0 || seg_of[t] < 0) continue;
+            need[t] = 1;
+            if (at[seg_of[t]] < 0) at[seg_of[t]] = k;
+        }
+    /* the segment's ops those depend on (inside the segment), from its end back */
+    int extra = 0;
+    for (int s = 0; s < g->n_segs; s++) {
+        if (at[s] < 0) continue;
+        for (int k = g->segs[s].end - 1; k >= g->segs[s].first; k--) {
+            const struct op *o = &g->ops[k];
+            for (int j = 0; j < o->n_out && !op_need[k]; j++)
+                op_need[k] = o->out[j] >= 0 && need[o->out[j]];
+            if (!op_need[k]) continue;
+            extra++;
+            for (int j = 0; j < o->n_in; j++)
+                if (o->in[j] >= 0 && seg_of[o->in[j]] == s) need[o->in[j]] = 1;
+        }
+    }
+    if (!extra) {
+        rc = PLAN_OK;
+        goto out;
+    }
+    int cap_copies = 0;
+    for (int k = 0; k < nf; k++)
+        if (op_need[k]) cap_copies += g->ops[k].n_out;
+    p->ops = malloc(((size_t)nops + (size_t)extra) * sizeof *p->ops);
+    p->op_src = malloc(((size_t)nops + (size_t)extra) * sizeof *p->op_src);
+    p->copy_of = malloc(((size_t)cap_copies + 1) * sizeof *p->copy_of);
+    if (!p->ops || !p->op_src || !p->copy_of) goto out;
+    int m = 0;
+    for (int k = 0; k < nf; k++) {
+        p->ops[m] = g->ops[k];
+        p->op_src[m++] = k;
+    }
+    for (int k = nf; k < nops; k++) {
+        for (int s = 0; s < g->n_segs; s++) {
+            if (at[s] != k) continue;
+            for (int q = g->segs[s].first; q < g->segs[s].end; q++) {
+                if (!op_need[q]) continue;
+                struct op o = g->ops[q];
+                for (int j = 0; j < o.n_in; j++)
+                    if (o.in[j] >= 0 && seg_of[o.in[j]] == s && copy[o.in[j]] >= 0)
+                        o.in[j] = copy[o.in[j]];
+                for (int j = 0; j < o.n_out; j++) {
+                    int t = o.out[j];
+                    if (t < 0) continue;
+                    copy[t] = n + p->n_copies;
+                    p->copy_of[p->n_copies++] = t;
+                    o.out[j] = copy[t];
+                }
+                p->ops[m] = o;
+                p->op_src[m++] = q;
+                p->n_recomputed++;
+            }
+        }
+        struct op o = g->ops[k];
+        for (int j = 0; j < o.n_in; j++)
+            if (o.in[j] >= 0 && copy[o.in[j]] >= 0) o.in[j] = copy[o.in[j]];
+        p->ops[m] = o;
+        p->op_src[m++] = k;
+    }
+    p->n_run_ops = m;
+    rc = PLAN_OK;
+out:
+    free(seg_of);
+    free(copy);
+    free(at);
+    free(need);
+    free(op_need);
+    return rc;
 }
 
 /* placement order: largest first, then earliest, then index (a total order: any sort agrees) */
@@ -133,13 +246,14 @@ static void insert_by_offset(int *byoff, int n, const struct plan_storage *st, i
     byoff[lo] = k;
 }
 
-/* what plan_build can lay out today: fp32, bf16 or f16 steps at any micro-batch */
+/* what plan_build can lay out today: fp32, bf16 or f16 steps at any micro-batch, with
+ * recomputation */
 static int plan_strategy_supported(const struct strategy *s)
 {
     return (s->precision == STRATEGY_PRECISION_F32 || s->precision == STRATEGY_PRECISION_BF16 ||
             s->precision == STRATEGY_PRECISION_F16) &&
-           s->micro_batch >= 0 &&
-           s->recompute == STRATEGY_RECOMPUTE_NONE && s->offload == 0;
+           s->micro_batch >= 0 && s->recompute >= STRATEGY_RECOMPUTE_NONE &&
+           s->recompute <= STRATEGY_RECOMPUTE_LEVEL && s->offload == 0;
 }
 
 /* p->parts and p->host_bytes from the part fields (after any change to them) */
@@ -184,6 +298,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
     int *order = NULL, *byoff = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
     unsigned char *secondary = NULL;
+    const struct tensor **tv = NULL;
     if (g->status) return PLAN_ERR_GRAPH;
     if (!plan_strategy_supported(&opts->strategy) || opts->strategy.precision != g->precision)
         return PLAN_ERR_ARG;
@@ -194,23 +309,32 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     int n_run = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
     p->n_run_ops = n_run;
     p->n_tensors = n;
-    p->offset = malloc((size_t)n * sizeof *p->offset + 1);
-    p->storage = malloc((size_t)n * sizeof *p->storage + 1);
-    p->first = malloc((size_t)n * sizeof *p->first + 1);
-    p->last = malloc((size_t)n * sizeof *p->last + 1);
+    if (!infer && opts->strategy.recompute > 0 &&
+        (rc = recompute_schedule(p, g, opts->strategy.recompute)))
+        goto out;
+    rc = PLAN_ERR_NOMEM;
+    n_run = p->n_run_ops;
+    const struct op *ops = p->ops ? p->ops : g->ops;
+    const int nt = n + p->n_copies; /* the graph's tensors and the recomputed copies */
+    p->offset = malloc((size_t)nt * sizeof *p->offset + 1);
+    p->storage = malloc((size_t)nt * sizeof *p->storage + 1);
+    p->first = malloc((size_t)nt * sizeof *p->first + 1);
+    p->last = malloc((size_t)nt * sizeof *p->last + 1);
     /* a storage per arena tensor, and at most one conversion scratch per operand of an op */
     size_t max_cvt = (size_t)n_run * (OP_MAX_IN + OP_MAX_OUT);
-    p->st = malloc(((size_t)n + max_cvt + 1) * sizeof *p->st);
+    p->st = malloc(((size_t)nt + max_cvt + 1) * sizeof *p->st);
     p->work_offset = malloc((size_t)n * sizeof *p->work_offset + 1);
     p->cvt = malloc((max_cvt + 1) * sizeof *p->cvt);
     p->cvt_start = calloc((size_t)n_run + 1, sizeof *p->cvt_start);
-    readers = calloc((size_t)n + 1, sizeof *readers);
-    secondary = calloc((size_t)n + 1, 1);
+    readers = calloc((size_t)nt + 1, sizeof *readers);
+    secondary = calloc((size_t)nt + 1, 1);
+    tv = malloc(((size_t)nt + 1) * sizeof *tv);
     if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !p->work_offset ||
-        !p->cvt || !p->cvt_start || !readers || !secondary)
+        !p->cvt || !p->cvt_start || !readers || !secondary || !tv)
         goto out;
-    for (int i = 0; i < n; i++) {
-        p->work_offset[i] = -1;
+    for (int i = 0; i < nt; i++) tv[i] = plan_tensor(p, g, i);
+    for (int i = 0; i < n; i++) p->work_offset[i] = -1;
+    for (int i = 0; i < nt; i++) {
         p->offset[i] = -1;
         p->storage[i] = -1;
         p->first[i] = -1;
@@ -219,13 +343,13 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
 
     /* lifetimes of arena tensors in execution order */
     for (int k = 0; k < n_run; k++) {
-        const struct op *o = &g->ops[k];
+        const struct op *o = &ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
             if (t < 0) continue;
             if (p->first[t] < 0) {
                 p->first[t] = k;
-                secondary[t] = j > 0;
+                secondary[t] = j > 0; /* bit 1; bit 2: a recomputed original */
             }
             p->last[t] = k;
         }
@@ -239,31 +363,34 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     }
     /* An arena tensor nobody reads (the loss, a forward-only graph's output) stays until the
      * step ends: the host reads it. In inference, an op's secondary output nobody reads (the
-     * statistics group norm and attention save for a backward that never runs) dies at once. */
+     * statistics group norm and attention save for a backward that never runs) dies at once;
+     * so does a recomputed copy nobody reads (another output of an op re-run for one), and an
+     * original whose only readers were backward ops that now read its copy. */
+    for (int i = 0; i < p->n_copies; i++) secondary[p->copy_of[i]] |= 2;
     for (int t = 0; t < n; t++)
         if (g->tensors[t]->kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t] &&
-            !(infer && secondary[t]))
+            !(infer && (secondary[t] & 1)) && !(secondary[t] & 2))
             p->last[t] = n_run - 1;
 
     /* storages: one per arena tensor, merged through in-place ops */
     for (int k = 0; k < n_run; k++) {
-        const struct op *o = &g->ops[k];
+        const struct op *o = &ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
-            if (t < 0 || g->tensors[t]->kind != TENSOR_ACT || p->storage[t] >= 0) continue;
+            if (t < 0 || tv[t]->kind != TENSOR_ACT || p->storage[t] >= 0) continue;
             int keep = !readers[t] && p->last[t] == n_run - 1;
             int in_idx, src;
-            if (!opts->no_reuse && p->first[t] == k && inplace_input(g, o, j, &in_idx, bk) &&
-                (src = o->in[in_idx]) >= 0 && g->tensors[src]->kind == TENSOR_ACT &&
+            if (!opts->no_reuse && p->first[t] == k && inplace_input(tv, o, j, &in_idx, bk) &&
+                (src = o->in[in_idx]) >= 0 && tv[src]->kind == TENSOR_ACT &&
                 p->storage[src] >= 0 && p->st[p->storage[src]].last == k &&
-                tensor_bytes(g->tensors[src]) == tensor_bytes(g->tensors[t])) {
+                tensor_bytes(tv[src]) == tensor_bytes(tv[t])) {
                 p->storage[t] = p->storage[src];
                 p->st[p->storage[t]].last = p->last[t];
                 p->st[p->storage[t]].keep |= keep;
                 continue;
             }
             struct plan_storage *s = &p->st[p->n_storages];
-            s->bytes = tensor_bytes(g->tensors[t]);
+            s->bytes = tensor_bytes(tv[t]);
             s->first = p->first[t];
             s->last = p->last[t];
             s->keep = keep;
@@ -275,14 +402,16 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     /* conversion scratch: every 16-bit operand of an op gets fp32 bytes for that op alone (the
      * kernels compute in fp32); a weight read in 16 bits marks its working copy */
     for (int k = 0; k < n_run; k++) {
-        const struct op *o = &g->ops[k];
+        const struct op *o = &ops[k];
+        /* a recomputed copy's operands have its original's dtypes */
+        const struct op *og = &g->ops[p->op_src ? p->op_src[k] : k];
         p->cvt_start[k] = p->n_cvt;
         for (int j = 0; j < o->n_in + o->n_out; j++) {
             int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
             if (t < 0) continue;
-            int dt = in ? (int)graph_input_dtype(g, o, j) : (int)g->tensors[t]->dtype;
+            int dt = in ? (int)graph_input_dtype(g, og, j) : (int)tv[t]->dtype;
             if (dt == DTYPE_F32) continue;
-            if (in && g->tensors[t]->kind == TENSOR_PARAM) p->work_offset[t] = -2; /* placed below */
+            if (in && tv[t]->kind == TENSOR_PARAM) p->work_offset[t] = -2; /* placed below */
             int dup = -1;
             for (int i = p->cvt_start[k]; i < p->n_cvt; i++)
                 if (p->cvt[i].tensor == t) dup = i;
@@ -291,7 +420,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
                 continue;
             }
             struct plan_storage *s = &p->st[p->n_storages];
-            s->bytes = g->tensors[t]->numel * sizeof(float);
+            s->bytes = tv[t]->numel * sizeof(float);
             s->first = s->last = k;
             s->keep = 0;
             s->offset = -1;
@@ -395,12 +524,12 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
      * shape and a UNet repeats its shapes) */
     if (!(convs = malloc((size_t)n_run * sizeof *convs + 1))) goto out;
     for (int k = 0, n_convs = 0; k < n_run; k++) {
-        const struct op *o = &g->ops[k];
+        const struct op *o = &ops[k];
         if (o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA ||
             o->type == OP_CONV2D_BWD_FILTER) {
             int seen = 0;
             for (int i = 0; i < n_convs && !seen; i++)
-                seen = !memcmp(&g->ops[convs[i]].a.conv, &o->a.conv, sizeof o->a.conv);
+                seen = !memcmp(&ops[convs[i]].a.conv, &o->a.conv, sizeof o->a.conv);
             if (seen) continue;
             convs[n_convs++] = k;
         }
@@ -437,7 +566,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->arena_bytes = top;
     p->guards_bytes = guard * (size_t)p->n_storages;
     for (int i = 0; i < p->n_storages; i++) p->st[i].offset += (int64_t)p->arena_off;
-    for (int t = 0; t < n; t++)
+    for (int t = 0; t < nt; t++)
         if (p->storage[t] >= 0) p->offset[t] = p->st[p->storage[t]].offset;
     p->total_bytes = p->arena_off + p->arena_bytes;
     plan_count_parts(p);
@@ -449,6 +578,7 @@ out:
     free(convs);
     free(readers);
     free(secondary);
+    free(tv);
     if (rc) plan_free(p);
     return rc;
 }

@@ -89,11 +89,25 @@ struct plan {
     int inference;       /* no gradients, AdamW moments or EMA (their *_off are unused) */
     int nested;          /* a sub-plan inside another plan's allocation (plan_make_nested, or a
                           * training one, plan_make_shared) */
-    int n_run_ops;       /* the ops a step runs: all, or the forward ones of an inference plan */
-    int n_tensors;
+    int n_run_ops;       /* the ops a step runs: all, or the forward ones of an inference plan,
+                          * or (recomputation) the graph's with recomputed copies inserted */
+    /* Recomputation (strategy.recompute): the run order is the graph's forward ops, then its
+     * backward ops with, just before the first backward op that reads an activation of a
+     * chosen segment (graph.segs), a copy of each of the segment's forward ops that activation
+     * depends on. A copy writes copies of its outputs (tensor ids n_tensors + i, shaped as
+     * graph tensor copy_of[i]) and reads the copies made before it in the same segment (the
+     * originals of everything else: the segment's inputs); the backward ops from there on read
+     * the copies. So the originals die within the forward and the copies live from their
+     * re-run to their backward. NULL ops: the run order is the graph's (op_src the identity). */
+    struct op *ops;      /* (n_run_ops) the ops a step runs, or NULL */
+    int *op_src;         /* (n_run_ops) the graph op each one is (a copy: the op it repeats) */
+    int n_recomputed;    /* run ops that are recomputed copies */
+    int n_copies;        /* tensors added by recomputation */
+    int *copy_of;        /* (n_copies) the graph tensor each repeats */
+    int n_tensors;       /* the graph's; the arrays below hold n_tensors + n_copies entries */
     int64_t *offset;     /* per tensor: byte offset in the allocation; -1 if never touched */
     int *storage;        /* per arena tensor: storage index; -1 otherwise */
-    int *first, *last;   /* per arena tensor: lifetime */
+    int *first, *last;   /* per arena tensor: lifetime (indices of the run order) */
     struct plan_storage *st;
     int n_storages;
 
@@ -168,6 +182,17 @@ int plan_make_shared(struct plan *sub, const struct graph *g, const struct backe
 void plan_reserve_nested(struct plan *host, const struct plan *sub);
 
 void plan_free(struct plan *p);
+/* run op k of p (its op list, or the graph's) and the tensor behind id (a recomputed copy's
+ * graph tensor for ids >= n_tensors) */
+static inline const struct op *plan_op(const struct plan *p, const struct graph *g, int k)
+{
+    return p->ops ? &p->ops[k] : &g->ops[k];
+}
+static inline const struct tensor *plan_tensor(const struct plan *p, const struct graph *g,
+                                               int id)
+{
+    return g->tensors[id < p->n_tensors ? id : p->copy_of[id - p->n_tensors]];
+}
 /* the part's name in reports and JSON keys: "weights", "working_copy", "gradients",
  * "optimizer", "master", "ema", "inputs", "workspace", "arena", "nested_sampling" */
 const char *plan_part_name(enum plan_part k);

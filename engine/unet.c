@@ -184,6 +184,13 @@ static const char *cat(char *buf, size_t n, const char *a, const char *b)
     return buf;
 }
 
+/* marks the ops since first as a segment of kind (recomputation's unit); returns h */
+static int segment(struct graph *g, int first, int kind, int h)
+{
+    if (h >= 0) graph_mark_segment(g, first, kind);
+    return h;
+}
+
 /* ---- ddpm (diffusers UNet2DModel) ---- */
 
 /* ResnetBlock2D: norm1 silu conv1 (+ time_emb_proj(silu(temb))) norm2 silu dropout conv2,
@@ -193,7 +200,7 @@ static int ddpm_resnet(struct graph *g, const struct unet_config *c, const char 
 {
     char b[256];
     if (x < 0) return -1;
-    int in = g->tensors[x]->d[1];
+    int in = g->tensors[x]->d[1], first = g->n_ops;
     int h = groupnorm(g, cat(b, sizeof b, name, "norm1"), x, c->groups, c->norm_eps, 1);
     h = conv3(g, cat(b, sizeof b, name, "conv1"), h, out, 1);
     int tp = linear(g, cat(b, sizeof b, name, "time_emb_proj"), temb_act, out);
@@ -204,7 +211,7 @@ static int ddpm_resnet(struct graph *g, const struct unet_config *c, const char 
     int sc = in != out ? conv(g, cat(b, sizeof b, name, "conv_shortcut"), x, out, 1, 1, 0, 0, 0,
                               0, 1)
                        : x;
-    return graph_add(g, sc, h);
+    return segment(g, first, GRAPH_SEG_RESBLOCK, graph_add(g, sc, h));
 }
 
 /* Attention (diffusers, residual_connection=True): x + to_out(attn(to_qkv(group_norm(x)))) */
@@ -213,7 +220,7 @@ static int ddpm_attention(struct graph *g, const struct unet_config *c, const ch
     char b[256];
     if (x < 0) return -1;
     int ch = g->tensors[x]->d[1], hh = g->tensors[x]->d[2], ww = g->tensors[x]->d[3];
-    int heads = c->attn_head_dim ? ch / c->attn_head_dim : 1;
+    int heads = c->attn_head_dim ? ch / c->attn_head_dim : 1, first = g->n_ops;
     int h = groupnorm(g, cat(b, sizeof b, name, "group_norm"), x, c->groups, c->norm_eps, 0);
     h = graph_to_tokens(g, h);
     int q = linear(g, cat(b, sizeof b, name, "to_q"), h, ch);
@@ -222,7 +229,7 @@ static int ddpm_attention(struct graph *g, const struct unet_config *c, const ch
     int o = graph_attention(g, q, k, v, heads, attn_form(c, hh * ww, heads, ch));
     o = linear(g, cat(b, sizeof b, name, "to_out.0"), o, ch);
     o = graph_to_image(g, o, hh, ww);
-    return graph_add(g, o, x);
+    return segment(g, first, GRAPH_SEG_ATTENTION, graph_add(g, o, x));
 }
 
 static int has_attn(const struct unet_config *c, int res)
@@ -259,6 +266,7 @@ static int build_ddpm(struct graph *g, const struct unet_config *c, int batch,
     skips[n_skips++] = h;
     int res = c->image_size;
     for (int i = 0; i < L; i++) {
+        int level = g->n_ops;
         for (int j = 0; j < c->layers_per_block; j++) {
             snprintf(name, sizeof name, "down_blocks.%d.resnets.%d.", i, j);
             h = ddpm_resnet(g, c, name, h, temb_act, c->channels[i]);
@@ -275,13 +283,15 @@ static int build_ddpm(struct graph *g, const struct unet_config *c, int batch,
             skips[n_skips++] = h;
             res /= 2;
         }
+        segment(g, level, GRAPH_SEG_LEVEL, h);
     }
-    int top = c->channels[L - 1];
+    int top = c->channels[L - 1], mid = g->n_ops;
     h = ddpm_resnet(g, c, "mid_block.resnets.0.", h, temb_act, top);
     h = ddpm_attention(g, c, "mid_block.attentions.0.", h);
     h = ddpm_resnet(g, c, "mid_block.resnets.1.", h, temb_act, top);
+    segment(g, mid, GRAPH_SEG_LEVEL, h);
     for (int u = 0; u < L; u++) {
-        int out = c->channels[L - 1 - u];
+        int out = c->channels[L - 1 - u], level = g->n_ops;
         for (int j = 0; j < c->layers_per_block + 1; j++) {
             int skip = skips[--n_skips];
             h = graph_concat(g, h, skip);
@@ -298,6 +308,7 @@ static int build_ddpm(struct graph *g, const struct unet_config *c, int batch,
             h = conv3(g, name, h, out, 1);
             res *= 2;
         }
+        segment(g, level, GRAPH_SEG_LEVEL, h);
     }
     h = groupnorm(g, "conv_norm_out", h, c->groups, c->norm_eps, 1);
     io->out = conv3(g, "conv_out", h, c->out_channels, 1);
@@ -312,12 +323,13 @@ static int seed_double_conv(struct graph *g, const char *name, int x, int mid, i
                             int residual)
 {
     char b[256];
+    int first = g->n_ops;
     int h = conv3(g, cat(b, sizeof b, name, ".double_conv.0"), x, mid, 0);
     h = groupnorm(g, cat(b, sizeof b, name, ".double_conv.1"), h, 1, 1e-5f, 0);
     h = graph_gelu(g, h);
     h = conv3(g, cat(b, sizeof b, name, ".double_conv.3"), h, out, 0);
     h = groupnorm(g, cat(b, sizeof b, name, ".double_conv.4"), h, 1, 1e-5f, 0);
-    return residual ? graph_gelu(g, graph_add(g, x, h)) : h;
+    return segment(g, first, GRAPH_SEG_RESBLOCK, residual ? graph_gelu(g, graph_add(g, x, h)) : h);
 }
 
 static int seed_time_term(struct graph *g, const char *name, int x, int t_act)
@@ -359,6 +371,7 @@ static int seed_attention(struct graph *g, const struct unet_config *c, const ch
     char b[256];
     if (x < 0) return -1;
     int ch = g->tensors[x]->d[1], hh = g->tensors[x]->d[2], ww = g->tensors[x]->d[3];
+    int first = g->n_ops;
     int tok = graph_to_tokens(g, x);
     int h = layernorm(g, cat(b, sizeof b, name, ".ln"), tok, 1e-5f);
     int wd[2] = {3 * ch, ch}, bd[1] = {3 * ch};
@@ -375,7 +388,7 @@ static int seed_attention(struct graph *g, const struct unet_config *c, const ch
     f = graph_gelu(g, f);
     f = linear(g, cat(b, sizeof b, name, ".ff_self.3"), f, ch);
     a = graph_add(g, f, a);
-    return graph_to_image(g, a, hh, ww);
+    return segment(g, first, GRAPH_SEG_ATTENTION, graph_to_image(g, a, hh, ww));
 }
 
 static int build_seed(struct graph *g, const struct unet_config *c, int batch,
@@ -388,16 +401,30 @@ static int build_seed(struct graph *g, const struct unet_config *c, int batch,
     /* pos_encoding: [sin(t f), cos(t f)], f_i = 10000^(-2i/dim): freq_shift 0, no flip */
     int temb = graph_timestep_embed(g, io->t, c->time_dim, 0, 0.0f, 10000.0f);
     int t_act = graph_silu(g, temb); /* each emb_layer starts with SiLU; computed once */
-    int x1 = seed_double_conv(g, "inc", io->x, b, b, 0);
+    /* levels (recomputation's largest segments): each resolution's blocks in a row */
+    int lv = g->n_ops;
+    int x1 = segment(g, lv, GRAPH_SEG_LEVEL, seed_double_conv(g, "inc", io->x, b, b, 0));
+    lv = g->n_ops;
     int x2 = seed_attention(g, c, "sa1", seed_down(g, "down1", x1, 2 * b, t_act), hd);
+    segment(g, lv, GRAPH_SEG_LEVEL, x2);
+    lv = g->n_ops;
     int x3 = seed_attention(g, c, "sa2", seed_down(g, "down2", x2, 4 * b, t_act), hd);
+    segment(g, lv, GRAPH_SEG_LEVEL, x3);
+    lv = g->n_ops;
     int x4 = seed_attention(g, c, "sa3", seed_down(g, "down3", x3, 4 * b, t_act), hd);
     x4 = seed_double_conv(g, "bot1", x4, 8 * b, 8 * b, 0);
     x4 = seed_double_conv(g, "bot2", x4, 8 * b, 8 * b, 0);
     x4 = seed_double_conv(g, "bot3", x4, 4 * b, 4 * b, 0);
+    segment(g, lv, GRAPH_SEG_LEVEL, x4);
+    lv = g->n_ops;
     int h = seed_attention(g, c, "sa4", seed_up(g, "up1", x4, x3, 2 * b, t_act), hd);
+    segment(g, lv, GRAPH_SEG_LEVEL, h);
+    lv = g->n_ops;
     h = seed_attention(g, c, "sa5", seed_up(g, "up2", h, x2, b, t_act), hd);
+    segment(g, lv, GRAPH_SEG_LEVEL, h);
+    lv = g->n_ops;
     h = seed_attention(g, c, "sa6", seed_up(g, "up3", h, x1, b, t_act), hd);
+    segment(g, lv, GRAPH_SEG_LEVEL, h);
     io->out = conv(g, "outc", h, c->out_channels, 1, 1, 0, 0, 0, 0, 1);
     return g->status;
 }

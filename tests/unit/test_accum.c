@@ -14,8 +14,8 @@ static void equivalence(enum unet_preset preset, int batch, int micro)
     struct unet_config c;
     accum_config(&c, preset);
     struct accum ref, a;
-    int ok = accum_init(&ref, &c, batch, batch, NULL) == 0;
-    ok = ok && accum_init(&a, &c, batch, micro, NULL) == 0;
+    int ok = accum_init(&ref, &c, batch, batch, NULL, NULL) == 0;
+    ok = ok && accum_init(&a, &c, batch, micro, NULL, NULL) == 0;
     CHECK(ok, "%s: building batch %d / micro-batch %d", name, batch, micro);
     if (!ok) return;
     float lref = 0, la = 0;

@@ -71,10 +71,10 @@ static inline void accum_weights(struct exec *e, const struct graph *g)
 }
 
 /* Builds and plans the model at micro (and at the rest when micro does not divide batch, nested
- * in the first's reservation), allocates, loads the weights. po: the strategy's plan options
- * (may be NULL). 0 on success. */
+ * in the first's reservation), allocates, loads the weights. po: the strategy's plan options,
+ * eo the executor's (each may be NULL: plain, 2 threads). 0 on success. */
 static inline int accum_init(struct accum *a, const struct unet_config *c, int batch, int micro,
-                             const struct plan_opts *po)
+                             const struct plan_opts *po, const struct exec_opts *eo_in)
 {
     memset(a, 0, sizeof *a);
     graph_init(&a->g);
@@ -91,6 +91,7 @@ static inline int accum_init(struct accum *a, const struct unet_config *c, int b
         plan_reserve_nested(&a->p, &a->rp);
     }
     struct exec_opts eo = {.threads = 2};
+    if (eo_in) eo = *eo_in;
     if (exec_init(&a->e, &a->g, &a->p, backend_cpu(), &eo)) return -1;
     if (a->rest && exec_init_nested(&a->re, &a->rg, &a->rp, a->e, &eo)) return -1;
     accum_weights(a->e, &a->g);
