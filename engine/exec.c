@@ -36,6 +36,13 @@ struct exec {
     float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc,
                                  * grown to the largest image uploaded or downloaded so far */
     size_t stage_n;
+    /* offload (plan.offload): the host block (master, gradients' copy, m, v, EMA) and the
+     * host backend the optimizer runs on there (the CPU's; e->ctx when it is e->bk) */
+    unsigned char *hbase;
+    const struct backend *hbk;
+    bk_ctx *hctx;
+    int master_stale;           /* the device weights were written: copy them to the master */
+    struct exec *host;          /* nested: the host executor */
 };
 
 static double now_seconds(void)
@@ -63,8 +70,10 @@ void exec_free(struct exec *e)
     if (!e) return;
     if (!e->borrowed) {
         if (e->base) e->bk->mem_free(e->base, e->ctx);
+        if (e->hctx && e->hctx != e->ctx) e->hbk->ctx_free(e->hctx);
         if (e->ctx) e->bk->ctx_free(e->ctx);
     }
+    free(e->hbase);
     free(e->ends_start);
     free(e->ends);
     free(e->guard_host);
@@ -287,6 +296,24 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
     }
     e->alloc_bytes = p->total_bytes;
     if ((rc = exec_setup(e, 0))) return exec_init_failed(e, opts, rc);
+    if (p->offload) {
+        /* the host block: zeroed like the persistent part (parameter padding stays zero) */
+        e->hbase = calloc(1, p->host_bytes + 1);
+        if (!e->hbase) {
+            rc = exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the offloaded "
+                           "state (%zu bytes)", p->host_bytes);
+            return exec_init_failed(e, opts, rc);
+        }
+        e->hbk = backend_cpu();
+        if (e->hbk == bk) {
+            e->hctx = e->ctx;
+        } else if ((rc = e->hbk->ctx_init(&e->hctx, e->opts.threads))) {
+            e->hctx = NULL;
+            rc = bk_fail(e, rc, -1, "creating the host optimizer's context");
+            return exec_init_failed(e, opts, rc);
+        }
+        e->master_stale = 1;
+    }
     *out = e;
     return EXEC_OK;
 }
@@ -303,6 +330,7 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
     e->borrowed = 1;
     e->base = host->base;
     e->ctx = host->ctx;
+    e->host = host;
     e->alloc_bytes = host->alloc_bytes;
     if (!sub->nested || host->borrowed) {
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "not a nested plan over a job's own executor");
@@ -377,6 +405,7 @@ int exec_upload(struct exec *e, int id, const float *host)
         host_to16(h16, host, t->numel, t->dtype);
         src = h16;
     }
+    if (t->kind == TENSOR_PARAM) e->master_stale = 1;
     return bk_check(e, e->bk->mem_upload(d, src, tensor_bytes(t), e->ctx), "an upload");
 }
 
@@ -397,31 +426,71 @@ int exec_download(struct exec *e, int id, float *host)
     return EXEC_OK;
 }
 
-static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id)
+/* where part of parameter id is: on the device, or (*in_host set) in the offloaded host block */
+static unsigned char *part_ptr(struct exec *e, enum exec_part part, int id, int *in_host)
 {
+    const struct plan *p = e->p;
+    *in_host = 0;
     if (id < 0 || id >= e->g->n_tensors || e->g->tensors[id]->kind != TENSOR_PARAM) return NULL;
-    if (e->p->inference && part != EXEC_PART_WEIGHT) return NULL; /* no EMA, no moments */
-    size_t base = part == EXEC_PART_EMA      ? e->p->ema_off
-                  : part == EXEC_PART_ADAM_M ? e->p->adam_m_off
-                  : part == EXEC_PART_ADAM_V ? e->p->adam_v_off
-                                             : e->p->params_off;
-    return e->base + base + e->p->offset[id];
+    if (p->inference && part != EXEC_PART_WEIGHT) return NULL; /* no EMA, no moments */
+    size_t rel = (size_t)p->offset[id] - p->params_off;
+    if (p->offload && part != EXEC_PART_WEIGHT) {
+        *in_host = 1;
+        return e->hbase + rel +
+               (part == EXEC_PART_EMA      ? p->host_ema_off
+                : part == EXEC_PART_ADAM_M ? p->host_adam_m_off
+                                           : p->host_adam_v_off);
+    }
+    size_t base = part == EXEC_PART_EMA      ? p->ema_off
+                  : part == EXEC_PART_ADAM_M ? p->adam_m_off
+                  : part == EXEC_PART_ADAM_V ? p->adam_v_off
+                                             : p->params_off;
+    return e->base + base + rel;
+}
+
+int exec_nested_sync(struct exec *sub)
+{
+    const struct plan *p = sub->p;
+    if (!p->weights_from_host) return EXEC_OK;
+    const struct exec *h = sub->host;
+    const struct plan *hp = h->p;
+    for (int t = 0; t < sub->g->n_tensors; t++) {
+        const struct tensor *tt = sub->g->tensors[t];
+        if (tt->kind != TENSOR_PARAM) continue;
+        int w = graph_find_param(h->g, tt->name); /* plan_make_nested checked it exists */
+        const unsigned char *src =
+            h->hbase + hp->host_ema_off + ((size_t)hp->offset[w] - hp->params_off);
+        int rc = sub->bk->mem_upload(sub->base + p->offset[t], src, tensor_bytes(tt), sub->ctx);
+        if (rc) return bk_fail(sub, rc, -1, "uploading the host's EMA weights");
+    }
+    return EXEC_OK;
 }
 
 int exec_download_part(struct exec *e, enum exec_part part, int id, float *host)
 {
-    unsigned char *d = part_ptr(e, part, id);
+    int in_host;
+    unsigned char *d = part_ptr(e, part, id, &in_host);
     if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "no part %d of tensor %d", (int)part, id);
-    return bk_check(e, e->bk->mem_download(host, d, tensor_bytes(e->g->tensors[id]), e->ctx),
-                    "a download");
+    size_t bytes = tensor_bytes(e->g->tensors[id]);
+    if (in_host) {
+        memcpy(host, d, bytes);
+        return EXEC_OK;
+    }
+    return bk_check(e, e->bk->mem_download(host, d, bytes, e->ctx), "a download");
 }
 
 int exec_upload_part(struct exec *e, enum exec_part part, int id, const float *host)
 {
-    unsigned char *d = part_ptr(e, part, id);
+    int in_host;
+    unsigned char *d = part_ptr(e, part, id, &in_host);
     if (!d) return exec_fail(e, EXEC_ERR_ARG, 0, -1, "no part %d of tensor %d", (int)part, id);
-    return bk_check(e, e->bk->mem_upload(d, host, tensor_bytes(e->g->tensors[id]), e->ctx),
-                    "an upload");
+    size_t bytes = tensor_bytes(e->g->tensors[id]);
+    if (in_host) {
+        memcpy(d, host, bytes);
+        return EXEC_OK;
+    }
+    e->master_stale = 1;
+    return bk_check(e, e->bk->mem_upload(d, host, bytes, e->ctx), "an upload");
 }
 
 int exec_reset_state(struct exec *e)
@@ -430,7 +499,18 @@ int exec_reset_state(struct exec *e)
     if (p->inference)
         return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no EMA or AdamW state");
     size_t words = p->params_bytes / 4;
-    int rc = e->bk->mem_set_f32((float *)(e->base + p->adam_m_off), 0.0f, 2 * words, e->ctx);
+    int rc;
+    if (p->offload) {
+        /* the master and the EMA <- the device weights; the moments zero */
+        if ((rc = e->bk->mem_download(e->hbase + p->host_master_off, e->base + p->params_off,
+                                      p->params_bytes, e->ctx)))
+            return bk_fail(e, rc, -1, "copying the weights to the host");
+        e->master_stale = 0;
+        memset(e->hbase + p->host_adam_m_off, 0, 2 * p->params_bytes);
+        memcpy(e->hbase + p->host_ema_off, e->hbase + p->host_master_off, p->params_bytes);
+        return EXEC_OK;
+    }
+    rc = e->bk->mem_set_f32((float *)(e->base + p->adam_m_off), 0.0f, 2 * words, e->ctx);
     if (rc) return bk_fail(e, rc, -1, "zeroing the AdamW state");
     /* ema <- params: scale by 1 is a copy through the backend */
     rc = e->bk->scale_fwd((float *)(e->base + p->ema_off), (float *)(e->base + p->params_off),
@@ -914,9 +994,32 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no optimizer state");
     size_t words = p->params_bytes / 4;
     float *w = (float *)(e->base + p->params_off), *g = (float *)(e->base + p->grads_off);
+    float *m = (float *)(e->base + p->adam_m_off), *v = (float *)(e->base + p->adam_v_off);
+    float *ema = (float *)(e->base + p->ema_off);
+    const struct backend *bk = e->bk;
+    bk_ctx *ctx = e->ctx;
     double ss = 0;
+    int rc;
     if (applied) *applied = 0;
-    int rc = e->bk->sumsq(&ss, g, words, e->ctx);
+    if (p->offload) {
+        /* the gradients to the host, the step there on the master, moments and EMA (the host
+         * backend's kernels), the master back to the device weights below */
+        unsigned char *h = e->hbase;
+        if (e->master_stale &&
+            (rc = bk->mem_download(h + p->host_master_off, w, p->params_bytes, ctx)))
+            return bk_fail(e, rc, -1, "copying the weights to the host");
+        e->master_stale = 0;
+        if ((rc = bk->mem_download(h + p->host_grads_off, g, p->params_bytes, ctx)))
+            return bk_fail(e, rc, -1, "copying the gradients to the host");
+        w = (float *)(h + p->host_master_off);
+        g = (float *)(h + p->host_grads_off);
+        m = (float *)(h + p->host_adam_m_off);
+        v = (float *)(h + p->host_adam_v_off);
+        ema = (float *)(h + p->host_ema_off);
+        bk = e->hbk;
+        ctx = e->hctx;
+    }
+    rc = bk->sumsq(&ss, g, words, ctx);
     if (rc) return bk_fail(e, rc, -1, "the gradient norm");
     /* the norm of the unscaled gradients: a loss scaled by s has gradients s times larger */
     float norm = (float)(sqrt(ss) / (double)loss_scale), gscale = 1.0f;
@@ -940,17 +1043,18 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         .bias_c1 = (float)(1.0 - pow((double)c->beta1, (double)t)),
         .bias_c2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t)),
     };
-    float *m = (float *)(e->base + p->adam_m_off), *v = (float *)(e->base + p->adam_v_off);
-    if (c->ema_decay > 0.0f && e->bk->adamw_ema_step)
-        return bk_check(e,
-                        e->bk->adamw_ema_step(w, m, v, (float *)(e->base + p->ema_off), g, gscale,
-                                              &h, c->ema_decay, words, e->ctx),
-                        "the AdamW + EMA step");
-    if ((rc = e->bk->adamw_step(w, m, v, g, gscale, &h, words, e->ctx)))
-        return bk_fail(e, rc, -1, "the AdamW step");
-    if (c->ema_decay > 0.0f &&
-        (rc = e->bk->ema_update((float *)(e->base + p->ema_off), w, c->ema_decay, words, e->ctx)))
-        return bk_fail(e, rc, -1, "the EMA update");
+    if (c->ema_decay > 0.0f && bk->adamw_ema_step) {
+        if ((rc = bk->adamw_ema_step(w, m, v, ema, g, gscale, &h, c->ema_decay, words, ctx)))
+            return bk_fail(e, rc, -1, "the AdamW + EMA step");
+    } else {
+        if ((rc = bk->adamw_step(w, m, v, g, gscale, &h, words, ctx)))
+            return bk_fail(e, rc, -1, "the AdamW step");
+        if (c->ema_decay > 0.0f && (rc = bk->ema_update(ema, w, c->ema_decay, words, ctx)))
+            return bk_fail(e, rc, -1, "the EMA update");
+    }
+    if (p->offload &&
+        (rc = e->bk->mem_upload(e->base + p->params_off, w, p->params_bytes, e->ctx)))
+        return bk_fail(e, rc, -1, "copying the weights back to the device");
     return EXEC_OK;
 }
 

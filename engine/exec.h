@@ -75,6 +75,11 @@ void exec_free(struct exec *e);
 int exec_init_nested(struct exec **out, const struct graph *g, const struct plan *sub,
                      struct exec *host, const struct exec_opts *opts);
 
+/* A nested executor whose plan reads an offloading host's EMA (plan.weights_from_host): the
+ * host's EMA (in host memory) uploaded into the sub-plan's own weight bytes; call it before
+ * each run that follows a host step (a sample grid). Nothing to do (EXEC_OK) otherwise. */
+int exec_nested_sync(struct exec *sub);
+
 /* the last failure of a call on e (status EXEC_OK when none has failed) */
 const struct exec_error *exec_last_error(const struct exec *e);
 /* "ok", "out of host memory", "backend error", "out of budget", ... */

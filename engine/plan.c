@@ -247,13 +247,13 @@ static void insert_by_offset(int *byoff, int n, const struct plan_storage *st, i
 }
 
 /* what plan_build can lay out today: fp32, bf16 or f16 steps at any micro-batch, with
- * recomputation */
+ * recomputation, with offload */
 static int plan_strategy_supported(const struct strategy *s)
 {
     return (s->precision == STRATEGY_PRECISION_F32 || s->precision == STRATEGY_PRECISION_BF16 ||
             s->precision == STRATEGY_PRECISION_F16) &&
            s->micro_batch >= 0 && s->recompute >= STRATEGY_RECOMPUTE_NONE &&
-           s->recompute <= STRATEGY_RECOMPUTE_LEVEL && s->offload == 0;
+           s->recompute <= STRATEGY_RECOMPUTE_LEVEL && (s->offload == 0 || s->offload == 1);
 }
 
 /* p->parts and p->host_bytes from the part fields (after any change to them) */
@@ -268,6 +268,12 @@ static void plan_count_parts(struct plan *p)
         b[PLAN_PART_EMA].device = p->ema_bytes;
     }
     b[PLAN_PART_WORKING].device = p->work_bytes;
+    if (p->offload) {
+        b[PLAN_PART_GRADS].host = p->params_bytes; /* the optimizer's copy */
+        b[PLAN_PART_OPTIMIZER].host = 2 * p->params_bytes;
+        b[PLAN_PART_MASTER].host = p->params_bytes;
+        b[PLAN_PART_EMA].host = p->params_bytes;
+    }
     b[PLAN_PART_INPUTS].device = p->inputs_bytes;
     b[PLAN_PART_WORKSPACE].device = p->ws_bytes + 2 * p->ws_guard_bytes;
     b[PLAN_PART_ARENA].device = p->arena_bytes;
@@ -440,6 +446,10 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     size_t off = 0;
     if (host) {
         size_t base = infer && weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
+        /* an offloading host's EMA is in host memory: the sub-plan's weights get device bytes
+         * of their own at the start of the host's transient part */
+        p->weights_from_host = infer && weights == PLAN_WEIGHTS_EMA && host->offload;
+        if (p->weights_from_host) base = host->inputs_off;
         for (int t = 0; t < n; t++) {
             const struct tensor *tt = g->tensors[t];
             if (tt->kind != TENSOR_PARAM) continue;
@@ -453,7 +463,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         }
         p->params_off = base;
         p->params_bytes = host->params_bytes;
-        off = host->inputs_off;
+        off = host->inputs_off + (p->weights_from_host ? p->params_bytes : 0);
     } else {
         for (int t = 0; t < n; t++)
             if (g->tensors[t]->kind == TENSOR_PARAM) {
@@ -472,6 +482,20 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             p->adam_bytes = host->adam_bytes;
             p->ema_off = host->ema_off;
             p->ema_bytes = host->ema_bytes;
+        } else if (opts->strategy.offload == 1) {
+            /* on the device only the gradients; the host block: master, gradients' copy,
+             * m, v, EMA */
+            size_t pb = p->params_bytes;
+            p->offload = 1;
+            p->grads_off = pb;
+            p->grads_bytes = pb;
+            p->adam_m_off = p->adam_v_off = p->ema_off = p->grads_off + pb; /* no bytes */
+            off = p->grads_off + pb;
+            p->host_master_off = 0;
+            p->host_grads_off = pb;
+            p->host_adam_m_off = 2 * pb;
+            p->host_adam_v_off = 3 * pb;
+            p->host_ema_off = 4 * pb;
         } else {
             p->grads_off = p->params_bytes;
             p->grads_bytes = p->params_bytes;
@@ -597,7 +621,7 @@ int plan_make_nested(struct plan *sub, const struct graph *g, const struct backe
 {
     memset(sub, 0, sizeof *sub);
     if (!host || !host_g || host->nested || host->n_tensors != host_g->n_tensors ||
-        (weights == PLAN_WEIGHTS_EMA && !host->ema_bytes))
+        (weights == PLAN_WEIGHTS_EMA && !host->ema_bytes && !host->offload))
         return PLAN_ERR_ARG;
     return plan_build(sub, g, bk, opts, 1, host, host_g, weights);
 }

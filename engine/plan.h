@@ -116,7 +116,21 @@ struct plan {
     size_t grads_off, grads_bytes;    /* same layout as params; 0 bytes for inference */
     size_t adam_m_off, adam_v_off;    /* same layout as params */
     size_t adam_bytes;                /* m and v together; 0 for inference */
-    size_t ema_off, ema_bytes;        /* same layout as params; 0 for inference */
+    size_t ema_off, ema_bytes;        /* same layout as params; 0 for inference (and offload) */
+    /* Offload (strategy.offload = 1, a training plan): the AdamW moments, the EMA and the fp32
+     * master weights live in the job's host block (host_bytes, allocated by the executor apart
+     * from the reservation), each in the params layout at these offsets into it, with a host
+     * copy of the gradients (the optimizer's input, copied from the device each step); on the
+     * device adam_bytes and ema_bytes are 0, so the reservation is smaller by exactly their
+     * bytes. The device keeps the fp32 weights (the kernels read them; under f32 they ARE the
+     * working weights) and the gradients; the host optimizer steps the master and writes it
+     * back to them. */
+    int offload;
+    size_t host_master_off, host_grads_off, host_adam_m_off, host_adam_v_off, host_ema_off;
+    /* a nested plan over an offloading host's EMA (plan_make_nested, PLAN_WEIGHTS_EMA): its
+     * weights get their own device bytes at params_off (over the host's transient part), filled
+     * from the host's EMA by exec_nested_sync before a run */
+    int weights_from_host;
     size_t work_off, work_bytes;      /* the 16-bit working copy of the convolution and linear
                                        * weights (16-bit precision; 0 bytes under f32), refreshed
                                        * from the fp32 weights before every forward */

@@ -896,10 +896,17 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for %d samples", n);
         return SAMPLE_FAILED;
     }
-    /* the nested executor reads the EMA in place: nothing is copied or uploaded, and the next
-     * training step uploads its own inputs again (the grid overwrote them) */
+    /* the nested executor reads the EMA in place (with offload: a copy uploaded from the host
+     * block), and the next training step uploads its own inputs again (the grid overwrote
+     * them) */
     sample_job_bind_nested(&sj, &j->tp.sg, &j->tp.sio, &j->tp.sp, j->se, grid_batch(s),
                            &s->model);
+    /* with offload the EMA is in host memory: the grid's weights are uploaded from it first */
+    if (exec_nested_sync(j->se)) {
+        snprintf(err, errlen, "sampling at step %" PRId64 " failed: %s", step,
+                 exec_last_error(j->se)->msg);
+        goto out;
+    }
     struct sampler_config sc;
     train_sampler_config(s, &sc);
     sc.stop = j->o->stop;
