@@ -53,6 +53,7 @@ echo "ceilings: SGEMM $(val ceiling_sgemm_shape "$ceil") $sgemm GFLOP/s;" \
 echo
 echo "| config | batch | ddpmd ms/step | torch ms/step | ddpmd img/s | torch img/s | speed ratio | ddpmd CPU s/step | torch CPU s/step | CPU ratio | ddpmd GFLOP/s (% conv ceiling) | torch GFLOP/s | ddpmd peak RSS MiB | torch peak RSS MiB | RSS ratio | ddpmd plan MiB + overhead MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+fnv=""
 for cb in $CONFIGS; do
   cfg=${cb%%:*}
   bs=${cb##*:}
@@ -69,6 +70,7 @@ for cb in $CONFIGS; do
     fi
     m=$(val step_cpu_s_median "$d")
     if [ -z "$dcpu" ] || awk -v a="$m" -v b="$dcpu" 'BEGIN { exit !(a < b) }'; then dcpu=$m; fi
+    fnv="$fnv $cfg:$bs:$(val weights_fnv "$d")"
     gps=$(val gflop_per_step "$d")
     drss=$(val peak_rss_kib "$d")
     plan=$(val plan_bytes "$d")
@@ -104,3 +106,4 @@ echo
 echo "speed ratio = torch ms/step / ddpmd ms/step (images/s ratio); CPU s/step = CPU seconds of all"
 echo "threads per step (least of the rounds), CPU ratio = torch / ddpmd; RSS ratio = ddpmd / torch;"
 echo "GFLOP/s count convolutions, linears and attention matmuls of the step (same count for both)."
+echo "ddpmd weights after each round (equal within a config: the same bits at $THREADS threads):$fnv"
