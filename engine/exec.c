@@ -285,6 +285,11 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         rc = bk_fail(e, rc, -1, "creating the backend context");
         return exec_init_failed(e, opts, rc);
     }
+    if (e->opts.budget && (!bk->ctx_set_budget || bk->ctx_set_budget(e->ctx, e->opts.budget))) {
+        rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend cannot enforce a budget",
+                       bk->name);
+        return exec_init_failed(e, opts, rc);
+    }
     if ((rc = bk->mem_alloc((void **)&e->base, p->total_bytes, e->ctx))) {
         e->base = NULL;
         rc = bk_fail(e, rc, -1, "the reservation");
@@ -1056,6 +1061,13 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         (rc = e->bk->mem_upload(e->base + p->params_off, w, p->params_bytes, e->ctx)))
         return bk_fail(e, rc, -1, "copying the weights back to the device");
     return EXEC_OK;
+}
+
+const struct plan *exec_plan(const struct exec *e) { return e->p; }
+
+size_t exec_device_high_water(const struct exec *e)
+{
+    return e->bk->mem_high_water && e->ctx ? e->bk->mem_high_water(e->ctx) : 0;
 }
 
 const struct exec_profile *exec_get_profile(struct exec *e)

@@ -38,6 +38,8 @@ struct exec_opts {
     int check_guards;     /* verify the canary gaps (plan_opts.guard_bytes) after every op */
     int profile;          /* accumulate wall time per op (exec_profile); off: one branch per op */
     struct exec_error *init_error; /* may be NULL: where a failing exec_init says why */
+    size_t budget;        /* the device budget the backend enforces (0: none): the reservation
+                           * and any later request beyond it fail with EXEC_ERR_BUDGET */
 };
 
 /* wall time accumulated while exec_opts.profile is set, since exec_init or the last
@@ -80,6 +82,8 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
  * each run that follows a host step (a sample grid). Nothing to do (EXEC_OK) otherwise. */
 int exec_nested_sync(struct exec *sub);
 
+/* the plan e runs */
+const struct plan *exec_plan(const struct exec *e);
 /* the last failure of a call on e (status EXEC_OK when none has failed) */
 const struct exec_error *exec_last_error(const struct exec *e);
 /* "ok", "out of host memory", "backend error", "out of budget", ... */
@@ -152,5 +156,8 @@ void exec_profile_reset(struct exec *e);
 
 /* the highest byte of the arena written since exec_init (a scan for the fill pattern) */
 size_t exec_arena_high_water(struct exec *e);
+/* the most bytes the backend held at once on the job's context since exec_init (its measured
+ * device high-water mark; 0 where the backend does not measure it) */
+size_t exec_device_high_water(const struct exec *e);
 
 #endif

@@ -290,6 +290,13 @@ struct backend {
      * do not overlap. Bit-identical to kernels/half.h on every backend. */
     int (*convert)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
                    bk_ctx *ctx);
+
+    /* ---- the device budget (optional: NULL where a backend cannot enforce one) ---- */
+    /* the most bytes mem_alloc may hold at once on ctx (0: no limit): a request beyond it fails
+     * with BK_ERR_NOMEM, as on a full device */
+    int (*ctx_set_budget)(bk_ctx *ctx, size_t bytes);
+    /* the most bytes mem_alloc held at once on ctx since ctx_init (the measured high-water mark) */
+    size_t (*mem_high_water)(const bk_ctx *ctx);
 };
 
 /* the CPU backend, always present */

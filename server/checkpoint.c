@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner.h"
+
 static const char *part_prefix(enum exec_part p)
 {
     switch (p) {
@@ -21,7 +23,8 @@ static const char *part_prefix(enum exec_part p)
  * another encoding) fails with the key named, since a checkpoint without its spec can be neither
  * sampled nor resumed */
 static int checkpoint_meta(struct safetensors_writer *w, const struct train_spec *spec,
-                           int64_t step, const char *json, char *err, size_t errlen)
+                           int64_t step, const char *json, const char *plan, char *err,
+                           size_t errlen)
 {
     char sbuf[32], tbuf[32];
     snprintf(sbuf, sizeof sbuf, "%" PRId64, step);
@@ -30,8 +33,11 @@ static int checkpoint_meta(struct safetensors_writer *w, const struct train_spec
         {"format", CHECKPOINT_FORMAT}, {"format_version", CHECKPOINT_VERSION}, {"step", sbuf},
         /* all draws are Philox functions of (seed, step, ...): the step is the RNG position */
         {"rng_position", sbuf}, {"threads", tbuf}, {"spec", json},
+        /* the plan the planner chose for the run (its strategy and bytes) */
+        {"plan", plan},
     };
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        if (!kv[i][1]) continue;
         enum st_status st = safetensors_writer_meta(w, kv[i][0], kv[i][1]);
         if (st != ST_OK) {
             snprintf(err, errlen, "cannot store metadata '%s' in the checkpoint: %s%s", kv[i][0],
@@ -53,7 +59,7 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
     if (!json || safetensors_writer_init(&w))
         snprintf(err, errlen, "out of memory");
     else
-        rc = checkpoint_meta(w, spec, 0, json, err, errlen);
+        rc = checkpoint_meta(w, spec, 0, json, NULL, err, errlen);
     safetensors_writer_free(w);
     free(json);
     return rc;
@@ -92,7 +98,16 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
             dst += t->numel;
         }
     }
-    if (checkpoint_meta(w, spec, step, json, err, errlen)) goto out;
+    const struct plan *pl = exec_plan(e);
+    char plan[256];
+    snprintf(plan, sizeof plan,
+             "{\"precision\":\"%s\",\"micro_batch\":%d,\"recompute\":\"%s\",\"offload\":\"%s\","
+             "\"device_bytes\":%zu,\"host_bytes\":%zu}",
+             planner_precision_name(pl->strategy.precision),
+             pl->strategy.micro_batch > 0 ? pl->strategy.micro_batch : spec->batch,
+             planner_recompute_name(pl->strategy.recompute), pl->strategy.offload == 1 ? "on" : "off",
+             pl->total_bytes, pl->host_bytes);
+    if (checkpoint_meta(w, spec, step, json, plan, err, errlen)) goto out;
     if (safetensors_writer_save(w, path, err, errlen)) goto out;
     rc = 0;
 out:

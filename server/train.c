@@ -542,9 +542,13 @@ static int build(struct job *j, char *err, size_t errlen)
     if (job_strategy(s, j->o, &st, err, errlen) ||
         train_plans_make(&j->tp, s, &st, err, errlen))
         return -1;
-    struct exec_opts eo = {.threads = s->threads};
+    /* the budget is enforced by the backend too: nothing beyond it is ever allocated */
+    struct exec_error xe = {0};
+    struct exec_opts eo = {.threads = s->threads, .budget = (size_t)s->vram_budget,
+                           .init_error = &xe};
     if (exec_init(&j->e, &j->tp.g, &j->tp.p, backend_cpu(), &eo)) {
-        snprintf(err, errlen, "cannot allocate the plan's %zu bytes", j->tp.p.total_bytes);
+        snprintf(err, errlen, "cannot allocate the plan's %zu bytes: %s (%s)",
+                 j->tp.p.total_bytes, exec_status_name(xe.status), xe.msg);
         return -1;
     }
     /* allocate nothing: the last micro-batch and the grids run in the reservation just made */

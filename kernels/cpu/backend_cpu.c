@@ -1,6 +1,9 @@
 /* backend_cpu.c - the CPU backend's table and its context/memory functions.
  * Memory is plain host memory; the executor takes all of a job's bytes in one cpu_mem_alloc.
+ * A context may carry a budget (cpu_ctx_set_budget): the "device" then refuses what would hold
+ * more than it at once, so budgets, admission and out-of-budget paths are tested without a GPU.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,22 +33,67 @@ void cpu_ctx_free(bk_ctx *ctx)
 {
     if (!ctx) return;
     cpu_conv_cache_free(ctx);
+    free(ctx->blocks);
     free(ctx);
+}
+
+int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes)
+{
+    if (!ctx) return BK_ERR_INVALID;
+    ctx->budget = bytes;
+    return BK_OK;
+}
+
+size_t cpu_mem_high_water(const bk_ctx *ctx) { return ctx ? ctx->high_water : 0; }
+
+/* whether ctx's budget refuses bytes more (kept out of line: cpu_mem_alloc stays a small
+ * function, which test_train_reserve's recorder relies on) */
+static __attribute__((noinline)) int cpu_mem_refuse(const bk_ctx *ctx, size_t bytes)
+{
+    return ctx && ctx->budget && (bytes > ctx->budget || ctx->held > ctx->budget - bytes);
+}
+
+/* p (bytes) now held by ctx: its size kept for cpu_mem_free; -1 when the table cannot grow */
+static __attribute__((noinline)) int cpu_mem_note(bk_ctx *ctx, void *p, size_t bytes)
+{
+    if (!ctx) return 0;
+    if (ctx->n_blocks == ctx->cap_blocks) {
+        int cap = ctx->cap_blocks ? 2 * ctx->cap_blocks : 8;
+        struct cpu_block *b = realloc(ctx->blocks, (size_t)cap * sizeof *b);
+        if (!b) return -1;
+        ctx->blocks = b;
+        ctx->cap_blocks = cap;
+    }
+    ctx->blocks[ctx->n_blocks].p = p;
+    ctx->blocks[ctx->n_blocks++].bytes = bytes;
+    ctx->held += bytes;
+    if (ctx->held > ctx->high_water) ctx->high_water = ctx->held;
+    return 0;
 }
 
 int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
 {
-    (void)ctx;
+    if (cpu_mem_refuse(ctx, bytes)) return BK_ERR_NOMEM;
     /* 64-byte alignment: every planned offset is a multiple of 64 too */
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return BK_ERR_NOMEM;
+    if (cpu_mem_note(ctx, p, bytes)) {
+        free(p);
+        return BK_ERR_NOMEM;
+    }
     *out = p;
     return BK_OK;
 }
 
 void cpu_mem_free(void *p, bk_ctx *ctx)
 {
-    (void)ctx;
+    if (p && ctx)
+        for (int i = 0; i < ctx->n_blocks; i++)
+            if (ctx->blocks[i].p == p) {
+                ctx->held -= ctx->blocks[i].bytes;
+                ctx->blocks[i] = ctx->blocks[--ctx->n_blocks];
+                break;
+            }
     free(p);
 }
 
@@ -134,6 +182,8 @@ static const struct backend cpu_backend = {
     .groupnorm_silu_fwd = cpu_groupnorm_silu_fwd,
     .groupnorm_bwd_ws = cpu_groupnorm_bwd_ws,
     .groupnorm_bwd_ws_bytes = cpu_groupnorm_bwd_ws_bytes,
+    .ctx_set_budget = cpu_ctx_set_budget,
+    .mem_high_water = cpu_mem_high_water,
     .convert = cpu_convert,
 };
 

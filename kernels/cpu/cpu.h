@@ -11,6 +11,10 @@ struct cpu_conv_cache;
 struct bk_ctx {
     int threads;                 /* fixed per job: results are bit-identical at a given count */
     struct cpu_conv_cache *conv; /* oneDNN primitives by shape (conv.c), created on first use */
+    size_t budget;               /* the "device" budget (cpu_ctx_set_budget); 0: none */
+    size_t held, high_water;     /* bytes cpu_mem_alloc holds now, and the most at once */
+    struct cpu_block { void *p; size_t bytes; } *blocks; /* what cpu_mem_alloc handed out */
+    int n_blocks, cap_blocks;
 };
 
 int cpu_ctx_init(bk_ctx **out, int threads);
@@ -18,6 +22,8 @@ int cpu_ctx_init(bk_ctx **out, int threads);
  * at the machine's cores, for which such workspaces are planned; with ctx NULL, the cores */
 int cpu_threads(const bk_ctx *ctx);
 void cpu_ctx_free(bk_ctx *ctx);
+int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes);
+size_t cpu_mem_high_water(const bk_ctx *ctx);
 int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);
 void cpu_mem_free(void *p, bk_ctx *ctx);
 int cpu_mem_upload(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx);
