@@ -857,9 +857,24 @@ static int run_op_typed(struct exec *e, int k, float dloss_scale, uint64_t seed,
     return rc;
 }
 
+/* the libraries that keep a workspace per handle (cuBLAS) get this plan's workspace: the job's
+ * context is shared with its nested plans (sample grids), whose workspace lies elsewhere, so
+ * every run binds its own. Without it they would run with none (or allocate their own). */
+static int bind_workspace(struct exec *e)
+{
+    if (!e->bk->ctx_set_workspace) return EXEC_OK;
+    const struct plan *p = e->p;
+    int rc = e->bk->ctx_set_workspace(e->ctx, p->ws_bytes ? e->base + p->ws_off : NULL,
+                                      p->ws_bytes);
+    return rc ? bk_fail(e, rc, -1, "handing the plan's workspace to the backend's libraries")
+              : EXEC_OK;
+}
+
 static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64_t seed,
                      uint64_t step, int sample_base)
 {
+    int brc = bind_workspace(e);
+    if (brc) return brc;
     for (int k = from; k < to; k++) {
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;

@@ -21,6 +21,8 @@ static void set_err(char *err, size_t errlen, const char *fmt, const char *a, co
     if (err && errlen) snprintf(err, errlen, fmt, a, b);
 }
 
+const struct backend *backend_or_cpu(const struct backend *bk) { return bk ? bk : backend_cpu(); }
+
 int backend_device_index(const char *device)
 {
     if (!device || strncmp(device, "cuda", 4) != 0) return -1;

@@ -25,6 +25,9 @@ extern "C" {
  * else on the default library search path. It stays loaded once loaded. */
 int backend_load(const char *device, const struct backend **out, char *err, size_t errlen);
 
+/* bk, or the CPU backend when bk is NULL (a job that named no device runs on the CPU) */
+const struct backend *backend_or_cpu(const struct backend *bk);
+
 /* the device index of a "cuda" / "cuda:N" name (0 for "cuda"), -1 for anything else */
 int backend_device_index(const char *device);
 

@@ -28,7 +28,8 @@ rc=0
 # Left to the normal build (SANITIZE_EXCLUDE, a ctest -E regex, overrides the list):
 # test_gpu_step_emu: a whole training step in the instrumented SIMT emulator takes over 15
 # minutes (ctest's timeout); test_gpu_ops_emu runs every kernel under ASan instead.
-exclude=${SANITIZE_EXCLUDE-^test_gpu_step_emu\$}
+# cli_cuda_emu: training steps and sampling in the instrumented emulator, the same reason.
+exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|cli_cuda_emu)\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc

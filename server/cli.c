@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "backend_load.h"
 #include "checkpoint.h"
 #include "ddpm.h"
 #include "image.h"
@@ -43,7 +44,35 @@ struct cli_model {
     int steps;
     uint64_t seed;
     int ch, n_mult, mult[UNET_MAX_LEVELS]; /* --ch / --mult, applied after parsing */
+    const char *device;                    /* --device (default cpu) */
 };
+
+/* the exit status of a command whose device a sticky CUDA error poisoned (ddpmd serve's pool
+ * tells it from a failed job's 1 and marks the device) */
+#define CLI_EXIT_POISONED 3
+
+/* --device NAME: its backend from the loader (the CUDA module only when asked for); the
+ * reason on stderr and the exit status (2: not a device name, 1: no such device or module)
+ * on failure */
+static int cli_device(const char *name, const struct backend **bk)
+{
+    char err[512];
+    int rc = backend_load(name, bk, err, sizeof err);
+    if (rc == BK_OK) return 0;
+    fprintf(stderr, "ddpmd: --device %s: %s\n", name, err);
+    return rc == BK_ERR_INVALID ? 2 : 1;
+}
+
+/* after a failure: the device's state when a sticky error poisoned it; the exit status to use
+ * (CLI_EXIT_POISONED, else fail_rc) */
+static int cli_device_failed(const char *name, const struct backend *bk, int fail_rc)
+{
+    int index = backend_device_index(name);
+    if (!bk || index < 0 || !bk->device_poisoned || !bk->device_poisoned(index)) return fail_rc;
+    fprintf(stderr, "ddpmd: device %s is poisoned: a sticky CUDA error (named above) made its "
+                    "context unusable; a new process is needed\n", name);
+    return CLI_EXIT_POISONED;
+}
 
 static void usage(FILE *f)
 {
@@ -52,6 +81,7 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  train SPEC.json [--out DIR] [--resume | --resume-or-start] [--vram-budget SIZE]\n"
+            "         [--device cpu|cuda:N]\n"
             "         train the model a spec describes; checkpoints, sample grids, loss.csv and\n"
             "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first.\n"
             "         --resume continues from DIR's newest usable checkpoint (an error when there\n"
@@ -61,14 +91,14 @@ static void usage(FILE *f)
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
-            "         [--spec SPEC.json] [--threads 2] [--progress-json]\n"
+            "         [--spec SPEC.json] [--threads 2] [--progress-json] [--device cpu|cuda:N]\n"
             "         generate images (EMA weights unless --raw) into a grid PNG; --spec gives\n"
             "         the model of an imported state_dict (tools/convert_seed_ckpt.py);\n"
             "         --progress-json: a JSON line per denoising step on stdout (ddpmd serve)\n"
             "  export --diffusers DIR CHECKPOINT [--raw]\n"
             "         write config.json + diffusion_pytorch_model.safetensors (EMA weights) for\n"
             "         diffusers' UNet2DModel (ddpm preset)\n"
-            "  plan   SPEC.json [--vram-budget SIZE] [--json]\n"
+            "  plan   SPEC.json [--vram-budget SIZE] [--json] [--device cpu|cuda:N]\n"
             "         the planner's candidates for a spec (precision, micro-batch, recompute,\n"
             "         offload: the ones the engine runs), bytes by part, predicted step time,\n"
             "         whether each fits the budget (default: the spec's memory.vram_budget),\n"
@@ -92,6 +122,8 @@ static void usage(FILE *f)
             "  --tiled-attention      tile every attention (FlashAttention-style); default: plain\n"
             "                         where the matrices are at most 4x the block's input\n"
             "  --threads N            CPU threads (default 2)\n"
+            "  --device cpu|cuda:N    the device (also for train, sample and plan SPEC.json;\n"
+            "                         default cpu); cuda loads libddpmd_cuda.so\n"
             "demo options:\n"
             "  --steps N              training steps (default 30)\n"
             "  --seed N               random seed (default 1)\n");
@@ -220,10 +252,13 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
     m->threads = 2;
     m->steps = 30;
     m->seed = 1;
+    m->device = "cpu";
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
-        if (ARG("--preset")) {
+        if (ARG("--device")) {
+            m->device = v;
+        } else if (ARG("--preset")) {
             if (strcmp(v, "ddpm") && strcmp(v, "seed")) {
                 char e[200];
                 fprintf(stderr, "ddpmd: --preset must be ddpm or seed, not '%s'\n",
@@ -354,11 +389,13 @@ static void mib(char *buf, size_t n, size_t b) { snprintf(buf, n, "%.1f", b / 10
 /* `ddpmd plan SPEC.json [--vram-budget SIZE] [--json]`: every candidate of the search */
 static int cmd_plan_spec(int argc, char **argv)
 {
-    const char *path = NULL, *budget = NULL;
+    const char *path = NULL, *budget = NULL, *device = "cpu";
     int json = 0;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
             budget = argv[++i];
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             json = 1;
         else if (argv[i][0] != '-' && !path)
@@ -378,6 +415,11 @@ static int cmd_plan_spec(int argc, char **argv)
         return 2;
     }
     if (budget && cli_budget(budget, &spec)) return 2;
+    int drc = cli_device(device, &spec.backend);
+    if (drc) return drc;
+    struct bk_device_mem dm;
+    const int have_mem = spec.backend->device_mem &&
+                         spec.backend->device_mem(backend_device_index(device), &dm) == BK_OK;
     struct planner_result r;
     char err[512];
     double t0 = now_s();
@@ -385,6 +427,16 @@ static int cmd_plan_spec(int argc, char **argv)
     double ms = 1e3 * (now_s() - t0);
     if (json) {
         cJSON *o = train_search_json(&r, spec.batch);
+        cJSON *dv = o ? cJSON_AddObjectToObject(o, "device") : NULL;
+        if (dv) {
+            cJSON_AddStringToObject(dv, "name", device);
+            if (have_mem) {
+                cJSON_AddStringToObject(dv, "model", dm.name);
+                cJSON_AddNumberToObject(dv, "total_bytes", (double)dm.total);
+                cJSON_AddNumberToObject(dv, "free_bytes", (double)dm.free);
+                cJSON_AddNumberToObject(dv, "process_bytes", (double)dm.process);
+            }
+        }
         char *txt = o ? cJSON_Print(o) : NULL;
         if (txt) printf("%s\n", txt);
         free(txt);
@@ -395,6 +447,11 @@ static int cmd_plan_spec(int argc, char **argv)
         printf("%s: %s UNet, %d px, %d channels; effective batch %d; device budget %s\n", path,
                spec.model.preset == UNET_DDPM ? "ddpm" : "seed", spec.model.image_size,
                spec.model.in_channels, spec.batch, b);
+        if (have_mem)
+            printf("device %s (%s, sm_%d%d): %.1f MiB, %.1f MiB free; the process itself holds "
+                   "%.1f MiB there (context, library handles, modules: measured after the "
+                   "warm-up)\n", device, dm.name, dm.cc_major, dm.cc_minor,
+                   dm.total / 1048576.0, dm.free / 1048576.0, dm.process / 1048576.0);
         printf("%d candidate%s (every one planned in %.0f ms), fastest predicted first:\n",
                r.n_cand, r.n_cand == 1 ? "" : "s", ms);
         printf("     %-9s %6s %-10s %-7s %11s %9s %10s  %s\n", "precision", "micro", "recompute",
@@ -442,10 +499,13 @@ static int cmd_plan(int argc, char **argv)
     struct graph g;
     struct unet_io io;
     int target;
+    const struct backend *bk;
+    int drc = cli_device(m.device, &bk);
+    if (drc) return drc;
     if (build_training_graph(&m, &g, &io, &target)) return 1;
     struct plan p;
     double t0 = now_s();
-    if (plan_make(&p, &g, backend_cpu(), NULL)) {
+    if (plan_make(&p, &g, bk, NULL)) {
         fprintf(stderr, "ddpmd: planning failed\n");
         graph_free(&g);
         return 1;
@@ -486,13 +546,16 @@ static int cmd_demo(int argc, char **argv)
     struct graph g;
     struct unet_io io;
     int target, rc = 1;
+    const struct backend *bk;
+    int drc = cli_device(m.device, &bk);
+    if (drc) return drc;
     if (build_training_graph(&m, &g, &io, &target)) return 1;
     struct plan p;
     struct exec *e = NULL;
     struct ddpm_schedule sch = {0};
     float *x0 = NULL, *eps = NULL, *xt = NULL, *tf = NULL, *w = NULL;
     int *ti = NULL;
-    if (plan_make(&p, &g, backend_cpu(), NULL)) {
+    if (plan_make(&p, &g, bk, NULL)) {
         graph_free(&g);
         return 1;
     }
@@ -502,7 +565,7 @@ static int cmd_demo(int argc, char **argv)
     printf("memory plan (allocated once, before the first step):\n");
     plan_print(&p, stdout);
     struct exec_opts eo = {.threads = m.threads};
-    if (exec_init(&e, &g, &p, backend_cpu(), &eo)) {
+    if (exec_init(&e, &g, &p, bk, &eo)) {
         fprintf(stderr, "ddpmd: cannot allocate the plan's %zu bytes\n", p.total_bytes);
         goto out;
     }
@@ -579,7 +642,7 @@ static void on_signal(int sig)
 
 static int cmd_train(int argc, char **argv)
 {
-    const char *spec_path = NULL, *out = NULL, *budget = NULL;
+    const char *spec_path = NULL, *out = NULL, *budget = NULL, *device = "cpu";
     int resume = 0;
     char def_out[1100];
     for (int i = 2; i < argc; i++) {
@@ -591,6 +654,8 @@ static int cmd_train(int argc, char **argv)
             resume = TRAIN_RESUME_IF_ANY;
         else if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
             budget = argv[++i];
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
@@ -602,7 +667,7 @@ static int cmd_train(int argc, char **argv)
     }
     if (!spec_path) {
         fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume | --resume-or-start] "
-                        "[--vram-budget SIZE]\n");
+                        "[--vram-budget SIZE] [--device cpu|cuda:N]\n");
         return 2;
     }
     struct train_spec spec;
@@ -613,6 +678,8 @@ static int cmd_train(int argc, char **argv)
         return 2;
     }
     if (budget && cli_budget(budget, &spec)) return 2;
+    int drc = cli_device(device, &spec.backend);
+    if (drc) return drc;
     if (!out) {
         const char *base = strrchr(spec_path, '/');
         base = base ? base + 1 : spec_path;
@@ -632,7 +699,7 @@ static int cmd_train(int argc, char **argv)
     int rc = train_run(&spec, &o, err, sizeof err);
     if (rc == TRAIN_FAILED) {
         fprintf(stderr, "ddpmd: training failed: %s\n", err);
-        return 1;
+        return cli_device_failed(device, spec.backend, 1);
     }
     fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
                     "%s/loss.csv and loss.png\n",
@@ -690,6 +757,7 @@ static int cmd_export(int argc, char **argv)
 static int cmd_sample(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = "samples.png", *each = NULL, *spec_path = NULL;
+    const char *device = "cpu";
     int n = 64, batch = 16, raw = 0, threads = 2, progress_json = 0;
     uint64_t seed = 1;
     struct sampler_config sc;
@@ -728,6 +796,8 @@ static int cmd_sample(int argc, char **argv)
             each = v;
         else if (OPT("--spec"))
             spec_path = v;
+        else if (OPT("--device"))
+            device = v;
         else if (a[0] != '-' && !ckpt)
             ckpt = a;
         else {
@@ -743,6 +813,9 @@ static int cmd_sample(int argc, char **argv)
         fprintf(stderr, "usage: ddpmd sample CHECKPOINT [--n 64] [--steps 50] ...\n");
         return 2;
     }
+    const struct backend *bk;
+    int drc = cli_device(device, &bk);
+    if (drc) return drc;
     char err[512];
     struct safetensors *st = NULL;
     struct train_spec spec;
@@ -798,7 +871,7 @@ static int cmd_sample(int argc, char **argv)
         safetensors_free(st);
         return 1;
     }
-    if (sample_job_init(&sj, &spec.model, batch, threads, err, sizeof err) ||
+    if (sample_job_init(&sj, &spec.model, batch, threads, bk, err, sizeof err) ||
         sample_job_load(&sj, st, !raw, err, sizeof err)) {
         fprintf(stderr, "ddpmd: %s\n", err);
         goto out;
@@ -810,6 +883,7 @@ static int cmd_sample(int argc, char **argv)
     if (sample_job_run(&sj, &sch, &sc, seed, n, img, sample_progress,
                        progress_json ? &progress_json : NULL)) {
         fprintf(stderr, "ddpmd: sampling failed\n");
+        rc = cli_device_failed(device, bk, 1);
         goto out;
     }
     int cols = (int)ceil(sqrt((double)n));

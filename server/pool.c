@@ -358,7 +358,7 @@ int pool_estimate_sample(const struct pool *p, const struct pool_sample *s,
     struct unet_io io;
     struct plan pl;
     int batch = s->batch < s->n ? s->batch : s->n, rc = POOL_ERR_PLAN;
-    if (sample_plan(&s->model, batch, &g, &io, &pl, err, errlen)) goto out;
+    if (sample_plan(&s->model, batch, NULL, &g, &io, &pl, err, errlen)) goto out;
     e->params = (int64_t)pl.params_bytes;
     e->inputs = (int64_t)pl.inputs_bytes;
     e->workspace = (int64_t)pl.ws_bytes;

@@ -6,11 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_load.h"
 #include "checkpoint.h"
 #include "philox.h"
 
-int sample_plan(const struct unet_config *model, int batch, struct graph *g, struct unet_io *io,
-                struct plan *p, char *err, size_t errlen)
+int sample_plan(const struct unet_config *model, int batch, const struct backend *bk,
+                struct graph *g, struct unet_io *io, struct plan *p, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
     graph_init(g);
@@ -18,20 +19,20 @@ int sample_plan(const struct unet_config *model, int batch, struct graph *g, str
         snprintf(err, errlen, "cannot build the model: %s", g->err);
         return -1;
     }
-    if (plan_make(p, g, backend_cpu(), NULL)) {
+    if (plan_make(p, g, backend_or_cpu(bk), NULL)) {
         snprintf(err, errlen, "cannot plan the sampling graph");
         return -1;
     }
     return 0;
 }
 
-int sample_plan_bytes(const struct unet_config *model, int batch, int64_t *bytes, char *err,
-                      size_t errlen)
+int sample_plan_bytes(const struct unet_config *model, int batch, const struct backend *bk,
+                      int64_t *bytes, char *err, size_t errlen)
 {
     struct graph g;
     struct unet_io io;
     struct plan p;
-    int rc = sample_plan(model, batch, &g, &io, &p, err, errlen);
+    int rc = sample_plan(model, batch, bk, &g, &io, &p, err, errlen);
     *bytes = rc ? 0 : (int64_t)p.total_bytes;
     plan_free(&p);
     graph_free(&g);
@@ -73,15 +74,17 @@ void sample_job_bind_nested(struct sample_job *view, const struct graph *g,
 }
 
 int sample_job_init(struct sample_job *j, const struct unet_config *model, int batch,
-                    int threads, char *err, size_t errlen)
+                    int threads, const struct backend *bk, char *err, size_t errlen)
 {
     memset(j, 0, sizeof *j);
     j->batch = batch;
     j->model = *model;
-    if (sample_plan(model, batch, &j->g, &j->io, &j->p, err, errlen)) goto fail;
-    struct exec_opts eo = {.threads = threads};
-    if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) {
-        snprintf(err, errlen, "cannot allocate %zu bytes for sampling", j->p.total_bytes);
+    if (sample_plan(model, batch, bk, &j->g, &j->io, &j->p, err, errlen)) goto fail;
+    struct exec_error ie = {0};
+    struct exec_opts eo = {.threads = threads, .init_error = &ie};
+    if (exec_init(&j->e, &j->g, &j->p, backend_or_cpu(bk), &eo)) {
+        snprintf(err, errlen, "cannot start sampling: %s",
+                 ie.msg[0] ? ie.msg : "the executor failed");
         goto fail;
     }
     return 0;

@@ -28,11 +28,11 @@ struct sample_job {
 /* the forward-only graph of model at batch and its plan: what sample_job_init allocates and
  * what the server reserves for a sampling job (one function, so the two never differ). On
  * failure g and p still need graph_free / plan_free. */
-int sample_plan(const struct unet_config *model, int batch, struct graph *g, struct unet_io *io,
-                struct plan *p, char *err, size_t errlen);
+int sample_plan(const struct unet_config *model, int batch, const struct backend *bk,
+                struct graph *g, struct unet_io *io, struct plan *p, char *err, size_t errlen);
 /* sample_plan's plan.total_bytes (the graph and plan freed) */
-int sample_plan_bytes(const struct unet_config *model, int batch, int64_t *bytes, char *err,
-                      size_t errlen);
+int sample_plan_bytes(const struct unet_config *model, int batch, const struct backend *bk,
+                      int64_t *bytes, char *err, size_t errlen);
 
 /* The sampling graph of model at batch planned inside a training job's reservation
  * (plan_make_nested): its weights are host's EMA block, read in place; its inputs, workspace
@@ -50,8 +50,10 @@ void sample_job_bind_nested(struct sample_job *view, const struct graph *g,
                             const struct unet_io *io, const struct plan *p, struct exec *e,
                             int batch, const struct unet_config *model);
 
+/* bk: the backend it runs on (backend_load of the job's device); NULL: the CPU, as for
+ * sample_plan */
 int sample_job_init(struct sample_job *j, const struct unet_config *model, int batch,
-                    int threads, char *err, size_t errlen);
+                    int threads, const struct backend *bk, char *err, size_t errlen);
 void sample_job_free(struct sample_job *j);
 /* weights from a training job (its EMA weights when from_ema); -1 for a view */
 int sample_job_copy_weights(struct sample_job *j, struct exec *train, const struct graph *tg,

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "backend_load.h"
 #include "cost.h"
 #include "exec.h"
 #include "fsio.h"
@@ -176,7 +177,7 @@ static int probe_steps(const struct train_spec *s, int timed, double *secs, stru
         goto out;
     }
     struct exec_opts eo = {.threads = 1};
-    if (exec_init(&e, g, p, backend_cpu(), &eo) || exec_reset_state(e)) goto fail;
+    if (exec_init(&e, g, p, backend_or_cpu(s->backend), &eo) || exec_reset_state(e)) goto fail;
     for (int i = 0; i <= timed; i++) {
         if (i == 1) clock_gettime(CLOCK_MONOTONIC, &t0);
         if (exec_forward_backward(e, 1, 1.0f, 1, (uint64_t)i, 0, &loss)) goto fail;

@@ -62,6 +62,10 @@ struct train_spec {
      * AUTO (the planner's search resolves those: engine/planner.h) */
     int64_t vram_budget;          /* bytes; 0: no limit */
     struct strategy strategy;     /* micro_batch 0 = auto */
+
+    /* not part of the spec (never parsed nor written): the backend the job is planned for and
+     * runs on, from backend_load of its device (`--device`); NULL: the CPU */
+    const struct backend *backend;
 };
 
 /* defaults for everything but the model and dataset */

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend_load.h"
 #include "checkpoint.h"
 #include "dataset.h"
 #include "ddpm.h"
@@ -282,7 +283,7 @@ static int plan_step(const struct train_spec *s, const struct strategy *st, cons
                      struct plan *rp, struct graph *sg, struct unet_io *sio, struct plan *sp,
                      char *err, size_t errlen)
 {
-    const struct backend *bk = backend_cpu();
+    const struct backend *bk = backend_or_cpu(s->backend);
     struct plan_opts po = {.strategy = *st};
     int micro = micro_of(s, st), rest = s->batch % micro;
     po.strategy.micro_batch = micro;
@@ -546,7 +547,7 @@ static int build(struct job *j, char *err, size_t errlen)
     struct exec_error xe = {0};
     struct exec_opts eo = {.threads = s->threads, .budget = (size_t)s->vram_budget,
                            .init_error = &xe};
-    if (exec_init(&j->e, &j->tp.g, &j->tp.p, backend_cpu(), &eo)) {
+    if (exec_init(&j->e, &j->tp.g, &j->tp.p, backend_or_cpu(s->backend), &eo)) {
         snprintf(err, errlen, "cannot allocate the plan's %zu bytes: %s (%s)",
                  j->tp.p.total_bytes, exec_status_name(xe.status), xe.msg);
         return -1;

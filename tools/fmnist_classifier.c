@@ -523,7 +523,7 @@ static int fmc_quality(const struct fmc_quality_opts *o)
         fprintf(stderr, "fmnist_classifier: out of memory for %d samples\n", o->n);
         goto out;
     }
-    if (sample_job_init(&sj, &spec.model, batch, o->threads, err, sizeof err) ||
+    if (sample_job_init(&sj, &spec.model, batch, o->threads, NULL, err, sizeof err) ||
         sample_job_load(&sj, st, 1, err, sizeof err)) {
         fprintf(stderr, "fmnist_classifier: %s: %s\n", o->ckpt, err);
         goto out;

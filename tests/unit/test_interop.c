@@ -55,7 +55,7 @@ static void seed_import(const char *dir)
     c.base = 8;
     c.time_dim = 32;
     struct sample_job j;
-    CHECK(sample_job_init(&j, &c, 2, 2, err, sizeof err) == 0, "%s", err);
+    CHECK(sample_job_init(&j, &c, 2, 2, NULL, err, sizeof err) == 0, "%s", err);
     CHECK(sample_job_load(&j, st, 0, err, sizeof err) == 0, "load: %s", err);
     float x[512], t[2], y[512], want[512];
     CHECK(safetensors_read_f32(ref, "x", x, 512, err, sizeof err) == 0 &&
@@ -118,7 +118,7 @@ static void diffusers_export(const char *dir)
     struct safetensors *st = NULL;
     CHECK(checkpoint_open(&st, ckpt, NULL, NULL, err, sizeof err) == 0, "%s", err);
     struct sample_job j;
-    CHECK(sample_job_init(&j, &s.model, 2, 2, err, sizeof err) == 0 &&
+    CHECK(sample_job_init(&j, &s.model, 2, 2, NULL, err, sizeof err) == 0 &&
               sample_job_load(&j, st, 1, err, sizeof err) == 0,
           "%s", err);
     float x[512], t[2] = {3.0f, 777.0f}, y[512];

@@ -401,11 +401,11 @@ int main(void)
     sc.steps = 10;
     float img1[4 * 256], img2[4 * 256];
     struct sample_job j1, j2;
-    CHECK(sample_job_init(&j1, &ss.model, 4, 2, err, sizeof err) == 0 &&
+    CHECK(sample_job_init(&j1, &ss.model, 4, 2, NULL, err, sizeof err) == 0 &&
               sample_job_load(&j1, st, 1, err, sizeof err) == 0 &&
               sample_job_run(&j1, &sch, &sc, 7, 4, img1, NULL, NULL) == 0,
           "sample batch 4: %s", err);
-    CHECK(sample_job_init(&j2, &ss.model, 3, 2, err, sizeof err) == 0 &&
+    CHECK(sample_job_init(&j2, &ss.model, 3, 2, NULL, err, sizeof err) == 0 &&
               sample_job_load(&j2, st, 1, err, sizeof err) == 0 &&
               sample_job_run(&j2, &sch, &sc, 7, 4, img2, NULL, NULL) == 0,
           "sample batch 3: %s", err);

@@ -207,7 +207,7 @@ static int standalone_grid(const struct train_spec *s, const char *out, int step
     if (!img || checkpoint_open(&st, path, &saved, NULL, err, sizeof err) ||
         ddpm_schedule_init(&sch, saved.timesteps, saved.beta_schedule, saved.beta_start,
                            saved.beta_end) ||
-        sample_job_init(&sj, &saved.model, batch, saved.threads, err, sizeof err) ||
+        sample_job_init(&sj, &saved.model, batch, saved.threads, NULL, err, sizeof err) ||
         sample_job_load(&sj, st, 1, err, sizeof err) ||
         sample_job_run(&sj, &sch, &sc, saved.seed, n, img, NULL, NULL) != SAMPLE_OK ||
         image_save_grid_png(png, img, n, 1, 16, 16, (int)ceil(sqrt((double)n)), 2, err,

@@ -338,11 +338,28 @@ static void emu_enqueued(cudaStream_t s)
     pthread_mutex_unlock(&g_mem_lock);
 }
 
+/* EMU_FAULT_AT_LAUNCH=N: the Nth kernel launch of the process (from 1) faults as an illegal
+ * address would (the context poisoned), so a test can make a whole program (ddpmd train) meet a
+ * sticky error where a real GPU would; 0 or unset: never (mem lock held) */
+static int planted_fault(void)
+{
+    static long at = -1, launches;
+    if (at < 0) {
+        const char *v = getenv("EMU_FAULT_AT_LAUNCH");
+        at = v && *v ? strtol(v, NULL, 10) : 0;
+        if (at < 0) at = 0;
+    }
+    if (!at || ++launches != at) return 0;
+    fprintf(stderr, "emu: kernel launch %ld faults (EMU_FAULT_AT_LAUNCH)\n", launches);
+    return 1;
+}
+
 cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
 {
     pthread_mutex_lock(&g_mem_lock);
     cudaError_t e = g_sticky;
     emu_stream *st = stream_of(s);
+    if (e == cudaSuccess && planted_fault()) e = emu_fault(cudaErrorIllegalAddress);
     for (int i = 0; i < n && e == cudaSuccess; i++) {
         if (!a[i].p) continue;
         char what[64];
