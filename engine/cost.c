@@ -102,12 +102,14 @@ double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
 }
 
 /* ops [0, n_run) of g once per micro-batch, the optimizer, transfers and conversions */
-static double predict(const struct cost_model *m, const struct graph *g, int n_run, int inference,
-                      const struct strategy *st, int batch)
+static double predict(const struct cost_model *m, const struct graph *g, int n_run,
+                      const int *op_src, int inference, const struct strategy *st, int batch)
 {
     int half = st->precision == STRATEGY_PRECISION_BF16 || st->precision == STRATEGY_PRECISION_F16;
     double pass = 0;
-    for (int k = 0; k < n_run && k < g->n_ops; k++) {
+    for (int i = 0; i < n_run; i++) {
+        int k = op_src ? op_src[i] : i; /* a recomputing plan's run order repeats graph ops */
+        if (k < 0 || k >= g->n_ops) continue;
         enum cost_class c = cost_class_of(g->ops[k].type);
         double t = cost_op_seconds(m, g, k);
         if (half && c <= COST_ATTN_BWD && m->half_speedup > 0)
@@ -133,13 +135,14 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
 double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,
                                  const struct graph *g, int batch)
 {
-    return predict(m, g, p->n_run_ops, p->inference, &p->strategy, batch);
+    return predict(m, g, p->n_run_ops, p->ops ? p->op_src : NULL, p->inference, &p->strategy,
+                   batch);
 }
 
 double cost_predict_graph_seconds(const struct cost_model *m, const struct graph *g,
                                   const struct strategy *s, int batch)
 {
-    return predict(m, g, g->n_ops, 0, s, batch);
+    return predict(m, g, g->n_ops, NULL, 0, s, batch);
 }
 
 /* ---- the calibration file ---- */
