@@ -1,7 +1,9 @@
 /* half.h - scalar conversions between fp32 and the two 16-bit storage types, for host code (the
  * executor's uploads and downloads, the CPU kernels' reference, tests). bf16: the top half of an
  * fp32 rounded to nearest even; f16: IEEE 754 binary16 rounded to nearest even, overflow to inf,
- * subnormals kept. NaN stays NaN (quiet, sign kept) both ways; 16 -> 32 is exact.
+ * subnormals kept. NaN stays NaN (quiet, sign kept) both ways; 16 -> 32 is exact. The CUDA
+ * backend's conversion kernels (kernels/cuda/convert.cu) use these same functions on the device,
+ * so every backend stores the same bits.
  */
 #ifndef DDPMD_HALF_H
 #define DDPMD_HALF_H
@@ -9,35 +11,41 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t half_f32_bits(float f)
+#ifdef __CUDACC__
+#define HALF_FN static inline __host__ __device__
+#else
+#define HALF_FN static inline
+#endif
+
+HALF_FN uint32_t half_f32_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-static inline float half_bits_f32(uint32_t u)
+HALF_FN float half_bits_f32(uint32_t u)
 {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
 
-static inline uint16_t half_f32_to_bf16(float f)
+HALF_FN uint16_t half_f32_to_bf16(float f)
 {
     uint32_t u = half_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static inline float half_bf16_to_f32(uint16_t h)
+HALF_FN float half_bf16_to_f32(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;
     if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
     return half_bits_f32(u);
 }
 
-static inline uint16_t half_f32_to_f16(float f)
+HALF_FN uint16_t half_f32_to_f16(float f)
 {
     uint32_t u = half_f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
@@ -54,7 +62,7 @@ static inline uint16_t half_f32_to_f16(float f)
     return (uint16_t)(sign | r);
 }
 
-static inline float half_f16_to_f32(uint16_t h)
+HALF_FN float half_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
     if (e == 0x1f) {

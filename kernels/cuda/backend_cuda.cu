@@ -652,6 +652,7 @@ static void cu_table_init(void)
     t->set_parity = cu_set_parity;
     t->philox_normal_fill = cu_philox_normal_fill;
     t->philox_u32_fill = cu_philox_u32_fill;
+    t->convert = cu_convert;
 }
 
 /* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:

@@ -200,6 +200,9 @@ int cu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int
                      bk_ctx *ctx);
 int cu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx);
 int cu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx);
+/* convert.cu */
+int cu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
+               bk_ctx *ctx);
 int cu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
                   bk_ctx *ctx);
 int cu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n, int c1,

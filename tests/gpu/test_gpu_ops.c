@@ -823,6 +823,54 @@ static void test_emulator_checks(void)
     printf("emulator: planted misuses caught; refused copies left the device usable\n");
 }
 
+/* ---- 16-bit storage conversions: bit-identical to the CPU backend's ---- */
+
+static void test_convert(void)
+{
+    begin("convert");
+    const struct backend *cpu = backend_cpu();
+    const size_t n16 = 65536, n32 = 65536 + 200003; /* odd: a partial last block */
+    uint16_t *h16 = malloc(n16 * 2), *gh16 = malloc(n32 * 2), *ch16 = malloc(n32 * 2);
+    float *x = malloc(n32 * 4), *gy = malloc(n16 * 4), *cy = malloc(n16 * 4);
+    void *d16 = dalloc(n32 * 2), *d32 = dalloc(n32 * 4);
+    for (size_t i = 0; i < n16; i++) h16[i] = (uint16_t)i;
+    /* every 16-bit pattern's f32 value, then ties and random patterns of any kind */
+    for (size_t i = 0; i < n16; i++) {
+        uint32_t u = (uint32_t)i << 16 | (i & 1 ? 0x8000u : 0x7fffu);
+        memcpy(&x[i], &u, 4);
+    }
+    for (size_t i = n16; i < n32; i++) {
+        uint32_t u = (uint32_t)((tu_rand() + 1.0) * 2147483647.0);
+        if (i % 3 == 0) u = (u & 0xffffe000u) | 0x1000u; /* an f16 tie */
+        memcpy(&x[i], &u, 4);
+    }
+    for (int dt = BK_DTYPE_F16; dt <= BK_DTYPE_BF16; dt++) {
+        const char *name = dt == BK_DTYPE_BF16 ? "bf16" : "f16";
+        CHECK(G->mem_upload(d16, h16, n16 * 2, gctx) == 0, "convert: upload");
+        gpu_ok(G->convert(d32, BK_DTYPE_F32, d16, dt, n16, gctx), "convert to f32");
+        CHECK(G->mem_download(gy, d32, n16 * 4, gctx) == 0, "convert: download");
+        cpu->convert(cy, BK_DTYPE_F32, h16, dt, n16, cctx);
+        CHECK(memcmp(gy, cy, n16 * 4) == 0, "convert %s -> f32: the 65536 patterns differ from "
+              "the CPU's", name);
+        CHECK(G->mem_upload(d32, x, n32 * 4, gctx) == 0, "convert: upload");
+        gpu_ok(G->convert(d16, dt, d32, BK_DTYPE_F32, n32, gctx), "convert from f32");
+        CHECK(G->mem_download(gh16, d16, n32 * 2, gctx) == 0, "convert: download");
+        cpu->convert(ch16, dt, x, BK_DTYPE_F32, n32, cctx);
+        size_t bad = 0;
+        for (size_t i = 0; i < n32; i++) bad += gh16[i] != ch16[i];
+        CHECK(bad == 0, "convert f32 -> %s: %zu of %zu values differ from the CPU's", name, bad,
+              n32);
+    }
+    CHECK(G->convert(d16, BK_DTYPE_BF16, d16, BK_DTYPE_F16, 4, gctx) == BK_ERR_INVALID,
+          "convert f16 -> bf16 directly accepted");
+    free(h16);
+    free(gh16);
+    free(ch16);
+    free(x);
+    free(gy);
+    free(cy);
+}
+
 static int have_nvidia_device(void)
 {
     struct stat st;
@@ -902,6 +950,7 @@ int main(void)
     test_dropout(2, 17, 0.0f);
     test_optim(300007);
     test_philox(3, 10007);
+    test_convert();
     test_contexts();
     if (emulated) test_emulator_checks();
 
