@@ -31,6 +31,8 @@ struct exec {
     int loss_tensor;
     int eval;                   /* dropout is the identity (exec_forward) */
     int cur_op;                 /* the op running: its 16-bit operands are read from scratch */
+    int scaling;                /* f16: dynamic loss scaling with ls */
+    struct loss_scaler ls;      /* scale 1 unless scaling */
     struct exec_profile prof;   /* when opts.profile */
     double *op_seconds;         /* (g->n_ops) when opts.profile */
     float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc,
@@ -239,6 +241,9 @@ static struct exec *exec_new(const struct graph *g, const struct plan *p,
     if (opts) e->opts = *opts;
     e->err.op = -1;
     e->loss_tensor = -1;
+    e->scaling = p->strategy.precision == STRATEGY_PRECISION_F16 && !p->inference;
+    if (e->scaling) loss_scaler_init(&e->ls, &p->strategy.loss_scale);
+    else e->ls.scale = 1.0f;
     for (int k = 0; k < g->n_ops; k++) /* never recomputed: the same id in the run order */
         if (g->ops[k].type == OP_MSE || g->ops[k].type == OP_XENT)
             e->loss_tensor = g->ops[k].out[0];
@@ -925,7 +930,7 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
     /* a nested plan's run may have overwritten the workspace canaries */
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     if ((rc = refresh_work(e))) return rc;
-    rc = run_range(e, 0, p->n_run_ops, dloss_scale, seed, step, sample_base);
+    rc = run_range(e, 0, p->n_run_ops, dloss_scale * e->ls.scale, seed, step, sample_base);
     if (rc) return rc;
     if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
     return EXEC_OK;
@@ -973,16 +978,15 @@ static int optimizer_timed(struct exec *e, const struct optim_config *c, int64_t
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm)
 {
-    return optimizer_timed(e, c, t, lr, 1.0f, 0, grad_norm, NULL);
+    if (!e->scaling) return optimizer_timed(e, c, t, lr, 1.0f, 0, grad_norm, NULL);
+    /* f16: the gradients are the loss scale's multiple; AdamW counts applied steps only */
+    int applied = 0;
+    int rc = optimizer_timed(e, c, t - e->ls.skipped, lr, e->ls.scale, 1, grad_norm, &applied);
+    if (!rc) loss_scaler_update(&e->ls, &e->p->strategy.loss_scale, applied);
+    return rc;
 }
 
-int exec_optimizer_step_scaled(struct exec *e, const struct optim_config *c, int64_t t, float lr,
-                               float loss_scale, float *grad_norm, int *applied)
-{
-    if (!(loss_scale > 0.0f) || isinf(loss_scale))
-        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "loss scale %g", (double)loss_scale);
-    return optimizer_timed(e, c, t, lr, loss_scale, 1, grad_norm, applied);
-}
+struct loss_scaler *exec_loss_scaler(struct exec *e) { return &e->ls; }
 
 void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c)
 {

@@ -109,7 +109,7 @@ int exec_reset_state(struct exec *e);
  * segment's forward ops run again before its backward, each drawing its original's dropout
  * mask); parameter gradients are zeroed first when zero_grads (a micro-batch after the first
  * accumulates). dloss_scale multiplies the loss gradient (n / batch for a micro-batch of n of
- * an effective batch, or a loss scale). seed/step/sample_base feed dropout: sample_base is the
+ * an effective batch); in f16 the executor's loss scale multiplies it too. seed/step/sample_base feed dropout: sample_base is the
  * index of the micro-batch's first sample in the effective batch, so masks are drawn by the
  * sample's index there. loss (host) may be NULL. An inference plan has no backward:
  * EXEC_ERR_ARG. */
@@ -122,33 +122,29 @@ int exec_forward(struct exec *e, float *loss);
 /* learning rate of 0-based step s */
 float optim_lr(const struct optim_config *c, int64_t s);
 /* clip (global norm), AdamW with bias correction at 1-based step t, EMA. grad_norm: the norm
- * before clipping (host, may be NULL). */
+ * before clipping (host, may be NULL). In f16 training: loss-scaled, see struct loss_scaler. */
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm);
 
-/* exec_optimizer_step for the gradients of a loss multiplied by loss_scale (the dloss_scale given
- * to exec_forward_backward): they are divided by it, and grad_norm is the unscaled norm. When any
- * gradient is inf or NaN nothing changes - no AdamW, no EMA - *applied is 0 and the call
- * succeeds (grad_norm gets the inf/NaN); otherwise *applied is 1. EXEC_ERR_ARG for a loss scale
- * that is not a positive finite number. */
-int exec_optimizer_step_scaled(struct exec *e, const struct optim_config *c, int64_t t, float lr,
-                               float loss_scale, float *grad_norm, int *applied);
-
-/* Dynamic loss scaling (f16): the loss gradient is multiplied by scale; a step whose gradients
- * hold an inf or NaN is skipped (exec_optimizer_step_scaled), the scale multiplied by backoff;
- * growth_interval finite steps in a row multiply it by growth (never to inf). Step semantics: a
- * skipped step still consumes its step number (data, noise, learning rate and RNG position follow
- * the global step), but AdamW's bias-correction step t counts applied steps only: t = step + 1 -
- * skipped, so a skip is as if that batch had not been drawn for the optimizer. The state is a
- * run's: checkpoints store it, a resume restores it. */
+/* Dynamic loss scaling, on by itself in an f16 training plan (plan.strategy.loss_scale): the
+ * executor multiplies the loss gradient by scale (exec_forward_backward), and exec_optimizer_step
+ * divides the gradients by it (the norm it reports and clips is the unscaled one). A step whose
+ * gradients hold an inf or NaN changes nothing - no AdamW, no EMA - and the scale is multiplied
+ * by backoff; growth_interval finite steps in a row multiply it by growth (never to inf). Step
+ * semantics: a skipped step still consumes its step number (data, noise, learning rate and RNG
+ * position follow the caller's global step), but AdamW's bias-correction step counts applied
+ * steps only: exec_optimizer_step(t) uses t - skipped. The state is a run's: checkpoints store it
+ * and a resume restores it (exec_loss_scaler). */
 struct loss_scaler {
     float scale;
     int good_steps;      /* finite steps in a row since the scale last changed */
     int64_t skipped;     /* steps skipped over the run */
 };
 void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c);
-/* after a step: finite or not (exec_optimizer_step_scaled's *applied) */
+/* after a step: its gradients were all finite or not */
 void loss_scaler_update(struct loss_scaler *s, const struct strategy_loss_scale *c, int finite);
+/* the executor's loss scale state (scale 1 and never skipping outside f16 training) */
+struct loss_scaler *exec_loss_scaler(struct exec *e);
 
 /* NULL unless exec_opts.profile was set */
 const struct exec_profile *exec_get_profile(struct exec *e);

@@ -3,6 +3,7 @@
  */
 #include "plan.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,12 +247,20 @@ static void insert_by_offset(int *byoff, int n, const struct plan_storage *st, i
     byoff[lo] = k;
 }
 
-/* what plan_build can lay out today: fp32, bf16 or f16 steps at any micro-batch, with
- * recomputation, with offload */
+/* loss scaling an f16 step can run with: a positive finite initial scale, growth >= 1,
+ * backoff in (0, 1), a growth interval of at least one step */
+static int loss_scale_valid(const struct strategy_loss_scale *l)
+{
+    return l->initial > 0.0f && isfinite(l->initial) && l->growth >= 1.0f && isfinite(l->growth) &&
+           l->backoff > 0.0f && l->backoff < 1.0f && l->growth_interval >= 1;
+}
+
+/* what plan_build can lay out today: fp32, bf16 or f16 (with valid loss scaling) steps at any
+ * micro-batch, with recomputation */
 static int plan_strategy_supported(const struct strategy *s)
 {
     return (s->precision == STRATEGY_PRECISION_F32 || s->precision == STRATEGY_PRECISION_BF16 ||
-            s->precision == STRATEGY_PRECISION_F16) &&
+            (s->precision == STRATEGY_PRECISION_F16 && loss_scale_valid(&s->loss_scale))) &&
            s->micro_batch >= 0 && s->recompute >= STRATEGY_RECOMPUTE_NONE &&
            s->recompute <= STRATEGY_RECOMPUTE_LEVEL && (s->offload == 0 || s->offload == 1);
 }

@@ -1,7 +1,9 @@
 /* checkpoint.c - save and restore a job's persistent state through safetensors. */
 #include "checkpoint.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,22 +21,41 @@ static const char *part_prefix(enum exec_part p)
     }
 }
 
+const char *checkpoint_precision_name(int precision)
+{
+    switch (precision) {
+    case STRATEGY_PRECISION_F32: return "f32";
+    case STRATEGY_PRECISION_BF16: return "bf16";
+    case STRATEGY_PRECISION_F16: return "f16";
+    default: return "?";
+    }
+}
+
 /* the metadata of a checkpoint at step into w; a refused value (not UTF-8: a dataset path in
  * another encoding) fails with the key named, since a checkpoint without its spec can be neither
- * sampled nor resumed */
+ * sampled nor resumed. precision: the graph's; ls: f16's loss scale state, or NULL */
 static int checkpoint_meta(struct safetensors_writer *w, const struct train_spec *spec,
-                           int64_t step, const char *json, const char *plan, char *err,
-                           size_t errlen)
+                           int64_t step, const char *json, const char *plan, int precision,
+                           const struct loss_scaler *ls, char *err, size_t errlen)
 {
-    char sbuf[32], tbuf[32];
+    char sbuf[32], tbuf[32], lbuf[32], gbuf[32], kbuf[32];
     snprintf(sbuf, sizeof sbuf, "%" PRId64, step);
     snprintf(tbuf, sizeof tbuf, "%d", spec->threads);
+    if (ls) {
+        snprintf(lbuf, sizeof lbuf, "%.9g", (double)ls->scale); /* round-trips a float */
+        snprintf(gbuf, sizeof gbuf, "%d", ls->good_steps);
+        snprintf(kbuf, sizeof kbuf, "%" PRId64, ls->skipped);
+    }
     const char *kv[][2] = {
         {"format", CHECKPOINT_FORMAT}, {"format_version", CHECKPOINT_VERSION}, {"step", sbuf},
         /* all draws are Philox functions of (seed, step, ...): the step is the RNG position */
         {"rng_position", sbuf}, {"threads", tbuf}, {"spec", json},
         /* the plan the planner chose for the run (its strategy and bytes) */
         {"plan", plan},
+        /* the weights are fp32 whatever the precision the run computes in */
+        {"precision", checkpoint_precision_name(precision)},
+        {"loss_scale", ls ? lbuf : NULL}, {"loss_scale_good_steps", ls ? gbuf : NULL},
+        {"loss_scale_skipped", ls ? kbuf : NULL},
     };
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
         if (!kv[i][1]) continue;
@@ -59,7 +80,7 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
     if (!json || safetensors_writer_init(&w))
         snprintf(err, errlen, "out of memory");
     else
-        rc = checkpoint_meta(w, spec, 0, json, NULL, err, errlen);
+        rc = checkpoint_meta(w, spec, 0, json, NULL, STRATEGY_PRECISION_F32, NULL, err, errlen);
     safetensors_writer_free(w);
     free(json);
     return rc;
@@ -107,7 +128,10 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
              pl->strategy.micro_batch > 0 ? pl->strategy.micro_batch : spec->batch,
              planner_recompute_name(pl->strategy.recompute), pl->strategy.offload == 1 ? "on" : "off",
              pl->total_bytes, pl->host_bytes);
-    if (checkpoint_meta(w, spec, step, json, plan, err, errlen)) goto out;
+    if (checkpoint_meta(w, spec, step, json, plan, g->precision,
+                        g->precision == STRATEGY_PRECISION_F16 ? exec_loss_scaler(e) : NULL, err,
+                        errlen))
+        goto out;
     if (safetensors_writer_save(w, path, err, errlen)) goto out;
     rc = 0;
 out:
@@ -167,9 +191,57 @@ fail:
     return -1;
 }
 
+/* an integer metadata value in [0, max]: digits only */
+static int meta_int(const struct safetensors *st, const char *key, int64_t max, int64_t *v)
+{
+    const char *s = safetensors_meta(st, key);
+    if (!s || !*s || strlen(s) > 19) return -1;
+    int64_t x = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || x > (INT64_MAX - (*p - '0')) / 10) return -1;
+        x = x * 10 + (*p - '0');
+    }
+    if (x > max) return -1;
+    *v = x;
+    return 0;
+}
+
+/* a resume keeps the run's precision, and in f16 continues with the saved loss scale state */
+static int apply_run_state(const struct safetensors *st, struct exec *e, const struct graph *g,
+                           char *err, size_t errlen)
+{
+    const char *prec = safetensors_meta(st, "precision");
+    if (!prec) prec = "f32"; /* checkpoints from before 16-bit precision */
+    const char *want = checkpoint_precision_name(g->precision);
+    if (strcmp(prec, want) != 0) {
+        snprintf(err, errlen, "the checkpoint's run trained in %.8s, this one in %s: a resume "
+                 "keeps its precision", prec, want);
+        return -1;
+    }
+    if (g->precision != STRATEGY_PRECISION_F16) return 0;
+    const char *s = safetensors_meta(st, "loss_scale");
+    char *end = NULL;
+    errno = 0;
+    float scale = s ? strtof(s, &end) : 0.0f;
+    int64_t good = 0, skipped = 0;
+    if (!s || !*s || *end || errno || !(scale > 0.0f) || isinf(scale) ||
+        meta_int(st, "loss_scale_good_steps", INT_MAX, &good) ||
+        meta_int(st, "loss_scale_skipped", INT64_MAX, &skipped)) {
+        snprintf(err, errlen, "an f16 checkpoint without a valid loss scale state (loss_scale "
+                 "'%.24s', loss_scale_good_steps, loss_scale_skipped)", s ? s : "(missing)");
+        return -1;
+    }
+    struct loss_scaler *ls = exec_loss_scaler(e);
+    ls->scale = scale;
+    ls->good_steps = (int)good;
+    ls->skipped = skipped;
+    return 0;
+}
+
 int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct graph *g,
                      int parts, int from_ema, char *err, size_t errlen)
 {
+    if ((parts & CHECKPOINT_OPTIM) && apply_run_state(st, e, g, err, errlen)) return -1;
     size_t maxn = 0;
     for (int i = 0; i < g->n_tensors; i++)
         if (g->tensors[i]->kind == TENSOR_PARAM && g->tensors[i]->numel > maxn)

@@ -1,6 +1,7 @@
 /* checkpoint.h - training checkpoints as safetensors: weights under their parameter names, EMA
  * weights under "ema.", AdamW moments under "adam_m." / "adam_v.", and in __metadata__ the spec,
- * the step, the thread count and the format version. Written atomically (temp, fsync, rename,
+ * the step, the thread count, the format version and the precision the run computes in (weights
+ * are saved fp32 whatever it is; an f16 run also saves its loss scale state). Written atomically (temp, fsync, rename,
  * fsync of the folder); loading checks every tensor's presence, dtype and shape.
  */
 #ifndef DDPMD_CHECKPOINT_H
@@ -34,8 +35,13 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
 int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
                     int64_t *step, char *err, size_t errlen);
 
+/* "f32", "bf16", "f16": a precision as the metadata names it */
+const char *checkpoint_precision_name(int precision);
+
 /* uploads the checkpoint's parts into e. Every graph parameter must be present with its shape;
- * `parts` selects weights / EMA / AdamW moments. from_ema loads the EMA weights as the weights
+ * `parts` selects weights / EMA / AdamW moments. Asking for the moments (a resume) also asks for
+ * the run's state: its precision must be g's (a checkpoint without one is f32), and an f16 run's
+ * loss scale state is restored into e (exec_loss_scaler). from_ema loads the EMA weights as the weights
  * (sampling). A checkpoint without EMA or moments (an imported state_dict) is an error only when
  * those parts are asked for. */
 int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct graph *g,

@@ -5,12 +5,17 @@
  * conversion scratch); a strategy that disagrees with the graph is refused. Dynamic loss scaling
  * in f16: an input that overflows half range makes the gradients inf/NaN, the step is skipped
  * (weights, EMA and AdamW moments bit-identical across it), the scale backs off, the next step
- * proceeds, and the scale grows after growth_interval finite steps.
+ * proceeds, and the scale grows after growth_interval finite steps. Checkpoints: the metadata
+ * names the precision, weights are saved fp32, an f16 run's loss scale state comes back on
+ * resume, and a resume in another precision is refused (its weights still load).
  */
+#define _DEFAULT_SOURCE /* mkdtemp */
 #include <math.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
@@ -212,6 +217,9 @@ struct job {
     struct exec *e;
 };
 
+static const struct strategy_loss_scale ls_cfg = {.initial = 1024.0f, .growth = 2.0f,
+                                                   .backoff = 0.5f, .growth_interval = 2};
+
 static int job_init(struct job *j, int precision)
 {
     struct unet_config c;
@@ -220,6 +228,7 @@ static int job_init(struct job *j, int precision)
     if (build(&j->g, &c, 2, precision, &j->io, &j->target)) return -1;
     struct plan_opts po = {0};
     po.strategy.precision = precision;
+    po.strategy.loss_scale = ls_cfg;
     struct exec_opts eo = {.threads = 2, .poison = 1, .check_guards = 1};
     if (plan_make(&j->p, &j->g, backend_cpu(), &po)) return -1;
     if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) return -1;
@@ -273,70 +282,139 @@ static float *state(struct job *j)
 static const struct optim_config oc = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                        .weight_decay = 0.01f, .clip = 1.0f, .ema_decay = 0.99f};
 
-/* one f16 step with loss scaling; returns whether the optimizer applied it */
-static int ls_step(struct job *j, struct loss_scaler *ls, const struct strategy_loss_scale *cfg,
-                   int s, int64_t *applied_steps, float *loss)
+/* one f16 step (the executor scales the loss); returns whether the optimizer applied it */
+static int ls_step(struct job *j, int s, float *loss)
 {
-    int applied = -1;
     float norm = 0;
-    int rc = exec_forward_backward(j->e, 1, ls->scale, 11, (uint64_t)s, 0, loss);
-    if (!rc)
-        rc = exec_optimizer_step_scaled(j->e, &oc, *applied_steps + 1, oc.lr, ls->scale, &norm,
-                                        &applied);
+    int64_t skipped = exec_loss_scaler(j->e)->skipped;
+    int rc = exec_forward_backward(j->e, 1, 1.0f, 11, (uint64_t)s, 0, loss);
+    if (!rc) rc = exec_optimizer_step(j->e, &oc, s + 1, oc.lr, &norm);
     CHECK(rc == EXEC_OK, "step %d: %s", s, exec_last_error(j->e)->msg);
-    loss_scaler_update(ls, cfg, applied == 1);
-    *applied_steps += applied == 1;
-    return applied;
+    return exec_loss_scaler(j->e)->skipped == skipped;
 }
 
 static void loss_scaling(void)
 {
     struct job j;
     CHECK(job_init(&j, STRATEGY_PRECISION_F16) == 0, "f16 job");
-    struct strategy_loss_scale cfg = {.initial = 1024.0f, .growth = 2.0f, .backoff = 0.5f,
-                                      .growth_interval = 2};
-    struct loss_scaler ls;
-    loss_scaler_init(&ls, &cfg);
-    int64_t applied_steps = 0;
+    const struct loss_scaler *ls = exec_loss_scaler(j.e);
+    CHECK(ls->scale == 1024.0f && ls->skipped == 0, "the scale starts at the strategy's initial");
     float loss = 0;
     feed(&j, 0, 1.0f);
-    CHECK(ls_step(&j, &ls, &cfg, 0, &applied_steps, &loss) == 1 && isfinite(loss),
-          "a normal f16 step is applied (loss %g)", loss);
-    CHECK(ls.scale == 1024.0f && ls.good_steps == 1 && ls.skipped == 0,
-          "after one finite step: scale %g, %d good, %lld skipped", ls.scale, ls.good_steps,
-          (long long)ls.skipped);
+    CHECK(ls_step(&j, 0, &loss) == 1 && isfinite(loss), "a normal f16 step is applied (loss %g)",
+          loss);
+    CHECK(ls->scale == 1024.0f && ls->good_steps == 1 && ls->skipped == 0,
+          "after one finite step: scale %g, %d good, %lld skipped", ls->scale, ls->good_steps,
+          (long long)ls->skipped);
     float *before = state(&j);
     feed(&j, 1, 1e6f);
-    CHECK(ls_step(&j, &ls, &cfg, 1, &applied_steps, &loss) == 0,
-          "an input beyond half range: the step was not skipped");
-    CHECK(ls.scale == 512.0f && ls.good_steps == 0 && ls.skipped == 1,
-          "after the overflow: scale %g (want 512), %d good, %lld skipped", ls.scale,
-          ls.good_steps, (long long)ls.skipped);
+    CHECK(ls_step(&j, 1, &loss) == 0, "an input beyond half range: the step was not skipped");
+    CHECK(ls->scale == 512.0f && ls->good_steps == 0 && ls->skipped == 1,
+          "after the overflow: scale %g (want 512), %d good, %lld skipped", ls->scale,
+          ls->good_steps, (long long)ls->skipped);
     float *after = state(&j);
     CHECK(memcmp(before, after, 4 * j.g.param_numel * sizeof(float)) == 0,
           "weights, EMA or AdamW moments changed across the skipped step");
     feed(&j, 2, 1.0f);
-    CHECK(ls_step(&j, &ls, &cfg, 2, &applied_steps, &loss) == 1 && isfinite(loss),
-          "the step after the skip is applied");
+    CHECK(ls_step(&j, 2, &loss) == 1 && isfinite(loss), "the step after the skip is applied");
     float *next = state(&j);
     CHECK(memcmp(before, next, j.g.param_numel * sizeof(float)) != 0,
           "the step after the skip left the weights unchanged");
-    CHECK(applied_steps == 2, "%lld steps applied of 3, one skipped", (long long)applied_steps);
     feed(&j, 3, 1.0f);
-    ls_step(&j, &ls, &cfg, 3, &applied_steps, &loss);
-    CHECK(ls.scale == 1024.0f && ls.good_steps == 0,
-          "two finite steps with growth_interval 2: scale %g (want 1024), %d good", ls.scale,
-          ls.good_steps);
-    /* an f32 run of the same overflowing input is not f16's business: nothing is skipped there,
-     * and exec_optimizer_step_scaled refuses a scale that is not positive and finite */
-    int applied = 0;
-    float norm;
-    CHECK(exec_optimizer_step_scaled(j.e, &oc, 5, oc.lr, 0.0f, &norm, &applied) == EXEC_ERR_ARG,
-          "a loss scale of 0 accepted");
+    ls_step(&j, 3, &loss);
+    CHECK(ls->scale == 1024.0f && ls->good_steps == 0 && ls->skipped == 1,
+          "two finite steps with growth_interval 2: scale %g (want 1024), %d good", ls->scale,
+          ls->good_steps);
     free(before);
     free(after);
     free(next);
     job_free(&j);
+    /* an f16 plan needs loss scaling it can run with */
+    struct graph g;
+    struct unet_io io;
+    int target;
+    struct unet_config c;
+    small_config(&c, UNET_DDPM);
+    CHECK(build(&g, &c, 1, STRATEGY_PRECISION_F16, &io, &target) == 0, "f16 graph");
+    struct plan_opts po = {0};
+    po.strategy.precision = STRATEGY_PRECISION_F16;
+    struct plan p;
+    CHECK(plan_make(&p, &g, backend_cpu(), &po) == PLAN_ERR_ARG, "f16 without a loss scale");
+    po.strategy.loss_scale = ls_cfg;
+    po.strategy.loss_scale.backoff = 1.0f;
+    CHECK(plan_make(&p, &g, backend_cpu(), &po) == PLAN_ERR_ARG, "f16 with backoff 1");
+    graph_free(&g);
+}
+
+static void checkpoints(void)
+{
+    struct job a, b, c;
+    CHECK(job_init(&a, STRATEGY_PRECISION_F16) == 0, "f16 job");
+    float loss;
+    feed(&a, 0, 1.0f);
+    ls_step(&a, 0, &loss);
+    feed(&a, 1, 1e6f);
+    ls_step(&a, 1, &loss); /* skipped: scale 512, 1 skipped */
+    feed(&a, 2, 1.0f);
+    ls_step(&a, 2, &loss); /* 1 good step */
+    struct train_spec spec;
+    spec_defaults(&spec);
+    small_config(&spec.model, UNET_DDPM);
+    snprintf(spec.dataset, sizeof spec.dataset, "fashion-mnist");
+    char path[] = "/tmp/test_prec_XXXXXX", file[64], err[256] = "";
+    CHECK(mkdtemp(path) != NULL, "mkdtemp");
+    snprintf(file, sizeof file, "%s/c.safetensors", path);
+    CHECK(checkpoint_save(file, a.e, &a.g, &spec, 3, err, sizeof err) == 0, "save: %s", err);
+    struct safetensors *st = NULL;
+    CHECK(checkpoint_open(&st, file, NULL, NULL, err, sizeof err) == 0, "open: %s", err);
+    const char *prec = st ? safetensors_meta(st, "precision") : NULL;
+    CHECK(prec && strcmp(prec, "f16") == 0, "metadata precision '%s'", prec ? prec : "(none)");
+    const struct st_tensor *t = NULL;
+    int w0 = -1;
+    for (int i = 0; i < a.g.n_tensors && w0 < 0; i++)
+        if (a.g.tensors[i]->kind == TENSOR_PARAM) w0 = i;
+    CHECK(st && safetensors_find(st, a.g.tensors[w0]->name, &t) == 0 && t->dtype == ST_F32,
+          "weights are not saved as F32");
+    /* a resume: the same state, the loss scale included */
+    CHECK(job_init(&b, STRATEGY_PRECISION_F16) == 0, "f16 job b");
+    CHECK(checkpoint_apply(st, b.e, &b.g, CHECKPOINT_ALL, 0, err, sizeof err) == 0, "apply: %s",
+          err);
+    const struct loss_scaler *la = exec_loss_scaler(a.e), *lb = exec_loss_scaler(b.e);
+    CHECK(la->scale == 512.0f && la->skipped == 1 && la->good_steps == 1,
+          "the run's state before saving: scale %g, %lld skipped, %d good", la->scale,
+          (long long)la->skipped, la->good_steps);
+    CHECK(lb->scale == la->scale && lb->skipped == la->skipped && lb->good_steps == la->good_steps,
+          "loss scale state after resume: scale %g, %lld skipped, %d good", lb->scale,
+          (long long)lb->skipped, lb->good_steps);
+    float *sa = state(&a), *sb = state(&b);
+    CHECK(memcmp(sa, sb, 4 * a.g.param_numel * sizeof(float)) == 0, "state differs after resume");
+    /* the next step of both is the same, bit for bit */
+    float l1, l2;
+    feed(&a, 3, 1.0f);
+    feed(&b, 3, 1.0f);
+    ls_step(&a, 3, &l1);
+    ls_step(&b, 3, &l2);
+    free(sa);
+    free(sb);
+    sa = state(&a);
+    sb = state(&b);
+    CHECK(memcmp(&l1, &l2, 4) == 0 && memcmp(sa, sb, 4 * a.g.param_numel * sizeof(float)) == 0,
+          "the step after a resume differs");
+    /* another precision: no resume, but the fp32 weights load */
+    CHECK(job_init(&c, STRATEGY_PRECISION_BF16) == 0, "bf16 job");
+    err[0] = 0;
+    CHECK(checkpoint_apply(st, c.e, &c.g, CHECKPOINT_ALL, 0, err, sizeof err) != 0 &&
+          strstr(err, "f16") && strstr(err, "bf16"), "a bf16 resume of an f16 run: '%s'", err);
+    CHECK(checkpoint_apply(st, c.e, &c.g, CHECKPOINT_WEIGHTS, 0, err, sizeof err) == 0,
+          "loading an f16 run's weights into bf16: %s", err);
+    free(sa);
+    free(sb);
+    safetensors_free(st);
+    remove(file);
+    rmdir(path);
+    job_free(&a);
+    job_free(&b);
+    job_free(&c);
 }
 
 int main(void)
@@ -345,5 +423,6 @@ int main(void)
     bytes(UNET_SEED, 2);
     smaller();
     loss_scaling();
+    checkpoints();
     return tu_finish("test_prec");
 }
