@@ -10,12 +10,12 @@
 /* What the engine and the training loop run today. A strategy joins these lists in the change
  * that makes exec.c and server/train.c run it (never before: the search must not choose a plan
  * nothing can execute). */
-static const int avail_precision[] = {STRATEGY_PRECISION_F32};
+static const int avail_precision[] = {STRATEGY_PRECISION_F32, STRATEGY_PRECISION_BF16,
+                                      STRATEGY_PRECISION_F16};
 static const int avail_recompute[] = {STRATEGY_RECOMPUTE_NONE, STRATEGY_RECOMPUTE_ATTENTION,
                                       STRATEGY_RECOMPUTE_RESBLOCK, STRATEGY_RECOMPUTE_LEVEL};
 static const int avail_offload[] = {0, 1};
 static const int avail_micro_batching = 1; /* train.c accumulates over micro-batches */
-/* 16-bit precisions join when train.c runs their loss scaling (exec_optimizer_step_scaled) */
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 

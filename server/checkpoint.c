@@ -1,5 +1,6 @@
 /* checkpoint.c - save and restore a job's persistent state through safetensors. */
 #include "checkpoint.h"
+#include "planner.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner.h"
 
 static const char *part_prefix(enum exec_part p)
 {
@@ -18,16 +18,6 @@ static const char *part_prefix(enum exec_part p)
     case EXEC_PART_ADAM_M: return "adam_m.";
     case EXEC_PART_ADAM_V: return "adam_v.";
     default: return "";
-    }
-}
-
-const char *checkpoint_precision_name(int precision)
-{
-    switch (precision) {
-    case STRATEGY_PRECISION_F32: return "f32";
-    case STRATEGY_PRECISION_BF16: return "bf16";
-    case STRATEGY_PRECISION_F16: return "f16";
-    default: return "?";
     }
 }
 
@@ -53,7 +43,7 @@ static int checkpoint_meta(struct safetensors_writer *w, const struct train_spec
         /* the plan the planner chose for the run (its strategy and bytes) */
         {"plan", plan},
         /* the weights are fp32 whatever the precision the run computes in */
-        {"precision", checkpoint_precision_name(precision)},
+        {"precision", planner_precision_name(precision)},
         {"loss_scale", ls ? lbuf : NULL}, {"loss_scale_good_steps", ls ? gbuf : NULL},
         {"loss_scale_skipped", ls ? kbuf : NULL},
     };
@@ -212,7 +202,7 @@ static int apply_run_state(const struct safetensors *st, struct exec *e, const s
 {
     const char *prec = safetensors_meta(st, "precision");
     if (!prec) prec = "f32"; /* checkpoints from before 16-bit precision */
-    const char *want = checkpoint_precision_name(g->precision);
+    const char *want = planner_precision_name(g->precision);
     if (strcmp(prec, want) != 0) {
         snprintf(err, errlen, "the checkpoint's run trained in %.8s, this one in %s: a resume "
                  "keeps its precision", prec, want);

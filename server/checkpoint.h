@@ -35,9 +35,6 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
 int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
                     int64_t *step, char *err, size_t errlen);
 
-/* "f32", "bf16", "f16": a precision as the metadata names it */
-const char *checkpoint_precision_name(int precision);
-
 /* uploads the checkpoint's parts into e. Every graph parameter must be present with its shape;
  * `parts` selects weights / EMA / AdamW moments. Asking for the moments (a resume) also asks for
  * the run's state: its precision must be g's (a checkpoint without one is f32), and an f16 run's

@@ -1033,6 +1033,9 @@ static void fmt_eta(char *buf, size_t n, double s)
         snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
+/* below this an f16 run whose loss stays non-finite fails: the smallest half subnormal, 2^-24 */
+#define LOSS_SCALE_FLOOR 5.9604645e-8f
+
 static void report(struct job *j, int64_t step, float loss, float avg, float val, float lr,
                    float norm, double ips, double eta, double step_s)
 {
@@ -1044,14 +1047,26 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
         bar[width] = 0;
         fmt_eta(e, sizeof e, eta);
+        char scaling[64] = "";
+        if (j->g.precision == STRATEGY_PRECISION_F16)
+            snprintf(scaling, sizeof scaling, "  scale %g, %" PRId64 " skipped",
+                     (double)exec_loss_scaler(j->e)->scale, exec_loss_scaler(j->e)->skipped);
         printf("\r[%s] %" PRId64 "/%d  loss %.4f (avg %.4f)%s  %.1f img/s  ETA %s   ", bar, step,
-               s->steps, loss, avg, "", ips, e);
+               s->steps, loss, avg, scaling, ips, e);
         if (!isnan(val)) printf("\n  validation loss %.4f at step %" PRId64 "\n", val, step);
         fflush(stdout);
     } else {
-        printf("{\"event\":\"step\",\"step\":%" PRId64 ",\"steps\":%d,\"loss\":%.6f,\"loss_avg\":%.6f,\"lr\":%.6g,"
-               "\"grad_norm\":%.4f,\"img_per_s\":%.2f,\"eta_s\":%.0f",
-               step, s->steps, loss, avg, lr, norm, ips, eta);
+        /* a skipped f16 step may have an inf loss and norm: JSON has no inf, they are null */
+        printf("{\"event\":\"step\",\"step\":%" PRId64 ",\"steps\":%d", step, s->steps);
+        if (isfinite(loss)) printf(",\"loss\":%.6f", loss);
+        else printf(",\"loss\":null");
+        printf(",\"loss_avg\":%.6f,\"lr\":%.6g", avg, lr);
+        if (isfinite(norm)) printf(",\"grad_norm\":%.4f", norm);
+        else printf(",\"grad_norm\":null");
+        printf(",\"img_per_s\":%.2f,\"eta_s\":%.0f", ips, eta);
+        if (j->g.precision == STRATEGY_PRECISION_F16)
+            printf(",\"loss_scale\":%.9g,\"skipped_steps\":%" PRId64,
+                   (double)exec_loss_scaler(j->e)->scale, exec_loss_scaler(j->e)->skipped);
         if (!isnan(val)) printf(",\"val_loss\":%.6f", val);
         if (step_s >= 0) printf(",\"step_s\":%.6f", step_s);
         printf("}\n");
@@ -1167,6 +1182,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             }
             make_inputs(&j, step, spec->seed, NULL);
             float loss = 0, norm = 0, lr = optim_lr(&spec->optim, step);
+            const struct loss_scaler *ls = exec_loss_scaler(j.e);
+            int64_t skipped_before = ls->skipped;
             char why[512];
             if (run_batch(&j, 1, spec->seed, step, &loss, why, sizeof why)) {
                 snprintf(err, errlen, "training step %" PRId64 " failed: %.400s", step + 1, why);
@@ -1177,16 +1194,26 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                          exec_last_error(j.e)->msg);
                 goto out;
             }
-            if (!isfinite(loss)) {
-                snprintf(err, errlen, "the loss is %g at step %" PRId64 " (diverged; lower train.lr)",
-                         loss, step + 1);
+            /* f16: a step with an inf/NaN gradient was skipped (exec_optimizer_step), not a
+             * divergence, while the loss scale can still fall; an overflowing forward gives a
+             * non-finite loss however small the scale gets */
+            int skipped = ls->skipped != skipped_before;
+            if (!isfinite(loss) && !(skipped && ls->scale >= LOSS_SCALE_FLOOR)) {
+                if (skipped)
+                    snprintf(err, errlen, "the loss is %g at step %" PRId64 " in f16 after %" PRId64
+                             " skipped steps, the loss scale down to %g: the activations overflow "
+                             "half range (train in bf16 or f32)", loss, step + 1, ls->skipped,
+                             (double)ls->scale);
+                else
+                    snprintf(err, errlen, "the loss is %g at step %" PRId64
+                             " (diverged; lower train.lr)", loss, step + 1);
                 goto out;
             }
             step++;
             step_sum += now_s() - ts;
             step_n++;
             if (o->stats) o->stats->steps_run++;
-            avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
+            if (isfinite(loss)) avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
             stopping = stop_requested(o) || (o->stop_after > 0 && step >= o->stop_after);
             int last = step == spec->steps;
             int do_ckpt = last || stopping ||
@@ -1198,7 +1225,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 if (do_ckpt && dataset_val_count(j.ds)) val = validation_loss(&j, step);
                 double el = now_s() - t0, ips = (double)(step - first) * spec->batch / el;
                 double eta = (double)(spec->steps - step) * el / (double)(step - first);
-                log_push(&j, step, loss, val);
+                if (isfinite(loss)) log_push(&j, step, loss, val);
                 report(&j, step, loss, (float)avg, val, lr, norm, ips, eta, step_sum / step_n);
                 step_sum = 0;
                 step_n = 0;
