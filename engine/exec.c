@@ -33,6 +33,8 @@ struct exec {
     int cur_op;                 /* the op running: its 16-bit operands are read from scratch */
     int scaling;                /* f16: dynamic loss scaling with ls */
     struct loss_scaler ls;      /* scale 1 unless scaling */
+    struct loss_scaler *lsp;    /* the one in use: ls, or a nested executor's host's (an uneven
+                                 * last micro-batch scales its loss like the others) */
     struct exec_profile prof;   /* when opts.profile */
     double *op_seconds;         /* (g->n_ops) when opts.profile */
     float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc,
@@ -244,6 +246,7 @@ static struct exec *exec_new(const struct graph *g, const struct plan *p,
     e->scaling = p->strategy.precision == STRATEGY_PRECISION_F16 && !p->inference;
     if (e->scaling) loss_scaler_init(&e->ls, &p->strategy.loss_scale);
     else e->ls.scale = 1.0f;
+    e->lsp = &e->ls;
     for (int k = 0; k < g->n_ops; k++) /* never recomputed: the same id in the run order */
         if (g->ops[k].type == OP_MSE || g->ops[k].type == OP_XENT)
             e->loss_tensor = g->ops[k].out[0];
@@ -338,6 +341,7 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
         return EXEC_ERR_NOMEM;
     }
     e->borrowed = 1;
+    e->lsp = host->lsp;
     e->base = host->base;
     e->ctx = host->ctx;
     e->host = host;
@@ -930,7 +934,7 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
     /* a nested plan's run may have overwritten the workspace canaries */
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     if ((rc = refresh_work(e))) return rc;
-    rc = run_range(e, 0, p->n_run_ops, dloss_scale * e->ls.scale, seed, step, sample_base);
+    rc = run_range(e, 0, p->n_run_ops, dloss_scale * e->lsp->scale, seed, step, sample_base);
     if (rc) return rc;
     if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
     return EXEC_OK;
@@ -981,12 +985,12 @@ int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t,
     if (!e->scaling) return optimizer_timed(e, c, t, lr, 1.0f, 0, grad_norm, NULL);
     /* f16: the gradients are the loss scale's multiple; AdamW counts applied steps only */
     int applied = 0;
-    int rc = optimizer_timed(e, c, t - e->ls.skipped, lr, e->ls.scale, 1, grad_norm, &applied);
-    if (!rc) loss_scaler_update(&e->ls, &e->p->strategy.loss_scale, applied);
+    int rc = optimizer_timed(e, c, t - e->lsp->skipped, lr, e->lsp->scale, 1, grad_norm, &applied);
+    if (!rc) loss_scaler_update(e->lsp, &e->p->strategy.loss_scale, applied);
     return rc;
 }
 
-struct loss_scaler *exec_loss_scaler(struct exec *e) { return &e->ls; }
+struct loss_scaler *exec_loss_scaler(struct exec *e) { return e->lsp; }
 
 void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c)
 {

@@ -1048,7 +1048,7 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         bar[width] = 0;
         fmt_eta(e, sizeof e, eta);
         char scaling[64] = "";
-        if (j->g.precision == STRATEGY_PRECISION_F16)
+        if (j->tp.g.precision == STRATEGY_PRECISION_F16)
             snprintf(scaling, sizeof scaling, "  scale %g, %" PRId64 " skipped",
                      (double)exec_loss_scaler(j->e)->scale, exec_loss_scaler(j->e)->skipped);
         printf("\r[%s] %" PRId64 "/%d  loss %.4f (avg %.4f)%s  %.1f img/s  ETA %s   ", bar, step,
@@ -1064,7 +1064,7 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         if (isfinite(norm)) printf(",\"grad_norm\":%.4f", norm);
         else printf(",\"grad_norm\":null");
         printf(",\"img_per_s\":%.2f,\"eta_s\":%.0f", ips, eta);
-        if (j->g.precision == STRATEGY_PRECISION_F16)
+        if (j->tp.g.precision == STRATEGY_PRECISION_F16)
             printf(",\"loss_scale\":%.9g,\"skipped_steps\":%" PRId64,
                    (double)exec_loss_scaler(j->e)->scale, exec_loss_scaler(j->e)->skipped);
         if (!isnan(val)) printf(",\"val_loss\":%.6f", val);
