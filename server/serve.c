@@ -427,7 +427,7 @@ static int config_load(const char *path, const struct serve_optvar *vars, int n_
     return 0;
 }
 
-int serve_main(int argc, char **argv)
+static int serve_run(int argc, char **argv)
 {
     struct serve_opts o = {0};
     const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
@@ -694,5 +694,15 @@ out:
     close(lockfd);
     free(tokens);
     if (rc == 0) log_msg(LOG_INFO, "stopped");
+    return rc;
+}
+
+/* the config file's text holds the option values serve_run uses: freed once it has returned,
+ * on every path (an early refusal included) */
+int serve_main(int argc, char **argv)
+{
+    int rc = serve_run(argc, argv);
+    free(serve_config_text);
+    serve_config_text = NULL;
     return rc;
 }
