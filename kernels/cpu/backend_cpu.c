@@ -16,6 +16,14 @@ int cpu_ctx_init(bk_ctx **out, int threads)
 {
     bk_ctx *c = calloc(1, sizeof *c);
     if (!c) return BK_ERR_NOMEM;
+    /* the block records made here, so a job's allocations (its reservation, a host block) make
+     * no bookkeeping allocation of their own inside cpu_mem_alloc */
+    c->blocks = malloc(8 * sizeof *c->blocks);
+    if (!c->blocks) {
+        free(c);
+        return BK_ERR_NOMEM;
+    }
+    c->cap_blocks = 8;
     c->threads = threads > 0 ? threads : 1;
     /* OpenBLAS runs single-threaded inside cpu_gemm's own blocks (see gemm.c) */
     openblas_set_num_threads(1);
