@@ -18,79 +18,17 @@
 #include "image.h"
 #include "philox.h"
 #include "test_util.h"
+#include "test_train_util.h"
 #include "train.h"
 
-/* 24 grey 16x16 images: a bright disc at a random place on a dark background */
-static void make_folder(const char *dir)
-{
-    mkdir(dir, 0755);
-    float img[16 * 16];
-    char path[512], err[256];
-    for (int i = 0; i < 24; i++) {
-        float cx = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 0);
-        float cy = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 1);
-        for (int y = 0; y < 16; y++)
-            for (int x = 0; x < 16; x++)
-                img[y * 16 + x] = (x - cx) * (x - cx) + (y - cy) * (y - cy) < 12 ? 0.9f : -0.9f;
-        snprintf(path, sizeof path, "%s/img%02d.png", dir, i);
-        image_save_png(path, img, 1, 16, 16, err, sizeof err);
-    }
-}
-
+/* the shared tiny spec with dropout, flips and a validation split on, at an effective batch of 5 */
 static void tiny_spec(struct train_spec *s, const char *data, int steps)
 {
-    spec_defaults(s);
-    unet_config_default(&s->model, UNET_DDPM);
-    s->model.in_channels = s->model.out_channels = 1;
-    s->model.image_size = 16;
-    s->model.n_levels = 2;
-    s->model.channels[0] = 16;
-    s->model.channels[1] = 32;
-    s->model.layers_per_block = 1;
-    s->model.attn_res[0] = 8;
-    s->model.groups = 8;
+    tt_tiny_spec(s, data, steps);
     s->model.dropout = 0.1f;
-    snprintf(s->dataset, sizeof s->dataset, "%s", data);
     s->flip = 1;
     s->validation = 8;
     s->batch = 5;
-    s->steps = steps;
-    s->optim.lr = 1e-3f;
-    s->optim.warmup = 2;
-    s->optim.total_steps = steps;
-    s->optim.ema_decay = 0.9f;
-    s->checkpoint_every = 2;
-    s->sample_every = 0;
-    s->log_every = 1;
-    s->keep_last = 2;
-    s->samples = 4;
-    s->threads = 2;
-}
-
-/* every tensor's bytes of a checkpoint, concatenated */
-static unsigned char *read_all(const char *path, size_t *n)
-{
-    struct safetensors *st;
-    char err[256];
-    *n = 0;
-    if (safetensors_open(&st, path, err, sizeof err)) return NULL;
-    size_t total = 0;
-    for (size_t i = 0; i < safetensors_count(st); i++) {
-        const struct st_tensor *t;
-        safetensors_get(st, i, &t);
-        total += t->nbytes;
-    }
-    unsigned char *buf = malloc(total + 1);
-    size_t off = 0;
-    for (size_t i = 0; i < safetensors_count(st); i++) {
-        const struct st_tensor *t;
-        safetensors_get(st, i, &t);
-        memcpy(buf + off, t->data, t->nbytes);
-        off += t->nbytes;
-    }
-    *n = total;
-    safetensors_free(st);
-    return buf;
 }
 
 /* loss and validation loss of `step` in out/loss.csv (NaN when absent) */
@@ -121,7 +59,7 @@ int main(void)
     snprintf(a, sizeof a, "%s/a", root);
     snprintf(b, sizeof b, "%s/b", root);
     snprintf(c, sizeof c, "%s/c", root);
-    make_folder(data);
+    tt_make_discs(data);
 
     struct train_spec s;
     tiny_spec(&s, data, 4);
@@ -142,7 +80,7 @@ int main(void)
     snprintf(pa, sizeof pa, "%s/checkpoints/step-00000004.safetensors", a);
     snprintf(pb, sizeof pb, "%s/checkpoints/step-00000004.safetensors", b);
     size_t na, nb;
-    unsigned char *ba = read_all(pa, &na), *bb = read_all(pb, &nb);
+    unsigned char *ba = tt_checkpoint_bytes(pa, &na), *bb = tt_checkpoint_bytes(pb, &nb);
     CHECK(ba && bb && na == nb && na > 0 && memcmp(ba, bb, na) == 0,
           "micro-batches: the resumed weights/EMA/AdamW differ from the uninterrupted run");
     free(ba);
@@ -159,8 +97,8 @@ int main(void)
     oe.resume = TRAIN_RESUME_REQUIRED;
     CHECK(train_run(&s, &oe, err, sizeof err) == TRAIN_DONE, "offload resumed run: %s", err);
     snprintf(pb, sizeof pb, "%s/checkpoints/step-00000004.safetensors", e);
-    ba = read_all(pa, &na);
-    bb = read_all(pb, &nb);
+    ba = tt_checkpoint_bytes(pa, &na);
+    bb = tt_checkpoint_bytes(pb, &nb);
     CHECK(ba && bb && na == nb && na > 0 && memcmp(ba, bb, na) == 0,
           "offload: the resumed weights/EMA/AdamW differ from the run without offload");
     free(ba);

@@ -19,52 +19,16 @@
 #include "image.h"
 #include "philox.h"
 #include "test_util.h"
+#include "test_train_util.h"
 #include "train.h"
 
 static char root[256];
 
-/* 24 grey 16x16 images: a bright disc at a random place on a dark background */
-static void make_folder(const char *dir)
-{
-    mkdir(dir, 0755);
-    float img[16 * 16];
-    char path[512], err[256];
-    for (int i = 0; i < 24; i++) {
-        float cx = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 0);
-        float cy = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 1);
-        for (int y = 0; y < 16; y++)
-            for (int x = 0; x < 16; x++)
-                img[y * 16 + x] = (x - cx) * (x - cx) + (y - cy) * (y - cy) < 12 ? 0.9f : -0.9f;
-        snprintf(path, sizeof path, "%s/img%02d.png", dir, i);
-        image_save_png(path, img, 1, 16, 16, err, sizeof err);
-    }
-}
-
 static void f16_spec(struct train_spec *s, const char *data, int steps)
 {
-    spec_defaults(s);
-    unet_config_default(&s->model, UNET_DDPM);
-    s->model.in_channels = s->model.out_channels = 1;
-    s->model.image_size = 16;
-    s->model.n_levels = 2;
-    s->model.channels[0] = 16;
-    s->model.channels[1] = 32;
-    s->model.layers_per_block = 1;
-    s->model.attn_res[0] = 8;
-    s->model.groups = 8;
-    snprintf(s->dataset, sizeof s->dataset, "%s", data);
-    s->batch = 4;
-    s->steps = steps;
-    s->optim.lr = 1e-3f;
-    s->optim.warmup = 2;
-    s->optim.total_steps = steps;
-    s->optim.ema_decay = 0.9f;
+    tt_tiny_spec(s, data, steps);
     s->checkpoint_every = 4;
-    s->sample_every = 0;
-    s->log_every = 1;
     s->keep_last = 3;
-    s->samples = 4;
-    s->threads = 2;
     s->strategy.precision = STRATEGY_PRECISION_F16;
     s->strategy.loss_scale.initial = 16777216.0f;
     s->strategy.loss_scale.growth = 2.0f;
@@ -115,30 +79,6 @@ static int step_lines(const char *path, long *skipped, double *scale, int *nulls
     return bad ? -1 : n;
 }
 
-static int read_all(const char *path, unsigned char **buf, size_t *n)
-{
-    struct safetensors *st;
-    char err[256];
-    if (safetensors_open(&st, path, err, sizeof err)) return -1;
-    size_t total = 0;
-    for (size_t i = 0; i < safetensors_count(st); i++) {
-        const struct st_tensor *t;
-        safetensors_get(st, i, &t);
-        total += t->nbytes;
-    }
-    *buf = malloc(total + 1);
-    size_t off = 0;
-    for (size_t i = 0; i < safetensors_count(st); i++) {
-        const struct st_tensor *t;
-        safetensors_get(st, i, &t);
-        memcpy(*buf + off, t->data, t->nbytes);
-        off += t->nbytes;
-    }
-    *n = total;
-    safetensors_free(st);
-    return 0;
-}
-
 static void meta(const char *path, char out[4][32])
 {
     struct safetensors *st;
@@ -164,7 +104,7 @@ int main(void)
     snprintf(b, sizeof b, "%s/b", root);
     snprintf(la, sizeof la, "%s/a.log", root);
     snprintf(lb, sizeof lb, "%s/b.log", root);
-    make_folder(data);
+    tt_make_discs(data);
     struct train_spec s;
     f16_spec(&s, data, 12);
     struct train_opts o = {.out_dir = a};
@@ -198,7 +138,7 @@ int main(void)
               ma[k]);
     unsigned char *ba = NULL, *bb = NULL;
     size_t na = 0, nb = 0;
-    CHECK(read_all(pa, &ba, &na) == 0 && read_all(pb, &bb, &nb) == 0, "final checkpoints");
+    CHECK((ba = tt_checkpoint_bytes(pa, &na)) && (bb = tt_checkpoint_bytes(pb, &nb)), "final checkpoints");
     CHECK(na == nb && na > 0 && memcmp(ba, bb, na) == 0,
           "the resumed f16 run's weights/EMA/AdamW differ from the uninterrupted run");
     free(ba);

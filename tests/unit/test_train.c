@@ -24,79 +24,18 @@
 #include "philox.h"
 #include "sample.h"
 #include "test_util.h"
+#include "test_train_util.h"
 #include "train.h"
 
 static char root[256];
 
-/* 24 grey 16x16 images: a bright disc at a random place on a dark background */
-static void make_folder(const char *dir)
-{
-    mkdir(dir, 0755);
-    float img[16 * 16];
-    char path[512], err[256];
-    for (int i = 0; i < 24; i++) {
-        float cx = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 0);
-        float cy = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 1);
-        for (int y = 0; y < 16; y++)
-            for (int x = 0; x < 16; x++)
-                img[y * 16 + x] = (x - cx) * (x - cx) + (y - cy) * (y - cy) < 12 ? 0.9f : -0.9f;
-        snprintf(path, sizeof path, "%s/img%02d.png", dir, i);
-        image_save_png(path, img, 1, 16, 16, err, sizeof err);
-    }
-}
-
+/* the shared tiny spec with dropout, flips and a validation split on */
 static void tiny_spec(struct train_spec *s, const char *data, int steps)
 {
-    spec_defaults(s);
-    unet_config_default(&s->model, UNET_DDPM);
-    s->model.in_channels = s->model.out_channels = 1;
-    s->model.image_size = 16;
-    s->model.n_levels = 2;
-    s->model.channels[0] = 16;
-    s->model.channels[1] = 32;
-    s->model.layers_per_block = 1;
-    s->model.attn_res[0] = 8;
-    s->model.groups = 8;
+    tt_tiny_spec(s, data, steps);
     s->model.dropout = 0.1f;
-    snprintf(s->dataset, sizeof s->dataset, "%s", data);
     s->flip = 1;
     s->validation = 8;
-    s->batch = 4;
-    s->steps = steps;
-    s->optim.lr = 1e-3f;
-    s->optim.warmup = 2;
-    s->optim.total_steps = steps;
-    s->optim.ema_decay = 0.9f;
-    s->checkpoint_every = 2;
-    s->sample_every = 0;
-    s->log_every = 1;
-    s->keep_last = 2;
-    s->samples = 4;
-    s->threads = 2;
-}
-
-static int read_all(const char *path, unsigned char **buf, size_t *n)
-{
-    struct safetensors *st;
-    char err[256];
-    if (safetensors_open(&st, path, err, sizeof err)) return -1;
-    size_t total = 0;
-    for (size_t i = 0; i < safetensors_count(st); i++) {
-        const struct st_tensor *t;
-        safetensors_get(st, i, &t);
-        total += t->nbytes;
-    }
-    *buf = malloc(total + 1);
-    size_t off = 0;
-    for (size_t i = 0; i < safetensors_count(st); i++) {
-        const struct st_tensor *t;
-        safetensors_get(st, i, &t);
-        memcpy(*buf + off, t->data, t->nbytes);
-        off += t->nbytes;
-    }
-    *n = total;
-    safetensors_free(st);
-    return 0;
 }
 
 static int exists(const char *dir, const char *name)
@@ -190,7 +129,7 @@ int main(void)
     snprintf(data, sizeof data, "%s/data", root);
     snprintf(a, sizeof a, "%s/a", root);
     snprintf(b, sizeof b, "%s/b", root);
-    make_folder(data);
+    tt_make_discs(data);
 
     /* exact resume: 6 steps straight vs 3 steps, stop, resume 3 more */
     struct train_spec s;
@@ -216,7 +155,7 @@ int main(void)
     snprintf(pb, sizeof pb, "%s/checkpoints/step-00000006.safetensors", b);
     unsigned char *ba = NULL, *bb = NULL;
     size_t na = 0, nb = 0;
-    CHECK(read_all(pa, &ba, &na) == 0 && read_all(pb, &bb, &nb) == 0, "final checkpoints");
+    CHECK((ba = tt_checkpoint_bytes(pa, &na)) && (bb = tt_checkpoint_bytes(pb, &nb)), "final checkpoints");
     CHECK(na == nb && na > 0 && memcmp(ba, bb, na) == 0,
           "resumed weights/EMA/AdamW differ from the uninterrupted run");
     free(ba);
@@ -353,7 +292,7 @@ int main(void)
         char d8[300], o8[300];
         snprintf(d8, sizeof d8, "%s/data-\xff\xfe", root);
         snprintf(o8, sizeof o8, "%s/o8", root);
-        make_folder(d8);
+        tt_make_discs(d8);
         struct train_spec s8;
         tiny_spec(&s8, d8, 2);
         struct train_opts o8o = {.out_dir = o8, .quiet = 1};

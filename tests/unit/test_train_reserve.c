@@ -18,6 +18,7 @@
 #include "philox.h"
 #include "sample.h"
 #include "test_util.h"
+#include "test_train_util.h"
 #include "train.h"
 
 /* the CPU backend's mem_alloc (kernels/cpu/cpu.h): every device allocation goes through it */
@@ -95,74 +96,22 @@ static void arm(void)
 
 static char root[256];
 
-/* 24 grey 16x16 images: a bright disc at a random place on a dark background */
-static void make_folder(const char *dir)
-{
-    mkdir(dir, 0755);
-    float img[16 * 16];
-    char path[512], err[256];
-    for (int i = 0; i < 24; i++) {
-        float cx = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 0);
-        float cy = 3 + 10 * philox_uniform_at(9, 1, 0, (uint32_t)i, 0, 1);
-        for (int y = 0; y < 16; y++)
-            for (int x = 0; x < 16; x++)
-                img[y * 16 + x] = (x - cx) * (x - cx) + (y - cy) * (y - cy) < 12 ? 0.9f : -0.9f;
-        snprintf(path, sizeof path, "%s/img%02d.png", dir, i);
-        image_save_png(path, img, 1, 16, 16, err, sizeof err);
-    }
-}
-
 static void tiny_spec(struct train_spec *s, const char *data, int steps)
 {
-    spec_defaults(s);
-    unet_config_default(&s->model, UNET_DDPM);
-    s->model.in_channels = s->model.out_channels = 1;
-    s->model.image_size = 16;
-    s->model.n_levels = 2;
-    s->model.channels[0] = 16;
-    s->model.channels[1] = 32;
-    s->model.layers_per_block = 1;
-    s->model.attn_res[0] = 8;
-    s->model.groups = 8;
+    tt_tiny_spec(s, data, steps);
     s->model.dropout = 0.1f;
-    snprintf(s->dataset, sizeof s->dataset, "%s", data);
     s->flip = 1;
-    s->batch = 4;
-    s->steps = steps;
-    s->optim.lr = 1e-3f;
     s->optim.warmup = 1;
-    s->optim.total_steps = steps;
-    s->optim.ema_decay = 0.9f;
-    s->checkpoint_every = 2;
     s->sample_every = 2;
-    s->log_every = 1;
     s->keep_last = 10;
     s->samples = 5; /* a grid of 5 at batch 5: not a power of two, a partial last row */
-    s->threads = 2;
     s->timesteps = 10; /* 10 DDIM steps a grid (clamped): a fast test */
-}
-
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *n = (size_t)len;
-    return b;
 }
 
 static int same_file(const char *a, const char *b)
 {
     size_t na = 0, nb = 0;
-    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+    unsigned char *x = tu_slurp(a, &na), *y = tu_slurp(b, &nb);
     int same = x && y && na == nb && memcmp(x, y, na) == 0;
     free(x);
     free(y);
@@ -234,7 +183,7 @@ int main(void)
     snprintf(a, sizeof a, "%s/a", root);
     snprintf(b, sizeof b, "%s/b", root);
     snprintf(c, sizeof c, "%s/c", root);
-    make_folder(data);
+    tt_make_discs(data);
 
     /* the recorder sees a backend allocation (a control for the checks below) */
     void *ptr = NULL;
