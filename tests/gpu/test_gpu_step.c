@@ -17,6 +17,7 @@
 #include "philox.h"
 #include "plan.h"
 #include "test_util.h"
+#include "test_unet_util.h"
 #include "unet.h"
 
 /* step 1: loss and gradients within 1e-4. Step 2 starts from weights that differ where AdamW
@@ -38,23 +39,9 @@ struct job {
 
 static void small_config(struct unet_config *c, enum unet_preset preset, int tiled)
 {
-    unet_config_default(c, preset);
-    c->image_size = 16;
+    tu_small_unet(c, preset);
     c->attn_tiled = tiled;
-    if (preset == UNET_DDPM) {
-        c->in_channels = c->out_channels = 1;
-        c->n_levels = 3;
-        c->channels[0] = 16;
-        c->channels[1] = c->channels[2] = 24;
-        c->layers_per_block = 1;
-        c->attn_res[0] = 8;
-        c->groups = 8;
-        c->attn_head_dim = 8;
-        c->dropout = 0.1f; /* the same Philox masks on both backends */
-    } else {
-        c->base = 8;
-        c->time_dim = 32;
-    }
+    if (preset == UNET_DDPM) c->dropout = 0.1f; /* the same Philox masks on both backends */
 }
 
 static int job_init(struct job *j, const struct backend *bk, const struct unet_config *c,

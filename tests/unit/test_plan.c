@@ -23,6 +23,7 @@
 #include "philox.h"
 #include "plan.h"
 #include "test_util.h"
+#include "test_unet_util.h"
 #include "unet.h"
 
 /* ---- allocation recorder: while armed, every heap allocation's size and call stack ---- */
@@ -206,22 +207,8 @@ struct job {
 
 static void small_config(struct unet_config *c, enum unet_preset preset)
 {
-    unet_config_default(c, preset);
-    c->image_size = 16;
-    if (preset == UNET_DDPM) {
-        c->in_channels = c->out_channels = 1;
-        c->n_levels = 3;
-        c->channels[0] = 16;
-        c->channels[1] = c->channels[2] = 24;
-        c->layers_per_block = 1;
-        c->attn_res[0] = 8;
-        c->groups = 8;
-        c->attn_head_dim = 8;
-        c->dropout = 0.1f; /* exercises dropout's recomputed masks */
-    } else {
-        c->base = 8;
-        c->time_dim = 32;
-    }
+    tu_small_unet(c, preset);
+    if (preset == UNET_DDPM) c->dropout = 0.1f; /* exercises dropout's recomputed masks */
 }
 
 static int job_init_prec(struct job *j, const struct unet_config *c, int batch,

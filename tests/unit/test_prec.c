@@ -21,26 +21,8 @@
 #include "philox.h"
 #include "plan.h"
 #include "test_util.h"
+#include "test_unet_util.h"
 #include "unet.h"
-
-static void small_config(struct unet_config *c, enum unet_preset preset)
-{
-    unet_config_default(c, preset);
-    c->image_size = 16;
-    if (preset == UNET_DDPM) {
-        c->in_channels = c->out_channels = 1;
-        c->n_levels = 3;
-        c->channels[0] = 16;
-        c->channels[1] = c->channels[2] = 24;
-        c->layers_per_block = 1;
-        c->attn_res[0] = 8;
-        c->groups = 8;
-        c->attn_head_dim = 8;
-    } else {
-        c->base = 8;
-        c->time_dim = 32;
-    }
-}
 
 static int build(struct graph *g, const struct unet_config *c, int batch, int precision,
                  struct unet_io *io, int *target)
@@ -101,7 +83,7 @@ static void bytes(enum unet_preset preset, int batch)
 {
     const char *name = preset == UNET_DDPM ? "ddpm" : "seed";
     struct unet_config c;
-    small_config(&c, preset);
+    tu_small_unet(&c, preset);
     struct graph g32, g16;
     struct unet_io io;
     int target;
@@ -223,7 +205,7 @@ static const struct strategy_loss_scale ls_cfg = {.initial = 1024.0f, .growth = 
 static int job_init(struct job *j, int precision)
 {
     struct unet_config c;
-    small_config(&c, UNET_DDPM);
+    tu_small_unet(&c, UNET_DDPM);
     memset(j, 0, sizeof *j);
     if (build(&j->g, &c, 2, precision, &j->io, &j->target)) return -1;
     struct plan_opts po = {0};
@@ -334,7 +316,7 @@ static void loss_scaling(void)
     struct unet_io io;
     int target;
     struct unet_config c;
-    small_config(&c, UNET_DDPM);
+    tu_small_unet(&c, UNET_DDPM);
     CHECK(build(&g, &c, 1, STRATEGY_PRECISION_F16, &io, &target) == 0, "f16 graph");
     struct plan_opts po = {0};
     po.strategy.precision = STRATEGY_PRECISION_F16;
@@ -359,7 +341,7 @@ static void checkpoints(void)
     ls_step(&a, 2, &loss); /* 1 good step */
     struct train_spec spec;
     spec_defaults(&spec);
-    small_config(&spec.model, UNET_DDPM);
+    tu_small_unet(&spec.model, UNET_DDPM);
     snprintf(spec.dataset, sizeof spec.dataset, "fashion-mnist");
     char path[] = "/tmp/test_prec_XXXXXX", file[64], err[256] = "";
     CHECK(mkdtemp(path) != NULL, "mkdtemp");
