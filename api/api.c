@@ -874,6 +874,38 @@ static enum MHD_Result h_sample(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
+/* the open regular file fd (taken over) of size bytes as a 200 of type, with a
+ * Content-Disposition when disp is not NULL */
+static enum MHD_Result send_fd(struct ctx *c, int fd, uint64_t size, const char *type,
+                               const char *disp)
+{
+    struct MHD_Response *resp = MHD_create_response_from_fd64(size, fd);
+    if (!resp) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (disp) MHD_add_response_header(resp, "Content-Disposition", disp);
+    enum MHD_Result rr = respond(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* the regular file at path as a 200 of type; 404 with detail when path is NULL or names no
+ * regular file (fsio_open_regular: no FIFO, link or directory is ever opened) */
+static enum MHD_Result send_path(struct ctx *c, const char *path, const char *type,
+                                 const char *detail)
+{
+    char err[300];
+    int fd = path ? fsio_open_regular(path, O_RDONLY, err, sizeof err) : -1;
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        if (fd >= 0) close(fd);
+        return problem(c->conn, 404, NULL, detail, NULL, NULL);
+    }
+    return send_fd(c, fd, (uint64_t)sb.st_size, type, NULL);
+}
+
 /* a file of a succeeded sampling job: tail under its folder */
 static enum MHD_Result send_sample_file(struct ctx *c, const char *tail, const char *what)
 {
@@ -882,7 +914,7 @@ static enum MHD_Result send_sample_file(struct ctx *c, const char *tail, const c
     if (load_sample(c, c->param, &r, &res)) return res;
     enum job_state st = r.state;
     job_row_free(&r);
-    char detail[200], path[FSIO_PATH_MAX], err[300];
+    char detail[200], path[FSIO_PATH_MAX];
     if (st != JOB_SUCCEEDED) {
         snprintf(detail, sizeof detail, "sample %s is %s: its images exist once it succeeded",
                  c->param, job_state_name(st));
@@ -890,24 +922,9 @@ static enum MHD_Result send_sample_file(struct ctx *c, const char *tail, const c
         cJSON_AddStringToObject(o, "state", job_state_name(st));
         return problem(c->conn, 409, "wrong-state", detail, o, NULL);
     }
-    int fd = -1;
-    if (pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0)
-        fd = fsio_open_regular(path, O_RDONLY, err, sizeof err);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb)) {
-        if (fd >= 0) close(fd);
-        snprintf(detail, sizeof detail, "sample %s has no %s", c->param, what);
-        return problem(c->conn, 404, NULL, detail, NULL, NULL);
-    }
-    struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
-    if (!resp) {
-        close(fd);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "image/png");
-    enum MHD_Result rr = respond(c->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return rr;
+    snprintf(detail, sizeof detail, "sample %s has no %s", c->param, what);
+    int have = pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0;
+    return send_path(c, have ? path : NULL, "image/png", detail);
 }
 
 static enum MHD_Result h_sample_grid(struct ctx *c) { return send_sample_file(c, "grid.png", "grid"); }
@@ -1029,18 +1046,12 @@ static enum MHD_Result checkpoint_diffusers(struct ctx *c, const char *jid, cons
                        NULL, NULL);
     }
     struct stat sb;
-    struct MHD_Response *resp =
-        fstat(fd, &sb) ? NULL : MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
-    if (!resp) {
+    if (fstat(fd, &sb)) {
         close(fd);
         return MHD_NO;
     }
     snprintf(disp, sizeof disp, "attachment; filename=\"%s-diffusers.tar\"", c->param);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
-    MHD_add_response_header(resp, "Content-Disposition", disp);
-    enum MHD_Result r = respond(c->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return r;
+    return send_fd(c, fd, (uint64_t)sb.st_size, "application/x-tar", disp);
 }
 
 static enum MHD_Result h_checkpoint(struct ctx *c)
@@ -1436,26 +1447,11 @@ static enum MHD_Result send_job_file(struct ctx *c, const char *tail, const char
     if (load_job(c, c->param, &r, &res)) return res;
     int is_train = strcmp(r.kind, "train") == 0;
     job_row_free(&r);
-    char path[FSIO_PATH_MAX], err[300], detail[200];
-    int fd = -1;
-    if (is_train && pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0)
-        fd = fsio_open_regular(path, O_RDONLY, err, sizeof err);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb)) {
-        if (fd >= 0) close(fd);
-        snprintf(detail, sizeof detail, "job %s has no %s yet (a training job writes it as it logs)",
-                 c->param, strrchr(tail, '/') + 1);
-        return problem(c->conn, 404, NULL, detail, NULL, NULL);
-    }
-    struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
-    if (!resp) {
-        close(fd);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    enum MHD_Result rr = respond(c->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return rr;
+    char path[FSIO_PATH_MAX], detail[200];
+    snprintf(detail, sizeof detail, "job %s has no %s yet (a training job writes it as it logs)",
+             c->param, strrchr(tail, '/') + 1);
+    int have = is_train && pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0;
+    return send_path(c, have ? path : NULL, type, detail);
 }
 
 static enum MHD_Result h_loss_csv(struct ctx *c)
@@ -1642,24 +1638,9 @@ static enum MHD_Result h_dataset_preview(struct ctx *c)
     cJSON *o = load_upload(c, &res);
     if (!o) return res;
     cJSON_Delete(o);
-    char path[FSIO_PATH_MAX], err[300];
-    int fd = upload_dataset_path(data_dir(c), c->param, "preview.png", path, sizeof path) == 0
-                 ? fsio_open_regular(path, O_RDONLY, err, sizeof err)
-                 : -1;
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb)) {
-        if (fd >= 0) close(fd);
-        return problem(c->conn, 404, NULL, "the dataset has no preview", NULL, NULL);
-    }
-    struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t)sb.st_size, fd);
-    if (!resp) {
-        close(fd);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "image/png");
-    enum MHD_Result rr = respond(c->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return rr;
+    char path[FSIO_PATH_MAX];
+    int have = upload_dataset_path(data_dir(c), c->param, "preview.png", path, sizeof path) == 0;
+    return send_path(c, have ? path : NULL, "image/png", "the dataset has no preview");
 }
 
 /* the queued and running jobs whose spec names dataset id, into arr (ids); -1 when the store
