@@ -15,6 +15,7 @@
 
 #include "cpu/cpu.h"
 #include "ddpm.h"
+#include "cost.h"
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
@@ -92,35 +93,6 @@ static int config_by_name(struct unet_config *c, const char *name)
     return -1;
 }
 
-/* model FLOPs of one op (multiply-add = 2): convolutions, linears and attention matmuls only;
- * backward ops count their own GEMM work; the tiled attention's recomputation of the scores in
- * the backward is not counted (the same count is used for PyTorch, which keeps the scores) */
-static double op_flops(const struct op *o)
-{
-    switch (o->type) {
-    case OP_CONV2D:
-    case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER: {
-        const struct bk_conv2d *s = &o->a.conv;
-        return 2.0 * s->n * s->co * s->ho * s->wo * (double)s->ci * s->kh * s->kw;
-    }
-    case OP_LINEAR:
-        return 2.0 * o->a.lin.m * (double)o->a.lin.k * o->a.lin.n;
-    case OP_LINEAR_BWD: /* dw always; dx when asked for */
-        return 2.0 * o->a.lin.m * (double)o->a.lin.k * o->a.lin.n * (o->out[0] >= 0 ? 2 : 1);
-    case OP_ATTENTION: {
-        const struct bk_attn *s = &o->a.at.s;
-        return 4.0 * s->n * s->heads * (double)s->l * s->l * s->d;
-    }
-    case OP_ATTENTION_BWD: {
-        const struct bk_attn *s = &o->a.at.s;
-        return 8.0 * s->n * s->heads * (double)s->l * s->l * s->d;
-    }
-    default:
-        return 0.0;
-    }
-}
-
 static void fill_normal(float *x, size_t n, uint64_t seed, uint64_t s, uint32_t stream)
 {
     for (size_t i = 0; i < n; i++) x[i] = philox_normal(seed, PHILOX_TAG_NOISE, s, stream, 0, (uint32_t)i);
@@ -194,7 +166,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
         }
     }
     double flops = 0.0;
-    for (int k = 0; k < g.n_ops; k++) flops += op_flops(&g.ops[k]);
+    for (int k = 0; k < g.n_ops; k++) flops += cost_op_flops(&g.ops[k]);
     double *sorted = malloc((size_t)steps * sizeof *sorted);
     memcpy(sorted, dt, (size_t)steps * sizeof *sorted);
     qsort(sorted, (size_t)steps, sizeof *sorted, cmp_double);
@@ -243,7 +215,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
                     order[j] = tmp;
                 }
         double fl_type[OP_COUNT] = {0};
-        for (int k = 0; k < g.n_ops; k++) fl_type[g.ops[k].type] += op_flops(&g.ops[k]);
+        for (int k = 0; k < g.n_ops; k++) fl_type[g.ops[k].type] += cost_op_flops(&g.ops[k]);
         printf("# %-22s %9s %6s %6s %9s\n", "op", "ms/step", "share", "calls", "GFLOP/s");
         for (int i = 0; i < OP_COUNT; i++) {
             int ty = order[i];
@@ -273,7 +245,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
             const struct bk_conv2d *s = &o->a.conv;
             double sec = pr->op_seconds[idx[i]] * per;
             printf("#   %7.2f %7.1f %-18s %d %4d %2dx%-2d -> %4d %2dx%-2d %dx%d s%d\n", 1e3 * sec,
-                   1e-9 * op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
+                   1e-9 * cost_op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
                    s->wo, s->kh, s->kw, s->stride);
         }
         free(idx);

@@ -64,9 +64,8 @@ enum cost_class cost_class_of(enum op_type t)
     }
 }
 
-double cost_op_work(const struct graph *g, int k)
+double cost_op_flops(const struct op *o)
 {
-    const struct op *o = &g->ops[k];
     switch (o->type) {
     case OP_CONV2D:
     case OP_CONV2D_BWD_DATA:
@@ -82,8 +81,23 @@ double cost_op_work(const struct graph *g, int k)
     case OP_ATTENTION_BWD: {
         const struct bk_attn *s = &o->a.at.s;
         double f = 4.0 * s->n * s->heads * (double)s->l * s->l * s->d;
-        return o->type == OP_ATTENTION ? f : 2.5 * f;
+        return o->type == OP_ATTENTION ? f : 2.0 * f;
     }
+    default: return 0.0;
+    }
+}
+
+double cost_op_work(const struct graph *g, int k)
+{
+    const struct op *o = &g->ops[k];
+    switch (cost_class_of(o->type)) {
+    case COST_CONV_FWD:
+    case COST_CONV_BWD_DATA:
+    case COST_CONV_BWD_FILTER:
+    case COST_GEMM:
+    case COST_ATTN_FWD: return cost_op_flops(o);
+    /* the tiled backward also recomputes QK^T: 2.5x the forward's work, not the model's 2x */
+    case COST_ATTN_BWD: return 1.25 * cost_op_flops(o);
     default: {
         double b = 0;
         for (int j = 0; j < o->n_in; j++)

@@ -51,6 +51,10 @@ char *cost_model_format(const struct cost_model *m);
 const char *cost_class_name(enum cost_class c);
 /* the class of an op type */
 enum cost_class cost_class_of(enum op_type t);
+/* model FLOPs of an op (multiply-add = 2): convolutions, linears and the attention matmuls;
+ * backward ops their own GEMM work (attention's: twice the forward's, not counting a tiled
+ * kernel's recomputation of the scores); 0 for every other op */
+double cost_op_flops(const struct op *o);
 /* work units (FLOPs or bytes, by class) of op k of g */
 double cost_op_work(const struct graph *g, int k);
 /* predicted seconds of op k alone (fp32) */
