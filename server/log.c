@@ -78,40 +78,38 @@ static cJSON *log_head(enum log_level level, const char *msg)
     return o;
 }
 
-void log_msg(enum log_level level, const char *fmt, ...)
+/* one line: "ddpmd serve: [job ID: ]MSG" or a JSON object with a "job" field when job is set */
+static void log_vline(enum log_level level, const char *job, const char *fmt, va_list ap)
 {
     char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (log_get_format() == LOG_FORMAT_JSON) {
-        cJSON *o = log_head(level, msg);
-        if (o) log_json(o);
-        return;
-    }
-    char line[2100];
-    snprintf(line, sizeof line, "ddpmd serve: %s\n", msg);
-    log_write(line);
-}
-
-void log_job(enum log_level level, const char *job, const char *fmt, ...)
-{
-    char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     if (log_get_format() == LOG_FORMAT_JSON) {
         cJSON *o = log_head(level, msg);
         if (!o) return;
-        cJSON_AddStringToObject(o, "job", job);
+        if (job) cJSON_AddStringToObject(o, "job", job);
         log_json(o);
         return;
     }
     char line[2200];
-    snprintf(line, sizeof line, "ddpmd serve: job %.40s: %s\n", job, msg);
+    if (job) snprintf(line, sizeof line, "ddpmd serve: job %.40s: %s\n", job, msg);
+    else snprintf(line, sizeof line, "ddpmd serve: %s\n", msg);
     log_write(line);
+}
+
+void log_msg(enum log_level level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_vline(level, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void log_job(enum log_level level, const char *job, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_vline(level, job, fmt, ap);
+    va_end(ap);
 }
 
 void log_request(const struct log_request *r)
