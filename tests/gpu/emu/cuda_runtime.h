@@ -4,6 +4,7 @@
  * barriers between them, a block's threads run to each barrier in turn and blocks run one after
  * another. Device memory is host memory, with the device's size accounted (EMU_DEVICE_MB).
  * EMU_FAULT_AT_LAUNCH=N plants a sticky fault (an illegal address) at the Nth kernel launch.
+ * EMU_CC=75 (80, 90...) is the compute capability the device reports (default 90, sm_90).
  * A test tool, not a backend: it is slow, it proves nothing about the GPU's rounding or speed,
  * and it runs the kernels' logic - indexing, barriers, shuffles, the libraries' argument
  * conventions - where no GPU is. Only tests/gpu builds it (libddpmd_cuda_emu.so).

@@ -1,5 +1,10 @@
 /* cudnn.h (emulator) - the cuDNN 9 legacy convolution API the CUDA backend uses, over naive
- * direct convolutions that honour the descriptors (symmetric padding, stride, alpha, beta).
+ * direct convolutions that honour the descriptors (symmetric padding, stride, alpha, beta, data
+ * types). fp32 tensors: summed in double. 16-bit tensors (HALF, BFLOAT16; x, w and y of one
+ * type, the convolution's compute type FLOAT, as cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configs):
+ * products summed in fp32, alpha and beta applied in fp32, one rounding to nearest even on the
+ * store; BFLOAT16 on a device below sm_80 (EMU_CC) is NOT_SUPPORTED. fp32 data must run with
+ * CUDNN_FMA_MATH (the backend's parity mode: no TF32); 16-bit data with tensor-op math or FMA.
  * The heuristics and finders offer algorithms the backend must refuse (Winograd, FFT,
  * non-deterministic, too much workspace) ahead of the ones it may take; every algorithm
  * scribbles over the workspace it claims, and the finders over their outputs, as cuDNN may.
@@ -25,7 +30,12 @@ typedef enum {
     CUDNN_FMA_MATH = 3,
 } cudnnMathType_t;
 typedef enum { CUDNN_TENSOR_NCHW = 0 } cudnnTensorFormat_t;
-typedef enum { CUDNN_DATA_FLOAT = 0 } cudnnDataType_t;
+typedef enum {
+    CUDNN_DATA_FLOAT = 0,
+    CUDNN_DATA_DOUBLE = 1,
+    CUDNN_DATA_HALF = 2,
+    CUDNN_DATA_BFLOAT16 = 9,
+} cudnnDataType_t;
 typedef enum { CUDNN_CONVOLUTION = 0, CUDNN_CROSS_CORRELATION = 1 } cudnnConvolutionMode_t;
 typedef enum {
     CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM = 0,

@@ -232,6 +232,16 @@ static size_t emu_total(void)
     return mb << 20;
 }
 
+/* the emulated device's compute capability, major * 10 + minor: EMU_CC (e.g. 75, 80), sm_90 by
+ * default. What it decides: the libraries' 16-bit support (bf16 from sm_80) and what the
+ * backend reports it can run natively */
+static int emu_cc(void)
+{
+    const char *v = getenv("EMU_CC");
+    const long cc = v && *v ? strtol(v, NULL, 10) : 90;
+    return cc >= 10 && cc <= 199 ? (int)cc : 90;
+}
+
 /* an error of a call: recorded for cudaGetLastError */
 static cudaError_t emu_err(cudaError_t e)
 {
@@ -434,8 +444,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "ddpmd SIMT emulator (host)");
-    p->major = 0;
-    p->minor = 0;
+    const int cc = emu_cc();
+    p->major = cc / 10;
+    p->minor = cc % 10;
     p->totalGlobalMem = emu_total();
     return emu_err(d == 0 ? cudaSuccess : cudaErrorInvalidValue);
 }
@@ -708,9 +719,45 @@ static int lib_use(cudaStream_t s, const void *p, size_t bytes, int write, const
 {
     return emu_use(s, p, bytes, write, what) != cudaSuccess;
 }
-cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                           int n, int k, const float *alpha, const float *a, int lda,
-                           const float *b, int ldb, const float *beta, float *c, int ldc)
+
+/* the libraries' element types (backend.h's bk_dtype numbering): loads exact, stores rounded
+ * to nearest even as CUDA's __float2half / __float2bfloat16 */
+enum { ET_BAD = -1, ET_F32 = 0, ET_F16 = 1, ET_BF16 = 2, ET_N = 3 };
+static size_t et_size(int et) { return et == ET_F32 ? 4 : 2; }
+static const char *et_name(int et)
+{
+    return et == ET_F32 ? "fp32" : et == ET_F16 ? "half" : et == ET_BF16 ? "bfloat16" : "?";
+}
+static float et_load(const void *p, size_t i, int et)
+{
+    if (et == ET_F32) return ((const float *)p)[i];
+    if (et == ET_F16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+static void et_store(void *p, size_t i, int et, float v)
+{
+    if (et == ET_F32)
+        ((float *)p)[i] = v;
+    else if (et == ET_F16)
+        ((__half *)p)[i] = __float2half(v);
+    else
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+}
+static int et_of_cuda(cudaDataType t)
+{
+    return t == CUDA_R_32F ? ET_F32 : t == CUDA_R_16F ? ET_F16 : t == CUDA_R_16BF ? ET_BF16 : ET_BAD;
+}
+
+/* library calls per element type of their inputs (ddpmd_emu_lib_calls): [0] cuDNN's
+ * convolutions (not the finders), [1] cuBLAS's GEMMs */
+static unsigned long g_lib_calls[2][ET_N];
+
+/* C (m,n) = alpha op(A) op(B) + beta C, column-major. fp32 inputs: summed in double (as
+ * cublasSgemm always did here); 16-bit inputs: in fp32, k in order */
+static cublasStatus_t emu_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                               int n, int k, float alpha, const void *a, int at, int lda,
+                               const void *b, int bt, int ldb, float beta, void *c, int ct,
+                               int ldc, const char *what)
 {
     if (m < 0 || n < 0 || k < 0 || ldc < (m > 1 ? m : 1)) return CUBLAS_STATUS_INVALID_VALUE;
     if (lda < (ta == CUBLAS_OP_N ? (m > 1 ? m : 1) : (k > 1 ? k : 1)))
@@ -718,21 +765,16 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     if (ldb < (tb == CUBLAS_OP_N ? (k > 1 ? k : 1) : (n > 1 ? n : 1)))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (!m || !n) return CUBLAS_STATUS_SUCCESS;
-    /* alpha and beta: host memory (CUBLAS_POINTER_MODE_HOST) */
-    pthread_mutex_lock(&g_mem_lock);
-    const int scalars_on_device = is_device(alpha) || is_device(beta);
-    pthread_mutex_unlock(&g_mem_lock);
-    if (scalars_on_device) {
-        fprintf(stderr, "emu cublas: alpha/beta are device pointers in host pointer mode\n");
-        return CUBLAS_STATUS_INVALID_VALUE;
-    }
-    const size_t ab = (size_t)lda * (ta == CUBLAS_OP_N ? k : m) * sizeof(float);
-    const size_t bb = (size_t)ldb * (tb == CUBLAS_OP_N ? n : k) * sizeof(float);
-    const size_t cb = (size_t)ldc * n * sizeof(float);
-    if ((k && (lib_use(h->stream, a, ab, 0, "cublasSgemm A") ||
-               lib_use(h->stream, b, bb, 0, "cublasSgemm B"))) ||
-        lib_use(h->stream, c, cb, 1, "cublasSgemm C"))
-        return CUBLAS_STATUS_EXECUTION_FAILED;
+    char w[96];
+    const size_t ab = (size_t)lda * (ta == CUBLAS_OP_N ? k : m) * et_size(at);
+    const size_t bb = (size_t)ldb * (tb == CUBLAS_OP_N ? n : k) * et_size(bt);
+    const size_t cb = (size_t)ldc * n * et_size(ct);
+    snprintf(w, sizeof w, "%s A", what);
+    if (k && lib_use(h->stream, a, ab, 0, w)) return CUBLAS_STATUS_EXECUTION_FAILED;
+    snprintf(w, sizeof w, "%s B", what);
+    if (k && lib_use(h->stream, b, bb, 0, w)) return CUBLAS_STATUS_EXECUTION_FAILED;
+    snprintf(w, sizeof w, "%s C", what);
+    if (lib_use(h->stream, c, cb, 1, w)) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (!h->ws_set && !h->own_ws) {
         if (cudaMalloc(&h->own_ws, EMU_CUBLAS_DEFAULT_WS) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -743,24 +785,78 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
     }
     if (h->ws_bytes) {
         const size_t use = h->ws_bytes < EMU_CUBLAS_GEMM_WS ? h->ws_bytes : EMU_CUBLAS_GEMM_WS;
-        if (lib_use(h->stream, h->ws, use, 1, "cublasSgemm workspace"))
-            return CUBLAS_STATUS_EXECUTION_FAILED;
+        snprintf(w, sizeof w, "%s workspace", what);
+        if (lib_use(h->stream, h->ws, use, 1, w)) return CUBLAS_STATUS_EXECUTION_FAILED;
         memset(h->ws, 0x5A, use); /* a workspace holds garbage after use */
     }
+    __atomic_fetch_add(&g_lib_calls[1][at], 1, __ATOMIC_RELAXED);
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
-            double s = 0.0;
+            double sd = 0.0;
+            float sf = 0.0f;
             for (int l = 0; l < k; l++) {
-                float av = ta == CUBLAS_OP_N ? a[i + (size_t)l * lda] : a[l + (size_t)i * lda];
-                float bv = tb == CUBLAS_OP_N ? b[l + (size_t)j * ldb] : b[j + (size_t)l * ldb];
-                s += (double)av * bv;
+                const float av = et_load(a, ta == CUBLAS_OP_N ? i + (size_t)l * lda
+                                                              : l + (size_t)i * lda, at);
+                const float bv = et_load(b, tb == CUBLAS_OP_N ? l + (size_t)j * ldb
+                                                              : j + (size_t)l * ldb, bt);
+                if (at == ET_F32)
+                    sd += (double)av * bv;
+                else
+                    sf += av * bv;
             }
-            float *cv = &c[i + (size_t)j * ldc];
-            float r = (float)(*alpha * s);
-            *cv = *beta == 0.0f ? r : r + *beta * *cv;
+            const size_t ci = i + (size_t)j * ldc;
+            const float r = at == ET_F32 ? (float)(alpha * sd) : alpha * sf;
+            et_store(c, ci, ct, beta == 0.0f ? r : r + beta * et_load(c, ci, ct));
         }
     emu_enqueued(h->stream);
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* alpha and beta: host memory (CUBLAS_POINTER_MODE_HOST) */
+static int scalars_on_device(const void *alpha, const void *beta)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    const int on = is_device(alpha) || is_device(beta);
+    pthread_mutex_unlock(&g_mem_lock);
+    if (on) fprintf(stderr, "emu cublas: alpha/beta are device pointers in host pointer mode\n");
+    return on;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const float *alpha, const float *a, int lda,
+                           const float *b, int ldb, const float *beta, float *c, int ldc)
+{
+    if (m > 0 && n > 0 && scalars_on_device(alpha, beta)) return CUBLAS_STATUS_INVALID_VALUE;
+    return emu_gemm(h, ta, tb, m, n, k, m > 0 && n > 0 ? *alpha : 0.0f, a, ET_F32, lda, b, ET_F32,
+                    ldb, m > 0 && n > 0 ? *beta : 0.0f, c, ET_F32, ldc, "cublasSgemm");
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *a, cudaDataType at,
+                            int lda, const void *b, cudaDataType bt, int ldb, const void *beta,
+                            void *c, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo)
+{
+    const int ea = et_of_cuda(at), eb = et_of_cuda(bt), ec = et_of_cuda(ct);
+    if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC) {
+        fprintf(stderr, "emu cublas: cublasGemmEx compute type %d: only fp32 accumulation "
+                        "(CUBLAS_COMPUTE_32F) is emulated\n", (int)compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (ea == ET_BAD || ea != eb || ec == ET_BAD || (ec != ea && ec != ET_F32)) {
+        fprintf(stderr, "emu cublas: cublasGemmEx types A %d, B %d, C %d: not a supported "
+                        "combination\n", (int)at, (int)bt, (int)ct);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (ea == ET_BF16 && emu_cc() < 80) {
+        fprintf(stderr, "emu cublas: cublasGemmEx in bfloat16 on an sm_%d device\n", emu_cc());
+        return CUBLAS_STATUS_ARCH_MISMATCH;
+    }
+    (void)algo;
+    if (m > 0 && n > 0 && scalars_on_device(alpha, beta)) return CUBLAS_STATUS_INVALID_VALUE;
+    return emu_gemm(h, ta, tb, m, n, k, m > 0 && n > 0 ? *(const float *)alpha : 0.0f, a, ea, lda,
+                    b, eb, ldb, m > 0 && n > 0 ? *(const float *)beta : 0.0f, c, ec, ldc,
+                    "cublasGemmEx");
 }
 
 /* ---- test hooks: libddpmd_cuda_emu.so only (tests/gpu look them up with dlsym) ---- */
@@ -783,12 +879,15 @@ struct emu_cudnn {
 };
 struct emu_tensor_desc {
     int n, c, h, w;
+    int et;
 };
 struct emu_filter_desc {
     int k, c, h, w;
+    int et;
 };
 struct emu_conv_desc {
     int ph, pw, u, v, dh, dw, math;
+    int compute; /* the accumulation type (cudnnDataType_t) */
 };
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h)
@@ -815,8 +914,15 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s)
     h->stream = s;
     return CUDNN_STATUS_SUCCESS;
 }
-static size_t tbytes(const emu_tensor_desc *d) { return (size_t)d->n * d->c * d->h * d->w * 4; }
-static size_t fbytes(const emu_filter_desc *d) { return (size_t)d->k * d->c * d->h * d->w * 4; }
+static size_t tcount(const emu_tensor_desc *d) { return (size_t)d->n * d->c * d->h * d->w; }
+static size_t fcount(const emu_filter_desc *d) { return (size_t)d->k * d->c * d->h * d->w; }
+static size_t tbytes(const emu_tensor_desc *d) { return tcount(d) * et_size(d->et); }
+static size_t fbytes(const emu_filter_desc *d) { return fcount(d) * et_size(d->et); }
+static int et_of_dnn(cudnnDataType_t t)
+{
+    return t == CUDNN_DATA_FLOAT ? ET_F32 : t == CUDNN_DATA_HALF ? ET_F16
+           : t == CUDNN_DATA_BFLOAT16 ? ET_BF16 : ET_BAD;
+}
 /* a cuDNN call's device arguments (tags, stream order); ws: the workspace it uses */
 static int dnn_use(cudnnHandle_t h, const void *in1, size_t b1, const void *in2, size_t b2,
                    void *out, size_t bo, int out_read, void *ws, size_t wsb, const char *what)
@@ -870,26 +976,27 @@ cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d)
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t,
-                                         cudnnDataType_t, int n, int c, int h, int w)
+                                         cudnnDataType_t t, int n, int c, int h, int w)
 {
-    if (n < 1 || c < 1 || h < 1 || w < 1) return CUDNN_STATUS_BAD_PARAM;
-    *d = emu_tensor_desc{n, c, h, w};
+    if (n < 1 || c < 1 || h < 1 || w < 1 || et_of_dnn(t) == ET_BAD) return CUDNN_STATUS_BAD_PARAM;
+    *d = emu_tensor_desc{n, c, h, w, et_of_dnn(t)};
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t,
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t t,
                                          cudnnTensorFormat_t, int k, int c, int h, int w)
 {
-    if (k < 1 || c < 1 || h < 1 || w < 1) return CUDNN_STATUS_BAD_PARAM;
-    *d = emu_filter_desc{k, c, h, w};
+    if (k < 1 || c < 1 || h < 1 || w < 1 || et_of_dnn(t) == ET_BAD) return CUDNN_STATUS_BAD_PARAM;
+    *d = emu_filter_desc{k, c, h, w, et_of_dnn(t)};
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int ph, int pw,
                                               int u, int v, int dh, int dw,
-                                              cudnnConvolutionMode_t m, cudnnDataType_t)
+                                              cudnnConvolutionMode_t m, cudnnDataType_t t)
 {
-    if (ph < 0 || pw < 0 || u < 1 || v < 1 || dh < 1 || dw < 1 || m != CUDNN_CROSS_CORRELATION)
+    if (ph < 0 || pw < 0 || u < 1 || v < 1 || dh < 1 || dw < 1 || m != CUDNN_CROSS_CORRELATION ||
+        et_of_dnn(t) == ET_BAD)
         return CUDNN_STATUS_BAD_PARAM;
-    *d = emu_conv_desc{ph, pw, u, v, dh, dw, 0};
+    *d = emu_conv_desc{ph, pw, u, v, dh, dw, 0, (int)t};
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t d, cudnnMathType_t m)
@@ -914,8 +1021,10 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(cudnnConvolutionDescriptor_t
     return CUDNN_STATUS_SUCCESS;
 }
 
-static cudnnStatus_t check_shapes(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
-                                  cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t y)
+/* every convolution call: the output descriptor is the convolution's, and the types form one of
+ * cuDNN's configurations the backend may use: x, w and y of one type, accumulated in fp32 */
+static cudnnStatus_t check_conv(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                                cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t y)
 {
     int n = 0, ch = 0, h = 0, wd = 0;
     /* channels that disagree: BAD_PARAM, not a comparison with unset sizes (-O3 saw it) */
@@ -925,6 +1034,20 @@ static cudnnStatus_t check_shapes(cudnnTensorDescriptor_t x, cudnnFilterDescript
         fprintf(stderr, "emu cudnn: output descriptor %dx%dx%dx%d, the conv gives %dx%dx%dx%d\n",
                 y->n, y->c, y->h, y->w, n, ch, h, wd);
         return CUDNN_STATUS_BAD_PARAM;
+    }
+    if (x->et != w->et || x->et != y->et) {
+        fprintf(stderr, "emu cudnn: data types x %s, w %s, y %s: not one configuration\n",
+                et_name(x->et), et_name(w->et), et_name(y->et));
+        return CUDNN_STATUS_BAD_PARAM;
+    }
+    if (c->compute != CUDNN_DATA_FLOAT) {
+        fprintf(stderr, "emu cudnn: compute type %d: the backend accumulates in fp32 "
+                        "(CUDNN_DATA_FLOAT)\n", c->compute);
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    }
+    if (x->et == ET_BF16 && emu_cc() < 80) {
+        fprintf(stderr, "emu cudnn: bfloat16 convolution on an sm_%d device\n", emu_cc());
+        return CUDNN_STATUS_NOT_SUPPORTED;
     }
     return CUDNN_STATUS_SUCCESS;
 }
@@ -965,9 +1088,10 @@ static const offer *find_offer(const offer *o, int n, int algo)
 }
 
 /* heuristics: ranked as listed; finders: fastest first, and those needing more than ws_bytes
- * fail with ALLOC_FAILED */
+ * fail with ALLOC_FAILED. 16-bit data: the algorithms run on tensor cores (TENSOR_OP_MATH rows) */
 template <typename P>
-static void fill_perf(P *p, int req, int *got, const offer *o, int n, int find, size_t ws_bytes)
+static void fill_perf(P *p, int req, int *got, const offer *o, int n, int find, size_t ws_bytes,
+                      int et)
 {
     int k = 0;
     for (int i = 0; i < n && k < req; i++, k++) {
@@ -975,7 +1099,7 @@ static void fill_perf(P *p, int req, int *got, const offer *o, int n, int find, 
         p[k].algo = (decltype(p[k].algo))o[i].algo;
         p[k].memory = o[i].memory;
         p[k].determinism = o[i].det;
-        p[k].mathType = CUDNN_FMA_MATH;
+        p[k].mathType = et == ET_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
         p[k].time = o[i].time;
         p[k].status = find && o[i].memory > ws_bytes ? CUDNN_STATUS_ALLOC_FAILED
                                                      : CUDNN_STATUS_SUCCESS;
@@ -996,15 +1120,28 @@ static cudnnStatus_t use_workspace(const offer *o, void *ws, size_t ws_bytes)
     return CUDNN_STATUS_SUCCESS;
 }
 
-static void conv_fwd(float alpha, const emu_tensor_desc *xd, const float *x,
-                     const emu_filter_desc *wd, const float *w, const emu_conv_desc *c,
-                     float beta, const emu_tensor_desc *yd, float *y)
+/* the epilogue of every output element: alpha * the sum, plus beta * the old value (not read when
+ * beta is 0). fp32 data: the double sum rounded once (as before 16-bit existed); 16-bit data: in
+ * fp32, one rounding to nearest even on the store */
+template <typename A>
+static void conv_store(void *y, size_t i, int et, float alpha, A sum, float beta)
 {
+    const float r = et == ET_F32 ? (float)(alpha * (double)sum) : alpha * (float)sum;
+    et_store(y, i, et, beta == 0.0f ? r : r + beta * et_load(y, i, et));
+}
+
+/* A: the accumulator, double for fp32 data and float (fp32 accumulation) for 16-bit */
+template <typename A>
+static void conv_fwd(float alpha, const emu_tensor_desc *xd, const void *x,
+                     const emu_filter_desc *wd, const void *w, const emu_conv_desc *c,
+                     float beta, const emu_tensor_desc *yd, void *y)
+{
+    const int et = xd->et;
     for (int n = 0; n < yd->n; n++)
         for (int o = 0; o < yd->c; o++)
             for (int oh = 0; oh < yd->h; oh++)
                 for (int ow = 0; ow < yd->w; ow++) {
-                    double s = 0.0;
+                    A s = 0;
                     for (int ci = 0; ci < xd->c; ci++)
                         for (int kh = 0; kh < wd->h; kh++) {
                             int ih = oh * c->u - c->ph + kh * c->dh;
@@ -1012,28 +1149,32 @@ static void conv_fwd(float alpha, const emu_tensor_desc *xd, const float *x,
                             for (int kw = 0; kw < wd->w; kw++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                s += (double)
-                                         x[(((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw] *
-                                     w[(((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw];
+                                s += (A)et_load(
+                                         x, (((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw,
+                                         et) *
+                                     (A)et_load(
+                                         w, (((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw,
+                                         et);
                             }
                         }
-                    float *yv = &y[(((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow];
-                    float r = (float)(alpha * s);
-                    *yv = beta == 0.0f ? r : r + beta * *yv;
+                    conv_store(y, (((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow, et, alpha,
+                               s, beta);
                 }
 }
 
-static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const float *w,
-                          const emu_tensor_desc *yd, const float *dy, const emu_conv_desc *c,
-                          float beta, const emu_tensor_desc *xd, float *dx)
+template <typename A>
+static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const void *w,
+                          const emu_tensor_desc *yd, const void *dy, const emu_conv_desc *c,
+                          float beta, const emu_tensor_desc *xd, void *dx)
 {
-    size_t nx = (size_t)xd->n * xd->c * xd->h * xd->w;
-    std::vector<double> acc(nx, 0.0);
+    const int et = xd->et;
+    size_t nx = tcount(xd);
+    std::vector<A> acc(nx, 0);
     for (int n = 0; n < yd->n; n++)
         for (int o = 0; o < yd->c; o++)
             for (int oh = 0; oh < yd->h; oh++)
                 for (int ow = 0; ow < yd->w; ow++) {
-                    double g = dy[(((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow];
+                    A g = et_load(dy, (((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow, et);
                     for (int ci = 0; ci < xd->c; ci++)
                         for (int kh = 0; kh < wd->h; kh++) {
                             int ih = oh * c->u - c->ph + kh * c->dh;
@@ -1042,25 +1183,27 @@ static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const float *w
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
                                 acc[(((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw] +=
-                                    g * w[(((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw];
+                                    g * (A)et_load(
+                                            w,
+                                            (((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw,
+                                            et);
                             }
                         }
                 }
-    for (size_t i = 0; i < nx; i++) {
-        float r = (float)(alpha * acc[i]);
-        dx[i] = beta == 0.0f ? r : r + beta * dx[i];
-    }
+    for (size_t i = 0; i < nx; i++) conv_store(dx, i, et, alpha, acc[i], beta);
 }
 
-static void conv_bwd_filter(float alpha, const emu_tensor_desc *xd, const float *x,
-                            const emu_tensor_desc *yd, const float *dy, const emu_conv_desc *c,
-                            float beta, const emu_filter_desc *wd, float *dw)
+template <typename A>
+static void conv_bwd_filter(float alpha, const emu_tensor_desc *xd, const void *x,
+                            const emu_tensor_desc *yd, const void *dy, const emu_conv_desc *c,
+                            float beta, const emu_filter_desc *wd, void *dw)
 {
+    const int et = xd->et;
     for (int o = 0; o < wd->k; o++)
         for (int ci = 0; ci < wd->c; ci++)
             for (int kh = 0; kh < wd->h; kh++)
                 for (int kw = 0; kw < wd->w; kw++) {
-                    double s = 0.0;
+                    A s = 0;
                     for (int n = 0; n < yd->n; n++)
                         for (int oh = 0; oh < yd->h; oh++) {
                             int ih = oh * c->u - c->ph + kh * c->dh;
@@ -1068,14 +1211,16 @@ static void conv_bwd_filter(float alpha, const emu_tensor_desc *xd, const float 
                             for (int ow = 0; ow < yd->w; ow++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                s += (double)
-                                         dy[(((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow] *
-                                     x[(((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw];
+                                s += (A)et_load(
+                                         dy, (((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow,
+                                         et) *
+                                     (A)et_load(
+                                         x, (((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw,
+                                         et);
                             }
                         }
-                    float *v = &dw[(((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw];
-                    float r = (float)(alpha * s);
-                    *v = beta == 0.0f ? r : r + beta * *v;
+                    conv_store(dw, (((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw, et,
+                               alpha, s, beta);
                 }
 }
 
@@ -1087,9 +1232,9 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, cudnnTensorD
                                                      cudnnTensorDescriptor_t y, int req, int *got,
                                                      cudnnConvolutionFwdAlgoPerf_t *p)
 {
-    cudnnStatus_t s = check_shapes(x, w, c, y);
+    cudnnStatus_t s = check_conv(x, w, c, y);
     if (s) return s;
-    fill_perf(p, req, got, FWD, N_OF(FWD), 0, 0);
+    fill_perf(p, req, got, FWD, N_OF(FWD), 0, 0, x->et);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -1097,9 +1242,9 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t dx, int req, int *got,
     cudnnConvolutionBwdDataAlgoPerf_t *p)
 {
-    cudnnStatus_t s = check_shapes(dx, w, c, dy);
+    cudnnStatus_t s = check_conv(dx, w, c, dy);
     if (s) return s;
-    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 0, 0);
+    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 0, 0, dx->et);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -1107,16 +1252,16 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     cudnnConvolutionDescriptor_t c, cudnnFilterDescriptor_t dw, int req, int *got,
     cudnnConvolutionBwdFilterAlgoPerf_t *p)
 {
-    cudnnStatus_t s = check_shapes(x, dw, c, dy);
+    cudnnStatus_t s = check_conv(x, dw, c, dy);
     if (s) return s;
-    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 0, 0);
+    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 0, 0, x->et);
     return CUDNN_STATUS_SUCCESS;
 }
 
 /* the finders run the conv and leave garbage in the output, as cuDNN's may */
-static void scribble(float *p, size_t n)
+static void scribble(void *p, size_t n, int et)
 {
-    for (size_t i = 0; i < n; i++) p[i] = 1234.5f;
+    for (size_t i = 0; i < n; i++) et_store(p, i, et, 1234.5f);
 }
 
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
@@ -1124,15 +1269,15 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     const void *w, cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t yd, void *y, int req,
     int *got, cudnnConvolutionFwdAlgoPerf_t *p, void *ws, size_t ws_bytes)
 {
-    cudnnStatus_t s = check_shapes(xd, wd, c, yd);
+    cudnnStatus_t s = check_conv(xd, wd, c, yd);
     if (s) return s;
     if (dnn_use(h, x, tbytes(xd), w, fbytes(wd), y, tbytes(yd), 0, ws, ws_bytes,
                 "cudnnFindConvolutionForwardAlgorithmEx"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
-    scribble((float *)y, (size_t)yd->n * yd->c * yd->h * yd->w);
-    fill_perf(p, req, got, FWD, N_OF(FWD), 1, ws_bytes);
+    scribble(y, tcount(yd), yd->et);
+    fill_perf(p, req, got, FWD, N_OF(FWD), 1, ws_bytes, xd->et);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
@@ -1140,15 +1285,15 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     const void *dy, cudnnConvolutionDescriptor_t c, cudnnTensorDescriptor_t dxd, void *dx, int req,
     int *got, cudnnConvolutionBwdDataAlgoPerf_t *p, void *ws, size_t ws_bytes)
 {
-    cudnnStatus_t s = check_shapes(dxd, wd, c, dyd);
+    cudnnStatus_t s = check_conv(dxd, wd, c, dyd);
     if (s) return s;
     if (dnn_use(h, w, fbytes(wd), dy, tbytes(dyd), dx, tbytes(dxd), 0, ws, ws_bytes,
                 "cudnnFindConvolutionBackwardDataAlgorithmEx"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
-    scribble((float *)dx, (size_t)dxd->n * dxd->c * dxd->h * dxd->w);
-    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 1, ws_bytes);
+    scribble(dx, tcount(dxd), dxd->et);
+    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 1, ws_bytes, dxd->et);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
@@ -1156,15 +1301,15 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     const void *dy, cudnnConvolutionDescriptor_t c, cudnnFilterDescriptor_t dwd, void *dw, int req,
     int *got, cudnnConvolutionBwdFilterAlgoPerf_t *p, void *ws, size_t ws_bytes)
 {
-    cudnnStatus_t s = check_shapes(xd, dwd, c, dyd);
+    cudnnStatus_t s = check_conv(xd, dwd, c, dyd);
     if (s) return s;
     if (dnn_use(h, x, tbytes(xd), dy, tbytes(dyd), dw, fbytes(dwd), 0, ws, ws_bytes,
                 "cudnnFindConvolutionBackwardFilterAlgorithmEx"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
-    scribble((float *)dw, (size_t)dwd->k * dwd->c * dwd->h * dwd->w);
-    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 1, ws_bytes);
+    scribble(dw, fcount(dwd), dwd->et);
+    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 1, ws_bytes, xd->et);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, cudnnTensorDescriptor_t,
@@ -1196,15 +1341,29 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* the backend's parity mode must never run these */
-static int parity_violation(const emu_conv_desc *c, int refused)
+/* the backend's parity mode must never run these: a refused algorithm, and for fp32 data any
+ * math but FMA (no TF32); 16-bit data may use tensor cores (products exact in fp32) */
+static int parity_violation(const emu_conv_desc *c, int et, int refused)
 {
-    if (c->math != CUDNN_FMA_MATH || refused) {
-        fprintf(stderr, "emu cudnn: a refused algorithm or math type ran (math %d)\n", c->math);
+    const int math_ok = et == ET_F32 ? c->math == CUDNN_FMA_MATH
+                                     : c->math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (!math_ok || refused) {
+        fprintf(stderr, "emu cudnn: a refused algorithm or math type ran (math %d, %s data)\n",
+                c->math, et_name(et));
         return 1;
     }
     return 0;
 }
+
+/* runs a convolution direction on the element type of its data */
+#define CONV_RUN(fn, et, ...)                                                                  \
+    do {                                                                                       \
+        __atomic_fetch_add(&g_lib_calls[0][et], 1, __ATOMIC_RELAXED);                          \
+        if ((et) == ET_F32)                                                                    \
+            fn<double>(__VA_ARGS__);                                                           \
+        else                                                                                   \
+            fn<float>(__VA_ARGS__);                                                            \
+    } while (0)
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
                                       cudnnTensorDescriptor_t xd, const void *x,
@@ -1213,16 +1372,17 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
                                       void *ws, size_t ws_bytes, const void *beta,
                                       cudnnTensorDescriptor_t yd, void *y)
 {
-    cudnnStatus_t s = check_shapes(xd, wd, c, yd);
+    cudnnStatus_t s = check_conv(xd, wd, c, yd);
     if (s) return s;
-    if (parity_violation(c, a >= CUDNN_CONVOLUTION_FWD_ALGO_FFT)) return CUDNN_STATUS_BAD_PARAM;
+    if (parity_violation(c, xd->et, a >= CUDNN_CONVOLUTION_FWD_ALGO_FFT))
+        return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(FWD, N_OF(FWD), a), ws, ws_bytes))) return s;
     if (dnn_use(h, x, tbytes(xd), w, fbytes(wd), y, tbytes(yd), *(const float *)beta != 0.0f, ws,
                 find_offer(FWD, N_OF(FWD), a)->memory, "cudnnConvolutionForward"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    conv_fwd(*(const float *)alpha, xd, (const float *)x, wd, (const float *)w, c,
-             *(const float *)beta, yd, (float *)y);
+    CONV_RUN(conv_fwd, xd->et, *(const float *)alpha, xd, x, wd, w, c, *(const float *)beta, yd,
+             y);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
@@ -1233,17 +1393,18 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
                                            size_t ws_bytes, const void *beta,
                                            cudnnTensorDescriptor_t dxd, void *dx)
 {
-    cudnnStatus_t s = check_shapes(dxd, wd, c, dyd);
+    cudnnStatus_t s = check_conv(dxd, wd, c, dyd);
     if (s) return s;
-    if (parity_violation(c, a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)) return CUDNN_STATUS_BAD_PARAM;
+    if (parity_violation(c, dxd->et, a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1))
+        return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(BWD_DATA, N_OF(BWD_DATA), a), ws, ws_bytes))) return s;
     if (dnn_use(h, w, fbytes(wd), dy, tbytes(dyd), dx, tbytes(dxd), *(const float *)beta != 0.0f,
                 ws, find_offer(BWD_DATA, N_OF(BWD_DATA), a)->memory,
                 "cudnnConvolutionBackwardData"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    conv_bwd_data(*(const float *)alpha, wd, (const float *)w, dyd, (const float *)dy, c,
-                  *(const float *)beta, dxd, (float *)dx);
+    CONV_RUN(conv_bwd_data, dxd->et, *(const float *)alpha, wd, w, dyd, dy, c,
+             *(const float *)beta, dxd, dx);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
@@ -1254,9 +1415,9 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                                              size_t ws_bytes, const void *beta,
                                              cudnnFilterDescriptor_t dwd, void *dw)
 {
-    cudnnStatus_t s = check_shapes(xd, dwd, c, dyd);
+    cudnnStatus_t s = check_conv(xd, dwd, c, dyd);
     if (s) return s;
-    if (parity_violation(c, a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1))
+    if (parity_violation(c, xd->et, a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1))
         return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(BWD_FILTER, N_OF(BWD_FILTER), a), ws, ws_bytes))) return s;
     if (dnn_use(h, x, tbytes(xd), dy, tbytes(dyd), dw, fbytes(dwd), *(const float *)beta != 0.0f,
@@ -1264,23 +1425,23 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                 "cudnnConvolutionBackwardFilter"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    conv_bwd_filter(*(const float *)alpha, xd, (const float *)x, dyd, (const float *)dy, c,
-                    *(const float *)beta, dwd, (float *)dw);
+    CONV_RUN(conv_bwd_filter, xd->et, *(const float *)alpha, xd, x, dyd, dy, c,
+             *(const float *)beta, dwd, dw);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnAddTensor(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t ad,
                              const void *a, const void *beta, cudnnTensorDescriptor_t cd, void *c)
 {
-    if (ad->n != cd->n || ad->c != cd->c || ad->h != cd->h || ad->w != cd->w)
+    if (ad->n != cd->n || ad->c != cd->c || ad->h != cd->h || ad->w != cd->w || ad->et != cd->et)
         return CUDNN_STATUS_NOT_SUPPORTED;
     if (dnn_use(h, a, tbytes(ad), NULL, 0, c, tbytes(cd), 1, NULL, 0, "cudnnAddTensor"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    size_t n = (size_t)cd->n * cd->c * cd->h * cd->w;
+    size_t n = tcount(cd);
     const float al = *(const float *)alpha, be = *(const float *)beta;
     for (size_t i = 0; i < n; i++) {
-        float r = al * ((const float *)a)[i];
-        ((float *)c)[i] = be == 0.0f ? r : r + be * ((float *)c)[i];
+        float r = al * et_load(a, i, ad->et);
+        et_store(c, i, cd->et, be == 0.0f ? r : r + be * et_load(c, i, cd->et));
     }
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1300,6 +1461,130 @@ __global__ void emu_k_fill(float *y, const float *x, int n)
             fputc('\n', stderr);                                                               \
         }                                                                                      \
     } while (0)
+
+/* the libraries' 16-bit calls: fp32 accumulation in order and one rounding on the store, the
+ * configurations the backend may use and the ones it must not. x . (1, 1, 1, 1) with bf16 x =
+ * [1, 2^-8, 2^-24, 2^-24]: in fp32 each 2^-24 is a tie that stays at 1 + 2^-8, itself a bf16 tie
+ * that goes to even (1.0); the exact sum 1 + 2^-8 + 2^-23 is an fp32 and rounds up to bf16
+ * 1.0078125. Half x = [2048, 1, 2^-13, 2^-13] alike: 2048 in fp32, 2050 exactly. dev: 1024
+ * floats of device memory on stream s. Returns the misses. */
+static int selfcheck_typed(cublasHandle_t bl, cudnnHandle_t dn, cudaStream_t s, float *dev)
+{
+    int missed = 0;
+    const float one = 1.0f, zero = 0.0f;
+    const float xsb[4] = {1.0f, 1.0f / 256, 1.0f / 16777216, 1.0f / 16777216};
+    const float xsh[4] = {2048.0f, 1.0f, 1.0f / 8192, 1.0f / 8192};
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)dev, *wb = xb + 8, *yb = xb + 16;
+    __half *xh = (__half *)(dev + 32), *wh = xh + 8, *yh = xh + 16;
+    float *yf = dev + 64;
+    for (int i = 0; i < 4; i++) {
+        xb[i] = __float2bfloat16(xsb[i]);
+        wb[i] = __float2bfloat16(1.0f);
+        xh[i] = __float2half(xsh[i]);
+        wh[i] = __float2half(1.0f);
+    }
+    cublasSetStream(bl, s);
+    cudnnSetStream(dn, s);
+    /* GEMM (1,1) = x (1,4) w (4,1): bf16 -> bf16 and -> fp32, f16 -> f16 */
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xb, CUDA_R_16BF, 1, wb,
+                      CUDA_R_16BF, 4, &zero, yb, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS &&
+             yb[0].x == 0x3f80,
+         "cublasGemmEx bf16: 0x%04x, want 0x3f80 (fp32 sum, a tie to even)", yb[0].x);
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xb, CUDA_R_16BF, 1, wb,
+                      CUDA_R_16BF, 4, &zero, yf, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS &&
+             yf[0] == 1.0f + 1.0f / 256,
+         "cublasGemmEx bf16 -> fp32: %.9g, want 1.00390625", yf[0]);
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xh, CUDA_R_16F, 1, wh,
+                      CUDA_R_16F, 4, &zero, yh, CUDA_R_16F, 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS &&
+             __half2float(yh[0]) == 2048.0f,
+         "cublasGemmEx f16: %.9g, want 2048", __half2float(yh[0]));
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xh, CUDA_R_16F, 1, wh,
+                      CUDA_R_16F, 4, &zero, yh, CUDA_R_16F, 1, CUBLAS_COMPUTE_16F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
+         "cublasGemmEx with 16-bit accumulation");
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xh, CUDA_R_16F, 1, wb,
+                      CUDA_R_16BF, 4, &zero, yf, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
+         "cublasGemmEx with A half and B bfloat16");
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xb, CUDA_R_16BF, 1, wb,
+                      CUDA_R_16BF, 4, &zero, yh, CUDA_R_16F, 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
+         "cublasGemmEx bf16 inputs into a half C");
+    /* the same sums through cuDNN: a 1x1 convolution over 4 channels */
+    cudnnTensorDescriptor_t xd = NULL, yd = NULL;
+    cudnnFilterDescriptor_t wd = NULL;
+    cudnnConvolutionDescriptor_t cd = NULL;
+    cudnnCreateTensorDescriptor(&xd);
+    cudnnCreateTensorDescriptor(&yd);
+    cudnnCreateFilterDescriptor(&wd);
+    cudnnCreateConvolutionDescriptor(&cd);
+    cudnnSetConvolution2dDescriptor(cd, 0, 0, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                    CUDNN_DATA_FLOAT);
+    cudnnSetConvolutionMathType(cd, CUDNN_TENSOR_OP_MATH);
+    const cudnnConvolutionFwdAlgo_t ig = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    for (int t = 0; t < 2; t++) {
+        const cudnnDataType_t dt = t ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+        cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, dt, 1, 4, 1, 1);
+        cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, dt, 1, 1, 1, 1);
+        cudnnSetFilter4dDescriptor(wd, dt, CUDNN_TENSOR_NCHW, 1, 4, 1, 1);
+        const int ok = cudnnConvolutionForward(dn, &one, xd, t ? (void *)xh : (void *)xb, wd,
+                                               t ? (void *)wh : (void *)wb, cd, ig, NULL, 0,
+                                               &zero, yd, t ? (void *)yh : (void *)yb) ==
+                       CUDNN_STATUS_SUCCESS;
+        SELF(ok && (t ? __half2float(yh[0]) == 2048.0f : yb[0].x == 0x3f80),
+             "cudnnConvolutionForward in %s: 0x%04x", t ? "half" : "bfloat16",
+             t ? yh[0].x : yb[0].x);
+    }
+    /* y in bf16 with x and w in half; compute type HALF; fp32 data on tensor cores (TF32) */
+    cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 1, 1, 1);
+    SELF(cudnnConvolutionForward(dn, &one, xd, xh, wd, wh, cd, ig, NULL, 0, &zero, yd, yb) ==
+             CUDNN_STATUS_BAD_PARAM,
+         "cudnnConvolutionForward with x half and y bfloat16");
+    cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, 1, 1, 1, 1);
+    cudnnSetConvolution2dDescriptor(cd, 0, 0, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                    CUDNN_DATA_HALF);
+    SELF(cudnnConvolutionForward(dn, &one, xd, xh, wd, wh, cd, ig, NULL, 0, &zero, yd, yh) ==
+             CUDNN_STATUS_NOT_SUPPORTED,
+         "cudnnConvolutionForward accumulating in half");
+    cudnnSetConvolution2dDescriptor(cd, 0, 0, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                    CUDNN_DATA_FLOAT);
+    cudnnSetConvolutionMathType(cd, CUDNN_TENSOR_OP_MATH);
+    cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 4, 1, 1);
+    cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, 1, 1);
+    cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 1, 4, 1, 1);
+    SELF(cudnnConvolutionForward(dn, &one, xd, dev + 128, wd, dev + 136, cd, ig, NULL, 0, &zero,
+                                 yd, dev + 144) == CUDNN_STATUS_BAD_PARAM,
+         "an fp32 convolution with tensor-op math (TF32)");
+    /* bfloat16 on a device without it (EMU_CC below 80) */
+    const char *cc = getenv("EMU_CC");
+    char keep[16] = "";
+    if (cc) snprintf(keep, sizeof keep, "%s", cc);
+    setenv("EMU_CC", "75", 1);
+    cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 4, 1, 1);
+    cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 1, 1, 1);
+    cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NCHW, 1, 4, 1, 1);
+    SELF(cudnnConvolutionForward(dn, &one, xd, xb, wd, wb, cd, ig, NULL, 0, &zero, yd, yb) ==
+             CUDNN_STATUS_NOT_SUPPORTED,
+         "a bfloat16 convolution on sm_75");
+    SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, xb, CUDA_R_16BF, 1, wb,
+                      CUDA_R_16BF, 4, &zero, yb, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_ARCH_MISMATCH,
+         "a bfloat16 GEMM on sm_75");
+    if (cc)
+        setenv("EMU_CC", keep, 1);
+    else
+        unsetenv("EMU_CC");
+    cudnnDestroyTensorDescriptor(xd);
+    cudnnDestroyTensorDescriptor(yd);
+    cudnnDestroyFilterDescriptor(wd);
+    cudnnDestroyConvolutionDescriptor(cd);
+    (void)cudaDeviceSynchronize();
+    (void)cudaGetLastError();
+    return missed;
+}
 
 /* runs every planted misuse against the emulator's runtime and libraries; returns how many went
  * unnoticed (0: all caught). Leaves the context usable (ddpmd_emu_clear_fault) and frees what
@@ -1395,6 +1680,8 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
                  cudaPeekAtLastError() == cudaErrorIllegalAddress,
              "cudnnAddTensor with a host tensor");
         ddpmd_emu_clear_fault();
+        (void)cudaDeviceSynchronize();
+        missed += selfcheck_typed(bl, dn, a, dev2);
         cudnnDestroyTensorDescriptor(td);
         cublasDestroy(bl);
         cudnnDestroy(dn);
