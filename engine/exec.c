@@ -707,10 +707,11 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_CONV2D_BWD_FILTER:
         return bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), ws, &o->a.conv, c);
     case OP_LINEAR:
-        return bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n, c);
+        return bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n,
+                              BK_DTYPE_F32, c);
     case OP_LINEAR_BWD:
         return bk->linear_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->accum[0], o->a.lin.m,
-                              o->a.lin.k, o->a.lin.n, c);
+                              o->a.lin.k, o->a.lin.n, BK_DTYPE_F32, c);
     case OP_GROUPNORM:
         if (o->a.gn.silu) return groupnorm_silu_fwd(e, o);
         return bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,

@@ -27,9 +27,23 @@ extern "C" {
 typedef struct bk_ctx bk_ctx; /* per-job: thread count, stream, library handles */
 
 /* element types of device buffers (graph.h's tensor dtypes are these values). Every kernel
- * computes in fp32 on fp32 buffers unless its entry says otherwise; 16-bit tensors reach the
- * fp32 kernels through `convert` into planned fp32 scratch (engine/exec.c). */
+ * computes in fp32 on fp32 buffers unless its entry says otherwise. The typed kernels
+ * (convolution, linear, attention) take the dtype of their GEMM operands (x, w, y and their
+ * gradients; the entries say which) in their descriptor or argument; the bias, the parameter
+ * gradients (dw, db, which accumulate), lse and the softmax stay fp32, and they accumulate in
+ * fp32. A kernel refuses a dtype it does not implement with BK_ERR_INVALID; half_kernels says
+ * which it implements. Other 16-bit tensors reach the kernels through `convert` into planned
+ * scratch of the kernel's dtype (engine/exec.c). An accumulating 16-bit output (accum = 1) is
+ * round(y + result) with the sum in fp32. */
 enum bk_dtype { BK_DTYPE_F32 = 0, BK_DTYPE_F16 = 1, BK_DTYPE_BF16 = 2 };
+
+/* half_kernels' bits: the typed kernels that take 16-bit operands natively */
+enum bk_half {
+    BK_HALF_CONV = 1u << 0,       /* conv2d_fwd, conv2d_bwd_data, conv2d_bwd_filter */
+    BK_HALF_LINEAR = 1u << 1,     /* linear_fwd, linear_bwd */
+    BK_HALF_ATTN = 1u << 2,       /* attn_fwd, attn_bwd (tiled) */
+    BK_HALF_ATTN_PLAIN = 1u << 3, /* attn_plain_fwd, attn_plain_bwd */
+};
 
 /* bytes of one element of dtype */
 static inline size_t bk_dtype_size(int dtype) { return dtype == BK_DTYPE_F32 ? 4 : 2; }
@@ -49,6 +63,8 @@ struct bk_conv2d {
     int stride;
     int pad_t, pad_l, pad_b, pad_r;
     int ho, wo;             /* output (N,Co,Ho,Wo), filled by bk_conv2d_init */
+    int dtype;              /* enum bk_dtype of x, w, y (fwd), dy, w, dx (bwd data), dy, x (bwd
+                             * filter); 0 = f32. Workspace sizes depend on it. */
 };
 
 /* Multi-head self-attention over tokens. q, k, v are (N, L, ld) row-major with the H*D
@@ -60,6 +76,8 @@ struct bk_attn {
     int n, l, heads, d;
     int ld;                 /* row stride of q, k, v and of dq, dk, dv */
     float scale;
+    int dtype;              /* enum bk_dtype of q, k, v, o, dout, dq, dk, dv; 0 = f32. lse and
+                             * the plain form's p are fp32. Workspace sizes depend on it. */
 };
 
 struct bk_adamw {
@@ -95,21 +113,23 @@ struct backend {
     /* ---- convolution ---- */
     /* workspace bytes the three conv kernels need for this shape (the max of the three) */
     size_t (*conv2d_ws_bytes)(const struct bk_conv2d *s);
-    int (*conv2d_fwd)(float *y, const float *x, const float *w, const float *b,
+    /* y, x, w of s->dtype; b (Co) fp32 */
+    int (*conv2d_fwd)(void *y, const void *x, const void *w, const float *b,
                       void *ws, const struct bk_conv2d *s, bk_ctx *ctx);
-    /* dx (N,Ci,H,W) from dy (N,Co,Ho,Wo) */
-    int (*conv2d_bwd_data)(float *dx, const float *dy, const float *w, int accum,
+    /* dx (N,Ci,H,W) from dy (N,Co,Ho,Wo); dx, dy, w of s->dtype */
+    int (*conv2d_bwd_data)(void *dx, const void *dy, const void *w, int accum,
                            void *ws, const struct bk_conv2d *s, bk_ctx *ctx);
-    /* dw (Co,Ci,Kh,Kw) += ..., db (Co) += ... (db may be NULL) */
-    int (*conv2d_bwd_filter)(float *dw, float *db, const float *dy, const float *x,
+    /* dw (Co,Ci,Kh,Kw) += ..., db (Co) += ... (db may be NULL), both fp32; dy, x of s->dtype */
+    int (*conv2d_bwd_filter)(float *dw, float *db, const void *dy, const void *x,
                              void *ws, const struct bk_conv2d *s, bk_ctx *ctx);
 
-    /* ---- linear: y (M,N) = x (M,K) @ w(N,K)^T + b(N) ---- */
-    int (*linear_fwd)(float *y, const float *x, const float *w, const float *b,
-                      int m, int k, int n, bk_ctx *ctx);
-    /* dx (M,K) (=/+= per accum, may be NULL), dw (N,K) +=, db (N) += (may be NULL) */
-    int (*linear_bwd)(float *dx, float *dw, float *db, const float *dy, const float *x,
-                      const float *w, int accum, int m, int k, int n, bk_ctx *ctx);
+    /* ---- linear: y (M,N) = x (M,K) @ w(N,K)^T + b(N); y, x, w of dtype, b fp32 ---- */
+    int (*linear_fwd)(void *y, const void *x, const void *w, const float *b,
+                      int m, int k, int n, int dtype, bk_ctx *ctx);
+    /* dx (M,K) (=/+= per accum, may be NULL), dw (N,K) +=, db (N) += (may be NULL); dx, dy, x,
+     * w of dtype, dw and db fp32 */
+    int (*linear_bwd)(void *dx, float *dw, float *db, const void *dy, const void *x,
+                      const void *w, int accum, int m, int k, int n, int dtype, bk_ctx *ctx);
 
     /* ---- normalisation (fp32 statistics) ---- */
     /* group norm over x (N,C,HW), G groups; mean, rstd (N,G) saved; gamma, beta (C) */
@@ -184,17 +204,18 @@ struct backend {
     /* ---- attention ---- */
     /* tiled (FlashAttention-style): no L x L tensor kept; ws from attn_ws_bytes(tiled=1) */
     size_t (*attn_ws_bytes)(const struct bk_attn *s, int tiled);
-    int (*attn_fwd)(float *o, float *lse, const float *q, const float *k, const float *v,
+    /* o, q, k, v, dout, dq, dk, dv of s->dtype; lse and p fp32 */
+    int (*attn_fwd)(void *o, float *lse, const void *q, const void *k, const void *v,
                     void *ws, const struct bk_attn *s, bk_ctx *ctx);
     /* dq, dk, dv written (=), row stride ld; recomputes scores from q, k and lse */
-    int (*attn_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                    const float *k, const float *v, const float *o, const float *lse, void *ws,
+    int (*attn_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                    const void *k, const void *v, const void *o, const float *lse, void *ws,
                     const struct bk_attn *s, bk_ctx *ctx);
     /* plain form: probabilities p (N,H,L,L) saved by the forward, used by the backward */
-    int (*attn_plain_fwd)(float *o, float *p, const float *q, const float *k, const float *v,
+    int (*attn_plain_fwd)(void *o, float *p, const void *q, const void *k, const void *v,
                           void *ws, const struct bk_attn *s, bk_ctx *ctx);
-    int (*attn_plain_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, const float *p, void *ws,
+    int (*attn_plain_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                          const void *k, const void *v, const float *p, void *ws,
                           const struct bk_attn *s, bk_ctx *ctx);
 
     /* ---- loss ---- */
@@ -297,6 +318,13 @@ struct backend {
     int (*ctx_set_budget)(bk_ctx *ctx, size_t bytes);
     /* the most bytes mem_alloc held at once on ctx since ctx_init (the measured high-water mark) */
     size_t (*mem_high_water)(const bk_ctx *ctx);
+
+    /* optional (NULL: none): the typed kernels (enum bk_half bits) that take operands of the
+     * 16-bit dtype natively on the selected device, in this process (a CPU without AVX512-BF16,
+     * a GPU below the compute capability of the type: 0). The executor runs the others in fp32
+     * on converted scratch, so a plan is correct whatever this says. Plan with the same answer
+     * as you run with: workspace sizes depend on it. */
+    unsigned (*half_kernels)(int dtype);
 };
 
 /* the CPU backend, always present */

@@ -26,6 +26,7 @@ static int attn_check(const struct bk_attn *s)
 {
     if (!s || s->n < 1 || s->l < 1 || s->heads < 1 || s->d < 1) return BK_ERR_INVALID;
     if ((long long)s->heads * s->d > s->ld) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* fp32 only: half_kernels */
     return BK_OK;
 }
 
@@ -225,11 +226,13 @@ static void attn_wprod(int fast, float *Y, size_t ldy, const float *W, size_t sw
     else attn_gemm(0, 0, ny, d, nt, 1.0f, W, sw, X, ldx, acc_y ? 1.0f : 0.0f, Y, ldy);
 }
 
-int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const void *vv,
                  void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !o || !lse || !q || !k || !v || !ws || !ctx)
+    if (attn_check(s) != BK_OK || !ov || !lse || !qv || !kv || !vv || !ws || !ctx)
         return BK_ERR_INVALID;
+    float *o = ov;
+    const float *q = qv, *k = kv, *v = vv;
     const int L = s->l, H = s->heads, D = s->d;
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
@@ -293,13 +296,15 @@ int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const flo
     return BK_OK;
 }
 
-int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                 const float *k, const float *v, const float *o, const float *lse, void *ws,
+int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void *qv,
+                 const void *kv, const void *vv, const void *ov, const float *lse, void *ws,
                  const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !o || !lse ||
-        !ws || !ctx)
+    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !ov ||
+        !lse || !ws || !ctx)
         return BK_ERR_INVALID;
+    float *dq = dqv, *dk = dkv, *dv = dvv;
+    const float *dout = doutv, *q = qv, *k = kv, *v = vv, *o = ov;
     const int L = s->l, H = s->heads, D = s->d;
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
@@ -417,10 +422,12 @@ static void plain_fwd_one(float *o, float *p, const float *q, const float *k, co
              (int)hd, c);
 }
 
-int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
+int cpu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !o || !p || !q || !k || !v || !ctx) return BK_ERR_INVALID;
+    if (attn_check(s) != BK_OK || !ov || !p || !qv || !kv || !vv || !ctx) return BK_ERR_INVALID;
+    float *o = ov;
+    const float *q = qv, *k = kv, *v = vv;
     const int pairs = s->n * s->heads, nt = attn_plain_split(s, ctx);
     if (nt) {
         bk_ctx one = {.threads = 1};
@@ -461,13 +468,15 @@ static void plain_bwd_one(float *dq, float *dk, float *dv, const float *dout, co
              ROW_LD(dv, ni, 0, h), (int)ld, c);
 }
 
-int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *p, void *ws,
+int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void *qv,
+                       const void *kv, const void *vv, const float *p, void *ws,
                        const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !p || !ws ||
-        !ctx)
+    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
+        !ws || !ctx)
         return BK_ERR_INVALID;
+    float *dq = dqv, *dk = dkv, *dv = dvv;
+    const float *dout = doutv, *q = qv, *k = kv, *v = vv;
     const int pairs = s->n * s->heads, nt = attn_plain_split(s, ctx);
     const size_t ll = (size_t)s->l * s->l;
     if (nt) {

@@ -41,6 +41,7 @@ static int conv_check(const struct bk_conv2d *s)
 {
     if (!s || s->n < 1 || s->ci < 1 || s->h < 1 || s->w < 1 || s->co < 1) return BK_ERR_INVALID;
     if (s->pad_t < 0 || s->pad_l < 0 || s->pad_b < 0 || s->pad_r < 0) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID;
     struct bk_conv2d t = *s;
     if (bk_conv2d_init(&t) != BK_OK || t.ho != s->ho || t.wo != s->wo) return BK_ERR_INVALID;
     if ((long long)s->n * s->ci * s->h * s->w > INT_MAX ||
@@ -384,7 +385,7 @@ static struct conv_entry *conv_begin(const struct bk_conv2d *s, int bias, void *
 }
 
 /* y (N,Ho,Wo,Co) = conv(x (N,H,W,Ci), w (Co,Ci,Kh,Kw)) + b (Co) (b may be NULL) */
-int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+int cpu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                    const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!y || !x || !w) return BK_ERR_INVALID;
@@ -409,7 +410,7 @@ int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, voi
 }
 
 /* dx (N,H,W,Ci) (=/+= per accum) = conv^T(dy (N,Ho,Wo,Co), w) */
-int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!dx || !dy || !w) return BK_ERR_INVALID;
@@ -436,7 +437,7 @@ int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, v
 }
 
 /* dw (Co,Ci,Kh,Kw) += dy (*) x; db (Co) += sum of dy over N,Ho,Wo (db may be NULL) */
-int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                           const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!dw || !dy || !x) return BK_ERR_INVALID;

@@ -38,17 +38,17 @@ void cpu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
 /* conv.c */
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s);
 void cpu_conv_cache_free(bk_ctx *ctx);
-int cpu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+int cpu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                    const struct bk_conv2d *s, bk_ctx *ctx);
-int cpu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx);
-int cpu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                           const struct bk_conv2d *s, bk_ctx *ctx);
 /* linear.c */
-int cpu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k,
-                   int n, bk_ctx *ctx);
-int cpu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
-                   const float *w, int accum, int m, int k, int n, bk_ctx *ctx);
+int cpu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, int k, int n,
+                   int dtype, bk_ctx *ctx);
+int cpu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,
+                   const void *w, int accum, int m, int k, int n, int dtype, bk_ctx *ctx);
 /* norm.c */
 int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
                       const float *beta, int n, int c, int hw, int groups, float eps,
@@ -71,15 +71,15 @@ int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
                       int d, bk_ctx *ctx);
 /* attention.c */
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled);
-int cpu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
-                 void *ws, const struct bk_attn *s, bk_ctx *ctx);
-int cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                 const float *k, const float *v, const float *o, const float *lse, void *ws,
+int cpu_attn_fwd(void *o, float *lse, const void *q, const void *k, const void *v, void *ws,
                  const struct bk_attn *s, bk_ctx *ctx);
-int cpu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
+int cpu_attn_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                 const void *v, const void *o, const float *lse, void *ws,
+                 const struct bk_attn *s, bk_ctx *ctx);
+int cpu_attn_plain_fwd(void *o, float *p, const void *q, const void *k, const void *v,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx);
-int cpu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *p, void *ws,
+int cpu_attn_plain_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                       const void *k, const void *v, const float *p, void *ws,
                        const struct bk_attn *s, bk_ctx *ctx);
 /* eltwise.c */
 int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);

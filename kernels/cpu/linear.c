@@ -6,10 +6,13 @@
 /* column block of the bias-gradient reduction: rows are summed in order within a block */
 #define LINEAR_DB_BLOCK 64
 
-int cpu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k,
-                   int n, bk_ctx *ctx)
+int cpu_linear_fwd(void *yv, const void *xv, const void *wv, const float *b, int m, int k, int n,
+                   int dtype, bk_ctx *ctx)
 {
-    if (!y || !x || !w || !ctx || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if (!yv || !xv || !wv || !ctx || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if (dtype != BK_DTYPE_F32) return BK_ERR_INVALID;
+    float *y = yv;
+    const float *x = xv, *w = wv;
     if (b) {
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
         for (int i = 0; i < m; i++)
@@ -21,11 +24,14 @@ int cpu_linear_fwd(float *y, const float *x, const float *w, const float *b, int
 }
 
 /* dx (M,K) (=/+= per accum, may be NULL), dw (N,K) +=, db (N) += (may be NULL) */
-int cpu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
-                   const float *w, int accum, int m, int k, int n, bk_ctx *ctx)
+int cpu_linear_bwd(void *dxv, float *dw, float *db, const void *dyv, const void *xv,
+                   const void *wv, int accum, int m, int k, int n, int dtype, bk_ctx *ctx)
 {
-    if (!dy || !ctx || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
-    if ((dx && !w) || (dw && !x)) return BK_ERR_INVALID;
+    if (!dyv || !ctx || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if ((dxv && !wv) || (dw && !xv)) return BK_ERR_INVALID;
+    if (dtype != BK_DTYPE_F32) return BK_ERR_INVALID;
+    float *dx = dxv;
+    const float *dy = dyv, *x = xv, *w = wv;
     /* dx (M,K) = dy (M,N) @ w (N,K) */
     if (dx)
         cpu_gemm(0, 0, m, k, n, 1.0f, dy, n, w, k,

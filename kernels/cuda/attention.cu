@@ -382,11 +382,14 @@ static int att_nc(int D) { return D <= 64 ? 2 : D <= 256 ? 8 : 32; }
 
 static unsigned att_grid(long rows) { return (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS); }
 
-int cu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v, void *ws,
+int cu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const void *vv, void *ws,
                 const struct bk_attn *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (attn_check(s) != BK_OK || !o || !lse || !q || !k || !v) return BK_ERR_INVALID;
+    if (attn_check(s) != BK_OK || !ov || !lse || !qv || !kv || !vv) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *o = (float *)ov;
+    const float *q = (const float *)qv, *k = (const float *)kv, *v = (const float *)vv;
     const long rows = (long)s->n * s->heads * s->l;
     const size_t smem = (size_t)ATT_WARPS * s->d * sizeof(float);
     ATT_LAUNCH(k_attn_fwd, att_nc(s->d), att_grid(rows), smem, o, lse, q, k, v, s->l, s->heads,
@@ -394,14 +397,18 @@ int cu_attn_fwd(float *o, float *lse, const float *q, const float *k, const floa
     return BK_OK;
 }
 
-int cu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                const float *k, const float *v, const float *o, const float *lse, void *ws,
+int cu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void *qv,
+                const void *kv, const void *vv, const void *ov, const float *lse, void *ws,
                 const struct bk_attn *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !o || !lse ||
-        !ws)
+    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !ov ||
+        !lse || !ws)
         return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *dq = (float *)dqv, *dk = (float *)dkv, *dv = (float *)dvv;
+    const float *dout = (const float *)doutv, *q = (const float *)qv, *k = (const float *)kv,
+                *v = (const float *)vv, *o = (const float *)ov;
     const long rows = (long)s->n * s->heads * s->l;
     float *di = (float *)ws;
     CU_LAUNCH(k_attn_di, att_grid(rows), ATT_WARPS * 32, 0, ctx->stream)(
@@ -415,11 +422,14 @@ int cu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float 
     return BK_OK;
 }
 
-int cu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
+int cu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
                       void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (attn_check(s) != BK_OK || !o || !p || !q || !k || !v) return BK_ERR_INVALID;
+    if (attn_check(s) != BK_OK || !ov || !p || !qv || !kv || !vv) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *o = (float *)ov;
+    const float *q = (const float *)qv, *k = (const float *)kv, *v = (const float *)vv;
     const long rows = (long)s->n * s->heads * s->l;
     const size_t smem = (size_t)ATT_WARPS * s->d * sizeof(float);
     ATT_LAUNCH(k_attn_plain_fwd, att_nc(s->d), att_grid(rows), smem, o, p, q, k, v, s->l,
@@ -427,13 +437,18 @@ int cu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const 
     return BK_OK;
 }
 
-int cu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                      const float *k, const float *v, const float *p, void *ws,
+int cu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void *qv,
+                      const void *kv, const void *vv, const float *p, void *ws,
                       const struct bk_attn *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !p || !ws)
+    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
+        !ws)
         return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *dq = (float *)dqv, *dk = (float *)dkv, *dv = (float *)dvv;
+    const float *dout = (const float *)doutv, *q = (const float *)qv, *k = (const float *)kv,
+                *v = (const float *)vv;
     const int L = s->l, H = s->heads, D = s->d, nc = att_nc(D);
     float *ds = (float *)ws;
     const size_t smem = (size_t)ATT_WARPS * D * sizeof(float);

@@ -349,11 +349,14 @@ __global__ void k_conv_bias(float *y, const float *b, int co, int hw, size_t tot
         y[i] += b[(i / hw) % co];
 }
 
-int cu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+int cu_conv2d_fwd(void *yv, const void *xv, const void *wv, const float *b, void *ws,
                   const struct bk_conv2d *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (conv_check(s) != BK_OK || !y || !x || !w) return BK_ERR_INVALID;
+    if (conv_check(s) != BK_OK || !yv || !xv || !wv) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *y = (float *)yv;
+    const float *x = (const float *)xv, *w = (const float *)wv;
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
@@ -398,11 +401,14 @@ int cu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void
     return BK_OK;
 }
 
-int cu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+int cu_conv2d_bwd_data(void *dxv, const void *dyv, const void *wv, int accum, void *ws,
                        const struct bk_conv2d *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (conv_check(s) != BK_OK || !dx || !dy || !w) return BK_ERR_INVALID;
+    if (conv_check(s) != BK_OK || !dxv || !dyv || !wv) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *dx = (float *)dxv;
+    const float *dy = (const float *)dyv, *w = (const float *)wv;
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
@@ -453,11 +459,13 @@ int cu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, vo
     return BK_OK;
 }
 
-int cu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+int cu_conv2d_bwd_filter(float *dw, float *db, const void *dyv, const void *xv, void *ws,
                          const struct bk_conv2d *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (conv_check(s) != BK_OK || !dw || !dy || !x) return BK_ERR_INVALID;
+    if (conv_check(s) != BK_OK || !dw || !dyv || !xv) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    const float *dy = (const float *)dyv, *x = (const float *)xv;
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();

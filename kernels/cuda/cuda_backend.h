@@ -155,20 +155,20 @@ int cu_sync(bk_ctx *ctx);
 
 /* conv.cu */
 size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s);
-int cu_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+int cu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                   const struct bk_conv2d *s, bk_ctx *ctx);
-int cu_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                        const struct bk_conv2d *s, bk_ctx *ctx);
-int cu_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                          const struct bk_conv2d *s, bk_ctx *ctx);
 /* the conv cache's entries of a device (device reset / module unload) */
 void cu_conv_forget(int device);
 
 /* linear.cu */
-int cu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k, int n,
-                  bk_ctx *ctx);
-int cu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
-                  const float *w, int accum, int m, int k, int n, bk_ctx *ctx);
+int cu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, int k, int n,
+                  int dtype, bk_ctx *ctx);
+int cu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,
+                  const void *w, int accum, int m, int k, int n, int dtype, bk_ctx *ctx);
 /* db (N) += column sums of dy (M,N) in double (also conv's and linear's bias gradient) */
 int cu_colsum_add(float *db, const float *dy, int m, int n, bk_ctx *ctx);
 /* db (C) += sum over N and HW of dy (N,C,HW), in double */
@@ -229,15 +229,15 @@ int cu_crop2d(float *x, const float *xp, int accum, int nc, int h, int w, int pt
 
 /* attention.cu */
 size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled);
-int cu_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v, void *ws,
+int cu_attn_fwd(void *o, float *lse, const void *q, const void *k, const void *v, void *ws,
                 const struct bk_attn *s, bk_ctx *ctx);
-int cu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                const float *k, const float *v, const float *o, const float *lse, void *ws,
+int cu_attn_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                const void *v, const void *o, const float *lse, void *ws,
                 const struct bk_attn *s, bk_ctx *ctx);
-int cu_attn_plain_fwd(float *o, float *p, const float *q, const float *k, const float *v,
-                      void *ws, const struct bk_attn *s, bk_ctx *ctx);
-int cu_attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                      const float *k, const float *v, const float *p, void *ws,
+int cu_attn_plain_fwd(void *o, float *p, const void *q, const void *k, const void *v, void *ws,
+                      const struct bk_attn *s, bk_ctx *ctx);
+int cu_attn_plain_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                      const void *k, const void *v, const float *p, void *ws,
                       const struct bk_attn *s, bk_ctx *ctx);
 
 /* loss.cu: losses, dropout, Philox fills, optimizer */

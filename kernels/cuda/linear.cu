@@ -67,11 +67,14 @@ __global__ void k_rows_bias(float *y, const float *b, int n, size_t total)
         y[i] = b[i % n];
 }
 
-int cu_linear_fwd(float *y, const float *x, const float *w, const float *b, int m, int k, int n,
-                  bk_ctx *ctx)
+int cu_linear_fwd(void *yv, const void *xv, const void *wv, const float *b, int m, int k, int n,
+                  int dtype, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (!y || !x || !w || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if (!yv || !xv || !wv || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if (dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *y = (float *)yv;
+    const float *x = (const float *)xv, *w = (const float *)wv;
     const float one = 1.0f, zero = 0.0f;
     if (b) {
         /* as the CPU: y = b, then y += x w^T */
@@ -87,12 +90,15 @@ int cu_linear_fwd(float *y, const float *x, const float *w, const float *b, int 
     return BK_OK;
 }
 
-int cu_linear_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
-                  const float *w, int accum, int m, int k, int n, bk_ctx *ctx)
+int cu_linear_bwd(void *dxv, float *dw, float *db, const void *dyv, const void *xv,
+                  const void *wv, int accum, int m, int k, int n, int dtype, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (!dy || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
-    if ((dx && !w) || (dw && !x)) return BK_ERR_INVALID;
+    if (!dyv || m < 1 || k < 1 || n < 1) return BK_ERR_INVALID;
+    if ((dxv && !wv) || (dw && !xv)) return BK_ERR_INVALID;
+    if (dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
+    float *dx = (float *)dxv;
+    const float *dy = (const float *)dyv, *x = (const float *)xv, *w = (const float *)wv;
     const float one = 1.0f, zero = 0.0f;
     /* dx (M,K) = dy (M,N) w (N,K); column-major dx^T (K,M) = w^T (K,N) dy^T (N,M) */
     if (dx)

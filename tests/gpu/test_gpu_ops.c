@@ -212,8 +212,10 @@ static void test_linear(int m, int k, int n)
     struct t x = t_in((size_t)m * k, 1.0), w = t_in((size_t)n * k, 0.3), b = t_in(n, 0.5);
     for (int bias = 0; bias < 2; bias++) {
         struct t y = t_out((size_t)m * n);
-        CHECK(C->linear_fwd(y.h, x.h, w.h, bias ? b.h : NULL, m, k, n, cctx) == 0, "cpu");
-        gpu_ok(G->linear_fwd(y.d, x.d, w.d, bias ? b.d : NULL, m, k, n, gctx), "fwd");
+        CHECK(C->linear_fwd(y.h, x.h, w.h, bias ? b.h : NULL, m, k, n, BK_DTYPE_F32, cctx) == 0,
+              "cpu");
+        gpu_ok(G->linear_fwd(y.d, x.d, w.d, bias ? b.d : NULL, m, k, n, BK_DTYPE_F32, gctx),
+               "fwd");
         t_cmp(bias ? "y (bias)" : "y", &y, TOL);
         t_free(&y);
     }
@@ -221,8 +223,12 @@ static void test_linear(int m, int k, int n)
     for (int accum = 0; accum < 2; accum++) {
         struct t dx = accum ? t_acc((size_t)m * k, 1.0) : t_out((size_t)m * k);
         struct t dw = t_acc((size_t)n * k, 0.1), db = t_acc(n, 0.1);
-        CHECK(C->linear_bwd(dx.h, dw.h, db.h, dy.h, x.h, w.h, accum, m, k, n, cctx) == 0, "cpu");
-        gpu_ok(G->linear_bwd(dx.d, dw.d, db.d, dy.d, x.d, w.d, accum, m, k, n, gctx), "bwd");
+        CHECK(C->linear_bwd(dx.h, dw.h, db.h, dy.h, x.h, w.h, accum, m, k, n, BK_DTYPE_F32,
+                            cctx) == 0,
+              "cpu");
+        gpu_ok(G->linear_bwd(dx.d, dw.d, db.d, dy.d, x.d, w.d, accum, m, k, n, BK_DTYPE_F32,
+                             gctx),
+               "bwd");
         t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
         t_cmp("dw+=", &dw, TOL);
         t_cmp("db+=", &db, TOL);
@@ -232,8 +238,10 @@ static void test_linear(int m, int k, int n)
     }
     /* dx only */
     struct t dx = t_out((size_t)m * k);
-    CHECK(C->linear_bwd(dx.h, NULL, NULL, dy.h, x.h, w.h, 0, m, k, n, cctx) == 0, "cpu");
-    gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, gctx), "bwd dx only");
+    CHECK(C->linear_bwd(dx.h, NULL, NULL, dy.h, x.h, w.h, 0, m, k, n, BK_DTYPE_F32, cctx) == 0,
+          "cpu");
+    gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, BK_DTYPE_F32, gctx),
+           "bwd dx only");
     t_cmp("dx only", &dx, TOL);
     t_free(&dx);
     t_free(&x);
@@ -811,7 +819,8 @@ static void test_emulator_checks(void)
         gpu_ok(G->mem_set_f32(x, 1.0f, 256, gctx), "set x");
         gpu_ok(G->mem_set_f32(w, 1.0f, 256, gctx), "set w");
         gpu_ok(G->ctx_set_workspace(gctx, ws + 64, WS - 64), "ctx_set_workspace");
-        gpu_ok(G->linear_fwd(y, x, w, NULL, 16, 16, 16, gctx), "linear in the plan's workspace");
+        gpu_ok(G->linear_fwd(y, x, w, NULL, 16, 16, 16, BK_DTYPE_F32, gctx),
+               "linear in the plan's workspace");
         gpu_ok(G->mem_download(wsh, ws, WS, gctx), "download the workspace");
         int used = 0;
         for (int i = 0; i < WS; i++) used += wsh[i] == 0x5A;

@@ -13,64 +13,92 @@
 
 #include "cpu/cpu.h"
 
-/* dst (N,HW,C) from src (N,C,HW); with (c, hw) swapped, NHWC back to NCHW */
-static inline void shim_transpose(float *dst, const float *src, int n, int c, int hw)
+/* dst (N,HW,C) from src (N,C,HW), elements of es bytes (the typed kernels' 16-bit ones too);
+ * with (c, hw) swapped, NHWC back to NCHW */
+static inline void shim_transpose_es(void *dst, const void *src, int n, int c, int hw, size_t es)
 {
     for (int s = 0; s < n; s++)
         for (int ch = 0; ch < c; ch++)
             for (int p = 0; p < hw; p++)
-                dst[((size_t)s * hw + p) * c + ch] = src[((size_t)s * c + ch) * hw + p];
+                memcpy((char *)dst + (((size_t)s * hw + p) * c + ch) * es,
+                       (const char *)src + (((size_t)s * c + ch) * hw + p) * es, es);
+}
+
+static inline void shim_transpose(float *dst, const float *src, int n, int c, int hw)
+{
+    shim_transpose_es(dst, src, n, c, hw, sizeof(float));
 }
 
 /* an NHWC copy of an NCHW image (NULL stays NULL) */
-static inline float *shim_in(const float *x, int n, int c, int hw)
+static inline void *shim_in_es(const void *x, int n, int c, int hw, size_t es)
 {
     if (!x) return NULL;
-    float *t = malloc((size_t)n * c * hw * sizeof(float) + 4);
-    shim_transpose(t, x, n, c, hw);
+    void *t = malloc((size_t)n * c * hw * es + 4);
+    shim_transpose_es(t, x, n, c, hw, es);
     return t;
 }
 
+static inline float *shim_in(const float *x, int n, int c, int hw)
+{
+    return shim_in_es(x, n, c, hw, sizeof(float));
+}
+
 /* NHWC scratch for an NCHW result; its current contents converted when accumulating */
-static inline float *shim_out(const float *x, int accum, int n, int c, int hw)
+static inline void *shim_out_es(const void *x, int accum, int n, int c, int hw, size_t es)
 {
     if (!x) return NULL;
-    if (accum) return shim_in(x, n, c, hw);
-    return malloc((size_t)n * c * hw * sizeof(float) + 4);
+    if (accum) return shim_in_es(x, n, c, hw, es);
+    return malloc((size_t)n * c * hw * es + 4);
+}
+
+static inline float *shim_out(const float *x, int accum, int n, int c, int hw)
+{
+    return shim_out_es(x, accum, n, c, hw, sizeof(float));
 }
 
 /* the NHWC result t back into NCHW x; frees t */
-static inline void shim_done(float *x, float *t, int n, int c, int hw)
+static inline void shim_done_es(void *x, void *t, int n, int c, int hw, size_t es)
 {
     if (!t) return;
-    shim_transpose(x, t, n, hw, c);
+    shim_transpose_es(x, t, n, hw, c, es);
     free(t);
 }
 
-static inline int nchw_conv2d_fwd(float *y, const float *x, const float *w, const float *b, void *ws,
+static inline void shim_done(float *x, float *t, int n, int c, int hw)
+{
+    shim_done_es(x, t, n, c, hw, sizeof(float));
+}
+
+static inline int nchw_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                            const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    float *xt = shim_in(x, s->n, s->ci, s->h * s->w), *yt = shim_out(y, 0, s->n, s->co, s->ho * s->wo);
+    size_t es = bk_dtype_size(s->dtype);
+    void *xt = shim_in_es(x, s->n, s->ci, s->h * s->w, es);
+    void *yt = shim_out_es(y, 0, s->n, s->co, s->ho * s->wo, es);
     int rc = cpu_conv2d_fwd(yt, xt, w, b, ws, s, ctx);
-    shim_done(y, yt, s->n, s->co, s->ho * s->wo);
+    shim_done_es(y, yt, s->n, s->co, s->ho * s->wo, es);
     free(xt);
     return rc;
 }
 
-static inline int nchw_conv2d_bwd_data(float *dx, const float *dy, const float *w, int accum, void *ws,
+static inline int nchw_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                                 const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    float *gt = shim_in(dy, s->n, s->co, s->ho * s->wo), *xt = shim_out(dx, accum, s->n, s->ci, s->h * s->w);
+    size_t es = bk_dtype_size(s->dtype);
+    void *gt = shim_in_es(dy, s->n, s->co, s->ho * s->wo, es);
+    void *xt = shim_out_es(dx, accum, s->n, s->ci, s->h * s->w, es);
     int rc = cpu_conv2d_bwd_data(xt, gt, w, accum, ws, s, ctx);
-    shim_done(dx, xt, s->n, s->ci, s->h * s->w);
+    shim_done_es(dx, xt, s->n, s->ci, s->h * s->w, es);
     free(gt);
     return rc;
 }
 
-static inline int nchw_conv2d_bwd_filter(float *dw, float *db, const float *dy, const float *x, void *ws,
+static inline int nchw_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                                   const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    float *gt = shim_in(dy, s->n, s->co, s->ho * s->wo), *xt = shim_in(x, s->n, s->ci, s->h * s->w);
+    size_t es = bk_dtype_size(s->dtype);
+    void *gt = shim_in_es(dy, s->n, s->co, s->ho * s->wo, es);
+    void *xt = shim_in_es(x, s->n, s->ci, s->h * s->w, es);
     int rc = cpu_conv2d_bwd_filter(dw, db, gt, xt, ws, s, ctx);
     free(gt);
     free(xt);

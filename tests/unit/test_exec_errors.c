@@ -32,7 +32,7 @@ static int faulty_alloc(void **out, size_t bytes, bk_ctx *ctx)
     return backend_cpu()->mem_alloc(out, bytes, ctx);
 }
 
-static int faulty_conv(float *y, const float *x, const float *w, const float *b, void *ws,
+static int faulty_conv(void *y, const void *x, const void *w, const float *b, void *ws,
                        const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (fault == FAULT_KERNEL_DEVICE) return BK_ERR_DEVICE;

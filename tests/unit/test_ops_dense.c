@@ -303,20 +303,22 @@ static void test_linear(int m, int k, int n, int bias)
     tu_fill(r, ny, 1.0);
 
     fill_nan(y, ny);
-    CHECK(cpu_linear_fwd(y, x, w, bias ? b : NULL, m, k, n, ctx) == BK_OK, "%s: fwd", tag);
+    CHECK(cpu_linear_fwd(y, x, w, bias ? b : NULL, m, k, n, BK_DTYPE_F32, ctx) == BK_OK,
+          "%s: fwd", tag);
     double *xd = to_double(x, nx), *wd = to_double(w, nw), *bd = to_double(b, n);
     double *rd = to_double(r, ny), *yd = dalloc(ny);
     ref_linear(yd, xd, wd, bias ? bd : NULL, m, k, n);
     double e = tu_rel_err(y, yd, ny);
     note(&max_fwd[OP_LINEAR], e);
     CHECK(e <= TOL_FWD, "%s: fwd rel err %.3g", tag, e);
-    CHECK(cpu_linear_fwd(y2, x, w, bias ? b : NULL, m, k, n, ctx) == BK_OK, "%s: fwd2", tag);
+    CHECK(cpu_linear_fwd(y2, x, w, bias ? b : NULL, m, k, n, BK_DTYPE_F32, ctx) == BK_OK,
+          "%s: fwd2", tag);
     CHECK(memcmp(y, y2, ny * sizeof(float)) == 0, "%s: fwd not deterministic", tag);
 
     fill_nan(dx, nx);
     memset(dw, 0, nw * sizeof(float));
     memset(db, 0, n * sizeof(float));
-    CHECK(cpu_linear_bwd(dx, dw, bias ? db : NULL, r, x, w, 0, m, k, n, ctx) == BK_OK,
+    CHECK(cpu_linear_bwd(dx, dw, bias ? db : NULL, r, x, w, 0, m, k, n, BK_DTYPE_F32, ctx) == BK_OK,
           "%s: bwd", tag);
     struct linear_arg a = {xd, wd, bias ? bd : NULL, yd, rd, m, k, n};
     double ex = fd_err(dx, xd, nx, 300, linear_loss, &a);
@@ -336,7 +338,8 @@ static void test_linear(int m, int k, int n, int bias)
     memcpy(dx2, prev, nx * sizeof(float));
     memcpy(dw2, pw, nw * sizeof(float));
     memcpy(db2, pb, n * sizeof(float));
-    CHECK(cpu_linear_bwd(dx2, dw2, db2, r, x, w, 1, m, k, n, ctx) == BK_OK, "%s: bwd acc", tag);
+    CHECK(cpu_linear_bwd(dx2, dw2, db2, r, x, w, 1, m, k, n, BK_DTYPE_F32, ctx) == BK_OK,
+          "%s: bwd acc", tag);
     e = accum_err(dx2, prev, dx, nx);
     CHECK(e <= TOL_ACC, "%s: dx accum err %.3g", tag, e);
     e = accum_err(dw2, pw, dw, nw);
@@ -347,11 +350,13 @@ static void test_linear(int m, int k, int n, int bias)
     }
     memset(dw2, 0, nw * sizeof(float));
     memset(db2, 0, n * sizeof(float));
-    CHECK(cpu_linear_bwd(NULL, dw2, bias ? db2 : NULL, r, x, w, 0, m, k, n, ctx) == BK_OK,
+    CHECK(cpu_linear_bwd(NULL, dw2, bias ? db2 : NULL, r, x, w, 0, m, k, n, BK_DTYPE_F32,
+                         ctx) == BK_OK,
           "%s: bwd dx NULL", tag);
     CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0 && memcmp(db, db2, n * sizeof(float)) == 0,
           "%s: bwd not deterministic / dx NULL changed dw", tag);
-    CHECK(cpu_linear_fwd(y, x, w, NULL, 0, k, n, ctx) == BK_ERR_INVALID, "%s: m 0", tag);
+    CHECK(cpu_linear_fwd(y, x, w, NULL, 0, k, n, BK_DTYPE_F32, ctx) == BK_ERR_INVALID,
+          "%s: m 0", tag);
 
     free(x); free(w); free(b); free(y); free(y2); free(r); free(dx); free(dx2); free(prev);
     free(dw); free(db); free(dw2); free(db2); free(pw); free(pb);
