@@ -125,6 +125,18 @@ enum cudaMemcpyKind {
 typedef struct emu_event *cudaEvent_t;
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDisableTiming 0x02
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
 struct cudaDeviceProp {
     char name[256];
     int major, minor;
@@ -153,6 +165,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
                             cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s);
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
+/* pageable host memory: cudaMemoryTypeUnregistered (CUDA 11 on), as the runtime reports it */
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaDeviceSynchronize(void);
@@ -171,13 +185,19 @@ cudaError_t cudaFreeHost(void *p);
  * and the context is poisoned (sticky cudaErrorIllegalAddress: every later call fails), as a
  * GPU would after the fault. Copies check their kind against the pointers (and the device side
  * against its allocation's end); libraries check their device arguments the same way.
- * Stream order: each allocation remembers the stream and sequence number of the last operation
- * that wrote it (non-const kernel pointers, copy and memset destinations, library outputs and
- * workspaces); an operation on another stream that touches it before that write is known to be
- * done - the host synchronized that stream (or the device), or the stream waited on an event
- * recorded after it - fails (cudaErrorInvalidResourceHandle, with a message). Read-after-write
- * and write-after-write at allocation granularity; write-after-read and host reads of a
- * D2H destination before the sync are not checked. */
+ * Stream order, by byte range: each range of an allocation remembers the stream and sequence
+ * number of the last operation that wrote it (non-const kernel pointers, copy and memset
+ * destinations, library outputs and workspaces) and, per stream, the last that read it since;
+ * an operation on another stream that reads or writes it before that write is known to be done
+ * - the host synchronized that stream (or the device), or the stream waited on an event
+ * recorded after it - or writes it before such a read is known done, fails
+ * (cudaErrorInvalidResourceHandle, with a message): read-after-write, write-after-write and
+ * write-after-read. Copies, memsets and library calls name their bytes; a kernel's pointer
+ * argument is the object starting there (one byte) unless CU_TOUCHES named its bytes. Host
+ * reads of a D2H destination before the sync are not checked.
+ * Host memory of async copies: cudaMemcpyAsync between the device and pageable host memory
+ * is counted (ddpmd_emu_get_stats: a GPU stages it, so it does not overlap anything) and a
+ * pageable download syncs its stream, as the runtime's does. */
 /* the stream order check for [p, p+bytes) (bytes 0: the pointer only) used by stream s */
 cudaError_t emu_use(cudaStream_t s, const void *p, size_t bytes, int write, const char *what);
 struct emu_ptr_arg {
@@ -187,6 +207,9 @@ struct emu_ptr_arg {
 /* a launch's pointer arguments: checked (tags, stream order) before it runs */
 cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n);
 void emu_launch_done(cudaStream_t s, const emu_ptr_arg *a, int n);
+/* CU_TOUCHES(p, bytes) before a launch: its pointer argument p touches [p, p + bytes) */
+void emu_touches(const void *p, size_t bytes);
+#define CU_TOUCHES(p, bytes) emu_touches((p), (bytes))
 
 /* ---- launches ---- */
 struct emu_kernel_call {

@@ -19,6 +19,7 @@
 #include "cuda_fp16.h"
 #include "cuda_runtime.h"
 #include "cudnn.h"
+#include "emu_stats.h"
 
 /* ---- the SIMT scheduler ---- */
 
@@ -193,12 +194,20 @@ void emu_run_grid(dim3 grid, dim3 block, size_t smem, const emu_kernel_call &k)
 
 /* ---- the runtime ---- */
 
-/* one device allocation (or a pinned host one: host memory, never a kernel's argument) */
+/* a byte range [start, end) of an allocation with the stream operations that last touched it:
+ * the last write, and per stream the last read since that write */
+struct emu_seg {
+    uintptr_t end;
+    int wstream;   /* the stream that wrote it last, -1: none yet */
+    uint64_t wseq; /* that write's sequence number on its stream */
+    std::vector<std::pair<int, uint64_t>> readers; /* (stream, sequence number) */
+};
+/* one device allocation (or a pinned host one: host memory, never a kernel's argument); its
+ * ranges by start, made as operations touch them */
 struct emu_alloc {
     size_t bytes, rounded;
     int pinned;
-    int wstream;   /* the stream that wrote it last, -1: none yet */
-    uint64_t wseq; /* that write's sequence number on its stream */
+    std::map<uintptr_t, emu_seg> segs;
 };
 /* a stream: id, operations enqueued so far, and per other stream the sequence number this one
  * is known to be ordered after (cudaStreamWaitEvent) */
@@ -215,6 +224,7 @@ struct emu_event {
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER; /* everything below */
 static std::map<uintptr_t, emu_alloc> g_allocs;
 static size_t g_used;
+static ddpmd_emu_stats g_stats;             /* ddpmd_emu_get_stats */
 /* by id; 0 is the NULL stream. Streams are retired, never deleted, while the process runs;
  * they are freed with the table at exit (LeakSanitizer checks after static destructors) */
 struct emu_stream_table : std::vector<emu_stream *> {
@@ -283,8 +293,31 @@ static int is_device(const void *p)
     return al && !al->pinned;
 }
 
-/* mem lock held; bytes 0: the pointer alone. cudaErrorIllegalAddress (the caller decides
- * whether that is a fault) or cudaErrorInvalidResourceHandle for a stream order violation */
+/* whether stream st is known to come after operation seq of stream w (mem lock held): the same
+ * stream, the host synchronized w past it, or st waited on an event recorded after it */
+static int ordered_after(const emu_stream *st, int w, uint64_t seq)
+{
+    if (w < 0 || w == st->id || g_done[w] >= seq) return 1;
+    return (size_t)w < st->after.size() && st->after[w] >= seq;
+}
+
+/* the range starting at x made a segment boundary of al (a segment holding x split in two) */
+static void seg_split(emu_alloc *al, uintptr_t x)
+{
+    auto it = al->segs.upper_bound(x);
+    if (it == al->segs.begin()) return;
+    --it;
+    if (it->first == x || it->second.end <= x) return;
+    emu_seg tail = it->second;
+    it->second.end = x;
+    al->segs.emplace(x, tail);
+}
+
+/* mem lock held; bytes 0: the object starting at p (a kernel's pointer argument: the bytes it
+ * reaches are not known, CU_TOUCHES names them). cudaErrorIllegalAddress (the caller decides
+ * whether that is a fault) or cudaErrorInvalidResourceHandle for a stream order violation:
+ * read or write after another stream's write, or write after another stream's read, with no
+ * host sync or event wait between them. */
 static cudaError_t use_locked(emu_stream *st, const void *p, size_t bytes, int write,
                               const char *what)
 {
@@ -300,20 +333,59 @@ static cudaError_t use_locked(emu_stream *st, const void *p, size_t bytes, int w
                 bytes, (size_t)((uintptr_t)p - base), al->bytes);
         return cudaErrorIllegalAddress;
     }
-    if (al->wstream >= 0 && al->wstream != st->id) {
-        const int w = al->wstream;
-        const uint64_t known = (size_t)w < st->after.size() ? st->after[w] : 0;
-        if (g_done[w] < al->wseq && known < al->wseq) {
-            fprintf(stderr, "emu: stream order: %s on stream %d uses the allocation at %p that "
-                            "stream %d wrote (operation %llu) without a sync or an event wait "
-                            "after it\n", what, st->id, (void *)base, w,
-                    (unsigned long long)al->wseq);
+    const uintptr_t a = (uintptr_t)p, b = a + (bytes ? bytes : 1);
+    seg_split(al, a);
+    seg_split(al, b);
+    for (uintptr_t pos = a; pos < b;) { /* the gaps: segments nothing touched yet */
+        auto it = al->segs.lower_bound(pos);
+        if (it != al->segs.end() && it->first == pos) {
+            pos = it->second.end;
+            continue;
+        }
+        const uintptr_t end = it == al->segs.end() || it->first > b ? b : it->first;
+        al->segs.emplace(pos, emu_seg{end, -1, 0, {}});
+        pos = end;
+    }
+    const auto first = al->segs.lower_bound(a), last = al->segs.lower_bound(b);
+    for (auto it = first; it != last; ++it) {
+        const emu_seg &sg = it->second;
+        const char *hazard = NULL; /* "write after read" and the like */
+        int other = -1;
+        uint64_t oseq = 0;
+        if (!ordered_after(st, sg.wstream, sg.wseq)) {
+            hazard = write ? "write after write" : "read after write";
+            other = sg.wstream;
+            oseq = sg.wseq;
+        } else if (write) {
+            for (const auto &r : sg.readers)
+                if (!ordered_after(st, r.first, r.second)) {
+                    hazard = "write after read";
+                    other = r.first;
+                    oseq = r.second;
+                    break;
+                }
+        }
+        if (hazard) {
+            fprintf(stderr, "emu: stream order (%s): %s on stream %d touches bytes [%zu, %zu) "
+                            "of the allocation at %p while stream %d's operation %llu there is "
+                            "not known done (no sync or event wait after it)\n", hazard, what,
+                    st->id, (size_t)(it->first - base), (size_t)(sg.end - base), (void *)base,
+                    other, (unsigned long long)oseq);
             return cudaErrorInvalidResourceHandle;
         }
     }
+    const uint64_t seq = st->seq + 1; /* the operation being enqueued */
     if (write) {
-        al->wstream = st->id;
-        al->wseq = st->seq + 1; /* the operation being enqueued */
+        al->segs.erase(first, last);
+        al->segs.emplace(a, emu_seg{b, st->id, seq, {}});
+        return cudaSuccess;
+    }
+    for (auto it = first; it != last; ++it) {
+        auto &rd = it->second.readers;
+        size_t i = 0;
+        while (i < rd.size() && rd[i].first != st->id) i++;
+        if (i == rd.size()) rd.emplace_back(st->id, seq);
+        else rd[i].second = seq;
     }
     return cudaSuccess;
 }
@@ -364,8 +436,14 @@ static int planted_fault(void)
     return 1;
 }
 
+/* CU_TOUCHES: the bytes the next launch's pointer arguments touch, where the caller named them */
+static thread_local std::vector<std::pair<const void *, size_t>> tl_touches;
+void emu_touches(const void *p, size_t bytes) { tl_touches.emplace_back(p, bytes); }
+
 cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
 {
+    std::vector<std::pair<const void *, size_t>> touches;
+    touches.swap(tl_touches);
     pthread_mutex_lock(&g_mem_lock);
     cudaError_t e = g_sticky;
     emu_stream *st = stream_of(s);
@@ -374,7 +452,10 @@ cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
         if (!a[i].p) continue;
         char what[64];
         snprintf(what, sizeof what, "kernel argument (pointer %d)", i);
-        e = use_locked(st, a[i].p, 0, a[i].write, what);
+        size_t bytes = 0;
+        for (const auto &t : touches)
+            if (t.first == a[i].p) bytes = t.second;
+        e = use_locked(st, a[i].p, bytes, a[i].write, what);
         if (e == cudaErrorIllegalAddress) e = emu_fault(e);
     }
     if (e != cudaSuccess) {
@@ -473,8 +554,15 @@ static cudaError_t emu_malloc(void **p, size_t bytes, int pinned)
         return emu_err(cudaErrorMemoryAllocation);
     }
     memset(q, 0xFF, bytes); /* not zeroed, as on a GPU */
-    g_allocs[(uintptr_t)q] = emu_alloc{bytes, rounded, pinned, -1, 0};
+    g_allocs[(uintptr_t)q] = emu_alloc{bytes, rounded, pinned, {}};
     g_used += rounded;
+    if (g_used > g_stats.peak) g_stats.peak = g_used;
+    if (pinned) {
+        g_stats.host_mallocs++;
+    } else {
+        g_stats.mallocs++;
+        g_stats.last_malloc = bytes;
+    }
     pthread_mutex_unlock(&g_mem_lock);
     *p = q;
     return cudaSuccess;
@@ -492,6 +580,7 @@ static cudaError_t emu_free(void *p, int pinned)
     }
     g_used -= it->second.rounded;
     g_allocs.erase(it);
+    g_stats.frees++;
     cudaError_t e = g_sticky; /* the memory goes, the error stays */
     pthread_mutex_unlock(&g_mem_lock);
     free(p);
@@ -537,6 +626,23 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     if (dd && (e = use_ex(s, dst, bytes, 1, "cudaMemcpyAsync destination", 0))) return e;
     memmove(dst, src, bytes);
     emu_enqueued(s);
+    if (sd != dd) {
+        /* the host side: page-locked, or pageable, which a GPU copies through a staging buffer:
+         * not asynchronous, and a download returns only when it is done (its stream synced) */
+        pthread_mutex_lock(&g_mem_lock);
+        emu_alloc *h = find_alloc(dd ? src : dst, NULL);
+        const int pinned = h && h->pinned;
+        if (pinned) {
+            g_stats.async_pinned++;
+        } else {
+            g_stats.async_pageable++;
+            if (sd) {
+                emu_stream *st = stream_of(s);
+                g_done[st->id] = st->seq;
+            }
+        }
+        pthread_mutex_unlock(&g_mem_lock);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s)
@@ -547,6 +653,20 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s)
     if (e) return e;
     memset(dst, v, bytes);
     emu_enqueued(s);
+    return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
+{
+    EMU_STICKY();
+    if (!a) return emu_err(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_mem_lock);
+    emu_alloc *al = find_alloc(p, NULL);
+    a->type = !al ? cudaMemoryTypeUnregistered : al->pinned ? cudaMemoryTypeHost
+                                                             : cudaMemoryTypeDevice;
+    a->device = 0;
+    a->devicePointer = al ? (void *)p : NULL;
+    a->hostPointer = al && al->pinned ? (void *)p : NULL;
+    pthread_mutex_unlock(&g_mem_lock);
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
@@ -639,6 +759,32 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
     delete e;
     return cudaSuccess;
+}
+
+/* a library call used [ws, ws + bytes) as its workspace */
+static void emu_ws_used(const void *ws, size_t bytes, int blas)
+{
+    if (!ws || !bytes) return;
+    pthread_mutex_lock(&g_mem_lock);
+    g_stats.blas_ws_uses += blas;
+    const uintptr_t lo = (uintptr_t)ws, hi = lo + bytes;
+    if (!g_stats.ws_uses || lo < g_stats.ws_lo) g_stats.ws_lo = lo;
+    if (!g_stats.ws_uses || hi > g_stats.ws_hi) g_stats.ws_hi = hi;
+    g_stats.ws_uses++;
+    pthread_mutex_unlock(&g_mem_lock);
+}
+
+extern "C" __attribute__((visibility("default"))) void
+ddpmd_emu_get_stats(struct ddpmd_emu_stats *out, int reset)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    g_stats.used = g_used;
+    if (out) *out = g_stats;
+    if (reset) {
+        memset(&g_stats, 0, sizeof g_stats);
+        g_stats.used = g_stats.peak = g_used;
+    }
+    pthread_mutex_unlock(&g_mem_lock);
 }
 
 /* ---- cuBLAS ---- */
@@ -788,6 +934,7 @@ static cublasStatus_t emu_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOpe
         snprintf(w, sizeof w, "%s workspace", what);
         if (lib_use(h->stream, h->ws, use, 1, w)) return CUBLAS_STATUS_EXECUTION_FAILED;
         memset(h->ws, 0x5A, use); /* a workspace holds garbage after use */
+        emu_ws_used(h->ws, use, 1);
     }
     __atomic_fetch_add(&g_lib_calls[1][at], 1, __ATOMIC_RELAXED);
     for (int j = 0; j < n; j++)
@@ -1117,6 +1264,7 @@ static cudnnStatus_t use_workspace(const offer *o, void *ws, size_t ws_bytes)
         return CUDNN_STATUS_BAD_PARAM;
     }
     if (o->memory) memset(ws, 0x5A, o->memory);
+    emu_ws_used(ws, o->memory, 0);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1276,6 +1424,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
+    emu_ws_used(ws, ws_bytes, 0);
     scribble(y, tcount(yd), yd->et);
     fill_perf(p, req, got, FWD, N_OF(FWD), 1, ws_bytes, xd->et);
     return CUDNN_STATUS_SUCCESS;
@@ -1292,6 +1441,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
+    emu_ws_used(ws, ws_bytes, 0);
     scribble(dx, tcount(dxd), dxd->et);
     fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 1, ws_bytes, dxd->et);
     return CUDNN_STATUS_SUCCESS;
@@ -1308,6 +1458,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
+    emu_ws_used(ws, ws_bytes, 0);
     scribble(dw, fcount(dwd), dwd->et);
     fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 1, ws_bytes, xd->et);
     return CUDNN_STATUS_SUCCESS;
@@ -1716,7 +1867,12 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
          "(event)");
     CU_LAUNCH(emu_k_fill, 1, 32, 0, b)(dev2, (const float *)dev, 64);
     SELF(cudaGetLastError() == cudaSuccess, "(a read after an event wait was refused)");
-    SELF(cudaMemsetAsync(dev, 0, 64 * sizeof(float), a) == cudaSuccess, "(memset)");
+    SELF(cudaMemsetAsync(dev, 0, 64 * sizeof(float), a) != cudaSuccess,
+         "stream A overwrote a buffer stream B was still reading");
+    (void)cudaGetLastError();
+    SELF(cudaStreamSynchronize(b) == cudaSuccess &&
+             cudaMemsetAsync(dev, 0, 64 * sizeof(float), a) == cudaSuccess,
+         "(memset)");
     SELF(cudaMemsetAsync(dev, 1, 64 * sizeof(float), b) != cudaSuccess,
          "stream B wrote a buffer stream A was still writing");
     (void)cudaGetLastError();
@@ -1725,6 +1881,75 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
          "(a write after the host synchronized the writer was refused)");
     (void)cudaDeviceSynchronize();
     (void)cudaGetLastError();
+
+    /* stream order by byte range within one allocation (a copy stream beside a compute one) */
+    {
+        float *pin = NULL;
+        ddpmd_emu_stats st0, st1;
+        SELF(cudaMallocHost(&pin, 1024 * sizeof(float)) == cudaSuccess, "(cudaMallocHost)");
+        cudaPointerAttributes pa;
+        SELF(cudaPointerGetAttributes(&pa, pin + 5) == cudaSuccess &&
+                 pa.type == cudaMemoryTypeHost,
+             "cudaPointerGetAttributes of page-locked memory");
+        SELF(cudaPointerGetAttributes(&pa, host) == cudaSuccess &&
+                 pa.type == cudaMemoryTypeUnregistered,
+             "cudaPointerGetAttributes of pageable memory");
+        SELF(cudaPointerGetAttributes(&pa, dev2 + 9) == cudaSuccess &&
+                 pa.type == cudaMemoryTypeDevice,
+             "cudaPointerGetAttributes of device memory");
+        /* A writes the first half, B copies out the second: disjoint, no hazard */
+        SELF(cudaMemsetAsync(dev2, 0, 512 * sizeof(float), a) == cudaSuccess, "(memset)");
+        SELF(cudaMemcpyAsync(pin, dev2 + 512, 512 * sizeof(float), cudaMemcpyDeviceToHost, b) ==
+                 cudaSuccess,
+             "a copy of bytes disjoint from another stream's pending write was refused");
+        (void)cudaGetLastError();
+        /* ... the first half overlaps it: read after write */
+        SELF(cudaMemcpyAsync(pin, dev2 + 500, 16 * sizeof(float), cudaMemcpyDeviceToHost, b) !=
+                 cudaSuccess,
+             "stream B copied out bytes of stream A's pending write (a range overlapping it)");
+        (void)cudaGetLastError();
+        (void)cudaDeviceSynchronize();
+        /* write after read: B copies out [256, 512); A overwrites a byte of it */
+        SELF(cudaMemcpyAsync(pin, dev2 + 256, 256 * sizeof(float), cudaMemcpyDeviceToHost, b) ==
+                 cudaSuccess,
+             "(copy out)");
+        SELF(cudaMemsetAsync(dev2 + 511, 0, 4, a) != cudaSuccess,
+             "stream A overwrote bytes stream B was still copying out (write after read)");
+        (void)cudaGetLastError();
+        SELF(cudaMemsetAsync(dev2 + 512, 0, 4, a) == cudaSuccess,
+             "a write just past another stream's pending read was refused");
+        /* a kernel's pointer argument: the object starting there */
+        CU_LAUNCH(emu_k_fill, 1, 32, 0, a)(dev2 + 256, (const float *)NULL, 8);
+        SELF(cudaGetLastError() == cudaErrorInvalidResourceHandle,
+             "a kernel on stream A wrote the object stream B was still copying out");
+        CU_LAUNCH(emu_k_fill, 1, 32, 0, a)(dev2 + 128, (const float *)NULL, 8);
+        SELF(cudaGetLastError() == cudaSuccess,
+             "a kernel writing an object before another stream's pending read was refused");
+        /* ... and with CU_TOUCHES the bytes it names */
+        CU_TOUCHES(dev2 + 200, 100 * sizeof(float));
+        CU_LAUNCH(emu_k_fill, 1, 32, 0, a)(dev2 + 200, (const float *)NULL, 100);
+        SELF(cudaGetLastError() == cudaErrorInvalidResourceHandle,
+             "a kernel on stream A wrote bytes (CU_TOUCHES) stream B was still copying out");
+        /* the event wait orders them */
+        SELF(cudaEventRecord(ev, b) == cudaSuccess && cudaStreamWaitEvent(a, ev, 0) == cudaSuccess,
+             "(event)");
+        CU_TOUCHES(dev2 + 200, 100 * sizeof(float));
+        CU_LAUNCH(emu_k_fill, 1, 32, 0, a)(dev2 + 200, (const float *)NULL, 100);
+        SELF(cudaGetLastError() == cudaSuccess, "(a write after an event wait was refused)");
+        (void)cudaDeviceSynchronize();
+        /* page-locked and pageable host memory of async copies, counted */
+        ddpmd_emu_get_stats(&st0, 1);
+        SELF(cudaMemcpyAsync(pin, dev2, 64, cudaMemcpyDeviceToHost, b) == cudaSuccess &&
+                 cudaMemcpyAsync(dev2, pin, 64, cudaMemcpyHostToDevice, b) == cudaSuccess &&
+                 cudaMemcpyAsync(host, dev2, 64, cudaMemcpyDeviceToHost, b) == cudaSuccess,
+             "(copies)");
+        ddpmd_emu_get_stats(&st1, 0);
+        SELF(st1.async_pinned == 2 && st1.async_pageable == 1,
+             "async copies: %ld page-locked, %ld pageable (want 2, 1)", st1.async_pinned,
+             st1.async_pageable);
+        (void)cudaDeviceSynchronize();
+        cudaFreeHost(pin);
+    }
 
     /* 16-bit types: CUDA's conversions (nearest even, overflow, subnormals, NaN) */
     {
