@@ -40,14 +40,27 @@ struct exec {
     float *stage;               /* host staging of one image (NCHW <-> NHWC) where bk->nhwc,
                                  * grown to the largest image uploaded or downloaded so far */
     size_t stage_n;
-    /* offload (plan.offload): the host block (master, gradients' copy, m, v, EMA) and the
-     * host backend the optimizer runs on there (the CPU's; e->ctx when it is e->bk) */
+    /* offload (plan.offload): the host block (master, gradients' copy, m, v, EMA), from the
+     * backend's host_alloc (page-locked) where it has one, and the host backend the optimizer
+     * runs on there (the CPU's; e->ctx when it is e->bk) */
     unsigned char *hbase;
+    int hbase_locked;           /* hbase is host_alloc's */
     const struct backend *hbk;
     bk_ctx *hctx;
     int master_stale;           /* the device weights were written: copy them to the master */
     struct exec *host;          /* nested: the host executor */
+    /* a training plan whose gradients the offloading owner (e, or the host of a shared plan)
+     * takes to the host block: per run op k, the parameter gradients final after it (written
+     * by no later op), gout[gout_start[k] .. gout_start[k + 1]); NULL otherwise */
+    int *gout_start, *gout;
 };
+
+/* the executor whose host block a training run of e fills: e, or the host of a shared plan */
+static struct exec *offload_owner(struct exec *e)
+{
+    struct exec *o = e->host ? e->host : e;
+    return o->p->offload && !e->p->inference ? o : NULL;
+}
 
 static double now_seconds(void)
 {
@@ -72,12 +85,20 @@ float *exec_tensor(struct exec *e, int id)
 void exec_free(struct exec *e)
 {
     if (!e) return;
+    if (e->hbase_locked) {
+        /* the copy stream may still read or write it */
+        if (e->bk->copy_sync) (void)e->bk->copy_sync(e->ctx);
+        e->bk->host_free(e->hbase, e->ctx);
+    } else {
+        free(e->hbase);
+    }
     if (!e->borrowed) {
         if (e->base) e->bk->mem_free(e->base, e->ctx);
         if (e->hctx && e->hctx != e->ctx) e->hbk->ctx_free(e->hctx);
         if (e->ctx) e->bk->ctx_free(e->ctx);
     }
-    free(e->hbase);
+    free(e->gout_start);
+    free(e->gout);
     free(e->ends_start);
     free(e->ends);
     free(e->guard_host);
@@ -171,6 +192,46 @@ static int fill_ws_guards(struct exec *e)
     return bk_check(e, rc, "filling the workspace canaries");
 }
 
+/* e->gout: each parameter gradient listed at the last run op that writes it */
+static int setup_grads_out(struct exec *e)
+{
+    const struct graph *g = e->g;
+    const struct plan *p = e->p;
+    const int n_run = p->n_run_ops;
+    int *last = malloc(((size_t)g->n_tensors + 1) * sizeof *last);
+    e->gout_start = calloc((size_t)n_run + 2, sizeof *e->gout_start);
+    e->gout = malloc(((size_t)g->n_tensors + 1) * sizeof *e->gout);
+    if (!last || !e->gout_start || !e->gout) {
+        free(last);
+        return -1;
+    }
+    for (int t = 0; t < g->n_tensors; t++) last[t] = -1;
+    for (int k = 0; k < n_run; k++) {
+        const struct op *o = plan_op(p, g, k);
+        for (int i = 0; i < o->n_out; i++)
+            if (o->out[i] >= 0 && o->out[i] < g->n_tensors) last[o->out[i]] = k;
+    }
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t]->kind == TENSOR_PARAM && g->tensors[t]->grad >= 0 &&
+            last[g->tensors[t]->grad] >= 0)
+            e->gout_start[last[g->tensors[t]->grad] + 1]++;
+    for (int k = 0; k < n_run; k++) e->gout_start[k + 1] += e->gout_start[k];
+    int *fill = calloc((size_t)n_run + 1, sizeof *fill);
+    if (!fill) {
+        free(last);
+        return -1;
+    }
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t]->kind == TENSOR_PARAM && g->tensors[t]->grad >= 0 &&
+            last[g->tensors[t]->grad] >= 0) {
+            int k = last[g->tensors[t]->grad];
+            e->gout[e->gout_start[k] + fill[k]++] = g->tensors[t]->grad;
+        }
+    free(fill);
+    free(last);
+    return 0;
+}
+
 /* everything after base and ctx: the bytes from `from` on start as zero below the arena and as
  * the fill pattern from the arena on (the persistent parts must start at zero: padding between
  * parameters stays zero for the flat optimizer passes), then the host-side tables */
@@ -227,6 +288,7 @@ static int exec_setup(struct exec *e, size_t from)
         if (!e->op_seconds) goto nomem;
         e->prof.op_seconds = e->op_seconds;
     }
+    if (offload_owner(e) && setup_grads_out(e)) goto nomem;
     return EXEC_OK;
 nomem:
     return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the executor's tables");
@@ -310,8 +372,19 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
     e->alloc_bytes = p->total_bytes;
     if ((rc = exec_setup(e, 0))) return exec_init_failed(e, opts, rc);
     if (p->offload) {
-        /* the host block: zeroed like the persistent part (parameter padding stays zero) */
-        e->hbase = calloc(1, p->host_bytes + 1);
+        /* the host block, page-locked where the backend can (its copies then overlap the
+         * backward): zeroed like the persistent part (parameter padding stays zero) */
+        if (bk->host_alloc) {
+            if ((rc = bk->host_alloc((void **)&e->hbase, p->host_bytes + 1, e->ctx))) {
+                e->hbase = NULL;
+                rc = bk_fail(e, rc, -1, "locking the offloaded state's host memory");
+                return exec_init_failed(e, opts, rc);
+            }
+            e->hbase_locked = 1;
+            memset(e->hbase, 0, p->host_bytes + 1);
+        } else {
+            e->hbase = calloc(1, p->host_bytes + 1);
+        }
         if (!e->hbase) {
             rc = exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the offloaded "
                            "state (%zu bytes)", p->host_bytes);
@@ -880,6 +953,34 @@ static int bind_workspace(struct exec *e)
               : EXEC_OK;
 }
 
+/* the gradients final after run op k to the owner's host block: on the backend's copy stream
+ * while the backward goes on (synchronous copies where it has none) */
+static int grads_out(struct exec *e, int k)
+{
+    struct exec *o = e->host ? e->host : e;
+    const struct plan *op = o->p;
+    for (int i = e->gout_start[k]; i < e->gout_start[k + 1]; i++) {
+        const int t = e->gout[i];
+        const size_t rel = (size_t)e->p->offset[t] - op->grads_off;
+        unsigned char *dst = o->hbase + op->host_grads_off + rel;
+        const void *src = e->base + e->p->offset[t];
+        const size_t bytes = tensor_bytes(e->g->tensors[t]);
+        int rc = e->bk->mem_download_async && o->hbase_locked
+                     ? e->bk->mem_download_async(dst, src, bytes, e->ctx)
+                     : e->bk->mem_download(dst, src, bytes, e->ctx);
+        if (rc) return bk_fail(e, rc, k, "copying a gradient to the host");
+    }
+    return EXEC_OK;
+}
+
+/* the copies enqueued so far (gradients out, weights in) ordered before the compute work that
+ * follows, on the device (a backend without a copy stream has nothing to order) */
+static int copies_fence(struct exec *e)
+{
+    if (!e->bk->copy_fence) return EXEC_OK;
+    return bk_check(e, e->bk->copy_fence(e->ctx), "ordering the offload copies");
+}
+
 static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64_t seed,
                      uint64_t step, int sample_base)
 {
@@ -906,6 +1007,8 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
             return rc;
         }
         if (e->opts.check_guards && (rc = check_guards(e, k))) return rc;
+        if (e->gout_start && e->gout_start[k] < e->gout_start[k + 1] && (rc = grads_out(e, k)))
+            return rc;
         if (e->opts.poison) {
             for (int i = e->ends_start[k]; i < e->ends_start[k + 1]; i++) {
                 const struct plan_storage *s = &e->p->st[e->ends[i]];
@@ -928,6 +1031,8 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
     int rc;
     if (p->inference)
         return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no backward");
+    /* the last micro-batch's gradient copies still read what this one writes */
+    if (offload_owner(e) && (rc = copies_fence(e))) return rc;
     if (zero_grads &&
         (rc = e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4,
                                  e->ctx)))
@@ -1030,16 +1135,21 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     double ss = 0;
     int rc;
     if (applied) *applied = 0;
+    /* the norm on the device, where the gradients are: the plain step's sum, so clipping and
+     * the skip test are the same bits with and without offload */
+    rc = bk->sumsq(&ss, g, words, ctx);
+    if (rc) return bk_fail(e, rc, -1, "the gradient norm");
     if (p->offload) {
-        /* the gradients to the host, the step there on the master, moments and EMA (the host
-         * backend's kernels), the master back to the device weights below */
+        /* the step on the host, on the master, moments and EMA (the host backend's kernels),
+         * from the gradients' copy the backward's copies made (grads_out); the master back to
+         * the device weights below */
         unsigned char *h = e->hbase;
+        if (bk->copy_sync && (rc = bk->copy_sync(ctx)))
+            return bk_fail(e, rc, -1, "waiting for the gradients' copies");
         if (e->master_stale &&
             (rc = bk->mem_download(h + p->host_master_off, w, p->params_bytes, ctx)))
             return bk_fail(e, rc, -1, "copying the weights to the host");
         e->master_stale = 0;
-        if ((rc = bk->mem_download(h + p->host_grads_off, g, p->params_bytes, ctx)))
-            return bk_fail(e, rc, -1, "copying the gradients to the host");
         w = (float *)(h + p->host_master_off);
         g = (float *)(h + p->host_grads_off);
         m = (float *)(h + p->host_adam_m_off);
@@ -1048,8 +1158,6 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         bk = e->hbk;
         ctx = e->hctx;
     }
-    rc = bk->sumsq(&ss, g, words, ctx);
-    if (rc) return bk_fail(e, rc, -1, "the gradient norm");
     /* the norm of the unscaled gradients: a loss scaled by s has gradients s times larger */
     float norm = (float)(sqrt(ss) / (double)loss_scale), gscale = 1.0f;
     if (grad_norm) *grad_norm = norm;
@@ -1081,9 +1189,15 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         if (c->ema_decay > 0.0f && (rc = bk->ema_update(ema, w, c->ema_decay, words, ctx)))
             return bk_fail(e, rc, -1, "the EMA update");
     }
-    if (p->offload &&
-        (rc = e->bk->mem_upload(e->base + p->params_off, w, p->params_bytes, e->ctx)))
-        return bk_fail(e, rc, -1, "copying the weights back to the device");
+    if (p->offload) {
+        /* on the copy stream; the next step's compute waits for it on the device */
+        void *dw = e->base + p->params_off;
+        rc = e->bk->mem_upload_async && e->hbase_locked
+                 ? e->bk->mem_upload_async(dw, w, p->params_bytes, e->ctx)
+                 : e->bk->mem_upload(dw, w, p->params_bytes, e->ctx);
+        if (rc) return bk_fail(e, rc, -1, "copying the weights back to the device");
+        if ((rc = copies_fence(e))) return rc;
+    }
     return EXEC_OK;
 }
 

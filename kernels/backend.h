@@ -325,6 +325,28 @@ struct backend {
      * on converted scratch, so a plan is correct whatever this says. Plan with the same answer
      * as you run with: workspace sizes depend on it. */
     unsigned (*half_kernels)(int dtype);
+
+    /* ---- offload's host memory and copy stream (optional: NULL where a backend has none, e.g.
+     * the CPU's: the executor then takes malloc'd memory and the synchronous mem_download /
+     * mem_upload, the same code path) ---- */
+    /* page-locked host memory (cudaMallocHost), the only host memory the *_async copies take;
+     * not the device's: no budget counts it. BK_ERR_NOMEM when the host has none to lock. */
+    int (*host_alloc)(void **out, size_t bytes, bk_ctx *ctx);
+    void (*host_free)(void *p, bk_ctx *ctx);
+    /* dst_host (host_alloc's: BK_ERR_INVALID for pageable memory, whose copy would not overlap)
+     * <- src (device) on the context's copy stream, ordered after everything its stream has
+     * enqueued so far; returns at once. dst_host is complete after copy_sync; src must not be
+     * written by work enqueued before a copy_fence (or copy_sync) that follows this call. */
+    int (*mem_download_async)(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx);
+    /* dst (device) <- src_host (host_alloc's) on the copy stream; returns at once. Work the
+     * context's stream enqueues after a copy_fence sees dst; src_host stays unchanged until
+     * copy_sync. */
+    int (*mem_upload_async)(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx);
+    /* the context's stream waits, on the device (the host goes on), for every copy enqueued so
+     * far */
+    int (*copy_fence)(bk_ctx *ctx);
+    /* the host waits for every copy enqueued so far */
+    int (*copy_sync)(bk_ctx *ctx);
 };
 
 /* the CPU backend, always present */

@@ -23,6 +23,8 @@ struct cu_slot {
     cudaStream_t stream;
     cudnnHandle_t cudnn;
     cublasHandle_t cublas;
+    cudaStream_t copy;
+    cudaEvent_t computed, copied;
     double *scratch;
     double *host;
 };
@@ -256,6 +258,9 @@ static int slot_make(struct cu_dev *d, struct cu_slot **out)
     WARM_CUBLAS(cublasSetStream(sl->cublas, sl->stream));
     /* no workspace of cuBLAS's own: the plan's (ctx_set_workspace) or none */
     WARM_CUBLAS(cublasSetWorkspace(sl->cublas, NULL, 0));
+    WARM_CUDA(cudaStreamCreateWithFlags(&sl->copy, cudaStreamNonBlocking));
+    WARM_CUDA(cudaEventCreateWithFlags(&sl->computed, cudaEventDisableTiming));
+    WARM_CUDA(cudaEventCreateWithFlags(&sl->copied, cudaEventDisableTiming));
     WARM_CUDA(cudaMalloc(&sl->scratch, CU_SCRATCH_DOUBLES * sizeof(double)));
     WARM_CUDA(cudaMallocHost(&sl->host, 8 * sizeof(double)));
     sl->next = d->slots;
@@ -459,6 +464,9 @@ int cu_ctx_init(bk_ctx **out, int threads)
     c->cublas = sl->cublas;
     c->scratch = sl->scratch;
     c->host = sl->host;
+    c->copy = sl->copy;
+    c->computed = sl->computed;
+    c->copied = sl->copied;
     cublasStatus_t bs = cublasSetMathMode(c->cublas, c->parity ? CUBLAS_PEDANTIC_MATH
                                                                 : CUBLAS_DEFAULT_MATH);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->cublas, NULL, 0);
@@ -475,6 +483,7 @@ void cu_ctx_free(bk_ctx *ctx)
 {
     if (!ctx) return;
     if (!g_dev[ctx->device].poisoned && cu_set_device(ctx->device) == BK_OK) {
+        (void)cudaStreamSynchronize(ctx->copy);
         (void)cudaStreamSynchronize(ctx->stream);
         (void)cublasSetWorkspace(ctx->cublas, NULL, 0);
         (void)cudaGetLastError();
@@ -504,10 +513,31 @@ static int cu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes)
 
 /* ---- memory ---- */
 
+static int cu_ctx_set_budget(bk_ctx *ctx, size_t bytes)
+{
+    if (!ctx) return BK_ERR_INVALID;
+    ctx->budget = bytes;
+    return BK_OK;
+}
+
+static size_t cu_mem_high_water(const bk_ctx *ctx) { return ctx ? ctx->high_water : 0; }
+
 int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
 {
     if (!out) return BK_ERR_INVALID;
     CU_ENTER(ctx);
+    if (ctx->budget && (bytes > ctx->budget || ctx->held > ctx->budget - bytes)) {
+        fprintf(stderr,
+                "ddpmd cuda: device %d: %zu bytes (%.1f MiB) more would hold %zu, over the "
+                "job's budget of %zu bytes\n",
+                ctx->device, bytes, (double)bytes / 1048576.0, ctx->held + bytes, ctx->budget);
+        return BK_ERR_NOMEM;
+    }
+    if (ctx->n_blocks == CU_CTX_BLOCKS) {
+        fprintf(stderr, "ddpmd cuda: device %d: more than %d device allocations on one job\n",
+                ctx->device, CU_CTX_BLOCKS);
+        return BK_ERR_INVALID;
+    }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
     if (e == cudaErrorMemoryAllocation) {
@@ -521,6 +551,10 @@ int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
         return BK_ERR_NOMEM;
     }
     if (e != cudaSuccess) return cu_fail_cuda(e, "cudaMalloc", __FILE__, __LINE__);
+    ctx->blocks[ctx->n_blocks].p = p;
+    ctx->blocks[ctx->n_blocks++].bytes = bytes;
+    ctx->held += bytes;
+    if (ctx->held > ctx->high_water) ctx->high_water = ctx->held;
     *out = p;
     return BK_OK;
 }
@@ -528,6 +562,12 @@ int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
 void cu_mem_free(void *p, bk_ctx *ctx)
 {
     if (!p || !ctx) return;
+    for (int i = 0; i < ctx->n_blocks; i++)
+        if (ctx->blocks[i].p == p) {
+            ctx->held -= ctx->blocks[i].bytes;
+            ctx->blocks[i] = ctx->blocks[--ctx->n_blocks];
+            break;
+        }
     if (cu_set_device(ctx->device) != BK_OK) return;
     cudaError_t e = cudaFree(p);
     if (e != cudaSuccess) cu_fail_cuda(e, "cudaFree", __FILE__, __LINE__);
@@ -553,6 +593,97 @@ int cu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
     return BK_OK;
 }
 
+/* ---- offload: page-locked host memory and the copy stream ---- */
+
+static int cu_host_alloc(void **out, size_t bytes, bk_ctx *ctx)
+{
+    if (!out) return BK_ERR_INVALID;
+    CU_ENTER(ctx);
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 64);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "ddpmd cuda: cannot lock %zu bytes (%.1f MiB) of host memory\n", bytes,
+                (double)bytes / 1048576.0);
+        return BK_ERR_NOMEM;
+    }
+    if (e != cudaSuccess) return cu_fail_cuda(e, "cudaMallocHost", __FILE__, __LINE__);
+    *out = p;
+    return BK_OK;
+}
+
+static void cu_host_free(void *p, bk_ctx *ctx)
+{
+    if (!p) return;
+    cudaError_t e = cudaFreeHost(p);
+    if (e != cudaSuccess) cu_fail_cuda(e, "cudaFreeHost", __FILE__, __LINE__);
+}
+
+/* host memory cudaMallocHost made: a copy from or to anything else is not asynchronous (the
+ * driver stages pageable memory and the call returns only when it is done) */
+static int cu_pinned(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
+static int cu_mem_download_async(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!bytes) return BK_OK;
+    if (!dst_host || !src) return BK_ERR_INVALID;
+    if (!cu_pinned(dst_host)) {
+        fprintf(stderr, "ddpmd cuda: an asynchronous download into pageable host memory (%p): "
+                        "host_alloc's memory only\n", dst_host);
+        return BK_ERR_INVALID;
+    }
+    CU_CHECK(cudaEventRecord(ctx->computed, ctx->stream));
+    CU_CHECK(cudaStreamWaitEvent(ctx->copy, ctx->computed, 0));
+    CU_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx->copy));
+    ctx->copies++;
+    return BK_OK;
+}
+
+static int cu_mem_upload_async(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!bytes) return BK_OK;
+    if (!dst || !src_host) return BK_ERR_INVALID;
+    if (!cu_pinned(src_host)) {
+        fprintf(stderr, "ddpmd cuda: an asynchronous upload from pageable host memory (%p): "
+                        "host_alloc's memory only\n", src_host);
+        return BK_ERR_INVALID;
+    }
+    /* the device bytes may still be read by the compute work enqueued so far */
+    CU_CHECK(cudaEventRecord(ctx->computed, ctx->stream));
+    CU_CHECK(cudaStreamWaitEvent(ctx->copy, ctx->computed, 0));
+    CU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, ctx->copy));
+    ctx->copies++;
+    return BK_OK;
+}
+
+static int cu_copy_fence(bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    if (!ctx->copies) return BK_OK;
+    CU_CHECK(cudaEventRecord(ctx->copied, ctx->copy));
+    CU_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->copied, 0));
+    ctx->copies = 0;
+    return BK_OK;
+}
+
+static int cu_copy_sync(bk_ctx *ctx)
+{
+    CU_ENTER(ctx);
+    CU_CHECK(cudaStreamSynchronize(ctx->copy));
+    ctx->copies = 0;
+    return BK_OK;
+}
+
 __global__ void k_fill_f32(float *dst, float value, size_t count)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
@@ -565,6 +696,7 @@ int cu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx)
     CU_ENTER(ctx);
     if (!count) return BK_OK;
     if (!dst) return BK_ERR_INVALID;
+    CU_TOUCHES(dst, count * sizeof(float));
     CU_LAUNCH(k_fill_f32, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
         dst, value, count);
     CU_LAUNCHED(ctx);
@@ -653,6 +785,14 @@ static void cu_table_init(void)
     t->philox_normal_fill = cu_philox_normal_fill;
     t->philox_u32_fill = cu_philox_u32_fill;
     t->convert = cu_convert;
+    t->ctx_set_budget = cu_ctx_set_budget;
+    t->mem_high_water = cu_mem_high_water;
+    t->host_alloc = cu_host_alloc;
+    t->host_free = cu_host_free;
+    t->mem_download_async = cu_mem_download_async;
+    t->mem_upload_async = cu_mem_upload_async;
+    t->copy_fence = cu_copy_fence;
+    t->copy_sync = cu_copy_sync;
 }
 
 /* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:

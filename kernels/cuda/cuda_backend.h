@@ -23,6 +23,11 @@
 #ifndef CU_EXTERN_SHARED
 #define CU_EXTERN_SHARED(type, name) extern __shared__ type name[]
 #endif
+/* the emulator's stream-order check takes a kernel's pointer argument for the object starting
+ * there; CU_TOUCHES(p, bytes) right before a launch names the bytes it touches from p */
+#ifndef CU_TOUCHES
+#define CU_TOUCHES(p, bytes) ((void)0)
+#endif
 
 #define CU_MAX_DEVICES 16
 #define CU_MAX_SLOTS 16 /* made at the warm-up at most (DDPMD_CUDA_SLOTS); more on demand */
@@ -45,7 +50,21 @@ struct bk_ctx {
     double *host;       /* pinned host, 8 doubles */
     void *ws;           /* the plan's workspace (ctx_set_workspace), for cuBLAS */
     size_t ws_bytes;
+    /* offload's copies: a stream of the slot's, and two events ordering it against `stream`
+     * (computed: the compute work a download follows; copied: the copies a fence waits for) */
+    cudaStream_t copy;
+    cudaEvent_t computed, copied;
+    int copies;         /* copies enqueued since the last copy_fence / copy_sync */
+    /* the budget (ctx_set_budget; 0: none) and what mem_alloc holds: at most CU_CTX_BLOCKS
+     * device allocations at once (a job makes one, its reservation) */
+    size_t budget, held, high_water;
+    int n_blocks;
+    struct {
+        void *p;
+        size_t bytes;
+    } blocks[8];
 };
+#define CU_CTX_BLOCKS 8
 
 /* ---- status and checks (backend_cuda.cu) ---- */
 extern int cu_sync_checks;   /* DDPMD_CUDA_SYNC=1: synchronize after every launch */
