@@ -5,8 +5,12 @@
 # against the same run on the CPU (the losses of every step within a tolerance), `ddpmd sample
 # --device cuda:0` against the CPU's images, `ddpmd plan --device cuda:0 --json` reporting the
 # device and what the process holds there, the errors for a missing device or module, a
-# reservation larger than the device, and a sticky fault (EMU_FAULT_AT_LAUNCH) that poisons the
-# device: the job fails with the error and exit status 3.
+# reservation larger than the device, a spec with memory.vram_budget and offload on (the
+# optimizer on the host, the gradients out on the copy stream) against the CPU's run, every byte
+# the process held on the device (EMU_ALLOC_LOG: the warm-up's, then the plan's one reservation
+# and nothing else), a budget no plan fits, and a sticky fault (EMU_FAULT_AT_LAUNCH) that poisons
+# the device: the job fails with the error, exit status 3 and as its last stderr line
+# "ddpmd: device cuda:N is poisoned: ..." (what ddpmd serve's pool reads).
 # Usage: test_cuda_emu.sh DDPMD LIBDDPMD_CUDA_EMU
 set -u
 ddpmd=${1:?path to ddpmd}
@@ -149,6 +153,59 @@ check 'grep -q "training failed: .*device error" "$dir/fault.err"' \
       "the failure does not name the backend's error: $(grep failed "$dir/fault.err")"
 check 'grep -q "cudaErrorIllegalAddress" "$dir/fault.err" && grep -q "cuda:0 is poisoned" "$dir/fault.err"' \
       "the fault or the poisoned device is not reported"
+check 'tail -n 1 "$dir/fault.err" | grep -q "^ddpmd: device cuda:0 is poisoned: "' \
+      "the last stderr line is not the poisoned device: $(tail -n 1 "$dir/fault.err")"
+
+# memory.vram_budget with offload on: the plan under the budget on cuda:0, its losses the CPU's,
+# and all the process held on the device its warm-up's bytes and then the plan's one reservation
+sed 's/"output"/"memory": { "precision": "f32", "offload": "on", "vram_budget": 600000 },\n  "output"/' \
+    "$dir/spec.json" > "$dir/off.json"
+"$ddpmd" train "$dir/off.json" --out "$dir/ocpu" > "$dir/ocpu.log" 2> "$dir/ocpu.err"
+rc1=$?
+EMU_ALLOC_LOG="$dir/alloc.log" cuda train "$dir/off.json" --out "$dir/ogpu" --device cuda:0 \
+    > "$dir/ogpu.log" 2> "$dir/ogpu.err"
+rc2=$?
+check '[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]' "offload under a budget: exit $rc1 (cpu), $rc2 (cuda:0): $(tail -n 2 "$dir/ogpu.err")"
+/usr/bin/python3 - "$dir/cpu.log" "$dir/ocpu.log" "$dir/ogpu.log" "$dir/ogpu.err" "$dir/plan.json" \
+    "$dir/alloc.log" <<'PY' || failed=$((failed + 1))
+import json, re, sys
+def losses(path):
+    ev = [json.loads(l) for l in open(path) if l.startswith("{")]
+    return [(e["step"], e["loss"], e["grad_norm"]) for e in ev if e["event"] == "step"]
+plain, c, g = losses(sys.argv[1]), losses(sys.argv[2]), losses(sys.argv[3])
+assert len(g) == 2 and c == plain, (plain, c)  # offload on the CPU: the plain run's bits
+for (s, lc, nc), (_, lg, ng) in zip(c, g):
+    assert abs(lc - lg) <= 1e-4 * max(1.0, abs(lc)), ("loss", s, lc, lg)
+    assert abs(nc - ng) <= 1e-3 * max(1.0, abs(nc)), ("grad norm", s, nc, ng)
+err = open(sys.argv[4]).read()
+total = int(re.search(r"device total +(\d+) bytes", err).group(1))
+host = int(re.search(r"host total +(\d+) bytes", err).group(1))
+assert total <= 600000 and host > 0, (total, host)
+process = json.load(open(sys.argv[5]))["device"]["process_bytes"]
+log = [l.split() for l in open(sys.argv[6])]
+i = [k for k, l in enumerate(log) if l[0] == "malloc" and int(l[1]) == total]
+assert len(i) == 1, ("the reservation's cudaMalloc", total, i)
+i = i[0]
+granule = 2 << 20
+held_before, held = int(log[i - 1][2]) if i else 0, int(log[i][2])
+assert held_before == process, ("held before the reservation", held_before, process)
+assert held == process + (total + granule - 1) // granule * granule, (held, process, total)
+after = [l for l in log[i + 1:] if l[0] == "malloc"]
+assert not after, ("device allocations after the reservation", after)
+pinned = [l for l in log if l[0] == "host" and int(l[1]) >= host]
+assert len(pinned) == 1, ("the page-locked host block", host, pinned)
+print("offload under a 600000-byte budget: plan %d bytes on cuda:0 (+%d host, page-locked), "
+      "losses %s as the CPU's; the process held %.2f MiB (warm-up) + the reservation, nothing "
+      "else" % (total, host, [l for _, l, _ in g], process / 1048576))
+PY
+
+# a budget no plan fits: refused before any step, the smallest budget named
+cuda train "$dir/spec.json" --out "$dir/tiny" --device cuda:0 --vram-budget 100000 \
+    > "$dir/tiny.log" 2> "$dir/tiny.err"
+rc=$?
+check '[ $rc -eq 1 ] && grep -q "training failed: no plan fits 0.1 MiB: the smallest needs" "$dir/tiny.err"' \
+      "a budget no plan fits: exit $rc, $(tail -n 1 "$dir/tiny.err")"
+check '! grep -q "\"event\":\"step\"" "$dir/tiny.log"' "a refused budget still ran a step"
 
 # the same for sampling (also the proof that it ran on the emulated device)
 EMU_FAULT_AT_LAUNCH=5 cuda sample "$ck" --n 2 --steps 3 --out "$dir/fault.png" --device cuda:0 \

@@ -3,7 +3,8 @@
  * CPU: every CUDA thread of a block is a coroutine, __syncthreads / __syncwarp / shuffles are
  * barriers between them, a block's threads run to each barrier in turn and blocks run one after
  * another. Device memory is host memory, with the device's size accounted (EMU_DEVICE_MB).
- * EMU_FAULT_AT_LAUNCH=N plants a sticky fault (an illegal address) at the Nth kernel launch.
+ * EMU_FAULT_AT_LAUNCH=N plants a sticky fault (an illegal address) at the Nth kernel launch;
+ * EMU_ALLOC_LOG=FILE logs every allocation and free with the device bytes held after it.
  * EMU_CC=75 (80, 90...) is the compute capability the device reports (default 90, sm_90).
  * A test tool, not a backend: it is slow, it proves nothing about the GPU's rounding or speed,
  * and it runs the kernels' logic - indexing, barriers, shuffles, the libraries' argument

@@ -532,6 +532,22 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
     return emu_err(d == 0 ? cudaSuccess : cudaErrorInvalidValue);
 }
 
+/* EMU_ALLOC_LOG=FILE: a line per allocation and free, "malloc|free|host|freehost BYTES USED"
+ * (USED: the device bytes held after it), so a test can see every byte a whole program
+ * (ddpmd train) held on the device and when (mem lock held) */
+static void alloc_log(const char *what, size_t bytes)
+{
+    static FILE *f;
+    static int tried;
+    if (!tried) {
+        tried = 1;
+        const char *path = getenv("EMU_ALLOC_LOG");
+        if (path && *path) f = fopen(path, "a");
+        if (f) setvbuf(f, NULL, _IOLBF, 0);
+    }
+    if (f) fprintf(f, "%s %zu %zu\n", what, bytes, g_used);
+}
+
 /* the device's memory (the driver's 2 MiB granularity) or pinned host memory */
 static cudaError_t emu_malloc(void **p, size_t bytes, int pinned)
 {
@@ -563,6 +579,7 @@ static cudaError_t emu_malloc(void **p, size_t bytes, int pinned)
         g_stats.mallocs++;
         g_stats.last_malloc = bytes;
     }
+    alloc_log(pinned ? "host" : "malloc", bytes);
     pthread_mutex_unlock(&g_mem_lock);
     *p = q;
     return cudaSuccess;
@@ -579,6 +596,7 @@ static cudaError_t emu_free(void *p, int pinned)
         return emu_err(cudaErrorInvalidValue);
     }
     g_used -= it->second.rounded;
+    alloc_log(pinned ? "freehost" : "free", it->second.bytes);
     g_allocs.erase(it);
     g_stats.frees++;
     cudaError_t e = g_sticky; /* the memory goes, the error stays */
