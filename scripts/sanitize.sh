@@ -28,11 +28,13 @@ rc=0
 # Left to the normal build (SANITIZE_EXCLUDE, a ctest -E regex, overrides the list):
 # test_gpu_step_emu: a whole training step in the instrumented SIMT emulator takes over 15
 # minutes (ctest's timeout); test_gpu_ops_emu runs every kernel under ASan instead.
-# cli_cuda_emu: training steps and sampling in the instrumented emulator, the same reason.
+# cli_cuda_emu: training steps and sampling in the instrumented emulator, the same reason;
+# test_gpu_rt_emu likewise (offload's executor path runs under ASan in test_offload, the
+# emulator's stream-order ranges in test_gpu_ops_emu's self-check).
 # test_seed64: 3 steps of the 23M-parameter seed model at 64x64 under each of four budgets
 # (minutes in the normal build, past ctest's 900 s under ASan); test_budget_matrix and
 # test_accum/test_recompute/test_offload run the same planner and executor paths on small models.
-exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|cli_cuda_emu|test_seed64)\$}
+exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|test_seed64)\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc
