@@ -198,7 +198,10 @@ cudaError_t cudaFreeHost(void *p);
  * reads of a D2H destination before the sync are not checked.
  * Host memory of async copies: cudaMemcpyAsync between the device and pageable host memory
  * is counted (ddpmd_emu_get_stats: a GPU stages it, so it does not overlap anything) and a
- * pageable download syncs its stream, as the runtime's does. */
+ * pageable download syncs its stream, as the runtime's does; one with page-locked memory is
+ * done late - when the stream's next operation runs or something synchronizes with it - so a
+ * host that reads a download's destination (or writes an upload's source) before the sync
+ * gets other bytes, as it may on a GPU. */
 /* the stream order check for [p, p+bytes) (bytes 0: the pointer only) used by stream s */
 cudaError_t emu_use(cudaStream_t s, const void *p, size_t bytes, int write, const char *what);
 struct emu_ptr_arg {

@@ -209,12 +209,23 @@ struct emu_alloc {
     int pinned;
     std::map<uintptr_t, emu_seg> segs;
 };
+/* an async copy between the device and page-locked host memory, not done yet */
+struct emu_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    uint64_t seq; /* the operation it is on its stream */
+};
 /* a stream: id, operations enqueued so far, and per other stream the sequence number this one
- * is known to be ordered after (cudaStreamWaitEvent) */
+ * is known to be ordered after (cudaStreamWaitEvent). Its copies with page-locked host memory
+ * are done late, as a GPU's DMA may be: when the next operation on the stream runs, or when
+ * the host or another stream synchronizes with it; a host that reads a download's destination,
+ * or writes an upload's source, before that sees the other bytes (a test's results change). */
 struct emu_stream {
     int id;
     uint64_t seq;
     std::vector<uint64_t> after;
+    std::vector<emu_copy> pending;
 };
 struct emu_event {
     int stream;
@@ -269,10 +280,23 @@ static cudaError_t emu_fault(cudaError_t e)
 static emu_stream *stream_of(cudaStream_t s)
 {
     if (g_streams.empty()) {
-        g_streams.push_back(new emu_stream{0, 0, {}});
+        g_streams.push_back(new emu_stream{0, 0, {}, {}});
         g_done.push_back(0);
     }
     return s ? (emu_stream *)s : g_streams[0];
+}
+
+/* st's late copies up to its operation upto done (mem lock held) */
+static void copies_done(emu_stream *st, uint64_t upto)
+{
+    size_t i = 0;
+    for (; i < st->pending.size() && st->pending[i].seq <= upto; i++)
+        memmove(st->pending[i].dst, st->pending[i].src, st->pending[i].bytes);
+    st->pending.erase(st->pending.begin(), st->pending.begin() + i);
+}
+static void all_copies_done(void)
+{
+    for (emu_stream *st : g_streams) copies_done(st, UINT64_MAX);
 }
 
 /* the allocation holding p (mem lock held), NULL if none */
@@ -399,6 +423,7 @@ static cudaError_t use_ex(cudaStream_t s, const void *p, size_t bytes, int write
     cudaError_t e = g_sticky;
     if (e == cudaSuccess) {
         emu_stream *st = stream_of(s);
+        copies_done(st, UINT64_MAX); /* the stream's earlier work is done before this runs */
         e = use_locked(st, p, bytes, write, what);
         if (e == cudaErrorIllegalAddress && fault) e = emu_fault(e);
         else if (e == cudaErrorIllegalAddress) e = emu_err(cudaErrorInvalidValue);
@@ -447,6 +472,7 @@ cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
     pthread_mutex_lock(&g_mem_lock);
     cudaError_t e = g_sticky;
     emu_stream *st = stream_of(s);
+    copies_done(st, UINT64_MAX);
     if (e == cudaSuccess && planted_fault()) e = emu_fault(cudaErrorIllegalAddress);
     for (int i = 0; i < n && e == cudaSuccess; i++) {
         if (!a[i].p) continue;
@@ -588,6 +614,7 @@ static cudaError_t emu_free(void *p, int pinned)
 {
     if (!p) return cudaSuccess;
     pthread_mutex_lock(&g_mem_lock);
+    all_copies_done();
     auto it = g_allocs.find((uintptr_t)p);
     if (it == g_allocs.end() || it->second.pinned != pinned) {
         pthread_mutex_unlock(&g_mem_lock);
@@ -642,14 +669,20 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     cudaError_t e;
     if (sd && (e = use_ex(s, src, bytes, 0, "cudaMemcpyAsync source", 0))) return e;
     if (dd && (e = use_ex(s, dst, bytes, 1, "cudaMemcpyAsync destination", 0))) return e;
-    memmove(dst, src, bytes);
+    pthread_mutex_lock(&g_mem_lock);
+    emu_alloc *h = sd != dd ? find_alloc(dd ? src : dst, NULL) : NULL;
+    const int pinned = h && h->pinned;
+    emu_stream *cs = stream_of(s);
+    if (pinned) /* done late (emu_stream) */
+        cs->pending.push_back(emu_copy{dst, src, bytes, cs->seq + 1});
+    else
+        memmove(dst, src, bytes);
+    pthread_mutex_unlock(&g_mem_lock);
     emu_enqueued(s);
     if (sd != dd) {
         /* the host side: page-locked, or pageable, which a GPU copies through a staging buffer:
          * not asynchronous, and a download returns only when it is done (its stream synced) */
         pthread_mutex_lock(&g_mem_lock);
-        emu_alloc *h = find_alloc(dd ? src : dst, NULL);
-        const int pinned = h && h->pinned;
         if (pinned) {
             g_stats.async_pinned++;
         } else {
@@ -702,7 +735,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
     EMU_STICKY();
     pthread_mutex_lock(&g_mem_lock);
     stream_of(NULL);
-    emu_stream *st = new emu_stream{(int)g_streams.size(), 0, {}};
+    emu_stream *st = new emu_stream{(int)g_streams.size(), 0, {}, {}};
     g_streams.push_back(st);
     g_done.push_back(0);
     pthread_mutex_unlock(&g_mem_lock);
@@ -720,6 +753,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     EMU_STICKY();
     pthread_mutex_lock(&g_mem_lock);
     emu_stream *st = stream_of(s);
+    copies_done(st, UINT64_MAX);
     g_done[st->id] = st->seq;
     pthread_mutex_unlock(&g_mem_lock);
     return cudaSuccess;
@@ -729,6 +763,7 @@ cudaError_t cudaDeviceSynchronize(void)
     EMU_STICKY();
     pthread_mutex_lock(&g_mem_lock);
     stream_of(NULL);
+    all_copies_done();
     for (size_t i = 0; i < g_streams.size(); i++) g_done[i] = g_streams[i]->seq;
     pthread_mutex_unlock(&g_mem_lock);
     return cudaSuccess;
@@ -759,6 +794,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
     if (e->stream < 0) return cudaSuccess; /* never recorded: nothing to wait for */
     pthread_mutex_lock(&g_mem_lock);
     emu_stream *st = stream_of(s);
+    copies_done(g_streams[e->stream], e->seq);
     if (st->after.size() <= (size_t)e->stream) st->after.resize(e->stream + 1, 0);
     if (st->after[e->stream] < e->seq) st->after[e->stream] = e->seq;
     pthread_mutex_unlock(&g_mem_lock);
@@ -769,6 +805,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     EMU_STICKY();
     if (!e) return emu_err(cudaErrorInvalidResourceHandle);
     pthread_mutex_lock(&g_mem_lock);
+    if (e->stream >= 0) copies_done(g_streams[e->stream], e->seq);
     if (e->stream >= 0 && g_done[e->stream] < e->seq) g_done[e->stream] = e->seq;
     pthread_mutex_unlock(&g_mem_lock);
     return cudaSuccess;
@@ -1954,6 +1991,25 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
         CU_TOUCHES(dev2 + 200, 100 * sizeof(float));
         CU_LAUNCH(emu_k_fill, 1, 32, 0, a)(dev2 + 200, (const float *)NULL, 100);
         SELF(cudaGetLastError() == cudaSuccess, "(a write after an event wait was refused)");
+        (void)cudaDeviceSynchronize();
+        /* a copy with page-locked memory is done late: the host sees a download after a sync,
+         * and an upload reads its source as late */
+        SELF(cudaMemsetAsync(dev2, 0, 64, a) == cudaSuccess && cudaStreamSynchronize(a) == 0,
+             "(memset)");
+        pin[0] = 7.0f;
+        SELF(cudaMemcpyAsync(pin, dev2, 4, cudaMemcpyDeviceToHost, b) == cudaSuccess &&
+                 pin[0] == 7.0f,
+             "a download into page-locked memory was done before any sync");
+        SELF(cudaStreamSynchronize(b) == cudaSuccess && pin[0] == 0.0f,
+             "a download into page-locked memory was not done by the stream's sync");
+        pin[1] = 3.0f;
+        SELF(cudaMemcpyAsync(dev2 + 8, pin + 1, 4, cudaMemcpyHostToDevice, b) == cudaSuccess,
+             "(upload)");
+        pin[1] = 5.0f; /* the misuse: the source changed before the sync */
+        SELF(cudaEventRecord(ev, b) == cudaSuccess && cudaEventSynchronize(ev) == cudaSuccess &&
+                 cudaMemcpyAsync(host, dev2 + 8, 4, cudaMemcpyDeviceToHost, a) == cudaSuccess &&
+                 host[0] == 5.0f,
+             "an upload from page-locked memory read its source at once (%g)", host[0]);
         (void)cudaDeviceSynchronize();
         /* page-locked and pageable host memory of async copies, counted */
         ddpmd_emu_get_stats(&st0, 1);
