@@ -6,9 +6,10 @@
  * what the emulator (tests/gpu/emu) sees of a training run: one device allocation, the plan's,
  * the libraries' workspace inside the plan's, no pageable memory in an asynchronous copy, and no
  * stream-order hazard between the copy and compute streams (a hazard fails the step).
- * Under the emulator the offloaded run is bit-identical to the plain one (both run the same
- * float operations in the same order); on a GPU, whose AdamW kernel may fuse multiply-adds, it
- * is within 1e-5. Without a device: "SKIPPED", exit 77.
+ * Under the emulator the offloaded run (f32, and bf16 with its 16-bit working copy) is
+ * bit-identical to the plain one (both run the same float operations in the same order); on a
+ * GPU, whose AdamW kernel may fuse multiply-adds, it is within 1e-5. Without a device:
+ * "SKIPPED", exit 77.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -53,7 +54,7 @@ static void config(struct unet_config *c)
 }
 
 static int job_plan(struct job *j, const struct unet_config *c, int batch, int micro,
-                    int offload)
+                    int offload, int precision)
 {
     memset(j, 0, sizeof *j);
     graph_init(&j->g);
@@ -63,11 +64,14 @@ static int job_plan(struct job *j, const struct unet_config *c, int batch, int m
     j->rest = batch % micro;
     struct plan_opts po = {0};
     po.strategy.offload = offload;
+    po.strategy.precision = precision;
     int loss;
     if (unet_build_training(&j->g, c, micro, &j->io, &j->target, &loss)) return -1;
+    if (precision && graph_set_precision(&j->g, precision)) return -5;
     if (plan_make(&j->p, &j->g, G, &po)) return -2;
     if (j->rest) {
         if (unet_build_training(&j->rg, c, j->rest, &j->rio, &j->rtarget, &loss)) return -3;
+        if (precision && graph_set_precision(&j->rg, precision)) return -6;
         if (plan_make_shared(&j->rp, &j->rg, G, &po, &j->p, &j->g)) return -4;
         plan_reserve_nested(&j->p, &j->rp);
     }
@@ -173,15 +177,15 @@ static size_t dev_free(void)
 
 /* `steps` steps of batch in micro-batches of micro, with or without offload: the final state
  * and loss; under the emulator what the run allocated and how it copied */
-static float *run(const char *name, int batch, int micro, int steps, int offload, size_t *n,
-                  float *loss)
+static float *run(const char *name, int batch, int micro, int steps, int offload,
+                  int precision, size_t *n, float *loss)
 {
     struct unet_config c;
     config(&c);
     struct job j;
     struct exec_opts eo = {.threads = 2};
     float *st = NULL;
-    int rc = job_plan(&j, &c, batch, micro, offload);
+    int rc = job_plan(&j, &c, batch, micro, offload, precision);
     CHECK(rc == 0, "%s: planning (%d)", name, rc);
     if (rc) goto done;
     struct ddpmd_emu_stats s0 = stats(1);
@@ -253,15 +257,16 @@ done:
 }
 
 /* offload against the plain run: bit for bit under the emulator, 1e-5 on a GPU */
-static void offload_equal(int batch, int micro, int steps)
+static void offload_equal(int batch, int micro, int steps, int precision)
 {
     char a[64], b[64];
-    snprintf(a, sizeof a, "plain b%d/%d", batch, micro);
-    snprintf(b, sizeof b, "offload b%d/%d", batch, micro);
+    const char *pn = precision == STRATEGY_PRECISION_BF16 ? " bf16" : "";
+    snprintf(a, sizeof a, "plain b%d/%d%s", batch, micro, pn);
+    snprintf(b, sizeof b, "offload b%d/%d%s", batch, micro, pn);
     size_t n1 = 0, n2 = 0;
     float l1 = 0, l2 = 0;
-    float *s1 = run(a, batch, micro, steps, 0, &n1, &l1);
-    float *s2 = run(b, batch, micro, steps, 1, &n2, &l2);
+    float *s1 = run(a, batch, micro, steps, 0, precision, &n1, &l1);
+    float *s2 = run(b, batch, micro, steps, 1, precision, &n2, &l2);
     if (s1 && s2 && n1 == n2) {
         size_t diff = 0;
         double worst = 0;
@@ -293,7 +298,7 @@ static void budget(void)
     struct unet_config c;
     config(&c);
     struct job j;
-    CHECK(job_plan(&j, &c, 2, 2, 0) == 0, "budget: planning");
+    CHECK(job_plan(&j, &c, 2, 2, 0, 0) == 0, "budget: planning");
     const size_t total = j.p.total_bytes, free0 = dev_free();
     struct exec_error err;
     struct exec_opts eo = {.threads = 1, .budget = total - 1, .init_error = &err};
@@ -365,10 +370,12 @@ int main(void)
     budget();
     /* one micro-batch; two steps: the second forward reads the weights the first's optimizer
      * sent back on the copy stream */
-    offload_equal(2, 2, 2);
+    offload_equal(2, 2, 2, 0);
     /* 2 + 1: the second micro-batch accumulates into what the first's copies still read; the
      * uneven one's executor copies into the host's block */
-    offload_equal(3, 2, 1);
+    offload_equal(3, 2, 1, 0);
+    /* bf16: the 16-bit working copy refreshed from the weights the copy stream sent back */
+    offload_equal(2, 2, 2, STRATEGY_PRECISION_BF16);
     CHECK(!G->device_poisoned(0), "the device is poisoned");
     if (h) dlclose(h);
     return tu_finish("test_gpu_rt");
