@@ -101,6 +101,10 @@ for cb in $configs; do
         # ddpmd's peak: the reservation as the device saw it (cudaMemGetInfo), else the plan
         peak=${used:-$plan}
         note="plan $(mib "$plan") MiB"
+        if [ "$p" != f32 ] && [ "$(val "$n" half_kernels)" = 0 ]; then
+            fp32_only=1
+            note="16-bit storage, fp32 kernels; $note"
+        fi
         [ -n "$used" ] && note="$note, cudaMemGetInfo $(mib "$used") MiB"
         [ -n "$proc" ] && note="$note, + process $(mib "$proc") MiB"
         echo "| $cname | $batch | ddpmd $p | $ips | $(mib "$peak") | $note |" >> "$table"
@@ -138,7 +142,7 @@ done
 {
     echo
     [ -s "$goals" ] && cat "$goals"
-    [ $fp32_only -eq 1 ] && echo "- ddpmd: fp32 only (16-bit did not run on $device: see the rows)"
+    [ $fp32_only -eq 1 ] && echo "- ddpmd: fp32 only (no 16-bit kernels ran on $device: see the rows)"
 } >> "$table"
 cat "$table"
 if [ -n "${OUT:-}" ]; then

@@ -169,6 +169,10 @@ int main(int argc, char **argv)
     printf("engine ddpmd\nspec %s\ndevice %s\nprecision %s\nbatch %d\nparams %zu\n", spec_path,
            device, prec, spec.batch, g.param_numel);
     if (have_mem) printf("device_name %s\n", m0.name);
+    /* which kernels took the 16-bit operands natively (0: fp32 kernels on converted scratch) */
+    const int hdt = precision == STRATEGY_PRECISION_BF16 ? BK_DTYPE_BF16 : BK_DTYPE_F16;
+    printf("half_kernels %u\n",
+           precision != STRATEGY_PRECISION_F32 && bk->half_kernels ? bk->half_kernels(hdt) : 0u);
     printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_mean %.3f\n", steps,
            warmup, 1e3 * med, 1e3 * dt[0], 1e3 * t_all / steps);
     printf("images_per_s %.3f\n", spec.batch * steps / t_all);
