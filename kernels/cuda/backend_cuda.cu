@@ -631,39 +631,37 @@ static int cu_pinned(const void *p)
     return a.type == cudaMemoryTypeHost;
 }
 
-static int cu_mem_download_async(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
+/* dst <- src (kind: a download or an upload, the host side host_alloc's) on the copy stream,
+ * after the compute work enqueued so far: it made a download's source, and may still read an
+ * upload's destination */
+static int cu_copy_async(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                         bk_ctx *ctx)
 {
     CU_ENTER(ctx);
     if (!bytes) return BK_OK;
-    if (!dst_host || !src) return BK_ERR_INVALID;
-    if (!cu_pinned(dst_host)) {
-        fprintf(stderr, "ddpmd cuda: an asynchronous download into pageable host memory (%p): "
-                        "host_alloc's memory only\n", dst_host);
+    if (!dst || !src) return BK_ERR_INVALID;
+    const void *host = kind == cudaMemcpyDeviceToHost ? dst : src;
+    if (!cu_pinned(host)) {
+        fprintf(stderr, "ddpmd cuda: an asynchronous %s pageable host memory (%p): host_alloc's "
+                        "memory only\n", kind == cudaMemcpyDeviceToHost ? "download into"
+                                                                          : "upload from", host);
         return BK_ERR_INVALID;
     }
     CU_CHECK(cudaEventRecord(ctx->computed, ctx->stream));
     CU_CHECK(cudaStreamWaitEvent(ctx->copy, ctx->computed, 0));
-    CU_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx->copy));
+    CU_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, ctx->copy));
     ctx->copies++;
     return BK_OK;
 }
 
+static int cu_mem_download_async(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
+{
+    return cu_copy_async(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx);
+}
+
 static int cu_mem_upload_async(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx)
 {
-    CU_ENTER(ctx);
-    if (!bytes) return BK_OK;
-    if (!dst || !src_host) return BK_ERR_INVALID;
-    if (!cu_pinned(src_host)) {
-        fprintf(stderr, "ddpmd cuda: an asynchronous upload from pageable host memory (%p): "
-                        "host_alloc's memory only\n", src_host);
-        return BK_ERR_INVALID;
-    }
-    /* the device bytes may still be read by the compute work enqueued so far */
-    CU_CHECK(cudaEventRecord(ctx->computed, ctx->stream));
-    CU_CHECK(cudaStreamWaitEvent(ctx->copy, ctx->computed, 0));
-    CU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, ctx->copy));
-    ctx->copies++;
-    return BK_OK;
+    return cu_copy_async(dst, src_host, bytes, cudaMemcpyHostToDevice, ctx);
 }
 
 static int cu_copy_fence(bk_ctx *ctx)

@@ -19,13 +19,8 @@
 
 #include "backend_load.h"
 #include "emu/emu_stats.h"
-#include "exec.h"
-#include "init.h"
-#include "philox.h"
-#include "plan.h"
-#include "test_util.h"
+#include "test_accum.h"
 #include "test_unet_util.h"
-#include "unet.h"
 
 #define GRANULE ((size_t)2 << 20) /* the emulator's (and the driver's) allocation granularity */
 
@@ -36,129 +31,10 @@ static const struct optim_config OC = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.99
                                        .eps = 1e-8f, .weight_decay = 0.01f, .clip = 1.0f,
                                        .ema_decay = 0.99f};
 
-/* a training job of `batch` samples in micro-batches of `micro` on G (the last, uneven one
- * through a shared plan nested in the first's reservation) */
-struct job {
-    int batch, micro, rest;
-    struct graph g, rg;
-    struct unet_io io, rio;
-    int target, rtarget;
-    struct plan p, rp;
-    struct exec *e, *re;
-};
-
 static void config(struct unet_config *c)
 {
     tu_small_unet(c, UNET_DDPM); /* convolutions (cuDNN), attention, linear layers (cuBLAS) */
     c->dropout = 0.1f;
-}
-
-static int job_plan(struct job *j, const struct unet_config *c, int batch, int micro,
-                    int offload, int precision)
-{
-    memset(j, 0, sizeof *j);
-    graph_init(&j->g);
-    graph_init(&j->rg);
-    j->batch = batch;
-    j->micro = micro;
-    j->rest = batch % micro;
-    struct plan_opts po = {0};
-    po.strategy.offload = offload;
-    po.strategy.precision = precision;
-    int loss;
-    if (unet_build_training(&j->g, c, micro, &j->io, &j->target, &loss)) return -1;
-    if (precision && graph_set_precision(&j->g, precision)) return -5;
-    if (plan_make(&j->p, &j->g, G, &po)) return -2;
-    if (j->rest) {
-        if (unet_build_training(&j->rg, c, j->rest, &j->rio, &j->rtarget, &loss)) return -3;
-        if (precision && graph_set_precision(&j->rg, precision)) return -6;
-        if (plan_make_shared(&j->rp, &j->rg, G, &po, &j->p, &j->g)) return -4;
-        plan_reserve_nested(&j->p, &j->rp);
-    }
-    return 0;
-}
-
-static int job_start(struct job *j, const struct exec_opts *eo)
-{
-    if (exec_init(&j->e, &j->g, &j->p, G, eo)) return -1;
-    if (j->rest && exec_init_nested(&j->re, &j->rg, &j->rp, j->e, eo)) return -2;
-    size_t maxn = 0;
-    for (int i = 0; i < j->g.n_tensors; i++)
-        if (j->g.tensors[i]->numel > maxn) maxn = j->g.tensors[i]->numel;
-    float *h = malloc(maxn * sizeof *h);
-    for (int i = 0; i < j->g.n_tensors; i++) {
-        const struct tensor *t = j->g.tensors[i];
-        if (t->kind != TENSOR_PARAM) continue;
-        init_param(t, 42, h);
-        if (t->init == INIT_ONES || t->init == INIT_ZEROS)
-            for (size_t k = 0; k < t->numel; k++)
-                h[k] += 0.1f * (philox_uniform_at(7, 1, (uint64_t)i, 0, 0, (uint32_t)k) - 0.5f);
-        exec_upload(j->e, i, h);
-    }
-    free(h);
-    return exec_reset_state(j->e);
-}
-
-static void job_free(struct job *j)
-{
-    exec_free(j->re);
-    exec_free(j->e);
-    plan_free(&j->rp);
-    plan_free(&j->p);
-    graph_free(&j->rg);
-    graph_free(&j->g);
-}
-
-/* one effective batch of step s through the micro-batches, as server/train.c runs it */
-static int job_step(struct job *j, int s, float *loss)
-{
-    size_t per = j->g.tensors[j->io.x]->numel / (size_t)j->micro;
-    float *x = malloc((size_t)j->micro * per * sizeof *x);
-    float *y = malloc((size_t)j->micro * per * sizeof *y), t[64];
-    double sum = 0;
-    int rc = 0;
-    for (int i0 = 0; i0 < j->batch && !rc; i0 += j->micro) {
-        int n = j->batch - i0 < j->micro ? j->batch - i0 : j->micro, last = n != j->micro;
-        struct exec *e = last ? j->re : j->e;
-        const struct unet_io *io = last ? &j->rio : &j->io;
-        for (int i = 0; i < n; i++) {
-            for (size_t k = 0; k < per; k++) {
-                x[i * per + k] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s,
-                                               (uint32_t)(i0 + i), 0, (uint32_t)k);
-                y[i * per + k] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s,
-                                               (uint32_t)(i0 + i), 1, (uint32_t)k);
-            }
-            t[i] = (float)((s * 131 + (i0 + i) * 377) % 1000);
-        }
-        float l = 0, w = (float)n / (float)j->batch;
-        rc = exec_upload(e, io->x, x) || exec_upload(e, io->t, t) ||
-             exec_upload(e, last ? j->rtarget : j->target, y) ||
-             exec_forward_backward(e, i0 == 0, w, 11, (uint64_t)s, i0, &l);
-        if (rc) fprintf(stderr, "step %d, samples from %d: %s\n", s, i0, exec_last_error(e)->msg);
-        sum += (double)w * l;
-    }
-    *loss = (float)sum;
-    free(x);
-    free(y);
-    return rc;
-}
-
-/* every part of every parameter (weights, EMA, m, v, gradient), concatenated */
-static float *job_state(struct job *j, size_t *n)
-{
-    float *out = malloc(5 * j->g.param_numel * sizeof *out), *o = out;
-    for (int part = 0; part < 5; part++)
-        for (int i = 0; i < j->g.n_tensors; i++) {
-            const struct tensor *t = j->g.tensors[i];
-            if (t->kind != TENSOR_PARAM) continue;
-            if (part < 4)
-                exec_download_part(j->e, (enum exec_part)part, i, o);
-            else
-                exec_download(j->e, t->grad, o);
-            o += t->numel;
-        }
-    *n = (size_t)(o - out);
-    return out;
 }
 
 static struct ddpmd_emu_stats stats(int reset)
@@ -182,15 +58,17 @@ static float *run(const char *name, int batch, int micro, int steps, int offload
 {
     struct unet_config c;
     config(&c);
-    struct job j;
-    struct exec_opts eo = {.threads = 2};
+    struct accum j;
+    struct plan_opts po = {0};
+    po.strategy.offload = offload;
+    po.strategy.precision = precision;
     float *st = NULL;
-    int rc = job_plan(&j, &c, batch, micro, offload, precision);
-    CHECK(rc == 0, "%s: planning (%d)", name, rc);
+    int rc = accum_plan(&j, G, &c, batch, micro, &po);
+    CHECK(rc == 0, "%s: planning", name);
     if (rc) goto done;
     struct ddpmd_emu_stats s0 = stats(1);
-    rc = job_start(&j, &eo);
-    CHECK(rc == 0, "%s: exec_init (%d): %s", name, rc, j.e ? exec_last_error(j.e)->msg : "");
+    rc = accum_start(&j, G, NULL);
+    CHECK(rc == 0, "%s: exec_init: %s", name, j.e ? exec_last_error(j.e)->msg : "");
     if (rc) goto done;
     /* the executor's one allocation is the plan, and it holds nothing else on the device */
     struct ddpmd_emu_stats s1 = stats(0);
@@ -200,12 +78,13 @@ static float *run(const char *name, int batch, int micro, int steps, int offload
     long pinned_fb = 0, pageable_fb = 0, pageable_opt = 0;
     for (int s = 0; s < steps && !rc; s++) {
         struct ddpmd_emu_stats a = stats(0);
-        rc = job_step(&j, s, loss);
+        rc = accum_step(&j, loss);
         struct ddpmd_emu_stats b = stats(0);
         pinned_fb += b.async_pinned - a.async_pinned;
         pageable_fb += b.async_pageable - a.async_pageable;
         if (!rc) rc = exec_optimizer_step(j.e, &OC, s + 1, OC.lr, NULL);
-        CHECK(rc == 0, "%s step %d: %s", name, s, exec_last_error(j.e)->msg);
+        CHECK(rc == 0, "%s step %d: %s%s", name, s, exec_last_error(j.e)->msg,
+              j.re ? exec_last_error(j.re)->msg : "");
         pageable_opt += stats(0).async_pageable - b.async_pageable;
     }
     struct ddpmd_emu_stats s2 = stats(0);
@@ -250,9 +129,9 @@ static float *run(const char *name, int batch, int micro, int steps, int offload
                j.p.total_bytes, j.p.host_bytes, want >> 20, pinned_fb, (size_t)(ws.ws_lo - lo),
                (size_t)(ws.ws_hi - lo), (size_t)(hi - lo));
     }
-    st = job_state(&j, n);
+    st = accum_state(&j, n);
 done:
-    job_free(&j);
+    accum_free(&j);
     return st;
 }
 
@@ -297,8 +176,8 @@ static void budget(void)
 {
     struct unet_config c;
     config(&c);
-    struct job j;
-    CHECK(job_plan(&j, &c, 2, 2, 0, 0) == 0, "budget: planning");
+    struct accum j;
+    CHECK(accum_plan(&j, G, &c, 2, 2, NULL) == 0, "budget: planning");
     const size_t total = j.p.total_bytes, free0 = dev_free();
     struct exec_error err;
     struct exec_opts eo = {.threads = 1, .budget = total - 1, .init_error = &err};
@@ -315,7 +194,7 @@ static void budget(void)
           j.e ? exec_device_high_water(j.e) : 0, total);
     printf("budget: %zu bytes refused at %zu, reserved at %zu (high-water %zu)\n", total,
            total - 1, total, j.e ? exec_device_high_water(j.e) : 0);
-    job_free(&j);
+    accum_free(&j);
 
     bk_ctx *ctx = NULL;
     void *a = NULL, *b = NULL;

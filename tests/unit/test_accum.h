@@ -71,10 +71,11 @@ static inline void accum_weights(struct exec *e, const struct graph *g)
 }
 
 /* Builds and plans the model at micro (and at the rest when micro does not divide batch, nested
- * in the first's reservation), allocates, loads the weights. po: the strategy's plan options,
- * eo the executor's (each may be NULL: plain, 2 threads). 0 on success. */
-static inline int accum_init(struct accum *a, const struct unet_config *c, int batch, int micro,
-                             const struct plan_opts *po, const struct exec_opts *eo_in)
+ * in the first's reservation) for bk, in po's precision. po: the strategy's plan options (NULL:
+ * plain). 0 on success. */
+static inline int accum_plan(struct accum *a, const struct backend *bk,
+                             const struct unet_config *c, int batch, int micro,
+                             const struct plan_opts *po)
 {
     memset(a, 0, sizeof *a);
     graph_init(&a->g);
@@ -82,20 +83,39 @@ static inline int accum_init(struct accum *a, const struct unet_config *c, int b
     a->batch = batch;
     a->micro = micro;
     a->rest = batch % micro;
+    const int prec = po ? po->strategy.precision : 0;
     int loss;
     if (unet_build_training(&a->g, c, micro, &a->io, &a->target, &loss)) return -1;
-    if (plan_make(&a->p, &a->g, backend_cpu(), po)) return -1;
+    if (prec && graph_set_precision(&a->g, prec)) return -1;
+    if (plan_make(&a->p, &a->g, bk, po)) return -1;
     if (a->rest) {
         if (unet_build_training(&a->rg, c, a->rest, &a->rio, &a->rtarget, &loss)) return -1;
-        if (plan_make_shared(&a->rp, &a->rg, backend_cpu(), po, &a->p, &a->g)) return -1;
+        if (prec && graph_set_precision(&a->rg, prec)) return -1;
+        if (plan_make_shared(&a->rp, &a->rg, bk, po, &a->p, &a->g)) return -1;
         plan_reserve_nested(&a->p, &a->rp);
     }
+    return 0;
+}
+
+/* a's executors on bk (after accum_plan), the weights loaded. eo: the executor's options (NULL:
+ * 2 threads). 0 on success. */
+static inline int accum_start(struct accum *a, const struct backend *bk,
+                              const struct exec_opts *eo_in)
+{
     struct exec_opts eo = {.threads = 2};
     if (eo_in) eo = *eo_in;
-    if (exec_init(&a->e, &a->g, &a->p, backend_cpu(), &eo)) return -1;
+    if (exec_init(&a->e, &a->g, &a->p, bk, &eo)) return -1;
     if (a->rest && exec_init_nested(&a->re, &a->rg, &a->rp, a->e, &eo)) return -1;
     accum_weights(a->e, &a->g);
     return 0;
+}
+
+/* accum_plan and accum_start on the CPU backend */
+static inline int accum_init(struct accum *a, const struct unet_config *c, int batch, int micro,
+                             const struct plan_opts *po, const struct exec_opts *eo)
+{
+    if (accum_plan(a, backend_cpu(), c, batch, micro, po)) return -1;
+    return accum_start(a, backend_cpu(), eo);
 }
 
 static inline void accum_free(struct accum *a)
@@ -106,6 +126,24 @@ static inline void accum_free(struct accum *a)
     plan_free(&a->p);
     graph_free(&a->rg);
     graph_free(&a->g);
+}
+
+/* every part of every parameter of a, concatenated (weights, EMA, m, v, gradient), *n floats */
+static inline float *accum_state(struct accum *a, size_t *n)
+{
+    float *out = malloc(5 * a->g.param_numel * sizeof *out), *o = out;
+    for (int part = 0; part < 5; part++)
+        for (int i = 0; i < a->g.n_tensors; i++) {
+            const struct tensor *t = a->g.tensors[i];
+            if (t->kind != TENSOR_PARAM) continue;
+            if (part < 4)
+                exec_download_part(a->e, (enum exec_part)part, i, o);
+            else
+                exec_download(a->e, t->grad, o);
+            o += t->numel;
+        }
+    *n = (size_t)(o - out);
+    return out;
 }
 
 /* sample i of the effective batch: its input, target and timestep, drawn by i */

@@ -20,25 +20,6 @@ static int counting_alloc(void **out, size_t bytes, bk_ctx *ctx)
 static struct optim_config oc = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                  .weight_decay = 0.01f, .clip = 1.0f, .ema_decay = 0.9f};
 
-/* every part of every parameter of a, concatenated (weights, EMA, m, v, gradient) */
-static unsigned char *state(struct accum *a, size_t *n)
-{
-    size_t per = a->g.param_numel * sizeof(float);
-    unsigned char *out = malloc(5 * per), *o = out;
-    for (int part = 0; part < 5; part++)
-        for (int i = 0; i < a->g.n_tensors; i++) {
-            const struct tensor *t = a->g.tensors[i];
-            if (t->kind != TENSOR_PARAM) continue;
-            if (part < 4)
-                exec_download_part(a->e, (enum exec_part)part, i, (float *)o);
-            else
-                exec_download(a->e, t->grad, (float *)o);
-            o += t->numel * sizeof(float);
-        }
-    *n = (size_t)(o - out);
-    return out;
-}
-
 /* the model's output on a fixed input through a nested EMA plan of a (synced first) */
 static float *nested_out(struct accum *a, const struct unet_config *c, size_t *n)
 {
@@ -90,14 +71,14 @@ static void equivalence(enum unet_preset preset, int batch)
               "%s: optimizer step %d: %s", name, s, exec_last_error(a.e)->msg);
     }
     size_t nr, na;
-    unsigned char *sr = state(&ref, &nr), *sa = state(&a, &na);
+    float *sr = accum_state(&ref, &nr), *sa = accum_state(&a, &na);
     size_t diff = 0;
-    for (size_t k = 0; k + 4 <= nr && k + 4 <= na; k += 4) diff += memcmp(sr + k, sa + k, 4) != 0;
+    for (size_t k = 0; k < nr && k < na; k++) diff += memcmp(&sr[k], &sa[k], 4) != 0;
     const size_t P = ref.p.params_bytes;
     printf("%s batch %d offload: device %zu bytes (plain %zu, offloaded %zu), host %zu; %zu of "
            "%zu state floats differ, loss %.9g vs %.9g\n",
            name, batch, a.p.total_bytes, ref.p.total_bytes, ref.p.adam_bytes + ref.p.ema_bytes,
-           a.p.host_bytes, diff, nr / 4, la, lr);
+           a.p.host_bytes, diff, nr, la, lr);
     CHECK(na == nr && diff == 0, "%s offload: %zu state floats differ", name, diff);
     CHECK(memcmp(&la, &lr, sizeof la) == 0, "%s offload: loss %.9g vs %.9g", name, la, lr);
     CHECK(a.p.total_bytes + ref.p.adam_bytes + ref.p.ema_bytes == ref.p.total_bytes &&
