@@ -270,9 +270,11 @@ struct backend {
     /* nonzero once a sticky error (illegal address, launch failure) poisoned the process's
      * context on `device`: every later call there fails; only a new process recovers */
     int (*device_poisoned)(int device);
-    /* gives libraries that keep a workspace per handle (cuBLAS) the plan's workspace (ws_off,
-     * ws_bytes), shared with the kernels that take `ws` (same stream, never at once). Without
-     * this call they run with no workspace at all, never with one of their own. */
+    /* gives libraries that keep a workspace per handle (cuBLAS), and kernels without a `ws`
+     * argument that need scratch (the CPU's bf16 linears: linear_ws_bytes), the plan's workspace
+     * (ws_off, ws_bytes), shared with the kernels that take `ws` (same stream, never at once).
+     * Without this call they run with no workspace at all, never with one of their own (a kernel
+     * that cannot: BK_ERR_INVALID). */
     int (*ctx_set_workspace)(bk_ctx *ctx, void *ws, size_t bytes);
     /* parity mode, process-wide, default on: fp32 arithmetic only (no TF32, no Winograd or FFT
      * convolutions), deterministic algorithms. Set before planning: workspace sizes depend on it. */
@@ -325,6 +327,9 @@ struct backend {
      * on converted scratch, so a plan is correct whatever this says. Plan with the same answer
      * as you run with: workspace sizes depend on it. */
     unsigned (*half_kernels)(int dtype);
+    /* optional (NULL: none): the workspace bytes linear_fwd and linear_bwd of this shape and
+     * dtype take from the context's workspace (ctx_set_workspace), where a library needs one */
+    size_t (*linear_ws_bytes)(int m, int k, int n, int dtype);
 
     /* ---- offload's host memory and copy stream (optional: NULL where a backend has none, e.g.
      * the CPU's: the executor then takes malloc'd memory and the synchronous mem_download /

@@ -41,6 +41,7 @@ void cpu_ctx_free(bk_ctx *ctx)
 {
     if (!ctx) return;
     cpu_conv_cache_free(ctx);
+    cpu_mm_cache_free(ctx);
     free(ctx->blocks);
     free(ctx);
 }
@@ -49,6 +50,14 @@ int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes)
 {
     if (!ctx) return BK_ERR_INVALID;
     ctx->budget = bytes;
+    return BK_OK;
+}
+
+int cpu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes)
+{
+    if (!ctx || (bytes && !ws)) return BK_ERR_INVALID;
+    ctx->ws = ws;
+    ctx->ws_bytes = bytes;
     return BK_OK;
 }
 
@@ -193,6 +202,9 @@ static const struct backend cpu_backend = {
     .ctx_set_budget = cpu_ctx_set_budget,
     .mem_high_water = cpu_mem_high_water,
     .convert = cpu_convert,
+    .ctx_set_workspace = cpu_ctx_set_workspace,
+    .half_kernels = cpu_half_kernels,
+    .linear_ws_bytes = cpu_linear_ws_bytes,
 };
 
 const struct backend *backend_cpu(void) { return &cpu_backend; }

@@ -5,6 +5,9 @@
  * reordered back and added. An accumulating data gradient (dx +=) goes through the workspace
  * and a summing reorder. Primitives are created once per shape, on first use, and cached in the
  * job's context; their scratchpad is part of `ws` too, so a step allocates no tensor memory.
+ * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation; the bias, dw and db fp32; dx is
+ * computed in fp32 into the workspace and rounded once into bf16 (added first when accum).
+ * f16 has no CPU kernels (cpu_half_kernels): BK_ERR_INVALID.
  *
  * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
  * fixed when the primitive was created, which is the job's (ctx->threads), capped at the
@@ -12,36 +15,18 @@
  */
 #include <limits.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <oneapi/dnnl/dnnl.h>
+#include "onednn.h"
 
-#include "cpu.h"
-
-/* ---- the process's oneDNN CPU engine ---- */
-
-static dnnl_engine_t g_engine;
-static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
-
-static void engine_init(void)
-{
-    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) g_engine = NULL;
-}
-
-static dnnl_engine_t conv_engine(void)
-{
-    pthread_once(&g_engine_once, engine_init);
-    return g_engine;
-}
 
 static int conv_check(const struct bk_conv2d *s)
 {
     if (!s || s->n < 1 || s->ci < 1 || s->h < 1 || s->w < 1 || s->co < 1) return BK_ERR_INVALID;
     if (s->pad_t < 0 || s->pad_l < 0 || s->pad_b < 0 || s->pad_r < 0) return BK_ERR_INVALID;
-    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID;
+    if (s->dtype != BK_DTYPE_F32 && s->dtype != BK_DTYPE_BF16) return BK_ERR_INVALID;
     struct bk_conv2d t = *s;
     if (bk_conv2d_init(&t) != BK_OK || t.ho != s->ho || t.wo != s->wo) return BK_ERR_INVALID;
     if ((long long)s->n * s->ci * s->h * s->w > INT_MAX ||
@@ -64,35 +49,43 @@ static void conv_pds_free(struct conv_pds *p)
     memset(p, 0, sizeof *p);
 }
 
+/* oneDNN's type of the typed operands */
+static dnnl_data_type_t conv_dt(const struct bk_conv2d *s)
+{
+    return s->dtype == BK_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
+}
+
 static int conv_pds_make(struct conv_pds *p, const struct bk_conv2d *s, int bias)
 {
     memset(p, 0, sizeof *p);
-    dnnl_engine_t eng = conv_engine();
+    dnnl_engine_t eng = onednn_engine();
     if (!eng) return BK_ERR_DEVICE;
     dnnl_dims_t xd = {s->n, s->ci, s->h, s->w}, yd = {s->n, s->co, s->ho, s->wo};
     dnnl_dims_t wd = {s->co, s->ci, s->kh, s->kw}, bd = {s->co};
     dnnl_dims_t st = {s->stride, s->stride}, pl = {s->pad_t, s->pad_l}, pr = {s->pad_b, s->pad_r};
-    dnnl_memory_desc_t x, y, w, b;
+    dnnl_memory_desc_t x, y, w, b, dx, dw;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_convolution_desc_t fd, dd, wdd;
     int rc = BK_ERR_INVALID;
-    if (dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_nhwc) ||
-        dnnl_memory_desc_init_by_tag(&y, 4, yd, dnnl_f32, dnnl_nhwc) ||
-        dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
+    const dnnl_data_type_t t = conv_dt(s);
+    /* dx and dw are computed in fp32 whatever the type (dx is rounded after, dw accumulates) */
+    if (dnnl_memory_desc_init_by_tag(&x, 4, xd, t, dnnl_nhwc) ||
+        dnnl_memory_desc_init_by_tag(&y, 4, yd, t, dnnl_nhwc) ||
+        dnnl_memory_desc_init_by_tag(&w, 4, wd, t, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x) ||
+        dnnl_memory_desc_init_by_tag(&dx, 4, xd, dnnl_f32, dnnl_nhwc) ||
+        dnnl_memory_desc_init_by_tag(&dw, 4, wd, dnnl_f32, dnnl_format_tag_any))
         return BK_ERR_INVALID;
-    if (dnnl_primitive_attr_create(&attr) ||
-        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
-        goto out;
+    if (onednn_make_attr(&attr, 0)) goto out;
     if (dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &x,
                                            &w, bias ? &b : NULL, &y, st, pl, pr) ||
         dnnl_primitive_desc_create(&p->fwd, &fd, attr, eng, NULL))
         goto out;
-    if (dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &x, &w, &y, st, pl,
+    if (dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &dx, &w, &y, st, pl,
                                                  pr) ||
         dnnl_primitive_desc_create(&p->bwd_d, &dd, attr, eng, p->fwd))
         goto out;
-    if (dnnl_convolution_backward_weights_desc_init(&wdd, dnnl_convolution_direct, &x, &w,
+    if (dnnl_convolution_backward_weights_desc_init(&wdd, dnnl_convolution_direct, &x, &dw,
                                                     bias ? &b : NULL, &y, st, pl, pr) ||
         dnnl_primitive_desc_create(&p->bwd_w, &wdd, attr, eng, p->fwd))
         goto out;
@@ -103,19 +96,11 @@ out:
     return rc;
 }
 
-static size_t md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
-{
-    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
-    return md ? dnnl_memory_desc_get_size(md) : 0;
-}
-
-#define ALIGN64(b) (((b) + 63) & ~(size_t)63)
-
-/* the weights as the engine keeps them, OIHW */
-static int oihw_md(dnnl_memory_desc_t *md, const struct bk_conv2d *s)
+/* the weights as the engine keeps them, OIHW, of type t (the working copy's, or fp32 for dw) */
+static int oihw_md(dnnl_memory_desc_t *md, const struct bk_conv2d *s, dnnl_data_type_t t)
 {
     dnnl_dims_t d = {s->co, s->ci, s->kh, s->kw};
-    return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, dnnl_oihw) == dnnl_success ? 0 : -1;
+    return dnnl_memory_desc_init_by_tag(md, 4, d, t, dnnl_oihw) == dnnl_success ? 0 : -1;
 }
 
 /* a reorder from -> to (adding into `to` when accum), its scratchpad user-provided: *scratch
@@ -123,46 +108,46 @@ static int oihw_md(dnnl_memory_desc_t *md, const struct bk_conv2d *s)
 static int make_reorder(dnnl_primitive_t *out, const dnnl_memory_desc_t *from,
                         const dnnl_memory_desc_t *to, int accum, size_t *scratch)
 {
-    dnnl_engine_t eng = conv_engine();
+    dnnl_engine_t eng = onednn_engine();
     dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     int rc = -1;
-    if (!eng || dnnl_primitive_attr_create(&attr) ||
-        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
+    if (!eng || onednn_make_attr(&attr, accum) ||
+        dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, attr))
         goto out;
-    if (accum) {
-        if (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
-            dnnl_primitive_attr_set_post_ops(attr, po))
-            goto out;
-    }
-    if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, attr)) goto out;
-    *scratch = md_bytes(pd, dnnl_query_scratchpad_md);
-    rc = out ? (dnnl_primitive_create(out, pd) == dnnl_success ? 0 : -1) : 0;
+    *scratch = onednn_md_bytes(pd, dnnl_query_scratchpad_md);
+    rc = out ? onednn_make_prim(out, pd) : 0;
 out:
     if (pd) dnnl_primitive_desc_destroy(pd);
-    if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
     return rc;
 }
 
-/* the four reorders of a shape: weights into the forward's and the backward-data's layouts, the
- * weight gradient back (adding), an x-shaped NHWC tensor into another (adding). With out NULL
- * only their scratchpad sizes are measured. */
-static int conv_reorders(dnnl_primitive_t out[4], size_t scratch[4], const struct conv_pds *p,
-                         const struct bk_conv2d *s)
+enum { R_WF, R_WD, R_DW_ACC, R_DX_ACC, R_DX, R_COUNT };
+
+/* the reorders of a shape: weights into the forward's and the backward-data's layouts, the
+ * weight gradient back (adding), the fp32 data gradient into dx adding (and, for a 16-bit
+ * type, not adding: rounding only). With out NULL only their scratchpad sizes are measured;
+ * an unused one (R_DX for fp32) measures 0. */
+static int conv_reorders(dnnl_primitive_t out[R_COUNT], size_t scratch[R_COUNT],
+                         const struct conv_pds *p, const struct bk_conv2d *s)
 {
     const dnnl_memory_desc_t *xn = dnnl_primitive_desc_query_md(p->fwd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *dxn =
+        dnnl_primitive_desc_query_md(p->bwd_d, dnnl_query_diff_src_md, 0);
     const dnnl_memory_desc_t *wf = dnnl_primitive_desc_query_md(p->fwd, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p->bwd_d, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *dwb =
         dnnl_primitive_desc_query_md(p->bwd_w, dnnl_query_diff_weights_md, 0);
-    dnnl_memory_desc_t uw;
-    if (oihw_md(&uw, s)) return -1;
-    return make_reorder(out ? &out[0] : NULL, &uw, wf, 0, &scratch[0]) ||
-           make_reorder(out ? &out[1] : NULL, &uw, wd, 0, &scratch[1]) ||
-           make_reorder(out ? &out[2] : NULL, dwb, &uw, 1, &scratch[2]) ||
-           make_reorder(out ? &out[3] : NULL, xn, xn, 1, &scratch[3]);
+    dnnl_memory_desc_t uw, udw;
+    if (oihw_md(&uw, s, conv_dt(s)) || oihw_md(&udw, s, dnnl_f32)) return -1;
+    scratch[R_DX] = 0;
+    return make_reorder(out ? &out[R_WF] : NULL, &uw, wf, 0, &scratch[R_WF]) ||
+           make_reorder(out ? &out[R_WD] : NULL, &uw, wd, 0, &scratch[R_WD]) ||
+           make_reorder(out ? &out[R_DW_ACC] : NULL, dwb, &udw, 1, &scratch[R_DW_ACC]) ||
+           make_reorder(out ? &out[R_DX_ACC] : NULL, dxn, xn, 1, &scratch[R_DX_ACC]) ||
+           (s->dtype != BK_DTYPE_F32 &&
+            make_reorder(out ? &out[R_DX] : NULL, dxn, xn, 0, &scratch[R_DX]));
 }
 
 /* the workspace of each kernel: blocked weights (and dx when accumulating), then the scratchpad
@@ -176,28 +161,20 @@ static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
 /* r: the scratchpad sizes of the shape's reorders (conv_reorders) */
 static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s,
-                           const size_t r[4])
+                           const size_t r[R_COUNT])
 {
-    l->x = ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float));
-    l->w_fwd = ALIGN64(md_bytes(p->fwd, dnnl_query_weights_md));
-    l->w_bwd_d = ALIGN64(md_bytes(p->bwd_d, dnnl_query_weights_md));
-    l->dw = ALIGN64(md_bytes(p->bwd_w, dnnl_query_diff_weights_md));
-    l->db = ALIGN64((size_t)s->co * sizeof(float));
-    l->scr_fwd = ALIGN64(max2(md_bytes(p->fwd, dnnl_query_scratchpad_md), r[0]));
-    l->scr_bwd_d = ALIGN64(max2(md_bytes(p->bwd_d, dnnl_query_scratchpad_md), max2(r[1], r[3])));
-    l->scr_bwd_w = ALIGN64(max2(md_bytes(p->bwd_w, dnnl_query_scratchpad_md), r[2]));
+    l->x = ONEDNN_ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float));
+    l->w_fwd = ONEDNN_ALIGN64(onednn_md_bytes(p->fwd, dnnl_query_weights_md));
+    l->w_bwd_d = ONEDNN_ALIGN64(onednn_md_bytes(p->bwd_d, dnnl_query_weights_md));
+    l->dw = ONEDNN_ALIGN64(onednn_md_bytes(p->bwd_w, dnnl_query_diff_weights_md));
+    l->db = ONEDNN_ALIGN64((size_t)s->co * sizeof(float));
+    l->scr_fwd = ONEDNN_ALIGN64(max2(onednn_md_bytes(p->fwd, dnnl_query_scratchpad_md), r[R_WF]));
+    l->scr_bwd_d = ONEDNN_ALIGN64(max2(onednn_md_bytes(p->bwd_d, dnnl_query_scratchpad_md),
+                                max2(r[R_WD], max2(r[R_DX_ACC], r[R_DX]))));
+    l->scr_bwd_w = ONEDNN_ALIGN64(max2(onednn_md_bytes(p->bwd_w, dnnl_query_scratchpad_md), r[R_DW_ACC]));
     l->fwd = l->w_fwd + l->scr_fwd;
     l->bwd_d = l->x + l->w_bwd_d + l->scr_bwd_d;
     l->bwd_w = l->dw + l->db + l->scr_bwd_w;
-}
-
-/* a scratchpad memory of `bytes` (at least 1) */
-static int make_scratch_mem(dnnl_memory_t *m, size_t bytes)
-{
-    dnnl_dims_t d = {(dnnl_dim_t)(bytes ? bytes : 1)};
-    dnnl_memory_desc_t md;
-    if (dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_x)) return -1;
-    return dnnl_memory_create(m, &md, conv_engine(), DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
 }
 
 /* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
@@ -211,7 +188,7 @@ size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
     for (int bias = 0; bias < 2; bias++) {
         struct conv_pds p;
         if (conv_pds_make(&p, s, bias) != BK_OK) continue;
-        size_t r[4];
+        size_t r[R_COUNT];
         if (!conv_reorders(NULL, r, &p, s)) {
             struct conv_ws l;
             conv_ws_layout(&l, &p, s, r);
@@ -233,11 +210,9 @@ struct conv_entry {
     struct conv_ws l;
     size_t planned; /* cpu_conv2d_ws_bytes: what the caller's ws holds */
     dnnl_primitive_t fwd, bwd_d, bwd_w;
-    /* reorders: the weights into the forward's / backward-data's layout, the weight gradient
-     * back (adding), and an x-shaped NHWC tensor added into another (dx +=) */
-    dnnl_primitive_t w_fwd, w_bwd_d, dw_out_acc, x_acc;
+    dnnl_primitive_t ro[R_COUNT]; /* conv_reorders' */
     dnnl_memory_t m[M_COUNT];
-    dnnl_memory_t uw; /* OIHW weights / weight gradient */
+    dnnl_memory_t uw, udw; /* OIHW weights (s.dtype), OIHW weight gradient (fp32) */
 };
 
 struct cpu_conv_cache {
@@ -248,13 +223,15 @@ struct cpu_conv_cache {
 
 static void entry_free(struct conv_entry *e)
 {
-    dnnl_primitive_t *prims[] = {&e->fwd,   &e->bwd_d,   &e->bwd_w,      &e->w_fwd,
-                                 &e->w_bwd_d, &e->dw_out_acc, &e->x_acc};
-    for (size_t i = 0; i < sizeof prims / sizeof prims[0]; i++)
-        if (*prims[i]) dnnl_primitive_destroy(*prims[i]);
+    dnnl_primitive_t prims[3] = {e->fwd, e->bwd_d, e->bwd_w};
+    for (int i = 0; i < 3; i++)
+        if (prims[i]) dnnl_primitive_destroy(prims[i]);
+    for (int i = 0; i < R_COUNT; i++)
+        if (e->ro[i]) dnnl_primitive_destroy(e->ro[i]);
     for (int i = 0; i < M_COUNT; i++)
         if (e->m[i]) dnnl_memory_destroy(e->m[i]);
     if (e->uw) dnnl_memory_destroy(e->uw);
+    if (e->udw) dnnl_memory_destroy(e->udw);
 }
 
 void cpu_conv_cache_free(bk_ctx *ctx)
@@ -268,16 +245,6 @@ void cpu_conv_cache_free(bk_ctx *ctx)
     ctx->conv = NULL;
 }
 
-static int make_prim(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd)
-{
-    return dnnl_primitive_create(out, pd) == dnnl_success ? 0 : -1;
-}
-
-static int make_mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md)
-{
-    return dnnl_memory_create(m, md, conv_engine(), DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
-}
-
 static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
 {
     memset(e, 0, sizeof *e);
@@ -287,34 +254,32 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
     if (conv_pds_make(&p, s, bias) != BK_OK) return -1;
     int rc = -1;
     const dnnl_memory_desc_t *xn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *dxn =
+        dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_diff_src_md, 0);
     const dnnl_memory_desc_t *yn = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_dst_md, 0);
     const dnnl_memory_desc_t *wf = dnnl_primitive_desc_query_md(p.fwd, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(p.bwd_d, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *dwb =
         dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_diff_weights_md, 0);
     dnnl_dims_t bd = {s->co};
-    dnnl_memory_desc_t uw, b;
-    dnnl_primitive_t ro[4] = {NULL, NULL, NULL, NULL};
-    size_t rs[4];
-    int rrc = conv_reorders(ro, rs, &p, s);
-    e->w_fwd = ro[0];
-    e->w_bwd_d = ro[1];
-    e->dw_out_acc = ro[2];
-    e->x_acc = ro[3];
-    if (rrc) goto out;
+    dnnl_memory_desc_t uw, udw, b;
+    size_t rs[R_COUNT];
+    if (conv_reorders(e->ro, rs, &p, s)) goto out;
     conv_ws_layout(&e->l, &p, s, rs);
     e->planned = cpu_conv2d_ws_bytes(s);
-    if (oihw_md(&uw, s) || dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
+    if (oihw_md(&uw, s, conv_dt(s)) || oihw_md(&udw, s, dnnl_f32) ||
+        dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
         goto out;
-    if (make_prim(&e->fwd, p.fwd) || make_prim(&e->bwd_d, p.bwd_d) || make_prim(&e->bwd_w, p.bwd_w))
+    if (onednn_make_prim(&e->fwd, p.fwd) || onednn_make_prim(&e->bwd_d, p.bwd_d) || onednn_make_prim(&e->bwd_w, p.bwd_w))
         goto out;
-    if (make_mem(&e->uw, &uw) || make_mem(&e->m[M_X], xn) || make_mem(&e->m[M_DXT], xn) ||
-        make_mem(&e->m[M_Y], yn) || make_mem(&e->m[M_WF], wf) ||
-        make_mem(&e->m[M_WD], wd) || make_mem(&e->m[M_DWB], dwb) || make_mem(&e->m[M_B], &b) ||
-        make_mem(&e->m[M_DB], &b) ||
-        make_scratch_mem(&e->m[M_SF], e->l.scr_fwd) ||
-        make_scratch_mem(&e->m[M_SD], e->l.scr_bwd_d) ||
-        make_scratch_mem(&e->m[M_SW], e->l.scr_bwd_w))
+    if (onednn_make_mem(&e->uw, &uw) || onednn_make_mem(&e->udw, &udw) || onednn_make_mem(&e->m[M_X], xn) ||
+        onednn_make_mem(&e->m[M_DXT], dxn) ||
+        onednn_make_mem(&e->m[M_Y], yn) || onednn_make_mem(&e->m[M_WF], wf) ||
+        onednn_make_mem(&e->m[M_WD], wd) || onednn_make_mem(&e->m[M_DWB], dwb) || onednn_make_mem(&e->m[M_B], &b) ||
+        onednn_make_mem(&e->m[M_DB], &b) ||
+        onednn_make_scratch_mem(&e->m[M_SF], e->l.scr_fwd) ||
+        onednn_make_scratch_mem(&e->m[M_SD], e->l.scr_bwd_d) ||
+        onednn_make_scratch_mem(&e->m[M_SW], e->l.scr_bwd_w))
         goto out;
     rc = 0;
 out:
@@ -330,8 +295,8 @@ static struct conv_entry *conv_get(const struct bk_conv2d *s, int bias, bk_ctx *
     if (!c) {
         c = calloc(1, sizeof *c);
         if (!c) return NULL;
-        if (!conv_engine() ||
-            dnnl_stream_create(&c->stream, conv_engine(), dnnl_stream_default_flags)) {
+        if (!onednn_engine() ||
+            dnnl_stream_create(&c->stream, onednn_engine(), dnnl_stream_default_flags)) {
             free(c);
             return NULL;
         }
@@ -356,7 +321,7 @@ static struct conv_entry *conv_get(const struct bk_conv2d *s, int bias, bk_ctx *
 
 static int run(dnnl_primitive_t p, int nargs, const dnnl_exec_arg_t *args, bk_ctx *ctx)
 {
-    return dnnl_primitive_execute(p, ctx->conv->stream, nargs, args) == dnnl_success ? 0 : -1;
+    return onednn_run(p, ctx->conv->stream, nargs, args);
 }
 
 static int reorder(dnnl_primitive_t p, dnnl_memory_t from, dnnl_memory_t to,
@@ -365,8 +330,6 @@ static int reorder(dnnl_primitive_t p, dnnl_memory_t from, dnnl_memory_t to,
     dnnl_exec_arg_t a[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}, {DNNL_ARG_SCRATCHPAD, scratch}};
     return run(p, 3, a, ctx);
 }
-
-static void set(dnnl_memory_t m, const void *p) { dnnl_memory_set_data_handle(m, (void *)p); }
 
 /* the entry for this call, with the thread count and workspace checked */
 static struct conv_entry *conv_begin(const struct bk_conv2d *s, int bias, void *ws, bk_ctx *ctx)
@@ -393,23 +356,24 @@ int cpu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    set(e->m[M_X], x);
-    set(e->m[M_Y], y);
-    set(e->uw, w);
-    set(e->m[M_WF], p);
-    set(e->m[M_SF], p + l->w_fwd);
-    if (b) set(e->m[M_B], b);
+    onednn_set(e->m[M_X], x);
+    onednn_set(e->m[M_Y], y);
+    onednn_set(e->uw, w);
+    onednn_set(e->m[M_WF], p);
+    onednn_set(e->m[M_SF], p + l->w_fwd);
+    if (b) onednn_set(e->m[M_B], b);
     dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, e->m[M_X]},
                             {DNNL_ARG_WEIGHTS, e->m[M_WF]},
                             {DNNL_ARG_DST, e->m[M_Y]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SF]},
                             {DNNL_ARG_BIAS, e->m[M_B]}};
-    if (reorder(e->w_fwd, e->uw, e->m[M_WF], e->m[M_SF], ctx) || run(e->fwd, b ? 5 : 4, a, ctx))
+    if (reorder(e->ro[R_WF], e->uw, e->m[M_WF], e->m[M_SF], ctx) || run(e->fwd, b ? 5 : 4, a, ctx))
         return BK_ERR_DEVICE;
     return BK_OK;
 }
 
-/* dx (N,H,W,Ci) (=/+= per accum) = conv^T(dy (N,Ho,Wo,Co), w) */
+/* dx (N,H,W,Ci) (=/+= per accum) = conv^T(dy (N,Ho,Wo,Co), w); fp32 dx straight into dx when
+ * written (=), else into the workspace, then rounded (and added) into dx */
 int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
@@ -420,18 +384,20 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    set(e->m[M_Y], dy);
-    set(e->m[M_X], dx);
-    set(e->m[M_DXT], p);
-    set(e->uw, w);
-    set(e->m[M_WD], p + l->x);
-    set(e->m[M_SD], p + l->x + l->w_bwd_d);
+    onednn_set(e->m[M_Y], dy);
+    onednn_set(e->m[M_X], dx);
+    onednn_set(e->m[M_DXT], p);
+    onednn_set(e->uw, w);
+    onednn_set(e->m[M_WD], p + l->x);
+    onednn_set(e->m[M_SD], p + l->x + l->w_bwd_d);
+    const int direct = !accum && s->dtype == BK_DTYPE_F32;
     dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, e->m[M_Y]},
                             {DNNL_ARG_WEIGHTS, e->m[M_WD]},
-                            {DNNL_ARG_DIFF_SRC, accum ? e->m[M_DXT] : e->m[M_X]},
+                            {DNNL_ARG_DIFF_SRC, direct ? e->m[M_X] : e->m[M_DXT]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SD]}};
-    if (reorder(e->w_bwd_d, e->uw, e->m[M_WD], e->m[M_SD], ctx) || run(e->bwd_d, 4, a, ctx) ||
-        (accum && reorder(e->x_acc, e->m[M_DXT], e->m[M_X], e->m[M_SD], ctx)))
+    if (reorder(e->ro[R_WD], e->uw, e->m[M_WD], e->m[M_SD], ctx) || run(e->bwd_d, 4, a, ctx) ||
+        (!direct && reorder(e->ro[accum ? R_DX_ACC : R_DX], e->m[M_DXT], e->m[M_X], e->m[M_SD],
+                            ctx)))
         return BK_ERR_DEVICE;
     return BK_OK;
 }
@@ -445,19 +411,20 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, v
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    set(e->m[M_Y], dy);
-    set(e->m[M_X], x);
-    set(e->m[M_DWB], p);
+    onednn_set(e->m[M_Y], dy);
+    onednn_set(e->m[M_X], x);
+    onednn_set(e->m[M_DWB], p);
     float *dbt = (float *)(p + l->dw);
-    set(e->m[M_DB], dbt);
-    set(e->m[M_SW], p + l->dw + l->db);
-    set(e->uw, dw);
+    onednn_set(e->m[M_DB], dbt);
+    onednn_set(e->m[M_SW], p + l->dw + l->db);
+    onednn_set(e->udw, dw);
     dnnl_exec_arg_t a[5] = {{DNNL_ARG_DIFF_DST, e->m[M_Y]},
                             {DNNL_ARG_SRC, e->m[M_X]},
                             {DNNL_ARG_DIFF_WEIGHTS, e->m[M_DWB]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SW]},
                             {DNNL_ARG_DIFF_BIAS, e->m[M_DB]}};
-    if (run(e->bwd_w, db ? 5 : 4, a, ctx) || reorder(e->dw_out_acc, e->m[M_DWB], e->uw, e->m[M_SW], ctx))
+    if (run(e->bwd_w, db ? 5 : 4, a, ctx) ||
+        reorder(e->ro[R_DW_ACC], e->m[M_DWB], e->udw, e->m[M_SW], ctx))
         return BK_ERR_DEVICE;
     if (db)
         for (int o = 0; o < s->co; o++) db[o] += dbt[o];

@@ -7,10 +7,14 @@
 #include "backend.h"
 
 struct cpu_conv_cache;
+struct cpu_mm_cache;
 
 struct bk_ctx {
     int threads;                 /* fixed per job: results are bit-identical at a given count */
     struct cpu_conv_cache *conv; /* oneDNN primitives by shape (conv.c), created on first use */
+    struct cpu_mm_cache *mm;     /* oneDNN bf16 matmuls by shape (linear.c), likewise */
+    void *ws;                    /* the plan's workspace (cpu_ctx_set_workspace): the scratchpad */
+    size_t ws_bytes;             /* of the kernels without a ws argument (bf16 linears) */
     size_t budget;               /* the "device" budget (cpu_ctx_set_budget); 0: none */
     size_t held, high_water;     /* bytes cpu_mem_alloc holds now, and the most at once */
     struct cpu_block { void *p; size_t bytes; } *blocks; /* what cpu_mem_alloc handed out */
@@ -23,6 +27,10 @@ int cpu_ctx_init(bk_ctx **out, int threads);
 int cpu_threads(const bk_ctx *ctx);
 void cpu_ctx_free(bk_ctx *ctx);
 int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes);
+int cpu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes);
+/* onednn.c: for bf16, BK_HALF_LINEAR where oneDNN runs bf16 on the CPU's AVX512-BF16
+ * instructions and BK_HALF_CONV too where on AMX tiles; else 0 (backend.h half_kernels) */
+unsigned cpu_half_kernels(int dtype);
 size_t cpu_mem_high_water(const bk_ctx *ctx);
 int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);
 void cpu_mem_free(void *p, bk_ctx *ctx);
@@ -45,6 +53,8 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
 int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                           const struct bk_conv2d *s, bk_ctx *ctx);
 /* linear.c */
+size_t cpu_linear_ws_bytes(int m, int k, int n, int dtype);
+void cpu_mm_cache_free(bk_ctx *ctx);
 int cpu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, int k, int n,
                    int dtype, bk_ctx *ctx);
 int cpu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,

@@ -1,0 +1,86 @@
+/* onednn.c - the CPU backend's oneDNN engine and the small helpers conv.c and linear.c share
+ * (see onednn.h).
+ */
+#include <pthread.h>
+
+#include "onednn.h"
+
+static dnnl_engine_t g_engine;
+static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
+
+static void engine_init(void)
+{
+    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) g_engine = NULL;
+}
+
+dnnl_engine_t onednn_engine(void)
+{
+    pthread_once(&g_engine_once, engine_init);
+    return g_engine;
+}
+
+size_t onednn_md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
+    return md ? dnnl_memory_desc_get_size(md) : 0;
+}
+
+int onednn_make_prim(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd)
+{
+    return dnnl_primitive_create(out, pd) == dnnl_success ? 0 : -1;
+}
+
+int onednn_make_mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md)
+{
+    return dnnl_memory_create(m, md, onednn_engine(), DNNL_MEMORY_NONE) == dnnl_success ? 0 : -1;
+}
+
+int onednn_make_scratch_mem(dnnl_memory_t *m, size_t bytes)
+{
+    dnnl_dims_t d = {(dnnl_dim_t)(bytes ? bytes : 1)};
+    dnnl_memory_desc_t md;
+    if (dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_x)) return -1;
+    return onednn_make_mem(m, &md);
+}
+
+int onednn_make_attr(dnnl_primitive_attr_t *out, int sum)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    int rc = -1;
+    if (dnnl_primitive_attr_create(&attr) ||
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
+        goto out;
+    if (sum && (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
+                dnnl_primitive_attr_set_post_ops(attr, po)))
+        goto out;
+    rc = 0;
+out:
+    if (po) dnnl_post_ops_destroy(po);
+    if (rc && attr) {
+        dnnl_primitive_attr_destroy(attr);
+        attr = NULL;
+    }
+    *out = attr;
+    return rc;
+}
+
+/* What pays, measured on a Xeon with AVX512-BF16 and no AMX (bench/RESULTS.md): oneDNN 2.6's bf16
+ * matmuls beat the fp32 linears (OpenBLAS sgemm), its bf16 convolutions run at about 0.55x its
+ * fp32 ones, slower than converting around them. With AMX (tile instructions) oneDNN runs bf16
+ * convolutions on the tiles, several times its fp32 rate by Intel's figures (not measured here:
+ * no AMX on these machines). Without AVX512-BF16 oneDNN emulates bf16: none. f16: oneDNN 2.6 has
+ * no f16 convolutions or matmuls on CPUs. */
+unsigned cpu_half_kernels(int dtype)
+{
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    const unsigned bf16 = (unsigned)dnnl_cpu_isa_avx512_core_bf16,
+                   amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    if (dtype != BK_DTYPE_BF16 || (isa & bf16) != bf16) return 0;
+    return BK_HALF_LINEAR | ((isa & amx) == amx ? BK_HALF_CONV : 0u);
+}
+
+int onednn_run(dnnl_primitive_t p, dnnl_stream_t stream, int nargs, const dnnl_exec_arg_t *args)
+{
+    return dnnl_primitive_execute(p, stream, nargs, args) == dnnl_success ? 0 : -1;
+}

@@ -1,0 +1,33 @@
+/* onednn.h - what the CPU backend's oneDNN users (conv.c, linear.c) share: the process's engine,
+ * primitive and memory creation, user scratchpads (every primitive here takes its scratchpad
+ * from the plan's workspace) and execution on a job's stream.
+ */
+#ifndef DDPMD_CPU_ONEDNN_H
+#define DDPMD_CPU_ONEDNN_H
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "cpu.h"
+
+/* the process's CPU engine (created once), or NULL */
+dnnl_engine_t onednn_engine(void);
+/* bytes of a primitive descriptor's memory `what` (0 when it has none) */
+size_t onednn_md_bytes(const_dnnl_primitive_desc_t pd, dnnl_query_t what);
+/* 0 or -1 */
+int onednn_make_prim(dnnl_primitive_t *out, const_dnnl_primitive_desc_t pd);
+/* a memory of md with no data handle yet (onednn_set binds one per call) */
+int onednn_make_mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md);
+/* a scratchpad memory of `bytes` (at least 1) */
+int onednn_make_scratch_mem(dnnl_memory_t *m, size_t bytes);
+/* an attribute with the user scratchpad mode and, when sum, a sum post-op (dst += result) */
+int onednn_make_attr(dnnl_primitive_attr_t *out, int sum);
+static inline void onednn_set(dnnl_memory_t m, const void *p)
+{
+    dnnl_memory_set_data_handle(m, (void *)p);
+}
+/* p on stream: 0 or -1 */
+int onednn_run(dnnl_primitive_t p, dnnl_stream_t stream, int nargs, const dnnl_exec_arg_t *args);
+
+#define ONEDNN_ALIGN64(b) (((b) + 63) & ~(size_t)63)
+
+#endif

@@ -1,0 +1,369 @@
+/* test_ops_half.c - the CPU backend's typed (bf16) convolution and linear kernels against float64
+ * references on the same bf16 inputs, element by element: a bf16 output may differ from the
+ * exact result by its rounding (half a bf16 ulp, < 2^-8 relative) plus the fp32 accumulation
+ * (at most (terms + 2) 2^-24 of the sum of |terms|); an fp32 output (dw, db) by the accumulation
+ * only. Both accum paths, the bias, NULL outputs, the workspace contract of the linears
+ * (linear_ws_bytes through ctx_set_workspace, too little refused), f16 refused, and what
+ * half_kernels reports. They run wherever oneDNN runs bf16 (natively on AVX512-BF16, emulated
+ * elsewhere); the executor only picks them where half_kernels says they pay.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "half.h"
+#include "nchw_shim.h"
+#include "test_util.h"
+
+static bk_ctx *ctx;
+static double worst_bf16 = 0, worst_f32 = 0; /* the largest error / bound seen */
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) abort();
+    return p;
+}
+
+/* n random values of the given scale, rounded to bf16: b (bf16 bits), d (their exact values) */
+static void fill_bf16(uint16_t *b, double *d, size_t n, double scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        b[i] = half_f32_to_bf16((float)(tu_rand() * scale));
+        d[i] = half_bf16_to_f32(b[i]);
+    }
+}
+
+/* got (bf16 when b16, else fp32) against ref with |terms| summing to mag, k terms each: the
+ * number of elements outside the bound; worst ratio error / bound noted */
+static long out_of_bound(const void *got, int b16, const double *ref, const double *mag, long k,
+                         size_t n)
+{
+    long bad = 0;
+    const double acc = (double)(k + 2) * ldexp(1.0, -24);
+    for (size_t i = 0; i < n; i++) {
+        double g = b16 ? half_bf16_to_f32(((const uint16_t *)got)[i]) : ((const float *)got)[i];
+        double bound = (b16 ? ldexp(1.0, -8) * fabs(ref[i]) : 0.0) + acc * mag[i] + 1e-30;
+        double r = fabs(g - ref[i]) / bound;
+        if (!(r <= 1.0)) bad++;
+        double *worst = b16 ? &worst_bf16 : &worst_f32;
+        if (r > *worst || isnan(r)) *worst = r;
+    }
+    return bad;
+}
+
+/* ---- convolution ---- */
+
+/* y (N,Co,Ho,Wo) = conv(x, w) (+ b) over doubles; with abs set, of |x|, |w|, |b| */
+static void ref_conv(double *y, const double *x, const double *w, const double *b,
+                     const struct bk_conv2d *s, int abs)
+{
+    for (int n = 0; n < s->n; n++)
+        for (int o = 0; o < s->co; o++)
+            for (int oh = 0; oh < s->ho; oh++)
+                for (int ow = 0; ow < s->wo; ow++) {
+                    double acc = b ? (abs ? fabs(b[o]) : b[o]) : 0.0;
+                    for (int c = 0; c < s->ci; c++)
+                        for (int ki = 0; ki < s->kh; ki++)
+                            for (int kj = 0; kj < s->kw; kj++) {
+                                int ih = oh * s->stride - s->pad_t + ki;
+                                int iw = ow * s->stride - s->pad_l + kj;
+                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
+                                double xv = x[(((size_t)n * s->ci + c) * s->h + ih) * s->w + iw];
+                                double wv = w[(((size_t)o * s->ci + c) * s->kh + ki) * s->kw + kj];
+                                acc += abs ? fabs(xv * wv) : xv * wv;
+                            }
+                    y[(((size_t)n * s->co + o) * s->ho + oh) * s->wo + ow] = acc;
+                }
+}
+
+/* dx (N,Ci,H,W) = conv^T(dy, w) (+ prev) and dw (Co,Ci,Kh,Kw) = dy (*) x (+ prev), db = sum dy
+ * (+ prev); with abs, of absolute values */
+static void ref_conv_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
+                         const double *w, const struct bk_conv2d *s, int abs)
+{
+    for (int n = 0; n < s->n; n++)
+        for (int o = 0; o < s->co; o++)
+            for (int oh = 0; oh < s->ho; oh++)
+                for (int ow = 0; ow < s->wo; ow++) {
+                    double g = dy[(((size_t)n * s->co + o) * s->ho + oh) * s->wo + ow];
+                    if (abs) g = fabs(g);
+                    db[o] += g;
+                    for (int c = 0; c < s->ci; c++)
+                        for (int ki = 0; ki < s->kh; ki++)
+                            for (int kj = 0; kj < s->kw; kj++) {
+                                int ih = oh * s->stride - s->pad_t + ki;
+                                int iw = ow * s->stride - s->pad_l + kj;
+                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
+                                size_t xi = (((size_t)n * s->ci + c) * s->h + ih) * s->w + iw;
+                                size_t wi = (((size_t)o * s->ci + c) * s->kh + ki) * s->kw + kj;
+                                dx[xi] += g * (abs ? fabs(w[wi]) : w[wi]);
+                                dw[wi] += g * (abs ? fabs(x[xi]) : x[xi]);
+                            }
+                }
+}
+
+static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, int pt, int pl,
+                      int pb, int pr, int bias)
+{
+    struct bk_conv2d s = {.n = n, .ci = ci, .h = h, .w = w, .co = co, .kh = k, .kw = k,
+                          .stride = stride, .pad_t = pt, .pad_l = pl, .pad_b = pb, .pad_r = pr,
+                          .dtype = BK_DTYPE_BF16};
+    CHECK(bk_conv2d_init(&s) == BK_OK, "conv init");
+    char tag[160];
+    snprintf(tag, sizeof tag, "bf16 conv n%d ci%d %dx%d co%d k%d s%d pad(%d,%d,%d,%d) bias%d", n,
+             ci, h, w, co, k, stride, pt, pl, pb, pr, bias);
+    const size_t nx = (size_t)n * ci * h * w, nw = (size_t)co * ci * k * k,
+                 ny = (size_t)n * co * s.ho * s.wo;
+    size_t wsb = cpu_conv2d_ws_bytes(&s);
+    CHECK(wsb > 0, "%s: no workspace size", tag);
+    void *ws = xmalloc(wsb);
+    uint16_t *x = xmalloc(2 * nx), *wt = xmalloc(2 * nw), *y = xmalloc(2 * ny),
+             *dy = xmalloc(2 * ny), *dx = xmalloc(2 * nx), *prev = xmalloc(2 * nx);
+    double *xd = xmalloc(8 * nx), *wd = xmalloc(8 * nw), *dyd = xmalloc(8 * ny),
+           *prevd = xmalloc(8 * nx);
+    float *b = xmalloc(4 * co), *dw = xmalloc(4 * nw), *db = xmalloc(4 * co);
+    double *bd = xmalloc(8 * co), *ref = calloc(nx + nw + ny + co, 8),
+           *mag = calloc(nx + nw + ny + co, 8);
+    fill_bf16(x, xd, nx, 1.0);
+    fill_bf16(wt, wd, nw, 0.5);
+    fill_bf16(dy, dyd, ny, 1.0);
+    fill_bf16(prev, prevd, nx, 1.0);
+    for (int i = 0; i < co; i++) bd[i] = b[i] = (float)(tu_rand() * 0.5);
+
+    /* forward: y = round(conv(x, w) + b) */
+    CHECK(nchw_conv2d_fwd(y, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
+    ref_conv(ref, xd, wd, bias ? bd : NULL, &s, 0);
+    ref_conv(mag, xd, wd, bias ? bd : NULL, &s, 1);
+    long bad = out_of_bound(y, 1, ref, mag, (long)ci * k * k + 1, ny);
+    CHECK(bad == 0, "%s: fwd, %ld of %zu elements out of bounds", tag, bad, ny);
+
+    /* backward data, written then accumulated: dx = round(prev + conv^T(dy, w)) */
+    double *rdx = ref, *rdw = ref + nx, *rdb = ref + nx + nw;
+    double *mdx = mag, *mdw = mag + nx, *mdb = mag + nx + nw;
+    memset(ref, 0, (nx + nw + ny + co) * 8);
+    memset(mag, 0, (nx + nw + ny + co) * 8);
+    ref_conv_bwd(rdx, rdw, rdb, dyd, xd, wd, &s, 0);
+    ref_conv_bwd(mdx, mdw, mdb, dyd, xd, wd, &s, 1);
+    const long kd = (long)co * k * k; /* terms of a dx element at most */
+    CHECK(nchw_conv2d_bwd_data(dx, dy, wt, 0, ws, &s, ctx) == BK_OK, "%s: bwd data", tag);
+    bad = out_of_bound(dx, 1, rdx, mdx, kd, nx);
+    CHECK(bad == 0, "%s: bwd data (=), %ld of %zu elements out of bounds", tag, bad, nx);
+    memcpy(dx, prev, 2 * nx);
+    CHECK(nchw_conv2d_bwd_data(dx, dy, wt, 1, ws, &s, ctx) == BK_OK, "%s: bwd data +=", tag);
+    for (size_t i = 0; i < nx; i++) {
+        rdx[i] += prevd[i];
+        mdx[i] += fabs(prevd[i]);
+    }
+    bad = out_of_bound(dx, 1, rdx, mdx, kd + 1, nx);
+    CHECK(bad == 0, "%s: bwd data (+=), %ld of %zu elements out of bounds", tag, bad, nx);
+
+    /* backward filter: fp32 dw, db += onto previous contents */
+    for (size_t i = 0; i < nw; i++) {
+        dw[i] = (float)tu_rand();
+        rdw[i] += dw[i];
+        mdw[i] += fabs(dw[i]);
+    }
+    for (int i = 0; i < co; i++) {
+        db[i] = (float)tu_rand();
+        rdb[i] += db[i];
+        mdb[i] += fabs(db[i]);
+    }
+    CHECK(nchw_conv2d_bwd_filter(dw, bias ? db : NULL, dy, x, ws, &s, ctx) == BK_OK,
+          "%s: bwd filter", tag);
+    const long kw = (long)n * s.ho * s.wo + 1;
+    bad = out_of_bound(dw, 0, rdw, mdw, kw, nw);
+    CHECK(bad == 0, "%s: dw (+=), %ld of %zu elements out of bounds", tag, bad, nw);
+    if (bias) {
+        bad = out_of_bound(db, 0, rdb, mdb, kw, (size_t)co);
+        CHECK(bad == 0, "%s: db (+=), %ld of %d elements out of bounds", tag, bad, co);
+    }
+    free(ws);
+    free(x);
+    free(wt);
+    free(y);
+    free(dy);
+    free(dx);
+    free(prev);
+    free(xd);
+    free(wd);
+    free(dyd);
+    free(prevd);
+    free(b);
+    free(dw);
+    free(db);
+    free(bd);
+    free(ref);
+    free(mag);
+}
+
+/* ---- linear ---- */
+
+static void test_linear(int m, int k, int n, int bias)
+{
+    char tag[96];
+    snprintf(tag, sizeof tag, "bf16 linear m%d k%d n%d bias%d", m, k, n, bias);
+    const size_t nx = (size_t)m * k, nw = (size_t)n * k, ny = (size_t)m * n;
+    size_t wsb = cpu_linear_ws_bytes(m, k, n, BK_DTYPE_BF16);
+    void *ws = xmalloc(wsb);
+    CHECK(cpu_ctx_set_workspace(ctx, ws, wsb) == BK_OK, "%s: workspace", tag);
+    uint16_t *x = xmalloc(2 * nx), *w = xmalloc(2 * nw), *y = xmalloc(2 * ny),
+             *dy = xmalloc(2 * ny), *dx = xmalloc(2 * nx), *prev = xmalloc(2 * nx);
+    double *xd = xmalloc(8 * nx), *wd = xmalloc(8 * nw), *dyd = xmalloc(8 * ny),
+           *prevd = xmalloc(8 * nx);
+    float *b = xmalloc(4 * n), *dw = xmalloc(4 * nw), *db = xmalloc(4 * n);
+    size_t most = nx > ny ? nx : ny;
+    most = most > nw ? most : nw;
+    double *ref = xmalloc(8 * most), *mag = xmalloc(8 * most);
+    fill_bf16(x, xd, nx, 1.0);
+    fill_bf16(w, wd, nw, 0.5);
+    fill_bf16(dy, dyd, ny, 1.0);
+    fill_bf16(prev, prevd, nx, 1.0);
+    for (int j = 0; j < n; j++) b[j] = (float)(tu_rand() * 0.5);
+
+    CHECK(cpu_linear_fwd(y, x, w, bias ? b : NULL, m, k, n, BK_DTYPE_BF16, ctx) == BK_OK,
+          "%s: fwd", tag);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double r = bias ? b[j] : 0.0, a = bias ? fabs(b[j]) : 0.0;
+            for (int c = 0; c < k; c++) {
+                r += xd[(size_t)i * k + c] * wd[(size_t)j * k + c];
+                a += fabs(xd[(size_t)i * k + c] * wd[(size_t)j * k + c]);
+            }
+            ref[(size_t)i * n + j] = r;
+            mag[(size_t)i * n + j] = a;
+        }
+    long bad = out_of_bound(y, 1, ref, mag, k + 1, ny);
+    CHECK(bad == 0, "%s: fwd, %ld of %zu elements out of bounds", tag, bad, ny);
+
+    for (int accum = 0; accum < 2; accum++) {
+        memcpy(dx, prev, 2 * nx);
+        for (size_t i = 0; i < nw; i++) dw[i] = (float)tu_rand();
+        for (int j = 0; j < n; j++) db[j] = (float)tu_rand();
+        float *dw0 = xmalloc(4 * nw), *db0 = xmalloc(4 * n);
+        memcpy(dw0, dw, 4 * nw);
+        memcpy(db0, db, 4 * n);
+        CHECK(cpu_linear_bwd(dx, dw, bias ? db : NULL, dy, x, w, accum, m, k, n, BK_DTYPE_BF16,
+                             ctx) == BK_OK,
+              "%s: bwd accum %d", tag, accum);
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < k; c++) {
+                double r = accum ? prevd[(size_t)i * k + c] : 0.0, a = fabs(r);
+                for (int j = 0; j < n; j++) {
+                    r += dyd[(size_t)i * n + j] * wd[(size_t)j * k + c];
+                    a += fabs(dyd[(size_t)i * n + j] * wd[(size_t)j * k + c]);
+                }
+                ref[(size_t)i * k + c] = r;
+                mag[(size_t)i * k + c] = a;
+            }
+        bad = out_of_bound(dx, 1, ref, mag, n + 1, nx);
+        CHECK(bad == 0, "%s: dx (accum %d), %ld of %zu elements out of bounds", tag, accum, bad,
+              nx);
+        for (int j = 0; j < n; j++)
+            for (int c = 0; c < k; c++) {
+                double r = dw0[(size_t)j * k + c], a = fabs(r);
+                for (int i = 0; i < m; i++) {
+                    r += dyd[(size_t)i * n + j] * xd[(size_t)i * k + c];
+                    a += fabs(dyd[(size_t)i * n + j] * xd[(size_t)i * k + c]);
+                }
+                ref[(size_t)j * k + c] = r;
+                mag[(size_t)j * k + c] = a;
+            }
+        bad = out_of_bound(dw, 0, ref, mag, m + 1, nw);
+        CHECK(bad == 0, "%s: dw (+=), %ld of %zu elements out of bounds", tag, bad, nw);
+        if (bias) {
+            for (int j = 0; j < n; j++) {
+                double r = db0[j], a = fabs(r);
+                for (int i = 0; i < m; i++) {
+                    r += dyd[(size_t)i * n + j];
+                    a += fabs(dyd[(size_t)i * n + j]);
+                }
+                ref[j] = r;
+                mag[j] = a;
+            }
+            bad = out_of_bound(db, 0, ref, mag, m + 1, (size_t)n);
+            CHECK(bad == 0, "%s: db (+=), %ld of %d elements out of bounds", tag, bad, n);
+        }
+        free(dw0);
+        free(db0);
+    }
+    /* dx not wanted: dw alone, the same bits as with dx */
+    float *dw2 = xmalloc(4 * nw), *dw3 = xmalloc(4 * nw);
+    memcpy(dw2, dw, 4 * nw);
+    memcpy(dw3, dw, 4 * nw);
+    CHECK(cpu_linear_bwd(dx, dw2, NULL, dy, x, w, 0, m, k, n, BK_DTYPE_BF16, ctx) == BK_OK &&
+              cpu_linear_bwd(NULL, dw3, NULL, dy, x, w, 0, m, k, n, BK_DTYPE_BF16, ctx) == BK_OK,
+          "%s: bwd without dx", tag);
+    CHECK(memcmp(dw2, dw3, 4 * nw) == 0, "%s: dw differs without dx", tag);
+    /* without the workspace (oneDNN's bf16 matmuls here take scratch): refused, not run on
+     * memory of their own */
+    CHECK(cpu_ctx_set_workspace(ctx, NULL, 0) == BK_OK, "%s: no workspace", tag);
+    if (wsb)
+        CHECK(cpu_linear_fwd(y, x, w, b, m, k, n, BK_DTYPE_BF16, ctx) == BK_ERR_INVALID,
+              "%s: ran without the %zu bytes of workspace it asked for", tag, wsb);
+    free(ws);
+    free(x);
+    free(w);
+    free(y);
+    free(dy);
+    free(dx);
+    free(prev);
+    free(xd);
+    free(wd);
+    free(dyd);
+    free(prevd);
+    free(b);
+    free(dw);
+    free(db);
+    free(dw2);
+    free(dw3);
+    free(ref);
+    free(mag);
+}
+
+/* f16 has no CPU kernels, attention no 16-bit ones: refused, no workspace asked */
+static void refused(void)
+{
+    struct bk_conv2d s = {.n = 1, .ci = 4, .h = 4, .w = 4, .co = 4, .kh = 3, .kw = 3,
+                          .stride = 1, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1,
+                          .dtype = BK_DTYPE_F16};
+    bk_conv2d_init(&s);
+    float buf[1024] = {0};
+    CHECK(cpu_conv2d_ws_bytes(&s) == 0, "f16 conv: workspace asked");
+    CHECK(cpu_conv2d_fwd(buf, buf, buf, NULL, buf, &s, ctx) == BK_ERR_INVALID, "f16 conv ran");
+    CHECK(cpu_linear_ws_bytes(4, 4, 4, BK_DTYPE_F16) == 0, "f16 linear: workspace asked");
+    CHECK(cpu_linear_fwd(buf, buf, buf, NULL, 4, 4, 4, BK_DTYPE_F16, ctx) == BK_ERR_INVALID,
+          "f16 linear ran");
+    struct bk_attn a = {.n = 1, .l = 4, .heads = 1, .d = 4, .ld = 4, .scale = 0.5f,
+                        .dtype = BK_DTYPE_BF16};
+    CHECK(cpu_attn_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
+          "bf16 attention ran");
+    CHECK(cpu_half_kernels(BK_DTYPE_F16) == 0, "f16 half kernels reported");
+    unsigned h = cpu_half_kernels(BK_DTYPE_BF16);
+    CHECK(h == 0 || h == BK_HALF_LINEAR || h == (BK_HALF_CONV | BK_HALF_LINEAR),
+          "bf16 half kernels %#x", h);
+    CHECK(backend_cpu()->half_kernels == cpu_half_kernels &&
+              backend_cpu()->linear_ws_bytes == cpu_linear_ws_bytes &&
+              backend_cpu()->ctx_set_workspace == cpu_ctx_set_workspace,
+          "the CPU table lacks its 16-bit entries");
+    printf("half_kernels(bf16) = %#x on this CPU: bf16 linears %s, bf16 convolutions %s\n", h,
+           h & BK_HALF_LINEAR ? "yes (AVX512-BF16)" : "no", h & BK_HALF_CONV ? "yes (AMX)" : "no");
+}
+
+int main(void)
+{
+    tu_seed(11);
+    if (cpu_ctx_init(&ctx, 2) != BK_OK) return 1;
+    refused();
+    test_conv(2, 8, 9, 9, 16, 3, 1, 1, 1, 1, 1, 1);
+    test_conv(2, 16, 8, 8, 8, 3, 2, 0, 0, 1, 1, 1); /* diffusers' downsample: right/bottom pad */
+    test_conv(3, 32, 6, 6, 16, 1, 1, 0, 0, 0, 0, 0);
+    test_conv(1, 3, 16, 16, 32, 3, 1, 1, 1, 1, 1, 0); /* the data input's 3 channels */
+    test_linear(37, 48, 40, 1);
+    test_linear(4, 128, 512, 1); /* the time MLP: few rows */
+    test_linear(130, 64, 192, 0);
+    printf("worst error / bound: bf16 outputs %.3f, fp32 outputs %.3f\n", worst_bf16, worst_f32);
+    cpu_ctx_free(ctx);
+    return tu_finish("test_ops_half");
+}
