@@ -669,14 +669,17 @@ static int check_guards(struct exec *e, int k)
     return EXEC_OK;
 }
 
-/* the address the running op's kernel reads or writes tensor t at: its fp32 scratch when it is a
- * 16-bit operand of this op, else its own bytes */
-static float *opnd(struct exec *e, int t)
+/* the address the running op's kernel reads or writes tensor t at: its scratch when the plan
+ * converts it for this op, a weight's 16-bit working copy when a 16-bit kernel reads it as it is
+ * (only convolution and linear weights have one, and only those ops read them), else its own
+ * bytes */
+static void *opnd(struct exec *e, int t)
 {
     const struct plan *p = e->p;
     if (t < 0) return NULL;
     for (int i = p->cvt_start[e->cur_op]; i < p->cvt_start[e->cur_op + 1]; i++)
-        if (p->cvt[i].tensor == t) return (float *)(e->base + p->st[p->cvt[i].storage].offset);
+        if (p->cvt[i].tensor == t) return e->base + p->st[p->cvt[i].storage].offset;
+    if (t < p->n_tensors && p->work_offset[t] >= 0) return e->base + p->work_offset[t];
     return exec_tensor(e, t);
 }
 
@@ -688,17 +691,17 @@ static void *cvt_src(struct exec *e, const struct plan_cvt *c)
     return exec_tensor(e, c->tensor);
 }
 
-/* op k's 16-bit operands into their fp32 scratch (before) or its outputs back (after) */
+/* op k's converted operands into their scratch (before) or its outputs back (after) */
 static int convert_operands(struct exec *e, int k, int after)
 {
     const struct plan *p = e->p;
     for (int i = p->cvt_start[k]; i < p->cvt_start[k + 1]; i++) {
         const struct plan_cvt *c = &p->cvt[i];
         if (after ? !c->store : !c->load) continue;
-        float *s = (float *)(e->base + p->st[c->storage].offset);
+        void *s = e->base + p->st[c->storage].offset;
         size_t n = plan_tensor(e->p, e->g, c->tensor)->numel;
-        int rc = after ? e->bk->convert(cvt_src(e, c), c->dtype, s, DTYPE_F32, n, e->ctx)
-                       : e->bk->convert(s, DTYPE_F32, cvt_src(e, c), c->dtype, n, e->ctx);
+        int rc = after ? e->bk->convert(cvt_src(e, c), c->dtype, s, c->kdtype, n, e->ctx)
+                       : e->bk->convert(s, c->kdtype, cvt_src(e, c), c->dtype, n, e->ctx);
         if (rc) return rc;
     }
     return BK_OK;
@@ -772,19 +775,22 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     const struct tensor *t0 = o->in[0] >= 0 ? plan_tensor(e->p, e->g, o->in[0]) : NULL;
     /* the graph op this is: a recomputed copy draws its original's dropout mask */
     const int src = e->p->op_src ? e->p->op_src[k] : k;
+    /* the typed kernels' dtype (plan.op_dtype) */
+    const int kd = e->p->op_dtype[k];
+    struct bk_conv2d cs = o->a.conv;
+    cs.dtype = kd;
     switch (o->type) {
     case OP_CONV2D:
-        return bk->conv2d_fwd(Q(0), P(0), P(1), P(2), ws, &o->a.conv, c);
+        return bk->conv2d_fwd(Q(0), P(0), P(1), P(2), ws, &cs, c);
     case OP_CONV2D_BWD_DATA:
-        return bk->conv2d_bwd_data(Q(0), P(0), P(1), o->accum[0], ws, &o->a.conv, c);
+        return bk->conv2d_bwd_data(Q(0), P(0), P(1), o->accum[0], ws, &cs, c);
     case OP_CONV2D_BWD_FILTER:
-        return bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), ws, &o->a.conv, c);
+        return bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), ws, &cs, c);
     case OP_LINEAR:
-        return bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n,
-                              BK_DTYPE_F32, c);
+        return bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n, kd, c);
     case OP_LINEAR_BWD:
         return bk->linear_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->accum[0], o->a.lin.m,
-                              o->a.lin.k, o->a.lin.n, BK_DTYPE_F32, c);
+                              o->a.lin.k, o->a.lin.n, kd, c);
     case OP_GROUPNORM:
         if (o->a.gn.silu) return groupnorm_silu_fwd(e, o);
         return bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
@@ -859,9 +865,11 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
         return bk->timestep_embed_fwd(Q(0), P(0), o->a.te.n, o->a.te.dim, o->a.te.flip,
                                       o->a.te.shift, o->a.te.max_period, c);
     case OP_ATTENTION: {
-        const struct bk_attn *s = &o->a.at.s;
-        const float *q = P(0), *kk, *v;
-        int cdim = s->heads * s->d;
+        struct bk_attn as = o->a.at.s;
+        as.dtype = kd;
+        const struct bk_attn *s = &as;
+        const char *q = P(0), *kk, *v;
+        size_t cdim = (size_t)s->heads * s->d * bk_dtype_size(kd); /* bytes */
         if (o->a.at.packed) {
             kk = q + cdim;
             v = q + 2 * cdim;
@@ -873,10 +881,12 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
                              : bk->attn_plain_fwd(Q(0), Q(1), q, kk, v, ws, s, c);
     }
     case OP_ATTENTION_BWD: {
-        const struct bk_attn *s = &o->a.at.s;
-        const float *q = P(1), *kk, *v;
-        float *dq = Q(0), *dk, *dv;
-        int cdim = s->heads * s->d;
+        struct bk_attn as = o->a.at.s;
+        as.dtype = kd;
+        const struct bk_attn *s = &as;
+        const char *q = P(1), *kk, *v;
+        char *dq = Q(0), *dk, *dv;
+        size_t cdim = (size_t)s->heads * s->d * bk_dtype_size(kd); /* bytes */
         if (o->a.at.packed) {
             kk = q + cdim;
             v = q + 2 * cdim;

@@ -824,6 +824,45 @@ enum tensor_dtype graph_input_dtype(const struct graph *g, const struct op *o, i
     return g->tensors[t]->dtype;
 }
 
+unsigned graph_half_kernel(const struct op *o)
+{
+    switch (o->type) {
+    case OP_CONV2D:
+    case OP_CONV2D_BWD_DATA:
+    case OP_CONV2D_BWD_FILTER:
+        return BK_HALF_CONV;
+    case OP_LINEAR:
+    case OP_LINEAR_BWD:
+        return BK_HALF_LINEAR;
+    case OP_ATTENTION:
+    case OP_ATTENTION_BWD:
+        return o->a.at.tiled ? BK_HALF_ATTN : BK_HALF_ATTN_PLAIN;
+    default:
+        return 0;
+    }
+}
+
+int graph_typed_operand(const struct op *o, int j)
+{
+    int out = j - o->n_in; /* >= 0: out[out] */
+    switch (o->type) {
+    case OP_CONV2D:            /* x, w -> y (bias fp32) */
+    case OP_CONV2D_BWD_DATA:   /* dy, w -> dx */
+    case OP_LINEAR:            /* x, w -> y (bias fp32) */
+        return j == 0 || j == 1 || out == 0;
+    case OP_CONV2D_BWD_FILTER: /* dy, x -> dw, db (fp32) */
+        return j == 0 || j == 1;
+    case OP_LINEAR_BWD:        /* dy, x, w -> dx, dw, db (fp32) */
+        return (j >= 0 && j <= 2) || out == 0;
+    case OP_ATTENTION:         /* q, k, v -> o, lse (or p: fp32) */
+        return (j >= 0 && j <= 2) || out == 0;
+    case OP_ATTENTION_BWD:     /* dout, q, k, v, o, lse (or p: fp32) -> dq, dk, dv */
+        return (j >= 0 && j <= 4) || out >= 0;
+    default:
+        return 0;
+    }
+}
+
 int graph_set_precision(struct graph *g, int precision)
 {
     if (g->status) return g->status;

@@ -39,16 +39,26 @@ static int inplace_input(const struct tensor *const *tv, const struct op *o, int
     }
 }
 
-static size_t op_ws_bytes(const struct op *o, const struct backend *bk)
+static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtype)
 {
     switch (o->type) {
     case OP_CONV2D:
     case OP_CONV2D_BWD_DATA:
-    case OP_CONV2D_BWD_FILTER:
-        return bk->conv2d_ws_bytes(&o->a.conv);
+    case OP_CONV2D_BWD_FILTER: {
+        struct bk_conv2d s = o->a.conv;
+        s.dtype = dtype;
+        return bk->conv2d_ws_bytes(&s);
+    }
     case OP_ATTENTION:
-    case OP_ATTENTION_BWD:
-        return bk->attn_ws_bytes(&o->a.at.s, o->a.at.tiled);
+    case OP_ATTENTION_BWD: {
+        struct bk_attn s = o->a.at.s;
+        s.dtype = dtype;
+        return bk->attn_ws_bytes(&s, o->a.at.tiled);
+    }
+    case OP_LINEAR:
+    case OP_LINEAR_BWD:
+        return bk->linear_ws_bytes ? bk->linear_ws_bytes(o->a.lin.m, o->a.lin.k, o->a.lin.n, dtype)
+                                   : 0;
     case OP_GROUPNORM_BWD: /* the backend's, or for silu: the normalised x and statistics (the
                             * layout exec.c's groupnorm_bwd uses) */
         if (bk->groupnorm_bwd_ws_bytes)
@@ -72,6 +82,7 @@ void plan_free(struct plan *p)
     free(p->work_offset);
     free(p->cvt);
     free(p->cvt_start);
+    free(p->op_dtype);
     free(p->ops);
     free(p->op_src);
     free(p->copy_of);
@@ -341,11 +352,12 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->work_offset = malloc((size_t)n * sizeof *p->work_offset + 1);
     p->cvt = malloc((max_cvt + 1) * sizeof *p->cvt);
     p->cvt_start = calloc((size_t)n_run + 1, sizeof *p->cvt_start);
+    p->op_dtype = calloc((size_t)n_run + 1, 1);
     readers = calloc((size_t)nt + 1, sizeof *readers);
     secondary = calloc((size_t)nt + 1, 1);
     tv = malloc(((size_t)nt + 1) * sizeof *tv);
     if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !p->work_offset ||
-        !p->cvt || !p->cvt_start || !readers || !secondary || !tv)
+        !p->cvt || !p->cvt_start || !p->op_dtype || !readers || !secondary || !tv)
         goto out;
     for (int i = 0; i < nt; i++) tv[i] = plan_tensor(p, g, i);
     for (int i = 0; i < n; i++) p->work_offset[i] = -1;
@@ -414,28 +426,40 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         }
     }
 
-    /* conversion scratch: every 16-bit operand of an op gets fp32 bytes for that op alone (the
-     * kernels compute in fp32); a weight read in 16 bits marks its working copy */
+    /* the kernels' dtypes, and conversion scratch: an operand stored in another dtype than its
+     * kernel takes it in gets bytes of the kernel's dtype for that op alone; a weight read in 16
+     * bits marks its working copy */
+    const int lo = graph_low_dtype(g);
+    const unsigned half = lo != DTYPE_F32 && bk->half_kernels ? bk->half_kernels(lo) : 0;
     for (int k = 0; k < n_run; k++) {
         const struct op *o = &ops[k];
         /* a recomputed copy's operands have its original's dtypes */
         const struct op *og = &g->ops[p->op_src ? p->op_src[k] : k];
+        const int kd = half & graph_half_kernel(o) ? lo : DTYPE_F32;
+        p->op_dtype[k] = (unsigned char)kd;
+        p->n_half_ops += kd != DTYPE_F32;
         p->cvt_start[k] = p->n_cvt;
         for (int j = 0; j < o->n_in + o->n_out; j++) {
             int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
             if (t < 0) continue;
             int dt = in ? (int)graph_input_dtype(g, og, j) : (int)tv[t]->dtype;
-            if (dt == DTYPE_F32) continue;
-            if (in && tv[t]->kind == TENSOR_PARAM) p->work_offset[t] = -2; /* placed below */
+            if (in && tv[t]->kind == TENSOR_PARAM && dt != DTYPE_F32)
+                p->work_offset[t] = -2; /* placed below */
+            int want = graph_typed_operand(o, j) ? kd : DTYPE_F32;
+            if (dt == want) continue;
             int dup = -1;
             for (int i = p->cvt_start[k]; i < p->n_cvt; i++)
                 if (p->cvt[i].tensor == t) dup = i;
             if (dup >= 0) { /* an input read twice (add(x, x)) */
+                if (p->cvt[dup].kdtype != want) { /* one scratch per operand (exec.c's opnd) */
+                    rc = PLAN_ERR_GRAPH;
+                    goto out;
+                }
                 p->cvt[dup].load |= in;
                 continue;
             }
             struct plan_storage *s = &p->st[p->n_storages];
-            s->bytes = tv[t]->numel * sizeof(float);
+            s->bytes = tv[t]->numel * bk_dtype_size(want);
             s->first = s->last = k;
             s->keep = 0;
             s->offset = -1;
@@ -443,6 +467,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             c->tensor = t;
             c->storage = p->n_storages++;
             c->dtype = dt;
+            c->kdtype = want;
             c->load = in || o->accum[j - o->n_in];
             c->store = !in;
         }
@@ -562,11 +587,12 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             o->type == OP_CONV2D_BWD_FILTER) {
             int seen = 0;
             for (int i = 0; i < n_convs && !seen; i++)
-                seen = !memcmp(&ops[convs[i]].a.conv, &o->a.conv, sizeof o->a.conv);
+                seen = p->op_dtype[convs[i]] == p->op_dtype[k] &&
+                       !memcmp(&ops[convs[i]].a.conv, &o->a.conv, sizeof o->a.conv);
             if (seen) continue;
             convs[n_convs++] = k;
         }
-        size_t w = op_ws_bytes(o, bk);
+        size_t w = op_ws_bytes(o, bk, p->op_dtype[k]);
         if (w > p->ws_bytes) p->ws_bytes = w;
     }
     p->ws_bytes = plan_align(p->ws_bytes);
@@ -685,8 +711,9 @@ void plan_print(const struct plan *p, FILE *f)
     if (p->inference) fprintf(f, "  (inference: no gradients, optimizer state or EMA)\n");
     if (p->strategy.precision != STRATEGY_PRECISION_F32)
         fprintf(f, "  (precision %s: 16-bit activations and working weights; fp32 weights, "
-                "optimizer, statistics and loss)\n",
-                p->strategy.precision == STRATEGY_PRECISION_BF16 ? "bf16" : "f16");
+                "optimizer, statistics and loss; %d of %d ops on 16-bit kernels)\n",
+                p->strategy.precision == STRATEGY_PRECISION_BF16 ? "bf16" : "f16", p->n_half_ops,
+                p->n_run_ops);
     for (int k = 0; k < PLAN_PART_COUNT; k++) {
         const struct plan_part_bytes *b = &p->parts[k];
         int always = k == PLAN_PART_INPUTS || k == PLAN_PART_WORKSPACE || k == PLAN_PART_ARENA ||

@@ -2,8 +2,10 @@
  * One allocation per job: [params | grads | adam m | adam v | ema | work | inputs | workspace |
  * arena] for training, [params | work | inputs | workspace | arena] for inference (sampling); work
  * (the 16-bit weights) is empty under f32. Tensors take the bytes their dtype says
- * (graph_set_precision); the fp32 scratch the kernels compute 16-bit operands in is planned as
- * arena storages living for one op (plan.cvt). Arena tensors are
+ * (graph_set_precision); an operand whose dtype is not the one its kernel takes (a 16-bit
+ * operand of an fp32 kernel, the fp32 data input of a 16-bit convolution) is converted into
+ * scratch of the kernel's dtype, planned as an arena storage living for that op (plan.cvt).
+ * Arena tensors are
  * placed by best-fit over their lifetimes in execution order, with in-place reuse where an op
  * allows it. plan.total_bytes IS the job's reservation; a nested inference plan (a training
  * job's sample grid) runs inside it (plan_make_nested).
@@ -45,12 +47,13 @@ struct plan_opts {
     struct strategy strategy;
 };
 
-/* a 16-bit operand of an op, computed in fp32 scratch (an arena storage of that op alone): the
- * kernels compute in fp32 */
+/* an operand of an op stored in another dtype than its kernel takes, converted into scratch of
+ * the kernel's dtype (an arena storage of that op alone) */
 struct plan_cvt {
     int tensor;          /* the operand (an activation, or a weight read from the working copy) */
-    int storage;         /* its fp32 scratch: p->st[storage], 4 bytes per element */
-    int dtype;           /* the 16-bit type it is stored in (enum tensor_dtype) */
+    int storage;         /* its scratch: p->st[storage], bk_dtype_size(kdtype) bytes an element */
+    int dtype;           /* the type it is stored in (enum tensor_dtype) */
+    int kdtype;          /* the type the kernel takes it in: the scratch's */
     int load;            /* converted into the scratch before the op (inputs, accumulated outputs) */
     int store;           /* converted back after it (outputs) */
 };
@@ -138,6 +141,10 @@ struct plan {
     struct plan_cvt *cvt;             /* conversion scratch, grouped by op: op k's are */
     int *cvt_start;                   /* cvt[cvt_start[k] .. cvt_start[k + 1]) (n_run_ops + 1) */
     int n_cvt;
+    unsigned char *op_dtype;          /* (n_run_ops) the dtype op k's kernel computes on: the
+                                       * 16-bit type for a typed kernel the backend has
+                                       * (half_kernels), else DTYPE_F32 */
+    int n_half_ops;                   /* run ops whose kernel takes 16-bit operands natively */
     size_t inputs_off, inputs_bytes;
     size_t ws_off, ws_bytes;          /* library scratch: the largest any op needs */
     size_t ws_guard_bytes;            /* the canary gap before ws_off and the one after the

@@ -1,8 +1,12 @@
 /* test_prec: 16-bit precision in graph, plan and executor. The policy (graph_set_precision):
  * which tensors are 16-bit and which stay fp32; the plan's bytes follow the dtypes exactly (every
- * part but the arena unchanged, the working weights 2 bytes per GEMM weight element, the arena
- * without reuse smaller by 2 bytes per 16-bit activation element and larger by the planned fp32
- * conversion scratch); a strategy that disagrees with the graph is refused. Dynamic loss scaling
+ * part but the arena and the workspace unchanged, the working weights 2 bytes per GEMM weight
+ * element, the arena without reuse smaller by 2 bytes per 16-bit activation element and larger by
+ * the planned conversion scratch: one storage of the kernel's dtype for exactly each operand
+ * stored in another dtype than its kernel takes, on a backend with bf16 convolutions and linears
+ * (half_kernels) and on one without); a strategy that disagrees with the graph is refused. The
+ * bf16 step with 16-bit kernels against the same step converting around fp32 kernels and against
+ * fp32: loss and every gradient close. Dynamic loss scaling
  * in f16: an input that overflows half range makes the gradients inf/NaN, the step is skipped
  * (weights, EMA and AdamW moments bit-identical across it), the scale backs off, the next step
  * proceeds, and the scale grows after growth_interval finite steps. Checkpoints: the metadata
@@ -78,10 +82,27 @@ static void policy(const struct graph *g, const char *name)
 
 static size_t al(size_t x) { return plan_align(x); }
 
-/* the plan's bytes against what the dtypes say */
-static void bytes(enum unet_preset preset, int batch)
+/* the CPU backend with bf16 convolutions and linears wherever it runs (oneDNN emulates them on
+ * AVX-512 cores without AVX512-BF16), and without any 16-bit kernels */
+static unsigned forced_half(int dtype)
 {
-    const char *name = preset == UNET_DDPM ? "ddpm" : "seed";
+    return dtype == DTYPE_BF16 ? BK_HALF_CONV | BK_HALF_LINEAR : 0;
+}
+static struct backend native_bk, scratch_bk;
+static void tables(void)
+{
+    native_bk = scratch_bk = *backend_cpu();
+    native_bk.half_kernels = forced_half;
+    scratch_bk.half_kernels = NULL;
+}
+
+/* the plan's bytes against what the dtypes say, on bk */
+static void bytes(enum unet_preset preset, int batch, const struct backend *bk)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s (%s)", preset == UNET_DDPM ? "ddpm" : "seed",
+             bk->half_kernels ? "bf16 kernels" : "fp32 kernels");
+    const int half = bk->half_kernels != NULL;
     struct unet_config c;
     tu_small_unet(&c, preset);
     struct graph g32, g16;
@@ -90,7 +111,6 @@ static void bytes(enum unet_preset preset, int batch)
     CHECK(build(&g32, &c, batch, STRATEGY_PRECISION_F32, &io, &target) == 0, "%s: f32", name);
     CHECK(build(&g16, &c, batch, STRATEGY_PRECISION_BF16, &io, &target) == 0, "%s: bf16", name);
     policy(&g16, name);
-    const struct backend *bk = backend_cpu();
     struct plan_opts nr32 = {.no_reuse = 1}, nr16 = nr32, r16 = {0};
     nr16.strategy.precision = r16.strategy.precision = STRATEGY_PRECISION_BF16;
     struct plan a, b, ra, rb;
@@ -98,10 +118,10 @@ static void bytes(enum unet_preset preset, int batch)
     CHECK(plan_make(&b, &g16, bk, &nr16) == PLAN_OK, "%s: plan bf16", name);
     CHECK(plan_make(&ra, &g32, bk, NULL) == PLAN_OK, "%s: plan f32 reuse", name);
     CHECK(plan_make(&rb, &g16, bk, &r16) == PLAN_OK, "%s: plan bf16 reuse", name);
-    /* the parts the dtypes leave alone */
+    /* the parts the dtypes leave alone (the workspace too, without 16-bit kernels) */
     CHECK(a.params_bytes == b.params_bytes && a.grads_bytes == b.grads_bytes &&
           a.adam_bytes == b.adam_bytes && a.ema_bytes == b.ema_bytes &&
-          a.inputs_bytes == b.inputs_bytes && a.ws_bytes == b.ws_bytes,
+          a.inputs_bytes == b.inputs_bytes && (half || a.ws_bytes == b.ws_bytes),
           "%s: a part other than the arena and the working weights changed", name);
     CHECK(a.work_bytes == 0 && a.n_cvt == 0, "%s: an f32 plan has working weights or scratch",
           name);
@@ -120,27 +140,59 @@ static void bytes(enum unet_preset preset, int batch)
     CHECK(b.work_bytes == work, "%s: working weights %zu bytes, the weights say %zu", name,
           b.work_bytes, work);
     /* without reuse every activation has its own bytes: 2 per element fewer for a 16-bit one,
-     * plus an fp32 scratch (4 per element) per 16-bit operand of an op, living for that op */
+     * plus a scratch of the kernel's dtype per operand stored in another, living for that op:
+     * a convolution's or linear's x, w, y and their gradients are bf16 to a 16-bit kernel, its
+     * bias and parameter gradients fp32, and everything of every other op fp32 */
     size_t saved = 0, scratch = 0;
     for (int i = 0; i < g16.n_tensors; i++) {
         const struct tensor *t = g16.tensors[i];
         if (t->kind == TENSOR_ACT && t->dtype != DTYPE_F32 && b.storage[i] >= 0)
             saved += al(4 * t->numel) - al(2 * t->numel);
     }
-    long bad_cvt = 0;
-    for (int i = 0; i < b.n_cvt; i++) {
-        const struct plan_storage *s = &b.st[b.cvt[i].storage];
-        bad_cvt += s->bytes != 4 * g16.tensors[b.cvt[i].tensor]->numel || s->first != s->last;
-        scratch += al(s->bytes);
+    long bad_cvt = 0, want_cvt = 0, half_ops = 0;
+    for (int k = 0; k < b.n_run_ops; k++) {
+        const struct op *o = &g16.ops[k];
+        int gemm = o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA ||
+                   o->type == OP_CONV2D_BWD_FILTER || o->type == OP_LINEAR ||
+                   o->type == OP_LINEAR_BWD;
+        int kd = half && gemm ? DTYPE_BF16 : DTYPE_F32;
+        half_ops += kd != DTYPE_F32;
+        bad_cvt += b.op_dtype[k] != kd;
+        for (int j = 0; j < o->n_in + o->n_out; j++) {
+            int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
+            if (t < 0) continue;
+            const struct tensor *tt = g16.tensors[t];
+            int stored = in && tt->kind == TENSOR_PARAM && weight_slot(o, j) ? DTYPE_BF16
+                                                                              : (int)tt->dtype;
+            int bias_or_grad = tt->kind == TENSOR_GRAD || (tt->kind == TENSOR_PARAM &&
+                                                           !weight_slot(o, j));
+            int want = kd != DTYPE_F32 && !bias_or_grad ? kd : DTYPE_F32;
+            const struct plan_cvt *c = NULL;
+            for (int i = b.cvt_start[k]; i < b.cvt_start[k + 1]; i++)
+                if (b.cvt[i].tensor == t) c = &b.cvt[i];
+            want_cvt += stored != want;
+            if (stored == want) {
+                bad_cvt += c != NULL;
+                continue;
+            }
+            const struct plan_storage *s = c ? &b.st[c->storage] : NULL;
+            bad_cvt += !c || c->dtype != stored || c->kdtype != want ||
+                       s->bytes != bk_dtype_size(want) * tt->numel || s->first != k ||
+                       s->last != k;
+        }
     }
-    CHECK(bad_cvt == 0, "%s: %ld conversion scratch storages are not 4 bytes per element for one "
-          "op", name, bad_cvt);
+    for (int i = 0; i < b.n_cvt; i++) scratch += al(b.st[b.cvt[i].storage].bytes);
+    CHECK(bad_cvt == 0 && b.n_cvt == want_cvt && b.n_half_ops == half_ops,
+          "%s: %ld conversions or kernel dtypes not as the operands' dtypes say (%d planned, %ld "
+          "wanted; %d 16-bit ops, %ld wanted)", name, bad_cvt, b.n_cvt, want_cvt, b.n_half_ops,
+          half_ops);
     CHECK(b.arena_bytes == a.arena_bytes - saved + scratch,
           "%s: arena without reuse %zu, the dtypes say %zu - %zu + %zu", name, b.arena_bytes,
           a.arena_bytes, saved, scratch);
     printf("%s b%d: f32 plan %zu bytes (arena %zu), bf16 %zu (arena %zu, working weights %zu, "
-           "%d conversion scratch storages)\n", name, batch, ra.total_bytes, ra.arena_bytes,
-           rb.total_bytes, rb.arena_bytes, rb.work_bytes, rb.n_cvt);
+           "%d conversion scratch storages, %d ops on 16-bit kernels)\n", name, batch,
+           ra.total_bytes, ra.arena_bytes, rb.total_bytes, rb.arena_bytes, rb.work_bytes, rb.n_cvt,
+           rb.n_half_ops);
     /* a strategy that disagrees with the graph */
     struct plan x;
     CHECK(plan_make(&x, &g16, bk, NULL) == PLAN_ERR_ARG, "%s: a bf16 graph planned as f32", name);
@@ -202,7 +254,7 @@ struct job {
 static const struct strategy_loss_scale ls_cfg = {.initial = 1024.0f, .growth = 2.0f,
                                                    .backoff = 0.5f, .growth_interval = 2};
 
-static int job_init(struct job *j, int precision)
+static int job_init_bk(struct job *j, int precision, const struct backend *bk)
 {
     struct unet_config c;
     tu_small_unet(&c, UNET_DDPM);
@@ -212,8 +264,8 @@ static int job_init(struct job *j, int precision)
     po.strategy.precision = precision;
     po.strategy.loss_scale = ls_cfg;
     struct exec_opts eo = {.threads = 2, .poison = 1, .check_guards = 1};
-    if (plan_make(&j->p, &j->g, backend_cpu(), &po)) return -1;
-    if (exec_init(&j->e, &j->g, &j->p, backend_cpu(), &eo)) return -1;
+    if (plan_make(&j->p, &j->g, bk, &po)) return -1;
+    if (exec_init(&j->e, &j->g, &j->p, bk, &eo)) return -1;
     float *h = malloc(j->g.param_numel * sizeof *h);
     for (int i = 0; i < j->g.n_tensors; i++)
         if (j->g.tensors[i]->kind == TENSOR_PARAM) {
@@ -222,6 +274,11 @@ static int job_init(struct job *j, int precision)
         }
     free(h);
     return exec_reset_state(j->e);
+}
+
+static int job_init(struct job *j, int precision)
+{
+    return job_init_bk(j, precision, backend_cpu());
 }
 
 static void job_free(struct job *j)
@@ -328,6 +385,77 @@ static void loss_scaling(void)
     graph_free(&g);
 }
 
+/* every parameter gradient of j's last backward, in one host buffer */
+static float *grads(struct job *j)
+{
+    float *h = malloc(j->g.param_numel * sizeof *h), *d = h;
+    for (int i = 0; i < j->g.n_tensors; i++)
+        if (j->g.tensors[i]->kind == TENSOR_GRAD) {
+            exec_download(j->e, i, d);
+            d += j->g.tensors[i]->numel;
+        }
+    return h;
+}
+
+/* the bf16 step on 16-bit kernels against the bf16 step on fp32 kernels (the same bf16 values
+ * in, so the same to rounding and summation order) and against fp32 (bf16 storage's error) */
+static void kernels_step(void)
+{
+    struct job f, n, s;
+    CHECK(job_init(&f, STRATEGY_PRECISION_F32) == 0, "f32 job");
+    CHECK(job_init_bk(&n, STRATEGY_PRECISION_BF16, &native_bk) == 0, "bf16 job, bf16 kernels");
+    CHECK(job_init_bk(&s, STRATEGY_PRECISION_BF16, &scratch_bk) == 0, "bf16 job, fp32 kernels");
+    CHECK(n.p.n_half_ops > 0 && s.p.n_half_ops == 0, "ops on 16-bit kernels: %d and %d",
+          n.p.n_half_ops, s.p.n_half_ops);
+    struct job *js[3] = {&f, &n, &s};
+    float loss[3] = {0, 0, 0}, *g[3];
+    for (int i = 0; i < 3; i++) {
+        feed(js[i], 0, 1.0f);
+        CHECK(exec_forward_backward(js[i]->e, 1, 1.0f, 11, 0, 0, &loss[i]) == EXEC_OK,
+              "step %d: %s", i, exec_last_error(js[i]->e)->msg);
+        g[i] = grads(js[i]);
+    }
+    size_t np = f.g.param_numel;
+    double e_ns = tu_rel_err_f(g[1], g[2], np), e_nf = tu_rel_err_f(g[1], g[0], np),
+           e_sf = tu_rel_err_f(g[2], g[0], np);
+    /* the worst single parameter's gradient, 16-bit kernels against fp32 ones, relative to its
+     * own norm with a floor of 1e-3 of the whole gradient's (some are 0 but for rounding: a key
+     * bias does not change the softmax) */
+    double worst = 0, all = 0;
+    for (size_t i = 0; i < np; i++) all += (double)g[2][i] * g[2][i];
+    const char *wname = "";
+    size_t off = 0;
+    for (int i = 0; i < f.g.n_tensors; i++) {
+        const struct tensor *t = f.g.tensors[i];
+        if (t->kind != TENSOR_GRAD) continue;
+        double num = 0, den = 0;
+        for (size_t k = off; k < off + t->numel; k++) {
+            num += ((double)g[1][k] - g[2][k]) * ((double)g[1][k] - g[2][k]);
+            den += (double)g[2][k] * g[2][k];
+        }
+        double e = sqrt(num) / (sqrt(den) + 1e-3 * sqrt(all));
+        if (e > worst || isnan(e)) {
+            worst = e;
+            wname = t->name;
+        }
+        off += t->numel;
+    }
+    printf("bf16 step: loss f32 %.7f, bf16 kernels %.7f, fp32 kernels %.7f; gradients: bf16 vs "
+           "fp32 kernels %.2e (worst tensor %.2e, %s), bf16 kernels vs f32 %.2e, fp32 kernels vs "
+           "f32 %.2e\n", loss[0], loss[1], loss[2], e_ns, worst, wname, e_nf, e_sf);
+    CHECK(fabsf(loss[1] - loss[2]) <= 2e-3f * fabsf(loss[2]) &&
+              fabsf(loss[1] - loss[0]) <= 1e-2f * fabsf(loss[0]),
+          "losses: f32 %.7f, bf16 kernels %.7f, fp32 kernels %.7f", loss[0], loss[1], loss[2]);
+    CHECK(e_ns < 3e-2 && worst < 0.1, "bf16 kernels against fp32 kernels: gradients %.3e apart "
+          "(worst tensor %.3e, %s)", e_ns, worst, wname);
+    CHECK(e_nf < 3e-2 && e_nf < 2.0 * e_sf + 1e-3, "bf16 kernels against f32: gradients %.3e "
+          "apart (fp32 kernels on bf16 storage: %.3e)", e_nf, e_sf);
+    for (int i = 0; i < 3; i++) {
+        free(g[i]);
+        job_free(js[i]);
+    }
+}
+
 static void checkpoints(void)
 {
     struct job a, b, c;
@@ -401,9 +529,13 @@ static void checkpoints(void)
 
 int main(void)
 {
-    bytes(UNET_DDPM, 3);
-    bytes(UNET_SEED, 2);
+    tables();
+    bytes(UNET_DDPM, 3, &scratch_bk);
+    bytes(UNET_SEED, 2, &scratch_bk);
+    bytes(UNET_DDPM, 3, &native_bk);
+    bytes(UNET_SEED, 2, &native_bk);
     smaller();
+    kernels_step();
     loss_scaling();
     checkpoints();
     return tu_finish("test_prec");
