@@ -20,6 +20,7 @@
 #include "init.h"
 #include "philox.h"
 #include "plan.h"
+#include "planner.h"
 #include "unet.h"
 
 static double now(void)
@@ -98,8 +99,17 @@ static void fill_normal(float *x, size_t n, uint64_t seed, uint64_t s, uint32_t 
     for (size_t i = 0; i < n; i++) x[i] = philox_normal(seed, PHILOX_TAG_NOISE, s, stream, 0, (uint32_t)i);
 }
 
-static int run_config(const char *name, int batch, int warmup, int steps, int threads, int profile)
+/* --half-kernels MASK: the CPU backend with these enum bk_half bits for bf16, whatever
+ * cpu_half_kernels would choose (to measure each kernel's 16-bit path against the other) */
+static unsigned forced_mask;
+static unsigned forced_half(int dtype) { return dtype == BK_DTYPE_BF16 ? forced_mask : 0; }
+
+static int run_config(const char *name, int batch, int warmup, int steps, int threads, int profile,
+                      int precision, int force_half)
 {
+    struct backend forced = *backend_cpu();
+    forced.half_kernels = forced_half;
+    const struct backend *bk = force_half ? &forced : backend_cpu();
     struct unet_config c;
     if (config_by_name(&c, name)) {
         fprintf(stderr, "cpu_bench: unknown config %s\n", name);
@@ -112,12 +122,15 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     struct exec *e = NULL;
     graph_init(&g);
     int target;
-    if (unet_build_training(&g, &c, batch, &io, &target, NULL))
+    if (unet_build_training(&g, &c, batch, &io, &target, NULL) ||
+        graph_set_precision(&g, precision))
         return fprintf(stderr, "cannot build the training graph: %s\n", g.err), 1;
-    if (plan_make(&p, &g, backend_cpu(), NULL)) return fprintf(stderr, "plan_make failed\n"), 1;
+    struct plan_opts po = {.strategy = strategy_plain(batch)};
+    po.strategy.precision = precision;
+    if (plan_make(&p, &g, bk, &po)) return fprintf(stderr, "plan_make failed\n"), 1;
     long rss_graph = rss_now_kib();
     struct exec_opts eo = {.threads = threads, .profile = profile};
-    if (exec_init(&e, &g, &p, backend_cpu(), &eo)) return fprintf(stderr, "exec_init failed\n"), 1;
+    if (exec_init(&e, &g, &p, bk, &eo)) return fprintf(stderr, "exec_init failed\n"), 1;
 
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
@@ -185,6 +198,8 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     long peak = rss_peak_kib();
     printf("engine ddpmd\nconfig %s\nbatch %d\nthreads %d\nparams %zu\n", name, batch, threads,
            g.param_numel);
+    printf("precision %s\nhalf_ops %d\nconversions %d\n", planner_precision_name(precision),
+           p.n_half_ops, p.n_cvt);
     printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f\n", steps,
            warmup, 1e3 * med, 1e3 * sorted[0], 1e3 * sorted[steps - 1]);
     printf("images_per_s %.3f\n", batch / med);
@@ -412,16 +427,19 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
-            "[--profile]\n"
+            "[--profile] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
             "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
             "       cpu_bench --attn [--threads N] [--seconds S]\n"
-            "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n");
+            "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n"
+            "--half-kernels MASK: bf16 on these kernels (1 convolutions, 2 linears, 3 both, 0\n"
+            "none) instead of the CPU backend's choice (half_kernels)\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *config = NULL;
     int batch = 8, steps = 10, warmup = 2, profile = 0, ceilings = 0, attn = 0;
+    int precision = STRATEGY_PRECISION_F32, force_half = 0;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double seconds = 3.0;
     for (int i = 1; i < argc; i++) {
@@ -433,6 +451,19 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--half-kernels") && v) {
+            forced_mask = (unsigned)strtoul(argv[++i], NULL, 0);
+            force_half = 1;
+        } else if (!strcmp(a, "--precision") && v) {
+            const char *name = argv[++i];
+            precision = -1;
+            for (int q = STRATEGY_PRECISION_F32; q <= STRATEGY_PRECISION_F16; q++)
+                if (!strcmp(name, planner_precision_name(q))) precision = q;
+            if (precision < 0) {
+                usage();
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--ceilings")) ceilings = 1;
         else if (!strcmp(a, "--attn")) attn = 1;
         else {
@@ -447,5 +478,5 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
-    return run_config(config, batch, warmup, steps, threads, profile);
+    return run_config(config, batch, warmup, steps, threads, profile, precision, force_half);
 }
