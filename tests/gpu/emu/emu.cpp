@@ -461,14 +461,29 @@ static int planted_fault(void)
     return 1;
 }
 
-/* CU_TOUCHES: the bytes the next launch's pointer arguments touch, where the caller named them */
-static thread_local std::vector<std::pair<const void *, size_t>> tl_touches;
-void emu_touches(const void *p, size_t bytes) { tl_touches.emplace_back(p, bytes); }
+/* CU_TOUCHES: the bytes the next launch's pointer arguments touch, where the caller named them
+ * (plain thread-local data: LeakSanitizer's tracer fails on a dlopen'ed module's thread_local
+ * objects with destructors) */
+#define EMU_TOUCHES 8
+static thread_local struct {
+    const void *p;
+    size_t bytes;
+} tl_touch[EMU_TOUCHES];
+static thread_local int tl_ntouch;
+void emu_touches(const void *p, size_t bytes)
+{
+    if (tl_ntouch == EMU_TOUCHES) {
+        fprintf(stderr, "emu: more than %d CU_TOUCHES before a launch\n", EMU_TOUCHES);
+        abort();
+    }
+    tl_touch[tl_ntouch].p = p;
+    tl_touch[tl_ntouch++].bytes = bytes;
+}
 
 cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
 {
-    std::vector<std::pair<const void *, size_t>> touches;
-    touches.swap(tl_touches);
+    const int ntouch = tl_ntouch;
+    tl_ntouch = 0;
     pthread_mutex_lock(&g_mem_lock);
     cudaError_t e = g_sticky;
     emu_stream *st = stream_of(s);
@@ -479,8 +494,8 @@ cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
         char what[64];
         snprintf(what, sizeof what, "kernel argument (pointer %d)", i);
         size_t bytes = 0;
-        for (const auto &t : touches)
-            if (t.first == a[i].p) bytes = t.second;
+        for (int t = 0; t < ntouch; t++)
+            if (tl_touch[t].p == a[i].p) bytes = tl_touch[t].bytes;
         e = use_locked(st, a[i].p, bytes, a[i].write, what);
         if (e == cudaErrorIllegalAddress) e = emu_fault(e);
     }
