@@ -17,6 +17,7 @@
 #include "ddpm.h"
 #include "cost.h"
 #include "exec.h"
+#include "half.h"
 #include "init.h"
 #include "philox.h"
 #include "plan.h"
@@ -307,10 +308,15 @@ static int run_ceilings(int threads, double seconds)
         free(b);
         free(c);
     }
-    {
+    /* the same convolution in fp32 (ceiling_conv_*) and with bf16 operands (ceiling_conv_bf16_*:
+     * what the CPU's bf16 kernels reach against its fp32 ones) */
+    for (int di = 0; di < 2; di++) {
+        const int dt = di ? BK_DTYPE_BF16 : BK_DTYPE_F32;
         /* the ddpm-cifar10 16x16 resnet conv at batch 8: 256 -> 256, 3x3, pad 1 */
         struct bk_conv2d s = {.n = 8, .ci = 256, .h = 16, .w = 16, .co = 256, .kh = 3, .kw = 3,
-                              .stride = 1, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1};
+                              .stride = 1, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1,
+                              .dtype = dt};
+        const char *key = dt == BK_DTYPE_F32 ? "conv" : "conv_bf16";
         bk_conv2d_init(&s);
         size_t nx = (size_t)s.n * s.ci * s.h * s.w, ny = (size_t)s.n * s.co * s.ho * s.wo;
         size_t nw = (size_t)s.co * s.ci * s.kh * s.kw;
@@ -321,6 +327,10 @@ static int run_ceilings(int threads, double seconds)
         if (posix_memalign(&ws, 64, wsb ? wsb : 64)) return 1;
         fill_normal(x, nx, 3, 0, 0);
         fill_normal(w, nw, 3, 0, 1);
+        if (dt == BK_DTYPE_BF16) { /* in place: element i's 16 bits before element i's float */
+            for (size_t i = 0; i < nx; i++) ((uint16_t *)x)[i] = half_f32_to_bf16(x[i]);
+            for (size_t i = 0; i < nw; i++) ((uint16_t *)w)[i] = half_f32_to_bf16(w[i]);
+        }
         double fl = 2.0 * s.n * s.co * s.ho * s.wo * (double)s.ci * s.kh * s.kw;
         double best[3] = {1e30, 1e30, 1e30};
         double t_end = now() + seconds;
@@ -340,11 +350,12 @@ static int run_ceilings(int threads, double seconds)
             }
             reps++;
         }
-        printf("ceiling_conv_shape N%d %d->%d %dx%d 3x3\n", s.n, s.ci, s.co, s.h, s.w);
-        printf("ceiling_conv_fwd_gflops %.2f\nceiling_conv_bwd_data_gflops %.2f\n"
-               "ceiling_conv_bwd_filter_gflops %.2f\n",
-               fl / best[0] * 1e-9, fl / best[1] * 1e-9, fl / best[2] * 1e-9);
-        printf("ceiling_conv_gflops %.2f\n", 3.0 * fl / (best[0] + best[1] + best[2]) * 1e-9);
+        if (dt == BK_DTYPE_F32)
+            printf("ceiling_conv_shape N%d %d->%d %dx%d 3x3\n", s.n, s.ci, s.co, s.h, s.w);
+        printf("ceiling_%s_fwd_gflops %.2f\nceiling_%s_bwd_data_gflops %.2f\n"
+               "ceiling_%s_bwd_filter_gflops %.2f\n", key, fl / best[0] * 1e-9, key,
+               fl / best[1] * 1e-9, key, fl / best[2] * 1e-9);
+        printf("ceiling_%s_gflops %.2f\n", key, 3.0 * fl / (best[0] + best[1] + best[2]) * 1e-9);
         free(x);
         free(y);
         free(w);

@@ -2,7 +2,9 @@
 # torch_step.py - the PyTorch side of bench/cpu.sh: the same UNet (the parity fixtures' hand-written
 # diffusers UNet2DModel and seed UNet, tests/parity/make_fixtures.py), the same training step
 # (t and noise drawn, x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) noise, forward, MSE against the
-# noise, backward, clip 1.0, AdamW, EMA), float32 on the CPU, timed like cpu_bench.
+# noise, backward, clip 1.0, AdamW, EMA), float32 on the CPU, or with --precision bf16 the forward
+# and the loss under torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch's CPU mixed precision:
+# convolutions and matmuls in bf16, fp32 weights and optimizer), timed like cpu_bench.
 # Prints `key value` lines. Run with Debian's /usr/bin/python3 (python3-torch).
 import argparse
 import os
@@ -34,7 +36,20 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
+    amp = a.precision == "bf16"
+    if amp:
+        # torch 1.13's CPU autocast leaves group_norm out of its fp32 list and then refuses a bf16
+        # input with fp32 affine weights; later versions run it in fp32, as ddpmd does (fp32
+        # statistics): do that here
+        gn_forward = torch.nn.GroupNorm.forward
+
+        def gn_fp32(self, x):
+            with torch.autocast("cpu", enabled=False):
+                return gn_forward(self, x.float())
+
+        torch.nn.GroupNorm.forward = gn_fp32
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -60,7 +75,8 @@ def main():
         ti = torch.randint(0, 1000, (a.batch,), generator=g)
         noise = torch.randn(x0.shape, generator=g)
         xt = sqrt_ab[ti].view(-1, 1, 1, 1) * x0 + sqrt_1mab[ti].view(-1, 1, 1, 1) * noise
-        loss = F.mse_loss(model(xt, ti.float()), noise)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = F.mse_loss(model(xt, ti.float()).float(), noise)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -79,6 +95,7 @@ def main():
     print("engine torch\nconfig %s\nbatch %d\nthreads %d" % (a.config, a.batch, torch.get_num_threads()))
     print("params %d" % sum(p.numel() for p in model.parameters()))
     print("torch_version %s" % torch.__version__)
+    print("precision %s" % a.precision)
     print("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f"
           % (a.steps, a.warmup, 1e3 * med, 1e3 * times[0], 1e3 * times[-1]))
     print("images_per_s %.3f" % (a.batch / med))
