@@ -34,7 +34,9 @@ rc=0
 # test_seed64: 3 steps of the 23M-parameter seed model at 64x64 under each of four budgets
 # (minutes in the normal build, past ctest's 900 s under ASan); test_budget_matrix and
 # test_accum/test_recompute/test_offload run the same planner and executor paths on small models.
-exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|test_seed64)\$}
+# test_prec_train: 600 fmnist-tiny training steps (45 CPU-seconds in the normal build, 145 under
+# ASan); test_prec, test_ops_half and test_prec_resume run its 16-bit paths under ASan.
+exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|test_seed64|test_prec_train)\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc
