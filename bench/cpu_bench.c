@@ -232,13 +232,21 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
                 }
         double fl_type[OP_COUNT] = {0};
         for (int k = 0; k < g.n_ops; k++) fl_type[g.ops[k].type] += cost_op_flops(&g.ops[k]);
-        printf("# %-22s %9s %6s %6s %9s\n", "op", "ms/step", "share", "calls", "GFLOP/s");
+        /* elements the executor converts per step around each op type (in and back out:
+         * 16-bit operands of fp32 kernels, fp32 operands of 16-bit ones; plan.cvt) */
+        double cvt_type[OP_COUNT] = {0};
+        for (int k = 0; k < p.n_run_ops; k++)
+            for (int i = p.cvt_start[k]; i < p.cvt_start[k + 1]; i++)
+                cvt_type[plan_op(&p, &g, k)->type] +=
+                    (double)plan_tensor(&p, &g, p.cvt[i].tensor)->numel *
+                    (p.cvt[i].load + p.cvt[i].store);
+        printf("# %-22s %9s %6s %6s %9s %9s\n", "op", "ms/step", "share", "calls", "Mcvt", "GFLOP/s");
         for (int i = 0; i < OP_COUNT; i++) {
             int ty = order[i];
             if (pr->calls[ty] == 0) continue;
             double sec = pr->seconds[ty] * per;
-            printf("# %-22s %9.2f %5.1f%% %6ld", op_name(ty), 1e3 * sec, 100.0 * pr->seconds[ty] / total,
-                   pr->calls[ty] / steps);
+            printf("# %-22s %9.2f %5.1f%% %6ld %9.1f", op_name(ty), 1e3 * sec,
+                   100.0 * pr->seconds[ty] / total, pr->calls[ty] / steps, 1e-6 * cvt_type[ty]);
             if (fl_type[ty] > 0) printf(" %9.1f", 1e-9 * fl_type[ty] / sec);
             printf("\n");
         }
