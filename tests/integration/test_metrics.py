@@ -107,6 +107,7 @@ def main(exe):
     for _ in range(3):
         s.request("GET", "/no/such/route")
     s.request("GET", "/jobs/j0000000000000000")
+    scrape_until(s, "ddpmd_http_requests_total", 3, method="", route="unmatched", status="404")
     m = scrape_until(s, "ddpmd_http_requests_total", 1, method="GET", route="/jobs/{id}",
                      status="404")
     check(get(m, "ddpmd_http_requests_total", method="", route="unmatched", status="404") == 3,
