@@ -229,6 +229,17 @@ static void add_str_or_null(cJSON *o, const char *k, const char *v)
         cJSON_AddNullToObject(o, k);
 }
 
+/* where a job runs and its plans: device (null until it starts), reserved_bytes and plan (on its
+ * device, or while queued on the first device it fits), plans (every device's). The stored plans
+ * are the server's own JSON, put in as they are */
+static void add_placement(cJSON *o, const struct job_row *r)
+{
+    add_str_or_null(o, "device", r->device);
+    cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
+    cJSON_AddItemToObject(o, "plan", cJSON_CreateRaw(r->plan && r->plan[0] ? r->plan : "{}"));
+    cJSON_AddItemToObject(o, "plans", r->plans ? cJSON_CreateRaw(r->plans) : cJSON_CreateNull());
+}
+
 static cJSON *job_json(const struct api *a, const struct job_row *r)
 {
     cJSON *o = cJSON_CreateObject();
@@ -236,14 +247,11 @@ static cJSON *job_json(const struct api *a, const struct job_row *r)
     cJSON_AddStringToObject(o, "kind", r->kind);
     cJSON_AddStringToObject(o, "owner", r->owner);
     cJSON_AddStringToObject(o, "state", job_state_name(r->state));
-    cJSON_AddStringToObject(o, "device", r->device);
     if (r->threads > 0)
         cJSON_AddNumberToObject(o, "threads", r->threads);
     else
         cJSON_AddNullToObject(o, "threads");
-    cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
-    cJSON *plan = cJSON_Parse(r->plan);
-    cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+    add_placement(o, r);
     cJSON_AddNumberToObject(o, "step", (double)r->step);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     add_num_or_null(o, "loss", r->loss);
@@ -374,7 +382,7 @@ static enum MHD_Result accepted(struct ctx *c, cJSON *o, const char *loc)
     return r;
 }
 
-static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_estimate *est,
+static enum MHD_Result submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                       const char *err, const char *plan_path);
 static cJSON *upload_json(struct ctx *c, const char *id);
 static int upload_visible(struct ctx *c, const cJSON *o);
@@ -482,20 +490,21 @@ static enum MHD_Result h_train(struct ctx *c)
             return invalid(c->conn, 422, "init_from", "the checkpoint's path is too long");
         memcpy(child.init_from, path, strlen(path) + 1);
     }
-    struct pool_estimate est;
-    char id[JOBS_ID_LEN], err[512];
+    struct pool_admission adm = {0};
+    char id[JOBS_ID_LEN], err[1024];
     /* an uploaded dataset cannot be deleted between the check above and the job's queueing */
     if (uploaded) upload_lock();
     /* the job's events are looked up for its webhook only once it is stored (webhook.h) */
     if (hook) webhook_lock(c->a->cfg.webhook);
     int still = !uploaded || access(child.dataset, F_OK) == 0;
-    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &est, id, err, sizeof err)
+    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &adm, id, err, sizeof err)
                    : 0;
     int wrc = hook && still && rc == 0 ? webhook_register(c->a->cfg.webhook, id, &sub, err, sizeof err) : 0;
     if (hook) webhook_unlock(c->a->cfg.webhook);
     if (uploaded) upload_unlock();
     if (!still) return invalid(c->conn, 422, "data.dataset", "the dataset was deleted");
-    if (rc) return submit_refused(c, rc, &est, err, "model");
+    if (rc) return submit_refused(c, rc, &adm, err, "model");
+    free(adm.plans);
     if (wrc) { /* queued already: it runs, and says why it sends nothing */
         char line[700];
         snprintf(line, sizeof line, "{\"event\":\"register\",\"ok\":false,\"error\":\"the webhook "
@@ -529,10 +538,7 @@ static cJSON *sample_json(const struct api *a, const struct job_row *r)
     cJSON_AddStringToObject(o, "kind", r->kind);
     cJSON_AddStringToObject(o, "owner", r->owner);
     cJSON_AddStringToObject(o, "state", job_state_name(r->state));
-    cJSON_AddStringToObject(o, "device", r->device);
-    cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
-    cJSON *plan = cJSON_Parse(r->plan);
-    cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+    add_placement(o, r);
     cJSON_AddNumberToObject(o, "step", (double)r->step);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     add_str_or_null(o, "error", r->error);
@@ -620,20 +626,31 @@ static enum MHD_Result send_problem_errors(struct ctx *c, cJSON *o)
     return problem(c->conn, 422, "validation", detail, o, NULL);
 }
 
-/* a submit refused by the pool -> its problem (shared by POST /train and POST /samples) */
-static enum MHD_Result submit_refused(struct ctx *c, int rc, const struct pool_estimate *est,
+/* a submit refused by the pool -> its problem (shared by POST /train and POST /samples); frees
+ * adm's plans */
+static enum MHD_Result submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                       const char *err, const char *plan_path)
 {
-    if (rc == POOL_ERR_NEVER_FITS) {
+    cJSON *plans = adm->plans ? cJSON_Parse(adm->plans) : NULL;
+    free(adm->plans);
+    adm->plans = NULL;
+    if (rc == POOL_ERR_NEVER_FITS || rc == POOL_ERR_POISONED) {
+        /* the device closest to fitting (never-fits) or the poisoned one it fits: its bytes
+         * and its plan, the smallest one its search found; every device's in plans */
+        const struct pool_fit *f = &adm->fit[adm->first >= 0 ? adm->first : 0];
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "needed_bytes", (double)est->reserved);
-        cJSON_AddNumberToObject(o, "budget_bytes", (double)pool_config_of(c->a->cfg.pool)->budget_bytes);
-        char *pj = pool_estimate_json(est);
-        cJSON *plan = pj ? cJSON_Parse(pj) : NULL;
-        free(pj);
+        cJSON_AddNumberToObject(o, "needed_bytes", (double)f->reserved);
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)f->budget);
+        cJSON_AddStringToObject(o, "device", f->device);
+        cJSON *plan = cJSON_Duplicate(cJSON_GetArrayItem(plans, adm->first), 1);
         cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+        cJSON_AddItemToObject(o, "plans", plans ? plans : cJSON_CreateArray());
+        if (rc == POOL_ERR_POISONED)
+            return problem(c->conn, 503, "device-poisoned", err, o,
+                           (const char *const[]){"Retry-After", "60", NULL});
         return problem(c->conn, 422, "never-fits", err, o, NULL);
     }
+    cJSON_Delete(plans);
     if (rc == POOL_ERR_QUEUE_FULL)
         return problem(c->conn, 503, "queue-full", err, NULL,
                        (const char *const[]){"Retry-After", "30", NULL});
@@ -806,10 +823,11 @@ static enum MHD_Result h_samples_post(struct ctx *c)
     s.steps = (int)steps;
     cJSON_Delete(eo);
     cJSON_Delete(root);
-    struct pool_estimate est;
-    char id[JOBS_ID_LEN], err[512];
-    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, &s, &est, id, err, sizeof err);
-    if (rc) return submit_refused(c, rc, &est, err, "checkpoint");
+    struct pool_admission adm = {0};
+    char id[JOBS_ID_LEN], err[1024];
+    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, &s, &adm, id, err, sizeof err);
+    if (rc) return submit_refused(c, rc, &adm, err, "checkpoint");
+    free(adm.plans);
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
         return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);
@@ -1142,27 +1160,49 @@ static enum MHD_Result h_healthz(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
+/* one device's figures (GET /devices, GET /readyz) */
+static cJSON *device_json(const struct pool_device_state *d, int waiting_key)
+{
+    cJSON *o = cJSON_CreateObject();
+    int cpu = strcmp(d->cfg.name, "cpu") == 0;
+    cJSON_AddStringToObject(o, "name", d->cfg.name);
+    cJSON_AddStringToObject(o, "kind", cpu ? "cpu" : "cuda");
+    if (d->cfg.total_bytes > 0) cJSON_AddNumberToObject(o, "total_bytes", (double)d->cfg.total_bytes);
+    else cJSON_AddNullToObject(o, "total_bytes");
+    cJSON_AddNumberToObject(o, "budget_bytes", (double)d->cfg.budget_bytes);
+    cJSON_AddNumberToObject(o, "overhead_bytes", (double)d->cfg.baseline_bytes);
+    cJSON_AddNumberToObject(o, "process_baseline_bytes", (double)d->cfg.baseline_bytes);
+    cJSON_AddNumberToObject(o, "reserved_bytes", (double)d->reserved);
+    cJSON_AddNumberToObject(o, "free_bytes", (double)(d->cfg.budget_bytes - d->reserved));
+    cJSON_AddNumberToObject(o, "running_jobs", d->running);
+    if (waiting_key) cJSON_AddNumberToObject(o, "waiting_jobs", d->waiting);
+    cJSON_AddNumberToObject(o, "threads_used", d->threads_used);
+    cJSON_AddBoolToObject(o, "poisoned", d->poisoned);
+    add_str_or_null(o, "poisoned_by", d->poisoned ? d->poison : NULL);
+    return o;
+}
+
 static enum MHD_Result h_readyz(struct ctx *c)
 {
-    int n = 0, running = 0, threads = 0;
-    int64_t reserved = 0;
+    int n = 0;
     int store = jobs_count(c->a->cfg.db, -1, &n) == JOBS_OK;
-    pool_usage(c->a->cfg.pool, &reserved, &running, &threads);
+    struct pool_device_state ds[POOL_MAX_DEVICES];
+    int nd = pool_devices(c->a->cfg.pool, ds, POOL_MAX_DEVICES);
     const struct pool_config *pc = pool_config_of(c->a->cfg.pool);
-    int ready = store && c->a->admitting;
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = cJSON_CreateObject(), *devs = cJSON_CreateArray(), *bad = cJSON_CreateArray();
+    for (int i = 0; i < nd; i++) {
+        cJSON *d = device_json(&ds[i], 0);
+        if (strcmp(ds[i].cfg.name, "cpu") == 0) cJSON_AddNumberToObject(d, "cores", pc->cores);
+        cJSON_AddItemToArray(devs, d);
+        if (ds[i].poisoned) cJSON_AddItemToArray(bad, cJSON_CreateString(ds[i].cfg.name));
+    }
+    /* a poisoned device fails readiness: the server needs a restart to use it again */
+    int ready = store && c->a->admitting && cJSON_GetArraySize(bad) == 0;
     cJSON_AddStringToObject(o, "status", ready ? "ready" : "not ready");
     cJSON_AddBoolToObject(o, "store", store);
     cJSON_AddBoolToObject(o, "admitting", c->a->admitting);
-    cJSON *devs = cJSON_AddArrayToObject(o, "devices"), *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "name", pc->device);
-    cJSON_AddNumberToObject(d, "budget_bytes", (double)pc->budget_bytes);
-    cJSON_AddNumberToObject(d, "process_baseline_bytes", (double)pc->baseline_bytes);
-    cJSON_AddNumberToObject(d, "reserved_bytes", (double)reserved);
-    cJSON_AddNumberToObject(d, "running_jobs", running);
-    cJSON_AddNumberToObject(d, "cores", pc->cores);
-    cJSON_AddNumberToObject(d, "threads_used", threads);
-    cJSON_AddItemToArray(devs, d);
+    cJSON_AddItemToObject(o, "poisoned", bad);
+    cJSON_AddItemToObject(o, "devices", devs);
     return send_json(c->conn, ready ? 200 : 503, o, NULL, NULL);
 }
 
@@ -1753,40 +1793,28 @@ static enum MHD_Result h_datasets_post(struct ctx *c)
 /* GET /devices: each device's budget and what is on it now */
 static enum MHD_Result h_devices(struct ctx *c)
 {
-    int running = 0, threads = 0, queued = 0;
-    int64_t reserved = 0;
-    pool_usage(c->a->cfg.pool, &reserved, &running, &threads);
-    if (jobs_count(c->a->cfg.db, JOB_QUEUED, &queued))
-        return problem(c->conn, 500, NULL, "the job store cannot be read", NULL, NULL);
+    struct pool_device_state ds[POOL_MAX_DEVICES];
+    int nd = pool_devices(c->a->cfg.pool, ds, POOL_MAX_DEVICES);
     const struct pool_config *pc = pool_config_of(c->a->cfg.pool);
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "devices");
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "name", pc->device);
-    cJSON_AddStringToObject(d, "kind", strncmp(pc->device, "cuda", 4) == 0 ? "cuda" : "cpu");
-    if (pages > 0 && psz > 0)
-        cJSON_AddNumberToObject(d, "total_bytes", (double)pages * (double)psz);
-    else
-        cJSON_AddNullToObject(d, "total_bytes");
-    cJSON_AddNumberToObject(d, "budget_bytes", (double)pc->budget_bytes);
-    cJSON_AddNumberToObject(d, "overhead_bytes", (double)pc->baseline_bytes);
-    cJSON_AddNumberToObject(d, "reserved_bytes", (double)reserved);
-    cJSON_AddNumberToObject(d, "free_bytes", (double)(pc->budget_bytes - reserved));
-    cJSON_AddNumberToObject(d, "running_jobs", running);
-    cJSON_AddNumberToObject(d, "waiting_jobs", queued);
-    cJSON_AddNumberToObject(d, "cores", pc->cores);
-    cJSON_AddNumberToObject(d, "threads_used", threads);
-    cJSON_AddItemToArray(arr, d);
+    for (int i = 0; i < nd; i++) {
+        cJSON *d = device_json(&ds[i], 1);
+        if (strcmp(ds[i].cfg.name, "cpu") == 0) cJSON_AddNumberToObject(d, "cores", pc->cores);
+        cJSON_AddItemToArray(arr, d);
+    }
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
 /* GET /metrics: Prometheus text format 0.0.4 */
 static enum MHD_Result h_metrics(struct ctx *c)
 {
-    struct metrics_gauges g = {.device = pool_config_of(c->a->cfg.pool)->device,
-                               .budget_bytes = pool_config_of(c->a->cfg.pool)->budget_bytes};
-    int threads = 0;
-    pool_usage(c->a->cfg.pool, &g.reserved_bytes, &g.running_jobs, &threads);
+    struct pool_device_state ds[POOL_MAX_DEVICES];
+    struct metrics_device md[POOL_MAX_DEVICES];
+    int nd = pool_devices(c->a->cfg.pool, ds, POOL_MAX_DEVICES);
+    for (int i = 0; i < nd; i++)
+        md[i] = (struct metrics_device){ds[i].cfg.name, ds[i].cfg.budget_bytes, ds[i].reserved,
+                                        ds[i].running, ds[i].poisoned};
+    struct metrics_gauges g = {.devices = md, .n_devices = nd};
     g.jobs_ok = 1;
     for (int s = 0; s < JOB_STATE_COUNT && g.jobs_ok; s++)
         g.jobs_ok = jobs_count(c->a->cfg.db, s, &g.jobs[s]) == JOBS_OK;

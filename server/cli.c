@@ -47,10 +47,6 @@ struct cli_model {
     const char *device;                    /* --device (default cpu) */
 };
 
-/* the exit status of a command whose device a sticky CUDA error poisoned (ddpmd serve's pool
- * tells it from a failed job's 1 and marks the device) */
-#define CLI_EXIT_POISONED 3
-
 /* --device NAME: its backend from the loader (the CUDA module only when asked for); the
  * reason on stderr and the exit status (2: not a device name, 1: no such device or module)
  * on failure */

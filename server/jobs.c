@@ -122,6 +122,7 @@ static const char *schema =
     " device TEXT NOT NULL,"
     " reserved_bytes INTEGER NOT NULL,"
     " plan TEXT NOT NULL,"
+    " plans TEXT,"
     " threads INTEGER NOT NULL DEFAULT 0,"
     " step INTEGER NOT NULL DEFAULT 0,"
     " steps INTEGER NOT NULL DEFAULT 0,"
@@ -190,12 +191,16 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
                  version, JOBS_SCHEMA_VERSION);
         goto fail;
     }
-    /* version 0 = a new file; 1 -> 2 only adds the idempotency table (CREATE IF NOT EXISTS) */
+    /* version 0 = a new file; 1 -> 2 only adds the idempotency table (CREATE IF NOT EXISTS);
+     * 2 -> 3 adds jobs.plans (NULL for the jobs stored before: the pool plans them again) */
     if (sqlite3_exec(j->db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
         sqlite3_exec(j->db, schema, NULL, NULL, &msg) != SQLITE_OK ||
+        (version > 0 && version < 3 &&
+         sqlite3_exec(j->db, "ALTER TABLE jobs ADD COLUMN plans TEXT", NULL, NULL, &msg) !=
+             SQLITE_OK) ||
         sqlite3_exec(j->db,
-                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '2');"
-                     "PRAGMA user_version = 2; COMMIT;",
+                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '3');"
+                     "PRAGMA user_version = 3; COMMIT;",
                      NULL, NULL, &msg) != SQLITE_OK)
         goto sqlfail;
     snprintf(j->reserve, sizeof j->reserve, "%s/ddpmd.db-reserve", dir);
@@ -234,7 +239,7 @@ static void copy_col(char *dst, size_t n, sqlite3_stmt *st, int i)
 
 #define ROW_COLS                                                                                  \
     "seq, id, owner, kind, state, spec, device, reserved_bytes, plan, threads, step, steps, "    \
-    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at"
+    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at, plans"
 
 static int read_row(sqlite3_stmt *st, struct job_row *r)
 {
@@ -261,7 +266,8 @@ static int read_row(sqlite3_stmt *st, struct job_row *r)
     copy_col(r->created_at, sizeof r->created_at, st, 17);
     copy_col(r->started_at, sizeof r->started_at, st, 18);
     copy_col(r->ended_at, sizeof r->ended_at, st, 19);
-    if (!r->spec || !r->plan) {
+    r->plans = dup_col(st, 20);
+    if (!r->spec || !r->plan || (!r->plans && sqlite3_column_type(st, 20) != SQLITE_NULL)) {
         job_row_free(r);
         return JOBS_ERR_NOMEM;
     }
@@ -274,7 +280,8 @@ void job_row_free(struct job_row *r)
     free(r->spec);
     free(r->plan);
     free(r->error);
-    r->spec = r->plan = r->error = NULL;
+    free(r->plans);
+    r->spec = r->plan = r->error = r->plans = NULL;
 }
 
 void job_rows_free(struct job_row *rows, int n)
@@ -347,7 +354,8 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     jobs_now(now, sizeof now);
     if (sqlite3_prepare_v2(db->db,
                            "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
-                           "plan, steps, created_at) VALUES(?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                           "plan, steps, created_at, plans) VALUES(?, ?, ?, 'queued', ?, ?, ?, ?, "
+                           "?, ?, ?)",
                            -1, &st, NULL) != SQLITE_OK)
         goto out;
     sqlite3_bind_text(st, 1, r->id, -1, SQLITE_STATIC);
@@ -359,6 +367,7 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     sqlite3_bind_text(st, 7, r->plan, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 8, r->steps);
     sqlite3_bind_text(st, 9, now, -1, SQLITE_TRANSIENT);
+    if (r->plans) sqlite3_bind_text(st, 10, r->plans, -1, SQLITE_STATIC);
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     rc = event_append_locked(db, r->id, "state", "{\"state\":\"queued\"}", NULL);
 out:
@@ -585,6 +594,30 @@ out:
 int jobs_set_cancel_requested(struct jobs *db, const char *id)
 {
     return exec_one(db, "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", id, 0, 0, 0, 0);
+}
+
+int jobs_set_plan(struct jobs *db, const char *id, const char *device, int64_t reserved,
+                  const char *plan, const char *plans)
+{
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = JOBS_ERR_DB;
+    if (sqlite3_prepare_v2(db->db, "UPDATE jobs SET device = COALESCE(?2, device), reserved_bytes "
+                           "= ?3, plan = ?4, plans = COALESCE(?5, plans) WHERE id = ?1", -1, &st,
+                           NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    if (device) sqlite3_bind_text(st, 2, device, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, reserved);
+    sqlite3_bind_text(st, 4, plan, -1, SQLITE_STATIC);
+    if (plans) sqlite3_bind_text(st, 5, plans, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    rc = sqlite3_changes(db->db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
+out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(db);
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
 }
 
 int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t steps, double loss,

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define JOBS_SCHEMA_VERSION 2
+#define JOBS_SCHEMA_VERSION 3
 #define JOBS_ID_LEN 24
 
 /* JOBS_ERR_FULL: SQLite said SQLITE_FULL (the disk is full): nothing of the call was stored */
@@ -23,7 +23,7 @@ struct job_row {
     char owner[64];
     char kind[16];               /* "train" or "sample" */
     enum job_state state;
-    char device[32];
+    char device[32];             /* where it runs; "" until its first start places it */
     int64_t reserved_bytes;      /* plan + process baseline (+ host data on the cpu device) */
     int threads;                 /* fixed at start; 0 while never started */
     int64_t step, steps;
@@ -32,7 +32,10 @@ struct job_row {
     int starts;                  /* how many times a child was started for it */
     char created_at[32], started_at[32], ended_at[32]; /* RFC 3339 UTC; "" when not yet */
     char *spec;                  /* the spec as submitted (canonical JSON), owned */
-    char *plan;                  /* the planner's bytes by part (JSON object), owned */
+    char *plan;                  /* its plan on its device (JSON object; while unplaced the plan
+                                  * on the first device it fits), owned */
+    char *plans;                 /* its plan on each device (JSON array), owned; NULL for a job
+                                  * stored before schema 3 */
     char *error;                 /* NULL unless failed */
 };
 
@@ -56,7 +59,7 @@ void jobs_close(struct jobs *db);
  * message with its code, e.g. "database or disk is full (SQLITE_FULL, code 13)" */
 const char *jobs_errmsg(void);
 
-/* inserts r (id, owner, kind, device, reserved_bytes, steps, spec, plan; state queued) and its
+/* inserts r (id, owner, kind, device, reserved_bytes, steps, spec, plan, plans; state queued) and its
  * first event, "state" {"state":"queued"}; JOBS_ERR_FULL also when the reserve (see
  * jobs_set_state) was used and the disk has no room to make it again */
 int jobs_insert(struct jobs *db, const struct job_row *r);
@@ -83,6 +86,9 @@ int jobs_count_owner(struct jobs *db, const char *owner, int *n);
 int jobs_set_state(struct jobs *db, const char *id, enum job_state st, int threads,
                    const char *error, const char *event_json);
 int jobs_set_cancel_requested(struct jobs *db, const char *id);
+/* the job's placement: device (NULL: unchanged), reserved_bytes, plan, plans (NULL: unchanged) */
+int jobs_set_plan(struct jobs *db, const char *id, const char *device, int64_t reserved,
+                  const char *plan, const char *plans);
 int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t steps, double loss,
                       double img_per_s);
 /* appends one event; *seq (may be NULL) gets its position in the job's log (1, 2, ...) */

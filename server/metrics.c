@@ -127,7 +127,6 @@ char *metrics_render(const struct metrics_gauges *g, size_t *len)
     FILE *f = open_memstream(&buf, &n);
     if (!f) return NULL;
     char dev[96], pat[256], labels[400];
-    label_value(dev, sizeof dev, g->device ? g->device : "");
 
     if (g->jobs_ok) {
         fprintf(f, "# HELP ddpmd_jobs Jobs in the store by state.\n# TYPE ddpmd_jobs gauge\n");
@@ -136,19 +135,28 @@ char *metrics_render(const struct metrics_gauges *g, size_t *len)
         fprintf(f, "# HELP ddpmd_queue_length Jobs waiting for a device.\n"
                    "# TYPE ddpmd_queue_length gauge\nddpmd_queue_length %d\n", g->jobs[JOB_QUEUED]);
     }
-    fprintf(f, "# HELP ddpmd_device_budget_bytes The device's budget for job reservations.\n"
-               "# TYPE ddpmd_device_budget_bytes gauge\n"
-               "ddpmd_device_budget_bytes{device=\"%s\"} %lld\n", dev, (long long)g->budget_bytes);
-    fprintf(f, "# HELP ddpmd_device_reserved_bytes Bytes reserved by running jobs.\n"
-               "# TYPE ddpmd_device_reserved_bytes gauge\n"
-               "ddpmd_device_reserved_bytes{device=\"%s\"} %lld\n", dev, (long long)g->reserved_bytes);
-    fprintf(f, "# HELP ddpmd_device_free_bytes Budget not reserved.\n"
-               "# TYPE ddpmd_device_free_bytes gauge\n"
-               "ddpmd_device_free_bytes{device=\"%s\"} %lld\n", dev,
-            (long long)(g->budget_bytes - g->reserved_bytes));
-    fprintf(f, "# HELP ddpmd_device_running_jobs Jobs running on the device.\n"
-               "# TYPE ddpmd_device_running_jobs gauge\n"
-               "ddpmd_device_running_jobs{device=\"%s\"} %d\n", dev, g->running_jobs);
+    /* each gauge's lines, one per device */
+    static const struct {
+        const char *name, *help;
+    } dg[] = {{"ddpmd_device_budget_bytes", "The device's budget for job reservations."},
+              {"ddpmd_device_reserved_bytes", "Bytes reserved by running jobs."},
+              {"ddpmd_device_free_bytes", "Budget not reserved."},
+              {"ddpmd_device_running_jobs", "Jobs running on the device."},
+              {"ddpmd_device_poisoned", "1 when a sticky CUDA error poisoned the device (it "
+                                        "admits no job until the server restarts)."}};
+    for (size_t k = 0; k < sizeof dg / sizeof dg[0]; k++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", dg[k].name, dg[k].help, dg[k].name);
+        for (int i = 0; i < g->n_devices; i++) {
+            const struct metrics_device *d = &g->devices[i];
+            long long v = k == 0   ? d->budget_bytes
+                          : k == 1 ? d->reserved_bytes
+                          : k == 2 ? d->budget_bytes - d->reserved_bytes
+                          : k == 3 ? d->running_jobs
+                                   : d->poisoned;
+            label_value(dev, sizeof dev, d->name ? d->name : "");
+            fprintf(f, "%s{device=\"%s\"} %lld\n", dg[k].name, dev, v);
+        }
+    }
 
     fprintf(f, "# HELP ddpmd_train_steps_total Training steps reported by jobs.\n"
                "# TYPE ddpmd_train_steps_total counter\nddpmd_train_steps_total %llu\n",

@@ -34,12 +34,17 @@ void metrics_job_failed(enum metrics_failure why);
 void metrics_job_retried(void);
 
 /* read at scrape time */
+struct metrics_device {
+    const char *name;
+    int64_t budget_bytes, reserved_bytes;
+    int running_jobs;
+    int poisoned;               /* a sticky CUDA error poisoned it */
+};
 struct metrics_gauges {
     int jobs[JOB_STATE_COUNT];  /* jobs in the store by state */
     int jobs_ok;                /* 0: the store could not be read (no ddpmd_jobs lines) */
-    const char *device;
-    int64_t budget_bytes, reserved_bytes;
-    int running_jobs;
+    const struct metrics_device *devices;
+    int n_devices;
 };
 
 /* the exposition text (caller frees); NULL when out of memory */

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend_load.h"
+#include "cli.h"
 #include "cost.h"
 #include "fsio.h"
 #include "log.h"
@@ -45,6 +47,7 @@ extern char **environ;
 struct child {
     char id[JOBS_ID_LEN];
     char kind[16];
+    int dev;                     /* its device (index) */
     pid_t pid;
     int out_fd, err_fd;          /* -1 after EOF */
     char out[LINE_MAX_BYTES], errl[LINE_MAX_BYTES];
@@ -63,10 +66,30 @@ struct child {
     double t0, step_s, pred_step_s;
 };
 
+/* a device and what runs on it (under the pool's lock) */
+struct dev {
+    struct pool_device_state st;
+    int is_cpu;
+};
+
+/* a queued job's plans as the scheduler needs them, parsed once from its row */
+struct qjob {
+    char id[JOBS_ID_LEN];
+    int seen;                    /* listed by the current scheduling pass */
+    int pinned;                  /* the device it ran on before (it resumes there), -1: any, -2:
+                                  * one this server does not have */
+    int want;                    /* the threads it asks for (a sampling job: 1) */
+    int fits[POOL_MAX_DEVICES];
+    int64_t reserved[POOL_MAX_DEVICES];
+    double step_s[POOL_MAX_DEVICES]; /* predicted, at `want` threads; INFINITY unknown */
+};
+
 struct pool {
     struct jobs *db;
     struct pool_config cfg;
-    char exe[1024], data_dir[1024], device[32];
+    char exe[1024], data_dir[1024];
+    struct dev devs[POOL_MAX_DEVICES];
+    int n_devs;
     pthread_t thread;
     pthread_mutex_t mu;
     int wake[2];
@@ -74,8 +97,11 @@ struct pool {
     double stop_at;
     struct child *kids[POOL_MAX_CHILDREN];
     int n_kids;
-    int64_t reserved;
-    int threads_used;
+    int threads_used;            /* every running job's host threads (the cores they share) */
+    struct qjob *q;              /* the scheduler's cache of queued jobs */
+    int n_q, cap_q;
+    int dirty;                   /* the queue or the devices changed since the last pass */
+    double sched_at;             /* when the last pass ran */
     void (*notify)(void *);
     void *notify_ctx;
 };
@@ -142,75 +168,148 @@ int pool_checkpoint_path(const struct pool *p, const char *job_id, int64_t step,
 
 const struct pool_config *pool_config_of(const struct pool *p) { return &p->cfg; }
 
-/* e's predicted step time: the cost model's defaults for the plan, scaled to this machine's
- * one thread (the probe's measurement), over the job's threads */
-static void predict_step(const struct pool *p, const struct plan *pl, const struct graph *g,
-                         int batch, int threads, struct pool_estimate *e)
+static int dev_find(const struct pool *p, const char *name)
 {
-    struct cost_model m;
-    cost_model_default(&m);
-    e->step_seconds = cost_predict_step_seconds(&m, pl, g, batch) * p->cfg.cost_scale /
-                      (threads > 0 ? threads : 1);
+    for (int i = 0; i < p->n_devs; i++)
+        if (strcmp(p->devs[i].st.cfg.name, name) == 0) return i;
+    return -1;
 }
 
-int pool_estimate(const struct pool *p, const struct train_spec *spec, struct pool_estimate *e,
-                  char *err, size_t errlen)
+/* the backend planning for device d runs with on this thread (a cuda device selected here:
+ * the CUDA backend's workspace queries use the calling thread's device); NULL with err */
+static const struct backend *dev_backend(const struct pool *p, int d, char *err, size_t errlen)
 {
-    memset(e, 0, sizeof *e);
-    struct graph g;
-    struct unet_io io;
-    struct plan pl;
-    int target, rc = POOL_ERR_PLAN;
-    if (train_plan(spec, &g, &io, &target, &pl, err, errlen)) goto out;
-    e->params = e->grads = e->ema = (int64_t)pl.params_bytes;
-    e->adam = 2 * (int64_t)pl.params_bytes;
-    e->inputs = (int64_t)pl.inputs_bytes;
-    e->workspace = (int64_t)pl.ws_bytes;
-    e->arena = (int64_t)pl.arena_bytes;
-    e->arena_no_reuse = (int64_t)pl.no_reuse_arena_bytes;
-    e->plan_total = (int64_t)pl.total_bytes;
-    e->baseline = p->cfg.baseline_bytes;
-    if (strcmp(p->device, "cpu") == 0) {
-        /* the job's process holds the decoded images (float) and its batch buffers in the same
-         * memory the cpu budget covers (train.c: the loader's 2 batches ahead, x0/eps/xt/target) */
-        int64_t per = (int64_t)spec->model.in_channels * spec->model.image_size *
-                      spec->model.image_size * (int64_t)sizeof(float);
-        int64_t images = FMNIST_TRAIN_IMAGES;
-        if (strcmp(spec->dataset, "fashion-mnist") != 0) { /* an uploaded folder's count */
-            int64_t n = upload_folder_images(spec->dataset);
-            if (n >= 0) images = n;
-        }
-        e->host_data = images * per + 6 * (int64_t)spec->batch * per;
+    if (p->devs[d].is_cpu) return backend_cpu();
+    const struct backend *bk = NULL;
+    if (backend_load(p->devs[d].st.cfg.name, &bk, err, errlen)) return NULL;
+    return bk;
+}
+
+/* a training job's host data on the cpu device: the decoded images (float) and its batch
+ * buffers, in the same memory the cpu budget covers (train.c: the loader's 2 batches ahead,
+ * x0/eps/xt/target) */
+static int64_t train_host_data(const struct train_spec *s)
+{
+    int64_t per = (int64_t)s->model.in_channels * s->model.image_size * s->model.image_size *
+                  (int64_t)sizeof(float);
+    int64_t images = FMNIST_TRAIN_IMAGES;
+    if (strcmp(s->dataset, "fashion-mnist") != 0) { /* an uploaded folder's count */
+        int64_t n = upload_folder_images(s->dataset);
+        if (n >= 0) images = n;
     }
-    e->reserved = e->plan_total + e->baseline + e->host_data;
-    predict_step(p, &pl, &g, spec->batch, spec->threads, e);
-    rc = POOL_OK;
-out:
-    plan_free(&pl);
-    graph_free(&g);
-    return rc;
+    return images * per + 6 * (int64_t)s->batch * per;
 }
 
-char *pool_estimate_json(const struct pool_estimate *e)
+static void add_bytes(cJSON *o, const char *k, int64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+/* the fields every plan entry has (f filled) */
+static void fit_fields(cJSON *o, const struct pool_fit *f)
 {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON_AddNumberToObject(o, "params_bytes", (double)e->params);
-    cJSON_AddNumberToObject(o, "grads_bytes", (double)e->grads);
-    cJSON_AddNumberToObject(o, "adam_bytes", (double)e->adam);
-    cJSON_AddNumberToObject(o, "ema_bytes", (double)e->ema);
-    cJSON_AddNumberToObject(o, "inputs_bytes", (double)e->inputs);
-    cJSON_AddNumberToObject(o, "workspace_bytes", (double)e->workspace);
-    cJSON_AddNumberToObject(o, "arena_bytes", (double)e->arena);
-    cJSON_AddNumberToObject(o, "arena_without_reuse_bytes", (double)e->arena_no_reuse);
-    cJSON_AddNumberToObject(o, "plan_bytes", (double)e->plan_total);
-    cJSON_AddNumberToObject(o, "process_baseline_bytes", (double)e->baseline);
-    cJSON_AddNumberToObject(o, "host_data_bytes", (double)e->host_data);
-    cJSON_AddNumberToObject(o, "reserved_bytes", (double)e->reserved);
-    cJSON_AddNumberToObject(o, "predicted_step_seconds", e->step_seconds);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return s;
+    cJSON_AddStringToObject(o, "device", f->device);
+    cJSON_AddBoolToObject(o, "fits", f->fits);
+    add_bytes(o, "budget_bytes", f->budget);
+    add_bytes(o, "plan_bytes", f->plan_bytes);
+    add_bytes(o, "host_bytes", f->host_bytes);
+    add_bytes(o, "process_baseline_bytes", f->baseline);
+    add_bytes(o, "host_data_bytes", f->host_data);
+    add_bytes(o, "reserved_bytes", f->reserved);
+    if (isfinite(f->step_seconds)) cJSON_AddNumberToObject(o, "predicted_step_seconds", f->step_seconds);
+    else cJSON_AddNullToObject(o, "predicted_step_seconds");
+}
+
+/* the reservation of a plan of plan_bytes (+ host_bytes) on device d */
+static void fit_reserve(const struct dev *dv, struct pool_fit *f)
+{
+    f->baseline = dv->st.cfg.baseline_bytes;
+    f->budget = dv->st.cfg.budget_bytes;
+    /* on the cpu the plan's host part is the same memory as its device part */
+    f->reserved = f->plan_bytes + (dv->is_cpu ? f->host_bytes : 0) + f->baseline + f->host_data;
+    f->fits = f->fits && f->reserved <= f->budget;
+}
+
+/* The training job's plan on device d: the planner's search (train_search, what the child runs)
+ * against the bytes the device's budget leaves for the plan, capped by memory.vram_budget. *o
+ * gets the plan entry (its strategy, bytes by part and the candidates planned). POOL_ERR_PLAN
+ * when the spec cannot be planned at all (err says why). */
+static int fit_train(const struct pool *p, int d, const struct train_spec *child,
+                     struct pool_fit *f, cJSON **o, char *err, size_t errlen)
+{
+    const struct dev *dv = &p->devs[d];
+    struct train_spec s = *child;
+    struct planner_result r;
+    memset(&r, 0, sizeof r);
+    memset(f, 0, sizeof *f);
+    *o = NULL;
+    snprintf(f->device, sizeof f->device, "%s", dv->st.cfg.name);
+    f->step_seconds = INFINITY;
+    char why[300];
+    s.backend = dev_backend(p, d, why, sizeof why);
+    if (!s.backend) { /* the device went away since the start: it fits nothing */
+        fit_reserve(dv, f);
+        *o = cJSON_CreateObject();
+        if (*o) fit_fields(*o, f), cJSON_AddStringToObject(*o, "why", why);
+        return *o ? POOL_OK : POOL_ERR_INTERNAL;
+    }
+    if (dv->is_cpu) {
+        f->host_data = train_host_data(&s);
+        /* offloading to the host gains nothing where the device is the host */
+        if (s.strategy.offload < 0) s.strategy.offload = 0;
+    }
+    int64_t avail = dv->st.cfg.budget_bytes - dv->st.cfg.baseline_bytes - f->host_data;
+    if (avail < 1) avail = 1; /* nothing fits: the search still names the smallest plan */
+    if (!s.vram_budget || s.vram_budget > avail) s.vram_budget = avail;
+    f->plan_budget = s.vram_budget;
+    int rc = train_search(&s, 0, &r, why, sizeof why);
+    const struct planner_candidate *c = rc == 0            ? &r.cand[r.chosen]
+                                        : r.smallest >= 0 ? &r.cand[r.smallest]
+                                                          : NULL;
+    if (!c) {
+        snprintf(err, errlen, "%s", why);
+        planner_result_free(&r);
+        return POOL_ERR_PLAN;
+    }
+    f->fits = rc == 0;
+    f->plan_bytes = (int64_t)c->device_bytes;
+    f->host_bytes = (int64_t)c->host_bytes;
+    fit_reserve(dv, f);
+    /* the candidate's prediction, scaled to this device by the probe, per thread on the cpu */
+    f->step_seconds = c->predicted_s * dv->st.cfg.cost_scale / (dv->is_cpu && s.threads > 0 ? s.threads : 1);
+    cJSON *e = cJSON_CreateObject(), *st = cJSON_CreateObject();
+    cJSON *search = train_search_json(&r, s.batch);
+    if (!e || !st || !search) {
+        cJSON_Delete(e);
+        cJSON_Delete(st);
+        cJSON_Delete(search);
+        planner_result_free(&r);
+        snprintf(err, errlen, "out of memory");
+        return POOL_ERR_INTERNAL;
+    }
+    fit_fields(e, f);
+    cJSON_AddStringToObject(st, "precision", planner_precision_name(c->strategy.precision));
+    cJSON_AddNumberToObject(st, "micro_batch", c->strategy.micro_batch ? c->strategy.micro_batch : s.batch);
+    cJSON_AddStringToObject(st, "recompute", planner_recompute_name(c->strategy.recompute));
+    cJSON_AddStringToObject(st, "offload", c->strategy.offload == 1 ? "on" : "off");
+    cJSON_AddItemToObject(e, "strategy", st);
+    /* the child's memory.vram_budget: the bytes its search was given (its backend enforces
+     * them: nothing beyond the plan is allocated) */
+    add_bytes(e, "vram_budget", s.vram_budget);
+    cJSON_AddItemToObject(e, "parts", train_parts_json(c->parts, c->device_bytes, c->host_bytes));
+    /* the candidates the search planned (it stops at the first that fits, fastest predicted
+     * first); the rest of the cross product is only counted */
+    cJSON *cs = cJSON_GetObjectItemCaseSensitive(search, "candidates");
+    int total = cJSON_GetArraySize(cs);
+    for (cJSON *it = cs ? cs->child : NULL, *next; it; it = next) {
+        next = it->next;
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "planned")))
+            cJSON_Delete(cJSON_DetachItemViaPointer(cs, it));
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(search, "chosen"); /* an index into the full list */
+    cJSON_AddNumberToObject(search, "candidates_total", total);
+    if (!f->fits) cJSON_AddStringToObject(e, "why", r.why);
+    cJSON_AddItemToObject(e, "search", search);
+    planner_result_free(&r);
+    *o = e;
+    return POOL_OK;
 }
 
 static int make_id(char *id)
@@ -271,7 +370,7 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         goto out;
     }
     snprintf(r->owner, sizeof r->owner, "%s", owner);
-    snprintf(r->device, sizeof r->device, "%s", p->device);
+    r->device[0] = 0; /* placed when it starts */
     /* the job's folder and its child file exist before the row, so a stored job always has them */
     if (job_dir(p, r->id, "", dir, sizeof dir) || job_dir(p, r->id, child_file, path, sizeof path)) {
         snprintf(err, errlen, "the data directory's path is too long");
@@ -296,6 +395,7 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         goto out;
     }
     snprintf(id, JOBS_ID_LEN, "%s", r->id);
+    p->dirty = 1;
     rc = POOL_OK;
 out:
     pthread_mutex_unlock(&p->mu);
@@ -306,41 +406,115 @@ out:
     return rc;
 }
 
-static int never_fits(const struct pool *p, const struct pool_estimate *e, char *err, size_t errlen)
+/* The job's plans on every device (fits and entries filled) into adm: the plans array and the
+ * device it is shown with. POOL_ERR_NEVER_FITS when no device's budget holds any of its plans
+ * (err names each device's bytes and smallest plan), POOL_ERR_POISONED when only poisoned ones
+ * would. */
+static int admit(struct pool *p, struct pool_admission *adm, cJSON **entries, char *err,
+                 size_t errlen)
 {
-    if (e->reserved <= p->cfg.budget_bytes) return 0;
-    snprintf(err, errlen, "the job needs %" PRId64 " bytes on %s (plan %" PRId64
-             " + process %" PRId64 " + host data %" PRId64 "); the budget is %" PRId64,
-             e->reserved, p->device, e->plan_total, e->baseline, e->host_data,
-             p->cfg.budget_bytes);
-    return 1;
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) {
+        snprintf(err, errlen, "out of memory");
+        return POOL_ERR_INTERNAL;
+    }
+    for (int d = 0; d < adm->n; d++) cJSON_AddItemReferenceToArray(arr, entries[d]);
+    adm->plans = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    if (!adm->plans) {
+        snprintf(err, errlen, "out of memory");
+        return POOL_ERR_INTERNAL;
+    }
+    int poisoned[POOL_MAX_DEVICES];
+    pthread_mutex_lock(&p->mu);
+    for (int d = 0; d < adm->n; d++) poisoned[d] = p->devs[d].st.poisoned;
+    pthread_mutex_unlock(&p->mu);
+    adm->first = -1;
+    int healthy = -1, gap = -1;
+    for (int d = 0; d < adm->n; d++) {
+        const struct pool_fit *f = &adm->fit[d];
+        if (f->fits && adm->first < 0) adm->first = d;
+        if (f->fits && !poisoned[d] && healthy < 0) healthy = d;
+        if (gap < 0 || f->reserved - f->budget < adm->fit[gap].reserved - adm->fit[gap].budget)
+            gap = d;
+    }
+    if (healthy >= 0) {
+        adm->first = healthy;
+        return POOL_OK;
+    }
+    if (adm->first >= 0) {
+        snprintf(err, errlen, "the job fits only %s, which a sticky CUDA error poisoned (see "
+                 "GET /devices); restart the server to use it again", adm->fit[adm->first].device);
+        return POOL_ERR_POISONED;
+    }
+    adm->first = gap;
+    size_t n = (size_t)snprintf(err, errlen, "no plan fits any device:");
+    for (int d = 0; d < adm->n && n < errlen; d++) {
+        const struct pool_fit *f = &adm->fit[d];
+        if (f->reserved <= f->budget && f->plan_budget && f->plan_bytes > f->plan_budget)
+            n += (size_t)snprintf(err + n, errlen - n, "%s %s: the smallest plan's %" PRId64
+                                  " bytes are more than memory.vram_budget's %" PRId64,
+                                  d ? ";" : "", f->device, f->plan_bytes, f->plan_budget);
+        else
+            n += (size_t)snprintf(err + n, errlen - n, "%s %s needs %" PRId64 " bytes (plan %"
+                                  PRId64 "%s + process %" PRId64 " + host data %" PRId64 "), its "
+                                  "budget is %" PRId64, d ? ";" : "", f->device, f->reserved,
+                                  f->plan_bytes,
+                                  p->devs[d].is_cpu && f->host_bytes ? " + its host part" : "",
+                                  f->baseline,
+                                  f->host_data, f->budget);
+    }
+    return POOL_ERR_NEVER_FITS;
 }
 
-int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
-                const struct train_spec *child, struct pool_estimate *e, char *id, char *err,
-                size_t errlen)
+/* Queues a job planned on every device (entries[d] its plan entry on device d, adm its fits):
+ * admit() picks what is stored, then its row (kind, steps, spec: what its owner sees, owned
+ * here) and its child's file (child_json, owned here). Frees the entries. */
+static int submit_planned(struct pool *p, const char *owner, const char *kind, int64_t steps,
+                          char *spec, const char *child_file, char *child_json,
+                          struct pool_admission *adm, cJSON **entries, char *id, char *err,
+                          size_t errlen)
 {
     struct job_row r;
     memset(&r, 0, sizeof r);
-    char *child_json = NULL;
-    int rc = pool_estimate(p, child, e, err, errlen);
-    if (rc) return rc;
-    if (never_fits(p, e, err, errlen)) return POOL_ERR_NEVER_FITS;
-    snprintf(r.kind, sizeof r.kind, "train");
-    r.reserved_bytes = e->reserved;
-    r.steps = shown->steps;
-    r.spec = spec_to_json(shown);
-    r.plan = pool_estimate_json(e);
-    child_json = spec_to_json(child);
-    if (!r.spec || !r.plan || !child_json) {
-        snprintf(err, errlen, "out of memory");
-        rc = POOL_ERR_INTERNAL;
-    } else {
-        rc = queue_job(p, owner, &r, "/spec.json", child_json, id, err, errlen);
+    int rc = admit(p, adm, entries, err, errlen);
+    if (rc == POOL_OK) {
+        snprintf(r.kind, sizeof r.kind, "%s", kind);
+        r.reserved_bytes = adm->fit[adm->first].reserved;
+        r.steps = steps;
+        r.spec = spec;
+        r.plan = cJSON_PrintUnformatted(entries[adm->first]);
+        r.plans = adm->plans;
+        if (!r.spec || !r.plan || !child_json) {
+            snprintf(err, errlen, "out of memory");
+            rc = POOL_ERR_INTERNAL;
+        } else {
+            rc = queue_job(p, owner, &r, child_file, child_json, id, err, errlen);
+        }
     }
+    free(spec);
+    free(r.plan);
     free(child_json);
-    job_row_free(&r);
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
     return rc;
+}
+
+int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
+                const struct train_spec *child, struct pool_admission *adm, char *id, char *err,
+                size_t errlen)
+{
+    cJSON *entries[POOL_MAX_DEVICES] = {0};
+    int rc = POOL_OK;
+    memset(adm, 0, sizeof *adm);
+    adm->n = p->n_devs;
+    for (int d = 0; d < adm->n && rc == POOL_OK; d++)
+        rc = fit_train(p, d, child, &adm->fit[d], &entries[d], err, errlen);
+    if (rc) {
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
+        return rc;
+    }
+    return submit_planned(p, owner, "train", shown->steps, spec_to_json(shown), "/spec.json",
+                          spec_to_json(child), adm, entries, id, err, errlen);
 }
 
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
@@ -350,37 +524,63 @@ int pool_job_file(const struct pool *p, const char *job_id, const char *tail, ch
     return fsio_path(path, len, e, sizeof e, "%s/jobs/%s/%s", p->data_dir, job_id, tail);
 }
 
-int pool_estimate_sample(const struct pool *p, const struct pool_sample *s,
-                         struct pool_estimate *e, char *err, size_t errlen)
+/* The sampling job's plan on device d (sample_plan, what `ddpmd sample` allocates) and its
+ * entry in *o */
+static int fit_sample(const struct pool *p, int d, const struct pool_sample *s,
+                      struct pool_fit *f, cJSON **o, char *err, size_t errlen)
 {
-    memset(e, 0, sizeof *e);
+    const struct dev *dv = &p->devs[d];
+    memset(f, 0, sizeof *f);
+    *o = NULL;
+    snprintf(f->device, sizeof f->device, "%s", dv->st.cfg.name);
+    f->step_seconds = INFINITY;
     struct graph g;
     struct unet_io io;
     struct plan pl;
+    memset(&pl, 0, sizeof pl);
+    graph_init(&g);
     int batch = s->batch < s->n ? s->batch : s->n, rc = POOL_ERR_PLAN;
-    if (sample_plan(&s->model, batch, NULL, &g, &io, &pl, err, errlen)) goto out;
-    e->params = (int64_t)pl.params_bytes;
-    e->inputs = (int64_t)pl.inputs_bytes;
-    e->workspace = (int64_t)pl.ws_bytes;
-    e->arena = (int64_t)pl.arena_bytes;
-    e->arena_no_reuse = (int64_t)pl.no_reuse_arena_bytes;
-    e->plan_total = (int64_t)pl.total_bytes;
-    e->baseline = p->cfg.baseline_bytes;
-    if (strcmp(p->device, "cpu") == 0) {
+    char why[300];
+    const struct backend *bk = dev_backend(p, d, why, sizeof why);
+    cJSON *e = cJSON_CreateObject();
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        rc = POOL_ERR_INTERNAL;
+        goto out;
+    }
+    if (!bk) { /* the device went away since the start: it fits nothing */
+        fit_reserve(dv, f);
+        fit_fields(e, f);
+        cJSON_AddStringToObject(e, "why", why);
+        rc = POOL_OK;
+        goto out;
+    }
+    if (sample_plan(&s->model, batch, bk, &g, &io, &pl, err, errlen)) goto out;
+    if (dv->is_cpu) {
         /* cmd_sample's host buffers: every image as float, the grid and one image as bytes, and
          * sample_job_run's x, eps, noise, x_prev at the batch */
         int64_t per = (int64_t)s->model.out_channels * s->model.image_size * s->model.image_size;
         int cols = 1;
         while ((int64_t)cols * cols < s->n) cols++;
         int64_t rows = (s->n + cols - 1) / cols, side = s->model.image_size + 2;
-        e->host_data = (int64_t)s->n * per * (int64_t)sizeof(float) +
+        f->host_data = (int64_t)s->n * per * (int64_t)sizeof(float) +
                        rows * cols * side * side * s->model.out_channels + per +
                        4 * (int64_t)batch * per * (int64_t)sizeof(float);
     }
-    e->reserved = e->plan_total + e->baseline + e->host_data;
-    predict_step(p, &pl, &g, batch, 1, e);
+    f->fits = 1;
+    f->plan_bytes = (int64_t)pl.total_bytes;
+    f->host_bytes = (int64_t)pl.host_bytes;
+    fit_reserve(dv, f);
+    struct cost_model m;
+    if (train_cost_model(&m, err, errlen)) goto out;
+    f->step_seconds = cost_predict_step_seconds(&m, &pl, &g, batch) * dv->st.cfg.cost_scale;
+    fit_fields(e, f);
+    add_bytes(e, "arena_without_reuse_bytes", (int64_t)pl.no_reuse_arena_bytes);
+    cJSON_AddItemToObject(e, "parts", train_parts_json(pl.parts, pl.total_bytes, pl.host_bytes));
     rc = POOL_OK;
 out:
+    if (rc == POOL_OK) *o = e;
+    else cJSON_Delete(e);
     plan_free(&pl);
     graph_free(&g);
     return rc;
@@ -414,36 +614,30 @@ char *pool_sample_json(const struct pool_sample *s)
 }
 
 int pool_submit_sample(struct pool *p, const char *owner, const struct pool_sample *s,
-                       struct pool_estimate *e, char *id, char *err, size_t errlen)
+                       struct pool_admission *adm, char *id, char *err, size_t errlen)
 {
-    struct job_row r;
-    memset(&r, 0, sizeof r);
-    char *child_json = NULL;
-    int rc = pool_estimate_sample(p, s, e, err, errlen);
-    if (rc) return rc;
-    if (never_fits(p, e, err, errlen)) return POOL_ERR_NEVER_FITS;
-    snprintf(r.kind, sizeof r.kind, "sample");
-    r.reserved_bytes = e->reserved;
+    cJSON *entries[POOL_MAX_DEVICES] = {0};
+    int rc = POOL_OK;
+    memset(adm, 0, sizeof *adm);
+    adm->n = p->n_devs;
+    for (int d = 0; d < adm->n && rc == POOL_OK; d++)
+        rc = fit_sample(p, d, s, &adm->fit[d], &entries[d], err, errlen);
+    if (rc) {
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
+        return rc;
+    }
     int chunks = (s->n + s->batch - 1) / s->batch;
-    r.steps = (int64_t)chunks * (strcmp(s->sampler, "ddpm") == 0 ? s->timesteps : s->steps);
-    r.spec = pool_sample_json(s);
-    r.plan = pool_estimate_json(e);
+    int64_t steps = (int64_t)chunks * (strcmp(s->sampler, "ddpm") == 0 ? s->timesteps : s->steps);
+    /* the child's file: the parameters and the checkpoint's path (never shown) */
     cJSON *c = sample_obj(s);
     if (c && !cJSON_AddStringToObject(c, "checkpoint_path", s->checkpoint_path)) {
         cJSON_Delete(c);
         c = NULL;
     }
-    child_json = c ? cJSON_PrintUnformatted(c) : NULL;
+    char *child_json = c ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
-    if (!r.spec || !r.plan || !child_json) {
-        snprintf(err, errlen, "out of memory");
-        rc = POOL_ERR_INTERNAL;
-    } else {
-        rc = queue_job(p, owner, &r, "/sample.json", child_json, id, err, errlen);
-    }
-    free(child_json);
-    job_row_free(&r);
-    return rc;
+    return submit_planned(p, owner, "sample", steps, pool_sample_json(s), "/sample.json",
+                          child_json, adm, entries, id, err, errlen);
 }
 
 static struct child *find_kid(struct pool *p, const char *id)
@@ -491,6 +685,7 @@ int pool_cancel(struct pool *p, const char *id, enum job_state *now)
         rc = POOL_ERR_STATE;
     }
 out:
+    if (rc == POOL_OK) p->dirty = 1;
     pthread_mutex_unlock(&p->mu);
     job_row_free(&r);
     if (rc == POOL_OK) {
@@ -500,13 +695,13 @@ out:
     return rc;
 }
 
-void pool_usage(struct pool *p, int64_t *reserved, int *running, int *threads_used)
+int pool_devices(struct pool *p, struct pool_device_state *out, int max)
 {
     pthread_mutex_lock(&p->mu);
-    *reserved = p->reserved;
-    *running = p->n_kids;
-    *threads_used = p->threads_used;
+    int n = p->n_devs < max ? p->n_devs : max;
+    for (int i = 0; i < n; i++) out[i] = p->devs[i].st;
     pthread_mutex_unlock(&p->mu);
+    return n;
 }
 
 void pool_set_notify(struct pool *p, void (*fn)(void *), void *ctx)
@@ -519,9 +714,45 @@ void pool_set_notify(struct pool *p, void (*fn)(void *), void *ctx)
 
 /* ---- children ---- */
 
-/* the child's spec.json with the thread count fixed for this start */
-static int write_child_spec(struct pool *p, const char *id, int threads, char *path, size_t len,
-                            char *err, size_t errlen)
+/* name -> its index among planner_<what>_name(0..n-1); -1 when none */
+static int name_index(const char *name, const char *(*fn)(int), int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(fn(i), name) == 0) return i;
+    return -1;
+}
+
+/* the strategy and budget of a plan entry (fit_train's) into s: the child runs exactly the
+ * admitted plan (its search has nothing left to choose). 0, or -1 when plan has none (a job
+ * stored before plans named them: the child searches as it always did) */
+static int entry_strategy(const cJSON *plan, struct train_spec *s)
+{
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(plan, "strategy");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(st, "precision");
+    const cJSON *mb = cJSON_GetObjectItemCaseSensitive(st, "micro_batch");
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(st, "recompute");
+    const cJSON *of = cJSON_GetObjectItemCaseSensitive(st, "offload");
+    const cJSON *vb = cJSON_GetObjectItemCaseSensitive(plan, "vram_budget");
+    if (!cJSON_IsString(pr) || !cJSON_IsNumber(mb) || !cJSON_IsString(rc) || !cJSON_IsString(of) ||
+        !cJSON_IsNumber(vb))
+        return -1;
+    int prec = name_index(pr->valuestring, planner_precision_name, 3);
+    int rec = name_index(rc->valuestring, planner_recompute_name, 4);
+    if (prec < 0 || rec < 0 || mb->valuedouble < 1 || mb->valuedouble > s->batch ||
+        !(vb->valuedouble >= 0 && vb->valuedouble <= (double)SPEC_BUDGET_MAX))
+        return -1;
+    s->strategy.precision = prec;
+    s->strategy.micro_batch = (int)mb->valuedouble;
+    s->strategy.recompute = rec;
+    s->strategy.offload = strcmp(of->valuestring, "on") == 0;
+    s->vram_budget = (int64_t)vb->valuedouble;
+    return 0;
+}
+
+/* the child's spec.json for this start: the thread count fixed, and the strategy and budget of
+ * the job's plan on its device (plan) */
+static int write_child_spec(struct pool *p, const char *id, int threads, const cJSON *plan,
+                            char *path, size_t len, char *err, size_t errlen)
 {
     struct train_spec s;
     struct spec_errors es;
@@ -535,6 +766,7 @@ static int write_child_spec(struct pool *p, const char *id, int threads, char *p
         return -1;
     }
     s.threads = threads;
+    entry_strategy(plan, &s);
     char *json = spec_to_json(&s);
     int rc = json ? fsio_write_atomic_text(path, json, err, errlen) : -1;
     if (!json) snprintf(err, errlen, "out of memory");
@@ -563,12 +795,12 @@ static char **child_env(int threads, char *omp, size_t omplen)
  * --progress-json` from its sample.json (every field checked when it was submitted) */
 struct sample_args {
     char ckpt[FSIO_PATH_MAX], grid[FSIO_PATH_MAX], each[FSIO_PATH_MAX], file[FSIO_PATH_MAX];
-    char n[16], steps[16], batch[16], threads[16], seed[32], eta[40], sampler[8];
+    char n[16], steps[16], batch[16], threads[16], seed[32], eta[40], sampler[8], device[32];
     char *argv[32];
 };
 
-static int sample_args_make(struct pool *p, const char *id, int threads, struct sample_args *a,
-                            char *err, size_t errlen)
+static int sample_args_make(struct pool *p, const char *id, int threads, const char *device,
+                            struct sample_args *a, char *err, size_t errlen)
 {
     char *text = NULL;
     cJSON *o = NULL;
@@ -610,6 +842,7 @@ static int sample_args_make(struct pool *p, const char *id, int threads, struct 
     snprintf(a->steps, sizeof a->steps, "%d", st->valueint);
     snprintf(a->batch, sizeof a->batch, "%d", b->valueint);
     snprintf(a->threads, sizeof a->threads, "%d", threads);
+    snprintf(a->device, sizeof a->device, "%s", device);
     snprintf(a->seed, sizeof a->seed, "%" PRIu64, (uint64_t)seed->valuedouble);
     snprintf(a->eta, sizeof a->eta, "%.17g", eta->valuedouble);
     char **v = a->argv;
@@ -619,7 +852,8 @@ static int sample_args_make(struct pool *p, const char *id, int threads, struct 
     v[i++] = "--steps", v[i++] = a->steps, v[i++] = "--eta", v[i++] = a->eta;
     v[i++] = "--seed", v[i++] = a->seed, v[i++] = "--batch", v[i++] = a->batch;
     v[i++] = "--threads", v[i++] = a->threads, v[i++] = "--out", v[i++] = a->grid;
-    v[i++] = "--each", v[i++] = a->each, v[i++] = "--progress-json";
+    v[i++] = "--each", v[i++] = a->each, v[i++] = "--device", v[i++] = a->device;
+    v[i++] = "--progress-json";
     if (cJSON_IsFalse(ema)) v[i++] = "--raw";
     v[i] = NULL;
     rc = 0;
@@ -629,21 +863,99 @@ out:
     return rc;
 }
 
-/* a job's predicted seconds per step at this thread count: its plan's (stored at submit, for
- * the threads its spec asked for); INFINITY when unknown (a job stored before plans had it):
- * then it is never taken for short */
-static double row_step_seconds(const struct pool *p, const struct job_row *r, int threads)
+/* the entry of device name in a plans array (borrowed), NULL when none */
+static const cJSON *plans_entry(const cJSON *plans, const char *name)
 {
-    cJSON *o = r->plan ? cJSON_Parse(r->plan) : NULL;
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "predicted_step_seconds");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, plans)
+    {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(e, "device");
+        if (cJSON_IsString(d) && strcmp(d->valuestring, name) == 0) return e;
+    }
+    return NULL;
+}
+
+static double entry_step_seconds(const cJSON *e)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(e, "predicted_step_seconds");
+    return cJSON_IsNumber(f) && f->valuedouble > 0 ? f->valuedouble : INFINITY;
+}
+
+/* q from the queued row r: where it may run and what it takes there */
+static void qjob_parse(const struct pool *p, const struct job_row *r, struct qjob *q)
+{
+    memset(q, 0, sizeof *q);
+    snprintf(q->id, sizeof q->id, "%s", r->id);
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) q->step_s[d] = INFINITY;
     struct train_spec s;
     struct spec_errors es;
-    int want = strcmp(r->kind, "train") == 0 && spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
-    double sec = cJSON_IsNumber(f) && f->valuedouble > 0
-                     ? f->valuedouble * want / (threads > 0 ? threads : 1)
-                     : INFINITY;
-    cJSON_Delete(o);
-    (void)p;
+    q->want = strcmp(r->kind, "train") == 0 && spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
+    q->pinned = -1;
+    if (r->device[0]) q->pinned = dev_find(p, r->device) >= 0 ? dev_find(p, r->device) : -2;
+    if (!r->plans) { /* stored before schema 3: planned for the cpu device alone */
+        int d = dev_find(p, "cpu");
+        cJSON *o = cJSON_Parse(r->plan);
+        if (d >= 0) {
+            q->fits[d] = 1;
+            q->reserved[d] = r->reserved_bytes;
+            q->step_s[d] = entry_step_seconds(o);
+        }
+        cJSON_Delete(o);
+        return;
+    }
+    cJSON *arr = cJSON_Parse(r->plans);
+    for (int d = 0; d < p->n_devs; d++) {
+        const cJSON *e = plans_entry(arr, p->devs[d].st.cfg.name);
+        const cJSON *rb = cJSON_GetObjectItemCaseSensitive(e, "reserved_bytes");
+        if (!e || !cJSON_IsNumber(rb)) continue;
+        q->fits[d] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "fits"));
+        q->reserved[d] = (int64_t)rb->valuedouble;
+        q->step_s[d] = entry_step_seconds(e);
+    }
+    cJSON_Delete(arr);
+}
+
+/* whether q may run on device d at all (lock held): pinned there or anywhere, a plan that fits
+ * the device's budget as it is now */
+static int qjob_eligible(const struct pool *p, const struct qjob *q, int d)
+{
+    return (q->pinned == -1 || q->pinned == d) && q->fits[d] &&
+           q->reserved[d] <= p->devs[d].st.cfg.budget_bytes;
+}
+
+/* the index of r's entry in the scheduler's cache, parsed when new (lock held); -1 out of
+ * memory */
+static int qjob_index(struct pool *p, const struct job_row *r)
+{
+    for (int i = 0; i < p->n_q; i++)
+        if (strcmp(p->q[i].id, r->id) == 0) return p->q[i].seen = 1, i;
+    if (p->n_q == p->cap_q) {
+        int cap = p->cap_q ? 2 * p->cap_q : 64;
+        struct qjob *q = realloc(p->q, (size_t)cap * sizeof *q);
+        if (!q) return -1;
+        p->q = q;
+        p->cap_q = cap;
+    }
+    qjob_parse(p, r, &p->q[p->n_q]);
+    p->q[p->n_q].seen = 1;
+    return p->n_q++;
+}
+
+/* drops the cache entries of jobs the last pass did not list (started, canceled) */
+static void qjob_sweep(struct pool *p)
+{
+    int k = 0;
+    for (int i = 0; i < p->n_q; i++)
+        if (p->q[i].seen) p->q[k++] = p->q[i];
+    p->n_q = k;
+}
+
+/* q's predicted seconds per step on device d at this thread count (its plan's are at the
+ * threads it asked for); INFINITY when unknown: then it is never taken for short */
+static double qjob_step_seconds(const struct pool *p, const struct qjob *q, int d, int threads)
+{
+    double sec = q->step_s[d];
+    if (p->devs[d].is_cpu && threads > 0) sec = sec * q->want / threads;
     return sec;
 }
 
@@ -656,18 +968,31 @@ static double kid_remaining(const struct child *k)
     return left == 0 ? 0 : (double)left * per;
 }
 
-/* starts the queued job r (lock held); on failure the job is failed with the reason */
-static int start_child(struct pool *p, const struct job_row *r, int threads)
+/* starts the queued job r (q: its cache entry) on device d (lock held): its plan there becomes
+ * the job's; on failure the job is failed with the reason */
+static int start_child(struct pool *p, const struct job_row *r, const struct qjob *q, int d,
+                       int threads)
 {
     char spec[FSIO_PATH_MAX], out[FSIO_PATH_MAX], err[600], ckpt[FSIO_PATH_MAX], omp[32];
     int po[2] = {-1, -1}, pe[2] = {-1, -1};
     char **env = NULL;
     struct child *k = NULL;
     struct sample_args *sa = NULL;
-    int64_t from = -1;
+    struct dev *dv = &p->devs[d];
+    int64_t from = -1, reserved = q->reserved[d];
     int resume = r->starts > 0, is_sample = strcmp(r->kind, "sample") == 0;
-    char *targv[] = {p->exe, "train", spec, "--out", out, resume ? "--resume-or-start" : NULL, NULL};
+    char *targv[] = {p->exe, "train", spec, "--out", out, "--device", dv->st.cfg.name,
+                     resume ? "--resume-or-start" : NULL, NULL};
     char **argv = targv;
+    /* the job's plan on d: its entry in the plans (a job stored before them: its one plan) */
+    cJSON *plans = r->plans ? cJSON_Parse(r->plans) : NULL;
+    cJSON *own = r->plans ? NULL : cJSON_Parse(r->plan);
+    const cJSON *entry = r->plans ? plans_entry(plans, dv->st.cfg.name) : own;
+    char *entry_text = entry ? cJSON_PrintUnformatted(entry) : NULL;
+    if (!entry_text) {
+        snprintf(err, sizeof err, "the job's plan on %s cannot be read", dv->st.cfg.name);
+        goto fail;
+    }
     if (is_sample) {
         /* a sampling job has no checkpoints of its own: a restart samples again from the start
          * (the same seed gives the same images) */
@@ -676,11 +1001,12 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
             snprintf(err, sizeof err, "out of memory");
             goto fail;
         }
-        if (sample_args_make(p, r->id, threads, sa, err, sizeof err)) goto fail;
+        if (sample_args_make(p, r->id, threads, dv->st.cfg.name, sa, err, sizeof err)) goto fail;
         argv = sa->argv;
         resume = 0;
     } else {
-        if (write_child_spec(p, r->id, threads, spec, sizeof spec, err, sizeof err)) goto fail;
+        if (write_child_spec(p, r->id, threads, entry, spec, sizeof spec, err, sizeof err))
+            goto fail;
         if (job_dir(p, r->id, "/out", out, sizeof out)) {
             snprintf(err, sizeof err, "path too long");
             goto fail;
@@ -733,12 +1059,13 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
     close(pe[1]);
     free(env);
     free(sa);
+    k->dev = d;
     snprintf(k->kind, sizeof k->kind, "%s", r->kind);
     snprintf(k->id, sizeof k->id, "%s", r->id);
     k->pid = pid;
     k->out_fd = po[0];
     k->err_fd = pe[0];
-    k->reserved = r->reserved_bytes;
+    k->reserved = reserved;
     k->threads = threads;
     k->last_ckpt = from > 0 ? from : 0;
     k->last_step = k->last_ckpt; /* the child resumes from that checkpoint */
@@ -750,21 +1077,27 @@ static int start_child(struct pool *p, const struct job_row *r, int threads)
     k->cancel = r->cancel_requested;
     k->step = is_sample ? 0 : k->last_ckpt;
     k->steps = r->steps;
-    k->pred_step_s = row_step_seconds(p, r, threads);
+    k->pred_step_s = qjob_step_seconds(p, q, d, threads);
     p->kids[p->n_kids++] = k;
-    p->reserved += k->reserved;
+    dv->st.reserved += reserved;
+    dv->st.running++;
+    dv->st.threads_used += threads;
     p->threads_used += threads;
     char ev[256];
     if (resume && from > 0)
         snprintf(ev, sizeof ev, "{\"state\":\"running\",\"threads\":%d,\"device\":\"%s\","
                  "\"reserved_bytes\":%" PRId64 ",\"resumed_from_step\":%" PRId64 "}",
-                 threads, p->device, r->reserved_bytes, from);
+                 threads, dv->st.cfg.name, reserved, from);
     else
         snprintf(ev, sizeof ev, "{\"state\":\"running\",\"threads\":%d,\"device\":\"%s\","
-                 "\"reserved_bytes\":%" PRId64 "}", threads, p->device, r->reserved_bytes);
+                 "\"reserved_bytes\":%" PRId64 "}", threads, dv->st.cfg.name, reserved);
+    jobs_set_plan(p->db, r->id, dv->st.cfg.name, reserved, entry_text, NULL);
     jobs_set_state(p->db, r->id, JOB_RUNNING, threads, NULL, ev);
-    log_job(LOG_INFO, r->id, "running (%s job, %d threads, %" PRId64 " bytes reserved%s)", r->kind,
-            threads, r->reserved_bytes, resume && from > 0 ? ", resumed" : "");
+    log_job(LOG_INFO, r->id, "running on %s (%s job, %d threads, %" PRId64 " bytes reserved%s)",
+            dv->st.cfg.name, r->kind, threads, reserved, resume && from > 0 ? ", resumed" : "");
+    cJSON_Delete(plans);
+    cJSON_Delete(own);
+    free(entry_text);
     return 0;
 fail:
     if (po[0] >= 0) close(po[0]), close(po[1]);
@@ -772,6 +1105,9 @@ fail:
     free(env);
     free(k);
     free(sa);
+    cJSON_Delete(plans);
+    cJSON_Delete(own);
+    free(entry_text);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "state", "failed");
     cJSON_AddStringToObject(o, "error", err);
@@ -785,16 +1121,15 @@ fail:
 }
 
 #define SCHEDULE_WINDOW 64 /* queued jobs looked at for a backfill, from the head on */
+#define SCHEDULE_EVERY_S 1.0 /* a pass at least this often, changed or not */
 
-/* how many threads a queued job gets if it starts now */
-static int job_threads(const struct pool *p, const struct job_row *r)
+/* how many threads a queued job gets if it starts now on device d */
+static int job_threads(const struct pool *p, const struct job_row *r, const struct qjob *q, int d)
 {
     if (r->threads > 0) return r->threads; /* a resumed job keeps its first count */
-    struct train_spec s;
-    struct spec_errors es;
-    int want = strcmp(r->kind, "train") == 0 && spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
+    if (!p->devs[d].is_cpu) return POOL_GPU_THREADS;
     int free_cores = p->cfg.cores - p->threads_used;
-    int threads = want < free_cores ? want : free_cores;
+    int threads = q->want < free_cores ? q->want : free_cores;
     return threads < 1 ? 1 : threads; /* more jobs than cores: they share */
 }
 
@@ -804,22 +1139,24 @@ static int by_end(const void *a, const void *b)
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-/* When the head can start (lock held). The running jobs end, by their predicted lengths, in
- * order; the head's start (*shadow, seconds from now) is when enough of their bytes come back,
- * and *extra is what is free then beyond the head's reservation. INFINITY when a length is
- * unknown before enough is free. */
-static void head_start(const struct pool *p, int64_t need, double *shadow, int64_t *extra)
+/* When device d's head can start (lock held). The jobs running there end, by their predicted
+ * lengths, in order; the head's start (*shadow, seconds from now) is when enough of their bytes
+ * come back, and *extra is what is free then beyond the head's reservation. INFINITY when a
+ * length is unknown before enough is free. */
+static void head_start(const struct pool *p, int d, int64_t need, double *shadow, int64_t *extra)
 {
     double ends[POOL_MAX_CHILDREN][2];
+    int n = 0;
     for (int i = 0; i < p->n_kids; i++) {
-        ends[i][0] = kid_remaining(p->kids[i]);
-        ends[i][1] = (double)p->kids[i]->reserved;
+        if (p->kids[i]->dev != d) continue;
+        ends[n][0] = kid_remaining(p->kids[i]);
+        ends[n++][1] = (double)p->kids[i]->reserved;
     }
-    qsort(ends, (size_t)p->n_kids, sizeof ends[0], by_end);
-    int64_t free_b = p->cfg.budget_bytes - p->reserved;
+    qsort(ends, (size_t)n, sizeof ends[0], by_end);
+    int64_t free_b = p->devs[d].st.cfg.budget_bytes - p->devs[d].st.reserved;
     *shadow = INFINITY;
     *extra = 0;
-    for (int i = 0; i < p->n_kids && isfinite(ends[i][0]); i++) {
+    for (int i = 0; i < n && isfinite(ends[i][0]); i++) {
         free_b += (int64_t)ends[i][1];
         if (free_b >= need) {
             *shadow = ends[i][0];
@@ -829,43 +1166,83 @@ static void head_start(const struct pool *p, int64_t need, double *shadow, int64
     }
 }
 
-/* FIFO with backfill (lock held): the head of the queue starts when its reservation fits. While
- * it cannot, a later job that fits now starts ahead of it only if that cannot delay the head's
- * start: it ends (its steps x its predicted step time) before the running jobs free the head's
- * bytes, or it takes only bytes the head will not need then (EASY backfilling). */
+/* a cuda device's free memory as the driver reports it holds need (admission checks it beside
+ * the budget: another process may hold some) */
+static int dev_mem_ok(const struct dev *dv, int64_t need)
+{
+    struct bk_device_mem m;
+    if (dv->is_cpu || !dv->st.cfg.bk || !dv->st.cfg.bk->device_mem ||
+        dv->st.cfg.bk->device_mem(backend_device_index(dv->st.cfg.name), &m) != BK_OK)
+        return 1;
+    return (int64_t)m.free >= need;
+}
+
+/* One pass of the queue (lock held); 1 when it started a job. FIFO with backfill, per device:
+ * a device's head (the first queued job that may run there) starts when its reservation fits
+ * what the device has free. While it cannot, a later job that fits now starts there ahead of it
+ * only if that cannot delay the head's start: it ends (its steps x its predicted step time)
+ * before the jobs running there free the head's bytes, or it takes only bytes the head will not
+ * need then (EASY backfilling). A job that may start on several devices takes the one its plan
+ * predicts fastest (the first listed among equals). A poisoned device takes nothing. */
+static int schedule_once(struct pool *p)
+{
+    struct job_row *rows = NULL;
+    int n = 0, started = 0;
+    if (jobs_list(p->db, NULL, JOB_QUEUED, NULL, SCHEDULE_WINDOW, &rows, &n)) return 0;
+    for (int i = 0; i < p->n_q; i++) p->q[i].seen = 0;
+    int qi[SCHEDULE_WINDOW], head[POOL_MAX_DEVICES];
+    double shadow[POOL_MAX_DEVICES];
+    int64_t extra[POOL_MAX_DEVICES];
+    for (int d = 0; d < p->n_devs; d++)
+        head[d] = -1, shadow[d] = INFINITY, extra[d] = 0, p->devs[d].st.waiting = 0;
+    for (int i = 0; i < n; i++) {
+        if ((qi[i] = qjob_index(p, &rows[i])) < 0) goto out;
+        for (int d = 0; d < p->n_devs; d++) {
+            if (!qjob_eligible(p, &p->q[qi[i]], d)) continue;
+            p->devs[d].st.waiting++;
+            if (head[d] < 0) head[d] = i;
+        }
+    }
+    for (int d = 0; d < p->n_devs; d++)
+        if (head[d] >= 0)
+            head_start(p, d, p->q[qi[head[d]]].reserved[d], &shadow[d], &extra[d]);
+    for (int i = 0; i < n; i++) {
+        const struct qjob *q = &p->q[qi[i]];
+        int best = -1, best_threads = 0;
+        double best_s = INFINITY;
+        for (int d = 0; d < p->n_devs; d++) {
+            const struct dev *dv = &p->devs[d];
+            if (dv->st.poisoned || !qjob_eligible(p, q, d) ||
+                q->reserved[d] > dv->st.cfg.budget_bytes - dv->st.reserved)
+                continue;
+            int threads = job_threads(p, &rows[i], q, d);
+            double step = qjob_step_seconds(p, q, d, threads);
+            /* all its steps, also for a resumed job (it redoes those after its last
+             * checkpoint): a longer guess only makes a backfill rarer */
+            double len = (double)rows[i].steps * step;
+            if (i != head[d] && !(isfinite(shadow[d]) && len <= shadow[d]) &&
+                q->reserved[d] > extra[d])
+                continue;
+            if (!dev_mem_ok(dv, q->reserved[d])) continue;
+            if (best < 0 || step < best_s) best = d, best_s = step, best_threads = threads;
+        }
+        if (best >= 0) {
+            start_child(p, &rows[i], q, best, best_threads);
+            started = 1;
+            break;
+        }
+    }
+out:
+    qjob_sweep(p);
+    job_rows_free(rows, n);
+    return started;
+}
+
 static void schedule(struct pool *p)
 {
-    while (!p->stopping && p->n_kids < POOL_MAX_CHILDREN) {
-        struct job_row *rows = NULL;
-        int n = 0;
-        if (jobs_list(p->db, NULL, JOB_QUEUED, NULL, SCHEDULE_WINDOW, &rows, &n) || n == 0) {
-            job_rows_free(rows, n);
-            return;
-        }
-        int64_t free_b = p->cfg.budget_bytes - p->reserved;
-        int pick = -1;
-        if (rows[0].reserved_bytes <= free_b) {
-            pick = 0;
-        } else {
-            double shadow;
-            int64_t extra;
-            head_start(p, rows[0].reserved_bytes, &shadow, &extra);
-            for (int i = 1; i < n && pick < 0; i++) {
-                const struct job_row *c = &rows[i];
-                if (c->reserved_bytes > free_b) continue;
-                /* all its steps, also for a resumed job (it redoes those after its last
-                 * checkpoint): a longer guess only makes a backfill rarer */
-                double len = (double)c->steps * row_step_seconds(p, c, job_threads(p, c));
-                if ((isfinite(shadow) && len <= shadow) || c->reserved_bytes <= extra) pick = i;
-            }
-        }
-        if (pick >= 0) {
-            start_child(p, &rows[pick], job_threads(p, &rows[pick]));
-            notify(p);
-        }
-        job_rows_free(rows, n);
-        if (pick < 0) return;
-    }
+    p->dirty = 0;
+    p->sched_at = now_s();
+    while (!p->stopping && p->n_kids < POOL_MAX_CHILDREN && schedule_once(p)) notify(p);
 }
 
 static void tail_add(struct child *k, const char *line)
@@ -1065,6 +1442,29 @@ static void finish(struct pool *p, struct child *k, int status)
         /* stays running in the store: the next start of the server resumes it */
         event_line(p, k->id, "log", NULL, "the server is stopping: the job stopped with a "
                                           "checkpoint and resumes when the server starts again");
+    } else if (code == CLI_EXIT_POISONED && !p->devs[k->dev].is_cpu) {
+        /* a sticky CUDA error: the job fails with it, and the device takes no job again in this
+         * server's life (its context in any new process may be fine, the hardware may not) */
+        struct dev *dv = &p->devs[k->dev];
+        const char *line = strstr(k->tail, "poisoned");
+        while (line && line > k->tail && line[-1] != '\n') line--;
+        snprintf(err, sizeof err, "exit status %d; %s is poisoned by a sticky CUDA error%s%s",
+                 code, dv->st.cfg.name, k->tail_n ? "; last output:\n" : "", k->tail);
+        dv->st.poisoned = 1;
+        snprintf(dv->st.poison, sizeof dv->st.poison, "job %s: %.*s", k->id,
+                 line ? (int)strcspn(line, "\n") : 120, line ? line : k->tail);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", "failed");
+        cJSON_AddStringToObject(o, "error", err);
+        cJSON_AddStringToObject(o, "device", dv->st.cfg.name);
+        cJSON_AddBoolToObject(o, "device_poisoned", 1);
+        char *js = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        metrics_job_failed(METRICS_FAIL_EXIT);
+        jobs_set_state(p->db, k->id, JOB_FAILED, 0, err, js ? js : "{\"state\":\"failed\"}");
+        free(js);
+        log_job(LOG_ERROR, k->id, "failed: %s is poisoned (%s); it admits no more jobs until the "
+                "server restarts", dv->st.cfg.name, dv->st.poison);
     } else {
         /* a crash (a signal, not a clean failure) is retried from the last checkpoint a bounded
          * number of times; the count is the job's "retry" events, so it survives restarts */
@@ -1106,8 +1506,11 @@ static void finish(struct pool *p, struct child *k, int status)
                 (int)strcspn(err, "\n"), err, k->id);
     }
 release:
-    p->reserved -= k->reserved;
+    p->devs[k->dev].st.reserved -= k->reserved;
+    p->devs[k->dev].st.running--;
+    p->devs[k->dev].st.threads_used -= k->threads;
     p->threads_used -= k->threads;
+    p->dirty = 1;
     for (int i = 0; i < p->n_kids; i++)
         if (p->kids[i] == k) p->kids[i] = p->kids[--p->n_kids];
     free(k);
@@ -1121,7 +1524,9 @@ static void *pool_thread(void *arg)
         struct child *who[1 + 2 * POOL_MAX_CHILDREN];
         int nf = 0;
         pthread_mutex_lock(&p->mu);
-        schedule(p);
+        /* a pass when the queue or a device changed, and every second for the backfill's
+         * clock (the running jobs' lengths shrink) and the devices' free memory */
+        if (p->dirty || now_s() - p->sched_at >= SCHEDULE_EVERY_S) schedule(p);
         if (p->stopping && p->n_kids == 0) {
             pthread_mutex_unlock(&p->mu);
             break;
@@ -1178,10 +1583,14 @@ int pool_start(struct pool **out, struct jobs *db, const struct pool_config *cfg
     p->cfg = *cfg;
     snprintf(p->exe, sizeof p->exe, "%s", cfg->exe);
     snprintf(p->data_dir, sizeof p->data_dir, "%s", cfg->data_dir);
-    snprintf(p->device, sizeof p->device, "%s", cfg->device);
     p->cfg.exe = p->exe;
     p->cfg.data_dir = p->data_dir;
-    p->cfg.device = p->device;
+    p->n_devs = cfg->n_devices;
+    for (int d = 0; d < p->n_devs; d++) {
+        p->devs[d].st.cfg = cfg->devices[d];
+        p->devs[d].is_cpu = strcmp(cfg->devices[d].name, "cpu") == 0;
+    }
+    p->dirty = 1;
     p->wake[0] = p->wake[1] = -1;
     pthread_mutex_init(&p->mu, NULL);
     char dir[FSIO_PATH_MAX];
@@ -1211,6 +1620,31 @@ int pool_start(struct pool **out, struct jobs *db, const struct pool_config *cfg
                                "from its last checkpoint\"}");
         job_rows_free(rows, n);
         if (n == 0) break;
+    }
+    /* a queued job planned for devices this server does not have (or budgets it had) waits:
+     * said once here */
+    char last[JOBS_ID_LEN];
+    for (const char *after = NULL;;) {
+        struct job_row *rows = NULL;
+        int n = 0;
+        if (jobs_list(db, NULL, JOB_QUEUED, after, 64, &rows, &n) || n == 0) {
+            job_rows_free(rows, n);
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            struct qjob q;
+            int any = 0;
+            qjob_parse(p, &rows[i], &q);
+            for (int d = 0; d < p->n_devs; d++) any |= qjob_eligible(p, &q, d);
+            if (!any)
+                log_job(LOG_WARN, rows[i].id, "queued, but its plans fit none of this server's "
+                        "devices%s%s%s: it waits for a server that has one",
+                        rows[i].device[0] ? " (it ran on " : "",
+                        rows[i].device[0] ? rows[i].device : "", rows[i].device[0] ? ")" : "");
+        }
+        snprintf(last, sizeof last, "%s", rows[n - 1].id);
+        after = last;
+        job_rows_free(rows, n);
     }
     if (pthread_create(&p->thread, NULL, pool_thread, p)) {
         snprintf(err, errlen, "cannot start the pool's thread");
@@ -1243,5 +1677,6 @@ void pool_free(struct pool *p)
     close(p->wake[0]);
     close(p->wake[1]);
     pthread_mutex_destroy(&p->mu);
+    free(p->q);
     free(p);
 }

@@ -1,6 +1,7 @@
-/* pool.h - the device pool: admission of training jobs by their planned bytes against a device's
- * budget, and the job children (the same binary running `ddpmd train`), watched by one thread that
- * turns their progress lines into events and their exit into a final state.
+/* pool.h - the device pool: jobs planned at submit on every device (the strategy search against
+ * each device's budget), placed on a device where their reservation fits when they start, and
+ * the job children (the same binary running `ddpmd train` / `ddpmd sample --device`), watched by
+ * one thread that turns their progress lines into events and their exit into a final state.
  */
 #ifndef DDPMD_POOL_H
 #define DDPMD_POOL_H
@@ -10,26 +11,42 @@
 #include "jobs.h"
 #include "spec.h"
 
+struct backend;
+
+#define POOL_MAX_DEVICES 8
+#define POOL_GPU_THREADS 2      /* host threads of a job on a cuda device (fixed, recorded) */
+
+/* one device of the pool, as serve measured it at start */
+struct pool_device_config {
+    char name[32];              /* "cpu", "cuda:N" */
+    int64_t budget_bytes;       /* for the sum of its running jobs' reservations */
+    int64_t baseline_bytes;     /* what a job's process holds there besides its plan (cpu: its
+                                 * resident bytes; cuda: context, handles, modules), measured by
+                                 * a probe child on the device; added to every reservation */
+    int64_t total_bytes;        /* the device's memory (cpu: the machine's); 0 unknown */
+    double cost_scale;          /* the probe's speed there over the cost model's (engine/cost.h):
+                                 * a job's predicted step time is the candidate's prediction x
+                                 * this (/ threads on the cpu) */
+    const struct backend *bk;   /* the server's own handle on it (backend_load), for planning;
+                                 * NULL for the cpu */
+};
+
 struct pool_config {
     const char *exe;            /* the ddpmd binary to run jobs with (/proc/self/exe) */
     const char *data_dir;       /* jobs live in data_dir/jobs/<id>/ */
-    const char *device;         /* "cpu" */
-    int64_t budget_bytes;       /* the device's budget for the sum of reservations */
-    int64_t baseline_bytes;     /* measured per-process overhead, added to every reservation */
+    struct pool_device_config devices[POOL_MAX_DEVICES];
+    int n_devices;              /* >= 1; the order is the preference among equally fast ones */
     int cores;                  /* CPU threads divided among the running jobs */
     int max_queue;              /* queued jobs beyond this: POOL_ERR_QUEUE_FULL */
     int max_retries;            /* a job whose process dies of a signal (not a stop) is started
                                  * again from its last checkpoint this many times, then failed */
     int max_per_owner;          /* one owner's queued + running jobs beyond this:
                                  * POOL_ERR_OWNER_LIMIT; 0 = no limit */
-    double cost_scale;          /* this machine's one thread over the cost model's defaults
-                                 * (engine/cost.h), measured by the probe: a job's predicted
-                                 * step time is cost_predict_step_seconds x this / threads */
 };
 
 enum pool_status {
     POOL_OK = 0,
-    POOL_ERR_NEVER_FITS,        /* needs more than the whole budget */
+    POOL_ERR_NEVER_FITS,        /* no plan fits any device's budget */
     POOL_ERR_QUEUE_FULL,
     POOL_ERR_STOPPING,          /* the server is shutting down */
     POOL_ERR_NOT_FOUND,
@@ -37,18 +54,35 @@ enum pool_status {
     POOL_ERR_PLAN,              /* the spec cannot be built or planned (err says why) */
     POOL_ERR_INTERNAL,          /* store, files or processes (err says why) */
     POOL_ERR_OWNER_LIMIT,       /* the owner has max_per_owner jobs queued or running */
-    POOL_ERR_STORAGE            /* the data directory's disk is full (err says what failed) */
+    POOL_ERR_STORAGE,           /* the data directory's disk is full (err says what failed) */
+    POOL_ERR_POISONED           /* it fits only devices a sticky CUDA error poisoned */
 };
 
-/* what a job costs on the device, by part */
-struct pool_estimate {
-    int64_t params, grads, adam, ema, inputs, workspace, arena, arena_no_reuse;
-    int64_t plan_total;         /* plan.total_bytes: what the child allocates */
-    int64_t baseline;           /* the process itself */
+/* a job's plan on one device */
+struct pool_fit {
+    char device[32];
+    int fits;                   /* a plan fits the device's budget */
+    int64_t plan_bytes;         /* the device bytes its process allocates (no fit: the smallest
+                                 * plan's) */
+    int64_t host_bytes;         /* the plan's host part (offload) */
+    int64_t baseline;           /* the device's process baseline */
     int64_t host_data;          /* cpu device: the decoded dataset and its batch buffers */
-    int64_t reserved;           /* plan_total + baseline + host_data */
+    int64_t reserved;           /* what it takes of the budget: plan (+ host part on the cpu) +
+                                 * baseline + host data */
+    int64_t budget;             /* the device's budget */
+    int64_t plan_budget;        /* the device bytes the plan was given: what the budget leaves
+                                 * after the baseline and host data, or memory.vram_budget */
     double step_seconds;        /* predicted seconds of one step (a sampling job: one denoising
-                                 * step of a batch); 0 when the pool has no cost_scale */
+                                 * step of a batch) at the threads it asked for */
+};
+
+/* a job's plans on every device of the pool (pool_submit fills it, also on NEVER_FITS) */
+struct pool_admission {
+    int n;
+    struct pool_fit fit[POOL_MAX_DEVICES];
+    char *plans;                /* the JSON array of the plans (GET /jobs/{id} "plans"); free() */
+    int first;                  /* the fitting device (index) a job is shown with while queued,
+                                 * or the one needing the fewest bytes beyond its budget */
 };
 
 struct pool;
@@ -65,17 +99,13 @@ void pool_free(struct pool *p);
 /* called (from the pool's thread or a submitting thread) after every event appended */
 void pool_set_notify(struct pool *p, void (*fn)(void *ctx), void *ctx);
 
-/* the job's bytes through the same train_plan the child runs */
-int pool_estimate(const struct pool *p, const struct train_spec *spec, struct pool_estimate *e,
-                  char *err, size_t errlen);
-/* the estimate as a JSON object (the job's "plan"); caller frees */
-char *pool_estimate_json(const struct pool_estimate *e);
-
-/* plans and queues a job: stored spec (shown to its owner) and child spec (paths resolved) as
- * canonical JSON. On POOL_OK id gets the new job's id; on POOL_ERR_NEVER_FITS e says the bytes.
- * Nothing is stored unless POOL_OK. */
+/* Plans the job on every device (the planner's search against what the device's budget leaves
+ * after its process baseline and, on the cpu, the job's data; memory.vram_budget caps it) and
+ * queues it: stored spec (shown to its owner) and child spec (paths resolved) as canonical JSON.
+ * On POOL_OK id gets the new job's id; on POOL_ERR_NEVER_FITS (and POOL_ERR_POISONED) adm says
+ * the bytes. Nothing is stored unless POOL_OK. adm->plans is freed by the caller either way. */
 int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
-                const struct train_spec *child, struct pool_estimate *e, char *id, char *err,
+                const struct train_spec *child, struct pool_admission *adm, char *id, char *err,
                 size_t errlen);
 /* a sampling job (POST /samples), its fields validated by the caller */
 struct pool_sample {
@@ -89,14 +119,12 @@ struct pool_sample {
     uint64_t seed;
 };
 
-/* a sampling job's bytes through sample_plan, the function `ddpmd sample` allocates with */
-int pool_estimate_sample(const struct pool *p, const struct pool_sample *s,
-                         struct pool_estimate *e, char *err, size_t errlen);
 /* the sample's parameters as the job's spec (canonical JSON, no path); caller frees */
 char *pool_sample_json(const struct pool_sample *s);
-/* plans and queues a sampling job (kind "sample"), as pool_submit */
+/* plans (sample_plan, the function `ddpmd sample` allocates with) and queues a sampling job
+ * (kind "sample"), as pool_submit */
 int pool_submit_sample(struct pool *p, const char *owner, const struct pool_sample *s,
-                       struct pool_estimate *e, char *id, char *err, size_t errlen);
+                       struct pool_admission *adm, char *id, char *err, size_t errlen);
 /* data_dir/jobs/<id>/<tail> ("grid.png", "images/0003.png"); 0 when it fits */
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
                   size_t len);
@@ -105,8 +133,19 @@ int pool_job_file(const struct pool *p, const char *job_id, const char *tail, ch
  * *now gets the state right after the call */
 int pool_cancel(struct pool *p, const char *id, enum job_state *now);
 
-/* device figures for /readyz */
-void pool_usage(struct pool *p, int64_t *reserved, int *running, int *threads_used);
+/* a device's state now (/devices, /readyz, /metrics) */
+struct pool_device_state {
+    struct pool_device_config cfg;
+    int64_t reserved;           /* the sum of its running jobs' reservations */
+    int running;                /* its running jobs */
+    int waiting;                /* queued jobs that may run there (seen by the last scheduling
+                                 * pass, which looks at the first 64) */
+    int threads_used;           /* host threads of its running jobs */
+    int poisoned;               /* a sticky CUDA error poisoned it: it admits nothing more */
+    char poison[512];           /* the job and the error that did, when poisoned */
+};
+/* fills out[0..n_devices) (at most max); returns how many */
+int pool_devices(struct pool *p, struct pool_device_state *out, int max);
 const struct pool_config *pool_config_of(const struct pool *p);
 
 /* "<job id>-<step>": a checkpoint's id; 0 when id parses (job id checked by the caller) */

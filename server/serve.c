@@ -39,6 +39,7 @@ extern const char ddpmd_openapi_yaml[];
 extern const size_t ddpmd_openapi_yaml_len;
 
 #define PROBE_TIMED_STEPS 3
+#define SERVE_LIST_MAX 2048 /* a list option's joined value */
 
 struct serve_opts {
     const char *listen, *data, *device, *budget, *token_file, *path_prefix;
@@ -60,10 +61,17 @@ static void serve_usage(FILE *f)
             "                         stdout as one JSON line {\"listening\":...,\"port\":N}\n"
             "  --data DIR             data directory: ddpmd.db (SQLite) and jobs/<id>/ (DDPMD_DATA;\n"
             "                         default ./ddpmd-data)\n"
-            "  --device cpu           the device jobs run on (DDPMD_DEVICE; default cpu; cuda\n"
-            "                         devices are not served yet)\n"
-            "  --vram-budget DEV=SIZE the device's budget for the sum of job reservations, e.g.\n"
-            "                         cpu=8GiB (DDPMD_VRAM_BUDGET; default: the machine's memory)\n"
+            "  --device DEV           a device jobs run on: cpu, cuda or cuda:N; repeat it (or\n"
+            "                         give a comma list) for several (DDPMD_DEVICE; default cpu).\n"
+            "                         A job is planned on each at submit and runs on one whose\n"
+            "                         free budget holds its reservation there; a cuda device\n"
+            "                         needs the CUDA module (libddpmd_cuda.so, DDPMD_CUDA_MODULE)\n"
+            "  --vram-budget DEV=SIZE a device's budget for the sum of its job reservations, e.g.\n"
+            "                         cuda:0=4GiB; repeat it (or a comma list) for each device; a\n"
+            "                         bare SIZE with one device (DDPMD_VRAM_BUDGET; default: the\n"
+            "                         machine's memory for cpu, a cuda device's free memory at\n"
+            "                         start). SIZE: digits, an optional fraction and a unit (B,\n"
+            "                         KiB, MiB, GiB, TiB, KB, MB, GB, TB)\n"
             "  --max-queue N          queued jobs before POST /train answers 503 (DDPMD_MAX_QUEUE;\n"
             "                         default 100)\n"
             "  --max-jobs-per-owner N one token's queued + running jobs before its POST /train and\n"
@@ -75,8 +83,9 @@ static void serve_usage(FILE *f)
             "  --token-file FILE      bearer tokens, one \"NAME SECRET [admin]\" per line\n"
             "                         (DDPMD_TOKEN_FILE). Without it only a loopback address is\n"
             "                         accepted and every caller is the one local user\n"
-            "  --cpu-cores N          CPU threads divided among running jobs (DDPMD_CPU_CORES;\n"
-            "                         default: the online CPUs)\n"
+            "  --cpu-cores N          CPU threads divided among running jobs, each job's count\n"
+            "                         fixed at its start; a job on a cuda device takes 2\n"
+            "                         (DDPMD_CPU_CORES; default: the online CPUs)\n"
             "  --http-threads N       HTTP worker threads (DDPMD_HTTP_THREADS; default 4)\n"
             "  --max-body BYTES       largest request body (DDPMD_MAX_BODY; default 1MiB)\n"
             "  --sse-keepalive S      a comment line on an event stream quiet for S seconds\n"
@@ -113,10 +122,16 @@ static void serve_usage(FILE *f)
 
 int serve_parse_size(const char *s, int64_t *bytes)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !(v >= 0)) return -1;
+    /* digits, an optional fraction, a unit: no sign, exponent, hex, "inf" or spaces, which
+     * strtod would take */
+    size_t d = strspn(s, "0123456789");
+    size_t f = s[d] == '.' ? 1 + strspn(s + d + 1, "0123456789") : 0;
+    if (d == 0 || f == 1 || d + f > 40) return -1;
+    char num[48], *end;
+    memcpy(num, s, d + f);
+    num[d + f] = 0;
+    double v = strtod(num, &end);
+    if (*end) return -1;
     static const struct {
         const char *suffix;
         double mult;
@@ -125,9 +140,9 @@ int serve_parse_size(const char *s, int64_t *bytes)
                  {"GB", 1e9},       {"TB", 1e12},      {"K", 1024.0},       {"M", 1048576.0},
                  {"G", 1073741824.0}};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(end, units[i].suffix) == 0) {
+        if (strcmp(s + d + f, units[i].suffix) == 0) {
             double b = v * units[i].mult;
-            if (b > 9.0e18) return -1;
+            if (!(b <= 9.0e18)) return -1;
             *bytes = (int64_t)b;
             return 0;
         }
@@ -193,35 +208,59 @@ out:
     return rc;
 }
 
-/* the process baseline: peak resident bytes of a child that loaded the libraries and ran one
- * training step of a tiny model, less that model's plan. Then the speed of one thread, for the
+/* The process baseline on device: what a job's process holds there besides its plan, once it
+ * loaded the libraries and ran one training step of a tiny model. On the cpu its peak resident
+ * bytes less that model's plan; on a cuda device what the backend measured after its warm-up
+ * (context, handles, modules: bk_device_mem.process). Then the device's speed, for the
  * backfill's predicted job lengths: timed steps of a model big enough that its arithmetic, not
- * the per-op overhead, takes the time, over what the cost model's defaults predict for them
- * (engine/cost.h): the machine's speed as one factor */
-static int probe_run(void)
+ * the per-op overhead, takes the time, over what the cost model predicts for them (one thread
+ * on the cpu) */
+static int probe_run(const char *device)
 {
     struct train_spec s;
     struct graph g = {0}, tg = {0};
     struct plan p = {0}, tp = {0};
+    const struct backend *bk = NULL;
     int rc = 1;
     double secs = 0;
-    probe_spec(&s, 8, 1, 8, 1);
-    if (probe_steps(&s, 0, &secs, &g, &p)) goto out;
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long long hwm = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %lld kB", &hwm) == 1) break;
-    if (f) fclose(f);
-    if (hwm < 0) {
-        fprintf(stderr, "ddpmd serve --probe: no VmHWM in /proc/self/status\n");
-        goto out;
+    long long base = -1;
+    char err[512];
+    if (backend_load(device, &bk, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve --probe: --device %s: %s\n", device, err);
+        return 1;
     }
-    long long base = hwm * 1024 - (long long)p.total_bytes;
+    probe_spec(&s, 8, 1, 8, 1);
+    s.backend = bk;
+    if (probe_steps(&s, 0, &secs, &g, &p)) goto out;
+    int index = backend_device_index(device);
+    if (index >= 0) {
+        struct bk_device_mem dm;
+        if (!bk->device_mem || bk->device_mem(index, &dm) != BK_OK) {
+            fprintf(stderr, "ddpmd serve --probe: %s: no memory figures\n", device);
+            goto out;
+        }
+        base = (long long)dm.process;
+    } else {
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        long long hwm = -1;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %lld kB", &hwm) == 1) break;
+        if (f) fclose(f);
+        if (hwm < 0) {
+            fprintf(stderr, "ddpmd serve --probe: no VmHWM in /proc/self/status\n");
+            goto out;
+        }
+        base = hwm * 1024 - (long long)p.total_bytes;
+    }
     probe_spec(&s, 16, 2, 16, 4);
+    s.backend = bk;
     if (probe_steps(&s, PROBE_TIMED_STEPS, &secs, &tg, &tp)) goto out;
     struct cost_model m;
-    cost_model_default(&m);
+    if (train_cost_model(&m, err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve --probe: %s\n", err);
+        goto out;
+    }
     double scale = secs / PROBE_TIMED_STEPS / cost_predict_step_seconds(&m, &tp, &tg, s.batch);
     printf("{\"baseline_bytes\":%lld,\"cost_scale\":%.6g}\n", base > 0 ? base : 0, scale);
     rc = 0;
@@ -233,7 +272,9 @@ out:
     return rc;
 }
 
-static int probe_baseline(const char *exe, int64_t *bytes, double *cost_scale)
+/* runs `ddpmd serve --probe --device D` (a child, so the server's own process holds nothing the
+ * jobs' do not) */
+static int probe_baseline(const char *exe, const char *device, int64_t *bytes, double *cost_scale)
 {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC)) return -1;
@@ -241,7 +282,7 @@ static int probe_baseline(const char *exe, int64_t *bytes, double *cost_scale)
     if (pid < 0) return -1;
     if (pid == 0) {
         dup2(fds[1], 1);
-        char *argv[] = {(char *)exe, "serve", "--probe", NULL};
+        char *argv[] = {(char *)exe, "serve", "--probe", "--device", (char *)device, NULL};
         execv(exe, argv);
         _exit(127);
     }
@@ -260,6 +301,121 @@ static int probe_baseline(const char *exe, int64_t *bytes, double *cost_scale)
         !(*cost_scale > 0))
         return -1;
     *bytes = b;
+    return 0;
+}
+
+/* --device (names, comma-separated) and --vram-budget (DEV=SIZE items; a bare SIZE when there
+ * is one device) into pc's devices, each budget or -1 (the default) in budget[]. Names: cpu,
+ * cuda or cuda:N ("cuda" is cuda:0), no repeats. 0, or -1 with the reason logged */
+static int devices_parse(const char *names, const char *budgets, struct pool_config *pc,
+                         int64_t *budget)
+{
+    char list[SERVE_LIST_MAX];
+    snprintf(list, sizeof list, "%s", names);
+    pc->n_devices = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char name[32];
+        int index = backend_device_index(t);
+        if (strcmp(t, "cpu") == 0)
+            snprintf(name, sizeof name, "cpu");
+        else if (index >= 0)
+            snprintf(name, sizeof name, "cuda:%d", index);
+        else {
+            log_msg(LOG_ERROR, "--device takes cpu, cuda or cuda:N, not '%.64s'", t);
+            return -1;
+        }
+        for (int i = 0; i < pc->n_devices; i++)
+            if (strcmp(pc->devices[i].name, name) == 0) {
+                log_msg(LOG_ERROR, "--device %s is given twice", name);
+                return -1;
+            }
+        if (pc->n_devices == POOL_MAX_DEVICES) {
+            log_msg(LOG_ERROR, "--device: at most %d devices", POOL_MAX_DEVICES);
+            return -1;
+        }
+        budget[pc->n_devices] = -1;
+        snprintf(pc->devices[pc->n_devices++].name, sizeof pc->devices[0].name, "%s", name);
+    }
+    if (pc->n_devices == 0) {
+        log_msg(LOG_ERROR, "--device names no device");
+        return -1;
+    }
+    if (!budgets) return 0;
+    snprintf(list, sizeof list, "%s", budgets);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        int d = -1;
+        int64_t b;
+        if (!eq && pc->n_devices == 1) {
+            d = 0; /* a bare size: the one device's */
+        } else if (eq) {
+            *eq = 0;
+            int index = backend_device_index(t);
+            char name[32];
+            if (index >= 0) snprintf(name, sizeof name, "cuda:%d", index);
+            else snprintf(name, sizeof name, "%.20s", t);
+            for (int i = 0; i < pc->n_devices; i++)
+                if (strcmp(pc->devices[i].name, name) == 0) d = i;
+            if (d < 0) {
+                log_msg(LOG_ERROR, "--vram-budget %.32s=...: no such --device", t);
+                return -1;
+            }
+        }
+        const char *size = eq ? eq + 1 : t;
+        if (d < 0 || serve_parse_size(size, &b) || b < 1) {
+            log_msg(LOG_ERROR, "--vram-budget takes DEV=SIZE items (e.g. cuda:0=4GiB,cpu=8GiB; a "
+                               "bare SIZE with one device), not '%.64s'", eq ? size : t);
+            return -1;
+        }
+        if (budget[d] >= 0) {
+            log_msg(LOG_ERROR, "--vram-budget: %s's budget is given twice", pc->devices[d].name);
+            return -1;
+        }
+        budget[d] = b;
+    }
+    return 0;
+}
+
+/* each device ready for jobs: a cuda device loaded and warmed up in this process too (admission
+ * plans with its backend) with its memory read; the budgets checked against the memory (default:
+ * the machine's memory on the cpu, what is free after this process's warm-up on a cuda device);
+ * the probe child run there. 0, or -1 logged */
+static int devices_ready(const char *exe, struct pool_config *pc, const int64_t *budget)
+{
+    for (int i = 0; i < pc->n_devices; i++) {
+        struct pool_device_config *d = &pc->devices[i];
+        int64_t avail;
+        if (strcmp(d->name, "cpu") == 0) {
+            d->bk = NULL;
+            d->total_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGESIZE);
+            avail = d->total_bytes;
+        } else {
+            char err[512];
+            struct bk_device_mem dm;
+            if (backend_load(d->name, &d->bk, err, sizeof err)) {
+                log_msg(LOG_ERROR, "--device %s: %s", d->name, err);
+                return -1;
+            }
+            if (!d->bk->device_mem ||
+                d->bk->device_mem(backend_device_index(d->name), &dm) != BK_OK) {
+                log_msg(LOG_ERROR, "--device %s: its memory cannot be read", d->name);
+                return -1;
+            }
+            d->total_bytes = (int64_t)dm.total;
+            avail = (int64_t)dm.free;
+            if (budget[i] > d->total_bytes) {
+                log_msg(LOG_ERROR, "--vram-budget %s=%" PRId64 " is more than the device's %"
+                                   PRId64 " bytes", d->name, budget[i], d->total_bytes);
+                return -1;
+            }
+        }
+        d->budget_bytes = budget[i] >= 0 ? budget[i] : avail;
+        if (probe_baseline(exe, d->name, &d->baseline_bytes, &d->cost_scale)) {
+            log_msg(LOG_ERROR, "the probe child (ddpmd serve --probe --device %s) failed: cannot "
+                               "measure the per-process baseline there", d->name);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -337,19 +493,41 @@ static const char *env_or(const char *name, const char *def)
     return v && *v ? v : def;
 }
 
-/* a `ddpmd serve` option: its flag, environment variable, value and default */
+/* a `ddpmd serve` option: its flag, environment variable, value and default. A list option
+ * (--device, --vram-budget) keeps every occurrence of the source that gives it, comma-joined in
+ * its list buffer; a higher source replaces the whole list */
 struct serve_optvar {
     const char *flag, *env;
     const char **val;
     const char *def;
+    char *list;                 /* SERVE_LIST_MAX bytes for a list option, else NULL */
+    int src;                    /* where the value came from: 0 default, 1 file, 2 env, 3 flag */
 };
 
-static const struct serve_optvar *optvar_find(const struct serve_optvar *v, int n,
-                                              const char *flag)
+static struct serve_optvar *optvar_find(struct serve_optvar *v, int n, const char *flag)
 {
     for (int i = 0; i < n; i++)
         if (strcmp(v[i].flag, flag) == 0) return &v[i];
     return NULL;
+}
+
+/* ov's value from source src (see serve_optvar); -1 when a list outgrows its buffer */
+static int optvar_set(struct serve_optvar *ov, int src, const char *v)
+{
+    if (!ov->list) {
+        *ov->val = v;
+    } else {
+        size_t have = ov->src == src ? strlen(ov->list) : 0;
+        if (have + 1 + strlen(v) >= SERVE_LIST_MAX) {
+            fprintf(stderr, "ddpmd serve: %s: the list is longer than %d bytes\n", ov->flag,
+                    SERVE_LIST_MAX);
+            return -1;
+        }
+        snprintf(ov->list + have, SERVE_LIST_MAX - have, "%s%s", have ? "," : "", v);
+        *ov->val = ov->list;
+    }
+    ov->src = src;
+    return 0;
 }
 
 #define CONFIG_MAX_BYTES (1 << 20)
@@ -362,7 +540,7 @@ static char *serve_config_text;
 /* --config FILE: lines "NAME = VALUE", NAME an option without its dashes (listen, vram-budget),
  * VALUE the rest of the line without surrounding blanks; blank lines and lines starting with '#'
  * are skipped. Sets the values it names; 0, or -1 with the file, line and reason on stderr */
-static int config_load(const char *path, const struct serve_optvar *vars, int n_vars)
+static int config_load(const char *path, struct serve_optvar *vars, int n_vars)
 {
     char err[600];
     FILE *f = fsio_fopen_read(path, err, sizeof err);
@@ -412,7 +590,7 @@ static int config_load(const char *path, const struct serve_optvar *vars, int n_
         while (*v == ' ' || *v == '\t') v++;
         char flag[96];
         snprintf(flag, sizeof flag, "--%.90s", p);
-        const struct serve_optvar *ov = strlen(p) < 90 ? optvar_find(vars, n_vars, flag) : NULL;
+        struct serve_optvar *ov = strlen(p) < 90 ? optvar_find(vars, n_vars, flag) : NULL;
         if (!ov) {
             fprintf(stderr, "ddpmd serve: %s:%d: unknown option '%.100s' (the names are those of "
                             "ddpmd serve --help without their dashes)\n", path, line, p);
@@ -422,7 +600,7 @@ static int config_load(const char *path, const struct serve_optvar *vars, int n_
             fprintf(stderr, "ddpmd serve: %s:%d: %s has no value\n", path, line, p);
             return -1;
         }
-        *ov->val = v;
+        if (optvar_set(ov, 1, v)) return -1;
     }
     return 0;
 }
@@ -432,32 +610,33 @@ static int serve_run(int argc, char **argv)
     struct serve_opts o = {0};
     const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
     const char *whb, *wht;
+    char dev_list[SERVE_LIST_MAX], budget_list[SERVE_LIST_MAX];
     /* every option: its flag, its environment variable, where its value goes, its default. The
      * value is the command line's, else the environment's, else the config file's, else the
      * default */
-    const struct serve_optvar vars[] = {
-        {"--listen", "DDPMD_LISTEN", &o.listen, "127.0.0.1:8080"},
-        {"--data", "DDPMD_DATA", &o.data, "ddpmd-data"},
-        {"--device", "DDPMD_DEVICE", &o.device, "cpu"},
-        {"--vram-budget", "DDPMD_VRAM_BUDGET", &o.budget, NULL},
-        {"--token-file", "DDPMD_TOKEN_FILE", &o.token_file, NULL},
-        {"--path-prefix", "DDPMD_PATH_PREFIX", &o.path_prefix, ""},
-        {"--max-queue", "DDPMD_MAX_QUEUE", &mq, "100"},
-        {"--max-jobs-per-owner", "DDPMD_MAX_JOBS_PER_OWNER", &mpo, "0"},
-        {"--max-retries", "DDPMD_MAX_RETRIES", &mr, "2"},
-        {"--cpu-cores", "DDPMD_CPU_CORES", &cores, NULL},
-        {"--http-threads", "DDPMD_HTTP_THREADS", &ht, "4"},
-        {"--max-body", "DDPMD_MAX_BODY", &mb, "1MiB"},
-        {"--sse-keepalive", "DDPMD_SSE_KEEPALIVE", &ka, "15"},
-        {"--log-format", "DDPMD_LOG_FORMAT", &lf, "text"},
-        {"--upload-max-bytes", "DDPMD_UPLOAD_MAX_BYTES", &umb, "1GiB"},
-        {"--upload-max-unpacked", "DDPMD_UPLOAD_MAX_UNPACKED", &umu, "4GiB"},
-        {"--upload-max-files", "DDPMD_UPLOAD_MAX_FILES", &umf, "100000"},
-        {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL},
-        {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL},
-        {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &whn, "5"},
-        {"--webhook-backoff", "DDPMD_WEBHOOK_BACKOFF", &whb, "1"},
-        {"--webhook-timeout", "DDPMD_WEBHOOK_TIMEOUT", &wht, "10"},
+    struct serve_optvar vars[] = {
+        {"--listen", "DDPMD_LISTEN", &o.listen, "127.0.0.1:8080", NULL, 0},
+        {"--data", "DDPMD_DATA", &o.data, "ddpmd-data", NULL, 0},
+        {"--device", "DDPMD_DEVICE", &o.device, "cpu", dev_list, 0},
+        {"--vram-budget", "DDPMD_VRAM_BUDGET", &o.budget, NULL, budget_list, 0},
+        {"--token-file", "DDPMD_TOKEN_FILE", &o.token_file, NULL, NULL, 0},
+        {"--path-prefix", "DDPMD_PATH_PREFIX", &o.path_prefix, "", NULL, 0},
+        {"--max-queue", "DDPMD_MAX_QUEUE", &mq, "100", NULL, 0},
+        {"--max-jobs-per-owner", "DDPMD_MAX_JOBS_PER_OWNER", &mpo, "0", NULL, 0},
+        {"--max-retries", "DDPMD_MAX_RETRIES", &mr, "2", NULL, 0},
+        {"--cpu-cores", "DDPMD_CPU_CORES", &cores, NULL, NULL, 0},
+        {"--http-threads", "DDPMD_HTTP_THREADS", &ht, "4", NULL, 0},
+        {"--max-body", "DDPMD_MAX_BODY", &mb, "1MiB", NULL, 0},
+        {"--sse-keepalive", "DDPMD_SSE_KEEPALIVE", &ka, "15", NULL, 0},
+        {"--log-format", "DDPMD_LOG_FORMAT", &lf, "text", NULL, 0},
+        {"--upload-max-bytes", "DDPMD_UPLOAD_MAX_BYTES", &umb, "1GiB", NULL, 0},
+        {"--upload-max-unpacked", "DDPMD_UPLOAD_MAX_UNPACKED", &umu, "4GiB", NULL, 0},
+        {"--upload-max-files", "DDPMD_UPLOAD_MAX_FILES", &umf, "100000", NULL, 0},
+        {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL, NULL, 0},
+        {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL, NULL, 0},
+        {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &whn, "5", NULL, 0},
+        {"--webhook-backoff", "DDPMD_WEBHOOK_BACKOFF", &whb, "1", NULL, 0},
+        {"--webhook-timeout", "DDPMD_WEBHOOK_TIMEOUT", &wht, "10", NULL, 0},
     };
     const int n_vars = (int)(sizeof vars / sizeof vars[0]);
     int probe = 0, routes = 0;
@@ -483,20 +662,21 @@ static int serve_run(int argc, char **argv)
     if (config && config_load(config, vars, n_vars)) return 2;
     for (int i = 0; i < n_vars; i++) {
         const char *e = getenv(vars[i].env);
-        if (e && *e) *vars[i].val = e;
+        if (e && *e && optvar_set(&vars[i], 2, e)) return 2;
     }
     for (int i = 2; i < argc; i++) {
-        const struct serve_optvar *ov = optvar_find(vars, n_vars, argv[i]);
-        if (ov) *ov->val = argv[++i];
-        else if (strcmp(argv[i], "--config") == 0) i++;
+        struct serve_optvar *ov = optvar_find(vars, n_vars, argv[i]);
+        if (ov && optvar_set(ov, 3, argv[++i])) return 2;
+        else if (!ov && strcmp(argv[i], "--config") == 0) i++;
     }
-    if (probe) return probe_run();
+    if (probe) return probe_run(o.device);
     if (routes) {
         api_routes_print(stdout);
         return 0;
     }
     int rc = 1, max_queue, ncores, http_threads, keepalive, max_per_owner, max_retries;
-    int64_t budget = 0, max_body;
+    int64_t budget[POOL_MAX_DEVICES], max_body;
+    struct pool_config pc = {0};
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     char coredef[24];
     snprintf(coredef, sizeof coredef, "%ld", online > 0 ? online : 1);
@@ -538,22 +718,7 @@ static int serve_run(int argc, char **argv)
         log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", mb);
         return 2;
     }
-    if (strcmp(o.device, "cpu") != 0) {
-        log_msg(LOG_ERROR, "--device %s: only the cpu device is served so far", o.device);
-        return 2;
-    }
-    if (o.budget) {
-        const char *eq = strchr(o.budget, '=');
-        if (!eq || (size_t)(eq - o.budget) != strlen(o.device) ||
-            strncmp(o.budget, o.device, (size_t)(eq - o.budget)) != 0 ||
-            serve_parse_size(eq + 1, &budget)) {
-            log_msg(LOG_ERROR, "--vram-budget takes %s=SIZE (e.g. %s=8GiB), not '%s'",
-                    o.device, o.device, o.budget);
-            return 2;
-        }
-    } else {
-        budget = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGESIZE);
-    }
+    if (devices_parse(o.device, o.budget, &pc, budget)) return 2;
     struct api_token *tokens = NULL;
     int n_tokens = 0;
     char err[600], prefix[API_PARSE_PREFIX_MAX + 1];
@@ -608,11 +773,7 @@ static int serve_run(int argc, char **argv)
         return 1;
     }
     exe[el] = 0;
-    int64_t baseline = 0;
-    double cost_scale = 0;
-    if (probe_baseline(exe, &baseline, &cost_scale)) {
-        log_msg(LOG_ERROR, "the probe child (ddpmd serve --probe) failed: cannot "
-                        "measure the per-process baseline");
+    if (devices_ready(exe, &pc, budget)) {
         close(lfd);
         free(tokens);
         return 1;
@@ -638,10 +799,12 @@ static int serve_run(int argc, char **argv)
         log_msg(LOG_ERROR, "%s", err);
         goto out;
     }
-    struct pool_config pc = {.exe = exe, .data_dir = o.data, .device = o.device,
-                             .budget_bytes = budget, .baseline_bytes = baseline, .cores = ncores,
-                             .max_queue = max_queue, .max_per_owner = max_per_owner,
-                             .max_retries = max_retries, .cost_scale = cost_scale};
+    pc.exe = exe;
+    pc.data_dir = o.data;
+    pc.cores = ncores;
+    pc.max_queue = max_queue;
+    pc.max_per_owner = max_per_owner;
+    pc.max_retries = max_retries;
     struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow_hosts = wha,
                                 .max_attempts = wh_attempts, .backoff_s = wh_backoff,
                                 .timeout_s = wh_timeout};
@@ -668,10 +831,14 @@ static int serve_run(int argc, char **argv)
     lfd = -1; /* the daemon's now */
     pool_set_notify(pool, api_notify, api);
     api_notify(api);
-    log_msg(LOG_INFO, "%s on %s:%d, device %s with a budget of %" PRId64
-                      " bytes (process baseline %" PRId64 "), %d cores, data in %s",
+    char devs[POOL_MAX_DEVICES * 120] = "";
+    for (int i = 0, n = 0; i < pc.n_devices && n < (int)sizeof devs; i++)
+        n += snprintf(devs + n, sizeof devs - (size_t)n, "%s%s (budget %" PRId64 " bytes, process "
+                      "baseline %" PRId64 ")", i ? ", " : "", pc.devices[i].name,
+                      pc.devices[i].budget_bytes, pc.devices[i].baseline_bytes);
+    log_msg(LOG_INFO, "%s on %s:%d; devices %s; %d cores; data in %s",
             tokens ? "bearer tokens required" : "no tokens: loopback only, one local user", host,
-            port, o.device, budget, baseline, ncores, o.data);
+            port, devs, ncores, o.data);
     printf("{\"listening\":\"http://%s%s%s:%d\",\"host\":\"%s\",\"port\":%d}\n",
            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port, host, port);
     fflush(stdout);

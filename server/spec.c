@@ -683,12 +683,10 @@ static void get_budget(struct spec_errors *E, const cJSON *mem, struct train_spe
         else err(E, "memory.vram_budget", "must be an integer in [0, %lld] bytes, got %s",
                  (long long)SPEC_BUDGET_MAX, fmt_num(got, sizeof got, x));
     } else if (cJSON_IsString(v)) {
-        /* digits, an optional fraction, a unit (the schema's pattern): no sign, exponent, hex
-         * or spaces that strtod would take */
+        /* digits, an optional fraction, a unit (the schema's pattern; serve_parse_size takes
+         * nothing else) */
         const char *t = v->valuestring;
-        size_t d = strspn(t, "0123456789"), f = t[d] == '.' ? 1 + strspn(t + d + 1, "0123456789") : 0;
-        int shape = d > 0 && (f != 1) && strspn(t + d + f, "BKMGTi") == strlen(t + d + f);
-        if (!shape || serve_parse_size(t, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
+        if (serve_parse_size(t, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
             err(E, "memory.vram_budget", "expected a size such as \"4GiB\" or \"512MiB\" (at "
                 "most 1 PiB), got \"%s\"",
                 echo(got, sizeof got, v->valuestring, strlen(v->valuestring), SPEC_ECHO_MAX));

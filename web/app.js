@@ -411,7 +411,7 @@ const renderJobs = guard(async (m) => {
       const href = (j.kind === 'sample' ? '#/sample/' : '#/job/') + j.id;
       body.append(el('tr', {'data-job': j.id},
         el('td', {}, el('a', {href, class: 'mono', text: j.id})), el('td', {text: j.kind}),
-        el('td', {}, stateBadge(j.state)), el('td', {text: j.device}),
+        el('td', {}, stateBadge(j.state)), el('td', {text: j.device || '-'}),
         el('td', {class: 'num', text: bytes(j.reserved_bytes)}), el('td', {}, progressBar(step, steps)),
         el('td', {class: 'num', text: num(ips, 1)}), el('td', {class: 'num', text: duration(eta)}),
         el('td', {class: 'num', text: num(loss, 4)}),
@@ -482,7 +482,7 @@ const renderJob = guard(async (m, id) => {
   const drawInfo = () => {
     const step = Math.max(job.step, last.step || 0), steps = last.steps || job.steps;
     const eta = ENDED.has(job.state) ? null : last.eta_s !== undefined ? last.eta_s : etaOf(job);
-    const rows = [['progress', progressBar(step, steps)], ['device', job.device + (job.threads ? ' (' + job.threads + (job.threads === 1 ? ' thread)' : ' threads)') : '')],
+    const rows = [['progress', progressBar(step, steps)], ['device', (job.device || 'not placed yet (plans on ' + (job.plans || []).filter((p) => p.fits).map((p) => p.device).join(', ') + ')') + (job.threads ? ' (' + job.threads + (job.threads === 1 ? ' thread)' : ' threads)') : '')],
       ['reserved', bytes(job.reserved_bytes)], ['loss', num(last.loss !== undefined ? last.loss : job.loss, 4)],
       ['images/s', num(last.img_per_s !== undefined ? last.img_per_s : job.images_per_s, 1)], ['ETA', duration(eta)],
       ['owner', job.owner], ['created', job.created_at || '-'], ['started', job.started_at || '-'], ['ended', job.ended_at || '-']];
@@ -740,7 +740,7 @@ const renderSample = guard(async (m, id) => {
     head.replaceChildren(el('h2', {}, 'Sample ', el('span', {class: 'mono', text: id}), ' ', stateBadge(s.state), ' ', cancel));
     const job = s.params.checkpoint.replace(/-\d+$/, '');
     info.replaceChildren(...[['progress', progressBar(s.step, s.steps)], ['from', el('a', {href: '#/job/' + job, class: 'mono', text: s.params.checkpoint})],
-      ['params', el('code', {text: JSON.stringify(s.params)})], ['device', s.device], ['reserved', bytes(s.reserved_bytes)],
+      ['params', el('code', {text: JSON.stringify(s.params)})], ['device', s.device || 'not placed yet'], ['reserved', bytes(s.reserved_bytes)],
       ['memory plan', partsBar(planParts(s.plan, s.reserved_bytes), s.reserved_bytes, {name: 'plan'})]]
       .concat(s.error ? [['error', el('span', {class: 'error', text: s.error})]] : [])
       .flatMap(([k, v]) => [el('dt', {text: k}), el('dd', {}, v)]));
@@ -780,13 +780,16 @@ const renderDevices = guard(async (m) => {
       const parts = mine.map((j) => ({name: j.id, bytes: j.reserved_bytes}));
       const other = dev.reserved_bytes - parts.reduce((a, p) => a + p.bytes, 0);
       if (other > 0) parts.push({name: 'other tokens\' jobs', bytes: other, color: '#9e9e9e'});
-      const queue = waiting.map((j, i) => ({name: j.id, bytes: j.reserved_bytes, color: COLORS[(i + 6) % COLORS.length]}));
+      /* the queued jobs that may run here, each with its plan's reservation on this device */
+      const here = (j) => (j.device ? (j.device === dev.name ? j.plan : null)
+        : (j.plans || []).find((p) => p.device === dev.name && p.fits));
+      const queue = waiting.filter(here).map((j, i) => ({name: j.id, bytes: here(j).reserved_bytes, color: COLORS[(i + 6) % COLORS.length]}));
       return el('div', {class: 'card', 'data-device': dev.name},
         el('h3', {}, dev.name + ' ', el('span', {class: 'muted', text: '(' + dev.kind + ')'})),
         el('dl', {class: 'kv'}, ...[['total', bytes(dev.total_bytes)], ['budget', bytes(dev.budget_bytes)],
           ['reserved', bytes(dev.reserved_bytes)], ['free', bytes(dev.free_bytes)],
           ['per-process overhead', bytes(dev.overhead_bytes)], ['running jobs', dev.running_jobs],
-          ['waiting jobs', dev.waiting_jobs]].concat(dev.cores ? [['threads', (dev.threads_used || 0) + ' of ' + dev.cores + ' cores']] : [])
+          ['waiting jobs', dev.waiting_jobs]].concat(dev.poisoned ? [['poisoned', dev.poisoned_by || 'yes']] : []).concat(dev.cores ? [['threads', (dev.threads_used || 0) + ' of ' + dev.cores + ' cores']] : [])
           .flatMap(([k, v]) => [el('dt', {text: k}), el('dd', {text: v})])),
         el('h3', {text: 'Budget: running jobs\' reservations'}),
         partsBar(parts, dev.budget_bytes, {name: 'budget', free: dev.free_bytes}),

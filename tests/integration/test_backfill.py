@@ -16,8 +16,12 @@ from serverlib import Server, check, need_fmnist, problem_ok, tiny
 
 
 def small(**kw):
+    """a small job whose plan is the plain one (every memory strategy forced), so its
+    reservation is the same whatever budget it is fitted into"""
     s = tiny(**kw)
     s["model"].update(block_out_channels=[16, 32], attention_resolutions=[])
+    s["memory"] = {"precision": "f32", "micro_batch": s["train"]["batch"], "recompute": "none",
+                   "offload": "off"}
     return s
 
 

@@ -1,7 +1,9 @@
 """test_config.py - every `ddpmd serve` option also comes from a config file (--config FILE or
 DDPMD_CONFIG; lines NAME = VALUE) and from its DDPMD_* variable, the command line winning over
 the environment, which wins over the file. Checked on two options a client can observe: the
-cpu budget (GET /devices) and the largest body (413), each set in one, two or three places; every
+cpu budget (GET /devices) and the largest body (413), each set in one, two or three places; the
+list options (--device, --vram-budget DEV=SIZE) and the sizes they take, refused with the reason
+when malformed or repeated; every
 option --help lists is accepted in a file and names its variable; bad files are refused with
 the file and line. Usage: test_config.py PATH/TO/ddpmd
 """
@@ -34,10 +36,14 @@ def big_body_status(exe, env=None, args=()):
     return st
 
 
-def run(exe, *args, env=None):
+def run(exe, *args, env=None, timeout=60):
     e = dict(os.environ)
     e.update(env or {})
-    p = subprocess.run([exe, "serve", *args], capture_output=True, text=True, env=e, timeout=60)
+    try:
+        p = subprocess.run([exe, "serve", *args], capture_output=True, text=True, env=e,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:  # it started serving instead of refusing
+        return None, "", "still running after %d s" % timeout
     return p.returncode, p.stdout, p.stderr
 
 
@@ -60,6 +66,31 @@ def main(exe):
                  args=["--vram-budget", "cpu=3GiB"]) == 3 * GIB, "the command line over both")
     check(budget(exe, conf=c1, args=["--vram-budget", "cpu=3GiB"]) == 3 * GIB,
           "the command line over the file")
+
+    # --vram-budget: a bare size is the one device's; each device's budget once, for a device
+    # served; sizes are decimal digits and a unit (no inf, hex, spaces, exponents)
+    check(budget(exe, args=["--vram-budget", "2GiB"]) == 2 * GIB, "a bare size")
+    check(budget(exe, env={"DDPMD_DEVICE": "cpu", "DDPMD_VRAM_BUDGET": "cpu=1.5GiB"}) == 3 * GIB // 2,
+          "a fraction from the environment")
+    data = os.path.join(tmp, "never")
+    for args, want in (
+            (["--vram-budget", "cpu=1GiB", "--vram-budget", "cpu=2GiB"], "given twice"),
+            (["--vram-budget", "cpu=1GiB,cpu=2GiB"], "given twice"),
+            (["--device", "cpu", "--device", "cpu"], "--device cpu is given twice"),
+            (["--device", "gpu"], "--device takes cpu, cuda or cuda:N"),
+            (["--vram-budget", "cuda:0=1GiB"], "no such --device"),
+            (["--vram-budget", "cpu=inf"], "--vram-budget takes"),
+            (["--vram-budget", "cpu=0x1000"], "--vram-budget takes"),
+            (["--vram-budget", "cpu= 8GiB"], "--vram-budget takes"),
+            (["--vram-budget", "cpu=1e9"], "--vram-budget takes"),
+            (["--vram-budget", "cpu=0"], "--vram-budget takes")):
+        rc, _, err = run(exe, "--listen", "127.0.0.1:0", "--data", data, *args, timeout=15)
+        check(rc == 2 and want in err, "%s: %s %s" % (args, rc, err))
+    # a list option's lines in one file add up (then: the same device twice)
+    rc, _, err = run(exe, "--config", conf("dev.conf", "device = cpu\ndevice = cpu\n"),
+                     "--listen", "127.0.0.1:0", "--data", data, timeout=15)
+    check(rc == 2 and "--device cpu is given twice" in err, "devices from a file: %s %s" % (rc, err))
+    check(not os.path.exists(data), "a refused start made its data directory")
 
     small = conf("small.conf", "max-body = 2048\n")
     large = conf("large.conf", "max-body = 4096\n")

@@ -215,7 +215,7 @@ def main(exe):
         nat = d.execute_script("const i = document.querySelector('#grids img'); return [i.naturalWidth, i.naturalHeight]")
         check(nat == [66, 66], "the grid is %s, 2x2 images of 32 px with 2-px gaps are 66x66" % nat)
         parts = [e.get_attribute("data-part") for e in d.find_elements("css selector", "[data-bar=plan] [data-part]")]
-        check("params" in parts and "arena" in parts and "process_baseline" in parts, "plan bar parts %s" % parts)
+        check("weights" in parts and "arena" in parts and "process_baseline" in parts, "plan bar parts %s" % parts)
         check(d.find_element("id", "cancel").get_attribute("disabled") is not None, "cancel enabled on an ended job")
         # the plan bar takes any parts list: today's *_bytes fields, an array, the planner's columns
         got = d.execute_script("return planParts(arguments[0], arguments[1])", job["plan"], job["reserved_bytes"])

@@ -79,7 +79,7 @@ def main(exe):
     s.stop()
     # the job's own lines: running, then succeeded, each naming it
     mine = [o["msg"] for o in lines_json(s) if o.get("job") == jid and "request_id" not in o]
-    check(len(mine) == 2 and mine[0].startswith("running (train job, 1 threads") and
+    check(len(mine) == 2 and mine[0].startswith("running on cpu (train job, 1 threads") and
           mine[1] == "succeeded", "the job's lines %s" % mine)
     msgs = [o["msg"] for o in lines_json(s)]
     check(any("loopback only" in m for m in msgs), "no start line in %s" % msgs[:3])

@@ -75,8 +75,10 @@ def main(exe):
     sid = smp["id"]
     check(r.header("Location") == "/samples/" + sid, "Location %s" % r.header("Location"))
     check(smp["params"]["checkpoint"] == jid + "-6", "params %s" % smp["params"])
-    check(smp["plan"]["plan_bytes"] > 0 and smp["plan"]["grads_bytes"] == 0 and
-          smp["plan"]["adam_bytes"] == 0, "the sampling plan holds training state: %s" % smp["plan"])
+    parts = smp["plan"]["parts"]["device"]
+    check(smp["plan"]["plan_bytes"] > 0 and parts["gradients"] == 0 and
+          parts["optimizer"] == 0 and parts["ema"] == 0,
+          "the sampling plan holds training state: %s" % smp["plan"])
     check(smp["reserved_bytes"] >= smp["plan"]["plan_bytes"], "reserved %s" % smp)
     check(s.data not in r.body.decode(), "a server path in the sample")
 

@@ -1,5 +1,6 @@
 /* test_jobs.c - the service's pieces below HTTP: the SQLite job store (insert, list with filters
- * and paging, state changes with their events, event log order, reopen, a newer schema refused),
+ * and paging, state changes with their events, event log order, a placement, reopen, a newer
+ * schema refused, a version 2 store migrated),
  * job and checkpoint ids that can never name a path, sizes and the token file.
  */
 #define _GNU_SOURCE
@@ -100,11 +101,31 @@ static void test_store(const char *dir)
     CHECK(jobs_events_after(db, "j0000000000000001", 0, 100, &ev, &n) == 0 && n == 1,
           "events are per job");
     job_events_free(ev, n);
+
+    /* a placement: device, reservation and plan set, the plans kept when not given */
+    row(&r, "j0000000000000004", "carol");
+    r.device[0] = 0;
+    r.plans = "[{\"device\":\"cpu\"},{\"device\":\"cuda:0\"}]";
+    CHECK(jobs_insert(db, &r) == 0, "insert 4");
+    CHECK(jobs_get(db, "j0000000000000004", &g) == 0 && g.device[0] == 0 && g.plans &&
+              strcmp(g.plans, r.plans) == 0,
+          "unplaced, with plans");
+    job_row_free(&g);
+    CHECK(jobs_set_plan(db, "j0000000000000004", "cuda:0", 99, "{\"device\":\"cuda:0\"}", NULL) ==
+              0,
+          "place");
+    CHECK(jobs_get(db, "j0000000000000004", &g) == 0 && strcmp(g.device, "cuda:0") == 0 &&
+              g.reserved_bytes == 99 && strcmp(g.plan, "{\"device\":\"cuda:0\"}") == 0 &&
+              g.plans && strcmp(g.plans, r.plans) == 0,
+          "placed");
+    job_row_free(&g);
+    CHECK(jobs_set_plan(db, "j00000000000000ff", "cpu", 1, "{}", NULL) == JOBS_ERR_NOT_FOUND,
+          "placement of an unknown job");
     jobs_close(db);
 
     /* reopened: everything is there */
     CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "reopen: %s", err);
-    CHECK(jobs_count(db, -1, &cnt) == 0 && cnt == 3, "rows after reopen");
+    CHECK(jobs_count(db, -1, &cnt) == 0 && cnt == 4, "rows after reopen");
     jobs_close(db);
 
     /* a database from a newer ddpmd is refused, not rewritten */
@@ -116,6 +137,56 @@ static void test_store(const char *dir)
     sqlite3_close(s);
     CHECK(jobs_open(&db, dir, err, sizeof err) != 0 && strstr(err, "schema version 99"),
           "newer schema: %s", err);
+}
+
+/* a version 2 store (no jobs.plans) opens as version 3: its jobs read back with no plans */
+static void test_migrate(const char *dir)
+{
+    char path[1200], err[300];
+    snprintf(path, sizeof path, "%s/ddpmd.db", dir);
+    sqlite3 *s;
+    CHECK(sqlite3_open(path, &s) == SQLITE_OK, "create a version 2 store");
+    CHECK(sqlite3_exec(s,
+                       "CREATE TABLE jobs(seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL "
+                       "UNIQUE, owner TEXT NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL, spec "
+                       "TEXT NOT NULL, device TEXT NOT NULL, reserved_bytes INTEGER NOT NULL, plan "
+                       "TEXT NOT NULL, threads INTEGER NOT NULL DEFAULT 0, step INTEGER NOT NULL "
+                       "DEFAULT 0, steps INTEGER NOT NULL DEFAULT 0, loss REAL, img_per_s REAL, "
+                       "error TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0, starts INTEGER "
+                       "NOT NULL DEFAULT 0, created_at TEXT NOT NULL, started_at TEXT, ended_at "
+                       "TEXT);"
+                       "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
+                       "plan, created_at) VALUES('j00000000000000aa', 'x', 'train', 'queued', "
+                       "'{}', 'cpu', 5, '{\"plan_bytes\":4}', 'now');"
+                       "PRAGMA user_version = 2;",
+                       NULL, NULL, NULL) == SQLITE_OK,
+          "version 2 rows: %s", sqlite3_errmsg(s));
+    sqlite3_close(s);
+    struct jobs *db;
+    CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "open a version 2 store: %s", err);
+    if (!db) return;
+    struct job_row g;
+    CHECK(jobs_get(db, "j00000000000000aa", &g) == 0 && g.plans == NULL &&
+              strcmp(g.device, "cpu") == 0 && g.reserved_bytes == 5,
+          "the old job, without plans");
+    job_row_free(&g);
+    struct job_row r;
+    row(&r, "j00000000000000ab", "x");
+    r.plans = "[]";
+    CHECK(jobs_insert(db, &r) == 0 && jobs_get(db, "j00000000000000ab", &g) == 0 && g.plans &&
+              strcmp(g.plans, "[]") == 0,
+          "a new job's plans in the migrated store");
+    job_row_free(&g);
+    jobs_close(db);
+    CHECK(sqlite3_open(path, &s) == SQLITE_OK, "reopen");
+    sqlite3_stmt *st;
+    int version = -1;
+    if (sqlite3_prepare_v2(s, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        version = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(s);
+    CHECK(version == JOBS_SCHEMA_VERSION && version == 3, "version after the migration: %d", version);
 }
 
 static void test_ids(void)
@@ -152,7 +223,14 @@ static void test_sizes(void)
     CHECK(serve_parse_size("-1", &b) != 0, "negative");
     CHECK(serve_parse_size("GiB", &b) != 0, "no number");
     CHECK(serve_parse_size("8XB", &b) != 0, "unknown unit");
-    CHECK(serve_parse_size("1e30", &b) != 0, "overflow");
+    CHECK(serve_parse_size("1e30", &b) != 0, "an exponent");
+    CHECK(serve_parse_size("99999999999GiB", &b) != 0, "overflow");
+    /* what strtod would take besides plain decimals */
+    const char *bad[] = {"inf", "infGiB", "nan", "0x10", "0x1p4", " 8GiB", "\t8", "+8", "1.",
+                         ".5GiB", "1e3", "8GiB ", "", "1,5GiB"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(serve_parse_size(bad[i], &b) != 0, "'%s' taken for a size", bad[i]);
+    CHECK(serve_parse_size("0.5KiB", &b) == 0 && b == 512, "0.5KiB");
 }
 
 static void test_tokens(const char *dir)
@@ -186,6 +264,13 @@ int main(void)
     char dir[] = "/tmp/ddpmd-test-jobs-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_store(dir);
+    char old[] = "/tmp/ddpmd-test-jobs-v2-XXXXXX";
+    if (mkdtemp(old)) {
+        test_migrate(old);
+        char rm[200];
+        snprintf(rm, sizeof rm, "rm -rf %s", old);
+        if (system(rm)) fprintf(stderr, "could not remove %s\n", old);
+    }
     test_ids();
     test_sizes();
     test_tokens(dir);

@@ -54,8 +54,8 @@ int main(void)
     metrics_job_failed(METRICS_FAIL_SIGNAL);
     metrics_job_retried();
 
-    struct metrics_gauges g = {.jobs_ok = 1, .device = "cpu", .budget_bytes = 1000,
-                               .reserved_bytes = 300, .running_jobs = 2};
+    const struct metrics_device devs[] = {{"cpu", 1000, 300, 2, 0}, {"cuda:1", 4000, 0, 0, 1}};
+    struct metrics_gauges g = {.jobs_ok = 1, .devices = devs, .n_devices = 2};
     g.jobs[JOB_QUEUED] = 5;
     g.jobs[JOB_SUCCEEDED] = 7;
     size_t len = 0;
@@ -105,6 +105,10 @@ int main(void)
     CHECK(value(m, "ddpmd_jobs{state=\"succeeded\"}") == 7, "succeeded");
     CHECK(value(m, "ddpmd_device_free_bytes{device=\"cpu\"}") == 700, "free bytes");
     CHECK(value(m, "ddpmd_device_running_jobs{device=\"cpu\"}") == 2, "running jobs");
+    CHECK(value(m, "ddpmd_device_poisoned{device=\"cpu\"}") == 0, "cpu not poisoned");
+    CHECK(value(m, "ddpmd_device_poisoned{device=\"cuda:1\"}") == 1, "cuda:1 poisoned");
+    CHECK(value(m, "ddpmd_device_budget_bytes{device=\"cuda:1\"}") == 4000, "cuda:1 budget");
+    CHECK(value(m, "ddpmd_device_free_bytes{device=\"cuda:1\"}") == 4000, "cuda:1 free");
     free(m);
 
     /* a store that cannot be read: no ddpmd_jobs lines rather than made-up zeros */
