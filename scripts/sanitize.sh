@@ -31,12 +31,14 @@ rc=0
 # cli_cuda_emu: training steps and sampling in the instrumented emulator, the same reason;
 # test_gpu_rt_emu likewise (offload's executor path runs under ASan in test_offload, the
 # emulator's stream-order ranges in test_gpu_ops_emu's self-check).
+# integration_test_devices: a server whose cuda:0 is the instrumented emulator (its probe child
+# alone takes minutes); the pool's code runs under ASan in the other integration tests.
 # test_seed64: 3 steps of the 23M-parameter seed model at 64x64 under each of four budgets
 # (minutes in the normal build, past ctest's 900 s under ASan); test_budget_matrix and
 # test_accum/test_recompute/test_offload run the same planner and executor paths on small models.
 # test_prec_train: 600 fmnist-tiny training steps (45 CPU-seconds in the normal build, 145 under
 # ASan); test_prec, test_ops_half and test_prec_resume run its 16-bit paths under ASan.
-exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|test_seed64|test_prec_train)\$}
+exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|integration_test_devices|test_seed64|test_prec_train)\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc
