@@ -2147,6 +2147,19 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's own messages (a request it refuses before any handler, a connection it drops)
+ * through the server's logger: with --log-format json every stderr line stays one object */
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r' || msg[n - 1] == ' ')) msg[--n] = 0;
+    log_msg(LOG_WARN, "libmicrohttpd: %s", msg);
+}
+
 /* the line of openapi.yaml that names where the routes are; the served copy names the prefix */
 #define OPENAPI_SERVERS_LINE "\nservers: [{url: /}]\n"
 
@@ -2243,6 +2256,7 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
                             0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a,
                             MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
     if (!a->d) {
         snprintf(err, errlen, "libmicrohttpd did not start on the listening socket");

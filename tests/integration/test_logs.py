@@ -2,10 +2,12 @@
 stderr line is one JSON object (time, level, msg); each request logs request_id, method, route
 (the pattern), path, status, duration_ms and the job it made or named; every response echoes
 X-Request-Id: a sane incoming one as is, otherwise a fresh one (distinct per request); a job's start and end are
-lines that name it. With --log-format text the lines are not JSON. Usage: test_logs.py PATH/TO/ddpmd
+lines that name it; libmicrohttpd's own messages (a header too large) are JSON lines too. With
+--log-format text the lines are not JSON. Usage: test_logs.py PATH/TO/ddpmd
 """
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -76,6 +78,10 @@ def main(exe):
     o = request_line(s, "train-1")
     check(o["status"] == 202 and o["route"] == "/train" and o["job"] == jid, "train line %s" % o)
     s.events(jid)
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(b"GET /jobs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
+    check(sock.recv(64).startswith(b"HTTP/1.1 431"), "a 40 KB header not refused with 431")
+    sock.close()
     s.stop()
     # the job's own lines: running, then succeeded, each naming it
     mine = [o["msg"] for o in lines_json(s) if o.get("job") == jid and "request_id" not in o]
@@ -84,6 +90,11 @@ def main(exe):
     msgs = [o["msg"] for o in lines_json(s)]
     check(any("loopback only" in m for m in msgs), "no start line in %s" % msgs[:3])
     check(msgs[-1] == "stopped", "last line %r" % msgs[-1])
+    # libmicrohttpd's own message (a header over its memory limit: refused before any handler)
+    # is a JSON line too (lines_json fails on any other)
+    check(any(m.startswith("libmicrohttpd: ") and "431" in m and o["level"] == "warn"
+              for o, m in ((o, o["msg"]) for o in lines_json(s))),
+          "no libmicrohttpd line in %s" % msgs[-6:])
 
     # text: the readable lines, request id included
     t = Server(exe, args=["--log-format", "text"]).start()
