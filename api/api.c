@@ -262,8 +262,8 @@ static cJSON *job_json(const struct api *a, const struct job_row *r)
     add_str_or_null(o, "created_at", r->created_at);
     add_str_or_null(o, "started_at", r->started_at);
     add_str_or_null(o, "ended_at", r->ended_at);
-    cJSON *spec = cJSON_Parse(r->spec);
-    cJSON_AddItemToObject(o, "spec", spec ? spec : cJSON_CreateObject());
+    /* the stored spec is canonical JSON the server wrote (spec_to_json): put in as it is */
+    cJSON_AddItemToObject(o, "spec", cJSON_CreateRaw(r->spec && r->spec[0] ? r->spec : "{}"));
     char buf[192];
     cJSON *links = cJSON_AddObjectToObject(o, "links");
     api_link(a, buf, sizeof buf, "/jobs/%s", r->id);
@@ -1265,15 +1265,9 @@ static char *sse_checkpoint_data(const struct api *a, const char *data)
 /* refills s->buf from the event log; 1 when something was added */
 static int sse_fill(struct sse *s, int *ended)
 {
-    struct job_row r;
-    *ended = 0;
+    enum job_state state;
     /* the state first: a job's last event is committed with its final state */
-    if (jobs_get(s->a->cfg.db, s->job, &r) == JOBS_OK) {
-        *ended = job_state_ended(r.state);
-        job_row_free(&r);
-    } else {
-        *ended = 1;
-    }
+    *ended = jobs_state(s->a->cfg.db, s->job, &state) != JOBS_OK || job_state_ended(state);
     struct job_event *ev;
     int n;
     if (jobs_events_after(s->a->cfg.db, s->job, s->last, SSE_BATCH, &ev, &n)) return 0;
@@ -1949,7 +1943,9 @@ static void request_id(struct MHD_Connection *conn, char *rid)
         uint64_t v = (uint64_t)(now_s() * 1e6) ^ (atomic_fetch_add(&seq, 1) << 40);
         memcpy(b, &v, sizeof b);
     }
-    for (int i = 0; i < 8; i++) snprintf(rid + 2 * i, 3, "%02x", b[i]);
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 8; i++) rid[2 * i] = hex[b[i] >> 4], rid[2 * i + 1] = hex[b[i] & 15];
+    rid[16] = 0;
 }
 
 /* the caller of route rt: c->owner and c->admin; 0, or -1 with the 401 sent (*res) */

@@ -1,6 +1,7 @@
 /* jobs.c - the SQLite job store (see jobs.h): tables jobs and events, schema version in
- * PRAGMA user_version and in table meta, WAL journal. One connection behind one mutex: the
- * store is a few rows per second, never the bottleneck, and every call is then atomic.
+ * PRAGMA user_version and in table meta, WAL journal. Every change goes through one writer
+ * connection behind one mutex (each call atomic); reads go through the calling thread's own
+ * connection and take no lock (many GET /jobs/{id} at once). Statements are prepared once.
  */
 #define _DEFAULT_SOURCE
 #include "jobs.h"
@@ -21,9 +22,90 @@
  * the next jobs_insert makes it again, or refuses the job while it cannot */
 #define JOBS_RESERVE_BYTES (256 * 1024)
 
-struct jobs {
+#define ROW_COLS                                                                                  \
+    "seq, id, owner, kind, state, spec, device, reserved_bytes, plan, threads, step, steps, "    \
+    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at, plans"
+
+/* every statement of the store, prepared once (stmt) and kept: a GET /jobs/{id} is one bound
+ * step of a ready statement, not a parse of its SQL */
+enum jobs_stmt {
+    STMT_EVENT_APPEND,
+    STMT_INSERT,
+    STMT_GET,
+    STMT_STATE,
+    STMT_LIST,
+    STMT_COUNT,
+    STMT_EVENT_COUNT,
+    STMT_COUNT_OWNER,
+    STMT_SET_STATE,
+    STMT_CANCEL,
+    STMT_PROGRESS,
+    STMT_SET_PLAN,
+    STMT_EVENTS_AFTER,
+    STMT_IDEM_GET,
+    STMT_IDEM_PUT,
+    STMT_IDEM_FINISH,
+    STMT_IDEM_ABANDON,
+    STMT_COUNT_
+};
+
+static const char *const stmt_sql[STMT_COUNT_] = {
+    [STMT_EVENT_APPEND] = "INSERT INTO events(job_id, seq, type, data, at) VALUES(?1, "
+        "(SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1), "
+        "?2, ?3, ?4) RETURNING seq",
+    [STMT_INSERT] = "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
+        "plan, steps, created_at, plans) VALUES(?, ?, ?, 'queued', ?, ?, ?, ?, "
+        "?, ?, ?)",
+    [STMT_GET] = "SELECT " ROW_COLS " FROM jobs WHERE id = ?",
+    [STMT_STATE] = "SELECT state FROM jobs WHERE id = ?1",
+    [STMT_LIST] = "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "
+        "(?2 IS NULL OR state = ?2) AND "
+        "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) AND "
+        "(?5 IS NULL OR kind = ?5) "
+        "ORDER BY seq LIMIT ?4",
+    [STMT_COUNT] = "SELECT COUNT(*) FROM jobs WHERE ?1 IS NULL OR state = ?1",
+    [STMT_EVENT_COUNT] = "SELECT COUNT(*) FROM events WHERE job_id = ?1 AND type = ?2",
+    [STMT_COUNT_OWNER] = "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND "
+        "state IN ('queued', 'running')",
+    [STMT_SET_STATE] = "UPDATE jobs SET state = ?2,"
+        " threads = CASE WHEN ?3 > 0 THEN ?3 ELSE threads END,"
+        " error = CASE WHEN ?4 IS NOT NULL THEN ?4 WHEN ?2 = 'running' THEN "
+        "NULL ELSE error END,"
+        " started_at = CASE WHEN ?2 = 'running' THEN ?5 ELSE started_at END,"
+        " starts = starts + (?2 = 'running'),"
+        " ended_at = CASE WHEN ?2 IN ('succeeded', 'failed', 'canceled') THEN "
+        "?5 ELSE NULL END"
+        " WHERE id = ?1",
+    [STMT_CANCEL] = "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1",
+    [STMT_PROGRESS] = "UPDATE jobs SET step = ?2, steps = ?3, loss = ?4, img_per_s = ?5 WHERE id = ?1",
+    [STMT_SET_PLAN] = "UPDATE jobs SET device = COALESCE(?2, device), reserved_bytes "
+        "= ?3, plan = ?4, plans = COALESCE(?5, plans) WHERE id = ?1",
+    [STMT_EVENTS_AFTER] = "SELECT seq, type, data FROM events WHERE job_id = ? AND seq > ? "
+        "ORDER BY seq LIMIT ?",
+    [STMT_IDEM_GET] = "SELECT request, status, location, response FROM idempotency "
+        "WHERE owner = ?1 AND key = ?2",
+    [STMT_IDEM_PUT] = "INSERT INTO idempotency(owner, key, request, created_at) "
+        "VALUES(?1, ?2, ?3, ?4)",
+    [STMT_IDEM_FINISH] = "UPDATE idempotency SET status = ?3, location = ?4, "
+        "response = ?5 WHERE owner = ?1 AND key = ?2",
+    [STMT_IDEM_ABANDON] = "DELETE FROM idempotency WHERE owner = ?1 AND key = ?2 AND "
+        "status = 0",
+};
+
+/* a connection and its prepared statements */
+struct conn {
     sqlite3 *db;
+    sqlite3_stmt *st[STMT_COUNT_];
+    struct conn *next;           /* the store's read connections, a list */
+};
+
+struct jobs {
+    struct conn w;               /* the one writer (every change), under mu */
     pthread_mutex_t mu;
+    char path[1200];             /* DIR/ddpmd.db */
+    pthread_key_t reader;        /* the calling thread's read connection (rd) */
+    pthread_mutex_t rmu;         /* readers */
+    struct conn *readers;
     char reserve[1200];          /* DIR/ddpmd.db-reserve */
     int have_reserve;            /* under mu */
     jobs_observer_fn observer;   /* set before any other thread uses the store */
@@ -55,11 +137,11 @@ const char *jobs_errmsg(void)
 /* records SQLite's current error for jobs_errmsg (kept as it was when SQLite reports none, e.g.
  * after the failed statement was finalized) and maps it to a status: SQLITE_FULL (the disk is
  * full) is JOBS_ERR_FULL, every other failure JOBS_ERR_DB */
-static int db_fail(struct jobs *db)
+static int db_fail(const struct conn *c)
 {
-    int code = sqlite3_extended_errcode(db->db), prim = code & 0xff;
+    int code = sqlite3_extended_errcode(c->db), prim = code & 0xff;
     if (prim != SQLITE_OK && prim != SQLITE_ROW && prim != SQLITE_DONE)
-        snprintf(last_err, sizeof last_err, "%s (%s, code %d)", sqlite3_errmsg(db->db),
+        snprintf(last_err, sizeof last_err, "%s (%s, code %d)", sqlite3_errmsg(c->db),
                  prim == SQLITE_FULL    ? "SQLITE_FULL"
                  : prim == SQLITE_IOERR ? "SQLITE_IOERR"
                                         : "SQLite",
@@ -81,6 +163,59 @@ static int reserve_make(struct jobs *j)
     }
     j->have_reserve = 1;
     return 0;
+}
+
+/* statement k of connection c, prepared on first use (c's lock held, or c the caller's
+ * reader); NULL with SQLite's error for db_fail */
+static sqlite3_stmt *stmt(struct conn *c, enum jobs_stmt k)
+{
+    if (!c->st[k] && sqlite3_prepare_v3(c->db, stmt_sql[k], -1, SQLITE_PREPARE_PERSISTENT,
+                                        &c->st[k], NULL) != SQLITE_OK)
+        return NULL;
+    return c->st[k];
+}
+
+static void conn_close(struct conn *c)
+{
+    for (int k = 0; k < STMT_COUNT_; k++) sqlite3_finalize(c->st[k]);
+    sqlite3_close(c->db);
+}
+
+/* The calling thread's read connection, opened on its first read: reads take no lock, so the
+ * HTTP threads never wait for each other nor for the writer (WAL: a reader sees the last
+ * committed state, a writer never waits for readers). NULL with jobs_errmsg's reason. */
+static struct conn *rd(struct jobs *db)
+{
+    struct conn *c = pthread_getspecific(db->reader);
+    if (c) return c;
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(last_err, sizeof last_err, "out of memory for a read connection");
+        return NULL;
+    }
+    int rc = sqlite3_open_v2(db->path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(last_err, sizeof last_err, "cannot open a read connection: %s",
+                 c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+        sqlite3_close(c->db);
+        free(c);
+        return NULL;
+    }
+    sqlite3_busy_timeout(c->db, 5000);
+    pthread_setspecific(db->reader, c);
+    pthread_mutex_lock(&db->rmu);
+    c->next = db->readers;
+    db->readers = c;
+    pthread_mutex_unlock(&db->rmu);
+    return c;
+}
+
+/* a used statement back to its unbound start (lock held) */
+static void stmt_done(sqlite3_stmt *st)
+{
+    if (!st) return;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
 }
 
 static const char *state_names[JOB_STATE_COUNT] = {"queued", "running", "succeeded", "failed",
@@ -164,25 +299,33 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
         return JOBS_ERR_NOMEM;
     }
     pthread_mutex_init(&j->mu, NULL);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/ddpmd.db", dir);
-    int rc = sqlite3_open_v2(path, &j->db,
+    pthread_mutex_init(&j->rmu, NULL);
+    if (pthread_key_create(&j->reader, NULL)) {
+        snprintf(err, errlen, "no thread key for the store's read connections");
+        pthread_mutex_destroy(&j->mu);
+        pthread_mutex_destroy(&j->rmu);
+        free(j);
+        return JOBS_ERR_DB;
+    }
+    char *path = j->path;
+    snprintf(j->path, sizeof j->path, "%s/ddpmd.db", dir);
+    int rc = sqlite3_open_v2(path, &j->w.db,
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                              NULL);
     char *msg = NULL;
     int version = -1;
     if (rc != SQLITE_OK) {
         snprintf(err, errlen, "cannot open %s: %s", path,
-                 j->db ? sqlite3_errmsg(j->db) : sqlite3_errstr(rc));
+                 j->w.db ? sqlite3_errmsg(j->w.db) : sqlite3_errstr(rc));
         goto fail;
     }
-    sqlite3_busy_timeout(j->db, 5000);
+    sqlite3_busy_timeout(j->w.db, 5000);
     /* WAL: readers never block the writer; NORMAL sync is durable across a process crash */
-    if (sqlite3_exec(j->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
+    if (sqlite3_exec(j->w.db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
                      &msg) != SQLITE_OK)
         goto sqlfail;
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(j->db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(j->w.db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
         goto sqlfail;
     if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
@@ -193,12 +336,12 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
     }
     /* version 0 = a new file; 1 -> 2 only adds the idempotency table (CREATE IF NOT EXISTS);
      * 2 -> 3 adds jobs.plans (NULL for the jobs stored before: the pool plans them again) */
-    if (sqlite3_exec(j->db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
-        sqlite3_exec(j->db, schema, NULL, NULL, &msg) != SQLITE_OK ||
+    if (sqlite3_exec(j->w.db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
+        sqlite3_exec(j->w.db, schema, NULL, NULL, &msg) != SQLITE_OK ||
         (version > 0 && version < 3 &&
-         sqlite3_exec(j->db, "ALTER TABLE jobs ADD COLUMN plans TEXT", NULL, NULL, &msg) !=
+         sqlite3_exec(j->w.db, "ALTER TABLE jobs ADD COLUMN plans TEXT", NULL, NULL, &msg) !=
              SQLITE_OK) ||
-        sqlite3_exec(j->db,
+        sqlite3_exec(j->w.db,
                      "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '3');"
                      "PRAGMA user_version = 3; COMMIT;",
                      NULL, NULL, &msg) != SQLITE_OK)
@@ -208,11 +351,13 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
     *out = j;
     return JOBS_OK;
 sqlfail:
-    snprintf(err, errlen, "%s: %s", path, msg ? msg : sqlite3_errmsg(j->db));
+    snprintf(err, errlen, "%s: %s", path, msg ? msg : sqlite3_errmsg(j->w.db));
     sqlite3_free(msg);
 fail:
-    sqlite3_close(j->db);
+    sqlite3_close(j->w.db);
+    pthread_key_delete(j->reader);
     pthread_mutex_destroy(&j->mu);
+    pthread_mutex_destroy(&j->rmu);
     free(j);
     return JOBS_ERR_DB;
 }
@@ -220,8 +365,15 @@ fail:
 void jobs_close(struct jobs *db)
 {
     if (!db) return;
-    sqlite3_close(db->db);
+    for (struct conn *c = db->readers, *next; c; c = next) {
+        next = c->next;
+        conn_close(c);
+        free(c);
+    }
+    conn_close(&db->w);
+    pthread_key_delete(db->reader);
     pthread_mutex_destroy(&db->mu);
+    pthread_mutex_destroy(&db->rmu);
     free(db);
 }
 
@@ -236,10 +388,6 @@ static void copy_col(char *dst, size_t n, sqlite3_stmt *st, int i)
     const unsigned char *t = sqlite3_column_text(st, i);
     snprintf(dst, n, "%s", t ? (const char *)t : "");
 }
-
-#define ROW_COLS                                                                                  \
-    "seq, id, owner, kind, state, spec, device, reserved_bytes, plan, threads, step, steps, "    \
-    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at, plans"
 
 static int read_row(sqlite3_stmt *st, struct job_row *r)
 {
@@ -298,11 +446,7 @@ static int event_append_locked(struct jobs *db, const char *id, const char *type
     int rc = JOBS_ERR_DB;
     char now[32];
     jobs_now(now, sizeof now);
-    if (sqlite3_prepare_v2(db->db,
-                           "INSERT INTO events(job_id, seq, type, data, at) VALUES(?1, "
-                           "(SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1), "
-                           "?2, ?3, ?4) RETURNING seq",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_EVENT_APPEND)))
         goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, type, -1, SQLITE_STATIC);
@@ -313,16 +457,16 @@ static int event_append_locked(struct jobs *db, const char *id, const char *type
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     rc = JOBS_OK;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     return rc;
 }
 
 static int begin(struct jobs *db)
 {
     pthread_mutex_lock(&db->mu);
-    if (sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
-        int rc = db_fail(db);
+    if (sqlite3_exec(db->w.db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        int rc = db_fail(&db->w);
         pthread_mutex_unlock(&db->mu);
         return rc;
     }
@@ -331,9 +475,9 @@ static int begin(struct jobs *db)
 
 static int end(struct jobs *db, int rc)
 {
-    if (rc == JOBS_OK && sqlite3_exec(db->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-        rc = db_fail(db);
-    if (rc != JOBS_OK) sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
+    if (rc == JOBS_OK && sqlite3_exec(db->w.db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        rc = db_fail(&db->w);
+    if (rc != JOBS_OK) sqlite3_exec(db->w.db, "ROLLBACK", NULL, NULL, NULL);
     pthread_mutex_unlock(&db->mu);
     return rc;
 }
@@ -352,11 +496,7 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     int rc = JOBS_ERR_DB;
     char now[32];
     jobs_now(now, sizeof now);
-    if (sqlite3_prepare_v2(db->db,
-                           "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
-                           "plan, steps, created_at, plans) VALUES(?, ?, ?, 'queued', ?, ?, ?, ?, "
-                           "?, ?, ?)",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_INSERT)))
         goto out;
     sqlite3_bind_text(st, 1, r->id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, r->owner, -1, SQLITE_STATIC);
@@ -371,19 +511,19 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     rc = event_append_locked(db, r->id, "state", "{\"state\":\"queued\"}", NULL);
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     return observed(db, end(db, rc), r->id, "state", "{\"state\":\"queued\"}");
 }
 
 int jobs_get(struct jobs *db, const char *id, struct job_row *out)
 {
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&db->mu);
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "SELECT " ROW_COLS " FROM jobs WHERE id = ?", -1, &st, NULL) !=
-        SQLITE_OK)
+    if (!(st = stmt(c, STMT_GET)))
         goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     int s = sqlite3_step(st);
@@ -392,9 +532,31 @@ int jobs_get(struct jobs *db, const char *id, struct job_row *out)
     else if (s == SQLITE_DONE)
         rc = JOBS_ERR_NOT_FOUND;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&db->mu);
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
+    return rc;
+}
+
+int jobs_state(struct jobs *db, const char *id, enum job_state *state)
+{
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
+    sqlite3_stmt *st = stmt(c, STMT_STATE);
+    int rc = JOBS_ERR_DB;
+    if (!st) goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        int k = t ? job_state_parse((const char *)t) : -1;
+        *state = k < 0 ? JOB_FAILED : (enum job_state)k; /* as read_row reads it */
+        rc = JOBS_OK;
+    } else if (s == SQLITE_DONE) {
+        rc = JOBS_ERR_NOT_FOUND;
+    }
+out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
     return rc;
 }
 
@@ -409,16 +571,11 @@ int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int sta
 {
     *rows = NULL;
     *n = 0;
-    pthread_mutex_lock(&db->mu);
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB, cap = 0;
-    if (sqlite3_prepare_v2(db->db,
-                           "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "
-                           "(?2 IS NULL OR state = ?2) AND "
-                           "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) AND "
-                           "(?5 IS NULL OR kind = ?5) "
-                           "ORDER BY seq LIMIT ?4",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(c, STMT_LIST)))
         goto out;
     if (owner) sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
     if (state >= 0) sqlite3_bind_text(st, 2, job_state_name((enum job_state)state), -1, SQLITE_STATIC);
@@ -441,9 +598,8 @@ int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int sta
     }
     rc = s == SQLITE_DONE ? JOBS_OK : JOBS_ERR_DB;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&db->mu);
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
     if (rc != JOBS_OK) {
         job_rows_free(*rows, *n);
         *rows = NULL;
@@ -455,11 +611,11 @@ out:
 int jobs_count(struct jobs *db, int state, int *n)
 {
     *n = 0;
-    pthread_mutex_lock(&db->mu);
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "SELECT COUNT(*) FROM jobs WHERE ?1 IS NULL OR state = ?1", -1,
-                           &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(c, STMT_COUNT)))
         goto out;
     if (state >= 0) sqlite3_bind_text(st, 1, job_state_name((enum job_state)state), -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_ROW) {
@@ -467,20 +623,19 @@ int jobs_count(struct jobs *db, int state, int *n)
         rc = JOBS_OK;
     }
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&db->mu);
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
     return rc;
 }
 
 int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n)
 {
     *n = 0;
-    pthread_mutex_lock(&db->mu);
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "SELECT COUNT(*) FROM events WHERE job_id = ?1 AND type = ?2",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(c, STMT_EVENT_COUNT)))
         goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, type, -1, SQLITE_STATIC);
@@ -489,20 +644,19 @@ int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n)
         rc = JOBS_OK;
     }
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&db->mu);
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
     return rc;
 }
 
 int jobs_count_owner(struct jobs *db, const char *owner, int *n)
 {
     *n = 0;
-    pthread_mutex_lock(&db->mu);
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND "
-                           "state IN ('queued', 'running')", -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(c, STMT_COUNT_OWNER)))
         goto out;
     sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_ROW) {
@@ -510,9 +664,8 @@ int jobs_count_owner(struct jobs *db, const char *owner, int *n)
         rc = JOBS_OK;
     }
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&db->mu);
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
     return rc;
 }
 
@@ -526,17 +679,7 @@ static int set_state_once(struct jobs *db, const char *id, enum job_state state,
     char now[32];
     jobs_now(now, sizeof now);
     /* running: a new start (started_at, starts + 1, a fresh error); ended: ended_at */
-    if (sqlite3_prepare_v2(db->db,
-                           "UPDATE jobs SET state = ?2,"
-                           " threads = CASE WHEN ?3 > 0 THEN ?3 ELSE threads END,"
-                           " error = CASE WHEN ?4 IS NOT NULL THEN ?4 WHEN ?2 = 'running' THEN "
-                           "NULL ELSE error END,"
-                           " started_at = CASE WHEN ?2 = 'running' THEN ?5 ELSE started_at END,"
-                           " starts = starts + (?2 = 'running'),"
-                           " ended_at = CASE WHEN ?2 IN ('succeeded', 'failed', 'canceled') THEN "
-                           "?5 ELSE NULL END"
-                           " WHERE id = ?1",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_SET_STATE)))
         goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, job_state_name(state), -1, SQLITE_STATIC);
@@ -544,14 +687,14 @@ static int set_state_once(struct jobs *db, const char *id, enum job_state state,
     if (error) sqlite3_bind_text(st, 4, error, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 5, now, -1, SQLITE_TRANSIENT);
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
-    if (sqlite3_changes(db->db) != 1) {
+    if (sqlite3_changes(db->w.db) != 1) {
         rc = JOBS_ERR_NOT_FOUND;
         goto out;
     }
     rc = event_append_locked(db, id, "state", event_json, NULL);
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     return observed(db, end(db, rc), id, "state", event_json);
 }
 
@@ -569,13 +712,13 @@ int jobs_set_state(struct jobs *db, const char *id, enum job_state state, int th
     return had ? set_state_once(db, id, state, threads, error, event_json) : rc;
 }
 
-static int exec_one(struct jobs *db, const char *sql, const char *id, int64_t a, int64_t b,
+static int exec_one(struct jobs *db, enum jobs_stmt k, const char *id, int64_t a, int64_t b,
                     double c, double d)
 {
     pthread_mutex_lock(&db->mu);
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, sql, -1, &st, NULL) != SQLITE_OK) goto out;
+    if (!(st = stmt(&db->w, k))) goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     int np = sqlite3_bind_parameter_count(st);
     if (np >= 2) sqlite3_bind_int64(st, 2, a);
@@ -583,17 +726,17 @@ static int exec_one(struct jobs *db, const char *sql, const char *id, int64_t a,
     if (np >= 4) isnan(c) ? sqlite3_bind_null(st, 4) : sqlite3_bind_double(st, 4, c);
     if (np >= 5) isnan(d) ? sqlite3_bind_null(st, 5) : sqlite3_bind_double(st, 5, d);
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
-    rc = sqlite3_changes(db->db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
+    rc = sqlite3_changes(db->w.db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
 }
 
 int jobs_set_cancel_requested(struct jobs *db, const char *id)
 {
-    return exec_one(db, "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", id, 0, 0, 0, 0);
+    return exec_one(db, STMT_CANCEL, id, 0, 0, 0, 0);
 }
 
 int jobs_set_plan(struct jobs *db, const char *id, const char *device, int64_t reserved,
@@ -602,9 +745,7 @@ int jobs_set_plan(struct jobs *db, const char *id, const char *device, int64_t r
     pthread_mutex_lock(&db->mu);
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "UPDATE jobs SET device = COALESCE(?2, device), reserved_bytes "
-                           "= ?3, plan = ?4, plans = COALESCE(?5, plans) WHERE id = ?1", -1, &st,
-                           NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_SET_PLAN)))
         goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     if (device) sqlite3_bind_text(st, 2, device, -1, SQLITE_STATIC);
@@ -612,10 +753,10 @@ int jobs_set_plan(struct jobs *db, const char *id, const char *device, int64_t r
     sqlite3_bind_text(st, 4, plan, -1, SQLITE_STATIC);
     if (plans) sqlite3_bind_text(st, 5, plans, -1, SQLITE_STATIC);
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
-    rc = sqlite3_changes(db->db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
+    rc = sqlite3_changes(db->w.db) == 1 ? JOBS_OK : JOBS_ERR_NOT_FOUND;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
 }
@@ -623,9 +764,7 @@ out:
 int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t steps, double loss,
                       double img_per_s)
 {
-    return exec_one(db,
-                    "UPDATE jobs SET step = ?2, steps = ?3, loss = ?4, img_per_s = ?5 WHERE id = ?1",
-                    id, step, steps, loss, img_per_s);
+    return exec_one(db, STMT_PROGRESS, id, step, steps, loss, img_per_s);
 }
 
 int jobs_event_append(struct jobs *db, const char *id, const char *type, const char *json,
@@ -641,13 +780,11 @@ int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
 {
     *ev = NULL;
     *n = 0;
-    pthread_mutex_lock(&db->mu);
+    struct conn *c = rd(db);
+    if (!c) return JOBS_ERR_DB;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB, cap = 0;
-    if (sqlite3_prepare_v2(db->db,
-                           "SELECT seq, type, data FROM events WHERE job_id = ? AND seq > ? "
-                           "ORDER BY seq LIMIT ?",
-                           -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(c, STMT_EVENTS_AFTER)))
         goto out;
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 2, after);
@@ -675,9 +812,8 @@ int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
     }
     rc = s == SQLITE_DONE ? JOBS_OK : JOBS_ERR_DB;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&db->mu);
+    if (rc == JOBS_ERR_DB) rc = db_fail(c);
+    stmt_done(st);
     if (rc != JOBS_OK) {
         job_events_free(*ev, *n);
         *ev = NULL;
@@ -702,8 +838,7 @@ int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const c
     if (brc) return brc;
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "SELECT request, status, location, response FROM idempotency "
-                           "WHERE owner = ?1 AND key = ?2", -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_IDEM_GET)))
         goto out;
     sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
@@ -730,12 +865,11 @@ int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const c
         goto out;
     }
     if (s != SQLITE_DONE) goto out;
-    sqlite3_finalize(st);
+    stmt_done(st);
     st = NULL;
     char now[32];
     jobs_now(now, sizeof now);
-    if (sqlite3_prepare_v2(db->db, "INSERT INTO idempotency(owner, key, request, created_at) "
-                           "VALUES(?1, ?2, ?3, ?4)", -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_IDEM_PUT)))
         goto out;
     sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
@@ -743,8 +877,8 @@ int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const c
     sqlite3_bind_text(st, 4, now, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     if (rc != JOBS_OK) {
         free(*location);
         free(*response);
@@ -759,8 +893,7 @@ int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int st
     pthread_mutex_lock(&db->mu);
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "UPDATE idempotency SET status = ?3, location = ?4, "
-                           "response = ?5 WHERE owner = ?1 AND key = ?2", -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_IDEM_FINISH)))
         goto out;
     sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
@@ -769,8 +902,8 @@ int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int st
     sqlite3_bind_text(st, 5, response, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
 }
@@ -780,15 +913,14 @@ int jobs_idem_abandon(struct jobs *db, const char *owner, const char *key)
     pthread_mutex_lock(&db->mu);
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    if (sqlite3_prepare_v2(db->db, "DELETE FROM idempotency WHERE owner = ?1 AND key = ?2 AND "
-                           "status = 0", -1, &st, NULL) != SQLITE_OK)
+    if (!(st = stmt(&db->w, STMT_IDEM_ABANDON)))
         goto out;
     sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_DONE) rc = JOBS_OK;
 out:
-    if (rc == JOBS_ERR_DB) rc = db_fail(db);
-    sqlite3_finalize(st);
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
 }

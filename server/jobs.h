@@ -1,6 +1,7 @@
 /* jobs.h - the job store: one SQLite database (WAL) in the data directory holding every job and
- * its event log, so a restart loses nothing. Thread-safe: every call takes the store's lock, and
- * a state change and the event that announces it are one transaction.
+ * its event log, so a restart loses nothing. Thread-safe: every change takes the store's lock, and
+ * a state change and the event that announces it are one transaction; a read sees the last
+ * committed state (each thread reads through a connection of its own, closed by jobs_close).
  */
 #ifndef DDPMD_JOBS_H
 #define DDPMD_JOBS_H
@@ -64,6 +65,8 @@ const char *jobs_errmsg(void);
  * jobs_set_state) was used and the disk has no room to make it again */
 int jobs_insert(struct jobs *db, const struct job_row *r);
 int jobs_get(struct jobs *db, const char *id, struct job_row *out);
+/* the job's state alone (an event stream's check, per event and stream) */
+int jobs_state(struct jobs *db, const char *id, enum job_state *state);
 void job_row_free(struct job_row *r);
 void job_rows_free(struct job_row *rows, int n);
 

@@ -51,6 +51,9 @@ static void test_store(const char *dir)
           "get");
     job_row_free(&g);
     CHECK(jobs_get(db, "j00000000000000ff", &g) == JOBS_ERR_NOT_FOUND, "unknown id");
+    enum job_state js = JOB_FAILED;
+    CHECK(jobs_state(db, "j0000000000000002", &js) == 0 && js == JOB_QUEUED, "state alone");
+    CHECK(jobs_state(db, "j00000000000000ff", &js) == JOBS_ERR_NOT_FOUND, "state of an unknown id");
 
     struct job_row *rows;
     int n;
@@ -73,6 +76,7 @@ static void test_store(const char *dir)
     CHECK(jobs_set_state(db, "j0000000000000002", JOB_FAILED, 0, "exit status 1",
                          "{\"state\":\"failed\"}") == 0,
           "to failed");
+    CHECK(jobs_state(db, "j0000000000000002", &js) == 0 && js == JOB_FAILED, "state after the run");
     CHECK(jobs_get(db, "j0000000000000002", &g) == 0 && g.state == JOB_FAILED && g.threads == 3 &&
               g.step == 4 && g.loss == 0.5 && g.starts == 1 && g.error &&
               strcmp(g.error, "exit status 1") == 0 && g.started_at[0] && g.ended_at[0],
