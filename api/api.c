@@ -306,6 +306,32 @@ static int load_job(struct ctx *c, const char *id, struct job_row *r, enum MHD_R
 
 /* ---- handlers ---- */
 
+static cJSON *sample_json(const struct api *a, const struct job_row *r);
+
+/* the answer of a keyed request whose job was made but whose answer was not stored (its save
+ * failed, or the server died first): 202 with the job as it is now, stored as the key's answer */
+static enum MHD_Result idem_made(struct ctx *c, const char *id)
+{
+    struct job_row r;
+    if (jobs_get(c->a->cfg.db, id, &r))
+        return problem(c->conn, 500, NULL, "the job this key made cannot be read", NULL, NULL);
+    int sample = strcmp(r.kind, "sample") == 0;
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, sample ? "/samples/%s" : "/jobs/%s", id);
+    cJSON *o = sample ? sample_json(c->a, &r) : job_json(c->a, &r);
+    job_row_free(&r);
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return MHD_NO;
+    snprintf(c->r->job, sizeof c->r->job, "%s", id);
+    jobs_idem_finish(c->a->cfg.db, c->owner, c->idem_key, 202, loc, s);
+    enum MHD_Result res = send_text(c->conn, 202, "application/json", s,
+                                    (const char *const[]){"Location", loc, "Idempotent-Replayed",
+                                                          "true", NULL});
+    free(s);
+    return res;
+}
+
 /* Idempotency-Key on POST /train and POST /samples: 1 when the answer is already sent (the
  * first answer replayed, a key reused with another body: 422, a key whose first request is still
  * being answered: 409, a malformed key: 400); 0 to go on (the key, if any, reserved) */
@@ -330,9 +356,9 @@ static int idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
     if (bl) memcpy(req + rl + 1, c->r->body, bl);
     req[rl + 1 + bl] = 0;
     int outcome, status;
-    char *loc = NULL, *body = NULL;
+    char *loc = NULL, *body = NULL, made[JOBS_ID_LEN];
     int rc = jobs_idem_begin(c->a->cfg.db, c->owner, c->idem_key, req, &outcome, &status, &loc,
-                             &body);
+                             &body, made);
     free(req);
     if (rc == JOBS_ERR_FULL) { /* the reservation is a write: a full disk refuses it */
         char detail[400];
@@ -351,6 +377,8 @@ static int idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
     if (outcome == JOBS_IDEM_DONE) {
         *res = send_text(c->conn, (unsigned)status, "application/json", body,
                          (const char *const[]){"Location", loc, "Idempotent-Replayed", "true", NULL});
+    } else if (outcome == JOBS_IDEM_MADE) {
+        *res = idem_made(c, made);
     } else if (outcome == JOBS_IDEM_MISMATCH) {
         *res = problem(c->conn, 422, "idempotency-key-reused",
                        "this Idempotency-Key was used with another request body or route",
@@ -497,7 +525,8 @@ static enum MHD_Result h_train(struct ctx *c)
     /* the job's events are looked up for its webhook only once it is stored (webhook.h) */
     if (hook) webhook_lock(c->a->cfg.webhook);
     int still = !uploaded || access(child.dataset, F_OK) == 0;
-    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, &spec, &child, &adm, id, err, sizeof err)
+    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &spec,
+                                 &child, &adm, id, err, sizeof err)
                    : 0;
     int wrc = hook && still && rc == 0 ? webhook_register(c->a->cfg.webhook, id, &sub, err, sizeof err) : 0;
     if (hook) webhook_unlock(c->a->cfg.webhook);
@@ -825,7 +854,8 @@ static enum MHD_Result h_samples_post(struct ctx *c)
     cJSON_Delete(root);
     struct pool_admission adm = {0};
     char id[JOBS_ID_LEN], err[1024];
-    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, &s, &adm, id, err, sizeof err);
+    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &s,
+                                &adm, id, err, sizeof err);
     if (rc) return submit_refused(c, rc, &adm, err, "checkpoint");
     free(adm.plans);
     struct job_row r;

@@ -46,6 +46,7 @@ enum jobs_stmt {
     STMT_IDEM_PUT,
     STMT_IDEM_FINISH,
     STMT_IDEM_ABANDON,
+    STMT_IDEM_LINK,
     STMT_COUNT_
 };
 
@@ -82,14 +83,15 @@ static const char *const stmt_sql[STMT_COUNT_] = {
         "= ?3, plan = ?4, plans = COALESCE(?5, plans) WHERE id = ?1",
     [STMT_EVENTS_AFTER] = "SELECT seq, type, data FROM events WHERE job_id = ? AND seq > ? "
         "ORDER BY seq LIMIT ?",
-    [STMT_IDEM_GET] = "SELECT request, status, location, response FROM idempotency "
+    [STMT_IDEM_GET] = "SELECT request, status, location, response, job_id FROM idempotency "
         "WHERE owner = ?1 AND key = ?2",
     [STMT_IDEM_PUT] = "INSERT INTO idempotency(owner, key, request, created_at) "
         "VALUES(?1, ?2, ?3, ?4)",
     [STMT_IDEM_FINISH] = "UPDATE idempotency SET status = ?3, location = ?4, "
         "response = ?5 WHERE owner = ?1 AND key = ?2",
     [STMT_IDEM_ABANDON] = "DELETE FROM idempotency WHERE owner = ?1 AND key = ?2 AND "
-        "status = 0",
+        "status = 0 AND job_id IS NULL",
+    [STMT_IDEM_LINK] = "UPDATE idempotency SET job_id = ?3 WHERE owner = ?1 AND key = ?2",
 };
 
 /* a connection and its prepared statements */
@@ -286,9 +288,12 @@ static const char *schema =
     " location TEXT,"
     " response TEXT,"
     " created_at TEXT NOT NULL,"
+    /* version 3: the job the request made, set in the job's own insert (jobs_insert) */
+    " job_id TEXT,"
     " PRIMARY KEY(owner, key)) WITHOUT ROWID;"
-    /* no request survives the process that was answering it */
-    "DELETE FROM idempotency WHERE status = 0;";
+    /* no request survives the process that was answering it, unless it made its job: a retry
+     * gets that job (JOBS_IDEM_MADE), never a second one */
+    "DELETE FROM idempotency WHERE status = 0 AND job_id IS NULL;";
 
 int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
 {
@@ -335,12 +340,16 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
         goto fail;
     }
     /* version 0 = a new file; 1 -> 2 only adds the idempotency table (CREATE IF NOT EXISTS);
-     * 2 -> 3 adds jobs.plans (NULL for the jobs stored before: the pool plans them again) */
+     * 2 -> 3 adds jobs.plans (NULL for the jobs stored before) and idempotency.job_id, before
+     * the schema's statements that read them */
     if (sqlite3_exec(j->w.db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
-        sqlite3_exec(j->w.db, schema, NULL, NULL, &msg) != SQLITE_OK ||
         (version > 0 && version < 3 &&
          sqlite3_exec(j->w.db, "ALTER TABLE jobs ADD COLUMN plans TEXT", NULL, NULL, &msg) !=
              SQLITE_OK) ||
+        (version == 2 &&
+         sqlite3_exec(j->w.db, "ALTER TABLE idempotency ADD COLUMN job_id TEXT", NULL, NULL,
+                      &msg) != SQLITE_OK) ||
+        sqlite3_exec(j->w.db, schema, NULL, NULL, &msg) != SQLITE_OK ||
         sqlite3_exec(j->w.db,
                      "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '3');"
                      "PRAGMA user_version = 3; COMMIT;",
@@ -509,6 +518,16 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     sqlite3_bind_text(st, 9, now, -1, SQLITE_TRANSIENT);
     if (r->plans) sqlite3_bind_text(st, 10, r->plans, -1, SQLITE_STATIC);
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    if (r->idem_key && r->idem_key[0]) {
+        /* the request's key names its job in the same transaction: once the job exists a
+         * retry finds it, whether or not the answer could be stored (jobs_idem_finish) */
+        stmt_done(st);
+        if (!(st = stmt(&db->w, STMT_IDEM_LINK))) goto out;
+        sqlite3_bind_text(st, 1, r->owner, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, r->idem_key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, r->id, -1, SQLITE_STATIC);
+        if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    }
     rc = event_append_locked(db, r->id, "state", "{\"state\":\"queued\"}", NULL);
 out:
     if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
@@ -829,11 +848,12 @@ void job_events_free(struct job_event *ev, int n)
 }
 
 int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const char *request,
-                    int *outcome, int *status, char **location, char **response)
+                    int *outcome, int *status, char **location, char **response, char *job_id)
 {
     *outcome = JOBS_IDEM_NEW;
     *status = 0;
     *location = *response = NULL;
+    job_id[0] = 0;
     int brc = begin(db);
     if (brc) return brc;
     sqlite3_stmt *st = NULL;
@@ -848,6 +868,9 @@ int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const c
         *status = sqlite3_column_int(st, 1);
         if (!req || strcmp(req, request) != 0) {
             *outcome = JOBS_IDEM_MISMATCH;
+        } else if (*status == 0 && sqlite3_column_type(st, 4) != SQLITE_NULL) {
+            copy_col(job_id, JOBS_ID_LEN, st, 4);
+            *outcome = JOBS_IDEM_MADE;
         } else if (*status == 0) {
             *outcome = JOBS_IDEM_PENDING;
         } else {

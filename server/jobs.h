@@ -37,6 +37,8 @@ struct job_row {
                                   * on the first device it fits), owned */
     char *plans;                 /* its plan on each device (JSON array), owned; NULL for a job
                                   * stored before schema 3 */
+    const char *idem_key;        /* jobs_insert only: the Idempotency-Key (of owner) the request
+                                  * that makes it reserved, linked to it in its insert; NULL none */
     char *error;                 /* NULL unless failed */
 };
 
@@ -103,18 +105,20 @@ int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
 void job_events_free(struct job_event *ev, int n);
 
 /* Idempotency-Key: what a (owner, key) pair has answered */
-enum jobs_idem { JOBS_IDEM_NEW = 0, JOBS_IDEM_DONE, JOBS_IDEM_PENDING, JOBS_IDEM_MISMATCH };
+enum jobs_idem { JOBS_IDEM_NEW = 0, JOBS_IDEM_DONE, JOBS_IDEM_PENDING, JOBS_IDEM_MISMATCH,
+                 JOBS_IDEM_MADE };
 /* looks (owner, key) up in one transaction: unseen -> reserved for this request (NEW); seen with
  * another request text -> MISMATCH; seen, answer stored -> DONE with *status, *location and
- * *response (owned); seen, first request still being answered -> PENDING. Reservations of a
- * process that died are dropped when the store opens. */
+ * *response (owned); seen, its job made (jobs_insert linked it) but no answer stored -> MADE
+ * with job_id (JOBS_ID_LEN bytes); seen, first request still being answered -> PENDING.
+ * Reservations of a process that died are dropped when the store opens, unless they made a job. */
 int jobs_idem_begin(struct jobs *db, const char *owner, const char *key, const char *request,
-                    int *outcome, int *status, char **location, char **response);
+                    int *outcome, int *status, char **location, char **response, char *job_id);
 /* stores the answer of a reserved key */
 int jobs_idem_finish(struct jobs *db, const char *owner, const char *key, int status,
                      const char *location, const char *response);
 /* drops a reservation whose request was refused (a refusal is not remembered: a retry with the
- * same key is a new attempt) */
+ * same key is a new attempt); one whose job was made stays */
 int jobs_idem_abandon(struct jobs *db, const char *owner, const char *key);
 
 /* called after every committed event (type, its JSON data), on the committing thread and

@@ -470,13 +470,14 @@ static int admit(struct pool *p, struct pool_admission *adm, cJSON **entries, ch
 /* Queues a job planned on every device (entries[d] its plan entry on device d, adm its fits):
  * admit() picks what is stored, then its row (kind, steps, spec: what its owner sees, owned
  * here) and its child's file (child_json, owned here). Frees the entries. */
-static int submit_planned(struct pool *p, const char *owner, const char *kind, int64_t steps,
-                          char *spec, const char *child_file, char *child_json,
-                          struct pool_admission *adm, cJSON **entries, char *id, char *err,
-                          size_t errlen)
+static int submit_planned(struct pool *p, const char *owner, const char *idem_key,
+                          const char *kind, int64_t steps, char *spec, const char *child_file,
+                          char *child_json, struct pool_admission *adm, cJSON **entries, char *id,
+                          char *err, size_t errlen)
 {
     struct job_row r;
     memset(&r, 0, sizeof r);
+    r.idem_key = idem_key;
     int rc = admit(p, adm, entries, err, errlen);
     if (rc == POOL_OK) {
         snprintf(r.kind, sizeof r.kind, "%s", kind);
@@ -499,9 +500,9 @@ static int submit_planned(struct pool *p, const char *owner, const char *kind, i
     return rc;
 }
 
-int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
-                const struct train_spec *child, struct pool_admission *adm, char *id, char *err,
-                size_t errlen)
+int pool_submit(struct pool *p, const char *owner, const char *idem_key,
+                const struct train_spec *shown, const struct train_spec *child,
+                struct pool_admission *adm, char *id, char *err, size_t errlen)
 {
     cJSON *entries[POOL_MAX_DEVICES] = {0};
     int rc = POOL_OK;
@@ -513,8 +514,8 @@ int pool_submit(struct pool *p, const char *owner, const struct train_spec *show
         for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
         return rc;
     }
-    return submit_planned(p, owner, "train", shown->steps, spec_to_json(shown), "/spec.json",
-                          spec_to_json(child), adm, entries, id, err, errlen);
+    return submit_planned(p, owner, idem_key, "train", shown->steps, spec_to_json(shown),
+                          "/spec.json", spec_to_json(child), adm, entries, id, err, errlen);
 }
 
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
@@ -613,8 +614,9 @@ char *pool_sample_json(const struct pool_sample *s)
     return r;
 }
 
-int pool_submit_sample(struct pool *p, const char *owner, const struct pool_sample *s,
-                       struct pool_admission *adm, char *id, char *err, size_t errlen)
+int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
+                       const struct pool_sample *s, struct pool_admission *adm, char *id,
+                       char *err, size_t errlen)
 {
     cJSON *entries[POOL_MAX_DEVICES] = {0};
     int rc = POOL_OK;
@@ -636,8 +638,8 @@ int pool_submit_sample(struct pool *p, const char *owner, const struct pool_samp
     }
     char *child_json = c ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
-    return submit_planned(p, owner, "sample", steps, pool_sample_json(s), "/sample.json",
-                          child_json, adm, entries, id, err, errlen);
+    return submit_planned(p, owner, idem_key, "sample", steps, pool_sample_json(s),
+                          "/sample.json", child_json, adm, entries, id, err, errlen);
 }
 
 static struct child *find_kid(struct pool *p, const char *id)

@@ -103,10 +103,12 @@ void pool_set_notify(struct pool *p, void (*fn)(void *ctx), void *ctx);
  * after its process baseline and, on the cpu, the job's data; memory.vram_budget caps it) and
  * queues it: stored spec (shown to its owner) and child spec (paths resolved) as canonical JSON.
  * On POOL_OK id gets the new job's id; on POOL_ERR_NEVER_FITS (and POOL_ERR_POISONED) adm says
- * the bytes. Nothing is stored unless POOL_OK. adm->plans is freed by the caller either way. */
-int pool_submit(struct pool *p, const char *owner, const struct train_spec *shown,
-                const struct train_spec *child, struct pool_admission *adm, char *id, char *err,
-                size_t errlen);
+ * the bytes. Nothing is stored unless POOL_OK. adm->plans is freed by the caller either way.
+ * idem_key: the request's Idempotency-Key (reserved by jobs_idem_begin) or NULL; the job's insert
+ * links it, so a retry finds this job even when its answer could not be stored. */
+int pool_submit(struct pool *p, const char *owner, const char *idem_key,
+                const struct train_spec *shown, const struct train_spec *child,
+                struct pool_admission *adm, char *id, char *err, size_t errlen);
 /* a sampling job (POST /samples), its fields validated by the caller */
 struct pool_sample {
     char checkpoint_id[64];     /* "<job id>-<step>": shown to the owner */
@@ -123,8 +125,9 @@ struct pool_sample {
 char *pool_sample_json(const struct pool_sample *s);
 /* plans (sample_plan, the function `ddpmd sample` allocates with) and queues a sampling job
  * (kind "sample"), as pool_submit */
-int pool_submit_sample(struct pool *p, const char *owner, const struct pool_sample *s,
-                       struct pool_admission *adm, char *id, char *err, size_t errlen);
+int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
+                       const struct pool_sample *s, struct pool_admission *adm, char *id,
+                       char *err, size_t errlen);
 /* data_dir/jobs/<id>/<tail> ("grid.png", "images/0003.png"); 0 when it fits */
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
                   size_t len);

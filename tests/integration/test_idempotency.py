@@ -1,10 +1,12 @@
 """test_idempotency.py - Idempotency-Key on POST /train and POST /samples (the first answer again
 for the same owner, key and body, also after a restart; 422 for the key with another body or
 route; another owner's key is its own; a refused request leaves the key free) and the per-owner
-limit of queued + running jobs (--max-jobs-per-owner: 429 with Retry-After, nothing stored).
+limit of queued + running jobs (--max-jobs-per-owner: 429 with Retry-After, nothing stored); a
+key whose job was made but whose answer was lost gets that job again, never a second one.
 Usage: test_idempotency.py PATH/TO/ddpmd
 """
 import os
+import sqlite3
 import sys
 import tempfile
 import time
@@ -104,6 +106,34 @@ def main(exe):
     check(r.status == 202 and r.body == first, "after a restart: %d %s" % (r.status, r.body[:300]))
     check(len(jobs_of(s2, ALICE)) == 4, "the replay after a restart stored a job")
     validate(r.json(), "Job")
+
+    # a key whose job was made but whose answer was not stored (the state a failed save, or a
+    # server that died between the job and its answer, leaves): the retry gets that job, not a
+    # second one, also after a restart
+    k4 = {"Idempotency-Key": "order-4"}
+    r = s2.request("POST", "/train", long_job, headers=k4, token=ALICE)
+    check(r.status == 202, "POST /train order-4: %d %s" % (r.status, r.body[:300]))
+    made = r.json()["id"]
+    cancel_all(s2, ALICE)
+    check(s2.stop() == 0, "server exit")
+    db = sqlite3.connect(os.path.join(d, "ddpmd.db"))
+    n = db.execute("UPDATE idempotency SET status = 0, location = NULL, response = NULL "
+                   "WHERE owner = 'alice' AND key = 'order-4'").rowcount
+    db.commit()
+    db.close()
+    check(n == 1, "no stored answer of order-4 to drop")
+    s3 = Server(exe, data=d, args=args)
+    s3.start()
+    count = len(jobs_of(s3, ALICE))
+    r = s3.request("POST", "/train", long_job, headers=k4, token=ALICE)
+    check(r.status == 202 and r.json()["id"] == made and r.header("Location") == "/jobs/" + made
+          and r.header("Idempotent-Replayed") == "true",
+          "the retry of a key whose answer was lost: %d %s" % (r.status, r.body[:300]))
+    validate(r.json(), "Job")
+    check(len(jobs_of(s3, ALICE)) == count, "the retry made a second job")
+    r2 = s3.request("POST", "/train", long_job, headers=k4, token=ALICE)
+    check(r2.status == 202 and r2.body == r.body, "the answer is stored now: %s" % r2.body[:200])
+    check(s3.stop() == 0, "server exit")
     print("test_idempotency: ok")
 
 

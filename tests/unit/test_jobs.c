@@ -125,11 +125,50 @@ static void test_store(const char *dir)
     job_row_free(&g);
     CHECK(jobs_set_plan(db, "j00000000000000ff", "cpu", 1, "{}", NULL) == JOBS_ERR_NOT_FOUND,
           "placement of an unknown job");
+
+    /* an Idempotency-Key whose job was made but whose answer was never stored (its save failed,
+     * or the process died): the retry finds that job, even after a reopen, never a second one */
+    int outcome, status;
+    char *loc = NULL, *resp = NULL, made[JOBS_ID_LEN];
+    CHECK(jobs_idem_begin(db, "carol", "k", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_NEW, "key reserved");
+    row(&r, "j0000000000000005", "carol");
+    r.idem_key = "k";
+    CHECK(jobs_insert(db, &r) == 0, "insert 5, linked to the key");
+    CHECK(jobs_idem_begin(db, "carol", "k", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_MADE &&
+              strcmp(made, "j0000000000000005") == 0 && !loc && !resp,
+          "a retry finds the job the key made: %d %s", outcome, made);
+    CHECK(jobs_idem_abandon(db, "carol", "k") == 0, "abandon");
+    CHECK(jobs_idem_begin(db, "carol", "k", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_MADE,
+          "abandoning a key that made its job keeps it: %d", outcome);
+    CHECK(jobs_idem_begin(db, "carol", "k", "POST /train\n{\"x\":2}", &outcome, &status, &loc,
+                          &resp, made) == 0 && outcome == JOBS_IDEM_MISMATCH,
+          "another body with the key: %d", outcome);
+    CHECK(jobs_idem_begin(db, "carol", "k2", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_NEW, "a key that makes nothing");
+    jobs_close(db);
+    CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "reopen: %s", err);
+    CHECK(jobs_idem_begin(db, "carol", "k", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_MADE &&
+              strcmp(made, "j0000000000000005") == 0,
+          "after a reopen the key still names its job: %d", outcome);
+    CHECK(jobs_idem_begin(db, "carol", "k2", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_NEW,
+          "the reservation without a job is gone after a reopen: %d", outcome);
+    CHECK(jobs_idem_finish(db, "carol", "k", 202, "/jobs/j0000000000000005", "{}") == 0 &&
+              jobs_idem_begin(db, "carol", "k", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                              made) == 0 && outcome == JOBS_IDEM_DONE && status == 202 && loc &&
+              strcmp(loc, "/jobs/j0000000000000005") == 0,
+          "the answer stored at last");
+    free(loc);
+    free(resp);
     jobs_close(db);
 
     /* reopened: everything is there */
     CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "reopen: %s", err);
-    CHECK(jobs_count(db, -1, &cnt) == 0 && cnt == 4, "rows after reopen");
+    CHECK(jobs_count(db, -1, &cnt) == 0 && cnt == 5, "rows after reopen");
     jobs_close(db);
 
     /* a database from a newer ddpmd is refused, not rewritten */
@@ -143,7 +182,8 @@ static void test_store(const char *dir)
           "newer schema: %s", err);
 }
 
-/* a version 2 store (no jobs.plans) opens as version 3: its jobs read back with no plans */
+/* a version 2 store (no jobs.plans, no idempotency.job_id) opens as version 3: its jobs read back
+ * with no plans, its answered keys replay */
 static void test_migrate(const char *dir)
 {
     char path[1200], err[300];
@@ -162,6 +202,12 @@ static void test_migrate(const char *dir)
                        "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
                        "plan, created_at) VALUES('j00000000000000aa', 'x', 'train', 'queued', "
                        "'{}', 'cpu', 5, '{\"plan_bytes\":4}', 'now');"
+                       "CREATE TABLE idempotency(owner TEXT NOT NULL, key TEXT NOT NULL, request "
+                       "TEXT NOT NULL, status INTEGER NOT NULL DEFAULT 0, location TEXT, response "
+                       "TEXT, created_at TEXT NOT NULL, PRIMARY KEY(owner, key)) WITHOUT ROWID;"
+                       "INSERT INTO idempotency(owner, key, request, status, location, response, "
+                       "created_at) VALUES('x', 'done', 'POST /train\n{}', 202, '/jobs/j1', "
+                       "'{}', 'now'), ('x', 'pending', 'POST /train\n{}', 0, NULL, NULL, 'now');"
                        "PRAGMA user_version = 2;",
                        NULL, NULL, NULL) == SQLITE_OK,
           "version 2 rows: %s", sqlite3_errmsg(s));
@@ -181,6 +227,17 @@ static void test_migrate(const char *dir)
               strcmp(g.plans, "[]") == 0,
           "a new job's plans in the migrated store");
     job_row_free(&g);
+    /* its answered key replays, the one a dead process was answering is gone */
+    int outcome, status;
+    char *loc = NULL, *resp = NULL, made[JOBS_ID_LEN];
+    CHECK(jobs_idem_begin(db, "x", "done", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_DONE && status == 202,
+          "an answer of version 2: %d", outcome);
+    free(loc);
+    free(resp);
+    CHECK(jobs_idem_begin(db, "x", "pending", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == 0 && outcome == JOBS_IDEM_NEW,
+          "a version 2 reservation: %d", outcome);
     jobs_close(db);
     CHECK(sqlite3_open(path, &s) == SQLITE_OK, "reopen");
     sqlite3_stmt *st;

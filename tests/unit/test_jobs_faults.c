@@ -104,9 +104,10 @@ static void test_full(const char *dir)
     row(&r, "j00000000000000a1", small);
     CHECK(jobs_insert(db, &r) == JOBS_OK, "insert before the disk is full: %s", jobs_errmsg());
     int outcome, status;
-    char *loc = NULL, *resp = NULL;
-    CHECK(jobs_idem_begin(db, "alice", "k1", "POST /train\n{}", &outcome, &status, &loc, &resp) ==
-              JOBS_OK && outcome == JOBS_IDEM_NEW, "idempotency key reserved before the disk is full");
+    char *loc = NULL, *resp = NULL, made[JOBS_ID_LEN];
+    CHECK(jobs_idem_begin(db, "alice", "k1", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) == JOBS_OK && outcome == JOBS_IDEM_NEW,
+          "idempotency key reserved before the disk is full");
 
     CHECK(fill_disk() == 0, "filled %s: %s", mnt, strerror(errno));
 
@@ -116,7 +117,7 @@ static void test_full(const char *dir)
     is_full(jobs_set_state(db, "j00000000000000a1", JOB_RUNNING, 2, NULL, big), "jobs_set_state");
     int prc = jobs_set_progress(db, "j00000000000000a1", 5, 10, 0.5, 1.0);
     CHECK(prc == JOBS_ERR_FULL, "jobs_set_progress on a full disk: %d, %s", prc, jobs_errmsg());
-    is_full(jobs_idem_begin(db, "alice", "k2", big, &outcome, &status, &loc, &resp),
+    is_full(jobs_idem_begin(db, "alice", "k2", big, &outcome, &status, &loc, &resp, made),
             "jobs_idem_begin");
     CHECK(!loc && !resp, "a failed jobs_idem_begin returns no answer");
     is_full(jobs_idem_finish(db, "alice", "k1", 202, "/jobs/j00000000000000a1", big),
@@ -164,7 +165,8 @@ static void test_full(const char *dir)
           "no event of the refused job: %d", n);
     job_events_free(ev, n);
     /* the pending key is still pending, the refused one never reserved */
-    CHECK(jobs_idem_begin(db, "alice", "k1", "POST /train\n{}", &outcome, &status, &loc, &resp) ==
+    CHECK(jobs_idem_begin(db, "alice", "k1", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) ==
               JOBS_OK && outcome == JOBS_IDEM_PENDING, "k1 still pending: %d", outcome);
     free(loc), free(resp), loc = resp = NULL;
 
@@ -180,7 +182,8 @@ static void test_full(const char *dir)
           "event after freeing: seq %lld (want 4: no hole and no leftover)", (long long)seq);
     CHECK(jobs_idem_finish(db, "alice", "k1", 202, "/jobs/j00000000000000a1", "{}") == JOBS_OK,
           "idem_finish after freeing: %s", jobs_errmsg());
-    CHECK(jobs_idem_begin(db, "alice", "k2", "POST /train\n{}", &outcome, &status, &loc, &resp) ==
+    CHECK(jobs_idem_begin(db, "alice", "k2", "POST /train\n{}", &outcome, &status, &loc, &resp,
+                          made) ==
               JOBS_OK && outcome == JOBS_IDEM_NEW, "k2 is new after freeing: %d", outcome);
     free(loc), free(resp);
     jobs_close(db);
