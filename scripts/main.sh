@@ -40,7 +40,7 @@ api() { # api METHOD PATH [curl args...]: the body on stdout, fails on a 4xx/5xx
 job=$(api POST /train -H 'Content-Type: application/json' -H "Idempotency-Key: $key-train" \
       --data @"$spec")
 id=$(jq -r .id <<<"$job")
-echo "main.sh: training job $id ($(jq -r '.plan.reserved_bytes' <<<"$job") bytes reserved on $(jq -r .device <<<"$job"))"
+echo "main.sh: training job $id (planned: $(jq -r '.plan.reserved_bytes' <<<"$job") bytes on $(jq -r .plan.device <<<"$job"), $(jq -r '.plan.strategy | "\(.precision), micro-batch \(.micro_batch), recompute \(.recompute), offload \(.offload)"' <<<"$job"))"
 
 # progress: the job's Server-Sent Events until it ends (the stream closes at its final state)
 curl -sS -N "$base/jobs/$id/events" | while IFS= read -r line; do
