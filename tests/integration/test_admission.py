@@ -1,11 +1,15 @@
 """test_admission.py - admission by planned bytes on a cpu device: a job that can never fit gets
-422 with the bytes it needs and leaves no row and no folder; with a budget that holds one job
+422 with the bytes it needs and leaves no row and no folder; a job with memory auto is fitted to
+a budget between its smallest and its plain plan, and its process runs exactly the admitted plan
+(the strategy in its spec, the device bytes it allocates); with a budget that holds one job
 but not two the second waits queued while the first runs and starts when the first ends; a
 full queue answers 503 with Retry-After; a queued job cancels at once. Usage: test_admission.py
 PATH/TO/ddpmd
 """
 import http.client
+import json
 import os
+import re
 import sys
 import time
 
@@ -38,7 +42,37 @@ def main(exe):
     check(p["plan"]["plan_bytes"] > 0 and p["plan"]["reserved_bytes"] == need, "plan %s" % p["plan"])
     check(s.get_json("/jobs")["jobs"] == [], "a refused job left a row")
     check(os.listdir(os.path.join(s.data, "jobs")) == [], "a refused job left a folder")
+    # memory auto is fitted at submit: the smallest plan's bytes (auto) and the plain one's
+    fit = tiny(steps=2, batch=8, checkpoint_every=0)
+    small = problem_ok(s.request("POST", "/train", fit), 422)["plan"]
+    plain = dict(fit, memory={"precision": "f32", "micro_batch": 8, "recompute": "none",
+                              "offload": "off"})
+    big = problem_ok(s.request("POST", "/train", plain), 422)["plan"]
+    check(small["reserved_bytes"] < big["reserved_bytes"], "smallest %s, plain %s" % (small, big))
     check(s.stop() == 0, "exit status")
+
+    # a budget between them: admitted with a smaller strategy than the plain one, and the job's
+    # process runs exactly that plan (its spec's memory, the device bytes it allocates)
+    mid = (small["reserved_bytes"] + big["reserved_bytes"]) // 2
+    sf = Server(exe, args=["--vram-budget", "cpu=%d" % mid]).start()
+    r = sf.request("POST", "/train", fit)
+    check(r.status == 202, "fitted job: %d %s" % (r.status, r.body[:300]))
+    j = r.json()
+    st = j["plan"]["strategy"]
+    check(j["plan"]["fits"] and j["plan"]["reserved_bytes"] <= mid and st != plain["memory"] and
+          j["plan"]["search"]["candidates"][-1]["chosen"], "fitted plan %s" % j["plan"])
+    sf.wait_job(j["id"], lambda x: x["state"] == "succeeded", what="the fitted job done")
+    child = json.load(open(os.path.join(sf.data, "jobs", j["id"], "spec.json")))
+    check({k: child["memory"][k] for k in st} == st and
+          child["memory"]["vram_budget"] == j["plan"]["vram_budget"],
+          "the child's memory %s, the plan's %s" % (child["memory"], st))
+    logs = sf.request("GET", "/jobs/%s/logs" % j["id"]).body.decode()
+    m = re.search(r"device total +(\d+) bytes", logs)
+    check(m and int(m.group(1)) == j["plan"]["plan_bytes"], "the child allocated %s, the plan says %d"
+          % (m and m.group(1), j["plan"]["plan_bytes"]))
+    check(st["micro_batch"] == 8 or "micro-batches of %d" % st["micro_batch"] in logs,
+          "the child's micro-batches: %s" % logs[:600])
+    check(sf.stop() == 0, "exit status")
 
     # room for one job and a half: the second must wait for the first
     budget = need * 3 // 2
