@@ -215,14 +215,9 @@ struct conv_entry {
     dnnl_memory_t uw, udw; /* OIHW weights (s.dtype), OIHW weight gradient (fp32) */
 };
 
-struct cpu_conv_cache {
-    dnnl_stream_t stream;
-    struct conv_entry *e;
-    int n, cap;
-};
-
-static void entry_free(struct conv_entry *e)
+static void entry_free(void *entry)
 {
+    struct conv_entry *e = entry;
     dnnl_primitive_t prims[3] = {e->fwd, e->bwd_d, e->bwd_w};
     for (int i = 0; i < 3; i++)
         if (prims[i]) dnnl_primitive_destroy(prims[i]);
@@ -236,13 +231,7 @@ static void entry_free(struct conv_entry *e)
 
 void cpu_conv_cache_free(bk_ctx *ctx)
 {
-    struct cpu_conv_cache *c = ctx->conv;
-    if (!c) return;
-    for (int i = 0; i < c->n; i++) entry_free(&c->e[i]);
-    free(c->e);
-    if (c->stream) dnnl_stream_destroy(c->stream);
-    free(c);
-    ctx->conv = NULL;
+    onednn_cache_free(&ctx->conv, sizeof(struct conv_entry), entry_free);
 }
 
 static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
@@ -291,32 +280,19 @@ out:
 /* the cached primitives of this shape (created on first use), or NULL */
 static struct conv_entry *conv_get(const struct bk_conv2d *s, int bias, bk_ctx *ctx)
 {
-    struct cpu_conv_cache *c = ctx->conv;
-    if (!c) {
-        c = calloc(1, sizeof *c);
-        if (!c) return NULL;
-        if (!onednn_engine() ||
-            dnnl_stream_create(&c->stream, onednn_engine(), dnnl_stream_default_flags)) {
-            free(c);
-            return NULL;
-        }
-        ctx->conv = c;
-    }
+    struct onednn_cache *c = onednn_cache_get(&ctx->conv);
+    if (!c) return NULL;
+    struct conv_entry *es = c->e, *e;
     for (int i = 0; i < c->n; i++)
-        if (c->e[i].bias == bias && !memcmp(&c->e[i].s, s, sizeof *s)) return &c->e[i];
-    if (c->n == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 16;
-        struct conv_entry *ne = realloc(c->e, (size_t)cap * sizeof *ne);
-        if (!ne) return NULL;
-        c->e = ne;
-        c->cap = cap;
-    }
-    if (entry_init(&c->e[c->n], s, bias)) {
+        if (es[i].bias == bias && !memcmp(&es[i].s, s, sizeof *s)) return &es[i];
+    if (!(e = onednn_cache_slot(c, sizeof *e))) return NULL;
+    if (entry_init(e, s, bias)) {
         fprintf(stderr, "ddpmd: oneDNN has no convolution for N%d %d->%d %dx%d k%dx%d s%d\n", s->n,
                 s->ci, s->co, s->h, s->w, s->kh, s->kw, s->stride);
         return NULL;
     }
-    return &c->e[c->n++];
+    c->n++;
+    return e;
 }
 
 static int run(dnnl_primitive_t p, int nargs, const dnnl_exec_arg_t *args, bk_ctx *ctx)

@@ -6,13 +6,12 @@
 
 #include "backend.h"
 
-struct cpu_conv_cache;
-struct cpu_mm_cache;
+struct onednn_cache;
 
 struct bk_ctx {
     int threads;                 /* fixed per job: results are bit-identical at a given count */
-    struct cpu_conv_cache *conv; /* oneDNN primitives by shape (conv.c), created on first use */
-    struct cpu_mm_cache *mm;     /* oneDNN bf16 matmuls by shape (linear.c), likewise */
+    struct onednn_cache *conv;   /* oneDNN primitives by shape (conv.c), created on first use */
+    struct onednn_cache *mm;     /* oneDNN bf16 matmuls by shape (linear.c), likewise */
     void *ws;                    /* the plan's workspace (cpu_ctx_set_workspace): the scratchpad */
     size_t ws_bytes;             /* of the kernels without a ws argument (bf16 linears) */
     size_t budget;               /* the "device" budget (cpu_ctx_set_budget); 0: none */

@@ -34,12 +34,6 @@ struct mm_entry {
     dnnl_memory_t src, wei, dst, bias, scr;
 };
 
-struct cpu_mm_cache {
-    dnnl_stream_t stream;
-    struct mm_entry *e;
-    int n, cap;
-};
-
 /* a (rows, cols) matrix of type t whose element (i, j) is at i * rs + j * cs */
 static int mm_md(dnnl_memory_desc_t *md, dnnl_dim_t rows, dnnl_dim_t cols, dnnl_data_type_t t,
                  dnnl_dim_t rs, dnnl_dim_t cs)
@@ -103,8 +97,9 @@ size_t cpu_linear_ws_bytes(int m, int k, int n, int dtype)
     return ONEDNN_ALIGN64(most);
 }
 
-static void mm_entry_free(struct mm_entry *e)
+static void mm_entry_free(void *entry)
 {
+    struct mm_entry *e = entry;
     if (e->prim) dnnl_primitive_destroy(e->prim);
     dnnl_memory_t *ms[] = {&e->src, &e->wei, &e->dst, &e->bias, &e->scr};
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
@@ -113,13 +108,7 @@ static void mm_entry_free(struct mm_entry *e)
 
 void cpu_mm_cache_free(bk_ctx *ctx)
 {
-    struct cpu_mm_cache *c = ctx->mm;
-    if (!c) return;
-    for (int i = 0; i < c->n; i++) mm_entry_free(&c->e[i]);
-    free(c->e);
-    if (c->stream) dnnl_stream_destroy(c->stream);
-    free(c);
-    ctx->mm = NULL;
+    onednn_cache_free(&ctx->mm, sizeof(struct mm_entry), mm_entry_free);
 }
 
 static int mm_entry_init(struct mm_entry *e, int kind, int m, int k, int n, int dtype)
@@ -150,33 +139,20 @@ out:
 /* the cached primitive of this kind and shape (created on first use), or NULL */
 static struct mm_entry *mm_get(int kind, int m, int k, int n, int dtype, bk_ctx *ctx)
 {
-    struct cpu_mm_cache *c = ctx->mm;
-    if (!c) {
-        c = calloc(1, sizeof *c);
-        if (!c) return NULL;
-        if (!onednn_engine() ||
-            dnnl_stream_create(&c->stream, onednn_engine(), dnnl_stream_default_flags)) {
-            free(c);
-            return NULL;
-        }
-        ctx->mm = c;
-    }
-    for (int i = 0; i < c->n; i++) {
-        struct mm_entry *e = &c->e[i];
-        if (e->kind == kind && e->m == m && e->k == k && e->n == n && e->dtype == dtype) return e;
-    }
-    if (c->n == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 16;
-        struct mm_entry *ne = realloc(c->e, (size_t)cap * sizeof *ne);
-        if (!ne) return NULL;
-        c->e = ne;
-        c->cap = cap;
-    }
-    if (mm_entry_init(&c->e[c->n], kind, m, k, n, dtype)) {
+    struct onednn_cache *c = onednn_cache_get(&ctx->mm);
+    if (!c) return NULL;
+    struct mm_entry *es = c->e, *e;
+    for (int i = 0; i < c->n; i++)
+        if (es[i].kind == kind && es[i].m == m && es[i].k == k && es[i].n == n &&
+            es[i].dtype == dtype)
+            return &es[i];
+    if (!(e = onednn_cache_slot(c, sizeof *e))) return NULL;
+    if (mm_entry_init(e, kind, m, k, n, dtype)) {
         fprintf(stderr, "ddpmd: oneDNN has no bf16 matmul for %d x %d x %d\n", m, k, n);
         return NULL;
     }
-    return &c->e[c->n++];
+    c->n++;
+    return e;
 }
 
 /* dst (=, or += for the accumulating kinds) = src @ wei (+ bias) in the job's threads, the

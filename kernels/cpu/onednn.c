@@ -2,6 +2,7 @@
  * (see onednn.h).
  */
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "onednn.h"
 
@@ -83,4 +84,41 @@ unsigned cpu_half_kernels(int dtype)
 int onednn_run(dnnl_primitive_t p, dnnl_stream_t stream, int nargs, const dnnl_exec_arg_t *args)
 {
     return dnnl_primitive_execute(p, stream, nargs, args) == dnnl_success ? 0 : -1;
+}
+
+struct onednn_cache *onednn_cache_get(struct onednn_cache **pc)
+{
+    if (*pc) return *pc;
+    struct onednn_cache *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    if (!onednn_engine() ||
+        dnnl_stream_create(&c->stream, onednn_engine(), dnnl_stream_default_flags)) {
+        free(c);
+        return NULL;
+    }
+    *pc = c;
+    return c;
+}
+
+void *onednn_cache_slot(struct onednn_cache *c, size_t elem)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        void *ne = realloc(c->e, (size_t)cap * elem);
+        if (!ne) return NULL;
+        c->e = ne;
+        c->cap = cap;
+    }
+    return (char *)c->e + (size_t)c->n * elem;
+}
+
+void onednn_cache_free(struct onednn_cache **pc, size_t elem, void (*entry_free)(void *entry))
+{
+    struct onednn_cache *c = *pc;
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) entry_free((char *)c->e + (size_t)i * elem);
+    free(c->e);
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    free(c);
+    *pc = NULL;
 }

@@ -28,6 +28,21 @@ static inline void onednn_set(dnnl_memory_t m, const void *p)
 /* p on stream: 0 or -1 */
 int onednn_run(dnnl_primitive_t p, dnnl_stream_t stream, int nargs, const dnnl_exec_arg_t *args);
 
+/* a job's cache of primitives (conv.c's entries by shape, linear.c's): n entries of one type in
+ * e, and the stream they run on */
+struct onednn_cache {
+    dnnl_stream_t stream;
+    void *e;
+    int n, cap;
+};
+/* *pc, created with its stream on first use; NULL when that fails */
+struct onednn_cache *onednn_cache_get(struct onednn_cache **pc);
+/* room for one more entry of elem bytes at e + n * elem (the caller fills it, then counts it
+ * in n); NULL when out of memory */
+void *onednn_cache_slot(struct onednn_cache *c, size_t elem);
+/* every entry through entry_free, then the cache; *pc NULL after */
+void onednn_cache_free(struct onednn_cache **pc, size_t elem, void (*entry_free)(void *entry));
+
 #define ONEDNN_ALIGN64(b) (((b) + 63) & ~(size_t)63)
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "cpu/cpu.h"
 #include "nchw_shim.h"
+#include "test_ref_conv.h"
 #include "test_util.h"
 
 #define TOL_FWD 1e-5
@@ -113,27 +114,6 @@ static double accum_err(const float *res, const float *prev, const float *g, siz
 /* conv2d                                                                                   */
 /* ======================================================================================== */
 
-static void ref_conv(double *y, const double *x, const double *w, const double *b,
-                     const struct bk_conv2d *s)
-{
-    for (int n = 0; n < s->n; n++)
-        for (int o = 0; o < s->co; o++)
-            for (int oh = 0; oh < s->ho; oh++)
-                for (int ow = 0; ow < s->wo; ow++) {
-                    double acc = b ? b[o] : 0.0;
-                    for (int c = 0; c < s->ci; c++)
-                        for (int ki = 0; ki < s->kh; ki++)
-                            for (int kj = 0; kj < s->kw; kj++) {
-                                int ih = oh * s->stride - s->pad_t + ki;
-                                int iw = ow * s->stride - s->pad_l + kj;
-                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
-                                acc += x[(((size_t)n * s->ci + c) * s->h + ih) * s->w + iw] *
-                                       w[(((size_t)o * s->ci + c) * s->kh + ki) * s->kw + kj];
-                            }
-                    y[(((size_t)n * s->co + o) * s->ho + oh) * s->wo + ow] = acc;
-                }
-}
-
 struct conv_arg {
     const struct bk_conv2d *s;
     double *x, *w, *b, *y;
@@ -143,7 +123,7 @@ struct conv_arg {
 static double conv_loss(void *p)
 {
     struct conv_arg *a = p;
-    ref_conv(a->y, a->x, a->w, a->b, a->s);
+    tu_ref_conv(a->y, a->x, a->w, a->b, a->s, 0);
     return dot_dd(a->y, a->r, a->ny);
 }
 
@@ -176,7 +156,7 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
     CHECK(nchw_conv2d_fwd(y, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
     double *xd = to_double(x, nx), *wd = to_double(wt, nw), *bd = to_double(b, co);
     double *rd = to_double(r, ny), *yd = dalloc(ny);
-    ref_conv(yd, xd, wd, bias ? bd : NULL, &s);
+    tu_ref_conv(yd, xd, wd, bias ? bd : NULL, &s, 0);
     double e = tu_rel_err(y, yd, ny);
     note(&max_fwd[OP_CONV], e);
     CHECK(e <= TOL_FWD, "%s: fwd rel err %.3g", tag, e);

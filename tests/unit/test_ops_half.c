@@ -14,6 +14,7 @@
 #include "cpu/cpu.h"
 #include "half.h"
 #include "nchw_shim.h"
+#include "test_ref_conv.h"
 #include "test_util.h"
 
 static bk_ctx *ctx;
@@ -54,29 +55,6 @@ static long out_of_bound(const void *got, int b16, const double *ref, const doub
 }
 
 /* ---- convolution ---- */
-
-/* y (N,Co,Ho,Wo) = conv(x, w) (+ b) over doubles; with abs set, of |x|, |w|, |b| */
-static void ref_conv(double *y, const double *x, const double *w, const double *b,
-                     const struct bk_conv2d *s, int abs)
-{
-    for (int n = 0; n < s->n; n++)
-        for (int o = 0; o < s->co; o++)
-            for (int oh = 0; oh < s->ho; oh++)
-                for (int ow = 0; ow < s->wo; ow++) {
-                    double acc = b ? (abs ? fabs(b[o]) : b[o]) : 0.0;
-                    for (int c = 0; c < s->ci; c++)
-                        for (int ki = 0; ki < s->kh; ki++)
-                            for (int kj = 0; kj < s->kw; kj++) {
-                                int ih = oh * s->stride - s->pad_t + ki;
-                                int iw = ow * s->stride - s->pad_l + kj;
-                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
-                                double xv = x[(((size_t)n * s->ci + c) * s->h + ih) * s->w + iw];
-                                double wv = w[(((size_t)o * s->ci + c) * s->kh + ki) * s->kw + kj];
-                                acc += abs ? fabs(xv * wv) : xv * wv;
-                            }
-                    y[(((size_t)n * s->co + o) * s->ho + oh) * s->wo + ow] = acc;
-                }
-}
 
 /* dx (N,Ci,H,W) = conv^T(dy, w) (+ prev) and dw (Co,Ci,Kh,Kw) = dy (*) x (+ prev), db = sum dy
  * (+ prev); with abs, of absolute values */
@@ -134,8 +112,8 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
 
     /* forward: y = round(conv(x, w) + b) */
     CHECK(nchw_conv2d_fwd(y, x, wt, bias ? b : NULL, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
-    ref_conv(ref, xd, wd, bias ? bd : NULL, &s, 0);
-    ref_conv(mag, xd, wd, bias ? bd : NULL, &s, 1);
+    tu_ref_conv(ref, xd, wd, bias ? bd : NULL, &s, 0);
+    tu_ref_conv(mag, xd, wd, bias ? bd : NULL, &s, 1);
     long bad = out_of_bound(y, 1, ref, mag, (long)ci * k * k + 1, ny);
     CHECK(bad == 0, "%s: fwd, %ld of %zu elements out of bounds", tag, bad, ny);
 
