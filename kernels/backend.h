@@ -321,11 +321,13 @@ struct backend {
     /* the most bytes mem_alloc held at once on ctx since ctx_init (the measured high-water mark) */
     size_t (*mem_high_water)(const bk_ctx *ctx);
 
-    /* optional (NULL: none): the typed kernels (enum bk_half bits) that take operands of the
-     * 16-bit dtype natively on the selected device, in this process (a CPU without AVX512-BF16,
-     * a GPU below the compute capability of the type: 0). The executor runs the others in fp32
-     * on converted scratch, so a plan is correct whatever this says. Plan with the same answer
-     * as you run with: workspace sizes depend on it. */
+    /* optional (NULL: none): the typed kernels (enum bk_half bits) the executor should run on
+     * operands of the 16-bit dtype on the selected device, in this process: those the backend
+     * implements there and that beat converting around its fp32 ones (a GPU below the compute
+     * capability of the type: 0; the CPU: see cpu_half_kernels). A kernel may implement a dtype
+     * this leaves out (tests call it). The executor runs the others in fp32 on converted
+     * scratch, so a plan is correct whatever this says. Plan with the same answer as you run
+     * with: workspace sizes depend on it. */
     unsigned (*half_kernels)(int dtype);
     /* optional (NULL: none): the workspace bytes linear_fwd and linear_bwd of this shape and
      * dtype take from the context's workspace (ctx_set_workspace), where a library needs one */
