@@ -70,7 +70,36 @@ void graph_free(struct graph *g)
     free(g->tensors);
     free(g->ops);
     free(g->segs);
+    free(g->param_slot);
     memset(g, 0, sizeof *g);
+}
+
+/* the slot of name in g->param_slot: the one holding it, or the empty one it would take */
+static int param_slot_of(const struct graph *g, const char *name)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 16777619u;
+    int mask = g->param_cap - 1, i = (int)(h & (uint32_t)mask);
+    while (g->param_slot[i] >= 0 && strcmp(g->tensors[g->param_slot[i]]->name, name) != 0)
+        i = (i + 1) & mask;
+    return i;
+}
+
+/* room in g->param_slot for one more parameter */
+static int param_table_reserve(struct graph *g)
+{
+    if (2 * (g->n_params + 1) <= g->param_cap) return 0;
+    int cap = g->param_cap ? 2 * g->param_cap : 256;
+    int *slot = malloc((size_t)cap * sizeof *slot), *old = g->param_slot;
+    if (!slot) return -1;
+    for (int i = 0; i < cap; i++) slot[i] = -1;
+    g->param_slot = slot;
+    g->param_cap = cap;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t]->kind == TENSOR_PARAM && g->tensors[t]->name)
+            g->param_slot[param_slot_of(g, g->tensors[t]->name)] = t;
+    free(old);
+    return 0;
 }
 
 int graph_mark_segment(struct graph *g, int first, int kind)
@@ -130,6 +159,8 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
         g->tensors = ts;
         g->cap_tensors = cap;
     }
+    if (kind == TENSOR_PARAM && name && param_table_reserve(g))
+        return graph_fail(g, GRAPH_ERR_NOMEM, "out of memory");
     struct tensor *t = calloc(1, sizeof *t);
     char *nm = name ? strdup(name) : NULL;
     if (!t || (name && !nm)) {
@@ -152,6 +183,8 @@ int graph_tensor(struct graph *g, enum tensor_kind kind, const char *name, int r
         t->requires_grad = 1;
         t->param_index = g->n_params++;
         g->param_numel += t->numel;
+        int sl = nm ? param_slot_of(g, nm) : -1;
+        if (sl >= 0 && g->param_slot[sl] < 0) g->param_slot[sl] = id; /* the first of a name */
     }
     return id;
 }
@@ -172,11 +205,8 @@ int graph_input(struct graph *g, const char *name, int rank, const int *dims)
 
 int graph_find_param(const struct graph *g, const char *name)
 {
-    for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i]->kind == TENSOR_PARAM && g->tensors[i]->name &&
-            strcmp(g->tensors[i]->name, name) == 0)
-            return i;
-    return -1;
+    if (!g->param_cap || !name) return -1;
+    return g->param_slot[param_slot_of(g, name)];
 }
 
 /* a new activation shaped like dims, requiring grad when any of the inputs does */

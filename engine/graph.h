@@ -144,6 +144,10 @@ struct graph {
     int n_fwd_ops;          /* ops [0, n_fwd_ops) are the forward pass */
     int n_params;
     size_t param_numel;     /* sum of parameter sizes */
+    int *param_slot;        /* named parameters' tensor ids by a hash of the name (open
+                             * addressing, -1 empty; param_cap a power of two, at most half
+                             * full): graph_find_param without a scan */
+    int param_cap;
     int precision;          /* enum strategy_precision set by graph_set_precision (0: f32) */
     /* segments the builder marked, in op order; those of one kind never overlap (a level
      * contains blocks) */
