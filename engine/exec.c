@@ -346,6 +346,10 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "a nested plan runs through exec_init_nested");
         return exec_init_failed(e, opts, rc);
     }
+    if (p->bound_only) {
+        rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "a bound-only plan places no arena");
+        return exec_init_failed(e, opts, rc);
+    }
     if ((p->n_cvt || p->work_bytes) && !bk->convert) {
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no 16-bit conversions: plan "
                        "it in f32", bk->name);
@@ -419,7 +423,7 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
     e->ctx = host->ctx;
     e->host = host;
     e->alloc_bytes = host->alloc_bytes;
-    if (!sub->nested || host->borrowed) {
+    if (!sub->nested || host->borrowed || sub->bound_only) {
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "not a nested plan over a job's own executor");
         return exec_init_failed(e, opts, rc);
     }

@@ -39,7 +39,11 @@ static int inplace_input(const struct tensor *const *tv, const struct op *o, int
     }
 }
 
-static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtype)
+static size_t conv_ws_bytes(const struct bk_conv2d *s, const struct backend *bk,
+                            struct plan_ws_cache *c);
+
+static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtype,
+                          struct plan_ws_cache *c)
 {
     switch (o->type) {
     case OP_CONV2D:
@@ -47,7 +51,7 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtyp
     case OP_CONV2D_BWD_FILTER: {
         struct bk_conv2d s = o->a.conv;
         s.dtype = dtype;
-        return bk->conv2d_ws_bytes(&s);
+        return conv_ws_bytes(&s, bk, c);
     }
     case OP_ATTENTION:
     case OP_ATTENTION_BWD: {
@@ -70,6 +74,48 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtyp
     default:
         return 0;
     }
+}
+
+/* convolution shapes and their workspace bytes, by open addressing on a hash of the shape */
+#define WS_CACHE_SLOTS 4096
+struct plan_ws_cache {
+    const struct backend *bk; /* the backend the bytes are its answers of */
+    int n;
+    struct ws_entry {
+        int used;
+        struct bk_conv2d shape;
+        size_t bytes;
+    } slot[WS_CACHE_SLOTS];
+};
+
+struct plan_ws_cache *plan_ws_cache_new(void) { return calloc(1, sizeof(struct plan_ws_cache)); }
+
+void plan_ws_cache_free(struct plan_ws_cache *c) { free(c); }
+
+/* the backend's workspace bytes for convolution shape s, asked once per cache (the shape's
+ * oneDNN primitive descriptors are most of a plan's time) */
+static size_t conv_ws_bytes(const struct bk_conv2d *s, const struct backend *bk,
+                            struct plan_ws_cache *c)
+{
+    if (!c || (c->bk && c->bk != bk)) return bk->conv2d_ws_bytes(s);
+    uint32_t h = 2166136261u; /* FNV-1a over the shape's ints */
+    const unsigned char *b = (const unsigned char *)s;
+    for (size_t i = 0; i < sizeof *s; i++) h = (h ^ b[i]) * 16777619u;
+    for (uint32_t i = 0; i < WS_CACHE_SLOTS; i++) {
+        struct ws_entry *e = &c->slot[(h + i) % WS_CACHE_SLOTS];
+        if (e->used && !memcmp(&e->shape, s, sizeof *s)) return e->bytes;
+        if (e->used) continue;
+        size_t bytes = bk->conv2d_ws_bytes(s);
+        if (c->n < WS_CACHE_SLOTS / 2) { /* full enough: answer without keeping it */
+            c->bk = bk;
+            e->used = 1;
+            e->shape = *s;
+            e->bytes = bytes;
+            c->n++;
+        }
+        return bytes;
+    }
+    return bk->conv2d_ws_bytes(s);
 }
 
 void plan_free(struct plan *p)
@@ -199,6 +245,19 @@ out:
     return rc;
 }
 
+int plan_run_order(const struct graph *g, int recompute, int **op_src, int *n)
+{
+    struct plan p;
+    memset(&p, 0, sizeof p);
+    p.n_run_ops = g->n_ops;
+    int rc = recompute > 0 && g->n_fwd_ops ? recompute_schedule(&p, g, recompute) : PLAN_OK;
+    *op_src = rc ? NULL : p.op_src;
+    *n = p.n_run_ops;
+    p.op_src = NULL;
+    plan_free(&p);
+    return rc;
+}
+
 /* placement order: largest first, then earliest, then index (a total order: any sort agrees) */
 static int storage_before(const struct plan_storage *st, int a, int b)
 {
@@ -223,39 +282,47 @@ static void sort_storages(int *idx, int *tmp, int n, const struct plan_storage *
     }
 }
 
+/* a placed storage as the best-fit scan reads it: its lifetime and its bytes (the guard gap
+ * included), kept contiguous in offset order so that the scan, the planner's hot loop, reads
+ * memory in order */
+struct placed {
+    int first, last;
+    int64_t off, end;
+};
+
 /* Best fit: the smallest gap between the storages already placed that overlap s in time.
- * byoff[0..n_placed) holds the placed storages in ascending offset order, so one pass over it
+ * pl[0..n_placed) holds the placed storages in ascending offset order, so one pass over it
  * sees the busy ranges in address order; the result does not depend on how storages with equal
  * offsets are ordered among themselves. */
-static int64_t place_best_fit(const struct plan_storage *st, const int *byoff, int n_placed,
-                              const struct plan_storage *s, size_t guard)
+static int64_t place_best_fit(const struct placed *pl, int n_placed, const struct plan_storage *s,
+                              size_t guard)
 {
     int64_t need = (int64_t)plan_align(s->bytes + guard), best = -1, best_gap = INT64_MAX;
     int64_t cursor = 0;
     for (int i = 0; i < n_placed; i++) {
-        const struct plan_storage *o = &st[byoff[i]];
+        const struct placed *o = &pl[i];
         if (o->first > s->last || s->first > o->last) continue;
-        int64_t gap = o->offset - cursor, end = o->offset + (int64_t)plan_align(o->bytes + guard);
+        int64_t gap = o->off - cursor;
         if (gap >= need && gap < best_gap) {
             best = cursor;
             best_gap = gap;
         }
-        if (end > cursor) cursor = end;
+        if (o->end > cursor) cursor = o->end;
     }
     return best >= 0 ? best : cursor;
 }
 
-/* storage k (just placed) inserted into byoff[0..n) by offset */
-static void insert_by_offset(int *byoff, int n, const struct plan_storage *st, int k)
+/* v (just placed) inserted into pl[0..n) by offset, after those with an equal one */
+static void insert_placed(struct placed *pl, int n, struct placed v)
 {
     int lo = 0, hi = n;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        if (st[byoff[mid]].offset <= st[k].offset) lo = mid + 1;
+        if (pl[mid].off <= v.off) lo = mid + 1;
         else hi = mid;
     }
-    memmove(byoff + lo + 1, byoff + lo, (size_t)(n - lo) * sizeof *byoff);
-    byoff[lo] = k;
+    memmove(pl + lo + 1, pl + lo, (size_t)(n - lo) * sizeof *pl);
+    pl[lo] = v;
 }
 
 /* loss scaling an f16 step can run with: a positive finite initial scale, growth >= 1,
@@ -322,7 +389,8 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     if (!opts) opts = &def;
     memset(p, 0, sizeof *p);
     int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
-    int *order = NULL, *byoff = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
+    int *order = NULL, *tmp = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
+    struct placed *pl = NULL;
     unsigned char *secondary = NULL;
     const struct tensor **tv = NULL;
     if (g->status) return PLAN_ERR_GRAPH;
@@ -475,29 +543,37 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->cvt_start[n_run] = p->n_cvt;
 
     /* persistent parts: a nested plan's parameters are its host's (and a shared training
-     * plan's gradients, moments and EMA too), the rest starts where the host's transient part
-     * does */
+     * plan's gradients, moments and EMA too). A nested inference plan (a sample grid) starts
+     * where the host's transient part does, its gradients included; a shared training one (the
+     * uneven last micro-batch) after the host's inputs, since it accumulates into the host's
+     * gradients */
     size_t off = 0;
     if (host) {
         size_t base = infer && weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
+        size_t start = infer ? host->transient_off : host->inputs_off;
         /* an offloading host's EMA is in host memory: the sub-plan's weights get device bytes
          * of their own at the start of the host's transient part */
         p->weights_from_host = infer && weights == PLAN_WEIGHTS_EMA && host->offload;
-        if (p->weights_from_host) base = host->inputs_off;
-        for (int t = 0; t < n; t++) {
+        if (p->weights_from_host) base = start;
+        for (int t = 0, w = 0; t < n; t++) {
             const struct tensor *tt = g->tensors[t];
             if (tt->kind != TENSOR_PARAM) continue;
-            int w = graph_find_param(host_g, tt->name);
+            /* the same builder names the parameters in the same order: try the one after the
+             * last match before searching by name */
+            while (w < host_g->n_tensors && host_g->tensors[w]->kind != TENSOR_PARAM) w++;
+            if (w >= host_g->n_tensors || strcmp(host_g->tensors[w]->name, tt->name) != 0)
+                w = graph_find_param(host_g, tt->name);
             if (w < 0 || w >= host->n_tensors || host->offset[w] < 0 ||
                 !same_shape(tt, host_g->tensors[w])) {
                 rc = PLAN_ERR_GRAPH;
                 goto out;
             }
             p->offset[t] = (int64_t)(base + ((size_t)host->offset[w] - host->params_off));
+            w++;
         }
         p->params_off = base;
         p->params_bytes = host->params_bytes;
-        off = host->inputs_off + (p->weights_from_host ? p->params_bytes : 0);
+        off = start + (p->weights_from_host ? p->params_bytes : 0);
     } else {
         for (int t = 0; t < n; t++)
             if (g->tensors[t]->kind == TENSOR_PARAM) {
@@ -507,39 +583,51 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->params_off = 0;
         p->params_bytes = off;
     }
-    if (!infer) {
-        if (host) {
-            p->grads_off = host->grads_off;
-            p->grads_bytes = host->grads_bytes;
-            p->adam_m_off = host->adam_m_off;
-            p->adam_v_off = host->adam_v_off;
-            p->adam_bytes = host->adam_bytes;
-            p->ema_off = host->ema_off;
-            p->ema_bytes = host->ema_bytes;
-        } else if (opts->strategy.offload == 1) {
-            /* on the device only the gradients; the host block: master, gradients' copy,
-             * m, v, EMA */
-            size_t pb = p->params_bytes;
-            p->offload = 1;
-            p->grads_off = pb;
-            p->grads_bytes = pb;
-            p->adam_m_off = p->adam_v_off = p->ema_off = p->grads_off + pb; /* no bytes */
-            off = p->grads_off + pb;
-            p->host_master_off = 0;
-            p->host_grads_off = pb;
-            p->host_adam_m_off = 2 * pb;
-            p->host_adam_v_off = 3 * pb;
-            p->host_ema_off = 4 * pb;
-        } else {
-            p->grads_off = p->params_bytes;
-            p->grads_bytes = p->params_bytes;
-            p->adam_m_off = p->grads_off + p->params_bytes;
-            p->adam_v_off = p->adam_m_off + p->params_bytes;
-            p->adam_bytes = 2 * p->params_bytes;
-            p->ema_off = p->adam_v_off + p->params_bytes;
-            p->ema_bytes = p->params_bytes;
-            off = p->ema_off + p->params_bytes;
+    /* [params | adam m | adam v | ema | working copy | grads | inputs | workspace | arena]: what
+     * holds nothing between two steps (the working copy is refreshed before every forward, the
+     * gradients zeroed by a step's first micro-batch) comes last, from transient_off on */
+    size_t pb = p->params_bytes;
+    int own = !infer && !host;
+    if (own && opts->strategy.offload == 1) {
+        /* on the device only the gradients; the host block: master, gradients' copy, m, v,
+         * EMA */
+        p->offload = 1;
+        p->adam_m_off = p->adam_v_off = p->ema_off = off; /* no bytes */
+        p->host_master_off = 0;
+        p->host_grads_off = pb;
+        p->host_adam_m_off = 2 * pb;
+        p->host_adam_v_off = 3 * pb;
+        p->host_ema_off = 4 * pb;
+    } else if (own) {
+        p->adam_m_off = off;
+        p->adam_v_off = off + pb;
+        p->adam_bytes = 2 * pb;
+        p->ema_off = off + 2 * pb;
+        p->ema_bytes = pb;
+        off += 3 * pb;
+    } else if (!infer) {
+        p->grads_off = host->grads_off;
+        p->grads_bytes = host->grads_bytes;
+        p->adam_m_off = host->adam_m_off;
+        p->adam_v_off = host->adam_v_off;
+        p->adam_bytes = host->adam_bytes;
+        p->ema_off = host->ema_off;
+        p->ema_bytes = host->ema_bytes;
+    }
+    /* the 16-bit working copy of the weights the GEMM-like ops read */
+    p->work_off = p->transient_off = off;
+    for (int t = 0; t < n; t++)
+        if (p->work_offset[t] == -2) {
+            p->work_offset[t] = (int64_t)off;
+            off += plan_align(g->tensors[t]->numel * bk_dtype_size(graph_low_dtype(g)));
         }
+    p->work_bytes = off - p->work_off;
+    if (own) {
+        p->grads_off = off;
+        p->grads_bytes = pb;
+        off += pb;
+    }
+    if (!infer) {
         /* a gradient sits where its parameter does in the parameter block (the first
          * parameter naming it, if several did) */
         if (!(param_of = malloc((size_t)n * sizeof *param_of + 1))) goto out;
@@ -558,14 +646,6 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
                 (int64_t)(p->grads_off + ((size_t)p->offset[param_of[t]] - p->params_off));
         }
     }
-    /* the 16-bit working copy of the weights the GEMM-like ops read */
-    p->work_off = off;
-    for (int t = 0; t < n; t++)
-        if (p->work_offset[t] == -2) {
-            p->work_offset[t] = (int64_t)off;
-            off += plan_align(g->tensors[t]->numel * bk_dtype_size(graph_low_dtype(g)));
-        }
-    p->work_bytes = off - p->work_off;
     p->inputs_off = off;
     for (int t = 0; t < n; t++)
         if (g->tensors[t]->kind == TENSOR_INPUT) {
@@ -579,7 +659,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->ws_off = off + p->ws_guard_bytes;
     /* the largest scratch any op needs; each convolution shape is asked once (building
      * oneDNN's primitive descriptors is most of a plan's time; a conv's three ops share one
-     * shape and a UNet repeats its shapes) */
+     * shape and a UNet repeats its shapes), or once per opts->ws_cache */
     if (!(convs = malloc((size_t)n_run * sizeof *convs + 1))) goto out;
     for (int k = 0, n_convs = 0; k < n_run; k++) {
         const struct op *o = &ops[k];
@@ -592,17 +672,43 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             if (seen) continue;
             convs[n_convs++] = k;
         }
-        size_t w = op_ws_bytes(o, bk, p->op_dtype[k]);
+        /* a bound counts none: the backend's answers are the costly part of a bound */
+        size_t w = opts->bound_only ? 0 : op_ws_bytes(o, bk, p->op_dtype[k], opts->ws_cache);
         if (w > p->ws_bytes) p->ws_bytes = w;
     }
     p->ws_bytes = plan_align(p->ws_bytes);
     p->arena_off = p->ws_off + p->ws_bytes + p->ws_guard_bytes;
 
+    size_t top = 0, guard = opts->guard_bytes;
+    if (opts->bound_only) {
+        /* the most bytes live at once: no placement does better */
+        int64_t *delta = calloc((size_t)n_run + 2, sizeof *delta);
+        if (!delta) goto out;
+        for (int i = 0; i < p->n_storages; i++) {
+            int64_t b = (int64_t)plan_align(p->st[i].bytes + guard);
+            delta[p->st[i].first] += b;
+            delta[p->st[i].last + 1] -= b;
+        }
+        int64_t live = 0;
+        for (int k = 0; k < n_run; k++) {
+            live += delta[k];
+            if ((size_t)live > top) top = (size_t)live;
+        }
+        free(delta);
+        for (int i = 0; i < p->n_storages; i++) p->st[i].offset = -1;
+        p->bound_only = 1;
+        p->arena_bytes = top;
+        p->guards_bytes = guard * (size_t)p->n_storages;
+        p->total_bytes = p->arena_off + p->arena_bytes;
+        plan_count_parts(p);
+        rc = PLAN_OK;
+        goto out;
+    }
     /* arena: best fit, largest first */
     order = malloc((size_t)(p->n_storages + 1) * sizeof *order);
-    byoff = malloc((size_t)(p->n_storages + 1) * sizeof *byoff);
-    if (!order || !byoff) goto out;
-    size_t top = 0, guard = opts->guard_bytes;
+    tmp = malloc((size_t)(p->n_storages + 1) * sizeof *tmp);
+    pl = malloc((size_t)(p->n_storages + 1) * sizeof *pl);
+    if (!order || !tmp || !pl) goto out;
     for (int i = 0; i < p->n_storages; i++) {
         order[i] = i;
         p->no_reuse_arena_bytes += plan_align(p->st[i].bytes);
@@ -613,12 +719,12 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             top += plan_align(p->st[i].bytes + guard);
         }
     } else {
-        sort_storages(order, byoff, p->n_storages, p->st); /* byoff: its scratch until here */
+        sort_storages(order, tmp, p->n_storages, p->st);
         for (int i = 0; i < p->n_storages; i++) {
             struct plan_storage *s = &p->st[order[i]];
-            s->offset = place_best_fit(p->st, byoff, i, s, guard);
-            insert_by_offset(byoff, i, p->st, order[i]);
+            s->offset = place_best_fit(pl, i, s, guard);
             size_t end = (size_t)s->offset + plan_align(s->bytes + guard);
+            insert_placed(pl, i, (struct placed){s->first, s->last, s->offset, (int64_t)end});
             if (end > top) top = end;
         }
     }
@@ -632,7 +738,8 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     rc = PLAN_OK;
 out:
     free(order);
-    free(byoff);
+    free(tmp);
+    free(pl);
     free(param_of);
     free(convs);
     free(readers);
@@ -640,6 +747,33 @@ out:
     free(tv);
     if (rc) plan_free(p);
     return rc;
+}
+
+size_t plan_persistent_bytes(const struct graph *g, const struct plan_opts *opts)
+{
+    enum plan_mode mode = opts ? opts->mode : PLAN_MODE_AUTO;
+    int infer = mode == PLAN_MODE_INFER || (mode == PLAN_MODE_AUTO && g->n_fwd_ops == 0);
+    int n_run = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
+    size_t pb = 0, work = 0, inputs = 0, low = bk_dtype_size(graph_low_dtype(g));
+    /* a working copy of each weight some op reads in 16 bits (as plan_build marks them); out of
+     * memory for the marks, none: still a lower bound */
+    unsigned char *half = low < sizeof(float) ? calloc((size_t)g->n_tensors + 1, 1) : NULL;
+    for (int k = 0; half && k < n_run; k++)
+        for (int j = 0; j < g->ops[k].n_in; j++) {
+            int t = g->ops[k].in[j];
+            if (t >= 0 && g->tensors[t]->kind == TENSOR_PARAM &&
+                graph_input_dtype(g, &g->ops[k], j) != DTYPE_F32)
+                half[t] = 1;
+        }
+    for (int t = 0; t < g->n_tensors; t++) {
+        const struct tensor *tt = g->tensors[t];
+        if (tt->kind == TENSOR_PARAM) pb += plan_align(tensor_bytes(tt));
+        else if (tt->kind == TENSOR_INPUT) inputs += plan_align(tensor_bytes(tt));
+        if (half && half[t]) work += plan_align(tt->numel * low);
+    }
+    free(half);
+    size_t state = infer ? 0 : pb + (opts && opts->strategy.offload == 1 ? 0 : 3 * pb);
+    return pb + state + work + inputs;
 }
 
 int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
@@ -674,7 +808,12 @@ int plan_make_shared(struct plan *sub, const struct graph *g, const struct backe
 
 void plan_reserve_nested(struct plan *host, const struct plan *sub)
 {
-    if (sub->total_bytes > host->nested_bytes) host->nested_bytes = sub->total_bytes;
+    plan_reserve(host, sub->total_bytes);
+}
+
+void plan_reserve(struct plan *host, size_t end)
+{
+    if (end > host->nested_bytes) host->nested_bytes = end;
     if (host->nested_bytes > host->total_bytes) host->total_bytes = host->nested_bytes;
     plan_count_parts(host);
 }

@@ -1,7 +1,8 @@
 /* plan.h - the memory plan: every byte a step touches, decided before any is allocated.
- * One allocation per job: [params | grads | adam m | adam v | ema | work | inputs | workspace |
+ * One allocation per job: [params | adam m | adam v | ema | work | grads | inputs | workspace |
  * arena] for training, [params | work | inputs | workspace | arena] for inference (sampling); work
- * (the 16-bit weights) is empty under f32. Tensors take the bytes their dtype says
+ * (the 16-bit weights) is empty under f32; from work on nothing outlives a step
+ * (plan.transient_off). Tensors take the bytes their dtype says
  * (graph_set_precision); an operand whose dtype is not the one its kernel takes (a 16-bit
  * operand of an fp32 kernel, the fp32 data input of a 16-bit convolution) is converted into
  * scratch of the kernel's dtype, planned as an arena storage living for that op (plan.cvt).
@@ -45,7 +46,19 @@ struct plan_opts {
      * PLAN_ERR_ARG, and so is a precision other than the graph's (graph_set_precision; 0 = f32
      * for both). */
     struct strategy strategy;
+    /* Search aids (engine/planner.c): bound_only lays out everything but the workspace (0
+     * bytes) and the arena, whose bytes are then the most that are live at once, so that
+     * total_bytes is a lower bound of the exact plan's, made without the backend's workspace
+     * queries and the placement (the costly parts); such a plan's arena tensors have no
+     * offsets and exec_init refuses it. ws_cache (may be NULL, plan_ws_cache_new):
+     * convolution workspace bytes remembered across the plans of one search. */
+    int bound_only;
+    struct plan_ws_cache *ws_cache;
 };
+
+struct plan_ws_cache;
+struct plan_ws_cache *plan_ws_cache_new(void);
+void plan_ws_cache_free(struct plan_ws_cache *c);
 
 /* an operand of an op stored in another dtype than its kernel takes, converted into scratch of
  * the kernel's dtype (an arena storage of that op alone) */
@@ -90,6 +103,7 @@ struct plan_storage {
 
 struct plan {
     int inference;       /* no gradients, AdamW moments or EMA (their *_off are unused) */
+    int bound_only;      /* plan_opts.bound_only: no arena placed, total_bytes a lower bound */
     int nested;          /* a sub-plan inside another plan's allocation (plan_make_nested, or a
                           * training one, plan_make_shared) */
     int n_run_ops;       /* the ops a step runs: all, or the forward ones of an inference plan,
@@ -116,7 +130,8 @@ struct plan {
 
     /* the parts, as byte ranges of the allocation */
     size_t params_off, params_bytes;  /* parameters, each 64-byte aligned, padding zeroed */
-    size_t grads_off, grads_bytes;    /* same layout as params; 0 bytes for inference */
+    size_t grads_off, grads_bytes;    /* same layout as params; 0 bytes for inference; dead
+                                       * between two steps (see transient_off) */
     size_t adam_m_off, adam_v_off;    /* same layout as params */
     size_t adam_bytes;                /* m and v together; 0 for inference */
     size_t ema_off, ema_bytes;        /* same layout as params; 0 for inference (and offload) */
@@ -137,6 +152,11 @@ struct plan {
     size_t work_off, work_bytes;      /* the 16-bit working copy of the convolution and linear
                                        * weights (16-bit precision; 0 bytes under f32), refreshed
                                        * from the fp32 weights before every forward */
+    size_t transient_off;             /* = work_off: from here to the end (working copy,
+                                       * gradients, inputs, workspace, arena) the bytes hold
+                                       * nothing between two steps: the gradients are zeroed by a
+                                       * step's first micro-batch. A nested inference plan (a
+                                       * sample grid) lies here. */
     int64_t *work_offset;             /* per tensor: its working copy's offset; -1 if none */
     struct plan_cvt *cvt;             /* conversion scratch, grouped by op: op k's are */
     int *cvt_start;                   /* cvt[cvt_start[k] .. cvt_start[k + 1]) (n_run_ops + 1) */
@@ -169,6 +189,13 @@ enum plan_status { PLAN_OK = 0, PLAN_ERR_NOMEM = 1, PLAN_ERR_GRAPH = 2, PLAN_ERR
 
 int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
               const struct plan_opts *opts);
+/* the ops a training step of g recomputing at granularity `recompute` runs: *n of them, run op i
+ * being graph op (*op_src)[i] (malloc'd; NULL when the order is the graph's own): plan.op_src
+ * without the plan. 0 or PLAN_ERR_NOMEM. */
+int plan_run_order(const struct graph *g, int recompute, int **op_src, int *n);
+/* plan_make's bytes up to its inputs' end (weights, AdamW state and EMA unless offloaded,
+ * working copy, gradients, inputs) from g alone: the cheapest lower bound of its total_bytes */
+size_t plan_persistent_bytes(const struct graph *g, const struct plan_opts *opts);
 
 /* which of the host's blocks a nested plan's parameters are */
 enum plan_weights { PLAN_WEIGHTS_PARAMS = 0, PLAN_WEIGHTS_EMA = 1 };
@@ -178,12 +205,13 @@ enum plan_weights { PLAN_WEIGHTS_PARAMS = 0, PLAN_WEIGHTS_EMA = 1 };
  * one reservation. g's parameters are not copied: each is bound to the same-named parameter of
  * host_g in host's weight or EMA block (every one must exist there with the same shape:
  * PLAN_ERR_GRAPH otherwise; a host without EMA and PLAN_WEIGHTS_EMA: PLAN_ERR_ARG). g's inputs,
- * workspace and arena are laid out from host->inputs_off on, over host's transient part (its
- * inputs, workspace and arena), which holds nothing between two steps. sub->total_bytes is the
- * end of the bytes sub touches; call plan_reserve_nested(host, sub) before host's exec_init so
- * that the reservation covers it (the larger of the two). Contract for the caller: a nested run
- * leaves host's inputs and arena overwritten, so host's inputs are uploaded again before its
- * next step (a training step uploads them anyway). */
+ * workspace and arena are laid out from host->transient_off on, over host's transient part (its
+ * working copy, gradients, inputs, workspace and arena), which holds nothing between two steps.
+ * sub->total_bytes is the end of the bytes sub touches; call plan_reserve_nested(host, sub)
+ * before host's exec_init so that the reservation covers it (the larger of the two). Contract
+ * for the caller: a nested run leaves host's gradients, inputs and arena overwritten, so it runs
+ * between steps only (never between the micro-batches of one), and host's inputs are uploaded
+ * again before its next step (a training step uploads them anyway). */
 int plan_make_nested(struct plan *sub, const struct graph *g, const struct backend *bk,
                      const struct plan_opts *opts, const struct plan *host,
                      const struct graph *host_g, enum plan_weights weights);
@@ -192,7 +220,7 @@ int plan_make_nested(struct plan *sub, const struct graph *g, const struct backe
  * otherwise), the same model built at another batch size (the uneven last micro-batch of an
  * effective batch). Its parameter gradients are host's gradient block (a step of sub accumulates
  * into what host's steps accumulated), its AdamW moments and EMA are host's; its inputs,
- * workspace and arena lie over host's transient part, as a nested plan's (the same contract:
+ * workspace and arena lie over host's inputs, workspace and arena (the same contract:
  * plan_reserve_nested(host, sub) before host's exec_init, exec_init_nested to run it, and
  * host's inputs are uploaded again before its next step). host must be a training plan
  * (PLAN_ERR_ARG otherwise). */
@@ -201,6 +229,8 @@ int plan_make_shared(struct plan *sub, const struct graph *g, const struct backe
                      const struct graph *host_g);
 /* host's reservation grown to hold sub too: total_bytes = max(host, sub). Before exec_init. */
 void plan_reserve_nested(struct plan *host, const struct plan *sub);
+/* the same for a nested plan ending at `end` bytes */
+void plan_reserve(struct plan *host, size_t end);
 
 void plan_free(struct plan *p);
 /* run op k of p (its op list, or the graph's) and the tensor behind id (a recomputed copy's

@@ -61,11 +61,13 @@ const char *planner_recompute_name(int recompute)
 void planner_strategy_text(const struct strategy *s, int batch, char *buf, size_t n)
 {
     int m = s->micro_batch > 0 ? s->micro_batch : batch;
-    snprintf(buf, n, "%s, micro-batch %d%s, recompute %s, offload %s",
+    char grid[48] = "";
+    if (s->sample_batch > 0) snprintf(grid, sizeof grid, ", grid chunks of %d", s->sample_batch);
+    snprintf(buf, n, "%s, micro-batch %d%s, recompute %s, offload %s%s",
              planner_precision_name(s->precision), m,
              m < batch ? (batch % m ? " (uneven last)" : "") : " (the whole batch)",
              planner_recompute_name(s->recompute),
-             s->offload < 0 ? "auto" : s->offload ? "on" : "off");
+             s->offload < 0 ? "auto" : s->offload ? "on" : "off", grid);
 }
 
 static void fmt_bytes(char *buf, size_t n, size_t b)
@@ -107,27 +109,19 @@ static int micro_values(int want, int batch, int *out)
     return n;
 }
 
-static int is_half(const struct strategy *s) { return s->precision != STRATEGY_PRECISION_F32; }
-
-/* fp32 before 16-bit, then by predicted time (a stable sort keeps enumeration order on ties) */
-static int cand_before(const struct planner_candidate *a, const struct planner_candidate *b)
-{
-    if (is_half(&a->strategy) != is_half(&b->strategy)) return !is_half(&a->strategy);
-    return a->predicted_s < b->predicted_s;
-}
-
 static int plan_candidate(const struct planner_target *t, struct planner_candidate *c,
                           const struct graph *g, size_t budget, const struct cost_model *m,
                           int batch)
 {
     struct plan p;
     memset(&p, 0, sizeof p);
-    if (t->plan(t->ctx, &c->strategy, g, &p)) {
+    if (t->plan(t->ctx, &c->strategy, g, budget, &p)) {
         plan_free(&p);
         c->failed = 1;
         return -1;
     }
     c->planned = 1;
+    c->strategy.sample_batch = p.strategy.sample_batch;
     memcpy(c->parts, p.parts, sizeof c->parts);
     c->device_bytes = p.total_bytes;
     c->host_bytes = p.host_bytes;
@@ -135,6 +129,24 @@ static int plan_candidate(const struct planner_target *t, struct planner_candida
     c->predicted_s = cost_predict_step_seconds(m, &p, g, batch);
     plan_free(&p);
     return 0;
+}
+
+/* c's lower bound one level tighter (*level: 0 none yet, 1 cheap, 2 as tight as the target
+ * bounds); without t->bound the level goes to 2 with no bound */
+static void bound_candidate(const struct planner_target *t, struct planner_candidate *c,
+                            const struct graph *g, int *level)
+{
+    size_t b = 0;
+    if (!t->bound) {
+        *level = 2;
+        return;
+    }
+    if (t->bound(t->ctx, &c->strategy, g, *level >= 1, &b)) {
+        c->failed = 1;
+        return;
+    }
+    if (b > c->bound_bytes) c->bound_bytes = b;
+    (*level)++;
 }
 
 int planner_search(const struct strategy *want, int batch, size_t budget,
@@ -150,7 +162,7 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
     }
     int prec[8], rec[8], off[4], *micro = malloc((size_t)batch * sizeof *micro + sizeof *micro);
     struct graph *graphs = NULL;
-    int *graph_of = NULL, rc = PLANNER_ERR_NOMEM;
+    int *graph_of = NULL, *level = NULL, rc = PLANNER_ERR_NOMEM;
     if (!micro) return PLANNER_ERR_NOMEM;
     int np = field_values(want->precision, STRATEGY_PRECISION_AUTO, avail_precision,
                           N_OF(avail_precision), prec);
@@ -177,66 +189,96 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
         goto out;
     }
 
-    /* one graph per (precision, micro-batch): recomputation and offload share it */
-    int ng = np * nm, nc = ng * nr * no;
+    /* one graph per (precision, micro-batch): recomputation and offload share it. The fp32
+     * candidates first: the 16-bit ones are built only when no fp32 one fits (or plan_all) */
+    int ng = np * nm, nc = ng * nr * no, built = 0;
     graphs = calloc((size_t)ng, sizeof *graphs);
     r->cand = calloc((size_t)nc + 1, sizeof *r->cand);
     graph_of = calloc((size_t)nc + 1, sizeof *graph_of);
-    if (!graphs || !r->cand || !graph_of) goto out;
+    level = calloc((size_t)nc + 1, sizeof *level);
+    if (!graphs || !r->cand || !graph_of || !level) goto out;
     for (int i = 0; i < ng; i++) graph_init(&graphs[i]);
-    int built = 0;
-    for (int ip = 0; ip < np; ip++)
-        for (int im = 0; im < nm; im++) {
-            int gi = ip * nm + im;
-            struct strategy s = *want;
-            s.precision = prec[ip];
-            s.micro_batch = micro[im];
-            s.recompute = rec[0];
-            s.offload = off[0];
-            int ok = t->build(t->ctx, &s, &graphs[gi]) == 0;
-            built += ok;
-            for (int ir = 0; ir < nr; ir++)
-                for (int io = 0; io < no; io++) {
-                    struct planner_candidate *c = &r->cand[r->n_cand];
-                    c->strategy = s;
-                    c->strategy.recompute = rec[ir];
-                    c->strategy.offload = off[io];
-                    c->failed = !ok;
-                    c->predicted_s = ok ? cost_predict_graph_seconds(m, &graphs[gi], &c->strategy,
-                                                                     batch)
-                                        : 0;
-                    graph_of[r->n_cand++] = gi;
-                }
+    for (int half = 0; half <= 1 && (r->chosen < 0 || plan_all); half++) {
+        int first = r->n_cand;
+        for (int ip = 0; ip < np; ip++) {
+            if ((prec[ip] != STRATEGY_PRECISION_F32) != half) continue;
+            for (int im = 0; im < nm; im++) {
+                int gi = ip * nm + im;
+                struct strategy s = *want;
+                s.precision = prec[ip];
+                s.micro_batch = micro[im];
+                s.recompute = rec[0];
+                s.offload = off[0];
+                int ok = t->build(t->ctx, &s, &graphs[gi]) == 0;
+                built += ok;
+                for (int ir = 0; ir < nr; ir++)
+                    for (int io = 0; io < no; io++) {
+                        struct planner_candidate *c = &r->cand[r->n_cand];
+                        c->strategy = s;
+                        c->strategy.recompute = rec[ir];
+                        c->strategy.offload = off[io];
+                        c->failed = !ok;
+                        c->predicted_s =
+                            ok ? cost_predict_graph_seconds(m, &graphs[gi], &c->strategy, batch)
+                               : 0;
+                        graph_of[r->n_cand++] = gi;
+                    }
+            }
         }
+        /* insertion sort of the group by prediction (stable: enumeration order on ties) */
+        for (int i = first + 1; i < r->n_cand; i++) {
+            struct planner_candidate v = r->cand[i];
+            int vg = graph_of[i], j = i - 1;
+            while (j >= first && v.predicted_s < r->cand[j].predicted_s) {
+                r->cand[j + 1] = r->cand[j];
+                graph_of[j + 1] = graph_of[j];
+                j--;
+            }
+            r->cand[j + 1] = v;
+            graph_of[j + 1] = vg;
+        }
+        /* exactly, in order, until one fits (all of them when asked); one whose lower bound
+         * is over the budget cannot fit and is not planned */
+        for (int i = first; i < r->n_cand && (r->chosen < 0 || plan_all); i++) {
+            struct planner_candidate *c = &r->cand[i];
+            const struct graph *g = &graphs[graph_of[i]];
+            while (!plan_all && budget && !c->failed && level[i] < 2 &&
+                   (!c->bound_bytes || c->bound_bytes <= budget))
+                bound_candidate(t, c, g, &level[i]);
+            if (c->failed || (!plan_all && budget && c->bound_bytes > budget)) continue;
+            plan_candidate(t, c, g, budget, m, batch);
+            if (c->planned && c->fits && r->chosen < 0) r->chosen = i;
+        }
+    }
     if (!built) {
         snprintf(r->why, sizeof r->why, "no candidate's graph could be built");
         rc = PLANNER_ERR_BUILD;
         goto out;
     }
-    /* insertion sort (tens of candidates), graph_of along */
-    for (int i = 1; i < r->n_cand; i++) {
-        struct planner_candidate v = r->cand[i];
-        int vg = graph_of[i], j = i - 1;
-        while (j >= 0 && cand_before(&v, &r->cand[j])) {
-            r->cand[j + 1] = r->cand[j];
-            graph_of[j + 1] = graph_of[j];
-            j--;
+    /* nothing fits: the smallest plan. The candidate of the least bound is bounded tighter, or
+     * planned when its bound is as tight as it gets, until no bound is below the smallest plan
+     * made */
+    for (;;) {
+        r->smallest = -1;
+        for (int i = 0; i < r->n_cand; i++)
+            if (r->cand[i].planned &&
+                (r->smallest < 0 || r->cand[i].device_bytes < r->cand[r->smallest].device_bytes))
+                r->smallest = i;
+        if (r->chosen >= 0 || plan_all) break;
+        int next = -1;
+        for (int i = 0; i < r->n_cand; i++) {
+            const struct planner_candidate *c = &r->cand[i];
+            if (c->planned || c->failed ||
+                (r->smallest >= 0 && c->bound_bytes >= r->cand[r->smallest].device_bytes))
+                continue;
+            if (next < 0 || c->bound_bytes < r->cand[next].bound_bytes) next = i;
         }
-        r->cand[j + 1] = v;
-        graph_of[j + 1] = vg;
+        if (next < 0) break;
+        if (t->bound && level[next] < 2)
+            bound_candidate(t, &r->cand[next], &graphs[graph_of[next]], &level[next]);
+        else
+            plan_candidate(t, &r->cand[next], &graphs[graph_of[next]], budget, m, batch);
     }
-    /* exactly, in order, until one fits (all of them when asked, or when none fits) */
-    for (int i = 0; i < r->n_cand; i++) {
-        struct planner_candidate *c = &r->cand[i];
-        if (r->chosen >= 0 && !plan_all) break;
-        if (c->failed) continue;
-        plan_candidate(t, c, &graphs[graph_of[i]], budget, m, batch);
-        if (c->planned && c->fits && r->chosen < 0) r->chosen = i;
-    }
-    for (int i = 0; i < r->n_cand; i++)
-        if (r->cand[i].planned &&
-            (r->smallest < 0 || r->cand[i].device_bytes < r->cand[r->smallest].device_bytes))
-            r->smallest = i;
     char b1[32], b2[32], s[160];
     if (r->chosen >= 0) {
         const struct planner_candidate *c = &r->cand[r->chosen];
@@ -273,6 +315,7 @@ out:
         for (int i = 0; i < np * nm; i++) graph_free(&graphs[i]);
     free(graphs);
     free(graph_of);
+    free(level);
     free(micro);
     if (rc == PLANNER_ERR_NOMEM) snprintf(r->why, sizeof r->why, "out of memory");
     return rc;

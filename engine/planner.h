@@ -1,7 +1,8 @@
 /* planner.h - the strategy search: given a job's effective batch, a strategy whose fields are
  * forced or AUTO, and a device budget, the fastest predicted plan that fits. Candidates are the
  * cross product of the strategies the engine can run today (planner_available), ordered by the
- * cost model's prediction; they are planned exactly in that order until one fits. The caller
+ * cost model's prediction; they are planned exactly in that order until one fits, a candidate
+ * whose cheap lower bound is already over the budget skipped unplanned. The caller
  * supplies how one candidate is built and planned (server/train.c: the job's graph at the
  * micro-batch and its plan with the nested sample grid), so the search, `ddpmd plan`, `ddpmd
  * train` and the server's admission agree to the byte.
@@ -21,14 +22,25 @@ struct planner_target {
     void *ctx;
     /* the training graph at micro-batch s->micro_batch with s's precision; 0 or -1 */
     int (*build)(void *ctx, const struct strategy *s, struct graph *g);
-    /* g's exact plan under s (the job's reservation: its nested parts included); 0 or -1 */
-    int (*plan)(void *ctx, const struct strategy *s, const struct graph *g, struct plan *p);
+    /* g's exact plan under s (the job's reservation: its nested parts included); 0 or -1.
+     * s->sample_batch 0 leaves the sample grid's chunk to the target: the largest whose plan
+     * fits budget (0: none), else the smallest; p->strategy.sample_batch says which. */
+    int (*plan)(void *ctx, const struct strategy *s, const struct graph *g, size_t budget,
+                struct plan *p);
+    /* A lower bound of plan's device bytes under s (the smallest sample grid chunk when s
+     * leaves it open), in a fraction of plan's time: tight 0 the cheapest (what persists),
+     * 1 a tighter one; 0 or -1. NULL: every candidate up to the chosen one is planned. */
+    int (*bound)(void *ctx, const struct strategy *s, const struct graph *g, int tight,
+                 size_t *bytes);
 };
 
 struct planner_candidate {
     struct strategy strategy;      /* resolved: no AUTO field */
     double predicted_s;            /* one effective-batch step (cost_predict_step_seconds) */
     int planned;                   /* the exact plan was made (bytes below are known) */
+    size_t bound_bytes;            /* a lower bound of device_bytes (planner_target.bound); 0:
+                                    * not bounded. A candidate bounded over the budget is not
+                                    * planned: it cannot fit. */
     int failed;                    /* building or planning it failed */
     struct plan_part_bytes parts[PLAN_PART_COUNT];
     size_t device_bytes, host_bytes;
@@ -36,11 +48,14 @@ struct planner_candidate {
 };
 
 struct planner_result {
-    struct planner_candidate *cand; /* ordered by predicted_s (fp32 first: see planner.c) */
+    struct planner_candidate *cand; /* the fp32 ones, then (only when none fits, or with
+                                     * plan_all) the 16-bit ones, each group ordered by
+                                     * predicted_s */
     int n_cand;
     int chosen;                    /* index into cand; -1 when nothing fits */
-    int smallest;                  /* the candidate with the fewest device bytes (all planned
-                                    * when nothing fits); -1 when none planned */
+    int smallest;                  /* the candidate with the fewest device bytes (when nothing
+                                    * fits, each one whose bound is below it was planned); -1
+                                    * when none planned */
     size_t budget;                 /* 0: none */
     char why[320];                 /* the reason for the choice, or for the failure */
 };
@@ -53,11 +68,12 @@ enum planner_status {
     PLANNER_ERR_NOMEM = 4,
 };
 
-/* Search. want: forced fields and AUTO ones (micro_batch 0 = auto; precision AUTO prefers fp32:
- * a 16-bit precision changes the numbers a job computes, so it is picked only when no fp32
- * candidate fits). budget 0: no limit. plan_all: plan every candidate exactly (`ddpmd plan`
- * prints them all); otherwise only until the first that fits. r is filled in every case and
- * freed with planner_result_free. */
+/* Search. want: forced fields and AUTO ones (micro_batch 0 = auto; sample_batch 0 = auto;
+ * precision AUTO prefers fp32: a 16-bit precision changes the numbers a job computes, so it is
+ * picked only when no fp32 candidate fits). budget 0: no limit. plan_all: plan every candidate
+ * exactly (`ddpmd plan --all`); otherwise in order until the first that fits, those bounded over
+ * the budget skipped, and when nothing fits, by bound, until the smallest is known. r is filled
+ * in every case and freed with planner_result_free. */
 int planner_search(const struct strategy *want, int batch, size_t budget,
                    const struct cost_model *m, const struct planner_target *t, int plan_all,
                    struct planner_result *r);
@@ -69,7 +85,8 @@ int planner_available(const struct strategy *s, int batch);
 /* "f32", "bf16", "f16" / "none", "attention", "resblock", "level" */
 const char *planner_precision_name(int precision);
 const char *planner_recompute_name(int recompute);
-/* "f32 micro-batch 8 recompute none offload off" */
+/* "f32, micro-batch 8 (the whole batch), recompute none, offload off" (and ", grid chunks of
+ * 4" when s->sample_batch is set) */
 void planner_strategy_text(const struct strategy *s, int batch, char *buf, size_t n);
 
 #endif

@@ -40,13 +40,17 @@ struct strategy {
     int offload;         /* -1 auto, 0 off, 1: AdamW moments, fp32 master weights and EMA in
                           * host memory, the optimizer on host threads */
     struct strategy_loss_scale loss_scale;
+    int sample_batch;    /* images per forward of a training job's sample grids, which run in
+                          * chunks of it (noise is drawn by image index: any chunking gives the
+                          * same images); 0 = auto: the search takes the largest that fits, at
+                          * most min(output.samples, 16) */
 };
 
 /* every field AUTO (micro_batch 0), loss scaling at its defaults */
 static inline struct strategy strategy_auto(void)
 {
     struct strategy s = {STRATEGY_PRECISION_AUTO, 0, STRATEGY_RECOMPUTE_AUTO, -1,
-                         {65536.0f, 2.0f, 0.5f, 2000}};
+                         {65536.0f, 2.0f, 0.5f, 2000}, 0};
     return s;
 }
 
@@ -54,7 +58,7 @@ static inline struct strategy strategy_auto(void)
 static inline struct strategy strategy_plain(int batch)
 {
     struct strategy s = {STRATEGY_PRECISION_F32, batch, STRATEGY_RECOMPUTE_NONE, 0,
-                         {65536.0f, 2.0f, 0.5f, 2000}};
+                         {65536.0f, 2.0f, 0.5f, 2000}, 0};
     return s;
 }
 

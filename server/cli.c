@@ -94,11 +94,13 @@ static void usage(FILE *f)
             "  export --diffusers DIR CHECKPOINT [--raw]\n"
             "         write config.json + diffusion_pytorch_model.safetensors (EMA weights) for\n"
             "         diffusers' UNet2DModel (ddpm preset)\n"
-            "  plan   SPEC.json [--vram-budget SIZE] [--json] [--device cpu|cuda:N]\n"
-            "         the planner's candidates for a spec (precision, micro-batch, recompute,\n"
-            "         offload: the ones the engine runs), bytes by part, predicted step time,\n"
-            "         whether each fits the budget (default: the spec's memory.vram_budget),\n"
-            "         the chosen one marked; exit 1 when none fits (the smallest budget named)\n"
+            "  plan   SPEC.json [--vram-budget SIZE] [--all] [--json] [--device cpu|cuda:N]\n"
+            "         the planner's search for a spec: its candidates (precision, micro-batch,\n"
+            "         recompute, offload: the ones the engine runs; the sample grid's chunk),\n"
+            "         predicted step time, bytes by part of those planned, a lower bound of\n"
+            "         those a bound ruled out, whether each fits the budget (default: the\n"
+            "         spec's memory.vram_budget), the chosen one marked; --all plans every\n"
+            "         candidate; exit 1 when none fits (the smallest budget named)\n"
             "  plan   [model options]  the memory plan of one plain training step\n"
             "  demo   train a small model for a few steps on generated images, print the loss\n"
             "  serve  [--listen HOST:PORT] [--data DIR] [--vram-budget cpu=SIZE] ... the REST\n"
@@ -382,12 +384,16 @@ static double now_s(void)
 
 static void mib(char *buf, size_t n, size_t b) { snprintf(buf, n, "%.1f", b / 1048576.0); }
 
-/* `ddpmd plan SPEC.json [--vram-budget SIZE] [--json]`: every candidate of the search */
+/* `ddpmd plan SPEC.json [--vram-budget SIZE] [--all] [--json]`: the search and its candidates */
 static int cmd_plan_spec(int argc, char **argv)
 {
     const char *path = NULL, *budget = NULL, *device = "cpu";
-    int json = 0;
+    int json = 0, all = 0;
     for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--all") == 0) {
+            all = 1;
+            continue;
+        }
         if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
             budget = argv[++i];
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
@@ -419,7 +425,7 @@ static int cmd_plan_spec(int argc, char **argv)
     struct planner_result r;
     char err[512];
     double t0 = now_s();
-    int rc = train_search(&spec, 1, &r, err, sizeof err);
+    int rc = train_search(&spec, all, &r, err, sizeof err);
     double ms = 1e3 * (now_s() - t0);
     if (json) {
         cJSON *o = train_search_json(&r, spec.batch);
@@ -448,23 +454,33 @@ static int cmd_plan_spec(int argc, char **argv)
                    "%.1f MiB there (context, library handles, modules: measured after the "
                    "warm-up)\n", device, dm.name, dm.cc_major, dm.cc_minor,
                    dm.total / 1048576.0, dm.free / 1048576.0, dm.process / 1048576.0);
-        printf("%d candidate%s (every one planned in %.0f ms), fastest predicted first:\n",
-               r.n_cand, r.n_cand == 1 ? "" : "s", ms);
-        printf("     %-9s %6s %-10s %-7s %11s %9s %10s  %s\n", "precision", "micro", "recompute",
-               "offload", "device MiB", "host MiB", "step s", "fits");
+        int planned = 0;
+        for (int i = 0; i < r.n_cand; i++) planned += r.cand[i].planned;
+        printf("%d candidate%s, %d planned (searched in %.0f ms), fastest predicted first%s:\n",
+               r.n_cand, r.n_cand == 1 ? "" : "s", planned, ms,
+               all || r.chosen < 0 ? "" : "; those after the chosen one are not planned");
+        printf("     %-9s %6s %-10s %-7s %4s %11s %9s %10s  %s\n", "precision", "micro",
+               "recompute", "offload", "grid", "device MiB", "host MiB", "step s", "fits");
         for (int i = 0; i < r.n_cand; i++) {
             const struct planner_candidate *c = &r.cand[i];
-            char d[32] = "-", h[32] = "-";
+            char d[32] = "-", h[32] = "-", grid[16] = "-";
             if (c->planned) {
                 mib(d, sizeof d, c->device_bytes);
                 mib(h, sizeof h, c->host_bytes);
+                snprintf(grid, sizeof grid, "%d", c->strategy.sample_batch);
+            } else if (c->bound_bytes) { /* a lower bound ruled it out */
+                d[0] = '>';
+                mib(d + 1, sizeof d - 1, c->bound_bytes);
             }
-            printf("  %s  %-9s %6d %-10s %-7s %11s %9s %10.3f  %s\n", i == r.chosen ? "*" : " ",
-                   planner_precision_name(c->strategy.precision),
+            printf("  %s  %-9s %6d %-10s %-7s %4s %11s %9s %10.3f  %s\n",
+                   i == r.chosen ? "*" : " ", planner_precision_name(c->strategy.precision),
                    c->strategy.micro_batch ? c->strategy.micro_batch : spec.batch,
                    planner_recompute_name(c->strategy.recompute),
-                   c->strategy.offload == 1 ? "on" : "off", d, h, c->predicted_s,
-                   c->failed ? "failed" : !c->planned ? "-" : c->fits ? "yes" : "no");
+                   c->strategy.offload == 1 ? "on" : "off", grid, d, h, c->predicted_s,
+                   c->failed                            ? "failed"
+                   : c->planned                         ? (c->fits ? "yes" : "no")
+                   : c->bound_bytes > (size_t)spec.vram_budget ? "no"
+                                                        : "-");
             if (c->planned) {
                 printf("       device MiB:");
                 for (int k = 0; k < PLAN_PART_COUNT; k++)

@@ -249,8 +249,16 @@ static int open_data(struct job *j, char *err, size_t errlen)
     return 0;
 }
 
-/* the batch of a job's sample grids: output.samples in chunks of at most 16 */
-static int grid_batch(const struct train_spec *s) { return s->samples < 16 ? s->samples : 16; }
+/* the most images one forward of a job's sample grid takes: output.samples, at most 16 */
+static int grid_cap(const struct train_spec *s) { return s->samples < 16 ? s->samples : 16; }
+
+/* the chunk a job's sample grids run in under st: st's sample_batch (at most grid_cap), or
+ * grid_cap when it leaves it open */
+static int grid_batch(const struct train_spec *s, const struct strategy *st)
+{
+    int cap = grid_cap(s);
+    return st->sample_batch > 0 && st->sample_batch < cap ? st->sample_batch : cap;
+}
 
 /* the samples of a strategy's micro-batch: its micro_batch, or the whole batch */
 static int micro_of(const struct train_spec *s, const struct strategy *st)
@@ -275,18 +283,27 @@ static int build_step_graph(const struct train_spec *s, const struct strategy *s
     return build_step_graph_n(s, st, 0, g, io, target);
 }
 
+/* the step's plan options under st: its micro-batch resolved */
+static struct plan_opts step_opts(const struct train_spec *s, const struct strategy *st,
+                                  struct plan_ws_cache *ws, int bound_only)
+{
+    struct plan_opts po = {.strategy = *st, .ws_cache = ws, .bound_only = bound_only};
+    po.strategy.micro_batch = micro_of(s, st);
+    return po;
+}
+
 /* g's plan under st, with the uneven last micro-batch when st's micro-batch does not divide
  * train.batch (rg built here, rp sharing p's persistent part: plan_make_shared) and the sample
- * grids, both nested in p (reserved there) */
+ * grids in chunks of grid_batch (sg, sp), both nested in p (reserved there) */
 static int plan_step(const struct train_spec *s, const struct strategy *st, const struct graph *g,
                      struct plan *p, struct graph *rg, struct unet_io *rio, int *rtarget,
                      struct plan *rp, struct graph *sg, struct unet_io *sio, struct plan *sp,
                      char *err, size_t errlen)
 {
     const struct backend *bk = backend_or_cpu(s->backend);
-    struct plan_opts po = {.strategy = *st};
-    int micro = micro_of(s, st), rest = s->batch % micro;
-    po.strategy.micro_batch = micro;
+    struct plan_opts po = step_opts(s, st, NULL, 0);
+    int rest = s->batch % po.strategy.micro_batch;
+    po.strategy.sample_batch = grid_batch(s, st);
     if (plan_make(p, g, bk, &po)) {
         snprintf(err, errlen, "cannot plan the training step");
         return -1;
@@ -305,7 +322,8 @@ static int plan_step(const struct train_spec *s, const struct strategy *st, cons
         plan_reserve_nested(p, rp);
     }
     graph_free(sg); /* sample_job_plan_nested initialises it again */
-    if (sample_job_plan_nested(&s->model, grid_batch(s), p, g, bk, sg, sio, sp, err, errlen))
+    if (sample_job_plan_nested(&s->model, grid_batch(s, st), p, g, bk, sg, sio, sp, err,
+                               errlen))
         return -1;
     plan_reserve_nested(p, sp);
     return 0;
@@ -332,6 +350,7 @@ int train_plans_make(struct train_plans *tp, const struct train_spec *s,
     graph_init(&tp->sg);
     tp->micro = micro_of(s, st);
     tp->rest = s->batch % tp->micro;
+    tp->grid = grid_batch(s, st);
     if (build_step_graph(s, st, &tp->g, &tp->io, &tp->target)) {
         snprintf(err, errlen, "cannot build the model: %s", tp->g.err);
         return -1;
@@ -340,30 +359,141 @@ int train_plans_make(struct train_plans *tp, const struct train_spec *s,
                      &tp->sio, &tp->sp, err, errlen);
 }
 
-static int search_build(void *ctx, const struct strategy *st, struct graph *g)
-{
-    struct unet_io io;
-    int target;
-    return build_step_graph(ctx, st, g, &io, &target);
-}
+/* The search's target (planner_target): a candidate is plan_step's plans, its bytes known
+ * without making the nested ones again and again. A nested plan's bytes past where it starts in
+ * its host (an uneven last micro-batch past the host's inputs, a sample grid past the host's
+ * transient part and, over an offloading host, its own copy of the weights) are the same
+ * whatever the host (plan_make_shared, plan_make_nested), so each is planned once per search;
+ * test_planner_search holds every candidate's bytes to train_plans_make's. */
+#define SEARCH_MAX_REST 64
+struct search_ctx {
+    const struct train_spec *s;
+    struct plan_ws_cache *ws;
+    size_t grid_own[17];                /* by chunk size; 0: not planned yet */
+    struct search_rest {
+        int precision, n, recompute;
+        size_t own;
+    } rest[SEARCH_MAX_REST];
+    int n_rest;
+};
 
-static int search_plan(void *ctx, const struct strategy *st, const struct graph *g, struct plan *p)
+/* the uneven last micro-batch's bytes past host's inputs */
+static int rest_own(struct search_ctx *c, const struct strategy *st, int n,
+                    const struct plan *host, const struct graph *host_g, size_t *own)
 {
-    struct graph sg, rg;
-    struct unet_io sio, rio;
-    struct plan sp, rp;
-    int rtarget;
-    char err[256];
-    graph_init(&sg);
-    graph_init(&rg);
-    memset(&sp, 0, sizeof sp);
+    for (int i = 0; i < c->n_rest; i++)
+        if (c->rest[i].precision == st->precision && c->rest[i].n == n &&
+            c->rest[i].recompute == st->recompute) {
+            *own = c->rest[i].own;
+            return 0;
+        }
+    struct graph rg;
+    struct unet_io rio;
+    struct plan rp;
+    int rtarget, rc = -1;
+    struct plan_opts po = step_opts(c->s, st, c->ws, 0);
+    po.strategy.micro_batch = n;
     memset(&rp, 0, sizeof rp);
-    int rc = plan_step(ctx, st, g, p, &rg, &rio, &rtarget, &rp, &sg, &sio, &sp, err, sizeof err);
-    plan_free(&sp);
+    if (!build_step_graph_n(c->s, st, n, &rg, &rio, &rtarget) &&
+        !plan_make_shared(&rp, &rg, backend_or_cpu(c->s->backend), &po, host, host_g)) {
+        *own = rp.total_bytes - host->inputs_off;
+        if (c->n_rest < SEARCH_MAX_REST)
+            c->rest[c->n_rest++] = (struct search_rest){st->precision, n, st->recompute, *own};
+        rc = 0;
+    }
     plan_free(&rp);
-    graph_free(&sg);
     graph_free(&rg);
     return rc;
+}
+
+/* a sample grid's bytes past host's transient part and its own weights, in chunks of b */
+static int grid_own(struct search_ctx *c, int b, const struct plan *host,
+                    const struct graph *host_g, size_t *own)
+{
+    if (c->grid_own[b]) {
+        *own = c->grid_own[b];
+        return 0;
+    }
+    struct graph sg;
+    struct unet_io sio;
+    struct plan sp;
+    char err[256];
+    int rc = sample_job_plan_nested(&c->s->model, b, host, host_g,
+                                    backend_or_cpu(c->s->backend), &sg, &sio, &sp, err,
+                                    sizeof err);
+    if (!rc) {
+        *own = c->grid_own[b] = sp.total_bytes - host->transient_off -
+                                (sp.weights_from_host ? sp.params_bytes : 0);
+    }
+    plan_free(&sp);
+    graph_free(&sg);
+    return rc ? -1 : 0;
+}
+
+/* where p's nested plans end: its uneven last micro-batch (left out of a bound: smaller than
+ * the step, it seldom ends later, and a bound without it is still a lower bound) and a grid in
+ * chunks of b */
+static int search_end(struct search_ctx *c, const struct strategy *st, const struct graph *g,
+                      const struct plan *p, int bound, int b, size_t *end)
+{
+    size_t own, e = 0;
+    int micro = micro_of(c->s, st), rest = c->s->batch % micro;
+    if (rest && !bound) {
+        if (rest_own(c, st, rest, p, g, &own)) return -1;
+        if (p->inputs_off + own > e) e = p->inputs_off + own;
+    }
+    if (grid_own(c, b, p, g, &own)) return -1;
+    own += p->transient_off + (p->offload ? p->params_bytes : 0);
+    *end = own > e ? own : e;
+    return 0;
+}
+
+static int search_build(void *ctx, const struct strategy *st, struct graph *g)
+{
+    struct search_ctx *c = ctx;
+    struct unet_io io;
+    int target;
+    return build_step_graph(c->s, st, g, &io, &target);
+}
+
+static int search_plan(void *ctx, const struct strategy *st, const struct graph *g,
+                       size_t budget, struct plan *p)
+{
+    struct search_ctx *c = ctx;
+    struct plan_opts po = step_opts(c->s, st, c->ws, 0);
+    if (plan_make(p, g, backend_or_cpu(c->s->backend), &po)) return -1;
+    /* the largest chunk that fits (halving), or the forced one */
+    int b = grid_batch(c->s, st);
+    size_t end;
+    for (;;) {
+        if (search_end(c, st, g, p, 0, b, &end)) return -1;
+        if (st->sample_batch > 0 || !budget || (end <= budget && p->total_bytes <= budget) ||
+            b == 1)
+            break;
+        b = (b + 1) / 2;
+    }
+    p->strategy.sample_batch = b;
+    plan_reserve(p, end);
+    return 0;
+}
+
+static int search_bound(void *ctx, const struct strategy *st, const struct graph *g, int tight,
+                        size_t *bytes)
+{
+    struct search_ctx *c = ctx;
+    struct plan_opts po = step_opts(c->s, st, c->ws, 1);
+    if (!tight) {
+        *bytes = plan_persistent_bytes(g, &po);
+        return 0;
+    }
+    struct plan p;
+    size_t end = 0;
+    int rc = plan_make(&p, g, backend_or_cpu(c->s->backend), &po) ||
+             search_end(c, st, g, &p, 1, st->sample_batch > 0 ? grid_batch(c->s, st) : 1,
+                        &end);
+    *bytes = p.total_bytes > end ? p.total_bytes : end;
+    plan_free(&p);
+    return rc ? -1 : 0;
 }
 
 int train_cost_model(struct cost_model *m, char *err, size_t errlen)
@@ -400,8 +530,18 @@ int train_search(const struct train_spec *s, int plan_all, struct planner_result
     memset(r, 0, sizeof *r);
     r->chosen = r->smallest = -1;
     if (train_cost_model(&m, err, errlen)) return -1;
-    struct planner_target t = {(void *)s, search_build, search_plan};
+    struct search_ctx *c = calloc(1, sizeof *c);
+    if (c) c->ws = plan_ws_cache_new();
+    if (!c || !c->ws) {
+        if (c) free(c);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    c->s = s;
+    struct planner_target t = {c, search_build, search_plan, search_bound};
     int rc = planner_search(&s->strategy, s->batch, (size_t)s->vram_budget, &m, &t, plan_all, r);
+    plan_ws_cache_free(c->ws);
+    free(c);
     if (rc) {
         snprintf(err, errlen, "%s", r->why);
         return -1;
@@ -448,8 +588,11 @@ cJSON *train_search_json(const struct planner_result *r, int batch)
                                 c->strategy.micro_batch ? c->strategy.micro_batch : batch);
         cJSON_AddStringToObject(j, "recompute", planner_recompute_name(c->strategy.recompute));
         cJSON_AddStringToObject(j, "offload", c->strategy.offload == 1 ? "on" : "off");
+        if (c->planned) cJSON_AddNumberToObject(j, "sample_batch", c->strategy.sample_batch);
         cJSON_AddNumberToObject(j, "predicted_step_seconds", c->predicted_s);
         cJSON_AddBoolToObject(j, "planned", c->planned);
+        if (!c->planned && c->bound_bytes)
+            cJSON_AddNumberToObject(j, "bound_bytes", (double)c->bound_bytes);
         if (c->planned) cJSON_AddItemToObject(j, "bytes",
                                               train_parts_json(c->parts, c->device_bytes,
                                                                c->host_bytes));
@@ -904,7 +1047,7 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
     /* the nested executor reads the EMA in place (with offload: a copy uploaded from the host
      * block), and the next training step uploads its own inputs again (the grid overwrote
      * them) */
-    sample_job_bind_nested(&sj, &j->tp.sg, &j->tp.sio, &j->tp.sp, j->se, grid_batch(s),
+    sample_job_bind_nested(&sj, &j->tp.sg, &j->tp.sio, &j->tp.sp, j->se, j->tp.grid,
                            &s->model);
     /* with offload the EMA is in host memory: the grid's weights are uploaded from it first */
     if (exec_nested_sync(j->se)) {

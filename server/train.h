@@ -87,6 +87,8 @@ int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, 
  * plan_make_shared) and the sample grid (sg, sp: plan_make_nested over p's EMA). */
 struct train_plans {
     int micro;                  /* samples per micro-batch (train.batch without micro-batches) */
+    int grid;                   /* images per forward of the sample grids (strategy.sample_batch,
+                                 * or min(output.samples, 16)) */
     int rest;                   /* samples of the uneven last micro-batch; 0 when micro divides */
     struct graph g, rg, sg;
     struct unet_io io, rio, sio;
@@ -116,8 +118,9 @@ int train_search(const struct train_spec *s, int plan_all, struct planner_result
  * "host_bytes"} (part names: plan_part_name); NULL when out of memory */
 cJSON *train_parts_json(const struct plan_part_bytes *parts, size_t device, size_t host);
 /* a search's candidates as JSON (`ddpmd plan --json`, the server): batch, vram_budget,
- * candidates [{precision, micro_batch, recompute, offload, predicted_step_seconds, planned,
- * bytes, fits, failed, chosen}], chosen (index or null), why */
+ * candidates [{precision, micro_batch, recompute, offload, sample_batch (planned ones: the
+ * grid's chunk), predicted_step_seconds, planned, bound_bytes (unplanned ones a lower bound
+ * ruled out), bytes, fits, failed, chosen}], chosen (index or null), why */
 cJSON *train_search_json(const struct planner_result *r, int batch);
 /* the cost model: bench/calibrate's file named by $DDPMD_COST_MODEL, else the defaults */
 int train_cost_model(struct cost_model *m, char *err, size_t errlen);

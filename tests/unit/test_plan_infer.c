@@ -221,9 +221,13 @@ static void nested_sampling(const struct unet_config *m, const struct ddpm_sched
     /* the case that matters: sampling needs more than the step's transient part */
     CHECK(sp.total_bytes > train_only, "nested plan ends at %zu, the training plan at %zu",
           sp.total_bytes, train_only);
-    CHECK(sp.nested && sp.inference && sp.params_off == tp.ema_off && sp.inputs_off == tp.inputs_off,
-          "nested layout: params at %zu (ema %zu), inputs at %zu (%zu)", sp.params_off,
-          tp.ema_off, sp.inputs_off, tp.inputs_off);
+    /* the grid's own bytes start where the host's transient part does: its gradients (f32: no
+     * working copy), dead between two steps */
+    CHECK(sp.nested && sp.inference && sp.params_off == tp.ema_off &&
+              sp.inputs_off == tp.transient_off && tp.transient_off == tp.grads_off &&
+              tp.grads_off + tp.grads_bytes == tp.inputs_off,
+          "nested layout: params at %zu (ema %zu), inputs at %zu (transient part %zu, grads "
+          "%zu)", sp.params_off, tp.ema_off, sp.inputs_off, tp.transient_off, tp.grads_off);
     /* one reservation, unreserved: the nested exec refuses rather than reach past it */
     const struct backend *cb = counting_backend();
     struct exec *host = NULL, *sub = NULL, *solo = NULL;

@@ -2,8 +2,10 @@
  * server's admission call it: with no budget and with a budget of exactly the plan's bytes the
  * chosen candidate is planned and its bytes are the job's reservation (train_plan) to the byte;
  * one byte less and nothing fits, the error naming the smallest budget that would fit and its
- * plan; every candidate is one the engine runs (planner_available), a forced strategy it cannot
- * run is refused by name, and the 16-bit precisions come after every fp32 candidate.
+ * plan, every candidate planned or bounded above it; every candidate's bytes are its job's plan's
+ * and every bound below them; a budget too small for the full sample grid takes a smaller chunk;
+ * every candidate is one the engine runs (planner_available), a forced strategy it cannot run is
+ * refused by name, and the 16-bit precisions come after every fp32 candidate.
  */
 #include <stdio.h>
 #include <string.h>
@@ -21,6 +23,89 @@ static void small_spec(struct train_spec *s)
     s->model.time_dim = 32;
     s->batch = 4;
     s->samples = 4;
+}
+
+/* Every candidate's bytes in the search (plan_all) are the job's plan's (train_plans_make under
+ * its strategy) to the byte, its sample grid chunk the job's; plan_persistent_bytes is that
+ * plan's bytes up to its inputs' end; and every lower bound the search uses (a search under a
+ * budget nothing fits bounds them all) is at most the exact bytes. */
+static void exact_bytes(const struct train_spec *base)
+{
+    struct train_spec s = *base;
+    struct planner_result all, tight;
+    char err[512];
+    s.vram_budget = 0;
+    CHECK(train_search(&s, 1, &all, err, sizeof err) == 0, "plan_all: %s", err);
+    s.vram_budget = 1 << 20;
+    train_search(&s, 0, &tight, err, sizeof err);
+    int checked = 0, bounded = 0;
+    for (int i = 0; i < all.n_cand; i++) {
+        const struct planner_candidate *c = &all.cand[i];
+        if (!c->planned) continue;
+        struct train_plans tp;
+        int rc = train_plans_make(&tp, &s, &c->strategy, err, sizeof err);
+        char what[200];
+        planner_strategy_text(&c->strategy, s.batch, what, sizeof what);
+        CHECK(rc == 0 && tp.p.total_bytes == c->device_bytes && tp.p.host_bytes == c->host_bytes &&
+                  !memcmp(tp.p.parts, c->parts, sizeof c->parts) &&
+                  tp.grid == c->strategy.sample_batch,
+              "%s: the search says %zu device bytes (grid %d), the job's plan %zu (grid %d): %s",
+              what, c->device_bytes, c->strategy.sample_batch, tp.p.total_bytes, tp.grid, err);
+        struct plan_opts po = {.strategy = tp.p.strategy};
+        CHECK(rc || plan_persistent_bytes(&tp.g, &po) == tp.p.inputs_off + tp.p.inputs_bytes,
+              "%s: persistent bytes %zu, the plan's inputs end at %zu", what,
+              rc ? 0 : plan_persistent_bytes(&tp.g, &po), tp.p.inputs_off + tp.p.inputs_bytes);
+        for (int k = 0; k < tight.n_cand; k++) {
+            const struct planner_candidate *b = &tight.cand[k];
+            if (b->strategy.precision != c->strategy.precision ||
+                b->strategy.micro_batch != c->strategy.micro_batch ||
+                b->strategy.recompute != c->strategy.recompute ||
+                b->strategy.offload != c->strategy.offload || !b->bound_bytes)
+                continue;
+            bounded++;
+            CHECK(b->bound_bytes <= c->device_bytes, "%s: bound %zu over the exact %zu bytes",
+                  what, b->bound_bytes, c->device_bytes);
+        }
+        checked++;
+        train_plans_free(&tp);
+    }
+    CHECK(checked == all.n_cand && bounded > 0, "%d of %d candidates checked, %d bounds", checked,
+          all.n_cand, bounded);
+    planner_result_free(&all);
+    planner_result_free(&tight);
+}
+
+/* A budget the step fits but not the grid at its full chunk: the search takes a smaller chunk
+ * that fits, and the job runs its grids in it */
+static void grid_chunks(const struct train_spec *base)
+{
+    struct train_spec s = *base;
+    char err[512];
+    s.samples = 16;
+    s.batch = 1; /* a step smaller than a grid of 16 */
+    s.strategy = strategy_plain(s.batch);
+    s.strategy.offload = 1; /* the grid's own weights: the grid is the larger part */
+    struct train_plans full, one;
+    struct strategy st = s.strategy;
+    st.sample_batch = 1;
+    CHECK(train_plans_make(&full, &s, &s.strategy, err, sizeof err) == 0 &&
+              train_plans_make(&one, &s, &st, err, sizeof err) == 0,
+          "plans: %s", err);
+    CHECK(full.grid == 16 && one.grid == 1 && full.p.total_bytes > one.p.total_bytes,
+          "grids of 16 and 1: %zu and %zu bytes", full.p.total_bytes, one.p.total_bytes);
+    s.vram_budget = (int64_t)full.p.total_bytes - 1;
+    struct planner_result r;
+    CHECK(train_search(&s, 0, &r, err, sizeof err) == 0 && r.chosen >= 0, "search: %s", err);
+    if (r.chosen >= 0) {
+        const struct planner_candidate *c = &r.cand[r.chosen];
+        CHECK(c->strategy.sample_batch >= 1 && c->strategy.sample_batch < 16 &&
+                  c->device_bytes <= (size_t)s.vram_budget,
+              "one byte under the grid of 16: chunk %d, %zu bytes", c->strategy.sample_batch,
+              c->device_bytes);
+    }
+    planner_result_free(&r);
+    train_plans_free(&full);
+    train_plans_free(&one);
 }
 
 int main(void)
@@ -92,13 +177,17 @@ int main(void)
     CHECK(nofit == -1 && r.chosen < 0 && r.smallest >= 0 && strstr(err, "no plan fits") &&
               strstr(err, want) && r.cand[r.smallest].device_bytes > (size_t)s.vram_budget,
           "1 MiB: '%s' should name %s", err, want);
-    for (int i = 0; i < r.n_cand; i++) {
-        CHECK(r.cand[i].planned || r.cand[i].failed,
-              "nothing fits, yet candidate %d was not planned (the smallest is unknown)", i);
-        CHECK(!r.cand[i].planned || r.cand[i].device_bytes >= r.cand[r.smallest].device_bytes,
+    for (int i = 0; i < r.n_cand && r.smallest >= 0; i++) {
+        const struct planner_candidate *c = &r.cand[i];
+        CHECK(c->planned || c->failed || c->bound_bytes >= r.cand[r.smallest].device_bytes,
+              "nothing fits, yet candidate %d was neither planned nor bounded above the smallest "
+              "(the smallest is unknown)", i);
+        CHECK(!c->planned || c->device_bytes >= r.cand[r.smallest].device_bytes,
               "candidate %d is smaller than the one named smallest", i);
     }
     planner_result_free(&r);
+    exact_bytes(&s);
+    grid_chunks(&s);
 
     /* a train_plan_job under that budget fails the same way (the job ends before allocating) */
     struct graph sg;
