@@ -1,50 +1,90 @@
 /* calibrate.c - measures the cost model's constants on this machine (bench/, not a test) and
- * writes them in cost_model_parse's format: per op class, seconds = work x per_unit + per_op
- * from the per-op seconds of profiled training steps over several model sizes; the optimizer's seconds per parameter; host copies and 16-bit conversions per byte.
- *   calibrate [--threads N] [--out FILE]     (default: stdout)
- * ddpmd reads the file from --cost-model FILE or $DDPMD_COST_MODEL (server/costfile.c).
+ * writes them in cost_model_parse's format: per op class, seconds = work x per_unit + per_op,
+ * fitted to the class's seconds per step over profiled training steps of several models and
+ * batch sizes; the optimizer's seconds per parameter; host copies and 16-bit conversions per
+ * byte. Times are the CPU seconds of the thread that runs the steps (EXEC_PROFILE_CPU): with
+ * OMP_WAIT_POLICY=passive (set here, re-executing itself, unless the environment names a
+ * policy) that is the time the step takes on an idle machine, however busy this one is.
+ *   calibrate [--threads N] [--out FILE]     (default: stdout; the fit's residuals on stderr)
+ * run from the repository's root: the models are those of the example specs (examples/).
+ * ddpmd reads the file from $DDPMD_COST_MODEL (server/train.c train_cost_model).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cost.h"
 #include "exec.h"
 #include "init.h"
 #include "plan.h"
+#include "spec.h"
 #include "unet.h"
 
 const struct backend *backend_cpu(void);
 
-static double now_s(void)
+static double thread_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* sums for a least-squares line per class */
-struct fit {
-    double n, sx, sy, ymin;
+/* one profiled model: per class its work and ops per step, and the least seconds a step spent
+ * in the class */
+struct sample {
+    double x[COST_CLASS_COUNT], n[COST_CLASS_COUNT], y[COST_CLASS_COUNT];
+    double optim_s, params, step_s;
+    struct unet_config cfg;
+    int batch;
+    const char *what;
 };
 
-static int profile_model(const struct unet_config *c, int batch, int threads, int steps,
-                         struct fit *fit, double *optim_s, double *optim_params)
+#define MAX_SAMPLES 16
+static struct sample samples[MAX_SAMPLES];
+static int n_samples;
+
+/* the model of the example spec at path (examples/, read from the repository's root), at image
+ * size `image` (0: the spec's) */
+static int config_of(struct unet_config *c, const char *path, int image)
 {
+    struct train_spec s;
+    struct spec_errors E;
+    if (spec_load_file(path, &s, &E)) {
+        spec_errors_print(&E, path);
+        return -1;
+    }
+    *c = s.model;
+    if (image) c->image_size = image;
+    return 0;
+}
+
+static int profile_model(const char *what, const char *spec, int image, int batch, int recompute,
+                         int threads, int steps)
+{
+    struct sample *sm = &samples[n_samples];
     struct graph g;
     struct unet_io io;
     int target, rc = -1;
     struct plan p;
     struct exec *e = NULL;
     float *h = NULL;
+    double *opmin = NULL;
+    memset(sm, 0, sizeof *sm);
+    if (config_of(&sm->cfg, spec, image)) return -1;
+    sm->batch = batch;
+    sm->what = what;
     graph_init(&g);
     memset(&p, 0, sizeof p);
-    if (unet_build_training(&g, c, batch, &io, &target, NULL) ||
-        plan_make(&p, &g, backend_cpu(), NULL))
+    struct plan_opts po = {.strategy = strategy_plain(batch)};
+    po.strategy.recompute = recompute;
+    if (unet_build_training(&g, &sm->cfg, batch, &io, &target, NULL) ||
+        plan_make(&p, &g, backend_cpu(), &po))
         goto out;
-    struct exec_opts eo = {.threads = threads, .profile = 1};
+    struct exec_opts eo = {.threads = threads, .profile = EXEC_PROFILE_CPU};
     if (exec_init(&e, &g, &p, backend_cpu(), &eo)) goto out;
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
@@ -56,41 +96,96 @@ static int profile_model(const struct unet_config *c, int batch, int threads, in
             init_param(t, 1, h);
             exec_upload(e, i, h);
         } else if (t->kind == TENSOR_INPUT) {
-            for (size_t k = 0; k < t->numel; k++) h[k] = (float)((k * 2654435761u) % 1000) / 1000.f;
+            for (size_t k = 0; k < t->numel; k++)
+                h[k] = i == io.t ? (float)(k * 37 % 1000)
+                                 : (float)((k * 2654435761u) % 1000) / 500.f - 1.f;
             exec_upload(e, i, h);
         }
     }
     exec_reset_state(e);
     struct optim_config oc = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .clip = 1.0f, .ema_decay = 0.999f, .total_steps = 100};
+    for (int i = 0; i < p.n_run_ops; i++) { /* a recomputed forward op runs twice */
+        int k = p.op_src ? p.op_src[i] : i;
+        enum cost_class c = cost_class_of(g.ops[k].type);
+        sm->x[c] += cost_op_work(&g, k);
+        sm->n[c] += 1;
+    }
+    /* step 0 warms caches and oneDNN's primitives; then each op's least seconds over the steps
+     * (a busy machine only ever adds: an op whose peer thread was descheduled may have been
+     * run by this one alone) */
+    if (!(opmin = malloc((size_t)g.n_ops * sizeof *opmin + 1))) goto out;
     for (int s = 0; s <= steps; s++) {
-        if (s == 1) exec_profile_reset(e); /* step 0 warms caches and oneDNN primitives */
+        exec_profile_reset(e);
         float loss, norm;
         if (exec_forward_backward(e, 1, 1.0f, 1, (uint64_t)s, 0, &loss) ||
             exec_optimizer_step(e, &oc, s + 1, 1e-4f, &norm))
             goto out;
+        if (s == 0) continue;
+        const struct exec_profile *pr = exec_get_profile(e);
+        for (int k = 0; k < g.n_ops; k++)
+            if (s == 1 || pr->op_seconds[k] < opmin[k]) opmin[k] = pr->op_seconds[k];
+        if (s == 1 || pr->optim_seconds < sm->optim_s) sm->optim_s = pr->optim_seconds;
     }
-    const struct exec_profile *pr = exec_get_profile(e);
+    sm->step_s = sm->optim_s;
     for (int k = 0; k < g.n_ops; k++) {
-        struct fit *f = &fit[cost_class_of(g.ops[k].type)];
-        double x = cost_op_work(&g, k), y = pr->op_seconds[k] / steps;
-        if (f->n == 0 || y < f->ymin) f->ymin = y;
-        f->n += 1;
-        f->sx += x;
-        f->sy += y;
+        sm->y[cost_class_of(g.ops[k].type)] += opmin[k];
+        sm->step_s += opmin[k];
+        if (getenv("CALIBRATE_OPS") &&
+            (int)cost_class_of(g.ops[k].type) == atoi(getenv("CALIBRATE_OPS")))
+            fprintf(stderr, "  op %4d %-22s work %10.3g  %9.6f s  %6.2f G/s\n", k,
+                    op_name(g.ops[k].type), cost_op_work(&g, k), opmin[k],
+                    cost_op_work(&g, k) / opmin[k] * 1e-9);
     }
-    *optim_s += pr->optim_seconds / steps;
-    *optim_params += (double)g.param_numel;
+    sm->params = (double)g.param_numel;
+    n_samples++;
+    fprintf(stderr, "calibrate: %-22s %8.4f s/step (thread CPU)\n", what, sm->step_s);
     rc = 0;
 out:
     free(h);
+    free(opmin);
     exec_free(e);
     plan_free(&p);
     graph_free(&g);
     return rc;
 }
 
-/* seconds per byte of a copy between two separate allocations, and of fp32 -> bf16 -> fp32 */
+/* a, b >= 0 minimising sum_i ((a x_i + b n_i - y_i) / y_i)^2 over the samples of class c: every
+ * model's class total in relative error, so small models count as much as large ones */
+static void fit_class(int c, double *a, double *b)
+{
+    double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
+    for (int i = 0; i < n_samples; i++) {
+        const struct sample *s = &samples[i];
+        if (s->y[c] <= 0 || s->n[c] <= 0) continue;
+        double u = s->x[c] / s->y[c], v = s->n[c] / s->y[c];
+        uu += u * u;
+        uv += u * v;
+        vv += v * v;
+        u1 += u;
+        v1 += v;
+    }
+    double det = uu * vv - uv * uv;
+    *a = *b = 0;
+    if (det > 0) {
+        *a = (u1 * vv - v1 * uv) / det;
+        *b = (v1 * uu - u1 * uv) / det;
+    }
+    if (det > 0 && *a >= 0 && *b >= 0) return;
+    /* one of the two at zero: whichever leaves the smaller residual */
+    double a0 = uu > 0 ? u1 / uu : 0, b0 = vv > 0 ? v1 / vv : 0;
+    double ra = n_samples - a0 * u1, rb = n_samples - b0 * v1; /* sum (a u - 1)^2 at the optimum */
+    if (uu > 0 && (ra <= rb || vv == 0)) {
+        *a = a0;
+        *b = 0;
+    } else {
+        *a = 0;
+        *b = b0;
+    }
+}
+
+/* seconds per byte of a copy between two separate allocations, and of one fp32 <-> bf16
+ * conversion (per fp32 byte), on this thread's CPU clock */
 static void copy_rates(double *copy, double *convert, int threads)
 {
     const struct backend *bk = backend_cpu();
@@ -102,16 +197,24 @@ static void copy_rates(double *copy, double *convert, int threads)
     if (!a || !b || !hb || bk->ctx_init(&ctx, threads)) goto out;
     for (size_t i = 0; i < n; i++) a[i] = (float)i;
     memcpy(b, a, n * sizeof *a);
-    double t0 = now_s();
-    for (int r = 0; r < 4; r++) bk->mem_upload(b, a, n * sizeof *a, ctx);
-    *copy = (now_s() - t0) / (4.0 * n * sizeof *a);
+    double best = INFINITY;
+    for (int r = 0; r < 4; r++) {
+        double t0 = thread_s();
+        bk->mem_upload(b, a, n * sizeof *a, ctx);
+        double t = thread_s() - t0;
+        if (t < best) best = t;
+    }
+    *copy = best / (double)(n * sizeof *a);
     if (bk->convert) {
-        t0 = now_s();
+        best = INFINITY;
         for (int r = 0; r < 4; r++) {
+            double t0 = thread_s();
             bk->convert(hb, BK_DTYPE_BF16, a, BK_DTYPE_F32, n, ctx);
             bk->convert(b, BK_DTYPE_F32, hb, BK_DTYPE_BF16, n, ctx);
+            double t = thread_s() - t0;
+            if (t < best) best = t;
         }
-        *convert = (now_s() - t0) / (4.0 * n * sizeof *a);
+        *convert = best / (2.0 * (double)(n * sizeof *a));
     }
 out:
     if (ctx) bk->ctx_free(ctx);
@@ -132,45 +235,75 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    struct fit fit[COST_CLASS_COUNT];
-    memset(fit, 0, sizeof fit);
-    double optim_s = 0, optim_params = 0;
-    /* sizes spanning small and large ops: the seed preset at 32 and 64 px, a small ddpm */
-    struct unet_config c;
-    unet_config_default(&c, UNET_SEED);
-    c.image_size = 32;
-    if (profile_model(&c, 4, threads, 2, fit, &optim_s, &optim_params)) goto fail;
-    c.image_size = 64;
-    if (profile_model(&c, 2, threads, 1, fit, &optim_s, &optim_params)) goto fail;
-    unet_config_default(&c, UNET_DDPM);
-    c.image_size = 16;
-    if (profile_model(&c, 4, threads, 2, fit, &optim_s, &optim_params)) goto fail;
+    /* the OpenMP runtime reads its wait policy at start: spinning threads would count the
+     * time they wait for a descheduled peer as CPU time */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv("/proc/self/exe", argv);
+        perror("calibrate: re-executing with OMP_WAIT_POLICY=passive");
+        return 1;
+    }
+    /* the examples' models at batch sizes their micro-batches take */
+    static const struct {
+        const char *what, *spec;
+        int image, batch, recompute, steps;
+    } runs[] = {
+        {"fmnist-tiny b1", "examples/fmnist-tiny.json", 0, 1, 0, 4},
+        {"fmnist-tiny b4", "examples/fmnist-tiny.json", 0, 4, 0, 3},
+        {"fmnist-tiny b16 resblock", "examples/fmnist-tiny.json", 0, 16, 2, 3},
+        {"fmnist-tiny b32", "examples/fmnist-tiny.json", 0, 32, 0, 2},
+        {"seed 32px b2", "examples/seed-64.json", 32, 2, 0, 3},
+        {"seed-64 b1", "examples/seed-64.json", 0, 1, 0, 2},
+        {"seed-64 b4", "examples/seed-64.json", 0, 4, 0, 2},
+        {"ddpm-cifar10 b1", "examples/ddpm-cifar10.json", 0, 1, 0, 2},
+        {"ddpm-cifar10 b4", "examples/ddpm-cifar10.json", 0, 4, 0, 2},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        if (profile_model(runs[i].what, runs[i].spec, runs[i].image, runs[i].batch,
+                          runs[i].recompute, threads, runs[i].steps)) {
+            fprintf(stderr, "calibrate: a profiled step of %s failed\n", runs[i].what);
+            return 1;
+        }
 
     struct cost_model m;
     cost_model_default(&m);
     m.threads = threads;
-    for (int k = 0; k < COST_CLASS_COUNT; k++) {
-        struct fit *f = &fit[k];
-        if (f->n < 1 || f->sx <= 0) continue;
-        /* the fastest op of the class is its fixed cost; the rest of the class's measured
-         * seconds spread over its work, so the profiled steps' class totals are reproduced
-         * exactly (a free least-squares line is dragged by a busy machine's outliers) */
-        double b = f->ymin, a = (f->sy - f->n * b) / f->sx;
-        if (a <= 0) {
-            a = f->sy / f->sx;
-            b = 0;
+    for (int c = 0; c < COST_CLASS_COUNT; c++) {
+        double a, b;
+        fit_class(c, &a, &b);
+        if (a > 0 || b > 0) {
+            m.seconds_per_unit[c] = a;
+            m.op_seconds[c] = b;
         }
-        m.seconds_per_unit[k] = a;
-        m.op_seconds[k] = b;
     }
-    m.optim_seconds_per_param = optim_s / optim_params;
-    m.host_optim_seconds_per_param = m.optim_seconds_per_param; /* the same CPU cores */
+    double os = 0, op = 0;
+    for (int i = 0; i < n_samples; i++) {
+        os += samples[i].optim_s;
+        op += samples[i].params;
+    }
+    m.optim_seconds_per_param = os / op;
+    m.host_optim_seconds_per_param = m.optim_seconds_per_param; /* the same CPU kernels */
     double copy, convert;
     copy_rates(&copy, &convert, threads);
     if (copy > 0) m.transfer_seconds_per_byte = copy;
     if (convert > 0) m.convert_seconds_per_byte = convert;
+    /* the fit's residuals: each profiled step predicted by the constants just fitted */
+    for (int i = 0; i < n_samples; i++) {
+        const struct sample *s = &samples[i];
+        double pred = s->params * m.optim_seconds_per_param;
+        for (int c = 0; c < COST_CLASS_COUNT; c++)
+            pred += s->x[c] * m.seconds_per_unit[c] + s->n[c] * m.op_seconds[c];
+        fprintf(stderr, "calibrate: %-22s measured %8.4f s, fitted %8.4f s (%+.1f%%)\n", s->what,
+                s->step_s, pred, 100.0 * (pred - s->step_s) / s->step_s);
+        if (getenv("CALIBRATE_VERBOSE"))
+            for (int c = 0; c < COST_CLASS_COUNT; c++)
+                fprintf(stderr, "    %-16s %8.4f s fitted %8.4f s  ops %5.0f work %.3g\n",
+                        cost_class_name((enum cost_class)c), s->y[c],
+                        s->x[c] * m.seconds_per_unit[c] + s->n[c] * m.op_seconds[c], s->n[c],
+                        s->x[c]);
+    }
     char *txt = cost_model_format(&m);
-    if (!txt) goto fail;
+    if (!txt) return 1;
     FILE *f = out ? fopen(out, "w") : stdout;
     if (!f) {
         perror(out);
@@ -181,7 +314,4 @@ int main(int argc, char **argv)
     if (out) fclose(f);
     free(txt);
     return 0;
-fail:
-    fprintf(stderr, "calibrate: a profiled step failed\n");
-    return 1;
 }

@@ -14,6 +14,7 @@ static const char *const class_names[COST_CLASS_COUNT] = {
     [COST_CONV_BWD_FILTER] = "conv_bwd_filter", [COST_GEMM] = "gemm",
     [COST_ATTN_FWD] = "attn_fwd",         [COST_ATTN_BWD] = "attn_bwd",
     [COST_NORM] = "norm",                 [COST_ELTWISE] = "eltwise",
+    [COST_DROPOUT] = "dropout",
 };
 
 const char *cost_class_name(enum cost_class c)
@@ -23,25 +24,27 @@ const char *cost_class_name(enum cost_class c)
 
 void cost_model_default(struct cost_model *m)
 {
-    /* measured by bench/calibrate (2 threads, AVX-512, a busy shared machine), rounded */
+    /* bench/calibrate on a 2-core Xeon with AVX-512 (the CPU seconds of the thread running the
+     * steps, OMP_WAIT_POLICY=passive: an idle machine's step time), rounded */
     static const double per_unit[COST_CLASS_COUNT] = {
-        [COST_CONV_FWD] = 1.9e-10,  [COST_CONV_BWD_DATA] = 1.5e-10,
-        [COST_CONV_BWD_FILTER] = 2.5e-10, [COST_GEMM] = 1.1e-9,
-        [COST_ATTN_FWD] = 1.1e-9,   [COST_ATTN_BWD] = 1.0e-9,
-        [COST_NORM] = 2.3e-8,       [COST_ELTWISE] = 1.0e-8,
+        [COST_CONV_FWD] = 3.5e-12,  [COST_CONV_BWD_DATA] = 3.6e-12,
+        [COST_CONV_BWD_FILTER] = 4.35e-12, [COST_GEMM] = 1.86e-11,
+        [COST_ATTN_FWD] = 1.84e-11, [COST_ATTN_BWD] = 1.0e-11,
+        [COST_NORM] = 1.0e-10,      [COST_ELTWISE] = 3.95e-11,
+        [COST_DROPOUT] = 1.48e-9,
     };
     static const double per_op[COST_CLASS_COUNT] = {
-        [COST_CONV_FWD] = 1e-4,  [COST_CONV_BWD_DATA] = 6e-5, [COST_CONV_BWD_FILTER] = 1.3e-4,
-        [COST_GEMM] = 2e-5,      [COST_ATTN_FWD] = 5e-5,     [COST_ATTN_BWD] = 3e-5,
-        [COST_NORM] = 1.3e-5,    [COST_ELTWISE] = 1e-7,
+        [COST_CONV_FWD] = 8.8e-6,  [COST_CONV_BWD_DATA] = 7.9e-6, [COST_CONV_BWD_FILTER] = 9.5e-6,
+        [COST_GEMM] = 9.2e-6,      [COST_ATTN_FWD] = 2.26e-5,     [COST_ATTN_BWD] = 3.4e-5,
+        [COST_NORM] = 1.06e-5,     [COST_ELTWISE] = 0,            [COST_DROPOUT] = 1.2e-5,
     };
     memset(m, 0, sizeof *m);
     memcpy(m->seconds_per_unit, per_unit, sizeof per_unit);
     memcpy(m->op_seconds, per_op, sizeof per_op);
-    m->optim_seconds_per_param = 8e-9;
-    m->host_optim_seconds_per_param = 8e-9;
-    m->transfer_seconds_per_byte = 3e-10;
-    m->convert_seconds_per_byte = 9e-10;
+    m->optim_seconds_per_param = 1.05e-9;
+    m->host_optim_seconds_per_param = 1.05e-9;
+    m->transfer_seconds_per_byte = 9.1e-11;
+    m->convert_seconds_per_byte = 7.5e-11;
     m->half_speedup = 1.0;
     m->threads = 2;
 }
@@ -60,6 +63,8 @@ enum cost_class cost_class_of(enum op_type t)
     case OP_GROUPNORM_BWD:
     case OP_LAYERNORM:
     case OP_LAYERNORM_BWD: return COST_NORM;
+    case OP_DROPOUT:
+    case OP_DROPOUT_BWD: return COST_DROPOUT;
     default: return COST_ELTWISE;
     }
 }
@@ -115,34 +120,54 @@ double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
     return cost_op_work(g, k) * m->seconds_per_unit[c] + m->op_seconds[c];
 }
 
-/* ops [0, n_run) of g once per micro-batch, the optimizer, transfers and conversions */
+/* fp32 bytes of op o's 16-bit operands (graph g's dtypes): each is converted once, into fp32
+ * scratch before the op (an input) or back after it (an output) */
+static double convert_bytes(const struct graph *g, const struct op *o, const struct op *og)
+{
+    double b = 0;
+    for (int j = 0; j < o->n_in; j++)
+        if (o->in[j] >= 0 && o->in[j] < g->n_tensors &&
+            graph_input_dtype(g, og, j) != DTYPE_F32)
+            b += (double)g->tensors[o->in[j]]->numel * sizeof(float);
+    for (int j = 0; j < o->n_out; j++)
+        if (o->out[j] >= 0 && o->out[j] < g->n_tensors &&
+            g->tensors[o->out[j]]->dtype != DTYPE_F32)
+            b += (double)g->tensors[o->out[j]]->numel * sizeof(float);
+    return b;
+}
+
+/* ops [0, n_run) of g (run op i is graph op op_src[i]) once per micro-batch, the optimizer,
+ * transfers and conversions. An op's fixed seconds do not shrink with the uneven last
+ * micro-batch; its work does, by the samples' share. */
 static double predict(const struct cost_model *m, const struct graph *g, int n_run,
                       const int *op_src, int inference, const struct strategy *st, int batch)
 {
     int half = st->precision == STRATEGY_PRECISION_BF16 || st->precision == STRATEGY_PRECISION_F16;
-    double pass = 0;
+    double work = 0, fixed = 0;
     for (int i = 0; i < n_run; i++) {
         int k = op_src ? op_src[i] : i; /* a recomputing plan's run order repeats graph ops */
         if (k < 0 || k >= g->n_ops) continue;
-        enum cost_class c = cost_class_of(g->ops[k].type);
-        double t = cost_op_seconds(m, g, k);
-        if (half && c <= COST_ATTN_BWD && m->half_speedup > 0)
-            t = t / m->half_speedup;
-        pass += t;
+        const struct op *o = &g->ops[k];
+        enum cost_class c = cost_class_of(o->type);
+        double w = cost_op_work(g, k) * m->seconds_per_unit[c];
+        if (half && c <= COST_ATTN_BWD && m->half_speedup > 0) w /= m->half_speedup;
+        if (half) w += convert_bytes(g, o, o) * m->convert_seconds_per_byte;
+        work += w;
+        fixed += m->op_seconds[c];
     }
-    if (inference) return pass;
+    if (inference) return work + fixed;
     int micro = st->micro_batch > 0 && st->micro_batch < batch ? st->micro_batch : batch;
-    if (micro <= 0) return pass;
+    if (micro <= 0) return work + fixed;
     int full = batch / micro, rest = batch % micro;
-    double t = pass * full + (rest ? pass * rest / micro : 0.0);
+    double t = (work + fixed) * full + (rest ? work * rest / micro + fixed : 0.0);
     double params = (double)g->param_numel;
     if (st->offload == 1) /* gradients down, weights back up, the optimizer on host threads */
         t += 2.0 * params * sizeof(float) * m->transfer_seconds_per_byte +
              params * m->host_optim_seconds_per_param;
     else
         t += params * m->optim_seconds_per_param;
-    if (half) /* the 16-bit working copy refreshed from the fp32 weights after the update */
-        t += params * sizeof(float) * m->convert_seconds_per_byte;
+    if (half) /* the 16-bit working copy refreshed from the fp32 weights before each pass */
+        t += (full + (rest > 0)) * params * sizeof(float) * m->convert_seconds_per_byte;
     return t;
 }
 
@@ -156,7 +181,11 @@ double cost_predict_step_seconds(const struct cost_model *m, const struct plan *
 double cost_predict_graph_seconds(const struct cost_model *m, const struct graph *g,
                                   const struct strategy *s, int batch)
 {
-    return predict(m, g, g->n_ops, NULL, 0, s, batch);
+    int *op_src = NULL, n = g->n_ops;
+    if (s->recompute > 0) plan_run_order(g, s->recompute, &op_src, &n);
+    double t = predict(m, g, op_src ? n : g->n_ops, op_src, 0, s, batch);
+    free(op_src);
+    return t;
 }
 
 /* ---- the calibration file ---- */

@@ -22,6 +22,7 @@ enum cost_class {
     COST_ATTN_BWD,
     COST_NORM,            /* group and layer norm, forward and backward (bytes) */
     COST_ELTWISE,         /* every other op (bytes read and written) */
+    COST_DROPOUT,         /* dropout forward and backward: a Philox draw per element (bytes) */
     COST_CLASS_COUNT
 };
 
@@ -68,7 +69,8 @@ double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
  * An inference plan: one forward. */
 double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,
                                  const struct graph *g, int batch);
-/* the same for a training graph not yet planned, under strategy s (every op of g runs) */
+/* the same for a training graph not yet planned, under strategy s (its run order:
+ * plan_run_order) */
 double cost_predict_graph_seconds(const struct cost_model *m, const struct graph *g,
                                   const struct strategy *s, int batch);
 

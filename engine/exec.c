@@ -62,10 +62,12 @@ static struct exec *offload_owner(struct exec *e)
     return o->p->offload && !e->p->inference ? o : NULL;
 }
 
-static double now_seconds(void)
+/* the profile's clock: wall time, or the calling thread's CPU time (EXEC_PROFILE_CPU) */
+static double prof_seconds(const struct exec *e)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(e->opts.profile == EXEC_PROFILE_CPU ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC,
+                  &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -1004,9 +1006,9 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
         if (e->opts.profile) {
-            double t0 = now_seconds();
+            double t0 = prof_seconds(e);
             rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
-            double dt = now_seconds() - t0;
+            double dt = prof_seconds(e) - t0;
             /* a recomputed copy's time is its forward op's */
             enum op_type ty = plan_op(e->p, e->g, k)->type;
             e->op_seconds[e->p->op_src ? e->p->op_src[k] : k] += dt;
@@ -1090,10 +1092,10 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
 static int optimizer_timed(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                            float loss_scale, int skip_nonfinite, float *grad_norm, int *applied)
 {
-    double t0 = e->opts.profile ? now_seconds() : 0.0;
+    double t0 = e->opts.profile ? prof_seconds(e) : 0.0;
     int rc = optimizer_step(e, c, t, lr, loss_scale, skip_nonfinite, grad_norm, applied);
     if (e->opts.profile) {
-        e->prof.optim_seconds += now_seconds() - t0;
+        e->prof.optim_seconds += prof_seconds(e) - t0;
         e->prof.optim_calls++;
     }
     return rc;

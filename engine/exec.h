@@ -32,17 +32,22 @@ struct exec_error {
     char msg[256];        /* names the cause: the call, the op, the bytes */
 };
 
+enum exec_profile_clock { EXEC_PROFILE_WALL = 1, EXEC_PROFILE_CPU = 2 };
+
 struct exec_opts {
     int threads;
     int poison;           /* fill every arena storage with NaN after its last use */
     int check_guards;     /* verify the canary gaps (plan_opts.guard_bytes) after every op */
-    int profile;          /* accumulate wall time per op (exec_profile); off: one branch per op */
+    int profile;          /* accumulate time per op (exec_profile): EXEC_PROFILE_WALL, or
+                           * EXEC_PROFILE_CPU (the calling thread's CPU seconds: serial code and
+                           * its share of each parallel region, robust to a busy machine under
+                           * OMP_WAIT_POLICY=passive); 0 off: one branch per op */
     struct exec_error *init_error; /* may be NULL: where a failing exec_init says why */
     size_t budget;        /* the device budget the backend enforces (0: none): the reservation
                            * and any later request beyond it fail with EXEC_ERR_BUDGET */
 };
 
-/* wall time accumulated while exec_opts.profile is set, since exec_init or the last
+/* seconds (exec_opts.profile's clock) accumulated since exec_init or the last
  * exec_profile_reset: per op type, per op of the graph, and the optimizer step */
 struct exec_profile {
     double seconds[OP_COUNT];

@@ -72,6 +72,15 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* the CPU seconds of the calling thread (it runs the steps: serial code and its share of every
+ * parallel region) */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* mkdir -p; path fits FSIO_PATH_MAX (checked by the caller) */
 static int mkdir_p1(const char *path)
 {
@@ -1318,7 +1327,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     while (step < spec->steps) {
         int stopping = stop_requested(o);
         if (!stopping) {
-            double ts = now_s();
+            double ts = now_s(), tc = cpu_s();
             if (dataset_loader_next(j.loader, step, j.x0, NULL)) {
                 snprintf(err, errlen, "data loading failed at step %" PRId64, step);
                 goto out;
@@ -1353,9 +1362,17 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 goto out;
             }
             step++;
-            step_sum += now_s() - ts;
+            double dt = now_s() - ts, dc = cpu_s() - tc;
+            step_sum += dt;
             step_n++;
-            if (o->stats) o->stats->steps_run++;
+            if (o->stats) {
+                struct train_stats *ss = o->stats;
+                if (ss->steps_run++ > 0) {
+                    ss->step_wall_s += dt;
+                    ss->step_cpu_s += dc;
+                    if (!ss->steps_timed++ || dc < ss->step_cpu_min_s) ss->step_cpu_min_s = dc;
+                }
+            }
             if (isfinite(loss)) avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
             stopping = stop_requested(o) || (o->stop_after > 0 && step >= o->stop_after);
             int last = step == spec->steps;

@@ -31,6 +31,13 @@ struct train_stats {
     int64_t start_step;        /* the step the run began at: 0 fresh, N resumed at step N */
     int64_t steps_run;         /* training steps executed by this call */
     int resumed;               /* 1 when weights and state came from a checkpoint */
+    /* the training steps after this call's first (its warm-up: the libraries' first calls),
+     * each from loading its batch to the end of its optimizer step: how many, their wall
+     * seconds and the CPU seconds of the thread that ran them (serial code and its share of
+     * every parallel region: with OMP_WAIT_POLICY=passive, the step time of an idle machine
+     * however busy this one is), summed, and the least CPU seconds one took */
+    int64_t steps_timed;
+    double step_wall_s, step_cpu_s, step_cpu_min_s;
 };
 
 struct train_opts {

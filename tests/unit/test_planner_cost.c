@@ -1,8 +1,9 @@
 /* test_planner_cost.c - the cost model: the calibration file's text reads back to the same
  * constants, a bad line is refused naming its line, unknown keys are errors; an op's work is its
  * FLOPs (conv: 2 N Co Ho Wo Ci Kh Kw) or its bytes; a step's prediction is the sum of its ops'
- * predictions once per micro-batch (an uneven last one by its share) plus the optimizer, and a
- * forward-only plan is one forward.
+ * predictions once per micro-batch (an uneven last one with its ops' fixed cost and its share
+ * of their work) plus the optimizer, a recomputing graph is predicted by its plan's run order
+ * before the plan is made, and a forward-only plan is one forward.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -102,12 +103,16 @@ static void prediction(void)
                   cost_op_work(&g4, k), f);
             break;
         }
-    double pass4 = 0, fwd4 = 0;
-    for (int k = 0; k < g4.n_ops; k++) pass4 += cost_op_seconds(&m, &g4, k);
+    double pass4 = 0, fwd4 = 0, fixed4 = 0;
+    for (int k = 0; k < g4.n_ops; k++) {
+        pass4 += cost_op_seconds(&m, &g4, k);
+        fixed4 += m.op_seconds[cost_class_of(g4.ops[k].type)];
+    }
     for (int k = 0; k < gi.n_ops; k++) fwd4 += cost_op_seconds(&m, &gi, k);
     double optim = (double)g4.param_numel * m.optim_seconds_per_param;
 
-    /* batch 4 in one micro-batch; batch 8 in two micro-batches of 4; batch 10: 2.5 of them */
+    /* batch 4 in one micro-batch; batch 8 in two micro-batches of 4; batch 10: two and a half
+     * of them, the last one's ops at their full fixed cost and half their work */
     double s4 = cost_predict_step_seconds(&m, &p4, &g4, 4);
     CHECK(close_rel(s4, pass4 + optim, 1e-12), "b4 step %g, ops + optimizer %g", s4, pass4 + optim);
     p4.strategy.micro_batch = 4;
@@ -115,14 +120,29 @@ static void prediction(void)
     CHECK(close_rel(s8, 2 * pass4 + optim, 1e-12), "b8 as 2 x 4: %g, expected %g", s8,
           2 * pass4 + optim);
     double s10 = cost_predict_step_seconds(&m, &p4, &g4, 10);
-    CHECK(close_rel(s10, 2.5 * pass4 + optim, 1e-12), "b10 as 4+4+2: %g, expected %g", s10,
-          2.5 * pass4 + optim);
+    double want10 = 2 * pass4 + 0.5 * (pass4 - fixed4) + fixed4 + optim;
+    CHECK(fixed4 > 0 && close_rel(s10, want10, 1e-12), "b10 as 4+4+2: %g, expected %g", s10,
+          want10);
     /* the plain full batch of 8 does the same work as 2 x 4 with fewer ops: no slower */
     double f8 = cost_predict_step_seconds(&m, &p8, &g8, 8);
     CHECK(f8 <= s8 && f8 > s4, "b8 in one: %g; 2 x 4: %g; b4: %g", f8, s8, s4);
     /* forward only */
     double si = cost_predict_step_seconds(&m, &pi, &gi, 4);
     CHECK(close_rel(si, fwd4, 1e-12) && si < pass4, "inference %g, forward ops %g", si, fwd4);
+    /* recomputation: the graph's prediction follows the run order the plan will have (its
+     * recomputed forward ops counted again), before any plan is made */
+    struct plan pr;
+    struct plan_opts orr = {.strategy = strategy_plain(4)};
+    orr.strategy.recompute = STRATEGY_RECOMPUTE_RESBLOCK;
+    if (plan_make(&pr, &g4, backend_cpu(), &orr) == 0) {
+        double sp = cost_predict_step_seconds(&m, &pr, &g4, 4);
+        double sg = cost_predict_graph_seconds(&m, &g4, &orr.strategy, 4);
+        CHECK(pr.n_recomputed > 0 && close_rel(sg, sp, 1e-12) && sg > s4,
+              "recompute resblock: graph %g, plan %g, without %g", sg, sp, s4);
+        plan_free(&pr);
+    } else {
+        CHECK(0, "the recomputing plan");
+    }
     plan_free(&p4);
     plan_free(&p8);
     plan_free(&pi);
