@@ -17,6 +17,17 @@
 #include "test_util.h"
 #include "unet.h"
 
+/* a 16-bit strategy's plan options: f16 with a loss scale of 1024 (large enough to keep small
+ * gradients in range, small enough that no activation gradient overflows) */
+static inline struct plan_opts accum_half_opts(int precision)
+{
+    struct plan_opts po = {0};
+    po.strategy = strategy_plain(0);
+    po.strategy.precision = precision;
+    po.strategy.loss_scale.initial = 1024.0f;
+    return po;
+}
+
 /* one effective batch of `batch` samples in micro-batches of `micro` (the last one `rest`) */
 struct accum {
     int batch, micro, rest;

@@ -4,8 +4,9 @@
  * and its first step's loss (drawn before any update) equals the plain full-batch run's within
  * 1e-5; the validation loss, run through the same micro-batches, too. With offload as well (the
  * moments, EMA and master in host memory) the stopped and resumed run's checkpoint holds the
- * same bytes as the straight run without offload, and a run's sample grid (its nested plan
- * reading the EMA uploaded from the host) is the same PNG as without offload.
+ * same bytes as the straight run without offload, and so does an f16 run (loss scaling) with
+ * the micro-batches and offload against the straight f16 run; a run's sample grid (its nested
+ * plan reading the EMA uploaded from the host) is the same PNG as without offload.
  */
 #define _DEFAULT_SOURCE
 #include <math.h>
@@ -103,6 +104,48 @@ int main(void)
           "offload: the resumed weights/EMA/AdamW differ from the run without offload");
     free(ba);
     free(bb);
+
+    /* f16 with the uneven micro-batches and offload, stopped at 2 and resumed (the loss scaler's
+     * state restored from the checkpoint), against the straight f16 run without offload; from a
+     * scale of 2^24 the first steps overflow and are skipped, the scale backs off, and grows
+     * again every 2 finite steps: every micro-batch (the uneven one too) must scale alike */
+    struct strategy sh = st, sho;
+    sh.precision = STRATEGY_PRECISION_F16;
+    sh.loss_scale.initial = 16777216.0f;
+    sh.loss_scale.growth_interval = 2;
+    sho = sh;
+    sho.offload = 1;
+    char h1[300], h2[300];
+    snprintf(h1, sizeof h1, "%s/h1", root);
+    snprintf(h2, sizeof h2, "%s/h2", root);
+    struct train_opts oh = {.out_dir = h1, .quiet = 1, .strategy = &sh};
+    CHECK(train_run(&s, &oh, err, sizeof err) == TRAIN_DONE, "f16 straight run: %s", err);
+    struct train_opts oho = {.out_dir = h2, .quiet = 1, .stop_after = 2, .strategy = &sho};
+    CHECK(train_run(&s, &oho, err, sizeof err) == TRAIN_STOPPED, "f16 offload stopped: %s", err);
+    oho.stop_after = 0;
+    oho.resume = TRAIN_RESUME_REQUIRED;
+    CHECK(train_run(&s, &oho, err, sizeof err) == TRAIN_DONE, "f16 offload resumed: %s", err);
+    snprintf(pa, sizeof pa, "%s/checkpoints/step-00000004.safetensors", h1);
+    snprintf(pb, sizeof pb, "%s/checkpoints/step-00000004.safetensors", h2);
+    ba = tt_checkpoint_bytes(pa, &na);
+    bb = tt_checkpoint_bytes(pb, &nb);
+    CHECK(ba && bb && na == nb && na > 0 && memcmp(ba, bb, na) == 0,
+          "f16, micro-batches and offload: the resumed weights/EMA/AdamW differ from the straight "
+          "f16 run without offload");
+    free(ba);
+    free(bb);
+    struct safetensors *sk = NULL;
+    const char *skipped = NULL, *scale = NULL;
+    if (checkpoint_open(&sk, pb, NULL, NULL, err, sizeof err) == 0) {
+        skipped = safetensors_meta(sk, "loss_scale_skipped");
+        scale = safetensors_meta(sk, "loss_scale");
+    }
+    printf("f16 with micro-batches of 2 and offload, resumed: loss scale %s, %s skipped\n",
+           scale ? scale : "?", skipped ? skipped : "?");
+    CHECK(skipped && atoi(skipped) > 0 && scale && atof(scale) < 16777216.0,
+          "the f16 run skipped no step (loss_scale_skipped %s): the scaler was not exercised",
+          skipped ? skipped : "missing");
+    safetensors_free(sk);
 
     /* the plain full-batch run: the same first loss and first validation loss */
     struct train_spec s1;

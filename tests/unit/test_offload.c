@@ -1,7 +1,8 @@
 /* test_offload.c - offload (strategy.offload = 1): two training steps with the AdamW moments, the
  * EMA and an fp32 master copy in host memory (the optimizer on the host, the weights copied
  * back) leave weights, EMA, moments and gradients bit-identical to the plain step's, on the
- * fmnist-tiny model (dropout on) and on the seed preset at 16x16; the plan's device bytes fall by
+ * fmnist-tiny model (dropout on) and on the seed preset at 16x16, in fp32 and in bf16 and f16
+ * against the same precision without offload; the plan's device bytes fall by
  * exactly the moments' and EMA's bytes, which the host column holds (with the master and the
  * gradients' copy), and the backend's one allocation is that much smaller (a counting backend);
  * a sample grid's nested plan over the host's EMA (exec_nested_sync) gives the same images'
@@ -51,15 +52,19 @@ static float *nested_out(struct accum *a, const struct unet_config *c, size_t *n
     return out;
 }
 
-static void equivalence(enum unet_preset preset, int batch)
+static void equivalence(enum unet_preset preset, int batch, int precision)
 {
-    const char *name = preset == UNET_DDPM ? "fmnist-tiny" : "seed-16";
+    char name[40];
+    snprintf(name, sizeof name, "%s%s", preset == UNET_DDPM ? "fmnist-tiny" : "seed-16",
+             precision == STRATEGY_PRECISION_BF16  ? " bf16"
+             : precision == STRATEGY_PRECISION_F16 ? " f16"
+                                                   : "");
     struct unet_config c;
     accum_config(&c, preset);
-    struct plan_opts off = {0};
+    struct plan_opts plain = accum_half_opts(precision), off = plain;
     off.strategy.offload = 1;
     struct accum ref, a;
-    int ok = accum_init(&ref, &c, batch, batch, NULL, NULL) == 0 &&
+    int ok = accum_init(&ref, &c, batch, batch, &plain, NULL) == 0 &&
              accum_init(&a, &c, batch, batch, &off, NULL) == 0;
     CHECK(ok, "%s: building", name);
     if (!ok) return;
@@ -126,7 +131,10 @@ static void equivalence(enum unet_preset preset, int batch)
 
 int main(void)
 {
-    equivalence(UNET_DDPM, 2);
-    equivalence(UNET_SEED, 3);
+    equivalence(UNET_DDPM, 2, STRATEGY_PRECISION_F32);
+    equivalence(UNET_SEED, 3, STRATEGY_PRECISION_F32);
+    /* 16-bit: the working copy refreshed from the weights the host optimizer sent back */
+    equivalence(UNET_DDPM, 2, STRATEGY_PRECISION_BF16);
+    equivalence(UNET_SEED, 3, STRATEGY_PRECISION_F16);
     return tu_finish("test_offload");
 }
