@@ -182,8 +182,20 @@ static int env_int(const char *name, int def, int lo, int hi)
         }                                                                                      \
     } while (0)
 
+/* the typed kernels that take a 16-bit dtype natively on a device of compute capability cc
+ * (major * 10 + minor): cuDNN's and cuBLAS's tensor cores take f16 from sm_70 and bf16 from
+ * sm_80; the attention kernels are CUDA-core code that reads any of the types on any device */
+static unsigned half_native(int cc, int dtype)
+{
+    const unsigned attn = BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, lib = BK_HALF_CONV | BK_HALF_LINEAR;
+    if (dtype == BK_DTYPE_F16) return attn | (cc >= 70 ? lib : 0u);
+    if (dtype == BK_DTYPE_BF16) return attn | (cc >= 80 ? lib : 0u);
+    return 0;
+}
+
 /* one small convolution in every direction through every algorithm the finders try, and a
- * GEMM: the libraries load what they load lazily (sub-libraries, heuristics, kernels) now */
+ * GEMM, in fp32 and each 16-bit type the device runs natively: the libraries load what they
+ * load lazily (sub-libraries, heuristics, kernels) now */
 static int warm_libraries(struct cu_dev *d, struct cu_slot *sl, int parity)
 {
     const int n = 2, c = 8, hw = 16, k = 3;
@@ -208,27 +220,48 @@ static int warm_libraries(struct cu_dev *d, struct cu_slot *sl, int parity)
     WARM_CUDNN(cudnnCreateTensorDescriptor(&yd));
     WARM_CUDNN(cudnnCreateFilterDescriptor(&wd));
     WARM_CUDNN(cudnnCreateConvolutionDescriptor(&cd));
-    WARM_CUDNN(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, hw, hw));
-    WARM_CUDNN(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, hw, hw));
-    WARM_CUDNN(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, c, c, k, k));
-    WARM_CUDNN(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
-                                               CUDNN_DATA_FLOAT));
-    WARM_CUDNN(cudnnSetConvolutionMathType(cd, parity ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
-    WARM_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(sl->cudnn, xd, wd, cd, yd,
-                                                      2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
-                                                      fp));
-    WARM_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(sl->cudnn, xd, x, wd, w, cd, yd, y,
-                                                      2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
-                                                      fp, ws, ws_bytes));
-    WARM_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
-        sl->cudnn, wd, w, yd, y, cd, xd, x, 2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp,
-        ws, ws_bytes));
-    WARM_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-        sl->cudnn, xd, x, yd, y, cd, wd, w, 2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp,
-        ws, ws_bytes));
-    WARM_CUDNN(cudnnAddTensor(sl->cudnn, &one, yd, y, &zero, yd, y));
-    WARM_CUBLAS(cublasSgemm(sl->cublas, CUBLAS_OP_T, CUBLAS_OP_N, 16, 16, 16, &one, x, 16, x, 16,
-                            &zero, y, 16));
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++) {
+        if (dt != BK_DTYPE_F32 && !(half_native(d->cc_major * 10 + d->cc_minor, dt) &
+                                    BK_HALF_CONV))
+            continue;
+        const cudnnDataType_t t = dt == BK_DTYPE_F16    ? CUDNN_DATA_HALF
+                                  : dt == BK_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16
+                                                        : CUDNN_DATA_FLOAT;
+        WARM_CUDNN(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, t, n, c, hw, hw));
+        WARM_CUDNN(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, t, n, c, hw, hw));
+        WARM_CUDNN(cudnnSetFilter4dDescriptor(wd, t, CUDNN_TENSOR_NCHW, c, c, k, k));
+        WARM_CUDNN(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                   CUDNN_DATA_FLOAT));
+        WARM_CUDNN(cudnnSetConvolutionMathType(cd, dt != BK_DTYPE_F32 ? CUDNN_TENSOR_OP_MATH
+                                                   : parity           ? CUDNN_FMA_MATH
+                                                                      : CUDNN_DEFAULT_MATH));
+        WARM_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(sl->cudnn, xd, wd, cd, yd,
+                                                          2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                          &got, fp));
+        WARM_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(sl->cudnn, xd, x, wd, w, cd, yd, y,
+                                                          2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                          &got, fp, ws, ws_bytes));
+        WARM_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            sl->cudnn, wd, w, yd, y, cd, xd, x, 2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got,
+            dp, ws, ws_bytes));
+        WARM_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            sl->cudnn, xd, x, yd, y, cd, wd, w, 2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got,
+            wp, ws, ws_bytes));
+        WARM_CUDNN(cudnnAddTensor(sl->cudnn, &one, yd, y, &zero, yd, y));
+        if (dt == BK_DTYPE_F32) {
+            WARM_CUBLAS(cublasSgemm(sl->cublas, CUBLAS_OP_T, CUBLAS_OP_N, 16, 16, 16, &one, x, 16,
+                                    x, 16, &zero, y, 16));
+        } else {
+            const cudaDataType bt = dt == BK_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+            WARM_CUBLAS(cublasSetMathMode(sl->cublas, CUBLAS_DEFAULT_MATH));
+            WARM_CUBLAS(cublasGemmEx(sl->cublas, CUBLAS_OP_T, CUBLAS_OP_N, 16, 16, 16, &one, x,
+                                     bt, 16, x, bt, 16, &zero, y, bt, 16, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+            WARM_CUBLAS(cublasGemmEx(sl->cublas, CUBLAS_OP_N, CUBLAS_OP_T, 16, 16, 16, &one, x,
+                                     bt, 16, x, bt, 16, &one, y, CUDA_R_32F, 16,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+    }
     WARM_CUDA(cudaStreamSynchronize(sl->stream));
     ok = 1;
 fail:
@@ -408,6 +441,15 @@ static int cu_device_mem(int device, struct bk_device_mem *out)
     snprintf(out->name, sizeof out->name, "%s", g_dev[device].name);
     return BK_OK;
 }
+
+unsigned cu_device_half(int device, int dtype)
+{
+    if (cu_device_ready(device) != BK_OK) return 0;
+    return half_native(g_dev[device].cc_major * 10 + g_dev[device].cc_minor, dtype);
+}
+
+/* half_kernels: what the thread's selected device runs natively */
+static unsigned cu_half_kernels(int dtype) { return cu_device_half(tl_select, dtype); }
 
 static int cu_device_poisoned(int device)
 {
@@ -791,6 +833,7 @@ static void cu_table_init(void)
     t->mem_upload_async = cu_mem_upload_async;
     t->copy_fence = cu_copy_fence;
     t->copy_sync = cu_copy_sync;
+    t->half_kernels = cu_half_kernels;
 }
 
 /* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:

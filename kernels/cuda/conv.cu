@@ -7,6 +7,12 @@
  * cuDNN's descriptors only pad symmetrically: a conv with pad_t != pad_b or pad_l != pad_r
  * (diffusers' downsample pads right and bottom) runs unpadded over a zero-padded copy of its
  * input in the workspace, and its data gradient comes back through a cropped copy.
+ * 16-bit (s->dtype f16 or bf16): x, w, y and their gradients in cuDNN's HALF / BFLOAT16 with fp32
+ * accumulation (compute type FLOAT) on tensor cores (CUDNN_TENSOR_OP_MATH, in parity mode too:
+ * products of 16-bit values are exact in fp32; parity still refuses Winograd, FFT and
+ * non-deterministic algorithms). cuDNN's filter gradient has x's type, so it is written to a
+ * 16-bit filter in the workspace and added to the fp32 dw (as PyTorch's autocast does: the
+ * gradient of the 16-bit weight copy, rounded once).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -22,7 +28,7 @@ enum { DIR_FWD = 0, DIR_BWD_DATA = 1, DIR_BWD_FILTER = 2, DIR_N = 3 };
 
 struct conv_entry {
     struct conv_entry *next;
-    int device, parity;
+    int device, parity, dtype;
     struct bk_conv2d s;
     int asym;                  /* 1: cuDNN sees the zero-padded copy (hp, wp) with pad 0 */
     int hp, wp;
@@ -53,6 +59,7 @@ static int conv_check(const struct bk_conv2d *s)
 {
     if (!s || s->n < 1 || s->ci < 1 || s->h < 1 || s->w < 1 || s->co < 1) return BK_ERR_INVALID;
     if (s->pad_t < 0 || s->pad_l < 0 || s->pad_b < 0 || s->pad_r < 0) return BK_ERR_INVALID;
+    if (!cu_dtype_ok(s->dtype)) return BK_ERR_INVALID;
     struct bk_conv2d t = *s;
     if (bk_conv2d_init(&t) != BK_OK || t.ho != s->ho || t.wo != s->wo) return BK_ERR_INVALID;
     /* cuDNN's 4-d descriptors take int dimensions and strides */
@@ -66,7 +73,7 @@ static int conv_check(const struct bk_conv2d *s)
 
 static int same_shape(const struct bk_conv2d *a, const struct bk_conv2d *b)
 {
-    return a->n == b->n && a->ci == b->ci && a->h == b->h && a->w == b->w && a->co == b->co &&
+    return a->dtype == b->dtype && a->n == b->n && a->ci == b->ci && a->h == b->h && a->w == b->w && a->co == b->co &&
            a->kh == b->kh && a->kw == b->kw && a->stride == b->stride && a->pad_t == b->pad_t &&
            a->pad_l == b->pad_l && a->pad_b == b->pad_b && a->pad_r == b->pad_r;
 }
@@ -104,9 +111,18 @@ static int dir_allowed(int dir, int a, int parity)
            : dir == DIR_BWD_DATA ? bwd_data_allowed(a, parity)
                                  : bwd_filter_allowed(a, parity);
 }
-static int math_allowed(cudnnMathType_t m, int parity)
+/* parity: fp32 data never on tensor cores (TF32); 16-bit data anything but down-conversion */
+static int math_allowed(cudnnMathType_t m, int parity, int dtype)
 {
+    if (dtype != BK_DTYPE_F32) return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
     return !parity || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+static cudnnDataType_t dnn_type(int dtype)
+{
+    return dtype == BK_DTYPE_F16    ? CUDNN_DATA_HALF
+           : dtype == BK_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16
+                                    : CUDNN_DATA_FLOAT;
 }
 
 /* one perf row, whatever the direction */
@@ -129,10 +145,10 @@ template <typename P> static void perf_rows(struct perf_row *r, const P *p, int 
     }
 }
 
-static int row_ok(const struct perf_row *r, int dir, int parity, size_t max_mem)
+static int row_ok(const struct perf_row *r, int dir, int parity, int dtype, size_t max_mem)
 {
     return r->status == CUDNN_STATUS_SUCCESS && r->det == CUDNN_DETERMINISTIC &&
-           dir_allowed(dir, r->algo, parity) && math_allowed(r->math, parity) &&
+           dir_allowed(dir, r->algo, parity) && math_allowed(r->math, parity, dtype) &&
            r->memory <= max_mem;
 }
 
@@ -182,16 +198,19 @@ static int entry_build(struct conv_entry *e)
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->yd));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->wd));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->cd));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->ci,
-                                           e->hp, e->wp));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->co,
-                                           s->ho, s->wo));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->co,
-                                           s->ci, s->kh, s->kw));
+    const cudnnDataType_t dt = dnn_type(e->dtype);
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->xd, CUDNN_TENSOR_NCHW, dt, s->n, s->ci, e->hp,
+                                           e->wp));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->yd, CUDNN_TENSOR_NCHW, dt, s->n, s->co, s->ho,
+                                           s->wo));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->wd, dt, CUDNN_TENSOR_NCHW, s->co, s->ci, s->kh,
+                                           s->kw));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->cd, ph, pw, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e->cd, e->parity ? CUDNN_FMA_MATH
-                                                              : CUDNN_DEFAULT_MATH));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(
+        e->cd, e->dtype != BK_DTYPE_F32 ? CUDNN_TENSOR_OP_MATH
+               : e->parity              ? CUDNN_FMA_MATH
+                                        : CUDNN_DEFAULT_MATH));
     /* cuDNN's idea of the output must be ours */
     int on, oc, oh, ow;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->cd, e->xd, e->wd, &on, &oc, &oh, &ow));
@@ -224,7 +243,7 @@ static int entry_build(struct conv_entry *e)
         }
         e->ncand[dir] = 0;
         for (int i = 0; i < got && e->ncand[dir] < CONV_CAND; i++) {
-            if (!row_ok(&rows[i], dir, e->parity, max_mem)) continue;
+            if (!row_ok(&rows[i], dir, e->parity, e->dtype, max_mem)) continue;
             int dup = 0;
             for (int j = 0; j < e->ncand[dir]; j++) dup |= e->cand[dir][j] == rows[i].algo;
             if (dup) continue;
@@ -240,8 +259,9 @@ static int entry_build(struct conv_entry *e)
         }
         e->algo[dir] = e->cand[dir][0];
     }
-    e->pad_bytes = e->asym ? align_up((size_t)s->n * s->ci * e->hp * e->wp * sizeof(float)) : 0;
-    e->dw_bytes = align_up((size_t)s->co * s->ci * s->kh * s->kw * sizeof(float));
+    const size_t es = bk_dtype_size(e->dtype);
+    e->pad_bytes = e->asym ? align_up((size_t)s->n * s->ci * e->hp * e->wp * es) : 0;
+    e->dw_bytes = align_up((size_t)s->co * s->ci * s->kh * s->kw * es);
     e->lib_bytes = align_up(lib);
     /* + alignment slack: the plan's workspace is 64-byte aligned, cuDNN's wants more */
     e->ws_bytes = CONV_ALIGN + e->pad_bytes + e->dw_bytes + e->lib_bytes;
@@ -259,10 +279,13 @@ static int entry_get_locked(int device, int parity, const struct bk_conv2d *s,
         }
     int rc = cu_device_ready(device);
     if (rc) return rc;
+    if (s->dtype != BK_DTYPE_F32 && !(cu_device_half(device, s->dtype) & BK_HALF_CONV))
+        return BK_ERR_INVALID; /* the device's cuDNN has no tensor cores for the type */
     struct conv_entry *e = (struct conv_entry *)calloc(1, sizeof *e);
     if (!e) return BK_ERR_NOMEM;
     e->device = device;
     e->parity = parity;
+    e->dtype = s->dtype;
     e->s = *s;
     rc = entry_build(e);
     if (rc) {
@@ -307,8 +330,9 @@ size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s)
 
 /* the parts of the workspace */
 struct conv_ws {
-    float *pad;   /* asym: the zero-padded input (forward, filter) or data gradient */
-    float *dw;    /* the filter finder's output (dw itself accumulates) */
+    void *pad;    /* asym: the zero-padded input (forward, filter) or data gradient */
+    void *dw;     /* the filter finder's output (dw itself accumulates); 16-bit: also the
+                   * filter gradient before it is added to dw */
     void *lib;    /* cuDNN's workspace, e->lib_bytes */
 };
 
@@ -316,8 +340,8 @@ static int conv_ws_split(struct conv_ws *w, void *ws, const struct conv_entry *e
 {
     if (!ws) return BK_ERR_INVALID;
     char *b = (char *)(((uintptr_t)ws + CONV_ALIGN - 1) & ~(uintptr_t)(CONV_ALIGN - 1));
-    w->pad = e->asym ? (float *)b : NULL;
-    w->dw = (float *)(b + e->pad_bytes);
+    w->pad = e->asym ? (void *)b : NULL;
+    w->dw = b + e->pad_bytes;
     w->lib = b + e->pad_bytes + e->dw_bytes;
     return BK_OK;
 }
@@ -332,31 +356,56 @@ static int conv_find_enabled(void)
 static int pick_found(const struct perf_row *r, int n, int dir, const struct conv_entry *e)
 {
     for (int i = 0; i < n; i++)
-        if (row_ok(&r[i], dir, e->parity, e->lib_bytes)) return i;
+        if (row_ok(&r[i], dir, e->parity, e->dtype, e->lib_bytes)) return i;
     return -1;
 }
 
-static int conv_pad(float *xp, const float *x, const struct conv_entry *e, bk_ctx *ctx)
+static int conv_pad(void *xp, const void *x, const struct conv_entry *e, bk_ctx *ctx)
 {
     const struct bk_conv2d *s = &e->s;
-    return cu_pad2d(xp, x, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b, s->pad_r, ctx);
+    return cu_pad2d(xp, x, e->dtype, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b,
+                    s->pad_r, ctx);
 }
 
-__global__ void k_conv_bias(float *y, const float *b, int co, int hw, size_t total)
+/* y (N,Co,HW) += b (Co), the sum in fp32 and rounded once to T */
+template <typename T> __global__ void k_conv_bias(T *y, const float *b, int co, int hw, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)
-        y[i] += b[(i / hw) % co];
+        y[i] = cu_to<T>(cu_ld(y[i]) + b[(i / hw) % co]);
 }
 
-int cu_conv2d_fwd(void *yv, const void *xv, const void *wv, const float *b, void *ws,
+template <typename T> static int conv_bias(void *y, const float *b, const struct bk_conv2d *s,
+                                           bk_ctx *ctx)
+{
+    const size_t total = (size_t)s->n * s->co * s->ho * s->wo;
+    CU_LAUNCH(k_conv_bias<T>, cu_blocks(total, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        (T *)y, b, s->co, s->ho * s->wo, total);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+/* dw (fp32) += g (a 16-bit filter gradient) */
+template <typename T> __global__ void k_dw_add(float *dw, const T *g, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
+         i += (size_t)gridDim.x * blockDim.x)
+        dw[i] += cu_ld(g[i]);
+}
+
+template <typename T> static int dw_add(float *dw, const void *g, size_t count, bk_ctx *ctx)
+{
+    CU_LAUNCH(k_dw_add<T>, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        dw, (const T *)g, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+int cu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                   const struct bk_conv2d *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (conv_check(s) != BK_OK || !yv || !xv || !wv) return BK_ERR_INVALID;
-    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
-    float *y = (float *)yv;
-    const float *x = (const float *)xv, *w = (const float *)wv;
+    if (conv_check(s) != BK_OK || !y || !x || !w) return BK_ERR_INVALID;
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
@@ -364,7 +413,7 @@ int cu_conv2d_fwd(void *yv, const void *xv, const void *wv, const float *b, void
     cu_query_unlock();
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;
-    const float *xin = x;
+    const void *xin = x;
     if (e->asym) {
         if ((rc = conv_pad(cw.pad, x, e, ctx))) return rc;
         xin = cw.pad;
@@ -391,24 +440,16 @@ int cu_conv2d_fwd(void *yv, const void *xv, const void *wv, const float *b, void
     cu_query_unlock();
     CUDNN_CHECK(cudnnConvolutionForward(ctx->cudnn, &one, e->xd, xin, e->wd, w, e->cd, algo,
                                         cw.lib, e->lib_bytes, &zero, e->yd, y));
-    if (b) {
-        size_t total = (size_t)s->n * s->co * s->ho * s->wo;
-        CU_LAUNCH(k_conv_bias, cu_blocks(total, CU_THREADS), CU_THREADS, 0, ctx->stream)(
-            y, b, s->co, s->ho * s->wo, total);
-        CU_LAUNCHED(ctx);
-    }
+    if (b && (rc = CU_TYPED(s->dtype, conv_bias, y, b, s, ctx))) return rc;
     if (cu_sync_checks) CU_LAUNCHED(ctx);
     return BK_OK;
 }
 
-int cu_conv2d_bwd_data(void *dxv, const void *dyv, const void *wv, int accum, void *ws,
+int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                        const struct bk_conv2d *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (conv_check(s) != BK_OK || !dxv || !dyv || !wv) return BK_ERR_INVALID;
-    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
-    float *dx = (float *)dxv;
-    const float *dy = (const float *)dyv, *w = (const float *)wv;
+    if (conv_check(s) != BK_OK || !dx || !dy || !w) return BK_ERR_INVALID;
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
@@ -416,13 +457,15 @@ int cu_conv2d_bwd_data(void *dxv, const void *dyv, const void *wv, int accum, vo
     cu_query_unlock();
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;
-    /* asym: the gradient of the padded copy, then its interior (=/+=) into dx */
-    float *out = e->asym ? cw.pad : dx;
+    /* asym: the gradient of the padded copy, then its interior copied into dx; accumulating,
+     * the padded copy starts as dx zero-padded, so the sum is rounded once (as cuDNN's beta) */
+    void *out = e->asym ? cw.pad : dx;
     const float one = 1.0f, zero = 0.0f;
-    const float beta = (!e->asym && accum) ? 1.0f : 0.0f;
+    const float beta = accum ? 1.0f : 0.0f;
+    if (e->asym && accum && (rc = conv_pad(cw.pad, dx, e, ctx))) return rc;
     cu_query_lock();
     /* the finder overwrites its output: only where that output is written (=) anyway */
-    const int may_find = e->asym || !accum;
+    const int may_find = !accum;
     if (!e->tuned[DIR_BWD_DATA] && may_find) {
         if (conv_find_enabled()) {
             cudnnConvolutionBwdDataAlgoPerf_t p[CONV_PERF_N];
@@ -451,21 +494,19 @@ int cu_conv2d_bwd_data(void *dxv, const void *dyv, const void *wv, int accum, vo
                                              cw.lib, e->lib_bytes, &beta, e->xd, out));
     (void)zero;
     if (e->asym) {
-        rc = cu_crop2d(dx, cw.pad, accum, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b,
-                       s->pad_r, ctx);
+        rc = cu_crop2d(dx, cw.pad, e->dtype, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l,
+                       s->pad_b, s->pad_r, ctx);
         if (rc) return rc;
     }
     if (cu_sync_checks) CU_LAUNCHED(ctx);
     return BK_OK;
 }
 
-int cu_conv2d_bwd_filter(float *dw, float *db, const void *dyv, const void *xv, void *ws,
+int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                          const struct bk_conv2d *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (conv_check(s) != BK_OK || !dw || !dyv || !xv) return BK_ERR_INVALID;
-    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* no 16-bit kernels yet */
-    const float *dy = (const float *)dyv, *x = (const float *)xv;
+    if (conv_check(s) != BK_OK || !dw || !dy || !x) return BK_ERR_INVALID;
     struct conv_entry *e = NULL;
     struct conv_ws cw;
     cu_query_lock();
@@ -473,12 +514,12 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const void *dyv, const void *xv, 
     cu_query_unlock();
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;
-    const float *xin = x;
+    const void *xin = x;
     if (e->asym) {
         if ((rc = conv_pad(cw.pad, x, e, ctx))) return rc;
         xin = cw.pad;
     }
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     cu_query_lock();
     if (!e->tuned[DIR_BWD_FILTER] && conv_find_enabled()) {
         /* dw accumulates: the finder writes a scratch filter in the workspace instead */
@@ -501,11 +542,21 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const void *dyv, const void *xv, 
     const cudnnConvolutionBwdFilterAlgo_t algo =
         (cudnnConvolutionBwdFilterAlgo_t)e->algo[DIR_BWD_FILTER];
     cu_query_unlock();
-    /* beta 1: dw += */
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy, e->cd,
-                                               algo, cw.lib, e->lib_bytes, &one, e->wd, dw));
+    if (e->dtype == BK_DTYPE_F32) {
+        /* beta 1: dw += */
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy,
+                                                   e->cd, algo, cw.lib, e->lib_bytes, &one,
+                                                   e->wd, dw));
+    } else {
+        /* cuDNN's 16-bit filter gradient, then dw (fp32) += it */
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy,
+                                                   e->cd, algo, cw.lib, e->lib_bytes, &zero,
+                                                   e->wd, cw.dw));
+        const size_t nw = (size_t)s->co * s->ci * s->kh * s->kw;
+        if ((rc = CU_TYPED(e->dtype, dw_add, dw, cw.dw, nw, ctx))) return rc;
+    }
     if (db) {
-        rc = cu_chansum_add(db, dy, s->n, s->co, s->ho * s->wo, ctx);
+        rc = cu_chansum_add(db, dy, e->dtype, s->n, s->co, s->ho * s->wo, ctx);
         if (rc) return rc;
     }
     if (cu_sync_checks) CU_LAUNCHED(ctx);

@@ -13,6 +13,7 @@
 #include <cudnn.h>
 
 #include "backend.h"
+#include "half.h"
 
 /* every launch goes through CU_LAUNCH(kernel, grid, block, smem, stream)(args...) and dynamic
  * shared memory through CU_EXTERN_SHARED: tests/gpu/emu (a host SIMT emulator that runs these
@@ -74,6 +75,9 @@ int cu_default_device(void);
 int cu_thread_parity(void);
 /* the device is warmed up (context, pool, handles); BK_ERR_DEVICE with a logged reason */
 int cu_device_ready(int device);
+/* the typed kernels (enum bk_half) that take 16-bit dtype natively on the device (warmed up
+ * first; 0 where it is not usable) */
+unsigned cu_device_half(int device, int dtype);
 /* the shared cuDNN handle of a device for queries that have no job (conv2d_ws_bytes); callers
  * hold cu_query_lock() while they use it */
 cudnnHandle_t cu_query_cudnn(int device);
@@ -161,6 +165,44 @@ __device__ __forceinline__ float cu_warp_max(float v)
 }
 #endif
 
+/* 16-bit storage in kernels: enum bk_dtype's element types as distinct types, so a kernel
+ * template instantiated for float, cu_f16 and cu_bf16 reads and writes any of them. Loads are
+ * exact; stores round to nearest even with kernels/half.h's integer rounding, the bits of
+ * `convert` and of the CPU backend. CU_TYPED(dtype, fn, args) calls fn<T>(args) for dtype's T. */
+struct cu_f16 {
+    uint16_t bits;
+};
+struct cu_bf16 {
+    uint16_t bits;
+};
+static inline int cu_dtype_ok(int dtype)
+{
+    return dtype == BK_DTYPE_F32 || dtype == BK_DTYPE_F16 || dtype == BK_DTYPE_BF16;
+}
+#define CU_TYPED(dtype, fn, ...)                                                               \
+    ((dtype) == BK_DTYPE_F16    ? fn<cu_f16>(__VA_ARGS__)                                      \
+     : (dtype) == BK_DTYPE_BF16 ? fn<cu_bf16>(__VA_ARGS__)                                     \
+                                : fn<float>(__VA_ARGS__))
+#ifdef __CUDACC__
+__device__ __forceinline__ float cu_ld(float v) { return v; }
+__device__ __forceinline__ float cu_ld(cu_f16 v) { return half_f16_to_f32(v.bits); }
+__device__ __forceinline__ float cu_ld(cu_bf16 v) { return half_bf16_to_f32(v.bits); }
+template <typename T> __device__ __forceinline__ T cu_to(float v);
+template <> __device__ __forceinline__ float cu_to<float>(float v) { return v; }
+template <> __device__ __forceinline__ cu_f16 cu_to<cu_f16>(float v)
+{
+    cu_f16 r;
+    r.bits = half_f32_to_f16(v);
+    return r;
+}
+template <> __device__ __forceinline__ cu_bf16 cu_to<cu_bf16>(float v)
+{
+    cu_bf16 r;
+    r.bits = half_f32_to_bf16(v);
+    return r;
+}
+#endif
+
 /* ---- the kernels: signatures and contracts of kernels/backend.h ---- */
 /* backend_cuda.cu */
 int cu_ctx_init(bk_ctx **out, int threads);
@@ -188,10 +230,10 @@ int cu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, 
                   int dtype, bk_ctx *ctx);
 int cu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,
                   const void *w, int accum, int m, int k, int n, int dtype, bk_ctx *ctx);
-/* db (N) += column sums of dy (M,N) in double (also conv's and linear's bias gradient) */
-int cu_colsum_add(float *db, const float *dy, int m, int n, bk_ctx *ctx);
-/* db (C) += sum over N and HW of dy (N,C,HW), in double */
-int cu_chansum_add(float *db, const float *dy, int n, int c, int hw, bk_ctx *ctx);
+/* db (N) += column sums of dy (M,N, elements of dtype) in double (linear's bias gradient) */
+int cu_colsum_add(float *db, const void *dy, int dtype, int m, int n, bk_ctx *ctx);
+/* db (C) += sum over N and HW of dy (N,C,HW, elements of dtype), in double (conv's) */
+int cu_chansum_add(float *db, const void *dy, int dtype, int n, int c, int hw, bk_ctx *ctx);
 
 /* norm.cu */
 int cu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
@@ -240,10 +282,11 @@ int cu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, int
                       int w, bk_ctx *ctx);
 int cu_timestep_embed_fwd(float *y, const float *t, int n, int dim, int flip_sin_to_cos,
                           float freq_shift, float max_period, bk_ctx *ctx);
-/* conv.cu's helpers: zero-padded copy and cropped (=/+=) copy back, per (N,C) plane */
-int cu_pad2d(float *xp, const float *x, int nc, int h, int w, int pt, int pl, int pb, int pr,
-             bk_ctx *ctx);
-int cu_crop2d(float *x, const float *xp, int accum, int nc, int h, int w, int pt, int pl, int pb,
+/* conv.cu's helpers: zero-padded copy and cropped copy back, per (N,C) plane, of elements of
+ * dtype */
+int cu_pad2d(void *xp, const void *x, int dtype, int nc, int h, int w, int pt, int pl, int pb,
+             int pr, bk_ctx *ctx);
+int cu_crop2d(void *x, const void *xp, int dtype, int nc, int h, int w, int pt, int pl, int pb,
               int pr, bk_ctx *ctx);
 
 /* attention.cu */

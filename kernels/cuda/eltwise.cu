@@ -520,45 +520,61 @@ int cu_timestep_embed_fwd(float *y, const float *t, int n, int dim, int flip_sin
     return BK_OK;
 }
 
-/* ---- conv.cu's padding helpers, per (N*C) plane ---- */
+/* ---- conv.cu's padding helpers, per (N*C) plane, on conv's element type T ---- */
 
-__global__ void k_pad2d(float *xp, const float *x, int h, int w, int pt, int pl, int hp, int wp,
+template <typename T>
+__global__ void k_pad2d(T *xp, const T *x, int h, int w, int pt, int pl, int hp, int wp,
                         size_t count)
 {
     GRID_LOOP(i, count)
     {
         const size_t plane = i / ((size_t)hp * wp);
         const int r = (int)(i % ((size_t)hp * wp)), y = r / wp - pt, xx = r % wp - pl;
-        xp[i] = (y >= 0 && y < h && xx >= 0 && xx < w) ? x[(plane * h + y) * w + xx] : 0.0f;
+        xp[i] = (y >= 0 && y < h && xx >= 0 && xx < w) ? x[(plane * h + y) * w + xx]
+                                                       : cu_to<T>(0.0f);
     }
 }
 
-__global__ void k_crop2d(float *x, const float *xp, int accum, int h, int w, int pt, int pl,
-                         int hp, int wp, size_t count)
+template <typename T>
+__global__ void k_crop2d(T *x, const T *xp, int h, int w, int pt, int pl, int hp, int wp,
+                         size_t count)
 {
     GRID_LOOP(i, count)
     {
         const size_t plane = i / ((size_t)h * w);
         const int r = (int)(i % ((size_t)h * w)), y = r / w, xx = r % w;
-        const float v = xp[(plane * hp + y + pt) * wp + xx + pl];
-        x[i] = accum ? x[i] + v : v;
+        x[i] = xp[(plane * hp + y + pt) * wp + xx + pl];
     }
 }
 
-int cu_pad2d(float *xp, const float *x, int nc, int h, int w, int pt, int pl, int pb, int pr,
-             bk_ctx *ctx)
+template <typename T>
+static int pad2d(void *xp, const void *x, int nc, int h, int w, int pt, int pl, int pb, int pr,
+                 bk_ctx *ctx)
 {
     const int hp = h + pt + pb, wp = w + pl + pr;
     const size_t count = (size_t)nc * hp * wp;
-    LAUNCH_1D(k_pad2d, count, xp, x, h, w, pt, pl, hp, wp, count);
+    LAUNCH_1D(k_pad2d<T>, count, (T *)xp, (const T *)x, h, w, pt, pl, hp, wp, count);
     return BK_OK;
 }
 
-int cu_crop2d(float *x, const float *xp, int accum, int nc, int h, int w, int pt, int pl, int pb,
-              int pr, bk_ctx *ctx)
+template <typename T>
+static int crop2d(void *x, const void *xp, int nc, int h, int w, int pt, int pl, int pb, int pr,
+                  bk_ctx *ctx)
 {
     const int hp = h + pt + pb, wp = w + pl + pr;
     const size_t count = (size_t)nc * h * w;
-    LAUNCH_1D(k_crop2d, count, x, xp, accum, h, w, pt, pl, hp, wp, count);
+    LAUNCH_1D(k_crop2d<T>, count, (T *)x, (const T *)xp, h, w, pt, pl, hp, wp, count);
     return BK_OK;
+}
+
+int cu_pad2d(void *xp, const void *x, int dtype, int nc, int h, int w, int pt, int pl, int pb,
+             int pr, bk_ctx *ctx)
+{
+    return CU_TYPED(dtype, pad2d, xp, x, nc, h, w, pt, pl, pb, pr, ctx);
+}
+
+int cu_crop2d(void *x, const void *xp, int dtype, int nc, int h, int w, int pt, int pl, int pb,
+              int pr, bk_ctx *ctx)
+{
+    return CU_TYPED(dtype, crop2d, x, xp, nc, h, w, pt, pl, pb, pr, ctx);
 }

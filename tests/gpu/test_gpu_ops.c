@@ -6,6 +6,10 @@
  * match); an output a kernel must leave alone is checked to still hold its NaN poison.
  * Philox fills equal philox.h's (u32 exactly, Gaussians within 1e-6). Without a GPU it prints
  * "SKIPPED: no CUDA device" and exits 77, which ctest reports as skipped.
+ * The typed kernels (convolution, linear, attention) run in f32, bf16 and f16. A 16-bit run's
+ * inputs are 16-bit values on both sides; the CPU reference is what the executor makes of a
+ * 16-bit tensor on a backend without 16-bit kernels: the CPU's fp32 kernel on the widened
+ * values, its result rounded to the 16-bit type (half.h). See t_cmp16 for the tolerances.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -14,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "backend_load.h"
+#include "half.h"
 #include "philox.h"
 #include "nchw_shim.h"
 #include "test_util.h"
@@ -41,40 +46,70 @@ static void *dalloc(size_t bytes)
 
 struct t {
     size_t n;
-    float *h; /* the CPU's copy (input, or the CPU backend's output) */
-    float *d; /* the GPU's */
+    float *h; /* the CPU's copy (input, or the CPU backend's output), fp32 */
+    float *d; /* the GPU's, elements of dt */
+    int dt;   /* enum bk_dtype of the GPU's copy; a 16-bit input's h holds 16-bit values */
 };
+
+static uint16_t to16(float v, int dt)
+{
+    return dt == BK_DTYPE_BF16 ? half_f32_to_bf16(v) : half_f32_to_f16(v);
+}
+static float from16(uint16_t b, int dt)
+{
+    return dt == BK_DTYPE_BF16 ? half_bf16_to_f32(b) : half_f16_to_f32(b);
+}
 
 static void up(struct t *x)
 {
-    CHECK(G->mem_upload(x->d, x->h, x->n * 4, gctx) == 0, "%s: upload", cur_op);
+    int rc;
+    if (x->dt == BK_DTYPE_F32) {
+        rc = G->mem_upload(x->d, x->h, x->n * 4, gctx);
+    } else {
+        uint16_t *b = malloc((x->n ? x->n : 1) * 2);
+        for (size_t i = 0; i < x->n; i++) b[i] = to16(x->h[i], x->dt);
+        rc = G->mem_upload(x->d, b, x->n * 2, gctx);
+        free(b);
+    }
+    CHECK(rc == 0, "%s: upload", cur_op);
 }
 
-static struct t t_make(size_t n)
+static struct t t_make_dt(size_t n, int dt)
 {
-    struct t x = {n, malloc((n ? n : 1) * sizeof(float)), dalloc((n ? n : 1) * sizeof(float))};
+    struct t x = {n, malloc((n ? n : 1) * sizeof(float)),
+                  dalloc((n ? n : 1) * bk_dtype_size(dt)), dt};
     return x;
 }
 
-/* an input: the same random values on both sides */
-static struct t t_in(size_t n, double scale)
+static struct t t_make(size_t n) { return t_make_dt(n, BK_DTYPE_F32); }
+
+/* an input: the same random values on both sides (of dt: rounded to it) */
+static struct t t_in_dt(size_t n, double scale, int dt)
 {
-    struct t x = t_make(n);
+    struct t x = t_make_dt(n, dt);
     tu_fill(x.h, n, scale);
+    if (dt != BK_DTYPE_F32)
+        for (size_t i = 0; i < n; i++) x.h[i] = from16(to16(x.h[i], dt), dt);
     up(&x);
     return x;
 }
+static struct t t_in(size_t n, double scale) { return t_in_dt(n, scale, BK_DTYPE_F32); }
 
 /* an output written (=): NaN on both sides, so an element a kernel misses shows */
-static struct t t_out(size_t n)
+static struct t t_out_dt(size_t n, int dt)
 {
-    struct t x = t_make(n);
+    struct t x = t_make_dt(n, dt);
     for (size_t i = 0; i < n; i++) x.h[i] = NAN;
-    CHECK(G->mem_set_f32(x.d, NAN, n, gctx) == 0, "%s: poison", cur_op);
+    if (dt == BK_DTYPE_F32)
+        CHECK(G->mem_set_f32(x.d, NAN, n, gctx) == 0, "%s: poison", cur_op);
+    else
+        up(&x);
     return x;
 }
+static struct t t_out(size_t n) { return t_out_dt(n, BK_DTYPE_F32); }
 
 /* an output accumulated (+=): the same random start on both sides */
+static struct t t_acc_dt(size_t n, double scale, int dt) { return t_in_dt(n, scale, dt); }
 static struct t t_acc(size_t n, double scale) { return t_in(n, scale); }
 
 static void t_free(struct t *x) { free(x->h); }
@@ -106,6 +141,74 @@ static void t_cmp(const char *what, const struct t *x, double tol)
           "n %zu", cur_op, what, e, tol, bad_g, bad_c, x->n);
     if (getenv("TEST_GPU_VERBOSE")) printf("  %-28s %-8s rel err %.3g\n", cur_op, what, e);
     free(g);
+}
+
+/* tolerances of a 16-bit output against the CPU's fp32 result rounded to the type (what the
+ * executor stores there). The two fp32 results differ by summation order only (~1e-6 relative),
+ * so their roundings are equal except where the two straddle a rounding boundary, one ulp apart
+ * (at most 2u relative; u, the unit roundoff, is 2^-8 for bf16's 8 significant bits and 2^-11
+ * for f16's 11). Measured: at most 0.4% of the elements differ, norm-wise under 0.05 u. So: at
+ * most TOL16_FRAC of the elements may differ at all (a rounding that is not to nearest even, or a
+ * second rounding, changes ~30% of them) and norm-wise tol16 = u/4. Outputs with a bias are
+ * rounded twice (the library's result, then + b in fp32: cuDNN and cuBLAS store 16 bits before
+ * the bias is added, as PyTorch's autocast does), ~30% differ by one ulp, norm-wise measured 0.5
+ * to 0.72 u: tol16 = u, the share not checked. */
+#define TOL16_FRAC 0.02
+static double tol16(int dt, int bias)
+{
+    const double u = dt == BK_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048; /* the unit roundoff */
+    return bias ? u : u / 4;
+}
+
+static void t_cmp16(const char *what, const struct t *x, int check_frac)
+{
+    const size_t n = x->n ? x->n : 1;
+    uint16_t *g = malloc(n * 2);
+    int rc = G->mem_download(g, x->d, x->n * 2, gctx);
+    size_t bad_g = 0, bad_c = 0, differ = 0;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        const uint16_t cb = to16(x->h[i], x->dt);
+        const float gv = from16(g[i], x->dt), cv = from16(cb, x->dt);
+        const int fg = isfinite(gv), fc = isfinite(cv);
+        bad_g += !fg;
+        bad_c += !fc;
+        differ += g[i] != cb;
+        if (fg && fc) {
+            double d = (double)gv - (double)cv;
+            num += d * d;
+            den += (double)cv * cv;
+        }
+    }
+    double e = num == 0 ? 0 : sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-300);
+    const double frac = x->n ? (double)differ / (double)x->n : 0.0, tol = tol16(x->dt, !check_frac);
+    const char *tn = x->dt == BK_DTYPE_BF16 ? "bf16" : "f16";
+    CHECK(rc == 0 && bad_g == 0 && bad_c == 0 && e < tol && (!check_frac || frac <= TOL16_FRAC),
+          "%s %s (%s): rel err %.3g (tol %.2g), %.2f%% of the elements differ (at most %.0f%%%s), "
+          "non-finite: %zu on the GPU, %zu on the CPU, n %zu", cur_op, what, tn, e, tol,
+          100.0 * frac, 100.0 * TOL16_FRAC, check_frac ? "" : ": not checked, a bias", bad_g,
+          bad_c, x->n);
+    if (getenv("TEST_GPU_VERBOSE"))
+        printf("  %-28s %-8s %-4s rel err %.3g, %.2f%% differ\n", cur_op, what, tn, e,
+               100.0 * frac);
+    free(g);
+}
+
+/* an output of either type: fp32 ones within tol, 16-bit ones by t_cmp16 */
+static void t_cmp_any(const char *what, const struct t *x, double tol, int check_frac)
+{
+    if (x->dt == BK_DTYPE_F32)
+        t_cmp(what, x, tol);
+    else
+        t_cmp16(what, x, check_frac);
+}
+
+/* the CPU's result rounded to the GPU's type, as the executor stores it: the next kernel's
+ * input on both sides */
+static void t_round(struct t *x)
+{
+    if (x->dt != BK_DTYPE_F32)
+        for (size_t i = 0; i < x->n; i++) x->h[i] = from16(to16(x->h[i], x->dt), x->dt);
 }
 
 /* an output both kernels were told to leave alone: still all NaN poison on both sides */
@@ -140,37 +243,84 @@ static void begin(const char *name)
 
 static int conv_accum_first; /* the next test_conv's first data gradient accumulates */
 
-static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, int pt, int pl,
-                      int pb, int pr, int bias)
+static const char *dt_name(int dt)
+{
+    return dt == BK_DTYPE_BF16 ? " bf16" : dt == BK_DTYPE_F16 ? " f16" : "";
+}
+
+/* the unit roundoff of a 16-bit type (half its ulp, relative): 2^-8 for bf16's 8 significant
+ * bits, 2^-11 for f16's 11 */
+static double u16(int dt) { return dt == BK_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048; }
+
+/* tests/gpu/emu: the library calls made so far with inputs of dt (ddpmd_emu_lib_calls), lib 0
+ * cuDNN, 1 cuBLAS; -1 on a GPU */
+static long lib_calls(int lib, int dt)
+{
+    const char *mod = getenv("DDPMD_CUDA_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    unsigned long (*f)(int, int) =
+        h ? (unsigned long (*)(int, int))dlsym(h, "ddpmd_emu_lib_calls") : NULL;
+    long r = f ? (long)f(lib, dt) : -1;
+    if (h) dlclose(h);
+    return r;
+}
+
+/* a 16-bit op's kernels: implemented (half_kernels) on this device, and then seen in the
+ * library in that type (the emulator counts); where they are not, the call must be refused */
+static int typed_native(unsigned bit, int dt)
+{
+    if (dt == BK_DTYPE_F32) return 1;
+    return G->half_kernels && (G->half_kernels(dt) & bit);
+}
+
+static void test_conv_dt(int n, int ci, int h, int w, int co, int k, int stride, int pt, int pl,
+                         int pb, int pr, int bias, int dt)
 {
     char name[128];
-    snprintf(name, sizeof name, "conv %dx%dx%dx%d->%d k%d s%d p%d%d%d%d%s", n, ci, h, w, co, k,
-             stride, pt, pl, pb, pr, bias ? " b" : "");
+    snprintf(name, sizeof name, "conv %dx%dx%dx%d->%d k%d s%d p%d%d%d%d%s%s", n, ci, h, w, co, k,
+             stride, pt, pl, pb, pr, bias ? " b" : "", dt_name(dt));
     begin(name);
     struct bk_conv2d s = {.n = n, .ci = ci, .h = h, .w = w, .co = co, .kh = k, .kw = k,
-                          .stride = stride, .pad_t = pt, .pad_l = pl, .pad_b = pb, .pad_r = pr};
+                          .stride = stride, .pad_t = pt, .pad_l = pl, .pad_b = pb, .pad_r = pr,
+                          .dtype = dt};
     CHECK(bk_conv2d_init(&s) == 0, "%s: shape", name);
+    struct bk_conv2d s32 = s; /* the CPU's: fp32 on the 16-bit values */
+    s32.dtype = BK_DTYPE_F32;
     size_t nx = (size_t)n * ci * h * w, ny = (size_t)n * co * s.ho * s.wo,
            nw = (size_t)co * ci * k * k;
-    size_t cws = C->conv2d_ws_bytes(&s), gws = G->conv2d_ws_bytes(&s);
+    size_t cws = C->conv2d_ws_bytes(&s32), gws = G->conv2d_ws_bytes(&s);
     void *cw = malloc(cws ? cws : 64), *gw = gws ? dalloc(gws) : NULL;
-    struct t x = t_in(nx, 1.0), wt = t_in(nw, 0.3), b = t_in((size_t)co, 0.5);
-    struct t y = t_out(ny);
-    CHECK(C->conv2d_fwd(y.h, x.h, wt.h, bias ? b.h : NULL, cw, &s, cctx) == 0, "%s cpu fwd", name);
+    struct t x = t_in_dt(nx, 1.0, dt), wt = t_in_dt(nw, 0.3, dt), b = t_in((size_t)co, 0.5);
+    struct t y = t_out_dt(ny, dt);
+    if (!typed_native(BK_HALF_CONV, dt)) {
+        CHECK(G->conv2d_fwd(y.d, x.d, wt.d, NULL, gw, &s, gctx) == BK_ERR_INVALID,
+              "%s: a convolution in a type the device lacks was not refused", name);
+        t_free(&x), t_free(&wt), t_free(&b), t_free(&y), free(cw);
+        return;
+    }
+    const long calls0 = lib_calls(0, dt);
+    /* bias outputs: the 16-bit ones are rounded twice (see tol16) */
+    const int exact = !bias;
+    CHECK(C->conv2d_fwd(y.h, x.h, wt.h, bias ? b.h : NULL, cw, &s32, cctx) == 0, "%s cpu fwd",
+          name);
     gpu_ok(G->conv2d_fwd(y.d, x.d, wt.d, bias ? b.d : NULL, gw, &s, gctx), "fwd");
-    t_cmp("y", &y, TOL);
-    struct t dy = t_in(ny, 1.0);
+    t_cmp_any("y", &y, TOL, exact);
+    struct t dy = t_in_dt(ny, 1.0, dt);
     /* the algorithm search overwrites its output: a first call that accumulates must not search
      * (conv_accum_first runs the accumulating call first on a new shape) */
     for (int a = 0; a < 2; a++) {
         const int accum = conv_accum_first ? 1 - a : a;
-        struct t dx = accum ? t_acc(nx, 1.0) : t_out(nx);
-        CHECK(C->conv2d_bwd_data(dx.h, dy.h, wt.h, accum, cw, &s, cctx) == 0, "%s cpu bwd", name);
+        struct t dx = accum ? t_acc_dt(nx, 1.0, dt) : t_out_dt(nx, dt);
+        CHECK(C->conv2d_bwd_data(dx.h, dy.h, wt.h, accum, cw, &s32, cctx) == 0, "%s cpu bwd",
+              name);
         gpu_ok(G->conv2d_bwd_data(dx.d, dy.d, wt.d, accum, gw, &s, gctx), "bwd data");
-        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        t_cmp_any(accum ? "dx+=" : "dx", &dx, TOL, 1);
         t_free(&dx);
     }
-    /* filter gradient: from zero (the strict check) and onto random values (+=) */
+    /* filter gradient (fp32): from zero (the strict check) and onto random values (+=). In
+     * 16 bits cuDNN's filter gradient is rounded once to the type before it is added: within
+     * the unit roundoff */
+    const double tol_dw = dt == BK_DTYPE_F32 ? TOL : u16(dt);
     for (int start = 0; start < 2; start++) {
         struct t dw = start ? t_acc(nw, 0.2) : t_make(nw), db = start ? t_acc(co, 0.2) : t_make(co);
         if (!start) {
@@ -179,20 +329,24 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
             up(&dw);
             up(&db);
         }
-        CHECK(C->conv2d_bwd_filter(dw.h, bias ? db.h : NULL, dy.h, x.h, cw, &s, cctx) == 0,
+        CHECK(C->conv2d_bwd_filter(dw.h, bias ? db.h : NULL, dy.h, x.h, cw, &s32, cctx) == 0,
               "%s cpu filter", name);
         gpu_ok(G->conv2d_bwd_filter(dw.d, bias ? db.d : NULL, dy.d, x.d, gw, &s, gctx),
                "bwd filter");
-        t_cmp(start ? "dw+=" : "dw", &dw, TOL);
+        t_cmp(start ? "dw+=" : "dw", &dw, tol_dw);
         if (bias) t_cmp(start ? "db+=" : "db", &db, TOL);
         t_free(&dw);
         t_free(&db);
     }
     /* a second forward (the algorithm now chosen) gives the same */
-    struct t y2 = t_out(ny);
+    struct t y2 = t_out_dt(ny, dt);
     memcpy(y2.h, y.h, ny * 4);
     gpu_ok(G->conv2d_fwd(y2.d, x.d, wt.d, bias ? b.d : NULL, gw, &s, gctx), "fwd again");
-    t_cmp("y again", &y2, TOL);
+    t_cmp_any("y again", &y2, TOL, exact);
+    const long calls1 = lib_calls(0, dt);
+    CHECK(calls0 < 0 || calls1 - calls0 >= 6,
+          "%s: %ld cuDNN convolutions in this type, want 6: the backend widened its operands",
+          name, calls1 - calls0);
     t_free(&y2);
     t_free(&x);
     t_free(&wt);
@@ -202,34 +356,50 @@ static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, in
     free(cw);
 }
 
+/* every shape in fp32, bf16 and f16 */
+static void test_conv(int n, int ci, int h, int w, int co, int k, int stride, int pt, int pl,
+                      int pb, int pr, int bias)
+{
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++)
+        test_conv_dt(n, ci, h, w, co, k, stride, pt, pl, pb, pr, bias, dt);
+}
+
 /* ---- linear ---- */
 
-static void test_linear(int m, int k, int n)
+static void test_linear_dt(int m, int k, int n, int dt)
 {
     char name[64];
-    snprintf(name, sizeof name, "linear %dx%d->%d", m, k, n);
+    snprintf(name, sizeof name, "linear %dx%d->%d%s", m, k, n, dt_name(dt));
     begin(name);
-    struct t x = t_in((size_t)m * k, 1.0), w = t_in((size_t)n * k, 0.3), b = t_in(n, 0.5);
+    struct t x = t_in_dt((size_t)m * k, 1.0, dt), w = t_in_dt((size_t)n * k, 0.3, dt),
+             b = t_in(n, 0.5);
+    if (!typed_native(BK_HALF_LINEAR, dt)) {
+        struct t y = t_out_dt((size_t)m * n, dt);
+        CHECK(G->linear_fwd(y.d, x.d, w.d, NULL, m, k, n, dt, gctx) == BK_ERR_INVALID,
+              "%s: a linear in a type the device lacks was not refused", name);
+        t_free(&x), t_free(&w), t_free(&b), t_free(&y);
+        return;
+    }
+    const long calls0 = lib_calls(1, dt);
     for (int bias = 0; bias < 2; bias++) {
-        struct t y = t_out((size_t)m * n);
+        struct t y = t_out_dt((size_t)m * n, dt);
         CHECK(C->linear_fwd(y.h, x.h, w.h, bias ? b.h : NULL, m, k, n, BK_DTYPE_F32, cctx) == 0,
               "cpu");
-        gpu_ok(G->linear_fwd(y.d, x.d, w.d, bias ? b.d : NULL, m, k, n, BK_DTYPE_F32, gctx),
-               "fwd");
-        t_cmp(bias ? "y (bias)" : "y", &y, TOL);
+        gpu_ok(G->linear_fwd(y.d, x.d, w.d, bias ? b.d : NULL, m, k, n, dt, gctx), "fwd");
+        t_cmp_any(bias ? "y (bias)" : "y", &y, TOL, !bias);
         t_free(&y);
     }
-    struct t dy = t_in((size_t)m * n, 1.0);
+    /* dw (fp32) is summed by the GEMM in fp32 from exact products of 16-bit values: TOL in
+     * every type */
+    struct t dy = t_in_dt((size_t)m * n, 1.0, dt);
     for (int accum = 0; accum < 2; accum++) {
-        struct t dx = accum ? t_acc((size_t)m * k, 1.0) : t_out((size_t)m * k);
+        struct t dx = accum ? t_acc_dt((size_t)m * k, 1.0, dt) : t_out_dt((size_t)m * k, dt);
         struct t dw = t_acc((size_t)n * k, 0.1), db = t_acc(n, 0.1);
         CHECK(C->linear_bwd(dx.h, dw.h, db.h, dy.h, x.h, w.h, accum, m, k, n, BK_DTYPE_F32,
                             cctx) == 0,
               "cpu");
-        gpu_ok(G->linear_bwd(dx.d, dw.d, db.d, dy.d, x.d, w.d, accum, m, k, n, BK_DTYPE_F32,
-                             gctx),
-               "bwd");
-        t_cmp(accum ? "dx+=" : "dx", &dx, TOL);
+        gpu_ok(G->linear_bwd(dx.d, dw.d, db.d, dy.d, x.d, w.d, accum, m, k, n, dt, gctx), "bwd");
+        t_cmp_any(accum ? "dx+=" : "dx", &dx, TOL, 1);
         t_cmp("dw+=", &dw, TOL);
         t_cmp("db+=", &db, TOL);
         t_free(&dx);
@@ -237,17 +407,25 @@ static void test_linear(int m, int k, int n)
         t_free(&db);
     }
     /* dx only */
-    struct t dx = t_out((size_t)m * k);
+    struct t dx = t_out_dt((size_t)m * k, dt);
     CHECK(C->linear_bwd(dx.h, NULL, NULL, dy.h, x.h, w.h, 0, m, k, n, BK_DTYPE_F32, cctx) == 0,
           "cpu");
-    gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, BK_DTYPE_F32, gctx),
-           "bwd dx only");
-    t_cmp("dx only", &dx, TOL);
+    gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, dt, gctx), "bwd dx only");
+    t_cmp_any("dx only", &dx, TOL, 1);
+    const long calls1 = lib_calls(1, dt);
+    CHECK(calls0 < 0 || calls1 - calls0 >= 7,
+          "%s: %ld cuBLAS GEMMs in this type, want 7: the backend widened its operands", name,
+          calls1 - calls0);
     t_free(&dx);
     t_free(&x);
     t_free(&w);
     t_free(&b);
     t_free(&dy);
+}
+
+static void test_linear(int m, int k, int n)
+{
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++) test_linear_dt(m, k, n, dt);
 }
 
 /* ---- normalisation ---- */
@@ -523,59 +701,74 @@ static void test_embed(int n, int dim, int flip, float shift)
 
 /* ---- attention ---- */
 
-static void test_attention(int n, int l, int heads, int d, int packed)
+static void test_attention_dt(int n, int l, int heads, int d, int packed, int dt)
 {
     char name[96];
-    snprintf(name, sizeof name, "attention n%d l%d h%d d%d%s", n, l, heads, d,
-             packed ? " packed" : "");
+    snprintf(name, sizeof name, "attention n%d l%d h%d d%d%s%s", n, l, heads, d,
+             packed ? " packed" : "", dt_name(dt));
     begin(name);
     const int cdim = heads * d, ld = packed ? 3 * cdim : cdim;
     struct bk_attn s = {.n = n, .l = l, .heads = heads, .d = d, .ld = ld,
-                        .scale = 1.0f / sqrtf((float)d)};
+                        .scale = 1.0f / sqrtf((float)d), .dtype = dt};
+    struct bk_attn s32 = s; /* the CPU's: fp32 on the 16-bit values */
+    s32.dtype = BK_DTYPE_F32;
     size_t nrow = (size_t)n * l, nq = nrow * ld, no = nrow * cdim, nl = (size_t)n * heads * l;
     /* packed: one (N,L,3C) buffer; q, k, v are views at column offsets 0, C, 2C */
-    struct t qkv = t_in(packed ? nq : 3 * nq, 2.0);
+    struct t qkv = t_in_dt(packed ? nq : 3 * nq, 2.0, dt);
     const size_t koff = packed ? (size_t)cdim : nq, voff = packed ? 2 * (size_t)cdim : 2 * nq;
-    struct t o = t_out(no), lse = t_out(nl), dout = t_in(no, 1.0);
-    size_t cws = C->attn_ws_bytes(&s, 1), gws = G->attn_ws_bytes(&s, 1);
+    const size_t es = bk_dtype_size(dt);
+#define DV(t, off) ((char *)(t).d + (off) * es) /* a view into a device tensor of dt */
+    struct t o = t_out_dt(no, dt), lse = t_out(nl), dout = t_in_dt(no, 1.0, dt);
+    size_t cws = C->attn_ws_bytes(&s32, 1), gws = G->attn_ws_bytes(&s, 1);
     void *cw = malloc(cws ? cws : 64), *gw = dalloc(gws ? gws : 64);
-    CHECK(C->attn_fwd(o.h, lse.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s, cctx) == 0, "cpu");
-    gpu_ok(G->attn_fwd(o.d, lse.d, qkv.d, qkv.d + koff, qkv.d + voff, gw, &s, gctx), "tiled fwd");
-    t_cmp("o", &o, TOL);
+    CHECK(typed_native(BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, dt),
+          "%s: the attention kernels are not native in this type", name);
+    CHECK(C->attn_fwd(o.h, lse.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s32, cctx) == 0, "cpu");
+    gpu_ok(G->attn_fwd(o.d, lse.d, qkv.d, DV(qkv, koff), DV(qkv, voff), gw, &s, gctx),
+           "tiled fwd");
+    t_cmp_any("o", &o, TOL, 1);
     t_cmp("lse", &lse, TOL);
-    /* the backward from the CPU's o and lse on both sides */
+    /* the backward from the CPU's o (as stored: rounded to dt) and lse on both sides */
+    t_round(&o);
     up(&o);
     up(&lse);
-    struct t dqkv = t_out(qkv.n);
+    struct t dqkv = t_out_dt(qkv.n, dt);
     CHECK(C->attn_bwd(dqkv.h, dqkv.h + koff, dqkv.h + voff, dout.h, qkv.h, qkv.h + koff,
-                      qkv.h + voff, o.h, lse.h, cw, &s, cctx) == 0, "cpu");
-    gpu_ok(G->attn_bwd(dqkv.d, dqkv.d + koff, dqkv.d + voff, dout.d, qkv.d, qkv.d + koff,
-                       qkv.d + voff, o.d, lse.d, gw, &s, gctx), "tiled bwd");
-    t_cmp("dqkv", &dqkv, TOL);
+                      qkv.h + voff, o.h, lse.h, cw, &s32, cctx) == 0, "cpu");
+    gpu_ok(G->attn_bwd(dqkv.d, DV(dqkv, koff), DV(dqkv, voff), dout.d, qkv.d, DV(qkv, koff),
+                       DV(qkv, voff), o.d, lse.d, gw, &s, gctx), "tiled bwd");
+    t_cmp_any("dqkv", &dqkv, TOL, 1);
     free(cw);
     t_free(&dqkv);
 
     /* plain */
-    cws = C->attn_ws_bytes(&s, 0);
+    cws = C->attn_ws_bytes(&s32, 0);
     gws = G->attn_ws_bytes(&s, 0);
     cw = malloc(cws ? cws : 64);
     gw = dalloc(gws ? gws : 64);
-    struct t o2 = t_out(no), p = t_out(nl * l);
-    CHECK(C->attn_plain_fwd(o2.h, p.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s, cctx) == 0,
+    struct t o2 = t_out_dt(no, dt), p = t_out(nl * l);
+    CHECK(C->attn_plain_fwd(o2.h, p.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s32, cctx) == 0,
           "cpu");
-    gpu_ok(G->attn_plain_fwd(o2.d, p.d, qkv.d, qkv.d + koff, qkv.d + voff, gw, &s, gctx),
+    gpu_ok(G->attn_plain_fwd(o2.d, p.d, qkv.d, DV(qkv, koff), DV(qkv, voff), gw, &s, gctx),
            "plain fwd");
-    t_cmp("o (plain)", &o2, TOL);
+    t_cmp_any("o (plain)", &o2, TOL, 1);
     t_cmp("p", &p, TOL);
     up(&p);
-    dqkv = t_out(qkv.n);
+    dqkv = t_out_dt(qkv.n, dt);
     CHECK(C->attn_plain_bwd(dqkv.h, dqkv.h + koff, dqkv.h + voff, dout.h, qkv.h, qkv.h + koff,
-                            qkv.h + voff, p.h, cw, &s, cctx) == 0, "cpu");
-    gpu_ok(G->attn_plain_bwd(dqkv.d, dqkv.d + koff, dqkv.d + voff, dout.d, qkv.d, qkv.d + koff,
-                             qkv.d + voff, p.d, gw, &s, gctx), "plain bwd");
-    t_cmp("dqkv (plain)", &dqkv, TOL);
+                            qkv.h + voff, p.h, cw, &s32, cctx) == 0, "cpu");
+    gpu_ok(G->attn_plain_bwd(dqkv.d, DV(dqkv, koff), DV(dqkv, voff), dout.d, qkv.d,
+                             DV(qkv, koff), DV(qkv, voff), p.d, gw, &s, gctx), "plain bwd");
+    t_cmp_any("dqkv (plain)", &dqkv, TOL, 1);
+#undef DV
     free(cw);
     t_free(&dqkv), t_free(&o2), t_free(&p), t_free(&qkv), t_free(&o), t_free(&lse), t_free(&dout);
+}
+
+static void test_attention(int n, int l, int heads, int d, int packed)
+{
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++)
+        test_attention_dt(n, l, heads, d, packed, dt);
 }
 
 /* ---- losses, dropout ---- */
@@ -880,6 +1073,23 @@ static void test_convert(void)
     free(cy);
 }
 
+/* half_kernels by compute capability: cuDNN's and cuBLAS's 16-bit tensor cores take f16 from
+ * sm_70 and bf16 from sm_80; the attention kernels read either type anywhere. (test_gpu_ops_emu
+ * runs on an emulated sm_90, test_gpu_ops_emu_sm75 on an sm_75, where bf16 convolutions and
+ * linears must be refused.) */
+static void test_half_kernels(const struct bk_device_mem *dm)
+{
+    begin("half_kernels");
+    const int cc = dm->cc_major * 10 + dm->cc_minor;
+    const unsigned attn = BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, lib = BK_HALF_CONV | BK_HALF_LINEAR;
+    CHECK(G->half_kernels != NULL, "the CUDA backend has no half_kernels");
+    if (!G->half_kernels) return;
+    const unsigned f16 = G->half_kernels(BK_DTYPE_F16), bf16 = G->half_kernels(BK_DTYPE_BF16);
+    CHECK(f16 == (attn | (cc >= 70 ? lib : 0u)), "sm_%d: half_kernels(f16) 0x%x", cc, f16);
+    CHECK(bf16 == (attn | (cc >= 80 ? lib : 0u)), "sm_%d: half_kernels(bf16) 0x%x", cc, bf16);
+    printf("half_kernels on sm_%d: f16 0x%x, bf16 0x%x\n", cc, f16, bf16);
+}
+
 static int have_nvidia_device(void)
 {
     struct stat st;
@@ -904,7 +1114,7 @@ int main(void)
     static struct backend cpu_nchw;
     cpu_nchw = nchw_cpu_backend();
     C = &cpu_nchw;
-    struct bk_device_mem dm;
+    struct bk_device_mem dm = {0};
     int emulated = 0;
     if (G->device_mem(0, &dm) == 0) {
         printf("device: %s (sm_%d%d), %zu MiB, the process holds %zu MiB\n", dm.name, dm.cc_major,
@@ -920,6 +1130,7 @@ int main(void)
         return 1;
     }
     tu_seed(20240601);
+    test_half_kernels(&dm);
 
     test_memory();
     /* the presets' shapes: 3x3 same, diffusers' downsample (pad right/bottom, stride 2), 1x1

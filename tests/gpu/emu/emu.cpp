@@ -1698,6 +1698,11 @@ static int selfcheck_typed(cublasHandle_t bl, cudnnHandle_t dn, cudaStream_t s, 
     __nv_bfloat16 *xb = (__nv_bfloat16 *)dev, *wb = xb + 8, *yb = xb + 16;
     __half *xh = (__half *)(dev + 32), *wh = xh + 8, *yh = xh + 16;
     float *yf = dev + 64;
+    /* on an sm_90 whatever EMU_CC says; on an sm_75 below */
+    const char *cc = getenv("EMU_CC");
+    char keep[16] = "";
+    if (cc) snprintf(keep, sizeof keep, "%s", cc);
+    setenv("EMU_CC", "90", 1);
     for (int i = 0; i < 4; i++) {
         xb[i] = __float2bfloat16(xsb[i]);
         wb[i] = __float2bfloat16(1.0f);
@@ -1779,10 +1784,7 @@ static int selfcheck_typed(cublasHandle_t bl, cudnnHandle_t dn, cudaStream_t s, 
     SELF(cudnnConvolutionForward(dn, &one, xd, dev + 128, wd, dev + 136, cd, ig, NULL, 0, &zero,
                                  yd, dev + 144) == CUDNN_STATUS_BAD_PARAM,
          "an fp32 convolution with tensor-op math (TF32)");
-    /* bfloat16 on a device without it (EMU_CC below 80) */
-    const char *cc = getenv("EMU_CC");
-    char keep[16] = "";
-    if (cc) snprintf(keep, sizeof keep, "%s", cc);
+    /* bfloat16 on a device without it */
     setenv("EMU_CC", "75", 1);
     cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 4, 1, 1);
     cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 1, 1, 1);
