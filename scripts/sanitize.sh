@@ -28,7 +28,8 @@ rc=0
 # Left to the normal build (SANITIZE_EXCLUDE, a ctest -E regex, overrides the list):
 # test_gpu_step_emu: a whole training step in the instrumented SIMT emulator takes over 15
 # minutes (ctest's timeout); test_gpu_ops_emu runs every kernel under ASan instead.
-# cli_cuda_emu: training steps and sampling in the instrumented emulator, the same reason;
+# cli_cuda_emu, cli_cuda16_emu: training steps and sampling in the instrumented emulator, the
+# same reason; test_gpu_ops_emu_sm75: test_gpu_ops_emu's kernels with bf16 refused (no more code);
 # test_gpu_rt_emu likewise (offload's executor path runs under ASan in test_offload, the
 # emulator's stream-order ranges in test_gpu_ops_emu's self-check).
 # integration_test_devices: a server whose cuda:0 is the instrumented emulator (its probe child
@@ -38,7 +39,7 @@ rc=0
 # test_accum/test_recompute/test_offload run the same planner and executor paths on small models.
 # test_prec_train: 600 fmnist-tiny training steps (45 CPU-seconds in the normal build, 145 under
 # ASan); test_prec, test_ops_half and test_prec_resume run its 16-bit paths under ASan.
-exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|integration_test_devices|test_seed64|test_prec_train)\$}
+exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|cli_cuda16_emu|test_gpu_ops_emu_sm75|integration_test_devices|test_seed64|test_prec_train)\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc
