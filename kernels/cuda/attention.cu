@@ -12,8 +12,21 @@
  * template over the element type T of q, k, v, o, dout, dq, dk, dv (s->dtype: fp32, f16, bf16):
  * rows are read into fp32 (shared memory and registers), scores, softmax, lse, p and every sum
  * are fp32, and each output element is rounded once on its store.
+ * The tiled forward in 16 bits on tensor cores (k_attn_fwd_tc: f16 from sm_70, bf16 from sm_80,
+ * D a multiple of 16 up to 128): a warp owns 16 queries, the block's warps share each tile of 16
+ * keys and values in shared memory; S = Q K^T by warp matrix multiply-accumulate (exact products,
+ * fp32 sums), the online softmax in fp32 per row, and O += P V with P split in two 16-bit parts
+ * (P = hi + lo to 2^-16 relative for bf16, 2^-22 for f16) so the fp32 probabilities are not
+ * rounded to 16 bits; O and the running max and sum stay fp32 in shared memory.
  */
 #include <math.h>
+#include <stdlib.h>
+
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
 
 #include "cuda_backend.h"
 
@@ -115,6 +128,158 @@ __global__ void k_attn_fwd(T *o, float *lse, const T *q, const T *k, const T *v,
         if (d < D) orow[d] = cu_to<T>(acc[c] * inv);
     }
     if (lane == 0) lse[r] = m + logf(l);
+}
+
+/* ---- tiled forward on tensor cores ---- */
+
+#define TC_WARPS 2   /* warps per block, 16 queries each */
+#define TC_MAX_D 128 /* shared memory: (64 + 4 + 64 W) D + 2.5 KiB W bytes, 36.5 KiB at 128 */
+
+/* the WMMA element type of a storage type */
+template <typename T> struct tc_type;
+template <> struct tc_type<cu_f16> {
+    typedef __half t;
+};
+template <> struct tc_type<cu_bf16> {
+    typedef __nv_bfloat16 t;
+};
+
+/* bf16 tensor cores from sm_80: a device pass below it compiles the kernel empty (never
+ * launched there: attn_tc_ok) */
+template <typename T> __device__ constexpr bool tc_arch_ok()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    return !std::is_same<T, cu_bf16>::value;
+#else
+    return true;
+#endif
+}
+
+/* the block's shared memory, each part 32-byte aligned (WMMA's 256 bits) */
+struct tc_layout {
+    size_t q, k, v, s, phi, plo, o, st, warp, total;
+};
+__host__ __device__ static inline struct tc_layout tc_layout_of(int D)
+{
+    struct tc_layout t;
+    const size_t rows = (size_t)TC_WARPS * 16;
+    t.q = 0;
+    t.k = t.q + (rows * D * 2 + 31) / 32 * 32;
+    t.v = t.k + ((size_t)16 * D * 2 + 31) / 32 * 32;
+    /* per warp, from t.s on: S (16x16 fp32), P hi and lo (16x16 16-bit), O (16 x D fp32), and
+     * the rows' max, sum and rescale factor */
+    t.s = t.v + ((size_t)16 * D * 2 + 31) / 32 * 32;
+    t.phi = 1024;
+    t.plo = t.phi + 512;
+    t.o = t.plo + 512;
+    t.st = t.o + (size_t)16 * D * 4;
+    t.warp = (t.st + 3 * 16 * 4 + 31) / 32 * 32;
+    t.total = t.s + TC_WARPS * t.warp + 32; /* + 32: the base aligned up */
+    return t;
+}
+
+template <typename T>
+__global__ void k_attn_fwd_tc(T *o, float *lse, const T *q, const T *k, const T *v, int L, int H,
+                              int D, int ld, float scale)
+{
+    if constexpr (!tc_arch_ok<T>()) {
+        return;
+    } else {
+        using namespace nvcuda;
+        typedef typename tc_type<T>::t W;
+        CU_EXTERN_SHARED(char, tc_sh);
+        char *sh = (char *)(((uintptr_t)tc_sh + 31) & ~(uintptr_t)31);
+        const struct tc_layout t = tc_layout_of(D);
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nt = blockDim.x;
+        const int nh = blockIdx.y, h = nh % H, ni = nh / H, i0 = blockIdx.x * TC_WARPS * 16;
+        uint16_t *qs = (uint16_t *)(sh + t.q), *ks = (uint16_t *)(sh + t.k),
+                 *vs = (uint16_t *)(sh + t.v);
+        char *wb = sh + t.s + (size_t)warp * t.warp;
+        float *S = (float *)wb, *O = (float *)(wb + t.o), *mrow = (float *)(wb + t.st),
+              *lrow = mrow + 16, *arow = mrow + 32;
+        uint16_t *phi = (uint16_t *)(wb + t.phi), *plo = (uint16_t *)(wb + t.plo);
+        const size_t base = (size_t)ni * L * ld + (size_t)h * D;
+        const uint16_t *qb = (const uint16_t *)q + base, *kb = (const uint16_t *)k + base,
+                       *vb = (const uint16_t *)v + base;
+        /* the block's queries (zero rows past L) */
+        for (int e = threadIdx.x; e < TC_WARPS * 16 * D; e += nt) {
+            const int r = e / D, i = i0 + r;
+            qs[e] = i < L ? qb[(size_t)i * ld + e % D] : 0;
+        }
+        for (int e = lane; e < 16 * D; e += 32) O[e] = 0.0f;
+        if (lane < 16) {
+            mrow[lane] = -INFINITY;
+            lrow[lane] = 0.0f;
+        }
+        const uint16_t *qw = qs + (size_t)warp * 16 * D;
+        for (int j0 = 0; j0 < L; j0 += 16) {
+            __syncthreads(); /* the last tile's keys and values read by every warp */
+            for (int e = threadIdx.x; e < 16 * D; e += nt) {
+                const int j = j0 + e / D;
+                ks[e] = j < L ? kb[(size_t)j * ld + e % D] : 0;
+                vs[e] = j < L ? vb[(size_t)j * ld + e % D] : 0;
+            }
+            __syncthreads();
+            /* S (16 queries x 16 keys) = Q K^T: K's rows read as the columns of K^T */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < D; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, (const W *)(qw + kk), D);
+                wmma::load_matrix_sync(fb, (const W *)(ks + kk), D);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(S, acc, 16, wmma::mem_row_major);
+            __syncwarp();
+            /* the online softmax of each query row, as k_attn_fwd */
+            if (lane < 16) {
+                const int r = lane;
+                float mx = mrow[r];
+                for (int c = 0; c < 16; c++) {
+                    const float s = j0 + c < L ? scale * S[r * 16 + c] : -INFINITY;
+                    S[r * 16 + c] = s;
+                    mx = fmaxf(mx, s);
+                }
+                float sum = 0.0f;
+                for (int c = 0; c < 16; c++) {
+                    const float p = expf(S[r * 16 + c] - mx);
+                    sum += p;
+                    const T hi = cu_to<T>(p);
+                    phi[r * 16 + c] = hi.bits;
+                    plo[r * 16 + c] = cu_to<T>(p - cu_ld(hi)).bits;
+                }
+                const float alpha = expf(mrow[r] - mx);
+                lrow[r] = lrow[r] * alpha + sum;
+                mrow[r] = mx;
+                arow[r] = alpha;
+            }
+            __syncwarp();
+            for (int e = lane; e < 16 * D; e += 32) O[e] *= arow[e / D];
+            __syncwarp();
+            /* O += P V, P as hi + lo */
+            for (int c = 0; c < D; c += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fp;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> fv;
+                wmma::load_matrix_sync(acc, O + c, D, wmma::mem_row_major);
+                wmma::load_matrix_sync(fv, (const W *)(vs + c), D);
+                wmma::load_matrix_sync(fp, (const W *)phi, 16);
+                wmma::mma_sync(acc, fp, fv, acc);
+                wmma::load_matrix_sync(fp, (const W *)plo, 16);
+                wmma::mma_sync(acc, fp, fv, acc);
+                wmma::store_matrix_sync(O + c, acc, D, wmma::mem_row_major);
+            }
+            __syncwarp();
+        }
+        const size_t hd = (size_t)H * D;
+        for (int e = lane; e < 16 * D; e += 32) {
+            const int r = e / D, i = i0 + warp * 16 + r;
+            if (i < L) o[((size_t)ni * L + i) * hd + (size_t)h * D + e % D] =
+                    cu_to<T>(O[e] * (1.0f / lrow[r]));
+        }
+        if (lane < 16 && i0 + warp * 16 + lane < L)
+            lse[(size_t)nh * L + i0 + warp * 16 + lane] = mrow[lane] + logf(lrow[lane]);
+    }
 }
 
 /* ---- tiled backward ---- */
@@ -383,10 +548,35 @@ static int att_nc(int D) { return D <= 64 ? 2 : D <= 256 ? 8 : 32; }
 
 static unsigned att_grid(long rows) { return (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS); }
 
+/* the tensor-core forward for this shape and type on ctx's device (DDPMD_CUDA_ATTN_TC=0: never) */
+static int attn_tc_ok(const struct bk_attn *s, bk_ctx *ctx)
+{
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("DDPMD_CUDA_ATTN_TC");
+        off = e && e[0] == '0';
+    }
+    if (off || s->dtype == BK_DTYPE_F32 || s->d % 16 || s->d > TC_MAX_D ||
+        (long)s->n * s->heads > 65535)
+        return 0;
+    return cu_device_cc(ctx->device) >= (s->dtype == BK_DTYPE_BF16 ? 80 : 70);
+}
+
 template <typename T>
 static int attn_fwd_t(void *o, float *lse, const void *q, const void *k, const void *v,
                       const struct bk_attn *s, bk_ctx *ctx)
 {
+    if constexpr (!std::is_same<T, float>::value) {
+        if (attn_tc_ok(s, ctx)) {
+            const dim3 grid((unsigned)((s->l + TC_WARPS * 16 - 1) / (TC_WARPS * 16)),
+                            (unsigned)(s->n * s->heads));
+            CU_LAUNCH(k_attn_fwd_tc<T>, grid, TC_WARPS * 32, tc_layout_of(s->d).total,
+                      ctx->stream)((T *)o, lse, (const T *)q, (const T *)k, (const T *)v, s->l,
+                                   s->heads, s->d, s->ld, s->scale);
+            CU_LAUNCHED(ctx);
+            return BK_OK;
+        }
+    }
     const long rows = (long)s->n * s->heads * s->l;
     const size_t smem = (size_t)ATT_WARPS * s->d * sizeof(float);
     ATT_LAUNCH(k_attn_fwd, T, att_nc(s->d), att_grid(rows), smem, (T *)o, lse, (const T *)q,

@@ -442,10 +442,16 @@ static int cu_device_mem(int device, struct bk_device_mem *out)
     return BK_OK;
 }
 
-unsigned cu_device_half(int device, int dtype)
+int cu_device_cc(int device)
 {
     if (cu_device_ready(device) != BK_OK) return 0;
-    return half_native(g_dev[device].cc_major * 10 + g_dev[device].cc_minor, dtype);
+    return g_dev[device].cc_major * 10 + g_dev[device].cc_minor;
+}
+
+unsigned cu_device_half(int device, int dtype)
+{
+    const int cc = cu_device_cc(device);
+    return cc ? half_native(cc, dtype) : 0u;
 }
 
 /* half_kernels: what the thread's selected device runs natively */

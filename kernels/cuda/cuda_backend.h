@@ -75,9 +75,10 @@ int cu_default_device(void);
 int cu_thread_parity(void);
 /* the device is warmed up (context, pool, handles); BK_ERR_DEVICE with a logged reason */
 int cu_device_ready(int device);
-/* the typed kernels (enum bk_half) that take 16-bit dtype natively on the device (warmed up
- * first; 0 where it is not usable) */
+/* the typed kernels (enum bk_half) that take 16-bit dtype natively on the device, and its
+ * compute capability (major * 10 + minor); warmed up first, 0 where it is not usable */
 unsigned cu_device_half(int device, int dtype);
+int cu_device_cc(int device);
 /* the shared cuDNN handle of a device for queries that have no job (conv2d_ws_bytes); callers
  * hold cu_query_lock() while they use it */
 cudnnHandle_t cu_query_cudnn(int device);

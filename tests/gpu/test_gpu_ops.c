@@ -27,6 +27,7 @@
 #define DEV_BYTES ((size_t)512 << 20)
 
 static const struct backend *G, *C;
+static int emulated; /* the device is tests/gpu/emu's */
 static bk_ctx *gctx, *cctx;
 static unsigned char *dev_base;
 static size_t dev_used;
@@ -253,7 +254,7 @@ static const char *dt_name(int dt)
 static double u16(int dt) { return dt == BK_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048; }
 
 /* tests/gpu/emu: the library calls made so far with inputs of dt (ddpmd_emu_lib_calls), lib 0
- * cuDNN, 1 cuBLAS; -1 on a GPU */
+ * cuDNN, 1 cuBLAS, 2 warp matrix multiply-accumulates; -1 on a GPU */
 static long lib_calls(int lib, int dt)
 {
     const char *mod = getenv("DDPMD_CUDA_MODULE");
@@ -344,7 +345,7 @@ static void test_conv_dt(int n, int ci, int h, int w, int co, int k, int stride,
     gpu_ok(G->conv2d_fwd(y2.d, x.d, wt.d, bias ? b.d : NULL, gw, &s, gctx), "fwd again");
     t_cmp_any("y again", &y2, TOL, exact);
     const long calls1 = lib_calls(0, dt);
-    CHECK(calls0 < 0 || calls1 - calls0 >= 6,
+    CHECK(!emulated || (calls0 >= 0 && calls1 - calls0 >= 6),
           "%s: %ld cuDNN convolutions in this type, want 6: the backend widened its operands",
           name, calls1 - calls0);
     t_free(&y2);
@@ -413,7 +414,7 @@ static void test_linear_dt(int m, int k, int n, int dt)
     gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, dt, gctx), "bwd dx only");
     t_cmp_any("dx only", &dx, TOL, 1);
     const long calls1 = lib_calls(1, dt);
-    CHECK(calls0 < 0 || calls1 - calls0 >= 7,
+    CHECK(!emulated || (calls0 >= 0 && calls1 - calls0 >= 7),
           "%s: %ld cuBLAS GEMMs in this type, want 7: the backend widened its operands", name,
           calls1 - calls0);
     t_free(&dx);
@@ -724,8 +725,17 @@ static void test_attention_dt(int n, int l, int heads, int d, int packed, int dt
     CHECK(typed_native(BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, dt),
           "%s: the attention kernels are not native in this type", name);
     CHECK(C->attn_fwd(o.h, lse.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s32, cctx) == 0, "cpu");
+    const long mma0 = lib_calls(2, dt);
     gpu_ok(G->attn_fwd(o.d, lse.d, qkv.d, DV(qkv, koff), DV(qkv, voff), gw, &s, gctx),
            "tiled fwd");
+    /* the tiled forward on tensor cores: 16-bit, D a multiple of 16 up to 128, the type's
+     * compute capability (that of the libraries' 16-bit tensor cores: f16 sm_70, bf16 sm_80) */
+    if (emulated && dt != BK_DTYPE_F32) {
+        const int tc = d % 16 == 0 && d <= 128 && typed_native(BK_HALF_CONV, dt);
+        const long mma = mma0 < 0 ? -1 : lib_calls(2, dt) - mma0;
+        CHECK(tc ? mma > 0 : mma == 0, "%s: %ld warp MMAs in the tiled forward, want %s", name,
+              mma, tc ? "some" : "none");
+    }
     t_cmp_any("o", &o, TOL, 1);
     t_cmp("lse", &lse, TOL);
     /* the backward from the CPU's o (as stored: rounded to dt) and lse on both sides */
@@ -1115,7 +1125,6 @@ int main(void)
     cpu_nchw = nchw_cpu_backend();
     C = &cpu_nchw;
     struct bk_device_mem dm = {0};
-    int emulated = 0;
     if (G->device_mem(0, &dm) == 0) {
         printf("device: %s (sm_%d%d), %zu MiB, the process holds %zu MiB\n", dm.name, dm.cc_major,
                dm.cc_minor, dm.total >> 20, dm.process >> 20);

@@ -965,8 +965,13 @@ static int et_of_cuda(cudaDataType t)
 }
 
 /* library calls per element type of their inputs (ddpmd_emu_lib_calls): [0] cuDNN's
- * convolutions (not the finders), [1] cuBLAS's GEMMs */
-static unsigned long g_lib_calls[2][ET_N];
+ * convolutions (not the finders), [1] cuBLAS's GEMMs, [2] warp matrix multiply-accumulates
+ * (mma.h's mma_sync, once per warp) */
+static unsigned long g_lib_calls[3][ET_N];
+void emu_wmma_count(int half)
+{
+    __atomic_fetch_add(&g_lib_calls[2][half ? ET_F16 : ET_BF16], 1, __ATOMIC_RELAXED);
+}
 
 /* C (m,n) = alpha op(A) op(B) + beta C, column-major. fp32 inputs: summed in double (as
  * cublasSgemm always did here); 16-bit inputs: in fp32, k in order */
@@ -1086,6 +1091,17 @@ extern "C" __attribute__((visibility("default"))) void ddpmd_emu_clear_fault(voi
     g_sticky = cudaSuccess;
     tl_last = cudaSuccess;
     pthread_mutex_unlock(&g_mem_lock);
+}
+
+/* library calls so far whose inputs had element type dtype (backend.h's bk_dtype: 0 fp32, 1 half,
+ * 2 bfloat16): lib 0 cuDNN's convolutions (the finders not counted), 1 cuBLAS's GEMMs, 2 warp
+ * matrix multiply-accumulates (tensor cores in a kernel). Tests see through it that a 16-bit op
+ * reached the library or the tensor cores in 16 bits */
+extern "C" __attribute__((visibility("default"))) unsigned long ddpmd_emu_lib_calls(int lib,
+                                                                                   int dtype)
+{
+    if (lib < 0 || lib > 2 || dtype < 0 || dtype >= ET_N) return 0;
+    return __atomic_load_n(&g_lib_calls[lib][dtype], __ATOMIC_RELAXED);
 }
 
 /* ---- cuDNN ---- */
