@@ -182,9 +182,10 @@ static int env_int(const char *name, int def, int lo, int hi)
         }                                                                                      \
     } while (0)
 
-/* the typed kernels that take a 16-bit dtype natively on a device of compute capability cc
- * (major * 10 + minor): cuDNN's and cuBLAS's tensor cores take f16 from sm_70 and bf16 from
- * sm_80; the attention kernels are CUDA-core code that reads any of the types on any device */
+/* the typed kernels worth running in a 16-bit dtype on a device of compute capability cc (major
+ * * 10 + minor): cuDNN's and cuBLAS's tensor cores take f16 from sm_70 and bf16 from sm_80; the
+ * attention kernels read either type on any device (half the bytes, no conversion around them;
+ * their forward on tensor cores where the device has them) */
 static unsigned half_native(int cc, int dtype)
 {
     const unsigned attn = BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, lib = BK_HALF_CONV | BK_HALF_LINEAR;

@@ -4,7 +4,10 @@
  * optimizer step too. The memory promise on the device: the job's device memory is its plan
  * (one reservation, nothing more during steps 1 and 2), the arena's high-water mark is the
  * planned arena, canaries hold; a request over the device's memory fails cleanly and poisons
- * nothing. Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest: skipped).
+ * nothing. Then two steps in bf16 (ddpm, head dim 16: the attention forward on tensor cores) and
+ * f16 (seed, loss scaling) against the CPU's 16-bit steps, measured against the 16-bit steps' own
+ * distance from fp32 (TOL16_RATIO). Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest:
+ * skipped).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,7 +33,7 @@
  * where the fp32 results straddle a rounding boundary) that the network amplifies, as a 16-bit
  * step differs from the fp32 one. Gradients: the root sum of squares of the per-tensor errors
  * (grad_err) of the GPU's against the CPU's, at most TOL16_RATIO x the CPU 16-bit step's against
- * the CPU fp32 step's (measured 0.79 to 1.23 with the GPU's 16-bit kernels, whose biased outputs
+ * the CPU fp32 step's (measured 0.79 to 1.29 with the GPU's 16-bit kernels, whose biased outputs
  * are rounded twice; 0.49 to 0.91 on fp32 kernels over converted scratch) */
 #define TOL16_RATIO 1.5
 #define GRANULE ((size_t)2 << 20) /* cudaMalloc rounds large requests up to 2 MiB */
@@ -234,7 +237,7 @@ static void check_after_adamw(const char *name, int s, struct job *a, struct job
 }
 
 /* tests/gpu/emu: library calls so far with inputs of dtype (ddpmd_emu_lib_calls: lib 0 cuDNN,
- * 1 cuBLAS); -1 elsewhere */
+ * 1 cuBLAS, 2 warp MMAs); -1 elsewhere */
 static long lib_calls(int lib, int dtype)
 {
     const char *mod = getenv("DDPMD_CUDA_MODULE");
@@ -261,6 +264,12 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
                                                     : "");
     struct unet_config c;
     small_config(&c, preset, tiled);
+    /* head dim 16: the tiled forward on tensor cores (checked below) */
+    const int tc = precision == STRATEGY_PRECISION_BF16 && preset == UNET_DDPM && tiled;
+    if (tc) {
+        c.channels[1] = c.channels[2] = 32;
+        c.attn_head_dim = 16;
+    }
     struct plan_opts po = {.guard_bytes = guards ? 256 : 0};
     struct plan_opts pc = {0};
     if (precision) {
@@ -298,7 +307,7 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
         feed(&gj, s);
         feed(&cj, s);
         const int lo = graph_low_dtype(&gj.g);
-        const long conv0 = lib_calls(0, lo), gemm0 = lib_calls(1, lo);
+        const long conv0 = lib_calls(0, lo), gemm0 = lib_calls(1, lo), mma0 = lib_calls(2, lo);
         int rg = exec_forward_backward(gj.e, 1, 1.0f, 11, (uint64_t)s, 0, &lg);
         /* a 16-bit step's convolutions and linears in 16 bits where the device has them */
         if (precision && conv0 >= 0) {
@@ -307,6 +316,8 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
             CHECK((conv > 0) == !!(hk & BK_HALF_CONV) && (gemm > 0) == !!(hk & BK_HALF_LINEAR),
                   "%s step %d: %ld cuDNN convolutions and %ld GEMMs in 16 bits, half_kernels "
                   "0x%x", name, s, conv, gemm, hk);
+            CHECK(!tc || lib_calls(2, lo) > mma0, "%s step %d: no warp MMA in the attention",
+                  name, s);
         }
         int rcpu = exec_forward_backward(cj.e, 1, 1.0f, 11, (uint64_t)s, 0, &lc);
         float lr32 = 0;
