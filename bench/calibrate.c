@@ -107,7 +107,7 @@ static int profile_model(const char *what, const char *spec, int image, int batc
                               .clip = 1.0f, .ema_decay = 0.999f, .total_steps = 100};
     for (int i = 0; i < p.n_run_ops; i++) { /* a recomputed forward op runs twice */
         int k = p.op_src ? p.op_src[i] : i;
-        enum cost_class c = cost_class_of(g.ops[k].type);
+        enum cost_class c = cost_op_class(&g.ops[k]);
         sm->x[c] += cost_op_work(&g, k);
         sm->n[c] += 1;
     }
@@ -129,10 +129,10 @@ static int profile_model(const char *what, const char *spec, int image, int batc
     }
     sm->step_s = sm->optim_s;
     for (int k = 0; k < g.n_ops; k++) {
-        sm->y[cost_class_of(g.ops[k].type)] += opmin[k];
+        sm->y[cost_op_class(&g.ops[k])] += opmin[k];
         sm->step_s += opmin[k];
         if (getenv("CALIBRATE_OPS") &&
-            (int)cost_class_of(g.ops[k].type) == atoi(getenv("CALIBRATE_OPS")))
+            (int)cost_op_class(&g.ops[k]) == atoi(getenv("CALIBRATE_OPS")))
             fprintf(stderr, "  op %4d %-22s work %10.3g  %9.6f s  %6.2f G/s\n", k,
                     op_name(g.ops[k].type), cost_op_work(&g, k), opmin[k],
                     cost_op_work(&g, k) / opmin[k] * 1e-9);

@@ -13,6 +13,7 @@ static const char *const class_names[COST_CLASS_COUNT] = {
     [COST_CONV_FWD] = "conv_fwd",         [COST_CONV_BWD_DATA] = "conv_bwd_data",
     [COST_CONV_BWD_FILTER] = "conv_bwd_filter", [COST_GEMM] = "gemm",
     [COST_ATTN_FWD] = "attn_fwd",         [COST_ATTN_BWD] = "attn_bwd",
+    [COST_ATTN_TILED_FWD] = "attn_tiled_fwd", [COST_ATTN_TILED_BWD] = "attn_tiled_bwd",
     [COST_NORM] = "norm",                 [COST_ELTWISE] = "eltwise",
     [COST_DROPOUT] = "dropout",
 };
@@ -25,26 +26,29 @@ const char *cost_class_name(enum cost_class c)
 void cost_model_default(struct cost_model *m)
 {
     /* bench/calibrate on a 2-core Xeon with AVX-512 (the CPU seconds of the thread running the
-     * steps, OMP_WAIT_POLICY=passive: an idle machine's step time), rounded */
+     * steps, OMP_WAIT_POLICY=passive: an idle machine's step time), rounded; a second run at
+     * load ~2 gave every per-unit constant within 5% (tiled attention 1.57e-11 and 9.0e-12) */
     static const double per_unit[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 3.5e-12,  [COST_CONV_BWD_DATA] = 3.6e-12,
-        [COST_CONV_BWD_FILTER] = 4.35e-12, [COST_GEMM] = 1.86e-11,
-        [COST_ATTN_FWD] = 1.84e-11, [COST_ATTN_BWD] = 1.0e-11,
-        [COST_NORM] = 1.0e-10,      [COST_ELTWISE] = 3.95e-11,
-        [COST_DROPOUT] = 1.48e-9,
+        [COST_CONV_BWD_FILTER] = 4.45e-12, [COST_GEMM] = 1.94e-11,
+        [COST_ATTN_FWD] = 2.53e-11, [COST_ATTN_BWD] = 1.95e-11,
+        [COST_ATTN_TILED_FWD] = 1.56e-11, [COST_ATTN_TILED_BWD] = 8.8e-12,
+        [COST_NORM] = 9.8e-11,      [COST_ELTWISE] = 3.7e-11,
+        [COST_DROPOUT] = 1.41e-9,
     };
     static const double per_op[COST_CLASS_COUNT] = {
-        [COST_CONV_FWD] = 8.8e-6,  [COST_CONV_BWD_DATA] = 7.9e-6, [COST_CONV_BWD_FILTER] = 9.5e-6,
-        [COST_GEMM] = 9.2e-6,      [COST_ATTN_FWD] = 2.26e-5,     [COST_ATTN_BWD] = 3.4e-5,
-        [COST_NORM] = 1.06e-5,     [COST_ELTWISE] = 0,            [COST_DROPOUT] = 1.2e-5,
+        [COST_CONV_FWD] = 6.8e-6,  [COST_CONV_BWD_DATA] = 6.2e-6, [COST_CONV_BWD_FILTER] = 6.3e-6,
+        [COST_GEMM] = 8.2e-6,      [COST_ATTN_FWD] = 1.53e-5,     [COST_ATTN_BWD] = 1.5e-5,
+        [COST_ATTN_TILED_FWD] = 0, [COST_ATTN_TILED_BWD] = 0,
+        [COST_NORM] = 1.0e-5,      [COST_ELTWISE] = 1.2e-7,       [COST_DROPOUT] = 1.39e-4,
     };
     memset(m, 0, sizeof *m);
     memcpy(m->seconds_per_unit, per_unit, sizeof per_unit);
     memcpy(m->op_seconds, per_op, sizeof per_op);
-    m->optim_seconds_per_param = 1.05e-9;
-    m->host_optim_seconds_per_param = 1.05e-9;
-    m->transfer_seconds_per_byte = 9.1e-11;
-    m->convert_seconds_per_byte = 7.5e-11;
+    m->optim_seconds_per_param = 1.06e-9;
+    m->host_optim_seconds_per_param = 1.06e-9;
+    m->transfer_seconds_per_byte = 8.9e-11;
+    m->convert_seconds_per_byte = 7.1e-11;
     m->half_speedup = 1.0;
     m->threads = 2;
 }
@@ -67,6 +71,14 @@ enum cost_class cost_class_of(enum op_type t)
     case OP_DROPOUT_BWD: return COST_DROPOUT;
     default: return COST_ELTWISE;
     }
+}
+
+enum cost_class cost_op_class(const struct op *o)
+{
+    enum cost_class c = cost_class_of(o->type);
+    if (c == COST_ATTN_FWD && o->a.at.tiled) return COST_ATTN_TILED_FWD;
+    if (c == COST_ATTN_BWD && o->a.at.tiled) return COST_ATTN_TILED_BWD;
+    return c;
 }
 
 double cost_op_flops(const struct op *o)
@@ -95,14 +107,16 @@ double cost_op_flops(const struct op *o)
 double cost_op_work(const struct graph *g, int k)
 {
     const struct op *o = &g->ops[k];
-    switch (cost_class_of(o->type)) {
+    switch (cost_op_class(o)) {
     case COST_CONV_FWD:
     case COST_CONV_BWD_DATA:
     case COST_CONV_BWD_FILTER:
     case COST_GEMM:
-    case COST_ATTN_FWD: return cost_op_flops(o);
+    case COST_ATTN_FWD:
+    case COST_ATTN_BWD:
+    case COST_ATTN_TILED_FWD: return cost_op_flops(o);
     /* the tiled backward also recomputes QK^T: 2.5x the forward's work, not the model's 2x */
-    case COST_ATTN_BWD: return 1.25 * cost_op_flops(o);
+    case COST_ATTN_TILED_BWD: return 1.25 * cost_op_flops(o);
     default: {
         double b = 0;
         for (int j = 0; j < o->n_in; j++)
@@ -116,7 +130,7 @@ double cost_op_work(const struct graph *g, int k)
 
 double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
 {
-    enum cost_class c = cost_class_of(g->ops[k].type);
+    enum cost_class c = cost_op_class(&g->ops[k]);
     return cost_op_work(g, k) * m->seconds_per_unit[c] + m->op_seconds[c];
 }
 
@@ -148,9 +162,9 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
         int k = op_src ? op_src[i] : i; /* a recomputing plan's run order repeats graph ops */
         if (k < 0 || k >= g->n_ops) continue;
         const struct op *o = &g->ops[k];
-        enum cost_class c = cost_class_of(o->type);
+        enum cost_class c = cost_op_class(o);
         double w = cost_op_work(g, k) * m->seconds_per_unit[c];
-        if (half && c <= COST_ATTN_BWD && m->half_speedup > 0) w /= m->half_speedup;
+        if (half && c <= COST_ATTN_TILED_BWD && m->half_speedup > 0) w /= m->half_speedup;
         if (half) w += convert_bytes(g, o, o) * m->convert_seconds_per_byte;
         work += w;
         fixed += m->op_seconds[c];

@@ -18,8 +18,11 @@ enum cost_class {
     COST_CONV_BWD_DATA,
     COST_CONV_BWD_FILTER,
     COST_GEMM,            /* linear forward and backward (FLOPs) */
-    COST_ATTN_FWD,        /* FLOPs of the scores and the weighted sum */
+    COST_ATTN_FWD,        /* FLOPs of the scores and the weighted sum: the plain form (its L x L
+                           * probabilities kept) */
     COST_ATTN_BWD,
+    COST_ATTN_TILED_FWD,  /* the same for the tiled, memory-efficient form, whose rate differs */
+    COST_ATTN_TILED_BWD,
     COST_NORM,            /* group and layer norm, forward and backward (bytes) */
     COST_ELTWISE,         /* every other op (bytes read and written) */
     COST_DROPOUT,         /* dropout forward and backward: a Philox draw per element (bytes) */
@@ -50,8 +53,10 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
 char *cost_model_format(const struct cost_model *m);
 
 const char *cost_class_name(enum cost_class c);
-/* the class of an op type */
+/* the class of an op type (attention: the plain form's) */
 enum cost_class cost_class_of(enum op_type t);
+/* the class of op o: its type's, the tiled attention's for a tiled one */
+enum cost_class cost_op_class(const struct op *o);
 /* model FLOPs of an op (multiply-add = 2): convolutions, linears and the attention matmuls;
  * backward ops their own GEMM work (attention's: twice the forward's, not counting a tiled
  * kernel's recomputation of the scores); 0 for every other op */

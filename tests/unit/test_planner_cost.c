@@ -3,7 +3,8 @@
  * FLOPs (conv: 2 N Co Ho Wo Ci Kh Kw) or its bytes; a step's prediction is the sum of its ops'
  * predictions once per micro-batch (an uneven last one with its ops' fixed cost and its share
  * of their work) plus the optimizer, a recomputing graph is predicted by its plan's run order
- * before the plan is made, and a forward-only plan is one forward.
+ * before the plan is made, and a forward-only plan is one forward; attention is priced by its
+ * form's constants (plain or tiled).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -106,7 +107,7 @@ static void prediction(void)
     double pass4 = 0, fwd4 = 0, fixed4 = 0;
     for (int k = 0; k < g4.n_ops; k++) {
         pass4 += cost_op_seconds(&m, &g4, k);
-        fixed4 += m.op_seconds[cost_class_of(g4.ops[k].type)];
+        fixed4 += m.op_seconds[cost_op_class(&g4.ops[k])];
     }
     for (int k = 0; k < gi.n_ops; k++) fwd4 += cost_op_seconds(&m, &gi, k);
     double optim = (double)g4.param_numel * m.optim_seconds_per_param;
@@ -151,9 +152,49 @@ static void prediction(void)
     graph_free(&gi);
 }
 
+/* attention in its two forms: each op is priced by its own form's constants (the tiled kernels
+ * run at another rate than the plain GEMMs), the tiled backward's work 1.25 x its FLOPs (it
+ * recomputes the scores), the plain backward's its FLOPs */
+static void attention_forms(void)
+{
+    struct cost_model m;
+    cost_model_default(&m);
+    const enum cost_class cls[4] = {COST_ATTN_FWD, COST_ATTN_BWD, COST_ATTN_TILED_FWD,
+                                    COST_ATTN_TILED_BWD};
+    for (int i = 0; i < 4; i++) {
+        m.seconds_per_unit[cls[i]] = (i + 1) * 1e-11;
+        m.op_seconds[cls[i]] = (i + 1) * 1e-6;
+    }
+    struct graph g;
+    if (build(&g, UNET_SEED, 32, 2, 1)) {
+        CHECK(0, "the seed graph at 32 px");
+        graph_free(&g);
+        return;
+    }
+    int n[4] = {0};
+    for (int k = 0; k < g.n_ops; k++) {
+        const struct op *o = &g.ops[k];
+        enum cost_class base = cost_class_of(o->type);
+        if (base != COST_ATTN_FWD && base != COST_ATTN_BWD) continue;
+        int bwd = base == COST_ATTN_BWD, i = 2 * (o->a.at.tiled != 0) + bwd;
+        double work = (o->a.at.tiled && bwd ? 1.25 : 1.0) * cost_op_flops(o);
+        double want = work * m.seconds_per_unit[cls[i]] + m.op_seconds[cls[i]];
+        CHECK(cost_op_class(o) == cls[i] && cost_op_work(&g, k) == work &&
+                  close_rel(cost_op_seconds(&m, &g, k), want, 1e-12),
+              "attention op %d (%s, tiled %d): class %s, work %g (want %g), %g s (want %g)", k,
+              op_name(o->type), o->a.at.tiled, cost_class_name(cost_op_class(o)),
+              cost_op_work(&g, k), work, cost_op_seconds(&m, &g, k), want);
+        n[i]++;
+    }
+    CHECK(n[0] && n[1] && n[2] && n[3], "ops of each form: plain %d+%d, tiled %d+%d", n[0], n[1],
+          n[2], n[3]);
+    graph_free(&g);
+}
+
 int main(void)
 {
     file_format();
     prediction();
+    attention_forms();
     return tu_finish("test_planner_cost");
 }
