@@ -289,23 +289,27 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     return 0;
 }
 
-/* the machine's ceilings: SGEMM through cpu_gemm (the engine's GEMM) and a 3x3 conv forward +
- * backward (data, filter) through the backend's conv kernels */
+/* the machine's ceilings: SGEMM through cpu_gemm (the engine's GEMM, a oneDNN matmul) and a 3x3
+ * conv forward + backward (data, filter) through the backend's conv kernels */
 static int run_ceilings(int threads, double seconds)
 {
     bk_ctx *ctx = NULL;
     if (cpu_ctx_init(&ctx, threads)) return 1;
     {
         const int n = 2048;
+        const struct cpu_gemm_shape gs = {0, 0, n, n, n, n, n, n, BK_DTYPE_F32, BK_DTYPE_F32, 0, 0};
+        const size_t wsb = cpu_gemm_ws_bytes(&gs);
         float *a = malloc((size_t)n * n * 4), *b = malloc((size_t)n * n * 4), *c = malloc((size_t)n * n * 4);
+        void *ws = malloc(wsb ? wsb : 64);
         fill_normal(a, (size_t)n * n, 2, 0, 0);
         fill_normal(b, (size_t)n * n, 2, 0, 1);
-        cpu_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, ctx);
+        if (cpu_gemm(&gs, c, a, b, NULL, ws, wsb, ctx))
+            return fprintf(stderr, "cpu_gemm failed\n"), 1;
         double best = 1e30, t_end = now() + seconds;
         int reps = 0;
         while (reps < 3 || now() < t_end) {
             double t0 = now();
-            cpu_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, ctx);
+            cpu_gemm(&gs, c, a, b, NULL, ws, wsb, ctx);
             double d = now() - t0;
             if (d < best) best = d;
             reps++;
@@ -315,6 +319,7 @@ static int run_ceilings(int threads, double seconds)
         free(a);
         free(b);
         free(c);
+        free(ws);
     }
     /* the same convolution in fp32 (ceiling_conv_*) and with bf16 operands (ceiling_conv_bf16_*:
      * what the CPU's bf16 kernels reach against its fp32 ones) */

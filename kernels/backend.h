@@ -271,7 +271,7 @@ struct backend {
      * context on `device`: every later call there fails; only a new process recovers */
     int (*device_poisoned)(int device);
     /* gives libraries that keep a workspace per handle (cuBLAS), and kernels without a `ws`
-     * argument that need scratch (the CPU's bf16 linears: linear_ws_bytes), the plan's workspace
+     * argument that need scratch (the CPU's linears: linear_ws_bytes), the plan's workspace
      * (ws_off, ws_bytes), shared with the kernels that take `ws` (same stream, never at once).
      * Without this call they run with no workspace at all, never with one of their own (a kernel
      * that cannot: BK_ERR_INVALID). */

@@ -9,7 +9,7 @@ set -euo pipefail
 
 # compilers and the -dev packages of every library ddpmd links (a new library goes here)
 build=(build-essential cmake pkg-config
-       libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
+       libdnnl-dev libcjson-dev libpng-dev zlib1g-dev libsqlite3-dev libmicrohttpd-dev
        libarchive-dev libcurl4-openssl-dev libssl-dev libcairo2-dev)
 # read where ddpmd runs, beside the libraries: the built-in dataset, a font for loss.png's text
 # (server/plot.c, cairo), the CA certificates for https webhooks

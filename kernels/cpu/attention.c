@@ -1,14 +1,12 @@
 /* attention.c - CPU multi-head self-attention o = softmax(scale q k^T) v, in two forms: tiled
  * (FlashAttention-2's schedule, saves only lse (N,H,L); its workspace is a few tiles per thread)
- * and plain (saves p (N,H,L,L); its backward takes an L x L workspace per thread).
+ * and plain (saves p (N,H,L,L); its workspace holds an L x L S or dS per thread in flight).
  * q, k, v, dq, dk, dv rows have stride s->ld; o and dout are dense (N,L,H*D); head h of a token
- * is the columns [h*D, (h+1)*D) of its row. Every product of both forms is an OpenBLAS sgemm:
- * the tiled form's on (query block x key block) tiles, single-threaded, one task per tile row
- * (forward) or per (n, h) pair (backward), so its results do not depend on the thread count
- * (except the backward's split of a pair's keys when there are fewer pairs than threads). The
- * plain form's results depend on the thread count (cpu_gemm's split), as the convolutions' do.
- */
-#include <cblas.h>
+ * is the columns [h*D, (h+1)*D) of its row. The products are AVX2 register tiles, one task per
+ * tile row (tiled forward) or per (n, h) pair (tiled backward, plain), so the results do not
+ * depend on the thread count; except the tiled backward's split of a pair's keys and the plain
+ * form's cpu_gemm (oneDNN) products when there are fewer pairs than threads: those depend on the
+ * thread count, as the convolutions' do. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -41,62 +39,46 @@ static int attn_chunks(const struct bk_attn *s, int threads)
     return imin(nkb, (threads + pairs - 1) / pairs);
 }
 
-/* row stride of a thread's S and dS tiles: the key block's width, rounded up to 16 when the
- * register tiles compute them */
-static int attn_tile_ld(const struct bk_attn *s)
-{
-    const int bc = imin(ATTN_BC, s->l);
-    return s->d % 8 == 0 && s->d <= 64 ? (bc + 15) / 16 * 16 : bc;
-}
+static int round16(int x) { return (x + 15) / 16 * 16; }
+
+/* row stride of a thread's S and dS tiles: the key block's width rounded up to 16 (the register
+ * tiles' column step) */
+static int attn_tile_ld(const struct bk_attn *s) { return round16(imin(ATTN_BC, s->l)); }
 
 /* per-thread tile scratch (floats): S and dS (or the forward's S and its row max and sum), the
- * pair's Di = rowsum(dout o) and, for the register tiles, the key block's k and v transposed */
+ * pair's Di = rowsum(dout o) and the key block's k and v transposed */
 static size_t attn_slot_floats(const struct bk_attn *s)
 {
     const size_t br = (size_t)imin(ATTN_BR, s->l), bcp = (size_t)attn_tile_ld(s);
-    const size_t packs = s->d % 8 == 0 && s->d <= 64 ? 2 * (size_t)s->d * bcp : 0;
-    return 2 * br * bcp + (size_t)s->l + 2 * br + packs;
+    return 2 * br * bcp + (size_t)s->l + 2 * br + 2 * (size_t)s->d * bcp;
 }
+
+static size_t attn_plain_ws_bytes(const struct bk_attn *s);
 
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
     if (attn_check(s) != BK_OK) return 0;
-    /* one slot (tiled) or dS (L,L) (plain) per thread in flight, at most the machine's cores
-     * (see attn_plain_split); tiled, when a pair's keys are split, a dq per chunk */
-    int procs = cpu_threads(NULL), pairs = s->n * s->heads;
-    if (tiled) {
-        const int ch = attn_chunks(s, procs);
-        size_t f = (size_t)procs * attn_slot_floats(s);
-        if (ch > 1) f += (size_t)pairs * ch * s->l * s->d;
-        return f * sizeof(float);
-    }
-    int slots = pairs < procs ? pairs : procs;
-    return (size_t)slots * s->l * s->l * sizeof(float);
+    if (!tiled) return attn_plain_ws_bytes(s);
+    /* one slot per thread in flight, at most the machine's cores; when a pair's keys are split,
+     * a dq per chunk */
+    const int procs = cpu_threads(NULL), pairs = s->n * s->heads, ch = attn_chunks(s, procs);
+    size_t f = (size_t)procs * attn_slot_floats(s);
+    if (ch > 1) f += (size_t)pairs * ch * s->l * s->d;
+    return f * sizeof(float);
 }
 
 /* row pointers: strided inputs (q, k, v, dq, dk, dv) and dense (o, dout) */
 #define ROW_LD(p, ni, i, h) ((p) + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D)
 #define ROW_HD(p, ni, i, h) ((p) + ((size_t)(ni) * L + (i)) * hd + (size_t)(h) * D)
 
-/* C (m,n) = alpha op(A) op(B) + beta C, row-major, one thread (called inside parallel loops) */
-static inline void attn_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                             size_t lda, const float *b, size_t ldb, float beta, float *c,
-                             size_t ldc)
-{
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                n, k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-}
-
-/* ---- the tile products for head dims D = 8, 16, ..., 64 (AVX2 + FMA register tiles) ----
- * With K or N = D that small, sgemm spends more on packing and C's beta pass than on the
- * multiply (measured: 35% of the time in its kernel, 30% in copies and beta). These keep the
- * tile's accumulators in registers and read q, k, v, dout rows in place; only the key block is
- * packed transposed (BT, D x ncp, ncp = the block's width rounded up to 16, zero columns after
- * nc), once per key block. Other D go through attn_gemm. */
+/* ---- the tile products (AVX2 + FMA register tiles) ----
+ * With K or N = D small (the UNets' heads: 16 to 64), sgemm spent more on packing and C's beta
+ * pass than on the multiply (measured: 35% of the time in its kernel, 30% in copies and beta).
+ * These keep the tile's accumulators in registers and read q, k, v, dout rows in place; only the
+ * key block is packed transposed (BT, D x ncp, ncp = the block's width rounded up to 16, zero
+ * columns after nc), once per key block. Any D: the W X products run over D in column chunks of
+ * 64 (8 vectors), a last partial vector through masked loads and stores. */
 #define AI static inline __attribute__((always_inline))
-
-static int attn_fast(int d) { return d % 8 == 0 && d <= 64; }
-static int round16(int x) { return (x + 15) / 16 * 16; }
 
 /* bt (d, ncp) = b (nc rows of stride ldb, d columns) transposed, zero beyond nc */
 static void attn_pack_t(float *bt, int ncp, const float *b, size_t ldb, int nc, int d)
@@ -147,9 +129,10 @@ static void attn_abt(float *S, size_t lds, const float *A, size_t lda, const flo
 }
 
 /* Y rows [0, R) (+)= W X: Y_j = sum_t W[j sw + t st] X_t over t in [0, nt), X rows of stride
- * ldx, NV vectors (8 NV columns) each */
+ * ldx, NV vectors (8 NV columns) each; MASKED: one vector, its lanes where mask is set */
 AI void wx_rows(float *Y, size_t ldy, const float *W, size_t sw, size_t st, const float *X,
-                size_t ldx, int nt, int acc_y, const int R, const int NV)
+                size_t ldx, int nt, int acc_y, __m256i mask, const int R, const int NV,
+                const int MASKED)
 {
     __m256 acc[6][8];
 #pragma GCC unroll 6
@@ -159,7 +142,9 @@ AI void wx_rows(float *Y, size_t ldy, const float *W, size_t sw, size_t st, cons
     for (int t = 0; t < nt; t++) {
         __m256 x[8];
 #pragma GCC unroll 8
-        for (int u = 0; u < NV; u++) x[u] = _mm256_loadu_ps(X + (size_t)t * ldx + 8 * u);
+        for (int u = 0; u < NV; u++)
+            x[u] = MASKED ? _mm256_maskload_ps(X + (size_t)t * ldx, mask)
+                          : _mm256_loadu_ps(X + (size_t)t * ldx + 8 * u);
 #pragma GCC unroll 6
         for (int j = 0; j < R; j++) {
             const __m256 w = _mm256_broadcast_ss(W + (size_t)j * sw + (size_t)t * st);
@@ -172,58 +157,63 @@ AI void wx_rows(float *Y, size_t ldy, const float *W, size_t sw, size_t st, cons
 #pragma GCC unroll 8
         for (int u = 0; u < NV; u++) {
             float *y = Y + (size_t)j * ldy + 8 * u;
-            _mm256_storeu_ps(y, acc_y ? _mm256_add_ps(_mm256_loadu_ps(y), acc[j][u]) : acc[j][u]);
+            if (MASKED)
+                _mm256_maskstore_ps(y, mask, acc_y ? _mm256_add_ps(_mm256_maskload_ps(y, mask),
+                                                                   acc[j][u])
+                                                   : acc[j][u]);
+            else
+                _mm256_storeu_ps(y, acc_y ? _mm256_add_ps(_mm256_loadu_ps(y), acc[j][u])
+                                          : acc[j][u]);
         }
 }
 
-/* rows of Y per register tile: at most 12 accumulators */
-#define WX_CASE(NV, R)                                                                        \
-    case NV: {                                                                                \
+/* the rows of Yc (ny, NV vectors) (+)= W Xc, R rows per register tile (at most 12
+ * accumulators) */
+#define WX_ROWS(NV, R, MASKED)                                                                \
+    do {                                                                                      \
         int j = 0;                                                                            \
         for (; j + R <= ny; j += R)                                                           \
-            wx_rows(Y + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, X, ldx, nt, acc_y, R, \
-                    NV);                                                                      \
+            wx_rows(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
+                    mask, R, NV, MASKED);                                                     \
         for (; j < ny; j++)                                                                   \
-            wx_rows(Y + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, X, ldx, nt, acc_y, 1, \
-                    NV);                                                                      \
-        break;                                                                                \
-    }
+            wx_rows(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
+                    mask, 1, NV, MASKED);                                                     \
+    } while (0)
+#define WX_CASE(NV, R)                                                                        \
+    case NV:                                                                                  \
+        WX_ROWS(NV, R, 0);                                                                    \
+        break;
 
 /* Y (ny, d) (+)= W X, W_jt = W[j sw + t st]: sw = ld, st = 1 is W X (P V, dS K); sw = 1,
- * st = ld is W^T X (P^T dout, dS^T q) */
+ * st = ld is W^T X (P^T dout, dS^T q). Column chunks of 64, then the last d % 8 masked. */
 static void attn_wx(float *Y, size_t ldy, const float *W, size_t sw, size_t st, const float *X,
                     size_t ldx, int ny, int nt, int d, int acc_y)
 {
-    switch (d / 8) {
-        WX_CASE(1, 6)
-        WX_CASE(2, 6)
-        WX_CASE(3, 4)
-        WX_CASE(4, 3)
-        WX_CASE(5, 2)
-        WX_CASE(6, 2)
-        WX_CASE(7, 1)
-        WX_CASE(8, 1)
-    default:
-        break;
+    for (int c0 = 0; c0 < d; c0 += 64) {
+        const int w = imin(64, d - c0);
+        float *Yc = Y + c0;
+        const float *Xc = X + c0;
+        __m256i mask = _mm256_setzero_si256();
+        switch (w / 8) {
+            WX_CASE(1, 6)
+            WX_CASE(2, 6)
+            WX_CASE(3, 4)
+            WX_CASE(4, 3)
+            WX_CASE(5, 2)
+            WX_CASE(6, 2)
+            WX_CASE(7, 1)
+            WX_CASE(8, 1)
+        default:
+            break;
+        }
+        if (w % 8) {
+            Yc += w / 8 * 8;
+            Xc += w / 8 * 8;
+            mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(w % 8),
+                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            WX_ROWS(1, 6, 1);
+        }
     }
-}
-
-/* the two products of a tile, through the register tiles when bt (the key block packed by
- * attn_pack_t) is given, else sgemm: S (nr, nc) = alpha A B^T, row stride lds */
-static void attn_sprod(float *S, size_t lds, const float *A, size_t lda, const float *B,
-                       size_t ldb, const float *bt, int nr, int nc, int d, float alpha)
-{
-    if (bt) attn_abt(S, lds, A, lda, bt, round16(nc), nr, d, alpha);
-    else attn_gemm(0, 1, nr, nc, d, alpha, A, lda, B, ldb, 0.0f, S, lds);
-}
-
-/* Y (ny, d) (+)= W X with W as in attn_wx (sw = 1: W^T X, W's rows of stride st) */
-static void attn_wprod(int fast, float *Y, size_t ldy, const float *W, size_t sw, size_t st,
-                       const float *X, size_t ldx, int ny, int nt, int d, int acc_y)
-{
-    if (fast) attn_wx(Y, ldy, W, sw, st, X, ldx, ny, nt, d, acc_y);
-    else if (sw == 1) attn_gemm(1, 0, ny, d, nt, 1.0f, W, st, X, ldx, acc_y ? 1.0f : 0.0f, Y, ldy);
-    else attn_gemm(0, 0, ny, d, nt, 1.0f, W, sw, X, ldx, acc_y ? 1.0f : 0.0f, Y, ldy);
 }
 
 int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const void *vv,
@@ -237,12 +227,12 @@ int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const voi
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
     const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks = s->n * H * nqb;
-    const int nt = cpu_threads(ctx), fast = attn_fast(D), bc = attn_tile_ld(s);
+    const int nt = cpu_threads(ctx), bc = attn_tile_ld(s);
 #pragma omp parallel num_threads(nt)
     {
         float *sc = (float *)ws + (size_t)omp_get_thread_num() * slot;
         float *m = sc + (size_t)imin(ATTN_BR, L) * bc, *l = m + imin(ATTN_BR, L);
-        float *kt = fast ? l + imin(ATTN_BR, L) : NULL;
+        float *kt = l + imin(ATTN_BR, L);
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tasks; t++) {
             const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
@@ -255,8 +245,8 @@ int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const voi
             for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
                 const int nc = imin(L - j0, ATTN_BC);
                 const float *kj = ROW_LD(k, ni, j0, h);
-                if (fast) attn_pack_t(kt, round16(nc), kj, ld, nc, D);
-                attn_sprod(sc, (size_t)bc, qb0, ld, kj, ld, kt, nr, nc, D, scale);
+                attn_pack_t(kt, round16(nc), kj, ld, nc, D);
+                attn_abt(sc, (size_t)bc, qb0, ld, kt, round16(nc), nr, D, scale);
                 for (int r = 0; r < nr; r++) {
                     float *sr = sc + (size_t)r * bc;
                     float mx = j0 ? m[r] : -INFINITY;
@@ -281,8 +271,7 @@ int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const voi
                     }
                     m[r] = mx;
                 }
-                attn_wprod(fast, ob, hd, sc, (size_t)bc, 1, ROW_LD(v, ni, j0, h), ld, nr, nc, D,
-                           j0 != 0);
+                attn_wx(ob, hd, sc, (size_t)bc, 1, ROW_LD(v, ni, j0, h), ld, nr, nc, D, j0 != 0);
             }
             for (int r = 0; r < nr; r++) {
                 float *orow = ob + (size_t)r * hd;
@@ -310,7 +299,7 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
     const float scale = s->scale;
     const int nt = cpu_threads(ctx);
     const int pairs = s->n * H, nkb = (L + ATTN_BC - 1) / ATTN_BC, nch = attn_chunks(s, nt);
-    const int br = imin(ATTN_BR, L), bc = attn_tile_ld(s), fast = attn_fast(D);
+    const int br = imin(ATTN_BR, L), bc = attn_tile_ld(s);
     /* a split pair's chunk c sums its dq into part + (pair nch + c) L D, dense (L, D) */
     float *part = (float *)ws + (size_t)cpu_threads(NULL) * slot;
 
@@ -323,7 +312,7 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
     {
         float *pt = (float *)ws + (size_t)omp_get_thread_num() * slot;
         float *dst = pt + (size_t)br * bc, *di = dst + (size_t)br * bc;
-        float *kt = fast ? di + L + 2 * br : NULL, *vt = fast ? kt + (size_t)D * bc : NULL;
+        float *kt = di + L + 2 * br, *vt = kt + (size_t)D * bc;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < pairs * nch; t++) {
             const int ch = t % nch, pr = t / nch, h = pr % H, ni = pr / H;
@@ -342,15 +331,13 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
                 const int j0 = jb * ATTN_BC, nc = imin(L - j0, ATTN_BC);
                 const float *kj = ROW_LD(k, ni, j0, h), *vj = ROW_LD(v, ni, j0, h);
                 float *dkj = ROW_LD(dk, ni, j0, h), *dvj = ROW_LD(dv, ni, j0, h);
-                if (fast) {
-                    attn_pack_t(kt, round16(nc), kj, ld, nc, D);
-                    attn_pack_t(vt, round16(nc), vj, ld, nc, D);
-                }
+                attn_pack_t(kt, round16(nc), kj, ld, nc, D);
+                attn_pack_t(vt, round16(nc), vj, ld, nc, D);
                 for (int i0 = 0; i0 < L; i0 += ATTN_BR) {
                     const int nr = imin(L - i0, ATTN_BR);
                     const float *qi = ROW_LD(q, ni, i0, h), *doi = ROW_HD(dout, ni, i0, h);
-                    attn_sprod(pt, (size_t)bc, qi, ld, kj, ld, kt, nr, nc, D, scale);
-                    attn_sprod(dst, (size_t)bc, doi, hd, vj, ld, vt, nr, nc, D, 1.0f);
+                    attn_abt(pt, (size_t)bc, qi, ld, kt, round16(nc), nr, D, scale);
+                    attn_abt(dst, (size_t)bc, doi, hd, vt, round16(nc), nr, D, 1.0f);
                     for (int r = 0; r < nr; r++) {
                         float *prow = pt + (size_t)r * bc, *drow = dst + (size_t)r * bc;
                         const float lr = lrow[i0 + r], dr = di[i0 + r];
@@ -361,10 +348,10 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
                             drow[c] = pc * (drow[c] - dr) * scale;
                         }
                     }
-                    attn_wprod(fast, dvj, ld, pt, 1, (size_t)bc, doi, hd, nc, nr, D, i0 != 0);
-                    attn_wprod(fast, dkj, ld, dst, 1, (size_t)bc, qi, ld, nc, nr, D, i0 != 0);
-                    attn_wprod(fast, dqp + (size_t)i0 * ldq, ldq, dst, (size_t)bc, 1, kj, ld, nr,
-                               nc, D, jb > kb0);
+                    attn_wx(dvj, ld, pt, 1, (size_t)bc, doi, hd, nc, nr, D, i0 != 0);
+                    attn_wx(dkj, ld, dst, 1, (size_t)bc, qi, ld, nc, nr, D, i0 != 0);
+                    attn_wx(dqp + (size_t)i0 * ldq, ldq, dst, (size_t)bc, 1, kj, ld, nr,
+                            nc, D, jb > kb0);
                 }
             }
         }
@@ -387,85 +374,142 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
     return BK_OK;
 }
 
-/* Plain form, per (n, h): S = scale q k^T (L,L) into p, row softmax, o = p v; three GEMMs.
- * With at least as many (n, h) pairs as threads, each thread takes whole pairs and runs them
- * with single-threaded GEMMs (small heads: no split overhead); otherwise the pairs run in turn,
- * each GEMM split across the threads by cpu_gemm. Either way a pair's results depend only on
- * the thread count. */
-static int attn_plain_split(const struct bk_attn *s, const bk_ctx *ctx)
+/* Plain form, per (n, h) pair: S = q k^T (L,L), p = softmax(scale S) by rows, o = p v; backward
+ * dp = dout v^T, ds = scale p (dp - rowsum(p dp)), dq = ds k, dk = ds^T q, dv = p^T dout.
+ * With at least as many pairs as threads, each thread takes whole pairs and runs their products
+ * on the register tiles above, single-threaded, in a slot of the workspace (S or dS (L, L16) and
+ * k or v packed (D, L16)): a pair's results do not depend on the thread count, and a pair's
+ * small products pay no threading overhead. With fewer pairs than threads the pairs run in turn,
+ * each product one cpu_gemm on the job's threads (results a function of the thread count); the
+ * workspace then holds [dS (L,L) | the GEMMs' scratchpad]. */
+enum attn_plain_gemm { PG_QK, PG_PV, PG_DP, PG_DQ, PG_DK, PG_DV, PG_COUNT };
+
+static struct cpu_gemm_shape attn_plain_gemm(int which, const struct bk_attn *s)
 {
-    int nt = cpu_threads(ctx);
-    return s->n * s->heads >= nt ? nt : 0; /* threads over pairs, or 0: pairs in turn */
+    const int L = s->l, D = s->d, ld = s->ld, hd = s->heads * s->d, f = BK_DTYPE_F32;
+    switch (which) {
+    case PG_QK: return (struct cpu_gemm_shape){0, 1, L, L, D, ld, ld, L, f, f, 0, 0};
+    case PG_PV: return (struct cpu_gemm_shape){0, 0, L, D, L, L, ld, hd, f, f, 0, 0};
+    case PG_DP: return (struct cpu_gemm_shape){0, 1, L, L, D, hd, ld, L, f, f, 0, 0};
+    case PG_DQ: return (struct cpu_gemm_shape){0, 0, L, D, L, L, ld, ld, f, f, 0, 0};
+    case PG_DK: return (struct cpu_gemm_shape){1, 0, L, D, L, L, ld, ld, f, f, 0, 0};
+    default: return (struct cpu_gemm_shape){1, 0, L, D, L, L, hd, ld, f, f, 0, 0};
+    }
 }
 
-static void plain_fwd_one(float *o, float *p, const float *q, const float *k, const float *v,
-                          const struct bk_attn *s, int nh, bk_ctx *c)
+/* bytes of the dS block at the start of the in-turn form's workspace */
+static size_t attn_plain_ds_bytes(const struct bk_attn *s)
 {
-    const int L = s->l, H = s->heads, D = s->d, h = nh % H, ni = nh / H;
-    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
-    float *ph = p + (size_t)nh * L * L;
-    cpu_gemm(0, 1, L, L, D, s->scale, ROW_LD(q, ni, 0, h), (int)ld, ROW_LD(k, ni, 0, h), (int)ld,
-             0.0f, ph, L, c);
-#pragma omp parallel for num_threads(c->threads) schedule(static)
-    for (int i = 0; i < L; i++) {
-        float *pr = ph + (size_t)i * L;
-        float mx = -INFINITY;
-        for (int j = 0; j < L; j++) mx = fmaxf(mx, pr[j]);
-#pragma omp simd
-        for (int j = 0; j < L; j++) pr[j] = vm_expf(pr[j] - mx);
-        double sum = 0.0;
-        for (int j = 0; j < L; j++) sum += pr[j];
-        const float inv = (float)(1.0 / sum);
-        for (int j = 0; j < L; j++) pr[j] *= inv;
+    return ((size_t)s->l * s->l * sizeof(float) + 63) & ~(size_t)63;
+}
+
+/* the in-turn form's scratchpad: the largest of its GEMMs' */
+static size_t attn_plain_scr_bytes(const struct bk_attn *s)
+{
+    size_t scr = 0;
+    for (int i = 0; i < PG_COUNT; i++) {
+        struct cpu_gemm_shape g = attn_plain_gemm(i, s);
+        size_t b = cpu_gemm_ws_bytes(&g);
+        if (b > scr) scr = b;
     }
-    cpu_gemm(0, 0, L, D, L, 1.0f, ph, L, ROW_LD(v, ni, 0, h), (int)ld, 0.0f, ROW_HD(o, ni, 0, h),
-             (int)hd, c);
+    return scr;
+}
+
+/* floats of a thread's slot in the pairs-on-threads form: S or dS (L, L16), k or v packed */
+static size_t attn_plain_slot_floats(const struct bk_attn *s)
+{
+    const size_t l16 = (size_t)round16(s->l);
+    return ((size_t)s->l + s->d) * l16;
+}
+
+/* threads over pairs (the count), or 0: pairs in turn with threaded GEMMs */
+static int attn_plain_split(const struct bk_attn *s, int threads)
+{
+    return s->n * s->heads >= threads ? threads : 0;
+}
+
+static size_t attn_plain_ws_bytes(const struct bk_attn *s)
+{
+    /* either form at any thread count up to the machine's cores */
+    const int procs = cpu_threads(NULL), pairs = s->n * s->heads;
+    const size_t slots = (size_t)imin(pairs, procs) * attn_plain_slot_floats(s) * sizeof(float);
+    const size_t turn = attn_plain_ds_bytes(s) + attn_plain_scr_bytes(s);
+    return slots > turn ? slots : turn;
+}
+
+/* product `which` of the in-turn form, its scratchpad after dS in the workspace */
+static int plain_gemm(int which, void *c, const float *a, const float *b, void *ws,
+                      const struct bk_attn *s, bk_ctx *ctx)
+{
+    struct cpu_gemm_shape g = attn_plain_gemm(which, s);
+    const size_t off = attn_plain_ds_bytes(s);
+    return cpu_gemm(&g, c, a, b, NULL, (char *)ws + off, attn_plain_scr_bytes(s), ctx);
+}
+
+/* p (L) = softmax(scale sr) (p may be sr) */
+static void plain_softmax_row(float *pr, const float *sr, int L, float scale)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < L; j++) mx = fmaxf(mx, sr[j] * scale);
+#pragma omp simd
+    for (int j = 0; j < L; j++) pr[j] = vm_expf(sr[j] * scale - mx);
+    double sum = 0.0;
+    for (int j = 0; j < L; j++) sum += pr[j];
+    const float inv = (float)(1.0 / sum);
+    for (int j = 0; j < L; j++) pr[j] *= inv;
+}
+
+/* dS row (L) = scale p (dp - rowsum(p dp)), dp given in dsr */
+static void plain_ds_row(float *dsr, const float *pr, int L, float scale)
+{
+    double rs = 0.0;
+    for (int j = 0; j < L; j++) rs += (double)pr[j] * dsr[j];
+    const float rsf = (float)rs;
+    for (int j = 0; j < L; j++) dsr[j] = pr[j] * (dsr[j] - rsf) * scale;
 }
 
 int cpu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !ov || !p || !qv || !kv || !vv || !ctx) return BK_ERR_INVALID;
+    if (attn_check(s) != BK_OK || !ov || !p || !qv || !kv || !vv || !ws || !ctx)
+        return BK_ERR_INVALID;
     float *o = ov;
     const float *q = qv, *k = kv, *v = vv;
-    const int pairs = s->n * s->heads, nt = attn_plain_split(s, ctx);
-    if (nt) {
-        bk_ctx one = {.threads = 1};
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int nh = 0; nh < pairs; nh++) plain_fwd_one(o, p, q, k, v, s, nh, &one);
-    } else {
-        for (int nh = 0; nh < pairs; nh++) plain_fwd_one(o, p, q, k, v, s, nh, ctx);
-    }
-    return BK_OK;
-}
-
-/* per (n, h): dp = dout v^T, ds = scale p (dp - rowsum(p dp)) (in ds, L x L), dq = ds k,
- * dk = ds^T q, dv = p^T dout */
-static void plain_bwd_one(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, const float *p, float *ds,
-                          const struct bk_attn *s, int nh, bk_ctx *c)
-{
-    const int L = s->l, H = s->heads, D = s->d, h = nh % H, ni = nh / H;
+    const int L = s->l, H = s->heads, D = s->d, pairs = s->n * H, l16 = round16(L);
+    const int nt = attn_plain_split(s, cpu_threads(ctx));
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
-    const float *ph = p + (size_t)nh * L * L;
-    cpu_gemm(0, 1, L, L, D, 1.0f, ROW_HD(dout, ni, 0, h), (int)hd, ROW_LD(v, ni, 0, h), (int)ld,
-             0.0f, ds, L, c);
-#pragma omp parallel for num_threads(c->threads) schedule(static)
-    for (int i = 0; i < L; i++) {
-        const float *pr = ph + (size_t)i * L;
-        float *dsr = ds + (size_t)i * L;
-        double rs = 0.0;
-        for (int j = 0; j < L; j++) rs += (double)pr[j] * dsr[j];
-        const float rsf = (float)rs;
-        for (int j = 0; j < L; j++) dsr[j] = pr[j] * (dsr[j] - rsf) * scale;
+    if (nt) {
+#pragma omp parallel num_threads(nt)
+        {
+            float *sc = (float *)ws + (size_t)omp_get_thread_num() * attn_plain_slot_floats(s);
+            float *kt = sc + (size_t)L * l16;
+#pragma omp for schedule(static)
+            for (int nh = 0; nh < pairs; nh++) {
+                const int h = nh % H, ni = nh / H;
+                float *ph = p + (size_t)nh * L * L;
+                attn_pack_t(kt, l16, ROW_LD(k, ni, 0, h), ld, L, D);
+                attn_abt(sc, (size_t)l16, ROW_LD(q, ni, 0, h), ld, kt, l16, L, D, 1.0f);
+                for (int i = 0; i < L; i++)
+                    plain_softmax_row(ph + (size_t)i * L, sc + (size_t)i * l16, L, scale);
+                attn_wx(ROW_HD(o, ni, 0, h), hd, ph, (size_t)L, 1, ROW_LD(v, ni, 0, h), ld, L, L,
+                        D, 0);
+            }
+        }
+        return BK_OK;
     }
-    cpu_gemm(0, 0, L, D, L, 1.0f, ds, L, ROW_LD(k, ni, 0, h), (int)ld, 0.0f, ROW_LD(dq, ni, 0, h),
-             (int)ld, c);
-    cpu_gemm(1, 0, L, D, L, 1.0f, ds, L, ROW_LD(q, ni, 0, h), (int)ld, 0.0f, ROW_LD(dk, ni, 0, h),
-             (int)ld, c);
-    cpu_gemm(1, 0, L, D, L, 1.0f, ph, L, ROW_HD(dout, ni, 0, h), (int)hd, 0.0f,
-             ROW_LD(dv, ni, 0, h), (int)ld, c);
+    for (int nh = 0; nh < pairs; nh++) {
+        const int h = nh % H, ni = nh / H;
+        float *ph = p + (size_t)nh * L * L;
+        int rc = plain_gemm(PG_QK, ph, ROW_LD(q, ni, 0, h), ROW_LD(k, ni, 0, h), ws, s, ctx);
+        if (rc) return rc;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+        for (int i = 0; i < L; i++)
+            plain_softmax_row(ph + (size_t)i * L, ph + (size_t)i * L, L, scale);
+        rc = plain_gemm(PG_PV, ROW_HD(o, ni, 0, h), ph, ROW_LD(v, ni, 0, h), ws, s, ctx);
+        if (rc) return rc;
+    }
+    return BK_OK;
 }
 
 int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void *qv,
@@ -475,22 +519,46 @@ int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const
     if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
         !ws || !ctx)
         return BK_ERR_INVALID;
-    float *dq = dqv, *dk = dkv, *dv = dvv;
+    float *dq = dqv, *dk = dkv, *dv = dvv, *ds = ws;
     const float *dout = doutv, *q = qv, *k = kv, *v = vv;
-    const int pairs = s->n * s->heads, nt = attn_plain_split(s, ctx);
-    const size_t ll = (size_t)s->l * s->l;
+    const int L = s->l, H = s->heads, D = s->d, pairs = s->n * H, l16 = round16(L);
+    const int nt = attn_plain_split(s, cpu_threads(ctx));
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
+    const float scale = s->scale;
     if (nt) {
-        bk_ctx one = {.threads = 1};
 #pragma omp parallel num_threads(nt)
         {
-            float *ds = (float *)ws + (size_t)omp_get_thread_num() * ll;
+            float *dst = (float *)ws + (size_t)omp_get_thread_num() * attn_plain_slot_floats(s);
+            float *vt = dst + (size_t)L * l16;
 #pragma omp for schedule(static)
-            for (int nh = 0; nh < pairs; nh++)
-                plain_bwd_one(dq, dk, dv, dout, q, k, v, p, ds, s, nh, &one);
+            for (int nh = 0; nh < pairs; nh++) {
+                const int h = nh % H, ni = nh / H;
+                const float *ph = p + (size_t)nh * L * L;
+                attn_pack_t(vt, l16, ROW_LD(v, ni, 0, h), ld, L, D);
+                attn_abt(dst, (size_t)l16, ROW_HD(dout, ni, 0, h), hd, vt, l16, L, D, 1.0f);
+                for (int i = 0; i < L; i++)
+                    plain_ds_row(dst + (size_t)i * l16, ph + (size_t)i * L, L, scale);
+                attn_wx(ROW_LD(dq, ni, 0, h), ld, dst, (size_t)l16, 1, ROW_LD(k, ni, 0, h), ld, L,
+                        L, D, 0);
+                attn_wx(ROW_LD(dk, ni, 0, h), ld, dst, 1, (size_t)l16, ROW_LD(q, ni, 0, h), ld, L,
+                        L, D, 0);
+                attn_wx(ROW_LD(dv, ni, 0, h), ld, ph, 1, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L,
+                        L, D, 0);
+            }
         }
-    } else {
-        for (int nh = 0; nh < pairs; nh++)
-            plain_bwd_one(dq, dk, dv, dout, q, k, v, p, ws, s, nh, ctx);
+        return BK_OK;
+    }
+    for (int nh = 0; nh < pairs; nh++) {
+        const int h = nh % H, ni = nh / H;
+        const float *ph = p + (size_t)nh * L * L;
+        int rc = plain_gemm(PG_DP, ds, ROW_HD(dout, ni, 0, h), ROW_LD(v, ni, 0, h), ws, s, ctx);
+        if (rc) return rc;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+        for (int i = 0; i < L; i++) plain_ds_row(ds + (size_t)i * L, ph + (size_t)i * L, L, scale);
+        if ((rc = plain_gemm(PG_DQ, ROW_LD(dq, ni, 0, h), ds, ROW_LD(k, ni, 0, h), ws, s, ctx)) ||
+            (rc = plain_gemm(PG_DK, ROW_LD(dk, ni, 0, h), ds, ROW_LD(q, ni, 0, h), ws, s, ctx)) ||
+            (rc = plain_gemm(PG_DV, ROW_LD(dv, ni, 0, h), ph, ROW_HD(dout, ni, 0, h), ws, s, ctx)))
+            return rc;
     }
     return BK_OK;
 }

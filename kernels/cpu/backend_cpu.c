@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
 #include <omp.h>
 
 #include "cpu.h"
@@ -25,8 +24,6 @@ int cpu_ctx_init(bk_ctx **out, int threads)
     }
     c->cap_blocks = 8;
     c->threads = threads > 0 ? threads : 1;
-    /* OpenBLAS runs single-threaded inside cpu_gemm's own blocks (see gemm.c) */
-    openblas_set_num_threads(1);
     *out = c;
     return BK_OK;
 }
@@ -41,7 +38,7 @@ void cpu_ctx_free(bk_ctx *ctx)
 {
     if (!ctx) return;
     cpu_conv_cache_free(ctx);
-    cpu_mm_cache_free(ctx);
+    cpu_gemm_cache_free(ctx);
     free(ctx->blocks);
     free(ctx);
 }

@@ -1,4 +1,4 @@
-/* cpu.h - the CPU backend's kernels (OpenMP + OpenBLAS), gathered into a `struct backend` by
+/* cpu.h - the CPU backend's kernels (OpenMP + oneDNN), gathered into a `struct backend` by
  * backend_cpu.c. Signatures are those of kernels/backend.h; see there for the contracts.
  */
 #ifndef DDPMD_CPU_H
@@ -11,9 +11,9 @@ struct onednn_cache;
 struct bk_ctx {
     int threads;                 /* fixed per job: results are bit-identical at a given count */
     struct onednn_cache *conv;   /* oneDNN primitives by shape (conv.c), created on first use */
-    struct onednn_cache *mm;     /* oneDNN bf16 matmuls by shape (linear.c), likewise */
+    struct onednn_cache *mm;     /* oneDNN matmuls by shape (gemm.c), likewise */
     void *ws;                    /* the plan's workspace (cpu_ctx_set_workspace): the scratchpad */
-    size_t ws_bytes;             /* of the kernels without a ws argument (bf16 linears) */
+    size_t ws_bytes;             /* of the kernels without a ws argument (the linears) */
     size_t budget;               /* the "device" budget (cpu_ctx_set_budget); 0: none */
     size_t held, high_water;     /* bytes cpu_mem_alloc holds now, and the most at once */
     struct cpu_block { void *p; size_t bytes; } *blocks; /* what cpu_mem_alloc handed out */
@@ -38,9 +38,20 @@ int cpu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
 int cpu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx);
 int cpu_sync(bk_ctx *ctx);
 
-/* gemm.c: C (M,N) = alpha op(A) op(B) + beta C, row-major, split across ctx->threads */
-void cpu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-              const float *b, int ldb, float beta, float *c, int ldc, bk_ctx *ctx);
+/* gemm.c: C (M,N) = op(A) op(B) (+ bias), or C += op(A) op(B) (accum), row-major with row
+ * strides lda, ldb, ldc; op(A) = A^T when ta (A is then (K,M)), likewise B. A and B of dtype (f32
+ * or bf16), C of c_dtype (dtype or f32), the bias (N) f32; accumulated in fp32, an accumulating
+ * 16-bit C rounded once from C + result. Every field is part of the primitive cache's key. */
+struct cpu_gemm_shape {
+    int ta, tb, m, n, k, lda, ldb, ldc;
+    int dtype, c_dtype, bias, accum;
+};
+/* scratchpad bytes of shape s at the machine's cores (at most what fewer threads take) */
+size_t cpu_gemm_ws_bytes(const struct cpu_gemm_shape *s);
+/* on ctx's threads; the scratchpad in ws (ws_bytes of it; too small: BK_ERR_INVALID) */
+int cpu_gemm(const struct cpu_gemm_shape *s, void *c, const void *a, const void *b,
+             const float *bias, void *ws, size_t ws_bytes, bk_ctx *ctx);
+void cpu_gemm_cache_free(bk_ctx *ctx);
 
 /* conv.c */
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s);
@@ -53,7 +64,6 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, v
                           const struct bk_conv2d *s, bk_ctx *ctx);
 /* linear.c */
 size_t cpu_linear_ws_bytes(int m, int k, int n, int dtype);
-void cpu_mm_cache_free(bk_ctx *ctx);
 int cpu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, int k, int n,
                    int dtype, bk_ctx *ctx);
 int cpu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,

@@ -56,10 +56,9 @@ say "build dependencies"
 have_deps() {
     command -v cmake >/dev/null && command -v cc >/dev/null && command -v c++ >/dev/null || return 1
     local h
-    for h in cblas.h cjson/cJSON.h png.h zlib.h; do
+    for h in oneapi/dnnl/dnnl.h cjson/cJSON.h png.h zlib.h; do
         printf '#include <%s>\nint main(void){return 0;}\n' "$h" |
-            cc -x c - -o /dev/null -I/usr/include/openblas -I/usr/include/x86_64-linux-gnu/openblas-openmp \
-               >/dev/null 2>&1 || { echo "missing: $h"; return 1; }
+            cc -x c - -o /dev/null >/dev/null 2>&1 || { echo "missing: $h"; return 1; }
     done
 }
 if ! have_deps; then
@@ -68,7 +67,7 @@ if ! have_deps; then
         $SUDO dpkg -i "$DDPMD_DEBS"/*.deb >/dev/null || true
     else
         $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-            --no-install-recommends build-essential cmake pkg-config libopenblas-openmp-dev \
+            --no-install-recommends build-essential cmake pkg-config libdnnl-dev \
             libcjson-dev libpng-dev zlib1g-dev >/dev/null || true
     fi
     have_deps || { echo "check.sh: build dependencies missing (see above)"; exit 2; }

@@ -381,6 +381,10 @@ static void test_linear_dt(int m, int k, int n, int dt)
         t_free(&x), t_free(&w), t_free(&b), t_free(&y);
         return;
     }
+    /* the CPU's GEMMs take their scratchpad from the workspace a plan would give them */
+    const size_t cws_bytes = C->linear_ws_bytes(m, k, n, BK_DTYPE_F32);
+    void *cws = malloc(cws_bytes ? cws_bytes : 1);
+    CHECK(cws && C->ctx_set_workspace(cctx, cws, cws_bytes) == 0, "%s: cpu workspace", name);
     const long calls0 = lib_calls(1, dt);
     for (int bias = 0; bias < 2; bias++) {
         struct t y = t_out_dt((size_t)m * n, dt);
@@ -413,6 +417,8 @@ static void test_linear_dt(int m, int k, int n, int dt)
           "cpu");
     gpu_ok(G->linear_bwd(dx.d, NULL, NULL, dy.d, x.d, w.d, 0, m, k, n, dt, gctx), "bwd dx only");
     t_cmp_any("dx only", &dx, TOL, 1);
+    C->ctx_set_workspace(cctx, NULL, 0);
+    free(cws);
     const long calls1 = lib_calls(1, dt);
     CHECK(!emulated || (calls0 >= 0 && calls1 - calls0 >= 7),
           "%s: %ld cuBLAS GEMMs in this type, want 7: the backend widened its operands", name,

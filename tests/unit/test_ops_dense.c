@@ -277,6 +277,10 @@ static void test_linear(int m, int k, int n, int bias)
     float *r = falloc(ny), *dx = falloc(nx), *dx2 = falloc(nx), *prev = falloc(nx);
     float *dw = falloc(nw), *db = falloc(n), *dw2 = falloc(nw), *db2 = falloc(n);
     float *pw = falloc(nw), *pb = falloc(n);
+    /* the GEMMs' scratchpad comes from the plan's workspace (cpu_ctx_set_workspace) */
+    const size_t wsb = cpu_linear_ws_bytes(m, k, n, BK_DTYPE_F32);
+    void *ws = malloc(wsb ? wsb : 1);
+    CHECK(cpu_ctx_set_workspace(ctx, ws, wsb) == BK_OK, "%s: workspace", tag);
     tu_fill(x, nx, 1.0);
     tu_fill(w, nw, 0.5);
     tu_fill(b, n, 0.5);
@@ -337,7 +341,14 @@ static void test_linear(int m, int k, int n, int bias)
           "%s: bwd not deterministic / dx NULL changed dw", tag);
     CHECK(cpu_linear_fwd(y, x, w, NULL, 0, k, n, BK_DTYPE_F32, ctx) == BK_ERR_INVALID,
           "%s: m 0", tag);
+    /* without the workspace it asked for: refused, not run on memory of its own */
+    CHECK(cpu_ctx_set_workspace(ctx, NULL, 0) == BK_OK, "%s: no workspace", tag);
+    if (wsb)
+        CHECK(cpu_linear_bwd(dx, dw, NULL, r, x, w, 0, m, k, n, BK_DTYPE_F32, ctx) ==
+                  BK_ERR_INVALID,
+              "%s: ran without the %zu bytes of workspace it asked for", tag, wsb);
 
+    free(ws);
     free(x); free(w); free(b); free(y); free(y2); free(r); free(dx); free(dx2); free(prev);
     free(dw); free(db); free(dw2); free(db2); free(pw); free(pb);
     free(xd); free(wd); free(bd); free(rd); free(yd);
@@ -568,10 +579,24 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
           "%s: tiled ws %zu", tag, wst);
     void *wt = malloc(wst);
     size_t wsb = cpu_attn_ws_bytes(&s, 0);
-    /* one L x L dS per (n, h) pair in flight, at most one per core */
-    CHECK(wsb % ((size_t)l * l * sizeof(float)) == 0 && wsb >= (size_t)l * l * sizeof(float) &&
-              wsb <= (size_t)n * heads * l * l * sizeof(float),
-          "%s: plain ws %zu", tag, wsb);
+    /* the larger of: pairs on threads, a slot per pair in flight (at most one per core) of S or
+     * dS (L, L16) and k or v packed (D, L16); pairs in turn, one L x L dS (64-byte aligned) and
+     * the scratchpad of the largest of the six GEMMs: q k^T, p v, dout v^T, dS k, dS^T q,
+     * p^T dout */
+    const int ld = s.ld, hd = c;
+    const struct cpu_gemm_shape pg[6] = {{0, 1, l, l, d, ld, ld, l, 0, 0, 0, 0},
+                                         {0, 0, l, d, l, l, ld, hd, 0, 0, 0, 0},
+                                         {0, 1, l, l, d, hd, ld, l, 0, 0, 0, 0},
+                                         {0, 0, l, d, l, l, ld, ld, 0, 0, 0, 0},
+                                         {1, 0, l, d, l, l, ld, ld, 0, 0, 0, 0},
+                                         {1, 0, l, d, l, l, hd, ld, 0, 0, 0, 0}};
+    size_t wsg = 0;
+    for (int i = 0; i < 6; i++)
+        if (cpu_gemm_ws_bytes(&pg[i]) > wsg) wsg = cpu_gemm_ws_bytes(&pg[i]);
+    const size_t pairs = (size_t)n * heads, l16 = ((size_t)l + 15) / 16 * 16;
+    const size_t ws_slots = (pairs < procs ? pairs : procs) * ((size_t)l + d) * l16 * 4;
+    const size_t ws_turn = ((size_t)l * l * sizeof(float) + 63) / 64 * 64 + wsg;
+    CHECK(wsb == (ws_slots > ws_turn ? ws_slots : ws_turn), "%s: plain ws %zu", tag, wsb);
     void *ws = malloc(wsb);
 
     float *buf = falloc(nbuf), *r = falloc(no), *o = falloc(no), *o2 = falloc(no);
@@ -662,6 +687,16 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
                       BK_OK,
                   "%s: bwd 1 thread", tag);
             CHECK(memcmp(g, g2, nbuf * 4) == 0, "%s: tiled bwd differs at 1 thread", tag);
+            /* the plain form too: pairs on threads, each pair's products on one thread */
+            fill_nan(o2, no);
+            CHECK(cpu_attn_plain_fwd(o2, p2, q, k, v, ws, &s, one) == BK_OK,
+                  "%s: plain fwd 1 thread", tag);
+            CHECK(memcmp(p, p2, np * 4) == 0, "%s: plain fwd differs at 1 thread", tag);
+            fill_nan(g2, nbuf);
+            CHECK(cpu_attn_plain_bwd(g2, g2 + toff, g2 + 2 * toff, r, q, k, v, p, ws, &s, one) ==
+                      BK_OK,
+                  "%s: plain bwd 1 thread", tag);
+            CHECK(memcmp(gp, g2, nbuf * 4) == 0, "%s: plain bwd differs at 1 thread", tag);
         }
         cpu_ctx_free(one);
     }
@@ -797,6 +832,8 @@ int main(void)
     test_attn(1, 130, 1, 8, 0, 30);
     test_attn(2, 130, 4, 24, 1, 20);
     test_attn(1, 40, 1, 512, 0, 20); /* the largest head dim the UNet presets use */
+    test_attn(2, 70, 2, 100, 1, 20); /* tiled: a column chunk of 64, then 4 full vectors and 4
+                                      * masked lanes */
     /* several query and key blocks (128), the last ones partial: the seed's head dims */
     test_attn(2, 300, 4, 16, 1, 12);
     test_attn(1, 260, 2, 32, 0, 12);
