@@ -45,7 +45,13 @@ echo "machine: $(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; e
      "oneDNN $(dpkg-query -W -f='${Version}' libdnnl2 2>/dev/null || echo '?');" \
      "torch $( [ $have_torch = 1 ] && /usr/bin/python3 -c 'import torch; print(torch.__version__)' || echo 'absent');" \
      "threads $THREADS; median of $STEPS steps after $WARMUP warm-up (seed-64: $SEED_STEPS after $SEED_WARMUP), best of $ROUNDS alternating rounds"
-echo "libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
+# torch's matmuls run on this OpenBLAS; ddpmd's GEMMs on oneDNN (its own ISA detection)
+tcore="absent"
+if [ $have_torch = 1 ]; then
+  tcore=$(OPENBLAS_VERBOSE=2 /usr/bin/python3 -c "import torch" 2>&1 | awk '/^Core:/ {print $2; exit}')
+fi
+echo "libblas.so.3 -> $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?');" \
+     "its kernels for torch: ${tcore:-?}${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}${DNNL_MAX_CPU_ISA:+; DNNL_MAX_CPU_ISA=$DNNL_MAX_CPU_ISA}"
 echo
 
 ceil=$($B --ceilings --threads "$THREADS" --seconds 3)
