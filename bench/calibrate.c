@@ -243,13 +243,15 @@ int main(int argc, char **argv)
         perror("calibrate: re-executing with OMP_WAIT_POLICY=passive");
         return 1;
     }
-    /* the examples' models at batch sizes their micro-batches take */
+    /* the examples' models at batch sizes their micro-batches take; the small steps run more
+     * often: their ops' least times fix the per-op constants, and a few steps of 10-40 ms on a
+     * busy machine left them 1x to 8x apart between runs */
     static const struct {
         const char *what, *spec;
         int image, batch, recompute, steps;
     } runs[] = {
-        {"fmnist-tiny b1", "examples/fmnist-tiny.json", 0, 1, 0, 4},
-        {"fmnist-tiny b4", "examples/fmnist-tiny.json", 0, 4, 0, 3},
+        {"fmnist-tiny b1", "examples/fmnist-tiny.json", 0, 1, 0, 30},
+        {"fmnist-tiny b4", "examples/fmnist-tiny.json", 0, 4, 0, 12},
         {"fmnist-tiny b16 resblock", "examples/fmnist-tiny.json", 0, 16, 2, 3},
         {"fmnist-tiny b32", "examples/fmnist-tiny.json", 0, 32, 0, 2},
         {"seed 32px b2", "examples/seed-64.json", 32, 2, 0, 3},
