@@ -4,7 +4,8 @@
  * batch sizes; the optimizer's seconds per parameter; host copies and 16-bit conversions per
  * byte. Times are the CPU seconds of the thread that runs the steps (EXEC_PROFILE_CPU): with
  * OMP_WAIT_POLICY=passive (set here, re-executing itself, unless the environment names a
- * policy) that is the time the step takes on an idle machine, however busy this one is.
+ * policy) a neighbour's time is not counted, though neighbours sharing the caches and the memory
+ * bus still stretch it (10-50% at load 7-9 on the 2-core machine: calibrate when it is quiet).
  *   calibrate [--threads N] [--out FILE]     (default: stdout; the fit's residuals on stderr)
  * run from the repository's root: the models are those of the example specs (examples/).
  * ddpmd reads the file from $DDPMD_COST_MODEL (server/train.c train_cost_model).

@@ -26,7 +26,7 @@ const char *cost_class_name(enum cost_class c)
 void cost_model_default(struct cost_model *m)
 {
     /* bench/calibrate on a 2-core Xeon with AVX-512 (the CPU seconds of the thread running the
-     * steps, OMP_WAIT_POLICY=passive: an idle machine's step time), rounded; a second run at
+     * steps, OMP_WAIT_POLICY=passive; at load ~2), rounded; a second run at
      * load ~2 gave every per-unit constant within 5% (tiled attention 1.57e-11 and 9.0e-12) */
     static const double per_unit[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 3.5e-12,  [COST_CONV_BWD_DATA] = 3.6e-12,
