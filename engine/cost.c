@@ -27,11 +27,14 @@ void cost_model_default(struct cost_model *m)
 {
     /* bench/calibrate on a 2-core Xeon with AVX-512 (the CPU seconds of the thread running the
      * steps, OMP_WAIT_POLICY=passive; at load ~2), rounded; a second run at
-     * load ~2 gave every per-unit constant within 5% (tiled attention 1.57e-11 and 9.0e-12) */
+     * load ~2 gave every per-unit constant within 5% (tiled attention 1.57e-11 and 9.0e-12).
+     * The GEMM and plain-attention rates re-measured after the GEMMs moved to oneDNN (82b67fb;
+     * two runs within 5%). The fixed costs per op vary with the host's load on this shared VM
+     * (6e-6 to 6e-5 s within one afternoon, the same build): they are the earlier quiet run's */
     static const double per_unit[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 3.5e-12,  [COST_CONV_BWD_DATA] = 3.6e-12,
-        [COST_CONV_BWD_FILTER] = 4.45e-12, [COST_GEMM] = 1.94e-11,
-        [COST_ATTN_FWD] = 2.53e-11, [COST_ATTN_BWD] = 1.95e-11,
+        [COST_CONV_BWD_FILTER] = 4.45e-12, [COST_GEMM] = 5.4e-12,
+        [COST_ATTN_FWD] = 1.27e-11, [COST_ATTN_BWD] = 8.5e-12,
         [COST_ATTN_TILED_FWD] = 1.56e-11, [COST_ATTN_TILED_BWD] = 8.8e-12,
         [COST_NORM] = 9.8e-11,      [COST_ELTWISE] = 3.7e-11,
         [COST_DROPOUT] = 1.41e-9,
