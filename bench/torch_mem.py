@@ -13,10 +13,11 @@ import resource
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 from make_fixtures import SEED_FULL, build_seed  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_step import train_step  # noqa: E402
 
 
 def main():
@@ -38,18 +39,8 @@ def main():
     abar = torch.cumprod(1.0 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)
     sqrt_ab, sqrt_1mab = abar.sqrt().float(), (1.0 - abar).sqrt().float()
 
-    def step():
-        opt.zero_grad(set_to_none=False)  # the gradients stay allocated, as ddpmd's do
-        ti = torch.randint(0, 1000, (a.batch,), generator=g)
-        noise = torch.randn(x0.shape, generator=g)
-        xt = sqrt_ab[ti].view(-1, 1, 1, 1) * x0 + sqrt_1mab[ti].view(-1, 1, 1, 1) * noise
-        loss = F.mse_loss(model(xt, ti.float()), noise)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        with torch.no_grad():
-            torch._foreach_mul_(ema, 0.9999)
-            torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=1 - 0.9999)
+    def step():  # the gradients stay allocated between steps, as ddpmd's do
+        train_step(model, opt, ema, x0, sqrt_ab, sqrt_1mab, g, set_to_none=False)
 
     for _ in range(a.warmup):
         step()

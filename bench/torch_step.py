@@ -29,6 +29,24 @@ CONFIGS = {
 }
 
 
+def train_step(model, opt, ema, x0, sqrt_ab, sqrt_1mab, g, amp=False, set_to_none=True):
+    """ddpmd's training step in PyTorch: t and noise drawn, q_sample, forward (bf16 autocast when
+    amp), MSE, backward, clip 1.0, AdamW, EMA 0.9999. Returns the loss."""
+    opt.zero_grad(set_to_none=set_to_none)
+    ti = torch.randint(0, 1000, (x0.shape[0],), generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    xt = sqrt_ab[ti].view(-1, 1, 1, 1) * x0 + sqrt_1mab[ti].view(-1, 1, 1, 1) * noise
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        loss = F.mse_loss(model(xt, ti.float()).float(), noise)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    with torch.no_grad():
+        torch._foreach_mul_(ema, 0.9999)
+        torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=1 - 0.9999)
+    return loss
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True, choices=sorted(CONFIGS))
@@ -71,18 +89,7 @@ def main():
     times, cpus, first = [], [], None
     for s in range(a.warmup + a.steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        opt.zero_grad(set_to_none=True)
-        ti = torch.randint(0, 1000, (a.batch,), generator=g)
-        noise = torch.randn(x0.shape, generator=g)
-        xt = sqrt_ab[ti].view(-1, 1, 1, 1) * x0 + sqrt_1mab[ti].view(-1, 1, 1, 1) * noise
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            loss = F.mse_loss(model(xt, ti.float()).float(), noise)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        with torch.no_grad():
-            torch._foreach_mul_(ema, 0.9999)
-            torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=1 - 0.9999)
+        loss = train_step(model, opt, ema, x0, sqrt_ab, sqrt_1mab, g, amp=amp)
         t1, c1 = time.perf_counter(), time.process_time()
         if first is None:
             first = loss.item()
