@@ -2,10 +2,10 @@
  * writes them in cost_model_parse's format: per op class, seconds = work x per_unit + per_op,
  * fitted to the class's seconds per step over profiled training steps of several models and
  * batch sizes; the optimizer's seconds per parameter; host copies and 16-bit conversions per
- * byte. Times are the CPU seconds of the thread that runs the steps (EXEC_PROFILE_CPU): with
- * OMP_WAIT_POLICY=passive (set here, re-executing itself, unless the environment names a
- * policy) a neighbour's time is not counted, though neighbours sharing the caches and the memory
- * bus still stretch it (10-50% at load 7-9 on the 2-core machine: calibrate when it is quiet).
+ * byte. Times are the CPU seconds of the thread that runs the steps (EXEC_PROFILE_CPU), under
+ * ddpmd's own OpenMP wait policy (cpu_omp_wait_policy: passive after a short spin): a
+ * neighbour's time is not counted, though neighbours sharing the caches and the memory bus
+ * still stretch it (10-50% at load 7-9 on the 2-core machine: calibrate when it is quiet).
  *   calibrate [--threads N] [--out FILE]     (default: stdout; the fit's residuals on stderr)
  * run from the repository's root: the models are those of the example specs (examples/).
  * ddpmd reads the file from $DDPMD_COST_MODEL (server/train.c train_cost_model).
@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cost.h"
+#include "cpu/cpu.h"
 #include "exec.h"
 #include "init.h"
 #include "plan.h"
@@ -236,14 +237,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    /* the OpenMP runtime reads its wait policy at start: spinning threads would count the
-     * time they wait for a descheduled peer as CPU time */
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-        perror("calibrate: re-executing with OMP_WAIT_POLICY=passive");
-        return 1;
-    }
+    cpu_omp_wait_policy(argv); /* ddpmd's OpenMP wait policy (kernels/cpu/cpu.h) */
     /* the examples' models at batch sizes their micro-batches take; the small steps run more
      * often: their ops' least times fix the per-op constants, and a few steps of 10-40 ms on a
      * busy machine left them 1x to 8x apart between runs */

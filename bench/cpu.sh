@@ -26,7 +26,11 @@ SEED_STEPS=${SEED_STEPS:-3}
 SEED_WARMUP=${SEED_WARMUP:-1}
 CONFIGS=${CONFIGS:-"seed-64:8 fmnist-tiny:8 fmnist-tiny:32 cifar-small:8 ddpm-cifar10:8"}
 PRECISIONS=${PRECISIONS:-"f32 bf16"}
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# ddpmd's own OpenMP wait policy (kernels/cpu/cpu.h, cpu_omp_wait_policy), torch's too: the same
+# for both engines unless the environment names one
+if [ -z "${OMP_WAIT_POLICY:-}" ]; then
+  export OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-3000}
+fi
 
 # the build users run (scripts/build.sh: build/, RelWithDebInfo)
 bash scripts/build.sh >/dev/null

@@ -468,6 +468,7 @@ int main(int argc, char **argv)
     int precision = STRATEGY_PRECISION_F32, force_half = 0;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double seconds = 3.0;
+    cpu_omp_wait_policy(argv); /* the OpenMP wait policy ddpmd runs with (kernels/cpu/cpu.h) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config") && v) config = argv[++i];

@@ -16,10 +16,10 @@
 #      fmnist-tiny:8 ddpm-cifar10:8"), FRACTIONS (default 1,0.7,0.5,0.35), TORCH (0: skip),
 #      OUT (a folder for the raw lines; default a temporary one), RAW (a folder of an earlier
 #      run's raw lines: only the tables, nothing measured)
-# Times are the least CPU seconds one step took on the thread that ran it, under
-# OMP_WAIT_POLICY=passive (set here): a neighbour's time is not counted, but neighbours sharing
-# the caches and the memory bus still stretch it (10-50% at load 7-9 on the shared 2-core
-# machine), so the errors are also given over each run's own scale; the mean wall seconds are
+# Times are the least CPU seconds one step took on the thread that ran it, under ddpmd's OpenMP
+# wait policy (plan_bench and calibrate set it as ddpmd does): a neighbour's time is not
+# counted, but neighbours sharing the caches and the memory bus still stretch it (10-50% at
+# load 7-9 on the shared 2-core machine), so the errors are also given over each run's own scale; the mean wall seconds are
 # printed beside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,6 @@ matrix=${MATRIX:-"fmnist-tiny:32 fmnist-tiny:8 ddpm-cifar10:8"}
 fractions=${FRACTIONS:-1,0.7,0.5,0.35}
 out=${RAW:-${OUT:-$(mktemp -d /tmp/ddpmd-plan-sh-XXXXXX)}}
 mkdir -p "$out"
-export OMP_WAIT_POLICY=passive
 if [ -z "${RAW:-}" ]; then
 [ -x "$build/plan_bench" ] || { echo "plan.sh: $build/plan_bench missing (cmake --build $build)" >&2; exit 2; }
 

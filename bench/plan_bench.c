@@ -9,9 +9,9 @@
  *              (--budgets 4GiB,1GiB,... | --fractions 1,0.7,...: of the plain plan's bytes)
  * Each step is timed from loading its batch to the end of its optimizer step; the first step
  * of a run is its warm-up and not counted. "cpu" is the least CPU seconds one step took on the
- * thread that runs it (train_stats; under OMP_WAIT_POLICY=passive a neighbour's time is not
- * counted, but neighbours sharing the caches and the memory bus still stretch it: 10-50% at
- * load 7-9 on the 2-core machine), "wall" the mean wall seconds. --pick-only
+ * thread that runs it (train_stats, under ddpmd's OpenMP wait policy, cpu_omp_wait_policy: a
+ * neighbour's time is not counted, but neighbours sharing the caches and the memory bus still
+ * stretch it: 10-50% at load 7-9 on the 2-core machine), "wall" the mean wall seconds. --pick-only
  * measures the auto picks alone; --force fixes strategy fields (the others stay auto). Lines
  * (one record each, key=value, for plan.sh):
  *   cand  spec= batch= strategy="..." device= host= pred= cpu= wall= err=
@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cpu/cpu.h"
 #include "image.h"
 #include "philox.h"
 #include "planner.h"
@@ -147,6 +148,7 @@ int main(int argc, char **argv)
     const char *spec_path = NULL, *budgets = NULL, *fractions = NULL;
     int batch = 0, steps = 3, threads = 2, pick_only = 0;
     const char *force = NULL;
+    cpu_omp_wait_policy(argv); /* the OpenMP wait policy ddpmd runs with (kernels/cpu/cpu.h) */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) batch = atoi(argv[++i]);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);

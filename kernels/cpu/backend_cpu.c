@@ -3,9 +3,12 @@
  * A context may carry a budget (cpu_ctx_set_budget): the "device" then refuses what would hold
  * more than it at once, so budgets, admission and out-of-budget paths are tested without a GPU.
  */
+#define _DEFAULT_SOURCE /* setenv */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <omp.h>
 
@@ -32,6 +35,15 @@ int cpu_threads(const bk_ctx *ctx)
 {
     int procs = omp_get_num_procs();
     return ctx && ctx->threads < procs ? ctx->threads : procs;
+}
+
+void cpu_omp_wait_policy(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY")) return; /* the user's choice, ACTIVE on a dedicated machine */
+    if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1)) return;
+    if (!getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "3000", 1)) return;
+    execv("/proc/self/exe", argv);
+    perror("ddpmd: starting again with OMP_WAIT_POLICY=PASSIVE");
 }
 
 void cpu_ctx_free(bk_ctx *ctx)

@@ -24,6 +24,16 @@ int cpu_ctx_init(bk_ctx **out, int threads);
 /* threads of the job's oneDNN calls and of kernels with per-thread scratch: ctx->threads capped
  * at the machine's cores, for which such workspaces are planned; with ctx NULL, the cores */
 int cpu_threads(const bk_ctx *ctx);
+/* How the process's OpenMP threads wait between parallel regions, for programs that run jobs
+ * (ddpmd, bench/): when the environment names no OMP_WAIT_POLICY, PASSIVE (threads that spin
+ * until the next region starve each other and their neighbours on shared cores: libgomp's
+ * default spin took a loaded 2-core machine from 15 to 2.5 images/s) with a short spin of
+ * GOMP_SPINCOUNT 3000 unless given (~0.1 ms: a worker that sleeps at once pays a wake-up per
+ * region, 35 us on a VM whose other core is idle, and fmnist-tiny's steps of micro-batch 1
+ * took 3.6x as long; see bench/RESULTS.md). libgomp reads these when it loads, so the process
+ * starts argv again with them (execv of /proc/self/exe); returns when nothing needed setting
+ * or the exec failed (the process then runs with libgomp's defaults). */
+void cpu_omp_wait_policy(char **argv);
 void cpu_ctx_free(bk_ctx *ctx);
 int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes);
 int cpu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes);
