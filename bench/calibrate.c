@@ -6,7 +6,10 @@
  * ddpmd's own OpenMP wait policy (cpu_omp_wait_policy: passive after a short spin): a
  * neighbour's time is not counted, though neighbours sharing the caches and the memory bus
  * still stretch it (10-50% at load 7-9 on the 2-core machine: calibrate when it is quiet).
- *   calibrate [--threads N] [--out FILE]     (default: stdout; the fit's residuals on stderr)
+ *   calibrate [--threads N] [--rounds R] [--out FILE]
+ * (default: 3 rounds over the models, each op's least time over all; the file on stdout, the
+ * fit's residuals on stderr; CALIBRATE_OPS=all lists every op as "opdata MODEL|CLASS|WORK|
+ * SECONDS|BYTES", a class number that class's ops with their rates)
  * run from the repository's root: the models are those of the example specs (examples/).
  * ddpmd reads the file from $DDPMD_COST_MODEL (server/train.c train_cost_model).
  */
@@ -40,6 +43,8 @@ static double thread_s(void)
 struct sample {
     double x[COST_CLASS_COUNT], n[COST_CLASS_COUNT], y[COST_CLASS_COUNT];
     double optim_s, params, step_s;
+    double *opmin; /* each graph op's least seconds in a step, over every round so far */
+    int n_ops;
     struct unet_config cfg;
     int batch;
     const char *what;
@@ -48,6 +53,7 @@ struct sample {
 #define MAX_SAMPLES 16
 static struct sample samples[MAX_SAMPLES];
 static int n_samples;
+static int last_round; /* CALIBRATE_OPS lists the ops' least times of the last round */
 
 /* the model of the example spec at path (examples/, read from the repository's root), at image
  * size `image` (0: the spec's) */
@@ -64,21 +70,25 @@ static int config_of(struct unet_config *c, const char *path, int image)
     return 0;
 }
 
-static int profile_model(const char *what, const char *spec, int image, int batch, int recompute,
-                         int threads, int steps)
+/* steps of one model after a warm-up step; round 0 makes samples[idx], later rounds lower its
+ * ops' least times */
+static int profile_model(int idx, const char *what, const char *spec, int image, int batch,
+                         int recompute, int threads, int steps)
 {
-    struct sample *sm = &samples[n_samples];
+    struct sample *sm = &samples[idx];
+    int first = sm->opmin == NULL;
     struct graph g;
     struct unet_io io;
     int target, rc = -1;
     struct plan p;
     struct exec *e = NULL;
     float *h = NULL;
-    double *opmin = NULL;
-    memset(sm, 0, sizeof *sm);
-    if (config_of(&sm->cfg, spec, image)) return -1;
-    sm->batch = batch;
-    sm->what = what;
+    if (first) {
+        memset(sm, 0, sizeof *sm);
+        if (config_of(&sm->cfg, spec, image)) return -1;
+        sm->batch = batch;
+        sm->what = what;
+    }
     graph_init(&g);
     memset(&p, 0, sizeof p);
     struct plan_opts po = {.strategy = strategy_plain(batch)};
@@ -107,7 +117,7 @@ static int profile_model(const char *what, const char *spec, int image, int batc
     exec_reset_state(e);
     struct optim_config oc = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .clip = 1.0f, .ema_decay = 0.999f, .total_steps = 100};
-    for (int i = 0; i < p.n_run_ops; i++) { /* a recomputed forward op runs twice */
+    for (int i = 0; first && i < p.n_run_ops; i++) { /* a recomputed forward op runs twice */
         int k = p.op_src ? p.op_src[i] : i;
         enum cost_class c = cost_op_class(&g.ops[k]);
         sm->x[c] += cost_op_work(&g, k);
@@ -116,7 +126,13 @@ static int profile_model(const char *what, const char *spec, int image, int batc
     /* step 0 warms caches and oneDNN's primitives; then each op's least seconds over the steps
      * (a busy machine only ever adds: an op whose peer thread was descheduled may have been
      * run by this one alone) */
-    if (!(opmin = malloc((size_t)g.n_ops * sizeof *opmin + 1))) goto out;
+    if (first) {
+        if (!(sm->opmin = malloc((size_t)g.n_ops * sizeof *sm->opmin + 1))) goto out;
+        sm->n_ops = g.n_ops;
+    } else if (sm->n_ops != g.n_ops) {
+        goto out;
+    }
+    double *opmin = sm->opmin;
     for (int s = 0; s <= steps; s++) {
         exec_profile_reset(e);
         float loss, norm;
@@ -126,26 +142,37 @@ static int profile_model(const char *what, const char *spec, int image, int batc
         if (s == 0) continue;
         const struct exec_profile *pr = exec_get_profile(e);
         for (int k = 0; k < g.n_ops; k++)
-            if (s == 1 || pr->op_seconds[k] < opmin[k]) opmin[k] = pr->op_seconds[k];
-        if (s == 1 || pr->optim_seconds < sm->optim_s) sm->optim_s = pr->optim_seconds;
+            if ((first && s == 1) || pr->op_seconds[k] < opmin[k]) opmin[k] = pr->op_seconds[k];
+        if ((first && s == 1) || pr->optim_seconds < sm->optim_s) sm->optim_s = pr->optim_seconds;
     }
+    memset(sm->y, 0, sizeof sm->y);
     sm->step_s = sm->optim_s;
     for (int k = 0; k < g.n_ops; k++) {
         sm->y[cost_op_class(&g.ops[k])] += opmin[k];
         sm->step_s += opmin[k];
-        if (getenv("CALIBRATE_OPS") &&
-            (int)cost_op_class(&g.ops[k]) == atoi(getenv("CALIBRATE_OPS")))
+        if (!last_round || !getenv("CALIBRATE_OPS")) continue;
+        if (!strcmp(getenv("CALIBRATE_OPS"), "all"))
+        {
+            double b = 0; /* the bytes the op reads and writes */
+            for (int j = 0; j < g.ops[k].n_in; j++)
+                if (g.ops[k].in[j] >= 0) b += (double)tensor_bytes(g.tensors[g.ops[k].in[j]]);
+            for (int j = 0; j < g.ops[k].n_out; j++)
+                if (g.ops[k].out[j] >= 0) b += (double)tensor_bytes(g.tensors[g.ops[k].out[j]]);
+            fprintf(stderr, "opdata %s|%s|%.6g|%.6g|%.6g\n", what,
+                    cost_class_name(cost_op_class(&g.ops[k])), cost_op_work(&g, k), opmin[k], b);
+        }
+        else if ((int)cost_op_class(&g.ops[k]) == atoi(getenv("CALIBRATE_OPS")))
             fprintf(stderr, "  op %4d %-22s work %10.3g  %9.6f s  %6.2f G/s\n", k,
                     op_name(g.ops[k].type), cost_op_work(&g, k), opmin[k],
                     cost_op_work(&g, k) / opmin[k] * 1e-9);
     }
     sm->params = (double)g.param_numel;
-    n_samples++;
-    fprintf(stderr, "calibrate: %-22s %8.4f s/step (thread CPU)\n", what, sm->step_s);
+    if (first) n_samples++;
+    fprintf(stderr, "calibrate: %-24s %8.4f s/step (thread CPU, least so far)\n", what,
+            sm->step_s);
     rc = 0;
 out:
     free(h);
-    free(opmin);
     exec_free(e);
     plan_free(&p);
     graph_free(&g);
@@ -227,13 +254,15 @@ out:
 
 int main(int argc, char **argv)
 {
-    int threads = 2;
+    int threads = 2, rounds = 3;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) out = argv[++i];
-        else {
-            fprintf(stderr, "usage: calibrate [--threads N] [--out FILE]\n");
+        else rounds = 0;
+        if (rounds < 1) {
+            fprintf(stderr, "usage: calibrate [--threads N] [--rounds R>=1] [--out FILE]\n");
             return 2;
         }
     }
@@ -255,12 +284,18 @@ int main(int argc, char **argv)
         {"ddpm-cifar10 b1", "examples/ddpm-cifar10.json", 0, 1, 0, 2},
         {"ddpm-cifar10 b4", "examples/ddpm-cifar10.json", 0, 4, 0, 2},
     };
-    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
-        if (profile_model(runs[i].what, runs[i].spec, runs[i].image, runs[i].batch,
-                          runs[i].recompute, threads, runs[i].steps)) {
-            fprintf(stderr, "calibrate: a profiled step of %s failed\n", runs[i].what);
-            return 1;
-        }
+    /* in rounds over all the models: a slow spell of the shared host (seconds long: fmnist-tiny
+     * b4's least step 0.029 s in one run, 0.050 s in the next) meets one round of a model, not
+     * all of its steps */
+    for (int r = 0; r < rounds; r++) {
+        last_round = r == rounds - 1;
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+            if (profile_model((int)i, runs[i].what, runs[i].spec, runs[i].image, runs[i].batch,
+                              runs[i].recompute, threads, runs[i].steps)) {
+                fprintf(stderr, "calibrate: a profiled step of %s failed\n", runs[i].what);
+                return 1;
+            }
+    }
 
     struct cost_model m;
     cost_model_default(&m);
