@@ -15,7 +15,8 @@
 #      alone; 1: every fitting candidate too, ~20 more minutes here), MATRIX (default "fmnist-tiny:32
 #      fmnist-tiny:8 ddpm-cifar10:8"), FRACTIONS (default 1,0.7,0.5,0.35), TORCH (0: skip),
 #      OUT (a folder for the raw lines; default a temporary one), RAW (a folder of an earlier
-#      run's raw lines: only the tables, nothing measured)
+#      run's raw lines: only the tables, nothing measured; bench/plan_rescore.py scores them
+#      under other cost model files)
 # Times are the least CPU seconds one step took on the thread that ran it, under ddpmd's OpenMP
 # wait policy (plan_bench and calibrate set it as ddpmd does): a neighbour's time is not
 # counted, but neighbours sharing the caches and the memory bus still stretch it (10-50% at
