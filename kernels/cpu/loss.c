@@ -73,8 +73,30 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
         return BK_OK;
     }
     float scale = 1.0f / (1.0f - p);
-    if (channels > 1) {
-        /* NHWC image: memory element m = pixel * C + c is logical element c * HW + pixel */
+    if (channels > 1 && (per_sample / (size_t)channels) % 4 == 0) {
+        /* NHWC image: memory element m = pixel * C + c is logical element e = c * HW + pixel.
+         * With HW a multiple of 4, pixels 4j..4j+3 of channel c are one Philox block's four
+         * lanes: each block is drawn once, for a quad of pixels, all channels at a time */
+        const size_t C = (size_t)channels, quads = per_sample / C / 4, hw = 4 * quads;
+        const size_t items = (size_t)n * quads;
+#pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
+        for (size_t it = 0; it < items; it++) {
+            size_t s = it / quads, p0 = 4 * (it % quads);
+            const float *src = in + s * per_sample + p0 * C;
+            float *dst = out + s * per_sample + p0 * C;
+            for (size_t c = 0; c < C; c++) {
+                struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                                  (uint32_t)(sample_base + (int)s), op,
+                                                  (uint32_t)((c * hw + p0) / 4));
+                for (size_t k = 0; k < 4; k++) {
+                    float v = philox_uniform(r.v[k]) >= p ? src[k * C + c] * scale : 0.0f;
+                    dst[k * C + c] = accum ? dst[k * C + c] + v : v;
+                }
+            }
+        }
+        return BK_OK;
+    }
+    if (channels > 1) { /* HW not a multiple of 4: a block per element */
         const size_t hw = per_sample / (size_t)channels;
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
         for (size_t i = 0; i < total; i++) {

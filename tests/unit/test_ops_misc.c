@@ -1043,6 +1043,62 @@ static void test_dropout(void)
     free(d0);
 }
 
+/* dropout on an NHWC image (channels > 1): memory element (pixel, c) draws the mask of logical
+ * element c * HW + pixel, so it equals the flat (NCHW) path on the same image transposed, at
+ * every thread count, forward and backward (=/+=), for HW a multiple of 4 and not, a sample_base
+ * and a micro-batch of one */
+static void test_dropout_nhwc(void)
+{
+    printf("dropout nhwc:\n");
+    const int shapes[4][3] = {{3, 5, 64}, {2, 64, 256}, {2, 3, 9}, {1, 7, 2}}; /* n, C, HW */
+    uint64_t seed = 0x5EEDull, step = 41;
+    uint32_t op = 3;
+    for (int t = 0; t < 4; t++) {
+        int n = shapes[t][0], c = shapes[t][1], hw = shapes[t][2], base = t;
+        size_t per = (size_t)c * hw, tot = (size_t)n * per;
+        float *xh = fbuf(tot), *xc = fbuf(tot), *yh = fbuf(tot), *yc = fbuf(tot);
+        float *dh = fbuf(tot), *dc = fbuf(tot);
+        tu_fill(xh, tot, 1.0);
+        for (int s = 0; s < n; s++) /* xc: xh in NCHW order */
+            for (int k = 0; k < c; k++)
+                for (int q = 0; q < hw; q++)
+                    xc[s * per + (size_t)k * hw + q] = xh[s * per + (size_t)q * c + k];
+        int same[2] = {1, 1};
+        bk_ctx *ctxs[3] = {&ctx1, &ctx2, &ctx3};
+        for (int accum = 0; accum <= 1; accum++)
+            for (int th = 0; th < 3; th++) {
+                tu_fill(dh, tot, 2.0);
+                for (int s = 0; s < n; s++)
+                    for (int k = 0; k < c; k++)
+                        for (int q = 0; q < hw; q++)
+                            dc[s * per + (size_t)k * hw + q] = dh[s * per + (size_t)q * c + k];
+                fill_nan(yh, tot);
+                CHECK(cpu_dropout_fwd(yh, xh, 0.3f, seed, step, op, base, n, per, c, ctxs[th]) ==
+                          BK_OK,
+                      "status");
+                cpu_dropout_fwd(yc, xc, 0.3f, seed, step, op, base, n, per, 0, ctxs[th]);
+                cpu_dropout_bwd(dh, xh, 0.3f, seed, step, op, base, accum, n, per, c, ctxs[th]);
+                cpu_dropout_bwd(dc, xc, 0.3f, seed, step, op, base, accum, n, per, 0, ctxs[th]);
+                for (int s = 0; s < n; s++)
+                    for (int k = 0; k < c; k++)
+                        for (int q = 0; q < hw; q++) {
+                            size_t ih = s * per + (size_t)q * c + k, ic = s * per + (size_t)k * hw + q;
+                            same[0] &= memcmp(&yh[ih], &yc[ic], sizeof(float)) == 0;
+                            same[1] &= memcmp(&dh[ih], &dc[ic], sizeof(float)) == 0;
+                        }
+            }
+        CHECK(same[0], "dropout nhwc n=%d C=%d HW=%d: forward equals the NCHW mask", n, c, hw);
+        CHECK(same[1], "dropout nhwc n=%d C=%d HW=%d: backward (=, +=) equals the NCHW mask", n, c,
+              hw);
+        free(xh);
+        free(xc);
+        free(yh);
+        free(yc);
+        free(dh);
+        free(dc);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * optimizer: sumsq, AdamW, EMA
  */
@@ -1167,6 +1223,7 @@ int main(void)
     test_embed();
     test_mse();
     test_dropout();
+    test_dropout_nhwc();
     test_sumsq();
     test_adamw();
     test_ema();
