@@ -60,17 +60,12 @@ echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg); raw lines in $out"
 fi
 
 /usr/bin/python3 - "$out" <<'EOF'
-import glob, os, re, shlex, statistics, sys
+import os, statistics, sys
 
 out = sys.argv[1]
-rec = lambda line: dict(kv.split("=", 1) for kv in shlex.split(line)[1:])
-cells, cands = [], []
-for f in sorted(glob.glob(os.path.join(out, "*.txt"))):
-    for line in open(f):
-        if line.startswith("cell "):
-            cells.append(rec(line))
-        elif line.startswith("cand "):
-            cands.append(rec(line))
+sys.path.insert(0, "bench")
+from plan_rescore import read_raw
+cells, cands = read_raw(out)
 mib = lambda b: "%.1f" % (float(b) / 1048576)
 
 print("\n### seed-64 (examples/seed-64.json, batch 8) at each budget\n")

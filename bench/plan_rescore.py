@@ -19,24 +19,19 @@ import subprocess
 import sys
 import tempfile
 
-args = sys.argv[1:]
-ddpmd = "build/ddpmd"
-if "--ddpmd" in args:
-    i = args.index("--ddpmd")
-    ddpmd = args[i + 1]
-    del args[i:i + 2]
-if not args:
-    sys.exit(__doc__)
-raw, models = args[0], args[1:] or ["default"]
 
-rec = lambda line: dict(kv.split("=", 1) for kv in shlex.split(line)[1:])
-cells, cands = [], []
-for f in sorted(glob.glob(os.path.join(raw, "*.txt"))):
-    for line in open(f):
-        if line.startswith("cell "):
-            cells.append(rec(line))
-        elif line.startswith("cand "):
-            cands.append(rec(line))
+def read_raw(folder):
+    """the cell and cand records (dicts) of plan_bench's lines in folder's *.txt files; also
+    what bench/plan.sh's tables are made from"""
+    rec = lambda line: dict(kv.split("=", 1) for kv in shlex.split(line)[1:])
+    cells, cands = [], []
+    for f in sorted(glob.glob(os.path.join(folder, "*.txt"))):
+        for line in open(f):
+            if line.startswith("cell "):
+                cells.append(rec(line))
+            elif line.startswith("cand "):
+                cands.append(rec(line))
+    return cells, cands
 
 
 def key_of_text(s):
@@ -49,23 +44,7 @@ def key_of_text(s):
     return prec, micro, recompute, offload
 
 
-# measured: (spec, batch) -> key -> least cpu seconds
-measured = {}
-for c in cands:
-    k = key_of_text(c["strategy"])
-    k = (k[0], k[1].split()[0], k[2], k[3])
-    d = measured.setdefault((c["spec"], c["batch"]), {})
-    d[k] = min(d.get(k, float("inf")), float(c["cpu"]))
-for c in cells:  # a remeasured pick or fastest is only in its cell line
-    if "cpu" in c and "pick" in c:
-        d = measured.setdefault((c["spec"], c["batch"]), {})
-        for s, t in ((c["pick"], c["cpu"]), (c["fastest"], c["fastest_cpu"])):
-            k = key_of_text(s)
-            k = (k[0], k[1].split()[0], k[2], k[3])
-            d[k] = min(d.get(k, float("inf")), float(t))
-
-
-def predictions(spec, batch, model, budget):
+def predictions(ddpmd, spec, batch, model, budget):
     """every candidate of spec at batch under model and budget: [(key, predicted s, fits)] and
     the search's pick (its key), or None"""
     with open(os.path.join("examples", spec)) as f:
@@ -94,39 +73,70 @@ def predictions(spec, batch, model, budget):
     return res, pick
 
 
-for model in models:
-    errs, picks, within = [], [], []
-    lines = []
-    for (spec, batch), meas in sorted(measured.items()):
-        if len(meas) < 2:
-            continue
-        budgets = sorted({float(c["budget"]) for c in cells
-                          if c["spec"] == spec and c["batch"] == batch})
-        seen = set()
-        for b in budgets:
-            pred, pick = predictions(spec, batch, model, b)
-            for k, p, _ in pred:
-                if k in meas and k not in seen:  # each strategy's error once
-                    seen.add(k)
-                    errs.append(abs(p - meas[k]) / meas[k])
-            half = pick is not None and pick[0] != "f32"
-            mfit = {k: meas[k] for k, p, fits in pred
-                    if fits and k in meas and (k[0] != "f32") == half}
-            if pick is None or pick not in meas or len(mfit) < 2:
+def main():
+    args = sys.argv[1:]
+    ddpmd = "build/ddpmd"
+    if "--ddpmd" in args:
+        i = args.index("--ddpmd")
+        ddpmd = args[i + 1]
+        del args[i:i + 2]
+    if not args:
+        sys.exit(__doc__)
+    raw, models = args[0], args[1:] or ["default"]
+    cells, cands = read_raw(raw)
+    # measured: (spec, batch) -> key -> least cpu seconds
+    measured = {}
+    for c in cands:
+        k = key_of_text(c["strategy"])
+        k = (k[0], k[1].split()[0], k[2], k[3])
+        d = measured.setdefault((c["spec"], c["batch"]), {})
+        d[k] = min(d.get(k, float("inf")), float(c["cpu"]))
+    for c in cells:  # a remeasured pick or fastest is only in its cell line
+        if "cpu" in c and "pick" in c:
+            d = measured.setdefault((c["spec"], c["batch"]), {})
+            for s, t in ((c["pick"], c["cpu"]), (c["fastest"], c["fastest_cpu"])):
+                k = key_of_text(s)
+                k = (k[0], k[1].split()[0], k[2], k[3])
+                d[k] = min(d.get(k, float("inf")), float(t))
+
+
+    for model in models:
+        errs, picks, within = [], [], []
+        lines = []
+        for (spec, batch), meas in sorted(measured.items()):
+            if len(meas) < 2:
                 continue
-            p = [p for k, p, _ in pred if k == pick][0]
-            fastest = min(mfit.values())
-            picks.append(abs(p - meas[pick]) / meas[pick])
-            ok = meas[pick] <= 1.10 * fastest
-            within.append(ok)
-            lines.append("  %-18s b%-3s %8.1f MiB: pick %-28s %.4f s measured (pred %.4f), fastest "
-                         "%.4f s: %s" % (spec, batch, b / 1048576, "/".join(pick), meas[pick], p,
-                                         fastest, "within 10%" if ok else
-                                         "%+.0f%%" % (100 * (meas[pick] / fastest - 1))))
-    print("cost model %s:" % model)
-    print("\n".join(lines))
-    if errs:
-        print("  every measured candidate: %d, |error| median %.1f%%, worst %.1f%%; picks: %d, "
-              "|error| median %.1f%%, worst %.1f%%; within 10%% of the fastest in %d of %d cells"
-              % (len(errs), 100 * statistics.median(errs), 100 * max(errs), len(picks),
-                 100 * statistics.median(picks), 100 * max(picks), sum(within), len(within)))
+            budgets = sorted({float(c["budget"]) for c in cells
+                              if c["spec"] == spec and c["batch"] == batch})
+            seen = set()
+            for b in budgets:
+                pred, pick = predictions(ddpmd, spec, batch, model, b)
+                for k, p, _ in pred:
+                    if k in meas and k not in seen:  # each strategy's error once
+                        seen.add(k)
+                        errs.append(abs(p - meas[k]) / meas[k])
+                half = pick is not None and pick[0] != "f32"
+                mfit = {k: meas[k] for k, p, fits in pred
+                        if fits and k in meas and (k[0] != "f32") == half}
+                if pick is None or pick not in meas or len(mfit) < 2:
+                    continue
+                p = [p for k, p, _ in pred if k == pick][0]
+                fastest = min(mfit.values())
+                picks.append(abs(p - meas[pick]) / meas[pick])
+                ok = meas[pick] <= 1.10 * fastest
+                within.append(ok)
+                lines.append("  %-18s b%-3s %8.1f MiB: pick %-28s %.4f s measured (pred %.4f), fastest "
+                             "%.4f s: %s" % (spec, batch, b / 1048576, "/".join(pick), meas[pick], p,
+                                             fastest, "within 10%" if ok else
+                                             "%+.0f%%" % (100 * (meas[pick] / fastest - 1))))
+        print("cost model %s:" % model)
+        print("\n".join(lines))
+        if errs:
+            print("  every measured candidate: %d, |error| median %.1f%%, worst %.1f%%; picks: %d, "
+                  "|error| median %.1f%%, worst %.1f%%; within 10%% of the fastest in %d of %d cells"
+                  % (len(errs), 100 * statistics.median(errs), 100 * max(errs), len(picks),
+                     100 * statistics.median(picks), 100 * max(picks), sum(within), len(within)))
+
+
+if __name__ == "__main__":
+    main()
