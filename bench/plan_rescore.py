@@ -38,7 +38,7 @@ def key_of_text(s):
     """("f32", micro, recompute, offload) of plan_bench's strategy text"""
     parts = [p.strip() for p in s.split(",")]
     prec = parts[0]
-    micro = parts[1].split()[1]
+    micro = parts[1].split()[1]  # "micro-batch 8 (the whole batch)": "8"
     recompute = parts[2].split()[1]
     offload = parts[3].split()[1]
     return prec, micro, recompute, offload
@@ -88,7 +88,6 @@ def main():
     measured = {}
     for c in cands:
         k = key_of_text(c["strategy"])
-        k = (k[0], k[1].split()[0], k[2], k[3])
         d = measured.setdefault((c["spec"], c["batch"]), {})
         d[k] = min(d.get(k, float("inf")), float(c["cpu"]))
     for c in cells:  # a remeasured pick or fastest is only in its cell line
@@ -96,7 +95,6 @@ def main():
             d = measured.setdefault((c["spec"], c["batch"]), {})
             for s, t in ((c["pick"], c["cpu"]), (c["fastest"], c["fastest_cpu"])):
                 k = key_of_text(s)
-                k = (k[0], k[1].split()[0], k[2], k[3])
                 d[k] = min(d.get(k, float("inf")), float(t))
 
 

@@ -422,6 +422,20 @@ static size_t attn_plain_slot_floats(const struct bk_attn *s)
     return ((size_t)s->l + s->d) * l16;
 }
 
+/* In the calling thread's slot of ws (pairs-on-threads form): the scores sc (L, L16) = a b^T,
+ * a and b (L, D) with row strides lda and ldb, b packed transposed after sc. The forward's S
+ * (a = q, b = k) and the backward's dP (a = dout, b = v). Returns sc. */
+static float *plain_slot_scores(void *ws, const float *a, size_t lda, const float *b, size_t ldb,
+                                const struct bk_attn *s)
+{
+    const int l16 = round16(s->l);
+    float *sc = (float *)ws + (size_t)omp_get_thread_num() * attn_plain_slot_floats(s);
+    float *bt = sc + (size_t)s->l * l16;
+    attn_pack_t(bt, l16, b, ldb, s->l, s->d);
+    attn_abt(sc, (size_t)l16, a, lda, bt, l16, s->l, s->d, 1.0f);
+    return sc;
+}
+
 /* threads over pairs (the count), or 0: pairs in turn with threaded GEMMs */
 static int attn_plain_split(const struct bk_attn *s, int threads)
 {
@@ -480,21 +494,16 @@ int cpu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
     if (nt) {
-#pragma omp parallel num_threads(nt)
-        {
-            float *sc = (float *)ws + (size_t)omp_get_thread_num() * attn_plain_slot_floats(s);
-            float *kt = sc + (size_t)L * l16;
-#pragma omp for schedule(static)
-            for (int nh = 0; nh < pairs; nh++) {
-                const int h = nh % H, ni = nh / H;
-                float *ph = p + (size_t)nh * L * L;
-                attn_pack_t(kt, l16, ROW_LD(k, ni, 0, h), ld, L, D);
-                attn_abt(sc, (size_t)l16, ROW_LD(q, ni, 0, h), ld, kt, l16, L, D, 1.0f);
-                for (int i = 0; i < L; i++)
-                    plain_softmax_row(ph + (size_t)i * L, sc + (size_t)i * l16, L, scale);
-                attn_wx(ROW_HD(o, ni, 0, h), hd, ph, (size_t)L, 1, ROW_LD(v, ni, 0, h), ld, L, L,
-                        D, 0);
-            }
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int nh = 0; nh < pairs; nh++) {
+            const int h = nh % H, ni = nh / H;
+            float *ph = p + (size_t)nh * L * L;
+            const float *sc =
+                plain_slot_scores(ws, ROW_LD(q, ni, 0, h), ld, ROW_LD(k, ni, 0, h), ld, s);
+            for (int i = 0; i < L; i++)
+                plain_softmax_row(ph + (size_t)i * L, sc + (size_t)i * l16, L, scale);
+            attn_wx(ROW_HD(o, ni, 0, h), hd, ph, (size_t)L, 1, ROW_LD(v, ni, 0, h), ld, L, L,
+                    D, 0);
         }
         return BK_OK;
     }
@@ -526,25 +535,20 @@ int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
     if (nt) {
-#pragma omp parallel num_threads(nt)
-        {
-            float *dst = (float *)ws + (size_t)omp_get_thread_num() * attn_plain_slot_floats(s);
-            float *vt = dst + (size_t)L * l16;
-#pragma omp for schedule(static)
-            for (int nh = 0; nh < pairs; nh++) {
-                const int h = nh % H, ni = nh / H;
-                const float *ph = p + (size_t)nh * L * L;
-                attn_pack_t(vt, l16, ROW_LD(v, ni, 0, h), ld, L, D);
-                attn_abt(dst, (size_t)l16, ROW_HD(dout, ni, 0, h), hd, vt, l16, L, D, 1.0f);
-                for (int i = 0; i < L; i++)
-                    plain_ds_row(dst + (size_t)i * l16, ph + (size_t)i * L, L, scale);
-                attn_wx(ROW_LD(dq, ni, 0, h), ld, dst, (size_t)l16, 1, ROW_LD(k, ni, 0, h), ld, L,
-                        L, D, 0);
-                attn_wx(ROW_LD(dk, ni, 0, h), ld, dst, 1, (size_t)l16, ROW_LD(q, ni, 0, h), ld, L,
-                        L, D, 0);
-                attn_wx(ROW_LD(dv, ni, 0, h), ld, ph, 1, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L,
-                        L, D, 0);
-            }
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int nh = 0; nh < pairs; nh++) {
+            const int h = nh % H, ni = nh / H;
+            const float *ph = p + (size_t)nh * L * L;
+            float *dst =
+                plain_slot_scores(ws, ROW_HD(dout, ni, 0, h), hd, ROW_LD(v, ni, 0, h), ld, s);
+            for (int i = 0; i < L; i++)
+                plain_ds_row(dst + (size_t)i * l16, ph + (size_t)i * L, L, scale);
+            attn_wx(ROW_LD(dq, ni, 0, h), ld, dst, (size_t)l16, 1, ROW_LD(k, ni, 0, h), ld, L,
+                    L, D, 0);
+            attn_wx(ROW_LD(dk, ni, 0, h), ld, dst, 1, (size_t)l16, ROW_LD(q, ni, 0, h), ld, L,
+                    L, D, 0);
+            attn_wx(ROW_LD(dv, ni, 0, h), ld, ph, 1, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L,
+                    L, D, 0);
         }
         return BK_OK;
     }

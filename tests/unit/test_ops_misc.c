@@ -1043,6 +1043,16 @@ static void test_dropout(void)
     free(d0);
 }
 
+/* dst (n, C, HW) = src (n, HW, C) */
+static void nhwc_to_nchw(float *dst, const float *src, int n, int c, int hw)
+{
+    size_t per = (size_t)c * hw;
+    for (int s = 0; s < n; s++)
+        for (int k = 0; k < c; k++)
+            for (int q = 0; q < hw; q++)
+                dst[s * per + (size_t)k * hw + q] = src[s * per + (size_t)q * c + k];
+}
+
 /* dropout on an NHWC image (channels > 1): memory element (pixel, c) draws the mask of logical
  * element c * HW + pixel, so it equals the flat (NCHW) path on the same image transposed, at
  * every thread count, forward and backward (=/+=), for HW a multiple of 4 and not, a sample_base
@@ -1059,19 +1069,13 @@ static void test_dropout_nhwc(void)
         float *xh = fbuf(tot), *xc = fbuf(tot), *yh = fbuf(tot), *yc = fbuf(tot);
         float *dh = fbuf(tot), *dc = fbuf(tot);
         tu_fill(xh, tot, 1.0);
-        for (int s = 0; s < n; s++) /* xc: xh in NCHW order */
-            for (int k = 0; k < c; k++)
-                for (int q = 0; q < hw; q++)
-                    xc[s * per + (size_t)k * hw + q] = xh[s * per + (size_t)q * c + k];
+        nhwc_to_nchw(xc, xh, n, c, hw);
         int same[2] = {1, 1};
         bk_ctx *ctxs[3] = {&ctx1, &ctx2, &ctx3};
         for (int accum = 0; accum <= 1; accum++)
             for (int th = 0; th < 3; th++) {
                 tu_fill(dh, tot, 2.0);
-                for (int s = 0; s < n; s++)
-                    for (int k = 0; k < c; k++)
-                        for (int q = 0; q < hw; q++)
-                            dc[s * per + (size_t)k * hw + q] = dh[s * per + (size_t)q * c + k];
+                nhwc_to_nchw(dc, dh, n, c, hw);
                 fill_nan(yh, tot);
                 CHECK(cpu_dropout_fwd(yh, xh, 0.3f, seed, step, op, base, n, per, c, ctxs[th]) ==
                           BK_OK,
