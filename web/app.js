@@ -1,8 +1,10 @@
-/* app.js - the ddpmd dashboard: hash routes (#/jobs, #/job/ID, #/sample/ID, #/samples, #/devices,
- * #/new) over the server's REST API. Every URL is relative to the page (never "/..."), so the page
- * works behind a proxy that strips a path prefix. With tokens, every request carries
- * Authorization: Bearer; event streams are read with fetch (EventSource cannot send headers) and
- * images are fetched and shown as blob: URLs, so the token never goes into a URL.
+/* app.js - the ddpmd dashboard: hash routes (#/jobs, #/job/ID, #/sample/ID, #/samples, #/datasets,
+ * #/devices, #/new, #/new/DATASET) over the server's REST API. Every URL is relative to the page
+ * (never "/..."), so the page works behind a proxy that strips a path prefix. With tokens, every
+ * request carries Authorization: Bearer; event streams are read with fetch (EventSource cannot
+ * send headers) and images are fetched and shown as blob: URLs, so the token never goes into a
+ * URL. The token box shows only once a request was answered 401 or a token is kept: no route
+ * open without a token says whether the server needs one.
  */
 'use strict';
 
@@ -68,6 +70,41 @@ function etaOf(job) {
   const batch = t.batch || 32;
   if (job.state !== 'running' || !(job.images_per_s > 0)) return null;
   return (job.steps - job.step) * batch / job.images_per_s;
+}
+
+/* a value to read (hover, labels): 4 significant digits, exponent form when tiny or huge */
+function fmtVal(v) {
+  if (v === null || v === undefined || !isFinite(v)) return '-';
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3).replace(/\.?0+e/, 'e').replace('e+', 'e');
+  return String(Number(v.toPrecision(4)));
+}
+
+/* a dotted path (train.batch) in a spec object: read, set, or remove (undefined) */
+function getPath(o, path) {
+  return path.split('.').reduce((a, k) => (a && typeof a === 'object' && !Array.isArray(a) ? a[k] : undefined), o);
+}
+
+function setPath(o, path, v) {
+  const keys = path.split('.'), chain = [o];
+  for (const k of keys.slice(0, -1)) {
+    const a = chain[chain.length - 1];
+    if (!a[k] || typeof a[k] !== 'object' || Array.isArray(a[k])) {
+      if (v === undefined) return;
+      a[k] = {};
+    }
+    chain.push(a[k]);
+  }
+  if (v !== undefined) { chain[chain.length - 1][keys[keys.length - 1]] = v; return; }
+  delete chain[chain.length - 1][keys[keys.length - 1]];
+  for (let i = chain.length - 1; i > 0 && !Object.keys(chain[i]).length; i--) delete chain[i - 1][keys[i - 1]];
+}
+
+/* JSON with object keys in order: two values alike whatever order their keys came in */
+function canonical(v) {
+  if (Array.isArray(v)) return '[' + v.map(canonical).join(',') + ']';
+  if (v && typeof v === 'object') return '{' + Object.keys(v).sort().map((k) => JSON.stringify(k) + ':' + canonical(v[k])).join(',') + '}';
+  return JSON.stringify(v);
 }
 
 /* ---- the API: relative URLs, the token on every request ---- */
@@ -155,6 +192,27 @@ const api = {
     }
     return false;
   },
+  /* POST a file with upload progress (fetch reports none): onProgress(sent, total) */
+  upload(path, body, type, onProgress, signal) {
+    return new Promise((resolve) => {
+      const x = new XMLHttpRequest();
+      x.open('POST', path);
+      for (const [k, v] of Object.entries(api.headers({'Content-Type': type}))) x.setRequestHeader(k, v);
+      x.upload.onprogress = (e) => { if (e.lengthComputable && onProgress) onProgress(e.loaded, e.total); };
+      x.onload = () => {
+        let parsed = x.responseText;
+        if ((x.getResponseHeader('Content-Type') || '').includes('json')) {
+          try { parsed = JSON.parse(parsed); } catch (e) { /* keep the text */ }
+        }
+        if (x.status === 401) auth.needed(parsed);
+        resolve({status: x.status, ok: x.status >= 200 && x.status < 300, body: parsed});
+      };
+      x.onerror = () => resolve({status: 0, ok: false, body: {detail: 'the upload did not reach the server (or it closed the connection)'}});
+      x.onabort = () => resolve({status: 0, ok: false, body: {detail: 'the upload was stopped'}});
+      if (signal) signal.addEventListener('abort', () => x.abort(), {once: true});
+      x.send(body);
+    });
+  },
 };
 
 function sleep(ms, signal) {
@@ -164,11 +222,15 @@ function sleep(ms, signal) {
   });
 }
 
-/* ---- the token: entered in the header, kept in sessionStorage for this tab only ---- */
+/* ---- the token: a box in the header, shown only where tokens are needed (a 401 seen) or one is
+ * kept; the token lives in sessionStorage for this tab only ---- */
 
 const auth = {
+  required: false, /* a request of this tab was answered 401 */
   needed(problem) {
+    auth.required = true;
     const f = document.getElementById('token-form');
+    f.hidden = false;
     f.classList.add('needed');
     document.getElementById('token-state').textContent =
       api.token() ? 'the token was refused' : 'this server needs a token';
@@ -193,6 +255,7 @@ const auth = {
   },
   show() {
     const f = document.getElementById('token-form');
+    f.hidden = !(auth.required || api.token());
     f.classList.remove('needed');
     const s = document.getElementById('token-state');
     s.title = '';
@@ -211,11 +274,12 @@ const view = {
     view.ctl = new AbortController();
     for (const t of view.timers) clearInterval(t);
     view.timers = [];
+    lightbox.close();
     for (const u of view.urls) URL.revokeObjectURL(u);
     view.urls = [];
     const m = document.getElementById('view');
     m.replaceChildren();
-    delete m.dataset.settled;
+    for (const k of Object.keys(m.dataset)) delete m.dataset[k];
     return m;
   },
   every(ms, fn) { view.timers.push(setInterval(fn, ms)); },
@@ -242,6 +306,18 @@ function guard(fn) {
       m.append(el('p', {class: 'error', role: 'alert', text: 'dashboard error: ' + (e && e.message)}));
     }
   };
+}
+
+/* a table whose cells carry their column's name (data-label): on a narrow screen each row is a
+ * card of labelled cells (style.css), so the table never overflows the page.
+ * cols: [{h, cell(item) -> Node or text, num?}]; attrs(item) -> the row's attributes */
+function stackTable(id, cols, items, attrs) {
+  const head = el('tr', {}, cols.map((c) => el('th', {class: c.num ? 'num' : null, text: c.h})));
+  const rows = items.map((it) => el('tr', attrs ? attrs(it) : {}, cols.map((c) => {
+    const v = c.cell(it);
+    return el('td', {class: c.num ? 'num' : null, 'data-label': c.h}, v === undefined || v === null ? '' : v);
+  })));
+  return el('table', {class: 'stack', id}, el('thead', {}, head), el('tbody', {}, rows));
 }
 
 /* ---- a horizontal bar of parts [{name, bytes, color?, title?}] over a total ---- */
@@ -307,82 +383,358 @@ function planParts(plan, reserved) {
   return parts;
 }
 
-/* ---- the loss chart: canvas, log-scale y, train line and validation points ---- */
+/* ---- charts: series over the step axis on a canvas; ticks at 1-2-5 steps; values on hover ---- */
 
-function tickText(v) {
-  const r = Number(v.toPrecision(1));
-  return v >= 1e-4 && v < 1e5 ? String(r) : r.toExponential(0);
+function clean(v) { return Number(v.toPrecision(12)); }
+
+/* about n ticks over [lo, hi] at the multiples of a step of 1, 2 or 5 x 10^k: {ticks, step} */
+function niceTicks(lo, hi, n, integer) {
+  const raw = (hi - lo) / Math.max(1, n) || Math.abs(hi) || 1;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  let step = clean([1, 2, 5, 10].map((k) => k * p).find((s) => s >= raw * 0.999));
+  if (integer) step = Math.max(1, Math.round(step));
+  const ticks = [];
+  for (let i = Math.ceil(lo / step - 1e-9); i * step <= hi + step * 1e-9 && ticks.length < 200; i++)
+    ticks.push(clean(i * step));
+  return {ticks, step};
 }
 
-function drawChart(canvas, points) {
+/* the ticks of a log axis over [10^lo, 10^hi]: decades, then 1-2-5 or 1-2-3-5 of each as the
+ * span narrows; within half a decade, round values at a 1-2-5 step (0.8, 0.9, 1, 1.1) */
+function logTicks(lo, hi) {
+  const span = hi - lo, ticks = [];
+  if (span > 0.5) {
+    const mants = span > 4 ? [1] : span > 1.5 ? [1, 2, 5] : [1, 2, 3, 5];
+    for (let d = Math.floor(lo); d <= Math.ceil(hi); d++) {
+      for (const m of mants) {
+        const v = clean(m * Math.pow(10, d)), l = Math.log10(v);
+        if (l >= lo - 1e-9 && l <= hi + 1e-9) ticks.push(v);
+      }
+    }
+    if (ticks.length >= 2) return ticks;
+  }
+  return niceTicks(Math.pow(10, lo), Math.pow(10, hi), 5).ticks.filter((v) => v > 0);
+}
+
+/* a tick's label with the digits its step needs: 0.25, 2e-4, 1500 */
+function tickLabel(v, step) {
+  if (v === 0) return '0';
+  const a = Math.abs(v);
+  if (a < 1e-3 || a >= 1e6) {
+    const e = Math.floor(Math.log10(a) + 1e-9);
+    const digits = Math.max(0, Math.min(6, -Math.floor(Math.log10(step / Math.pow(10, e)) + 1e-9)));
+    return v.toExponential(digits).replace(/\.?0+e/, 'e').replace('e+', 'e');
+  }
+  return v.toFixed(Math.max(0, Math.min(10, -Math.floor(Math.log10(step) + 1e-9))));
+}
+
+/* the point of a step-sorted array at step s (or undefined) */
+function atStep(points, s) {
+  let lo = 0, hi = points.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1, v = points[mid].step;
+    if (v === s) return points[mid];
+    if (v < s) lo = mid + 1; else hi = mid - 1;
+  }
+  return undefined;
+}
+
+/* draws points ([{step, KEY: value}], sorted by step) as opts.series [{key, name, color, dots?,
+ * count?: the canvas data attribute holding how many points it drew}] on a linear or (opts.log)
+ * log y axis, opts.ref a dashed line (opts.refName), a cross-hair at step `hover`; the canvas's
+ * data-xticks/-yticks list the ticks. -> the geometry hovering needs, or null when empty */
+function drawChart(canvas, points, opts, hover) {
   const dpr = window.devicePixelRatio || 1;
-  const w = canvas.clientWidth || 600, h = canvas.clientHeight || 280;
+  const w = canvas.clientWidth || 600, h = canvas.clientHeight || 220;
   canvas.width = Math.round(w * dpr);
   canvas.height = Math.round(h * dpr);
   const g = canvas.getContext('2d');
   g.setTransform(dpr, 0, 0, dpr, 0, 0);
   g.clearRect(0, 0, w, h);
   g.font = '11px system-ui, sans-serif';
-  const train = points.filter((p) => p.loss > 0 && isFinite(p.loss));
-  const val = points.filter((p) => p.val > 0 && isFinite(p.val));
-  canvas.dataset.points = String(train.length);
-  canvas.dataset.valPoints = String(val.length);
-  if (!train.length && !val.length) {
+  const ok = opts.log ? (v) => typeof v === 'number' && v > 0 && isFinite(v)
+                      : (v) => typeof v === 'number' && isFinite(v);
+  let n = 0, ymin = Infinity, ymax = -Infinity, xmin = Infinity, xmax = -Infinity;
+  const series = opts.series.map((s) => {
+    const pts = points.filter((p) => ok(p[s.key]));
+    for (const p of pts) {
+      const v = p[s.key];
+      if (v < ymin) ymin = v;
+      if (v > ymax) ymax = v;
+      if (p.step < xmin) xmin = p.step;
+      if (p.step > xmax) xmax = p.step;
+    }
+    n += pts.length;
+    if (s.count) canvas.dataset[s.count] = String(pts.length);
+    return Object.assign({pts}, s);
+  });
+  canvas.dataset.xticks = canvas.dataset.yticks = '';
+  if (!n) {
     g.fillStyle = '#687083';
-    g.fillText('no loss logged yet', 12, 20);
-    return;
+    g.textBaseline = 'top';
+    g.fillText(opts.empty || 'nothing logged yet', 12, 12);
+    return null;
   }
-  const all = train.map((p) => p.loss).concat(val.map((p) => p.val));
-  let lo = Math.floor(Math.log10(Math.min(...all))), hi = Math.ceil(Math.log10(Math.max(...all)));
-  if (hi <= lo) hi = lo + 1;
-  const steps = train.map((p) => p.step).concat(val.map((p) => p.step));
-  let s0 = Math.min(...steps), s1 = Math.max(...steps);
-  if (s1 <= s0) s1 = s0 + 1;
-  const L = 56, R = w - 14, T = 26, B = h - 36;
-  const X = (s) => L + (s - s0) / (s1 - s0) * (R - L);
-  const Y = (v) => B - (Math.log10(v) - lo) / (hi - lo) * (B - T);
-  g.strokeStyle = '#e3e6ec';
-  g.fillStyle = '#687083';
+  const ref = opts.ref > 0 && isFinite(opts.ref) && opts.ref < ymax * 20 ? opts.ref : null;
+  if (ref !== null) ymax = Math.max(ymax, ref);
+  if (xmax <= xmin) { xmin -= 0.5; xmax += 0.5; }
+  const legend = series.length > 1 || ref !== null;
+  const L = 50, R = w - 12, T = legend ? 26 : 14, B = h - 34;
+  let ylo, yhi, yticks, ylab, Y, note = '';
+  if (opts.log) {
+    let lo = Math.log10(ymin), hi = Math.log10(ymax);
+    if (hi - lo < 0.2) { const c = (hi + lo) / 2; lo = c - 0.1; hi = c + 0.1; }
+    const pad = (hi - lo) * 0.06;
+    ylo = lo - pad; yhi = hi + pad;
+    yticks = logTicks(ylo, yhi);
+    ylab = (v) => (v >= 1e-3 && v < 1e6 ? String(v) : v.toExponential().replace('e+', 'e'));
+    Y = (v) => B - (Math.log10(v) - ylo) / (yhi - ylo) * (B - T);
+  } else {
+    const lo = Math.min(0, ymin), hi = ymax > lo ? ymax : lo + (Math.abs(lo) || 1);
+    const t = niceTicks(lo, hi, Math.max(2, Math.floor((B - T) / 36)));
+    ylo = clean(Math.floor(lo / t.step + 1e-9) * t.step);
+    yhi = clean(Math.ceil(hi / t.step - 1e-9) * t.step);
+    yticks = [];
+    for (let i = 0; ylo + i * t.step <= yhi + t.step * 1e-9; i++) yticks.push(clean(ylo + i * t.step));
+    const e = Math.floor(Math.log10(Math.max(Math.abs(ylo), Math.abs(yhi))));
+    if (e < -2 || e >= 6) { /* a common factor: 2e-4 at 5e-5 steps reads 0.5 .. 2 (x1e-4) */
+      const f = Math.pow(10, e);
+      note = '\u00d71e' + e;
+      ylab = (v) => tickLabel(clean(v / f), t.step / f);
+    } else {
+      ylab = (v) => tickLabel(v, t.step);
+    }
+    Y = (v) => B - (v - ylo) / (yhi - ylo) * (B - T);
+  }
+  const xt = niceTicks(xmin, xmax, Math.max(2, Math.floor((R - L) / 80)), true);
+  const X = (s) => L + (s - xmin) / (xmax - xmin) * (R - L);
+  canvas.dataset.xticks = xt.ticks.join(',');
+  canvas.dataset.yticks = yticks.join(',');
+  /* the y grid and its labels, a label only where it clears the one below */
   g.lineWidth = 1;
   g.textAlign = 'right';
   g.textBaseline = 'middle';
-  for (let d = lo; d <= hi; d++) {
-    for (const m of [1, 2, 5]) {
-      const v = m * Math.pow(10, d);
-      if (Math.log10(v) > hi + 1e-9) break;
-      const y = Y(v);
-      g.beginPath(); g.moveTo(L, y); g.lineTo(R, y); g.stroke();
-      if (m === 1 || hi - lo <= 2) g.fillText(tickText(v), L - 6, y);
-    }
+  let lastY = Infinity;
+  for (const v of yticks) {
+    const y = Math.round(Y(v)) + 0.5;
+    g.strokeStyle = '#e3e6ec';
+    g.beginPath(); g.moveTo(L, y); g.lineTo(R, y); g.stroke();
+    if (lastY - y >= 14) { g.fillStyle = '#687083'; g.fillText(ylab(v), L - 6, y); lastY = y; }
   }
+  /* the step axis: integer ticks, labels that do not overlap */
   g.textAlign = 'center';
   g.textBaseline = 'top';
-  const nt = 6;
-  for (let i = 0; i <= nt; i++) {
-    const s = Math.round(s0 + (s1 - s0) * i / nt), x = X(s);
-    g.beginPath(); g.moveTo(x, B); g.lineTo(x, B + 4); g.strokeStyle = '#687083'; g.stroke();
-    g.fillText(String(s), x, B + 6);
+  let lastX = -Infinity;
+  for (const s of xt.ticks) {
+    const x = Math.round(X(s)) + 0.5, t = String(s), tw = g.measureText(t).width;
+    g.strokeStyle = '#687083';
+    g.beginPath(); g.moveTo(x, B); g.lineTo(x, B + 4); g.stroke();
+    if (x - tw / 2 > lastX + 8 && x + tw / 2 <= w) { g.fillStyle = '#687083'; g.fillText(t, x, B + 6); lastX = x + tw / 2; }
   }
   g.strokeStyle = '#1d2330';
-  g.beginPath(); g.moveTo(L, T); g.lineTo(L, B); g.lineTo(R, B); g.stroke();
+  g.beginPath(); g.moveTo(L + 0.5, T); g.lineTo(L + 0.5, B + 0.5); g.lineTo(R, B + 0.5); g.stroke();
   g.fillStyle = '#1d2330';
   g.fillText('step', (L + R) / 2, B + 20);
-  g.save(); g.translate(14, (T + B) / 2); g.rotate(-Math.PI / 2);
-  g.textBaseline = 'middle'; g.fillText('loss (log scale)', 0, 0); g.restore();
-  g.strokeStyle = COLORS[0];
-  g.lineWidth = 1.5;
-  g.beginPath();
-  train.forEach((p, i) => (i ? g.lineTo(X(p.step), Y(p.loss)) : g.moveTo(X(p.step), Y(p.loss))));
-  g.stroke();
-  if (train.length === 1) { g.fillStyle = COLORS[0]; g.fillRect(X(train[0].step) - 2, Y(train[0].loss) - 2, 4, 4); }
-  g.fillStyle = COLORS[3];
-  for (const p of val) { g.beginPath(); g.arc(X(p.step), Y(p.val), 3.5, 0, 2 * Math.PI); g.fill(); }
-  g.textAlign = 'left';
-  g.textBaseline = 'middle';
-  g.fillStyle = COLORS[0]; g.fillRect(R - 200, 10, 14, 3);
-  g.fillStyle = '#1d2330'; g.fillText('train loss', R - 182, 11);
-  g.fillStyle = COLORS[3]; g.beginPath(); g.arc(R - 93, 11, 3.5, 0, 2 * Math.PI); g.fill();
-  g.fillStyle = '#1d2330'; g.fillText('validation loss', R - 84, 11);
+  let legendX = L;
+  if (note) { /* the y axis's common factor, above it */
+    g.textAlign = 'left'; g.textBaseline = 'middle'; g.fillStyle = '#687083';
+    g.fillText(note, L + 4, legend ? 10 : 6);
+    legendX += g.measureText(note).width + 18;
+  }
+  if (ref !== null) {
+    const y = Math.round(Y(ref)) + 0.5;
+    g.save(); g.setLineDash([5, 4]); g.strokeStyle = '#9e9e9e';
+    g.beginPath(); g.moveTo(L, y); g.lineTo(R, y); g.stroke(); g.restore();
+  }
+  /* the series, clipped to the plot */
+  g.save();
+  g.beginPath(); g.rect(L, T - 4, R - L + 4, B - T + 8); g.clip();
+  for (const s of series) {
+    g.strokeStyle = g.fillStyle = s.color;
+    if (s.dots || s.pts.length === 1) {
+      for (const p of s.pts) { g.beginPath(); g.arc(X(p.step), Y(p[s.key]), 3.5, 0, 2 * Math.PI); g.fill(); }
+    } else {
+      g.lineWidth = 1.5;
+      g.beginPath();
+      s.pts.forEach((p, i) => (i ? g.lineTo(X(p.step), Y(p[s.key])) : g.moveTo(X(p.step), Y(p[s.key]))));
+      g.stroke();
+    }
+  }
+  if (hover !== null && hover !== undefined) {
+    const x = Math.round(X(hover)) + 0.5;
+    g.strokeStyle = 'rgba(29,35,48,0.45)'; g.lineWidth = 1;
+    g.beginPath(); g.moveTo(x, T); g.lineTo(x, B); g.stroke();
+    const p = atStep(points, hover);
+    for (const s of series) {
+      if (!p || !ok(p[s.key])) continue;
+      g.fillStyle = '#fff'; g.strokeStyle = s.color; g.lineWidth = 2;
+      g.beginPath(); g.arc(X(hover), Y(p[s.key]), 4.5, 0, 2 * Math.PI); g.fill(); g.stroke();
+    }
+  }
+  g.restore();
+  if (legend) {
+    g.textAlign = 'left';
+    g.textBaseline = 'middle';
+    let x = legendX;
+    const item = (name, draw) => {
+      draw(x);
+      g.fillStyle = '#1d2330';
+      g.fillText(name, x + 18, 10);
+      x += 18 + g.measureText(name).width + 16;
+    };
+    for (const s of series) {
+      item(s.name, (x0) => {
+        g.fillStyle = s.color;
+        if (s.dots) { g.beginPath(); g.arc(x0 + 7, 10, 3.5, 0, 2 * Math.PI); g.fill(); } else g.fillRect(x0, 9, 14, 3);
+      });
+    }
+    if (ref !== null) {
+      item((opts.refName || 'reference') + ' ' + fmtVal(ref), (x0) => {
+        g.save(); g.setLineDash([4, 3]); g.strokeStyle = '#9e9e9e'; g.lineWidth = 1.5;
+        g.beginPath(); g.moveTo(x0, 10.5); g.lineTo(x0 + 14, 10.5); g.stroke(); g.restore();
+      });
+    }
+  }
+  /* the steps that have a value, for hovering */
+  const steps = [];
+  for (const p of points) if (series.some((s) => ok(p[s.key]))) steps.push(p.step);
+  return {
+    X, T, series,
+    nearest(px) { /* the logged step nearest to a pixel's x */
+      if (!steps.length) return null;
+      const s = xmin + (px - L) / (R - L) * (xmax - xmin);
+      let lo = 0, hi = steps.length - 1;
+      while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (steps[mid] < s) lo = mid; else hi = mid; }
+      return Math.abs(steps[lo] - s) <= Math.abs(steps[hi] - s) ? steps[lo] : steps[hi];
+    },
+  };
+}
+
+/* a chart that redraws itself (new points, a new width) and shows the values of the step under
+ * the pointer in a tooltip (.chart-tip, data-step). chart.points is the step-sorted array it draws. */
+function chartBox(id, opts) {
+  const canvas = el('canvas', {class: 'chart', id, 'aria-label': opts.label || id, role: 'img'});
+  if (opts.height) canvas.style.height = opts.height + 'px';
+  const tip = el('div', {class: 'chart-tip', hidden: true, 'data-for': id});
+  const c = {box: el('div', {class: 'chart-box'}, canvas, tip), canvas, points: [], hover: null, geo: null};
+  let pending = false;
+  const draw = () => {
+    c.geo = drawChart(canvas, c.points, opts, c.hover);
+    const p = c.geo && c.hover !== null ? atStep(c.points, c.hover) : undefined;
+    if (!p) { tip.hidden = true; return; }
+    const rows = c.geo.series.filter((s) => p[s.key] !== undefined && p[s.key] !== null && isFinite(p[s.key]))
+      .map((s) => {
+        const sw = el('i');
+        sw.style.background = s.color;
+        return el('div', {'data-key': s.key}, sw, s.name + ' ', el('b', {text: fmtVal(p[s.key])}));
+      });
+    tip.replaceChildren(el('div', {class: 'muted', text: 'step ' + c.hover}), ...rows);
+    tip.dataset.step = String(c.hover);
+    tip.hidden = false;
+    const x = c.geo.X(c.hover), tw = tip.offsetWidth;
+    tip.style.left = (x + 14 + tw > canvas.clientWidth ? Math.max(0, x - 14 - tw) : x + 14) + 'px';
+    tip.style.top = c.geo.T + 'px';
+  };
+  c.redraw = () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; draw(); });
+  };
+  canvas.addEventListener('pointermove', (e) => {
+    if (!c.geo) return;
+    const s = c.geo.nearest(e.clientX - canvas.getBoundingClientRect().left);
+    if (s !== c.hover) { c.hover = s; c.redraw(); }
+  });
+  canvas.addEventListener('pointerleave', () => { if (c.hover !== null) { c.hover = null; c.redraw(); } });
+  if (window.ResizeObserver) new ResizeObserver(() => c.redraw()).observe(canvas);
+  return c;
+}
+
+/* ---- the lightbox: an image at full size (a whole-number zoom, pixels kept square) over the
+ * page, with a link to the PNG itself and a download; arrows page through its gallery ---- */
+
+const lightbox = {
+  dlg: null,
+  items: [],
+  i: 0,
+  part(id) { return document.getElementById('lightbox-' + id); },
+  build() {
+    const btn = (id, text, fn) => el('button', {type: 'button', id: 'lightbox-' + id, text, onclick: fn});
+    const dlg = el('dialog', {id: 'lightbox', 'aria-label': 'image at full size'},
+      el('div', {class: 'lb-bar'},
+        el('span', {id: 'lightbox-caption'}),
+        el('span', {class: 'lb-actions'},
+          btn('prev', '\u2039 previous', () => lightbox.show(lightbox.i - 1)),
+          btn('next', 'next \u203a', () => lightbox.show(lightbox.i + 1)),
+          el('a', {id: 'lightbox-open', target: '_blank', rel: 'noopener', text: 'open the PNG'}),
+          el('a', {id: 'lightbox-save', text: 'download'}),
+          btn('close', 'Close', () => lightbox.close()))),
+      el('div', {class: 'lb-img'}, el('img', {id: 'lightbox-img', alt: ''})));
+    dlg.addEventListener('click', (e) => { if (e.target === dlg || e.target.classList.contains('lb-img')) lightbox.close(); });
+    dlg.addEventListener('keydown', (e) => {
+      if (e.key === 'ArrowLeft') lightbox.show(lightbox.i - 1);
+      else if (e.key === 'ArrowRight') lightbox.show(lightbox.i + 1);
+    });
+    document.body.append(dlg);
+    lightbox.dlg = dlg;
+    lightbox.part('img').addEventListener('load', () => lightbox.fit());
+    window.addEventListener('resize', () => { if (dlg.open) lightbox.fit(); });
+  },
+  /* items: [{src, caption, name (the download's file name)}] */
+  open(items, i) {
+    if (!lightbox.dlg) lightbox.build();
+    lightbox.items = items;
+    if (!lightbox.dlg.open) lightbox.dlg.showModal();
+    lightbox.show(i);
+  },
+  show(i) {
+    const n = lightbox.items.length;
+    if (!n) return;
+    lightbox.i = ((i % n) + n) % n;
+    const it = lightbox.items[lightbox.i], img = lightbox.part('img');
+    lightbox.part('prev').hidden = lightbox.part('next').hidden = n < 2;
+    lightbox.part('open').href = lightbox.part('save').href = it.src;
+    lightbox.part('save').download = it.name;
+    lightbox.part('caption').textContent = it.caption;
+    img.alt = it.caption;
+    if (img.getAttribute('src') !== it.src) { img.style.width = img.style.height = ''; img.src = it.src; }
+    else lightbox.fit();
+  },
+  fit() {
+    const img = lightbox.part('img'), nw = img.naturalWidth, nh = img.naturalHeight;
+    if (!nw || !nh) return;
+    let s = Math.min((window.innerWidth - 48) / nw, (window.innerHeight - 110) / nh);
+    s = s >= 1 ? Math.floor(s) : s;
+    img.style.width = Math.round(nw * s) + 'px';
+    img.style.height = Math.round(nh * s) + 'px';
+    img.dataset.scale = String(Number(s.toFixed(3)));
+    const it = lightbox.items[lightbox.i];
+    lightbox.part('caption').textContent = it.caption + ' \u2014 ' + nw + '\u00d7' + nh + ' px' +
+      (s === 1 ? '' : s > 1 ? ', shown at ' + s + '\u00d7' : ', shown at ' + Math.round(100 * s) + '%');
+  },
+  close() { if (lightbox.dlg && lightbox.dlg.open) lightbox.dlg.close(); },
+};
+
+/* a thumbnail: a link to the PNG (a new tab or a download gets the file) that opens the lightbox
+ * on a plain click; gallery() -> the items to page through. It is drawn at a whole-number zoom
+ * near `size` pixels wide (opts.max caps it), never blurred */
+function thumb(src, caption, name, gallery, opts) {
+  opts = opts || {};
+  const img = el('img', {src, alt: caption});
+  img.addEventListener('load', () => {
+    const nw = img.naturalWidth, size = opts.size || 256;
+    let w = nw * Math.max(1, Math.round(size / nw));
+    if (opts.max && w > opts.max) w = opts.max;
+    img.style.width = w + 'px';
+  }, {once: true});
+  const a = el('a', {href: src, class: 'thumb', title: caption + ': click for full size'}, img);
+  a.addEventListener('click', (e) => {
+    if (e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || e.altKey) return;
+    e.preventDefault();
+    const items = gallery ? gallery() : [{src, caption, name}];
+    lightbox.open(items, Math.max(0, items.findIndex((x) => x.src === src)));
+  });
+  return a;
 }
 
 /* ---- #/jobs ---- */
@@ -397,29 +749,24 @@ const renderJobs = guard(async (m) => {
   const MAX_STREAMS = 4; /* a browser allows 6 connections per server: keep some for requests */
   let rows = [];
   const draw = () => {
-    const t = el('table', {id: 'jobs-table'},
-      el('thead', {}, el('tr', {},
-        ['job', 'kind', 'state', 'device', 'reserved', 'progress', 'images/s', 'ETA', 'loss', 'created']
-          .map((h, i) => el('th', {class: i === 4 || i >= 6 && i <= 8 ? 'num' : null, text: h})))));
-    const body = el('tbody');
-    for (const j of rows) {
+    const now = (j) => {
       const p = live.get(j.id) || {};
-      const step = Math.max(j.step, p.step || 0), steps = p.steps || j.steps;
-      const ips = p.img_per_s !== undefined ? p.img_per_s : j.images_per_s;
-      const eta = p.eta_s !== undefined && j.state === 'running' ? p.eta_s : etaOf(j);
-      const loss = p.loss !== undefined ? p.loss : j.loss;
-      const href = (j.kind === 'sample' ? '#/sample/' : '#/job/') + j.id;
-      body.append(el('tr', {'data-job': j.id},
-        el('td', {}, el('a', {href, class: 'mono', text: j.id})), el('td', {text: j.kind}),
-        el('td', {}, stateBadge(j.state)), el('td', {text: j.device || '-'}),
-        el('td', {class: 'num', text: bytes(j.reserved_bytes)}), el('td', {}, progressBar(step, steps)),
-        el('td', {class: 'num', text: num(ips, 1)}), el('td', {class: 'num', text: duration(eta)}),
-        el('td', {class: 'num', text: num(loss, 4)}),
-        el('td', {class: 'muted', text: (j.created_at || '').replace('T', ' ').replace(/\..*$/, '')})));
-    }
-    t.append(body);
-    box.replaceChildren(rows.length ? t : el('p', {class: 'muted'}, 'No jobs yet. ',
-                                                el('a', {href: '#/new', text: 'Submit one.'})));
+      return {p, step: Math.max(j.step, p.step || 0), steps: p.steps || j.steps};
+    };
+    const cols = [
+      {h: 'job', cell: (j) => el('a', {href: (j.kind === 'sample' ? '#/sample/' : '#/job/') + j.id, class: 'mono', text: j.id})},
+      {h: 'kind', cell: (j) => j.kind},
+      {h: 'state', cell: (j) => stateBadge(j.state)},
+      {h: 'device', cell: (j) => j.device || '-'},
+      {h: 'reserved', num: true, cell: (j) => bytes(j.reserved_bytes)},
+      {h: 'progress', cell: (j) => { const x = now(j); return progressBar(x.step, x.steps); }},
+      {h: 'images/s', num: true, cell: (j) => { const p = now(j).p; return num(p.img_per_s !== undefined ? p.img_per_s : j.images_per_s, 1); }},
+      {h: 'ETA', num: true, cell: (j) => { const p = now(j).p; return duration(p.eta_s !== undefined && j.state === 'running' ? p.eta_s : etaOf(j)); }},
+      {h: 'loss', num: true, cell: (j) => { const p = now(j).p; return num(p.loss !== undefined ? p.loss : j.loss, 4); }},
+      {h: 'created', cell: (j) => el('span', {class: 'muted', text: (j.created_at || '').replace('T', ' ').replace(/\..*$/, '')})},
+    ];
+    box.replaceChildren(rows.length ? stackTable('jobs-table', cols, rows, (j) => ({'data-job': j.id}))
+      : el('p', {class: 'muted'}, 'No jobs yet. ', el('a', {href: '#/new', text: 'Submit one.'})));
   };
   const follow = (j) => {
     if (streams.has(j.id) || streams.size >= MAX_STREAMS || ENDED.has(j.state)) return;
@@ -449,7 +796,17 @@ const renderJob = guard(async (m, id) => {
   let job = res.body;
   if (job.kind === 'sample') { location.replace('#/sample/' + id); return; }
   const head = el('div'), info = el('dl', {class: 'kv'}), planBox = el('div');
-  const canvas = el('canvas', {class: 'chart', id: 'loss-chart'});
+  const train = (job.spec && job.spec.train) || {};
+  const loss = chartBox('loss-chart', {log: true, height: 260, label: 'loss chart', series: [
+    {key: 'loss', name: 'train loss', color: COLORS[0], count: 'points'},
+    {key: 'val', name: 'validation loss', color: COLORS[3], dots: true, count: 'valPoints'}]});
+  const lr = chartBox('lr-chart', {height: 190, label: 'learning rate chart',
+    series: [{key: 'lr', name: 'learning rate', color: COLORS[4], count: 'points'}]});
+  const gn = chartBox('grad-chart', {height: 190, label: 'gradient norm chart', ref: train.clip, refName: 'clip',
+    series: [{key: 'gn', name: 'gradient norm', color: COLORS[2], count: 'points'}]});
+  const ips = chartBox('ips-chart', {height: 190, label: 'images per second chart',
+    series: [{key: 'ips', name: 'images/s', color: COLORS[1], count: 'points'}]});
+  const charts = [loss, lr, gn, ips];
   const grids = el('div', {class: 'grids', id: 'grids'});
   const ckpts = el('div', {id: 'checkpoints'});
   const sampleBox = el('div');
@@ -459,15 +816,20 @@ const renderJob = guard(async (m, id) => {
     el('div', {class: 'grid2'},
       el('div', {class: 'card'}, el('h3', {text: 'Status'}), info),
       el('div', {class: 'card'}, el('h3', {text: 'Memory plan (reserved bytes by part)'}), planBox)),
-    el('div', {class: 'card'}, el('h3', {text: 'Loss'}), canvas),
-    el('div', {class: 'card'}, el('h3', {text: 'Sample grids'}), grids),
+    el('div', {class: 'card'}, el('h3', {text: 'Loss (log scale)'}), loss.box),
+    el('div', {class: 'charts'},
+      el('div', {class: 'card'}, el('h3', {text: 'Learning rate'}), lr.box),
+      el('div', {class: 'card'}, el('h3', {text: 'Gradient norm (before clipping)'}), gn.box),
+      el('div', {class: 'card'}, el('h3', {text: 'Images per second'}), ips.box)),
+    el('div', {class: 'card'}, el('h3', {}, 'Sample grids ', el('span', {class: 'muted', text: '(click one for full size)'})), grids),
     el('div', {class: 'grid2'},
       el('div', {class: 'card'}, el('h3', {text: 'Checkpoints'}), ckpts),
       el('div', {class: 'card'}, el('h3', {text: 'Request samples'}), sampleBox)),
     el('div', {class: 'grid2'},
       el('div', {class: 'card'}, el('h3', {text: 'Spec'}), specPre),
       el('div', {class: 'card'}, el('h3', {text: 'Log'}), logPre)));
-  const points = [], pointAt = new Map(), shown = new Set();
+  const points = [], shown = new Set(), gridItems = [];
+  for (const c of charts) c.points = points;
   let last = {};
   const drawHead = () => {
     const cancel = el('button', {class: 'danger', id: 'cancel', disabled: ENDED.has(job.state) || job.cancel_requested,
@@ -520,31 +882,35 @@ const renderJob = guard(async (m, id) => {
     shown.add(step);
     const u = await api.blobUrl('jobs/' + id + '/grids/' + step + '.png', signal);
     if (!u) { shown.delete(step); return; }
-    grids.append(el('figure', {'data-step': step}, el('img', {src: u, alt: 'samples at step ' + step}),
-                    el('figcaption', {text: 'step ' + step})));
+    const item = {src: u, step, caption: 'job ' + id + ', samples at step ' + step, name: id + '-grid-' + step + '.png'};
+    const at = gridItems.findIndex((g) => g.step > step);
+    const fig = el('figure', {'data-step': step}, thumb(u, item.caption, item.name, () => gridItems),
+                   el('figcaption', {text: 'step ' + step}));
+    if (at < 0) { gridItems.push(item); grids.append(fig); }
+    else { grids.insertBefore(fig, grids.children[at]); gridItems.splice(at, 0, item); }
   });
-  let chartPending = false;
-  const redraw = () => {
-    if (chartPending) return;
-    chartPending = true;
-    requestAnimationFrame(() => { chartPending = false; drawChart(canvas, points); });
-  };
   const logLines = [];
   drawAll();
   sampleBox.append(sampleForm({job: id}));
   await loadCkpts();
-  redraw();
+  for (const c of charts) c.redraw();
   const onEvent = (ev) => {
     const d = ev.data;
     if (ev.type === 'progress' && d.event === 'step') {
       last = d;
-      let p = pointAt.get(d.step);
-      if (!p) { p = {step: d.step, loss: NaN, val: NaN}; pointAt.set(d.step, p); points.push(p); }
+      let p = atStep(points, d.step);
+      if (!p) {
+        p = {step: d.step};
+        points.push(p);
+        if (points.length > 1 && points[points.length - 2].step > d.step) points.sort((a, b) => a.step - b.step);
+      }
       p.loss = d.loss;
       if (d.val_loss !== undefined) p.val = d.val_loss;
-      points.sort((a, b) => a.step - b.step);
+      p.lr = d.lr;
+      p.gn = d.grad_norm;
+      p.ips = d.img_per_s;
       drawInfo();
-      redraw();
+      for (const c of charts) c.redraw();
     } else if (ev.type === 'sample') {
       addGrid(d.step);
     } else if (ev.type === 'checkpoint') {
@@ -620,19 +986,120 @@ function showFieldErrors(form, res, msg) {
   if (!errs.length) showError(msg, res);
 }
 
-/* ---- #/new: a training job from a spec ---- */
+/* ---- #/new: a training job as fields beside the spec's JSON, the two kept in sync ---- */
+
+/* the models the form offers; a spec's model is one of them when it matches it apart from
+ * image_size and in_channels (fields of their own), else "custom" (its JSON is kept as it is) */
+const MODELS = [
+  {id: 'fmnist-tiny', label: 'fmnist-tiny: ddpm preset, 1.1M parameters',
+   model: {preset: 'ddpm', in_channels: 1, image_size: 32, block_out_channels: [32, 64, 64],
+           layers_per_block: 1, attention_resolutions: [8], norm_num_groups: 8}},
+  {id: 'ddpm-cifar10', label: 'ddpm-cifar10: google/ddpm-cifar10-32, 35.7M',
+   model: {preset: 'ddpm', in_channels: 3, image_size: 32, dropout: 0.1}},
+  {id: 'seed-64', label: 'seed: Diffusion-Models-pytorch UNet, 23.3M',
+   model: {preset: 'seed', in_channels: 3, image_size: 64}},
+];
 
 const EXAMPLE_SPEC = {
-  model: {preset: 'ddpm', in_channels: 1, image_size: 32, block_out_channels: [32, 64, 64],
-          layers_per_block: 1, attention_resolutions: [8], norm_num_groups: 8},
+  model: MODELS[0].model,
   data: {dataset: 'fashion-mnist', validation: 64},
   diffusion: {timesteps: 100},
   train: {batch: 8, steps: 200, threads: 1, warmup: 10},
   output: {checkpoint_every: 50, sample_every: 50, log_every: 5, keep_last: 2, samples: 16},
 };
 
-/* the spec as one line per field (paths as the server names them: train.batch,
- * model.block_out_channels[0]); errors[] go to the line of their path, or of its nearest parent */
+/* kind: model | dataset | int | float | size | auto-int | enum (options[0] is the default) | bool;
+ * def: the server's default, shown as the empty field's placeholder */
+const SPEC_FIELDS = [
+  {group: 'Model', fields: [
+    {path: 'model.preset', label: 'model', kind: 'model'},
+    {path: 'model.image_size', label: 'image size (px)', kind: 'int'},
+    {path: 'model.in_channels', label: 'channels', kind: 'int'}]},
+  {group: 'Data', fields: [
+    {path: 'data.dataset', label: 'dataset', kind: 'dataset'},
+    {path: 'data.validation', label: 'validation images', kind: 'int', def: '0'},
+    {path: 'data.flip', label: 'random horizontal flips', kind: 'bool'}]},
+  {group: 'Training', fields: [
+    {path: 'train.batch', label: 'batch', kind: 'int', def: '32'},
+    {path: 'train.steps', label: 'steps', kind: 'int', def: '10000'},
+    {path: 'train.lr', label: 'learning rate', kind: 'float', def: '0.0002'},
+    {path: 'train.threads', label: 'CPU threads', kind: 'int', def: 'the server\'s'}]},
+  {group: 'Memory', fields: [
+    {path: 'memory.vram_budget', label: 'memory budget', kind: 'size', hint: 'no limit; e.g. 512MiB'},
+    {path: 'memory.precision', label: 'precision', kind: 'enum', options: ['auto', 'f32', 'bf16', 'f16']},
+    {path: 'memory.micro_batch', label: 'micro-batch', kind: 'auto-int', hint: 'auto, or a number'},
+    {path: 'memory.recompute', label: 'recomputation', kind: 'enum', options: ['auto', 'none', 'attention', 'resblock', 'level']},
+    {path: 'memory.offload', label: 'offload to host', kind: 'enum', options: ['auto', 'off', 'on']}]},
+  {group: 'Output', fields: [
+    {path: 'output.sample_every', label: 'sample grid every', kind: 'int', def: '1000'},
+    {path: 'output.checkpoint_every', label: 'checkpoint every', kind: 'int', def: '1000'},
+    {path: 'output.log_every', label: 'log every', kind: 'int', def: '50'}]},
+];
+
+function modelOf(model) {
+  if (!model || typeof model !== 'object') return 'custom';
+  const rest = (o) => { const c = Object.assign({}, o); delete c.image_size; delete c.in_channels; return canonical(c); };
+  const m = MODELS.find((t) => rest(t.model) === rest(model));
+  return m ? m.id : 'custom';
+}
+
+function datasetLabel(d) {
+  return d.id + ' (' + d.images + ' images' + (d.size ? ', ' + d.size + ' px' : '') + ', ' + d.channels +
+    (d.channels === 1 ? ' channel' : ' channels') + (d.available === false ? ', not installed' : '') + ')';
+}
+
+/* one field: {f, input, wrap (.field, data-path)} */
+function specField(f) {
+  const id = 'f-' + f.path.replace(/[.]/g, '-');
+  let input;
+  if (f.kind === 'model') {
+    input = el('select', {id}, MODELS.map((t) => el('option', {value: t.id, text: t.label})),
+               el('option', {value: 'custom', text: 'custom: as the JSON says', disabled: true}));
+  } else if (f.kind === 'dataset') {
+    input = el('select', {id});
+  } else if (f.kind === 'enum') {
+    input = el('select', {id}, el('option', {value: '', text: f.options[0] + ' (default)'}),
+               f.options.slice(1).map((o) => el('option', {value: o, text: o})));
+  } else if (f.kind === 'bool') {
+    input = el('input', {id, type: 'checkbox'});
+  } else {
+    input = el('input', {id, type: f.kind === 'int' ? 'number' : 'text', step: f.kind === 'int' ? '1' : null,
+                         inputmode: f.kind === 'float' ? 'decimal' : null, spellcheck: 'false', autocomplete: 'off',
+                         placeholder: f.def ? 'default ' + f.def : f.hint || ''});
+  }
+  input.name = f.path;
+  const wrap = el('div', {class: 'field' + (f.kind === 'bool' ? ' check' : ''), 'data-path': f.path},
+                  el('label', {for: id, text: f.label}), input);
+  return {f, input, wrap};
+}
+
+/* the field's value for the spec (undefined: the key is removed, the server's default applies);
+ * what is not a number stays text, so the server names the field in its error */
+function fieldValue(x) {
+  if (x.f.kind === 'bool') return x.input.checked ? true : undefined;
+  const v = x.input.value.trim();
+  if (v === '') return undefined;
+  if (x.f.kind === 'int' || x.f.kind === 'float') return isFinite(Number(v)) ? Number(v) : v;
+  if (x.f.kind === 'size' || x.f.kind === 'auto-int') return /^\d+$/.test(v) ? Number(v) : v;
+  return v;
+}
+
+/* the spec -> the field; a select gains an option for a value it lacks (a dataset not listed) */
+function showFieldValue(x, spec) {
+  const {f, input} = x;
+  if (f.kind === 'model') { input.value = modelOf(spec.model); return; }
+  const v = getPath(spec, f.path);
+  if (f.kind === 'bool') { input.checked = v === true; return; }
+  let s = v === undefined || v === null ? '' : typeof v === 'object' ? JSON.stringify(v) : String(v);
+  if (f.kind === 'enum' && s === f.options[0]) s = '';
+  if (input.tagName === 'SELECT' && !Array.from(input.options).some((o) => o.value === s)) {
+    input.append(el('option', {value: s, text: s + (f.kind !== 'dataset' ? ' (from the JSON)' : x.listed ? ' (not on this server)' : '')}));
+  }
+  input.value = s;
+}
+
+/* errors[] at the spec's own lines (paths as the server names them: train.batch,
+ * model.block_out_channels[0]): the lines that have one and the objects they are in */
 function specFields(spec, errs) {
   const lines = [];
   const walk = (v, path, depth) => {
@@ -647,57 +1114,160 @@ function specFields(spec, errs) {
   };
   walk(spec, '', 0);
   const byPath = new Map(lines.map((l) => [l.path, l]));
-  const extra = [];
+  const extra = [], keep = new Set();
+  const parent = (p) => p.replace(/(\.[^.[\]]*|\[\d+\])$/, '');
   for (const e of errs) {
-    let p = e.path, l = byPath.get(p);
-    while (!l && p) { p = p.replace(/(\.[^.[\]]*|\[\d+\])$/, ''); if (p === e.path) break; l = byPath.get(p); }
-    if (l && l.path === e.path) (l.errs = l.errs || []).push(e);
-    else extra.push(e);
+    const l = byPath.get(e.path);
+    if (!l) { extra.push(e); continue; }
+    (l.errs = l.errs || []).push(e);
+    for (let p = e.path; p; p = parent(p)) { keep.add(p); if (parent(p) === p) break; }
   }
   const box = el('div', {class: 'fields', id: 'spec-fields'});
   for (const l of lines) {
+    if (!keep.has(l.path)) continue;
     const d = el('div', {'data-path': l.path, class: l.errs ? 'has-error' : null});
     d.style.paddingLeft = (4 + 16 * l.depth) + 'px';
     d.append(el('span', {class: 'muted', text: l.path.replace(/^.*[.]/, '') + ': '}), l.text);
     for (const e of l.errs || []) d.append(el('span', {class: 'field-error', 'data-error-path': e.path, text: e.message}));
     box.append(d);
   }
-  for (const e of extra) /* a field the spec lacks (a missing required one) or an unknown path */
-    box.append(el('div', {'data-path': e.path, class: 'has-error'}, el('span', {class: 'muted', text: e.path + ': '}),
+  for (const e of extra) /* a field the spec lacks (a missing required one) or the whole body */
+    box.append(el('div', {'data-path': e.path, class: 'has-error'}, el('span', {class: 'muted', text: (e.path || 'the spec') + ': '}),
                   el('span', {class: 'field-error', 'data-error-path': e.path, text: e.message})));
   return box;
 }
 
-const renderNew = guard(async (m) => {
-  const ta = el('textarea', {id: 'spec', spellcheck: 'false'});
-  ta.value = JSON.stringify(EXAMPLE_SPEC, null, 2);
-  const msg = el('div', {id: 'spec-msg'}), fields = el('div');
+const renderNew = guard(async (m, datasetArg) => {
+  const signal = view.ctl.signal;
+  const ta = el('textarea', {id: 'spec', spellcheck: 'false', 'aria-label': 'the spec as JSON'});
+  const spec0 = JSON.parse(JSON.stringify(EXAMPLE_SPEC));
+  if (datasetArg) spec0.data.dataset = datasetArg;
+  ta.value = JSON.stringify(spec0, null, 2);
+  const jsonNote = el('p', {class: 'error', id: 'spec-json-note', role: 'status'});
+  const msg = el('div', {id: 'spec-msg'}), tree = el('div', {id: 'spec-errors'});
+  const dsInfo = el('p', {class: 'muted hint', id: 'dataset-info'});
   const submit = el('button', {type: 'submit', class: 'primary', id: 'spec-submit', text: 'Submit training job'});
-  const form = el('form', {id: 'train-form', novalidate: true},
-    el('p', {class: 'muted', text: 'A TrainSpec (openapi.yaml, components/schemas/TrainSpec). The data set is named by id.'}),
-    ta, el('p', {}, submit), msg, fields);
-  form.addEventListener('submit', guard(async (e) => {
-    e.preventDefault();
-    msg.replaceChildren();
-    fields.replaceChildren();
+  const fields = [], sets = [];
+  for (const g of SPEC_FIELDS) {
+    const fs = el('fieldset', {'data-group': g.group.toLowerCase()}, el('legend', {text: g.group}));
+    for (const f of g.fields) {
+      const x = specField(f);
+      fields.push(x);
+      fs.append(x.wrap);
+      if (f.kind === 'dataset') x.wrap.append(dsInfo);
+    }
+    sets.push(fs);
+  }
+  const byPath = (p) => fields.find((x) => x.f.path === p);
+  let datasets = [];
+  const drawDatasetInfo = () => {
+    const d = datasets.find((x) => x.id === byPath('data.dataset').input.value);
+    dsInfo.replaceChildren(d ? (d.test_images ? d.test_images + ' test images; ' : '') + 'upload more on the ' : 'not a dataset of this server; see the ',
+                           el('a', {href: '#/datasets', text: 'datasets page'}));
+  };
+  /* the JSON -> every field but `except` (the one being typed in); null while it does not parse */
+  const fromJSON = (except) => {
     let spec;
     try {
       spec = JSON.parse(ta.value);
+      if (!spec || typeof spec !== 'object' || Array.isArray(spec)) throw new Error('the spec is not a JSON object');
     } catch (err) {
-      msg.append(el('p', {class: 'error', role: 'alert', text: 'not valid JSON: ' + err.message}));
+      jsonNote.textContent = 'The JSON does not parse (' + err.message + '); the fields wait until it does.';
+      for (const fs of sets) fs.disabled = true;
+      return null;
+    }
+    jsonNote.textContent = '';
+    for (const fs of sets) fs.disabled = false;
+    for (const x of fields) if (x !== except) showFieldValue(x, spec);
+    drawDatasetInfo();
+    return spec;
+  };
+  const clearErrors = (x) => {
+    for (const y of x ? [x] : fields) {
+      y.wrap.classList.remove('has-error');
+      y.input.removeAttribute('aria-invalid');
+      for (const e of y.wrap.querySelectorAll('.field-error')) e.remove();
+    }
+  };
+  /* a field -> the JSON */
+  for (const x of fields) {
+    const onEdit = () => {
+      const spec = fromJSON(x);
+      if (!spec) return;
+      if (x.f.kind === 'model') {
+        const t = MODELS.find((t) => t.id === x.input.value);
+        if (!t) return;
+        const ch = spec.model && spec.model.in_channels;
+        spec.model = JSON.parse(JSON.stringify(t.model));
+        if (ch !== undefined) spec.model.in_channels = ch; /* the data's channels stay */
+      } else {
+        setPath(spec, x.f.path, fieldValue(x));
+      }
+      ta.value = JSON.stringify(spec, null, 2);
+      clearErrors(x);
+      fromJSON(x);
+    };
+    x.input.addEventListener(x.input.tagName === 'SELECT' || x.input.type === 'checkbox' ? 'change' : 'input', onEdit);
+  }
+  ta.addEventListener('input', () => fromJSON(null));
+  const placeErrors = (r, spec) => {
+    showError(msg, r);
+    const b = r.body && typeof r.body === 'object' ? r.body : {};
+    let errs = Array.isArray(b.errors) ? b.errors : [];
+    /* a job that fits no device under its own budget: the why goes to the budget's field */
+    if (!errs.length && b.type === 'urn:ddpmd:problem:never-fits' && (b.detail || '').includes('memory.vram_budget'))
+      errs = [{path: 'memory.vram_budget', message: (b.plan && b.plan.why) || b.detail}];
+    const rest = [];
+    let first = null;
+    for (const e of errs) {
+      const x = byPath(e.path);
+      if (!x) { rest.push(e); continue; }
+      x.wrap.classList.add('has-error');
+      x.input.setAttribute('aria-invalid', 'true');
+      x.wrap.append(el('span', {class: 'field-error', 'data-error-path': e.path, text: e.message}));
+      first = first || x;
+    }
+    if (rest.length) tree.append(el('h3', {text: 'Errors at lines of the JSON'}), specFields(spec, rest));
+    if (first) first.wrap.scrollIntoView({block: 'nearest'});
+  };
+  const form = el('form', {id: 'train-form', novalidate: true},
+    el('div', {class: 'grid2'},
+      el('div', {class: 'card spec-form', id: 'spec-form-fields'}, el('h3', {text: 'Fields'}), ...sets),
+      el('div', {class: 'card json-card'}, el('h3', {text: 'The spec as JSON'}),
+        el('p', {class: 'muted', text: 'A TrainSpec (openapi.yaml, components/schemas/TrainSpec): the fields and this text are one spec; edit either.'}),
+        ta, jsonNote, tree)),
+    el('div', {class: 'card submit-row'}, submit, msg));
+  form.addEventListener('submit', guard(async (e) => {
+    e.preventDefault();
+    msg.replaceChildren();
+    tree.replaceChildren();
+    clearErrors(null);
+    const spec = fromJSON(null);
+    if (!spec) {
+      msg.append(el('p', {class: 'error', role: 'alert', text: 'not valid JSON: ' + jsonNote.textContent}));
       return;
     }
     submit.disabled = true;
-    const r = await api.req('POST', 'train', ta.value, view.ctl.signal);
+    const r = await api.req('POST', 'train', ta.value, signal);
     submit.disabled = false;
     if (r.status === 202) { location.hash = '#/job/' + r.body.id; return; }
-    showError(msg, r);
-    const errs = r.body && Array.isArray(r.body.errors) ? r.body.errors : [];
-    if (errs.length) fields.append(el('h3', {text: 'The server\'s errors, at their fields'}), specFields(spec, errs));
+    placeErrors(r, spec);
   }));
-  m.append(el('h2', {text: 'New training job'}),
-           el('div', {class: 'grid2'}, el('div', {class: 'card'}, form),
-              el('div', {class: 'card'}, el('h3', {text: 'Request samples from a checkpoint'}), sampleForm({}))));
+  m.append(el('h2', {text: 'New training job'}), form,
+           el('div', {class: 'card'}, el('h3', {text: 'Request samples from a checkpoint'}), sampleForm({})));
+  fromJSON(null);
+  const r = await api.get('datasets', signal);
+  if (r.ok) {
+    datasets = r.body.datasets;
+    const x = byPath('data.dataset');
+    x.input.replaceChildren(...datasets.map((d) =>
+      el('option', {value: d.id, disabled: d.available === false, text: datasetLabel(d)})));
+    x.listed = true;
+    fromJSON(null);
+  } else {
+    dsInfo.replaceChildren(el('span', {class: 'error', text: 'the datasets cannot be listed: ' + problemText(r)}));
+  }
+  if (!signal.aborted) m.dataset.ready = 'true'; /* the dataset list is in (or its error shown) */
 });
 
 /* ---- #/samples and #/sample/ID ---- */
@@ -710,13 +1280,15 @@ const renderSamples = guard(async (m) => {
     const r = await api.get('samples?limit=200', view.ctl.signal);
     if (!r.ok) { box.replaceChildren(); showError(box, r); return; }
     const list = r.body.samples.slice().reverse();
-    box.replaceChildren(list.length ? el('table', {},
-      el('thead', {}, el('tr', {}, ['sample', 'state', 'checkpoint', 'n', 'sampler', 'steps', 'progress'].map((h) => el('th', {text: h})))),
-      el('tbody', {}, list.map((s) => el('tr', {'data-job': s.id},
-        el('td', {}, el('a', {href: '#/sample/' + s.id, class: 'mono', text: s.id})), el('td', {}, stateBadge(s.state)),
-        el('td', {class: 'mono', text: s.params.checkpoint}), el('td', {text: s.params.n}),
-        el('td', {text: s.params.sampler}), el('td', {text: s.params.steps}),
-        el('td', {}, progressBar(s.step, s.steps)))))) : el('p', {class: 'muted', text: 'No samples yet.'}));
+    box.replaceChildren(list.length ? stackTable('samples-table', [
+      {h: 'sample', cell: (s) => el('a', {href: '#/sample/' + s.id, class: 'mono', text: s.id})},
+      {h: 'state', cell: (s) => stateBadge(s.state)},
+      {h: 'checkpoint', cell: (s) => el('span', {class: 'mono', text: s.params.checkpoint})},
+      {h: 'n', num: true, cell: (s) => s.params.n},
+      {h: 'sampler', cell: (s) => s.params.sampler},
+      {h: 'steps', num: true, cell: (s) => s.params.steps},
+      {h: 'progress', cell: (s) => progressBar(s.step, s.steps)}], list, (s) => ({'data-job': s.id}))
+      : el('p', {class: 'muted', text: 'No samples yet.'}));
   });
   await load();
   view.every(3000, load);
@@ -725,7 +1297,8 @@ const renderSamples = guard(async (m) => {
 const renderSample = guard(async (m, id) => {
   const signal = view.ctl.signal;
   const head = el('div'), info = el('dl', {class: 'kv'}), out = el('div', {class: 'grids', id: 'sample-grid'});
-  m.append(head, el('div', {class: 'card'}, info), el('div', {class: 'card'}, el('h3', {text: 'Grid'}), out));
+  m.append(head, el('div', {class: 'card'}, info),
+           el('div', {class: 'card'}, el('h3', {}, 'Grid ', el('span', {class: 'muted', text: '(click it for full size)'})), out));
   let s = null, shownGrid = false;
   const load = guard(async () => {
     const r = await api.get('samples/' + encodeURIComponent(id), signal);
@@ -747,7 +1320,8 @@ const renderSample = guard(async (m, id) => {
     if (s.state === 'succeeded' && !shownGrid) {
       shownGrid = true;
       const u = await api.blobUrl('samples/' + id + '.png', signal);
-      if (u) out.append(el('figure', {}, el('img', {src: u, alt: 'sample grid'}), el('figcaption', {text: s.params.n + ' images'})));
+      if (u) out.append(el('figure', {}, thumb(u, 'sample ' + id + ', ' + s.params.n + ' images', id + '.png'),
+                           el('figcaption', {text: s.params.n + ' images'})));
     } else if (!ENDED.has(s.state)) {
       out.replaceChildren(el('p', {class: 'muted', text: 'the grid appears when the job has succeeded'}));
     }
@@ -762,6 +1336,122 @@ const renderSample = guard(async (m, id) => {
     out.replaceChildren();
     await load();
   }
+});
+
+/* ---- #/datasets: the datasets a spec can name, uploads, previews, deletion ---- */
+
+const renderDatasets = guard(async (m) => {
+  const signal = view.ctl.signal;
+  const file = el('input', {type: 'file', id: 'ds-file', accept: '.tar,.tgz,.gz,application/x-tar,application/gzip'});
+  const send = el('button', {type: 'submit', class: 'primary', id: 'ds-upload', text: 'Upload'});
+  const prog = el('progress', {id: 'ds-progress', max: 1, value: 0, hidden: true});
+  const upMsg = el('div', {id: 'ds-msg', role: 'status'});
+  const form = el('form', {id: 'ds-form', novalidate: true},
+    el('p', {class: 'muted', text: 'A tar archive (plain or gzip) of PNG files, at most one folder deep (a.png, ' +
+      'class/a.png). Its id is what a spec names in data.dataset.'}),
+    el('div', {class: 'row'}, file, send, prog), upMsg);
+  const list = el('div', {id: 'ds-list'}), listMsg = el('div', {id: 'ds-list-msg'});
+  m.append(el('h2', {text: 'Datasets'}),
+           el('div', {class: 'card'}, el('h3', {text: 'Upload a dataset'}), form),
+           el('div', {class: 'card'}, el('h3', {text: 'On this server'}), list, listMsg));
+  const previews = new Map(); /* id -> the preview's blob URL, fetched once */
+  let rows = [];
+  const gallery = () => rows.filter((d) => previews.get(d.id)).map((d) =>
+    ({src: previews.get(d.id), caption: 'dataset ' + d.id + ': its first images', name: d.id + '-preview.png'}));
+  const preview = (d) => {
+    if (!d.links || !d.links.preview) return el('span', {class: 'muted', text: 'none'});
+    const box = el('span', {class: 'preview', 'data-preview': d.id});
+    const show = (u) => box.replaceChildren(thumb(u, 'dataset ' + d.id + ': its first images', d.id + '-preview.png',
+                                                  gallery, {size: 96, max: 96}));
+    if (previews.get(d.id)) show(previews.get(d.id));
+    else if (!previews.has(d.id)) {
+      previews.set(d.id, null);
+      api.blobUrl('datasets/' + encodeURIComponent(d.id) + '/preview.png', signal).then((u) => {
+        if (!u) { previews.delete(d.id); return; } /* not there yet: the next listing asks again */
+        previews.set(d.id, u);
+        for (const b of list.querySelectorAll('[data-preview="' + CSS.escape(d.id) + '"]')) b.replaceWith(preview(d));
+      }).catch(() => { previews.delete(d.id); });
+    }
+    return box;
+  };
+  const del = (d) => {
+    if (d.kind === 'builtin') return el('span', {class: 'muted', text: 'built in'});
+    const b = el('button', {type: 'button', class: 'danger', 'data-delete': d.id, text: 'Delete'});
+    let armed = null;
+    b.addEventListener('click', guard(async () => {
+      if (!armed) { /* a second click within 5 s deletes */
+        b.textContent = 'Delete? click again';
+        armed = setTimeout(() => { armed = null; b.textContent = 'Delete'; }, 5000);
+        return;
+      }
+      clearTimeout(armed);
+      b.disabled = true;
+      const r = await api.req('DELETE', 'datasets/' + encodeURIComponent(d.id), undefined, signal);
+      listMsg.replaceChildren();
+      if (r.ok || r.status === 404) {
+        if (previews.get(d.id)) URL.revokeObjectURL(previews.get(d.id));
+        previews.delete(d.id);
+        listMsg.append(el('p', {class: 'muted', text: 'deleted ' + d.id}));
+      } else {
+        showError(listMsg, r);
+      }
+      load();
+    }));
+    return b;
+  };
+  const size = (d) => {
+    const z = d.sizes;
+    if (d.size) return d.size + ' px';
+    if (!z) return '-';
+    const span = (a, b) => (a === b ? String(a) : a + '-' + b);
+    return span(z.min_width, z.max_width) + ' \u00d7 ' + span(z.min_height, z.max_height) + ' px';
+  };
+  const load = guard(async () => {
+    const r = await api.get('datasets', signal);
+    if (!r.ok) { list.replaceChildren(); showError(list, r); return; }
+    rows = r.body.datasets;
+    list.replaceChildren(stackTable('datasets-table', [
+      {h: 'preview', cell: preview},
+      {h: 'dataset', cell: (d) => el('span', {class: 'mono', text: d.id})},
+      {h: 'kind', cell: (d) => (d.state && d.state !== 'ready' ? el('span', {}, d.kind + ' ', stateBadge(d.state)) : d.kind)},
+      {h: 'images', num: true, cell: (d) => String(d.images) + (d.test_images ? ' + ' + d.test_images + ' test' : '')},
+      {h: 'size', cell: size},
+      {h: 'channels', num: true, cell: (d) => d.channels},
+      {h: 'bytes', num: true, cell: (d) => (d.bytes !== undefined ? bytes(d.bytes) : '-')},
+      {h: 'created', cell: (d) => el('span', {class: 'muted', text: (d.created_at || '-').replace('T', ' ').replace(/\..*$/, '')})},
+      {h: '', cell: (d) => el('span', {class: 'actions'},
+        d.available === false ? el('span', {class: 'muted', text: 'not installed'})
+          : el('a', {href: '#/new/' + encodeURIComponent(d.id), 'data-train': d.id, text: 'train on it'}), ' ', del(d))},
+    ], rows, (d) => ({'data-dataset': d.id})));
+  });
+  form.addEventListener('submit', guard(async (e) => {
+    e.preventDefault();
+    upMsg.replaceChildren();
+    const f = file.files[0];
+    if (!f) { upMsg.append(el('p', {class: 'error', text: 'choose a .tar or .tar.gz file first'})); return; }
+    const magic = new Uint8Array(await f.slice(0, 2).arrayBuffer());
+    const type = magic[0] === 0x1f && magic[1] === 0x8b ? 'application/gzip' : 'application/x-tar';
+    send.disabled = true;
+    prog.hidden = false;
+    prog.value = 0;
+    upMsg.append(el('p', {class: 'muted', text: 'uploading ' + f.name + ' (' + bytes(f.size) + ')...'}));
+    const r = await api.upload('datasets', f, type, (sent, total) => { prog.value = total ? sent / total : 0; }, signal);
+    send.disabled = false;
+    prog.hidden = true;
+    upMsg.replaceChildren();
+    if (r.status === 201 || r.status === 202) {
+      const d = r.body;
+      upMsg.append(el('p', {class: 'ok', id: 'ds-uploaded', 'data-dataset': d.id},
+        'uploaded as ', el('span', {class: 'mono', text: d.id}), ': ' + d.images + ' images. ',
+        el('a', {href: '#/new/' + encodeURIComponent(d.id), text: 'Train on it'})));
+      form.reset();
+    } else {
+      showError(upMsg, r);
+    }
+    load();
+  }));
+  await load();
+  view.every(5000, () => { if (rows.some((d) => d.state && d.state !== 'ready' && d.state !== 'failed')) load(); });
 });
 
 /* ---- #/devices ---- */
@@ -807,13 +1497,14 @@ function route() {
   const m = view.reset();
   const h = location.hash.replace(/^#\/?/, '');
   const [page, arg] = h.split('/');
-  for (const a of document.querySelectorAll('nav a'))
-    a.classList.toggle('active', a.dataset.nav === (page === 'job' ? 'jobs' : page === 'sample' ? 'samples' : page || 'jobs'));
+  const nav = page === 'job' ? 'jobs' : page === 'sample' ? 'samples' : page || 'jobs';
+  for (const a of document.querySelectorAll('nav a')) a.classList.toggle('active', a.dataset.nav === nav);
   if (page === 'job' && arg) renderJob(m, arg);
   else if (page === 'sample' && arg) renderSample(m, arg);
   else if (page === 'samples') renderSamples(m);
   else if (page === 'devices') renderDevices(m);
-  else if (page === 'new') renderNew(m);
+  else if (page === 'datasets') renderDatasets(m);
+  else if (page === 'new') renderNew(m, arg ? decodeURIComponent(arg) : null);
   else renderJobs(m);
 }
 
