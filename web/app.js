@@ -1023,7 +1023,7 @@ const SPEC_FIELDS = [
     {path: 'train.batch', label: 'batch', kind: 'int', def: '32'},
     {path: 'train.steps', label: 'steps', kind: 'int', def: '10000'},
     {path: 'train.lr', label: 'learning rate', kind: 'float', def: '0.0002'},
-    {path: 'train.threads', label: 'CPU threads', kind: 'int', def: 'the server\'s'}]},
+    {path: 'train.threads', label: 'CPU threads', kind: 'int', hint: 'the server\'s default'}]},
   {group: 'Memory', fields: [
     {path: 'memory.vram_budget', label: 'memory budget', kind: 'size', hint: 'no limit; e.g. 512MiB'},
     {path: 'memory.precision', label: 'precision', kind: 'enum', options: ['auto', 'f32', 'bf16', 'f16']},
@@ -1359,7 +1359,7 @@ const renderDatasets = guard(async (m) => {
   const gallery = () => rows.filter((d) => previews.get(d.id)).map((d) =>
     ({src: previews.get(d.id), caption: 'dataset ' + d.id + ': its first images', name: d.id + '-preview.png'}));
   const preview = (d) => {
-    if (!d.links || !d.links.preview) return el('span', {class: 'muted', text: 'none'});
+    if (!d.links || !d.links.preview) return el('span', {class: 'muted', text: 'no preview'});
     const box = el('span', {class: 'preview', 'data-preview': d.id});
     const show = (u) => box.replaceChildren(thumb(u, 'dataset ' + d.id + ': its first images', d.id + '-preview.png',
                                                   gallery, {size: 96, max: 96}));
