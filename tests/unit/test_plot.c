@@ -1,7 +1,9 @@
 /* test_plot.c - loss.png (server/plot.c) decoded and read back pixel by pixel: its size, the train
  * curve where a log-scale axis puts it (an exponential decay is a straight line), the validation
  * points where their values are, tick labels beside both axes, the legend, nothing written
- * without data and the reason when the file cannot be written. TEST_PLOT_KEEP=DIR keeps the PNGs.
+ * without data and the reason when the file cannot be written; a series of a million points is
+ * drawn from at most PLOT_MAX_POINTS of them with its extremes kept. TEST_PLOT_KEEP=DIR keeps
+ * the PNGs.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -147,6 +149,66 @@ static void test_narrow(const char *dir)
     image_free(&im);
 }
 
+/* a million logged steps (a cancel at 207k once took 86 s): every point read once, a bounded
+ * number drawn, and the reduction keeps each column's extremes (one low spike, one high, a
+ * validation minimum) */
+static void test_long(const char *dir)
+{
+    enum { N = 1000000 };
+    int64_t *step = malloc(N * sizeof *step), *rs = malloc(PLOT_MAX_POINTS * sizeof *rs);
+    float *loss = malloc(N * sizeof *loss), *val = malloc(N * sizeof *val);
+    float *rl = malloc(PLOT_MAX_POINTS * sizeof *rl), *rv = malloc(PLOT_MAX_POINTS * sizeof *rv);
+    if (!step || !rs || !loss || !val || !rl || !rv) {
+        CHECK(0, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < N; i++) {
+        step[i] = i + 1;
+        loss[i] = 0.1f * (1.0f + 0.2f * (float)(((int64_t)i * 7919) % 13) / 13.0f);
+        val[i] = i % 1000 == 999 ? 0.15f : NAN;
+    }
+    loss[123457] = 0.002f;  /* one low spike */
+    loss[654321] = 5.0f;    /* one high */
+    loss[700000] = NAN;     /* one gap */
+    val[899999] = 0.003f;   /* one low validation point */
+    int kept = plot_reduce(step, loss, val, N, rs, rl, rv);
+    CHECK(kept > PLOT_COLUMNS && kept <= PLOT_MAX_POINTS, "reduced to %d points (bound %d)", kept,
+          PLOT_MAX_POINTS);
+    int lo = 0, hi = 0, gap = 0, vlo = 0, ordered = 1;
+    for (int i = 0; i < kept; i++) {
+        lo += rs[i] == 123458 && rl[i] == 0.002f;
+        hi += rs[i] == 654322 && rl[i] == 5.0f;
+        gap += rs[i] == 700001 && isnan(rl[i]);
+        vlo += rs[i] == 900000 && rv[i] == 0.003f;
+        if (i && rs[i] <= rs[i - 1]) ordered = 0;
+    }
+    CHECK(lo == 1 && hi == 1 && gap == 1 && vlo == 1,
+          "extremes kept: low spike %d, high %d, gap %d, validation minimum %d", lo, hi, gap, vlo);
+    CHECK(ordered, "the reduced steps are not ascending");
+    CHECK(rs[0] == 1 && rs[kept - 1] == N, "the ends %lld..%lld", (long long)rs[0],
+          (long long)rs[kept - 1]);
+    char path[512], err[300];
+    snprintf(path, sizeof path, "%s/long.png", dir);
+    struct plot_stats st = {-1, -1};
+    CHECK(plot_loss_png_stats(path, step, loss, val, N, &st, err, sizeof err) == 0, "plot: %s", err);
+    CHECK(st.read == N, "%d points read of %d", st.read, N);
+    CHECK(st.drawn > PLOT_COLUMNS && st.drawn <= 2 * PLOT_MAX_POINTS,
+          "%d points drawn for %d (bound %d)", st.drawn, N, 2 * PLOT_MAX_POINTS);
+    /* the low spike is in the picture: blue at the bottom of the axis (0.001 .. 10) */
+    struct image im;
+    if (load(path, &im) == 0) {
+        const double L = PLOT_AREA_L, R = PLOT_AREA_R, T = PLOT_AREA_T, B = PLOT_AREA_B;
+        int x = (int)lround(L + 123457.0 / (N - 1) * (R - L));
+        int y = (int)lround(B - (log10(0.002) + 3) / 4 * (B - T));
+        int blue = count(&im, x - 3, y - 3, x + 4, y + 4, is_blue);
+        CHECK(blue > 0, "the low spike is not drawn near (%d, %d)", x, y);
+        image_free(&im);
+    }
+    unlink(path);
+out:
+    free(step), free(rs), free(loss), free(val), free(rl), free(rv);
+}
+
 static void test_nothing(const char *dir)
 {
     char path[512], err[300] = "";
@@ -177,6 +239,7 @@ int main(void)
     test_decay(d);
     test_narrow(d);
     test_nothing(d);
+    test_long(d);
     if (!keep) {
         char p[600];
         const char *names[] = {"decay.png", "narrow.png"};
