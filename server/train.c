@@ -29,6 +29,7 @@
 #include "plot.h"
 #include "sample.h"
 #include "sampler.h"
+#include "testhold.h"
 #include "unet.h"
 
 /* fixed timesteps of the validation loss, cycled over the held-out images */
@@ -1398,6 +1399,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 if (sr == SAMPLE_FAILED) goto out;
                 stopping = sr == SAMPLE_STOPPED;
             }
+            if (!stopping) testhold_after_step(step, o->stop);
             stopping = stopping || stop_requested(o);
         }
         if (stopping) {

@@ -6,9 +6,13 @@ jobs' own reservations (r: small training job, s: sampling job, h = head, r + s 
 A (r, 100 steps) runs; then H (h), C1 (r, endless), S (s, a long sampling job), C2 (r, 3 steps)
 are queued in that order. S starts by bytes, C2 by time, C1 never before H; H starts once A
 ends, and nothing that started after it held the bytes it needed then. The sum of reservations
-never passes the budget. Usage: test_backfill.py PATH/TO/ddpmd
+never passes the budget. A is held at its step 50 (the test-only knob DDPMD_TEST_HOLD_STEP/FILE,
+server/testhold.h) until S and C2 have been seen backfilled, so how fast steps run (a fast
+machine, or one under load) cannot end A before the queue behind it is decided. Usage: test_backfill.py PATH/TO/ddpmd
 """
+import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -49,7 +53,9 @@ def main(exe):
 
     # the budget: A and S and one more small job, not H beside A
     budget = r + s + r + (1 << 20)
-    srv = Server(exe, data=data, args=["--vram-budget", "cpu=%d" % budget]).start()
+    release = os.path.join(tempfile.mkdtemp(prefix="ddpmd-hold-"), "release")
+    srv = Server(exe, data=data, args=["--vram-budget", "cpu=%d" % budget],
+                 env={"DDPMD_TEST_HOLD_STEP": "50", "DDPMD_TEST_HOLD_FILE": release}).start()
     srv.own_data = False
     over = []
     stop_watch = threading.Event()
@@ -72,6 +78,8 @@ def main(exe):
 
     srv.wait_job(sid, lambda j: j["state"] == "running", what="S backfilled by bytes")
     srv.wait_job(c2, lambda j: j["state"] == "succeeded", what="C2 backfilled by time, done")
+    check(srv.get_json("/jobs/" + a)["state"] == "running", "A ended before the queue was decided")
+    open(release, "w").close()  # A may run on to its end now
     # until H starts, C1 never runs (it would hold bytes the head needs when A ends)
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -5,6 +5,9 @@ end. The write window is made observable by an LD_PRELOAD shim (stall_fsync.c, b
 binary; no test code in ddpmd) that holds the fsync of a checkpoint's temporary file. Every tensor
 of the final checkpoint (downloaded through GET /checkpoints/{id}: weights, EMA, AdamW moments)
 is compared byte for byte with `ddpmd train` run straight through on the job's own spec.json.
+No step depends on how fast a step is: the starts that are interrupted during training are held
+at a step by the test-only knob DDPMD_TEST_HOLD_STEP/DDPMD_TEST_HOLD_FILE (server/testhold.h),
+so the job cannot finish before the kill however fast the machine (it used to on a fast one).
 Usage: test_restart_exact.py PATH/TO/ddpmd
 """
 import json
@@ -69,8 +72,14 @@ def main(exe):
                 "STALL_FSYNC_MARK": mark, "STALL_FSYNC_SECONDS": str(secs),
                 "ASAN_OPTIONS": (asan + ":" if asan else "") + "verify_asan_link_order=0"}
 
+    def hold(step, env=None):
+        # the job waits after this step until the (never made) release file appears
+        e = dict(env or {})
+        e.update(DDPMD_TEST_HOLD_STEP=str(step), DDPMD_TEST_HOLD_FILE="/nonexistent/ddpmd-release")
+        return e
+
     # (a) SIGTERM during training: the job stops at its next step with a checkpoint
-    s1 = Server(exe).start()
+    s1 = Server(exe, env=hold(5)).start()
     data = s1.data
     r = s1.request("POST", "/train", spec)
     check(r.status == 202, "POST /train: %d %s" % (r.status, r.body[:300]))
@@ -92,7 +101,7 @@ def main(exe):
 
     # (c) SIGTERM while a checkpoint write is held for 2 s: the write completes, the job stops
     mark_c = os.path.join(data, "held-c")
-    s3 = Server(exe, data=data, env=held(mark_c, 2)).start()
+    s3 = Server(exe, data=data, env=held(mark_c, 5)).start()
     s3.own_data = False
     tmp_c = wait_file(mark_c, s3)
     final_c = tmp_c[:tmp_c.index(".tmp.")]
@@ -101,12 +110,13 @@ def main(exe):
     check(os.path.exists(final_c) and not os.path.exists(tmp_c),
           "(c) the held checkpoint %s was not completed" % os.path.basename(final_c))
 
-    # (d) kill -9 during training, past the last checkpoint
-    s4 = Server(exe, data=data).start()
+    # (d) kill -9 during training, past the last checkpoint: held 3 steps on, before its end
+    at = max(int(f.split("-")[1].split(".")[0]) for f in os.listdir(ckdir)
+             if f.endswith(".safetensors"))
+    check(at + 3 < STEPS, "(d) resumes at %d: no room for 3 more steps before %d" % (at, STEPS))
+    s4 = Server(exe, data=data, env=hold(at + 3)).start()
     s4.own_data = False
-    j = s4.get_json("/jobs/" + jid)
-    at = j["step"]
-    s4.wait_job(jid, lambda j: j["step"] >= at + 3 and j["step"] < STEPS, what="3 more steps")
+    s4.wait_job(jid, lambda j: j["step"] == at + 3, what="3 more steps")
     kill9(s4)
 
     # the last start runs it to its end

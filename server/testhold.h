@@ -1,0 +1,16 @@
+/* testhold.h - a test-only knob that lets a test hold a training run at a step it chooses, so
+ * tests wait for progress they control instead of guessing how fast a step is: with
+ * DDPMD_TEST_HOLD_STEP=N and DDPMD_TEST_HOLD_FILE=PATH in its environment, a run that has just
+ * finished step N waits there (its progress and checkpoint of step N already out) until PATH
+ * exists or a stop is asked for. Without both variables it costs one getenv per run.
+ */
+#ifndef DDPMD_TESTHOLD_H
+#define DDPMD_TESTHOLD_H
+
+#include <signal.h>
+#include <stdint.h>
+
+/* called after each finished step; returns at once unless step is the held one */
+void testhold_after_step(int64_t step, volatile sig_atomic_t *stop);
+
+#endif
