@@ -109,8 +109,10 @@ static void serve_usage(FILE *f)
             "                         first line, >= 16 characters (DDPMD_WEBHOOK_SECRET_FILE;\n"
             "                         default DATA/webhook.secret, made with mode 0600 at the first\n"
             "                         start)\n"
-            "  --webhook-allow H1,H2  webhook URLs must name one of these hosts\n"
-            "                         (DDPMD_WEBHOOK_ALLOW; default any: see README, SSRF)\n"
+            "  --webhook-allow LIST   addresses, CIDR ranges and host names webhooks may reach\n"
+            "                         although loopback, link-local, private or metadata, e.g.\n"
+            "                         127.0.0.1,10.0.0.0/8,hooks.internal (DDPMD_WEBHOOK_ALLOW;\n"
+            "                         default none: public addresses only, checked after DNS)\n"
             "  --webhook-attempts N   deliveries tried at most N times (DDPMD_WEBHOOK_ATTEMPTS;\n"
             "                         default 5), waiting S, 2S, 4S... between them\n"
             "  --webhook-backoff S    (DDPMD_WEBHOOK_BACKOFF; default 1 second)\n"
@@ -812,7 +814,7 @@ static int serve_run(int argc, char **argv)
     pc.max_queue = max_queue;
     pc.max_per_owner = max_per_owner;
     pc.max_retries = max_retries;
-    struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow_hosts = wha,
+    struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow = wha,
                                 .max_attempts = wh_attempts, .backoff_s = wh_backoff,
                                 .timeout_s = wh_timeout};
     if (webhook_start(&hooks, &wc, db, err, sizeof err)) {

@@ -2,8 +2,11 @@
 A job asks for start, checkpoint and completed: each arrives once as a signed POST (HMAC-SHA256
 over "TIMESTAMP.BODY" with the server's secret, DATA/webhook.secret, mode 0600), the first one
 after a 500 is retried with the same delivery id, the unrequested events never come, and every
-attempt is a "webhook" event of the job. A receiver that holds its request does not hold up the
-job. Bad webhook fields are 422 at their path; --webhook-allow and --webhook-secret-file are
+attempt is a "webhook" event of the job that says "delivered" or "failed" and nothing of what the
+receiver answered. A receiver that holds its request holds up neither the job nor the deliveries
+to another receiver. Bad webhook fields are 422 at their path. SSRF: loopback, private, link-local
+and metadata addresses are refused unless --webhook-allow names them, written in the URL (422) or
+reached by resolving a name (the delivery fails and nothing connects); --webhook-secret-file is
 honoured. Usage: test_webhook.py PATH/TO/ddpmd
 """
 import hashlib
@@ -25,6 +28,7 @@ class Receiver:
         self.got = []            # (path, headers dict, body bytes)
         self.fail_first = {}     # path -> how many 500s are still owed
         self.release = threading.Event()
+        self.hang_done = threading.Event()  # the held request was answered
         self.lock = threading.Lock()
         rec = self
 
@@ -38,7 +42,8 @@ class Receiver:
                     if owed:
                         rec.fail_first[self.path] = owed - 1
                 if self.path == "/hang":
-                    rec.release.wait(60)
+                    rec.release.wait(120)
+                    rec.hang_done.set()
                 self.send_response(500 if owed else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -79,8 +84,9 @@ def wait_for(pred, what, timeout=60):
 def main(exe):
     need_fmnist()
     rec = Receiver()
+    rec2 = Receiver()  # another receiver (another port): deliveries there run beside rec's
     s = Server(exe, args=["--webhook-backoff", "0.2", "--webhook-attempts", "3",
-                          "--webhook-timeout", "30"]).start()
+                          "--webhook-timeout", "90", "--webhook-allow", "127.0.0.1"]).start()
     spath = os.path.join(s.data, "webhook.secret")
     check(stat.S_IMODE(os.stat(spath).st_mode) == 0o600, "secret mode %o" % os.stat(spath).st_mode)
     secret = open(spath).read().strip()
@@ -126,13 +132,18 @@ def main(exe):
     # the attempts are the job's events (the last ones may come after the stream ended)
     def attempts():
         e = [ev for ev in s.events(jid)[0] if ev[1] == "webhook"]
-        return [(x[2]["event"], x[2]["attempt"], x[2]["status"], x[2]["ok"]) for x in e]
+        return [(x[2]["event"], x[2]["attempt"], x[2]["result"], x[2]["ok"]) for x in e]
     wait_for(lambda: len(attempts()) == 5, "five webhook events")
     a = attempts()
-    check(a[0] == ("start", 1, 500, False) and a[1] == ("start", 2, 200, True), "attempts %s" % a)
+    check(a[0] == ("start", 1, "failed", False) and a[1] == ("start", 2, "delivered", True),
+          "attempts %s" % a)
     check(all(x[3] for x in a[1:]), "attempts %s" % a)
     first = [ev for ev in s.events(jid)[0] if ev[1] == "webhook"][0][2]
     check(first["retry_in_s"] == 0.2 and first["max_attempts"] == 3, "first attempt %s" % first)
+    for ev in [ev for ev in s.events(jid)[0] if ev[1] == "webhook"]:
+        check(set(ev[2]) == {"event", "delivery", "attempt", "max_attempts", "result", "ok",
+                             "retry_in_s"}, "a webhook event says more than delivered/failed: %s"
+              % ev[2])
 
     # a receiver that holds its request does not hold the job up
     r = s.request("POST", "/train", dict(tiny(steps=2), webhook={"url": rec.url("/hang"),
@@ -142,26 +153,55 @@ def main(exe):
     wait_for(lambda: len(rec.bodies("/hang")) == 1, "the held request")
     j = s.wait_job(j2, lambda j: j["state"] == "succeeded", what="succeeded while the receiver holds")
     check(len(rec.bodies("/hang")) == 1, "more deliveries while the first is held")
+    # ... nor the deliveries to another receiver: they arrive while it still holds (it would
+    # hold for --webhook-timeout, 90 s, where one sender served every receiver in turn)
+    r = s.request("POST", "/train", dict(tiny(steps=2), webhook={"url": rec2.url("/e"),
+                                                                  "events": ["start", "completed"]}))
+    check(r.status == 202, "POST /train (second receiver): %d" % r.status)
+    wait_for(lambda: [b["event"] for _, b, _ in rec2.bodies("/e")] == ["start", "completed"],
+             "the second receiver's deliveries while the first holds its request", timeout=80)
+    check(not rec.hang_done.is_set() and len(rec.bodies("/hang")) == 1, "the held request ended")
     rec.release.set()
     s.stop()
 
-    # --webhook-secret-file and --webhook-allow
+    # --webhook-secret-file, and SSRF: only the names --webhook-allow lists reach loopback
     d = tempfile.mkdtemp(prefix="ddpmd-wh-")
     sf = os.path.join(d, "secret")
     with open(sf, "w") as f:
         f.write("a-secret-of-the-operators-own\n")
-    t = Server(exe, args=["--webhook-secret-file", sf, "--webhook-allow", "127.0.0.1,example.org"]).start()
+    t = Server(exe, args=["--webhook-secret-file", sf, "--webhook-allow", "localhost",
+                          "--webhook-attempts", "1"]).start()
     check(not os.path.exists(os.path.join(t.data, "webhook.secret")), "a secret made despite the file")
-    problem_ok(t.request("POST", "/train", dict(tiny(steps=1), webhook={
-        "url": "http://localhost:%d/b" % rec.port})), 422, "webhook.url")
-    r = t.request("POST", "/train", dict(tiny(steps=1), webhook={"url": rec.url("/b"),
-                                                                  "events": ["completed"]}))
+    # an address in the URL: refused at once
+    for url in ["http://127.0.0.1:%d/b" % rec.port, "http://[::1]:%d/b" % rec.port,
+                "http://169.254.169.254/latest/meta-data/", "http://10.0.0.7/x",
+                "http://192.168.1.1/x", "http://172.16.0.1/x", "http://[fe80::1]/x",
+                "http://[fd00:ec2::254]/x", "http://[::ffff:127.0.0.1]:%d/b" % rec.port,
+                "http://2130706433:%d/b" % rec.port, "http://0x7f.1:%d/b" % rec.port,
+                "http://0.0.0.0:%d/b" % rec.port]:
+        problem_ok(t.request("POST", "/train", dict(tiny(steps=1), webhook={"url": url})), 422,
+                   "webhook.url")
+    # a name the allow list names: delivered (localhost resolves to loopback)
+    r = t.request("POST", "/train", dict(tiny(steps=1), webhook={
+        "url": "http://localhost:%d/b" % rec.port, "events": ["completed"]}))
     check(r.status == 202, "allowed host: %d %s" % (r.status, r.body[:200]))
     t.events(r.json()["id"])
     wait_for(lambda: len(rec.bodies("/b")) == 1, "the completed delivery")
     h, b, raw = rec.bodies("/b")[0]
     check(b["event"] == "completed", "event %s" % b["event"])
     signed_ok("a-secret-of-the-operators-own", h, raw)
+    # a name it does not, resolving to loopback (as a rebinding name would): accepted, refused
+    # when it resolves, nothing connects, and the job's event says only "failed"
+    r = t.request("POST", "/train", dict(tiny(steps=1), webhook={
+        "url": "http://rebind.localhost:%d/c" % rec.port, "events": ["completed"]}))
+    check(r.status == 202, "a name: %d %s" % (r.status, r.body[:200]))
+    jc = r.json()["id"]
+    t.events(jc)
+    wait_for(lambda: any(e[1] == "webhook" for e in t.events(jc)[0]), "the refused attempt")
+    ev = [e[2] for e in t.events(jc)[0] if e[1] == "webhook"]
+    check(len(ev) == 1 and ev[0]["result"] == "failed" and not ev[0]["ok"] and
+          "status" not in ev[0] and "error" not in ev[0], "refused delivery's event %s" % ev)
+    check(rec.bodies("/c") == [], "a delivery reached loopback through an unlisted name")
     t.stop()
     print("test_webhook: ok")
 
