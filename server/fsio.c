@@ -81,6 +81,32 @@ int fsio_write_full(int fd, const void *buf, size_t len)
     return 0;
 }
 
+/* the process's umask without changing it (umask(2) would, for a moment, for every thread) */
+static mode_t current_umask(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[256];
+    unsigned m = 022;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &m) == 1) break;
+    if (f) fclose(f);
+    return (mode_t)(m & 0777);
+}
+
+int fsio_private_dir(const char *dir, char *err, size_t errlen)
+{
+    umask(077);
+    if (mkdir(dir, 0700) && errno != EEXIST) {
+        fsio_err(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (chmod(dir, 0700)) {
+        fsio_err(err, errlen, "cannot make %s private (chmod 0700): %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char *err,
                       size_t errlen)
 {
@@ -114,7 +140,8 @@ int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char
         goto out;
     }
     created = 1;
-    if (fchmod(fd, 0644) != 0) {
+    /* mkstemp makes it 0600: give it the mode open(2) would, 0666 less the umask */
+    if (fchmod(fd, 0666 & ~current_umask()) != 0) {
         fsio_err(err, errlen, "cannot chmod '%s': %s", tmp, strerror(errno));
         goto out;
     }

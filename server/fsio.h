@@ -34,7 +34,7 @@ struct fsio_buf {
 };
 
 /* Replaces (or creates) path with the concatenation of bufs[0..n), all or nothing: a temporary
- * in the same folder (mode 0644), every byte written (short writes and EINTR retried), fsync,
+ * in the same folder (mode 0666 less the umask), every byte written (short writes and EINTR retried), fsync,
  * rename over path, fsync of the folder. On any failure before the rename the temporary is
  * removed and path is untouched; err says which step failed and strerror(errno) ("cannot write
  * 'P.tmp.ab12Cd': No space left on device"). A path longer than FSIO_FINAL_MAX is refused, never
@@ -44,6 +44,12 @@ int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char
                       size_t errlen);
 /* the same for one NUL-terminated text */
 int fsio_write_atomic_text(const char *path, const char *text, char *err, size_t errlen);
+
+/* A data directory only its owner can read, whatever the umask it was started with: sets the
+ * process's umask to 077 (so every file made from now on, by this process and its children, is
+ * 0600 and every folder 0700: SQLite's, the jobs', the uploads', webhook URLs), then creates dir
+ * 0700 or makes an existing one 0700. 0, or -1 with the reason in err. */
+int fsio_private_dir(const char *dir, char *err, size_t errlen);
 
 /* whether a folder entry's name is a temporary left by fsio_write_atomic for final name `base`
  * (base FSIO_TMP_INFIX followed by six characters, nothing else) */

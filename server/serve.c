@@ -753,8 +753,8 @@ static int serve_run(int argc, char **argv)
         close(lfd);
         return 2;
     }
-    if (mkdir(o.data, 0755) && errno != EEXIST) {
-        log_msg(LOG_ERROR, "cannot create %s: %s", o.data, strerror(errno));
+    if (fsio_private_dir(o.data, err, sizeof err)) { /* 0600 files, 0700 folders */
+        log_msg(LOG_ERROR, "%s", err);
         close(lfd);
         free(tokens);
         return 1;
