@@ -499,6 +499,9 @@ static enum MHD_Result h_train(struct ctx *c)
                            "(GET /datasets lists them; a server path is never accepted over HTTP)");
         memcpy(child.dataset, path, strlen(path) + 1);
     }
+    char host_why[400]; /* the decoded dataset must fit this host: refused before any planning */
+    if (spec_host_check(&child, host_why, sizeof host_why))
+        return invalid(c->conn, 422, "data.dataset", host_why);
     if (spec.init_from[0]) {
         char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
         int64_t step;

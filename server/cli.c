@@ -411,9 +411,14 @@ static int cmd_plan_spec(int argc, char **argv)
     }
     struct train_spec spec;
     struct spec_errors errs;
+    char why[400];
     if (spec_load_file(path, &spec, &errs)) {
         fprintf(stderr, "ddpmd: %s is not a valid spec:\n", path);
         spec_errors_print(&errs, "  ");
+        return 2;
+    }
+    if (spec_host_check(&spec, why, sizeof why)) {
+        fprintf(stderr, "ddpmd: %s cannot run here:\n  data.dataset: %s\n", path, why);
         return 2;
     }
     if (budget && cli_budget(budget, &spec)) return 2;
@@ -684,9 +689,14 @@ static int cmd_train(int argc, char **argv)
     }
     struct train_spec spec;
     struct spec_errors errs;
+    char why[400];
     if (spec_load_file(spec_path, &spec, &errs)) {
         fprintf(stderr, "ddpmd: %s is not a valid spec:\n", spec_path);
         spec_errors_print(&errs, "  ");
+        return 2;
+    }
+    if (spec_host_check(&spec, why, sizeof why)) {
+        fprintf(stderr, "ddpmd: %s cannot run here:\n  data.dataset: %s\n", spec_path, why);
         return 2;
     }
     if (budget && cli_budget(budget, &spec)) return 2;

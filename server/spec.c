@@ -8,15 +8,18 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fsio.h"
 #include "serve.h"
+#include "upload.h"
 
 /* how deep a spec may nest (it needs 3: root, section, list); bounds the audit's recursion */
 #define SPEC_MAX_DEPTH 16
@@ -617,6 +620,17 @@ static void parse_model(struct spec_errors *E, const cJSON *m, struct train_spec
         get_rule(E, m, "model", "layers_per_block", s);
         n = get_int_list(E, m, "model", "attention_resolutions", c->attn_res, UNET_MAX_LEVELS);
         if (n >= 0) c->n_attn = n;
+        if (!item(m, "attention_resolutions")) {
+            /* the default ([16]) where the model has such a level; a given list must match
+             * (check_work), the default need not */
+            int kept = 0;
+            for (int i = 0; i < c->n_attn; i++) {
+                int k = 0;
+                while (k < c->n_levels && k < 31 && (c->image_size >> k) != c->attn_res[i]) k++;
+                if (k < c->n_levels && k < 31) c->attn_res[kept++] = c->attn_res[i];
+            }
+            c->n_attn = kept;
+        }
         get_rule(E, m, "model", "norm_num_groups", s);
         get_rule(E, m, "model", "norm_eps", s);
         const cJSON *hd = item(m, "attention_head_dim");
@@ -741,6 +755,92 @@ static void check_text(struct spec_errors *E, const char *path, const char *s, s
 }
 
 /* every value check; appends to E */
+static const char *fmt_bytes(char *buf, size_t n, int64_t b)
+{
+    if (b >= (int64_t)1 << 30)
+        snprintf(buf, n, "%" PRId64 " bytes (%.1f GiB)", b, (double)b / (double)((int64_t)1 << 30));
+    else
+        snprintf(buf, n, "%" PRId64 " bytes (%.1f MiB)", b, (double)b / (1 << 20));
+    return buf;
+}
+
+/* parameters of a ddpm resnet from cin to cout channels (diffusers' ResnetBlock2D) */
+static int64_t resnet_params(int64_t cin, int64_t cout, int64_t temb)
+{
+    return 9 * cin * cout + 9 * cout * cout + temb * cout + (cin != cout ? cin * cout : 0) +
+           4 * (cin + cout) + 3 * cout;
+}
+
+/* SPEC_*_MAX above, on a model unet_config_check accepted (widths and sizes in range) */
+static void check_work(const struct train_spec *s, struct spec_errors *E)
+{
+    const struct unet_config *c = &s->model;
+    const int64_t S = c->image_size, C = c->in_channels;
+    char path[64], b1[64], b2[64];
+    /* the batch's host buffers */
+    int64_t batch_bytes = 6 * (int64_t)s->batch * C * S * S * (int64_t)sizeof(float);
+    if (batch_bytes > SPEC_BATCH_BYTES_MAX)
+        err(E, "train.batch", "a batch of %d images of %dx%dx%d holds %s of host buffers, more "
+            "than the limit of %s", s->batch, c->in_channels, c->image_size, c->image_size,
+            fmt_bytes(b1, sizeof b1, batch_bytes), fmt_bytes(b2, sizeof b2, SPEC_BATCH_BYTES_MAX));
+    int64_t attn_tokens[UNET_MAX_LEVELS + 1];
+    int n_tok = 0;
+    if (c->preset == UNET_DDPM) {
+        const int L = c->n_levels;
+        int64_t res[UNET_MAX_LEVELS] = {0}, params = 0, temb = 4 * (int64_t)c->channels[0];
+        for (int k = 0; k < L; k++) res[k] = S >> k;
+        /* every attention resolution names a level: another one would build no attention */
+        for (int i = 0; i < c->n_attn; i++) {
+            int k = 0;
+            while (k < L && res[k] != c->attn_res[i]) k++;
+            snprintf(path, sizeof path, "model.attention_resolutions[%d]", i);
+            if (k == L) {
+                char lv[128] = "";
+                size_t at = 0;
+                for (int j = 0; j < L && at < sizeof lv - 16; j++)
+                    at += (size_t)snprintf(lv + at, sizeof lv - at, "%s%" PRId64, j ? ", " : "",
+                                           res[j]);
+                err(E, path, "%d matches no level: the levels are at %s pixels", c->attn_res[i],
+                    lv);
+            } else if (res[k] * res[k] > SPEC_ATTN_TOKENS_MAX) {
+                err(E, path, "attention at %" PRId64 "x%" PRId64 " pixels attends over %" PRId64
+                    " tokens, more than %d (its scores are their square): use a lower resolution",
+                    res[k], res[k], res[k] * res[k], SPEC_ATTN_TOKENS_MAX);
+            }
+        }
+        /* the middle block always attends, at the lowest resolution */
+        attn_tokens[n_tok++] = res[L - 1] * res[L - 1];
+        for (int k = 0; k < L; k++) {
+            int64_t ch = c->channels[k], bytes = ch * res[k] * res[k] * (int64_t)sizeof(float);
+            snprintf(path, sizeof path, "model.block_out_channels[%d]", k);
+            if (bytes > SPEC_LEVEL_BYTES_MAX)
+                err(E, path, "one image's activation at level %d (%" PRId64 " channels of %" PRId64
+                    "x%" PRId64 ") is %s, more than the limit of %s", k, ch, res[k], res[k],
+                    fmt_bytes(b1, sizeof b1, bytes), fmt_bytes(b2, sizeof b2, SPEC_LEVEL_BYTES_MAX));
+            int64_t prev = k ? c->channels[k - 1] : c->channels[0];
+            params += resnet_params(prev, ch, temb) +
+                      (c->layers_per_block - 1) * resnet_params(ch, ch, temb);
+            params += (c->layers_per_block + 1) * resnet_params(2 * ch, ch, temb);
+            if (k < L - 1) params += 2 * 9 * ch * ch;
+        }
+        int64_t top = c->channels[L - 1];
+        params += 2 * resnet_params(top, top, temb) + 4 * top * top;
+        if (params > SPEC_PARAMS_MAX)
+            err(E, "model.block_out_channels", "the model has about %" PRId64 " parameters, more "
+                "than the limit of %" PRId64, params, SPEC_PARAMS_MAX);
+    } else {
+        /* the seed UNet attends at S/2, S/4 and S/8 */
+        attn_tokens[n_tok++] = (S / 2) * (S / 2);
+    }
+    if (attn_tokens[0] > SPEC_ATTN_TOKENS_MAX)
+        err(E, c->preset == UNET_DDPM ? "model.block_out_channels" : "model.image_size",
+            "the %s attention works at %" PRId64 " tokens, more than %d (its scores are their "
+            "square): %s", c->preset == UNET_DDPM ? "middle block's" : "first",
+            attn_tokens[0], SPEC_ATTN_TOKENS_MAX,
+            c->preset == UNET_DDPM ? "add levels, so the lowest resolution is at most 128 pixels"
+                                   : "the seed preset takes images of at most 256 pixels");
+}
+
 static void validate(const struct train_spec *s, struct spec_errors *E)
 {
     const struct unet_config *c = &s->model;
@@ -819,6 +919,52 @@ static void validate(const struct train_spec *s, struct spec_errors *E)
         err(E, "model.out_channels", "must equal in_channels: the model predicts noise");
     char msg[200];
     if (E->n == n0 && unet_config_check(c, msg, sizeof msg)) err(E, "model", "%s", msg);
+    if (E->n == n0) check_work(s, E);
+}
+
+int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images)
+{
+    int64_t per = (int64_t)s->model.in_channels * s->model.image_size * s->model.image_size *
+                  (int64_t)sizeof(float);
+    if (images < 0) {
+        if (strcmp(s->dataset, "fashion-mnist") == 0) images = SPEC_FMNIST_IMAGES;
+        else images = upload_folder_images(s->dataset); /* -1 when it is not an upload */
+    }
+    return (images > 0 ? images : 0) * per + 6 * (int64_t)s->batch * per;
+}
+
+/* physical memory, or the cgroup v2 limit when lower; 0 when unknown */
+static int64_t host_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    int64_t mem = pages > 0 && size > 0 ? (int64_t)pages * size : 0;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "re");
+    char line[64];
+    if (f && fgets(line, sizeof line, f)) {
+        char *end;
+        long long lim = strtoll(line, &end, 10);
+        if (end != line && lim > 0 && (mem == 0 || lim < mem)) mem = lim;
+    }
+    if (f) fclose(f);
+    return mem;
+}
+
+int spec_host_check(const struct train_spec *s, char *why, size_t n)
+{
+    int64_t images = strcmp(s->dataset, "fashion-mnist") == 0 ? SPEC_FMNIST_IMAGES
+                                                               : upload_folder_images(s->dataset);
+    int64_t need = spec_host_data_bytes(s, images), have = host_memory();
+    if (have <= 0 || need <= have) return 0;
+    char b1[64], b2[64];
+    if (images > 0)
+        snprintf(why, n, "the decoded dataset needs %s (%" PRId64 " images of %dx%dx%d as float, "
+                 "and the batch buffers), more than this host's %s of memory",
+                 fmt_bytes(b1, sizeof b1, need), images, s->model.in_channels,
+                 s->model.image_size, s->model.image_size, fmt_bytes(b2, sizeof b2, have));
+    else
+        snprintf(why, n, "the batch buffers need %s, more than this host's %s of memory",
+                 fmt_bytes(b1, sizeof b1, need), fmt_bytes(b2, sizeof b2, have));
+    return -1;
 }
 
 int spec_validate(const struct train_spec *s, struct spec_errors *E)

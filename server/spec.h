@@ -21,6 +21,18 @@
 #define SPEC_SEED_MAX 9007199254740991ull  /* train.seed: 2^53 - 1, exact in a JSON number */
 #define SPEC_MAX_LIST_VALUE 1000000        /* block_out_channels and attention_resolutions entries */
 #define SPEC_BUDGET_MAX ((int64_t)1 << 50) /* memory.vram_budget: 1 PiB */
+/* bounds on the work a spec asks for, checked from its numbers alone before any graph is built
+ * or planned (a 1024 px, 8-level spec at batch 65535 once held the planner 13 s and 3.2 GB):
+ * the model's parameters (an estimate from the widths, within a few percent), one image's
+ * activation at one level in f32, the tokens of one attention (its score matrix is their
+ * square), and the host buffers of one batch (6 float copies of its images: train.c's loader
+ * two batches ahead, x0, noise, x_t, target). The graph itself is small by construction: at most
+ * 8 levels of at most 8 layers (a few thousand tensors). */
+#define SPEC_PARAMS_MAX ((int64_t)1 << 32)
+#define SPEC_LEVEL_BYTES_MAX ((int64_t)1 << 32)
+#define SPEC_ATTN_TOKENS_MAX 16384         /* 128 x 128 pixels */
+#define SPEC_BATCH_BYTES_MAX ((int64_t)64 << 30)
+#define SPEC_FMNIST_IMAGES 60000           /* Fashion-MNIST's training split */
 
 struct spec_errors {
     int n;
@@ -84,6 +96,16 @@ int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *e
  * (unet_config_check, only once every field is in range) and the cross-field rules. data.dataset
  * may be empty (commands without data). Returns 0, or -1 with errs filled. */
 int spec_validate(const struct train_spec *s, struct spec_errors *errs);
+/* the host bytes a training run of s holds for its data: images decoded as float (N x C x S x S
+ * x 4) and its batch buffers (6 x batch x C x S x S x 4); images < 0: the dataset's count is
+ * looked up (fashion-mnist's, an upload's dataset.json), and when it cannot be, only the batch
+ * buffers are counted */
+int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images);
+/* whether that fits this host's memory (physical, or the cgroup's limit when lower): 0, or -1
+ * with "the decoded dataset needs N bytes (...), more than this host's M bytes" in why, the
+ * error of data.dataset. Checked before any planning by POST /train, `ddpmd train` and
+ * `ddpmd plan`. */
+int spec_host_check(const struct train_spec *s, char *why, size_t n);
 /* the spec as canonical JSON (every field explicit; floats in their shortest form); caller frees
  * with free(). NULL when an allocation fails (never a document with a field missing). */
 char *spec_to_json(const struct train_spec *s);

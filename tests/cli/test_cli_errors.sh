@@ -87,6 +87,26 @@ printf '{%s, "train": {"batch": 2, "batch": 0}}' "$base" > "$dir/dup.json"
 expect 2 "train.batch: duplicate key" train "$dir/dup.json" --out "$dir/o"
 printf '{%s} trailing' "$base" > "$dir/trail.json"
 expect 2 "trailing bytes" train "$dir/trail.json" --out "$dir/o"
+# work out of bounds by the spec's numbers alone, refused before planning (train and plan)
+heavy='"model": {"preset": "ddpm", "in_channels": 1, "image_size": 1024, "block_out_channels":
+  [64, 64, 128, 128, 256, 256, 512, 512], "layers_per_block": 2, "attention_resolutions": [16],
+  "norm_num_groups": 32}, "data": {"dataset": "fashion-mnist", "fmnist_resize": "resize"}'
+printf '{%s, "train": {"batch": 65535}}' "$heavy" > "$dir/heavy.json"
+expect 2 "train.batch: a batch of 65535 images of 1x1024x1024 holds 1649242275840 bytes" train "$dir/heavy.json" --out "$dir/o"
+expect 2 "train.batch: a batch of 65535 images" plan "$dir/heavy.json"
+printf '{%s}' "${base/\"attention_resolutions\": \[\]/\"attention_resolutions\": [1000000]}" > "$dir/noattn.json"
+expect 2 "model.attention_resolutions[0]: 1000000 matches no level: the levels are at 32, 16 pixels" train "$dir/noattn.json" --out "$dir/o"
+expect 2 "model.attention_resolutions[0]: 1000000 matches no level" plan "$dir/noattn.json"
+printf '{%s, "train": {"batch": 1}}' "${heavy/\[64, 64, 128, 128, 256, 256, 512, 512\]/[4096, 64, 64, 64, 64, 64, 64, 64]}" > "$dir/wide.json"
+expect 2 "model.block_out_channels[0]: one image's activation at level 0 (4096 channels of 1024x1024) is 17179869184 bytes (16.0 GiB), more than the limit" plan "$dir/wide.json"
+# the decoded dataset: 60000 Fashion-MNIST images at 1024 px are 234.5 GiB (unless the host has more)
+need=$((60000 * 1024 * 1024 * 4))
+host=$(($(getconf _PHYS_PAGES) * $(getconf PAGE_SIZE)))
+if [ "$host" -lt "$need" ]; then
+  printf '{%s, "train": {"batch": 1}}' "${heavy/\[64, 64, 128, 128, 256, 256, 512, 512\]/[32, 32, 64, 64, 64, 64, 64, 64]}" > "$dir/data.json"
+  expect 2 "(60000 images of 1x1024x1024 as float, and the batch buffers), more than this host's" train "$dir/data.json" --out "$dir/o"
+  expect 2 "data.dataset: the decoded dataset needs" plan "$dir/data.json"
+fi
 check '[ ! -e "$dir/o" ]' "a refused spec created its output folder"
 
 # a real checkpoint (one step of a tiny model): --steps beyond its timesteps is refused by name

@@ -1,7 +1,9 @@
 """test_bad_inputs.py - a table of bad requests against a server with bearer tokens: each gets its
 exact status and an RFC 9457 problem+json body (with the field path for validation errors); the
-server is healthy after and stored nothing for them; owners see only their own jobs. Also: no
-tokens on a non-loopback address is refused at start. Usage: test_bad_inputs.py PATH/TO/ddpmd
+server is healthy after and stored nothing for them; owners see only their own jobs. Specs whose
+work is out of bounds by their numbers alone (a 1024 px, 8-level spec at batch 65535; attention
+at a resolution no level has; a decoded dataset larger than the host's memory) are 422 with the
+reason before anything is planned. Also: no tokens on a non-loopback address is refused at start. Usage: test_bad_inputs.py PATH/TO/ddpmd
 """
 import http.client
 import json
@@ -69,6 +71,20 @@ def main(exe):
                 t[sect] = v
         return json.dumps(t)
 
+    # out of bounds by its numbers: once planned for 13 s and 3.2 GB on the HTTP thread
+    heavy = tiny(batch=65535)
+    heavy["model"].update(image_size=1024, block_out_channels=[64, 64, 128, 128, 256, 256, 512, 512],
+                          layers_per_block=2, attention_resolutions=[16], norm_num_groups=32)
+    heavy["data"]["fmnist_resize"] = "resize"
+    no_level = tiny()
+    no_level["model"]["attention_resolutions"] = [1000000]
+    huge_data = tiny()
+    huge_data["model"].update(image_size=1024, block_out_channels=[32, 32, 64, 64, 64, 64, 64, 64],
+                              attention_resolutions=[16])
+    huge_data["data"]["fmnist_resize"] = "resize"
+    need = 60000 * 1024 * 1024 * 4
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
     table = [
         # (what, method, path, body, headers, status, field path)
         ("no token", "POST", "/train", good, {"Content-Type": "application/json"}, 401, None),
@@ -93,6 +109,9 @@ def main(exe):
         ("path as init_from", "POST", "/train", json.dumps(dict(tiny(), init_from="/etc/passwd")), J, 422, "init_from"),
         ("unknown checkpoint", "POST", "/train", json.dumps(dict(tiny(), init_from="j0000000000000000-3")), J, 422, "init_from"),
         ("oversized (length)", "POST", "/train", big, J, 413, None),
+        ("heavy spec", "POST", "/train", json.dumps(heavy), J, 422, "train.batch"),
+        ("attention at no level", "POST", "/train", json.dumps(no_level), J, 422,
+         "model.attention_resolutions[0]"),
         ("unknown job", "GET", "/jobs/j0123456789abcdef", "", J, 404, None),
         ("bad job id", "GET", "/jobs/..%2f..%2fetc", "", J, 404, None),
         ("path-like job id", "GET", "/jobs/../ddpmd.db", "", J, 404, None),
@@ -114,6 +133,9 @@ def main(exe):
         ("other owner's events", "GET", "/jobs/%s/events" % jid, "", dict(J, Authorization="Bearer " + BOB), 403, None),
         ("other owner's checkpoints", "GET", "/jobs/%s/checkpoints" % jid, "", dict(J, Authorization="Bearer " + BOB), 403, None),
     ]
+    if host < need:  # a host with more memory than 234 GiB takes the dataset
+        table.append(("dataset over the host's memory", "POST", "/train", json.dumps(huge_data), J,
+                      422, "data.dataset"))
     for what, method, path, body, headers, status, field in table:
         r = raw(s, method, path, body, headers)
         try:
@@ -125,8 +147,14 @@ def main(exe):
             check((r.header("WWW-Authenticate") or "").startswith("Bearer"), "%s: WWW-Authenticate" % what)
         if status == 405:
             check(r.header("Allow"), "%s: no Allow header" % what)
-        if field == "data.dataset":
+        if field == "data.dataset" and "memory" in what:
+            check("bytes" in p["detail"] and "memory" in p["detail"], "%s: %s" % (what, p["detail"]))
+        elif field == "data.dataset":
             check("path" in p["detail"], "%s: %s" % (what, p["detail"]))
+        if what == "heavy spec":
+            check("bytes" in p["detail"], "%s: %s" % (what, p["detail"]))
+        if what == "attention at no level":
+            check("matches no level" in p["detail"], "%s: %s" % (what, p["detail"]))
 
     # a chunked body over the limit (no Content-Length to refuse it by)
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)

@@ -52,6 +52,31 @@ static const struct {
     {"{" MODEL ",\"data\":{\"dataset\":\"a\tb\"}}", "data.dataset", "control byte"},
     {"{" MODEL ",\"data\":{\"dataset\":\"caf\xe9\"}}", "data.dataset", "not valid UTF-8"},
     {"{" BASE ",\"train\":{\"\xff\xfe\":4}}", "train.\\xff\\xfe", "not valid UTF-8"},
+    /* work out of bounds by the spec's numbers alone (check_work), before anything is planned */
+    {"{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":32,\"block_out_channels\":[32,64],"
+     "\"layers_per_block\":1,\"attention_resolutions\":[1000000],\"norm_num_groups\":8}," DATA "}",
+     "model.attention_resolutions[0]", "1000000 matches no level: the levels are at 32, 16 pixels"},
+    {"{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":32,\"block_out_channels\":[32,64],"
+     "\"layers_per_block\":1,\"attention_resolutions\":[16,8],\"norm_num_groups\":8}," DATA "}",
+     "model.attention_resolutions[1]", "8 matches no level"},
+    {"{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":256,\"block_out_channels\":[32,64],"
+     "\"layers_per_block\":1,\"attention_resolutions\":[256],\"norm_num_groups\":8},"
+     "\"data\":{\"dataset\":\"fashion-mnist\",\"fmnist_resize\":\"resize\"}}",
+     "model.attention_resolutions[0]", "65536 tokens, more than 16384"},
+    {"{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":256,\"block_out_channels\":[32],"
+     "\"layers_per_block\":1,\"attention_resolutions\":[],\"norm_num_groups\":8},"
+     "\"data\":{\"dataset\":\"fashion-mnist\",\"fmnist_resize\":\"resize\"}}",
+     "model.block_out_channels", "middle block's attention works at 65536 tokens"},
+    {"{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":32,\"block_out_channels\":[8192,8192],"
+     "\"layers_per_block\":8,\"attention_resolutions\":[],\"norm_num_groups\":8}," DATA "}",
+     "model.block_out_channels", "parameters, more than the limit of 4294967296"},
+    {"{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":1024,"
+     "\"block_out_channels\":[2048,32,32,32,32,32,32,32],\"layers_per_block\":1,"
+     "\"attention_resolutions\":[],\"norm_num_groups\":8},"
+     "\"data\":{\"dataset\":\"fashion-mnist\",\"fmnist_resize\":\"resize\"},\"train\":{\"batch\":1}}",
+     "model.block_out_channels[0]", "(2048 channels of 1024x1024) is 8589934592 bytes (8.0 GiB), more than"},
+    {"{\"model\":{\"preset\":\"seed\",\"in_channels\":3,\"image_size\":512},\"data\":{\"dataset\":\"x\"}}",
+     "model.image_size", "first attention works at 65536 tokens"},
     /* seeds: 2^53 + 1 reads as 2^53, so 2^53 - 1 is the largest exact one */
     {"{" BASE ",\"train\":{\"seed\":9007199254740993}}", "train.seed", "must be in [0, 9007199254740991]"},
     {"{" BASE ",\"train\":{\"seed\":9007199254740992}}", "train.seed", "must be in"},
@@ -172,6 +197,20 @@ int main(void)
     }
     struct train_spec s;
     struct spec_errors E;
+    /* the default attention_resolutions ([16]) is kept only where a level is at 16 pixels */
+    accept("{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":32,"
+           "\"block_out_channels\":[32],\"norm_num_groups\":8}," DATA "}", &s);
+    CHECK(s.model.n_attn == 0, "a default attention at no level kept: %d", s.model.n_attn);
+    accept("{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"image_size\":32,"
+           "\"block_out_channels\":[32,32],\"norm_num_groups\":8}," DATA "}", &s);
+    CHECK(s.model.n_attn == 1 && s.model.attn_res[0] == 16, "the default attention at 16 dropped");
+    /* a batch just inside the bound; the host bytes of a spec's data */
+    accept("{" BASE ",\"train\":{\"batch\":2730}}", &s);
+    CHECK(spec_host_data_bytes(&s, -1) == (60000 + 6 * 2730) * (int64_t)32 * 32 * 4,
+          "fashion-mnist's host bytes: %lld", (long long)spec_host_data_bytes(&s, -1));
+    CHECK(spec_host_data_bytes(&s, 10) == (10 + 6 * 2730) * (int64_t)32 * 32 * 4, "10 images");
+    char why[400] = "";
+    CHECK(spec_host_check(&s, why, sizeof why) == 0, "235 MiB does not fit the host: %s", why);
     CHECK(spec_load_file("examples/fmnist-tiny.json", &s, &E) == 0 && s.model.channels[2] == 64 &&
               s.batch == 32 && s.model.n_attn == 1 && s.model.attn_res[0] == 8,
           "fmnist-tiny fields");
