@@ -1079,30 +1079,26 @@ static enum MHD_Result h_checkpoints(struct ctx *c)
     return send_json(c->conn, 200, o, NULL, NULL);
 }
 
-/* ?format=diffusers: the checkpoint's EMA weights as diffusers' UNet2DModel folder in a tar
- * (export.h, the code of `ddpmd export --diffusers`), built in the job's folder and sent from
- * the open file, which has no name left on disk */
-static enum MHD_Result checkpoint_diffusers(struct ctx *c, const char *jid, const char *ckpt)
+/* ?format=diffusers: the checkpoint's EMA weights as a diffusers DDPMPipeline folder in a tar
+ * (export.h, the code of `ddpmd export --diffusers`), built once per checkpoint, cached beside
+ * it and streamed from that file */
+static enum MHD_Result checkpoint_diffusers(struct ctx *c, const char *ckpt)
 {
-    char dir[FSIO_PATH_MAX], err[800], disp[128];
+    char err[800], disp[128];
     int fd = -1;
-    if (pool_job_file(c->a->cfg.pool, jid, "", dir, sizeof dir) ||
-        export_diffusers_tar(ckpt, dir, 0, &fd, err, sizeof err)) {
-        /* a checkpoint of the seed preset has no diffusers equivalent; else a server fault */
-        int unsupported = strstr(err, "only the ddpm preset") != NULL;
-        return problem(c->conn, unsupported ? 422 : 500, NULL,
-                       unsupported ? "only the ddpm preset has a diffusers equivalent "
-                                     "(UNet2DModel)"
-                                   : "the diffusers export failed",
+    long long size = 0;
+    int rc = export_cache_open(ckpt, c->owner, &fd, &size, err, sizeof err);
+    if (rc == EXPORT_BUSY)
+        return problem(c->conn, 503, "busy", "an export of yours is being built: try again",
+                       NULL, (const char *const[]){"Retry-After", "2", NULL});
+    if (rc)
+        return problem(c->conn, rc == EXPORT_UNSUPPORTED ? 422 : 500, NULL,
+                       rc == EXPORT_UNSUPPORTED ? "only the ddpm preset has a diffusers "
+                                                  "equivalent (UNet2DModel)"
+                                                : "the diffusers export failed",
                        NULL, NULL);
-    }
-    struct stat sb;
-    if (fstat(fd, &sb)) {
-        close(fd);
-        return MHD_NO;
-    }
     snprintf(disp, sizeof disp, "attachment; filename=\"%s-diffusers.tar\"", c->param);
-    return send_fd(c, fd, (uint64_t)sb.st_size, "application/x-tar", disp);
+    return send_fd(c, fd, (uint64_t)size, "application/x-tar", disp);
 }
 
 static enum MHD_Result h_checkpoint(struct ctx *c)
@@ -1132,7 +1128,7 @@ static enum MHD_Result h_checkpoint(struct ctx *c)
         close(fd);
         if (strcmp(fmt, "diffusers") != 0)
             return invalid(c->conn, 400, "format", "expected safetensors or diffusers");
-        return checkpoint_diffusers(c, jid, path);
+        return checkpoint_diffusers(c, path);
     }
     /* a checkpoint never changes once renamed into place (fsio_write_atomic): inode, size and
      * mtime name its bytes */

@@ -39,7 +39,9 @@ rc=0
 # test_accum/test_recompute/test_offload run the same planner and executor paths on small models.
 # test_prec_train: 600 fmnist-tiny training steps (45 CPU-seconds in the normal build, 145 under
 # ASan); test_prec, test_ops_half and test_prec_resume run its 16-bit paths under ASan.
-exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|cli_cuda16_emu|test_gpu_ops_emu_sm75|integration_test_devices|test_seed64|test_prec_train)\$}
+# integration_test_diffusers_pipeline: 2 x 160 denoising steps against real diffusers in a venv
+# of its own; the export's C code runs under ASan in integration_test_diffusers_tar.
+exclude=${SANITIZE_EXCLUDE-^(test_gpu_step_emu|test_gpu_rt_emu|cli_cuda_emu|cli_cuda16_emu|test_gpu_ops_emu_sm75|integration_test_devices|test_seed64|test_prec_train|integration_test_diffusers_pipeline)\$}
 ctest --output-on-failure --timeout 900 ${exclude:+-E "$exclude"} "$@" || rc=$?
 echo "sanitize.sh: ctest under ASan+UBSan exit $rc in $(( $(date +%s) - start )) s (build included)"
 exit $rc

@@ -92,8 +92,8 @@ static void usage(FILE *f)
             "         the model of an imported state_dict (tools/convert_seed_ckpt.py);\n"
             "         --progress-json: a JSON line per denoising step on stdout (ddpmd serve)\n"
             "  export --diffusers DIR CHECKPOINT [--raw]\n"
-            "         write config.json + diffusion_pytorch_model.safetensors (EMA weights) for\n"
-            "         diffusers' UNet2DModel (ddpm preset)\n"
+            "         write a diffusers DDPMPipeline folder (EMA weights in unet/, the job's\n"
+            "         DDPMScheduler in scheduler/; ddpm preset)\n"
             "  plan   SPEC.json [--vram-budget SIZE] [--all] [--json] [--device cpu|cuda:N]\n"
             "         the planner's search for a spec: its candidates (precision, micro-batch,\n"
             "         recompute, offload: the ones the engine runs; the sample grid's chunk),\n"
@@ -742,8 +742,8 @@ static void sample_progress(int done, int total, void *ctx)
     }
 }
 
-/* ddpmd export --diffusers DIR CHECKPOINT: config.json + diffusion_pytorch_model.safetensors of
- * the EMA weights under diffusers' names (export.h) */
+/* ddpmd export --diffusers DIR CHECKPOINT: the DDPMPipeline folder of the EMA weights under
+ * diffusers' names (export.h) */
 static int cmd_export(int argc, char **argv)
 {
     const char *dir = NULL, *ckpt = NULL;
@@ -766,13 +766,13 @@ static int cmd_export(int argc, char **argv)
         return 2;
     }
     char err[800];
-    if (export_diffusers(ckpt, dir, raw, err, sizeof err)) {
+    if (export_diffusers(ckpt, dir, raw, err, sizeof err) != EXPORT_OK) {
         fprintf(stderr, "ddpmd: %s\n", err);
         return 1;
     }
-    fprintf(stderr, "ddpmd: wrote %s/config.json and %s/diffusion_pytorch_model.safetensors (%s "
-                    "weights); load with UNet2DModel.from_pretrained(\"%s\")\n",
-            dir, dir, raw ? "raw" : "EMA", dir);
+    fprintf(stderr, "ddpmd: wrote the DDPMPipeline %s (%s weights in unet/, the job's "
+                    "DDPMScheduler in scheduler/); load with DDPMPipeline.from_pretrained(\"%s\")\n",
+            dir, raw ? "raw" : "EMA", dir);
     return 0;
 }
 

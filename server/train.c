@@ -20,6 +20,7 @@
 #include "dataset.h"
 #include "ddpm.h"
 #include "exec.h"
+#include "export.h"
 #include "fsio.h"
 #include "image.h"
 #include "init.h"
@@ -192,7 +193,7 @@ static void prune_checkpoints(const char *dir, int keep)
     for (int i = keep; i < n; i++) {
         char p[FSIO_PATH_MAX];
         if (!fsio_path(p, sizeof p, NULL, 0, "%s/step-%08" PRId64 ".safetensors", dir, steps[i]))
-            unlink(p);
+            unlink(p), export_cache_remove(p); /* the checkpoint first (export.h) */
     }
     free(steps);
 }

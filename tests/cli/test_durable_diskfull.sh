@@ -79,11 +79,11 @@ check '[ "$rc" -eq 1 ] && grep -q "grid.png.*No space left on device" "$dir/err4
       "a PNG write on a full disk: exit $rc, $(tail -n 1 "$dir/err4")"
 check '[ ! -e "$mnt/grid.png" ] && no_temps' "a partial PNG or a temporary left"
 
-# 3b. the exported config.json: room for the weights file only, so config.json (written next)
-#     fails with its reason
+# 3b. the exported unet/config.json: room for the weights file only, so config.json (written
+#     next) fails with its reason
 rm -f "$mnt/fill"
 "$ddpmd" export --diffusers "$mnt/exp" "$ck/step-00000002.safetensors" > /dev/null 2> "$dir/err6"
-wsize=$(stat -c %s "$mnt/exp/diffusion_pytorch_model.safetensors" 2>/dev/null || echo 0)
+wsize=$(stat -c %s "$mnt/exp/unet/diffusion_pytorch_model.safetensors" 2>/dev/null || echo 0)
 rm -rf "$mnt/exp"
 mkdir "$mnt/exp"
 fill $(( (wsize + 4095) / 4096 ))
@@ -91,7 +91,7 @@ fill $(( (wsize + 4095) / 4096 ))
 rc=$?
 check '[ "$wsize" -gt 0 ] && [ "$rc" -eq 1 ] && grep -q "config.json.*No space left on device" "$dir/err6"' \
       "a config.json write on a full disk: exit $rc, $(head -n 1 "$dir/err6")"
-check '[ ! -e "$mnt/exp/config.json" ] && no_temps' "a partial config.json or a temporary left"
+check '[ ! -e "$mnt/exp/unet/config.json" ] && no_temps' "a partial config.json or a temporary left"
 rm -rf "$mnt/exp"
 
 # 4. room again: the resume takes the newest good checkpoint (3) and completes the run

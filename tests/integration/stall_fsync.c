@@ -2,8 +2,9 @@
  * write observable without test-only code in ddpmd. The first fsync of a file whose name holds
  * STALL_FSYNC_MATCH (e.g. ".safetensors.tmp."), across every process given the same
  * STALL_FSYNC_MARK, creates that mark file (O_EXCL: one stall per mark) holding the file's path,
- * then waits STALL_FSYNC_SECONDS (signals do not shorten it) before the real fsync. Without both
- * variables it is a plain fsync.
+ * then waits STALL_FSYNC_SECONDS (signals do not shorten it) before the real fsync, or less when
+ * the file STALL_FSYNC_RELEASE appears first (a test that releases the write by an event). Without
+ * both of MATCH and MARK it is a plain fsync.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -37,9 +38,9 @@ int fsync(int fd)
                 ssize_t w = write(m, path, (size_t)n);
                 (void)w;
                 close(m);
-                const char *secs = getenv("STALL_FSYNC_SECONDS");
+                const char *secs = getenv("STALL_FSYNC_SECONDS"), *rel = getenv("STALL_FSYNC_RELEASE");
                 double until = stall_now() + (secs ? atof(secs) : 3600.0);
-                while (stall_now() < until) {
+                while (stall_now() < until && !(rel && *rel && access(rel, F_OK) == 0)) {
                     struct timespec t = {0, 20 * 1000 * 1000};
                     nanosleep(&t, NULL);
                 }
