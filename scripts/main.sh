@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# main.sh - the main job, through the service: install dependencies, build, start `ddpmd serve` on
+# main.sh - the main job, through the service: install the runtime dependencies only
+# (install-deps.sh --runtime: no test toolchain), build the ddpmd binary alone, start `ddpmd serve` on
 # loopback with its own data directory (out/serve/data), POST /train examples/fmnist-tiny.json with
 # curl, follow its progress on the job's event stream, download the final checkpoint, request a
 # sample grid and download its PNG, stop the server (SIGTERM) and print where the files are.
@@ -7,7 +8,9 @@
 # job (resumed from its last checkpoint if the first run was interrupted, or already done).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+bash scripts/install-deps.sh --runtime
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)" --target ddpmd
 out=out/serve
 mkdir -p "$out"
 spec=${DDPMD_MAIN_SPEC:-examples/fmnist-tiny.json} # another spec: DDPMD_MAIN_SPEC=FILE

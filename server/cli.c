@@ -660,7 +660,7 @@ static void on_signal(int sig)
 static int cmd_train(int argc, char **argv)
 {
     const char *spec_path = NULL, *out = NULL, *budget = NULL, *device = "cpu";
-    int resume = 0;
+    int resume = 0, had_root = 1; /* had_root: out/ was there before (the default --out) */
     char def_out[1100];
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
@@ -706,9 +706,11 @@ static int cmd_train(int argc, char **argv)
         const char *base = strrchr(spec_path, '/');
         base = base ? base + 1 : spec_path;
         snprintf(def_out, sizeof def_out, "out/%.*s", (int)strcspn(base, "."), base);
+        had_root = access("out", F_OK) == 0;
         mkdir("out", 0755);
         out = def_out;
     }
+    const int had_out = access(out, F_OK) == 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -721,6 +723,14 @@ static int cmd_train(int argc, char **argv)
     int rc = train_run(&spec, &o, err, sizeof err);
     if (rc == TRAIN_FAILED) {
         fprintf(stderr, "ddpmd: training failed: %s\n", err);
+        /* a run that failed leaves no empty folders it made (rmdir takes only empty ones) */
+        char sub[1200];
+        for (int i = 0; !had_out && i < 2; i++) {
+            snprintf(sub, sizeof sub, "%s/%s", out, i ? "samples" : "checkpoints");
+            rmdir(sub);
+        }
+        if (!had_out) rmdir(out);
+        if (!had_root) rmdir("out");
         return cli_device_failed(device, spec.backend, 1);
     }
     fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "

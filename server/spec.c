@@ -909,7 +909,8 @@ static void validate(const struct train_spec *s, struct spec_errors *E)
             fmt_num(b, sizeof b, s->beta_start));
     }
     if (strcmp(s->dataset, "fashion-mnist") == 0) {
-        if (c->in_channels != 1) err(E, "model.in_channels", "fashion-mnist images have 1 channel");
+        if (c->in_channels != 1 && c->in_channels != 3)
+            err(E, "model.in_channels", "fashion-mnist gives 1 channel (grey) or 3 (grey as RGB)");
         if (!s->fmnist_resize && c->image_size != 28 && c->image_size != 32)
             err(E, "model.image_size", "fashion-mnist is 28x28: use 28 or 32 (padded), or "
                                        "data.fmnist_resize \"resize\"");

@@ -237,9 +237,12 @@ int main(void)
     reject("{" MODEL ",\"data\":{\"dataset\":\"\"}}", "data.dataset", "non-empty");
     reject("{" MODEL ",\"data\":{\"dataset\":\"fashion-mnist\",\"flip\":1}}", "data.flip",
            "true or false");
-    reject("{\"model\":{\"preset\":\"ddpm\",\"in_channels\":3,\"block_out_channels\":[32,64],"
+    reject("{\"model\":{\"preset\":\"ddpm\",\"in_channels\":4,\"block_out_channels\":[32,64],"
            "\"norm_num_groups\":8}," DATA "}",
-           "model.in_channels", "1 channel");
+           "model.in_channels", "1 channel (grey) or 3 (grey as RGB)");
+    /* Fashion-MNIST as RGB (the grey copied to each channel): what the shipped examples train on */
+    accept("{\"model\":{\"preset\":\"ddpm\",\"in_channels\":3,\"block_out_channels\":[32,64],"
+           "\"norm_num_groups\":8}," DATA "}", &s);
     reject("{\"model\":{\"preset\":\"ddpm\",\"in_channels\":1,\"block_out_channels\":[30],"
            "\"norm_num_groups\":8}," DATA "}",
            "model", "groups");
