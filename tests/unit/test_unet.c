@@ -124,8 +124,9 @@ static void spec_corners(void)
          "\"attention_resolutions\":[1024,512,256,128]", 65535, ANY},
         {"\"preset\":\"ddpm\",\"image_size\":1024,\"block_out_channels\":[2],"
          "\"norm_num_groups\":1,\"attention_resolutions\":[1024],\"freq_shift\":0", 65535, ANY},
+        /* attention over 1024 x 1024 tokens: past the spec's work bound (SPEC_ATTN_TOKENS_MAX) */
         {"\"preset\":\"ddpm\",\"image_size\":1024,\"block_out_channels\":[2],"
-         "\"norm_num_groups\":2,\"attention_resolutions\":[1024],\"freq_shift\":0", 1, BUILT},
+         "\"norm_num_groups\":2,\"attention_resolutions\":[1024],\"freq_shift\":0", 1, REFUSED},
         {"\"preset\":\"ddpm\",\"image_size\":1025", 1, REFUSED},
         {"\"preset\":\"ddpm\"", 0, REFUSED},
         {"\"preset\":\"ddpm\"", 65536, REFUSED},
@@ -135,8 +136,10 @@ static void spec_corners(void)
          "\"time_dim\":2", 1, BUILT},
         {"\"preset\":\"seed\",\"image_size\":8,\"base\":2,\"heads\":2,\"time_dim\":4096", 1,
          BUILT},
-        {"\"preset\":\"seed\",\"image_size\":1024,\"base\":2,\"heads\":2", 1, BUILT},
-        {"\"preset\":\"seed\",\"image_size\":1016,\"base\":2,\"heads\":1", 2, BUILT},
+        /* its first attention at 512 px: past the spec's work bound (SPEC_ATTN_TOKENS_MAX) */
+        {"\"preset\":\"seed\",\"image_size\":1024,\"base\":2,\"heads\":2", 1, REFUSED},
+        {"\"preset\":\"seed\",\"image_size\":1016,\"base\":2,\"heads\":1", 2, REFUSED},
+        {"\"preset\":\"seed\",\"image_size\":256,\"base\":2,\"heads\":2", 1, BUILT},
         {"\"preset\":\"seed\",\"image_size\":1024,\"in_channels\":4,\"base\":128,"
          "\"heads\":64,\"time_dim\":4096", 65535, ANY},
         {"\"preset\":\"seed\",\"image_size\":64,\"base\":128,\"heads\":64,\"time_dim\":4096",
