@@ -33,8 +33,13 @@ typedef struct bk_ctx bk_ctx; /* per-job: thread count, stream, library handles 
  * gradients (dw, db, which accumulate), lse and the softmax stay fp32, and they accumulate in
  * fp32. A kernel refuses a dtype it does not implement with BK_ERR_INVALID; half_kernels says
  * which it implements. Other 16-bit tensors reach the kernels through `convert` into planned
- * scratch of the kernel's dtype (engine/exec.c). An accumulating 16-bit output (accum = 1) is
- * round(y + result) with the sum in fp32. */
+ * scratch of the kernel's dtype (engine/exec.c). An accumulating 16-bit output of a typed
+ * kernel (accum = 1: conv2d_bwd_data's and linear_bwd's dx) is round(y + round(r)): the result r
+ * rounded to the type as the `=` call stores it, added to y in fp32, rounded again. That is what
+ * cuBLAS's and cuDNN's tensor-core epilogues do with beta = 1 (an H200 with CUDA 13.0 and cuDNN
+ * 9.14: round(y + r) differs from it in 21-32% of the elements) and what PyTorch's autocast does
+ * when it sums two 16-bit gradients. An fp32 output that accumulates, and a 16-bit tensor that
+ * reaches an fp32 kernel through convert, sum in fp32: round(y + r). */
 enum bk_dtype { BK_DTYPE_F32 = 0, BK_DTYPE_F16 = 1, BK_DTYPE_BF16 = 2 };
 
 /* half_kernels' bits: the typed kernels that take 16-bit operands natively */

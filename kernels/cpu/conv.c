@@ -6,7 +6,8 @@
  * and a summing reorder. Primitives are created once per shape, on first use, and cached in the
  * job's context; their scratchpad is part of `ws` too, so a step allocates no tensor memory.
  * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation; the bias, dw and db fp32; dx is
- * computed in fp32 into the workspace and rounded once into bf16 (added first when accum).
+ * computed in fp32 into the workspace and rounded into bf16; accumulating, round(dx + round(r))
+ * as backend.h says (cpu_accum16: rounded to bf16 first, then added in fp32 and rounded).
  * f16 has no CPU kernels (cpu_half_kernels): BK_ERR_INVALID.
  *
  * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
@@ -371,9 +372,15 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
                             {DNNL_ARG_WEIGHTS, e->m[M_WD]},
                             {DNNL_ARG_DIFF_SRC, direct ? e->m[M_X] : e->m[M_DXT]},
                             {DNNL_ARG_SCRATCHPAD, e->m[M_SD]}};
-    if (reorder(e->ro[R_WD], e->uw, e->m[M_WD], e->m[M_SD], ctx) || run(e->bwd_d, 4, a, ctx) ||
-        (!direct && reorder(e->ro[accum ? R_DX_ACC : R_DX], e->m[M_DXT], e->m[M_X], e->m[M_SD],
-                            ctx)))
+    if (reorder(e->ro[R_WD], e->uw, e->m[M_WD], e->m[M_SD], ctx) || run(e->bwd_d, 4, a, ctx))
+        return BK_ERR_DEVICE;
+    if (accum && s->dtype != BK_DTYPE_F32) {
+        /* the fp32 dx (NHWC, dense like dx) rounded, then added: backend.h's 16-bit += */
+        cpu_accum16(dx, (float *)p, s->dtype, (size_t)s->n * s->ci * s->h * s->w, ctx);
+        return BK_OK;
+    }
+    if (!direct && reorder(e->ro[accum ? R_DX_ACC : R_DX], e->m[M_DXT], e->m[M_X], e->m[M_SD],
+                           ctx))
         return BK_ERR_DEVICE;
     return BK_OK;
 }

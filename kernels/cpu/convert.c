@@ -2,6 +2,7 @@
  * The backend is built for x86-64-v3: f16 goes through F16C (vcvtps2ph with round to nearest
  * even, vcvtph2ps), bf16 through AVX2 integer rounding; the tails and NaN quieting follow
  * kernels/half.h bit for bit (test_convert checks every 16-bit pattern and the f32 ties).
+ * cpu_accum16: the typed kernels' accumulating 16-bit output, round(y + round(r)) (backend.h).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -107,4 +108,37 @@ int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t
                       count - i < CVT_CHUNK ? count - i : CVT_CHUNK);
     }
     return BK_OK;
+}
+
+/* y[i] = round(y[i] + round(r[i])) over [i, i + n), through 16-bit and fp32 buffers on the stack */
+#define ACC16_BLOCK 1024
+static void accum16_chunk(void *y, float *r, int dtype, size_t i, size_t n)
+{
+    uint16_t b[ACC16_BLOCK];
+    float f[ACC16_BLOCK];
+    for (size_t o = 0; o < n; o += ACC16_BLOCK) {
+        const size_t m = n - o < ACC16_BLOCK ? n - o : ACC16_BLOCK;
+        float *rr = r + i + o;
+        uint16_t *yy = (uint16_t *)y + i + o;
+        convert_chunk(b, dtype, rr, BK_DTYPE_F32, 0, m); /* round(r) */
+        convert_chunk(rr, BK_DTYPE_F32, b, dtype, 0, m);
+        convert_chunk(f, BK_DTYPE_F32, yy, dtype, 0, m); /* y, exact */
+        for (size_t k = 0; k < m; k++) f[k] += rr[k];   /* in fp32 */
+        convert_chunk(yy, dtype, f, BK_DTYPE_F32, 0, m); /* rounded again */
+    }
+}
+
+void cpu_accum16(void *y, float *r, int dtype, size_t count, bk_ctx *ctx)
+{
+    long chunks = (long)((count + CVT_CHUNK - 1) / CVT_CHUNK);
+    int threads = cpu_threads(ctx);
+    if (chunks <= 1 || threads <= 1) {
+        accum16_chunk(y, r, dtype, 0, count);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long c = 0; c < chunks; c++) {
+        size_t i = (size_t)c * CVT_CHUNK;
+        accum16_chunk(y, r, dtype, i, count - i < CVT_CHUNK ? count - i : CVT_CHUNK);
+    }
 }

@@ -169,5 +169,9 @@ int cpu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx
 /* convert.c */
 int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
                 bk_ctx *ctx);
+/* backend.h's rule for an accumulating 16-bit output of a typed kernel: y (count elements of
+ * dtype, bf16 or f16) = round(y + round(r)), r the kernel's fp32 result: r rounded to the type
+ * (what the `=` call stores), added to y in fp32, rounded again. r is overwritten (rounded). */
+void cpu_accum16(void *y, float *r, int dtype, size_t count, bk_ctx *ctx);
 
 #endif

@@ -1,13 +1,14 @@
 /* linear.c - CPU fully connected layer y (M,N) = x (M,K) @ w (N,K)^T + b (N), forward and
  * backward, as GEMMs (cpu_gemm: oneDNN matmuls, their scratchpad in the plan's workspace given by
  * cpu_ctx_set_workspace and sized by cpu_linear_ws_bytes). fp32, or bf16 x, w, y, dy, dx with
- * fp32 accumulation: the bias fp32, dw fp32 (+=), an accumulating bf16 dx rounded once from fp32
- * (dx + result).
+ * fp32 accumulation: the bias fp32, dw fp32 (+=); an accumulating bf16 dx is round(dx +
+ * round(dy w)) as backend.h says: dy w in fp32 into the workspace, then cpu_accum16.
  */
 #include <stdint.h>
 
 #include "half.h"
 #include "cpu.h"
+#include "onednn.h"
 
 /* column block of the bias-gradient reduction: rows are summed in order within a block */
 #define LINEAR_DB_BLOCK 64
@@ -18,6 +19,7 @@ enum linear_gemm {
     LINEAR_DX,       /* dx = dy w */
     LINEAR_DX_ACC,   /* dx += dy w */
     LINEAR_DW,       /* dw += dy^T x (fp32) */
+    LINEAR_DX32,     /* dx = dy w into fp32 (a 16-bit dx +=: rounded and added after) */
     LINEAR_GEMMS
 };
 
@@ -33,6 +35,8 @@ static struct cpu_gemm_shape linear_gemm(int kind, int m, int k, int n, int dtyp
     case LINEAR_DX_ACC: /* dy (M,N) @ w (N,K) */
         return (struct cpu_gemm_shape){0, 0, m, k, n, n, k, k, dtype, dtype, 0,
                                        kind == LINEAR_DX_ACC};
+    case LINEAR_DX32:
+        return (struct cpu_gemm_shape){0, 0, m, k, n, n, k, k, dtype, BK_DTYPE_F32, 0, 0};
     default: /* dy^T (N,M) @ x (M,K) into fp32 dw (N,K) */
         return (struct cpu_gemm_shape){1, 0, n, k, m, n, k, k, dtype, BK_DTYPE_F32, 0, 1};
     }
@@ -40,13 +44,21 @@ static struct cpu_gemm_shape linear_gemm(int kind, int m, int k, int n, int dtyp
 
 static int linear_dtype_ok(int dtype) { return dtype == BK_DTYPE_F32 || dtype == BK_DTYPE_BF16; }
 
+/* a 16-bit dx +=: its fp32 dy w at the workspace's start, the GEMM's scratchpad after it */
+static size_t linear_dx32_bytes(int m, int k, int dtype)
+{
+    return dtype == BK_DTYPE_F32 ? 0 : ONEDNN_ALIGN64((size_t)m * k * sizeof(float));
+}
+
 size_t cpu_linear_ws_bytes(int m, int k, int n, int dtype)
 {
     if (!linear_dtype_ok(dtype) || m < 1 || k < 1 || n < 1) return 0;
     size_t most = 0;
     for (int kind = 0; kind < LINEAR_GEMMS; kind++) {
+        if (kind == LINEAR_DX32 && dtype == BK_DTYPE_F32) continue;
         struct cpu_gemm_shape s = linear_gemm(kind, m, k, n, dtype);
         size_t b = cpu_gemm_ws_bytes(&s);
+        if (kind == LINEAR_DX32) b += linear_dx32_bytes(m, k, dtype);
         if (b > most) most = b;
     }
     return most;
@@ -95,8 +107,16 @@ int cpu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x
     if (!dy || !ctx || m < 1 || k < 1 || n < 1 || !linear_dtype_ok(dtype)) return BK_ERR_INVALID;
     if ((dx && !w) || (dw && !x)) return BK_ERR_INVALID;
     int rc = BK_OK;
-    if (dx)
+    if (dx && accum && dtype != BK_DTYPE_F32) {
+        /* backend.h's 16-bit +=: dy w in fp32, rounded to the type, added, rounded again */
+        const size_t t = linear_dx32_bytes(m, k, dtype);
+        if (!ctx->ws || ctx->ws_bytes < t) return BK_ERR_INVALID;
+        struct cpu_gemm_shape s = linear_gemm(LINEAR_DX32, m, k, n, dtype);
+        rc = cpu_gemm(&s, ctx->ws, dy, w, NULL, (char *)ctx->ws + t, ctx->ws_bytes - t, ctx);
+        if (!rc) cpu_accum16(dx, (float *)ctx->ws, dtype, (size_t)m * k, ctx);
+    } else if (dx) {
         rc = linear_run(accum ? LINEAR_DX_ACC : LINEAR_DX, dx, dy, w, NULL, m, k, n, dtype, ctx);
+    }
     if (!rc && dw) rc = linear_run(LINEAR_DW, dw, dy, x, NULL, m, k, n, dtype, ctx);
     if (!rc && db) linear_db(db, dy, dtype, m, n, ctx);
     return rc;

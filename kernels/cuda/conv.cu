@@ -458,7 +458,8 @@ int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void 
     if (rc) return rc;
     if ((rc = conv_ws_split(&cw, ws, e))) return rc;
     /* asym: the gradient of the padded copy, then its interior copied into dx; accumulating,
-     * the padded copy starts as dx zero-padded, so the sum is rounded once (as cuDNN's beta) */
+     * the padded copy starts as dx zero-padded and cuDNN's beta 1 blends into it: in 16 bits
+     * round(dx + round(r)), as backend.h says (the epilogue rounds r to the type first) */
     void *out = e->asym ? cw.pad : dx;
     const float one = 1.0f, zero = 0.0f;
     const float beta = accum ? 1.0f : 0.0f;

@@ -165,8 +165,9 @@ static int linear_bwd16(void *dx, float *dw, const void *dy, const void *x, cons
                         int accum, int m, int k, int n, int dtype, bk_ctx *ctx)
 {
     int rc = math16(ctx, 1);
-    /* as the fp32 GEMMs below; dx rounded once from round(dx + dy w) in fp32 when accumulating,
-     * dw (fp32) accumulated by the GEMM itself (C fp32, beta 1) */
+    /* as the fp32 GEMMs below; accumulating, dx = round(dx + round(dy w)) (backend.h): the
+     * tensor-core epilogue with beta 1 rounds the product to the type before it blends; dw
+     * (fp32) accumulated by the GEMM itself (C fp32, beta 1) */
     if (!rc && dx)
         rc = gemm16(ctx, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, w, k, dy, n, accum ? 1.0f : 0.0f, dx,
                     0, k, dtype);

@@ -964,6 +964,30 @@ static int et_of_cuda(cudaDataType t)
     return t == CUDA_R_32F ? ET_F32 : t == CUDA_R_16F ? ET_F16 : t == CUDA_R_16BF ? ET_BF16 : ET_BAD;
 }
 
+/* the epilogue of a library's output element: r (alpha times the sum, fp32), plus beta times the
+ * old value where beta is not 0. A 16-bit output is what the tensor-core epilogues of cuBLAS and
+ * cuDNN store on a GPU (an H200, CUDA 13.0, cuDNN 9.14): r rounded to the type first, then
+ * blended in fp32 and rounded again, round(beta y + round(r)); an fp32 one round(beta y + r).
+ * EMU_BLEND_FP32=1 blends 16-bit outputs in fp32 instead (a test sees that it notices). */
+static void et_blend(void *p, size_t i, int et, float r, float beta)
+{
+    static int fp32_blend = -1;
+    if (fp32_blend < 0) {
+        const char *v = getenv("EMU_BLEND_FP32");
+        fp32_blend = v && *v == '1';
+    }
+    if (beta == 0.0f) {
+        et_store(p, i, et, r);
+        return;
+    }
+    const float old = et_load(p, i, et);
+    if (et != ET_F32 && !fp32_blend) {
+        et_store(p, i, et, r);
+        r = et_load(p, i, et); /* round(r) */
+    }
+    et_store(p, i, et, r + beta * old);
+}
+
 /* library calls per element type of their inputs (ddpmd_emu_lib_calls): [0] cuDNN's
  * convolutions (not the finders), [1] cuBLAS's GEMMs, [2] warp matrix multiply-accumulates
  * (mma.h's mma_sync, once per warp) */
@@ -1028,7 +1052,7 @@ static cublasStatus_t emu_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOpe
             }
             const size_t ci = i + (size_t)j * ldc;
             const float r = at == ET_F32 ? (float)(alpha * sd) : alpha * sf;
-            et_store(c, ci, ct, beta == 0.0f ? r : r + beta * et_load(c, ci, ct));
+            et_blend(c, ci, ct, r, beta);
         }
     emu_enqueued(h->stream);
     return CUBLAS_STATUS_SUCCESS;
@@ -1361,7 +1385,7 @@ template <typename A>
 static void conv_store(void *y, size_t i, int et, float alpha, A sum, float beta)
 {
     const float r = et == ET_F32 ? (float)(alpha * (double)sum) : alpha * (float)sum;
-    et_store(y, i, et, beta == 0.0f ? r : r + beta * et_load(y, i, et));
+    et_blend(y, i, et, r, beta);
 }
 
 /* A: the accumulator, double for fp32 data and float (fp32 accumulation) for 16-bit */
@@ -1779,6 +1803,42 @@ static int selfcheck_typed(cublasHandle_t bl, cudnnHandle_t dn, cudaStream_t s, 
         SELF(ok && (t ? __half2float(yh[0]) == 2048.0f : yb[0].x == 0x3f80),
              "cudnnConvolutionForward in %s: 0x%04x", t ? "half" : "bfloat16",
              t ? yh[0].x : yb[0].x);
+    }
+    /* a 16-bit output accumulated (beta 1) is round(y + round(r)): r = 2^-8 + 2^-17 rounds to
+     * 2^-8 in bf16, and 1 + 2^-8 is a tie that goes to even (1.0); round(1 + r) would be
+     * 1.0078125 */
+    {
+        const float beta1 = 1.0f;
+        xb[0] = __float2bfloat16(1.0f / 256);
+        xb[1] = __float2bfloat16(1.0f / 131072);
+        wb[0] = wb[1] = __float2bfloat16(1.0f);
+        yb[0] = __float2bfloat16(1.0f);
+        SELF(cublasGemmEx(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 2, &one, xb, CUDA_R_16BF, 1, wb,
+                          CUDA_R_16BF, 2, &beta1, yb, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS &&
+                 yb[0].x == 0x3f80,
+             "cublasGemmEx bf16 with beta 1: 0x%04x, want 0x3f80 (round(y + round(r)))",
+             yb[0].x);
+        /* the same through cuDNN's backward data: dx (1,1,1,1) += conv^T(dy (1,2,1,1), w) */
+        cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 1, 1, 1);
+        cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 2, 1, 1);
+        cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NCHW, 2, 1, 1, 1);
+        yb[0] = __float2bfloat16(1.0f);
+        void *ws = NULL;
+        const size_t wsb = find_offer(BWD_DATA, N_OF(BWD_DATA),
+                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)->memory;
+        SELF(cudaMalloc(&ws, wsb) == cudaSuccess &&
+                 cudnnConvolutionBackwardData(dn, &one, wd, wb, yd, xb, cd,
+                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, ws, wsb, &beta1,
+                                              xd, yb) == CUDNN_STATUS_SUCCESS &&
+                 yb[0].x == 0x3f80,
+             "cudnnConvolutionBackwardData bf16 with beta 1: 0x%04x, want 0x3f80", yb[0].x);
+        (void)cudaDeviceSynchronize();
+        cudaFree(ws);
+        /* the descriptors as the loop above left them (half) */
+        cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, 1, 4, 1, 1);
+        cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, 1, 1, 1, 1);
+        cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_HALF, CUDNN_TENSOR_NCHW, 1, 4, 1, 1);
     }
     /* y in bf16 with x and w in half; compute type HALF; fp32 data on tensor cores (TF32) */
     cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 1, 1, 1);
