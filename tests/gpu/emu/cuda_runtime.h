@@ -85,6 +85,24 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int m)
     return emu_shfl(v, (emu_lane() ^ m) & 31);
 }
 
+/* single-rounding arithmetic that a compiler must not contract into an FMA: the host's
+ * compiler could (-mfma with GNU C++'s default -ffp-contract=fast), so each result passes an
+ * empty asm that it cannot see through */
+static inline float emu_rounded(float v)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+x"(v));
+#else
+    volatile float t = v;
+    v = t;
+#endif
+    return v;
+}
+static inline float __fmul_rn(float a, float b) { return emu_rounded(a * b); }
+static inline float __fadd_rn(float a, float b) { return emu_rounded(a + b); }
+static inline float __fsub_rn(float a, float b) { return emu_rounded(a - b); }
+static inline float __fdiv_rn(float a, float b) { return emu_rounded(a / b); }
+static inline float __fsqrt_rn(float a) { return emu_rounded(sqrtf(a)); }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
