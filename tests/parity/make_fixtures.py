@@ -36,7 +36,8 @@ def ddpm_timestep_embedding(t, ch, flip_sin_to_cos, freq_shift):
     # diffusers get_timestep_embedding, except the frequency table is computed in float64 and
     # rounded once to float32 (the C engine does the same; keeps the fixture libm-independent).
     half = ch // 2
-    exponent = -math.log(10000.0) * torch.arange(half, dtype=torch.float64) / (half - freq_shift)
+    exponent = (-math.log(10000.0) * torch.arange(half, dtype=torch.float64, device=t.device)
+                / (half - freq_shift))
     freqs = torch.exp(exponent).to(torch.float32)
     emb = t[:, None].to(torch.float32) * freqs[None, :]
     emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
@@ -379,7 +380,8 @@ class SeedUNet(nn.Module):
 
     def pos_encoding(self, t, channels):
         # table in float64, rounded once to float32 (see ddpm_timestep_embedding)
-        inv_freq = (1.0 / (10000 ** (torch.arange(0, channels, 2, dtype=torch.float64) / channels))).to(torch.float32)
+        inv_freq = (1.0 / (10000 ** (torch.arange(0, channels, 2, dtype=torch.float64, device=t.device)
+                                     / channels))).to(torch.float32)
         a = torch.sin(t.repeat(1, channels // 2) * inv_freq)
         c = torch.cos(t.repeat(1, channels // 2) * inv_freq)
         return torch.cat([a, c], dim=-1)
