@@ -1,11 +1,16 @@
 /* backend_cuda.cu - the CUDA backend's table, devices and memory. A device is warmed up once per
- * process (context, a pool of per-job streams and library handles, every library module loaded
- * eagerly, one tiny convolution and GEMM run) and then measured: what the process holds there is
- * known before any job is admitted. A job's context borrows a slot of that pool, so the job itself
- * allocates exactly one thing on the device, its reservation (mem_alloc). The pool grows when
- * every slot is taken (the growth is measured and added to what the process holds). The device
- * and parity mode are the calling thread's selection (device_select, set_parity), captured by
- * each context at ctx_init: no process-wide mode one job could change under another.
+ * process (context, one job slot of stream and library handles, this module's kernels loaded, one
+ * tiny convolution and GEMM run) and then measured. Modules load lazily (CUDA_MODULE_LOADING=LAZY,
+ * CUDA's default: a kernel is loaded at its first use, and loading takes device memory), so what
+ * the process holds there grows with the kernels it has used: device_mem reports it live, the
+ * device's used bytes less the job reservations this process holds (mem_alloc). Before a job's
+ * reservation, mem_alloc runs the library calls its plan will make - each planned convolution's
+ * algorithm search and directions, each planned linear's GEMMs - on scratch it frees again, so that
+ * the kernels cuDNN and cuBLAS load (or compile) for them are loaded before the job's first step:
+ * inside a step the job allocates nothing. A job's context borrows a slot of the pool, which grows
+ * when every slot is taken. The device and parity mode are the calling thread's selection
+ * (device_select, set_parity), captured by each context at ctx_init: no process-wide mode one job
+ * could change under another.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -13,6 +18,9 @@
 #include <string.h>
 
 #include "cuda_backend.h"
+#ifndef DDPMD_CUDA_EMU
+#include <cuda.h> /* the driver API's types only: its entries come from cudaGetDriverEntryPoint */
+#endif
 
 int cu_sync_checks = 0;
 static int g_parity_env = 1; /* DDPMD_CUDA_PARITY, read once at the table's init */
@@ -33,7 +41,9 @@ struct cu_dev {
     int state;                /* 0: not tried, 1: ready, -1: failed (err says why) */
     volatile int poisoned;
     char err[256];
-    size_t total, process;
+    size_t total, process;    /* process: at the warm-up (device_mem measures it again) */
+    size_t held;              /* this process's job reservations (mem_alloc), each rounded up to
+                               * the driver's 2 MiB page as cudaMalloc takes it */
     int cc_major, cc_minor;
     char name[96];
     int nslots;
@@ -309,9 +319,58 @@ fail:
     return -1;
 }
 
+__global__ void k_fill_f32(float *dst, float value, size_t count);
+
+/* Lazy loading loads each kernel of this module at its first launch, and a load takes device
+ * memory: a job's first step would allocate outside its plan. So every kernel of the module is
+ * loaded now (cuFuncLoad over cuModuleEnumerateFunctions, CUDA 12.4 drivers on). Returns the
+ * kernels loaded; 0 where the driver lacks those entries (then they load at first launch) */
+static int preload_own_kernels(struct cu_dev *d)
+{
+#ifdef DDPMD_CUDA_EMU
+    (void)d;
+    return 0;
+#else
+    typedef CUresult (*get_module_fn)(CUmodule *, CUfunction);
+    typedef CUresult (*count_fn)(unsigned *, CUmodule);
+    typedef CUresult (*enumerate_fn)(CUfunction *, unsigned, CUmodule);
+    typedef CUresult (*load_fn)(CUfunction);
+    void *p[4] = {NULL, NULL, NULL, NULL};
+    const char *names[4] = {"cuFuncGetModule", "cuModuleGetFunctionCount",
+                            "cuModuleEnumerateFunctions", "cuFuncLoad"};
+    for (int i = 0; i < 4; i++) {
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion(names[i], &p[i], 12040, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !p[i]) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+    }
+    cudaFunction_t f = NULL;
+    CUmodule mod = NULL;
+    unsigned n = 0;
+    if (cudaGetFuncBySymbol(&f, (const void *)k_fill_f32) != cudaSuccess ||
+        ((get_module_fn)p[0])(&mod, (CUfunction)f) != CUDA_SUCCESS ||
+        ((count_fn)p[1])(&n, mod) != CUDA_SUCCESS || !n) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    CUfunction *fs = (CUfunction *)calloc(n, sizeof *fs);
+    int loaded = 0;
+    if (fs && ((enumerate_fn)p[2])(fs, n, mod) == CUDA_SUCCESS)
+        for (unsigned i = 0; i < n; i++) loaded += ((load_fn)p[3])(fs[i]) == CUDA_SUCCESS;
+    free(fs);
+    if (loaded < (int)n)
+        snprintf(d->err, sizeof d->err, "%d of %u kernels of the module preloaded", loaded, n);
+    return loaded;
+#endif
+}
+
 /* called with g_lock held */
 static int dev_warm_up(int dev)
 {
+    int preloaded = 0;
     struct cu_dev *d = &g_dev[dev];
     size_t free_b = 0, total_b = 0;
     cudaDeviceProp prop;
@@ -330,9 +389,11 @@ static int dev_warm_up(int dev)
     WARM_CUDNN(cudnnGraphVersionCheck());
     WARM_CUDNN(cudnnOpsVersionCheck());
     WARM_CUDNN(cudnnCnnVersionCheck());
+    preloaded = preload_own_kernels(d);
     {
-        /* the slots made at the warm-up (measured with the rest); more are made on demand */
-        const int first = env_int("DDPMD_CUDA_SLOTS", 4, 1, CU_MAX_SLOTS);
+        /* the slots made at the warm-up (measured with the rest); more are made on demand, each
+         * measured and counted as the process's own */
+        const int first = env_int("DDPMD_CUDA_SLOTS", 1, 1, CU_MAX_SLOTS);
         struct cu_slot *sl = NULL;
         for (int i = 0; i < first; i++)
             if (slot_make(d, &sl)) goto fail;
@@ -347,9 +408,11 @@ static int dev_warm_up(int dev)
     if (getenv("DDPMD_CUDA_VERBOSE"))
         fprintf(stderr,
                 "ddpmd cuda: device %d (%s, sm_%d%d): %zu MiB, the process holds %zu MiB after "
-                "the warm-up (%d job slots, module loading %s)\n",
+                "the warm-up (%d job slot%s, module loading %s, %d kernels of this module "
+                "preloaded)\n",
                 dev, d->name, d->cc_major, d->cc_minor, total_b >> 20, d->process >> 20,
-                d->nslots, getenv("CUDA_MODULE_LOADING") ? getenv("CUDA_MODULE_LOADING") : "?");
+                d->nslots, d->nslots == 1 ? "" : "s",
+                getenv("CUDA_MODULE_LOADING") ? getenv("CUDA_MODULE_LOADING") : "?", preloaded);
     return BK_OK;
 fail:
     (void)cudaGetLastError();
@@ -436,7 +499,13 @@ static int cu_device_mem(int device, struct bk_device_mem *out)
     memset(out, 0, sizeof *out);
     out->total = total_b;
     out->free = free_b;
-    out->process = g_dev[device].process;
+    /* the process's own, now: everything used less the job reservations it holds (kernels
+     * loaded since the warm-up included; another process on the device would count too) */
+    pthread_mutex_lock(&g_lock);
+    const size_t held = g_dev[device].held;
+    pthread_mutex_unlock(&g_lock);
+    const size_t used = total_b - free_b;
+    out->process = used > held ? used - held : 0;
     out->cc_major = g_dev[device].cc_major;
     out->cc_minor = g_dev[device].cc_minor;
     snprintf(out->name, sizeof out->name, "%s", g_dev[device].name);
@@ -571,6 +640,124 @@ static int cu_ctx_set_budget(bk_ctx *ctx, size_t bytes)
 
 static size_t cu_mem_high_water(const bk_ctx *ctx) { return ctx ? ctx->high_water : 0; }
 
+/* the device bytes a cudaMalloc of `bytes` takes: whole 2 MiB pages */
+static size_t cu_pages(size_t bytes)
+{
+    const size_t page = (size_t)2 << 20;
+    return (bytes + page - 1) / page * page;
+}
+
+/* scratch of the warm-up below: cudaMalloc'd, freed by warm_free (NULL when it did not fit) */
+static void *warm_alloc(size_t bytes, int *failed)
+{
+    void *p = NULL;
+    if (*failed) return NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *failed = 1;
+        return NULL;
+    }
+    return p;
+}
+
+/* The library calls ctx's next plan makes, run once now on zeroed scratch that is freed again:
+ * each planned convolution's directions (the first call of each runs cuDNN's algorithm search,
+ * whose engines load or compile their kernels) and each planned linear's GEMMs (cuBLAS loads
+ * its kernels lazily), in the job's parity mode. Their results are garbage and unused. Scratch
+ * that does not fit leaves the rest to load at first use, in the step (DDPMD_CUDA_VERBOSE says
+ * so). Returns the device bytes the process gained (kernels loaded). DDPMD_CUDA_WARM=0 skips it
+ * (tests show what it prevents). */
+static size_t warm_plan(bk_ctx *ctx)
+{
+    size_t f0 = 0, f1 = 0, t = 0;
+    if (cudaMemGetInfo(&f0, &t) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    enum { MAXW = 64 };
+    struct bk_conv2d cs[MAXW];
+    size_t cws[MAXW], ws_most = 0;
+    struct cu_gemm_shape ls[MAXW];
+    int failed = 0, nconv = 0, nlin = 0, ran = 0;
+    for (;;) { /* entries done leave the list; a failed one stops it */
+        const int n = failed ? 0 : cu_conv_untuned(ctx->device, ctx->parity, cs, cws, MAXW);
+        if (!n) break;
+        for (int i = 0; i < n && !failed; i++) {
+            const struct bk_conv2d *s = &cs[i];
+            const size_t es = bk_dtype_size(s->dtype);
+            const size_t nx = (size_t)s->n * s->ci * s->h * s->w,
+                         ny = (size_t)s->n * s->co * s->ho * s->wo,
+                         nw = (size_t)s->co * s->ci * s->kh * s->kw;
+            void *x = warm_alloc(nx * es, &failed), *y = warm_alloc(ny * es, &failed),
+                 *w = warm_alloc(nw * es, &failed), *ws = warm_alloc(cws[i], &failed);
+            float *dw = (float *)warm_alloc(nw * 4, &failed);
+            if (cws[i] > ws_most) ws_most = cws[i];
+            if (!failed && (cudaMemsetAsync(x, 0, nx * es, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(y, 0, ny * es, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(w, 0, nw * es, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(dw, 0, nw * 4, ctx->stream) != cudaSuccess))
+                failed = 1;
+            /* the finders run in the = calls; then the += form (another epilogue) */
+            if (!failed && (cu_conv2d_fwd(y, x, w, NULL, ws, s, ctx) ||
+                            cu_conv2d_bwd_data(x, y, w, 0, ws, s, ctx) ||
+                            cu_conv2d_bwd_data(x, y, w, 1, ws, s, ctx) ||
+                            cu_conv2d_bwd_filter(dw, NULL, y, x, ws, s, ctx) ||
+                            cudaStreamSynchronize(ctx->stream) != cudaSuccess))
+                failed = 1;
+            nconv += !failed;
+            cudaFree(x), cudaFree(y), cudaFree(w), cudaFree(ws), cudaFree(dw);
+        }
+        if (++ran > 64) break; /* a shape that never counts as tuned */
+    }
+    /* cuBLAS in a workspace near the plan's (the largest convolution's here): its choice of
+     * kernel depends on the workspace it has */
+    void *bws = ws_most >= 512 ? warm_alloc(ws_most, &failed) : NULL;
+    const uintptr_t ba = ((uintptr_t)bws + 255) & ~(uintptr_t)255;
+    if (bws && cublasSetWorkspace(ctx->cublas, (void *)ba,
+                                  (ws_most - (size_t)(ba - (uintptr_t)bws)) & ~(size_t)255) !=
+                   CUBLAS_STATUS_SUCCESS)
+        failed = 1;
+    int n;
+    while (!failed && (n = cu_linear_unwarmed(ctx->device, ctx->parity, ls, MAXW)) > 0)
+        for (int i = 0; i < n && !failed; i++) {
+            const struct cu_gemm_shape *g = &ls[i];
+            const size_t es = bk_dtype_size(g->dtype), nx = (size_t)g->m * g->k,
+                         nw = (size_t)g->n * g->k, ny = (size_t)g->m * g->n;
+            void *x = warm_alloc(nx * es, &failed), *w = warm_alloc(nw * es, &failed),
+                 *y = warm_alloc(ny * es, &failed);
+            float *dw = (float *)warm_alloc(nw * 4, &failed),
+                  *b = (float *)warm_alloc((size_t)g->n * 4, &failed);
+            if (!failed && (cudaMemsetAsync(x, 0, nx * es, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(w, 0, nw * es, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(y, 0, ny * es, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(dw, 0, nw * 4, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(b, 0, (size_t)g->n * 4, ctx->stream) != cudaSuccess))
+                failed = 1;
+            /* a dtype the device does not run natively is refused (BK_ERR_INVALID): the
+             * executor runs that linear in fp32, a shape of its own */
+            if (!failed) {
+                for (int bias = 0; bias < 2; bias++)
+                    (void)cu_linear_fwd(y, x, w, bias ? b : NULL, g->m, g->k, g->n, g->dtype, ctx);
+                for (int accum = 0; accum < 2; accum++)
+                    (void)cu_linear_bwd(x, dw, b, y, x, w, accum, g->m, g->k, g->n, g->dtype, ctx);
+                if (cudaStreamSynchronize(ctx->stream) != cudaSuccess) failed = 1;
+            }
+            nlin += !failed;
+            cudaFree(x), cudaFree(w), cudaFree(y), cudaFree(dw), cudaFree(b);
+        }
+    (void)cublasSetWorkspace(ctx->cublas, ctx->ws, ctx->ws_bytes);
+    cudaFree(bws);
+    (void)cudaGetLastError();
+    if (cudaMemGetInfo(&f1, &t) != cudaSuccess) (void)cudaGetLastError();
+    const size_t gained = f0 > f1 ? f0 - f1 : 0;
+    if (getenv("DDPMD_CUDA_VERBOSE") && (nconv || nlin || failed))
+        fprintf(stderr, "ddpmd cuda: device %d: the plan's library calls run before its "
+                        "reservation: %d convolutions, %d linears; the process gained %zu KiB%s\n",
+                ctx->device, nconv, nlin, gained >> 10,
+                failed ? " (scratch did not fit: the rest load in the first step)" : "");
+    return gained;
+}
+
 int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
 {
     if (!out) return BK_ERR_INVALID;
@@ -586,6 +773,16 @@ int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
         fprintf(stderr, "ddpmd cuda: device %d: more than %d device allocations on one job\n",
                 ctx->device, CU_CTX_BLOCKS);
         return BK_ERR_INVALID;
+    }
+    {
+        /* not for a reservation that cannot fit anyway (its scratch would not either) */
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+        if (bytes <= free_b && env_int("DDPMD_CUDA_WARM", 1, 0, 1)) {
+            CU_WARMING(1);
+            (void)warm_plan(ctx);
+            CU_WARMING(0);
+        }
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
@@ -603,6 +800,9 @@ int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx)
     ctx->blocks[ctx->n_blocks].p = p;
     ctx->blocks[ctx->n_blocks++].bytes = bytes;
     ctx->held += bytes;
+    pthread_mutex_lock(&g_lock);
+    g_dev[ctx->device].held += cu_pages(bytes);
+    pthread_mutex_unlock(&g_lock);
     if (ctx->held > ctx->high_water) ctx->high_water = ctx->held;
     *out = p;
     return BK_OK;
@@ -614,6 +814,9 @@ void cu_mem_free(void *p, bk_ctx *ctx)
     for (int i = 0; i < ctx->n_blocks; i++)
         if (ctx->blocks[i].p == p) {
             ctx->held -= ctx->blocks[i].bytes;
+            pthread_mutex_lock(&g_lock);
+            g_dev[ctx->device].held -= cu_pages(ctx->blocks[i].bytes);
+            pthread_mutex_unlock(&g_lock);
             ctx->blocks[i] = ctx->blocks[--ctx->n_blocks];
             break;
         }
@@ -764,10 +967,11 @@ static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
 static void cu_table_init(void)
 {
-    /* every module of every library is loaded when the context is made or the library first
-     * used (the warm-up), not at a kernel's first launch inside a job's step; what they take
-     * is then measured once. CUDA_MODULE_LOADING=LAZY in the environment trades that away. */
-    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    /* lazy loading (CUDA's default since 12.2, set here unless the environment chose): only the
+     * kernels a process uses are loaded. EAGER loaded every module of cuBLAS and cuDNN at the
+     * warm-up: 1,608 MiB on an H200 with four job slots, against PyTorch's 703 MiB. The kernels
+     * a job uses are loaded before its reservation instead (preload_own_kernels, warm_plan) */
+    setenv("CUDA_MODULE_LOADING", "LAZY", 0);
     cu_sync_checks = env_int("DDPMD_CUDA_SYNC", 0, 0, 1);
     g_parity_env = env_int("DDPMD_CUDA_PARITY", 1, 0, 1);
     struct backend *t = &cu_backend;
@@ -841,6 +1045,7 @@ static void cu_table_init(void)
     t->copy_fence = cu_copy_fence;
     t->copy_sync = cu_copy_sync;
     t->half_kernels = cu_half_kernels;
+    t->linear_ws_bytes = cu_linear_ws_bytes;
 }
 
 /* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:

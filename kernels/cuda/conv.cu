@@ -298,6 +298,20 @@ static int entry_get_locked(int device, int parity, const struct bk_conv2d *s,
     return BK_OK;
 }
 
+int cu_conv_untuned(int device, int parity, struct bk_conv2d *shapes, size_t *ws_bytes, int max)
+{
+    int n = 0;
+    cu_query_lock();
+    for (struct conv_entry *e = g_conv; e && n < max; e = e->next)
+        if (e->device == device && e->parity == parity &&
+            !(e->tuned[DIR_FWD] && e->tuned[DIR_BWD_DATA] && e->tuned[DIR_BWD_FILTER])) {
+            shapes[n] = e->s;
+            ws_bytes[n++] = e->ws_bytes;
+        }
+    cu_query_unlock();
+    return n;
+}
+
 void cu_conv_forget(int device)
 {
     cu_query_lock();

@@ -29,6 +29,12 @@
 #ifndef CU_TOUCHES
 #define CU_TOUCHES(p, bytes) ((void)0)
 #endif
+/* CU_WARMING(1) ... CU_WARMING(0) around the backend's own warm-up launches (cu_mem_alloc's run of
+ * a plan's library calls): the emulator's planted faults (EMU_FAULT_AT_LAUNCH) count a job's
+ * launches without them */
+#ifndef CU_WARMING
+#define CU_WARMING(on) ((void)0)
+#endif
 
 #define CU_MAX_DEVICES 16
 #define CU_MAX_SLOTS 16 /* made at the warm-up at most (DDPMD_CUDA_SLOTS); more on demand */
@@ -225,8 +231,21 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, vo
                          const struct bk_conv2d *s, bk_ctx *ctx);
 /* the conv cache's entries of a device (device reset / module unload) */
 void cu_conv_forget(int device);
+/* up to max shapes (and their workspace bytes) planned on (device, parity) whose algorithms are
+ * not all chosen yet: the first call of each direction still runs cuDNN's finders, which load
+ * (or compile) the engines' kernels. cu_mem_alloc runs them before a job's reservation */
+int cu_conv_untuned(int device, int parity, struct bk_conv2d *shapes, size_t *ws_bytes, int max);
 
 /* linear.cu */
+/* backend.h's linear_ws_bytes: 0 (cuBLAS works in the context's workspace); the shape is kept,
+ * so that cu_mem_alloc can run its GEMMs once before a job's reservation (cu_linear_unwarmed) */
+size_t cu_linear_ws_bytes(int m, int k, int n, int dtype);
+struct cu_gemm_shape {
+    int m, k, n, dtype;
+};
+/* up to max linear shapes planned on (device, parity) not yet run by cu_mem_alloc's warm-up; they
+ * count as run once returned */
+int cu_linear_unwarmed(int device, int parity, struct cu_gemm_shape *shapes, int max);
 int cu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, int k, int n,
                   int dtype, bk_ctx *ctx);
 int cu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,

@@ -8,7 +8,54 @@
  */
 #include "cuda_backend.h"
 
+#include <stdlib.h>
+
 #define COLSUM_COLS 32
+
+/* the linear shapes planned in this process, per (device, parity), and whether cu_mem_alloc's
+ * warm-up ran them (under cu_query_lock) */
+struct lin_shape {
+    struct lin_shape *next;
+    int device, parity, warmed;
+    struct cu_gemm_shape s;
+};
+static struct lin_shape *g_lin;
+
+size_t cu_linear_ws_bytes(int m, int k, int n, int dtype)
+{
+    if (m < 1 || k < 1 || n < 1 || !cu_dtype_ok(dtype)) return 0;
+    const int device = cu_default_device(), parity = cu_thread_parity();
+    cu_query_lock();
+    struct lin_shape *l = g_lin;
+    while (l && !(l->device == device && l->parity == parity && l->s.m == m && l->s.k == k &&
+                  l->s.n == n && l->s.dtype == dtype))
+        l = l->next;
+    if (!l && (l = (struct lin_shape *)calloc(1, sizeof *l))) {
+        l->device = device;
+        l->parity = parity;
+        l->s.m = m;
+        l->s.k = k;
+        l->s.n = n;
+        l->s.dtype = dtype;
+        l->next = g_lin;
+        g_lin = l;
+    }
+    cu_query_unlock();
+    return 0;
+}
+
+int cu_linear_unwarmed(int device, int parity, struct cu_gemm_shape *shapes, int max)
+{
+    int n = 0;
+    cu_query_lock();
+    for (struct lin_shape *l = g_lin; l && n < max; l = l->next)
+        if (l->device == device && l->parity == parity && !l->warmed) {
+            l->warmed = 1;
+            shapes[n++] = l->s;
+        }
+    cu_query_unlock();
+    return n;
+}
 #define COLSUM_ROWS 32
 
 /* db[j] += sum over i of dy[i][j], dy (M,N): a block owns 32 columns, its 32 x 32 threads walk

@@ -2,7 +2,8 @@
  * CPU backend, through the same graph, planner and executor: the loss and every parameter
  * gradient within 1e-4 (norm-wise relative), and the weights, AdamW moments and EMA after the
  * optimizer step too. The memory promise on the device: the job's device memory is its plan
- * (one reservation, nothing more during steps 1 and 2), the arena's high-water mark is the
+ * (one reservation, nothing more during steps 1 and 2: the kernels its library calls need are
+ * loaded before the reservation, and counted as the process's), the arena's high-water mark is the
  * planned arena, canaries hold; a request over the device's memory fails cleanly and poisons
  * nothing. Then two steps in bf16 (ddpm, head dim 16: the attention forward on tensor cores) and
  * f16 (seed, loss scaling) against the CPU's 16-bit steps, measured against the 16-bit steps' own
@@ -255,6 +256,13 @@ static size_t dev_free(void)
     return G->device_mem(0, &m) == 0 ? m.free : 0;
 }
 
+/* what the process holds on the device besides job reservations (kernels loaded so far) */
+static size_t dev_process(void)
+{
+    struct bk_device_mem m;
+    return G->device_mem(0, &m) == 0 ? m.process : 0;
+}
+
 static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int precision)
 {
     char name[32];
@@ -284,7 +292,7 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
     struct exec_opts eg = {.threads = 1, .poison = 1, .check_guards = guards};
     struct exec_opts ec = {.threads = 4};
     struct job gj, cj, rj; /* rj: 16-bit runs' fp32 reference on the CPU */
-    size_t free0 = dev_free();
+    size_t free0 = dev_free(), proc0 = dev_process();
     int rc = job_init(&gj, G, &c, 3, &po, &eg);
     CHECK(rc == 0, "%s: GPU job (%d)", name, rc);
     CHECK(job_init(&cj, backend_cpu(), &c, 3, precision ? &pc : NULL, &ec) == 0, "%s: CPU job",
@@ -295,11 +303,16 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
     printf("%s (%s attention%s): GPU plan %zu bytes (workspace %zu, arena %zu), CPU plan %zu\n",
            name, tiled ? "tiled" : "plain", guards ? ", canaries" : "", gj.p.total_bytes,
            gj.p.ws_bytes, gj.p.arena_bytes, cj.p.total_bytes);
-    size_t free1 = dev_free();
+    /* exec_init: the reservation, and the kernels the plan's library calls load (run before
+     * it, the process's own: device_mem's process). The rest of the device is untouched */
+    size_t free1 = dev_free(), proc1 = dev_process();
     size_t want = (gj.p.total_bytes + GRANULE - 1) / GRANULE * GRANULE;
-    CHECK(free0 - free1 <= want && free0 - free1 >= gj.p.total_bytes,
-          "%s: exec_init took %zu bytes of the device, the plan is %zu", name, free0 - free1,
-          gj.p.total_bytes);
+    const size_t took = free0 - free1, loaded = proc1 > proc0 ? proc1 - proc0 : 0;
+    CHECK(took - loaded <= want && took - loaded >= gj.p.total_bytes,
+          "%s: exec_init took %zu bytes of the device, %zu of them kernels the process loaded; "
+          "the plan is %zu", name, took, loaded, gj.p.total_bytes);
+    printf("  exec_init: the plan's %zu bytes, and %zu KiB of kernels loaded before it\n",
+           gj.p.total_bytes, loaded >> 10);
 
     float *x = malloc(gj.g.param_numel * 4 + 64), *y = malloc(gj.g.param_numel * 4 + 64);
     for (int s = 0; s < 2; s++) {
@@ -389,7 +402,9 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
     job_free(&gj);
     job_free(&cj);
     if (precision) job_free(&rj);
-    CHECK(dev_free() == free0, "%s: the device did not get its memory back", name);
+    CHECK(dev_free() + (dev_process() - proc0) == free0,
+          "%s: the device did not get its memory back (%zu bytes missing, the process's own "
+          "grew %zu)", name, free0 - dev_free(), dev_process() - proc0);
 }
 
 /* a plan larger than the device: exec_init fails with EXEC_ERR_BUDGET and nothing breaks */

@@ -232,6 +232,10 @@ void emu_launch_done(cudaStream_t s, const emu_ptr_arg *a, int n);
 /* CU_TOUCHES(p, bytes) before a launch: its pointer argument p touches [p, p + bytes) */
 void emu_touches(const void *p, size_t bytes);
 #define CU_TOUCHES(p, bytes) emu_touches((p), (bytes))
+/* CU_WARMING: launches between CU_WARMING(1) and CU_WARMING(0) are not counted by
+ * EMU_FAULT_AT_LAUNCH (nor faulted) */
+void emu_warming(int on);
+#define CU_WARMING(on) emu_warming(on)
 
 /* ---- launches ---- */
 struct emu_kernel_call {

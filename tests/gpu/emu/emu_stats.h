@@ -15,6 +15,8 @@ struct ddpmd_emu_stats {
     uintptr_t ws_lo, ws_hi;            /* the device bytes cuBLAS and cuDNN used as workspace */
     long ws_uses;                      /* library calls that used a workspace */
     long blas_ws_uses;                 /* of them cuBLAS's (the one ctx_set_workspace binds) */
+    long modules;                      /* library kernels loaded (emu.cpp: dnn_engine_module), each
+                                        * 2 MiB of the device the process keeps; not in mallocs */
 };
 
 /* the counts since the last reset; reset (nonzero) starts them again, with peak = used */
