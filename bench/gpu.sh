@@ -3,7 +3,8 @@
 # (bench/torch_gpu_step.py: eager fp32, autocast bf16 + channels_last + SDPA, torch.compile of
 # that) on the same machine, per config (a spec file and a batch): images/s, peak device memory
 # (ddpmd: the plan and what cudaMemGetInfo saw the run take, plus the process's own; torch:
-# max_memory_allocated), and the goals: ddpmd >= 1.3x torch amp-bf16's images/s and >= torch
+# max_memory_allocated, plus the process's own beside its allocator's), the process overhead of
+# each (ddpmd's at most torch's), and the goals: ddpmd >= 1.3x torch amp-bf16's images/s and >= torch
 # compiled's, at <= 0.5x their peak memory. Prints a markdown table; with $OUT set also writes it
 # to $OUT/gpu_bench.md (and the raw key-value outputs under $OUT/gpu_bench/). Not a test.
 #   bench/gpu.sh [BUILD_DIR]                      (default build)
@@ -80,6 +81,7 @@ table=$raw/table.md
 goals=$raw/goals.md
 : > "$goals"
 fp32_only=0
+ddpmd_proc="" torch_proc=""   # the largest process overhead each showed (bytes beside its memory)
 for cb in $configs; do
     spec=${cb%:*}
     batch=${cb##*:}
@@ -93,6 +95,7 @@ for cb in $configs; do
         plan=$(val "$n" plan_bytes)
         used=$(val "$n" device_used_bytes)
         proc=$(val "$n" process_bytes)
+        [ -n "$proc" ] && { [ -z "$ddpmd_proc" ] || [ "$proc" -gt "$ddpmd_proc" ]; } && ddpmd_proc=$proc
         if [ -z "$ips" ]; then
             [ "$p" != f32 ] && fp32_only=1
             echo "| $cname | $batch | ddpmd $p | - | - | $(why "$n") |" >> "$table"
@@ -126,7 +129,9 @@ for cb in $configs; do
             echo "| $cname | $batch | torch $m | - | - | $(why "$n") |" >> "$table"
             continue
         fi
-        echo "| $cname | $batch | torch $m | $ips | $(mib "$peak") | warm-up $(val "$n" warmup_s) s, sdpa $(val "$n" sdpa) |" >> "$table"
+        tproc=$(val "$n" process_bytes)
+        [ -n "$tproc" ] && { [ -z "$torch_proc" ] || [ "$tproc" -gt "$torch_proc" ]; } && torch_proc=$tproc
+        echo "| $cname | $batch | torch $m | $ips | $(mib "$peak") | warm-up $(val "$n" warmup_s) s, sdpa $(val "$n" sdpa)${tproc:+, + process $(mib "$tproc") MiB} |" >> "$table"
         [ -z "$best_ips" ] && continue
         case $m in
             amp-bf16) want=1.3 ;;
@@ -143,6 +148,12 @@ done
     echo
     [ -s "$goals" ] && cat "$goals"
     [ $fp32_only -eq 1 ] && echo "- ddpmd: fp32 only (no 16-bit kernels ran on $device: see the rows)"
+    if [ -n "$ddpmd_proc" ] && [ -n "$torch_proc" ]; then
+        ok=$(awk -v a="$ddpmd_proc" -v b="$torch_proc" 'BEGIN { print (a <= b) ? "met" : "missed" }')
+        echo "- process overhead (the most any run held beside its memory): ddpmd $(mib "$ddpmd_proc") MiB, torch $(mib "$torch_proc") MiB (goal: ddpmd <= torch): $ok"
+    elif [ -n "$ddpmd_proc" ]; then
+        echo "- process overhead: ddpmd $(mib "$ddpmd_proc") MiB (torch's not measured on $tdevice)"
+    fi
 } >> "$table"
 cat "$table"
 if [ -n "${OUT:-}" ]; then

@@ -180,8 +180,10 @@ int main(int argc, char **argv)
            p.arena_bytes);
     if (have_mem1) {
         /* what the device lost to the run: the reservation (rounded by the driver) and anything
-         * a library took beside it; plus what the process held before (context, handles) */
-        printf("device_used_bytes %zu\nprocess_bytes %zu\n", m0.free - m1.free, m0.process);
+         * a library took beside it; what the process holds besides its reservation before and
+         * after (context, handles, the kernels it loaded: the backend measures it live) */
+        printf("device_used_bytes %zu\nprocess_bytes_start %zu\nprocess_bytes %zu\n",
+               m0.free - m1.free, m0.process, m1.process);
     }
     printf("loss_first %.9g\nloss_last %.9g\ngrad_norm_last %.6g\nweight0 %.9g\n", first, l, norm,
            w0);

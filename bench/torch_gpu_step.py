@@ -8,7 +8,8 @@
 #   amp-bf16      torch.autocast bfloat16, channels_last, F.scaled_dot_product_attention
 #   compile-bf16  amp-bf16 under torch.compile
 # Prints `key value` lines (images/s, peak memory: torch.cuda.max_memory_allocated on a GPU, the
-# peak RSS on the CPU). A mode this torch cannot run prints "unavailable REASON" and exits 3.
+# peak RSS on the CPU; on a GPU also the process's own bytes beside its caching allocator's after
+# the run). A mode this torch cannot run prints "unavailable REASON" and exits 3.
 #   torch_gpu_step.py --spec SPEC.json [--batch N] [--steps N] [--warmup N] [--mode M] [--device D]
 import argparse
 import json
@@ -172,6 +173,10 @@ def main():
     if dev.type == "cuda":
         print("peak_bytes %d" % torch.cuda.max_memory_allocated(dev))
         print("peak_reserved_bytes %d" % torch.cuda.max_memory_reserved(dev))
+        # what the process holds besides its caching allocator's memory: context, cuBLAS/cuDNN
+        # handles and workspaces, loaded kernels (the device's other users would count too)
+        free_b, total_b = torch.cuda.mem_get_info(dev)
+        print("process_bytes %d" % (total_b - free_b - torch.cuda.memory_reserved(dev)))
     else:
         print("peak_bytes %d" % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
     print("loss_first %.9g\nloss_last %.9g" % (first if first is not None else last, last))
