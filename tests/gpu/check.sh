@@ -1,28 +1,98 @@
 #!/usr/bin/env bash
-# check.sh - the CUDA backend on a machine with an NVIDIA GPU and the CUDA toolkit (nvcc, cuBLAS,
-# cuDNN 9 under /usr/local/cuda), in ONE call of at most 8 minutes: builds in a fresh build
-# directory for sm_90 (Release, -O3, -Werror), runs tests/gpu against the CPU backend (every op;
-# a training step of each preset; the budget, offload on the copy stream, the memory promise),
-# `ddpmd train` and `ddpmd sample` on cuda:0 against the CPU, then the GPU benchmark (bench/gpu.sh:
-# ddpmd against PyTorch, images/s and peak memory against the goals) with what time is left.
-# Prints a short table of the stages; with $OUT set writes it, the benchmark's table and every
-# log there.
-#   tests/gpu/check.sh [BUILD_DIR]        (default build-gpu; removed and made afresh)
-# Time: the build ~2 min on 16 cores, the tests and CLI runs ~1 min, the benchmark the rest up to
-# 7.5 min from the start (runs that would start later are listed as skipped). STEPS and WARMUP
-# (10, 3) are the benchmark's steps per run; CHECK_BUDGET_S (450) moves the deadline.
-# Build dependencies: the build subset of scripts/install-deps.sh, installed with apt-get when
-# missing; a machine without network can take them as .deb files in $DDPMD_DEBS (dpkg -i).
-# CHECK_EMU=1 runs the same stages where there is no GPU, to know the script works: BUILD_DIR is
-# an existing build (not rebuilt), the device the CUDA emulator (libddpmd_cuda_emu.so), the CLI
-# and benchmark runs tiny, torch on the CPU (minutes; it proves the script, not the GPU).
+# check.sh - the CUDA backend on a GPU machine in ONE call of at most 8 minutes, in two steps:
+#   pack (here, on the Debian 12 development machine): builds Release for sm_90 (-O3, -Werror) in a
+#     fresh build directory and packs the binaries - ddpmd, libddpmd_cuda.so, test_gpu_ops,
+#     test_gpu_step, test_gpu_rt, gpu_bench, and libddpmd_cuda_emu.so for the dry run - with the
+#     Debian shared libraries they load (ldd; not glibc's, libstdc++, libgcc_s, CUDA's or cuDNN's,
+#     which the GPU machine has) into .gpu-pack/ddpmd-gpu.tar.xz (git-ignored, ~20-30 MB);
+#   run (there: Ubuntu 24.04, CUDA 13.0 in /usr/local/cuda-13.0, cuDNN 9 in /usr/lib/x86_64-linux-gnu,
+#     PyTorch in python3; no network, no apt, no oneDNN): unpacks it into a temporary directory,
+#     LD_LIBRARY_PATH = the pack's lib/, /usr/local/cuda-13.0/lib64, /usr/lib/x86_64-linux-gnu,
+#     and runs tests/gpu against the CPU backend (every op; a training step of each preset; the
+#     budget, offload on the copy stream, the memory promise), `ddpmd train` and `ddpmd sample` on
+#     cuda:0 against the CPU, the process overhead of ddpmd and PyTorch (what each holds on the
+#     device beside its memory), then the benchmark (bench/gpu.sh) with the time left. Writes
+#     check.md (the stages' table), gpu_bench.md and logs.tar.xz (every log) to $OUT (or
+#     .gpu-pack/out).
+#   tests/gpu/check.sh pack [BUILD_DIR]    (default build-gpu; CHECK_REUSE=1 keeps an existing one)
+#   tests/gpu/check.sh run [PACK]          (default .gpu-pack/ddpmd-gpu.tar.xz)
+# The machine with the GPU gets one call of the device tool, after `tests/gpu/check.sh pack` here:
+#   run(command="bash tests/gpu/check.sh run", carry=[".gpu-pack"], timeout_s=560)
+# (the checkout travels with it; the pack is the one ignored path carried, well under 64 MiB; its
+# files come back under $OUT: check.md, gpu_bench.md, logs.tar.xz). Stage limits: the tests
+# 90 s each, the CLI runs 120 s each, the benchmark the rest up to CHECK_BUDGET_S (450) from the
+# start (runs that would start later are listed as skipped); STEPS and WARMUP (10, 3) are the
+# benchmark's steps per run.
+# CHECK_EMU=1 ... run: the same stages where there is no GPU, to prove the pack and the script (a
+# dry run): the device is the CUDA emulator (the pack's libddpmd_cuda_emu.so), the CLI and
+# benchmark runs tiny, torch on the CPU, the limits longer (15 minutes or more on a busy 2-core
+# machine; it proves the pack and the script, not the GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+repo=$PWD
+mode=${1:-}
+packdir=$repo/.gpu-pack
+pack=$packdir/ddpmd-gpu.tar.xz
 emu=${CHECK_EMU:-0}
-build=$(realpath -m "${1:-build-gpu}")
+# the libraries the GPU machine has and whose own copies the binaries must use there: glibc's, the
+# C++ runtime's, CUDA's, cuDNN's, the driver's (ldd names; every other one travels in the pack)
+system_libs='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn|libnvrtc|libnvJitLink)\.'
+
+# ---- pack: here ----
+if [ "$mode" = pack ]; then
+    build=$(realpath -m "${2:-build-gpu}")
+    nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+    [ -x "$nvcc" ] || { echo "check.sh pack: no nvcc at $nvcc"; exit 2; }
+    t0=$(date +%s)
+    [ "${CHECK_REUSE:-0}" = 1 ] || rm -rf "$build"
+    mkdir -p "$build" "$packdir"
+    echo "== configure and build ($build, sm_90, Release)"
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDPMD_CUDA=ON \
+        -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 >"$build/configure.log" 2>&1 ||
+        { tail -30 "$build/configure.log"; echo "check.sh pack: configure failed"; exit 1; }
+    bins="ddpmd test_gpu_ops test_gpu_step test_gpu_rt gpu_bench"
+    mods="libddpmd_cuda.so libddpmd_cuda_emu.so"
+    # shellcheck disable=SC2086
+    cmake --build "$build" -j"$(nproc)" --target $bins ddpmd_cuda ddpmd_cuda_emu \
+        >"$build/build.log" 2>&1 ||
+        { grep -E "error|Error" "$build/build.log" | head -40; echo "check.sh pack: build failed"; exit 1; }
+    stage=$(mktemp -d /tmp/ddpmd-gpu-pack-XXXXXX)
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/bin" "$stage/lib"
+    for f in $bins $mods; do cp "$build/$f" "$stage/bin/"; done
+    # the Debian libraries they load, but not the GPU machine's own (system_libs)
+    for f in "$stage"/bin/*; do
+        ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
+    done | sort -u | while read -r name path; do
+        grep -qE "$system_libs" <<<"$name" && continue
+        cp -L "$path" "$stage/lib/$name"
+    done
+    missing=$(for f in "$stage"/bin/*; do ldd "$f" | grep "not found"; done | sort -u)
+    [ -z "$missing" ] || { echo "check.sh pack: unresolved here:"; echo "$missing"; exit 1; }
+    {
+        echo "ddpmd GPU pack: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo +changes), built $(date -u +%Y-%m-%dT%H:%MZ)"
+        echo "nvcc: $("$nvcc" --version | tail -1)"
+        echo "sm_90, Release; bin: $bins $mods"
+        echo "lib: $(cd "$stage/lib" && ls | tr '\n' ' ')"
+    } > "$stage/PACK"
+    tar -C "$stage" -cf - PACK bin lib | xz -T0 -3 > "$pack.tmp" && mv "$pack.tmp" "$pack" ||
+        { echo "check.sh pack: packing failed"; exit 1; }
+    echo "== packed $(du -h "$pack" | cut -f1) into $pack in $(( $(date +%s) - t0 )) s"
+    cat "$stage/PACK"
+    exit 0
+fi
+
+[ "$mode" = run ] || { echo "usage: tests/gpu/check.sh pack [BUILD_DIR] | run [PACK]"; exit 2; }
+
+# ---- run: there (or here with CHECK_EMU=1) ----
+pack=$(realpath -m "${2:-$pack}")
 t0=$(date +%s)
-deadline=$(( t0 + ${CHECK_BUDGET_S:-450} ))
-logs=${OUT:-$build.logs}
+deadline=$(( t0 + ${CHECK_BUDGET_S:-$([ "$emu" = 1 ] && echo 3600 || echo 450)} ))
+out=${OUT:-$packdir/out}
+mkdir -p "$out"
+work=$(mktemp -d /tmp/ddpmd-gpu-run-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+logs=$work/logs
 mkdir -p "$logs"
 say() { printf '== %s (%ds)\n' "$*" $(( $(date +%s) - t0 )); }
 summary=()
@@ -38,64 +108,53 @@ finish() {
     } > "$logs/check.md"
     say "summary"
     cat "$logs/check.md"
+    cp "$logs/check.md" "$out/check.md"
+    [ -f "$logs/gpu_bench.md" ] && cp "$logs/gpu_bench.md" "$out/gpu_bench.md"
+    tar -C "$work" -cf - logs | xz -T0 > "$out/logs.tar.xz"
     exit $fail
 }
+
+say "unpack $pack"
+[ -f "$pack" ] || { echo "check.sh run: no pack at $pack (run tests/gpu/check.sh pack first)"; fail=1
+                    stage unpack FAILED "$t0" "no pack"; finish; }
+if ! xz -dc "$pack" | tar -C "$work" -xf -; then
+    fail=1; stage unpack FAILED "$t0" "xz/tar"; finish
+fi
+cat "$work/PACK" | tee "$logs/pack.txt"
+build=$work/bin
+export LD_LIBRARY_PATH="$work/lib:/usr/local/cuda-13.0/lib64:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# every library of every binary resolves (the pack's, the CUDA toolkit's, the system's)
+unresolved=$(for f in "$build"/*; do ldd "$f" 2>&1 | grep "not found" | sed "s|^|$(basename "$f"): |"; done)
+if [ -n "$unresolved" ] && [ "$emu" != 1 ]; then
+    echo "$unresolved" | tee "$logs/ldd.txt"
+    fail=1; stage unpack FAILED "$t0" "libraries not found: $(echo "$unresolved" | head -3 | tr '\n' ' ')"; finish
+fi
+# (under the emulator the real module's CUDA libraries may be missing: it is not loaded)
+# and every one but the machine's own (system_libs) comes from the pack
+outside=$(for f in "$build"/*; do
+    ldd "$f" 2>/dev/null | re=$system_libs awk -v b="$(basename "$f")" -v w="$work/lib/" \
+        '$2 == "=>" && $3 ~ /^\// && $1 !~ ENVIRON["re"] && index($3, w) != 1 { print b ": " $1 " from " $3 }'
+done)
+if [ -n "$outside" ]; then
+    echo "$outside" | tee "$logs/ldd.txt"
+    fail=1; stage unpack FAILED "$t0" "not in the pack: $(echo "$outside" | head -2 | tr '\n' ' ')"; finish
+fi
+stage unpack passed "$t0" "$(du -sh "$work" | cut -f1) unpacked, $(ls "$work/lib" | wc -l) libraries, each binary's own from the pack"
 
 say "device"
 if [ "$emu" = 1 ]; then
     echo "the CUDA emulator ($build/libddpmd_cuda_emu.so): the script's run, not the GPU's"
-elif ! command -v nvidia-smi >/dev/null || ! nvidia-smi --query-gpu=name,memory.total,driver_version \
-        --format=csv,noheader | tee "$logs/device.txt"; then
-    echo "check.sh: no NVIDIA GPU visible (nvidia-smi)"; exit 2
-fi
-nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
-[ "$emu" = 1 ] || [ -x "$nvcc" ] || { echo "check.sh: no nvcc at $nvcc"; exit 2; }
-[ "$emu" = 1 ] || "$nvcc" --version | tail -1
-
-say "build dependencies"
-have_deps() {
-    command -v cmake >/dev/null && command -v cc >/dev/null && command -v c++ >/dev/null || return 1
-    local h
-    for h in oneapi/dnnl/dnnl.h cjson/cJSON.h png.h zlib.h; do
-        printf '#include <%s>\nint main(void){return 0;}\n' "$h" |
-            cc -x c - -o /dev/null >/dev/null 2>&1 || { echo "missing: $h"; return 1; }
-    done
-}
-if ! have_deps; then
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    if [ -n "${DDPMD_DEBS:-}" ] && ls "$DDPMD_DEBS"/*.deb >/dev/null 2>&1; then
-        $SUDO dpkg -i "$DDPMD_DEBS"/*.deb >/dev/null || true
-    else
-        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-            --no-install-recommends build-essential cmake pkg-config libdnnl-dev \
-            libcjson-dev libpng-dev zlib1g-dev >/dev/null || true
-    fi
-    have_deps || { echo "check.sh: build dependencies missing (see above)"; exit 2; }
-fi
-
-tb=$(date +%s)
-if [ "$emu" = 1 ]; then
-    stage build "not built (CHECK_EMU)" "$tb" "$build"
     export DDPMD_CUDA_MODULE="$build/libddpmd_cuda_emu.so" EMU_DEVICE_MB=2048
-    export TORCH_DEVICE=cpu STEPS=1 WARMUP=1 CONFIGS="$build/cli/spec.json:2"
+    export TORCH_DEVICE=cpu STEPS=1 WARMUP=1 CONFIGS="$work/cli/spec.json:2"
     size=16 chans="[8, 16]" attn="[8]" groups=4 batch=2 steps=2 threads=2 limit=600
 else
-say "configure and build ($build, sm_90, Release)"
-size=32 chans="[32, 64]" attn="[16]" groups=8 batch=8 steps=5 threads=8 limit=120
-rm -rf "$build"
-# the whole tree builds clean at -O3 with -Werror (no warning is waived here)
-if ! cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDPMD_CUDA=ON \
-        -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 >"$logs/configure.log" 2>&1; then
-    tail -30 "$logs/configure.log"; echo "check.sh: configure failed"; fail=1
-    stage build FAILED "$tb" "configure: see configure.log"; finish
-fi
-if ! cmake --build "$build" -j"$(nproc)" --target ddpmd ddpmd_cuda test_gpu_ops test_gpu_step \
-        test_gpu_rt gpu_bench >"$logs/build.log" 2>&1; then
-    grep -E "error|Error" "$logs/build.log" | head -40; echo "check.sh: build failed"; fail=1
-    stage build FAILED "$tb" "see build.log"; finish
-fi
-stage build passed "$tb" "sm_90, $(du -h "$build/libddpmd_cuda.so" | cut -f1) module"
-export DDPMD_CUDA_MODULE="$build/libddpmd_cuda.so"
+    if ! command -v nvidia-smi >/dev/null || ! nvidia-smi --query-gpu=name,memory.total,driver_version \
+            --format=csv,noheader | tee "$logs/device.txt"; then
+        echo "check.sh: no NVIDIA GPU visible (nvidia-smi)"; fail=1
+        stage device FAILED "$t0" "nvidia-smi"; finish
+    fi
+    export DDPMD_CUDA_MODULE="$build/libddpmd_cuda.so"
+    size=32 chans="[32, 64]" attn="[16]" groups=8 batch=8 steps=5 threads=8 limit=120
 fi
 
 run_test() {
@@ -104,7 +163,7 @@ run_test() {
     say "$name"
     DDPMD_CUDA_VERBOSE=1 OMP_NUM_THREADS=8 timeout "$limit" "$build/$name" >"$logs/$name.log" 2>&1
     rc=$?
-    grep -E "^(FAIL|device|philox|ddpm|seed|  step|  after|over budget|budget|plain|offload|SKIPPED|ddpmd cuda: device [0-9]+ \()" \
+    grep -E "^(FAIL|device|philox|ddpm|seed|  step|  after|  exec_init|over budget|budget|plain|offload|SKIPPED|ddpmd cuda: device [0-9]+)" \
         "$logs/$name.log" | head -40
     tail -1 "$logs/$name.log"
     case $rc in
@@ -114,14 +173,13 @@ run_test() {
         *) stage "$name" FAILED "$ts" "exit $rc: $(grep -m1 ^FAIL "$logs/$name.log" | cut -c1-80)"; fail=1 ;;
     esac
 }
-run_test test_gpu_ops $(( emu ? 300 : 90 ))
-run_test test_gpu_step $(( emu ? 300 : 90 ))
-run_test test_gpu_rt $(( emu ? 300 : 90 ))
+run_test test_gpu_ops $(( emu ? 900 : 90 ))
+run_test test_gpu_step $(( emu ? 900 : 90 ))
+run_test test_gpu_rt $(( emu ? 900 : 90 ))
 
 say "ddpmd train / sample on cuda:0 against the CPU"
 ts=$(date +%s)
-cli=$build/cli
-rm -rf "$cli"
+cli=$work/cli
 mkdir -p "$cli/data"
 # 16 small PNGs (no dataset package needed): smooth random colour fields
 python3 - "$cli/data" "$size" <<'PY'
@@ -178,6 +236,7 @@ print("%d steps: losses within %.1e of the CPU's (offload %.1e of cuda:0's); %.1
 PY
 )
 r6=$?
+cp "$cli"/*.png "$logs/" 2>/dev/null
 echo "$note"
 if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $r3 -eq 0 ] && [ $r4 -eq 0 ] && [ $r5 -eq 0 ] && [ $r6 -eq 0 ] &&
         [ -s "$cli/gpu.png" ] && [ -s "$cli/cpu.png" ]; then
@@ -185,6 +244,34 @@ if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $r3 -eq 0 ] && [ $r4 -eq 0 ] && [ $r5 -eq
 else
     stage "cli train/sample" FAILED "$ts" "exit $r1 $r2 $r3 $r4 $r5 $r6: $(echo "$note" | tail -1 | cut -c1-80)"
     fail=1
+fi
+
+# what each process holds on the device beside its own memory, after a few steps of the user's case
+# (seed-64, batch 8, bf16): ddpmd's context, handles and loaded kernels (bk_device_mem.process)
+# against PyTorch's beside its caching allocator (torch_gpu_step.py's process_bytes)
+say "process overhead: ddpmd against PyTorch"
+ts=$(date +%s)
+pspec=examples/seed-64.json pbatch=8
+[ "$emu" = 1 ] && pspec=$cli/spec.json pbatch=2
+timeout 120 "$build/gpu_bench" "$pspec" --device cuda:0 --batch "$pbatch" --precision bf16 \
+    --steps 2 --warmup 1 --threads 8 > "$logs/process_ddpmd.txt" 2>> "$logs/process_ddpmd.err"
+pyth=python3
+tdev=${TORCH_DEVICE:-cuda}
+timeout 180 "$pyth" bench/torch_gpu_step.py --spec "$pspec" --batch "$pbatch" --mode amp-bf16 \
+    --device "$tdev" --steps 2 --warmup 1 > "$logs/process_torch.txt" 2> "$logs/process_torch.err"
+kv() { awk -v k="$2" '$1 == k { print $2; exit }' "$1" 2>/dev/null; }
+mib() { [ -n "$1" ] && awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
+dp0=$(kv "$logs/process_ddpmd.txt" process_bytes_start)
+dp=$(kv "$logs/process_ddpmd.txt" process_bytes)
+tp=$(kv "$logs/process_torch.txt" process_bytes)
+pnote="ddpmd ${dp:+$(mib "$dp") MiB}${dp:-?} (after the warm-up ${dp0:+$(mib "$dp0") MiB}${dp0:-?}), torch ${tp:+$(mib "$tp") MiB}${tp:-? (on $tdev)}"
+echo "$pnote"
+if [ -z "$dp" ]; then
+    stage "process overhead" FAILED "$ts" "gpu_bench: $(tail -1 "$logs/process_ddpmd.err" | cut -c1-80)"; fail=1
+elif [ -n "$tp" ] && [ "$dp" -gt "$tp" ]; then
+    stage "process overhead" "over torch's" "$ts" "$pnote (goal: at most torch's)"
+else
+    stage "process overhead" measured "$ts" "$pnote"
 fi
 
 say "benchmark: ddpmd against PyTorch (until $(( deadline - t0 )) s)"

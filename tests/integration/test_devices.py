@@ -92,7 +92,10 @@ def main(exe):
     if not os.path.exists(emu):
         print("SKIP: no %s (the CUDA emulator module is built beside ddpmd)" % emu)
         sys.exit(77)
+    # four job slots at the warm-up (the default is one): the process overhead the budgets below
+    # were sized with
     env = {"DDPMD_CUDA_MODULE": emu, "EMU_DEVICE_MB": "512", "EMU_FAULT_AT_LAUNCH": str(FAULT_AT),
+           "DDPMD_CUDA_SLOTS": "4",
            "DDPMD_VRAM_BUDGET": ",".join("%s=%d" % kv for kv in BUDGETS.items())}
     s = Server(exe, args=["--device", "cpu", "--device", "cuda:0"], env=env).start()
     devs = s.get_json("/devices")
