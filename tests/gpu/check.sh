@@ -4,7 +4,7 @@
 #     fresh build directory and packs the binaries - ddpmd, libddpmd_cuda.so, test_gpu_ops,
 #     test_gpu_step, test_gpu_rt, gpu_bench, and libddpmd_cuda_emu.so for the dry run - with the
 #     Debian shared libraries they load (ldd; not glibc's, libstdc++, libgcc_s, CUDA's or cuDNN's,
-#     which the GPU machine has) into .gpu-pack/ddpmd-gpu.tar.xz (git-ignored, ~20-30 MB);
+#     which the GPU machine has) into .gpu-pack/ddpmd-gpu.tar.xz (git-ignored; 27 MB, 59 libraries);
 #   run (there: Ubuntu 24.04, CUDA 13.0 in /usr/local/cuda-13.0, cuDNN 9 in /usr/lib/x86_64-linux-gnu,
 #     PyTorch in python3; no network, no apt, no oneDNN): unpacks it into a temporary directory,
 #     LD_LIBRARY_PATH = the pack's lib/, /usr/local/cuda-13.0/lib64, /usr/lib/x86_64-linux-gnu,
@@ -25,8 +25,8 @@
 # benchmark's steps per run.
 # CHECK_EMU=1 ... run: the same stages where there is no GPU, to prove the pack and the script (a
 # dry run): the device is the CUDA emulator (the pack's libddpmd_cuda_emu.so), the CLI and
-# benchmark runs tiny, torch on the CPU, the limits longer (15 minutes or more on a busy 2-core
-# machine; it proves the pack and the script, not the GPU).
+# benchmark runs tiny, torch on the CPU, the limits longer (28 minutes on the 2-core development
+# machine at load 20-28; it proves the pack and the script, not the GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -264,7 +264,8 @@ mib() { [ -n "$1" ] && awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
 dp0=$(kv "$logs/process_ddpmd.txt" process_bytes_start)
 dp=$(kv "$logs/process_ddpmd.txt" process_bytes)
 tp=$(kv "$logs/process_torch.txt" process_bytes)
-pnote="ddpmd ${dp:+$(mib "$dp") MiB}${dp:-?} (after the warm-up ${dp0:+$(mib "$dp0") MiB}${dp0:-?}), torch ${tp:+$(mib "$tp") MiB}${tp:-? (on $tdev)}"
+fmt() { if [ -n "$1" ]; then echo "$(mib "$1") MiB"; else echo "${2:-?}"; fi; }
+pnote="ddpmd $(fmt "$dp") (after the warm-up $(fmt "$dp0")), torch $(fmt "$tp" "? (on $tdev)")"
 echo "$pnote"
 if [ -z "$dp" ]; then
     stage "process overhead" FAILED "$ts" "gpu_bench: $(tail -1 "$logs/process_ddpmd.err" | cut -c1-80)"; fail=1
