@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "attn_tiles.h"
 #include "cpu.h"
 #include "vmath.h"
 
@@ -45,12 +46,21 @@ static int round16(int x) { return (x + 15) / 16 * 16; }
  * tiles' column step) */
 static int attn_tile_ld(const struct bk_attn *s) { return round16(imin(ATTN_BC, s->l)); }
 
-/* per-thread tile scratch (floats): S and dS (or the forward's S and its row max and sum), the
- * pair's Di = rowsum(dout o) and the key block's k and v transposed */
+/* row stride of the packed transposed query-side blocks (q, dout): the query block's height
+ * rounded up to 16 */
+static int attn_qt_ld(const struct bk_attn *s) { return round16(imin(ATTN_BR, s->l)); }
+
+/* per-thread tile scratch (floats): the backward's S and dS, the pair's Di = rowsum(dout o), the
+ * key block's k and v transposed and the query block's q and dout transposed; or the forward's
+ * S, its row max and sum, the query block's q and the pair's whole k transposed (packed once
+ * for the run of the pair's query blocks a thread takes in turn) */
 static size_t attn_slot_floats(const struct bk_attn *s)
 {
     const size_t br = (size_t)imin(ATTN_BR, s->l), bcp = (size_t)attn_tile_ld(s);
-    return 2 * br * bcp + (size_t)s->l + 2 * br + 2 * (size_t)s->d * bcp;
+    const size_t d = (size_t)s->d, qtl = (size_t)attn_qt_ld(s);
+    const size_t bwd = 2 * br * bcp + (size_t)s->l + 2 * br + 2 * d * bcp + 2 * d * qtl;
+    const size_t fwd = br * bcp + 2 * br + d * (size_t)round16(s->l) + d * qtl; /* all of k^T */
+    return bwd > fwd ? bwd : fwd;
 }
 
 static size_t attn_plain_ws_bytes(const struct bk_attn *s);
@@ -90,9 +100,10 @@ static void attn_pack_t(float *bt, int ncp, const float *b, size_t ldb, int nc, 
     }
 }
 
-/* S rows [0, R) = alpha A BT, columns [0, ncp) in steps of 16; A rows stride lda, d columns */
-AI void abt_rows(float *S, size_t lds, const float *A, size_t lda, const float *bt, int ncp,
-                 int d, float alpha, const int R)
+/* S rows [0, R) = alpha A BT, columns [0, ncp) in steps of 16; A packed transposed: element
+ * (r, e) at A[e lda + r] */
+AI void abt_rows(float *S, size_t lds, const float *A, size_t lda, const float *bt, size_t ldb,
+                 int ncp, int d, float alpha, const int R)
 {
     const __m256 va = _mm256_set1_ps(alpha);
     for (int c = 0; c < ncp; c += 16) {
@@ -100,11 +111,11 @@ AI void abt_rows(float *S, size_t lds, const float *A, size_t lda, const float *
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
         for (int e = 0; e < d; e++) {
-            const __m256 b0 = _mm256_loadu_ps(bt + (size_t)e * ncp + c);
-            const __m256 b1 = _mm256_loadu_ps(bt + (size_t)e * ncp + c + 8);
+            const __m256 b0 = _mm256_loadu_ps(bt + (size_t)e * ldb + c);
+            const __m256 b1 = _mm256_loadu_ps(bt + (size_t)e * ldb + c + 8);
 #pragma GCC unroll 6
             for (int r = 0; r < R; r++) {
-                const __m256 x = _mm256_broadcast_ss(A + (size_t)r * lda + e);
+                const __m256 x = _mm256_broadcast_ss(A + (size_t)e * lda + r);
                 acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
                 acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
             }
@@ -117,15 +128,15 @@ AI void abt_rows(float *S, size_t lds, const float *A, size_t lda, const float *
     }
 }
 
-/* S (nr, ncp) = alpha A BT */
-static void attn_abt(float *S, size_t lds, const float *A, size_t lda, const float *bt, int ncp,
-                     int nr, int d, float alpha)
+/* S (nr, ncp) = alpha A BT, A packed transposed (d, lda) */
+static void attn_abt(float *S, size_t lds, const float *A, size_t lda, const float *bt,
+                     size_t ldb, int ncp, int nr, int d, float alpha)
 {
     int r = 0;
     for (; r + 6 <= nr; r += 6)
-        abt_rows(S + (size_t)r * lds, lds, A + (size_t)r * lda, lda, bt, ncp, d, alpha, 6);
+        abt_rows(S + (size_t)r * lds, lds, A + r, lda, bt, ldb, ncp, d, alpha, 6);
     for (; r < nr; r++)
-        abt_rows(S + (size_t)r * lds, lds, A + (size_t)r * lda, lda, bt, ncp, d, alpha, 1);
+        abt_rows(S + (size_t)r * lds, lds, A + r, lda, bt, ldb, ncp, d, alpha, 1);
 }
 
 /* Y rows [0, R) (+)= W X: Y_j = sum_t W[j sw + t st] X_t over t in [0, nt), X rows of stride
@@ -216,6 +227,60 @@ static void attn_wx(float *Y, size_t ldy, const float *W, size_t sw, size_t st, 
     }
 }
 
+/* the forward's online softmax over one key block (attn_tiles.h) */
+static void attn_softmax(float *S, size_t lds, float *m, float *l, float *O, size_t ldo, int nr,
+                         int nc, int d, int first)
+{
+    for (int r = 0; r < nr; r++) {
+        float *sr = S + (size_t)r * lds;
+        float mx = first ? -INFINITY : m[r];
+#pragma omp simd reduction(max : mx)
+        for (int c = 0; c < nc; c++) mx = sr[c] > mx ? sr[c] : mx;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < nc; c++) {
+            sr[c] = vm_expf(sr[c] - mx);
+            sum += sr[c];
+        }
+        if (!first) {
+            const float alpha = vm_expf(m[r] - mx);
+            l[r] = l[r] * alpha + sum;
+            if (alpha != 1.0f) {
+                float *orow = O + (size_t)r * ldo;
+#pragma omp simd
+                for (int e = 0; e < d; e++) orow[e] *= alpha;
+            }
+        } else {
+            l[r] = sum;
+        }
+        m[r] = mx;
+    }
+}
+
+/* the backward's P = exp(P - lse), dS = scale P (dS - di) on one tile (attn_tiles.h) */
+static void attn_dsoftmax(float *P, float *dS, size_t ld, const float *lse, const float *di,
+                          int nr, int nc, float scale)
+{
+    for (int r = 0; r < nr; r++) {
+        float *prow = P + (size_t)r * ld, *drow = dS + (size_t)r * ld;
+        const float lr = lse[r], dr = di[r];
+#pragma omp simd
+        for (int c = 0; c < nc; c++) {
+            const float pc = vm_expf(prow[c] - lr);
+            prow[c] = pc;
+            drow[c] = pc * (drow[c] - dr) * scale;
+        }
+    }
+}
+
+const struct attn_tiles attn_tiles_avx2 = {attn_abt, attn_wx, attn_softmax, attn_dsoftmax};
+
+/* the tile kernels of the instruction set the process uses (cpu_isa) */
+static const struct attn_tiles *attn_tiles(void)
+{
+    return cpu_isa() >= CPU_ISA_AVX512 ? &attn_tiles_avx512 : &attn_tiles_avx2;
+}
+
 int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const void *vv,
                  void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
@@ -227,51 +292,33 @@ int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const voi
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = attn_slot_floats(s);
     const float scale = s->scale;
     const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks = s->n * H * nqb;
-    const int nt = cpu_threads(ctx), bc = attn_tile_ld(s);
+    const int nt = cpu_threads(ctx), bc = attn_tile_ld(s), qtl = attn_qt_ld(s), l16 = round16(L);
+    const struct attn_tiles *tl = attn_tiles();
 #pragma omp parallel num_threads(nt)
     {
         float *sc = (float *)ws + (size_t)omp_get_thread_num() * slot;
         float *m = sc + (size_t)imin(ATTN_BR, L) * bc, *l = m + imin(ATTN_BR, L);
-        float *kt = l + imin(ATTN_BR, L);
+        float *qt = l + imin(ATTN_BR, L), *kt = qt + (size_t)D * qtl;
+        int packed = -1; /* the pair whose k^T is in kt */
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tasks; t++) {
             const int qb = t % nqb, h = (t / nqb) % H, ni = t / (nqb * H);
             const int i0 = qb * ATTN_BR, nr = imin(L - i0, ATTN_BR);
-            const float *qb0 = ROW_LD(q, ni, i0, h);
             float *ob = ROW_HD(o, ni, i0, h);
+            attn_pack_t(qt, qtl, ROW_LD(q, ni, i0, h), ld, nr, D);
+            if (packed != t / nqb) {
+                attn_pack_t(kt, l16, ROW_LD(k, ni, 0, h), ld, L, D);
+                packed = t / nqb;
+            }
             /* key blocks outer, o the running unnormalised accumulator: after block j,
              * o_r = sum_c exp(S_rc - m_r) v_c over the keys so far, l_r = the sum of those
              * weights (online softmax: the earlier blocks are rescaled to each new maximum) */
             for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
                 const int nc = imin(L - j0, ATTN_BC);
-                const float *kj = ROW_LD(k, ni, j0, h);
-                attn_pack_t(kt, round16(nc), kj, ld, nc, D);
-                attn_abt(sc, (size_t)bc, qb0, ld, kt, round16(nc), nr, D, scale);
-                for (int r = 0; r < nr; r++) {
-                    float *sr = sc + (size_t)r * bc;
-                    float mx = j0 ? m[r] : -INFINITY;
-#pragma omp simd reduction(max : mx)
-                    for (int c = 0; c < nc; c++) mx = sr[c] > mx ? sr[c] : mx;
-                    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                    for (int c = 0; c < nc; c++) {
-                        sr[c] = vm_expf(sr[c] - mx);
-                        sum += sr[c];
-                    }
-                    if (j0) {
-                        const float alpha = vm_expf(m[r] - mx);
-                        l[r] = l[r] * alpha + sum;
-                        if (alpha != 1.0f) {
-                            float *orow = ob + (size_t)r * hd;
-#pragma omp simd
-                            for (int e = 0; e < D; e++) orow[e] *= alpha;
-                        }
-                    } else {
-                        l[r] = sum;
-                    }
-                    m[r] = mx;
-                }
-                attn_wx(ob, hd, sc, (size_t)bc, 1, ROW_LD(v, ni, j0, h), ld, nr, nc, D, j0 != 0);
+                tl->abt(sc, (size_t)bc, qt, (size_t)qtl, kt + j0, (size_t)l16, round16(nc), nr, D,
+                        scale);
+                tl->softmax(sc, (size_t)bc, m, l, ob, hd, nr, nc, D, j0 == 0);
+                tl->wx(ob, hd, sc, (size_t)bc, 1, ROW_LD(v, ni, j0, h), ld, nr, nc, D, j0 != 0);
             }
             for (int r = 0; r < nr; r++) {
                 float *orow = ob + (size_t)r * hd;
@@ -299,7 +346,8 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
     const float scale = s->scale;
     const int nt = cpu_threads(ctx);
     const int pairs = s->n * H, nkb = (L + ATTN_BC - 1) / ATTN_BC, nch = attn_chunks(s, nt);
-    const int br = imin(ATTN_BR, L), bc = attn_tile_ld(s);
+    const int br = imin(ATTN_BR, L), bc = attn_tile_ld(s), qtl = attn_qt_ld(s);
+    const struct attn_tiles *tl = attn_tiles();
     /* a split pair's chunk c sums its dq into part + (pair nch + c) L D, dense (L, D) */
     float *part = (float *)ws + (size_t)cpu_threads(NULL) * slot;
 
@@ -313,6 +361,7 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
         float *pt = (float *)ws + (size_t)omp_get_thread_num() * slot;
         float *dst = pt + (size_t)br * bc, *di = dst + (size_t)br * bc;
         float *kt = di + L + 2 * br, *vt = kt + (size_t)D * bc;
+        float *qt = vt + (size_t)D * bc, *dot = qt + (size_t)D * qtl;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < pairs * nch; t++) {
             const int ch = t % nch, pr = t / nch, h = pr % H, ni = pr / H;
@@ -336,22 +385,17 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
                 for (int i0 = 0; i0 < L; i0 += ATTN_BR) {
                     const int nr = imin(L - i0, ATTN_BR);
                     const float *qi = ROW_LD(q, ni, i0, h), *doi = ROW_HD(dout, ni, i0, h);
-                    attn_abt(pt, (size_t)bc, qi, ld, kt, round16(nc), nr, D, scale);
-                    attn_abt(dst, (size_t)bc, doi, hd, vt, round16(nc), nr, D, 1.0f);
-                    for (int r = 0; r < nr; r++) {
-                        float *prow = pt + (size_t)r * bc, *drow = dst + (size_t)r * bc;
-                        const float lr = lrow[i0 + r], dr = di[i0 + r];
-#pragma omp simd
-                        for (int c = 0; c < nc; c++) {
-                            const float pc = vm_expf(prow[c] - lr);
-                            prow[c] = pc;
-                            drow[c] = pc * (drow[c] - dr) * scale;
-                        }
-                    }
-                    attn_wx(dvj, ld, pt, 1, (size_t)bc, doi, hd, nc, nr, D, i0 != 0);
-                    attn_wx(dkj, ld, dst, 1, (size_t)bc, qi, ld, nc, nr, D, i0 != 0);
-                    attn_wx(dqp + (size_t)i0 * ldq, ldq, dst, (size_t)bc, 1, kj, ld, nr,
-                            nc, D, jb > kb0);
+                    attn_pack_t(qt, qtl, qi, ld, nr, D);
+                    attn_pack_t(dot, qtl, doi, hd, nr, D);
+                    tl->abt(pt, (size_t)bc, qt, (size_t)qtl, kt, (size_t)round16(nc), round16(nc),
+                            nr, D, scale);
+                    tl->abt(dst, (size_t)bc, dot, (size_t)qtl, vt, (size_t)round16(nc),
+                            round16(nc), nr, D, 1.0f);
+                    tl->dsoftmax(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, scale);
+                    tl->wx(dvj, ld, pt, 1, (size_t)bc, doi, hd, nc, nr, D, i0 != 0);
+                    tl->wx(dkj, ld, dst, 1, (size_t)bc, qi, ld, nc, nr, D, i0 != 0);
+                    tl->wx(dqp + (size_t)i0 * ldq, ldq, dst, (size_t)bc, 1, kj, ld, nr, nc, D,
+                           jb > kb0);
                 }
             }
         }
@@ -415,24 +459,26 @@ static size_t attn_plain_scr_bytes(const struct bk_attn *s)
     return scr;
 }
 
-/* floats of a thread's slot in the pairs-on-threads form: S or dS (L, L16), k or v packed */
+/* floats of a thread's slot in the pairs-on-threads form: S or dS (L, L16), k or v and q or
+ * dout packed (D, L16) */
 static size_t attn_plain_slot_floats(const struct bk_attn *s)
 {
     const size_t l16 = (size_t)round16(s->l);
-    return ((size_t)s->l + s->d) * l16;
+    return ((size_t)s->l + 2 * (size_t)s->d) * l16;
 }
 
 /* In the calling thread's slot of ws (pairs-on-threads form): the scores sc (L, L16) = a b^T,
  * a and b (L, D) with row strides lda and ldb, b packed transposed after sc. The forward's S
  * (a = q, b = k) and the backward's dP (a = dout, b = v). Returns sc. */
 static float *plain_slot_scores(void *ws, const float *a, size_t lda, const float *b, size_t ldb,
-                                const struct bk_attn *s)
+                                const struct bk_attn *s, const struct attn_tiles *tiles)
 {
     const int l16 = round16(s->l);
     float *sc = (float *)ws + (size_t)omp_get_thread_num() * attn_plain_slot_floats(s);
-    float *bt = sc + (size_t)s->l * l16;
+    float *bt = sc + (size_t)s->l * l16, *at = bt + (size_t)s->d * l16;
     attn_pack_t(bt, l16, b, ldb, s->l, s->d);
-    attn_abt(sc, (size_t)l16, a, lda, bt, l16, s->l, s->d, 1.0f);
+    attn_pack_t(at, l16, a, lda, s->l, s->d);
+    tiles->abt(sc, (size_t)l16, at, (size_t)l16, bt, (size_t)l16, l16, s->l, s->d, 1.0f);
     return sc;
 }
 
@@ -493,17 +539,18 @@ int cpu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const
     const int nt = attn_plain_split(s, cpu_threads(ctx));
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
+    const struct attn_tiles *tl = attn_tiles();
     if (nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int nh = 0; nh < pairs; nh++) {
             const int h = nh % H, ni = nh / H;
             float *ph = p + (size_t)nh * L * L;
             const float *sc =
-                plain_slot_scores(ws, ROW_LD(q, ni, 0, h), ld, ROW_LD(k, ni, 0, h), ld, s);
+                plain_slot_scores(ws, ROW_LD(q, ni, 0, h), ld, ROW_LD(k, ni, 0, h), ld, s, tl);
             for (int i = 0; i < L; i++)
                 plain_softmax_row(ph + (size_t)i * L, sc + (size_t)i * l16, L, scale);
-            attn_wx(ROW_HD(o, ni, 0, h), hd, ph, (size_t)L, 1, ROW_LD(v, ni, 0, h), ld, L, L,
-                    D, 0);
+            tl->wx(ROW_HD(o, ni, 0, h), hd, ph, (size_t)L, 1, ROW_LD(v, ni, 0, h), ld, L, L, D,
+                   0);
         }
         return BK_OK;
     }
@@ -534,21 +581,22 @@ int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const
     const int nt = attn_plain_split(s, cpu_threads(ctx));
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D;
     const float scale = s->scale;
+    const struct attn_tiles *tl = attn_tiles();
     if (nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int nh = 0; nh < pairs; nh++) {
             const int h = nh % H, ni = nh / H;
             const float *ph = p + (size_t)nh * L * L;
             float *dst =
-                plain_slot_scores(ws, ROW_HD(dout, ni, 0, h), hd, ROW_LD(v, ni, 0, h), ld, s);
+                plain_slot_scores(ws, ROW_HD(dout, ni, 0, h), hd, ROW_LD(v, ni, 0, h), ld, s, tl);
             for (int i = 0; i < L; i++)
                 plain_ds_row(dst + (size_t)i * l16, ph + (size_t)i * L, L, scale);
-            attn_wx(ROW_LD(dq, ni, 0, h), ld, dst, (size_t)l16, 1, ROW_LD(k, ni, 0, h), ld, L,
-                    L, D, 0);
-            attn_wx(ROW_LD(dk, ni, 0, h), ld, dst, 1, (size_t)l16, ROW_LD(q, ni, 0, h), ld, L,
-                    L, D, 0);
-            attn_wx(ROW_LD(dv, ni, 0, h), ld, ph, 1, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L,
-                    L, D, 0);
+            tl->wx(ROW_LD(dq, ni, 0, h), ld, dst, (size_t)l16, 1, ROW_LD(k, ni, 0, h), ld, L, L,
+                   D, 0);
+            tl->wx(ROW_LD(dk, ni, 0, h), ld, dst, 1, (size_t)l16, ROW_LD(q, ni, 0, h), ld, L, L,
+                   D, 0);
+            tl->wx(ROW_LD(dv, ni, 0, h), ld, ph, 1, (size_t)L, ROW_HD(dout, ni, 0, h), hd, L, L,
+                   D, 0);
         }
         return BK_OK;
     }

@@ -37,6 +37,13 @@ void cpu_omp_wait_policy(char **argv);
 void cpu_ctx_free(bk_ctx *ctx);
 int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes);
 int cpu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes);
+/* onednn.c: the instruction set of the backend's own vector kernels (the attention's tiles, the
+ * bf16 GEMM micro-kernel): what oneDNN reports it may use, so DNNL_MAX_CPU_ISA=AVX2 caps both
+ * (an AVX2-only CPU measured on an AVX-512 one). Decided once per process; cpu_isa_cap lowers
+ * it (tests run each path on one machine; -1: the machine's again). */
+enum cpu_isa { CPU_ISA_AVX2 = 0, CPU_ISA_AVX512 = 1, CPU_ISA_AVX512_BF16 = 2 };
+int cpu_isa(void);
+void cpu_isa_cap(int max);
 /* onednn.c: for bf16, BK_HALF_LINEAR where oneDNN runs bf16 on the CPU's AVX512-BF16
  * instructions and BK_HALF_CONV too where on AMX tiles; else 0 (backend.h half_kernels) */
 unsigned cpu_half_kernels(int dtype);

@@ -82,6 +82,23 @@ unsigned cpu_half_kernels(int dtype)
     return BK_HALF_LINEAR | BK_HALF_CONV;
 }
 
+static int g_isa = -1, g_isa_cap = -1;
+
+int cpu_isa(void)
+{
+    if (g_isa < 0) {
+        const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+        const unsigned avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+        const unsigned bf16 = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+        g_isa = (isa & bf16) == bf16 ? CPU_ISA_AVX512_BF16
+                : (isa & avx512) == avx512 ? CPU_ISA_AVX512
+                                           : CPU_ISA_AVX2;
+    }
+    return g_isa_cap >= 0 && g_isa_cap < g_isa ? g_isa_cap : g_isa;
+}
+
+void cpu_isa_cap(int max) { g_isa_cap = max; }
+
 int onednn_run(dnnl_primitive_t p, dnnl_stream_t stream, int nargs, const dnnl_exec_arg_t *args)
 {
     return dnnl_primitive_execute(p, stream, nargs, args) == dnnl_success ? 0 : -1;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/attn_tiles.h"
 #include "cpu/cpu.h"
 #include "nchw_shim.h"
 #include "test_ref_conv.h"
@@ -569,18 +570,18 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
     const size_t nbuf = (size_t)3 * n * l * c, no = (size_t)n * l * c;
     const size_t nlse = (size_t)n * heads * l, np = nlse * l;
     const size_t toff = packed ? (size_t)c : no; /* offset from q to k and k to v */
-    /* tiled: per thread two 128 x 128 tiles, the key block's k and v transposed and L floats
-     * (no L x L), plus a dq per chunk when a pair is split */
+    /* tiled: per thread two 128 x 128 tiles, the key block's k and v and the query block's q
+     * and dout transposed and L floats (no L x L), plus a dq per chunk when a pair is split */
     size_t wst = cpu_attn_ws_bytes(&s, 1);
     const size_t procs = (size_t)cpu_threads(NULL);
-    CHECK(wst > 0 && wst <= procs * (2 * 128 * 128 + (size_t)l + 256 + 2 * 128 * (size_t)d) *
+    CHECK(wst > 0 && wst <= procs * (2 * 128 * 128 + (size_t)l + 256 + 4 * 128 * (size_t)d) *
                                     sizeof(float) +
                                 2 * procs * l * d * sizeof(float),
           "%s: tiled ws %zu", tag, wst);
     void *wt = malloc(wst);
     size_t wsb = cpu_attn_ws_bytes(&s, 0);
     /* the larger of: pairs on threads, a slot per pair in flight (at most one per core) of S or
-     * dS (L, L16) and k or v packed (D, L16); pairs in turn, one L x L dS (64-byte aligned) and
+     * dS (L, L16), k or v and q or dout packed (D, L16 each); pairs in turn, one L x L dS (64-byte aligned) and
      * the scratchpad of the largest of the six GEMMs: q k^T, p v, dout v^T, dS k, dS^T q,
      * p^T dout */
     const int ld = s.ld, hd = c;
@@ -594,7 +595,7 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
     for (int i = 0; i < 6; i++)
         if (cpu_gemm_ws_bytes(&pg[i]) > wsg) wsg = cpu_gemm_ws_bytes(&pg[i]);
     const size_t pairs = (size_t)n * heads, l16 = ((size_t)l + 15) / 16 * 16;
-    const size_t ws_slots = (pairs < procs ? pairs : procs) * ((size_t)l + d) * l16 * 4;
+    const size_t ws_slots = (pairs < procs ? pairs : procs) * ((size_t)l + 2 * d) * l16 * 4;
     const size_t ws_turn = ((size_t)l * l * sizeof(float) + 63) / 64 * 64 + wsg;
     CHECK(wsb == (ws_slots > ws_turn ? ws_slots : ws_turn), "%s: plain ws %zu", tag, wsb);
     void *ws = malloc(wsb);
@@ -785,6 +786,86 @@ static void test_groupnorm_silu(int n, int c, int hw, int groups)
     free(m2); free(r2); free(gz); free(ws);
 }
 
+/* the attention's shapes, through whichever tiles cpu_isa() now picks */
+static void test_attn_shapes(void)
+{
+    /* n, l, heads, d, packed, FD samples per q/k/v */
+    test_attn(1, 1, 1, 1, 0, 40);
+    test_attn(2, 7, 2, 8, 1, 40);
+    test_attn(1, 33, 4, 8, 0, 40);
+    test_attn(2, 33, 1, 24, 1, 40);
+    test_attn(1, 64, 2, 1, 1, 40);
+    test_attn(1, 100, 2, 24, 1, 30);
+    test_attn(1, 130, 1, 8, 0, 30);
+    test_attn(2, 130, 4, 24, 1, 20);
+    test_attn(1, 40, 1, 512, 0, 20); /* the largest head dim the UNet presets use */
+    test_attn(2, 70, 2, 100, 1, 20); /* tiled: a column chunk of 64, then 4 full vectors and 4
+                                      * masked lanes */
+    /* several query and key blocks (128), the last ones partial: the seed's head dims */
+    test_attn(2, 300, 4, 16, 1, 12);
+    test_attn(1, 260, 2, 32, 0, 12);
+    test_attn(1, 300, 1, 16, 1, 12); /* one pair, 2 threads: its keys split in 2 chunks */
+
+}
+
+/* The AVX-512 tiles against the AVX2 ones: the same S = alpha A B^T, the same dsoftmax (its
+ * vectorised exp against vm_expf, over the whole float range: large, subnormal and zero results,
+ * inf and NaN) and the same W X and W^T X products, bit for bit. */
+static void test_attn_tiles(void)
+{
+    if (cpu_isa() < CPU_ISA_AVX512) {
+        printf("attention tiles: no AVX-512 on this CPU, the AVX2 tiles only\n");
+        return;
+    }
+    enum { NR = 37, NC = 45, NCP = 48, D = 19 };
+    static float at[D * NR], bt[D * NCP], s1[NR * NCP], s2[NR * NCP], x[NC * D];
+    static float p1[NR * NCP], p2[NR * NCP], d1[NR * NCP], d2[NR * NCP], y1[NC * D], y2[NC * D];
+    float lse[NR], di[NR];
+    tu_fill(at, D * NR, 1.0);
+    tu_fill(bt, D * NCP, 1.0);
+    tu_fill(x, NC * D, 1.0);
+    for (int e = 0; e < D; e++)
+        for (int c = NC; c < NCP; c++) bt[e * NCP + c] = 0.0f;
+    attn_tiles_avx2.abt(s1, NCP, at, NR, bt, NCP, NCP, NR, D, 0.37f);
+    attn_tiles_avx512.abt(s2, NCP, at, NR, bt, NCP, NCP, NR, D, 0.37f);
+    CHECK(memcmp(s1, s2, sizeof s1) == 0, "attention tiles: abt differs");
+    /* P over [-130, 100] in steps that hit the clamps, the subnormal results and exact 0 */
+    for (int i = 0; i < NR * NCP; i++) {
+        p1[i] = p2[i] = -130.0f + 230.0f * (float)i / (NR * NCP) + 1e-3f * (float)(i % 7);
+        d1[i] = d2[i] = s1[i];
+    }
+    p1[5] = p2[5] = NAN;
+    p1[6] = p2[6] = INFINITY;
+    p1[7] = p2[7] = -INFINITY;
+    for (int r = 0; r < NR; r++) {
+        lse[r] = 0.25f * (float)(r % 3);
+        di[r] = 0.1f * (float)r;
+    }
+    attn_tiles_avx2.dsoftmax(p1, d1, NCP, lse, di, NR, NC, 0.37f);
+    attn_tiles_avx512.dsoftmax(p2, d2, NCP, lse, di, NR, NC, 0.37f);
+    long diff = 0;
+    for (int i = 0; i < NR * NCP; i++)
+        diff += memcmp(&p1[i], &p2[i], 4) != 0 && !(isnan(p1[i]) && isnan(p2[i]));
+    CHECK(diff == 0, "attention tiles: exp differs at %ld of %d", diff, NR * NCP);
+    diff = 0;
+    for (int i = 0; i < NR * NCP; i++)
+        diff += memcmp(&d1[i], &d2[i], 4) != 0 && !(isnan(d1[i]) && isnan(d2[i]));
+    CHECK(diff == 0, "attention tiles: dS differs at %ld of %d", diff, NR * NCP);
+    /* W X (rows of P, stride NCP) and W^T X, written then accumulated */
+    for (int acc = 0; acc < 2; acc++) {
+        for (int t = 0; t < 2; t++) {
+            const size_t sw = t ? 1 : NCP, st = t ? NCP : 1;
+            const int ny = t ? NC : NR, nt = t ? NR : NC;
+            attn_tiles_avx2.wx(y1, D, s1, sw, st, x, D, ny < NC ? ny : NC, nt < NC ? nt : NC, D,
+                               acc);
+            attn_tiles_avx512.wx(y2, D, s1, sw, st, x, D, ny < NC ? ny : NC, nt < NC ? nt : NC,
+                                 D, acc);
+            CHECK(memcmp(y1, y2, sizeof y1) == 0, "attention tiles: wx (%s, acc %d) differs",
+                  t ? "W^T X" : "W X", acc);
+        }
+    }
+}
+
 int main(void)
 {
     tu_seed(20240611);
@@ -822,22 +903,15 @@ int main(void)
     test_norm(3, 9, 1, 0, 0);
     test_norm_invalid();
 
-    /* n, l, heads, d, packed, FD samples per q/k/v */
-    test_attn(1, 1, 1, 1, 0, 40);
-    test_attn(2, 7, 2, 8, 1, 40);
-    test_attn(1, 33, 4, 8, 0, 40);
-    test_attn(2, 33, 1, 24, 1, 40);
-    test_attn(1, 64, 2, 1, 1, 40);
-    test_attn(1, 100, 2, 24, 1, 30);
-    test_attn(1, 130, 1, 8, 0, 30);
-    test_attn(2, 130, 4, 24, 1, 20);
-    test_attn(1, 40, 1, 512, 0, 20); /* the largest head dim the UNet presets use */
-    test_attn(2, 70, 2, 100, 1, 20); /* tiled: a column chunk of 64, then 4 full vectors and 4
-                                      * masked lanes */
-    /* several query and key blocks (128), the last ones partial: the seed's head dims */
-    test_attn(2, 300, 4, 16, 1, 12);
-    test_attn(1, 260, 2, 32, 0, 12);
-    test_attn(1, 300, 1, 16, 1, 12); /* one pair, 2 threads: its keys split in 2 chunks */
+    /* every instruction set this CPU has: the AVX2 tiles, then the machine's (AVX-512) */
+    test_attn_tiles();
+    const int machine_isa = cpu_isa();
+    for (int pass = 0; pass < (machine_isa > CPU_ISA_AVX2 ? 2 : 1); pass++) {
+        cpu_isa_cap(pass ? machine_isa : CPU_ISA_AVX2);
+        printf("attention tiles: %s\n", pass ? "AVX-512" : "AVX2");
+        test_attn_shapes();
+    }
+    cpu_isa_cap(-1);
     test_attn_invalid();
 
     printf("max rel errors (fwd vs float64 ref | bwd vs finite differences):\n");
