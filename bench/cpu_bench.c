@@ -321,6 +321,49 @@ static int run_ceilings(int threads, double seconds)
         free(c);
         free(ws);
     }
+    /* a linear forward + backward (dx, dw) in fp32 and with bf16 operands (the CPU's bf16
+     * matmuls against its fp32 ones): 2048 x 256 -> 256, the seed's attention projections at
+     * batch 8 and 16x16 */
+    {
+        const int m = 2048, k = 256, n = 256;
+        float *x = malloc((size_t)m * k * 4), *w = malloc((size_t)n * k * 4), *y = malloc((size_t)m * n * 4);
+        float *dx = malloc((size_t)m * k * 4), *dw = calloc((size_t)n * k, 4);
+        fill_normal(x, (size_t)m * k, 5, 0, 0);
+        fill_normal(w, (size_t)n * k, 5, 0, 1);
+        fill_normal(y, (size_t)m * n, 5, 0, 2);
+        for (int di = 0; di < 2; di++) {
+            const int dt = di ? BK_DTYPE_BF16 : BK_DTYPE_F32;
+            if (dt == BK_DTYPE_BF16) { /* in place, as the convolution's below */
+                for (size_t i = 0; i < (size_t)m * k; i++) ((uint16_t *)x)[i] = half_f32_to_bf16(x[i]);
+                for (size_t i = 0; i < (size_t)n * k; i++) ((uint16_t *)w)[i] = half_f32_to_bf16(w[i]);
+                for (size_t i = 0; i < (size_t)m * n; i++) ((uint16_t *)y)[i] = half_f32_to_bf16(y[i]);
+            }
+            size_t wsb = cpu_linear_ws_bytes(m, k, n, dt);
+            void *ws = malloc(wsb ? wsb : 64);
+            cpu_ctx_set_workspace(ctx, ws, wsb);
+            double best = 1e30, cbest = 1e30, t_end = now() + seconds;
+            int bad = 0;
+            for (int reps = 0; !bad && (reps < 4 || now() < t_end); reps++) {
+                double t0 = now(), c0 = cpu_now();
+                bad |= cpu_linear_fwd(y, x, w, NULL, m, k, n, dt, ctx) != BK_OK;
+                bad |= cpu_linear_bwd(dx, dw, NULL, y, x, w, 0, m, k, n, dt, ctx) != BK_OK;
+                double d = now() - t0, c = cpu_now() - c0;
+                if (reps > 0 && d < best) best = d;
+                if (reps > 0 && c < cbest) cbest = c;
+            }
+            const double fl = 6.0 * m * (double)k * n;
+            printf("ceiling_linear_%s_gflops %.2f\nceiling_linear_%s_gflops_cpu %.2f\n",
+                   di ? "bf16" : "f32", bad ? NAN : fl / best * 1e-9, di ? "bf16" : "f32",
+                   bad ? NAN : fl / cbest * 1e-9);
+            cpu_ctx_set_workspace(ctx, NULL, 0);
+            free(ws);
+        }
+        free(x);
+        free(w);
+        free(y);
+        free(dx);
+        free(dw);
+    }
     /* the same convolution in fp32 (ceiling_conv_*) and with bf16 operands (ceiling_conv_bf16_*:
      * what the CPU's bf16 kernels reach against its fp32 ones) */
     for (int di = 0; di < 2; di++) {

@@ -44,8 +44,8 @@ int cpu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes);
 enum cpu_isa { CPU_ISA_AVX2 = 0, CPU_ISA_AVX512 = 1, CPU_ISA_AVX512_BF16 = 2 };
 int cpu_isa(void);
 void cpu_isa_cap(int max);
-/* onednn.c: for bf16, BK_HALF_LINEAR where oneDNN runs bf16 on the CPU's AVX512-BF16
- * instructions and BK_HALF_CONV too where on AMX tiles; else 0 (backend.h half_kernels) */
+/* onednn.c: for bf16, BK_HALF_CONV | BK_HALF_LINEAR where oneDNN runs bf16 on the CPU's
+ * AVX512-BF16 instructions or AMX tiles (cpu_isa), else 0 (backend.h half_kernels) */
 unsigned cpu_half_kernels(int dtype);
 size_t cpu_mem_high_water(const bk_ctx *ctx);
 int cpu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);

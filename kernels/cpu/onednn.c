@@ -66,20 +66,27 @@ out:
     return rc;
 }
 
-/* What pays, measured on a Xeon with AVX512-BF16 and no AMX (bench/RESULTS.md): oneDNN 2.6's bf16
- * matmuls run at about 0.6x its fp32 ones (linear forward + backward, 2048 x 256 x 256: 9.8 ms
- * against 5.6 ms; the conversions around an fp32 linear 0.8 ms), its bf16 convolutions at about
- * 0.55x: converting around the fp32 kernels is faster, so none there. (The bf16 linears paid only
- * against OpenBLAS's fallback SSE3 sgemm, before the fp32 GEMMs moved to oneDNN.) With AMX (tile
- * instructions) oneDNN runs bf16 matmuls and convolutions on the tiles, several times its fp32
- * rate by Intel's figures (not measured here: no AMX on these machines). f16: oneDNN 2.6 has no
- * f16 convolutions or matmuls on CPUs. */
+/* What pays, measured per op against fp32 (bench/cpu_bench --ceilings, bench/RESULTS.md). On
+ * AVX512-BF16 (vdpbf16ps: two bf16 products per fp32 lane) oneDNN 2.6's bf16 kernels, on a
+ * 2-core EPYC (Zen 4, no AMX), per CPU-second: linear forward + backward 2048 x 256 -> 256 1.7-
+ * 2.0x, the 256 -> 256 3x3 convolution's forward 1.9-2.1x and backward-data 1.5-2.2x, its
+ * backward-weights 0.55x, which conv.c therefore runs in fp32 on converted x and dy where there
+ * is no AMX (conv_filter_f32: 0.87x with the conversions). With AMX oneDNN runs bf16 on the
+ * tiles. (On a Xeon of the same ISA measured earlier, oneDNN's bf16 matmuls ran at 0.6x: there
+ * the linears stayed fp32; cpu_bench --ceilings tells which machine this is.) Without
+ * AVX512-BF16 (an AVX2 CPU, or DNNL_MAX_CPU_ISA capped below it): none. f16: oneDNN 2.6 has
+ * no f16 convolutions or matmuls on CPUs. */
 unsigned cpu_half_kernels(int dtype)
 {
-    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-    const unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
-    if (dtype != BK_DTYPE_BF16 || (isa & amx) != amx) return 0;
+    if (dtype != BK_DTYPE_BF16 || cpu_isa() < CPU_ISA_AVX512_BF16) return 0;
     return BK_HALF_LINEAR | BK_HALF_CONV;
+}
+
+
+int onednn_amx(void)
+{
+    const unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    return ((unsigned)dnnl_get_effective_cpu_isa() & amx) == amx;
 }
 
 static int g_isa = -1, g_isa_cap = -1;

@@ -9,6 +9,8 @@
 
 #include "cpu.h"
 
+/* whether oneDNN runs AMX tiles on this CPU (bf16 on tiles; DNNL_MAX_CPU_ISA caps it) */
+int onednn_amx(void);
 /* the process's CPU engine (created once), or NULL */
 dnnl_engine_t onednn_engine(void);
 /* bytes of a primitive descriptor's memory `what` (0 when it has none) */
