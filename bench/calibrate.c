@@ -2,7 +2,9 @@
  * writes them in cost_model_parse's format: per op class, seconds = work x per_unit + per_op,
  * fitted to the class's seconds per step over profiled training steps of several models and
  * batch sizes; the optimizer's seconds per parameter; host copies and 16-bit conversions per
- * byte. Times are the CPU seconds of the thread that runs the steps (EXEC_PROFILE_CPU), under
+ * byte; per class the 16-bit speed (half_speed: the same models' steps in bf16 against fp32, each
+ * op's conversions taken out at the measured conversion rate). Times are the CPU seconds of
+ * the thread that runs the steps (EXEC_PROFILE_CPU), under
  * ddpmd's own OpenMP wait policy (cpu_omp_wait_policy: passive after a short spin): a
  * neighbour's time is not counted, though neighbours sharing the caches and the memory bus
  * still stretch it (10-50% at load 7-9 on the 2-core machine: calibrate when it is quiet).
@@ -42,6 +44,8 @@ static double thread_s(void)
  * in the class */
 struct sample {
     double x[COST_CLASS_COUNT], n[COST_CLASS_COUNT], y[COST_CLASS_COUNT];
+    double cvt[COST_CLASS_COUNT]; /* bf16 runs: fp32 bytes converted around the class's ops */
+    int precision;
     double optim_s, params, step_s;
     double *opmin; /* each graph op's least seconds in a step, over every round so far */
     int n_ops;
@@ -73,7 +77,7 @@ static int config_of(struct unet_config *c, const char *path, int image)
 /* steps of one model after a warm-up step; round 0 makes samples[idx], later rounds lower its
  * ops' least times */
 static int profile_model(int idx, const char *what, const char *spec, int image, int batch,
-                         int recompute, int threads, int steps)
+                         int recompute, int precision, int threads, int steps)
 {
     struct sample *sm = &samples[idx];
     int first = sm->opmin == NULL;
@@ -88,13 +92,15 @@ static int profile_model(int idx, const char *what, const char *spec, int image,
         if (config_of(&sm->cfg, spec, image)) return -1;
         sm->batch = batch;
         sm->what = what;
+        sm->precision = precision;
     }
     graph_init(&g);
     memset(&p, 0, sizeof p);
     struct plan_opts po = {.strategy = strategy_plain(batch)};
     po.strategy.recompute = recompute;
+    po.strategy.precision = precision;
     if (unet_build_training(&g, &sm->cfg, batch, &io, &target, NULL) ||
-        plan_make(&p, &g, backend_cpu(), &po))
+        graph_set_precision(&g, precision) || plan_make(&p, &g, backend_cpu(), &po))
         goto out;
     struct exec_opts eo = {.threads = threads, .profile = EXEC_PROFILE_CPU};
     if (exec_init(&e, &g, &p, backend_cpu(), &eo)) goto out;
@@ -122,6 +128,9 @@ static int profile_model(int idx, const char *what, const char *spec, int image,
         enum cost_class c = cost_op_class(&g.ops[k]);
         sm->x[c] += cost_op_work(&g, k);
         sm->n[c] += 1;
+        for (int j = p.cvt_start[i]; j < p.cvt_start[i + 1]; j++)
+            sm->cvt[c] += (double)plan_tensor(&p, &g, p.cvt[j].tensor)->numel * sizeof(float) *
+                          (p.cvt[j].load + p.cvt[j].store);
     }
     /* step 0 warms caches and oneDNN's primitives; then each op's least seconds over the steps
      * (a busy machine only ever adds: an op whose peer thread was descheduled may have been
@@ -186,7 +195,7 @@ static void fit_class(int c, double *a, double *b)
     double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
     for (int i = 0; i < n_samples; i++) {
         const struct sample *s = &samples[i];
-        if (s->y[c] <= 0 || s->n[c] <= 0) continue;
+        if (s->precision || s->y[c] <= 0 || s->n[c] <= 0) continue;
         double u = s->x[c] / s->y[c], v = s->n[c] / s->y[c];
         uu += u * u;
         uv += u * v;
@@ -203,7 +212,9 @@ static void fit_class(int c, double *a, double *b)
     if (det > 0 && *a >= 0 && *b >= 0) return;
     /* one of the two at zero: whichever leaves the smaller residual */
     double a0 = uu > 0 ? u1 / uu : 0, b0 = vv > 0 ? v1 / vv : 0;
-    double ra = n_samples - a0 * u1, rb = n_samples - b0 * v1; /* sum (a u - 1)^2 at the optimum */
+    int nf = 0;
+    for (int i = 0; i < n_samples; i++) nf += !samples[i].precision;
+    double ra = nf - a0 * u1, rb = nf - b0 * v1; /* sum (a u - 1)^2 at the optimum */
     if (uu > 0 && (ra <= rb || vv == 0)) {
         *a = a0;
         *b = 0;
@@ -272,17 +283,23 @@ int main(int argc, char **argv)
      * busy machine left them 1x to 8x apart between runs */
     static const struct {
         const char *what, *spec;
-        int image, batch, recompute, steps;
+        int image, batch, recompute, steps, precision;
     } runs[] = {
-        {"fmnist-tiny b1", "examples/fmnist-tiny.json", 0, 1, 0, 30},
-        {"fmnist-tiny b4", "examples/fmnist-tiny.json", 0, 4, 0, 12},
-        {"fmnist-tiny b16 resblock", "examples/fmnist-tiny.json", 0, 16, 2, 3},
-        {"fmnist-tiny b32", "examples/fmnist-tiny.json", 0, 32, 0, 2},
-        {"seed 32px b2", "examples/seed-64.json", 32, 2, 0, 3},
-        {"seed-64 b1", "examples/seed-64.json", 0, 1, 0, 2},
-        {"seed-64 b4", "examples/seed-64.json", 0, 4, 0, 2},
-        {"ddpm-cifar10 b1", "examples/ddpm-cifar10.json", 0, 1, 0, 2},
-        {"ddpm-cifar10 b4", "examples/ddpm-cifar10.json", 0, 4, 0, 2},
+        {"fmnist-tiny b1", "examples/fmnist-tiny.json", 0, 1, 0, 30, 0},
+        {"fmnist-tiny b4", "examples/fmnist-tiny.json", 0, 4, 0, 12, 0},
+        {"fmnist-tiny b16 resblock", "examples/fmnist-tiny.json", 0, 16, 2, 3, 0},
+        {"fmnist-tiny b32", "examples/fmnist-tiny.json", 0, 32, 0, 2, 0},
+        {"seed 32px b2", "examples/seed-64.json", 32, 2, 0, 3, 0},
+        {"seed-64 b1", "examples/seed-64.json", 0, 1, 0, 2, 0},
+        {"seed-64 b4", "examples/seed-64.json", 0, 4, 0, 2, 0},
+        {"ddpm-cifar10 b1", "examples/ddpm-cifar10.json", 0, 1, 0, 2, 0},
+        {"ddpm-cifar10 b4", "examples/ddpm-cifar10.json", 0, 4, 0, 2, 0},
+        /* the 16-bit speeds: some of the same models in bf16 (the fp32 run of the same name
+         * is the reference) */
+        {"fmnist-tiny b4", "examples/fmnist-tiny.json", 0, 4, 0, 12, STRATEGY_PRECISION_BF16},
+        {"seed 32px b2", "examples/seed-64.json", 32, 2, 0, 3, STRATEGY_PRECISION_BF16},
+        {"seed-64 b1", "examples/seed-64.json", 0, 1, 0, 2, STRATEGY_PRECISION_BF16},
+        {"ddpm-cifar10 b4", "examples/ddpm-cifar10.json", 0, 4, 0, 2, STRATEGY_PRECISION_BF16},
     };
     /* in rounds over all the models: a slow spell of the shared host (seconds long: fmnist-tiny
      * b4's least step 0.029 s in one run, 0.050 s in the next) meets one round of a model, not
@@ -291,7 +308,7 @@ int main(int argc, char **argv)
         last_round = r == rounds - 1;
         for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
             if (profile_model((int)i, runs[i].what, runs[i].spec, runs[i].image, runs[i].batch,
-                              runs[i].recompute, threads, runs[i].steps)) {
+                              runs[i].recompute, runs[i].precision, threads, runs[i].steps)) {
                 fprintf(stderr, "calibrate: a profiled step of %s failed\n", runs[i].what);
                 return 1;
             }
@@ -310,6 +327,7 @@ int main(int argc, char **argv)
     }
     double os = 0, op = 0;
     for (int i = 0; i < n_samples; i++) {
+        if (samples[i].precision) continue;
         os += samples[i].optim_s;
         op += samples[i].params;
     }
@@ -319,9 +337,31 @@ int main(int argc, char **argv)
     copy_rates(&copy, &convert, threads);
     if (copy > 0) m.transfer_seconds_per_byte = copy;
     if (convert > 0) m.convert_seconds_per_byte = convert;
+    /* half_speed[c]: the class's seconds in the fp32 runs over its seconds in the same models'
+     * bf16 runs less their conversions, summed over the models; a class with under 2 ms of
+     * bf16 time in all keeps the default */
+    for (int c = 0; c < COST_CLASS_COUNT; c++) {
+        double f32 = 0, h = 0;
+        for (int i = 0; i < n_samples; i++) {
+            const struct sample *b = &samples[i];
+            if (!b->precision) continue;
+            for (int j = 0; j < n_samples; j++)
+                if (!samples[j].precision && !strcmp(samples[j].what, b->what)) {
+                    double net = b->y[c] - b->cvt[c] * m.convert_seconds_per_byte;
+                    if (net > 0) {
+                        f32 += samples[j].y[c];
+                        h += net;
+                    }
+                }
+        }
+        if (h > 2e-3 && f32 > 0) m.half_speed[c] = f32 / h;
+        fprintf(stderr, "calibrate: %-16s bf16 speed %5.2fx (%.4f s fp32, %.4f s bf16 net)\n",
+                cost_class_name((enum cost_class)c), m.half_speed[c], f32, h);
+    }
     /* the fit's residuals: each profiled step predicted by the constants just fitted */
     for (int i = 0; i < n_samples; i++) {
         const struct sample *s = &samples[i];
+        if (s->precision) continue;
         double pred = s->params * m.optim_seconds_per_param;
         for (int c = 0; c < COST_CLASS_COUNT; c++)
             pred += s->x[c] * m.seconds_per_unit[c] + s->n[c] * m.op_seconds[c];

@@ -86,7 +86,7 @@ def train_step(model, opt, ema, x0, sqrt_ab, sqrt_1mab, g, amp=False, set_to_non
     if cl:
         xt = xt.contiguous(memory_format=torch.channels_last)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-        loss = F.mse_loss((fwd or model)(xt, ti.float()).float(), noise)
+        loss = F.mse_loss((model if fwd is None else fwd)(xt, ti.float()).float(), noise)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

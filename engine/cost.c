@@ -32,12 +32,15 @@ void cost_model_default(struct cost_model *m)
      * two runs within 5%). The fixed costs per op vary with the host's load on this shared VM
      * (6e-6 to 6e-5 s within one afternoon, the same build): they are the earlier quiet run's.
      * Dropout re-measured after its NHWC path drew each Philox block once (3 rounds, 4.8e-10 s
-     * per byte and 1.0e-5 s per op, was 1.41e-9 and 1.39e-4) */
+     * per byte and 1.0e-5 s per op, was 1.41e-9 and 1.39e-4). The tiled attention's after its
+     * AVX-512 tiles: the earlier constants over the kernels' speed-up per CPU-second at the
+     * seed's 4096 tokens (cpu_bench --attn: forward 1.63x, backward 1.44x; a calibration at
+     * load ~17 gave 7.4e-12 and 6.1e-12) */
     static const double per_unit[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 3.5e-12,  [COST_CONV_BWD_DATA] = 3.6e-12,
         [COST_CONV_BWD_FILTER] = 4.45e-12, [COST_GEMM] = 5.4e-12,
         [COST_ATTN_FWD] = 1.27e-11, [COST_ATTN_BWD] = 8.5e-12,
-        [COST_ATTN_TILED_FWD] = 1.56e-11, [COST_ATTN_TILED_BWD] = 8.8e-12,
+        [COST_ATTN_TILED_FWD] = 9.6e-12, [COST_ATTN_TILED_BWD] = 6.1e-12,
         [COST_NORM] = 9.8e-11,      [COST_ELTWISE] = 3.7e-11,
         [COST_DROPOUT] = 4.8e-10,
     };
@@ -54,7 +57,21 @@ void cost_model_default(struct cost_model *m)
     m->host_optim_seconds_per_param = 1.06e-9;
     m->transfer_seconds_per_byte = 8.9e-11;
     m->convert_seconds_per_byte = 7.1e-11;
-    m->half_speedup = 1.0;
+    /* 16-bit over fp32 per class, conversions apart: bench/calibrate on the same 2-core EPYC
+     * (AVX512-BF16 without AMX: oneDNN's bf16 convolutions and matmuls, the filter gradient in
+     * fp32 on converted operands; every other class an fp32 kernel on converted operands, whose
+     * many small conversions cost more than the per-byte rate says), at load ~17: whole steps
+     * ddpm-cifar10 b4 0.889 -> 0.733 s, seed-64 b1 0.405 -> 0.403 s, fmnist-tiny b4 0.051 ->
+     * 0.058 s */
+    static const double half[COST_CLASS_COUNT] = {
+        [COST_CONV_FWD] = 1.64,     [COST_CONV_BWD_DATA] = 1.77,
+        [COST_CONV_BWD_FILTER] = 0.98, [COST_GEMM] = 1.46,
+        [COST_ATTN_FWD] = 0.91,     [COST_ATTN_BWD] = 0.84,
+        [COST_ATTN_TILED_FWD] = 0.93, [COST_ATTN_TILED_BWD] = 0.96,
+        [COST_NORM] = 0.75,         [COST_ELTWISE] = 0.41,
+        [COST_DROPOUT] = 0.90,
+    };
+    memcpy(m->half_speed, half, sizeof half);
     m->threads = 2;
 }
 
@@ -169,7 +186,7 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
         const struct op *o = &g->ops[k];
         enum cost_class c = cost_op_class(o);
         double w = cost_op_work(g, k) * m->seconds_per_unit[c];
-        if (half && c <= COST_ATTN_TILED_BWD && m->half_speedup > 0) w /= m->half_speedup;
+        if (half && m->half_speed[c] > 0) w /= m->half_speed[c];
         if (half) w += convert_bytes(g, o, o) * m->convert_seconds_per_byte;
         work += w;
         fixed += m->op_seconds[c];
@@ -239,7 +256,19 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
         if (sscanf(buf, " %31s%n", key, &used) != 1) continue; /* blank or comment */
         char *p = buf + used, *end;
         double a, b;
-        int c = -1;
+        int c = -1, hc = -1;
+        if (strcmp(key, "half") == 0) { /* half CLASS X */
+            char cls[32];
+            int u2 = 0;
+            if (sscanf(p, " %31s%n", cls, &u2) == 1)
+                for (int k = 0; k < COST_CLASS_COUNT; k++)
+                    if (strcmp(cls, class_names[k]) == 0) hc = k;
+            if (hc < 0) {
+                snprintf(err, errlen, "line %d: 'half' needs a class name and a speed", line);
+                return -1;
+            }
+            p += u2;
+        }
         for (int k = 0; k < COST_CLASS_COUNT; k++)
             if (strcmp(key, class_names[k]) == 0) c = k;
         if (parse_num(p, &end, &a)) goto bad;
@@ -249,6 +278,8 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
             w.seconds_per_unit[c] = a;
             w.op_seconds[c] = b;
             p = end;
+        } else if (hc >= 0 && a > 0) {
+            w.half_speed[hc] = a;
         } else if (strcmp(key, "threads") == 0 && a >= 1 && a <= 4096 && a == floor(a)) {
             w.threads = (int)a;
         } else if (strcmp(key, "optim") == 0) {
@@ -260,7 +291,7 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
         } else if (strcmp(key, "convert") == 0) {
             w.convert_seconds_per_byte = a;
         } else if (strcmp(key, "half_speedup") == 0 && a > 0) {
-            w.half_speedup = a;
+            for (int k = 0; k <= COST_ATTN_TILED_BWD; k++) w.half_speed[k] = a;
         } else {
             snprintf(err, errlen, "line %d: unknown key or bad value '%.31s'", line, key);
             return -1;
@@ -288,9 +319,10 @@ char *cost_model_format(const struct cost_model *m)
     for (int k = 0; k < COST_CLASS_COUNT; k++)
         o += snprintf(s + o, cap - (size_t)o, "%s %.6g %.6g\n", class_names[k],
                       m->seconds_per_unit[k], m->op_seconds[k]);
-    snprintf(s + o, cap - (size_t)o,
-             "optim %.6g\nhost_optim %.6g\ntransfer %.6g\nconvert %.6g\nhalf_speedup %.6g\n",
+    for (int k = 0; k < COST_CLASS_COUNT; k++)
+        o += snprintf(s + o, cap - (size_t)o, "half %s %.6g\n", class_names[k], m->half_speed[k]);
+    snprintf(s + o, cap - (size_t)o, "optim %.6g\nhost_optim %.6g\ntransfer %.6g\nconvert %.6g\n",
              m->optim_seconds_per_param, m->host_optim_seconds_per_param,
-             m->transfer_seconds_per_byte, m->convert_seconds_per_byte, m->half_speedup);
+             m->transfer_seconds_per_byte, m->convert_seconds_per_byte);
     return s;
 }

@@ -36,8 +36,11 @@ struct cost_model {
     double host_optim_seconds_per_param;       /* the same on host threads (offload) */
     double transfer_seconds_per_byte;          /* device <-> host copy (offload) */
     double convert_seconds_per_byte;           /* fp32 <-> 16-bit conversion of weights */
-    double half_speedup;                       /* 16-bit conv/GEMM/attention throughput over
-                                                * fp32 (1 where the machine has no 16-bit units) */
+    double half_speed[COST_CLASS_COUNT];       /* per class, its ops' throughput under a 16-bit
+                                                * precision over fp32, the conversions around
+                                                * them not counted (those are convert's): above
+                                                * 1 where the backend's 16-bit kernels are the
+                                                * faster, 1 where it runs the class in fp32 */
     int threads;                               /* the thread count it was measured at */
 };
 
@@ -45,8 +48,10 @@ struct cost_model {
 void cost_model_default(struct cost_model *m);
 
 /* Lines of "key value..." ('#' starts a comment): `threads N`, `<class> SECONDS_PER_UNIT
- * OP_SECONDS` for each class name (cost_class_name), `optim S`, `host_optim S`, `transfer S`,
- * `convert S`, `half_speedup X`. Keys not given keep m's values (start from cost_model_default).
+ * OP_SECONDS` for each class name (cost_class_name), `half <class> X` (its half_speed),
+ * `optim S`, `host_optim S`, `transfer S`, `convert S`; `half_speedup X` (files before the
+ * per-class speeds) sets X for the convolutions, GEMMs and attention. Keys not given keep m's
+ * values (start from cost_model_default).
  * 0, or -1 with a message naming the line. */
 int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t errlen);
 /* the file's text for m (cost_model_parse reads it back); the caller frees it */
@@ -69,7 +74,7 @@ double cost_op_seconds(const struct cost_model *m, const struct graph *g, int k)
 /* The predicted seconds of one training step of effective batch `batch` under plan p, whose
  * graph g is built for micro-batch b = g's batch (p->strategy.micro_batch, or the batch when 0):
  * ceil(batch / b) forward+backward passes (the last, smaller one scaled by its samples), each
- * running the plan's ops (recomputation included), 16-bit classes sped up by half_speedup, the
+ * running the plan's ops (recomputation included), each class by its half_speed under 16 bits, the
  * optimizer (on host threads with offload, plus the gradient and weight transfers).
  * An inference plan: one forward. */
 double cost_predict_step_seconds(const struct cost_model *m, const struct plan *p,

@@ -190,7 +190,10 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
     }
 
     /* one graph per (precision, micro-batch): recomputation and offload share it. The fp32
-     * candidates first: the 16-bit ones are built only when no fp32 one fits (or plan_all) */
+     * candidates first: the 16-bit ones are built only when no fp32 one fits (or plan_all);
+     * where the spec allows 16 bits for speed (allow_half under AUTO), all in one group, by
+     * predicted time */
+    const int one_group = want->allow_half && want->precision == STRATEGY_PRECISION_AUTO;
     int ng = np * nm, nc = ng * nr * no, built = 0;
     graphs = calloc((size_t)ng, sizeof *graphs);
     r->cand = calloc((size_t)nc + 1, sizeof *r->cand);
@@ -198,10 +201,10 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
     level = calloc((size_t)nc + 1, sizeof *level);
     if (!graphs || !r->cand || !graph_of || !level) goto out;
     for (int i = 0; i < ng; i++) graph_init(&graphs[i]);
-    for (int half = 0; half <= 1 && (r->chosen < 0 || plan_all); half++) {
+    for (int half = 0; half <= (one_group ? 0 : 1) && (r->chosen < 0 || plan_all); half++) {
         int first = r->n_cand;
         for (int ip = 0; ip < np; ip++) {
-            if ((prec[ip] != STRATEGY_PRECISION_F32) != half) continue;
+            if (!one_group && (prec[ip] != STRATEGY_PRECISION_F32) != half) continue;
             for (int im = 0; im < nm; im++) {
                 int gi = ip * nm + im;
                 struct strategy s = *want;

@@ -70,7 +70,8 @@ enum planner_status {
 
 /* Search. want: forced fields and AUTO ones (micro_batch 0 = auto; sample_batch 0 = auto;
  * precision AUTO prefers fp32: a 16-bit precision changes the numbers a job computes, so it is
- * picked only when no fp32 candidate fits). budget 0: no limit. plan_all: plan every candidate
+ * picked only when no fp32 candidate fits; unless want->allow_half, which lets it pick 16 bits
+ * wherever the cost model predicts them faster). budget 0: no limit. plan_all: plan every candidate
  * exactly (`ddpmd plan --all`); otherwise in order until the first that fits, those bounded over
  * the budget skipped, and when nothing fits, by bound, until the smallest is known. r is filled
  * in every case and freed with planner_result_free. */

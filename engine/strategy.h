@@ -44,13 +44,17 @@ struct strategy {
                           * chunks of it (noise is drawn by image index: any chunking gives the
                           * same images); 0 = auto: the search takes the largest that fits, at
                           * most min(output.samples, 16) */
+    int allow_half;      /* precision AUTO may pick a 16-bit precision for speed (the spec's
+                          * memory.allow_16bit): the search then orders fp32 and 16-bit
+                          * candidates together by predicted time; 0: fp32 first, 16 bits only
+                          * when no fp32 plan fits */
 };
 
 /* every field AUTO (micro_batch 0), loss scaling at its defaults */
 static inline struct strategy strategy_auto(void)
 {
     struct strategy s = {STRATEGY_PRECISION_AUTO, 0, STRATEGY_RECOMPUTE_AUTO, -1,
-                         {65536.0f, 2.0f, 0.5f, 2000}, 0};
+                         {65536.0f, 2.0f, 0.5f, 2000}, 0, 0};
     return s;
 }
 
@@ -58,7 +62,7 @@ static inline struct strategy strategy_auto(void)
 static inline struct strategy strategy_plain(int batch)
 {
     struct strategy s = {STRATEGY_PRECISION_F32, batch, STRATEGY_RECOMPUTE_NONE, 0,
-                         {65536.0f, 2.0f, 0.5f, 2000}, 0};
+                         {65536.0f, 2.0f, 0.5f, 2000}, 0, 0};
     return s;
 }
 

@@ -714,8 +714,8 @@ static void get_budget(struct spec_errors *E, const cJSON *mem, struct train_spe
 
 static void parse_memory(struct spec_errors *E, const cJSON *mem, struct train_spec *s)
 {
-    static const char *keys[] = {"vram_budget", "precision", "micro_batch", "recompute",
-                                 "offload", "loss_scale", NULL};
+    static const char *keys[] = {"vram_budget", "precision", "allow_16bit", "micro_batch",
+                                 "recompute", "offload", "loss_scale", NULL};
     static const char *prec[] = {"auto", "f32", "bf16", "f16", NULL};
     static const char *rec[] = {"auto", "none", "attention", "resblock", "level", NULL};
     static const char *off[] = {"auto", "off", "on", NULL};
@@ -727,6 +727,7 @@ static void parse_memory(struct spec_errors *E, const cJSON *mem, struct train_s
     get_enum(E, mem, "memory", "recompute", rec, &r);
     get_enum(E, mem, "memory", "offload", off, &o);
     s->strategy.precision = p - 1;
+    get_bool(E, mem, "memory", "allow_16bit", &s->strategy.allow_half);
     s->strategy.recompute = r - 1;
     s->strategy.offload = o - 1;
     const cJSON *mb = item(mem, "micro_batch");
@@ -893,6 +894,7 @@ static void validate(const struct train_spec *s, struct spec_errors *E)
     check_flag(E, "memory.recompute", s->strategy.recompute, STRATEGY_RECOMPUTE_AUTO,
                STRATEGY_RECOMPUTE_LEVEL);
     check_flag(E, "memory.offload", s->strategy.offload, -1, 1);
+    check_flag(E, "memory.allow_16bit", s->strategy.allow_half, 0, 1);
     if (s->vram_budget < 0 || s->vram_budget > SPEC_BUDGET_MAX)
         err(E, "memory.vram_budget", "must be in [0, %lld] bytes (0: no limit), got %lld",
             (long long)SPEC_BUDGET_MAX, (long long)s->vram_budget);
@@ -1288,6 +1290,8 @@ char *spec_to_json(const struct train_spec *s)
     static const char *off[] = {"auto", "off", "on"};
     js_num(mem, "vram_budget", (double)s->vram_budget, &bad);
     js_str(mem, "precision", prec[s->strategy.precision + 1], &bad);
+    if (s->strategy.allow_half) /* written only when set: older checkpoints' specs match */
+        js_bool(mem, "allow_16bit", 1, &bad);
     if (s->strategy.micro_batch)
         js_num(mem, "micro_batch", s->strategy.micro_batch, &bad);
     else

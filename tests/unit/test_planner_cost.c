@@ -26,7 +26,8 @@ static void file_format(void)
     m.seconds_per_unit[COST_GEMM] = 3.25e-11;
     m.op_seconds[COST_NORM] = 7e-6;
     m.threads = 5;
-    m.half_speedup = 1.75;
+    m.half_speed[COST_CONV_FWD] = 1.75;
+    m.half_speed[COST_GEMM] = 0.625;
     char *txt = cost_model_format(&m), err[200];
     memset(&r, 0, sizeof r);
     CHECK(txt && cost_model_parse(&r, txt, err, sizeof err) == 0, "parse of format: %s", err);
@@ -37,8 +38,9 @@ static void file_format(void)
     same &= close_rel(r.optim_seconds_per_param, m.optim_seconds_per_param, 1e-5) &&
             close_rel(r.host_optim_seconds_per_param, m.host_optim_seconds_per_param, 1e-5) &&
             close_rel(r.transfer_seconds_per_byte, m.transfer_seconds_per_byte, 1e-5) &&
-            close_rel(r.convert_seconds_per_byte, m.convert_seconds_per_byte, 1e-5) &&
-            close_rel(r.half_speedup, m.half_speedup, 1e-5);
+            close_rel(r.convert_seconds_per_byte, m.convert_seconds_per_byte, 1e-5);
+    for (int k = 0; k < COST_CLASS_COUNT; k++)
+        same &= close_rel(r.half_speed[k], m.half_speed[k], 1e-5);
     CHECK(same, "the file does not read back to the constants written:\n%s", txt ? txt : "");
     free(txt);
 
@@ -49,6 +51,19 @@ static void file_format(void)
               r.op_seconds[COST_GEMM] == 2e-6 && r.threads == 3 &&
               r.seconds_per_unit[COST_CONV_FWD] == m.seconds_per_unit[COST_CONV_FWD],
           "a partial file: %s", err);
+    /* a 16-bit speed per class; a file of the single speed before them sets the typed ones */
+    struct cost_model dflt;
+    cost_model_default(&dflt);
+    cost_model_default(&r);
+    CHECK(cost_model_parse(&r, "half conv_bwd_filter 0.5\nhalf eltwise 1.25\n", err,
+                           sizeof err) == 0 && r.half_speed[COST_CONV_BWD_FILTER] == 0.5 &&
+              r.half_speed[COST_ELTWISE] == 1.25 &&
+              r.half_speed[COST_CONV_FWD] == dflt.half_speed[COST_CONV_FWD],
+          "half CLASS X: %s", err);
+    CHECK(cost_model_parse(&r, "half_speedup 2\n", err, sizeof err) == 0 &&
+              r.half_speed[COST_CONV_FWD] == 2 && r.half_speed[COST_ATTN_TILED_BWD] == 2 &&
+              r.half_speed[COST_ELTWISE] == 1.25,
+          "half_speedup X: %s", err);
     static const char *const bad[] = {
         "threads 2\nconv_fwd 1e-9\n",   /* one number where two are needed */
         "conv_fwd 1e-9 -1\n",           /* negative */
@@ -56,6 +71,9 @@ static void file_format(void)
         "\nnot_a_key 1\n",              /* unknown key */
         "threads 0\n",                  /* out of range */
         "half_speedup 0\n",
+        "half conv_fwd 0\n",           /* a speed must be positive */
+        "half nope 2\n",               /* no such class */
+        "half conv_fwd\n",
         "transfer nan\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -143,6 +161,25 @@ static void prediction(void)
         plan_free(&pr);
     } else {
         CHECK(0, "the recomputing plan");
+    }
+    /* 16 bits: each class's work divided by its own speed. g4 under bf16 predicted with one
+     * class (conv_fwd) twice as fast: the step falls by half that class's work seconds */
+    struct strategy sb = strategy_plain(4);
+    sb.precision = STRATEGY_PRECISION_BF16;
+    if (graph_set_precision(&g4, STRATEGY_PRECISION_BF16) == 0) {
+        struct cost_model m2 = m;
+        for (int c = 0; c < COST_CLASS_COUNT; c++) m.half_speed[c] = m2.half_speed[c] = 1.0;
+        m2.half_speed[COST_CONV_FWD] = 2.0;
+        double cf = 0;
+        for (int k = 0; k < g4.n_ops; k++)
+            if (cost_op_class(&g4.ops[k]) == COST_CONV_FWD)
+                cf += cost_op_work(&g4, k) * m.seconds_per_unit[COST_CONV_FWD];
+        double h1 = cost_predict_graph_seconds(&m, &g4, &sb, 4);
+        double h2 = cost_predict_graph_seconds(&m2, &g4, &sb, 4);
+        CHECK(cf > 0 && close_rel(h1 - h2, 0.5 * cf, 1e-9),
+              "bf16 with conv_fwd at 2x: %g -> %g, expected %g less", h1, h2, 0.5 * cf);
+    } else {
+        CHECK(0, "the bf16 graph");
     }
     plan_free(&p4);
     plan_free(&p8);

@@ -5,11 +5,16 @@
  * plan, every candidate planned or bounded above it; every candidate's bytes are its job's plan's
  * and every bound below them; a budget too small for the full sample grid takes a smaller chunk;
  * every candidate is one the engine runs (planner_available), a forced strategy it cannot run is
- * refused by name, and the 16-bit precisions come after every fp32 candidate.
+ * refused by name, and the 16-bit precisions come after every fp32 candidate, unless the spec
+ * allows 16 bits for speed (memory.allow_16bit): then one order by prediction, and under a cost
+ * model whose 16-bit kernels are faster a 16-bit plan is chosen.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
+#include "cost.h"
 #include "spec.h"
 #include "test_util.h"
 #include "train.h"
@@ -148,6 +153,39 @@ int main(void)
               "with no budget the plain step is chosen");
     }
     planner_result_free(&r);
+
+    /* memory.allow_16bit: fp32 and 16-bit candidates in one order, by predicted time, so the
+     * fastest predicted of either is chosen (with no budget, the first). Under a cost model
+     * whose 16-bit kernels are 20x their fp32 rate that is a 16-bit plan; without
+     * allow_16bit, still fp32. */
+    char cm[] = "/tmp/ddpmd-test-costXXXXXX";
+    int fd = mkstemp(cm);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    CHECK(f != NULL, "a temporary cost model file");
+    if (f) {
+        for (int c = 0; c < COST_CLASS_COUNT; c++)
+            fprintf(f, "half %s 20\n", cost_class_name((enum cost_class)c));
+        fprintf(f, "convert 1e-13\n");
+        fclose(f);
+        setenv("DDPMD_COST_MODEL", cm, 1);
+        for (int allow = 0; allow < 2; allow++) {
+            s.strategy.allow_half = allow;
+            CHECK(train_search(&s, 1, &r, err, sizeof err) == 0 && r.chosen == 0,
+                  "allow_16bit %d: %s", allow, err);
+            int sorted = 1, precs = 0;
+            for (int i = 0; i < r.n_cand; i++) {
+                if (i && r.cand[i].predicted_s < r.cand[i - 1].predicted_s) sorted = 0;
+                precs |= 1 << r.cand[i].strategy.precision;
+            }
+            CHECK(precs == 7 && (r.cand[0].strategy.precision != STRATEGY_PRECISION_F32) == allow,
+                  "allow_16bit %d: chose precision %d", allow, r.cand[0].strategy.precision);
+            CHECK(!allow || sorted, "allow_16bit: candidates not in one order by prediction");
+            planner_result_free(&r);
+        }
+        unsetenv("DDPMD_COST_MODEL");
+        unlink(cm);
+        s.strategy.allow_half = 0;
+    }
 
     s.vram_budget = (int64_t)total;
     CHECK(train_search(&s, 0, &r, err, sizeof err) == 0 && r.chosen >= 0 &&
