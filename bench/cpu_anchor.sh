@@ -26,6 +26,8 @@ WARMUP=${WARMUP:-2}
 SEED_STEPS=${SEED_STEPS:-2}
 SEED_WARMUP=${SEED_WARMUP:-1}
 COMPILE_WARMUP=${COMPILE_WARMUP:-3}
+RUN_TIMEOUT=${RUN_TIMEOUT:-1800}  # seconds per process; one over it counts as failed (torch.compile
+                                  # of fmnist-tiny b8 had not finished in 900 s at load ~20 here)
 CONFIGS=${CONFIGS:-"seed-64:8 ddpm-cifar10:8 fmnist-tiny:32 cifar-small:8"}
 FORMS=${FORMS:-"ddpmd:f32 ddpmd:bf16 torch:script:f32 torch:sdpa:f32 torch:sdpa-cl:bf16 torch:compile:bf16 debian:script:f32"}
 TORCH_VENV=${TORCH_VENV:-build/torch211}
@@ -64,13 +66,13 @@ run_one() {
   local cfg=$1 bs=$2 form=$3 st=$4 wu=$5
   local eng=${form%%:*} rest=${form#*:}
   case $eng in
-    ddpmd) $B --config "$cfg" --batch "$bs" --steps "$st" --warmup "$wu" --threads "$THREADS" \
+    ddpmd) timeout "$RUN_TIMEOUT" $B --config "$cfg" --batch "$bs" --steps "$st" --warmup "$wu" --threads "$THREADS" \
              --precision "$rest" 2>/dev/null || true ;;
     torch|debian)
       local py=$TP f=${rest%%:*} prec=${rest##*:}
       if [ "$eng" = debian ]; then [ $have_debian = 1 ] || return 0; py=/usr/bin/python3; fi
       if [ "$f" = compile ] && [ "$wu" -lt "$COMPILE_WARMUP" ]; then wu=$COMPILE_WARMUP; fi
-      $py bench/torch_step.py --config "$cfg" --batch "$bs" --steps "$st" --warmup "$wu" \
+      timeout "$RUN_TIMEOUT" $py bench/torch_step.py --config "$cfg" --batch "$bs" --steps "$st" --warmup "$wu" \
         --threads "$THREADS" --precision "$prec" --form "$f" 2>/dev/null || true ;;
   esac
 }

@@ -496,10 +496,12 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
-            "[--profile] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
+            "[--profile | --profile-cpu] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
             "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
             "       cpu_bench --attn [--threads N] [--seconds S]\n"
             "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n"
+            "--profile-cpu: the profile in CPU seconds of the thread running the step (what a\n"
+            "busy machine stretches least; --profile: wall time)\n"
             "--half-kernels MASK: bf16 on these kernels (1 convolutions, 2 linears, 3 both, 0\n"
             "none) instead of the CPU backend's choice (half_kernels)\n");
 }
@@ -521,6 +523,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--profile-cpu")) profile = EXEC_PROFILE_CPU;
         else if (!strcmp(a, "--half-kernels") && v) {
             forced_mask = (unsigned)strtoul(argv[++i], NULL, 0);
             force_half = 1;
