@@ -326,7 +326,8 @@ static int run_ceilings(int threads, double seconds)
      * batch 8 and 16x16 */
     {
         const int m = 2048, k = 256, n = 256;
-        float *x = malloc((size_t)m * k * 4), *w = malloc((size_t)n * k * 4), *y = malloc((size_t)m * n * 4);
+        float *x = malloc((size_t)m * k * 4), *w = malloc((size_t)n * k * 4);
+        float *y = malloc((size_t)m * n * 4);
         float *dx = malloc((size_t)m * k * 4), *dw = calloc((size_t)n * k, 4);
         fill_normal(x, (size_t)m * k, 5, 0, 0);
         fill_normal(w, (size_t)n * k, 5, 0, 1);
@@ -334,9 +335,12 @@ static int run_ceilings(int threads, double seconds)
         for (int di = 0; di < 2; di++) {
             const int dt = di ? BK_DTYPE_BF16 : BK_DTYPE_F32;
             if (dt == BK_DTYPE_BF16) { /* in place, as the convolution's below */
-                for (size_t i = 0; i < (size_t)m * k; i++) ((uint16_t *)x)[i] = half_f32_to_bf16(x[i]);
-                for (size_t i = 0; i < (size_t)n * k; i++) ((uint16_t *)w)[i] = half_f32_to_bf16(w[i]);
-                for (size_t i = 0; i < (size_t)m * n; i++) ((uint16_t *)y)[i] = half_f32_to_bf16(y[i]);
+                for (size_t i = 0; i < (size_t)m * k; i++)
+                    ((uint16_t *)x)[i] = half_f32_to_bf16(x[i]);
+                for (size_t i = 0; i < (size_t)n * k; i++)
+                    ((uint16_t *)w)[i] = half_f32_to_bf16(w[i]);
+                for (size_t i = 0; i < (size_t)m * n; i++)
+                    ((uint16_t *)y)[i] = half_f32_to_bf16(y[i]);
             }
             size_t wsb = cpu_linear_ws_bytes(m, k, n, dt);
             void *ws = malloc(wsb ? wsb : 64);

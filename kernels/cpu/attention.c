@@ -2,11 +2,12 @@
  * (FlashAttention-2's schedule, saves only lse (N,H,L); its workspace is a few tiles per thread)
  * and plain (saves p (N,H,L,L); its workspace holds an L x L S or dS per thread in flight).
  * q, k, v, dq, dk, dv rows have stride s->ld; o and dout are dense (N,L,H*D); head h of a token
- * is the columns [h*D, (h+1)*D) of its row. The products are AVX2 register tiles, one task per
- * tile row (tiled forward) or per (n, h) pair (tiled backward, plain), so the results do not
- * depend on the thread count; except the tiled backward's split of a pair's keys and the plain
- * form's cpu_gemm (oneDNN) products when there are fewer pairs than threads: those depend on the
- * thread count, as the convolutions' do. */
+ * is the columns [h*D, (h+1)*D) of its row. The products and softmax steps are register-tile
+ * kernels of the process's instruction set (attn_tiles.h: AVX-512 in attn512.c, AVX2 here),
+ * one task per tile row (tiled forward) or per (n, h) pair (tiled backward, plain), so the
+ * results do not depend on the thread count; except the tiled backward's split of a pair's keys
+ * and the plain form's cpu_gemm (oneDNN) products when there are fewer pairs than threads: those
+ * depend on the thread count, as the convolutions' do. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>

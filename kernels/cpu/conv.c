@@ -297,7 +297,8 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
         onednn_make_scratch_mem(&e->m[M_SW], e->l.scr_bwd_w))
         goto out;
     if (conv_filter_f32(s) &&
-        (onednn_make_mem(&e->m[M_X32], dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_src_md, 0)) ||
+        (onednn_make_mem(&e->m[M_X32],
+                         dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_src_md, 0)) ||
          onednn_make_mem(&e->m[M_DY32],
                          dnnl_primitive_desc_query_md(p.bwd_w, dnnl_query_diff_dst_md, 0))))
         goto out;
