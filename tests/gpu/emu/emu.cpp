@@ -1161,8 +1161,15 @@ static void dnn_engine_module(int et, int dir, int stride)
     for (int k : loaded) seen |= k == key;
     if (!seen) loaded.push_back(key);
     pthread_mutex_unlock(&g_launch_lock);
+    /* Kept reachable (as the driver keeps a loaded module): never freed, never a leak. */
+    static std::vector<void *> modules;
     void *m = NULL;
     if (!seen && emu_malloc(&m, (size_t)1 << 20, 2) != cudaSuccess) (void)cudaGetLastError();
+    if (m) {
+        pthread_mutex_lock(&g_launch_lock);
+        modules.push_back(m);
+        pthread_mutex_unlock(&g_launch_lock);
+    }
 }
 
 struct emu_cudnn {
