@@ -39,7 +39,8 @@ typedef struct bk_ctx bk_ctx; /* per-job: thread count, stream, library handles 
  * cuBLAS's and cuDNN's tensor-core epilogues do with beta = 1 (an H200 with CUDA 13.0 and cuDNN
  * 9.14: round(y + r) differs from it in 21-32% of the elements) and what PyTorch's autocast does
  * when it sums two 16-bit gradients. An fp32 output that accumulates, and a 16-bit tensor that
- * reaches an fp32 kernel through convert, sum in fp32: round(y + r). */
+ * reaches an fp32 kernel through convert, sum in fp32: round(y + r), as do the memory-bound
+ * kernels' typed versions (struct bk_typed, optional: backend.typed). */
 enum bk_dtype { BK_DTYPE_F32 = 0, BK_DTYPE_F16 = 1, BK_DTYPE_BF16 = 2 };
 
 /* half_kernels' bits: the typed kernels that take 16-bit operands natively */
@@ -48,6 +49,8 @@ enum bk_half {
     BK_HALF_LINEAR = 1u << 1,     /* linear_fwd, linear_bwd */
     BK_HALF_ATTN = 1u << 2,       /* attn_fwd, attn_bwd (tiled) */
     BK_HALF_ATTN_PLAIN = 1u << 3, /* attn_plain_fwd, attn_plain_bwd */
+    BK_HALF_NORM = 1u << 4,       /* typed: group norm (its fusions too), layer norm */
+    BK_HALF_ELTWISE = 1u << 5,    /* typed: element-wise, layout, resampling and dropout kernels */
 };
 
 /* bytes of one element of dtype */
@@ -99,6 +102,93 @@ struct bk_device_mem {
                             * measured once after the warm-up; subtract it from the budget */
     int cc_major, cc_minor;
     char name[96];
+};
+
+/* a group norm over images in the backend's layout (N,C,HW; G groups of C/G channels) and the
+ * broadcast adds the executor fuses into it (bk_typed's groupnorm_fwd, groupnorm_bwd) */
+struct bk_groupnorm {
+    int n, c, hw, groups;
+    float eps;
+    int silu;               /* y = silu(group norm(x)) */
+    int dtype;              /* enum bk_dtype of the images and (N,C) terms: x, xo, xb, y, yb
+                             * (forward), dy, dx, db (backward) */
+};
+
+/* The memory-bound kernels on elements of a given dtype (enum bk_dtype, fp32 included), for the
+ * backends that store 16-bit activations without converting them around fp32 kernels (the
+ * executor uses them for every op they cover where backend.typed is set; half_kernels'
+ * BK_HALF_NORM and BK_HALF_ELTWISE say which 16-bit types it may plan on them). Each entry has
+ * the contract of the fp32 entry of the same name with its image, token and vector operands
+ * (x, y, a, b, dx, dy, da, db, and the (N,C) broadcast term) of `dtype`; statistics (mean,
+ * rstd), parameters (gamma, beta) and their gradients stay fp32 (dgamma, dbeta accumulate),
+ * arithmetic is fp32 (statistics and reductions at least as precise as the fp32 entries'), and
+ * each 16-bit value stored is rounded once to nearest even as kernels/half.h (an accumulating
+ * output: round(y + result), the sum in fp32), so a typed kernel gives what its fp32 entry
+ * gives on converted operands up to the fp32 rounding of its arithmetic. A dtype a kernel lacks:
+ * BK_ERR_INVALID. */
+struct bk_typed {
+    /* scratch bytes of groupnorm_fwd (backward 0) or groupnorm_bwd (1) for s */
+    size_t (*groupnorm_ws_bytes)(const struct bk_groupnorm *s, int backward);
+    /* y = act(group norm(x')), act = silu or identity; x' = x + xb (N,C) broadcast over HW when
+     * xb (stored, rounded to the dtype, into xo: xo may be x; the statistics are those of the
+     * stored values), else x (xo unused); then y += yb (N,C) broadcast when yb. Rounding points
+     * are the unfused ops': add_bcast's sum, the norm's output, the second add_bcast's sum.
+     * mean, rstd (N,G) fp32 saved; gamma, beta (C) fp32 or NULL */
+    int (*groupnorm_fwd)(void *y, float *mean, float *rstd, void *xo, const void *x,
+                         const void *xb, const void *yb, const float *gamma, const float *beta,
+                         void *ws, const struct bk_groupnorm *s, bk_ctx *ctx);
+    /* dx (=/+= accum, may be NULL) of y = act(group norm(x)) from dy, recomputing act's input
+     * from x, mean, rstd, gamma, beta (beta read only with silu); dgamma, dbeta += (fp32, may be
+     * NULL); db (N,C) (=/+= db_accum, may be NULL): the sum over HW of dx as stored (db_of_dx 1:
+     * the gradient of a broadcast add before the norm) or of dy (0: of one after it) */
+    int (*groupnorm_bwd)(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
+                         const void *x, const float *gamma, const float *beta, const float *mean,
+                         const float *rstd, int accum, int db_accum, int db_of_dx, void *ws,
+                         const struct bk_groupnorm *s, bk_ctx *ctx);
+    /* x, y, dy, dx (M,D) of dtype */
+    int (*layernorm_fwd)(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                         const float *beta, int m, int d, float eps, int dtype, bk_ctx *ctx);
+    int (*layernorm_bwd)(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                         const float *gamma, const float *mean, const float *rstd, int accum,
+                         int m, int d, int dtype, bk_ctx *ctx);
+    int (*silu_fwd)(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx);
+    int (*silu_bwd)(void *dx, const void *dy, const void *x, int accum, size_t count, int dtype,
+                    bk_ctx *ctx);
+    int (*gelu_fwd)(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx);
+    int (*gelu_bwd)(void *dx, const void *dy, const void *x, int accum, size_t count, int dtype,
+                    bk_ctx *ctx);
+    int (*add_fwd)(void *y, const void *a, const void *b, size_t count, int dtype, bk_ctx *ctx);
+    int (*copy_grad)(void *dx, const void *dy, int accum, size_t count, int dtype, bk_ctx *ctx);
+    int (*scale_fwd)(void *y, const void *x, float s, size_t count, int dtype, bk_ctx *ctx);
+    /* b, db (N,C) of dtype */
+    int (*add_bcast_fwd)(void *y, const void *x, const void *b, int n, int c, int hw, int dtype,
+                         bk_ctx *ctx);
+    int (*add_bcast_bwd)(void *db, const void *dy, int accum, int n, int c, int hw, int dtype,
+                         bk_ctx *ctx);
+    int (*concat_fwd)(void *y, const void *a, const void *b, int n, int c1, int c2, int hw,
+                      int dtype, bk_ctx *ctx);
+    int (*concat_bwd)(void *da, void *db, const void *dy, int accum_a, int accum_b, int n, int c1,
+                      int c2, int hw, int dtype, bk_ctx *ctx);
+    int (*transpose_fwd)(void *y, const void *x, int accum, int n, int c, int hw, int dtype,
+                         bk_ctx *ctx);
+    int (*upsample_nearest2x_fwd)(void *y, const void *x, int n, int c, int h, int w, int dtype,
+                                  bk_ctx *ctx);
+    int (*upsample_nearest2x_bwd)(void *dx, const void *dy, int accum, int n, int c, int h, int w,
+                                  int dtype, bk_ctx *ctx);
+    int (*upsample_bilinear2x_fwd)(void *y, const void *x, int align_corners, int n, int c, int h,
+                                   int w, int dtype, bk_ctx *ctx);
+    int (*upsample_bilinear2x_bwd)(void *dx, const void *dy, int align_corners, int accum, int n,
+                                   int c, int h, int w, int dtype, bk_ctx *ctx);
+    int (*maxpool2x2_fwd)(void *y, const void *x, int n, int c, int h, int w, int dtype,
+                          bk_ctx *ctx);
+    int (*maxpool2x2_bwd)(void *dx, const void *dy, const void *x, int accum, int n, int c, int h,
+                          int w, int dtype, bk_ctx *ctx);
+    int (*dropout_fwd)(void *y, const void *x, float p, uint64_t seed, uint64_t step, uint32_t op,
+                       int sample_base, int n, size_t per_sample, int channels, int dtype,
+                       bk_ctx *ctx);
+    int (*dropout_bwd)(void *dx, const void *dy, float p, uint64_t seed, uint64_t step,
+                       uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                       int channels, int dtype, bk_ctx *ctx);
 };
 
 struct backend {
@@ -359,6 +449,10 @@ struct backend {
     int (*copy_fence)(bk_ctx *ctx);
     /* the host waits for every copy enqueued so far */
     int (*copy_sync)(bk_ctx *ctx);
+
+    /* optional (NULL: none, the CPU's: the executor converts 16-bit operands around the fp32
+     * entries): the memory-bound kernels on elements of any dtype, fused group norms included */
+    const struct bk_typed *typed;
 };
 
 /* the CPU backend, always present */

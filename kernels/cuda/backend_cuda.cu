@@ -199,8 +199,9 @@ static int env_int(const char *name, int def, int lo, int hi)
 static unsigned half_native(int cc, int dtype)
 {
     const unsigned attn = BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, lib = BK_HALF_CONV | BK_HALF_LINEAR;
-    if (dtype == BK_DTYPE_F16) return attn | (cc >= 70 ? lib : 0u);
-    if (dtype == BK_DTYPE_BF16) return attn | (cc >= 80 ? lib : 0u);
+    const unsigned mem = BK_HALF_NORM | BK_HALF_ELTWISE; /* integer loads and stores: anywhere */
+    if (dtype == BK_DTYPE_F16) return attn | mem | (cc >= 70 ? lib : 0u);
+    if (dtype == BK_DTYPE_BF16) return attn | mem | (cc >= 80 ? lib : 0u);
     return 0;
 }
 
@@ -238,9 +239,9 @@ static int warm_libraries(struct cu_dev *d, struct cu_slot *sl, int parity)
         const cudnnDataType_t t = dt == BK_DTYPE_F16    ? CUDNN_DATA_HALF
                                   : dt == BK_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16
                                                         : CUDNN_DATA_FLOAT;
-        WARM_CUDNN(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, t, n, c, hw, hw));
-        WARM_CUDNN(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, t, n, c, hw, hw));
-        WARM_CUDNN(cudnnSetFilter4dDescriptor(wd, t, CUDNN_TENSOR_NCHW, c, c, k, k));
+        WARM_CUDNN(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NHWC, t, n, c, hw, hw));
+        WARM_CUDNN(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NHWC, t, n, c, hw, hw));
+        WARM_CUDNN(cudnnSetFilter4dDescriptor(wd, t, CUDNN_TENSOR_NHWC, c, c, k, k));
         WARM_CUDNN(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
                                                    CUDNN_DATA_FLOAT));
         WARM_CUDNN(cudnnSetConvolutionMathType(cd, dt != BK_DTYPE_F32 ? CUDNN_TENSOR_OP_MATH
@@ -963,6 +964,38 @@ int cu_sync(bk_ctx *ctx)
 /* ---- the table ---- */
 
 static struct backend cu_backend;
+
+/* the memory-bound kernels on any dtype (norm.cu, eltwise.cu) */
+static struct bk_typed cu_typed;
+
+static void cu_typed_init(struct bk_typed *y)
+{
+    y->groupnorm_ws_bytes = cu_t_groupnorm_ws_bytes;
+    y->groupnorm_fwd = cu_t_groupnorm_fwd;
+    y->groupnorm_bwd = cu_t_groupnorm_bwd;
+    y->layernorm_fwd = cu_t_layernorm_fwd;
+    y->layernorm_bwd = cu_t_layernorm_bwd;
+    y->silu_fwd = cu_t_silu_fwd;
+    y->silu_bwd = cu_t_silu_bwd;
+    y->gelu_fwd = cu_t_gelu_fwd;
+    y->gelu_bwd = cu_t_gelu_bwd;
+    y->add_fwd = cu_t_add_fwd;
+    y->copy_grad = cu_t_copy_grad;
+    y->scale_fwd = cu_t_scale_fwd;
+    y->add_bcast_fwd = cu_t_add_bcast_fwd;
+    y->add_bcast_bwd = cu_t_add_bcast_bwd;
+    y->concat_fwd = cu_t_concat_fwd;
+    y->concat_bwd = cu_t_concat_bwd;
+    y->transpose_fwd = cu_t_transpose_fwd;
+    y->upsample_nearest2x_fwd = cu_t_upsample_nearest2x_fwd;
+    y->upsample_nearest2x_bwd = cu_t_upsample_nearest2x_bwd;
+    y->upsample_bilinear2x_fwd = cu_t_upsample_bilinear2x_fwd;
+    y->upsample_bilinear2x_bwd = cu_t_upsample_bilinear2x_bwd;
+    y->maxpool2x2_fwd = cu_t_maxpool2x2_fwd;
+    y->maxpool2x2_bwd = cu_t_maxpool2x2_bwd;
+    y->dropout_fwd = cu_t_dropout_fwd;
+    y->dropout_bwd = cu_t_dropout_bwd;
+}
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
 static void cu_table_init(void)
@@ -1046,6 +1079,12 @@ static void cu_table_init(void)
     t->copy_sync = cu_copy_sync;
     t->half_kernels = cu_half_kernels;
     t->linear_ws_bytes = cu_linear_ws_bytes;
+    t->nhwc = 1;
+    t->groupnorm_silu_fwd = cu_groupnorm_silu_fwd;
+    t->groupnorm_bwd_ws = cu_groupnorm_bwd_ws;
+    t->groupnorm_bwd_ws_bytes = cu_groupnorm_bwd_ws_bytes;
+    cu_typed_init(&cu_typed);
+    t->typed = &cu_typed;
 }
 
 /* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:

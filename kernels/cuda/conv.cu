@@ -7,12 +7,17 @@
  * cuDNN's descriptors only pad symmetrically: a conv with pad_t != pad_b or pad_l != pad_r
  * (diffusers' downsample pads right and bottom) runs unpadded over a zero-padded copy of its
  * input in the workspace, and its data gradient comes back through a cropped copy.
+ * Layout: images NHWC (CUDNN_TENSOR_NHWC, the backend's `nhwc`), filters in cuDNN's NHWC filter
+ * layout KRSC (O,Kh,Kw,I), which its tensor-core NHWC kernels take: the plan keeps OIHW weights,
+ * so the forward and the data gradient read a KRSC copy made in the workspace per call (the
+ * weights are small next to the activations), and the filter gradient is computed as a KRSC
+ * filter in the workspace and added to the OIHW fp32 dw. The bias gradient is the column sums
+ * of dy seen as (N*Ho*Wo, Co).
  * 16-bit (s->dtype f16 or bf16): x, w, y and their gradients in cuDNN's HALF / BFLOAT16 with fp32
  * accumulation (compute type FLOAT) on tensor cores (CUDNN_TENSOR_OP_MATH, in parity mode too:
  * products of 16-bit values are exact in fp32; parity still refuses Winograd, FFT and
- * non-deterministic algorithms). cuDNN's filter gradient has x's type, so it is written to a
- * 16-bit filter in the workspace and added to the fp32 dw (as PyTorch's autocast does: the
- * gradient of the 16-bit weight copy, rounded once).
+ * non-deterministic algorithms). cuDNN's filter gradient has x's type (rounded once before it is
+ * added to the fp32 dw, as PyTorch's autocast does: the gradient of the 16-bit weight copy).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -199,11 +204,11 @@ static int entry_build(struct conv_entry *e)
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->wd));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->cd));
     const cudnnDataType_t dt = dnn_type(e->dtype);
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->xd, CUDNN_TENSOR_NCHW, dt, s->n, s->ci, e->hp,
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->xd, CUDNN_TENSOR_NHWC, dt, s->n, s->ci, e->hp,
                                            e->wp));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->yd, CUDNN_TENSOR_NCHW, dt, s->n, s->co, s->ho,
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->yd, CUDNN_TENSOR_NHWC, dt, s->n, s->co, s->ho,
                                            s->wo));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->wd, dt, CUDNN_TENSOR_NCHW, s->co, s->ci, s->kh,
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->wd, dt, CUDNN_TENSOR_NHWC, s->co, s->ci, s->kh,
                                            s->kw));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->cd, ph, pw, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
@@ -345,8 +350,8 @@ size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s)
 /* the parts of the workspace */
 struct conv_ws {
     void *pad;    /* asym: the zero-padded input (forward, filter) or data gradient */
-    void *dw;     /* the filter finder's output (dw itself accumulates); 16-bit: also the
-                   * filter gradient before it is added to dw */
+    void *dw;     /* a KRSC filter of the data's type: the weights (forward, data gradient), or
+                   * the filter gradient before it is added to dw (and the finder's output) */
     void *lib;    /* cuDNN's workspace, e->lib_bytes */
 };
 
@@ -377,16 +382,24 @@ static int pick_found(const struct perf_row *r, int n, int dir, const struct con
 static int conv_pad(void *xp, const void *x, const struct conv_entry *e, bk_ctx *ctx)
 {
     const struct bk_conv2d *s = &e->s;
-    return cu_pad2d(xp, x, e->dtype, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b,
+    return cu_pad2d(xp, x, e->dtype, s->n, s->ci, s->h, s->w, s->pad_t, s->pad_l, s->pad_b,
                     s->pad_r, ctx);
 }
 
-/* y (N,Co,HW) += b (Co), the sum in fp32 and rounded once to T */
-template <typename T> __global__ void k_conv_bias(T *y, const float *b, int co, int hw, size_t total)
+/* the KRSC copy of the OIHW weights w in the workspace, the filter cuDNN reads */
+static int conv_filter(const struct conv_ws *cw, const void *w, const struct conv_entry *e,
+                       bk_ctx *ctx)
+{
+    const struct bk_conv2d *s = &e->s;
+    return cu_filter_to_krsc(cw->dw, w, e->dtype, s->co, s->ci, s->kh, s->kw, ctx);
+}
+
+/* y (N,Ho,Wo,Co) += b (Co), the sum in fp32 and rounded once to T */
+template <typename T> __global__ void k_conv_bias(T *y, const float *b, int co, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)
-        y[i] = cu_to<T>(cu_ld(y[i]) + b[(i / hw) % co]);
+        y[i] = cu_to<T>(cu_ld(y[i]) + b[i % co]);
 }
 
 template <typename T> static int conv_bias(void *y, const float *b, const struct bk_conv2d *s,
@@ -394,23 +407,7 @@ template <typename T> static int conv_bias(void *y, const float *b, const struct
 {
     const size_t total = (size_t)s->n * s->co * s->ho * s->wo;
     CU_LAUNCH(k_conv_bias<T>, cu_blocks(total, CU_THREADS), CU_THREADS, 0, ctx->stream)(
-        (T *)y, b, s->co, s->ho * s->wo, total);
-    CU_LAUNCHED(ctx);
-    return BK_OK;
-}
-
-/* dw (fp32) += g (a 16-bit filter gradient) */
-template <typename T> __global__ void k_dw_add(float *dw, const T *g, size_t count)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-         i += (size_t)gridDim.x * blockDim.x)
-        dw[i] += cu_ld(g[i]);
-}
-
-template <typename T> static int dw_add(float *dw, const void *g, size_t count, bk_ctx *ctx)
-{
-    CU_LAUNCH(k_dw_add<T>, cu_blocks(count, CU_THREADS), CU_THREADS, 0, ctx->stream)(
-        dw, (const T *)g, count);
+        (T *)y, b, s->co, total);
     CU_LAUNCHED(ctx);
     return BK_OK;
 }
@@ -432,6 +429,8 @@ int cu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *w
         if ((rc = conv_pad(cw.pad, x, e, ctx))) return rc;
         xin = cw.pad;
     }
+    if ((rc = conv_filter(&cw, w, e, ctx))) return rc;
+    w = cw.dw;
     const float one = 1.0f, zero = 0.0f;
     cu_query_lock();
     if (!e->tuned[DIR_FWD] && conv_find_enabled()) {
@@ -478,6 +477,8 @@ int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void 
     const float one = 1.0f, zero = 0.0f;
     const float beta = accum ? 1.0f : 0.0f;
     if (e->asym && accum && (rc = conv_pad(cw.pad, dx, e, ctx))) return rc;
+    if ((rc = conv_filter(&cw, w, e, ctx))) return rc;
+    w = cw.dw;
     cu_query_lock();
     /* the finder overwrites its output: only where that output is written (=) anyway */
     const int may_find = !accum;
@@ -509,7 +510,7 @@ int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void 
                                              cw.lib, e->lib_bytes, &beta, e->xd, out));
     (void)zero;
     if (e->asym) {
-        rc = cu_crop2d(dx, cw.pad, e->dtype, s->n * s->ci, s->h, s->w, s->pad_t, s->pad_l,
+        rc = cu_crop2d(dx, cw.pad, e->dtype, s->n, s->ci, s->h, s->w, s->pad_t, s->pad_l,
                        s->pad_b, s->pad_r, ctx);
         if (rc) return rc;
     }
@@ -557,21 +558,13 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, vo
     const cudnnConvolutionBwdFilterAlgo_t algo =
         (cudnnConvolutionBwdFilterAlgo_t)e->algo[DIR_BWD_FILTER];
     cu_query_unlock();
-    if (e->dtype == BK_DTYPE_F32) {
-        /* beta 1: dw += */
-        CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy,
-                                                   e->cd, algo, cw.lib, e->lib_bytes, &one,
-                                                   e->wd, dw));
-    } else {
-        /* cuDNN's 16-bit filter gradient, then dw (fp32) += it */
-        CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy,
-                                                   e->cd, algo, cw.lib, e->lib_bytes, &zero,
-                                                   e->wd, cw.dw));
-        const size_t nw = (size_t)s->co * s->ci * s->kh * s->kw;
-        if ((rc = CU_TYPED(e->dtype, dw_add, dw, cw.dw, nw, ctx))) return rc;
-    }
+    /* cuDNN's KRSC filter gradient (of the data's type), then dw (OIHW fp32) += it */
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy, e->cd,
+                                               algo, cw.lib, e->lib_bytes, &zero, e->wd, cw.dw));
+    if ((rc = cu_filter_add_krsc(dw, cw.dw, e->dtype, s->co, s->ci, s->kh, s->kw, ctx)))
+        return rc;
     if (db) {
-        rc = cu_chansum_add(db, dy, e->dtype, s->n, s->co, s->ho * s->wo, ctx);
+        rc = cu_colsum_add(db, dy, e->dtype, s->n * s->ho * s->wo, s->co, ctx);
         if (rc) return rc;
     }
     if (cu_sync_checks) CU_LAUNCHED(ctx);

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -208,7 +209,54 @@ template <> __device__ __forceinline__ cu_bf16 cu_to<cu_bf16>(float v)
     r.bits = half_f32_to_bf16(v);
     return r;
 }
+/* v as stored in T: rounded to T and widened back (the value a later kernel reads) */
+template <typename T> __device__ __forceinline__ float cu_round(float v) { return cu_ld(cu_to<T>(v)); }
+
+/* 16-byte accesses: W elements of T at p, widened to fp32 (cu_ldv) or rounded from it (cu_stv).
+ * W * sizeof(T) == 16 is one 128-bit load or store (p 16-byte aligned: the caller checks, see
+ * cu_al16); W = 1 is the scalar fallback of an unaligned or odd-sized operand. */
+struct alignas(16) cu_v16 {
+    uint32_t u[4];
+};
+template <typename T, int W> __device__ __forceinline__ void cu_ldv(float *f, const T *p)
+{
+    if constexpr (W * sizeof(T) == 16) {
+        const cu_v16 v = *(const cu_v16 *)p;
+        T t[W];
+        memcpy(t, &v, 16);
+        for (int i = 0; i < W; i++) f[i] = cu_ld(t[i]);
+    } else {
+        for (int i = 0; i < W; i++) f[i] = cu_ld(p[i]);
+    }
+}
+template <typename T, int W> __device__ __forceinline__ void cu_stv(T *p, const float *f)
+{
+    if constexpr (W * sizeof(T) == 16) {
+        T t[W];
+        for (int i = 0; i < W; i++) t[i] = cu_to<T>(f[i]);
+        cu_v16 v;
+        memcpy(&v, t, 16);
+        *(cu_v16 *)p = v;
+    } else {
+        for (int i = 0; i < W; i++) p[i] = cu_to<T>(f[i]);
+    }
+}
+
+/* SiLU and its derivative, the formulas of every CUDA kernel that applies them */
+__device__ __forceinline__ float cu_silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float cu_silu_grad(float v)
+{
+    const float s = 1.0f / (1.0f + expf(-v));
+    return s * (1.0f + v * (1.0f - s));
+}
 #endif
+
+/* the vector width of T's 16-byte accesses; COMMA: a template argument list's comma inside
+ * a macro argument (CU_LAUNCH(k<T COMMA CU_VW(T)>, ...)) */
+#define CU_VW(T) ((int)(16 / sizeof(T)))
+#define COMMA ,
+/* p may take 16-byte accesses (NULL: no operand, no constraint) */
+static inline int cu_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* ---- the kernels: signatures and contracts of kernels/backend.h ---- */
 /* backend_cuda.cu */
@@ -255,20 +303,42 @@ int cu_colsum_add(float *db, const void *dy, int dtype, int m, int n, bk_ctx *ct
 /* db (C) += sum over N and HW of dy (N,C,HW, elements of dtype), in double (conv's) */
 int cu_chansum_add(float *db, const void *dy, int dtype, int n, int c, int hw, bk_ctx *ctx);
 
-/* norm.cu */
+/* norm.cu: the fp32 entries, and the typed ones (backend.h struct bk_typed) */
 int cu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
                      const float *beta, int n, int c, int hw, int groups, float eps,
                      bk_ctx *ctx);
 int cu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
                      const float *gamma, const float *mean, const float *rstd, int accum, int n,
                      int c, int hw, int groups, bk_ctx *ctx);
+int cu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                          const float *beta, int n, int c, int hw, int groups, float eps,
+                          bk_ctx *ctx);
+int cu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                        const float *gamma, const float *beta, const float *mean,
+                        const float *rstd, int accum, int n, int c, int hw, int groups, int silu,
+                        void *ws, bk_ctx *ctx);
+size_t cu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu);
 int cu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
                      const float *beta, int m, int d, float eps, bk_ctx *ctx);
 int cu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
                      const float *gamma, const float *mean, const float *rstd, int accum, int m,
                      int d, bk_ctx *ctx);
+size_t cu_t_groupnorm_ws_bytes(const struct bk_groupnorm *s, int backward);
+int cu_t_groupnorm_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
+                       const void *yb, const float *gamma, const float *beta, void *ws,
+                       const struct bk_groupnorm *s, bk_ctx *ctx);
+int cu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
+                       const void *x, const float *gamma, const float *beta, const float *mean,
+                       const float *rstd, int accum, int db_accum, int db_of_dx, void *ws,
+                       const struct bk_groupnorm *s, bk_ctx *ctx);
+int cu_t_layernorm_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                       const float *beta, int m, int d, float eps, int dtype, bk_ctx *ctx);
+int cu_t_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                       const float *gamma, const float *mean, const float *rstd, int accum, int m,
+                       int d, int dtype, bk_ctx *ctx);
 
-/* eltwise.cu: element-wise, layout, resampling, time embedding */
+/* eltwise.cu: element-wise, layout, resampling and dropout over NHWC images, typed (the fp32
+ * entries are the typed ones on fp32), and the time embedding */
 int cu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
 int cu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                 bk_ctx *ctx);
@@ -281,9 +351,6 @@ int cu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int
                      bk_ctx *ctx);
 int cu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx);
 int cu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx);
-/* convert.cu */
-int cu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
-               bk_ctx *ctx);
 int cu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
                   bk_ctx *ctx);
 int cu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n, int c1,
@@ -300,14 +367,65 @@ int cu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, in
 int cu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_ctx *ctx);
 int cu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, int n, int c, int h,
                       int w, bk_ctx *ctx);
+int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
+                   int sample_base, int n, size_t per_sample, int channels, bk_ctx *ctx);
+int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
+                   uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                   int channels, bk_ctx *ctx);
 int cu_timestep_embed_fwd(float *y, const float *t, int n, int dim, int flip_sin_to_cos,
                           float freq_shift, float max_period, bk_ctx *ctx);
-/* conv.cu's helpers: zero-padded copy and cropped copy back, per (N,C) plane, of elements of
- * dtype */
-int cu_pad2d(void *xp, const void *x, int dtype, int nc, int h, int w, int pt, int pl, int pb,
-             int pr, bk_ctx *ctx);
-int cu_crop2d(void *x, const void *xp, int dtype, int nc, int h, int w, int pt, int pl, int pb,
-              int pr, bk_ctx *ctx);
+int cu_t_silu_fwd(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx);
+int cu_t_silu_bwd(void *dx, const void *dy, const void *x, int accum, size_t count, int dtype,
+                  bk_ctx *ctx);
+int cu_t_gelu_fwd(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx);
+int cu_t_gelu_bwd(void *dx, const void *dy, const void *x, int accum, size_t count, int dtype,
+                  bk_ctx *ctx);
+int cu_t_add_fwd(void *y, const void *a, const void *b, size_t count, int dtype, bk_ctx *ctx);
+int cu_t_copy_grad(void *dx, const void *dy, int accum, size_t count, int dtype, bk_ctx *ctx);
+int cu_t_scale_fwd(void *y, const void *x, float s, size_t count, int dtype, bk_ctx *ctx);
+int cu_t_add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw, int dtype,
+                       bk_ctx *ctx);
+int cu_t_add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw, int dtype,
+                       bk_ctx *ctx);
+int cu_t_concat_fwd(void *y, const void *a, const void *b, int n, int c1, int c2, int hw,
+                    int dtype, bk_ctx *ctx);
+int cu_t_concat_bwd(void *da, void *db, const void *dy, int accum_a, int accum_b, int n, int c1,
+                    int c2, int hw, int dtype, bk_ctx *ctx);
+int cu_t_transpose_fwd(void *y, const void *x, int accum, int n, int c, int hw, int dtype,
+                       bk_ctx *ctx);
+int cu_t_upsample_nearest2x_fwd(void *y, const void *x, int n, int c, int h, int w, int dtype,
+                                bk_ctx *ctx);
+int cu_t_upsample_nearest2x_bwd(void *dx, const void *dy, int accum, int n, int c, int h, int w,
+                                int dtype, bk_ctx *ctx);
+int cu_t_upsample_bilinear2x_fwd(void *y, const void *x, int align_corners, int n, int c, int h,
+                                 int w, int dtype, bk_ctx *ctx);
+int cu_t_upsample_bilinear2x_bwd(void *dx, const void *dy, int align_corners, int accum, int n,
+                                 int c, int h, int w, int dtype, bk_ctx *ctx);
+int cu_t_maxpool2x2_fwd(void *y, const void *x, int n, int c, int h, int w, int dtype,
+                        bk_ctx *ctx);
+int cu_t_maxpool2x2_bwd(void *dx, const void *dy, const void *x, int accum, int n, int c, int h,
+                        int w, int dtype, bk_ctx *ctx);
+int cu_t_dropout_fwd(void *y, const void *x, float p, uint64_t seed, uint64_t step, uint32_t op,
+                     int sample_base, int n, size_t per_sample, int channels, int dtype,
+                     bk_ctx *ctx);
+int cu_t_dropout_bwd(void *dx, const void *dy, float p, uint64_t seed, uint64_t step,
+                     uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                     int channels, int dtype, bk_ctx *ctx);
+/* conv.cu's helpers on NHWC images of dtype: a zero-padded copy and the cropped copy back; the
+ * filter OIHW <-> KRSC (O,Kh,Kw,I: cuDNN's NHWC filter) */
+int cu_pad2d(void *xp, const void *x, int dtype, int n, int c, int h, int w, int pt, int pl,
+             int pb, int pr, bk_ctx *ctx);
+int cu_crop2d(void *x, const void *xp, int dtype, int n, int c, int h, int w, int pt, int pl,
+              int pb, int pr, bk_ctx *ctx);
+/* w_krsc (O,Kh,Kw,I) = w (O,I,Kh,Kw), elements of dtype */
+int cu_filter_to_krsc(void *w_krsc, const void *w, int dtype, int o, int i, int kh, int kw,
+                      bk_ctx *ctx);
+/* dw (O,I,Kh,Kw, fp32) += g (O,Kh,Kw,I, elements of dtype) */
+int cu_filter_add_krsc(float *dw, const void *g, int dtype, int o, int i, int kh, int kw,
+                       bk_ctx *ctx);
+/* convert.cu */
+int cu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
+               bk_ctx *ctx);
 
 /* attention.cu */
 size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled);
@@ -322,7 +440,7 @@ int cu_attn_plain_bwd(void *dq, void *dk, void *dv, const void *dout, const void
                       const void *k, const void *v, const float *p, void *ws,
                       const struct bk_attn *s, bk_ctx *ctx);
 
-/* loss.cu: losses, dropout, Philox fills, optimizer */
+/* loss.cu: losses, Philox fills, optimizer */
 int cu_mse_fwd(float *loss, const float *pred, const float *target, size_t count, bk_ctx *ctx);
 int cu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
                int accum, size_t count, bk_ctx *ctx);
@@ -330,11 +448,6 @@ int cu_xent_fwd(float *loss, float *prob, const float *logits, const float *targ
                 bk_ctx *ctx);
 int cu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
                 int accum, int n, int k, bk_ctx *ctx);
-int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
-                   int sample_base, int n, size_t per_sample, int channels, bk_ctx *ctx);
-int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
-                   uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                   int channels, bk_ctx *ctx);
 int cu_philox_normal_fill(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
                           int sample_base, int n, size_t per_sample, bk_ctx *ctx);
 int cu_philox_u32_fill(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,

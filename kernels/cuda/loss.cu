@@ -1,8 +1,8 @@
-/* loss.cu - the CUDA backend's losses (MSE, softmax cross-entropy), Philox dropout and fills, and
- * the optimizer kernels (sum of squares, AdamW, EMA), with kernels/cpu's formulas (loss.c,
- * optim.c). Reductions are two-stage over fixed chunks that depend on the count only, partials
- * in double in the job slot's scratch, combined by one thread in order: deterministic. Dropout
- * masks and fills are philox.h's functions of their coordinates, the same u32 as on the CPU.
+/* loss.cu - the CUDA backend's losses (MSE, softmax cross-entropy), Philox fills, and the
+ * optimizer kernels (sum of squares, AdamW, EMA), with kernels/cpu's formulas (loss.c, optim.c).
+ * Reductions are two-stage over fixed chunks that depend on the count only, partials in double in
+ * the job slot's scratch, combined by one thread in order: deterministic. Fills are philox.h's
+ * functions of their coordinates, the same u32 as on the CPU (dropout: eltwise.cu).
  */
 #include <math.h>
 
@@ -143,70 +143,6 @@ int cu_xent_bwd(float *dlogits, const float *prob, const float *target, float dl
         dlogits, prob, target, s, accum, count);
     CU_LAUNCHED(ctx);
     return BK_OK;
-}
-
-/* ---- dropout: loss.c's dropout_apply, one thread per Philox block of 4 elements ---- */
-
-__global__ void k_dropout(float *out, const float *in, float p, float scale, uint64_t seed,
-                          uint64_t step, uint32_t op, int sample_base, int accum, size_t per_sample,
-                          size_t nblk, size_t blocks)
-{
-    GRID_LOOP(b, blocks)
-    {
-        const size_t s = b / nblk, blk = b % nblk;
-        const struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
-                                                (uint32_t)(sample_base + (int)s), op,
-                                                (uint32_t)blk);
-        const size_t e0 = blk * 4;
-        const size_t ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
-        const float *src = in + s * per_sample + e0;
-        float *dst = out + s * per_sample + e0;
-        for (size_t q = 0; q < ne; q++) {
-            const float v = philox_uniform(r.v[q]) >= p ? src[q] * scale : 0.0f;
-            dst[q] = accum ? dst[q] + v : v;
-        }
-    }
-}
-
-__global__ void k_copy_acc(float *out, const float *in, int accum, size_t count)
-{
-    GRID_LOOP(i, count) out[i] = accum ? out[i] + in[i] : in[i];
-}
-
-static int dropout_apply(float *out, const float *in, float p, uint64_t seed, uint64_t step,
-                         uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                         bk_ctx *ctx)
-{
-    CU_ENTER(ctx);
-    if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull) return BK_ERR_INVALID;
-    const size_t total = (size_t)n * per_sample;
-    if (!total) return BK_OK;
-    if (p == 0.0f) {
-        CU_LAUNCH(k_copy_acc, cu_blocks(total, CU_THREADS), CU_THREADS, 0, ctx->stream)(
-            out, in, accum, total);
-        CU_LAUNCHED(ctx);
-        return BK_OK;
-    }
-    const float scale = 1.0f / (1.0f - p);
-    const size_t nblk = (per_sample + 3) / 4, blocks = (size_t)n * nblk;
-    CU_LAUNCH(k_dropout, cu_blocks(blocks, CU_THREADS), CU_THREADS, 0, ctx->stream)(
-        out, in, p, scale, seed, step, op, sample_base, accum, per_sample, nblk, blocks);
-    CU_LAUNCHED(ctx);
-    return BK_OK;
-}
-
-/* the CUDA backend stores images NCHW: `channels` (an NHWC backend's mapping) is always 0 here */
-int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
-                   int sample_base, int n, size_t per_sample, int channels, bk_ctx *ctx)
-{
-    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, ctx);
-}
-
-int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
-                   uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                   int channels, bk_ctx *ctx)
-{
-    return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, ctx);
 }
 
 /* ---- Philox fills: philox_normal / philox_u32_at of every element ---- */

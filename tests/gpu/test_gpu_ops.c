@@ -6,11 +6,14 @@
  * match); an output a kernel must leave alone is checked to still hold its NaN poison.
  * Philox fills equal philox.h's (u32 exactly, Gaussians within 1e-6). Without a GPU it prints
  * "SKIPPED: no CUDA device" and exits 77, which ctest reports as skipped.
- * The typed kernels (convolution, linear, attention) run in f32, bf16 and f16. A 16-bit run's
- * inputs are 16-bit values on both sides; the CPU reference is what the executor makes of a
- * 16-bit tensor on a backend without 16-bit kernels: the CPU's fp32 kernel on the widened
- * values, its result rounded to the 16-bit type (half.h); an accumulating 16-bit output (dx +=)
- * is round(y + round(r)) (backend.h, t_accum16_ref). See t_cmp16 for the tolerances.
+ * Both backends store images NHWC. The typed kernels (convolution, linear, attention, and the
+ * memory-bound ones of backend.typed: norms with their fusions, element-wise, layout, resampling,
+ * dropout) run in f32, bf16 and f16. A 16-bit run's inputs are 16-bit values on both sides; the
+ * CPU reference is what the executor makes of a 16-bit tensor on a backend without 16-bit
+ * kernels: the CPU's fp32 kernel on the widened values, its result rounded to the 16-bit type
+ * (half.h); an accumulating 16-bit output of a convolution or linear (dx +=) is
+ * round(y + round(r)) (backend.h, t_accum16_ref), of a memory-bound kernel round(y + r). See
+ * t_cmp16 for the tolerances.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -21,7 +24,6 @@
 #include "backend_load.h"
 #include "half.h"
 #include "philox.h"
-#include "nchw_shim.h"
 #include "test_util.h"
 
 #define TOL 1e-5
@@ -871,6 +873,371 @@ static void test_dropout(int n, size_t per_sample, float p)
     t_free(&x), t_free(&y);
 }
 
+/* ---- the typed memory-bound kernels (backend.typed) in f32, bf16 and f16 ---- */
+
+#define TK (G->typed)
+
+/* an fp32 output within TOL; a 16-bit one by t_cmp16 (every element rounded once) */
+static void t_cmp_dt(const char *what, const struct t *x) { t_cmp_any(what, x, TOL, 1); }
+
+static void test_eltwise_dt(size_t cnt, int dt)
+{
+    char name[64];
+    begin("typed eltwise");
+    struct t x = t_in_dt(cnt, 6.0, dt), a = t_in_dt(cnt, 1.0, dt), dy = t_in_dt(cnt, 1.0, dt);
+    x.h[0] = -100.0f; /* silu's overflow branch */
+    x.h[1] = 40.0f;
+    up(&x);
+    struct t y;
+#define EW_NAME(op) (snprintf(name, sizeof name, "typed %s%s", op, dt_name(dt)), cur_op = name)
+    EW_NAME("silu");
+    y = t_out_dt(cnt, dt);
+    C->silu_fwd(y.h, x.h, cnt, cctx);
+    gpu_ok(TK->silu_fwd(y.d, x.d, cnt, dt, gctx), "fwd");
+    t_cmp_dt("y", &y);
+    t_free(&y);
+    EW_NAME("gelu");
+    y = t_out_dt(cnt, dt);
+    C->gelu_fwd(y.h, x.h, cnt, cctx);
+    gpu_ok(TK->gelu_fwd(y.d, x.d, cnt, dt, gctx), "fwd");
+    t_cmp_dt("y", &y);
+    t_free(&y);
+    for (int accum = 0; accum < 2; accum++) {
+        EW_NAME(accum ? "silu bwd +=" : "silu bwd");
+        y = accum ? t_acc_dt(cnt, 1.0, dt) : t_out_dt(cnt, dt);
+        C->silu_bwd(y.h, dy.h, x.h, accum, cnt, cctx);
+        gpu_ok(TK->silu_bwd(y.d, dy.d, x.d, accum, cnt, dt, gctx), "bwd");
+        t_cmp_dt("dx", &y);
+        t_free(&y);
+        EW_NAME(accum ? "gelu bwd +=" : "gelu bwd");
+        y = accum ? t_acc_dt(cnt, 1.0, dt) : t_out_dt(cnt, dt);
+        C->gelu_bwd(y.h, dy.h, x.h, accum, cnt, cctx);
+        gpu_ok(TK->gelu_bwd(y.d, dy.d, x.d, accum, cnt, dt, gctx), "bwd");
+        t_cmp_dt("dx", &y);
+        t_free(&y);
+        EW_NAME(accum ? "copy_grad +=" : "copy_grad");
+        y = accum ? t_acc_dt(cnt, 1.0, dt) : t_out_dt(cnt, dt);
+        C->copy_grad(y.h, dy.h, accum, cnt, cctx);
+        gpu_ok(TK->copy_grad(y.d, dy.d, accum, cnt, dt, gctx), "copy");
+        t_cmp_dt("dx", &y);
+        t_free(&y);
+    }
+    EW_NAME("add");
+    y = t_out_dt(cnt, dt);
+    C->add_fwd(y.h, x.h, a.h, cnt, cctx);
+    gpu_ok(TK->add_fwd(y.d, x.d, a.d, cnt, dt, gctx), "add");
+    t_cmp_dt("y", &y);
+    t_free(&y);
+    EW_NAME("scale");
+    y = t_out_dt(cnt, dt);
+    C->scale_fwd(y.h, x.h, -0.37f, cnt, cctx);
+    gpu_ok(TK->scale_fwd(y.d, x.d, -0.37f, cnt, dt, gctx), "scale");
+    t_cmp_dt("y", &y);
+    t_free(&y);
+    /* misaligned operands (one element in): the element-wise path */
+    EW_NAME("add, misaligned");
+    const size_t es = bk_dtype_size(dt);
+    y = t_out_dt(cnt, dt);
+    C->add_fwd(y.h + 1, x.h + 1, a.h + 1, cnt - 1, cctx);
+    y.h[0] = 0.0f;
+    gpu_ok(G->mem_upload(y.d, dt == BK_DTYPE_F32 ? (const void *)y.h : (const void *)"\0\0", es,
+                         gctx), "zero");
+    gpu_ok(TK->add_fwd((char *)y.d + es, (char *)x.d + es, (char *)a.d + es, cnt - 1, dt, gctx),
+           "add");
+    t_cmp_dt("y", &y);
+    t_free(&y);
+#undef EW_NAME
+    t_free(&x), t_free(&a), t_free(&dy);
+}
+
+static void test_bcast_dt(int n, int c, int hw, int dt)
+{
+    char name[64];
+    snprintf(name, sizeof name, "typed add_bcast %dx%dx%d%s", n, c, hw, dt_name(dt));
+    begin(name);
+    size_t cnt = (size_t)n * c * hw;
+    struct t x = t_in_dt(cnt, 1.0, dt), b = t_in_dt((size_t)n * c, 1.0, dt),
+             dy = t_in_dt(cnt, 1.0, dt), y = t_out_dt(cnt, dt);
+    C->add_bcast_fwd(y.h, x.h, b.h, n, c, hw, cctx);
+    gpu_ok(TK->add_bcast_fwd(y.d, x.d, b.d, n, c, hw, dt, gctx), "fwd");
+    t_cmp_dt("y", &y);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t db = accum ? t_acc_dt((size_t)n * c, 1.0, dt) : t_out_dt((size_t)n * c, dt);
+        C->add_bcast_bwd(db.h, dy.h, accum, n, c, hw, cctx);
+        gpu_ok(TK->add_bcast_bwd(db.d, dy.d, accum, n, c, hw, dt, gctx), "bwd");
+        t_cmp_dt(accum ? "db+=" : "db", &db);
+        t_free(&db);
+    }
+    t_free(&x), t_free(&b), t_free(&dy), t_free(&y);
+}
+
+static void test_layout_dt(int n, int c1, int c2, int hw, int dt)
+{
+    char name[64];
+    snprintf(name, sizeof name, "typed concat %dx(%d+%d)x%d%s", n, c1, c2, hw, dt_name(dt));
+    begin(name);
+    size_t na = (size_t)n * c1 * hw, nb = (size_t)n * c2 * hw, ny = na + nb;
+    struct t a = t_in_dt(na, 1.0, dt), b = t_in_dt(nb, 1.0, dt), y = t_out_dt(ny, dt),
+             dy = t_in_dt(ny, 1.0, dt);
+    C->concat_fwd(y.h, a.h, b.h, n, c1, c2, hw, cctx);
+    gpu_ok(TK->concat_fwd(y.d, a.d, b.d, n, c1, c2, hw, dt, gctx), "fwd");
+    t_cmp_dt("y", &y);
+    for (int v = 0; v < 3; v++) {
+        /* v 0: both (=), 1: da += and db =, 2: da only */
+        struct t da = v == 1 ? t_acc_dt(na, 1.0, dt) : t_out_dt(na, dt), db = t_out_dt(nb, dt);
+        C->concat_bwd(da.h, v == 2 ? NULL : db.h, dy.h, v == 1, 0, n, c1, c2, hw, cctx);
+        gpu_ok(TK->concat_bwd(da.d, v == 2 ? NULL : db.d, dy.d, v == 1, 0, n, c1, c2, hw, dt,
+                              gctx), "bwd");
+        t_cmp_dt("da", &da);
+        if (v != 2) t_cmp_dt("db", &db);
+        t_free(&da);
+        t_free(&db);
+    }
+    t_free(&a), t_free(&b), t_free(&y), t_free(&dy);
+    snprintf(name, sizeof name, "typed transpose %dx%dx%d%s", n, c1 + c2, hw, dt_name(dt));
+    begin(name);
+    const int c = c1 + c2;
+    struct t x = t_in_dt((size_t)n * c * hw, 1.0, dt);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t t1 = accum ? t_acc_dt(x.n, 1.0, dt) : t_out_dt(x.n, dt);
+        C->transpose_fwd(t1.h, x.h, accum, n, c, hw, cctx);
+        gpu_ok(TK->transpose_fwd(t1.d, x.d, accum, n, c, hw, dt, gctx), "transpose");
+        t_cmp_dt(accum ? "y+=" : "y", &t1);
+        t_free(&t1);
+    }
+    t_free(&x);
+}
+
+static void test_resample_dt(int n, int c, int h, int w, int dt)
+{
+    char name[80];
+    size_t ni = (size_t)n * c * h * w, no = ni * 4, np = (size_t)n * c * (h / 2) * (w / 2);
+    snprintf(name, sizeof name, "typed resample %dx%dx%dx%d%s", n, c, h, w, dt_name(dt));
+    begin(name);
+    struct t x = t_in_dt(ni, 1.0, dt), dy = t_in_dt(no, 1.0, dt), y = t_out_dt(no, dt);
+    C->upsample_nearest2x_fwd(y.h, x.h, n, c, h, w, cctx);
+    gpu_ok(TK->upsample_nearest2x_fwd(y.d, x.d, n, c, h, w, dt, gctx), "nearest fwd");
+    t_cmp_dt("nearest y", &y);
+    t_free(&y);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc_dt(ni, 1.0, dt) : t_out_dt(ni, dt);
+        C->upsample_nearest2x_bwd(dx.h, dy.h, accum, n, c, h, w, cctx);
+        gpu_ok(TK->upsample_nearest2x_bwd(dx.d, dy.d, accum, n, c, h, w, dt, gctx),
+               "nearest bwd");
+        t_cmp_dt(accum ? "nearest dx+=" : "nearest dx", &dx);
+        t_free(&dx);
+    }
+    for (int ac = 0; ac < 2; ac++) {
+        y = t_out_dt(no, dt);
+        C->upsample_bilinear2x_fwd(y.h, x.h, ac, n, c, h, w, cctx);
+        gpu_ok(TK->upsample_bilinear2x_fwd(y.d, x.d, ac, n, c, h, w, dt, gctx), "bilinear fwd");
+        t_cmp_dt(ac ? "bilinear ac y" : "bilinear y", &y);
+        t_free(&y);
+        for (int accum = 0; accum < 2; accum++) {
+            struct t dx = accum ? t_acc_dt(ni, 1.0, dt) : t_out_dt(ni, dt);
+            C->upsample_bilinear2x_bwd(dx.h, dy.h, ac, accum, n, c, h, w, cctx);
+            gpu_ok(TK->upsample_bilinear2x_bwd(dx.d, dy.d, ac, accum, n, c, h, w, dt, gctx),
+                   "bilinear bwd");
+            t_cmp_dt(accum ? "bilinear dx+=" : "bilinear dx", &dx);
+            t_free(&dx);
+        }
+    }
+    t_free(&x), t_free(&dy);
+    /* max pool, with ties (values on a coarse grid) */
+    x = t_in_dt(ni, 1.0, dt);
+    for (size_t i = 0; i < ni; i++) x.h[i] = roundf(x.h[i] * 3.0f);
+    up(&x);
+    y = t_out_dt(np, dt);
+    C->maxpool2x2_fwd(y.h, x.h, n, c, h, w, cctx);
+    gpu_ok(TK->maxpool2x2_fwd(y.d, x.d, n, c, h, w, dt, gctx), "maxpool fwd");
+    t_cmp_dt("maxpool y", &y);
+    dy = t_in_dt(np, 1.0, dt);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc_dt(ni, 1.0, dt) : t_out_dt(ni, dt);
+        C->maxpool2x2_bwd(dx.h, dy.h, x.h, accum, n, c, h, w, cctx);
+        gpu_ok(TK->maxpool2x2_bwd(dx.d, dy.d, x.d, accum, n, c, h, w, dt, gctx), "maxpool bwd");
+        t_cmp_dt(accum ? "maxpool dx+=" : "maxpool dx", &dx);
+        t_free(&dx);
+    }
+    t_free(&x), t_free(&y), t_free(&dy);
+}
+
+/* dropout masks over NHWC images (channels: the NCHW element order the masks are drawn in) and
+ * flat tensors (channels 0): the same masks, so the same values before the rounding */
+static void test_dropout_dt(int n, int channels, size_t per_sample, float p, int dt)
+{
+    char name[80];
+    snprintf(name, sizeof name, "typed dropout p%.2f c%d x%zu%s", p, channels, per_sample,
+             dt_name(dt));
+    begin(name);
+    size_t cnt = (size_t)n * per_sample;
+    struct t x = t_in_dt(cnt, 1.0, dt), y = t_out_dt(cnt, dt);
+    C->dropout_fwd(y.h, x.h, p, 1234, 77, 5, 3, n, per_sample, channels, cctx);
+    gpu_ok(TK->dropout_fwd(y.d, x.d, p, 1234, 77, 5, 3, n, per_sample, channels, dt, gctx),
+           "fwd");
+    t_cmp_dt("y", &y);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc_dt(cnt, 1.0, dt) : t_out_dt(cnt, dt);
+        C->dropout_bwd(dx.h, x.h, p, 1234, 77, 5, 3, accum, n, per_sample, channels, cctx);
+        gpu_ok(TK->dropout_bwd(dx.d, x.d, p, 1234, 77, 5, 3, accum, n, per_sample, channels, dt,
+                               gctx), "bwd");
+        t_cmp_dt(accum ? "dx+=" : "dx", &dx);
+        t_free(&dx);
+    }
+    /* every masked element is an exact zero on the GPU where the CPU has one */
+    if (dt == BK_DTYPE_F32 && p > 0.0f) {
+        float *g = malloc(cnt * 4);
+        G->mem_download(g, y.d, cnt * 4, gctx);
+        size_t bad = 0;
+        for (size_t i = 0; i < cnt; i++) bad += (g[i] == 0.0f) != (y.h[i] == 0.0f);
+        CHECK(bad == 0, "%s: %zu elements masked on one backend only", name, bad);
+        free(g);
+    }
+    t_free(&x), t_free(&y);
+}
+
+static void test_layernorm_dt(int m, int d, int dt)
+{
+    char name[64];
+    snprintf(name, sizeof name, "typed layernorm %dx%d%s", m, d, dt_name(dt));
+    begin(name);
+    size_t cnt = (size_t)m * d;
+    struct t x = t_in_dt(cnt, 2.0, dt), g = t_in(d, 1.0), b = t_in(d, 1.0);
+    struct t y = t_out_dt(cnt, dt), mu = t_out(m), rs = t_out(m);
+    CHECK(C->layernorm_fwd(y.h, mu.h, rs.h, x.h, g.h, b.h, m, d, 1e-5f, cctx) == 0, "cpu");
+    gpu_ok(TK->layernorm_fwd(y.d, mu.d, rs.d, x.d, g.d, b.d, m, d, 1e-5f, dt, gctx), "fwd");
+    t_cmp_dt("y", &y);
+    t_cmp("mean", &mu, TOL);
+    t_cmp("rstd", &rs, TOL);
+    up(&mu);
+    up(&rs);
+    struct t dy = t_in_dt(cnt, 1.0, dt);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc_dt(cnt, 1.0, dt) : t_out_dt(cnt, dt);
+        struct t dg = t_acc(d, 0.1), dbt = t_acc(d, 0.1);
+        CHECK(C->layernorm_bwd(dx.h, dg.h, dbt.h, dy.h, x.h, g.h, mu.h, rs.h, accum, m, d, cctx) ==
+                  0, "cpu");
+        gpu_ok(TK->layernorm_bwd(dx.d, dg.d, dbt.d, dy.d, x.d, g.d, mu.d, rs.d, accum, m, d, dt,
+                                 gctx), "bwd");
+        t_cmp_dt(accum ? "dx+=" : "dx", &dx);
+        t_cmp("dgamma+=", &dg, TOL);
+        t_cmp("dbeta+=", &dbt, TOL);
+        t_free(&dx);
+        t_free(&dg);
+        t_free(&dbt);
+    }
+    t_free(&x), t_free(&g), t_free(&b), t_free(&y), t_free(&mu), t_free(&rs), t_free(&dy);
+}
+
+/* The typed group norm, plain and with SiLU, and the broadcast adds fused into it, against the
+ * CPU's unfused ops with the executor's roundings in between (t_round):
+ *   forward:  x' = round(x + xb) (stored to xo), y = round(act(gn(x'))), then round(y + yb);
+ *   backward: dx (=/+=) of act(gn(x)), dgamma, dbeta +=, db (=/+=) = the sum over the pixels
+ *             of dx as stored (the add before the norm) or of dy (the add after it).
+ * fuse: 0 plain, 1 xb (add before), 2 yb (add after). */
+static void test_groupnorm_dt(int n, int c, int hw, int groups, int affine, int silu, int fuse,
+                              int dt)
+{
+    char name[96];
+    snprintf(name, sizeof name, "typed groupnorm %dx%dx%d g%d%s%s%s%s", n, c, hw, groups,
+             affine ? "" : " -", silu ? " silu" : "", fuse == 1 ? " +b before" :
+             fuse == 2 ? " +b after" : "", dt_name(dt));
+    begin(name);
+    const size_t cnt = (size_t)n * c * hw, nc = (size_t)n * c, ng = (size_t)n * groups;
+    const struct bk_groupnorm s = {n, c, hw, groups, 1e-5f, silu, dt};
+    void *gws = dalloc(TK->groupnorm_ws_bytes(&s, 1) + TK->groupnorm_ws_bytes(&s, 0) + 64);
+    struct t x = t_in_dt(cnt, 2.0, dt), g = t_in(c, 1.0), b = t_in(c, 1.0);
+    struct t xb = t_in_dt(nc, 1.0, dt), yb = t_in_dt(nc, 1.0, dt);
+    for (size_t i = 0; i < cnt; i++) x.h[i] += 0.7f; /* a mean away from zero */
+    t_round(&x);
+    up(&x);
+    const float *gh = affine ? g.h : NULL, *bh = affine ? b.h : NULL;
+    const float *gd = affine ? g.d : NULL, *bd = affine ? b.d : NULL;
+    /* the CPU: the add before, rounded (the norm's input), then the norm, rounded */
+    struct t xo = t_out_dt(cnt, dt);
+    const float *xin = x.h;
+    if (fuse == 1) {
+        C->add_bcast_fwd(xo.h, x.h, xb.h, n, c, hw, cctx);
+        t_round(&xo);
+        xin = xo.h;
+    }
+    struct t y = t_out_dt(cnt, dt), mu = t_out(ng), rs = t_out(ng);
+    CHECK((silu ? C->groupnorm_silu_fwd : C->groupnorm_fwd)(y.h, mu.h, rs.h, xin, gh, bh, n, c,
+                                                            hw, groups, 1e-5f, cctx) == 0, "cpu");
+    if (fuse == 2) {
+        t_round(&y);
+        C->add_bcast_fwd(y.h, y.h, yb.h, n, c, hw, cctx);
+    }
+    gpu_ok(TK->groupnorm_fwd(y.d, mu.d, rs.d, fuse == 1 ? xo.d : NULL, x.d,
+                             fuse == 1 ? xb.d : NULL, fuse == 2 ? yb.d : NULL, gd, bd, gws, &s,
+                             gctx), "fwd");
+    if (fuse == 1) t_cmp_dt("x + b", &xo);
+    t_cmp_dt("y", &y);
+    t_cmp("mean", &mu, TOL);
+    t_cmp("rstd", &rs, TOL);
+    /* the backward from the CPU's statistics on both sides; its x is the norm's input */
+    up(&mu);
+    up(&rs);
+    struct t xn = fuse == 1 ? xo : x;
+    if (fuse == 1) up(&xn);
+    struct t dy = t_in_dt(cnt, 1.0, dt);
+    const size_t cws_bytes = C->groupnorm_bwd_ws_bytes(n, c, hw, groups, silu);
+    void *cws = malloc(cws_bytes ? cws_bytes : 64);
+    for (int accum = 0; accum < 2; accum++) {
+        struct t dx = accum ? t_acc_dt(cnt, 1.0, dt) : t_out_dt(cnt, dt);
+        struct t dg = t_acc(c, 0.1), dbt = t_acc(c, 0.1);
+        struct t db = accum ? t_acc_dt(nc, 1.0, dt) : t_out_dt(nc, dt);
+        CHECK(C->groupnorm_bwd_ws(dx.h, affine ? dg.h : NULL, affine ? dbt.h : NULL, dy.h, xn.h,
+                                  gh, bh, mu.h, rs.h, accum, n, c, hw, groups, silu, cws,
+                                  cctx) == 0, "cpu");
+        t_round(&dx);
+        if (fuse) C->add_bcast_bwd(db.h, fuse == 1 ? dx.h : dy.h, accum, n, c, hw, cctx);
+        gpu_ok(TK->groupnorm_bwd(dx.d, affine ? dg.d : NULL, affine ? dbt.d : NULL,
+                                 fuse ? db.d : NULL, dy.d, xn.d, gd, bd, mu.d, rs.d, accum, accum,
+                                 fuse == 1, gws, &s, gctx), "bwd");
+        t_cmp_dt(accum ? "dx+=" : "dx", &dx);
+        if (affine) {
+            t_cmp("dgamma+=", &dg, TOL);
+            t_cmp("dbeta+=", &dbt, TOL);
+        }
+        if (fuse) t_cmp_dt(accum ? "db+=" : "db", &db);
+        t_free(&dx), t_free(&dg), t_free(&dbt), t_free(&db);
+    }
+    free(cws);
+    t_free(&x), t_free(&g), t_free(&b), t_free(&xb), t_free(&yb), t_free(&xo), t_free(&y);
+    t_free(&mu), t_free(&rs), t_free(&dy);
+}
+
+/* every typed memory-bound kernel in every type, odd sizes (the element-wise paths) and
+ * multiples of the 16-byte vectors */
+static void test_typed(void)
+{
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++) {
+        test_eltwise_dt(100003, dt);
+        test_bcast_dt(3, 17, 45, dt);
+        test_bcast_dt(2, 64, 36, dt);
+        test_layout_dt(2, 5, 7, 45, dt);
+        test_layout_dt(2, 16, 24, 20, dt);
+        test_resample_dt(2, 3, 5, 7, dt);
+        test_resample_dt(2, 16, 6, 8, dt);
+        test_dropout_dt(3, 0, 1001, 0.1f, dt);
+        test_dropout_dt(2, 8, 8 * 36, 0.2f, dt);  /* HW 36: a Philox block per 4 pixels */
+        test_dropout_dt(2, 3, 3 * 25, 0.3f, dt);  /* HW 25: a block per element */
+        test_dropout_dt(2, 16, 16 * 9, 0.0f, dt); /* p 0: a copy */
+        test_layernorm_dt(37, 48, dt);
+        test_layernorm_dt(20, 13, dt);
+        for (int fuse = 0; fuse < 3; fuse++) {
+            test_groupnorm_dt(2, 16, 64, 4, 1, 1, fuse, dt);
+            test_groupnorm_dt(3, 12, 25, 3, fuse != 1, 0, fuse, dt);
+        }
+        test_groupnorm_dt(2, 64, 100, 1, 1, 0, 0, dt);     /* one group (seed) */
+        /* chunks of many pixels (cpg > 1: with one channel per group the sum of dx over a
+         * channel is zero, its db rounding noise) */
+        test_groupnorm_dt(1, 32, 1000, 8, 1, 1, 1, dt);
+        test_groupnorm_dt(2, 24, 17, 8, 1, 1, 2, dt);      /* cpg 3 across a vector */
+    }
+}
+
 /* ---- optimizer ---- */
 
 static void test_optim(size_t cnt)
@@ -1110,14 +1477,16 @@ static void test_convert(void)
 }
 
 /* half_kernels by compute capability: cuDNN's and cuBLAS's 16-bit tensor cores take f16 from
- * sm_70 and bf16 from sm_80; the attention kernels read either type anywhere. (test_gpu_ops_emu
+ * sm_70 and bf16 from sm_80; the attention and memory-bound kernels read either type anywhere.
+ * (test_gpu_ops_emu
  * runs on an emulated sm_90, test_gpu_ops_emu_sm75 on an sm_75, where bf16 convolutions and
  * linears must be refused.) */
 static void test_half_kernels(const struct bk_device_mem *dm)
 {
     begin("half_kernels");
     const int cc = dm->cc_major * 10 + dm->cc_minor;
-    const unsigned attn = BK_HALF_ATTN | BK_HALF_ATTN_PLAIN, lib = BK_HALF_CONV | BK_HALF_LINEAR;
+    const unsigned attn = BK_HALF_ATTN | BK_HALF_ATTN_PLAIN | BK_HALF_NORM | BK_HALF_ELTWISE,
+                   lib = BK_HALF_CONV | BK_HALF_LINEAR;
     CHECK(G->half_kernels != NULL, "the CUDA backend has no half_kernels");
     if (!G->half_kernels) return;
     const unsigned f16 = G->half_kernels(BK_DTYPE_F16), bf16 = G->half_kernels(BK_DTYPE_BF16);
@@ -1146,10 +1515,10 @@ int main(void)
         printf("SKIPPED: no CUDA device (%s)\n", err);
         return 77;
     }
-    /* the CUDA backend keeps images NCHW: compare with the CPU kernels seen through NCHW */
-    static struct backend cpu_nchw;
-    cpu_nchw = nchw_cpu_backend();
-    C = &cpu_nchw;
+    /* both backends keep images NHWC */
+    C = backend_cpu();
+    CHECK(G->nhwc && C->nhwc, "the CUDA backend's images are not NHWC (nhwc %d)", G->nhwc);
+    CHECK(G->typed != NULL, "the CUDA backend has no typed memory-bound kernels");
     struct bk_device_mem dm = {0};
     if (G->device_mem(0, &dm) == 0) {
         printf("device: %s (sm_%d%d), %zu MiB, the process holds %zu MiB\n", dm.name, dm.cc_major,
@@ -1203,6 +1572,7 @@ int main(void)
     test_losses(100003, 37, 10);
     test_dropout(3, 1001, 0.1f);
     test_dropout(2, 17, 0.0f);
+    test_typed();
     test_optim(300007);
     test_philox(3, 10007);
     test_convert();

@@ -1,6 +1,6 @@
 /* cudnn.h (emulator) - the cuDNN 9 legacy convolution API the CUDA backend uses, over naive
  * direct convolutions that honour the descriptors (symmetric padding, stride, alpha, beta, data
- * types). fp32 tensors: summed in double. 16-bit tensors (HALF, BFLOAT16; x, w and y of one
+ * types, the NCHW and NHWC formats of tensors and filters). fp32 tensors: summed in double. 16-bit tensors (HALF, BFLOAT16; x, w and y of one
  * type, the convolution's compute type FLOAT, as cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configs):
  * products summed in fp32, alpha and beta applied in fp32, one rounding to nearest even on the
  * store; BFLOAT16 on a device below sm_80 (EMU_CC) is NOT_SUPPORTED. fp32 data must run with
@@ -29,7 +29,8 @@ typedef enum {
     CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2,
     CUDNN_FMA_MATH = 3,
 } cudnnMathType_t;
-typedef enum { CUDNN_TENSOR_NCHW = 0 } cudnnTensorFormat_t;
+/* NHWC: a tensor's (N,C,H,W) stored channels last; a filter's (K,C,R,S) stored KRSC */
+typedef enum { CUDNN_TENSOR_NCHW = 0, CUDNN_TENSOR_NHWC = 1 } cudnnTensorFormat_t;
 typedef enum {
     CUDNN_DATA_FLOAT = 0,
     CUDNN_DATA_DOUBLE = 1,

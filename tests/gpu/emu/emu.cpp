@@ -1179,10 +1179,12 @@ struct emu_cudnn {
 struct emu_tensor_desc {
     int n, c, h, w;
     int et;
+    int nhwc; /* CUDNN_TENSOR_NHWC: channels last */
 };
 struct emu_filter_desc {
     int k, c, h, w;
     int et;
+    int nhwc; /* CUDNN_TENSOR_NHWC: KRSC */
 };
 struct emu_conv_desc {
     int ph, pw, u, v, dh, dw, math;
@@ -1274,19 +1276,34 @@ cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d)
     delete d;
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t,
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t f,
                                          cudnnDataType_t t, int n, int c, int h, int w)
 {
-    if (n < 1 || c < 1 || h < 1 || w < 1 || et_of_dnn(t) == ET_BAD) return CUDNN_STATUS_BAD_PARAM;
-    *d = emu_tensor_desc{n, c, h, w, et_of_dnn(t)};
+    if (n < 1 || c < 1 || h < 1 || w < 1 || et_of_dnn(t) == ET_BAD ||
+        (f != CUDNN_TENSOR_NCHW && f != CUDNN_TENSOR_NHWC))
+        return CUDNN_STATUS_BAD_PARAM;
+    *d = emu_tensor_desc{n, c, h, w, et_of_dnn(t), f == CUDNN_TENSOR_NHWC};
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t t,
-                                         cudnnTensorFormat_t, int k, int c, int h, int w)
+                                         cudnnTensorFormat_t f, int k, int c, int h, int w)
 {
-    if (k < 1 || c < 1 || h < 1 || w < 1 || et_of_dnn(t) == ET_BAD) return CUDNN_STATUS_BAD_PARAM;
-    *d = emu_filter_desc{k, c, h, w, et_of_dnn(t)};
+    if (k < 1 || c < 1 || h < 1 || w < 1 || et_of_dnn(t) == ET_BAD ||
+        (f != CUDNN_TENSOR_NCHW && f != CUDNN_TENSOR_NHWC))
+        return CUDNN_STATUS_BAD_PARAM;
+    *d = emu_filter_desc{k, c, h, w, et_of_dnn(t), f == CUDNN_TENSOR_NHWC};
     return CUDNN_STATUS_SUCCESS;
+}
+/* the element index of (n, c, h, w) in a tensor, and of (k, c, r, s) in a filter, by format */
+static size_t tidx(const emu_tensor_desc *d, int n, int c, int h, int w)
+{
+    return d->nhwc ? (((size_t)n * d->h + h) * d->w + w) * d->c + c
+                   : (((size_t)n * d->c + c) * d->h + h) * d->w + w;
+}
+static size_t fidx(const emu_filter_desc *d, int k, int c, int r, int s)
+{
+    return d->nhwc ? (((size_t)k * d->h + r) * d->w + s) * d->c + c
+                   : (((size_t)k * d->c + c) * d->h + r) * d->w + s;
 }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int ph, int pw,
                                               int u, int v, int dh, int dw,
@@ -1338,6 +1355,12 @@ static cudnnStatus_t check_conv(cudnnTensorDescriptor_t x, cudnnFilterDescriptor
         fprintf(stderr, "emu cudnn: data types x %s, w %s, y %s: not one configuration\n",
                 et_name(x->et), et_name(w->et), et_name(y->et));
         return CUDNN_STATUS_BAD_PARAM;
+    }
+    /* one layout for all three (the backend's NHWC tensors take KRSC filters) */
+    if (x->nhwc != y->nhwc || x->nhwc != w->nhwc) {
+        fprintf(stderr, "emu cudnn: formats x %s, w %s, y %s: not one layout\n",
+                x->nhwc ? "NHWC" : "NCHW", w->nhwc ? "NHWC" : "NCHW", y->nhwc ? "NHWC" : "NCHW");
+        return CUDNN_STATUS_NOT_SUPPORTED;
     }
     if (c->compute != CUDNN_DATA_FLOAT) {
         fprintf(stderr, "emu cudnn: compute type %d: the backend accumulates in fp32 "
@@ -1449,16 +1472,11 @@ static void conv_fwd(float alpha, const emu_tensor_desc *xd, const void *x,
                             for (int kw = 0; kw < wd->w; kw++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                s += (A)et_load(
-                                         x, (((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw,
-                                         et) *
-                                     (A)et_load(
-                                         w, (((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw,
-                                         et);
+                                s += (A)et_load(x, tidx(xd, n, ci, ih, iw), et) *
+                                     (A)et_load(w, fidx(wd, o, ci, kh, kw), et);
                             }
                         }
-                    conv_store(y, (((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow, et, alpha,
-                               s, beta);
+                    conv_store(y, tidx(yd, n, o, oh, ow), et, alpha, s, beta);
                 }
 }
 
@@ -1474,7 +1492,7 @@ static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const void *w,
         for (int o = 0; o < yd->c; o++)
             for (int oh = 0; oh < yd->h; oh++)
                 for (int ow = 0; ow < yd->w; ow++) {
-                    A g = et_load(dy, (((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow, et);
+                    A g = et_load(dy, tidx(yd, n, o, oh, ow), et);
                     for (int ci = 0; ci < xd->c; ci++)
                         for (int kh = 0; kh < wd->h; kh++) {
                             int ih = oh * c->u - c->ph + kh * c->dh;
@@ -1482,11 +1500,8 @@ static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const void *w,
                             for (int kw = 0; kw < wd->w; kw++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                acc[(((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw] +=
-                                    g * (A)et_load(
-                                            w,
-                                            (((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw,
-                                            et);
+                                acc[tidx(xd, n, ci, ih, iw)] +=
+                                    g * (A)et_load(w, fidx(wd, o, ci, kh, kw), et);
                             }
                         }
                 }
@@ -1511,16 +1526,11 @@ static void conv_bwd_filter(float alpha, const emu_tensor_desc *xd, const void *
                             for (int ow = 0; ow < yd->w; ow++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                s += (A)et_load(
-                                         dy, (((size_t)n * yd->c + o) * yd->h + oh) * yd->w + ow,
-                                         et) *
-                                     (A)et_load(
-                                         x, (((size_t)n * xd->c + ci) * xd->h + ih) * xd->w + iw,
-                                         et);
+                                s += (A)et_load(dy, tidx(yd, n, o, oh, ow), et) *
+                                     (A)et_load(x, tidx(xd, n, ci, ih, iw), et);
                             }
                         }
-                    conv_store(dw, (((size_t)o * wd->c + ci) * wd->h + kh) * wd->w + kw, et,
-                               alpha, s, beta);
+                    conv_store(dw, fidx(wd, o, ci, kh, kw), et, alpha, s, beta);
                 }
 }
 
@@ -1741,7 +1751,8 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
 cudnnStatus_t cudnnAddTensor(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t ad,
                              const void *a, const void *beta, cudnnTensorDescriptor_t cd, void *c)
 {
-    if (ad->n != cd->n || ad->c != cd->c || ad->h != cd->h || ad->w != cd->w || ad->et != cd->et)
+    if (ad->n != cd->n || ad->c != cd->c || ad->h != cd->h || ad->w != cd->w || ad->et != cd->et ||
+        ad->nhwc != cd->nhwc)
         return CUDNN_STATUS_NOT_SUPPORTED;
     if (dnn_use(h, a, tbytes(ad), NULL, 0, c, tbytes(cd), 1, NULL, 0, "cudnnAddTensor"))
         return CUDNN_STATUS_EXECUTION_FAILED;
