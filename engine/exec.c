@@ -730,6 +730,84 @@ static int refresh_work(struct exec *e)
 
 #define P(i) opnd(e, o->in[i])
 #define Q(i) opnd(e, o->out[i])
+/* the operands of the guest op a fused host runs (plan.fuse_guest) */
+#define PG(i) opnd(e, go->in[i])
+#define QG(i) opnd(e, go->out[i])
+
+/* a group norm op's shape on kernel dtype kd */
+static struct bk_groupnorm gn_shape(const struct op *o, int kd)
+{
+    struct bk_groupnorm s = {o->a.gn.n, o->a.gn.c,   o->a.gn.hw, o->a.gn.groups,
+                             o->a.gn.eps, o->a.gn.silu, kd};
+    return s;
+}
+
+/* The group norm ops and their broadcast adds on the typed kernels, fused where the plan says
+ * (plan.c's plan_fusions: o is run op k, go its guest or NULL). The fused kernels keep the
+ * unfused ops' rounding points, so a fused step gives the unfused step's bits. */
+static int groupnorm_typed(struct exec *e, const struct op *o, const struct op *go, int kd,
+                           void *ws)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    bk_ctx *c = e->ctx;
+    struct bk_groupnorm s;
+    switch (o->type) {
+    case OP_GROUPNORM: /* guest: the broadcast add before, x' = x + b stored to its output */
+        s = gn_shape(o, kd);
+        if (go)
+            return tk->groupnorm_fwd(Q(0), Q(1), Q(2), QG(0), PG(0), PG(1), NULL, P(1), P(2), ws,
+                                     &s, c);
+        return tk->groupnorm_fwd(Q(0), Q(1), Q(2), NULL, P(0), NULL, NULL, P(1), P(2), ws, &s, c);
+    case OP_ADD_BCAST: /* the host of the group norm before: y = gn(x) + b */
+        s = gn_shape(go, kd);
+        return tk->groupnorm_fwd(Q(0), QG(1), QG(2), NULL, PG(0), NULL, P(1), PG(1), PG(2), ws,
+                                 &s, c);
+    case OP_GROUPNORM_BWD: {
+        s = gn_shape(o, kd);
+        const float *beta = o->a.gn.silu ? P(5) : NULL;
+        if (!go)
+            return tk->groupnorm_bwd(Q(0), Q(1), Q(2), NULL, P(0), P(1), P(2), beta, P(3), P(4),
+                                     o->accum[0], 0, 0, ws, &s, c);
+        /* guest: the broadcast add's backward after, db = the sum of dx; its dx a copy of ours
+         * (nothing to do in place) */
+        int rc = tk->groupnorm_bwd(Q(0), Q(1), Q(2), QG(1), P(0), P(1), P(2), beta, P(3), P(4),
+                                   o->accum[0], go->accum[1], 1, ws, &s, c);
+        if (!rc && go->out[0] >= 0 && QG(0) != PG(0))
+            rc = tk->copy_grad(QG(0), PG(0), go->accum[0],
+                               plan_tensor(e->p, e->g, go->in[0])->numel, kd, c);
+        return rc;
+    }
+    case OP_ADD_BCAST_BWD: { /* the host of the group norm's backward after: db = the sum of dy */
+        int rc = 0;
+        if (Q(0) != P(0))
+            rc = tk->copy_grad(Q(0), P(0), o->accum[0], plan_tensor(e->p, e->g, o->in[0])->numel,
+                               kd, c);
+        s = gn_shape(go, kd);
+        if (!rc)
+            rc = tk->groupnorm_bwd(QG(0), QG(1), QG(2), Q(1), PG(0), PG(1), PG(2),
+                                   go->a.gn.silu ? PG(5) : NULL, PG(3), PG(4), go->accum[0],
+                                   o->accum[1], 0, ws, &s, c);
+        return rc;
+    }
+    default:
+        return BK_ERR_INVALID;
+    }
+}
+
+/* dx (=/+=) dy, count elements of kernel dtype kd: the typed kernel where the backend has one */
+static int copy_grad(struct exec *e, void *dx, const void *dy, int accum, size_t count, int kd)
+{
+    if (e->bk->typed) return e->bk->typed->copy_grad(dx, dy, accum, count, kd, e->ctx);
+    return e->bk->copy_grad(dx, dy, accum, count, e->ctx);
+}
+
+/* y (N,HW,C) (=/+=) the transpose of x (N,C,HW) of kernel dtype kd */
+static int transpose(struct exec *e, void *y, const void *x, int accum, int n, int ch, int hw,
+                     int kd)
+{
+    if (e->bk->typed) return e->bk->typed->transpose_fwd(y, x, accum, n, ch, hw, kd, e->ctx);
+    return e->bk->transpose_fwd(y, x, accum, n, ch, hw, e->ctx);
+}
 
 /* silu(group norm): the backend's fused kernels, or group norm then SiLU */
 static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
@@ -783,6 +861,13 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     const int src = e->p->op_src ? e->p->op_src[k] : k;
     /* the typed kernels' dtype (plan.op_dtype) */
     const int kd = e->p->op_dtype[k];
+    /* the memory-bound kernels on kd where the backend has typed ones (every such op), else
+     * the fp32 entries (the plan then converts 16-bit operands around them); a fused host
+     * runs its guest too */
+    const struct bk_typed *tk = bk->typed;
+    const int gu = e->p->fuse_guest ? e->p->fuse_guest[k] : -1;
+    if (gu >= 0 || (tk && (o->type == OP_GROUPNORM || o->type == OP_GROUPNORM_BWD)))
+        return groupnorm_typed(e, o, gu >= 0 ? plan_op(e->p, e->g, gu) : NULL, kd, ws);
     struct bk_conv2d cs = o->a.conv;
     cs.dtype = kd;
     switch (o->type) {
@@ -804,69 +889,99 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_GROUPNORM_BWD:
         return groupnorm_bwd(e, o, ws);
     case OP_LAYERNORM:
-        return bk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
-                                 o->a.ln.eps, c);
+        return tk ? tk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
+                                      o->a.ln.eps, kd, c)
+                  : bk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
+                                      o->a.ln.eps, c);
     case OP_LAYERNORM_BWD:
-        return bk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
-                                 o->a.ln.m, o->a.ln.d, c);
+        return tk ? tk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
+                                      o->a.ln.m, o->a.ln.d, kd, c)
+                  : bk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
+                                      o->a.ln.m, o->a.ln.d, c);
     case OP_SILU:
-        return bk->silu_fwd(Q(0), P(0), t0->numel, c);
+        return tk ? tk->silu_fwd(Q(0), P(0), t0->numel, kd, c)
+                  : bk->silu_fwd(Q(0), P(0), t0->numel, c);
     case OP_SILU_BWD:
-        return bk->silu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
+        return tk ? tk->silu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, kd, c)
+                  : bk->silu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
     case OP_GELU:
-        return bk->gelu_fwd(Q(0), P(0), t0->numel, c);
+        return tk ? tk->gelu_fwd(Q(0), P(0), t0->numel, kd, c)
+                  : bk->gelu_fwd(Q(0), P(0), t0->numel, c);
     case OP_GELU_BWD:
-        return bk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
+        return tk ? tk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, kd, c)
+                  : bk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
     case OP_ADD:
-        return bk->add_fwd(Q(0), P(0), P(1), t0->numel, c);
+        return tk ? tk->add_fwd(Q(0), P(0), P(1), t0->numel, kd, c)
+                  : bk->add_fwd(Q(0), P(0), P(1), t0->numel, c);
     case OP_ADD_BWD: {
         int rc = 0;
         /* out[0] may share dy's bytes (in place): then it already holds dy */
-        if (o->out[0] >= 0 && Q(0) != P(0)) rc = bk->copy_grad(Q(0), P(0), o->accum[0],
-                                                               t0->numel, c);
-        if (!rc && o->out[1] >= 0) rc = bk->copy_grad(Q(1), P(0), o->accum[1], t0->numel, c);
+        if (o->out[0] >= 0 && Q(0) != P(0)) rc = copy_grad(e, Q(0), P(0), o->accum[0],
+                                                           t0->numel, kd);
+        if (!rc && o->out[1] >= 0) rc = copy_grad(e, Q(1), P(0), o->accum[1], t0->numel, kd);
         return rc;
     }
     case OP_ADD_BCAST:
-        return bk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
+        return tk ? tk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, kd, c)
+                  : bk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
     case OP_ADD_BCAST_BWD: {
         int rc = 0;
         if (o->out[1] >= 0)
-            rc = bk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
+            rc = tk ? tk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c,
+                                        o->a.bc.hw, kd, c)
+                    : bk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c,
+                                        o->a.bc.hw, c);
         if (!rc && o->out[0] >= 0 && Q(0) != P(0))
-            rc = bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
+            rc = copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
         return rc;
     }
     case OP_CONCAT:
-        return bk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
-                              o->a.cat.hw, c);
+        return tk ? tk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
+                                   o->a.cat.hw, kd, c)
+                  : bk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
+                                   o->a.cat.hw, c);
     case OP_CONCAT_BWD:
-        return bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
-                              o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, c);
+        return tk ? tk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
+                                   o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, kd, c)
+                  : bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
+                                   o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, c);
     case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C) */
     case OP_TO_IMAGE:  /* (N,HW,C) -> (N,C,HW); for NHWC images both are copies (or in place) */
         if (bk->nhwc)
-            return Q(0) == P(0) ? BK_OK : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
+            return Q(0) == P(0) ? BK_OK : copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
         return o->type == OP_TO_TOKENS
-                   ? bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, c)
-                   : bk->transpose_fwd(Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, c);
+                   ? transpose(e, Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, kd)
+                   : transpose(e, Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, kd);
     case OP_UPSAMPLE_NEAREST:
-        return bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
-                                          o->a.rs.w, c);
+        return tk ? tk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
+                                               o->a.rs.w, kd, c)
+                  : bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
+                                               o->a.rs.w, c);
     case OP_UPSAMPLE_NEAREST_BWD:
-        return bk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
-                                          o->a.rs.h, o->a.rs.w, c);
+        return tk ? tk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                               o->a.rs.h, o->a.rs.w, kd, c)
+                  : bk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                               o->a.rs.h, o->a.rs.w, c);
     case OP_UPSAMPLE_BILINEAR:
-        return bk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
-                                           o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
+        return tk ? tk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
+                                                o->a.rs.c, o->a.rs.h, o->a.rs.w, kd, c)
+                  : bk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
+                                                o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
     case OP_UPSAMPLE_BILINEAR_BWD:
-        return bk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
-                                           o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
+        return tk ? tk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
+                                                o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, kd,
+                                                c)
+                  : bk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
+                                                o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
     case OP_MAXPOOL:
-        return bk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
+        return tk ? tk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, kd,
+                                       c)
+                  : bk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
     case OP_MAXPOOL_BWD:
-        return bk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
-                                  o->a.rs.h, o->a.rs.w, c);
+        return tk ? tk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                       o->a.rs.h, o->a.rs.w, kd, c)
+                  : bk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                       o->a.rs.h, o->a.rs.w, c);
     case OP_TIMESTEP_EMBED:
         return bk->timestep_embed_fwd(Q(0), P(0), o->a.te.n, o->a.te.dim, o->a.te.flip,
                                       o->a.te.shift, o->a.te.max_period, c);
@@ -923,23 +1038,31 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
         if (nhwc_image(e, t0) != nhwc_image(e, to)) {
             const struct tensor *im = t0->image ? t0 : to;
             int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];
-            return t0->image ? bk->transpose_fwd(Q(0), P(0), o->accum[0], n, hw, ch, c)
-                             : bk->transpose_fwd(Q(0), P(0), o->accum[0], n, ch, hw, c);
+            return t0->image ? transpose(e, Q(0), P(0), o->accum[0], n, hw, ch, kd)
+                             : transpose(e, Q(0), P(0), o->accum[0], n, ch, hw, kd);
         }
         if (o->type == OP_RESHAPE)
-            return Q(0) == P(0) ? BK_OK : bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
+            return Q(0) == P(0) ? BK_OK : copy_grad(e, Q(0), P(0), 0, t0->numel, kd);
         return Q(0) == P(0) && !o->accum[0] ? BK_OK
-                                            : bk->copy_grad(Q(0), P(0), o->accum[0], t0->numel, c);
+                                            : copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
     }
-    case OP_DROPOUT:
-        if (e->eval) return bk->scale_fwd(Q(0), P(0), 1.0f, t0->numel, c);
-        return bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
-                               o->a.dr.n, o->a.dr.per_sample, nhwc_image(e, t0) ? t0->d[1] : 0,
-                               c);
-    case OP_DROPOUT_BWD:
-        return bk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd, sample_base,
-                               o->accum[0], o->a.dr.n, o->a.dr.per_sample,
-                               nhwc_image(e, t0) ? t0->d[1] : 0, c);
+    case OP_DROPOUT: {
+        if (e->eval) return copy_grad(e, Q(0), P(0), 0, t0->numel, kd);
+        const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
+        return tk ? tk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
+                                    o->a.dr.n, o->a.dr.per_sample, chans, kd, c)
+                  : bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
+                                    o->a.dr.n, o->a.dr.per_sample, chans, c);
+    }
+    case OP_DROPOUT_BWD: {
+        const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
+        return tk ? tk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd,
+                                    sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
+                                    chans, kd, c)
+                  : bk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd,
+                                    sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
+                                    chans, c);
+    }
     default:
         return BK_ERR_INVALID;
     }
@@ -949,6 +1072,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
 static int run_op_typed(struct exec *e, int k, float dloss_scale, uint64_t seed, uint64_t step,
                         int sample_base)
 {
+    if (e->p->fuse_host && e->p->fuse_host[k] >= 0) return BK_OK; /* a guest: its host runs it */
     e->cur_op = k;
     int rc = convert_operands(e, k, 0);
     if (!rc) rc = run_op(e, k, dloss_scale, seed, step, sample_base);

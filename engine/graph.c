@@ -854,6 +854,39 @@ enum tensor_dtype graph_input_dtype(const struct graph *g, const struct op *o, i
     return g->tensors[t]->dtype;
 }
 
+/* the memory-bound ops of backend.h's typed element-wise, layout, resampling and dropout
+ * kernels, every operand of which has the kernel's dtype */
+static int graph_eltwise_op(enum op_type t)
+{
+    switch (t) {
+    case OP_SILU:
+    case OP_SILU_BWD:
+    case OP_GELU:
+    case OP_GELU_BWD:
+    case OP_ADD:
+    case OP_ADD_BWD:
+    case OP_ADD_BCAST:
+    case OP_ADD_BCAST_BWD:
+    case OP_CONCAT:
+    case OP_CONCAT_BWD:
+    case OP_TO_TOKENS:
+    case OP_TO_IMAGE:
+    case OP_UPSAMPLE_NEAREST:
+    case OP_UPSAMPLE_NEAREST_BWD:
+    case OP_UPSAMPLE_BILINEAR:
+    case OP_UPSAMPLE_BILINEAR_BWD:
+    case OP_MAXPOOL:
+    case OP_MAXPOOL_BWD:
+    case OP_DROPOUT:
+    case OP_DROPOUT_BWD:
+    case OP_RESHAPE:
+    case OP_RESHAPE_BWD:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 unsigned graph_half_kernel(const struct op *o)
 {
     switch (o->type) {
@@ -867,8 +900,13 @@ unsigned graph_half_kernel(const struct op *o)
     case OP_ATTENTION:
     case OP_ATTENTION_BWD:
         return o->a.at.tiled ? BK_HALF_ATTN : BK_HALF_ATTN_PLAIN;
+    case OP_GROUPNORM:
+    case OP_GROUPNORM_BWD:
+    case OP_LAYERNORM:
+    case OP_LAYERNORM_BWD:
+        return BK_HALF_NORM;
     default:
-        return 0;
+        return graph_eltwise_op(o->type) ? BK_HALF_ELTWISE : 0;
     }
 }
 
@@ -888,8 +926,14 @@ int graph_typed_operand(const struct op *o, int j)
         return (j >= 0 && j <= 2) || out == 0;
     case OP_ATTENTION_BWD:     /* dout, q, k, v, o, lse (or p: fp32) -> dq, dk, dv */
         return (j >= 0 && j <= 4) || out >= 0;
+    case OP_GROUPNORM:         /* x -> y (gamma, beta, mean, rstd fp32) */
+    case OP_LAYERNORM:
+        return j == 0 || out == 0;
+    case OP_GROUPNORM_BWD:     /* dy, x -> dx (gamma, mean, rstd, beta, dgamma, dbeta fp32) */
+    case OP_LAYERNORM_BWD:
+        return j == 0 || j == 1 || out == 0;
     default:
-        return 0;
+        return graph_eltwise_op(o->type);
     }
 }
 

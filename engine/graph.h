@@ -221,7 +221,8 @@ int graph_backward(struct graph *g, int loss);
  * probabilities, the data inputs, the parameters (the fp32 master weights) and their gradients
  * stay fp32. Convolution and linear weights are read from a 16-bit working copy of the master
  * weights (graph_input_dtype; the plan's own part). The typed kernels (convolution, linear,
- * attention) take their typed operands (graph_typed_operand) in the 16-bit type where the
+ * attention, and the memory-bound norm, element-wise, layout, resampling and dropout kernels of
+ * backend.typed) take their typed operands (graph_typed_operand) in the 16-bit type where the
  * backend says it has them (backend.half_kernels); every other kernel computes in fp32, and the
  * executor converts operands of another dtype than the kernel's into planned scratch around
  * it. Call after graph_backward
@@ -233,7 +234,8 @@ enum tensor_dtype graph_low_dtype(const struct graph *g);
 /* the dtype op o reads its input `slot` in: the tensor's own, or for a convolution's or linear's
  * weight under 16-bit precision the working copy's */
 enum tensor_dtype graph_input_dtype(const struct graph *g, const struct op *o, int slot);
-/* the enum bk_half bit of the typed kernel op o runs on; 0 for an op of the fp32 kernels */
+/* the enum bk_half bit of the typed kernel op o runs on (BK_HALF_NORM, BK_HALF_ELTWISE: the
+ * memory-bound ops of backend.typed); 0 for an op of the fp32 kernels only */
 unsigned graph_half_kernel(const struct op *o);
 /* whether operand j of o (its inputs, then its outputs: j = n_in + i is out[i]) is an operand
  * the typed kernel takes in its dtype (kernels/backend.h): x, w, y and their gradients, not a

@@ -63,8 +63,20 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtyp
     case OP_LINEAR_BWD:
         return bk->linear_ws_bytes ? bk->linear_ws_bytes(o->a.lin.m, o->a.lin.k, o->a.lin.n, dtype)
                                    : 0;
-    case OP_GROUPNORM_BWD: /* the backend's, or for silu: the normalised x and statistics (the
-                            * layout exec.c's groupnorm_bwd uses) */
+    case OP_GROUPNORM: /* the typed kernels' (a fused host may run it: plan_fusions) */
+        if (bk->typed) {
+            struct bk_groupnorm s = {o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
+                                     o->a.gn.eps, o->a.gn.silu, dtype};
+            return bk->typed->groupnorm_ws_bytes(&s, 0);
+        }
+        return 0;
+    case OP_GROUPNORM_BWD: /* the typed kernels', the backend's, or for silu: the normalised x
+                            * and statistics (the layout exec.c's groupnorm_bwd uses) */
+        if (bk->typed) {
+            struct bk_groupnorm s = {o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
+                                     o->a.gn.eps, o->a.gn.silu, dtype};
+            return bk->typed->groupnorm_ws_bytes(&s, 1);
+        }
         if (bk->groupnorm_bwd_ws_bytes)
             return bk->groupnorm_bwd_ws_bytes(o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
                                               o->a.gn.silu);
@@ -129,6 +141,8 @@ void plan_free(struct plan *p)
     free(p->cvt);
     free(p->cvt_start);
     free(p->op_dtype);
+    free(p->fuse_host);
+    free(p->fuse_guest);
     free(p->ops);
     free(p->op_src);
     free(p->copy_of);
@@ -379,6 +393,101 @@ static int same_shape(const struct tensor *a, const struct tensor *b)
     return 1;
 }
 
+/* whether run op k's operands all have the dtypes its kernel takes (no conversion scratch) */
+static int plan_no_cvt(const struct plan *p, const struct graph *g, const struct op *ops, int k,
+                       const struct tensor *const *tv)
+{
+    const struct op *o = &ops[k], *og = &g->ops[p->op_src ? p->op_src[k] : k];
+    for (int j = 0; j < o->n_in + o->n_out; j++) {
+        int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
+        if (t < 0) continue;
+        int dt = in ? (int)graph_input_dtype(g, og, j) : (int)tv[t]->dtype;
+        if (dt != (graph_typed_operand(o, j) ? p->op_dtype[k] : DTYPE_F32)) return 0;
+    }
+    return 1;
+}
+
+/* whether tensor t is an input (in) or an output (!in) of o */
+static int op_names(const struct op *o, int t, int in)
+{
+    const int n = in ? o->n_in : o->n_out;
+    const int *v = in ? o->in : o->out;
+    for (int j = 0; j < n; j++)
+        if (v[j] == t) return 1;
+    return 0;
+}
+
+/* the run ops strictly between a and b read nothing run op gi writes and write nothing it
+ * touches: gi may move to a or b */
+static int plan_free_between(const struct op *ops, int a, int b, int gi)
+{
+    const struct op *gu = &ops[gi];
+    for (int k = a + 1; k < b; k++) {
+        const struct op *o = &ops[k];
+        for (int j = 0; j < o->n_in; j++)
+            if (o->in[j] >= 0 && op_names(gu, o->in[j], 0)) return 0;
+        for (int j = 0; j < o->n_out; j++)
+            if (o->out[j] >= 0 && (op_names(gu, o->out[j], 0) || op_names(gu, o->out[j], 1)))
+                return 0;
+    }
+    return 1;
+}
+
+/* how far apart (run ops) a fused pair may be: seed's time term has its linear in between */
+#define FUSE_REACH 4
+
+/* The fusions a backend with typed kernels runs (see plan.h fuse_host): a broadcast add (the
+ * time term) and a group norm next to it become one group-norm kernel, forward and backward:
+ *   ADD_BCAST (guest) then GROUPNORM of its output (host): x' = x + b inside the norm's pass;
+ *   GROUPNORM_BWD (host) then ADD_BCAST_BWD of its dx (guest): db = sum of dx inside it;
+ *   GROUPNORM (guest) whose only reader is an ADD_BCAST (host) shortly after: y = gn + b;
+ *   ADD_BCAST_BWD (host) then shortly after GROUPNORM_BWD of its dx (guest): db = sum of dy.
+ * Both ops on the same kernel dtype without conversion scratch, nothing in between touching
+ * what the guest reads or writes; each op in one fusion at most. readers: per tensor. */
+static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const struct graph *g,
+                         const struct tensor *const *tv, const struct backend *bk,
+                         const int *readers, int no_fuse)
+{
+    for (int k = 0; k < n_run; k++) p->fuse_host[k] = p->fuse_guest[k] = -1;
+    if (!bk->typed || no_fuse) return;
+    for (int k = 0; k < n_run; k++) {
+        const struct op *o = &ops[k];
+        if (p->fuse_host[k] >= 0 || p->fuse_guest[k] >= 0 || o->out[0] < 0) continue;
+        int host = -1, guest = -1;
+        if (o->type == OP_ADD_BCAST && k + 1 < n_run && ops[k + 1].type == OP_GROUPNORM &&
+            ops[k + 1].in[0] == o->out[0]) {
+            guest = k;
+            host = k + 1;
+        } else if (o->type == OP_GROUPNORM_BWD && k + 1 < n_run &&
+                   ops[k + 1].type == OP_ADD_BCAST_BWD && ops[k + 1].in[0] == o->out[0] &&
+                   ops[k + 1].out[1] >= 0) {
+            host = k;
+            guest = k + 1;
+        } else if (o->type == OP_GROUPNORM && readers[o->out[0]] == 1) {
+            for (int j = k + 1; j < n_run && j <= k + FUSE_REACH && host < 0; j++)
+                if (ops[j].type == OP_ADD_BCAST && ops[j].in[0] == o->out[0]) {
+                    guest = k;
+                    host = j;
+                }
+        } else if (o->type == OP_ADD_BCAST_BWD && o->out[1] >= 0 && !o->accum[0]) {
+            for (int j = k + 1; j < n_run && j <= k + FUSE_REACH && guest < 0; j++)
+                if (ops[j].type == OP_GROUPNORM_BWD && ops[j].in[0] == o->out[0]) {
+                    host = k;
+                    guest = j;
+                }
+        }
+        if (host < 0 || p->fuse_host[host] >= 0 || p->fuse_guest[host] >= 0 ||
+            p->fuse_guest[guest] >= 0 || p->op_dtype[host] != p->op_dtype[guest] ||
+            !plan_no_cvt(p, g, ops, host, tv) || !plan_no_cvt(p, g, ops, guest, tv) ||
+            !plan_free_between(ops, guest < host ? guest : host, guest < host ? host : guest,
+                               guest))
+            continue;
+        p->fuse_host[guest] = host;
+        p->fuse_guest[host] = guest;
+        p->n_fused++;
+    }
+}
+
 /* plan_make and plan_make_nested: infer plans the forward ops only and no training state; host
  * (may be NULL) is the plan whose allocation a nested plan lives in */
 static int plan_build(struct plan *p, const struct graph *g, const struct backend *bk,
@@ -390,6 +499,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     memset(p, 0, sizeof *p);
     int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
     int *order = NULL, *tmp = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
+    int *seq = NULL;
     struct placed *pl = NULL;
     unsigned char *secondary = NULL;
     const struct tensor **tv = NULL;
@@ -421,11 +531,15 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->cvt = malloc((max_cvt + 1) * sizeof *p->cvt);
     p->cvt_start = calloc((size_t)n_run + 1, sizeof *p->cvt_start);
     p->op_dtype = calloc((size_t)n_run + 1, 1);
+    p->fuse_host = malloc(((size_t)n_run + 1) * sizeof *p->fuse_host);
+    p->fuse_guest = malloc(((size_t)n_run + 1) * sizeof *p->fuse_guest);
+    seq = malloc(((size_t)n_run + 1) * sizeof *seq);
     readers = calloc((size_t)nt + 1, sizeof *readers);
     secondary = calloc((size_t)nt + 1, 1);
     tv = malloc(((size_t)nt + 1) * sizeof *tv);
     if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !p->work_offset ||
-        !p->cvt || !p->cvt_start || !p->op_dtype || !readers || !secondary || !tv)
+        !p->cvt || !p->cvt_start || !p->op_dtype || !p->fuse_host || !p->fuse_guest || !seq ||
+        !readers || !secondary || !tv)
         goto out;
     for (int i = 0; i < nt; i++) tv[i] = plan_tensor(p, g, i);
     for (int i = 0; i < n; i++) p->work_offset[i] = -1;
@@ -436,24 +550,51 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->last[i] = -1;
     }
 
-    /* lifetimes of arena tensors in execution order */
+    /* the kernels' dtypes: the 16-bit type for a typed kernel the backend has (half_kernels;
+     * the memory-bound ones only where it has backend.typed), else fp32 */
+    const int lo = graph_low_dtype(g);
+    unsigned half = lo != DTYPE_F32 && bk->half_kernels ? bk->half_kernels(lo) : 0;
+    if (!bk->typed) half &= ~(unsigned)(BK_HALF_NORM | BK_HALF_ELTWISE);
     for (int k = 0; k < n_run; k++) {
+        const int kd = half & graph_half_kernel(&ops[k]) ? lo : DTYPE_F32;
+        p->op_dtype[k] = (unsigned char)kd;
+        p->n_half_ops += kd != DTYPE_F32;
+    }
+    /* the fusions, and the position each op runs at: a guest at its host's. seq: the ops in
+     * the order they run (by position, then index) */
+    for (int k = 0; k < n_run; k++) {
+        const struct op *o = &ops[k];
+        for (int j = 0; j < o->n_in; j++)
+            if (o->in[j] >= 0) readers[o->in[j]]++;
+    }
+    plan_fusions(p, ops, n_run, g, tv, bk, readers, opts->no_fuse);
+    for (int k = 0, m = 0; k < n_run; k++) {
+        if (p->fuse_host[k] >= 0) continue;
+        const int gu = p->fuse_guest[k];
+        if (gu >= 0 && gu < k) seq[m++] = gu;
+        seq[m++] = k;
+        if (gu > k) seq[m++] = gu;
+    }
+#define POS(k) (p->fuse_host[k] >= 0 ? p->fuse_host[k] : (k))
+
+    /* lifetimes of arena tensors in execution order (positions) */
+    for (int i = 0; i < n_run; i++) {
+        const int k = seq[i], pos = POS(k);
         const struct op *o = &ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
             if (t < 0) continue;
             if (p->first[t] < 0) {
-                p->first[t] = k;
+                p->first[t] = pos;
                 secondary[t] = j > 0; /* bit 1; bit 2: a recomputed original */
             }
-            p->last[t] = k;
+            p->last[t] = pos;
         }
         for (int j = 0; j < o->n_in; j++) {
             int t = o->in[j];
             if (t < 0) continue;
-            if (p->first[t] < 0) p->first[t] = k;
-            p->last[t] = k;
-            readers[t]++;
+            if (p->first[t] < 0) p->first[t] = pos;
+            p->last[t] = pos;
         }
     }
     /* An arena tensor nobody reads (the loss, a forward-only graph's output) stays until the
@@ -468,16 +609,17 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             p->last[t] = n_run - 1;
 
     /* storages: one per arena tensor, merged through in-place ops */
-    for (int k = 0; k < n_run; k++) {
+    for (int i = 0; i < n_run; i++) {
+        const int k = seq[i], pos = POS(k);
         const struct op *o = &ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
             if (t < 0 || tv[t]->kind != TENSOR_ACT || p->storage[t] >= 0) continue;
             int keep = !readers[t] && p->last[t] == n_run - 1;
             int in_idx, src;
-            if (!opts->no_reuse && p->first[t] == k && inplace_input(tv, o, j, &in_idx, bk) &&
+            if (!opts->no_reuse && p->first[t] == pos && inplace_input(tv, o, j, &in_idx, bk) &&
                 (src = o->in[in_idx]) >= 0 && tv[src]->kind == TENSOR_ACT &&
-                p->storage[src] >= 0 && p->st[p->storage[src]].last == k &&
+                p->storage[src] >= 0 && p->st[p->storage[src]].last == pos &&
                 tensor_bytes(tv[src]) == tensor_bytes(tv[t])) {
                 p->storage[t] = p->storage[src];
                 p->st[p->storage[t]].last = p->last[t];
@@ -494,18 +636,15 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         }
     }
 
-    /* the kernels' dtypes, and conversion scratch: an operand stored in another dtype than its
-     * kernel takes it in gets bytes of the kernel's dtype for that op alone; a weight read in 16
+#undef POS
+    /* conversion scratch: an operand stored in another dtype than its kernel takes it in gets
+     * bytes of the kernel's dtype for that op alone (fused ops have none); a weight read in 16
      * bits marks its working copy */
-    const int lo = graph_low_dtype(g);
-    const unsigned half = lo != DTYPE_F32 && bk->half_kernels ? bk->half_kernels(lo) : 0;
     for (int k = 0; k < n_run; k++) {
         const struct op *o = &ops[k];
         /* a recomputed copy's operands have its original's dtypes */
         const struct op *og = &g->ops[p->op_src ? p->op_src[k] : k];
-        const int kd = half & graph_half_kernel(o) ? lo : DTYPE_F32;
-        p->op_dtype[k] = (unsigned char)kd;
-        p->n_half_ops += kd != DTYPE_F32;
+        const int kd = p->op_dtype[k];
         p->cvt_start[k] = p->n_cvt;
         for (int j = 0; j < o->n_in + o->n_out; j++) {
             int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
@@ -742,6 +881,7 @@ out:
     free(pl);
     free(param_of);
     free(convs);
+    free(seq);
     free(readers);
     free(secondary);
     free(tv);

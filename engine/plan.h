@@ -54,6 +54,8 @@ struct plan_opts {
      * convolution workspace bytes remembered across the plans of one search. */
     int bound_only;
     struct plan_ws_cache *ws_cache;
+    /* no fusions (plan.fuse_host): the unfused step a fused one must give the bits of (tests) */
+    int no_fuse;
 };
 
 struct plan_ws_cache;
@@ -165,6 +167,13 @@ struct plan {
                                        * 16-bit type for a typed kernel the backend has
                                        * (half_kernels), else DTYPE_F32 */
     int n_half_ops;                   /* run ops whose kernel takes 16-bit operands natively */
+    /* Fusions (a backend with typed kernels, backend.typed: plan.c's plan_fusions): a guest op
+     * runs inside the kernel of its host, at the host's position in the run order, and is
+     * skipped at its own (a group norm and the broadcast add next to it, forward and backward).
+     * Lifetimes and storages follow the positions ops run at, so the arena is the fused step's. */
+    int *fuse_host;                   /* (n_run_ops) a guest's host; -1 for the other ops */
+    int *fuse_guest;                  /* (n_run_ops) a host's guest; -1 for the other ops */
+    int n_fused;                      /* fused pairs */
     size_t inputs_off, inputs_bytes;
     size_t ws_off, ws_bytes;          /* library scratch: the largest any op needs */
     size_t ws_guard_bytes;            /* the canary gap before ws_off and the one after the

@@ -7,8 +7,10 @@
  * planned arena, canaries hold; a request over the device's memory fails cleanly and poisons
  * nothing. Then two steps in bf16 (ddpm, head dim 16: the attention forward on tensor cores) and
  * f16 (seed, loss scaling) against the CPU's 16-bit steps, measured against the 16-bit steps' own
- * distance from fp32 (TOL16_RATIO). Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest:
- * skipped).
+ * distance from fp32 (TOL16_RATIO). Both backends run NHWC images (the image <-> token changes
+ * around attention in place); a 16-bit plan converts no operand of a memory-bound op (the typed
+ * kernels take them as they are); a step with the group-norm fusions gives the unfused step's
+ * bits. Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest: skipped).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -263,6 +265,31 @@ static size_t dev_process(void)
     return G->device_mem(0, &m) == 0 ? m.process : 0;
 }
 
+/* the CUDA plan of an NHWC backend: every image <-> tokens change whose input dies there in
+ * place (no copy), and no conversion scratch around a memory-bound op (16-bit: the typed
+ * kernels read and write 16-bit operands) */
+static void check_layout(const char *name, const struct job *j)
+{
+    const struct plan *p = &j->p;
+    int tok = 0, tok_in_place = 0, cvt_mem = 0;
+    CHECK(G->nhwc, "%s: the CUDA backend's images are not NHWC", name);
+    for (int k = 0; k < p->n_run_ops; k++) {
+        const struct op *o = plan_op(p, &j->g, k);
+        if ((o->type == OP_TO_TOKENS || o->type == OP_TO_IMAGE) && !o->accum[0] &&
+            p->last[o->in[0]] == k) {
+            tok++;
+            tok_in_place += p->storage[o->in[0]] == p->storage[o->out[0]];
+        }
+        if (graph_half_kernel(o) & (BK_HALF_NORM | BK_HALF_ELTWISE))
+            cvt_mem += p->cvt_start[k + 1] - p->cvt_start[k];
+    }
+    CHECK(tok > 0 && tok_in_place == tok, "%s: %d of %d image <-> token changes in place", name,
+          tok_in_place, tok);
+    CHECK(cvt_mem == 0, "%s: %d conversions around memory-bound ops", name, cvt_mem);
+    printf("  %d image <-> token changes in place, %d conversions in all (none around the %s), "
+           "%d fused pairs\n", tok, p->n_cvt, "memory-bound ops", p->n_fused);
+}
+
 static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int precision)
 {
     char name[32];
@@ -303,6 +330,7 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
     printf("%s (%s attention%s): GPU plan %zu bytes (workspace %zu, arena %zu), CPU plan %zu\n",
            name, tiled ? "tiled" : "plain", guards ? ", canaries" : "", gj.p.total_bytes,
            gj.p.ws_bytes, gj.p.arena_bytes, cj.p.total_bytes);
+    check_layout(name, &gj);
     /* exec_init: the reservation, and the kernels the plan's library calls load (run before
      * it, the process's own: device_mem's process). The rest of the device is untouched */
     size_t free1 = dev_free(), proc1 = dev_process();
@@ -407,6 +435,71 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
           "grew %zu)", name, free0 - dev_free(), dev_process() - proc0);
 }
 
+/* the group-norm fusions (plan.fuse_host: the time term's broadcast add inside the norm's
+ * kernels, forward and backward) against the same step planned without them, on the GPU: the
+ * fused kernels keep the unfused ops' rounding points, so the forward (the loss) is the same
+ * bits; the backward's db (the time term's gradient) is summed in another order inside the
+ * norm's kernel, so the gradients agree to fp32 summation (FUSED_TOL, norm-wise as grad_err);
+ * the fused plan's arena no larger */
+#define FUSED_TOL 1e-6
+static void fused_vs_unfused(enum unet_preset preset, int precision)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%s%s fused", preset == UNET_DDPM ? "ddpm" : "seed",
+             precision == STRATEGY_PRECISION_BF16 ? " bf16" : "");
+    struct unet_config c;
+    small_config(&c, preset, 1);
+    struct plan_opts pf = {.guard_bytes = 256}, pu = {.guard_bytes = 256, .no_fuse = 1};
+    if (precision) {
+        pf.strategy = strategy_plain(0);
+        pf.strategy.precision = precision;
+        pu.strategy = pf.strategy;
+    }
+    struct exec_opts eo = {.threads = 1, .poison = 1, .check_guards = 1};
+    struct job fj, uj;
+    int rf = job_init(&fj, G, &c, 3, &pf, &eo), ru = job_init(&uj, G, &c, 3, &pu, &eo);
+    CHECK(rf == 0 && ru == 0, "%s: jobs (%d, %d)", name, rf, ru);
+    if (rf || ru) return;
+    check_layout(name, &fj);
+    /* every time term next to a group norm: ddpm's before it (forward and backward), seed's
+     * after it */
+    int bcast = 0;
+    for (int k = 0; k < fj.g.n_ops; k++) bcast += fj.g.ops[k].type == OP_ADD_BCAST;
+    CHECK(fj.p.n_fused == 2 * bcast && uj.p.n_fused == 0,
+          "%s: %d fused pairs (unfused plan %d), %d broadcast adds", name, fj.p.n_fused,
+          uj.p.n_fused, bcast);
+    float lf = 0, lu = 0;
+    feed(&fj, 0);
+    feed(&uj, 0);
+    int a = exec_forward_backward(fj.e, 1, 1.0f, 11, 0, 0, &lf);
+    int b = exec_forward_backward(uj.e, 1, 1.0f, 11, 0, 0, &lu);
+    CHECK(a == 0 && b == 0, "%s: steps %d %d", name, a, b);
+    float *x = malloc(fj.g.param_numel * 4 + 64), *y = malloc(fj.g.param_numel * 4 + 64);
+    int differ = 0, grads = 0;
+    double worst = 0, gnorm = grad_norm(&uj, y);
+    for (int i = 0; i < fj.g.n_tensors; i++) {
+        if (fj.g.tensors[i]->kind != TENSOR_GRAD) continue;
+        dl(&fj, i, -1, x);
+        dl(&uj, i, -1, y);
+        grads++;
+        differ += memcmp(x, y, fj.g.tensors[i]->numel * 4) != 0;
+        const double err = grad_err(&fj, &uj, i, gnorm, x, y);
+        if (!(err <= worst)) worst = err;
+    }
+    CHECK(memcmp(&lf, &lu, sizeof lf) == 0 && worst <= FUSED_TOL,
+          "%s: loss %.9g vs %.9g unfused, gradients within %.3g (%d of %d differ at all)", name,
+          lf, lu, worst, differ, grads);
+    CHECK(fj.p.arena_bytes <= uj.p.arena_bytes, "%s: arena %zu fused, %zu unfused", name,
+          fj.p.arena_bytes, uj.p.arena_bytes);
+    printf("%s: %d pairs, loss bit-identical to the unfused step, gradients within %.2g (%d of "
+           "%d bit-identical); arena %zu (unfused %zu)\n", name, fj.p.n_fused, worst,
+           grads - differ, grads, fj.p.arena_bytes, uj.p.arena_bytes);
+    free(x);
+    free(y);
+    job_free(&fj);
+    job_free(&uj);
+}
+
 /* a plan larger than the device: exec_init fails with EXEC_ERR_BUDGET and nothing breaks */
 static void over_budget(void)
 {
@@ -462,6 +555,8 @@ int main(void)
     step_vs_cpu(UNET_SEED, 0, 0, 0);
     step_vs_cpu(UNET_DDPM, 1, 1, STRATEGY_PRECISION_BF16);
     step_vs_cpu(UNET_SEED, 0, 0, STRATEGY_PRECISION_F16);
+    fused_vs_unfused(UNET_DDPM, STRATEGY_PRECISION_BF16);
+    fused_vs_unfused(UNET_SEED, 0);
     over_budget();
     return tu_finish("test_gpu_step");
 }
