@@ -1363,6 +1363,26 @@ void exec_profile_reset(struct exec *e)
     e->prof.optim_calls = 0;
 }
 
+int exec_time_op(struct exec *e, int k, int reps, double *seconds)
+{
+    const struct plan *p = e->p;
+    *seconds = 0.0;
+    if (k < 0 || k >= p->n_run_ops || reps < 1)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "no run op %d (or reps %d)", k, reps);
+    int rc = bind_workspace(e);
+    if (rc) return rc;
+    if (p->fuse_host && p->fuse_host[k] >= 0) return EXEC_OK;
+    if ((rc = bk_check(e, e->bk->sync(e->ctx), "a sync"))) return rc;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int r = 0; r < reps; r++)
+        if ((rc = run_op_typed(e, k, 1.0f, 1, 1, 0))) return bk_fail(e, rc, k, "the kernel");
+    if ((rc = bk_check(e, e->bk->sync(e->ctx), "a sync"))) return rc;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *seconds = ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / reps;
+    return EXEC_OK;
+}
+
 size_t exec_arena_high_water(struct exec *e)
 {
     const struct plan *p = e->p;

@@ -157,6 +157,12 @@ void exec_profile_reset(struct exec *e);
 
 /* the highest byte of the arena written since exec_init (a scan for the fill pattern) */
 size_t exec_arena_high_water(struct exec *e);
+
+/* Benchmarks (bench/kernel_bench.c): runs run op k of the plan `reps` times back to back (its
+ * conversions, and a fused guest inside its host; a guest alone is no kernel: 0 seconds), then
+ * waits for the device; *seconds per run, wall clock. Reads and writes whatever the arena holds:
+ * for timing kernels, not for results (a step afterwards starts from fresh inputs). */
+int exec_time_op(struct exec *e, int k, int reps, double *seconds);
 /* the most bytes the backend held at once on the job's context since exec_init (its measured
  * device high-water mark; 0 where the backend does not measure it) */
 size_t exec_device_high_water(const struct exec *e);

@@ -51,13 +51,22 @@ static struct gn_cfg gn_config(int n, int c, int hw, int w, int max_chunks)
     return g;
 }
 
+/* the threads of a block that sums `items` values: a multiple of 32 up to GN_THREADS, no more
+ * than there are items to go round */
+static unsigned gn_red_threads(size_t items)
+{
+    const size_t t = (items + 31) / 32 * 32;
+    return t < 32 ? 32u : t > GN_THREADS ? (unsigned)GN_THREADS : (unsigned)t;
+}
+
 /* the vector width the channel count and every pointer allow */
 template <typename T>
 static int gn_width(int c, const void *a, const void *b, const void *d = NULL,
-                    const void *e = NULL, const void *f = NULL)
+                    const void *e = NULL, const void *f = NULL, const void *gamma = NULL,
+                    const void *beta = NULL)
 {
     const int ok = c % CU_VW(T) == 0 && cu_al16(a) && cu_al16(b) && cu_al16(d) && cu_al16(e) &&
-                   cu_al16(f);
+                   cu_al16(f) && cu_al16(gamma) && cu_al16(beta);
     return ok ? CU_VW(T) : 1;
 }
 
@@ -159,25 +168,43 @@ __global__ void k_gn_finalize(float *mean, float *rstd, const double *ws, int c,
     }
 }
 
-/* y = act((x' - mean) rstd gamma + beta), then + yb: norm.c's formula in fp32, element-wise */
+/* y = act((x' - mean) rstd gamma + beta), then + yb: norm.c's formula in fp32, element-wise.
+ * one_group: every vector's W channels lie in one group (cpg a multiple of W), whose statistics
+ * are then read once; gamma and beta in 16-byte loads when W is */
 template <typename T, int W>
 __global__ void k_gn_apply(T *y, const T *x, const T *yb, const float *mean, const float *rstd,
                            const float *gamma, const float *beta, int c, size_t hwc, int groups,
-                           int silu, size_t count)
+                           int silu, int one_group, size_t count)
 {
     const int cpg = c / groups;
     GRID_LOOP(i, count / W)
     {
         const size_t e = i * W, img = e / hwc;
         const int ch = (int)(e % c);
-        float v[W], b[W];
+        float v[W], b[W], gm[W] = {}, bt[W] = {}, m[W], r[W];
         cu_ldv<T, W>(v, x + e);
         if (yb) cu_ldv<T, W>(b, yb + img * c + ch);
+        if (W % 4 == 0)
+            for (int q = 0; q < W; q += 4) {
+                if (gamma) cu_ldv<float, 4>(gm + q, gamma + ch + q);
+                if (beta) cu_ldv<float, 4>(bt + q, beta + ch + q);
+            }
+        if (one_group) {
+            const size_t gi = img * groups + ch / cpg;
+            const float mg = mean[gi], rg = rstd[gi];
+            for (int k = 0; k < W; k++) m[k] = mg, r[k] = rg;
+        } else {
+            for (int k = 0; k < W; k++) {
+                const size_t gi = img * groups + (ch + k) / cpg;
+                m[k] = mean[gi];
+                r[k] = rstd[gi];
+            }
+        }
         for (int k = 0; k < W; k++) {
             const int cc = ch + k;
-            const size_t gi = img * groups + cc / cpg;
-            float z = (v[k] - mean[gi]) * rstd[gi] * (gamma ? gamma[cc] : 1.0f) +
-                      (beta ? beta[cc] : 0.0f);
+            const float g = gamma ? (W % 4 == 0 ? gm[k] : gamma[cc]) : 1.0f;
+            const float bb = beta ? (W % 4 == 0 ? bt[k] : beta[cc]) : 0.0f;
+            float z = (v[k] - m[k]) * r[k] * g + bb;
             if (silu) z = cu_silu(z);
             v[k] = yb ? cu_round<T>(z) + b[k] : z;
         }
@@ -233,13 +260,15 @@ static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, co
     CU_LAUNCH(k_gn_stats<T COMMA W>, dim3(g.chunks, s->n), GN_THREADS, 0, ctx->stream)(
         (double *)ws, (T *)xo, (const T *)x, (const T *)xb, s->c, s->hw, g);
     CU_LAUNCHED(ctx);
-    CU_LAUNCH(k_gn_finalize, dim3(s->groups, s->n), GN_THREADS, 0, ctx->stream)(
+    CU_LAUNCH(k_gn_finalize, dim3(s->groups, s->n),
+              gn_red_threads((size_t)(s->c / s->groups) * g.chunks), 0, ctx->stream)(
         mean, rstd, (const double *)ws, s->c, s->hw, s->groups, g.chunks, s->eps);
     CU_LAUNCHED(ctx);
     const size_t count = (size_t)s->n * s->hw * s->c;
     CU_LAUNCH(k_gn_apply<T COMMA W>, cu_blocks(count / W, CU_THREADS), CU_THREADS, 0,
               ctx->stream)((T *)y, (const T *)(xb ? xo : x), (const T *)yb, mean, rstd, gamma,
-                           beta, s->c, (size_t)s->hw * s->c, s->groups, s->silu, count);
+                           beta, s->c, (size_t)s->hw * s->c, s->groups, s->silu,
+                           (s->c / s->groups) % W == 0, count);
     CU_LAUNCHED(ctx);
     return BK_OK;
 }
@@ -249,7 +278,7 @@ static int gn_fwd_t(void *y, float *mean, float *rstd, void *xo, const void *x, 
                     const void *yb, const float *gamma, const float *beta, void *ws,
                     int max_chunks, const struct bk_groupnorm *s, bk_ctx *ctx)
 {
-    if (gn_width<T>(s->c, y, x, xo, xb, yb) > 1)
+    if (gn_width<T>(s->c, y, x, xo, xb, yb, gamma, beta) > 1)
         return gn_fwd<T, CU_VW(T)>(y, mean, rstd, xo, x, xb, yb, gamma, beta, ws, max_chunks, s,
                                    ctx);
     return gn_fwd<T, 1>(y, mean, rstd, xo, x, xb, yb, gamma, beta, ws, max_chunks, s, ctx);
@@ -462,7 +491,8 @@ static int gn_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *d
         s->silu, g);
     CU_LAUNCHED(ctx);
     if (dx) {
-        CU_LAUNCH(k_gn_bwd_coef, dim3(s->groups, s->n), GN_THREADS, 0, ctx->stream)(
+        CU_LAUNCH(k_gn_bwd_coef, dim3(s->groups, s->n),
+                  gn_red_threads((size_t)(s->c / s->groups) * g.chunks), 0, ctx->stream)(
             coef, ca, sums, gamma, rstd, s->c, s->hw, s->groups, g.chunks);
         CU_LAUNCHED(ctx);
         CU_LAUNCH(k_gn_dx<T COMMA W>, grid, GN_THREADS, 0, ctx->stream)(
@@ -472,7 +502,8 @@ static int gn_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *d
     }
     if (dgamma || dbeta || db) {
         const int slot = db_of_dx ? 3 : s->silu ? 2 : 1;
-        CU_LAUNCH(k_gn_bwd_params<T>, s->c, GN_THREADS, 0, ctx->stream)(
+        CU_LAUNCH(k_gn_bwd_params<T>, s->c, gn_red_threads((size_t)s->n * g.chunks), 0,
+                  ctx->stream)(
             dgamma, dbeta, (T *)db, sums, s->n, s->c, g.chunks, db_accum, slot);
         CU_LAUNCHED(ctx);
     }
