@@ -755,13 +755,18 @@ static int groupnorm_typed(struct exec *e, const struct op *o, const struct op *
     case OP_GROUPNORM: /* guest: the broadcast add before, x' = x + b stored to its output */
         s = gn_shape(o, kd);
         if (go)
-            return tk->groupnorm_fwd(Q(0), Q(1), Q(2), QG(0), PG(0), PG(1), NULL, P(1), P(2), ws,
-                                     &s, c);
-        return tk->groupnorm_fwd(Q(0), Q(1), Q(2), NULL, P(0), NULL, NULL, P(1), P(2), ws, &s, c);
+            return tk->groupnorm_fwd(Q(0), Q(1), Q(2), QG(0), PG(0), PG(1), NULL, NULL, P(1),
+                                     P(2), ws, &s, c);
+        return tk->groupnorm_fwd(Q(0), Q(1), Q(2), NULL, P(0), NULL, NULL, NULL, P(1), P(2), ws,
+                                 &s, c);
     case OP_ADD_BCAST: /* the host of the group norm before: y = gn(x) + b */
         s = gn_shape(go, kd);
-        return tk->groupnorm_fwd(Q(0), QG(1), QG(2), NULL, PG(0), NULL, P(1), PG(1), PG(2), ws,
-                                 &s, c);
+        return tk->groupnorm_fwd(Q(0), QG(1), QG(2), NULL, PG(0), NULL, P(1), NULL, PG(1), PG(2),
+                                 ws, &s, c);
+    case OP_ADD: /* the host of the group norm before: y = gn(x) + r, r the other input */
+        s = gn_shape(go, kd);
+        return tk->groupnorm_fwd(Q(0), QG(1), QG(2), NULL, PG(0), NULL, NULL,
+                                 o->in[0] == go->out[0] ? P(1) : P(0), PG(1), PG(2), ws, &s, c);
     case OP_GROUPNORM_BWD: {
         s = gn_shape(o, kd);
         const float *beta = o->a.gn.silu ? P(5) : NULL;

@@ -437,16 +437,18 @@ static int plan_free_between(const struct op *ops, int a, int b, int gi)
 #define FUSE_REACH 4
 
 /* The fusions a backend with typed kernels runs (see plan.h fuse_host): a broadcast add (the
- * time term) and a group norm next to it become one group-norm kernel, forward and backward:
+ * time term) or a residual add and a group norm next to it become one group-norm kernel:
  *   ADD_BCAST (guest) then GROUPNORM of its output (host): x' = x + b inside the norm's pass;
  *   GROUPNORM_BWD (host) then ADD_BCAST_BWD of its dx (guest): db = sum of dx inside it;
  *   GROUPNORM (guest) whose only reader is an ADD_BCAST (host) shortly after: y = gn + b;
- *   ADD_BCAST_BWD (host) then shortly after GROUPNORM_BWD of its dx (guest): db = sum of dy.
+ *   ADD_BCAST_BWD (host) then shortly after GROUPNORM_BWD of its dx (guest): db = sum of dy;
+ *   GROUPNORM (guest) whose only reader is an ADD (host) shortly after: y = gn + r.
+ * In the last two forward ones the norm's own output is never made (virt: it gets no bytes).
  * Both ops on the same kernel dtype without conversion scratch, nothing in between touching
  * what the guest reads or writes; each op in one fusion at most. readers: per tensor. */
 static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const struct graph *g,
                          const struct tensor *const *tv, const struct backend *bk,
-                         const int *readers, int no_fuse)
+                         const int *readers, int no_fuse, unsigned char *virt)
 {
     for (int k = 0; k < n_run; k++) p->fuse_host[k] = p->fuse_guest[k] = -1;
     if (!bk->typed || no_fuse) return;
@@ -465,7 +467,9 @@ static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const 
             guest = k + 1;
         } else if (o->type == OP_GROUPNORM && readers[o->out[0]] == 1) {
             for (int j = k + 1; j < n_run && j <= k + FUSE_REACH && host < 0; j++)
-                if (ops[j].type == OP_ADD_BCAST && ops[j].in[0] == o->out[0]) {
+                if ((ops[j].type == OP_ADD_BCAST && ops[j].in[0] == o->out[0]) ||
+                    (ops[j].type == OP_ADD && ops[j].in[0] != ops[j].in[1] &&
+                     (ops[j].in[0] == o->out[0] || ops[j].in[1] == o->out[0]))) {
                     guest = k;
                     host = j;
                 }
@@ -485,6 +489,8 @@ static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const 
         p->fuse_host[guest] = host;
         p->fuse_guest[host] = guest;
         p->n_fused++;
+        if (ops[guest].type == OP_GROUPNORM && ops[host].type != OP_GROUPNORM)
+            virt[ops[guest].out[0]] = 1;
     }
 }
 
@@ -500,6 +506,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
     int *order = NULL, *tmp = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
     int *seq = NULL;
+    unsigned char *virt = NULL;
     struct placed *pl = NULL;
     unsigned char *secondary = NULL;
     const struct tensor **tv = NULL;
@@ -567,7 +574,8 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         for (int j = 0; j < o->n_in; j++)
             if (o->in[j] >= 0) readers[o->in[j]]++;
     }
-    plan_fusions(p, ops, n_run, g, tv, bk, readers, opts->no_fuse);
+    if (!(virt = calloc((size_t)nt + 1, 1))) goto out;
+    plan_fusions(p, ops, n_run, g, tv, bk, readers, opts->no_fuse, virt);
     for (int k = 0, m = 0; k < n_run; k++) {
         if (p->fuse_host[k] >= 0) continue;
         const int gu = p->fuse_guest[k];
@@ -614,7 +622,7 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         const struct op *o = &ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
-            if (t < 0 || tv[t]->kind != TENSOR_ACT || p->storage[t] >= 0) continue;
+            if (t < 0 || tv[t]->kind != TENSOR_ACT || p->storage[t] >= 0 || virt[t]) continue;
             int keep = !readers[t] && p->last[t] == n_run - 1;
             int in_idx, src;
             if (!opts->no_reuse && p->first[t] == pos && inplace_input(tv, o, j, &in_idx, bk) &&
@@ -882,6 +890,7 @@ out:
     free(param_of);
     free(convs);
     free(seq);
+    free(virt);
     free(readers);
     free(secondary);
     free(tv);

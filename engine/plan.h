@@ -169,8 +169,10 @@ struct plan {
     int n_half_ops;                   /* run ops whose kernel takes 16-bit operands natively */
     /* Fusions (a backend with typed kernels, backend.typed: plan.c's plan_fusions): a guest op
      * runs inside the kernel of its host, at the host's position in the run order, and is
-     * skipped at its own (a group norm and the broadcast add next to it, forward and backward).
-     * Lifetimes and storages follow the positions ops run at, so the arena is the fused step's. */
+     * skipped at its own (a group norm and the broadcast add next to it, forward and backward,
+     * or the residual add after it). Lifetimes and storages follow the positions ops run at, and
+     * a value the fused kernel never makes (the norm's output before the add after it) has no
+     * bytes (offset -1), so the arena is the fused step's. */
     int *fuse_host;                   /* (n_run_ops) a guest's host; -1 for the other ops */
     int *fuse_guest;                  /* (n_run_ops) a host's guest; -1 for the other ops */
     int n_fused;                      /* fused pairs */

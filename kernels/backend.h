@@ -110,8 +110,8 @@ struct bk_groupnorm {
     int n, c, hw, groups;
     float eps;
     int silu;               /* y = silu(group norm(x)) */
-    int dtype;              /* enum bk_dtype of the images and (N,C) terms: x, xo, xb, y, yb
-                             * (forward), dy, dx, db (backward) */
+    int dtype;              /* enum bk_dtype of the images and (N,C) terms: x, xo, xb, y, yb,
+                             * yr (forward), dy, dx, db (backward) */
 };
 
 /* The memory-bound kernels on elements of a given dtype (enum bk_dtype, fp32 included), for the
@@ -131,12 +131,14 @@ struct bk_typed {
     size_t (*groupnorm_ws_bytes)(const struct bk_groupnorm *s, int backward);
     /* y = act(group norm(x')), act = silu or identity; x' = x + xb (N,C) broadcast over HW when
      * xb (stored, rounded to the dtype, into xo: xo may be x; the statistics are those of the
-     * stored values), else x (xo unused); then y += yb (N,C) broadcast when yb. Rounding points
-     * are the unfused ops': add_bcast's sum, the norm's output, the second add_bcast's sum.
-     * mean, rstd (N,G) fp32 saved; gamma, beta (C) fp32 or NULL */
+     * stored values), else x (xo unused); then y += yb (N,C) broadcast when yb, and y += yr
+     * (N,C,HW, a residual) when yr. Rounding points are the unfused ops': add_bcast's sum, the
+     * norm's output, the sum after it. mean, rstd (N,G) fp32 saved; gamma, beta (C) fp32 or
+     * NULL */
     int (*groupnorm_fwd)(void *y, float *mean, float *rstd, void *xo, const void *x,
-                         const void *xb, const void *yb, const float *gamma, const float *beta,
-                         void *ws, const struct bk_groupnorm *s, bk_ctx *ctx);
+                         const void *xb, const void *yb, const void *yr, const float *gamma,
+                         const float *beta, void *ws, const struct bk_groupnorm *s,
+                         bk_ctx *ctx);
     /* dx (=/+= accum, may be NULL) of y = act(group norm(x)) from dy, recomputing act's input
      * from x, mean, rstd, gamma, beta (beta read only with silu); dgamma, dbeta += (fp32, may be
      * NULL); db (N,C) (=/+= db_accum, may be NULL): the sum over HW of dx as stored (db_of_dx 1:

@@ -210,7 +210,10 @@ template <> __device__ __forceinline__ cu_bf16 cu_to<cu_bf16>(float v)
     return r;
 }
 /* v as stored in T: rounded to T and widened back (the value a later kernel reads) */
-template <typename T> __device__ __forceinline__ float cu_round(float v) { return cu_ld(cu_to<T>(v)); }
+template <typename T> __device__ __forceinline__ float cu_round(float v)
+{
+    return cu_ld(cu_to<T>(v));
+}
 
 /* 16-byte accesses: W elements of T at p, widened to fp32 (cu_ldv) or rounded from it (cu_stv).
  * W * sizeof(T) == 16 is one 128-bit load or store (p 16-byte aligned: the caller checks, see
@@ -325,8 +328,8 @@ int cu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, co
                      int d, bk_ctx *ctx);
 size_t cu_t_groupnorm_ws_bytes(const struct bk_groupnorm *s, int backward);
 int cu_t_groupnorm_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
-                       const void *yb, const float *gamma, const float *beta, void *ws,
-                       const struct bk_groupnorm *s, bk_ctx *ctx);
+                       const void *yb, const void *yr, const float *gamma, const float *beta,
+                       void *ws, const struct bk_groupnorm *s, bk_ctx *ctx);
 int cu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
                        const void *x, const float *gamma, const float *beta, const float *mean,
                        const float *rstd, int accum, int db_accum, int db_of_dx, void *ws,

@@ -946,7 +946,8 @@ __global__ void k_pad2d(T *xp, const T *x, int c, int h, int w, int pt, int pl, 
         const size_t row = px / wp, img = row / hp;
         const int y = (int)(row % hp) - pt;
         float v[W];
-        if (y >= 0 && y < h && xx >= 0 && xx < w) cu_ldv<T, W>(v, x + ((img * h + y) * w + xx) * c + ch);
+        if (y >= 0 && y < h && xx >= 0 && xx < w)
+            cu_ldv<T, W>(v, x + ((img * h + y) * w + xx) * c + ch);
         else
             for (int k = 0; k < W; k++) v[k] = 0.0f;
         cu_stv<T, W>(xp + e, v);

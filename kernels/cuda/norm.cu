@@ -10,7 +10,8 @@
  * double. Forward: per-chunk channel sums of x and x^2 (relative to the thread's first value: no
  * cancellation) into the workspace, a block per (group, image) turns them into mean and rstd, an
  * element-wise pass writes y: two reads of x and one write of y (the broadcast add before the
- * norm: its sum is formed and stored in the first pass; the one after: added in the last).
+ * norm: its sum is formed and stored in the first pass; a broadcast or residual add after it:
+ * added in the last).
  * Backward: per-chunk channel sums of dr xhat, dr and dy; the per-group coefficients of norm.c's
  * dx; a pass writing dx (and summing it per channel for the add before the norm); a block per
  * channel adds dgamma, dbeta (and db) over the images and chunks in order.
@@ -168,11 +169,13 @@ __global__ void k_gn_finalize(float *mean, float *rstd, const double *ws, int c,
     }
 }
 
-/* y = act((x' - mean) rstd gamma + beta), then + yb: norm.c's formula in fp32, element-wise.
+/* y = act((x' - mean) rstd gamma + beta), then + yb or + yr: norm.c's formula in fp32,
+ * element-wise.
  * one_group: every vector's W channels lie in one group (cpg a multiple of W), whose statistics
  * are then read once; gamma and beta in 16-byte loads when W is */
 template <typename T, int W>
-__global__ void k_gn_apply(T *y, const T *x, const T *yb, const float *mean, const float *rstd,
+__global__ void k_gn_apply(T *y, const T *x, const T *yb, const T *yr, const float *mean,
+                           const float *rstd,
                            const float *gamma, const float *beta, int c, size_t hwc, int groups,
                            int silu, int one_group, size_t count)
 {
@@ -184,6 +187,7 @@ __global__ void k_gn_apply(T *y, const T *x, const T *yb, const float *mean, con
         float v[W], b[W], gm[W] = {}, bt[W] = {}, m[W], r[W];
         cu_ldv<T, W>(v, x + e);
         if (yb) cu_ldv<T, W>(b, yb + img * c + ch);
+        else if (yr) cu_ldv<T, W>(b, yr + e);
         if (W % 4 == 0)
             for (int q = 0; q < W; q += 4) {
                 if (gamma) cu_ldv<float, 4>(gm + q, gamma + ch + q);
@@ -206,7 +210,7 @@ __global__ void k_gn_apply(T *y, const T *x, const T *yb, const float *mean, con
             const float bb = beta ? (W % 4 == 0 ? bt[k] : beta[cc]) : 0.0f;
             float z = (v[k] - m[k]) * r[k] * g + bb;
             if (silu) z = cu_silu(z);
-            v[k] = yb ? cu_round<T>(z) + b[k] : z;
+            v[k] = yb || yr ? cu_round<T>(z) + b[k] : z;
         }
         cu_stv<T, W>(y + e, v);
     }
@@ -253,8 +257,8 @@ static int gn_max_chunks(const struct bk_groupnorm *s, int backward, size_t byte
 
 template <typename T, int W>
 static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
-                  const void *yb, const float *gamma, const float *beta, void *ws,
-                  int max_chunks, const struct bk_groupnorm *s, bk_ctx *ctx)
+                  const void *yb, const void *yr, const float *gamma, const float *beta,
+                  void *ws, int max_chunks, const struct bk_groupnorm *s, bk_ctx *ctx)
 {
     const struct gn_cfg g = gn_config(s->n, s->c, s->hw, W, max_chunks);
     CU_LAUNCH(k_gn_stats<T COMMA W>, dim3(g.chunks, s->n), GN_THREADS, 0, ctx->stream)(
@@ -266,7 +270,8 @@ static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, co
     CU_LAUNCHED(ctx);
     const size_t count = (size_t)s->n * s->hw * s->c;
     CU_LAUNCH(k_gn_apply<T COMMA W>, cu_blocks(count / W, CU_THREADS), CU_THREADS, 0,
-              ctx->stream)((T *)y, (const T *)(xb ? xo : x), (const T *)yb, mean, rstd, gamma,
+              ctx->stream)((T *)y, (const T *)(xb ? xo : x), (const T *)yb, (const T *)yr, mean,
+                           rstd, gamma,
                            beta, s->c, (size_t)s->hw * s->c, s->groups, s->silu,
                            (s->c / s->groups) % W == 0, count);
     CU_LAUNCHED(ctx);
@@ -275,23 +280,24 @@ static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, co
 
 template <typename T>
 static int gn_fwd_t(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
-                    const void *yb, const float *gamma, const float *beta, void *ws,
-                    int max_chunks, const struct bk_groupnorm *s, bk_ctx *ctx)
+                    const void *yb, const void *yr, const float *gamma, const float *beta,
+                    void *ws, int max_chunks, const struct bk_groupnorm *s, bk_ctx *ctx)
 {
-    if (gn_width<T>(s->c, y, x, xo, xb, yb, gamma, beta) > 1)
-        return gn_fwd<T, CU_VW(T)>(y, mean, rstd, xo, x, xb, yb, gamma, beta, ws, max_chunks, s,
-                                   ctx);
-    return gn_fwd<T, 1>(y, mean, rstd, xo, x, xb, yb, gamma, beta, ws, max_chunks, s, ctx);
+    if (gn_width<T>(s->c, y, x, xo, xb, yb, gamma, beta) > 1 && cu_al16(yr))
+        return gn_fwd<T, CU_VW(T)>(y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, ws, max_chunks,
+                                   s, ctx);
+    return gn_fwd<T, 1>(y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, ws, max_chunks, s, ctx);
 }
 
 int cu_t_groupnorm_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
-                       const void *yb, const float *gamma, const float *beta, void *ws,
-                       const struct bk_groupnorm *s, bk_ctx *ctx)
+                       const void *yb, const void *yr, const float *gamma, const float *beta,
+                       void *ws, const struct bk_groupnorm *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (gn_check(s) || !y || !mean || !rstd || !x || (xb && !xo) || !ws || !(s->eps >= 0.0f))
+    if (gn_check(s) || !y || !mean || !rstd || !x || (xb && !xo) || (yb && yr) || !ws ||
+        !(s->eps >= 0.0f))
         return BK_ERR_INVALID;
-    return CU_TYPED(s->dtype, gn_fwd_t, y, mean, rstd, xo, x, xb, yb, gamma, beta, ws, 0, s,
+    return CU_TYPED(s->dtype, gn_fwd_t, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, ws, 0, s,
                     ctx);
 }
 
@@ -469,7 +475,8 @@ __global__ void k_gn_bwd_params(float *dgamma, float *dbeta, T *db, const double
     if (db)
         for (int img = threadIdx.x; img < n; img += blockDim.x) {
             double s = 0.0;
-            for (int k = 0; k < chunks; k++) s += ws[(((size_t)img * chunks + k) * c + ch) * 4 + slot];
+            for (int k = 0; k < chunks; k++)
+                s += ws[(((size_t)img * chunks + k) * c + ch) * 4 + slot];
             T *d = db + (size_t)img * c + ch;
             *d = cu_to<T>(db_accum ? (float)((double)cu_ld(*d) + s) : (float)s);
         }
@@ -723,7 +730,8 @@ static int gn_fwd_f32(float *y, float *mean, float *rstd, const float *x, const 
     if (gn_check(&s) || !y || !mean || !rstd || !x || !(eps >= 0.0f) ||
         gn_scratch(ctx, &s, 0, &ws, &mc))
         return BK_ERR_INVALID;
-    return gn_fwd_t<float>(y, mean, rstd, NULL, x, NULL, NULL, gamma, beta, ws, mc, &s, ctx);
+    return gn_fwd_t<float>(y, mean, rstd, NULL, x, NULL, NULL, NULL, gamma, beta, ws, mc, &s,
+                           ctx);
 }
 
 int cu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,

@@ -152,8 +152,9 @@ static void t_cmp(const char *what, const struct t *x, double tol)
  * so their roundings are equal except where the two straddle a rounding boundary, one ulp apart
  * (at most 2u relative; u, the unit roundoff, is 2^-8 for bf16's 8 significant bits and 2^-11
  * for f16's 11). Measured: at most 0.4% of the elements differ, norm-wise under 0.05 u. So: at
- * most TOL16_FRAC of the elements may differ at all (a rounding that is not to nearest even, or a
- * second rounding, changes ~30% of them) and norm-wise tol16 = u/4. Outputs with a bias are
+ * most TOL16_FRAC of the elements (or one, in a short output) may differ at all (a rounding
+ * that is not to nearest even, or a second rounding, changes ~30% of them) and norm-wise
+ * tol16 = u/4. Outputs with a bias are
  * rounded twice (the library's result, then + b in fp32: cuDNN and cuBLAS store 16 bits before
  * the bias is added, as PyTorch's autocast does), ~30% differ by one ulp, norm-wise measured 0.5
  * to 0.72 u: tol16 = u, the share not checked. */
@@ -187,7 +188,9 @@ static void t_cmp16(const char *what, const struct t *x, int check_frac)
     double e = num == 0 ? 0 : sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-300);
     const double frac = x->n ? (double)differ / (double)x->n : 0.0, tol = tol16(x->dt, !check_frac);
     const char *tn = x->dt == BK_DTYPE_BF16 ? "bf16" : "f16";
-    CHECK(rc == 0 && bad_g == 0 && bad_c == 0 && e < tol && (!check_frac || frac <= TOL16_FRAC),
+    /* one element may always straddle a boundary: a short output's one flip is no failure */
+    const int frac_ok = frac <= TOL16_FRAC || differ <= 1;
+    CHECK(rc == 0 && bad_g == 0 && bad_c == 0 && e < tol && (!check_frac || frac_ok),
           "%s %s (%s): rel err %.3g (tol %.2g), %.2f%% of the elements differ (at most %.0f%%%s), "
           "non-finite: %zu on the GPU, %zu on the CPU, n %zu", cur_op, what, tn, e, tol,
           100.0 * frac, 100.0 * TOL16_FRAC, check_frac ? "" : ": not checked, a bias", bad_g,
@@ -1129,25 +1132,26 @@ static void test_layernorm_dt(int m, int d, int dt)
     t_free(&x), t_free(&g), t_free(&b), t_free(&y), t_free(&mu), t_free(&rs), t_free(&dy);
 }
 
-/* The typed group norm, plain and with SiLU, and the broadcast adds fused into it, against the
- * CPU's unfused ops with the executor's roundings in between (t_round):
- *   forward:  x' = round(x + xb) (stored to xo), y = round(act(gn(x'))), then round(y + yb);
+/* The typed group norm, plain and with SiLU, and the adds fused into it, against the CPU's
+ * unfused ops with the executor's roundings in between (t_round):
+ *   forward:  x' = round(x + xb) (stored to xo), y = round(act(gn(x'))), then round(y + yb) or
+ *             round(yr + y);
  *   backward: dx (=/+=) of act(gn(x)), dgamma, dbeta +=, db (=/+=) = the sum over the pixels
  *             of dx as stored (the add before the norm) or of dy (the add after it).
- * fuse: 0 plain, 1 xb (add before), 2 yb (add after). */
+ * fuse: 0 plain, 1 xb (add before), 2 yb (add after), 3 yr (residual add after). */
 static void test_groupnorm_dt(int n, int c, int hw, int groups, int affine, int silu, int fuse,
                               int dt)
 {
     char name[96];
     snprintf(name, sizeof name, "typed groupnorm %dx%dx%d g%d%s%s%s%s", n, c, hw, groups,
              affine ? "" : " -", silu ? " silu" : "", fuse == 1 ? " +b before" :
-             fuse == 2 ? " +b after" : "", dt_name(dt));
+             fuse == 2 ? " +b after" : fuse == 3 ? " +r after" : "", dt_name(dt));
     begin(name);
     const size_t cnt = (size_t)n * c * hw, nc = (size_t)n * c, ng = (size_t)n * groups;
     const struct bk_groupnorm s = {n, c, hw, groups, 1e-5f, silu, dt};
     void *gws = dalloc(TK->groupnorm_ws_bytes(&s, 1) + TK->groupnorm_ws_bytes(&s, 0) + 64);
     struct t x = t_in_dt(cnt, 2.0, dt), g = t_in(c, 1.0), b = t_in(c, 1.0);
-    struct t xb = t_in_dt(nc, 1.0, dt), yb = t_in_dt(nc, 1.0, dt);
+    struct t xb = t_in_dt(nc, 1.0, dt), yb = t_in_dt(nc, 1.0, dt), yr = t_in_dt(cnt, 1.0, dt);
     for (size_t i = 0; i < cnt; i++) x.h[i] += 0.7f; /* a mean away from zero */
     t_round(&x);
     up(&x);
@@ -1167,10 +1171,13 @@ static void test_groupnorm_dt(int n, int c, int hw, int groups, int affine, int 
     if (fuse == 2) {
         t_round(&y);
         C->add_bcast_fwd(y.h, y.h, yb.h, n, c, hw, cctx);
+    } else if (fuse == 3) {
+        t_round(&y);
+        C->add_fwd(y.h, yr.h, y.h, cnt, cctx);
     }
     gpu_ok(TK->groupnorm_fwd(y.d, mu.d, rs.d, fuse == 1 ? xo.d : NULL, x.d,
-                             fuse == 1 ? xb.d : NULL, fuse == 2 ? yb.d : NULL, gd, bd, gws, &s,
-                             gctx), "fwd");
+                             fuse == 1 ? xb.d : NULL, fuse == 2 ? yb.d : NULL,
+                             fuse == 3 ? yr.d : NULL, gd, bd, gws, &s, gctx), "fwd");
     if (fuse == 1) t_cmp_dt("x + b", &xo);
     t_cmp_dt("y", &y);
     t_cmp("mean", &mu, TOL);
@@ -1191,20 +1198,23 @@ static void test_groupnorm_dt(int n, int c, int hw, int groups, int affine, int 
                                   gh, bh, mu.h, rs.h, accum, n, c, hw, groups, silu, cws,
                                   cctx) == 0, "cpu");
         t_round(&dx);
-        if (fuse) C->add_bcast_bwd(db.h, fuse == 1 ? dx.h : dy.h, accum, n, c, hw, cctx);
+        /* the residual add's backward is a copy: nothing fused into the norm's */
+        const int fb = fuse == 1 || fuse == 2;
+        if (fb) C->add_bcast_bwd(db.h, fuse == 1 ? dx.h : dy.h, accum, n, c, hw, cctx);
         gpu_ok(TK->groupnorm_bwd(dx.d, affine ? dg.d : NULL, affine ? dbt.d : NULL,
-                                 fuse ? db.d : NULL, dy.d, xn.d, gd, bd, mu.d, rs.d, accum, accum,
+                                 fb ? db.d : NULL, dy.d, xn.d, gd, bd, mu.d, rs.d, accum, accum,
                                  fuse == 1, gws, &s, gctx), "bwd");
         t_cmp_dt(accum ? "dx+=" : "dx", &dx);
         if (affine) {
             t_cmp("dgamma+=", &dg, TOL);
             t_cmp("dbeta+=", &dbt, TOL);
         }
-        if (fuse) t_cmp_dt(accum ? "db+=" : "db", &db);
+        if (fb) t_cmp_dt(accum ? "db+=" : "db", &db);
         t_free(&dx), t_free(&dg), t_free(&dbt), t_free(&db);
     }
     free(cws);
-    t_free(&x), t_free(&g), t_free(&b), t_free(&xb), t_free(&yb), t_free(&xo), t_free(&y);
+    t_free(&x), t_free(&g), t_free(&b), t_free(&xb), t_free(&yb), t_free(&yr), t_free(&xo);
+    t_free(&y);
     t_free(&mu), t_free(&rs), t_free(&dy);
 }
 
@@ -1226,7 +1236,7 @@ static void test_typed(void)
         test_dropout_dt(2, 16, 16 * 9, 0.0f, dt); /* p 0: a copy */
         test_layernorm_dt(37, 48, dt);
         test_layernorm_dt(20, 13, dt);
-        for (int fuse = 0; fuse < 3; fuse++) {
+        for (int fuse = 0; fuse < 4; fuse++) {
             test_groupnorm_dt(2, 16, 64, 4, 1, 1, fuse, dt);
             test_groupnorm_dt(3, 12, 25, 3, fuse != 1, 0, fuse, dt);
         }

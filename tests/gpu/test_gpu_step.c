@@ -436,7 +436,8 @@ static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int prec
 }
 
 /* the group-norm fusions (plan.fuse_host: the time term's broadcast add inside the norm's
- * kernels, forward and backward) against the same step planned without them, on the GPU: the
+ * kernels, forward and backward, a residual add after it) against the same step planned
+ * without them, on the GPU: the
  * fused kernels keep the unfused ops' rounding points, so the forward (the loss) is the same
  * bits; the backward's db (the time term's gradient) is summed in another order inside the
  * norm's kernel, so the gradients agree to fp32 summation (FUSED_TOL, norm-wise as grad_err);
@@ -462,12 +463,18 @@ static void fused_vs_unfused(enum unet_preset preset, int precision)
     if (rf || ru) return;
     check_layout(name, &fj);
     /* every time term next to a group norm: ddpm's before it (forward and backward), seed's
-     * after it */
-    int bcast = 0;
-    for (int k = 0; k < fj.g.n_ops; k++) bcast += fj.g.ops[k].type == OP_ADD_BCAST;
-    CHECK(fj.p.n_fused == 2 * bcast && uj.p.n_fused == 0,
-          "%s: %d fused pairs (unfused plan %d), %d broadcast adds", name, fj.p.n_fused,
-          uj.p.n_fused, bcast);
+     * after it; and (forward) every residual add of a group norm's output (seed's DoubleConv) */
+    int bcast = 0, resid = 0;
+    for (int k = 0; k < fj.g.n_fwd_ops; k++) {
+        const struct op *o = &fj.g.ops[k];
+        bcast += o->type == OP_ADD_BCAST;
+        for (int i = 0; i < k && o->type == OP_ADD; i++)
+            resid += fj.g.ops[i].type == OP_GROUPNORM &&
+                     (fj.g.ops[i].out[0] == o->in[0] || fj.g.ops[i].out[0] == o->in[1]);
+    }
+    CHECK(fj.p.n_fused == 2 * bcast + resid && uj.p.n_fused == 0,
+          "%s: %d fused pairs (unfused plan %d), %d broadcast adds, %d residual adds", name,
+          fj.p.n_fused, uj.p.n_fused, bcast, resid);
     float lf = 0, lu = 0;
     feed(&fj, 0);
     feed(&uj, 0);
