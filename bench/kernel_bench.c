@@ -2,7 +2,8 @@
  * element-wise, layout, resampling, dropout: backend.h's typed kernels) timed one op at a time
  * on a device, at the shapes, dtypes, fusions and addresses of the real plan, with the bandwidth
  * each reaches from the bytes it must move (every operand read once, every output written once,
- * an accumulated one read too; a value a fused pair keeps inside is not counted). Not a test: it
+ * an accumulated one read too; a value a fused pair makes and reads itself is written once, one
+ * it never makes not at all). Not a test: it
  * prints a table per config (distinct kernels, calls per step, microseconds a call, GB/s and the
  * share of --peak-gbs), and per op type and in all the memory-bound milliseconds of a step.
  *   kernel_bench [--device cuda:0] [--precision bf16|f16|f32] [--reps N] [--peak-gbs GB/S]
@@ -47,35 +48,38 @@ static int memory_bound(const struct op *o)
     return (graph_half_kernel(o) & (BK_HALF_NORM | BK_HALF_ELTWISE)) != 0;
 }
 
-/* the bytes run op k (with its fused guest) moves at least; readers: per tensor */
-static size_t op_bytes(const struct plan *p, const struct graph *g, int k, const int *readers)
+/* the bytes run op k (with its fused guest) moves at least: each output written once (one
+ * the pair never makes has no place: none; two sharing bytes, an in-place copy: once), an
+ * accumulated one read too, each input read once unless the pair made it itself */
+static size_t op_bytes(const struct plan *p, const struct graph *g, int k)
 {
     const struct op *ops[2] = {plan_op(p, g, k), NULL};
     if (p->fuse_guest[k] >= 0) ops[1] = plan_op(p, g, p->fuse_guest[k]);
-    int seen[2 * (OP_MAX_IN + OP_MAX_OUT)], n_seen = 0;
+    int wrote[2 * OP_MAX_OUT], n_wrote = 0, read[2 * OP_MAX_IN], n_read = 0;
     size_t bytes = 0;
     for (int q = 0; q < 2 && ops[q]; q++) {
-        const struct op *o = ops[q], *other = ops[1 - q];
+        const struct op *o = ops[q];
         for (int j = 0; j < o->n_out; j++) {
             const int t = o->out[j];
-            if (t < 0) continue;
-            /* made by one of the pair for the other: moved only if someone else reads it */
-            int inner = 0;
-            for (int i = 0; other && i < other->n_in; i++) inner |= other->in[i] == t;
-            if (inner && readers[t] <= 1) continue;
+            if (t < 0 || p->offset[t] < 0) continue;
+            const int sid = p->storage[t] >= 0 ? p->storage[t] : -2 - t;
+            int dup = 0;
+            for (int i = 0; i < n_wrote; i++) dup |= wrote[i] == sid;
+            if (dup) continue;
+            wrote[n_wrote++] = sid;
             bytes += tensor_bytes(plan_tensor(p, g, t)) * (o->accum[j] ? 2 : 1);
-            seen[n_seen++] = t;
         }
     }
     for (int q = 0; q < 2 && ops[q]; q++) {
-        const struct op *o = ops[q];
+        const struct op *o = ops[q], *other = ops[1 - q];
         for (int j = 0; j < o->n_in; j++) {
             const int t = o->in[j];
-            int dup = t < 0;
-            for (int i = 0; i < n_seen && !dup; i++) dup = seen[i] == t;
-            if (dup) continue;
+            int skip = t < 0;
+            for (int i = 0; other && i < other->n_out && !skip; i++) skip = other->out[i] == t;
+            for (int i = 0; i < n_read && !skip; i++) skip = read[i] == t;
+            if (skip) continue;
+            read[n_read++] = t;
             bytes += tensor_bytes(plan_tensor(p, g, t));
-            seen[n_seen++] = t;
         }
     }
     return bytes;
@@ -158,14 +162,8 @@ static int bench_config(const char *arg, const struct backend *bk, const char *d
         printf("unavailable %s on %s: %s\n", prec, device, ee.msg);
         return ee.status == EXEC_ERR_ARG ? 3 : 1;
     }
-    int *readers = calloc((size_t)p.n_tensors + (size_t)p.n_copies + 1, sizeof *readers);
     struct kind *kinds = calloc(MAX_KINDS, sizeof *kinds);
-    if (!readers || !kinds) return 1;
-    for (int k = 0; k < p.n_run_ops; k++) {
-        const struct op *o = plan_op(&p, &g, k);
-        for (int j = 0; j < o->n_in; j++)
-            if (o->in[j] >= 0) readers[o->in[j]]++;
-    }
+    if (!kinds) return 1;
     int n_kinds = 0, rc = 0;
     for (int k = 0; k < p.n_run_ops; k++) {
         const struct op *o = plan_op(&p, &g, k);
@@ -178,7 +176,7 @@ static int bench_config(const char *arg, const struct backend *bk, const char *d
             if (n_kinds == MAX_KINDS) continue;
             snprintf(kinds[i].key, sizeof kinds[i].key, "%s", key);
             kinds[i].op = k;
-            kinds[i].bytes = op_bytes(&p, &g, k, readers);
+            kinds[i].bytes = op_bytes(&p, &g, k);
             n_kinds++;
         }
         kinds[i].calls++;
@@ -224,7 +222,6 @@ static int bench_config(const char *arg, const struct backend *bk, const char *d
                    (double)by_type_b[t] / by_type_s[t] / 1e9);
     printf("| all %d calls | %.3f | %.0f |\n", calls_total, total_s * 1e3,
            total_s > 0 ? (double)total_b / total_s / 1e9 : 0.0);
-    free(readers);
     free(kinds);
     exec_free(e);
     plan_free(&p);
