@@ -1161,15 +1161,13 @@ static void dnn_engine_module(int et, int dir, int stride)
     for (int k : loaded) seen |= k == key;
     if (!seen) loaded.push_back(key);
     pthread_mutex_unlock(&g_launch_lock);
-    /* Kept reachable (as the driver keeps a loaded module): never freed, never a leak. */
-    static std::vector<void *> modules;
+    /* Kept reachable (as the driver keeps a loaded module): never freed, never a leak. A plain
+     * array, not a std::vector, whose destructor would drop the pointers before LeakSanitizer's
+     * check at exit. */
+    static void *modules[ET_N * 64];
     void *m = NULL;
     if (!seen && emu_malloc(&m, (size_t)1 << 20, 2) != cudaSuccess) (void)cudaGetLastError();
-    if (m) {
-        pthread_mutex_lock(&g_launch_lock);
-        modules.push_back(m);
-        pthread_mutex_unlock(&g_launch_lock);
-    }
+    if (m) __atomic_store_n(&modules[key], m, __ATOMIC_RELAXED);
 }
 
 struct emu_cudnn {
