@@ -10,8 +10,13 @@
 #include "cpu.h"
 #include "vmath.h"
 
+#if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma")
+#endif
 
 #define AI static inline __attribute__((always_inline))
 
@@ -226,6 +231,10 @@ static void dsoftmax512(float *P, float *dS, size_t ld, const float *lse, const 
     }
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 const struct attn_tiles attn_tiles_avx512 = {abt512, wx512, softmax512, dsoftmax512};
