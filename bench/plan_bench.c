@@ -31,7 +31,6 @@
 #include "image.h"
 #include "philox.h"
 #include "planner.h"
-#include "serve.h"
 #include "spec.h"
 #include "train.h"
 
@@ -137,7 +136,7 @@ static int parse_list(const char *v, double *out, int frac)
     for (char *tok = strtok(buf, ","); tok && n < MAX_BUDGETS; tok = strtok(NULL, ",")) {
         int64_t b;
         if (frac) out[n++] = atof(tok);
-        else if (serve_parse_size(tok, &b) == 0) out[n++] = (double)b;
+        else if (spec_parse_size(tok, &b) == 0) out[n++] = (double)b;
         else return -1;
     }
     return n;

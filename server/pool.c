@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "backend_load.h"
-#include "cli.h"
+#include "child.h"
 #include "cost.h"
 #include "fsio.h"
 #include "log.h"
@@ -42,7 +42,6 @@ extern char **environ;
 #define ERR_TAIL_BYTES 1536
 #define STOP_GRACE_S 60.0 /* after SIGINT at shutdown, SIGKILL once this has passed */
 #define FMNIST_TRAIN_IMAGES 60000 /* Fashion-MNIST's training split */
-#define TRAIN_EXIT_STOPPED 130    /* `ddpmd train` after a SIGINT: checkpoint written */
 
 struct child {
     char id[JOBS_ID_LEN];
@@ -1431,20 +1430,20 @@ static void finish(struct pool *p, struct child *k, int status)
     /* a SIGINT that came before the child set up its handler (while it loads) kills it: it had
      * no step to save, which is a stop all the same */
     if (WIFSIGNALED(status) && WTERMSIG(status) == SIGINT && (k->cancel || p->stopping))
-        code = TRAIN_EXIT_STOPPED;
+        code = CHILD_EXIT_STOPPED;
     if (code == 0) {
         jobs_set_state(p->db, k->id, JOB_SUCCEEDED, 0, NULL, "{\"state\":\"succeeded\"}");
         log_job(LOG_INFO, k->id, "succeeded");
-    } else if (code == TRAIN_EXIT_STOPPED && k->cancel) {
+    } else if (code == CHILD_EXIT_STOPPED && k->cancel) {
         jobs_set_state(p->db, k->id, JOB_CANCELED, 0, NULL,
                        "{\"state\":\"canceled\",\"reason\":\"canceled while running; stopped "
                        "with a checkpoint\"}");
         log_job(LOG_INFO, k->id, "canceled (stopped with a checkpoint)");
-    } else if (code == TRAIN_EXIT_STOPPED && p->stopping) {
+    } else if (code == CHILD_EXIT_STOPPED && p->stopping) {
         /* stays running in the store: the next start of the server resumes it */
         event_line(p, k->id, "log", NULL, "the server is stopping: the job stopped with a "
                                           "checkpoint and resumes when the server starts again");
-    } else if (code == CLI_EXIT_POISONED && !p->devs[k->dev].is_cpu) {
+    } else if (code == CHILD_EXIT_POISONED && !p->devs[k->dev].is_cpu) {
         /* a sticky CUDA error: the job fails with it, and the device takes no job again in this
          * server's life (its context in any new process may be fine, the hardware may not) */
         struct dev *dv = &p->devs[k->dev];

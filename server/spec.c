@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "fsio.h"
-#include "serve.h"
 #include "upload.h"
 
 /* how deep a spec may nest (it needs 3: root, section, list); bounds the audit's recursion */
@@ -684,6 +683,35 @@ void spec_defaults(struct train_spec *s)
     s->strategy = strategy_auto();
 }
 
+int spec_parse_size(const char *s, int64_t *bytes)
+{
+    /* digits, an optional fraction, a unit: no sign, exponent, hex, "inf" or spaces, which
+     * strtod would take */
+    size_t d = strspn(s, "0123456789");
+    size_t f = s[d] == '.' ? 1 + strspn(s + d + 1, "0123456789") : 0;
+    if (d == 0 || f == 1 || d + f > 40) return -1;
+    char num[48], *end;
+    memcpy(num, s, d + f);
+    num[d + f] = 0;
+    double v = strtod(num, &end);
+    if (*end) return -1;
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {{"", 1},           {"B", 1},          {"KiB", 1024.0},     {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+                 {"GB", 1e9},       {"TB", 1e12},      {"K", 1024.0},       {"M", 1048576.0},
+                 {"G", 1073741824.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(s + d + f, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (!(b <= 9.0e18)) return -1;
+            *bytes = (int64_t)b;
+            return 0;
+        }
+    return -1;
+}
+
 /* memory.vram_budget: bytes as an integer, or a size string ("4GiB", "512MiB"); 0 or null: none */
 static void get_budget(struct spec_errors *E, const cJSON *mem, struct train_spec *s)
 {
@@ -697,10 +725,10 @@ static void get_budget(struct spec_errors *E, const cJSON *mem, struct train_spe
         else err(E, "memory.vram_budget", "must be an integer in [0, %lld] bytes, got %s",
                  (long long)SPEC_BUDGET_MAX, fmt_num(got, sizeof got, x));
     } else if (cJSON_IsString(v)) {
-        /* digits, an optional fraction, a unit (the schema's pattern; serve_parse_size takes
+        /* digits, an optional fraction, a unit (the schema's pattern; spec_parse_size takes
          * nothing else) */
         const char *t = v->valuestring;
-        if (serve_parse_size(t, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
+        if (spec_parse_size(t, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
             err(E, "memory.vram_budget", "expected a size such as \"4GiB\" or \"512MiB\" (at "
                 "most 1 PiB), got \"%s\"",
                 echo(got, sizeof got, v->valuestring, strlen(v->valuestring), SPEC_ECHO_MAX));

@@ -14,7 +14,7 @@
 #include "api.h"
 #include "jobs.h"
 #include "pool.h"
-#include "serve.h"
+#include "spec.h"
 #include "test_util.h"
 
 static void row(struct job_row *r, const char *id, const char *owner)
@@ -275,23 +275,23 @@ static void test_ids(void)
 static void test_sizes(void)
 {
     int64_t b;
-    CHECK(serve_parse_size("8GiB", &b) == 0 && b == 8ll << 30, "8GiB");
-    CHECK(serve_parse_size("512MiB", &b) == 0 && b == 512ll << 20, "512MiB");
-    CHECK(serve_parse_size("100MB", &b) == 0 && b == 100000000, "100MB");
-    CHECK(serve_parse_size("4096", &b) == 0 && b == 4096, "bytes");
-    CHECK(serve_parse_size("1.5GiB", &b) == 0 && b == 3ll << 29, "1.5GiB");
-    CHECK(serve_parse_size("8 GiB", &b) != 0, "a space");
-    CHECK(serve_parse_size("-1", &b) != 0, "negative");
-    CHECK(serve_parse_size("GiB", &b) != 0, "no number");
-    CHECK(serve_parse_size("8XB", &b) != 0, "unknown unit");
-    CHECK(serve_parse_size("1e30", &b) != 0, "an exponent");
-    CHECK(serve_parse_size("99999999999GiB", &b) != 0, "overflow");
+    CHECK(spec_parse_size("8GiB", &b) == 0 && b == 8ll << 30, "8GiB");
+    CHECK(spec_parse_size("512MiB", &b) == 0 && b == 512ll << 20, "512MiB");
+    CHECK(spec_parse_size("100MB", &b) == 0 && b == 100000000, "100MB");
+    CHECK(spec_parse_size("4096", &b) == 0 && b == 4096, "bytes");
+    CHECK(spec_parse_size("1.5GiB", &b) == 0 && b == 3ll << 29, "1.5GiB");
+    CHECK(spec_parse_size("8 GiB", &b) != 0, "a space");
+    CHECK(spec_parse_size("-1", &b) != 0, "negative");
+    CHECK(spec_parse_size("GiB", &b) != 0, "no number");
+    CHECK(spec_parse_size("8XB", &b) != 0, "unknown unit");
+    CHECK(spec_parse_size("1e30", &b) != 0, "an exponent");
+    CHECK(spec_parse_size("99999999999GiB", &b) != 0, "overflow");
     /* what strtod would take besides plain decimals */
     const char *bad[] = {"inf", "infGiB", "nan", "0x10", "0x1p4", " 8GiB", "\t8", "+8", "1.",
                          ".5GiB", "1e3", "8GiB ", "", "1,5GiB"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        CHECK(serve_parse_size(bad[i], &b) != 0, "'%s' taken for a size", bad[i]);
-    CHECK(serve_parse_size("0.5KiB", &b) == 0 && b == 512, "0.5KiB");
+        CHECK(spec_parse_size(bad[i], &b) != 0, "'%s' taken for a size", bad[i]);
+    CHECK(spec_parse_size("0.5KiB", &b) == 0 && b == 512, "0.5KiB");
 }
 
 static void test_tokens(const char *dir)

@@ -1,5 +1,6 @@
-/* cli.c - ddpmd's subcommands: `plan` (the bytes a training job needs, before a byte is
- * allocated) and `demo` (a short training run on generated images that prints the loss).
+/* cli.c - ddpmd's commands: `train` (a spec to checkpoints), `sample` (images from a
+ * checkpoint), `export` (diffusers' layout), `plan` (the bytes a job needs, before a byte is
+ * allocated), `demo` (a short run on generated images) and `serve` (serve.c).
  */
 #define _DEFAULT_SOURCE /* sigaction's SA_RESETHAND is not in plain POSIX.1-2008 C11 headers */
 #include "cli.h"
@@ -19,6 +20,7 @@
 
 #include "backend_load.h"
 #include "checkpoint.h"
+#include "child.h"
 #include "ddpm.h"
 #include "image.h"
 #include "sample.h"
@@ -60,14 +62,14 @@ static int cli_device(const char *name, const struct backend **bk)
 }
 
 /* after a failure: the device's state when a sticky error poisoned it; the exit status to use
- * (CLI_EXIT_POISONED, else fail_rc) */
+ * (CHILD_EXIT_POISONED, else fail_rc) */
 static int cli_device_failed(const char *name, const struct backend *bk, int fail_rc)
 {
     int index = backend_device_index(name);
     if (!bk || index < 0 || !bk->device_poisoned || !bk->device_poisoned(index)) return fail_rc;
     fprintf(stderr, "ddpmd: device %s is poisoned: a sticky CUDA error (named above) made its "
                     "context unusable; a new process is needed\n", name);
-    return CLI_EXIT_POISONED;
+    return CHILD_EXIT_POISONED;
 }
 
 static void usage(FILE *f)
@@ -366,7 +368,7 @@ static int cli_budget(const char *v, struct train_spec *spec)
 {
     int64_t b;
     char e[200];
-    if (serve_parse_size(v, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
+    if (spec_parse_size(v, &b) || b < 0 || b > SPEC_BUDGET_MAX) {
         fprintf(stderr, "ddpmd: --vram-budget: '%s' is not a size such as 4GiB or 512MiB\n",
                 cli_echo(e, sizeof e, v));
         return -1;
@@ -736,7 +738,7 @@ static int cmd_train(int argc, char **argv)
     fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
                     "%s/loss.csv and loss.png\n",
             rc == TRAIN_STOPPED ? "stopped (resume with --resume)" : "done", out, out, out);
-    return rc == TRAIN_STOPPED ? 130 : 0;
+    return rc == TRAIN_STOPPED ? CHILD_EXIT_STOPPED : 0;
 }
 
 /* ctx non-NULL (--progress-json, for ddpmd serve): one JSON line per denoising step on stdout */

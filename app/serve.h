@@ -10,7 +10,4 @@
 /* argv[1] is "serve"; returns the process exit status */
 int serve_main(int argc, char **argv);
 
-/* "8GiB", "512MiB", "100MB", "4096" -> bytes; -1 when s is no size */
-int serve_parse_size(const char *s, int64_t *bytes);
-
 #endif

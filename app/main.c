@@ -1,4 +1,4 @@
-/* main.c - the ddpmd command line. */
+/* main.c - the ddpmd binary: the OpenMP wait policy first, then the command line (cli.c). */
 #include "cli.h"
 #include "cpu/cpu.h"
 

@@ -122,35 +122,6 @@ static void serve_usage(FILE *f)
             "checkpoint, exit; the next start resumes them.\n");
 }
 
-int serve_parse_size(const char *s, int64_t *bytes)
-{
-    /* digits, an optional fraction, a unit: no sign, exponent, hex, "inf" or spaces, which
-     * strtod would take */
-    size_t d = strspn(s, "0123456789");
-    size_t f = s[d] == '.' ? 1 + strspn(s + d + 1, "0123456789") : 0;
-    if (d == 0 || f == 1 || d + f > 40) return -1;
-    char num[48], *end;
-    memcpy(num, s, d + f);
-    num[d + f] = 0;
-    double v = strtod(num, &end);
-    if (*end) return -1;
-    static const struct {
-        const char *suffix;
-        double mult;
-    } units[] = {{"", 1},           {"B", 1},          {"KiB", 1024.0},     {"MiB", 1048576.0},
-                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
-                 {"GB", 1e9},       {"TB", 1e12},      {"K", 1024.0},       {"M", 1048576.0},
-                 {"G", 1073741824.0}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(s + d + f, units[i].suffix) == 0) {
-            double b = v * units[i].mult;
-            if (!(b <= 9.0e18)) return -1;
-            *bytes = (int64_t)b;
-            return 0;
-        }
-    return -1;
-}
-
 static int parse_count(const char *name, const char *v, int lo, int hi, int *out)
 {
     char *end;
@@ -371,7 +342,7 @@ static int devices_parse(const char *names, const char *budgets, struct pool_con
             }
         }
         const char *size = eq ? eq + 1 : t;
-        if (d < 0 || serve_parse_size(size, &b) || b < 1) {
+        if (d < 0 || spec_parse_size(size, &b) || b < 1) {
             log_msg(LOG_ERROR, "--vram-budget takes DEV=SIZE items (e.g. cuda:0=4GiB,cpu=8GiB; a "
                                "bare SIZE with one device), not '%.64s'", eq ? size : t);
             return -1;
@@ -704,8 +675,8 @@ static int serve_run(int argc, char **argv)
     log_set_format(logf);
     int64_t up_bytes, up_unpacked;
     int up_files;
-    if (serve_parse_size(umb, &up_bytes) || up_bytes < 1024 ||
-        serve_parse_size(umu, &up_unpacked) || up_unpacked < 1024) {
+    if (spec_parse_size(umb, &up_bytes) || up_bytes < 1024 ||
+        spec_parse_size(umu, &up_unpacked) || up_unpacked < 1024) {
         log_msg(LOG_ERROR, "--upload-max-bytes and --upload-max-unpacked take sizes of at least "
                            "1024 bytes, not '%s' and '%s'", umb, umu);
         return 2;
@@ -723,7 +694,7 @@ static int serve_run(int argc, char **argv)
                            "in (0, 600], not '%s' and '%s'", whb, wht);
         return 2;
     }
-    if (serve_parse_size(mb, &max_body) || max_body < 1024) {
+    if (spec_parse_size(mb, &max_body) || max_body < 1024) {
         log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", mb);
         return 2;
     }
