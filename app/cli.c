@@ -23,11 +23,12 @@
 #include "child.h"
 #include "ddpm.h"
 #include "image.h"
-#include "sample.h"
+#include "generate.h"
 #include "sampler.h"
 #include "serve.h"
 #include "spec.h"
 #include "train.h"
+#include "train_step.h"
 #include "exec.h"
 #include "export.h"
 #include "fsio.h"
@@ -377,6 +378,16 @@ static int cli_budget(const char *v, struct train_spec *spec)
     return 0;
 }
 
+/* the cost model the searches predict with: $DDPMD_COST_MODEL's file (bench/calibrate), else the
+ * compiled-in one; 0, or -1 with what (may be "") and the reason on stderr */
+static int cli_cost_model(struct cost_model *m, const char *what)
+{
+    char err[512];
+    if (train_cost_model(m, getenv("DDPMD_COST_MODEL"), err, sizeof err) == 0) return 0;
+    fprintf(stderr, "ddpmd: %s%s\n", what, err);
+    return -1;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -430,9 +441,11 @@ static int cmd_plan_spec(int argc, char **argv)
     const int have_mem = spec.backend->device_mem &&
                          spec.backend->device_mem(backend_device_index(device), &dm) == BK_OK;
     struct planner_result r;
+    struct cost_model cost;
     char err[512];
+    if (cli_cost_model(&cost, "")) return 1;
     double t0 = now_s();
-    int rc = train_search(&spec, all, &r, err, sizeof err);
+    int rc = train_search(&spec, &cost, all, &r, err, sizeof err);
     double ms = 1e3 * (now_s() - t0);
     if (json) {
         cJSON *o = train_search_json(&r, spec.batch);
@@ -562,92 +575,61 @@ static int cmd_demo(int argc, char **argv)
 {
     struct cli_model m;
     if (parse_model(argc, argv, &m)) return 2;
-    struct graph g;
-    struct unet_io io;
-    int target, rc = 1;
     const struct backend *bk;
     int drc = cli_device(m.device, &bk);
     if (drc) return drc;
-    if (build_training_graph(&m, &g, &io, &target)) return 1;
-    struct plan p;
-    struct exec *e = NULL;
-    struct ddpm_schedule sch = {0};
-    float *x0 = NULL, *eps = NULL, *xt = NULL, *tf = NULL, *w = NULL;
-    int *ti = NULL;
-    if (plan_make(&p, &g, bk, NULL)) {
-        graph_free(&g);
-        return 1;
+    /* the plain step of the whole batch, no sample grid, on generated images */
+    struct train_step_config c = {
+        .shape = {.model = m.cfg, .batch = m.batch, .grid_images = 0, .backend = bk},
+        .threads = m.threads, .timesteps = 1000, .beta_schedule = DDPM_BETA_LINEAR,
+        .beta_start = 1e-4, .beta_end = 0.02, .prediction = SAMPLER_PRED_EPSILON};
+    struct train_step ts;
+    struct graph *g = &ts.tp.g;
+    char err[512];
+    float *w = NULL;
+    int rc = 1;
+    if (train_step_init(&ts, &c, NULL, err, sizeof err)) {
+        fprintf(stderr, "ddpmd: %s\n", err);
+        goto out;
     }
     printf("ddpmd demo: %s UNet, %zu parameters, %d px, batch %d, %d threads\n",
-           m.cfg.preset == UNET_DDPM ? "ddpm" : "seed", g.param_numel, m.cfg.image_size, m.batch,
+           m.cfg.preset == UNET_DDPM ? "ddpm" : "seed", g->param_numel, m.cfg.image_size, m.batch,
            m.threads);
     printf("memory plan (allocated once, before the first step):\n");
-    plan_print(&p, stdout);
-    struct exec_opts eo = {.threads = m.threads};
-    if (exec_init(&e, &g, &p, bk, &eo)) {
-        fprintf(stderr, "ddpmd: cannot allocate the plan's %zu bytes\n", p.total_bytes);
-        goto out;
-    }
+    plan_print(&ts.tp.p, stdout);
     size_t maxn = 0;
-    for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i]->kind == TENSOR_PARAM && g.tensors[i]->numel > maxn)
-            maxn = g.tensors[i]->numel;
-    size_t img = g.tensors[io.x]->numel, per = img / (size_t)m.batch;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i]->kind == TENSOR_PARAM && g->tensors[i]->numel > maxn)
+            maxn = g->tensors[i]->numel;
     w = malloc(maxn * sizeof *w);
-    x0 = malloc(img * sizeof *x0);
-    eps = malloc(img * sizeof *eps);
-    xt = malloc(img * sizeof *xt);
-    tf = malloc((size_t)m.batch * sizeof *tf);
-    ti = malloc((size_t)m.batch * sizeof *ti);
-    if (!w || !x0 || !eps || !xt || !tf || !ti ||
-        ddpm_schedule_init(&sch, 1000, DDPM_BETA_LINEAR, 1e-4, 0.02))
-        goto out;
-    for (int i = 0; i < g.n_tensors; i++)
-        if (g.tensors[i]->kind == TENSOR_PARAM) {
-            init_param(g.tensors[i], m.seed, w);
-            exec_upload(e, i, w);
+    if (!w) goto out;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i]->kind == TENSOR_PARAM) {
+            init_param(g->tensors[i], m.seed, w);
+            exec_upload(ts.e, i, w);
         }
-    exec_reset_state(e);
+    exec_reset_state(ts.e);
     struct optim_config oc = {.lr = 2e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .weight_decay = 0.0f, .clip = 1.0f, .ema_decay = 0.999f,
                               .warmup = 5, .total_steps = m.steps};
     double t0 = now_s(), ema_loss = 0;
     for (int s = 0; s < m.steps; s++) {
-        demo_images(x0, m.batch, m.cfg.in_channels, m.cfg.image_size, m.seed, (uint64_t)s);
-        for (int i = 0; i < m.batch; i++) {
-            ti[i] = (int)(philox_u32_at(m.seed, PHILOX_TAG_TIMESTEP, (uint64_t)s, (uint32_t)i, 0,
-                                        0) % 1000u);
-            tf[i] = (float)ti[i];
-        }
-        for (size_t k = 0; k < img; k++)
-            eps[k] = philox_normal(m.seed, PHILOX_TAG_NOISE, (uint64_t)s,
-                                   (uint32_t)(k / per), 0, (uint32_t)(k % per));
-        ddpm_q_sample(xt, x0, eps, ti, m.batch, per, &sch);
-        float loss = 0, norm = 0;
-        if (exec_upload(e, io.x, xt) || exec_upload(e, io.t, tf) || exec_upload(e, target, eps) ||
-            exec_forward_backward(e, 1, 1.0f, m.seed, (uint64_t)s, 0, &loss) ||
-            exec_optimizer_step(e, &oc, s + 1, optim_lr(&oc, s), &norm)) {
+        struct train_step_result r;
+        demo_images(ts.x0, m.batch, m.cfg.in_channels, m.cfg.image_size, m.seed, (uint64_t)s);
+        if (train_step_run(&ts, m.seed, s, &oc, &r, err, sizeof err)) {
             fprintf(stderr, "ddpmd: step %d failed\n", s + 1);
             goto out;
         }
-        ema_loss = s == 0 ? loss : 0.9 * ema_loss + 0.1 * loss;
+        ema_loss = s == 0 ? r.loss : 0.9 * ema_loss + 0.1 * r.loss;
         double el = now_s() - t0;
         printf("step %4d/%d  loss %.4f  (avg %.4f)  grad-norm %.3f  %.1f img/s\n", s + 1,
-               m.steps, loss, ema_loss, norm, (s + 1) * m.batch / el);
+               m.steps, r.loss, ema_loss, r.grad_norm, (s + 1) * m.batch / el);
         fflush(stdout);
     }
     rc = 0;
 out:
     free(w);
-    free(x0);
-    free(eps);
-    free(xt);
-    free(tf);
-    free(ti);
-    ddpm_schedule_free(&sch);
-    exec_free(e);
-    plan_free(&p);
-    graph_free(&g);
+    train_step_free(&ts);
     return rc;
 }
 
@@ -719,8 +701,10 @@ static int cmd_train(int argc, char **argv)
     sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C kills at once */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    struct cost_model cost;
+    if (cli_cost_model(&cost, "training failed: ")) return 1;
     struct train_opts o = {.out_dir = out, .resume = resume, .progress = isatty(1),
-                           .stop = &stop_flag};
+                           .stop = &stop_flag, .cost = &cost};
     char err[512];
     int rc = train_run(&spec, &o, err, sizeof err);
     if (rc == TRAIN_FAILED) {
@@ -893,7 +877,7 @@ static int cmd_sample(int argc, char **argv)
     }
     sc.prediction = spec.prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
     struct ddpm_schedule sch;
-    struct sample_job sj;
+    struct generator sj;
     int rc = 1;
     if (batch > n) batch = n;
     size_t per = (size_t)spec.model.out_channels * spec.model.image_size * spec.model.image_size;
@@ -905,8 +889,8 @@ static int cmd_sample(int argc, char **argv)
         safetensors_free(st);
         return 1;
     }
-    if (sample_job_init(&sj, &spec.model, batch, threads, bk, err, sizeof err) ||
-        sample_job_load(&sj, st, !raw, err, sizeof err)) {
+    if (generate_init(&sj, &spec.model, batch, threads, bk, err, sizeof err) ||
+        checkpoint_load_generator(&sj, st, !raw, err, sizeof err)) {
         fprintf(stderr, "ddpmd: %s\n", err);
         goto out;
     }
@@ -914,7 +898,7 @@ static int cmd_sample(int argc, char **argv)
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
             ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
     double t0 = now_s();
-    if (sample_job_run(&sj, &sch, &sc, seed, n, img, sample_progress,
+    if (generate_run(&sj, &sch, &sc, seed, n, img, sample_progress,
                        progress_json ? &progress_json : NULL)) {
         fprintf(stderr, "ddpmd: sampling failed\n");
         rc = cli_device_failed(device, bk, 1);
@@ -942,7 +926,7 @@ static int cmd_sample(int argc, char **argv)
             now_s() - t0);
     rc = 0;
 out:
-    sample_job_free(&sj);
+    generate_free(&sj);
     ddpm_schedule_free(&sch);
     safetensors_free(st);
     free(img);

@@ -32,6 +32,7 @@
 #include "pool.h"
 #include "spec.h"
 #include "train.h"
+#include "train_step.h"
 #include "upload.h"
 #include "webhook.h"
 
@@ -150,42 +151,44 @@ static void probe_spec(struct train_spec *s, int image_size, int levels, int wid
     s->batch = batch;
 }
 
-/* runs 1 + timed steps of spec (forward, backward, optimizer: what the cost model predicts) on
- * one thread; *secs gets the timed steps' seconds: on the cpu the CPU seconds of the thread
- * running them (one thread: the work itself, however busy the machine), elsewhere wall seconds */
-static int probe_steps(const struct train_spec *s, int timed, double *secs, struct graph *g,
-                       struct plan *p)
+/* runs 1 + timed training steps of spec (train_step_run: what the cost model predicts) on one
+ * thread, in the strategy the search picks under m; *secs gets the timed steps' seconds: on the
+ * cpu the CPU seconds of the thread running them (one thread: the work itself, however busy the
+ * machine), elsewhere wall seconds. ts is the caller's to free (train_step_free), also on
+ * failure. */
+static int probe_steps(const struct train_spec *s, const struct cost_model *m, int timed,
+                       double *secs, struct train_step *ts)
 {
-    struct unet_io io;
-    struct exec *e = NULL;
-    int target, rc = -1;
     char err[300];
-    float loss = 0, norm = 0;
     struct timespec t0 = {0}, t1 = {0};
     const clockid_t clock = backend_or_cpu(s->backend) == backend_or_cpu(NULL)
                                 ? CLOCK_THREAD_CPUTIME_ID
                                 : CLOCK_MONOTONIC;
-    if (train_plan(s, g, &io, &target, p, err, sizeof err)) {
+    struct planner_result r;
+    struct strategy st;
+    memset(ts, 0, sizeof *ts);
+    int rc = train_search(s, m, 0, &r, err, sizeof err);
+    if (!rc) st = r.cand[r.chosen].strategy;
+    planner_result_free(&r);
+    struct train_step_config c = {.shape = train_shape_of(s), .threads = 1,
+                                  .timesteps = s->timesteps, .beta_schedule = s->beta_schedule,
+                                  .beta_start = s->beta_start, .beta_end = s->beta_end};
+    if (rc || train_step_init(ts, &c, &st, err, sizeof err)) {
         fprintf(stderr, "ddpmd serve --probe: %s\n", err);
-        goto out;
+        return -1;
     }
-    struct exec_opts eo = {.threads = 1};
-    if (exec_init(&e, g, p, backend_or_cpu(s->backend), &eo) || exec_reset_state(e)) goto fail;
+    if (exec_reset_state(ts->e)) goto fail;
     for (int i = 0; i <= timed; i++) {
+        struct train_step_result sr;
         if (i == 1) clock_gettime(clock, &t0);
-        if (exec_forward_backward(e, 1, 1.0f, 1, (uint64_t)i, 0, &loss) ||
-            exec_optimizer_step(e, &s->optim, i + 1, s->optim.lr, &norm))
-            goto fail;
+        if (train_step_run(ts, 1, i, &s->optim, &sr, err, sizeof err)) goto fail;
     }
     clock_gettime(clock, &t1);
     *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    rc = 0;
-    goto out;
+    return 0;
 fail:
     fprintf(stderr, "ddpmd serve --probe: the probe step failed\n");
-out:
-    exec_free(e);
-    return rc;
+    return -1;
 }
 
 /* The process baseline on device: what a job's process holds there besides its plan, once it
@@ -198,20 +201,26 @@ out:
 static int probe_run(const char *device)
 {
     struct train_spec s;
-    struct graph g = {0}, tg = {0};
-    struct plan p = {0}, tp = {0};
+    struct train_step small, big;
+    struct cost_model m;
     const struct backend *bk = NULL;
     int rc = 1;
     double secs = 0;
     long long base = -1;
     char err[512];
+    memset(&small, 0, sizeof small);
+    memset(&big, 0, sizeof big);
     if (backend_load(device, &bk, err, sizeof err)) {
         fprintf(stderr, "ddpmd serve --probe: --device %s: %s\n", device, err);
         return 1;
     }
+    if (train_cost_model(&m, getenv("DDPMD_COST_MODEL"), err, sizeof err)) {
+        fprintf(stderr, "ddpmd serve --probe: %s\n", err);
+        return 1;
+    }
     probe_spec(&s, 8, 1, 8, 1);
     s.backend = bk;
-    if (probe_steps(&s, 0, &secs, &g, &p)) goto out;
+    if (probe_steps(&s, &m, 0, &secs, &small)) goto out;
     int index = backend_device_index(device);
     if (index >= 0) {
         struct bk_device_mem dm;
@@ -231,24 +240,18 @@ static int probe_run(const char *device)
             fprintf(stderr, "ddpmd serve --probe: no VmHWM in /proc/self/status\n");
             goto out;
         }
-        base = hwm * 1024 - (long long)p.total_bytes;
+        base = hwm * 1024 - (long long)small.tp.p.total_bytes;
     }
     probe_spec(&s, 16, 2, 16, 4);
     s.backend = bk;
-    if (probe_steps(&s, PROBE_TIMED_STEPS, &secs, &tg, &tp)) goto out;
-    struct cost_model m;
-    if (train_cost_model(&m, err, sizeof err)) {
-        fprintf(stderr, "ddpmd serve --probe: %s\n", err);
-        goto out;
-    }
-    double scale = secs / PROBE_TIMED_STEPS / cost_predict_step_seconds(&m, &tp, &tg, s.batch);
+    if (probe_steps(&s, &m, PROBE_TIMED_STEPS, &secs, &big)) goto out;
+    double scale = secs / PROBE_TIMED_STEPS /
+                   cost_predict_step_seconds(&m, &big.tp.p, &big.tp.g, s.batch);
     printf("{\"baseline_bytes\":%lld,\"cost_scale\":%.6g}\n", base > 0 ? base : 0, scale);
     rc = 0;
 out:
-    plan_free(&p);
-    graph_free(&g);
-    plan_free(&tp);
-    graph_free(&tg);
+    train_step_free(&small);
+    train_step_free(&big);
     return rc;
 }
 
@@ -785,6 +788,10 @@ static int serve_run(int argc, char **argv)
     pc.max_queue = max_queue;
     pc.max_per_owner = max_per_owner;
     pc.max_retries = max_retries;
+    if (train_cost_model(&pc.cost, getenv("DDPMD_COST_MODEL"), err, sizeof err)) {
+        log_msg(LOG_ERROR, "%s", err);
+        goto out;
+    }
     struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow = wha,
                                 .max_attempts = wh_attempts, .backoff_s = wh_backoff,
                                 .timeout_s = wh_timeout};

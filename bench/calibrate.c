@@ -13,7 +13,7 @@
  * fit's residuals on stderr; CALIBRATE_OPS=all lists every op as "opdata MODEL|CLASS|WORK|
  * SECONDS|BYTES", a class number that class's ops with their rates)
  * run from the repository's root: the models are those of the example specs (examples/).
- * ddpmd reads the file from $DDPMD_COST_MODEL (server/train.c train_cost_model).
+ * ddpmd reads the file from $DDPMD_COST_MODEL (server/train.c train_cost_model, called by app/).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>

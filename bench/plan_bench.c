@@ -114,6 +114,9 @@ static void run_once(struct measured *m, const struct train_spec *spec, const ch
 
 /* the measured seconds of s under spec (a budget it fits), run once: steps, and more for a
  * short step (predicted pred seconds) so that its least time is taken over about 2 s */
+/* the searches' cost model: $DDPMD_COST_MODEL's (bench/plan.sh sets it), else the defaults */
+static struct cost_model bench_cost;
+
 static struct measured *measure(const struct train_spec *spec, const struct strategy *s,
                                 const char *root, int steps, double pred)
 {
@@ -166,8 +169,13 @@ int main(int argc, char **argv)
     }
     struct train_spec spec;
     struct spec_errors E;
+    char why[512];
     if (spec_load_file(spec_path, &spec, &E)) {
         spec_errors_print(&E, spec_path);
+        return 1;
+    }
+    if (train_cost_model(&bench_cost, getenv("DDPMD_COST_MODEL"), why, sizeof why)) {
+        fprintf(stderr, "plan_bench: %s\n", why);
         return 1;
     }
     if (batch > 0) spec.batch = batch;
@@ -218,7 +226,7 @@ int main(int argc, char **argv)
         struct planner_result r;
         s.strategy = strategy_plain(s.batch);
         s.vram_budget = 0;
-        if (train_search(&s, 0, &r, err, sizeof err)) {
+        if (train_search(&s, &bench_cost, 0, &r, err, sizeof err)) {
             fprintf(stderr, "plan_bench: the plain plan: %s\n", err);
             return 1;
         }
@@ -231,7 +239,7 @@ int main(int argc, char **argv)
         s.vram_budget = (int64_t)list[k];
         struct planner_result r;
         double t0 = now_ms();
-        int rc = train_search(&s, 0, &r, err, sizeof err);
+        int rc = train_search(&s, &bench_cost, 0, &r, err, sizeof err);
         double search_ms = now_ms() - t0;
         planner_result_free(&r);
         if (rc) {
@@ -240,7 +248,7 @@ int main(int argc, char **argv)
             fflush(stdout);
             continue;
         }
-        if (train_search(&s, 1, &r, err, sizeof err)) continue;
+        if (train_search(&s, &bench_cost, 1, &r, err, sizeof err)) continue;
         const struct planner_candidate *pick = &r.cand[r.chosen];
         int half = pick->strategy.precision != STRATEGY_PRECISION_F32, fitting = 0;
         const struct planner_candidate *fast = NULL;

@@ -286,3 +286,13 @@ out:
     free(buf);
     return rc;
 }
+
+int checkpoint_load_generator(struct generator *g, const struct safetensors *st, int from_ema,
+                              char *err, size_t errlen)
+{
+    if (g->view) {
+        snprintf(err, errlen, "a training job's sampling view reads its EMA: nothing to load");
+        return -1;
+    }
+    return checkpoint_apply(st, g->e, &g->g, CHECKPOINT_WEIGHTS, from_ema, err, errlen);
+}

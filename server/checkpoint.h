@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "exec.h"
+#include "generate.h"
 #include "graph.h"
 #include "safetensors.h"
 #include "spec.h"
@@ -43,5 +44,10 @@ int checkpoint_open(struct safetensors **out, const char *path, struct train_spe
  * those parts are asked for. */
 int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct graph *g,
                      int parts, int from_ema, char *err, size_t errlen);
+
+/* a checkpoint's weights (its EMA weights when from_ema) into a generator of its model; -1 for a
+ * view of a training job (generate_bind_nested), whose weights are the job's EMA */
+int checkpoint_load_generator(struct generator *g, const struct safetensors *st, int from_ema,
+                              char *err, size_t errlen);
 
 #endif

@@ -31,7 +31,7 @@
 #include "fsio.h"
 #include "log.h"
 #include "metrics.h"
-#include "sample.h"
+#include "generate.h"
 #include "train.h"
 #include "upload.h"
 
@@ -258,7 +258,7 @@ static int fit_train(const struct pool *p, int d, const struct train_spec *child
     if (avail < 1) avail = 1; /* nothing fits: the search still names the smallest plan */
     if (!s.vram_budget || s.vram_budget > avail) s.vram_budget = avail;
     f->plan_budget = s.vram_budget;
-    int rc = train_search(&s, 0, &r, why, sizeof why);
+    int rc = train_search(&s, &p->cfg.cost, 0, &r, why, sizeof why);
     const struct planner_candidate *c = rc == 0            ? &r.cand[r.chosen]
                                         : r.smallest >= 0 ? &r.cand[r.smallest]
                                                           : NULL;
@@ -524,7 +524,7 @@ int pool_job_file(const struct pool *p, const char *job_id, const char *tail, ch
     return fsio_path(path, len, e, sizeof e, "%s/jobs/%s/%s", p->data_dir, job_id, tail);
 }
 
-/* The sampling job's plan on device d (sample_plan, what `ddpmd sample` allocates) and its
+/* The sampling job's plan on device d (generate_plan, what `ddpmd sample` allocates) and its
  * entry in *o */
 static int fit_sample(const struct pool *p, int d, const struct pool_sample *s,
                       struct pool_fit *f, cJSON **o, char *err, size_t errlen)
@@ -555,10 +555,10 @@ static int fit_sample(const struct pool *p, int d, const struct pool_sample *s,
         rc = POOL_OK;
         goto out;
     }
-    if (sample_plan(&s->model, batch, bk, &g, &io, &pl, err, errlen)) goto out;
+    if (generate_plan(&s->model, batch, bk, &g, &io, &pl, err, errlen)) goto out;
     if (dv->is_cpu) {
         /* cmd_sample's host buffers: every image as float, the grid and one image as bytes, and
-         * sample_job_run's x, eps, noise, x_prev at the batch */
+         * generate_run's x, eps, noise, x_prev at the batch */
         int64_t per = (int64_t)s->model.out_channels * s->model.image_size * s->model.image_size;
         int cols = 1;
         while ((int64_t)cols * cols < s->n) cols++;
@@ -571,9 +571,7 @@ static int fit_sample(const struct pool *p, int d, const struct pool_sample *s,
     f->plan_bytes = (int64_t)pl.total_bytes;
     f->host_bytes = (int64_t)pl.host_bytes;
     fit_reserve(dv, f);
-    struct cost_model m;
-    if (train_cost_model(&m, err, errlen)) goto out;
-    f->step_seconds = cost_predict_step_seconds(&m, &pl, &g, batch) * dv->st.cfg.cost_scale;
+    f->step_seconds = cost_predict_step_seconds(&p->cfg.cost, &pl, &g, batch) * dv->st.cfg.cost_scale;
     fit_fields(e, f);
     add_bytes(e, "arena_without_reuse_bytes", (int64_t)pl.no_reuse_arena_bytes);
     cJSON_AddItemToObject(e, "parts", train_parts_json(pl.parts, pl.total_bytes, pl.host_bytes));

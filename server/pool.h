@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "cost.h"
 #include "jobs.h"
 #include "spec.h"
 
@@ -42,6 +43,8 @@ struct pool_config {
                                  * again from its last checkpoint this many times, then failed */
     int max_per_owner;          /* one owner's queued + running jobs beyond this:
                                  * POOL_ERR_OWNER_LIMIT; 0 = no limit */
+    struct cost_model cost;     /* the admission's step time predictions (the jobs' children
+                                 * read the same $DDPMD_COST_MODEL) */
 };
 
 enum pool_status {
@@ -123,7 +126,7 @@ struct pool_sample {
 
 /* the sample's parameters as the job's spec (canonical JSON, no path); caller frees */
 char *pool_sample_json(const struct pool_sample *s);
-/* plans (sample_plan, the function `ddpmd sample` allocates with) and queues a sampling job
+/* plans (generate_plan, the function `ddpmd sample` allocates with) and queues a sampling job
  * (kind "sample"), as pool_submit */
 int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
                        const struct pool_sample *s, struct pool_admission *adm, char *id,

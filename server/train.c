@@ -1,5 +1,6 @@
-/* train.c - the training loop of one job on the CPU backend (see train.h for the contract). Its
- * sample grids run inside the job's one reservation: a nested inference plan over the EMA. */
+/* train.c - the training loop of one job (see train.h for the contract): data, the engine's
+ * step, validation, checkpoints, grids and progress. Its sample grids run inside the job's one
+ * reservation: a nested inference plan over the EMA (train_plans.h). */
 #include "train.h"
 
 #include <cjson/cJSON.h>
@@ -18,20 +19,15 @@
 #include "backend_load.h"
 #include "checkpoint.h"
 #include "dataset.h"
-#include "ddpm.h"
 #include "exec.h"
 #include "export.h"
 #include "fsio.h"
+#include "generate.h"
 #include "image.h"
 #include "init.h"
-#include "philox.h"
-#include "plan.h"
-#include "planner.h"
 #include "plot.h"
-#include "sample.h"
-#include "sampler.h"
 #include "testhold.h"
-#include "unet.h"
+#include "train_step.h"
 
 /* fixed timesteps of the validation loss, cycled over the held-out images */
 static const int val_ts[] = {50, 250, 500, 750, 950};
@@ -42,17 +38,7 @@ struct job {
     const struct train_opts *o;
     struct dataset *ds;
     struct dataset_loader *loader;
-    /* the step at the micro-batch (e), the uneven last micro-batch (re, nested in e's
-     * reservation, sharing its parameters, gradients and optimizer state; NULL when none) and
-     * the sample grids (se, nested too, weights read in place from e's EMA) */
-    struct train_plans tp;
-    struct exec *e, *re, *se;
-    struct ddpm_schedule sch;
-    size_t per;                 /* elements of one image */
-    /* the effective batch (train.batch samples) on the host: sample i of it is drawn by i, its
-     * index in the effective batch, whatever micro-batch uploads it */
-    float *x0, *eps, *xt, *tgt, *tf;
-    int *ti;
+    struct train_step ts;       /* the step, its plans and its batch on the host */
     /* logged history for loss.csv and the curve */
     int64_t *log_step;
     float *log_loss, *log_val;
@@ -260,257 +246,9 @@ static int open_data(struct job *j, char *err, size_t errlen)
     return 0;
 }
 
-/* the most images one forward of a job's sample grid takes: output.samples, at most 16 */
-static int grid_cap(const struct train_spec *s) { return s->samples < 16 ? s->samples : 16; }
-
-/* the chunk a job's sample grids run in under st: st's sample_batch (at most grid_cap), or
- * grid_cap when it leaves it open */
-static int grid_batch(const struct train_spec *s, const struct strategy *st)
-{
-    int cap = grid_cap(s);
-    return st->sample_batch > 0 && st->sample_batch < cap ? st->sample_batch : cap;
-}
-
-/* the samples of a strategy's micro-batch: its micro_batch, or the whole batch */
-static int micro_of(const struct train_spec *s, const struct strategy *st)
-{
-    return st->micro_batch > 0 && st->micro_batch < s->batch ? st->micro_batch : s->batch;
-}
-
-/* the training graph at the strategy's micro-batch (or at `n` samples when n > 0: the uneven
- * last micro-batch) */
-static int build_step_graph_n(const struct train_spec *s, const struct strategy *st, int n,
-                              struct graph *g, struct unet_io *io, int *target)
-{
-    graph_init(g);
-    if (unet_build_training(g, &s->model, n > 0 ? n : micro_of(s, st), io, target, NULL))
-        return -1;
-    return st->precision == STRATEGY_PRECISION_F32 ? 0 : graph_set_precision(g, st->precision);
-}
-
-static int build_step_graph(const struct train_spec *s, const struct strategy *st,
-                            struct graph *g, struct unet_io *io, int *target)
-{
-    return build_step_graph_n(s, st, 0, g, io, target);
-}
-
-/* the step's plan options under st: its micro-batch resolved */
-static struct plan_opts step_opts(const struct train_spec *s, const struct strategy *st,
-                                  struct plan_ws_cache *ws, int bound_only)
-{
-    struct plan_opts po = {.strategy = *st, .ws_cache = ws, .bound_only = bound_only};
-    po.strategy.micro_batch = micro_of(s, st);
-    return po;
-}
-
-/* g's plan under st, with the uneven last micro-batch when st's micro-batch does not divide
- * train.batch (rg built here, rp sharing p's persistent part: plan_make_shared) and the sample
- * grids in chunks of grid_batch (sg, sp), both nested in p (reserved there) */
-static int plan_step(const struct train_spec *s, const struct strategy *st, const struct graph *g,
-                     struct plan *p, struct graph *rg, struct unet_io *rio, int *rtarget,
-                     struct plan *rp, struct graph *sg, struct unet_io *sio, struct plan *sp,
-                     char *err, size_t errlen)
-{
-    const struct backend *bk = backend_or_cpu(s->backend);
-    struct plan_opts po = step_opts(s, st, NULL, 0);
-    int rest = s->batch % po.strategy.micro_batch;
-    po.strategy.sample_batch = grid_batch(s, st);
-    if (plan_make(p, g, bk, &po)) {
-        snprintf(err, errlen, "cannot plan the training step");
-        return -1;
-    }
-    if (rest) {
-        po.strategy.micro_batch = rest;
-        graph_free(rg);
-        if (build_step_graph_n(s, st, rest, rg, rio, rtarget)) {
-            snprintf(err, errlen, "cannot build the model's last micro-batch: %s", rg->err);
-            return -1;
-        }
-        if (plan_make_shared(rp, rg, bk, &po, p, g)) {
-            snprintf(err, errlen, "cannot plan the last micro-batch of %d", rest);
-            return -1;
-        }
-        plan_reserve_nested(p, rp);
-    }
-    graph_free(sg); /* sample_job_plan_nested initialises it again */
-    if (sample_job_plan_nested(&s->model, grid_batch(s, st), p, g, bk, sg, sio, sp, err,
-                               errlen))
-        return -1;
-    plan_reserve_nested(p, sp);
-    return 0;
-}
-
-void train_plans_free(struct train_plans *tp)
-{
-    plan_free(&tp->sp);
-    plan_free(&tp->rp);
-    plan_free(&tp->p);
-    graph_free(&tp->sg);
-    graph_free(&tp->rg);
-    graph_free(&tp->g);
-}
-
-int train_plans_make(struct train_plans *tp, const struct train_spec *s,
-                     const struct strategy *st, char *err, size_t errlen)
-{
-    struct strategy plain = strategy_plain(s->batch);
-    if (!st) st = &plain;
-    memset(tp, 0, sizeof *tp);
-    graph_init(&tp->g);
-    graph_init(&tp->rg);
-    graph_init(&tp->sg);
-    tp->micro = micro_of(s, st);
-    tp->rest = s->batch % tp->micro;
-    tp->grid = grid_batch(s, st);
-    if (build_step_graph(s, st, &tp->g, &tp->io, &tp->target)) {
-        snprintf(err, errlen, "cannot build the model: %s", tp->g.err);
-        return -1;
-    }
-    return plan_step(s, st, &tp->g, &tp->p, &tp->rg, &tp->rio, &tp->rtarget, &tp->rp, &tp->sg,
-                     &tp->sio, &tp->sp, err, errlen);
-}
-
-/* The search's target (planner_target): a candidate is plan_step's plans, its bytes known
- * without making the nested ones again and again. A nested plan's bytes past where it starts in
- * its host (an uneven last micro-batch past the host's inputs, a sample grid past the host's
- * transient part and, over an offloading host, its own copy of the weights) are the same
- * whatever the host (plan_make_shared, plan_make_nested), so each is planned once per search;
- * test_planner_search holds every candidate's bytes to train_plans_make's. */
-#define SEARCH_MAX_REST 64
-struct search_ctx {
-    const struct train_spec *s;
-    struct plan_ws_cache *ws;
-    size_t grid_own[17];                /* by chunk size; 0: not planned yet */
-    struct search_rest {
-        int precision, n, recompute;
-        size_t own;
-    } rest[SEARCH_MAX_REST];
-    int n_rest;
-};
-
-/* the uneven last micro-batch's bytes past host's inputs */
-static int rest_own(struct search_ctx *c, const struct strategy *st, int n,
-                    const struct plan *host, const struct graph *host_g, size_t *own)
-{
-    for (int i = 0; i < c->n_rest; i++)
-        if (c->rest[i].precision == st->precision && c->rest[i].n == n &&
-            c->rest[i].recompute == st->recompute) {
-            *own = c->rest[i].own;
-            return 0;
-        }
-    struct graph rg;
-    struct unet_io rio;
-    struct plan rp;
-    int rtarget, rc = -1;
-    struct plan_opts po = step_opts(c->s, st, c->ws, 0);
-    po.strategy.micro_batch = n;
-    memset(&rp, 0, sizeof rp);
-    if (!build_step_graph_n(c->s, st, n, &rg, &rio, &rtarget) &&
-        !plan_make_shared(&rp, &rg, backend_or_cpu(c->s->backend), &po, host, host_g)) {
-        *own = rp.total_bytes - host->inputs_off;
-        if (c->n_rest < SEARCH_MAX_REST)
-            c->rest[c->n_rest++] = (struct search_rest){st->precision, n, st->recompute, *own};
-        rc = 0;
-    }
-    plan_free(&rp);
-    graph_free(&rg);
-    return rc;
-}
-
-/* a sample grid's bytes past host's transient part and its own weights, in chunks of b */
-static int grid_own(struct search_ctx *c, int b, const struct plan *host,
-                    const struct graph *host_g, size_t *own)
-{
-    if (c->grid_own[b]) {
-        *own = c->grid_own[b];
-        return 0;
-    }
-    struct graph sg;
-    struct unet_io sio;
-    struct plan sp;
-    char err[256];
-    int rc = sample_job_plan_nested(&c->s->model, b, host, host_g,
-                                    backend_or_cpu(c->s->backend), &sg, &sio, &sp, err,
-                                    sizeof err);
-    if (!rc) {
-        *own = c->grid_own[b] = sp.total_bytes - host->transient_off -
-                                (sp.weights_from_host ? sp.params_bytes : 0);
-    }
-    plan_free(&sp);
-    graph_free(&sg);
-    return rc ? -1 : 0;
-}
-
-/* where p's nested plans end: its uneven last micro-batch (left out of a bound: smaller than
- * the step, it seldom ends later, and a bound without it is still a lower bound) and a grid in
- * chunks of b */
-static int search_end(struct search_ctx *c, const struct strategy *st, const struct graph *g,
-                      const struct plan *p, int bound, int b, size_t *end)
-{
-    size_t own, e = 0;
-    int micro = micro_of(c->s, st), rest = c->s->batch % micro;
-    if (rest && !bound) {
-        if (rest_own(c, st, rest, p, g, &own)) return -1;
-        if (p->inputs_off + own > e) e = p->inputs_off + own;
-    }
-    if (grid_own(c, b, p, g, &own)) return -1;
-    own += p->transient_off + (p->offload ? p->params_bytes : 0);
-    *end = own > e ? own : e;
-    return 0;
-}
-
-static int search_build(void *ctx, const struct strategy *st, struct graph *g)
-{
-    struct search_ctx *c = ctx;
-    struct unet_io io;
-    int target;
-    return build_step_graph(c->s, st, g, &io, &target);
-}
-
-static int search_plan(void *ctx, const struct strategy *st, const struct graph *g,
-                       size_t budget, struct plan *p)
-{
-    struct search_ctx *c = ctx;
-    struct plan_opts po = step_opts(c->s, st, c->ws, 0);
-    if (plan_make(p, g, backend_or_cpu(c->s->backend), &po)) return -1;
-    /* the largest chunk that fits (halving), or the forced one */
-    int b = grid_batch(c->s, st);
-    size_t end;
-    for (;;) {
-        if (search_end(c, st, g, p, 0, b, &end)) return -1;
-        if (st->sample_batch > 0 || !budget || (end <= budget && p->total_bytes <= budget) ||
-            b == 1)
-            break;
-        b = (b + 1) / 2;
-    }
-    p->strategy.sample_batch = b;
-    plan_reserve(p, end);
-    return 0;
-}
-
-static int search_bound(void *ctx, const struct strategy *st, const struct graph *g, int tight,
-                        size_t *bytes)
-{
-    struct search_ctx *c = ctx;
-    struct plan_opts po = step_opts(c->s, st, c->ws, 1);
-    if (!tight) {
-        *bytes = plan_persistent_bytes(g, &po);
-        return 0;
-    }
-    struct plan p;
-    size_t end = 0;
-    int rc = plan_make(&p, g, backend_or_cpu(c->s->backend), &po) ||
-             search_end(c, st, g, &p, 1, st->sample_batch > 0 ? grid_batch(c->s, st) : 1,
-                        &end);
-    *bytes = p.total_bytes > end ? p.total_bytes : end;
-    plan_free(&p);
-    return rc ? -1 : 0;
-}
-
-int train_cost_model(struct cost_model *m, char *err, size_t errlen)
+int train_cost_model(struct cost_model *m, const char *path, char *err, size_t errlen)
 {
     cost_model_default(m);
-    const char *path = getenv("DDPMD_COST_MODEL");
     if (!path || !path[0]) return 0;
     char why[256], txt[1 << 14];
     FILE *f = fsio_fopen_read(path, why, sizeof why);
@@ -534,30 +272,18 @@ int train_cost_model(struct cost_model *m, char *err, size_t errlen)
     return 0;
 }
 
-int train_search(const struct train_spec *s, int plan_all, struct planner_result *r, char *err,
-                 size_t errlen)
+struct train_shape train_shape_of(const struct train_spec *s)
 {
-    struct cost_model m;
-    memset(r, 0, sizeof *r);
-    r->chosen = r->smallest = -1;
-    if (train_cost_model(&m, err, errlen)) return -1;
-    struct search_ctx *c = calloc(1, sizeof *c);
-    if (c) c->ws = plan_ws_cache_new();
-    if (!c || !c->ws) {
-        if (c) free(c);
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    c->s = s;
-    struct planner_target t = {c, search_build, search_plan, search_bound};
-    int rc = planner_search(&s->strategy, s->batch, (size_t)s->vram_budget, &m, &t, plan_all, r);
-    plan_ws_cache_free(c->ws);
-    free(c);
-    if (rc) {
-        snprintf(err, errlen, "%s", r->why);
-        return -1;
-    }
-    return 0;
+    return (struct train_shape){.model = s->model, .batch = s->batch, .grid_images = s->samples,
+                                .backend = s->backend};
+}
+
+int train_search(const struct train_spec *s, const struct cost_model *m, int plan_all,
+                 struct planner_result *r, char *err, size_t errlen)
+{
+    struct train_shape sh = train_shape_of(s);
+    return train_plans_search(&sh, &s->strategy, (size_t)s->vram_budget, m, plan_all, r, err,
+                              errlen);
 }
 
 cJSON *train_parts_json(const struct plan_part_bytes *parts, size_t device, size_t host)
@@ -619,29 +345,33 @@ cJSON *train_search_json(const struct planner_result *r, int batch)
     return o;
 }
 
-int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
-                   struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
-                   char *err, size_t errlen)
+int train_plan_job(const struct train_spec *s, const struct cost_model *m, struct graph *g,
+                   struct unet_io *io, int *target, struct plan *p, struct graph *sg,
+                   struct unet_io *sio, struct plan *sp, char *err, size_t errlen)
 {
     graph_init(g);
     graph_init(sg);
     memset(p, 0, sizeof *p);
     memset(sp, 0, sizeof *sp);
     struct planner_result r;
-    if (train_search(s, 0, &r, err, errlen)) {
-        int built = r.n_cand > 0 && !r.cand[0].failed;
+    struct train_plans tp;
+    struct train_shape sh = train_shape_of(s);
+    if (train_search(s, m, 0, &r, err, errlen)) {
+        /* a model that cannot be built says so, rather than that nothing fits */
+        if (!(r.n_cand > 0 && !r.cand[0].failed)) {
+            char why[512];
+            if (train_plans_make(&tp, &sh, NULL, why, sizeof why))
+                snprintf(err, errlen, "%s", why);
+            train_plans_free(&tp);
+        }
         planner_result_free(&r);
-        struct strategy whole = strategy_plain(s->batch);
-        if (!built && build_step_graph(s, &whole, g, io, target))
-            snprintf(err, errlen, "cannot build the model: %s", g->err);
         return -1;
     }
     struct strategy st = r.cand[r.chosen].strategy;
     planner_result_free(&r);
     graph_free(g);
     graph_free(sg);
-    struct train_plans tp;
-    int rc = train_plans_make(&tp, s, &st, err, errlen);
+    int rc = train_plans_make(&tp, &sh, &st, err, errlen);
     /* p's reservation covers the last micro-batch; its graph and plan are the job's own */
     *g = tp.g;
     *io = tp.io;
@@ -664,21 +394,9 @@ static int job_strategy(const struct train_spec *s, const struct train_opts *o,
         return 0;
     }
     struct planner_result r;
-    int rc = train_search(s, 0, &r, err, errlen);
+    int rc = train_search(s, o->cost, 0, &r, err, errlen);
     if (!rc) *st = r.cand[r.chosen].strategy;
     planner_result_free(&r);
-    return rc;
-}
-
-int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
-               struct plan *p, char *err, size_t errlen)
-{
-    struct graph sg;
-    struct unet_io sio;
-    struct plan sp;
-    int rc = train_plan_job(s, g, io, target, p, &sg, &sio, &sp, err, errlen);
-    plan_free(&sp);
-    graph_free(&sg);
     return rc;
 }
 
@@ -694,46 +412,15 @@ static int build(struct job *j, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
     struct strategy st;
-    if (job_strategy(s, j->o, &st, err, errlen) ||
-        train_plans_make(&j->tp, s, &st, err, errlen))
-        return -1;
-    /* the budget is enforced by the backend too: nothing beyond it is ever allocated */
-    struct exec_error xe = {0};
-    struct exec_opts eo = {.threads = s->threads, .budget = (size_t)s->vram_budget,
-                           .init_error = &xe};
-    if (exec_init(&j->e, &j->tp.g, &j->tp.p, backend_or_cpu(s->backend), &eo)) {
-        snprintf(err, errlen, "cannot allocate the plan's %zu bytes: %s (%s)",
-                 j->tp.p.total_bytes, exec_status_name(xe.status), xe.msg);
-        return -1;
-    }
-    /* allocate nothing: the last micro-batch and the grids run in the reservation just made */
-    struct exec_error ee = {0};
-    if (j->tp.rest && exec_init_nested(&j->re, &j->tp.rg, &j->tp.rp, j->e,
-                                       &(struct exec_opts){.init_error = &ee})) {
-        snprintf(err, errlen, "cannot place the last micro-batch in the job's reservation: %s",
-                 ee.msg);
-        return -1;
-    }
-    if (exec_init_nested(&j->se, &j->tp.sg, &j->tp.sp, j->e,
-                         &(struct exec_opts){.init_error = &ee})) {
-        snprintf(err, errlen, "cannot place the sample grids in the job's reservation: %s",
-                 ee.msg);
-        return -1;
-    }
-    j->per = j->tp.g.tensors[j->tp.io.x]->numel / (size_t)j->tp.micro;
-    size_t img = j->per * (size_t)s->batch;
-    j->x0 = malloc(img * sizeof(float));
-    j->eps = malloc(img * sizeof(float));
-    j->xt = malloc(img * sizeof(float));
-    j->tgt = malloc(img * sizeof(float));
-    j->tf = malloc((size_t)s->batch * sizeof(float));
-    j->ti = malloc((size_t)s->batch * sizeof(int));
-    if (!j->x0 || !j->eps || !j->xt || !j->tgt || !j->tf || !j->ti ||
-        ddpm_schedule_init(&j->sch, s->timesteps, s->beta_schedule, s->beta_start, s->beta_end)) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    return 0;
+    struct train_step_config c = {
+        .shape = train_shape_of(s), .threads = s->threads, .budget = (size_t)s->vram_budget,
+        .timesteps = s->timesteps, .beta_schedule = s->beta_schedule,
+        .beta_start = s->beta_start, .beta_end = s->beta_end,
+        .prediction = s->prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON};
+    return job_strategy(s, j->o, &st, err, errlen) ||
+                   train_step_init(&j->ts, &c, &st, err, errlen)
+               ? -1
+               : 0;
 }
 
 /* Fields of a resumed run's spec that may differ from its checkpoint's: they change what is
@@ -870,7 +557,7 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
                 safetensors_free(st);
                 return -1;
             }
-            int rc = checkpoint_apply(st, j->e, &j->tp.g, CHECKPOINT_ALL, 0, err, errlen);
+            int rc = checkpoint_apply(st, j->ts.e, &j->ts.tp.g, CHECKPOINT_ALL, 0, err, errlen);
             safetensors_free(st);
             if (rc) return -1;
             *start = step;
@@ -904,82 +591,24 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     if (s->init_from[0]) {
         struct safetensors *st = NULL;
         if (checkpoint_open(&st, s->init_from, NULL, NULL, err, errlen)) return -1;
-        int rc = checkpoint_apply(st, j->e, &j->tp.g, CHECKPOINT_WEIGHTS, 0, err, errlen);
+        int rc = checkpoint_apply(st, j->ts.e, &j->ts.tp.g, CHECKPOINT_WEIGHTS, 0, err, errlen);
         safetensors_free(st);
         if (rc) return -1;
     } else {
         size_t maxn = 0;
-        for (int i = 0; i < j->tp.g.n_tensors; i++)
-            if (j->tp.g.tensors[i]->kind == TENSOR_PARAM && j->tp.g.tensors[i]->numel > maxn)
-                maxn = j->tp.g.tensors[i]->numel;
+        for (int i = 0; i < j->ts.tp.g.n_tensors; i++)
+            if (j->ts.tp.g.tensors[i]->kind == TENSOR_PARAM && j->ts.tp.g.tensors[i]->numel > maxn)
+                maxn = j->ts.tp.g.tensors[i]->numel;
         float *w = malloc(maxn * sizeof *w);
         if (!w) return -1;
-        for (int i = 0; i < j->tp.g.n_tensors; i++)
-            if (j->tp.g.tensors[i]->kind == TENSOR_PARAM) {
-                init_param(j->tp.g.tensors[i], s->seed, w);
-                exec_upload(j->e, i, w);
+        for (int i = 0; i < j->ts.tp.g.n_tensors; i++)
+            if (j->ts.tp.g.tensors[i]->kind == TENSOR_PARAM) {
+                init_param(j->ts.tp.g.tensors[i], s->seed, w);
+                exec_upload(j->ts.e, i, w);
             }
         free(w);
     }
-    return exec_reset_state(j->e) ? -1 : 0;
-}
-
-/* timesteps, noise and the model's input/target for the effective batch of step s (x0 already
- * loaded): sample i's numbers are drawn by (seed, step, i, element), i its index in the effective
- * batch, so every micro-batch split (and the loader's flips, drawn by the run's sample index
- * step * batch + i) gives each sample the same numbers */
-static void make_inputs(struct job *j, int64_t step, uint64_t seed, const int *fixed_t)
-{
-    const struct train_spec *s = j->spec;
-    for (int i = 0; i < s->batch; i++) {
-        j->ti[i] = fixed_t ? fixed_t[i]
-                           : (int)(philox_u32_at(seed, PHILOX_TAG_TIMESTEP, (uint64_t)step,
-                                                 (uint32_t)i, 0, 0) %
-                                   (uint32_t)s->timesteps);
-        j->tf[i] = (float)j->ti[i];
-        for (size_t e = 0; e < j->per; e++)
-            j->eps[(size_t)i * j->per + e] =
-                philox_normal(seed, PHILOX_TAG_NOISE, (uint64_t)step, (uint32_t)i, 0, (uint32_t)e);
-    }
-    ddpm_q_sample(j->xt, j->x0, j->eps, j->ti, s->batch, j->per, &j->sch);
-    if (s->prediction == SPEC_PRED_V)
-        sampler_v_target(j->tgt, j->x0, j->eps, j->ti, s->batch, j->per, &j->sch);
-    else
-        memcpy(j->tgt, j->eps, (size_t)s->batch * j->per * sizeof(float));
-}
-
-/* The effective batch made by make_inputs through its micro-batches, in order: samples
- * [i0, i0 + n) go to the micro-batch executor (the last, uneven one to j->re), forward and
- * backward when train (the gradients zeroed by the first, accumulated by the others; the loss
- * gradient scaled by n / batch, so the sum is the whole batch's mean-loss gradient; dropout
- * drawn by the sample's index in the effective batch, sample_base i0), forward only in
- * evaluation mode otherwise. *loss: the mean over the effective batch. Nonzero on a failure,
- * with the executor's reason in err. */
-static int run_batch(struct job *j, int train, uint64_t seed, int64_t step, float *loss,
-                     char *err, size_t errlen)
-{
-    const int batch = j->spec->batch, micro = j->tp.micro;
-    double sum = 0;
-    for (int i0 = 0; i0 < batch; i0 += micro) {
-        int n = batch - i0 < micro ? batch - i0 : micro, last = n != micro;
-        struct exec *e = last ? j->re : j->e;
-        const struct unet_io *io = last ? &j->tp.rio : &j->tp.io;
-        int target = last ? j->tp.rtarget : j->tp.target;
-        size_t off = (size_t)i0 * j->per;
-        float l = 0, w = (float)n / (float)batch;
-        if (exec_upload(e, io->x, j->xt + off) || exec_upload(e, io->t, j->tf + i0) ||
-            exec_upload(e, target, j->tgt + off) ||
-            (train ? exec_forward_backward(e, i0 == 0, w, seed, (uint64_t)step, i0, &l)
-                   : exec_forward(e, &l))) {
-            if (err)
-                snprintf(err, errlen, "samples %d..%d of the batch: %.256s", i0, i0 + n - 1,
-                         exec_last_error(e)->msg);
-            return -1;
-        }
-        sum += (double)w * l;
-    }
-    *loss = (float)sum;
-    return 0;
+    return exec_reset_state(j->ts.e) ? -1 : 0;
 }
 
 /* progress of a long phase ("validation", "sampling"): a counter on a terminal, a JSON line
@@ -1017,11 +646,10 @@ static float validation_loss(struct job *j, int64_t step)
     int t[65536];
     for (int b = 0; b < nb; b++) {
         if (stop_requested(j->o)) return NAN;
-        if (dataset_val_batch(j->ds, b * s->batch, s->batch, j->x0, NULL)) return NAN;
+        if (dataset_val_batch(j->ds, b * s->batch, s->batch, j->ts.x0, NULL)) return NAN;
         for (int i = 0; i < s->batch; i++) t[i] = val_ts[(b * s->batch + i) % 5] * s->timesteps / 1000;
-        make_inputs(j, (int64_t)b, s->seed ^ VAL_SEED_SALT, t);
         float loss = 0;
-        if (run_batch(j, 0, 0, 0, &loss, NULL, 0)) return NAN;
+        if (train_step_eval(&j->ts, s->seed ^ VAL_SEED_SALT, (int64_t)b, t, &loss)) return NAN;
         sum += loss;
         if (nb > 1) report_phase(j->o, "validation", step, b + 1, nb);
     }
@@ -1039,31 +667,31 @@ static void sample_progress(int done, int total, void *ctx)
     report_phase(c->o, "sampling", c->step, done, total);
 }
 
-/* the sample grid of step: SAMPLE_OK, SAMPLE_STOPPED (a stop request: nothing written) or
- * SAMPLE_FAILED with err */
+/* the sample grid of step: GENERATE_OK, GENERATE_STOPPED (a stop request: nothing written) or
+ * GENERATE_FAILED with err */
 static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
-    struct sample_job sj;
-    int n = s->samples, rc = SAMPLE_FAILED;
+    struct generator sj;
+    int n = s->samples, rc = GENERATE_FAILED;
     char path[FSIO_PATH_MAX];
     if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".png", j->dir_samples,
                   step))
-        return SAMPLE_FAILED;
-    float *img = malloc((size_t)n * j->per * sizeof *img);
+        return GENERATE_FAILED;
+    float *img = malloc((size_t)n * j->ts.per * sizeof *img);
     if (!img) {
         snprintf(err, errlen, "out of memory for %d samples", n);
-        return SAMPLE_FAILED;
+        return GENERATE_FAILED;
     }
     /* the nested executor reads the EMA in place (with offload: a copy uploaded from the host
      * block), and the next training step uploads its own inputs again (the grid overwrote
      * them) */
-    sample_job_bind_nested(&sj, &j->tp.sg, &j->tp.sio, &j->tp.sp, j->se, j->tp.grid,
+    generate_bind_nested(&sj, &j->ts.tp.sg, &j->ts.tp.sio, &j->ts.tp.sp, j->ts.se, j->ts.tp.grid,
                            &s->model);
     /* with offload the EMA is in host memory: the grid's weights are uploaded from it first */
-    if (exec_nested_sync(j->se)) {
+    if (exec_nested_sync(j->ts.se)) {
         snprintf(err, errlen, "sampling at step %" PRId64 " failed: %s", step,
-                 exec_last_error(j->se)->msg);
+                 exec_last_error(j->ts.se)->msg);
         goto out;
     }
     struct sampler_config sc;
@@ -1071,25 +699,25 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
     sc.stop = j->o->stop;
     struct sample_progress_ctx pc = {j->o, step};
     int cols = (int)ceil(sqrt((double)n));
-    rc = sample_job_run(&sj, &j->sch, &sc, s->seed, n, img, sample_progress, &pc);
-    if (rc == SAMPLE_STOPPED) {
+    rc = generate_run(&sj, &j->ts.sch, &sc, s->seed, n, img, sample_progress, &pc);
+    if (rc == GENERATE_STOPPED) {
         if (!j->o->quiet && j->o->progress) printf("\n");
         goto out;
     }
-    if (rc != SAMPLE_OK) {
-        const struct exec_error *ee = exec_last_error(j->se);
+    if (rc != GENERATE_OK) {
+        const struct exec_error *ee = exec_last_error(j->ts.se);
         snprintf(err, errlen, "sampling at step %" PRId64 " failed: %s", step,
                  ee->status ? ee->msg : "no timesteps for the grid's sampler");
         goto out;
     }
     if (image_save_grid_png(path, img, n, s->model.out_channels, s->model.image_size,
                             s->model.image_size, cols, 2, err, errlen)) {
-        rc = SAMPLE_FAILED;
+        rc = GENERATE_FAILED;
         goto out;
     }
     report_event(j->o, "samples", step);
 out:
-    sample_job_free(&sj); /* a view: clears it, frees nothing of the job's */
+    generate_free(&sj); /* a view: clears it, frees nothing of the job's */
     free(img);
     return rc;
 }
@@ -1166,7 +794,7 @@ static int checkpoint(struct job *j, int64_t step, char *err, size_t errlen)
     char path[FSIO_PATH_MAX];
     if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".safetensors",
                   j->dir_ckpt, step) ||
-        checkpoint_save(path, j->e, &j->tp.g, j->spec, step, err, errlen))
+        checkpoint_save(path, j->ts.e, &j->ts.tp.g, j->spec, step, err, errlen))
         return -1;
     j->last_ckpt = step;
     prune_checkpoints(j->dir_ckpt, j->spec->keep_last);
@@ -1202,9 +830,9 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         bar[width] = 0;
         fmt_eta(e, sizeof e, eta);
         char scaling[64] = "";
-        if (j->tp.g.precision == STRATEGY_PRECISION_F16)
+        if (j->ts.tp.g.precision == STRATEGY_PRECISION_F16)
             snprintf(scaling, sizeof scaling, "  scale %g, %" PRId64 " skipped",
-                     (double)exec_loss_scaler(j->e)->scale, exec_loss_scaler(j->e)->skipped);
+                     (double)exec_loss_scaler(j->ts.e)->scale, exec_loss_scaler(j->ts.e)->skipped);
         printf("\r[%s] %" PRId64 "/%d  loss %.4f (avg %.4f)%s  %.1f img/s  ETA %s   ", bar, step,
                s->steps, loss, avg, scaling, ips, e);
         if (!isnan(val)) printf("\n  validation loss %.4f at step %" PRId64 "\n", val, step);
@@ -1218,9 +846,9 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         if (isfinite(norm)) printf(",\"grad_norm\":%.4f", norm);
         else printf(",\"grad_norm\":null");
         printf(",\"img_per_s\":%.2f,\"eta_s\":%.0f", ips, eta);
-        if (j->tp.g.precision == STRATEGY_PRECISION_F16)
+        if (j->ts.tp.g.precision == STRATEGY_PRECISION_F16)
             printf(",\"loss_scale\":%.9g,\"skipped_steps\":%" PRId64,
-                   (double)exec_loss_scaler(j->e)->scale, exec_loss_scaler(j->e)->skipped);
+                   (double)exec_loss_scaler(j->ts.e)->scale, exec_loss_scaler(j->ts.e)->skipped);
         if (!isnan(val)) printf(",\"val_loss\":%.6f", val);
         if (step_s >= 0) printf(",\"step_s\":%.6f", step_s);
         printf("}\n");
@@ -1232,36 +860,26 @@ static void job_free(struct job *j)
 {
     dataset_loader_free(j->loader);
     dataset_free(j->ds);
-    exec_free(j->se); /* borrow j->e's allocation: first */
-    exec_free(j->re);
-    exec_free(j->e);
-    train_plans_free(&j->tp);
-    ddpm_schedule_free(&j->sch);
-    free(j->x0);
-    free(j->eps);
-    free(j->xt);
-    free(j->tgt);
-    free(j->tf);
-    free(j->ti);
+    train_step_free(&j->ts);
     free(j->log_step);
     free(j->log_loss);
     free(j->log_val);
 }
 
 /* the sample grid a resumed run owes for its start step: due there but missing (a stop or a
- * failed write during that sampling). SAMPLE_OK when written or not owed. */
+ * failed write during that sampling). GENERATE_OK when written or not owed. */
 static int owed_samples(struct job *j, int64_t start, char *err, size_t errlen)
 {
     const struct train_spec *s = j->spec;
     char path[FSIO_PATH_MAX];
     if (start <= 0 || j->last_ckpt != start || s->samples < 1 ||
         !(start == s->steps || (s->sample_every && start % s->sample_every == 0)))
-        return SAMPLE_OK;
+        return GENERATE_OK;
     if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".png", j->dir_samples,
                   start))
-        return SAMPLE_FAILED;
+        return GENERATE_FAILED;
     struct stat st;
-    if (stat(path, &st) == 0) return SAMPLE_OK;
+    if (stat(path, &st) == 0) return GENERATE_OK;
     if (!j->o->quiet)
         fprintf(stderr, "ddpmd: %s is missing; sampling it first\n", path);
     return save_samples(j, start, err, errlen);
@@ -1301,19 +919,19 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     if (!o->quiet) {
         fprintf(stderr, "ddpmd: %s UNet, %zu parameters, %d training images%s, batch %d, %d "
                         "threads\nddpmd: memory plan (allocated once, before the first step):\n",
-                spec->model.preset == UNET_DDPM ? "ddpm" : "seed", j.tp.g.param_numel,
+                spec->model.preset == UNET_DDPM ? "ddpm" : "seed", j.ts.tp.g.param_numel,
                 dataset_train_count(j.ds),
                 dataset_val_count(j.ds) ? " (+ held-out)" : "", spec->batch, spec->threads);
-        if (j.tp.micro < spec->batch)
+        if (j.ts.tp.micro < spec->batch)
             fprintf(stderr, "ddpmd: micro-batches of %d (the last of %d) accumulate the "
                             "gradient of each batch of %d\n",
-                    j.tp.micro, j.tp.rest ? j.tp.rest : j.tp.micro, spec->batch);
-        plan_print(&j.tp.p, stderr);
+                    j.ts.tp.micro, j.ts.tp.rest ? j.ts.tp.rest : j.ts.tp.micro, spec->batch);
+        plan_print(&j.ts.tp.p, stderr);
     }
     if (o->resume) csv_reload(&j, start);
     int owed = owed_samples(&j, start, err, errlen);
-    if (owed == SAMPLE_FAILED) goto out;
-    if (owed == SAMPLE_STOPPED) {
+    if (owed == GENERATE_FAILED) goto out;
+    if (owed == GENERATE_STOPPED) {
         report_event(o, "stopped", start);
         rc = TRAIN_STOPPED;
         goto out;
@@ -1330,30 +948,23 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
         int stopping = stop_requested(o);
         if (!stopping) {
             double ts = now_s(), tc = cpu_s();
-            if (dataset_loader_next(j.loader, step, j.x0, NULL)) {
+            if (dataset_loader_next(j.loader, step, j.ts.x0, NULL)) {
                 snprintf(err, errlen, "data loading failed at step %" PRId64, step);
                 goto out;
             }
-            make_inputs(&j, step, spec->seed, NULL);
-            float loss = 0, norm = 0, lr = optim_lr(&spec->optim, step);
-            const struct loss_scaler *ls = exec_loss_scaler(j.e);
-            int64_t skipped_before = ls->skipped;
+            struct train_step_result sr;
             char why[512];
-            if (run_batch(&j, 1, spec->seed, step, &loss, why, sizeof why)) {
+            if (train_step_run(&j.ts, spec->seed, step, &spec->optim, &sr, why, sizeof why)) {
                 snprintf(err, errlen, "training step %" PRId64 " failed: %.400s", step + 1, why);
                 goto out;
             }
-            if (exec_optimizer_step(j.e, &spec->optim, step + 1, lr, &norm)) {
-                snprintf(err, errlen, "training step %" PRId64 " failed: %s", step + 1,
-                         exec_last_error(j.e)->msg);
-                goto out;
-            }
+            float loss = sr.loss, norm = sr.grad_norm, lr = sr.lr;
             /* f16: a step with an inf/NaN gradient was skipped (exec_optimizer_step), not a
              * divergence, while the loss scale can still fall; an overflowing forward gives a
              * non-finite loss however small the scale gets */
-            int skipped = ls->skipped != skipped_before;
-            if (!isfinite(loss) && !(skipped && ls->scale >= LOSS_SCALE_FLOOR)) {
-                if (skipped)
+            const struct loss_scaler *ls = exec_loss_scaler(j.ts.e);
+            if (!isfinite(loss) && !(sr.skipped && ls->scale >= LOSS_SCALE_FLOOR)) {
+                if (sr.skipped)
                     snprintf(err, errlen, "the loss is %g at step %" PRId64 " in f16 after %" PRId64
                              " skipped steps, the loss scale down to %g: the activations overflow "
                              "half range (train in bf16 or f32)", loss, step + 1, ls->skipped,
@@ -1397,8 +1008,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
              * during sampling ends it between two denoising steps, and --resume samples again */
             if ((last || (spec->sample_every && step % spec->sample_every == 0)) && !stopping) {
                 int sr = save_samples(&j, step, err, errlen);
-                if (sr == SAMPLE_FAILED) goto out;
-                stopping = sr == SAMPLE_STOPPED;
+                if (sr == GENERATE_FAILED) goto out;
+                stopping = sr == GENERATE_STOPPED;
             }
             if (!stopping) testhold_after_step(step, o->stop);
             stopping = stopping || stop_requested(o);

@@ -1,7 +1,8 @@
 /* train.h - a training job from a spec to checkpoints, sample grids, loss.csv and a loss curve:
- * data loading ahead on its own thread, Philox-drawn timesteps and noise (so a resumed run draws
- * exactly what an uninterrupted one would), validation loss at fixed timesteps, atomic
- * checkpoints keeping the last K, and a clean stop on request (SIGINT/SIGTERM in the CLI).
+ * data loading ahead on its own thread, the engine's training step (train_step.h: Philox-drawn
+ * timesteps and noise, so a resumed run draws exactly what an uninterrupted one would),
+ * validation loss at fixed timesteps, atomic checkpoints keeping the last K, progress for a
+ * terminal or the server (child.h), and a clean stop on request (SIGINT/SIGTERM in the CLI).
  */
 #ifndef DDPMD_TRAIN_H
 #define DDPMD_TRAIN_H
@@ -17,6 +18,7 @@
 #include "sampler.h"
 #include "spec.h"
 #include "strategy.h"
+#include "train_plans.h"
 #include "unet.h"
 
 /* what --resume asks for */
@@ -48,11 +50,12 @@ struct train_opts {
     int64_t stop_after;             /* > 0: stop (with a checkpoint) once this step is done */
     int quiet;                      /* no per-step output (tests) */
     struct train_stats *stats;      /* filled when not NULL */
-    /* how the step fits into memory (NULL: the plain fp32 step of the whole batch). Resolved:
-     * no AUTO field; micro_batch 0 or >= train.batch is the whole batch. train.batch stays the
-     * effective batch: the loader delivers it, and its gradient (the loss normalised over all
-     * of it) is what the optimizer steps on, whatever the micro-batch. */
+    /* how the step fits into memory (NULL: the search's choice for the spec, under cost).
+     * Resolved: no AUTO field; micro_batch 0 or >= train.batch is the whole batch. train.batch
+     * stays the effective batch: the loader delivers it, and its gradient (the loss normalised
+     * over all of it) is what the optimizer steps on, whatever the micro-batch. */
     const struct strategy *strategy;
+    const struct cost_model *cost;  /* the search's cost model (NULL: the compiled-in one) */
 };
 
 enum train_result { TRAIN_DONE = 0, TRAIN_STOPPED = 1, TRAIN_FAILED = -1 };
@@ -81,46 +84,22 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
  * a regular file), or -1 when there is none */
 int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step);
 
-/* the training graph of spec built and planned exactly as train_run does (its strategy the
- * search's choice: train_search) (the job's bytes before
- * a byte is allocated, its sample grids included: p->total_bytes is the larger of the step and
- * the nested sampling plan, p->nested_bytes the latter's end); the caller frees g and p
- * (graph_free, plan_free) */
-int train_plan(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
-               struct plan *p, char *err, size_t errlen);
-/* A job's graphs and plans: the step at the micro-batch (g, p: p's reservation covers the two
- * nested plans), the uneven last micro-batch when micro does not divide train.batch (rg, rp:
- * the same model at `rest` samples, sharing p's parameters, gradients, moments and EMA,
- * plan_make_shared) and the sample grid (sg, sp: plan_make_nested over p's EMA). */
-struct train_plans {
-    int micro;                  /* samples per micro-batch (train.batch without micro-batches) */
-    int grid;                   /* images per forward of the sample grids (strategy.sample_batch,
-                                 * or min(output.samples, 16)) */
-    int rest;                   /* samples of the uneven last micro-batch; 0 when micro divides */
-    struct graph g, rg, sg;
-    struct unet_io io, rio, sio;
-    int target, rtarget;
-    struct plan p, rp, sp;
-};
-/* builds and plans them for spec s under strategy st (NULL: plain); on failure err says why.
- * train_plans_free frees them (also after a failure). */
-int train_plans_make(struct train_plans *tp, const struct train_spec *s,
-                     const struct strategy *st, char *err, size_t errlen);
-void train_plans_free(struct train_plans *tp);
+/* the spec's step as the engine plans it (its model, batch, sample grid and backend) */
+struct train_shape train_shape_of(const struct train_spec *s);
 
-/* train_plan that also returns the sampling part: the forward graph at the grid's batch
- * (min(output.samples, 16)) and its plan nested in p (weights read from p's EMA block,
- * plan_make_nested), already reserved in p (plan_reserve_nested). The caller frees all four,
- * also on failure. */
-int train_plan_job(const struct train_spec *s, struct graph *g, struct unet_io *io, int *target,
-                   struct plan *p, struct graph *sg, struct unet_io *sio, struct plan *sp,
-                   char *err, size_t errlen);
-/* The planner's search for s (engine/planner.h): its memory strategy against memory.vram_budget,
- * each candidate built and planned as train_plan_job does. plan_all: every candidate planned
- * (`ddpmd plan`). -1 with r->why in err when nothing fits (the smallest budget that would) or a
- * forced strategy cannot run; r is filled either way and freed with planner_result_free. */
-int train_search(const struct train_spec *s, int plan_all, struct planner_result *r, char *err,
-                 size_t errlen);
+/* The planner's search for s (train_plans_search): its memory strategy against
+ * memory.vram_budget, under cost model m (NULL: the compiled-in one). plan_all: every candidate
+ * planned (`ddpmd plan`). -1 with r->why in err when nothing fits (the smallest budget that
+ * would) or a forced strategy cannot run; r is filled either way and freed with
+ * planner_result_free. */
+int train_search(const struct train_spec *s, const struct cost_model *m, int plan_all,
+                 struct planner_result *r, char *err, size_t errlen);
+/* the job's step plan and sampling plan, built exactly as train_run does (its strategy the
+ * search's choice under m): p's reservation covers the nested grid sp (and the uneven last
+ * micro-batch, whose plan is dropped here); the caller frees all four, also on failure */
+int train_plan_job(const struct train_spec *s, const struct cost_model *m, struct graph *g,
+                   struct unet_io *io, int *target, struct plan *p, struct graph *sg,
+                   struct unet_io *sio, struct plan *sp, char *err, size_t errlen);
 /* a plan's bytes by part as JSON: {"device": {part: bytes}, "host": {...}, "device_bytes",
  * "host_bytes"} (part names: plan_part_name); NULL when out of memory */
 cJSON *train_parts_json(const struct plan_part_bytes *parts, size_t device, size_t host);
@@ -129,8 +108,9 @@ cJSON *train_parts_json(const struct plan_part_bytes *parts, size_t device, size
  * grid's chunk), predicted_step_seconds, planned, bound_bytes (unplanned ones a lower bound
  * ruled out), bytes, fits, failed, chosen}], chosen (index or null), why */
 cJSON *train_search_json(const struct planner_result *r, int batch);
-/* the cost model: bench/calibrate's file named by $DDPMD_COST_MODEL, else the defaults */
-int train_cost_model(struct cost_model *m, char *err, size_t errlen);
+/* the cost model: bench/calibrate's file at path (the edge reads $DDPMD_COST_MODEL), else (NULL
+ * or "") the compiled-in defaults; -1 with err naming DDPMD_COST_MODEL when the file is bad */
+int train_cost_model(struct cost_model *m, const char *path, char *err, size_t errlen);
 /* the grid's sampler: 50-step DDIM (leading spacing, eta 0) with the spec's prediction, its
  * steps clamped to the schedule's diffusion.timesteps (a valid spec may have fewer than 50) */
 void train_sampler_config(const struct train_spec *s, struct sampler_config *sc);

@@ -18,7 +18,7 @@
 #include "init.h"
 #include "plan.h"
 #include "safetensors.h"
-#include "sample.h"
+#include "generate.h"
 #include "sampler.h"
 
 #define FMC_FORMAT "ddpmd-fmnist-classifier"
@@ -465,7 +465,7 @@ static int fmc_quality(const struct fmc_quality_opts *o)
     struct safetensors *st = NULL;
     struct train_spec spec;
     struct ddpm_schedule sch;
-    struct sample_job sj;
+    struct generator sj;
     struct fmc_stats real, fake;
     float *img = NULL, *prob = NULL;
     int64_t step = 0;
@@ -523,8 +523,8 @@ static int fmc_quality(const struct fmc_quality_opts *o)
         fprintf(stderr, "fmnist_classifier: out of memory for %d samples\n", o->n);
         goto out;
     }
-    if (sample_job_init(&sj, &spec.model, batch, o->threads, NULL, err, sizeof err) ||
-        sample_job_load(&sj, st, 1, err, sizeof err)) {
+    if (generate_init(&sj, &spec.model, batch, o->threads, NULL, err, sizeof err) ||
+        checkpoint_load_generator(&sj, st, 1, err, sizeof err)) {
         fprintf(stderr, "fmnist_classifier: %s: %s\n", o->ckpt, err);
         goto out;
     }
@@ -533,7 +533,7 @@ static int fmc_quality(const struct fmc_quality_opts *o)
             "steps, seed %" PRIu64 ", batch %d\n",
             o->n, o->ckpt, step, o->steps, o->seed, batch);
     struct fmc_progress pg = {fmc_now(), 0};
-    if (sample_job_run(&sj, &sch, &sc, o->seed, o->n, img, fmc_sample_progress, &pg)) {
+    if (generate_run(&sj, &sch, &sc, o->seed, o->n, img, fmc_sample_progress, &pg)) {
         fprintf(stderr, "fmnist_classifier: sampling failed\n");
         goto out;
     }
@@ -578,7 +578,7 @@ static int fmc_quality(const struct fmc_quality_opts *o)
            pass_hist && pass_conf ? "PASS" : "FAIL");
     rc = pass_hist && pass_conf ? FMC_OK : FMC_QUALITY_FAIL;
 out:
-    sample_job_free(&sj);
+    generate_free(&sj);
     if (have_sch) ddpm_schedule_free(&sch);
     safetensors_free(st);
     dataset_free(test);

@@ -53,7 +53,9 @@ class Norm:
         s = re.sub(r"(?<![\w.])-?\d+\.\d+(e[-+]?\d+)?", "<f>", s)
         s = re.sub(r"(?<![\w.<])-?\d+e[-+]?\d+", "<f>", s)
         s = re.sub(r"(?<![\w.])\d{5,}", "<N>", s)
-        s = re.sub(r'"eta_s":\d+', '"eta_s":<s>', s)  # seconds left: whole, but a timing
+        # timings by their names, whole numbers too ("img_per_s":3 when 3.00 was written)
+        s = re.sub(r'"(img_per_s|images_per_s|step_s|eta_s|predicted_step_seconds)":-?[0-9<][^,}]*',
+                   r'"\1":<t>', s)
         return s
 
 
@@ -119,6 +121,7 @@ def main(exe):
                               r'\1\2<null or 1>,', body)
                 body = re.sub(r'^([^{]*\{[^{]*,)"device":(null|"cpu"),', r'\1"device":<null or "cpu">,', body)
                 body = re.sub(r'"started_at":(null|"<time>")', '"started_at":<null or time>', body)
+                body = re.sub(r'"starts":[01],', '"starts":<0 or 1>,', body)
             out.append("body: " + body)
         return r, raw
 

@@ -89,7 +89,7 @@ static int run_steps(const struct train_spec *s, size_t budget, size_t *high_wat
     char err[512];
     struct exec *e = NULL;
     float *h = NULL;
-    if (train_plan_job(s, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err)) {
+    if (train_plan_job(s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err)) {
         fprintf(stderr, "train_plan_job: %s\n", err);
         goto out;
     }
@@ -151,7 +151,7 @@ static void forced_over(const struct train_spec *s0, size_t budget, const char *
     int target;
     char err[512];
     struct exec *e = NULL;
-    if (train_plan_job(&s, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == 0) {
+    if (train_plan_job(&s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == 0) {
         struct exec_error xe = {0};
         struct exec_opts eo = {.threads = 2, .budget = budget, .init_error = &xe};
         size_t granted = rec_max_granted;
@@ -185,18 +185,22 @@ int main(void)
         for (size_t ib = 0; ib < 2; ib++) {
             struct train_spec s;
             small_spec(&s, presets[ip], batches[ib]);
-            struct graph g;
-            struct unet_io io;
+            struct graph g, sg;
+            struct unet_io io, sio;
             int target;
-            struct plan p;
+            struct plan p, sp;
             char err[512];
-            if (train_plan(&s, &g, &io, &target, &p, err, sizeof err)) {
-                CHECK(0, "train_plan: %s", err);
-                continue;
-            }
+            int bad = train_plan_job(&s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err,
+                                     sizeof err);
             size_t plain = p.total_bytes;
+            plan_free(&sp);
+            graph_free(&sg);
             plan_free(&p);
             graph_free(&g);
+            if (bad) {
+                CHECK(0, "train_plan_job: %s", err);
+                continue;
+            }
             const size_t budgets[] = {plain + (1 << 20), plain, plain - 1, 1 << 20};
             for (size_t k = 0; k < sizeof budgets / sizeof budgets[0]; k++) {
                 char name[96];
@@ -204,7 +208,7 @@ int main(void)
                          batches[ib], budgets[k]);
                 s.vram_budget = (int64_t)budgets[k];
                 struct planner_result r;
-                int rc = train_search(&s, 0, &r, err, sizeof err);
+                int rc = train_search(&s, NULL, 0, &r, err, sizeof err);
                 if (rc == 0) {
                     const struct planner_candidate *c = &r.cand[r.chosen];
                     CHECK(c->device_bytes <= budgets[k], "%s: chosen %zu bytes over the budget",

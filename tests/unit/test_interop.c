@@ -12,7 +12,7 @@
 #include "checkpoint.h"
 #include "cli.h"
 #include "image.h"
-#include "sample.h"
+#include "generate.h"
 #include "test_util.h"
 #include "train.h"
 
@@ -24,7 +24,7 @@ static int run(const char *cmd)
 }
 
 /* forward of a loaded sample job on fixed x, t */
-static int forward(struct sample_job *j, const float *x, const float *t, float *out)
+static int forward(struct generator *j, const float *x, const float *t, float *out)
 {
     return exec_upload(j->e, j->io.x, x) || exec_upload(j->e, j->io.t, t) ||
            exec_forward(j->e, NULL) || exec_download(j->e, j->io.out, out);
@@ -54,9 +54,9 @@ static void seed_import(const char *dir)
     c.image_size = 16;
     c.base = 8;
     c.time_dim = 32;
-    struct sample_job j;
-    CHECK(sample_job_init(&j, &c, 2, 2, NULL, err, sizeof err) == 0, "%s", err);
-    CHECK(sample_job_load(&j, st, 0, err, sizeof err) == 0, "load: %s", err);
+    struct generator j;
+    CHECK(generate_init(&j, &c, 2, 2, NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(checkpoint_load_generator(&j, st, 0, err, sizeof err) == 0, "load: %s", err);
     float x[512], t[2], y[512], want[512];
     CHECK(safetensors_read_f32(ref, "x", x, 512, err, sizeof err) == 0 &&
               safetensors_read_f32(ref, "t", t, 2, err, sizeof err) == 0 &&
@@ -67,9 +67,9 @@ static void seed_import(const char *dir)
     printf("seed import: output rel err vs PyTorch %.3g\n", rel);
     CHECK(rel <= 1e-5, "imported seed model differs from PyTorch: %.3g", rel);
     /* asking for EMA weights that the file does not have is a clear error */
-    CHECK(sample_job_load(&j, st, 1, err, sizeof err) != 0 && strstr(err, "ema."),
+    CHECK(checkpoint_load_generator(&j, st, 1, err, sizeof err) != 0 && strstr(err, "ema."),
           "missing EMA: '%s'", err);
-    sample_job_free(&j);
+    generate_free(&j);
 out:
     safetensors_free(ref);
     safetensors_free(st);
@@ -117,9 +117,9 @@ static void diffusers_export(const char *dir)
     /* ddpmd's own output of the EMA weights on a fixed input, for the Python side */
     struct safetensors *st = NULL;
     CHECK(checkpoint_open(&st, ckpt, NULL, NULL, err, sizeof err) == 0, "%s", err);
-    struct sample_job j;
-    CHECK(sample_job_init(&j, &s.model, 2, 2, NULL, err, sizeof err) == 0 &&
-              sample_job_load(&j, st, 1, err, sizeof err) == 0,
+    struct generator j;
+    CHECK(generate_init(&j, &s.model, 2, 2, NULL, err, sizeof err) == 0 &&
+              checkpoint_load_generator(&j, st, 1, err, sizeof err) == 0,
           "%s", err);
     float x[512], t[2] = {3.0f, 777.0f}, y[512];
     for (int k = 0; k < 512; k++) x[k] = sinf(0.37f * k);
@@ -135,7 +135,7 @@ static void diffusers_export(const char *dir)
     snprintf(p, sizeof p, "%s/ref.safetensors", exp);
     CHECK(safetensors_writer_save(w, p, err, sizeof err) == 0, "%s", err);
     safetensors_writer_free(w);
-    sample_job_free(&j);
+    generate_free(&j);
     safetensors_free(st);
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/parity/check_export.py %s", exp);
     CHECK(run(cmd) == 0, "the exported model does not load into UNet2DModel or differs");

@@ -12,7 +12,7 @@
 #include "exec.h"
 #include "init.h"
 #include "plan.h"
-#include "sample.h"
+#include "generate.h"
 #include "sampler.h"
 #include "spec.h"
 #include "test_util.h"
@@ -80,14 +80,14 @@ static int upload_params(struct exec *e, const struct graph *g, uint64_t seed,
     return 0;
 }
 
-static int sample_through(struct sample_job *j, const struct ddpm_schedule *sch, int n,
+static int sample_through(struct generator *j, const struct ddpm_schedule *sch, int n,
                           float *out)
 {
     struct sampler_config sc;
     sampler_config_default(&sc);
     sc.steps = 2;
     sc.eta = 0.5f; /* the noise path too */
-    return sample_job_run(j, sch, &sc, 7, n, out, NULL, NULL);
+    return generate_run(j, sch, &sc, 7, n, out, NULL, NULL);
 }
 
 /* 1. bytes by part, statistics' lifetimes, bit-identical sampling */
@@ -144,8 +144,8 @@ static void inference_plan(const struct unet_config *m, const struct ddpm_schedu
           inf.last[io.out], g.n_ops);
 
     /* the same weights through both plans; the new one with poison and canaries */
-    struct sample_job jo = {.g = g, .io = io, .p = old, .batch = batch, .model = *m};
-    struct sample_job ji = jo;
+    struct generator jo = {.g = g, .io = io, .p = old, .batch = batch, .model = *m};
+    struct generator ji = jo;
     ji.p = inf;
     struct exec_opts eo = {.threads = 1};
     struct exec_opts ei = {.threads = 1, .poison = 1, .check_guards = 1};
@@ -182,8 +182,8 @@ static void inference_plan(const struct unet_config *m, const struct ddpm_schedu
           "inference forward");
     CHECK(memcmp(fa, fb, (size_t)batch * per * sizeof *fa) == 0,
           "forward output differs between the plans");
-    CHECK(sample_through(&jo, sch, n, a) == SAMPLE_OK, "old sampling");
-    CHECK(sample_through(&ji, sch, n, b) == SAMPLE_OK, "inference sampling");
+    CHECK(sample_through(&jo, sch, n, a) == GENERATE_OK, "old sampling");
+    CHECK(sample_through(&ji, sch, n, b) == GENERATE_OK, "inference sampling");
     CHECK(memcmp(a, b, (size_t)n * per * sizeof *a) == 0, "samples differ between the plans");
     double sum = 0;
     for (size_t i = 0; i < (size_t)n * per; i++) sum += a[i] < 0 ? -a[i] : a[i];
@@ -282,19 +282,19 @@ static void nested_sampling(const struct unet_config *m, const struct ddpm_sched
     CHECK(exec_init_nested(&sub, &sg, &sp, host, &so) == 0 && n_allocs == 0,
           "nested exec (%d allocations)", n_allocs);
     if (!sub) goto free_bufs;
-    struct sample_job jn = {.g = sg, .io = sio, .p = sp, .e = sub, .batch = sbatch, .model = *m};
-    CHECK(sample_through(&jn, sch, n, a) == SAMPLE_OK, "nested sampling");
+    struct generator jn = {.g = sg, .io = sio, .p = sp, .e = sub, .batch = sbatch, .model = *m};
+    CHECK(sample_through(&jn, sch, n, a) == GENERATE_OK, "nested sampling");
     CHECK(tail_intact(), "a byte past the reservation was written");
 
     /* the reference: a standalone sampling job given the EMA weights from their seed (not read
      * back from the host, whose EMA block a misplaced nested plan could have changed) */
-    struct sample_job js = {.g = sg, .io = sio, .p = ref, .batch = sbatch, .model = *m};
+    struct generator js = {.g = sg, .io = sio, .p = ref, .batch = sbatch, .model = *m};
     CHECK(exec_init(&solo, &sg, &ref, backend_cpu(), &(struct exec_opts){.threads = 1}) == 0,
           "standalone exec");
     if (!solo) goto free_bufs;
     js.e = solo;
     CHECK(upload_params(solo, &sg, 2, EXEC_PART_WEIGHT) == 0, "the EMA weights (seed 2)");
-    CHECK(sample_through(&js, sch, n, b) == SAMPLE_OK, "standalone sampling");
+    CHECK(sample_through(&js, sch, n, b) == GENERATE_OK, "standalone sampling");
     CHECK(memcmp(a, b, (size_t)n * per * sizeof *a) == 0,
           "nested samples differ from a standalone job's with the EMA weights");
 
@@ -336,22 +336,22 @@ static void grid_chunks(const struct unet_config *m, const struct ddpm_schedule 
     float *img[3] = {NULL, NULL, NULL};
     double most = 0;
     for (int k = 0; k < 3; k++) {
-        struct sample_job j;
+        struct generator j;
         char err[256];
-        if (sample_job_init(&j, m, chunk[k], 1, NULL, err, sizeof err)) {
+        if (generate_init(&j, m, chunk[k], 1, NULL, err, sizeof err)) {
             CHECK(0, "chunk %d: %s", chunk[k], err);
             continue;
         }
         size_t per = j.g.tensors[j.io.x]->numel / (size_t)chunk[k];
         img[k] = malloc(N * per * sizeof *img[k]);
         CHECK(img[k] && upload_params(j.e, &j.g, 3, EXEC_PART_WEIGHT) == 0 &&
-                  sample_through(&j, sch, N, img[k]) == SAMPLE_OK,
+                  sample_through(&j, sch, N, img[k]) == GENERATE_OK,
               "sampling in chunks of %d", chunk[k]);
         for (size_t e = 0; k > 0 && img[0] && img[k] && e < N * per; e++) {
             double d = fabs((double)img[k][e] - img[0][e]);
             if (d > most) most = d;
         }
-        sample_job_free(&j);
+        generate_free(&j);
     }
     printf("a grid of %d images in chunks of 6, 4 and 1: the largest difference %.3g\n", N,
            most);

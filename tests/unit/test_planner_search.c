@@ -40,15 +40,16 @@ static void exact_bytes(const struct train_spec *base)
     struct planner_result all, tight;
     char err[512];
     s.vram_budget = 0;
-    CHECK(train_search(&s, 1, &all, err, sizeof err) == 0, "plan_all: %s", err);
+    CHECK(train_search(&s, NULL, 1, &all, err, sizeof err) == 0, "plan_all: %s", err);
     s.vram_budget = 1 << 20;
-    train_search(&s, 0, &tight, err, sizeof err);
+    train_search(&s, NULL, 0, &tight, err, sizeof err);
     int checked = 0, bounded = 0;
     for (int i = 0; i < all.n_cand; i++) {
         const struct planner_candidate *c = &all.cand[i];
         if (!c->planned) continue;
         struct train_plans tp;
-        int rc = train_plans_make(&tp, &s, &c->strategy, err, sizeof err);
+        struct train_shape sh = train_shape_of(&s);
+        int rc = train_plans_make(&tp, &sh, &c->strategy, err, sizeof err);
         char what[200];
         planner_strategy_text(&c->strategy, s.batch, what, sizeof what);
         CHECK(rc == 0 && tp.p.total_bytes == c->device_bytes && tp.p.host_bytes == c->host_bytes &&
@@ -93,14 +94,15 @@ static void grid_chunks(const struct train_spec *base)
     struct train_plans full, one;
     struct strategy st = s.strategy;
     st.sample_batch = 1;
-    CHECK(train_plans_make(&full, &s, &s.strategy, err, sizeof err) == 0 &&
-              train_plans_make(&one, &s, &st, err, sizeof err) == 0,
+    struct train_shape sh = train_shape_of(&s);
+    CHECK(train_plans_make(&full, &sh, &s.strategy, err, sizeof err) == 0 &&
+              train_plans_make(&one, &sh, &st, err, sizeof err) == 0,
           "plans: %s", err);
     CHECK(full.grid == 16 && one.grid == 1 && full.p.total_bytes > one.p.total_bytes,
           "grids of 16 and 1: %zu and %zu bytes", full.p.total_bytes, one.p.total_bytes);
     s.vram_budget = (int64_t)full.p.total_bytes - 1;
     struct planner_result r;
-    CHECK(train_search(&s, 0, &r, err, sizeof err) == 0 && r.chosen >= 0, "search: %s", err);
+    CHECK(train_search(&s, NULL, 0, &r, err, sizeof err) == 0 && r.chosen >= 0, "search: %s", err);
     if (r.chosen >= 0) {
         const struct planner_candidate *c = &r.cand[r.chosen];
         CHECK(c->strategy.sample_batch >= 1 && c->strategy.sample_batch < 16 &&
@@ -118,17 +120,20 @@ int main(void)
     struct train_spec s;
     small_spec(&s);
     char err[512];
-    struct graph g;
-    struct unet_io io;
+    struct graph g, sg;
+    struct unet_io io, sio;
     int target;
-    struct plan p;
-    CHECK(train_plan(&s, &g, &io, &target, &p, err, sizeof err) == 0, "train_plan: %s", err);
+    struct plan p, sp;
+    CHECK(train_plan_job(&s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == 0,
+          "train_plan_job: %s", err);
     size_t total = p.total_bytes;
+    plan_free(&sp);
+    graph_free(&sg);
     plan_free(&p);
     graph_free(&g);
 
     struct planner_result r;
-    CHECK(train_search(&s, 1, &r, err, sizeof err) == 0 && r.chosen >= 0, "no budget: %s", err);
+    CHECK(train_search(&s, NULL, 1, &r, err, sizeof err) == 0 && r.chosen >= 0, "no budget: %s", err);
     int half_seen = 0, order_ok = 1;
     for (int i = 0; i < r.n_cand; i++) {
         CHECK(planner_available(&r.cand[i].strategy, s.batch),
@@ -167,10 +172,11 @@ int main(void)
             fprintf(f, "half %s 20\n", cost_class_name((enum cost_class)c));
         fprintf(f, "convert 1e-13\n");
         fclose(f);
-        setenv("DDPMD_COST_MODEL", cm, 1);
+        struct cost_model m;
+        CHECK(train_cost_model(&m, cm, err, sizeof err) == 0, "the cost model: %s", err);
         for (int allow = 0; allow < 2; allow++) {
             s.strategy.allow_half = allow;
-            CHECK(train_search(&s, 1, &r, err, sizeof err) == 0 && r.chosen == 0,
+            CHECK(train_search(&s, &m, 1, &r, err, sizeof err) == 0 && r.chosen == 0,
                   "allow_16bit %d: %s", allow, err);
             int sorted = 1, precs = 0;
             for (int i = 0; i < r.n_cand; i++) {
@@ -182,13 +188,12 @@ int main(void)
             CHECK(!allow || sorted, "allow_16bit: candidates not in one order by prediction");
             planner_result_free(&r);
         }
-        unsetenv("DDPMD_COST_MODEL");
         unlink(cm);
         s.strategy.allow_half = 0;
     }
 
     s.vram_budget = (int64_t)total;
-    CHECK(train_search(&s, 0, &r, err, sizeof err) == 0 && r.chosen >= 0 &&
+    CHECK(train_search(&s, NULL, 0, &r, err, sizeof err) == 0 && r.chosen >= 0 &&
               r.cand[r.chosen].fits && r.cand[r.chosen].device_bytes <= total,
           "a budget of exactly the plan's bytes: %s", err);
     planner_result_free(&r);
@@ -196,7 +201,7 @@ int main(void)
     /* one byte short of the plain plan: another candidate (micro-batches, recomputation,
      * offload) fits, or, if none does, the search says so */
     s.vram_budget = (int64_t)total - 1;
-    if (train_search(&s, 0, &r, err, sizeof err) == 0) {
+    if (train_search(&s, NULL, 0, &r, err, sizeof err) == 0) {
         const struct planner_candidate *c = &r.cand[r.chosen];
         CHECK(c->device_bytes < total && c->fits &&
                   !(c->strategy.micro_batch == s.batch &&
@@ -209,7 +214,7 @@ int main(void)
 
     /* 1 MiB: nothing fits; every candidate planned, the smallest named with its bytes */
     s.vram_budget = 1 << 20;
-    int nofit = train_search(&s, 0, &r, err, sizeof err);
+    int nofit = train_search(&s, NULL, 0, &r, err, sizeof err);
     char want[64] = "";
     if (r.smallest >= 0) snprintf(want, sizeof want, "(%zu bytes)", r.cand[r.smallest].device_bytes);
     CHECK(nofit == -1 && r.chosen < 0 && r.smallest >= 0 && strstr(err, "no plan fits") &&
@@ -228,11 +233,8 @@ int main(void)
     grid_chunks(&s);
 
     /* a train_plan_job under that budget fails the same way (the job ends before allocating) */
-    struct graph sg;
-    struct unet_io sio;
-    struct plan sp;
     err[0] = 0;
-    CHECK(train_plan_job(&s, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == -1 &&
+    CHECK(train_plan_job(&s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == -1 &&
               strstr(err, want),
           "train_plan_job under a budget too small: '%s'", err);
     plan_free(&sp);
@@ -263,7 +265,7 @@ int main(void)
         if (forced[i].recompute >= 0) probe.recompute = forced[i].recompute;
         if (forced[i].offload >= 0) probe.offload = forced[i].offload;
         if (forced[i].micro) probe.micro_batch = forced[i].micro;
-        int rc = train_search(&s, 0, &r, err, sizeof err);
+        int rc = train_search(&s, NULL, 0, &r, err, sizeof err);
         if (planner_available(&probe, s.batch)) {
             CHECK(rc == 0 && r.chosen >= 0 &&
                       (forced[i].precision < 0 ||

@@ -68,7 +68,7 @@ int main(void)
         struct train_spec s = base;
         s.vram_budget = budgets[k].bytes;
         struct planner_result r;
-        int rc = train_search(&s, 0, &r, err, sizeof err);
+        int rc = train_search(&s, NULL, 0, &r, err, sizeof err);
         CHECK(rc == 0, "%s: no plan found: %s", budgets[k].name, err);
         if (rc) {
             planner_result_free(&r);

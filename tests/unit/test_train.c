@@ -22,7 +22,7 @@
 #include "checkpoint.h"
 #include "image.h"
 #include "philox.h"
-#include "sample.h"
+#include "generate.h"
 #include "test_util.h"
 #include "test_train_util.h"
 #include "train.h"
@@ -339,14 +339,14 @@ int main(void)
     sampler_config_default(&sc);
     sc.steps = 10;
     float img1[4 * 256], img2[4 * 256];
-    struct sample_job j1, j2;
-    CHECK(sample_job_init(&j1, &ss.model, 4, 2, NULL, err, sizeof err) == 0 &&
-              sample_job_load(&j1, st, 1, err, sizeof err) == 0 &&
-              sample_job_run(&j1, &sch, &sc, 7, 4, img1, NULL, NULL) == 0,
+    struct generator j1, j2;
+    CHECK(generate_init(&j1, &ss.model, 4, 2, NULL, err, sizeof err) == 0 &&
+              checkpoint_load_generator(&j1, st, 1, err, sizeof err) == 0 &&
+              generate_run(&j1, &sch, &sc, 7, 4, img1, NULL, NULL) == 0,
           "sample batch 4: %s", err);
-    CHECK(sample_job_init(&j2, &ss.model, 3, 2, NULL, err, sizeof err) == 0 &&
-              sample_job_load(&j2, st, 1, err, sizeof err) == 0 &&
-              sample_job_run(&j2, &sch, &sc, 7, 4, img2, NULL, NULL) == 0,
+    CHECK(generate_init(&j2, &ss.model, 3, 2, NULL, err, sizeof err) == 0 &&
+              checkpoint_load_generator(&j2, st, 1, err, sizeof err) == 0 &&
+              generate_run(&j2, &sch, &sc, 7, 4, img2, NULL, NULL) == 0,
           "sample batch 3: %s", err);
     double d = 0;
     for (int i = 0; i < 4 * 256; i++) d = fmax(d, fabs(img1[i] - img2[i]));
@@ -356,11 +356,11 @@ int main(void)
     volatile sig_atomic_t flag = 0;
     struct stop_after_ctx sctx = {&flag, 3, 0};
     sc.stop = &flag;
-    CHECK(sample_job_run(&j2, &sch, &sc, 7, 4, img2, stop_at, &sctx) == SAMPLE_STOPPED &&
+    CHECK(generate_run(&j2, &sch, &sc, 7, 4, img2, stop_at, &sctx) == GENERATE_STOPPED &&
               sctx.last == 3,
           "a stop during sampling: %d of %d steps ran", sctx.last, 2 * sc.steps);
-    sample_job_free(&j1);
-    sample_job_free(&j2);
+    generate_free(&j1);
+    generate_free(&j2);
     ddpm_schedule_free(&sch);
     safetensors_free(st);
 

@@ -16,7 +16,7 @@
 #include "checkpoint.h"
 #include "image.h"
 #include "philox.h"
-#include "sample.h"
+#include "generate.h"
 #include "test_util.h"
 #include "test_train_util.h"
 #include "train.h"
@@ -147,7 +147,7 @@ static int standalone_grid(const struct train_spec *s, const char *out, int step
     struct safetensors *st = NULL;
     struct train_spec saved;
     struct ddpm_schedule sch = {0};
-    struct sample_job sj;
+    struct generator sj;
     memset(&sj, 0, sizeof sj);
     int n = s->samples, batch = n < 16 ? n : 16, rc = -1;
     float *img = malloc((size_t)n * 256 * sizeof *img);
@@ -156,9 +156,9 @@ static int standalone_grid(const struct train_spec *s, const char *out, int step
     if (!img || checkpoint_open(&st, path, &saved, NULL, err, sizeof err) ||
         ddpm_schedule_init(&sch, saved.timesteps, saved.beta_schedule, saved.beta_start,
                            saved.beta_end) ||
-        sample_job_init(&sj, &saved.model, batch, saved.threads, NULL, err, sizeof err) ||
-        sample_job_load(&sj, st, 1, err, sizeof err) ||
-        sample_job_run(&sj, &sch, &sc, saved.seed, n, img, NULL, NULL) != SAMPLE_OK ||
+        generate_init(&sj, &saved.model, batch, saved.threads, NULL, err, sizeof err) ||
+        checkpoint_load_generator(&sj, st, 1, err, sizeof err) ||
+        generate_run(&sj, &sch, &sc, saved.seed, n, img, NULL, NULL) != GENERATE_OK ||
         image_save_grid_png(png, img, n, 1, 16, 16, (int)ceil(sqrt((double)n)), 2, err,
                             sizeof err)) {
         fprintf(stderr, "standalone sampling of %s: %s\n", path, err);
@@ -166,7 +166,7 @@ static int standalone_grid(const struct train_spec *s, const char *out, int step
     }
     rc = 0;
 out:
-    sample_job_free(&sj);
+    generate_free(&sj);
     ddpm_schedule_free(&sch);
     safetensors_free(st);
     free(img);
@@ -201,7 +201,7 @@ int main(void)
     struct unet_io io, sio;
     struct plan p, sp;
     int target;
-    CHECK(train_plan_job(&s, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == 0, "%s",
+    CHECK(train_plan_job(&s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == 0, "%s",
           err);
     size_t total = p.total_bytes;
     CHECK(sp.nested && sp.inference && p.nested_bytes == sp.total_bytes &&
@@ -212,8 +212,11 @@ int main(void)
     graph_free(&sg);
     plan_free(&p);
     graph_free(&g);
-    CHECK(train_plan(&s, &g, &io, &target, &p, err, sizeof err) == 0 && p.total_bytes == total,
-          "train_plan (pool admission) holds %zu bytes, the job %zu", p.total_bytes, total);
+    CHECK(train_plan_job(&s, NULL, &g, &io, &target, &p, &sg, &sio, &sp, err, sizeof err) == 0 &&
+              p.total_bytes == total,
+          "train_plan_job again holds %zu bytes, the job %zu", p.total_bytes, total);
+    plan_free(&sp);
+    graph_free(&sg);
     /* the job's plan print (train_run's, before the first step) names the sampling part */
     char *txt = NULL;
     size_t tlen = 0;

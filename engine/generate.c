@@ -1,16 +1,16 @@
-/* sample.c - the sampling loop over a forward-only graph. Noise is Philox(seed, SAMPLER,
- * step, image, element), so the same seed gives the same images at any batch size. */
-#include "sample.h"
+/* generate.c - images from a model (see generate.h): the forward-only graph, its plan and the
+ * denoising loop. Noise is Philox(seed, SAMPLER, step, image, element), so the same seed gives
+ * the same images at any batch size. */
+#include "generate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_load.h"
-#include "checkpoint.h"
 #include "philox.h"
 
-int sample_plan(const struct unet_config *model, int batch, const struct backend *bk,
+int generate_plan(const struct unet_config *model, int batch, const struct backend *bk,
                 struct graph *g, struct unet_io *io, struct plan *p, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
@@ -26,20 +26,7 @@ int sample_plan(const struct unet_config *model, int batch, const struct backend
     return 0;
 }
 
-int sample_plan_bytes(const struct unet_config *model, int batch, const struct backend *bk,
-                      int64_t *bytes, char *err, size_t errlen)
-{
-    struct graph g;
-    struct unet_io io;
-    struct plan p;
-    int rc = sample_plan(model, batch, bk, &g, &io, &p, err, errlen);
-    *bytes = rc ? 0 : (int64_t)p.total_bytes;
-    plan_free(&p);
-    graph_free(&g);
-    return rc;
-}
-
-int sample_job_plan_nested(const struct unet_config *model, int batch, const struct plan *host,
+int generate_plan_nested(const struct unet_config *model, int batch, const struct plan *host,
                            const struct graph *host_g, const struct backend *bk, struct graph *g,
                            struct unet_io *io, struct plan *p, char *err, size_t errlen)
 {
@@ -58,12 +45,12 @@ int sample_job_plan_nested(const struct unet_config *model, int batch, const str
     return 0;
 }
 
-void sample_job_bind_nested(struct sample_job *view, const struct graph *g,
+void generate_bind_nested(struct generator *view, const struct graph *g,
                             const struct unet_io *io, const struct plan *p, struct exec *e,
                             int batch, const struct unet_config *model)
 {
     memset(view, 0, sizeof *view);
-    /* shallow copies: sample_job_run reads them; the owner frees the originals */
+    /* shallow copies: generate_run reads them; the owner frees the originals */
     view->g = *g;
     view->io = *io;
     view->p = *p;
@@ -73,13 +60,13 @@ void sample_job_bind_nested(struct sample_job *view, const struct graph *g,
     view->view = 1;
 }
 
-int sample_job_init(struct sample_job *j, const struct unet_config *model, int batch,
+int generate_init(struct generator *j, const struct unet_config *model, int batch,
                     int threads, const struct backend *bk, char *err, size_t errlen)
 {
     memset(j, 0, sizeof *j);
     j->batch = batch;
     j->model = *model;
-    if (sample_plan(model, batch, bk, &j->g, &j->io, &j->p, err, errlen)) goto fail;
+    if (generate_plan(model, batch, bk, &j->g, &j->io, &j->p, err, errlen)) goto fail;
     struct exec_error ie = {0};
     struct exec_opts eo = {.threads = threads, .init_error = &ie};
     if (exec_init(&j->e, &j->g, &j->p, backend_or_cpu(bk), &eo)) {
@@ -89,11 +76,11 @@ int sample_job_init(struct sample_job *j, const struct unet_config *model, int b
     }
     return 0;
 fail:
-    sample_job_free(j);
+    generate_free(j);
     return -1;
 }
 
-void sample_job_free(struct sample_job *j)
+void generate_free(struct generator *j)
 {
     if (j->view) {
         memset(j, 0, sizeof *j);
@@ -105,7 +92,7 @@ void sample_job_free(struct sample_job *j)
     memset(j, 0, sizeof *j);
 }
 
-int sample_job_copy_weights(struct sample_job *j, struct exec *train, const struct graph *tg,
+int generate_copy_weights(struct generator *j, struct exec *train, const struct graph *tg,
                             int from_ema)
 {
     if (j->view) return -1;
@@ -127,21 +114,11 @@ int sample_job_copy_weights(struct sample_job *j, struct exec *train, const stru
     return rc ? -1 : 0;
 }
 
-int sample_job_load(struct sample_job *j, const struct safetensors *st, int from_ema, char *err,
-                    size_t errlen)
-{
-    if (j->view) {
-        snprintf(err, errlen, "a training job's sampling view reads its EMA: nothing to load");
-        return -1;
-    }
-    return checkpoint_apply(st, j->e, &j->g, CHECKPOINT_WEIGHTS, from_ema, err, errlen);
-}
-
-int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
+int generate_run(struct generator *j, const struct ddpm_schedule *sch,
                    const struct sampler_config *sc, uint64_t seed, int n, float *out,
                    void (*progress)(int done, int total, void *ctx), void *ctx)
 {
-    int T = sch->T, rc = SAMPLE_FAILED;
+    int T = sch->T, rc = GENERATE_FAILED;
     int *ts = malloc((size_t)T * sizeof *ts);
     size_t per = j->g.tensors[j->io.x]->numel / (size_t)j->batch;
     size_t bytes = (size_t)j->batch * per * sizeof(float);
@@ -161,7 +138,7 @@ int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
             int t = ts[k], t_prev = k + 1 < nts ? ts[k + 1] : -1;
             /* a stop lands between two denoising steps: one forward is the longest wait */
             if (sampler_stop_requested(sc)) {
-                rc = SAMPLE_STOPPED;
+                rc = GENERATE_STOPPED;
                 goto out;
             }
             for (int i = 0; i < j->batch; i++) tf[i] = (float)t;
@@ -185,7 +162,7 @@ int sample_job_run(struct sample_job *j, const struct ddpm_schedule *sch,
             out[(size_t)first * per + e] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
         }
     }
-    rc = SAMPLE_OK;
+    rc = GENERATE_OK;
 out:
     free(ts);
     free(x);
