@@ -428,21 +428,22 @@ static enum MHD_Result h_train(struct ctx *c)
                        (const char *const[]){"Retry-After", "10", NULL});
     enum MHD_Result ires;
     if (idem_begin(c, "POST /train", &ires)) return ires;
-    const char *body = c->r->body ? c->r->body : "";
-    /* the parse end through the out-parameter: cJSON_GetErrorPtr is one global for all threads */
-    const char *at = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, c->r->len, &at, 0);
-    if (!root) {
+    /* the body parsed once: the spec, and "webhook" beside it ({"url", "events"}) */
+    static const char *const extra[] = {"webhook", NULL};
+    struct train_spec spec;
+    struct spec_errors es;
+    cJSON *extras = NULL;
+    int spec_bad = spec_parse_request(c->r->body ? c->r->body : "", c->r->len, extra, &extras,
+                                      &spec, &es);
+    if (es.syntax) {
         char detail[200];
-        size_t off = at && at >= body ? (size_t)(at - body) : 0;
-        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)", off,
-                 c->r->len);
+        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)",
+                 es.syntax_at, c->r->len);
+        cJSON_Delete(extras);
         return problem(c->conn, 400, "malformed-json", detail, NULL, NULL);
     }
-    /* "webhook" beside the spec: {"url", "events"}; the spec itself is parsed without it */
     struct webhook_sub sub;
-    cJSON *wh = cJSON_IsObject(root) ? cJSON_DetachItemFromObjectCaseSensitive(root, "webhook") : NULL;
-    char *spec_text = NULL;
+    const cJSON *wh = cJSON_GetObjectItemCaseSensitive(extras, "webhook");
     int hook = wh != NULL;
     if (wh) {
         char wpath[64], wmsg[200];
@@ -450,24 +451,12 @@ static enum MHD_Result h_train(struct ctx *c)
                   webhook_parse(c->a->cfg.webhook, wh, &sub, wpath, sizeof wpath, wmsg, sizeof wmsg);
         if (!c->a->cfg.webhook) snprintf(wpath, sizeof wpath, "webhook"),
                                 snprintf(wmsg, sizeof wmsg, "this server sends no webhooks");
-        cJSON_Delete(wh);
         if (bad) {
-            cJSON_Delete(root);
+            cJSON_Delete(extras);
             return invalid(c->conn, 422, wpath, wmsg);
         }
-        spec_text = cJSON_PrintUnformatted(root);
-        if (!spec_text) {
-            cJSON_Delete(root);
-            return MHD_NO;
-        }
-        body = spec_text;
     }
-    cJSON_Delete(root);
-    struct train_spec spec, child;
-    struct spec_errors es;
-    int spec_bad = spec_parse(body, &spec, &es);
-    free(spec_text);
-    body = NULL;
+    cJSON_Delete(extras);
     if (spec_bad) {
         cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "errors");
         for (int i = 0; i < es.n; i++) {
@@ -482,28 +471,33 @@ static enum MHD_Result h_train(struct ctx *c)
                  es.n ? es.e[0].msg : "");
         return problem(c->conn, 422, "validation", detail, o, NULL);
     }
-    child = spec;
     /* over HTTP a job names data by id, never by a path on the server's disk: the built-in
      * fashion-mnist or an upload the caller can see, whose images/ folder the child reads */
+    char data_path[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
+    struct pool_train job = {.spec = &spec};
     int uploaded = strcmp(spec.dataset, "fashion-mnist") != 0;
     if (uploaded) {
         cJSON *d = upload_id_valid(spec.dataset) ? upload_json(c, spec.dataset) : NULL;
         int visible = d && upload_visible(c, d);
         cJSON_Delete(d);
-        char path[FSIO_PATH_MAX];
         if (!visible ||
-            upload_dataset_path(data_dir(c), spec.dataset, "images", path, sizeof path) ||
-            strlen(path) >= sizeof child.dataset)
+            upload_dataset_path(data_dir(c), spec.dataset, "images", data_path,
+                                sizeof data_path) ||
+            strlen(data_path) >= SPEC_PATH_MAX)
             return invalid(c->conn, 422, "data.dataset",
                            "unknown dataset id: \"fashion-mnist\" or an uploaded dataset's id "
                            "(GET /datasets lists them; a server path is never accepted over HTTP)");
-        memcpy(child.dataset, path, strlen(path) + 1);
+        job.dataset_dir = data_path;
     }
-    char host_why[400]; /* the decoded dataset must fit this host: refused before any planning */
-    if (spec_host_check(&child, host_why, sizeof host_why))
+    /* the decoded dataset must fit this host: refused before any planning (an upload is
+     * counted in its folder, the spec keeps its id) */
+    struct train_spec at = spec;
+    char host_why[400];
+    if (uploaded) memcpy(at.dataset, data_path, strlen(data_path) + 1);
+    if (spec_host_check(&at, host_why, sizeof host_why))
         return invalid(c->conn, 422, "data.dataset", host_why);
     if (spec.init_from[0]) {
-        char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
+        char jid[JOBS_ID_LEN];
         int64_t step;
         struct job_row src;
         struct stat sb;
@@ -514,12 +508,13 @@ static enum MHD_Result h_train(struct ctx *c)
         int rc = jobs_get(c->a->cfg.db, jid, &src);
         int visible = rc == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0);
         job_row_free(&src);
-        if (!visible || pool_checkpoint_path(c->a->cfg.pool, jid, step, path, sizeof path) ||
-            stat(path, &sb) || !S_ISREG(sb.st_mode))
+        if (!visible ||
+            pool_checkpoint_path(c->a->cfg.pool, jid, step, init_path, sizeof init_path) ||
+            stat(init_path, &sb) || !S_ISREG(sb.st_mode))
             return invalid(c->conn, 422, "init_from", "no such checkpoint");
-        if (strlen(path) >= sizeof child.init_from)
+        if (strlen(init_path) >= SPEC_PATH_MAX)
             return invalid(c->conn, 422, "init_from", "the checkpoint's path is too long");
-        memcpy(child.init_from, path, strlen(path) + 1);
+        job.init_path = init_path;
     }
     struct pool_admission adm = {0};
     char id[JOBS_ID_LEN], err[1024];
@@ -527,16 +522,16 @@ static enum MHD_Result h_train(struct ctx *c)
     if (uploaded) upload_lock();
     /* the job's events are looked up for its webhook only once it is stored (webhook.h) */
     if (hook) webhook_lock(c->a->cfg.webhook);
-    int still = !uploaded || access(child.dataset, F_OK) == 0;
-    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &spec,
-                                 &child, &adm, id, err, sizeof err)
+    int still = !uploaded || access(data_path, F_OK) == 0;
+    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &job,
+                                 &adm, id, err, sizeof err)
                    : 0;
     int wrc = hook && still && rc == 0 ? webhook_register(c->a->cfg.webhook, id, &sub, err, sizeof err) : 0;
     if (hook) webhook_unlock(c->a->cfg.webhook);
     if (uploaded) upload_unlock();
     if (!still) return invalid(c->conn, 422, "data.dataset", "the dataset was deleted");
     if (rc) return submit_refused(c, rc, &adm, err, "model");
-    free(adm.plans);
+    cJSON_Delete(adm.plans);
     if (wrc) { /* queued already: it runs, and says why it sends nothing */
         char line[700];
         snprintf(line, sizeof line, "{\"event\":\"register\",\"ok\":false,\"error\":\"the webhook "
@@ -663,8 +658,7 @@ static enum MHD_Result send_problem_errors(struct ctx *c, cJSON *o)
 static enum MHD_Result submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                       const char *err, const char *plan_path)
 {
-    cJSON *plans = adm->plans ? cJSON_Parse(adm->plans) : NULL;
-    free(adm->plans);
+    cJSON *plans = adm->plans;
     adm->plans = NULL;
     if (rc == POOL_ERR_NEVER_FITS || rc == POOL_ERR_POISONED) {
         /* the device closest to fitting (never-fits) or the poisoned one it fits: its bytes
@@ -860,7 +854,7 @@ static enum MHD_Result h_samples_post(struct ctx *c)
     int rc = pool_submit_sample(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &s,
                                 &adm, id, err, sizeof err);
     if (rc) return submit_refused(c, rc, &adm, err, "checkpoint");
-    free(adm.plans);
+    cJSON_Delete(adm.plans);
     struct job_row r;
     if (jobs_get(c->a->cfg.db, id, &r))
         return problem(c->conn, 500, NULL, "the new job cannot be read back", NULL, NULL);

@@ -80,13 +80,17 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  train SPEC.json [--out DIR] [--resume | --resume-or-start] [--vram-budget SIZE]\n"
-            "         [--device cpu|cuda:N]\n"
+            "         [--device cpu|cuda:N] [--threads N] [--precision P] [--micro-batch N]\n"
+            "         [--recompute R] [--offload O]\n"
             "         train the model a spec describes; checkpoints, sample grids, loss.csv and\n"
             "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first.\n"
             "         --resume continues from DIR's newest usable checkpoint (an error when there\n"
             "         is none); --resume-or-start does the same but starts at step 0 when DIR has\n"
             "         no checkpoint (a job that may or may not have run before); --vram-budget\n"
-            "         fits the job into SIZE device bytes (memory.vram_budget)\n"
+            "         fits the job into SIZE device bytes (memory.vram_budget); --threads N,\n"
+            "         --precision auto|f32|bf16|f16, --micro-batch auto|N, --recompute\n"
+            "         auto|none|attention|resblock|level and --offload auto|off|on set\n"
+            "         train.threads and memory.* the same way (a server's job runs its plan so)\n"
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
@@ -641,20 +645,77 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
+/* v as one of name(lo..hi) ("auto", "f32", ...: planner_precision_name and the like) */
+static int cli_name(const char *flag, const char *v, const char *(*name)(int), int lo, int hi,
+                    int *out)
+{
+    for (int i = lo; i <= hi; i++)
+        if (strcmp(v, name(i)) == 0) {
+            *out = i;
+            return 0;
+        }
+    char e[200], list[200];
+    size_t n = 0;
+    for (int i = lo; i <= hi && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i > lo ? ", " : "", name(i));
+    fprintf(stderr, "ddpmd: %s: '%s' is not one of %s\n", flag, cli_echo(e, sizeof e, v), list);
+    return -1;
+}
+
+static const char *offload_name(int v) { return v < 0 ? "auto" : v ? "on" : "off"; }
+
+/* the options of `ddpmd train` that set spec fields (a server's job runs its admitted plan
+ * through them: its threads, budget and strategy), applied in order, then checked as the spec
+ * checks them */
+struct train_overrides {
+    const char *budget, *threads, *precision, *micro_batch, *recompute, *offload;
+};
+
+static int cli_train_overrides(const struct train_overrides *o, struct train_spec *spec)
+{
+    struct strategy *st = &spec->strategy;
+    if (o->budget && cli_budget(o->budget, spec)) return -1;
+    if (o->threads && cli_int_in("--threads", o->threads, &spec->threads, 1, SPEC_THREADS_MAX))
+        return -1;
+    if (o->precision && cli_name("--precision", o->precision, planner_precision_name,
+                                 STRATEGY_PRECISION_AUTO, STRATEGY_PRECISION_F16, &st->precision))
+        return -1;
+    if (o->micro_batch && strcmp(o->micro_batch, "auto") == 0)
+        st->micro_batch = 0;
+    else if (o->micro_batch &&
+             cli_int_in("--micro-batch", o->micro_batch, &st->micro_batch, 1, SPEC_BATCH_MAX))
+        return -1;
+    if (o->recompute && cli_name("--recompute", o->recompute, planner_recompute_name,
+                                 STRATEGY_RECOMPUTE_AUTO, STRATEGY_RECOMPUTE_LEVEL, &st->recompute))
+        return -1;
+    if (o->offload && cli_name("--offload", o->offload, offload_name, -1, 1, &st->offload))
+        return -1;
+    struct spec_errors E;
+    if (spec_validate(spec, &E) == 0) return 0;
+    for (int i = 0; i < E.n; i++) fprintf(stderr, "ddpmd: %s: %s\n", E.e[i].path, E.e[i].msg);
+    return -1;
+}
+
 static int cmd_train(int argc, char **argv)
 {
-    const char *spec_path = NULL, *out = NULL, *budget = NULL, *device = "cpu";
+    const char *spec_path = NULL, *out = NULL, *device = "cpu";
+    struct train_overrides ov = {0};
     int resume = 0, had_root = 1; /* had_root: out/ was there before (the default --out) */
     char def_out[1100];
     for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name, dst) (strcmp(a, name) == 0 && v && (dst = v, i++, 1))
+        if (OPT("--vram-budget", ov.budget) || OPT("--threads", ov.threads) ||
+            OPT("--precision", ov.precision) || OPT("--micro-batch", ov.micro_batch) ||
+            OPT("--recompute", ov.recompute) || OPT("--offload", ov.offload))
+            continue;
+#undef OPT
         if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
             out = argv[++i];
         else if (strcmp(argv[i], "--resume") == 0)
             resume = TRAIN_RESUME_REQUIRED;
         else if (strcmp(argv[i], "--resume-or-start") == 0)
             resume = TRAIN_RESUME_IF_ANY;
-        else if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
-            budget = argv[++i];
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
         else if (argv[i][0] != '-' && !spec_path)
@@ -668,7 +729,8 @@ static int cmd_train(int argc, char **argv)
     }
     if (!spec_path) {
         fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume | --resume-or-start] "
-                        "[--vram-budget SIZE] [--device cpu|cuda:N]\n");
+                        "[--vram-budget SIZE] [--device cpu|cuda:N] [--threads N] [--precision P] "
+                        "[--micro-batch N] [--recompute R] [--offload O]\n");
         return 2;
     }
     struct train_spec spec;
@@ -683,7 +745,7 @@ static int cmd_train(int argc, char **argv)
         fprintf(stderr, "ddpmd: %s cannot run here:\n  data.dataset: %s\n", spec_path, why);
         return 2;
     }
-    if (budget && cli_budget(budget, &spec)) return 2;
+    if (cli_train_overrides(&ov, &spec)) return 2;
     int drc = cli_device(device, &spec.backend);
     if (drc) return drc;
     if (!out) {
@@ -725,12 +787,15 @@ static int cmd_train(int argc, char **argv)
     return rc == TRAIN_STOPPED ? CHILD_EXIT_STOPPED : 0;
 }
 
-/* ctx non-NULL (--progress-json, for ddpmd serve): one JSON line per denoising step on stdout */
+/* ctx non-NULL (--progress-json, for ddpmd serve): a protocol event (child.h) per denoising
+ * step on stdout, {"event":"sampling","done":D,"total":T} */
 static void sample_progress(int done, int total, void *ctx)
 {
     if (ctx) {
-        printf("{\"event\":\"sampling\",\"done\":%d,\"total\":%d}\n", done, total);
-        fflush(stdout);
+        struct child_event e = {.kind = CHILD_EVENT_SAMPLING};
+        child_event_set(&e, CHILD_DONE, done);
+        child_event_set(&e, CHILD_TOTAL, total);
+        child_event_write(stdout, &e);
     }
     if (isatty(2)) {
         fprintf(stderr, "\rsampling %d/%d", done, total);

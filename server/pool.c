@@ -1,9 +1,11 @@
-/* pool.c - admission by planned bytes and the job children (see pool.h). One thread owns the
- * children: it forks them (PR_SET_PDEATHSIG follows the forking thread, so that thread lives as
- * long as any child), polls their pipes, stores their lines as events and reaps them. Submits and
- * cancels from the HTTP threads take the pool's lock and wake the thread through a pipe.
+/* pool.c - the job queue over the devices (see pool.h): submits planned by admission.c and
+ * queued, the scheduler placing them where their reservation fits, and the job children. One
+ * thread owns the children: it starts them (child.c; PR_SET_PDEATHSIG follows the starting
+ * thread, so that thread lives as long as any child), polls their pipes, stores their lines as
+ * events and reaps them. Submits and cancels from the HTTP threads take the pool's lock and wake
+ * the thread through a pipe.
  */
-#define _GNU_SOURCE /* pipe2, prctl, environ */
+#define _GNU_SOURCE /* pipe2, environ */
 #include "pool.h"
 
 #include <cjson/cJSON.h>
@@ -17,23 +19,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "admission.h"
 #include "backend_load.h"
 #include "child.h"
-#include "cost.h"
 #include "fsio.h"
 #include "log.h"
 #include "metrics.h"
-#include "generate.h"
 #include "train.h"
-#include "upload.h"
 
 extern char **environ;
 
@@ -41,7 +39,6 @@ extern char **environ;
 #define LINE_MAX_BYTES 4096
 #define ERR_TAIL_BYTES 1536
 #define STOP_GRACE_S 60.0 /* after SIGINT at shutdown, SIGKILL once this has passed */
-#define FMNIST_TRAIN_IMAGES 60000 /* Fashion-MNIST's training split */
 
 struct child {
     char id[JOBS_ID_LEN];
@@ -71,16 +68,25 @@ struct dev {
     int is_cpu;
 };
 
-/* a queued job's plans as the scheduler needs them, parsed once from its row */
+/* a queued job as the scheduler needs it: made from the structs at submit, or parsed once from
+ * its row (a job queued before this server started) */
 struct qjob {
     char id[JOBS_ID_LEN];
     int seen;                    /* listed by the current scheduling pass */
     int pinned;                  /* the device it ran on before (it resumes there), -1: any, -2:
                                   * one this server does not have */
     int want;                    /* the threads it asks for (a sampling job: 1) */
+    int batch;                   /* a training job's images per step (the metrics) */
     int fits[POOL_MAX_DEVICES];
     int64_t reserved[POOL_MAX_DEVICES];
     double step_s[POOL_MAX_DEVICES]; /* predicted, at `want` threads; INFINITY unknown */
+    /* a training job's plan there, which its child runs: the strategy and memory.vram_budget
+     * (has_strategy 0: none named, a job stored before plans did: the child searches) */
+    struct strategy strategy[POOL_MAX_DEVICES];
+    int64_t vram_budget[POOL_MAX_DEVICES];
+    int has_strategy[POOL_MAX_DEVICES];
+    char *entry[POOL_MAX_DEVICES]; /* the plan entry as the job's row shows it once it runs
+                                    * there (owned; NULL: taken from the row's plans) */
 };
 
 struct pool {
@@ -174,143 +180,6 @@ static int dev_find(const struct pool *p, const char *name)
     return -1;
 }
 
-/* the backend planning for device d runs with on this thread (a cuda device selected here:
- * the CUDA backend's workspace queries use the calling thread's device); NULL with err */
-static const struct backend *dev_backend(const struct pool *p, int d, char *err, size_t errlen)
-{
-    if (p->devs[d].is_cpu) return backend_cpu();
-    const struct backend *bk = NULL;
-    if (backend_load(p->devs[d].st.cfg.name, &bk, err, errlen)) return NULL;
-    return bk;
-}
-
-/* a training job's host data on the cpu device: the decoded images (float) and its batch
- * buffers, in the same memory the cpu budget covers (train.c: the loader's 2 batches ahead,
- * x0/eps/xt/target) */
-static int64_t train_host_data(const struct train_spec *s)
-{
-    int64_t per = (int64_t)s->model.in_channels * s->model.image_size * s->model.image_size *
-                  (int64_t)sizeof(float);
-    int64_t images = FMNIST_TRAIN_IMAGES;
-    if (strcmp(s->dataset, "fashion-mnist") != 0) { /* an uploaded folder's count */
-        int64_t n = upload_folder_images(s->dataset);
-        if (n >= 0) images = n;
-    }
-    return images * per + 6 * (int64_t)s->batch * per;
-}
-
-static void add_bytes(cJSON *o, const char *k, int64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
-
-/* the fields every plan entry has (f filled) */
-static void fit_fields(cJSON *o, const struct pool_fit *f)
-{
-    cJSON_AddStringToObject(o, "device", f->device);
-    cJSON_AddBoolToObject(o, "fits", f->fits);
-    add_bytes(o, "budget_bytes", f->budget);
-    add_bytes(o, "plan_bytes", f->plan_bytes);
-    add_bytes(o, "host_bytes", f->host_bytes);
-    add_bytes(o, "process_baseline_bytes", f->baseline);
-    add_bytes(o, "host_data_bytes", f->host_data);
-    add_bytes(o, "reserved_bytes", f->reserved);
-    if (isfinite(f->step_seconds)) cJSON_AddNumberToObject(o, "predicted_step_seconds", f->step_seconds);
-    else cJSON_AddNullToObject(o, "predicted_step_seconds");
-}
-
-/* the reservation of a plan of plan_bytes (+ host_bytes) on device d */
-static void fit_reserve(const struct dev *dv, struct pool_fit *f)
-{
-    f->baseline = dv->st.cfg.baseline_bytes;
-    f->budget = dv->st.cfg.budget_bytes;
-    /* on the cpu the plan's host part is the same memory as its device part */
-    f->reserved = f->plan_bytes + (dv->is_cpu ? f->host_bytes : 0) + f->baseline + f->host_data;
-    f->fits = f->fits && f->reserved <= f->budget;
-}
-
-/* The training job's plan on device d: the planner's search (train_search, what the child runs)
- * against the bytes the device's budget leaves for the plan, capped by memory.vram_budget. *o
- * gets the plan entry (its strategy, bytes by part and the candidates planned). POOL_ERR_PLAN
- * when the spec cannot be planned at all (err says why). */
-static int fit_train(const struct pool *p, int d, const struct train_spec *child,
-                     struct pool_fit *f, cJSON **o, char *err, size_t errlen)
-{
-    const struct dev *dv = &p->devs[d];
-    struct train_spec s = *child;
-    struct planner_result r;
-    memset(&r, 0, sizeof r);
-    memset(f, 0, sizeof *f);
-    *o = NULL;
-    snprintf(f->device, sizeof f->device, "%s", dv->st.cfg.name);
-    f->step_seconds = INFINITY;
-    char why[300];
-    s.backend = dev_backend(p, d, why, sizeof why);
-    if (!s.backend) { /* the device went away since the start: it fits nothing */
-        fit_reserve(dv, f);
-        *o = cJSON_CreateObject();
-        if (*o) fit_fields(*o, f), cJSON_AddStringToObject(*o, "why", why);
-        return *o ? POOL_OK : POOL_ERR_INTERNAL;
-    }
-    if (dv->is_cpu) {
-        f->host_data = train_host_data(&s);
-        /* offloading to the host gains nothing where the device is the host */
-        if (s.strategy.offload < 0) s.strategy.offload = 0;
-    }
-    int64_t avail = dv->st.cfg.budget_bytes - dv->st.cfg.baseline_bytes - f->host_data;
-    if (avail < 1) avail = 1; /* nothing fits: the search still names the smallest plan */
-    if (!s.vram_budget || s.vram_budget > avail) s.vram_budget = avail;
-    f->plan_budget = s.vram_budget;
-    int rc = train_search(&s, &p->cfg.cost, 0, &r, why, sizeof why);
-    const struct planner_candidate *c = rc == 0            ? &r.cand[r.chosen]
-                                        : r.smallest >= 0 ? &r.cand[r.smallest]
-                                                          : NULL;
-    if (!c) {
-        snprintf(err, errlen, "%s", why);
-        planner_result_free(&r);
-        return POOL_ERR_PLAN;
-    }
-    f->fits = rc == 0;
-    f->plan_bytes = (int64_t)c->device_bytes;
-    f->host_bytes = (int64_t)c->host_bytes;
-    fit_reserve(dv, f);
-    /* the candidate's prediction, scaled to this device by the probe, per thread on the cpu */
-    f->step_seconds = c->predicted_s * dv->st.cfg.cost_scale / (dv->is_cpu && s.threads > 0 ? s.threads : 1);
-    cJSON *e = cJSON_CreateObject(), *st = cJSON_CreateObject();
-    cJSON *search = train_search_json(&r, s.batch);
-    if (!e || !st || !search) {
-        cJSON_Delete(e);
-        cJSON_Delete(st);
-        cJSON_Delete(search);
-        planner_result_free(&r);
-        snprintf(err, errlen, "out of memory");
-        return POOL_ERR_INTERNAL;
-    }
-    fit_fields(e, f);
-    cJSON_AddStringToObject(st, "precision", planner_precision_name(c->strategy.precision));
-    cJSON_AddNumberToObject(st, "micro_batch", c->strategy.micro_batch ? c->strategy.micro_batch : s.batch);
-    cJSON_AddStringToObject(st, "recompute", planner_recompute_name(c->strategy.recompute));
-    cJSON_AddStringToObject(st, "offload", c->strategy.offload == 1 ? "on" : "off");
-    cJSON_AddItemToObject(e, "strategy", st);
-    /* the child's memory.vram_budget: the bytes its search was given (its backend enforces
-     * them: nothing beyond the plan is allocated) */
-    add_bytes(e, "vram_budget", s.vram_budget);
-    cJSON_AddItemToObject(e, "parts", train_parts_json(c->parts, c->device_bytes, c->host_bytes));
-    /* the candidates the search planned (it stops at the first that fits, fastest predicted
-     * first); the rest of the cross product is only counted */
-    cJSON *cs = cJSON_GetObjectItemCaseSensitive(search, "candidates");
-    int total = cJSON_GetArraySize(cs);
-    for (cJSON *it = cs ? cs->child : NULL, *next; it; it = next) {
-        next = it->next;
-        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "planned")))
-            cJSON_Delete(cJSON_DetachItemViaPointer(cs, it));
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(search, "chosen"); /* an index into the full list */
-    cJSON_AddNumberToObject(search, "candidates_total", total);
-    if (!f->fits) cJSON_AddStringToObject(e, "why", r.why);
-    cJSON_AddItemToObject(e, "search", search);
-    planner_result_free(&r);
-    *o = e;
-    return POOL_OK;
-}
-
 static int make_id(char *id)
 {
     unsigned char r[8];
@@ -329,10 +198,29 @@ static int mkdir_one(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+static void qjob_clear(struct qjob *q)
+{
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) free(q->entry[d]);
+    memset(q->entry, 0, sizeof q->entry);
+}
+
+/* room for one more entry in the scheduler's cache (lock held); -1 out of memory */
+static int qjob_grow(struct pool *p)
+{
+    int cap = p->cap_q ? 2 * p->cap_q : 64;
+    struct qjob *q = realloc(p->q, (size_t)cap * sizeof *q);
+    if (!q) return -1;
+    p->q = q;
+    p->cap_q = cap;
+    return 0;
+}
+
 /* stores a planned job (lock taken here): its folder and child file first, then the row; r has
- * kind, steps, spec, plan and reserved_bytes set. On POOL_OK id gets the new id. */
+ * kind, steps, spec, plan and reserved_bytes set. On POOL_OK id gets the new id and q (the
+ * job as the scheduler sees it; its entries taken over either way) joins the scheduler's
+ * cache, so the scheduler reads nothing back. */
 static int queue_job(struct pool *p, const char *owner, struct job_row *r, const char *child_file,
-                     const char *child_json, char *id, char *err, size_t errlen)
+                     const char *child_json, struct qjob *q, char *id, char *err, size_t errlen)
 {
     char dir[FSIO_PATH_MAX], path[FSIO_PATH_MAX];
     pthread_mutex_lock(&p->mu);
@@ -394,9 +282,15 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         goto out;
     }
     snprintf(id, JOBS_ID_LEN, "%s", r->id);
+    snprintf(q->id, sizeof q->id, "%s", r->id);
+    if (p->n_q < p->cap_q || qjob_grow(p) == 0) {
+        p->q[p->n_q++] = *q;
+        memset(q->entry, 0, sizeof q->entry); /* the cache's now */
+    }
     p->dirty = 1;
     rc = POOL_OK;
 out:
+    qjob_clear(q);
     pthread_mutex_unlock(&p->mu);
     if (rc == POOL_OK) {
         notify(p);
@@ -405,116 +299,99 @@ out:
     return rc;
 }
 
-/* The job's plans on every device (fits and entries filled) into adm: the plans array and the
- * device it is shown with. POOL_ERR_NEVER_FITS when no device's budget holds any of its plans
- * (err names each device's bytes and smallest plan), POOL_ERR_POISONED when only poisoned ones
- * would. */
-static int admit(struct pool *p, struct pool_admission *adm, cJSON **entries, char *err,
-                 size_t errlen)
+/* Queues a job planned on every device (entries[d] its plan entry on device d, adm its fits):
+ * admit() picks what is stored, then its row (kind, steps, spec: what its owner sees, owned
+ * here), its child's file (child_json, owned here) and the scheduler's view of it (want threads,
+ * batch, and every device's fit from adm). The entries become adm's plans. */
+static int submit_planned(struct pool *p, const char *owner, const char *idem_key,
+                          const char *kind, int64_t steps, char *spec, const char *child_file,
+                          char *child_json, int want, int batch, struct pool_admission *adm,
+                          cJSON **entries, char *id, char *err, size_t errlen)
 {
-    cJSON *arr = cJSON_CreateArray();
-    if (!arr) {
-        snprintf(err, errlen, "out of memory");
-        return POOL_ERR_INTERNAL;
-    }
-    for (int d = 0; d < adm->n; d++) cJSON_AddItemReferenceToArray(arr, entries[d]);
-    adm->plans = cJSON_PrintUnformatted(arr);
-    cJSON_Delete(arr);
-    if (!adm->plans) {
-        snprintf(err, errlen, "out of memory");
-        return POOL_ERR_INTERNAL;
-    }
+    struct job_row r;
+    struct qjob q;
+    memset(&r, 0, sizeof r);
+    memset(&q, 0, sizeof q);
+    r.idem_key = idem_key;
     int poisoned[POOL_MAX_DEVICES];
     pthread_mutex_lock(&p->mu);
     for (int d = 0; d < adm->n; d++) poisoned[d] = p->devs[d].st.poisoned;
     pthread_mutex_unlock(&p->mu);
-    adm->first = -1;
-    int healthy = -1, gap = -1;
-    for (int d = 0; d < adm->n; d++) {
-        const struct pool_fit *f = &adm->fit[d];
-        if (f->fits && adm->first < 0) adm->first = d;
-        if (f->fits && !poisoned[d] && healthy < 0) healthy = d;
-        if (gap < 0 || f->reserved - f->budget < adm->fit[gap].reserved - adm->fit[gap].budget)
-            gap = d;
-    }
-    if (healthy >= 0) {
-        adm->first = healthy;
-        return POOL_OK;
-    }
-    if (adm->first >= 0) {
-        snprintf(err, errlen, "the job fits only %s, which a sticky CUDA error poisoned (see "
-                 "GET /devices); restart the server to use it again", adm->fit[adm->first].device);
-        return POOL_ERR_POISONED;
-    }
-    adm->first = gap;
-    size_t n = (size_t)snprintf(err, errlen, "no plan fits any device:");
-    for (int d = 0; d < adm->n && n < errlen; d++) {
-        const struct pool_fit *f = &adm->fit[d];
-        if (f->reserved <= f->budget && f->plan_budget && f->plan_bytes > f->plan_budget)
-            n += (size_t)snprintf(err + n, errlen - n, "%s %s: the smallest plan's %" PRId64
-                                  " bytes are more than memory.vram_budget's %" PRId64,
-                                  d ? ";" : "", f->device, f->plan_bytes, f->plan_budget);
-        else
-            n += (size_t)snprintf(err + n, errlen - n, "%s %s needs %" PRId64 " bytes (plan %"
-                                  PRId64 "%s + process %" PRId64 " + host data %" PRId64 "), its "
-                                  "budget is %" PRId64, d ? ";" : "", f->device, f->reserved,
-                                  f->plan_bytes,
-                                  p->devs[d].is_cpu && f->host_bytes ? " + its host part" : "",
-                                  f->baseline,
-                                  f->host_data, f->budget);
-    }
-    return POOL_ERR_NEVER_FITS;
-}
-
-/* Queues a job planned on every device (entries[d] its plan entry on device d, adm its fits):
- * admit() picks what is stored, then its row (kind, steps, spec: what its owner sees, owned
- * here) and its child's file (child_json, owned here). Frees the entries. */
-static int submit_planned(struct pool *p, const char *owner, const char *idem_key,
-                          const char *kind, int64_t steps, char *spec, const char *child_file,
-                          char *child_json, struct pool_admission *adm, cJSON **entries, char *id,
-                          char *err, size_t errlen)
-{
-    struct job_row r;
-    memset(&r, 0, sizeof r);
-    r.idem_key = idem_key;
-    int rc = admit(p, adm, entries, err, errlen);
+    int rc = admission_decide(adm, entries, poisoned, err, errlen);
     if (rc == POOL_OK) {
+        q.pinned = -1;
+        q.want = want;
+        q.batch = batch;
+        for (int d = 0; d < adm->n; d++) {
+            const struct pool_fit *f = &adm->fit[d];
+            q.fits[d] = f->fits;
+            q.reserved[d] = f->reserved;
+            q.step_s[d] = isfinite(f->step_seconds) && f->step_seconds > 0 ? f->step_seconds
+                                                                            : INFINITY;
+            q.has_strategy[d] = f->has_strategy;
+            q.strategy[d] = f->strategy;
+            q.vram_budget[d] = f->vram_budget;
+            q.entry[d] = cJSON_PrintUnformatted(cJSON_GetArrayItem(adm->plans, d));
+        }
         snprintf(r.kind, sizeof r.kind, "%s", kind);
         r.reserved_bytes = adm->fit[adm->first].reserved;
         r.steps = steps;
         r.spec = spec;
-        r.plan = cJSON_PrintUnformatted(entries[adm->first]);
-        r.plans = adm->plans;
-        if (!r.spec || !r.plan || !child_json) {
+        r.plan = q.entry[adm->first] ? strdup(q.entry[adm->first]) : NULL;
+        r.plans = cJSON_PrintUnformatted(adm->plans);
+        if (!r.spec || !r.plan || !r.plans || !child_json) {
             snprintf(err, errlen, "out of memory");
             rc = POOL_ERR_INTERNAL;
         } else {
-            rc = queue_job(p, owner, &r, child_file, child_json, id, err, errlen);
+            rc = queue_job(p, owner, &r, child_file, child_json, &q, id, err, errlen);
         }
     }
+    qjob_clear(&q);
     free(spec);
     free(r.plan);
+    free(r.plans);
     free(child_json);
     for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
     return rc;
 }
 
 int pool_submit(struct pool *p, const char *owner, const char *idem_key,
-                const struct train_spec *shown, const struct train_spec *child,
-                struct pool_admission *adm, char *id, char *err, size_t errlen)
+                const struct pool_train *job, struct pool_admission *adm, char *id, char *err,
+                size_t errlen)
 {
     cJSON *entries[POOL_MAX_DEVICES] = {0};
+    const struct train_spec *spec = job->spec;
     int rc = POOL_OK;
     memset(adm, 0, sizeof *adm);
     adm->n = p->n_devs;
+    /* the child's spec: the same, its ids resolved to the files they name */
+    struct train_spec *child = malloc(sizeof *child);
+    if (!child) {
+        snprintf(err, errlen, "out of memory");
+        return POOL_ERR_INTERNAL;
+    }
+    *child = *spec;
+    if ((job->dataset_dir && snprintf(child->dataset, sizeof child->dataset, "%s",
+                                      job->dataset_dir) >= (int)sizeof child->dataset) ||
+        (job->init_path && snprintf(child->init_from, sizeof child->init_from, "%s",
+                                    job->init_path) >= (int)sizeof child->init_from)) {
+        free(child);
+        snprintf(err, errlen, "the data directory's path is too long");
+        return POOL_ERR_INTERNAL;
+    }
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
-        rc = fit_train(p, d, child, &adm->fit[d], &entries[d], err, errlen);
+        rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child, &adm->fit[d],
+                                 &entries[d], err, errlen);
     if (rc) {
+        free(child);
         for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
         return rc;
     }
-    return submit_planned(p, owner, idem_key, "train", shown->steps, spec_to_json(shown),
-                          "/spec.json", spec_to_json(child), adm, entries, id, err, errlen);
+    char *child_json = spec_to_json(child);
+    free(child);
+    return submit_planned(p, owner, idem_key, "train", spec->steps, spec_to_json(spec),
+                          "/spec.json", child_json, spec->threads, spec->batch, adm, entries,
+                          id, err, errlen);
 }
 
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
@@ -522,66 +399,6 @@ int pool_job_file(const struct pool *p, const char *job_id, const char *tail, ch
 {
     char e[8];
     return fsio_path(path, len, e, sizeof e, "%s/jobs/%s/%s", p->data_dir, job_id, tail);
-}
-
-/* The sampling job's plan on device d (generate_plan, what `ddpmd sample` allocates) and its
- * entry in *o */
-static int fit_sample(const struct pool *p, int d, const struct pool_sample *s,
-                      struct pool_fit *f, cJSON **o, char *err, size_t errlen)
-{
-    const struct dev *dv = &p->devs[d];
-    memset(f, 0, sizeof *f);
-    *o = NULL;
-    snprintf(f->device, sizeof f->device, "%s", dv->st.cfg.name);
-    f->step_seconds = INFINITY;
-    struct graph g;
-    struct unet_io io;
-    struct plan pl;
-    memset(&pl, 0, sizeof pl);
-    graph_init(&g);
-    int batch = s->batch < s->n ? s->batch : s->n, rc = POOL_ERR_PLAN;
-    char why[300];
-    const struct backend *bk = dev_backend(p, d, why, sizeof why);
-    cJSON *e = cJSON_CreateObject();
-    if (!e) {
-        snprintf(err, errlen, "out of memory");
-        rc = POOL_ERR_INTERNAL;
-        goto out;
-    }
-    if (!bk) { /* the device went away since the start: it fits nothing */
-        fit_reserve(dv, f);
-        fit_fields(e, f);
-        cJSON_AddStringToObject(e, "why", why);
-        rc = POOL_OK;
-        goto out;
-    }
-    if (generate_plan(&s->model, batch, bk, &g, &io, &pl, err, errlen)) goto out;
-    if (dv->is_cpu) {
-        /* cmd_sample's host buffers: every image as float, the grid and one image as bytes, and
-         * generate_run's x, eps, noise, x_prev at the batch */
-        int64_t per = (int64_t)s->model.out_channels * s->model.image_size * s->model.image_size;
-        int cols = 1;
-        while ((int64_t)cols * cols < s->n) cols++;
-        int64_t rows = (s->n + cols - 1) / cols, side = s->model.image_size + 2;
-        f->host_data = (int64_t)s->n * per * (int64_t)sizeof(float) +
-                       rows * cols * side * side * s->model.out_channels + per +
-                       4 * (int64_t)batch * per * (int64_t)sizeof(float);
-    }
-    f->fits = 1;
-    f->plan_bytes = (int64_t)pl.total_bytes;
-    f->host_bytes = (int64_t)pl.host_bytes;
-    fit_reserve(dv, f);
-    f->step_seconds = cost_predict_step_seconds(&p->cfg.cost, &pl, &g, batch) * dv->st.cfg.cost_scale;
-    fit_fields(e, f);
-    add_bytes(e, "arena_without_reuse_bytes", (int64_t)pl.no_reuse_arena_bytes);
-    cJSON_AddItemToObject(e, "parts", train_parts_json(pl.parts, pl.total_bytes, pl.host_bytes));
-    rc = POOL_OK;
-out:
-    if (rc == POOL_OK) *o = e;
-    else cJSON_Delete(e);
-    plan_free(&pl);
-    graph_free(&g);
-    return rc;
 }
 
 static cJSON *sample_obj(const struct pool_sample *s)
@@ -620,7 +437,8 @@ int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
     memset(adm, 0, sizeof *adm);
     adm->n = p->n_devs;
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
-        rc = fit_sample(p, d, s, &adm->fit[d], &entries[d], err, errlen);
+        rc = admission_fit_sample(&p->devs[d].st.cfg, &p->cfg.cost, s, &adm->fit[d],
+                                  &entries[d], err, errlen);
     if (rc) {
         for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
         return rc;
@@ -636,7 +454,7 @@ int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
     char *child_json = c ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
     return submit_planned(p, owner, idem_key, "sample", steps, pool_sample_json(s),
-                          "/sample.json", child_json, adm, entries, id, err, errlen);
+                          "/sample.json", child_json, 1, 0, adm, entries, id, err, errlen);
 }
 
 static struct child *find_kid(struct pool *p, const char *id)
@@ -721,10 +539,10 @@ static int name_index(const char *name, const char *(*fn)(int), int n)
     return -1;
 }
 
-/* the strategy and budget of a plan entry (fit_train's) into s: the child runs exactly the
- * admitted plan (its search has nothing left to choose). 0, or -1 when plan has none (a job
- * stored before plans named them: the child searches as it always did) */
-static int entry_strategy(const cJSON *plan, struct train_spec *s)
+/* a plan entry's strategy and budget (fit_train's, as stored) into q's device d: the child runs
+ * exactly the admitted plan. Nothing when the entry names none (a job stored before plans did:
+ * the child searches as it always did). */
+static void entry_strategy(const cJSON *plan, struct qjob *q, int d)
 {
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(plan, "strategy");
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(st, "precision");
@@ -734,43 +552,19 @@ static int entry_strategy(const cJSON *plan, struct train_spec *s)
     const cJSON *vb = cJSON_GetObjectItemCaseSensitive(plan, "vram_budget");
     if (!cJSON_IsString(pr) || !cJSON_IsNumber(mb) || !cJSON_IsString(rc) || !cJSON_IsString(of) ||
         !cJSON_IsNumber(vb))
-        return -1;
+        return;
     int prec = name_index(pr->valuestring, planner_precision_name, 3);
     int rec = name_index(rc->valuestring, planner_recompute_name, 4);
-    if (prec < 0 || rec < 0 || mb->valuedouble < 1 || mb->valuedouble > s->batch ||
+    if (prec < 0 || rec < 0 || mb->valuedouble < 1 || mb->valuedouble > q->batch ||
         !(vb->valuedouble >= 0 && vb->valuedouble <= (double)SPEC_BUDGET_MAX))
-        return -1;
-    s->strategy.precision = prec;
-    s->strategy.micro_batch = (int)mb->valuedouble;
-    s->strategy.recompute = rec;
-    s->strategy.offload = strcmp(of->valuestring, "on") == 0;
-    s->vram_budget = (int64_t)vb->valuedouble;
-    return 0;
-}
-
-/* the child's spec.json for this start: the thread count fixed, and the strategy and budget of
- * the job's plan on its device (plan) */
-static int write_child_spec(struct pool *p, const char *id, int threads, const cJSON *plan,
-                            char *path, size_t len, char *err, size_t errlen)
-{
-    struct train_spec s;
-    struct spec_errors es;
-    if (job_dir(p, id, "/spec.json", path, len)) {
-        snprintf(err, errlen, "path too long");
-        return -1;
-    }
-    if (spec_load_file(path, &s, &es)) {
-        snprintf(err, errlen, "%.200s: %.100s%s%.200s", path, es.n ? es.e[0].path : "", es.n ? ": " : "",
-                 es.n ? es.e[0].msg : "unreadable");
-        return -1;
-    }
-    s.threads = threads;
-    entry_strategy(plan, &s);
-    char *json = spec_to_json(&s);
-    int rc = json ? fsio_write_atomic_text(path, json, err, errlen) : -1;
-    if (!json) snprintf(err, errlen, "out of memory");
-    free(json);
-    return rc;
+        return;
+    q->strategy[d] = strategy_auto();
+    q->strategy[d].precision = prec;
+    q->strategy[d].micro_batch = (int)mb->valuedouble;
+    q->strategy[d].recompute = rec;
+    q->strategy[d].offload = strcmp(of->valuestring, "on") == 0;
+    q->vram_budget[d] = (int64_t)vb->valuedouble;
+    q->has_strategy[d] = 1;
 }
 
 /* builds an environment with OMP_NUM_THREADS=threads (before fork: nothing is allocated in
@@ -880,15 +674,20 @@ static double entry_step_seconds(const cJSON *e)
     return cJSON_IsNumber(f) && f->valuedouble > 0 ? f->valuedouble : INFINITY;
 }
 
-/* q from the queued row r: where it may run and what it takes there */
+/* q from the queued row r of a job this server did not submit (queued before it started): where
+ * it may run and what it takes there, read back from the store */
 static void qjob_parse(const struct pool *p, const struct job_row *r, struct qjob *q)
 {
     memset(q, 0, sizeof *q);
     snprintf(q->id, sizeof q->id, "%s", r->id);
     for (int d = 0; d < POOL_MAX_DEVICES; d++) q->step_s[d] = INFINITY;
-    struct train_spec s;
-    struct spec_errors es;
-    q->want = strcmp(r->kind, "train") == 0 && spec_parse(r->spec, &s, &es) == 0 ? s.threads : 1;
+    struct train_spec *s = malloc(sizeof *s);
+    struct spec_errors *es = malloc(sizeof *es);
+    int train = strcmp(r->kind, "train") == 0 && s && es && spec_parse(r->spec, s, es) == 0;
+    q->want = train ? s->threads : 1;
+    q->batch = train ? s->batch : 0;
+    free(s);
+    free(es);
     q->pinned = -1;
     if (r->device[0]) q->pinned = dev_find(p, r->device) >= 0 ? dev_find(p, r->device) : -2;
     if (!r->plans) { /* stored before schema 3: planned for the cpu device alone */
@@ -898,6 +697,7 @@ static void qjob_parse(const struct pool *p, const struct job_row *r, struct qjo
             q->fits[d] = 1;
             q->reserved[d] = r->reserved_bytes;
             q->step_s[d] = entry_step_seconds(o);
+            if (train) entry_strategy(o, q, d);
         }
         cJSON_Delete(o);
         return;
@@ -910,6 +710,7 @@ static void qjob_parse(const struct pool *p, const struct job_row *r, struct qjo
         q->fits[d] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "fits"));
         q->reserved[d] = (int64_t)rb->valuedouble;
         q->step_s[d] = entry_step_seconds(e);
+        if (train) entry_strategy(e, q, d);
     }
     cJSON_Delete(arr);
 }
@@ -928,13 +729,7 @@ static int qjob_index(struct pool *p, const struct job_row *r)
 {
     for (int i = 0; i < p->n_q; i++)
         if (strcmp(p->q[i].id, r->id) == 0) return p->q[i].seen = 1, i;
-    if (p->n_q == p->cap_q) {
-        int cap = p->cap_q ? 2 * p->cap_q : 64;
-        struct qjob *q = realloc(p->q, (size_t)cap * sizeof *q);
-        if (!q) return -1;
-        p->q = q;
-        p->cap_q = cap;
-    }
+    if (p->n_q == p->cap_q && qjob_grow(p)) return -1;
     qjob_parse(p, r, &p->q[p->n_q]);
     p->q[p->n_q].seen = 1;
     return p->n_q++;
@@ -946,6 +741,7 @@ static void qjob_sweep(struct pool *p)
     int k = 0;
     for (int i = 0; i < p->n_q; i++)
         if (p->q[i].seen) p->q[k++] = p->q[i];
+        else qjob_clear(&p->q[i]);
     p->n_q = k;
 }
 
@@ -967,27 +763,73 @@ static double kid_remaining(const struct child *k)
     return left == 0 ? 0 : (double)left * per;
 }
 
+/* a training job's command line: `ddpmd train SPEC --out DIR --device D [--resume-or-start]
+ * --threads N` and, when its plan on the device names one, the strategy and budget it runs
+ * exactly (--vram-budget, --precision, --micro-batch, --recompute, --offload): the job's spec
+ * file stays as it was written at submit */
+struct train_args {
+    char spec[FSIO_PATH_MAX], out[FSIO_PATH_MAX];
+    char threads[16], budget[24], micro[16];
+    char *argv[24];
+};
+
+static int train_args_make(struct pool *p, const char *id, const struct qjob *q, int d,
+                           int threads, int resume, struct train_args *a, char *err,
+                           size_t errlen)
+{
+    if (job_dir(p, id, "/spec.json", a->spec, sizeof a->spec) ||
+        job_dir(p, id, "/out", a->out, sizeof a->out)) {
+        snprintf(err, errlen, "path too long");
+        return -1;
+    }
+    char **v = a->argv;
+    int i = 0;
+    v[i++] = p->exe, v[i++] = "train", v[i++] = a->spec, v[i++] = "--out", v[i++] = a->out;
+    v[i++] = "--device", v[i++] = p->devs[d].st.cfg.name;
+    if (resume) v[i++] = "--resume-or-start";
+    snprintf(a->threads, sizeof a->threads, "%d", threads);
+    v[i++] = "--threads", v[i++] = a->threads;
+    if (q->has_strategy[d]) {
+        const struct strategy *st = &q->strategy[d];
+        snprintf(a->budget, sizeof a->budget, "%" PRId64, q->vram_budget[d]);
+        snprintf(a->micro, sizeof a->micro, "%d", st->micro_batch);
+        v[i++] = "--vram-budget", v[i++] = a->budget;
+        v[i++] = "--precision", v[i++] = (char *)planner_precision_name(st->precision);
+        v[i++] = "--micro-batch", v[i++] = a->micro;
+        v[i++] = "--recompute", v[i++] = (char *)planner_recompute_name(st->recompute);
+        v[i++] = "--offload", v[i++] = st->offload ? "on" : "off";
+    }
+    v[i] = NULL;
+    return 0;
+}
+
 /* starts the queued job r (q: its cache entry) on device d (lock held): its plan there becomes
  * the job's; on failure the job is failed with the reason */
 static int start_child(struct pool *p, const struct job_row *r, const struct qjob *q, int d,
                        int threads)
 {
-    char spec[FSIO_PATH_MAX], out[FSIO_PATH_MAX], err[600], ckpt[FSIO_PATH_MAX], omp[32];
-    int po[2] = {-1, -1}, pe[2] = {-1, -1};
+    char err[600], ckpt[FSIO_PATH_MAX], omp[32];
     char **env = NULL;
     struct child *k = NULL;
     struct sample_args *sa = NULL;
+    struct train_args *ta = NULL;
     struct dev *dv = &p->devs[d];
     int64_t from = -1, reserved = q->reserved[d];
     int resume = r->starts > 0, is_sample = strcmp(r->kind, "sample") == 0;
-    char *targv[] = {p->exe, "train", spec, "--out", out, "--device", dv->st.cfg.name,
-                     resume ? "--resume-or-start" : NULL, NULL};
-    char **argv = targv;
-    /* the job's plan on d: its entry in the plans (a job stored before them: its one plan) */
-    cJSON *plans = r->plans ? cJSON_Parse(r->plans) : NULL;
-    cJSON *own = r->plans ? NULL : cJSON_Parse(r->plan);
-    const cJSON *entry = r->plans ? plans_entry(plans, dv->st.cfg.name) : own;
-    char *entry_text = entry ? cJSON_PrintUnformatted(entry) : NULL;
+    char **argv = NULL;
+    /* the job's plan on d as its row shows it: made at submit, or (a job queued before this
+     * server started) its entry in the stored plans (a job stored before them: its one plan) */
+    char *entry_text = NULL;
+    if (q->entry[d]) {
+        entry_text = strdup(q->entry[d]);
+    } else {
+        cJSON *plans = r->plans ? cJSON_Parse(r->plans) : NULL;
+        cJSON *own = r->plans ? NULL : cJSON_Parse(r->plan);
+        const cJSON *entry = r->plans ? plans_entry(plans, dv->st.cfg.name) : own;
+        entry_text = entry ? cJSON_PrintUnformatted(entry) : NULL;
+        cJSON_Delete(plans);
+        cJSON_Delete(own);
+    }
     if (!entry_text) {
         snprintf(err, sizeof err, "the job's plan on %s cannot be read", dv->st.cfg.name);
         goto fail;
@@ -1004,15 +846,16 @@ static int start_child(struct pool *p, const struct job_row *r, const struct qjo
         argv = sa->argv;
         resume = 0;
     } else {
-        if (write_child_spec(p, r->id, threads, entry, spec, sizeof spec, err, sizeof err))
-            goto fail;
-        if (job_dir(p, r->id, "/out", out, sizeof out)) {
-            snprintf(err, sizeof err, "path too long");
+        ta = calloc(1, sizeof *ta);
+        if (!ta) {
+            snprintf(err, sizeof err, "out of memory");
             goto fail;
         }
+        if (train_args_make(p, r->id, q, d, threads, resume, ta, err, sizeof err)) goto fail;
+        argv = ta->argv;
         /* a job started before resumes from its newest usable checkpoint, or starts over when
          * it never wrote one (`ddpmd train --resume-or-start`) */
-        if (train_latest_checkpoint(out, ckpt, sizeof ckpt, &from)) from = -1;
+        if (train_latest_checkpoint(ta->out, ckpt, sizeof ckpt, &from)) from = -1;
     }
     k = calloc(1, sizeof *k);
     env = child_env(threads, omp, sizeof omp);
@@ -1020,59 +863,18 @@ static int start_child(struct pool *p, const struct job_row *r, const struct qjo
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    if (pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC)) {
-        snprintf(err, sizeof err, "pipe: %s", strerror(errno));
-        goto fail;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(err, sizeof err, "fork: %s", strerror(errno));
-        goto fail;
-    }
-    if (pid == 0) {
-        /* only async-signal-safe calls from here to execve */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(127); /* the server died before the prctl */
-        sigset_t all;
-        sigemptyset(&all);
-        sigprocmask(SIG_SETMASK, &all, NULL);
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL);
-        sigaction(SIGINT, &dfl, NULL);
-        sigaction(SIGTERM, &dfl, NULL);
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) dup2(nul, 0);
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
-        syscall(SYS_close_range, 3u, ~0u, 0u);
-        execve(p->exe, argv, env);
-        static const char msg[] = "ddpmd serve: cannot exec the job's ddpmd binary\n";
-        ssize_t w = write(2, msg, sizeof msg - 1);
-        (void)w;
-        _exit(127);
-    }
-    close(po[1]);
-    close(pe[1]);
+    if (child_spawn(argv, env, &k->pid, &k->out_fd, &k->err_fd, err, sizeof err)) goto fail;
     free(env);
     free(sa);
+    free(ta);
     k->dev = d;
     snprintf(k->kind, sizeof k->kind, "%s", r->kind);
     snprintf(k->id, sizeof k->id, "%s", r->id);
-    k->pid = pid;
-    k->out_fd = po[0];
-    k->err_fd = pe[0];
     k->reserved = reserved;
     k->threads = threads;
     k->last_ckpt = from > 0 ? from : 0;
     k->last_step = k->last_ckpt; /* the child resumes from that checkpoint */
-    if (!is_sample) {
-        struct train_spec ts;
-        struct spec_errors es;
-        k->batch = spec_parse(r->spec, &ts, &es) == 0 ? ts.batch : 0;
-    }
+    k->batch = q->batch;
     k->cancel = r->cancel_requested;
     k->step = is_sample ? 0 : k->last_ckpt;
     k->steps = r->steps;
@@ -1094,18 +896,13 @@ static int start_child(struct pool *p, const struct job_row *r, const struct qjo
     jobs_set_state(p->db, r->id, JOB_RUNNING, threads, NULL, ev);
     log_job(LOG_INFO, r->id, "running on %s (%s job, %d threads, %" PRId64 " bytes reserved%s)",
             dv->st.cfg.name, r->kind, threads, reserved, resume && from > 0 ? ", resumed" : "");
-    cJSON_Delete(plans);
-    cJSON_Delete(own);
     free(entry_text);
     return 0;
 fail:
-    if (po[0] >= 0) close(po[0]), close(po[1]);
-    if (pe[0] >= 0) close(pe[0]), close(pe[1]);
     free(env);
     free(k);
     free(sa);
-    cJSON_Delete(plans);
-    cJSON_Delete(own);
+    free(ta);
     free(entry_text);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "state", "failed");
@@ -1323,64 +1120,57 @@ static void kid_progress(struct child *k, int64_t step)
     k->step = step;
 }
 
-/* a JSON line of `ddpmd train` (train.h: {"event": "step" | "validation" | "sampling" |
- * "checkpoint" | "samples" | "stopped" | "done", "step": N, ...}) -> an event of the job:
- * step/validation/sampling are "progress" (a step also updates the job's row), a checkpoint is
- * "checkpoint" with the id GET /checkpoints/{id} takes, samples "sample", others by their name */
+/* a line of the child's stdout: a protocol event (child.h) becomes an event of the job (step,
+ * validation and sampling are "progress", a step also updating the job's row; a checkpoint is
+ * "checkpoint" with the id GET /checkpoints/{id} takes; samples "sample"; the others by their
+ * name); anything else a log line */
 static void stdout_line(struct pool *p, struct child *k, const char *line)
 {
-    cJSON *o = cJSON_Parse(line);
-    const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
-    if (!cJSON_IsObject(o) || !cJSON_IsString(ev) || strlen(ev->valuestring) > 20 ||
-        strspn(ev->valuestring, "abcdefghijklmnopqrstuvwxyz_") != strlen(ev->valuestring)) {
+    struct child_event e;
+    if (child_event_read(line, &e)) {
         event_line(p, k->id, "log", "stdout", line);
-        cJSON_Delete(o);
         return;
     }
-    const char *name = ev->valuestring, *type = name;
-    if (strcmp(name, "step") == 0) {
-        const cJSON *steps = cJSON_GetObjectItemCaseSensitive(o, "steps");
-        const cJSON *loss = cJSON_GetObjectItemCaseSensitive(o, "loss");
-        const cJSON *ips = cJSON_GetObjectItemCaseSensitive(o, "img_per_s");
-        const cJSON *sts = cJSON_GetObjectItemCaseSensitive(o, "step_s");
-        if (cJSON_IsNumber(step)) kid_progress(k, (int64_t)step->valuedouble);
-        if (cJSON_IsNumber(step))
-            jobs_set_progress(p->db, k->id, (int64_t)step->valuedouble,
-                              cJSON_IsNumber(steps) ? (int64_t)steps->valuedouble : 0,
-                              cJSON_IsNumber(loss) ? loss->valuedouble : NAN,
-                              cJSON_IsNumber(ips) ? ips->valuedouble : NAN);
+    const char *type = child_event_name(e.kind);
+    const double *v = e.v;
+    int has_step = child_event_has(&e, CHILD_STEP);
+    char id[64], *ckpt = NULL;
+    if (e.kind == CHILD_EVENT_STEP) {
+        if (has_step) {
+            kid_progress(k, (int64_t)v[CHILD_STEP]);
+            jobs_set_progress(p->db, k->id, (int64_t)v[CHILD_STEP],
+                              child_event_has(&e, CHILD_STEPS) ? (int64_t)v[CHILD_STEPS] : 0,
+                              child_event_has(&e, CHILD_LOSS) ? v[CHILD_LOSS] : NAN,
+                              child_event_has(&e, CHILD_IMG_PER_S) ? v[CHILD_IMG_PER_S] : NAN);
+        }
         /* the steps since its last report, each taking step_s (the mean the child measured) */
-        if (cJSON_IsNumber(step) && step->valuedouble > (double)k->last_step &&
-            step->valuedouble <= 9e15) {
-            int64_t now = (int64_t)step->valuedouble, d = now - k->last_step;
-            metrics_train_steps(d, d * k->batch, cJSON_IsNumber(sts) ? sts->valuedouble : -1);
+        if (has_step && v[CHILD_STEP] > (double)k->last_step && v[CHILD_STEP] <= 9e15) {
+            int64_t now = (int64_t)v[CHILD_STEP], d = now - k->last_step;
+            metrics_train_steps(d, d * k->batch,
+                                child_event_has(&e, CHILD_STEP_S) ? v[CHILD_STEP_S] : -1);
             k->last_step = now;
         }
         type = "progress";
-    } else if (strcmp(name, "validation") == 0 || strcmp(name, "sampling") == 0) {
-        const cJSON *done = cJSON_GetObjectItemCaseSensitive(o, "done");
-        const cJSON *total = cJSON_GetObjectItemCaseSensitive(o, "total");
+    } else if (e.kind == CHILD_EVENT_VALIDATION || e.kind == CHILD_EVENT_SAMPLING) {
         /* a sampling job's progress is its denoising steps (`ddpmd sample --progress-json`) */
-        if (strcmp(k->kind, "sample") == 0 && cJSON_IsNumber(done) && cJSON_IsNumber(total))
-            kid_progress(k, (int64_t)done->valuedouble);
-        if (strcmp(k->kind, "sample") == 0 && cJSON_IsNumber(done) && cJSON_IsNumber(total))
-            jobs_set_progress(p->db, k->id, (int64_t)done->valuedouble,
-                              (int64_t)total->valuedouble, NAN, NAN);
+        if (strcmp(k->kind, "sample") == 0 && child_event_has(&e, CHILD_DONE) &&
+            child_event_has(&e, CHILD_TOTAL)) {
+            kid_progress(k, (int64_t)v[CHILD_DONE]);
+            jobs_set_progress(p->db, k->id, (int64_t)v[CHILD_DONE], (int64_t)v[CHILD_TOTAL],
+                              NAN, NAN);
+        }
         type = "progress";
-    } else if (strcmp(name, "samples") == 0) {
+    } else if (e.kind == CHILD_EVENT_SAMPLES) {
         type = "sample";
-    } else if (strcmp(name, "checkpoint") == 0 && cJSON_IsNumber(step)) {
-        char id[64];
-        int64_t st = (int64_t)step->valuedouble;
+    } else if (e.kind == CHILD_EVENT_CHECKPOINT && has_step) {
+        int64_t st = (int64_t)v[CHILD_STEP];
         snprintf(id, sizeof id, "%s-%" PRId64, k->id, st);
-        cJSON_AddStringToObject(o, "id", id);
+        ckpt = id;
         if (st > k->last_ckpt) k->last_ckpt = st;
     }
-    char *compact = cJSON_PrintUnformatted(o);
+    char *compact = child_event_json(&e, ckpt);
     jobs_event_append(p->db, k->id, type, compact ? compact : "{}", NULL);
     free(compact);
-    cJSON_Delete(o);
 }
 
 /* reads what is there; returns 1 at EOF */
@@ -1676,6 +1466,7 @@ void pool_free(struct pool *p)
     close(p->wake[0]);
     close(p->wake[1]);
     pthread_mutex_destroy(&p->mu);
+    for (int i = 0; i < p->n_q; i++) qjob_clear(&p->q[i]);
     free(p->q);
     free(p);
 }

@@ -6,11 +6,13 @@
 #ifndef DDPMD_POOL_H
 #define DDPMD_POOL_H
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 
 #include "cost.h"
 #include "jobs.h"
 #include "spec.h"
+#include "strategy.h"
 
 struct backend;
 
@@ -73,8 +75,12 @@ struct pool_fit {
     int64_t reserved;           /* what it takes of the budget: plan (+ host part on the cpu) +
                                  * baseline + host data */
     int64_t budget;             /* the device's budget */
-    int64_t plan_budget;        /* the device bytes the plan was given: what the budget leaves
-                                 * after the baseline and host data, or memory.vram_budget */
+    int64_t vram_budget;        /* the device bytes the plan was given, its one budget: what the
+                                 * device's budget leaves after the baseline and host data, or
+                                 * memory.vram_budget when smaller; the child's
+                                 * memory.vram_budget (0: a sampling job's plan has none) */
+    struct strategy strategy;   /* a training job's plan's strategy, which its child runs */
+    int has_strategy;           /* 0: a sampling job */
     double step_seconds;        /* predicted seconds of one step (a sampling job: one denoising
                                  * step of a batch) at the threads it asked for */
 };
@@ -83,7 +89,8 @@ struct pool_fit {
 struct pool_admission {
     int n;
     struct pool_fit fit[POOL_MAX_DEVICES];
-    char *plans;                /* the JSON array of the plans (GET /jobs/{id} "plans"); free() */
+    cJSON *plans;               /* the plans' entries as GET /jobs/{id} shows them ("plans"); the
+                                 * caller deletes it (cJSON_Delete) */
     int first;                  /* the fitting device (index) a job is shown with while queued,
                                  * or the one needing the fewest bytes beyond its budget */
 };
@@ -102,16 +109,26 @@ void pool_free(struct pool *p);
 /* called (from the pool's thread or a submitting thread) after every event appended */
 void pool_set_notify(struct pool *p, void (*fn)(void *ctx), void *ctx);
 
+/* a training job as the api hands it over */
+struct pool_train {
+    const struct train_spec *spec; /* as its owner wrote it: data and init_from by id, never a
+                                    * server path (what GET /jobs/{id} shows) */
+    const char *dataset_dir;    /* the images folder an uploaded data.dataset names; NULL: the
+                                 * built-in dataset */
+    const char *init_path;      /* the checkpoint file init_from names; NULL: none */
+};
+
 /* Plans the job on every device (the planner's search against what the device's budget leaves
  * after its process baseline and, on the cpu, the job's data; memory.vram_budget caps it) and
- * queues it: stored spec (shown to its owner) and child spec (paths resolved) as canonical JSON.
- * On POOL_OK id gets the new job's id; on POOL_ERR_NEVER_FITS (and POOL_ERR_POISONED) adm says
- * the bytes. Nothing is stored unless POOL_OK. adm->plans is freed by the caller either way.
- * idem_key: the request's Idempotency-Key (reserved by jobs_idem_begin) or NULL; the job's insert
- * links it, so a retry finds this job even when its answer could not be stored. */
+ * queues it: its spec stored (shown to its owner) and its child's spec file written once, both
+ * canonical JSON, the child's with the server's paths. On POOL_OK id gets the new job's id; on
+ * POOL_ERR_NEVER_FITS (and POOL_ERR_POISONED) adm says the bytes. Nothing is stored unless
+ * POOL_OK. adm->plans is deleted by the caller either way. idem_key: the request's
+ * Idempotency-Key (reserved by jobs_idem_begin) or NULL; the job's insert links it, so a retry
+ * finds this job even when its answer could not be stored. */
 int pool_submit(struct pool *p, const char *owner, const char *idem_key,
-                const struct train_spec *shown, const struct train_spec *child,
-                struct pool_admission *adm, char *id, char *err, size_t errlen);
+                const struct pool_train *job, struct pool_admission *adm, char *id, char *err,
+                size_t errlen);
 /* a sampling job (POST /samples), its fields validated by the caller */
 struct pool_sample {
     char checkpoint_id[64];     /* "<job id>-<step>": shown to the owner */

@@ -1023,8 +1023,10 @@ static const char *where(char *buf, size_t n, const char *text, size_t at)
     return buf;
 }
 
-/* parses n bytes (no NUL among them) */
-static int parse_text(const char *json, size_t len, struct train_spec *s, struct spec_errors *E)
+/* parses n bytes; the top-level members named in extra (NULL-terminated, may be NULL) are
+ * checked as strings are, then moved to *extras (when there are any) */
+static int parse_text(const char *json, size_t len, const char *const *extra, cJSON **extras,
+                      struct train_spec *s, struct spec_errors *E)
 {
     struct spec_ctx ctx;
     char pos[80], snip[SPEC_ECHO_MAX * 4 + 8];
@@ -1033,19 +1035,22 @@ static int parse_text(const char *json, size_t len, struct train_spec *s, struct
     memset(&ctx, 0, sizeof ctx);
     ctx.E = E;
     spec_defaults(s);
-    while (i < len && is_ws(json[i])) i++;
-    if (i == len) {
-        err(E, "", len ? "empty document (only whitespace)" : "empty document");
-        return -1;
-    }
+    if (extras) *extras = NULL;
+    /* the parse end through the out-parameter: cJSON_GetErrorPtr is one global for all threads */
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!root) {
         size_t at = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
-        err(E, "", "not valid JSON at %s%s%s%s", where(pos, sizeof pos, json, at),
-            at < len ? ", near '" : " (it ends early)",
-            at < len ? echo(snip, sizeof snip, json + at, len - at, SPEC_ECHO_MAX) : "",
-            at < len ? "'" : "");
+        E->syntax = 1;
+        E->syntax_at = at;
+        while (i < len && is_ws(json[i])) i++;
+        if (i == len)
+            err(E, "", len ? "empty document (only whitespace)" : "empty document");
+        else
+            err(E, "", "not valid JSON at %s%s%s%s", where(pos, sizeof pos, json, at),
+                at < len ? ", near '" : " (it ends early)",
+                at < len ? echo(snip, sizeof snip, json + at, len - at, SPEC_ECHO_MAX) : "",
+                at < len ? "'" : "");
         return -1;
     }
     for (i = (size_t)(end - json); i < len && is_ws(json[i]); i++) {
@@ -1063,6 +1068,16 @@ static int parse_text(const char *json, size_t len, struct train_spec *s, struct
     ctx.n_strings = 0;
     audit(&ctx, root, "", 0);
     if (E->n) goto done;
+    for (const char *const *x = extra; x && *x; x++) {
+        cJSON *m = cJSON_DetachItemFromObjectCaseSensitive(root, *x);
+        if (!m) continue;
+        if (!*extras && !(*extras = cJSON_CreateObject())) {
+            cJSON_Delete(m);
+            err(E, "", "out of memory");
+            goto done;
+        }
+        cJSON_AddItemToObject(*extras, *x, m);
+    }
 
     static const char *top[] = {"model", "data", "diffusion", "train", "output", "memory",
                                 "init_from", NULL};
@@ -1147,7 +1162,13 @@ done:
 
 int spec_parse(const char *json, struct train_spec *s, struct spec_errors *E)
 {
-    return parse_text(json, strlen(json), s, E);
+    return parse_text(json, strlen(json), NULL, NULL, s, E);
+}
+
+int spec_parse_request(const char *body, size_t len, const char *const *extra, cJSON **extras,
+                       struct train_spec *s, struct spec_errors *E)
+{
+    return parse_text(body, len, extra, extras, s, E);
 }
 
 int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *E)
@@ -1204,7 +1225,7 @@ int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *E
         goto out;
     }
     buf[n] = 0;
-    rc = parse_text(buf, n, s, E);
+    rc = parse_text(buf, n, NULL, NULL, s, E);
 out:
     if (f) fclose(f);
     free(buf);

@@ -5,6 +5,8 @@
 #ifndef DDPMD_SPEC_H
 #define DDPMD_SPEC_H
 
+#include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ddpm.h"
@@ -35,6 +37,8 @@
 #define SPEC_FMNIST_IMAGES 60000           /* Fashion-MNIST's training split */
 
 struct spec_errors {
+    int syntax;                   /* the document is not JSON at all (or empty) */
+    size_t syntax_at;             /* then: the byte where its parsing stopped */
     int n;
     struct {
         char path[128];
@@ -87,6 +91,12 @@ void spec_defaults(struct train_spec *s);
  * characters in strings, invalid UTF-8, nesting deeper than 16. Messages echo at most 40 bytes
  * of the input, with bytes that are not printable UTF-8 as \xNN. */
 int spec_parse(const char *json, struct train_spec *s, struct spec_errors *errs);
+/* spec_parse of len bytes that may hold members beside the spec (a request body: POST /train's
+ * "webhook"): the top-level members named in extra (NULL-terminated) are checked as every
+ * string is, then taken out and handed back in *extras, an object of those present (NULL when
+ * none; the caller deletes it, also on failure). errs->syntax says the body is not JSON at all. */
+int spec_parse_request(const char *body, size_t len, const char *const *extra, cJSON **extras,
+                       struct train_spec *s, struct spec_errors *errs);
 /* spec_parse of a regular file of at most SPEC_FILE_MAX bytes (a FIFO or directory is refused
  * without blocking); open and read errors carry strerror's reason */
 int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *errs);

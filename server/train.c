@@ -18,6 +18,7 @@
 
 #include "backend_load.h"
 #include "checkpoint.h"
+#include "child.h"
 #include "dataset.h"
 #include "exec.h"
 #include "export.h"
@@ -611,28 +612,33 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     return exec_reset_state(j->ts.e) ? -1 : 0;
 }
 
-/* progress of a long phase ("validation", "sampling"): a counter on a terminal, a JSON line
- * {"event":E,"step":N,"done":D,"total":T} otherwise */
-static void report_phase(const struct train_opts *o, const char *event, int64_t step, int done,
-                         int total)
+/* progress of a long phase (validation, sampling): a counter on a terminal, a protocol event
+ * {"event":E,"step":N,"done":D,"total":T} otherwise (child.h) */
+static void report_phase(const struct train_opts *o, enum child_event_kind kind, int64_t step,
+                         int done, int total)
 {
     if (o->quiet) return;
     if (o->progress) {
-        printf("\r  %s %d/%d   ", event, done, total);
+        printf("\r  %s %d/%d   ", child_event_name(kind), done, total);
         if (done == total) printf("\n");
-    } else {
-        printf("{\"event\":\"%s\",\"step\":%" PRId64 ",\"done\":%d,\"total\":%d}\n", event, step,
-               done, total);
+        fflush(stdout);
+        return;
     }
-    fflush(stdout);
+    struct child_event e = {.kind = kind};
+    child_event_set(&e, CHILD_STEP, (double)step);
+    child_event_set(&e, CHILD_DONE, done);
+    child_event_set(&e, CHILD_TOTAL, total);
+    child_event_write(stdout, &e);
 }
 
-/* a JSON line {"event":E,"step":N} (checkpoint, samples, stopped, done); nothing on a terminal */
-static void report_event(const struct train_opts *o, const char *event, int64_t step)
+/* a protocol event {"event":E,"step":N} (checkpoint, samples, stopped, done); nothing on a
+ * terminal */
+static void report_event(const struct train_opts *o, enum child_event_kind kind, int64_t step)
 {
     if (o->quiet || o->progress) return;
-    printf("{\"event\":\"%s\",\"step\":%" PRId64 "}\n", event, step);
-    fflush(stdout);
+    struct child_event e = {.kind = kind};
+    child_event_set(&e, CHILD_STEP, (double)step);
+    child_event_write(stdout, &e);
 }
 
 /* mean loss over the held-out images (whole batches of them) at fixed timesteps and noise; NaN
@@ -651,7 +657,7 @@ static float validation_loss(struct job *j, int64_t step)
         float loss = 0;
         if (train_step_eval(&j->ts, s->seed ^ VAL_SEED_SALT, (int64_t)b, t, &loss)) return NAN;
         sum += loss;
-        if (nb > 1) report_phase(j->o, "validation", step, b + 1, nb);
+        if (nb > 1) report_phase(j->o, CHILD_EVENT_VALIDATION, step, b + 1, nb);
     }
     return (float)(sum / nb);
 }
@@ -664,7 +670,7 @@ struct sample_progress_ctx {
 static void sample_progress(int done, int total, void *ctx)
 {
     const struct sample_progress_ctx *c = ctx;
-    report_phase(c->o, "sampling", c->step, done, total);
+    report_phase(c->o, CHILD_EVENT_SAMPLING, c->step, done, total);
 }
 
 /* the sample grid of step: GENERATE_OK, GENERATE_STOPPED (a stop request: nothing written) or
@@ -715,7 +721,7 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
         rc = GENERATE_FAILED;
         goto out;
     }
-    report_event(j->o, "samples", step);
+    report_event(j->o, CHILD_EVENT_SAMPLES, step);
 out:
     generate_free(&sj); /* a view: clears it, frees nothing of the job's */
     free(img);
@@ -798,7 +804,7 @@ static int checkpoint(struct job *j, int64_t step, char *err, size_t errlen)
         return -1;
     j->last_ckpt = step;
     prune_checkpoints(j->dir_ckpt, j->spec->keep_last);
-    report_event(j->o, "checkpoint", step);
+    report_event(j->o, CHILD_EVENT_CHECKPOINT, step);
     return csv_write(j, err, errlen);
 }
 
@@ -838,21 +844,23 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
         if (!isnan(val)) printf("\n  validation loss %.4f at step %" PRId64 "\n", val, step);
         fflush(stdout);
     } else {
-        /* a skipped f16 step may have an inf loss and norm: JSON has no inf, they are null */
-        printf("{\"event\":\"step\",\"step\":%" PRId64 ",\"steps\":%d", step, s->steps);
-        if (isfinite(loss)) printf(",\"loss\":%.6f", loss);
-        else printf(",\"loss\":null");
-        printf(",\"loss_avg\":%.6f,\"lr\":%.6g", avg, lr);
-        if (isfinite(norm)) printf(",\"grad_norm\":%.4f", norm);
-        else printf(",\"grad_norm\":null");
-        printf(",\"img_per_s\":%.2f,\"eta_s\":%.0f", ips, eta);
-        if (j->ts.tp.g.precision == STRATEGY_PRECISION_F16)
-            printf(",\"loss_scale\":%.9g,\"skipped_steps\":%" PRId64,
-                   (double)exec_loss_scaler(j->ts.e)->scale, exec_loss_scaler(j->ts.e)->skipped);
-        if (!isnan(val)) printf(",\"val_loss\":%.6f", val);
-        if (step_s >= 0) printf(",\"step_s\":%.6f", step_s);
-        printf("}\n");
-        fflush(stdout);
+        /* a skipped f16 step may have an inf loss and norm: the protocol writes them null */
+        struct child_event e = {.kind = CHILD_EVENT_STEP};
+        child_event_set(&e, CHILD_STEP, (double)step);
+        child_event_set(&e, CHILD_STEPS, s->steps);
+        child_event_set(&e, CHILD_LOSS, loss);
+        child_event_set(&e, CHILD_LOSS_AVG, avg);
+        child_event_set(&e, CHILD_LR, lr);
+        child_event_set(&e, CHILD_GRAD_NORM, norm);
+        child_event_set(&e, CHILD_IMG_PER_S, ips);
+        child_event_set(&e, CHILD_ETA_S, eta);
+        if (j->ts.tp.g.precision == STRATEGY_PRECISION_F16) {
+            child_event_set(&e, CHILD_LOSS_SCALE, (double)exec_loss_scaler(j->ts.e)->scale);
+            child_event_set(&e, CHILD_SKIPPED_STEPS, (double)exec_loss_scaler(j->ts.e)->skipped);
+        }
+        if (!isnan(val)) child_event_set(&e, CHILD_VAL_LOSS, val);
+        if (step_s >= 0) child_event_set(&e, CHILD_STEP_S, step_s);
+        child_event_write(stdout, &e);
     }
 }
 
@@ -932,7 +940,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     int owed = owed_samples(&j, start, err, errlen);
     if (owed == GENERATE_FAILED) goto out;
     if (owed == GENERATE_STOPPED) {
-        report_event(o, "stopped", start);
+        report_event(o, CHILD_EVENT_STOPPED, start);
         rc = TRAIN_STOPPED;
         goto out;
     }
@@ -1019,14 +1027,14 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             if (step > start && j.last_ckpt != step && checkpoint(&j, step, err, errlen))
                 goto out;
             if (o->progress && !o->quiet) printf("\n");
-            report_event(o, "stopped", step);
+            report_event(o, CHILD_EVENT_STOPPED, step);
             rc = TRAIN_STOPPED;
             goto out;
         }
     }
     if (o->progress && !o->quiet) printf("\n");
     if (start >= spec->steps && csv_write(&j, err, errlen)) goto out;
-    report_event(o, "done", step);
+    report_event(o, CHILD_EVENT_DONE, step);
     rc = TRAIN_DONE;
 out:
     job_free(&j);

@@ -107,6 +107,14 @@ if [ "$host" -lt "$need" ]; then
   expect 2 "(60000 images of 1x1024x1024 as float, and the batch buffers), more than this host's" train "$dir/data.json" --out "$dir/o"
   expect 2 "data.dataset: the decoded dataset needs" plan "$dir/data.json"
 fi
+printf '{%s, "train": {"batch": 4}}' "$base" > "$dir/b4.json"
+# the options a server's job gets its plan through: checked as the spec checks its fields
+expect 2 "--precision: 'f64' is not one of auto, f32, bf16, f16" train "$dir/b4.json" --out "$dir/o" --precision f64
+expect 2 "--recompute: 'all' is not one of auto, none, attention, resblock, level" train "$dir/b4.json" --out "$dir/o" --recompute all
+expect 2 "--offload: 'yes' is not one of auto, off, on" train "$dir/b4.json" --out "$dir/o" --offload yes
+expect 2 "--micro-batch: must be in [1, 65535], got 0" train "$dir/b4.json" --out "$dir/o" --micro-batch 0
+expect 2 "memory.micro_batch" train "$dir/b4.json" --out "$dir/o" --micro-batch 5
+expect 2 "--threads: must be in [1, 256], got 0" train "$dir/b4.json" --out "$dir/o" --threads 0
 check '[ ! -e "$dir/o" ]' "a refused spec created its output folder"
 
 # a real checkpoint (one step of a tiny model): --steps beyond its timesteps is refused by name

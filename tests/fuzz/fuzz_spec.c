@@ -1,6 +1,9 @@
 /* fuzz_spec.c - the training spec parser (spec_parse) on arbitrary bytes. Invariants: a spec that
  * parses serialises (spec_to_json) to JSON that parses again to the same canonical JSON; errors
- * are counted within SPEC_MAX_ERRORS and their strings are terminated. */
+ * are counted within SPEC_MAX_ERRORS and their strings are terminated. The request form
+ * (spec_parse_request, POST /train's body with "webhook" beside the spec) on all the bytes, NULs
+ * included: a syntax error is within them, members taken out are an object, and a body without
+ * them (and without NULs) parses as spec_parse parses it. */
 #include "fuzz.h"
 #include "spec.h"
 
@@ -39,6 +42,18 @@ int fuzz_spec(const uint8_t *data, size_t size)
                 fuzz_fail("spec", "error %d is not NUL-terminated", i);
         }
     }
+    static const char *const extra[] = {"webhook", NULL};
+    cJSON *extras = NULL;
+    struct train_spec r;
+    struct spec_errors ER;
+    int rc = spec_parse_request((const char *)data, size, extra, &extras, &r, &ER);
+    if (ER.syntax && (!rc || ER.n < 1 || ER.syntax_at > size))
+        fuzz_fail("spec", "request: a syntax error at %zu of %zu, rc %d, %d errors", ER.syntax_at,
+                  size, rc, ER.n);
+    if (extras && !cJSON_IsObject(extras)) fuzz_fail("spec", "request: extras not an object");
+    if (!extras && strlen(json) == size && (rc == 0) != (spec_parse(json, &s2, &E2) == 0))
+        fuzz_fail("spec", "request and spec_parse disagree (%d) on a body without extras", rc);
+    cJSON_Delete(extras);
     free(json);
     return 0;
 }

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import struct
 import sys
 import time
 
@@ -62,7 +63,15 @@ def main(exe):
     check(j["plan"]["fits"] and j["plan"]["reserved_bytes"] <= mid and st != plain["memory"] and
           j["plan"]["search"]["candidates"][-1]["chosen"], "fitted plan %s" % j["plan"])
     sf.wait_job(j["id"], lambda x: x["state"] == "succeeded", what="the fitted job done")
-    child = json.load(open(os.path.join(sf.data, "jobs", j["id"], "spec.json")))
+    # the child's spec file is the spec as submitted, written once; the plan reaches the child
+    # on its command line, and the spec it ran with is in its checkpoint's metadata
+    written = json.load(open(os.path.join(sf.data, "jobs", j["id"], "spec.json")))
+    check(written["memory"]["precision"] == "auto" and written["memory"]["vram_budget"] == 0,
+          "the child's spec file was changed: %s" % written["memory"])
+    ckdir = os.path.join(sf.data, "jobs", j["id"], "out", "checkpoints")
+    with open(os.path.join(ckdir, sorted(os.listdir(ckdir))[-1]), "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    child = json.loads(header["__metadata__"]["spec"])
     check({k: child["memory"][k] for k in st} == st and
           child["memory"]["vram_budget"] == j["plan"]["vram_budget"],
           "the child's memory %s, the plan's %s" % (child["memory"], st))
