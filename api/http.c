@@ -1,0 +1,365 @@
+/* http.c - the HTTP layer under the routes (see http.h): replies that carry the request's id and
+ * record its status, RFC 9457 problems and field errors made one way, files and descriptors as
+ * bodies, the 500 an allocation failure still gets, bearer-token auth and the token file.
+ */
+#define _GNU_SOURCE
+#include "http.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <sys/random.h>
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "fsio.h"
+#include "parse.h"
+
+
+
+/* ---- responses ---- */
+
+void api_link(const struct api *a, char *buf, size_t n, const char *fmt, ...)
+{
+    size_t pl = strlen(a->prefix);
+    snprintf(buf, n, "%s", a->prefix);
+    if (pl >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + pl, n - pl, fmt, ap);
+    va_end(ap);
+}
+
+/* every response goes out here: it carries the request's X-Request-Id, and its status is kept
+ * for the access log and the metrics */
+enum MHD_Result http_respond(struct ctx *c, unsigned status, struct MHD_Response *res)
+{
+    c->r->status = status;
+    MHD_add_response_header(res, "X-Request-Id", c->r->rid);
+    return MHD_queue_response(c->conn, status, res);
+}
+
+
+/* the answer to a request whose answer could not be made: a 500 problem (made now if it can
+ * be, else the one made at start, which cannot carry the request's id) */
+enum MHD_Result http_send_oom(struct ctx *c)
+{
+    struct MHD_Response *res = MHD_create_response_from_buffer(strlen(HTTP_OOM_BODY), HTTP_OOM_BODY,
+                                                               MHD_RESPMEM_PERSISTENT);
+    if (!res) {
+        c->r->status = 500;
+        return MHD_queue_response(c->conn, 500, c->a->oom);
+    }
+    MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, "application/problem+json");
+    enum MHD_Result r = http_respond(c, 500, res);
+    MHD_destroy_response(res);
+    return r;
+}
+
+enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type, const char *body,
+                               const char *const *headers)
+{
+    struct MHD_Response *res = MHD_create_response_from_buffer(strlen(body), (void *)body,
+                                                               MHD_RESPMEM_MUST_COPY);
+    if (!res) return http_send_oom(c);
+    MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    for (int i = 0; headers && headers[i]; i += 2) MHD_add_response_header(res, headers[i], headers[i + 1]);
+    enum MHD_Result r = http_respond(c, status, res);
+    MHD_destroy_response(res);
+    return r;
+}
+
+enum MHD_Result http_send_json(struct ctx *c, unsigned status, cJSON *o, const char *type,
+                               const char *const *headers)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return http_send_oom(c);
+    enum MHD_Result r = http_send_text(c, status, type ? type : "application/json", s, headers);
+    free(s);
+    return r;
+}
+
+static const char *status_title(unsigned status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    case 507: return "Insufficient Storage";
+    default: return "Error";
+    }
+}
+
+/* RFC 9457: type (about:blank for plain HTTP statuses), title, status, detail, and extension
+ * members in extra (errors[] with field paths, needed_bytes, ...), which is consumed */
+enum MHD_Result http_send_problem(struct ctx *c, unsigned status, const char *slug,
+                                  const char *detail, cJSON *extra, const char *const *headers)
+{
+    cJSON *o = extra ? extra : cJSON_CreateObject();
+    char type[96];
+    snprintf(type, sizeof type, "%s%s", slug ? PROBLEM_BASE : "about:blank", slug ? slug : "");
+    int ok = o && cJSON_AddStringToObject(o, "type", type) &&
+             cJSON_AddStringToObject(o, "title", status_title(status)) &&
+             cJSON_AddNumberToObject(o, "status", status) &&
+             cJSON_AddStringToObject(o, "detail", detail);
+    if (!ok) {
+        cJSON_Delete(o);
+        return http_send_oom(c);
+    }
+    return http_send_json(c, status, o, "application/problem+json", headers);
+}
+
+cJSON *http_errors_new(void)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o && !cJSON_AddArrayToObject(o, "errors")) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+void http_errors_add(cJSON *errs, const char *path, const char *msg)
+{
+    cJSON *e = cJSON_CreateObject();
+    if (!e || !cJSON_AddStringToObject(e, "path", path) ||
+        !cJSON_AddStringToObject(e, "message", msg) ||
+        !cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(errs, "errors"), e))
+        cJSON_Delete(e);
+}
+
+int http_errors_count(const cJSON *errs)
+{
+    return cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(errs, "errors"));
+}
+
+enum MHD_Result http_send_errors(struct ctx *c, cJSON *errs, const char *what)
+{
+    if (!errs) return http_send_oom(c);
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(errs, "errors");
+    int n = cJSON_GetArraySize(arr);
+    const cJSON *e0 = cJSON_GetArrayItem(arr, 0);
+    const cJSON *p0 = cJSON_GetObjectItemCaseSensitive(e0, "path");
+    const cJSON *m0 = cJSON_GetObjectItemCaseSensitive(e0, "message");
+    char detail[600];
+    snprintf(detail, sizeof detail, "the %s has %d error%s; the first: %.128s%s%.256s", what, n,
+             n == 1 ? "" : "s", cJSON_IsString(p0) ? p0->valuestring : "",
+             cJSON_IsString(p0) && *p0->valuestring ? ": " : "",
+             cJSON_IsString(m0) ? m0->valuestring : "");
+    return http_send_problem(c, 422, "validation", detail, errs, NULL);
+}
+
+enum MHD_Result http_send_invalid(struct ctx *c, unsigned status, const char *path,
+                                  const char *msg)
+{
+    char detail[400];
+    snprintf(detail, sizeof detail, "%s%s%s", path, *path ? ": " : "", msg);
+    cJSON *errs = http_errors_new();
+    if (errs) http_errors_add(errs, path, msg);
+    return errs ? http_send_problem(c, status, "validation", detail, errs, NULL) : http_send_oom(c);
+}
+
+/* ---- jobs as JSON ---- */
+
+void http_json_num_or_null(cJSON *o, const char *k, double v)
+{
+    if (isfinite(v))
+        cJSON_AddNumberToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+void http_json_str_or_null(cJSON *o, const char *k, const char *v)
+{
+    if (v && *v)
+        cJSON_AddStringToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+const char *http_arg(struct ctx *c, const char *k)
+{
+    return MHD_lookup_connection_value(c->conn, MHD_GET_ARGUMENT_KIND, k);
+}
+
+int http_json_body(struct ctx *c)
+{
+    return api_parse_json_content_type(
+        MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE));
+}
+
+/* the open regular file fd (taken over) of size bytes as a 200 of type, with a
+ * Content-Disposition when disp is not NULL */
+enum MHD_Result http_send_fd(struct ctx *c, int fd, uint64_t size, const char *type,
+                               const char *disp)
+{
+    struct MHD_Response *resp = MHD_create_response_from_fd64(size, fd);
+    if (!resp) {
+        close(fd);
+        return http_send_oom(c);
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (disp) MHD_add_response_header(resp, "Content-Disposition", disp);
+    enum MHD_Result rr = http_respond(c, 200, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* the regular file at path as a 200 of type; 404 with detail when path is NULL or names no
+ * regular file (fsio_open_regular: no FIFO, link or directory is ever opened) */
+enum MHD_Result http_send_file(struct ctx *c, const char *path, const char *type,
+                                 const char *detail)
+{
+    char err[300];
+    int fd = path ? fsio_open_regular(path, O_RDONLY, err, sizeof err) : -1;
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        if (fd >= 0) close(fd);
+        return http_send_problem(c, 404, NULL, detail, NULL, NULL);
+    }
+    return http_send_fd(c, fd, (uint64_t)sb.st_size, type, NULL);
+}
+
+/* constant time in the secrets' contents: every token is compared, over its full length */
+static int auth_check(struct ctx *c, int *present)
+{
+    const struct api *a = c->a;
+    const char *h = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                MHD_HTTP_HEADER_AUTHORIZATION);
+    *present = h != NULL;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return -1;
+    const char *got = h + 7;
+    size_t glen = strlen(got);
+    int found = -1;
+    for (int t = 0; t < a->cfg.n_tokens; t++) {
+        const char *want = a->cfg.tokens[t].secret;
+        size_t wlen = strlen(want);
+        volatile unsigned char diff = (unsigned char)(glen != wlen);
+        for (size_t i = 0; i < wlen; i++) diff |= (unsigned char)(want[i] ^ (i < glen ? got[i] : 0));
+        if (diff == 0 && found < 0) found = t;
+    }
+    if (found < 0) return -1;
+    snprintf(c->owner, sizeof c->owner, "%s", a->cfg.tokens[found].name);
+    c->admin = a->cfg.tokens[found].admin;
+    return 0;
+}
+
+/* the client's X-Request-Id when it is 1..64 of [A-Za-z0-9._:-], else 16 random hex digits */
+void http_request_id(struct MHD_Connection *conn, char *rid)
+{
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = h ? strlen(h) : 0;
+    if (n >= 1 && n <= REQUEST_ID_MAX &&
+        strspn(h, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") == n) {
+        memcpy(rid, h, n + 1);
+        return;
+    }
+    unsigned char b[8] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        /* no entropy (never on Linux >= 3.17 after boot): time and a counter still differ */
+        static atomic_uint_least64_t seq;
+        uint64_t v = (uint64_t)(clock_now_s() * 1e6) ^ (atomic_fetch_add(&seq, 1) << 40);
+        memcpy(b, &v, sizeof b);
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 8; i++) rid[2 * i] = hex[b[i] >> 4], rid[2 * i + 1] = hex[b[i] & 15];
+    rid[16] = 0;
+}
+
+int http_authorize(struct ctx *c, int needed, enum MHD_Result *res)
+{
+    snprintf(c->owner, sizeof c->owner, "anonymous");
+    c->admin = 1; /* without tokens everyone is the one local user */
+    if (!c->a->cfg.tokens || !needed) return 0;
+    int present;
+    c->admin = 0;
+    if (auth_check(c, &present) == 0) return 0;
+    *res = http_send_problem(c, 401, NULL,
+                   present ? "the bearer token is not valid"
+                           : "this route needs Authorization: Bearer TOKEN",
+                   NULL,
+                   (const char *const[]){"WWW-Authenticate",
+                                         present ? "Bearer realm=\"ddpmd\", "
+                                                   "error=\"invalid_token\""
+                                                 : "Bearer realm=\"ddpmd\"",
+                                         NULL});
+    return -1;
+}
+
+int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *err,
+                    size_t errlen)
+{
+    *tokens = NULL;
+    *n = 0;
+    FILE *f = fsio_fopen_read(path, err, errlen);
+    if (!f) return -1;
+    char line[1024];
+    int lineno = 0, cap = 0, rc = -1;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char name[64], secret[256], flag[16], extra[2];
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        int k = sscanf(line, "%63s %255s %15s %1s", name, secret, flag, extra);
+        if (k <= 0) continue;
+        if (k < 2 || k > 3 || (k == 3 && strcmp(flag, "admin") != 0)) {
+            snprintf(err, errlen, "%s:%d: expected \"NAME SECRET\" or \"NAME SECRET admin\"", path,
+                     lineno);
+            goto out;
+        }
+        if (strlen(secret) < 16) {
+            snprintf(err, errlen, "%s:%d: the secret of %s is shorter than 16 characters", path,
+                     lineno, name);
+            goto out;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            struct api_token *t = realloc(*tokens, (size_t)cap * sizeof *t);
+            if (!t) {
+                snprintf(err, errlen, "out of memory");
+                goto out;
+            }
+            *tokens = t;
+        }
+        struct api_token *t = &(*tokens)[(*n)++];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        snprintf(t->secret, sizeof t->secret, "%s", secret);
+        t->admin = k == 3;
+    }
+    if (*n == 0) {
+        snprintf(err, errlen, "%s has no tokens", path);
+        goto out;
+    }
+    rc = 0;
+out:
+    fclose(f);
+    if (rc) {
+        free(*tokens);
+        *tokens = NULL;
+        *n = 0;
+    }
+    return rc;
+}

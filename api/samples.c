@@ -1,0 +1,320 @@
+/* samples.c - the sampling jobs' routes: POST /samples (a checkpoint or a job's newest, its
+ * fields checked one by one), GET /samples and /samples/{id}, the grid and the images.
+ */
+#define _GNU_SOURCE
+#include "routes.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "jobs.h"
+#include "parse.h"
+#include "pool.h"
+#include "safetensors.h"
+#include "spec.h"
+#include "train.h"
+
+/* ---- sampling jobs (kind "sample": the same store, pool, cancel and event stream) ---- */
+
+#define SAMPLE_N_MAX 1024
+
+cJSON *api_sample_json(const struct api *a, const struct job_row *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    char buf[192];
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "kind", r->kind);
+    cJSON_AddStringToObject(o, "owner", r->owner);
+    cJSON_AddStringToObject(o, "state", job_state_name(r->state));
+    api_job_placement(o, r);
+    cJSON_AddNumberToObject(o, "step", (double)r->step);
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    http_json_str_or_null(o, "error", r->error);
+    http_json_str_or_null(o, "created_at", r->created_at);
+    http_json_str_or_null(o, "started_at", r->started_at);
+    http_json_str_or_null(o, "ended_at", r->ended_at);
+    cJSON *params = cJSON_Parse(r->spec);
+    cJSON_AddItemToObject(o, "params", params ? params : cJSON_CreateObject());
+    /* the images exist once the job succeeded (cmd_sample writes them after the loop) */
+    cJSON *imgs = cJSON_AddArrayToObject(o, "images");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(params, "n");
+    if (r->state == JOB_SUCCEEDED && cJSON_IsNumber(n))
+        for (int k = 0; k < n->valueint; k++) {
+            api_link(a, buf, sizeof buf, "/samples/%s/images/%d.png", r->id, k);
+            cJSON_AddItemToArray(imgs, cJSON_CreateString(buf));
+        }
+    cJSON *links = cJSON_AddObjectToObject(o, "links");
+    api_link(a, buf, sizeof buf, "/samples/%s", r->id);
+    cJSON_AddStringToObject(links, "self", buf);
+    api_link(a, buf, sizeof buf, "/samples/%s.png", r->id);
+    if (r->state == JOB_SUCCEEDED)
+        cJSON_AddStringToObject(links, "grid", buf);
+    else
+        cJSON_AddNullToObject(links, "grid");
+    api_link(a, buf, sizeof buf, "/jobs/%s/events", r->id);
+    cJSON_AddStringToObject(links, "events", buf);
+    api_link(a, buf, sizeof buf, "/jobs/%s/cancel", r->id);
+    cJSON_AddStringToObject(links, "cancel", buf);
+    return o;
+}
+
+/* load_job, and the job is a sampling job (a training job's id is no sample: 404) */
+static int load_sample(struct ctx *c, const char *id, struct job_row *r, enum MHD_Result *res)
+{
+    if (api_job_load(c, id, r, res)) return -1;
+    if (strcmp(r->kind, "sample") != 0) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "no sample %s (%s is a %s job: GET /jobs/%s)", id, id,
+                 r->kind, id);
+        job_row_free(r);
+        *res = http_send_problem(c, 404, NULL, detail, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* an integer field in [lo, hi] (absent: def); 0 when valid */
+static int field_int(const cJSON *o, const char *k, double lo, double hi, double def, double *v,
+                     cJSON *errs)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, k);
+    char msg[120];
+    *v = def;
+    if (!f || cJSON_IsNull(f)) return 0;
+    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || f->valuedouble < lo ||
+        f->valuedouble > hi) {
+        snprintf(msg, sizeof msg, "expected an integer from %.0f to %.0f", lo, hi);
+        http_errors_add(errs, k, msg);
+        return -1;
+    }
+    *v = f->valuedouble;
+    return 0;
+}
+
+/* POST /samples: {checkpoint | job, n, sampler, steps, eta, seed, ema, batch}; the checkpoint
+ * (a job's newest when given a job) must be visible to the caller */
+enum MHD_Result h_samples_post(struct ctx *c)
+{
+    if (!http_json_body(c))
+        return http_send_problem(c, 415, NULL, "POST /samples takes a SampleRequest as application/json",
+                       NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
+    if (!c->a->admitting)
+        return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
+                       (const char *const[]){"Retry-After", "10", NULL});
+    enum MHD_Result ires;
+    if (api_idem_begin(c, "POST /samples", &ires)) return ires;
+    const char *body = c->r->body ? c->r->body : "";
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, c->r->len, &at, 0);
+    if (!root) {
+        char detail[200];
+        size_t off = at && at >= body ? (size_t)(at - body) : 0;
+        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)", off,
+                 c->r->len);
+        return http_send_problem(c, 400, "malformed-json", detail, NULL, NULL);
+    }
+    static const char *const known[] = {"checkpoint", "job", "n", "sampler", "steps", "eta",
+                                        "seed", "ema", "batch", NULL};
+    struct pool_sample s;
+    memset(&s, 0, sizeof s);
+    cJSON *errs = http_errors_new();
+    if (!cJSON_IsObject(root)) {
+        http_errors_add(errs, "", "expected a JSON object");
+        goto invalid;
+    }
+    for (const cJSON *f = root->child; f; f = f->next) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= f->string && strcmp(f->string, known[i]) == 0;
+        if (!ok) {
+            char path[80];
+            snprintf(path, sizeof path, "%.64s", f->string ? f->string : "");
+            http_errors_add(errs, path, "unknown field");
+        }
+    }
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(root, "checkpoint");
+    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(root, "job");
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(root, "sampler");
+    const cJSON *eta = cJSON_GetObjectItemCaseSensitive(root, "eta");
+    const cJSON *ema = cJSON_GetObjectItemCaseSensitive(root, "ema");
+    if (cJSON_IsNull(ck)) ck = NULL;
+    if (cJSON_IsNull(jb)) jb = NULL;
+    if (!ck == !jb)
+        http_errors_add(errs, ck ? "job" : "checkpoint",
+                "give exactly one of checkpoint (an id like j0123456789abcdef-300) or job (its "
+                "newest checkpoint)");
+    if (ck && !cJSON_IsString(ck)) http_errors_add(errs, "checkpoint", "expected a checkpoint id (a string)");
+    if (jb && !cJSON_IsString(jb)) http_errors_add(errs, "job", "expected a job id (a string)");
+    double n, steps, seed, batch;
+    field_int(root, "n", 1, SAMPLE_N_MAX, 16, &n, errs);
+    field_int(root, "steps", 1, 100000, -1, &steps, errs);
+    field_int(root, "seed", 0, 9007199254740991.0, 1, &seed, errs);
+    field_int(root, "batch", 1, SPEC_BATCH_MAX, 16, &batch, errs);
+    snprintf(s.sampler, sizeof s.sampler, "ddim");
+    if (sm && !cJSON_IsNull(sm)) {
+        if (cJSON_IsString(sm) && (strcmp(sm->valuestring, "ddim") == 0 ||
+                                   strcmp(sm->valuestring, "ddpm") == 0))
+            snprintf(s.sampler, sizeof s.sampler, "%s", sm->valuestring);
+        else
+            http_errors_add(errs, "sampler", "expected \"ddim\" or \"ddpm\"");
+    }
+    s.eta = 0;
+    if (eta && !cJSON_IsNull(eta)) {
+        if (cJSON_IsNumber(eta) && eta->valuedouble >= 0 && eta->valuedouble <= 1)
+            s.eta = eta->valuedouble;
+        else
+            http_errors_add(errs, "eta", "expected a number from 0 to 1");
+    }
+    s.ema = 1;
+    if (ema && !cJSON_IsNull(ema)) {
+        if (cJSON_IsBool(ema))
+            s.ema = cJSON_IsTrue(ema);
+        else
+            http_errors_add(errs, "ema", "expected true (the EMA weights) or false (the raw weights)");
+    }
+    if (!errs || http_errors_count(errs) > 0) goto invalid;
+    s.n = (int)n;
+    s.batch = (int)batch;
+    s.seed = (uint64_t)seed;
+    /* the checkpoint: named, or the job's newest; visible to the caller, never a path */
+    char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
+    int64_t step = -1;
+    const char *field = ck ? "checkpoint" : "job";
+    struct job_row src;
+    memset(&src, 0, sizeof src);
+    if (ck) {
+        if (pool_checkpoint_id_parse(ck->valuestring, jid, sizeof jid, &step)) {
+            http_errors_add(errs, field, "expected a checkpoint id like j0123456789abcdef-300 (GET "
+                                 "/jobs/{id}/checkpoints lists them)");
+            goto invalid;
+        }
+    } else if (!pool_job_id_valid(jb->valuestring)) {
+        http_errors_add(errs, field, "expected a job id like j0123456789abcdef");
+        goto invalid;
+    } else {
+        snprintf(jid, sizeof jid, "%s", jb->valuestring);
+    }
+    int g = jobs_get(c->a->cfg.db, jid, &src);
+    int visible = g == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0) &&
+                  strcmp(src.kind, "train") == 0;
+    job_row_free(&src);
+    if (!visible) {
+        http_errors_add(errs, field, ck ? "no such checkpoint" : "no such training job");
+        goto invalid;
+    }
+    if (!ck) {
+        char out[FSIO_PATH_MAX];
+        if (pool_job_file(c->a->cfg.pool, jid, "out", out, sizeof out) ||
+            train_latest_checkpoint(out, path, sizeof path, &step)) {
+            http_errors_add(errs, field, "the job has no checkpoint yet");
+            goto invalid;
+        }
+    }
+    struct stat sb;
+    if (pool_checkpoint_path(c->a->cfg.pool, jid, step, path, sizeof path) || stat(path, &sb) ||
+        !S_ISREG(sb.st_mode) || strlen(path) >= sizeof s.checkpoint_path) {
+        http_errors_add(errs, field, "no such checkpoint");
+        goto invalid;
+    }
+    snprintf(s.checkpoint_path, sizeof s.checkpoint_path, "%s", path);
+    snprintf(s.checkpoint_id, sizeof s.checkpoint_id, "%s-%" PRId64, jid, step);
+    {
+        struct safetensors *st = NULL;
+        struct train_spec spec;
+        char err[512];
+        if (checkpoint_open(&st, path, &spec, NULL, err, sizeof err)) {
+            http_errors_add(errs, field, "the checkpoint cannot be read");
+            goto invalid;
+        }
+        safetensors_free(st);
+        s.model = spec.model;
+        s.timesteps = spec.timesteps;
+    }
+    if (steps < 0) steps = s.timesteps < 50 ? s.timesteps : 50;
+    if (strcmp(s.sampler, "ddim") == 0 && steps > s.timesteps) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "must be at most the model's diffusion.timesteps (%d) for ddim",
+                 s.timesteps);
+        http_errors_add(errs, "steps", msg);
+        goto invalid;
+    }
+    s.steps = (int)steps;
+    cJSON_Delete(errs);
+    cJSON_Delete(root);
+    struct pool_admission adm = {0};
+    char id[JOBS_ID_LEN], err[1024];
+    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &s,
+                                &adm, id, err, sizeof err);
+    if (rc) return api_submit_refused(c, rc, &adm, err, "checkpoint");
+    cJSON_Delete(adm.plans);
+    struct job_row r;
+    if (jobs_get(c->a->cfg.db, id, &r))
+        return http_send_problem(c, 500, NULL, "the new job cannot be read back", NULL, NULL);
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, "/samples/%s", id);
+    cJSON *o = api_sample_json(c->a, &r);
+    job_row_free(&r);
+    return api_accepted(c, o, loc);
+invalid:
+    cJSON_Delete(root);
+    return http_send_errors(c, errs, "request");
+}
+enum MHD_Result h_samples(struct ctx *c) { return api_jobs_list(c, "sample", "samples"); }
+
+enum MHD_Result h_sample(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_sample(c, c->param, &r, &res)) return res;
+    cJSON *o = api_sample_json(c->a, &r);
+    job_row_free(&r);
+    return http_send_json(c, 200, o, NULL, NULL);
+}
+
+/* a file of a succeeded sampling job: tail under its folder */
+static enum MHD_Result send_sample_file(struct ctx *c, const char *tail, const char *what)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (load_sample(c, c->param, &r, &res)) return res;
+    enum job_state st = r.state;
+    job_row_free(&r);
+    char detail[200], path[FSIO_PATH_MAX];
+    if (st != JOB_SUCCEEDED) {
+        snprintf(detail, sizeof detail, "sample %s is %s: its images exist once it succeeded",
+                 c->param, job_state_name(st));
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(st));
+        return http_send_problem(c, 409, "wrong-state", detail, o, NULL);
+    }
+    snprintf(detail, sizeof detail, "sample %s has no %s", c->param, what);
+    int have = pool_job_file(c->a->cfg.pool, c->param, tail, path, sizeof path) == 0;
+    return http_send_file(c, have ? path : NULL, "image/png", detail);
+}
+
+enum MHD_Result h_sample_grid(struct ctx *c) { return send_sample_file(c, "grid.png", "grid"); }
+
+enum MHD_Result h_sample_image(struct ctx *c)
+{
+    long long k;
+    char tail[64], what[64];
+    /* k: a plain decimal index (no sign, no leading zeros), so it can never name another file */
+    if (api_parse_image_index(c->param2, SAMPLE_N_MAX, &k)) {
+        char detail[160];
+        snprintf(detail, sizeof detail, "no image '%.20s' (images are numbered 0 to n-1)", c->param2);
+        return http_send_problem(c, 404, NULL, detail, NULL, NULL);
+    }
+    snprintf(tail, sizeof tail, "images/%04lld.png", k);
+    snprintf(what, sizeof what, "image %lld", k);
+    return send_sample_file(c, tail, what);
+}

@@ -1,0 +1,168 @@
+/* submit.c - what POST /train and POST /samples answer alike: the Idempotency-Key (the first
+ * answer again, a reused key refused, a lost answer made again), the 202 Accepted, and the
+ * problem of a submit the pool refused.
+ */
+#define _GNU_SOURCE
+#include "routes.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "jobs.h"
+#include "parse.h"
+#include "pool.h"
+
+/* the answer of a keyed request whose job was made but whose answer was not stored (its save
+ * failed, or the server died first): 202 with the job as it is now, stored as the key's answer */
+static enum MHD_Result idem_made(struct ctx *c, const char *id)
+{
+    struct job_row r;
+    if (jobs_get(c->a->cfg.db, id, &r))
+        return http_send_problem(c, 500, NULL, "the job this key made cannot be read", NULL, NULL);
+    int sample = strcmp(r.kind, "sample") == 0;
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, sample ? "/samples/%s" : "/jobs/%s", id);
+    cJSON *o = sample ? api_sample_json(c->a, &r) : api_job_json(c->a, &r);
+    job_row_free(&r);
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return http_send_oom(c);
+    snprintf(c->r->job, sizeof c->r->job, "%s", id);
+    jobs_idem_finish(c->a->cfg.db, c->owner, c->idem_key, 202, loc, s);
+    enum MHD_Result res = http_send_text(c, 202, "application/json", s,
+                                    (const char *const[]){"Location", loc, "Idempotent-Replayed",
+                                                          "true", NULL});
+    free(s);
+    return res;
+}
+
+/* Idempotency-Key on POST /train and POST /samples: 1 when the answer is already sent (the
+ * first answer replayed, a key reused with another body: 422, a key whose first request is still
+ * being answered: 409, a malformed key: 400); 0 to go on (the key, if any, reserved) */
+int api_idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
+{
+    const char *k = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Idempotency-Key");
+    if (!k) return 0;
+    if (api_parse_idem_key(k)) {
+        *res = http_send_invalid(c, 400, "Idempotency-Key",
+                       "expected 1 to 128 printable ASCII characters without spaces");
+        return 1;
+    }
+    snprintf(c->idem_key, sizeof c->idem_key, "%s", k);
+    size_t bl = c->r->len, rl = strlen(route);
+    char *req = malloc(rl + 1 + bl + 1);
+    if (!req) {
+        *res = http_send_oom(c);
+        return 1;
+    }
+    memcpy(req, route, rl);
+    req[rl] = '\n';
+    if (bl) memcpy(req + rl + 1, c->r->body, bl);
+    req[rl + 1 + bl] = 0;
+    int outcome, status;
+    char *loc = NULL, *body = NULL, made[JOBS_ID_LEN];
+    int rc = jobs_idem_begin(c->a->cfg.db, c->owner, c->idem_key, req, &outcome, &status, &loc,
+                             &body, made);
+    free(req);
+    if (rc == JOBS_ERR_FULL) { /* the reservation is a write: a full disk refuses it */
+        char detail[400];
+        snprintf(detail, sizeof detail, "the idempotency key cannot be stored: %s", jobs_errmsg());
+        *res = http_send_problem(c, 507, "insufficient-storage", detail, NULL, NULL);
+        return 1;
+    }
+    if (rc) {
+        *res = http_send_problem(c, 500, NULL, "the idempotency keys cannot be read", NULL, NULL);
+        return 1;
+    }
+    if (outcome == JOBS_IDEM_NEW) {
+        c->idem_open = 1;
+        return 0;
+    }
+    if (outcome == JOBS_IDEM_DONE) {
+        *res = http_send_text(c, (unsigned)status, "application/json", body,
+                         (const char *const[]){"Location", loc, "Idempotent-Replayed", "true", NULL});
+    } else if (outcome == JOBS_IDEM_MADE) {
+        *res = idem_made(c, made);
+    } else if (outcome == JOBS_IDEM_MISMATCH) {
+        cJSON *errs = http_errors_new();
+        if (errs) http_errors_add(errs, "Idempotency-Key", "already used with another request");
+        *res = errs ? http_send_problem(c, 422, "idempotency-key-reused",
+                                        "this Idempotency-Key was used with another request "
+                                        "body or route", errs, NULL)
+                    : http_send_oom(c);
+    } else {
+        *res = http_send_problem(c, 409, "idempotency-key-in-flight",
+                       "the first request with this Idempotency-Key is still being answered",
+                       NULL, (const char *const[]){"Retry-After", "1", NULL});
+    }
+    free(loc);
+    free(body);
+    return 1;
+}
+
+/* a 202 with Location; stored as the answer of the request's Idempotency-Key, if it has one */
+enum MHD_Result api_accepted(struct ctx *c, cJSON *o, const char *loc)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return http_send_oom(c);
+    const char *slash = strrchr(loc, '/');
+    if (c->r && slash) snprintf(c->r->job, sizeof c->r->job, "%s", slash + 1);
+    if (c->idem_open &&
+        jobs_idem_finish(c->a->cfg.db, c->owner, c->idem_key, 202, loc, s) == JOBS_OK)
+        c->idem_open = 0;
+    enum MHD_Result r = http_send_text(c, 202, "application/json", s,
+                                  (const char *const[]){"Location", loc, NULL});
+    free(s);
+    return r;
+}
+
+/* a submit refused by the pool -> its problem (shared by POST /train and POST /samples); frees
+ * adm's plans */
+enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
+                                      const char *err, const char *plan_path)
+{
+    cJSON *plans = adm->plans;
+    adm->plans = NULL;
+    if (rc == POOL_ERR_NEVER_FITS || rc == POOL_ERR_POISONED) {
+        /* the device closest to fitting (never-fits) or the poisoned one it fits: its bytes
+         * and its plan, the smallest one its search found; every device's in plans */
+        const struct pool_fit *f = &adm->fit[adm->first >= 0 ? adm->first : 0];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "needed_bytes", (double)f->reserved);
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)f->budget);
+        cJSON_AddStringToObject(o, "device", f->device);
+        cJSON *plan = cJSON_Duplicate(cJSON_GetArrayItem(plans, adm->first), 1);
+        cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
+        cJSON_AddItemToObject(o, "plans", plans ? plans : cJSON_CreateArray());
+        if (rc == POOL_ERR_POISONED)
+            return http_send_problem(c, 503, "device-poisoned", err, o,
+                           (const char *const[]){"Retry-After", "60", NULL});
+        return http_send_problem(c, 422, "never-fits", err, o, NULL);
+    }
+    cJSON_Delete(plans);
+    if (rc == POOL_ERR_QUEUE_FULL)
+        return http_send_problem(c, 503, "queue-full", err, NULL,
+                       (const char *const[]){"Retry-After", "30", NULL});
+    if (rc == POOL_ERR_STOPPING)
+        return http_send_problem(c, 503, "stopping", err, NULL,
+                       (const char *const[]){"Retry-After", "10", NULL});
+    /* the caller's own limit, not the server's state: 429 (503 is the whole queue) */
+    if (rc == POOL_ERR_OWNER_LIMIT)
+        return http_send_problem(c, 429, "owner-limit", err, NULL,
+                       (const char *const[]){"Retry-After", "30", NULL});
+    if (rc == POOL_ERR_PLAN) return http_send_invalid(c, 422, plan_path, err);
+    /* the data directory's disk is full: nothing was stored; a retry may work once space is freed */
+    if (rc == POOL_ERR_STORAGE) return http_send_problem(c, 507, "insufficient-storage", err, NULL, NULL);
+    return http_send_problem(c, 500, NULL, err, NULL, NULL);
+}
