@@ -21,6 +21,7 @@
 #include "backend_load.h"
 #include "checkpoint.h"
 #include "child.h"
+#include "clock.h"
 #include "ddpm.h"
 #include "image.h"
 #include "generate.h"
@@ -392,13 +393,6 @@ static int cli_cost_model(struct cost_model *m, const char *what)
     return -1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void mib(char *buf, size_t n, size_t b) { snprintf(buf, n, "%.1f", b / 1048576.0); }
 
 /* `ddpmd plan SPEC.json [--vram-budget SIZE] [--all] [--json]`: the search and its candidates */
@@ -448,9 +442,9 @@ static int cmd_plan_spec(int argc, char **argv)
     struct cost_model cost;
     char err[512];
     if (cli_cost_model(&cost, "")) return 1;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = train_search(&spec, &cost, all, &r, err, sizeof err);
-    double ms = 1e3 * (now_s() - t0);
+    double ms = 1e3 * (clock_now_s() - t0);
     if (json) {
         cJSON *o = train_search_json(&r, spec.batch);
         cJSON *dv = o ? cJSON_AddObjectToObject(o, "device") : NULL;
@@ -540,13 +534,13 @@ static int cmd_plan(int argc, char **argv)
     if (drc) return drc;
     if (build_training_graph(&m, &g, &io, &target)) return 1;
     struct plan p;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     if (plan_make(&p, &g, bk, NULL)) {
         fprintf(stderr, "ddpmd: planning failed\n");
         graph_free(&g);
         return 1;
     }
-    double ms = 1e3 * (now_s() - t0);
+    double ms = 1e3 * (clock_now_s() - t0);
     printf("model: %s, %d px, %d channels, %zu parameters; micro-batch %d, %s attention\n",
            m.cfg.preset == UNET_DDPM ? "ddpm" : "seed", m.cfg.image_size, m.cfg.in_channels,
            g.param_numel, m.batch, m.cfg.attn_tiled < 0 ? "auto" : m.cfg.attn_tiled ? "tiled" : "plain");
@@ -616,7 +610,7 @@ static int cmd_demo(int argc, char **argv)
     struct optim_config oc = {.lr = 2e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .weight_decay = 0.0f, .clip = 1.0f, .ema_decay = 0.999f,
                               .warmup = 5, .total_steps = m.steps};
-    double t0 = now_s(), ema_loss = 0;
+    double t0 = clock_now_s(), ema_loss = 0;
     for (int s = 0; s < m.steps; s++) {
         struct train_step_result r;
         demo_images(ts.x0, m.batch, m.cfg.in_channels, m.cfg.image_size, m.seed, (uint64_t)s);
@@ -625,7 +619,7 @@ static int cmd_demo(int argc, char **argv)
             goto out;
         }
         ema_loss = s == 0 ? r.loss : 0.9 * ema_loss + 0.1 * r.loss;
-        double el = now_s() - t0;
+        double el = clock_now_s() - t0;
         printf("step %4d/%d  loss %.4f  (avg %.4f)  grad-norm %.3f  %.1f img/s\n", s + 1,
                m.steps, r.loss, ema_loss, r.grad_norm, (s + 1) * m.batch / el);
         fflush(stdout);
@@ -962,7 +956,7 @@ static int cmd_sample(int argc, char **argv)
     int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
             ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     if (generate_run(&sj, &sch, &sc, seed, n, img, sample_progress,
                        progress_json ? &progress_json : NULL)) {
         fprintf(stderr, "ddpmd: sampling failed\n");
@@ -988,7 +982,7 @@ static int cmd_sample(int argc, char **argv)
         }
     }
     fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", out, each ? " and " : "", each ? each : "",
-            now_s() - t0);
+            clock_now_s() - t0);
     rc = 0;
 out:
     generate_free(&sj);

@@ -78,20 +78,6 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-const char *dataset_status_name(enum dataset_status status)
-{
-    switch (status) {
-    case DATASET_OK: return "ok";
-    case DATASET_ERR_IO: return "I/O error";
-    case DATASET_ERR_FORMAT: return "bad dataset file";
-    case DATASET_ERR_EMPTY: return "no usable image";
-    case DATASET_ERR_NOMEM: return "out of memory";
-    case DATASET_ERR_ARG: return "invalid argument";
-    case DATASET_ERR_THREAD: return "cannot start thread";
-    }
-    return "unknown status";
-}
-
 void dataset_free(struct dataset *ds)
 {
     if (!ds) return;

@@ -66,9 +66,6 @@ struct dataset;        /* images (N,C,S,S), optional labels, the train/validatio
 struct dataset_order;  /* a cursor over the training order of one (dataset, seed); one thread */
 struct dataset_loader; /* a prefetching batch producer on its own thread */
 
-/* A short constant description of a status ("ok", "I/O error", ...). */
-const char *dataset_status_name(enum dataset_status status);
-
 /* ---- opening ---- */
 
 /* Load every file named *.png (extension case-insensitive; names starting with '.' ignored) in

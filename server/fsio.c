@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void fsio_err(char *err, size_t errlen, const char *fmt, ...)
+void fsio_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || !errlen) return;
     va_list ap;
@@ -188,13 +188,6 @@ int fsio_write_atomic_text(const char *path, const char *text, char *err, size_t
 {
     struct fsio_buf b = {text, text ? strlen(text) : 0};
     return fsio_write_atomic(path, &b, 1, err, errlen);
-}
-
-int fsio_is_temp_of(const char *name, const char *base)
-{
-    size_t nb = strlen(base), ni = sizeof FSIO_TMP_INFIX - 1;
-    return strncmp(name, base, nb) == 0 && strncmp(name + nb, FSIO_TMP_INFIX, ni) == 0 &&
-           strlen(name + nb + ni) == 6;
 }
 
 int fsio_path(char *buf, size_t len, char *err, size_t errlen, const char *fmt, ...)

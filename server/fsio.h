@@ -51,9 +51,9 @@ int fsio_write_atomic_text(const char *path, const char *text, char *err, size_t
  * 0700 or makes an existing one 0700. 0, or -1 with the reason in err. */
 int fsio_private_dir(const char *dir, char *err, size_t errlen);
 
-/* whether a folder entry's name is a temporary left by fsio_write_atomic for final name `base`
- * (base FSIO_TMP_INFIX followed by six characters, nothing else) */
-int fsio_is_temp_of(const char *name, const char *base);
+/* a failure's message into err (vsnprintf; nothing when err is NULL or errlen 0): the one way
+ * the readers and writers of job files fill their err */
+void fsio_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* snprintf into buf that refuses to truncate: -1 with "path too long: N bytes (limit L): ..." in
  * err when the result does not fit (buf is then ""), 0 otherwise */

@@ -21,15 +21,6 @@
 
 #include "fsio.h"
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 const char *image_status_name(enum image_status status)
 {
     switch (status) {
@@ -228,12 +219,12 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
     memset(&st, 0, sizeof st);
     if (err && errlen) err[0] = '\0';
     if (!out) {
-        set_err(err, errlen, "image_load_png: NULL output");
+        fsio_err(err, errlen, "image_load_png: NULL output");
         return IMAGE_ERR_ARG;
     }
     memset(out, 0, sizeof *out);
     if (!path) {
-        set_err(err, errlen, "image_load_png: NULL path");
+        fsio_err(err, errlen, "image_load_png: NULL path");
         goto done;
     }
     rc = IMAGE_ERR_IO;
@@ -241,7 +232,7 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
     st.fp = fsio_fopen_read(path, err, errlen);
     if (!st.fp) goto done;
     if (fstat(fileno(st.fp), &sb) != 0) {
-        set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
+        fsio_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
         goto done;
     }
     st.file_bytes = (uint64_t)sb.st_size;
@@ -249,11 +240,11 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
     got = fread(sig, 1, sizeof sig, st.fp);
     if (got == 0 && ferror(st.fp)) {
         rc = IMAGE_ERR_IO;
-        set_err(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+        fsio_err(err, errlen, "cannot read '%s': %s", path, strerror(errno));
         goto done;
     }
     if (got < sizeof sig || png_sig_cmp(sig, 0, sizeof sig) != 0) {
-        set_err(err, errlen, "'%s' is not a PNG file (%s)", path,
+        fsio_err(err, errlen, "'%s' is not a PNG file (%s)", path,
                 got == 0 ? "empty" : "bad signature");
         goto done;
     }
@@ -261,12 +252,12 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
     st.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &st.e, png_err_fn, png_warn_fn);
     if (st.png) st.info = png_create_info_struct(st.png);
     if (!st.png || !st.info) {
-        set_err(err, errlen, "'%s': cannot create the libpng reader", path);
+        fsio_err(err, errlen, "'%s': cannot create the libpng reader", path);
         goto done;
     }
     if (png_rd_run(&st) != 0) {
         rc = st.e.nomem ? IMAGE_ERR_NOMEM : IMAGE_ERR_FORMAT;
-        set_err(err, errlen, "cannot decode '%s': %s", path, st.e.msg[0] ? st.e.msg : "corrupt");
+        fsio_err(err, errlen, "cannot decode '%s': %s", path, st.e.msg[0] ? st.e.msg : "corrupt");
         goto done;
     }
     out->c = st.c;
@@ -542,7 +533,7 @@ enum image_status image_save_png(const char *path, const float *chw, int c, int 
     if (err && errlen) err[0] = '\0';
     if (!path || !*path || !chw || (c != 1 && c != 3) || h < 1 || w < 1 ||
         h > IMAGE_MAX_SIDE * 4 || w > IMAGE_MAX_SIDE * 4) {
-        set_err(err, errlen, "image_save_png: bad argument (path, data, c=%d, %dx%d)", c, h, w);
+        fsio_err(err, errlen, "image_save_png: bad argument (path, data, c=%d, %dx%d)", c, h, w);
         goto done;
     }
     st.chw = chw;
@@ -553,18 +544,18 @@ enum image_status image_save_png(const char *path, const float *chw, int c, int 
     rc = IMAGE_ERR_NOMEM;
     st.row = malloc((size_t)w * c);
     if (!st.row) {
-        set_err(err, errlen, "out of memory saving '%s'", path);
+        fsio_err(err, errlen, "out of memory saving '%s'", path);
         goto done;
     }
     st.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &st.e, png_err_fn, png_warn_fn);
     if (st.png) st.info = png_create_info_struct(st.png);
     if (!st.png || !st.info) {
-        set_err(err, errlen, "'%s': cannot create the libpng writer", path);
+        fsio_err(err, errlen, "'%s': cannot create the libpng writer", path);
         goto done;
     }
     if (png_wr_run(&st) != 0) {
         rc = st.oom ? IMAGE_ERR_NOMEM : IMAGE_ERR_IO;
-        set_err(err, errlen, "cannot encode '%s': %s", path,
+        fsio_err(err, errlen, "cannot encode '%s': %s", path,
                 st.e.msg[0] ? st.e.msg : "libpng error");
         goto done;
     }
@@ -590,7 +581,7 @@ enum image_status image_save_grid_png(const char *path, const float *nchw, int n
 
     if (err && errlen) err[0] = '\0';
     if (!path || !nchw || n < 1 || (c != 1 && c != 3) || h < 1 || w < 1 || cols < 1 || pad < 0) {
-        set_err(err, errlen, "image_save_grid_png: bad argument (n=%d c=%d %dx%d cols=%d pad=%d)",
+        fsio_err(err, errlen, "image_save_grid_png: bad argument (n=%d c=%d %dx%d cols=%d pad=%d)",
                 n, c, h, w, cols, pad);
         goto done;
     }
@@ -599,7 +590,7 @@ enum image_status image_save_grid_png(const char *path, const float *nchw, int n
     gw64 = (int64_t)cols * w + (int64_t)(cols - 1) * pad;
     gh64 = (int64_t)rows * h + (int64_t)(rows - 1) * pad;
     if (gw64 > IMAGE_MAX_SIDE * 4 || gh64 > IMAGE_MAX_SIDE * 4) {
-        set_err(err, errlen, "grid of %lldx%lld pixels for '%s' is too large", (long long)gh64,
+        fsio_err(err, errlen, "grid of %lldx%lld pixels for '%s' is too large", (long long)gh64,
                 (long long)gw64, path);
         goto done;
     }
@@ -608,7 +599,7 @@ enum image_status image_save_grid_png(const char *path, const float *nchw, int n
     rc = IMAGE_ERR_NOMEM;
     g = malloc((size_t)c * gh * gw * sizeof *g);
     if (!g) {
-        set_err(err, errlen, "out of memory building the grid for '%s'", path);
+        fsio_err(err, errlen, "out of memory building the grid for '%s'", path);
         goto done;
     }
     for (size_t k = 0; k < (size_t)c * gh * gw; k++) g[k] = -1.0f;

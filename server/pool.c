@@ -28,6 +28,7 @@
 #include "admission.h"
 #include "backend_load.h"
 #include "child.h"
+#include "clock.h"
 #include "fsio.h"
 #include "log.h"
 #include "metrics.h"
@@ -110,13 +111,6 @@ struct pool {
     void (*notify)(void *);
     void *notify_ctx;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void notify(struct pool *p)
 {
@@ -1037,7 +1031,7 @@ out:
 static void schedule(struct pool *p)
 {
     p->dirty = 0;
-    p->sched_at = now_s();
+    p->sched_at = clock_now_s();
     while (!p->stopping && p->n_kids < POOL_MAX_CHILDREN && schedule_once(p)) notify(p);
 }
 
@@ -1110,7 +1104,7 @@ static void check_checkpoint(struct pool *p, struct child *k)
 /* a progress line at step: the measured seconds per step, over the steps since its first line */
 static void kid_progress(struct child *k, int64_t step)
 {
-    double t = now_s();
+    double t = clock_now_s();
     if (k->t0 == 0 || step < k->step0) {
         k->t0 = t;
         k->step0 = step;
@@ -1315,12 +1309,12 @@ static void *pool_thread(void *arg)
         pthread_mutex_lock(&p->mu);
         /* a pass when the queue or a device changed, and every second for the backfill's
          * clock (the running jobs' lengths shrink) and the devices' free memory */
-        if (p->dirty || now_s() - p->sched_at >= SCHEDULE_EVERY_S) schedule(p);
+        if (p->dirty || clock_now_s() - p->sched_at >= SCHEDULE_EVERY_S) schedule(p);
         if (p->stopping && p->n_kids == 0) {
             pthread_mutex_unlock(&p->mu);
             break;
         }
-        if (p->stopping && now_s() > p->stop_at)
+        if (p->stopping && clock_now_s() > p->stop_at)
             for (int i = 0; i < p->n_kids; i++) kill(p->kids[i]->pid, SIGKILL);
         fds[nf++] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
         for (int i = 0; i < p->n_kids; i++) {
@@ -1453,7 +1447,7 @@ void pool_stop(struct pool *p)
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->stopping = 1;
-    p->stop_at = now_s() + STOP_GRACE_S;
+    p->stop_at = clock_now_s() + STOP_GRACE_S;
     for (int i = 0; i < p->n_kids; i++) kill(p->kids[i]->pid, SIGINT);
     pthread_mutex_unlock(&p->mu);
     wake(p);

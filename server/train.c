@@ -19,6 +19,7 @@
 #include "backend_load.h"
 #include "checkpoint.h"
 #include "child.h"
+#include "clock.h"
 #include "dataset.h"
 #include "exec.h"
 #include "export.h"
@@ -53,22 +54,6 @@ struct job {
 #define TRAIN_NAME_ROOM 64
 
 static int stop_requested(const struct train_opts *o) { return o->stop && *o->stop; }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* the CPU seconds of the calling thread (it runs the steps: serial code and its share of every
- * parallel region) */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* mkdir -p; path fits FSIO_PATH_MAX (checked by the caller) */
 static int mkdir_p1(const char *path)
@@ -947,7 +932,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     if (dataset_loader_init(&j.loader, j.ds, spec->seed, spec->batch, spec->flip, start, 2, err,
                             errlen))
         goto out;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     double avg = 0;
     int64_t step = start, first = start;
     double step_sum = 0; /* seconds of the steps since the last report (step_s: their mean) */
@@ -955,7 +940,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     while (step < spec->steps) {
         int stopping = stop_requested(o);
         if (!stopping) {
-            double ts = now_s(), tc = cpu_s();
+            double ts = clock_now_s(), tc = clock_thread_cpu_s();
             if (dataset_loader_next(j.loader, step, j.ts.x0, NULL)) {
                 snprintf(err, errlen, "data loading failed at step %" PRId64, step);
                 goto out;
@@ -983,7 +968,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 goto out;
             }
             step++;
-            double dt = now_s() - ts, dc = cpu_s() - tc;
+            double dt = clock_now_s() - ts, dc = clock_thread_cpu_s() - tc;
             step_sum += dt;
             step_n++;
             if (o->stats) {
@@ -1004,7 +989,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             if (do_log) {
                 /* a stop during validation leaves val NaN; the checkpoint follows (do_ckpt) */
                 if (do_ckpt && dataset_val_count(j.ds)) val = validation_loss(&j, step);
-                double el = now_s() - t0, ips = (double)(step - first) * spec->batch / el;
+                double el = clock_now_s() - t0, ips = (double)(step - first) * spec->batch / el;
                 double eta = (double)(spec->steps - step) * el / (double)(step - first);
                 if (isfinite(loss)) log_push(&j, step, loss, val);
                 report(&j, step, loss, (float)avg, val, lr, norm, ips, eta, step_sum / step_n);
