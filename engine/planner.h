@@ -3,7 +3,7 @@
  * cross product of the strategies the engine can run today (planner_available), ordered by the
  * cost model's prediction; they are planned exactly in that order until one fits, a candidate
  * whose cheap lower bound is already over the budget skipped unplanned. The caller
- * supplies how one candidate is built and planned (server/train.c: the job's graph at the
+ * supplies how one candidate is built and planned (engine/train_plans.c: the job's graph at the
  * micro-batch and its plan with the nested sample grid), so the search, `ddpmd plan`, `ddpmd
  * train` and the server's admission agree to the byte.
  */

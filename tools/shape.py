@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """shape.py - the source tree's shape, measured (issue 24): which folder reaches which through
 #include and through calls, the arrows that run up the layers (app > api > server > engine >
-kernels), the circles between files of different folders, and the longest functions.
+kernels), the circles between files of different folders, api/ reaching past server/, the
+engine touching files, JSON, the environment or the service's libraries, and the longest
+functions.
 
   tools/shape.py arrows [--build build]   includes (and, with a build folder, calls: the object
                                           files' defined and undefined symbols); exit 1 on an
-                                          upward arrow or a cross-folder circle
+                                          upward arrow, a cross-folder circle, an arrow from
+                                          api/ past server/ or an engine call to those
   tools/shape.py functions [--top 15]     the longest C functions (lines, body included)
 """
 import argparse
@@ -61,8 +64,15 @@ def include_edges(files):
     return edges
 
 
-def call_edges(build):
-    """(from module, to module) for every symbol an object file uses that another defines"""
+# what engine/ never calls: files, the environment, JSON and the service's libraries
+ENGINE_FORBIDDEN = re.compile(r"^(getenv|secure_getenv|fopen|fopen64|opendir|cJSON_\w+|"
+                              r"sqlite3_\w+|MHD_\w+|curl_\w+|png_\w+|archive_\w+)$")
+
+
+def call_edges(build, forbidden=None):
+    """(from module, to module) for every symbol an object file uses that another defines;
+    forbidden (a list) gets (module, symbol) for an engine object using a symbol
+    ENGINE_FORBIDDEN names"""
     objs = []
     for d, _, files in os.walk(build):
         for f in files:
@@ -81,6 +91,8 @@ def call_edges(build):
                 defined.setdefault(parts[2], mod)
             elif len(parts) == 2 and parts[0] == "U":
                 used.setdefault(mod, set()).add(parts[1])
+                if forbidden is not None and layer(mod) == 1 and ENGINE_FORBIDDEN.match(parts[1]):
+                    forbidden.append((mod, parts[1]))
     edges = set()
     for mod, syms in used.items():
         for s in syms:
@@ -124,9 +136,13 @@ def sccs(nodes, adj):
 def arrows(args):
     files = sources()
     edges = include_edges(files)
+    forbidden = []
     if args.build:
-        edges |= call_edges(args.build)
+        edges |= call_edges(args.build, forbidden)
     up = sorted((a, b, k) for a, b, k in edges if layer(b) > layer(a))
+    # api/ reaches the engine only through server/
+    past = sorted((a, b, k) for a, b, k in edges
+                  if a.startswith("api/") and layer(b) < LAYERS.index("server"))
     adj, nodes = {}, set()
     for a, b, _ in edges:
         adj.setdefault(a, set()).add(b)
@@ -140,7 +156,14 @@ def arrows(args):
     print("circles across folders: %d" % len(circles))
     for c in circles:
         print("  " + " ".join(c))
-    return 1 if up or circles else 0
+    print("arrows from api/ past server/: %d" % len(past))
+    for a, b, k in past:
+        print("  %s -> %s (%s)" % (a, b, k))
+    if args.build:
+        print("engine calls to files, env, JSON or service libraries: %d" % len(forbidden))
+        for m, sym in sorted(set(forbidden)):
+            print("  %s: %s" % (m, sym))
+    return 1 if up or circles or past or forbidden else 0
 
 
 def functions(args):
