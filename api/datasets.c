@@ -24,8 +24,6 @@
 #include "pool.h"
 #include "upload.h"
 
-/* ---- datasets: the built-in fashion-mnist and uploads (server/upload.c) ---- */
-
 static cJSON *fmnist_json(void)
 {
     struct stat sb;

@@ -27,8 +27,6 @@
 
 #define SSE_BATCH 64
 
-/* ---- Server-Sent Events ---- */
-
 struct sse {
     struct api *a;
     struct MHD_Connection *conn;

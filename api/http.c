@@ -26,8 +26,6 @@
 #include "fsio.h"
 #include "parse.h"
 
-
-
 /* ---- responses ---- */
 
 void api_link(const struct api *a, char *buf, size_t n, const char *fmt, ...)
@@ -49,7 +47,6 @@ enum MHD_Result http_respond(struct ctx *c, unsigned status, struct MHD_Response
     MHD_add_response_header(res, "X-Request-Id", c->r->rid);
     return MHD_queue_response(c->conn, status, res);
 }
-
 
 /* the answer to a request whose answer could not be made: a 500 problem (made now if it can
  * be, else the one made at start, which cannot carry the request's id) */
@@ -180,8 +177,6 @@ enum MHD_Result http_send_invalid(struct ctx *c, unsigned status, const char *pa
     if (errs) http_errors_add(errs, path, msg);
     return errs ? http_send_problem(c, status, "validation", detail, errs, NULL) : http_send_oom(c);
 }
-
-/* ---- jobs as JSON ---- */
 
 void http_json_num_or_null(cJSON *o, const char *k, double v)
 {

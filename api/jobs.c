@@ -299,8 +299,6 @@ enum MHD_Result h_cancel(struct ctx *c)
     return http_send_json(c, now == JOB_CANCELED ? 200 : 202, o, NULL, NULL);
 }
 
-/* ---- the remaining read routes ---- */
-
 /* GET /jobs/{id}/logs: the job's log events (its stderr and the server's notes about it) as
  * text, one line each, already without server paths (pool.c redacts them when stored) */
 enum MHD_Result h_logs(struct ctx *c)

@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 enum MHD_Result h_openapi(struct ctx *c)
 {
     struct MHD_Response *res = MHD_create_response_from_buffer(
@@ -28,8 +27,6 @@ enum MHD_Result h_openapi(struct ctx *c)
     MHD_destroy_response(res);
     return r;
 }
-
-/* ---- the dashboard: web/'s files, embedded at build time (api/embed.cmake) ---- */
 
 extern const char ddpmd_web_index_html[], ddpmd_web_app_js[], ddpmd_web_style_css[];
 extern const size_t ddpmd_web_index_html_len, ddpmd_web_app_js_len, ddpmd_web_style_css_len;

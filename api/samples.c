@@ -25,8 +25,6 @@
 #include "spec.h"
 #include "train.h"
 
-/* ---- sampling jobs (kind "sample": the same store, pool, cancel and event stream) ---- */
-
 #define SAMPLE_N_MAX 1024
 
 cJSON *api_sample_json(const struct api *a, const struct job_row *r)
