@@ -137,7 +137,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         snprintf(r->path, sizeof r->path, "%s", url);
         r->upload_fd = -1;
         route_find(method, url, r);
-        struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2};
+        struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2,
+                        .json_failures = http_json_failures()};
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len = -1;
@@ -211,7 +212,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->body[r->len] = 0;
         return MHD_YES;
     }
-    struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2};
+    struct ctx c = {.a = a, .conn = conn, .r = r, .param = r->param, .param2 = r->param2,
+                    .json_failures = http_json_failures()};
     if (r->no_memory) return http_send_oom(&c);
     if (r->route == -1) {
         char detail[160];
@@ -396,6 +398,8 @@ fail:
     free(a);
     return API_ERR_START;
 }
+
+void api_init_process(void) { http_json_hooks(); }
 
 void api_stop_admitting(struct api *a)
 {

@@ -44,6 +44,9 @@ enum api_status { API_OK = 0, API_ERR_START = 1 };
 
 struct api;
 
+/* once per process, before any thread uses cJSON: its allocations counted, so that an answer
+ * whose JSON lost a member to a failed allocation is a 500 instead */
+void api_init_process(void);
 int api_start(struct api **out, const struct api_config *cfg, char *err, size_t errlen);
 /* POST /train answers 503 from now on */
 void api_stop_admitting(struct api *a);

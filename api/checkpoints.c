@@ -67,7 +67,7 @@ enum MHD_Result h_checkpoints(struct ctx *c)
             cJSON_AddNumberToObject(e, "step", (double)steps[i]);
             cJSON_AddNumberToObject(e, "bytes", (double)sb.st_size);
             cJSON_AddStringToObject(e, "url", url);
-            cJSON_AddItemToArray(arr, e);
+            http_json_put_array(arr, e);
         }
     }
     return http_send_json(c, 200, o, NULL, NULL);

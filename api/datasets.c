@@ -83,7 +83,7 @@ int api_upload_visible(struct ctx *c, const cJSON *o)
 enum MHD_Result h_datasets(struct ctx *c)
 {
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "datasets");
-    cJSON_AddItemToArray(arr, fmnist_json());
+    http_json_put_array(arr, fmnist_json());
     char(*ids)[UPLOAD_ID_LEN] = NULL;
     int n = 0;
     if (upload_dataset_ids(api_data_dir(c), &ids, &n)) {
@@ -93,7 +93,7 @@ enum MHD_Result h_datasets(struct ctx *c)
     for (int i = 0; i < n; i++) {
         cJSON *d = api_upload_json(c, ids[i]);
         if (d && api_upload_visible(c, d))
-            cJSON_AddItemToArray(arr, d);
+            http_json_put_array(arr, d);
         else
             cJSON_Delete(d);
     }
@@ -159,7 +159,7 @@ static int jobs_using(struct ctx *c, const char *id, cJSON *arr)
                 const cJSON *d = cJSON_GetObjectItemCaseSensitive(
                     cJSON_GetObjectItemCaseSensitive(sp, "data"), "dataset");
                 if (cJSON_IsString(d) && strcmp(d->valuestring, id) == 0)
-                    cJSON_AddItemToArray(arr, cJSON_CreateString(rows[i].id));
+                    http_json_put_array(arr, cJSON_CreateString(rows[i].id));
                 cJSON_Delete(sp);
             }
             if (n) snprintf(after, sizeof after, "%s", rows[n - 1].id);

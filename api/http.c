@@ -77,9 +77,46 @@ enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type,
     return r;
 }
 
+/* cJSON's allocations that failed, process-wide (http_json_hooks) */
+static atomic_long json_failures;
+
+static void *json_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) atomic_fetch_add(&json_failures, 1);
+    return p;
+}
+
+void http_json_hooks(void)
+{
+    cJSON_Hooks h = {json_malloc, free};
+    cJSON_InitHooks(&h);
+}
+
+long http_json_failures(void) { return atomic_load(&json_failures); }
+
+cJSON *http_json_put(cJSON *o, const char *key, cJSON *item)
+{
+    if (item && o && cJSON_AddItemToObject(o, key, item)) return item;
+    cJSON_Delete(item);
+    return NULL;
+}
+
+cJSON *http_json_put_array(cJSON *arr, cJSON *item)
+{
+    if (item && arr && cJSON_AddItemToArray(arr, item)) return item;
+    cJSON_Delete(item);
+    return NULL;
+}
+
 enum MHD_Result http_send_json(struct ctx *c, unsigned status, cJSON *o, const char *type,
                                const char *const *headers)
 {
+    /* a value that could not be made left a hole somewhere in o: no answer of it */
+    if (http_json_failures() != c->json_failures) {
+        cJSON_Delete(o);
+        return http_send_oom(c);
+    }
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!s) return http_send_oom(c);
@@ -142,9 +179,10 @@ void http_errors_add(cJSON *errs, const char *path, const char *msg)
 {
     cJSON *e = cJSON_CreateObject();
     if (!e || !cJSON_AddStringToObject(e, "path", path) ||
-        !cJSON_AddStringToObject(e, "message", msg) ||
-        !cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(errs, "errors"), e))
+        !cJSON_AddStringToObject(e, "message", msg))
         cJSON_Delete(e);
+    else
+        http_json_put_array(cJSON_GetObjectItemCaseSensitive(errs, "errors"), e);
 }
 
 int http_errors_count(const cJSON *errs)

@@ -72,6 +72,7 @@ struct ctx {
     const char *param, *param2;
     char owner[64];
     int admin;
+    long json_failures;     /* http_json_failures() when the handler began */
     char idem_key[129];     /* the request's Idempotency-Key */
     int idem_open;          /* the key is reserved for this request: answer or abandon it */
 };
@@ -90,7 +91,8 @@ enum MHD_Result http_send_oom(struct ctx *c);
 /* body (copied) of type; headers: NULL, or name, value, ..., NULL */
 enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type, const char *body,
                                const char *const *headers);
-/* o printed and deleted (type NULL: application/json) */
+/* o printed and deleted (type NULL: application/json); a 500 problem instead when a cJSON
+ * allocation failed since the handler began (o may then miss a member) */
 enum MHD_Result http_send_json(struct ctx *c, unsigned status, cJSON *o, const char *type,
                                const char *const *headers);
 /* the open regular file fd (taken over) of size bytes as a 200 of type, with a
@@ -117,6 +119,14 @@ enum MHD_Result http_send_errors(struct ctx *c, cJSON *errs, const char *what);
 enum MHD_Result http_send_invalid(struct ctx *c, unsigned status, const char *path,
                                   const char *msg);
 
+/* cJSON's allocations counted: failures are seen by http_send_json (api_init_process installs
+ * the hooks; process-wide, over malloc) */
+void http_json_hooks(void);
+long http_json_failures(void);
+/* item added to object o under key (to array arr); deleted when it cannot be (o NULL, no
+ * memory), so what a handler built is never leaked; item or NULL */
+cJSON *http_json_put(cJSON *o, const char *key, cJSON *item);
+cJSON *http_json_put_array(cJSON *arr, cJSON *item);
 /* a number, or null when not finite; a string, or null when NULL or empty */
 void http_json_num_or_null(cJSON *o, const char *k, double v);
 void http_json_str_or_null(cJSON *o, const char *k, const char *v);

@@ -34,8 +34,8 @@ void api_job_placement(cJSON *o, const struct job_row *r)
 {
     http_json_str_or_null(o, "device", r->device);
     cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
-    cJSON_AddItemToObject(o, "plan", cJSON_CreateRaw(r->plan && r->plan[0] ? r->plan : "{}"));
-    cJSON_AddItemToObject(o, "plans", r->plans ? cJSON_CreateRaw(r->plans) : cJSON_CreateNull());
+    http_json_put(o, "plan", cJSON_CreateRaw(r->plan && r->plan[0] ? r->plan : "{}"));
+    http_json_put(o, "plans", r->plans ? cJSON_CreateRaw(r->plans) : cJSON_CreateNull());
 }
 
 cJSON *api_job_json(const struct api *a, const struct job_row *r)
@@ -61,7 +61,7 @@ cJSON *api_job_json(const struct api *a, const struct job_row *r)
     http_json_str_or_null(o, "started_at", r->started_at);
     http_json_str_or_null(o, "ended_at", r->ended_at);
     /* the stored spec is canonical JSON the server wrote (spec_to_json): put in as it is */
-    cJSON_AddItemToObject(o, "spec", cJSON_CreateRaw(r->spec && r->spec[0] ? r->spec : "{}"));
+    http_json_put(o, "spec", cJSON_CreateRaw(r->spec && r->spec[0] ? r->spec : "{}"));
     char buf[192];
     cJSON *links = cJSON_AddObjectToObject(o, "links");
     api_link(a, buf, sizeof buf, "/jobs/%s", r->id);
@@ -252,7 +252,7 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
         return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, key);
     for (int i = 0; i < n; i++)
-        cJSON_AddItemToArray(arr, strcmp(key, "samples") == 0 ? api_sample_json(c->a, &rows[i])
+        http_json_put_array(arr, strcmp(key, "samples") == 0 ? api_sample_json(c->a, &rows[i])
                                                                 : api_job_json(c->a, &rows[i]));
     if (n == limit && n > 0)
         cJSON_AddStringToObject(o, "next", rows[n - 1].id);

@@ -43,14 +43,14 @@ cJSON *api_sample_json(const struct api *a, const struct job_row *r)
     http_json_str_or_null(o, "started_at", r->started_at);
     http_json_str_or_null(o, "ended_at", r->ended_at);
     cJSON *params = cJSON_Parse(r->spec);
-    cJSON_AddItemToObject(o, "params", params ? params : cJSON_CreateObject());
+    http_json_put(o, "params", params ? params : cJSON_CreateObject());
     /* the images exist once the job succeeded (cmd_sample writes them after the loop) */
     cJSON *imgs = cJSON_AddArrayToObject(o, "images");
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(params, "n");
     if (r->state == JOB_SUCCEEDED && cJSON_IsNumber(n))
         for (int k = 0; k < n->valueint; k++) {
             api_link(a, buf, sizeof buf, "/samples/%s/images/%d.png", r->id, k);
-            cJSON_AddItemToArray(imgs, cJSON_CreateString(buf));
+            http_json_put_array(imgs, cJSON_CreateString(buf));
         }
     cJSON *links = cJSON_AddObjectToObject(o, "links");
     api_link(a, buf, sizeof buf, "/samples/%s", r->id);

@@ -59,16 +59,16 @@ enum MHD_Result h_readyz(struct ctx *c)
     for (int i = 0; i < nd; i++) {
         cJSON *d = device_json(&ds[i], 0);
         if (strcmp(ds[i].cfg.name, "cpu") == 0) cJSON_AddNumberToObject(d, "cores", pc->cores);
-        cJSON_AddItemToArray(devs, d);
-        if (ds[i].poisoned) cJSON_AddItemToArray(bad, cJSON_CreateString(ds[i].cfg.name));
+        http_json_put_array(devs, d);
+        if (ds[i].poisoned) http_json_put_array(bad, cJSON_CreateString(ds[i].cfg.name));
     }
     /* a poisoned device fails readiness: the server needs a restart to use it again */
     int ready = store && c->a->admitting && cJSON_GetArraySize(bad) == 0;
     cJSON_AddStringToObject(o, "status", ready ? "ready" : "not ready");
     cJSON_AddBoolToObject(o, "store", store);
     cJSON_AddBoolToObject(o, "admitting", c->a->admitting);
-    cJSON_AddItemToObject(o, "poisoned", bad);
-    cJSON_AddItemToObject(o, "devices", devs);
+    http_json_put(o, "poisoned", bad);
+    http_json_put(o, "devices", devs);
     return http_send_json(c, ready ? 200 : 503, o, NULL, NULL);
 }
 
@@ -82,7 +82,7 @@ enum MHD_Result h_devices(struct ctx *c)
     for (int i = 0; i < nd; i++) {
         cJSON *d = device_json(&ds[i], 1);
         if (strcmp(ds[i].cfg.name, "cpu") == 0) cJSON_AddNumberToObject(d, "cores", pc->cores);
-        cJSON_AddItemToArray(arr, d);
+        http_json_put_array(arr, d);
     }
     return http_send_json(c, 200, o, NULL, NULL);
 }

@@ -143,8 +143,8 @@ enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission 
         cJSON_AddNumberToObject(o, "budget_bytes", (double)f->budget);
         cJSON_AddStringToObject(o, "device", f->device);
         cJSON *plan = cJSON_Duplicate(cJSON_GetArrayItem(plans, adm->first), 1);
-        cJSON_AddItemToObject(o, "plan", plan ? plan : cJSON_CreateObject());
-        cJSON_AddItemToObject(o, "plans", plans ? plans : cJSON_CreateArray());
+        http_json_put(o, "plan", plan ? plan : cJSON_CreateObject());
+        http_json_put(o, "plans", plans ? plans : cJSON_CreateArray());
         if (rc == POOL_ERR_POISONED)
             return http_send_problem(c, 503, "device-poisoned", err, o,
                            (const char *const[]){"Retry-After", "60", NULL});

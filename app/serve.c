@@ -761,6 +761,7 @@ static int serve_run(int argc, char **argv)
         free(tokens);
         return 1;
     }
+    api_init_process(); /* before the first thread */
     /* the signals are taken by sigwait below; every thread (and so every child before its
      * exec, which unblocks) inherits the mask */
     sigset_t set;

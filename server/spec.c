@@ -1076,7 +1076,11 @@ static int parse_text(const char *json, size_t len, const char *const *extra, cJ
             err(E, "", "out of memory");
             goto done;
         }
-        cJSON_AddItemToObject(*extras, *x, m);
+        if (!cJSON_AddItemToObject(*extras, *x, m)) {
+            cJSON_Delete(m);
+            err(E, "", "out of memory");
+            goto done;
+        }
     }
 
     static const char *top[] = {"model", "data", "diffusion", "train", "output", "memory",

@@ -60,7 +60,6 @@ char *__wrap_strdup(const char *s)
     }
     return __real_strdup(s);
 }
-static void *cjson_malloc(size_t n) { return __wrap_malloc(n); }
 
 int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
 
@@ -143,8 +142,7 @@ static void sweep(int port, const struct request *q)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    cJSON_Hooks hooks = {cjson_malloc, free};
-    cJSON_InitHooks(&hooks);
+    api_init_process(); /* cJSON through the api's counting hooks, over the wrapped malloc */
     char dir[] = "/tmp/ddpmd-api-faults-XXXXXX", err[600];
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     struct jobs *db = NULL;
