@@ -6,8 +6,9 @@
  * (N,H,L); the backward recomputes the scores twice, once per query row (dq) and once per key row
  * (dk, dv), so no two warps write one row and nothing is atomic. Its workspace holds
  * Di = dO_i . O_i (N,H,L). Nothing of size L x L exists on the device.
- * Plain: the forward saves p (N,H,L,L); the backward takes one (L,L) workspace per (n, h), which
- * it visits in turn, as the CPU does.
+ * Plain: the forward saves p (N,H,L,L); both directions are cuBLAS batched GEMMs over every
+ * (n, h) pair at once around one fused softmax and one fused dS kernel (see "plain form on
+ * cuBLAS" below), the warp kernels only where cuBLAS does not take the 16-bit type.
  * q, k, v, dq, dk, dv rows have stride ld; o and dout are dense (N,L,H*D). Every kernel is a
  * template over the element type T of q, k, v, o, dout, dq, dk, dv (s->dtype: fp32, f16, bf16):
  * rows are read into fp32 (shared memory and registers), scores, softmax, lse, p and every sum
@@ -21,6 +22,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -40,14 +42,6 @@ static int attn_check(const struct bk_attn *s)
     if ((long long)s->heads * s->d > s->ld) return BK_ERR_INVALID;
     if (s->d > ATT_MAX_D || !cu_dtype_ok(s->dtype)) return BK_ERR_INVALID;
     return BK_OK;
-}
-
-size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled)
-{
-    if (attn_check(s) != BK_OK) return 0;
-    /* tiled: Di (N,H,L). plain backward: dS of one (n, h), (L,L) */
-    return tiled ? (size_t)s->n * s->heads * s->l * sizeof(float)
-                 : (size_t)s->l * s->l * sizeof(float);
 }
 
 /* the geometry of one warp's row r = (ni*H + h)*L + i */
@@ -622,10 +616,465 @@ int cu_attn_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, c
     return CU_TYPED(s->dtype, attn_bwd_t, dq, dk, dv, dout, q, k, v, o, lse, (float *)ws, s, ctx);
 }
 
+/* ---- plain form on cuBLAS: every (n, head) pair in one batched GEMM ----
+ * S = scale Q K^T, O = P V, dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q as batched GEMMs
+ * (one strided batch where H is 1; else one batch of pointer arrays that a kernel builds in the
+ * workspace, so the step stays capturable as a CUDA graph), the softmax and dS = scale P (dP -
+ * rowsum(P dP)) one fused kernel each (rowsum(P dP) is dO . O). fp32: fp32 GEMMs (parity mode:
+ * pedantic, no TF32; otherwise TF32 allowed). 16-bit: the GEMMs take q, k, v, dout in 16 bits
+ * on tensor cores with fp32 sums; P and dS stay fp32 and enter a GEMM as two 16-bit halves (hi
+ * + lo, as the tensor-core forward), summed by the GEMM into an fp32 scratch that one kernel
+ * rounds into the output. The pairs run in chunks whose scratch fits ATT_CHUNK_BYTES.
+ * Where cuBLAS does not take the 16-bit type (bf16 below sm_80) the warp kernels above run. */
+
+#define ATT_BLAS_WS ((size_t)4 << 20)     /* cuBLAS's own share of the workspace */
+#define ATT_CHUNK_BYTES ((size_t)32 << 20) /* scratch of a chunk of pairs (one pair at least) */
+
+/* scratch bytes per chunk of pairs: ATT_CHUNK_BYTES, or DDPMD_CUDA_ATTN_CHUNK bytes (tests make
+ * chunks small); read once, as planning and running must agree */
+static size_t att_chunk_bytes(void)
+{
+    static size_t bytes;
+    if (!bytes) {
+        const char *e = getenv("DDPMD_CUDA_ATTN_CHUNK");
+        const long long v = e ? atoll(e) : 0;
+        bytes = v > 0 ? (size_t)v : ATT_CHUNK_BYTES;
+    }
+    return bytes;
+}
+
+/* the operands of the batched GEMMs: global ones indexed by pair b = n * H + h, local ones
+ * (scratch of the chunk in the workspace) by the pair's place in its chunk */
+enum att_operand {
+    AO_Q, AO_K, AO_V, AO_DO, AO_O, AO_DQ, AO_DK, AO_DV, AO_P, /* global */
+    AO_SC, AO_PHI, AO_PLO, AO_ACC, AO_X32,                    /* local */
+    AO_COUNT,
+    AO_LOCAL = AO_SC
+};
+
+struct att_plain {
+    int pairs, chunk, h, half; /* N*H, pairs per chunk, H, 16-bit operands */
+    size_t pp[AO_COUNT];       /* local operands: bytes per pair */
+    size_t off[AO_COUNT];      /* local operands: offset in the workspace */
+    size_t ptrs;               /* pointer arrays (H > 1): AO_COUNT arrays of `pairs` entries */
+    size_t used, total;        /* what the kernels keep in the workspace; + cuBLAS's share */
+};
+
+static size_t att_align(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* the workspace of the plain form (the backward's, a superset of the forward's) */
+static struct att_plain att_plain_of(const struct bk_attn *s)
+{
+    struct att_plain a;
+    memset(&a, 0, sizeof a);
+    const size_t L = (size_t)s->l, es = bk_dtype_size(s->dtype);
+    a.pairs = s->n * s->heads;
+    a.h = s->heads;
+    a.half = s->dtype != BK_DTYPE_F32;
+    a.pp[AO_SC] = L * L * 4;
+    if (a.half) {
+        a.pp[AO_PHI] = 2 * L * L * es; /* rows of hi | lo */
+        a.pp[AO_ACC] = a.pp[AO_X32] = L * (size_t)s->d * 4;
+    }
+    size_t per = 0;
+    for (int i = AO_LOCAL; i < AO_COUNT; i++) per += a.pp[i];
+    const size_t chunk = att_chunk_bytes() / per;
+    a.chunk = chunk < 1 ? 1 : chunk > (size_t)a.pairs ? a.pairs : (int)chunk;
+    size_t off = 0;
+    if (a.h > 1) {
+        a.ptrs = 0;
+        off = att_align((size_t)AO_COUNT * a.pairs * sizeof(void *));
+    }
+    for (int i = AO_LOCAL; i < AO_COUNT; i++) {
+        a.off[i] = off;
+        off += att_align(a.pp[i] * a.chunk);
+    }
+    /* the low halves: the second half of each row of the high ones */
+    a.pp[AO_PLO] = a.pp[AO_PHI];
+    a.off[AO_PLO] = a.off[AO_PHI] + L * es;
+    a.used = off;
+    a.total = off + ATT_BLAS_WS;
+    return a;
+}
+
+/* where the operands are: base, and for global ones the bytes per sample and per head */
+struct att_ptr_src {
+    const char *base[AO_COUNT];
+    long long sn[AO_COUNT], sh[AO_COUNT];
+};
+
+/* out[a * pairs + b] = operand a's matrix of pair b (local operands: of the chunk's b-th pair) */
+__global__ void k_attn_ptrs(const char **out, struct att_ptr_src src, int H, int pairs)
+{
+    const long total = (long)AO_COUNT * pairs;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total;
+         e += (long)gridDim.x * blockDim.x) {
+        const int a = (int)(e / pairs), b = (int)(e % pairs);
+        out[e] = src.base[a] ? src.base[a] + (b / H) * src.sn[a] + (b % H) * src.sh[a] : NULL;
+    }
+}
+
+/* P (at most 1) enters the 16-bit GEMMs as hi + lo of P * 2^14: f16's low half stays a normal
+ * number down to P = 2^-17 (unscaled it would be subnormal below 2^-3 and lose its bits); the
+ * GEMMs' alpha 2^-14 undoes it exactly */
+#define ATT_P_SCALE 16384.0f
+
+/* the halves of x = P * ATT_P_SCALE into row r of phl: hi at [0, L), lo at [L, 2L) */
+template <typename T> __device__ __forceinline__ void att_split(T *hr, int L, int j, float x)
+{
+    const T hi = cu_to<T>(x);
+    hr[j] = hi;
+    hr[L + j] = cu_to<T>(x - cu_ld(hi));
+}
+
+/* softmax of the scaled score rows in p, in place, fp32; 16-bit: and each row's P as its
+ * halves (rows of 2L elements of T in phl). A warp per row. */
+template <typename T>
+__global__ void k_attn_softmax(float *p, T *phl, int L, long rows)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long r = (long)blockIdx.x * ATT_WARPS + warp;
+    if (r >= rows) return;
+    float *pr = p + (size_t)r * L;
+    float mx = -INFINITY;
+    for (int j = lane; j < L; j += 32) mx = fmaxf(mx, pr[j]);
+    mx = cu_warp_max(mx);
+    double sum = 0.0; /* in double, as the CPU */
+    for (int j = lane; j < L; j += 32) {
+        const float e = expf(pr[j] - mx);
+        pr[j] = e;
+        sum += e;
+    }
+    const float inv = (float)(1.0 / cu_warp_sum(sum));
+    T *hr = phl ? phl + (size_t)r * 2 * L : NULL;
+    for (int j = lane; j < L; j += 32) {
+        const float pj = pr[j] * inv;
+        pr[j] = pj;
+        if (hr) att_split(hr, L, j, pj * ATT_P_SCALE);
+    }
+}
+
+/* dS = scale P (dP - rowsum(P dP)) in place of dP (fp32 rows in sc); 16-bit: and P's halves
+ * (phl). A warp per row. */
+template <typename T>
+__global__ void k_attn_ds(float *sc, T *phl, const float *p, float scale, int L, long rows)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long r = (long)blockIdx.x * ATT_WARPS + warp;
+    if (r >= rows) return;
+    float *dr = sc + (size_t)r * L;
+    const float *pr = p + (size_t)r * L;
+    double acc = 0.0; /* rowsum(P dP) = dO . O in double, as the CPU: every dS of the row has it */
+    for (int j = lane; j < L; j += 32) acc += (double)pr[j] * dr[j];
+    const float rs = (float)cu_warp_sum(acc);
+    T *hr = phl ? phl + (size_t)r * 2 * L : NULL;
+    for (int j = lane; j < L; j += 32) {
+        const float pj = pr[j];
+        dr[j] = pj * (dr[j] - rs) * scale;
+        if (hr) att_split(hr, L, j, pj * ATT_P_SCALE);
+    }
+}
+
+/* x32 ((nb, L, D) dense fp32) = the chunk's pairs of x (rows of stride ldx, of T), exactly */
+template <typename T>
+__global__ void k_attn_widen(float *x32, const T *x, int L, int H, int D, int ldx, int b0,
+                             long count)
+{
+    const long ld_ = (long)L * D;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < count;
+         e += (long)gridDim.x * blockDim.x) {
+        const long bl = e / ld_, rem = e % ld_;
+        const int b = b0 + (int)bl, i = (int)(rem / D), d = (int)(rem % D);
+        x32[e] = cu_ld(x[((size_t)(b / H) * L + i) * ldx + (size_t)(b % H) * D + d]);
+    }
+}
+
+/* out (rows of stride ldo, pair b's head at [h*D, (h+1)*D)) = the chunk's fp32 results acc
+ * ((nb, L, D) dense), rounded once to T */
+template <typename T>
+__global__ void k_attn_store(T *out, const float *acc, int L, int H, int D, int ldo, int b0,
+                             long count)
+{
+    const long ld_ = (long)L * D;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < count;
+         e += (long)gridDim.x * blockDim.x) {
+        const long bl = e / ld_, rem = e % ld_;
+        const int b = b0 + (int)bl, i = (int)(rem / D), d = (int)(rem % D);
+        out[((size_t)(b / H) * L + i) * ldo + (size_t)(b % H) * D + d] = cu_to<T>(acc[e]);
+    }
+}
+
+/* the state of one plain op: the layout, the operands, their element types */
+struct att_run {
+    const struct bk_attn *s;
+    bk_ctx *ctx;
+    struct att_plain a;
+    struct att_ptr_src src;
+    cudaDataType type[AO_COUNT];
+    char *ws;
+    const char **ptrs; /* device pointer arrays (H > 1) */
+};
+
+static cudaDataType att_blas_type(int dtype)
+{
+    return dtype == BK_DTYPE_F16 ? CUDA_R_16F : dtype == BK_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* the operands of pointers given (NULL: unused) */
+static void att_run_init(struct att_run *r, const struct bk_attn *s, bk_ctx *ctx, void *ws,
+                         const void *q, const void *k, const void *v, const void *dout,
+                         const void *o, void *dq, void *dk, void *dv, const float *p)
+{
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    r->ctx = ctx;
+    r->a = att_plain_of(s);
+    r->ws = (char *)ws;
+    const long long es = (long long)bk_dtype_size(s->dtype), L = s->l, D = s->d;
+    const long long hd = (long long)s->heads * D;
+    const void *g[AO_LOCAL] = {q, k, v, dout, o, dq, dk, dv, p};
+    for (int i = 0; i < AO_LOCAL; i++) {
+        const int dense = i == AO_DO || i == AO_O;
+        r->src.base[i] = (const char *)g[i];
+        r->src.sn[i] = i == AO_P ? (long long)s->heads * L * L * 4 : L * (dense ? hd : s->ld) * es;
+        r->src.sh[i] = i == AO_P ? L * L * 4 : D * es;
+        r->type[i] = i == AO_P ? CUDA_R_32F : att_blas_type(s->dtype);
+    }
+    for (int i = AO_LOCAL; i < AO_COUNT; i++) {
+        if (!r->a.pp[i]) continue;
+        r->src.base[i] = r->ws + r->a.off[i];
+        r->src.sh[i] = (long long)r->a.pp[i];
+        r->src.sn[i] = (long long)r->a.pp[i] * s->heads;
+        r->type[i] = i == AO_PHI || i == AO_PLO ? att_blas_type(s->dtype) : CUDA_R_32F;
+    }
+    r->ptrs = r->a.h > 1 ? (const char **)(r->ws + r->a.ptrs) : NULL;
+}
+
+/* C_b = alpha op(A_b) op(B_b) + beta C_b (column-major) for the pairs [b0, b0 + nb) */
+static int att_gemm(struct att_run *r, int b0, int nb, cublasOperation_t ta, cublasOperation_t tb,
+                    int m, int n, int k, float alpha, int ia, int lda, int ib, int ldb,
+                    float beta, int ic, int ldc)
+{
+    bk_ctx *ctx = r->ctx;
+    const cudaDataType at = r->type[ia];
+    const cublasComputeType_t ct = at != CUDA_R_32F ? CUBLAS_COMPUTE_32F
+                                   : ctx->parity    ? CUBLAS_COMPUTE_32F_PEDANTIC
+                                                    : CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (r->ptrs) {
+        const int pairs = r->a.pairs;
+        const char *const *pa = r->ptrs + (size_t)ia * pairs + (ia < AO_LOCAL ? b0 : 0);
+        const char *const *pb = r->ptrs + (size_t)ib * pairs + (ib < AO_LOCAL ? b0 : 0);
+        const char *const *pc = r->ptrs + (size_t)ic * pairs + (ic < AO_LOCAL ? b0 : 0);
+        CUBLAS_CHECK(cublasGemmBatchedEx(ctx->cublas, ta, tb, m, n, k, &alpha,
+                                         (const void *const *)pa, at, lda,
+                                         (const void *const *)pb, r->type[ib], ldb, &beta,
+                                         (void *const *)pc, r->type[ic], ldc, nb, ct,
+                                         CUBLAS_GEMM_DEFAULT));
+        return BK_OK;
+    }
+    /* H is 1: pair b is sample b, one stride per operand */
+    const int ops[3] = {ia, ib, ic};
+    const char *base[3];
+    long long stride[3];
+    for (int i = 0; i < 3; i++) {
+        const int o = ops[i];
+        const long long es = r->type[o] == CUDA_R_32F ? 4 : 2;
+        stride[i] = r->src.sn[o] / es;
+        base[i] = r->src.base[o] + (o < AO_LOCAL ? (long long)b0 * r->src.sn[o] : 0);
+    }
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, ta, tb, m, n, k, &alpha, base[0], at, lda,
+                                            stride[0], base[1], r->type[ib], ldb, stride[1],
+                                            &beta, (void *)base[2], r->type[ic], ldc, stride[2],
+                                            nb, ct, CUBLAS_GEMM_DEFAULT));
+    return BK_OK;
+}
+
+/* the chunk's fp32 results (AO_ACC) rounded once into out (rows of stride ldo) */
+template <typename T> static int att_store(struct att_run *r, int b0, int nb, T *out, int ldo)
+{
+    const struct bk_attn *s = r->s;
+    const long count = (long)nb * s->l * s->d;
+    bk_ctx *ctx = r->ctx;
+    CU_TOUCHES(r->src.base[AO_ACC], (size_t)count * 4);
+    CU_LAUNCH(k_attn_store<T>, cu_blocks((size_t)count, CU_THREADS), CU_THREADS, 0,
+              ctx->stream)(out, (const float *)r->src.base[AO_ACC], s->l, s->heads, s->d, ldo,
+                           b0, count);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+/* a 16-bit result out = op(A) op(P) (P fp32 as its scaled halves), summed in fp32, rounded once */
+template <typename T>
+static int att_gemm_p(struct att_run *r, int b0, int nb, cublasOperation_t tb, int ia, int lda,
+                      T *out, int ldo)
+{
+    const int L = r->s->l, D = r->s->d;
+    int rc = att_gemm(r, b0, nb, CUBLAS_OP_N, tb, D, L, L, 1.0f / ATT_P_SCALE, ia, lda, AO_PHI,
+                      2 * L, 0.0f, AO_ACC, D);
+    if (!rc)
+        rc = att_gemm(r, b0, nb, CUBLAS_OP_N, tb, D, L, L, 1.0f / ATT_P_SCALE, ia, lda, AO_PLO,
+                      2 * L, 1.0f, AO_ACC, D);
+    return rc ? rc : att_store<T>(r, b0, nb, out, ldo);
+}
+
+/* a 16-bit result out = X^T op(dS) with dS fp32 (no bound to split it by): an fp32 GEMM on X
+ * (q or k, of T) widened exactly, rounded once */
+template <typename T>
+static int att_gemm_ds(struct att_run *r, int b0, int nb, cublasOperation_t tb, const T *x,
+                       T *out)
+{
+    const struct bk_attn *s = r->s;
+    const int L = s->l, D = s->d;
+    const long count = (long)nb * L * D;
+    bk_ctx *ctx = r->ctx;
+    float *x32 = (float *)r->src.base[AO_X32];
+    CU_TOUCHES(x32, (size_t)count * 4);
+    CU_LAUNCH(k_attn_widen<T>, cu_blocks((size_t)count, CU_THREADS), CU_THREADS, 0,
+              ctx->stream)(x32, x, L, s->heads, D, s->ld, b0, count);
+    CU_LAUNCHED(ctx);
+    int rc = att_gemm(r, b0, nb, CUBLAS_OP_N, tb, D, L, L, 1.0f, AO_X32, D, AO_SC, L, 0.0f, AO_ACC,
+                      D);
+    return rc ? rc : att_store<T>(r, b0, nb, out, s->ld);
+}
+
+/* the pointer arrays (H > 1), once per op */
+static int att_build_ptrs(struct att_run *r)
+{
+    if (!r->ptrs) return BK_OK;
+    bk_ctx *ctx = r->ctx;
+    const size_t n = (size_t)AO_COUNT * r->a.pairs;
+    CU_TOUCHES(r->ptrs, n * sizeof(void *));
+    CU_LAUNCH(k_attn_ptrs, cu_blocks(n, CU_THREADS), CU_THREADS, 0, ctx->stream)(
+        r->ptrs, r->src, r->a.h, r->a.pairs);
+    CU_LAUNCHED(ctx);
+    return BK_OK;
+}
+
+template <typename T> static int att_plain_fwd_chunk(struct att_run *r, int b0, int nb)
+{
+    const struct bk_attn *s = r->s;
+    bk_ctx *ctx = r->ctx;
+    const int L = s->l, D = s->d, ld = s->ld, hd = s->heads * D;
+    /* S^T (column-major) = K Q^T, into p */
+    int rc = att_gemm(r, b0, nb, CUBLAS_OP_T, CUBLAS_OP_N, L, L, D, s->scale, AO_K, ld, AO_Q, ld,
+                      0.0f, AO_P, L);
+    if (rc) return rc;
+    const long rows = (long)nb * L;
+    float *p = (float *)r->src.base[AO_P] + (size_t)b0 * L * L;
+    T *phl = r->a.half ? (T *)r->src.base[AO_PHI] : NULL;
+    CU_TOUCHES(p, (size_t)rows * L * 4);
+    if (phl) CU_TOUCHES(phl, (size_t)rows * 2 * L * sizeof(T));
+    CU_LAUNCH(k_attn_softmax<T>, att_grid(rows), ATT_WARPS * 32, 0, ctx->stream)(p, phl, L,
+                                                                                 rows);
+    CU_LAUNCHED(ctx);
+    /* O^T = V^T P^T */
+    if (!r->a.half)
+        return att_gemm(r, b0, nb, CUBLAS_OP_N, CUBLAS_OP_N, D, L, L, 1.0f, AO_V, ld, AO_P, L,
+                        0.0f, AO_O, hd);
+    return att_gemm_p<T>(r, b0, nb, CUBLAS_OP_N, AO_V, ld, (T *)r->src.base[AO_O], hd);
+}
+
+template <typename T> static int att_plain_bwd_chunk(struct att_run *r, int b0, int nb)
+{
+    const struct bk_attn *s = r->s;
+    bk_ctx *ctx = r->ctx;
+    const int L = s->l, D = s->d, ld = s->ld, hd = s->heads * D;
+    /* dP^T (column-major) = V dO^T, into the scratch */
+    int rc = att_gemm(r, b0, nb, CUBLAS_OP_T, CUBLAS_OP_N, L, L, D, 1.0f, AO_V, ld, AO_DO, hd,
+                      0.0f, AO_SC, L);
+    if (rc) return rc;
+    const long rows = (long)nb * L;
+    float *sc = (float *)r->src.base[AO_SC];
+    const float *p = (const float *)r->src.base[AO_P] + (size_t)b0 * L * L;
+    T *phl = r->a.half ? (T *)r->src.base[AO_PHI] : NULL;
+    CU_TOUCHES(sc, (size_t)rows * L * 4);
+    CU_TOUCHES(p, (size_t)rows * L * 4);
+    if (phl) CU_TOUCHES(phl, (size_t)rows * 2 * L * sizeof(T));
+    CU_LAUNCH(k_attn_ds<T>, att_grid(rows), ATT_WARPS * 32, 0, ctx->stream)(sc, phl, p, s->scale,
+                                                                            L, rows);
+    CU_LAUNCHED(ctx);
+    if (!r->a.half) {
+        /* dV^T = dO^T P, dQ^T = K^T dS^T, dK^T = Q^T dS */
+        rc = att_gemm(r, b0, nb, CUBLAS_OP_N, CUBLAS_OP_T, D, L, L, 1.0f, AO_DO, hd, AO_P, L,
+                      0.0f, AO_DV, ld);
+        if (!rc)
+            rc = att_gemm(r, b0, nb, CUBLAS_OP_N, CUBLAS_OP_N, D, L, L, 1.0f, AO_K, ld, AO_SC, L,
+                          0.0f, AO_DQ, ld);
+        if (!rc)
+            rc = att_gemm(r, b0, nb, CUBLAS_OP_N, CUBLAS_OP_T, D, L, L, 1.0f, AO_Q, ld, AO_SC, L,
+                          0.0f, AO_DK, ld);
+        return rc;
+    }
+    rc = att_gemm_p<T>(r, b0, nb, CUBLAS_OP_T, AO_DO, hd, (T *)r->src.base[AO_DV], ld);
+    if (!rc)
+        rc = att_gemm_ds<T>(r, b0, nb, CUBLAS_OP_N, (const T *)r->src.base[AO_K],
+                            (T *)r->src.base[AO_DQ]);
+    if (!rc)
+        rc = att_gemm_ds<T>(r, b0, nb, CUBLAS_OP_T, (const T *)r->src.base[AO_Q],
+                            (T *)r->src.base[AO_DK]);
+    return rc;
+}
+
+/* cuBLAS's workspace while the op keeps data in [ws, ws + used): the part of the plan's
+ * workspace (ctx_set_workspace) after it, or none; `restore` gives cuBLAS the whole again. A
+ * 16-bit op runs its GEMMs on tensor cores: a parity handle's pedantic math is lifted around. */
+static int att_blas_enter(bk_ctx *ctx, const char *ws, size_t used, int half, int restore)
+{
+    if (half && ctx->parity)
+        CUBLAS_CHECK(cublasSetMathMode(ctx->cublas, restore ? CUBLAS_PEDANTIC_MATH
+                                                            : CUBLAS_DEFAULT_MATH));
+    if (!ctx->ws) return BK_OK;
+    void *p = ctx->ws;
+    size_t bytes = ctx->ws_bytes;
+    const char *lo = (const char *)ctx->ws, *hi = lo + ctx->ws_bytes;
+    if (!restore && ws < hi && ws + used > lo) {
+        const char *a = (const char *)(((uintptr_t)(ws + used) + 255) & ~(uintptr_t)255);
+        p = a < hi ? (void *)a : NULL;
+        bytes = a < hi ? (size_t)(hi - a) & ~(size_t)255 : 0;
+        if (!bytes) p = NULL;
+    }
+    CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, p, bytes));
+    return BK_OK;
+}
+
+template <typename T> static int att_plain_run(struct att_run *r, int bwd)
+{
+    bk_ctx *ctx = r->ctx;
+    int rc = att_blas_enter(ctx, r->ws, r->a.used, r->a.half, 0);
+    if (!rc) rc = att_build_ptrs(r);
+    for (int b0 = 0; !rc && b0 < r->a.pairs; b0 += r->a.chunk) {
+        const int nb = r->a.pairs - b0 < r->a.chunk ? r->a.pairs - b0 : r->a.chunk;
+        rc = bwd ? att_plain_bwd_chunk<T>(r, b0, nb) : att_plain_fwd_chunk<T>(r, b0, nb);
+    }
+    const int rc2 = att_blas_enter(ctx, r->ws, r->a.used, r->a.half, 1);
+    if (!rc && !rc2 && cu_sync_checks) CU_LAUNCHED(ctx);
+    return rc ? rc : rc2;
+}
+
+/* cuBLAS takes the operands' type on ctx's device (16-bit: its tensor cores) */
+static int att_plain_blas_ok(const struct bk_attn *s, bk_ctx *ctx)
+{
+    return s->dtype == BK_DTYPE_F32 || (cu_device_half(ctx->device, s->dtype) & BK_HALF_LINEAR);
+}
+
+size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled)
+{
+    if (attn_check(s) != BK_OK) return 0;
+    /* tiled: Di (N,H,L). plain: the cuBLAS form's (more than the warp kernels' L x L) */
+    return tiled ? (size_t)s->n * s->heads * s->l * sizeof(float) : att_plain_of(s).total;
+}
+
+/* ---- plain form with the warp kernels: 16-bit types cuBLAS does not take here ---- */
+
 template <typename T>
 static int attn_plain_fwd_t(void *o, float *p, const void *q, const void *k, const void *v,
-                            const struct bk_attn *s, bk_ctx *ctx)
+                            void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
+    if (att_plain_blas_ok(s, ctx)) {
+        struct att_run r;
+        att_run_init(&r, s, ctx, ws, q, k, v, NULL, o, NULL, NULL, NULL, p);
+        return att_plain_run<T>(&r, 0);
+    }
     const long rows = (long)s->n * s->heads * s->l;
     const size_t smem = (size_t)ATT_WARPS * s->d * sizeof(float);
     ATT_LAUNCH(k_attn_plain_fwd, T, att_nc(s->d), att_grid(rows), smem, (T *)o, p, (const T *)q,
@@ -637,8 +1086,8 @@ int cu_attn_plain_fwd(void *o, float *p, const void *q, const void *k, const voi
                       const struct bk_attn *s, bk_ctx *ctx)
 {
     CU_ENTER(ctx);
-    if (attn_check(s) != BK_OK || !o || !p || !q || !k || !v) return BK_ERR_INVALID;
-    return CU_TYPED(s->dtype, attn_plain_fwd_t, o, p, q, k, v, s, ctx);
+    if (attn_check(s) != BK_OK || !o || !p || !q || !k || !v || !ws) return BK_ERR_INVALID;
+    return CU_TYPED(s->dtype, attn_plain_fwd_t, o, p, q, k, v, ws, s, ctx);
 }
 
 template <typename T>
@@ -646,6 +1095,11 @@ static int attn_plain_bwd_t(void *dq, void *dk, void *dv, const void *dout, cons
                             const void *k, const void *v, const float *p, float *ds,
                             const struct bk_attn *s, bk_ctx *ctx)
 {
+    if (att_plain_blas_ok(s, ctx)) {
+        struct att_run r;
+        att_run_init(&r, s, ctx, ds, q, k, v, dout, NULL, dq, dk, dv, p);
+        return att_plain_run<T>(&r, 1);
+    }
     const int L = s->l, H = s->heads, D = s->d, nc = att_nc(D);
     const size_t smem = (size_t)ATT_WARPS * D * sizeof(float);
     for (int nh = 0; nh < s->n * H; nh++) {

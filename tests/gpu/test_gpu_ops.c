@@ -269,13 +269,17 @@ static const char *dt_name(int dt)
 static double u16(int dt) { return dt == BK_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048; }
 
 /* tests/gpu/emu: the library calls made so far with inputs of dt (ddpmd_emu_lib_calls), lib 0
- * cuDNN, 1 cuBLAS, 2 warp matrix multiply-accumulates; -1 on a GPU */
+ * cuDNN, 1 cuBLAS, 2 warp matrix multiply-accumulates; (ddpmd_emu_lib_calls_ext, emu_ext.h) 3
+ * cuBLAS strided batched GEMMs, 4 batched GEMMs of pointer arrays, 5 cuDNN graphs executed, 6
+ * cuDNN graphs refused; -1 on a GPU */
 static long lib_calls(int lib, int dt)
 {
     const char *mod = getenv("DDPMD_CUDA_MODULE");
     void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
     unsigned long (*f)(int, int) =
-        h ? (unsigned long (*)(int, int))dlsym(h, "ddpmd_emu_lib_calls") : NULL;
+        h ? (unsigned long (*)(int, int))dlsym(h, lib < 3 ? "ddpmd_emu_lib_calls"
+                                                          : "ddpmd_emu_lib_calls_ext")
+          : NULL;
     long r = f ? (long)f(lib, dt) : -1;
     if (h) dlclose(h);
     return r;
@@ -782,11 +786,17 @@ static void test_attention_dt(int n, int l, int heads, int d, int packed, int dt
     free(cw);
     t_free(&dqkv);
 
-    /* plain */
+    /* plain: batched GEMMs over all (n, head) pairs (one strided batch for one head, else one
+     * batch of pointer arrays) where cuBLAS takes the type, the warp kernels elsewhere; cuBLAS
+     * given the same workspace, as a plan's ctx_set_workspace does */
     cws = C->attn_ws_bytes(&s32, 0);
     gws = G->attn_ws_bytes(&s, 0);
     cw = malloc(cws ? cws : 64);
     gw = dalloc(gws ? gws : 64);
+    gpu_ok(G->ctx_set_workspace(gctx, gw, gws), "ctx_set_workspace");
+    /* 16-bit: dQ and dK are fp32 GEMMs (dS has no bound to split it into 16-bit halves by) */
+    const long strided0 = lib_calls(3, dt) + (dt ? lib_calls(3, 0) : 0),
+               ptrs0 = lib_calls(4, dt) + (dt ? lib_calls(4, 0) : 0);
     struct t o2 = t_out_dt(no, dt), p = t_out(nl * l);
     CHECK(C->attn_plain_fwd(o2.h, p.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s32, cctx) == 0,
           "cpu");
@@ -801,6 +811,18 @@ static void test_attention_dt(int n, int l, int heads, int d, int packed, int dt
     gpu_ok(G->attn_plain_bwd(dqkv.d, DV(dqkv, koff), DV(dqkv, voff), dout.d, qkv.d,
                              DV(qkv, koff), DV(qkv, voff), p.d, gw, &s, gctx), "plain bwd");
     t_cmp_any("dqkv (plain)", &dqkv, TOL, 1);
+    gpu_ok(G->ctx_set_workspace(gctx, NULL, 0), "ctx_set_workspace(NULL)");
+    if (emulated) {
+        /* per chunk of pairs the forward's GEMMs, S and O (16-bit: O in two), and the
+         * backward's, dP, dV, dQ, dK (16-bit: dV in two), each one batched call */
+        const long strided = lib_calls(3, dt) + (dt ? lib_calls(3, 0) : 0) - strided0,
+                   ptrs = lib_calls(4, dt) + (dt ? lib_calls(4, 0) : 0) - ptrs0;
+        const long per = typed_native(BK_HALF_LINEAR, dt) ? (dt ? 8 : 6) : 0;
+        const long got = heads == 1 ? strided : ptrs, other = heads == 1 ? ptrs : strided;
+        CHECK(other == 0 && (per ? got >= per && got % per == 0 : got == 0),
+              "%s: %ld strided and %ld pointer-array batched GEMMs in the plain form (per chunk "
+              "%ld, %s)", name, strided, ptrs, per, heads == 1 ? "strided" : "pointer arrays");
+    }
 #undef DV
     free(cw);
     t_free(&dqkv), t_free(&o2), t_free(&p), t_free(&qkv), t_free(&o), t_free(&lse), t_free(&dout);
@@ -1514,6 +1536,8 @@ static int have_nvidia_device(void)
 int main(void)
 {
     setenv("DDPMD_CUDA_SYNC", "1", 0); /* every launch synchronized and checked */
+    /* the plain attention's pairs in chunks of at most 64 KiB of scratch: several per op here */
+    setenv("DDPMD_CUDA_ATTN_CHUNK", "65536", 0);
     char err[512] = "";
     int rc = backend_load("cuda", &G, err, sizeof err);
     if (rc != BK_OK) {
@@ -1575,10 +1599,15 @@ int main(void)
     test_resample(2, 4, 16, 16);
     test_embed(5, 32, 1, 0.0f);
     test_embed(4, 33, 0, 1.0f);
+    /* head dims 8 to 200 and odd, L off the tiles, several samples and heads, packed qkv */
     test_attention(2, 70, 2, 16, 1);
     test_attention(1, 300, 1, 128, 0);
     test_attention(2, 64, 4, 200, 1);
     test_attention(1, 33, 1, 8, 0);
+    test_attention(3, 40, 2, 32, 1);
+    test_attention(2, 50, 1, 64, 0);
+    test_attention(2, 37, 3, 24, 1);
+    test_attention(1, 20, 2, 13, 0);
     test_losses(100003, 37, 10);
     test_dropout(3, 1001, 0.1f);
     test_dropout(2, 17, 0.0f);

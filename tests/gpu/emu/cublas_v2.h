@@ -57,4 +57,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             void *c, cudaDataType ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t algo);
 
+#include "cublas_batched.h" /* the batched GEMMs, in a file of their own */
+
 #endif
