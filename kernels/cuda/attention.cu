@@ -32,6 +32,17 @@
 
 #include "cuda_backend.h"
 
+/* attention_cudnn.cu: cuDNN's fused attention for the tiled form's 16-bit operands outside
+ * parity mode. ws_bytes: 1 with the workspace where cuDNN runs s on device in that mode (its
+ * graphs built and cached now). fwd, bwd: BK_OK, a device error, or -1 where cuDNN does not run
+ * s (refused, not planned, parity mode): the caller runs its own kernels. */
+int cu_sdpa_ws_bytes(const struct bk_attn *s, int device, int parity, size_t *ws);
+int cu_sdpa_fwd(void *o, float *lse, const void *q, const void *k, const void *v, void *ws,
+                const struct bk_attn *s, bk_ctx *ctx);
+int cu_sdpa_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                const void *v, const void *o, const float *lse, void *ws,
+                const struct bk_attn *s, bk_ctx *ctx);
+
 #define ATT_WARPS 8
 #define ATT_MAX_D 768 /* two rows per warp of shared memory stay within 48 KiB */
 #define FULL 0xffffffffu
@@ -583,6 +594,8 @@ int cu_attn_fwd(void *o, float *lse, const void *q, const void *k, const void *v
 {
     CU_ENTER(ctx);
     if (attn_check(s) != BK_OK || !o || !lse || !q || !k || !v) return BK_ERR_INVALID;
+    const int rc = cu_sdpa_fwd(o, lse, q, k, v, ws, s, ctx);
+    if (rc >= 0) return rc;
     return CU_TYPED(s->dtype, attn_fwd_t, o, lse, q, k, v, s, ctx);
 }
 
@@ -613,6 +626,8 @@ int cu_attn_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, c
     if (attn_check(s) != BK_OK || !dq || !dk || !dv || !dout || !q || !k || !v || !o || !lse ||
         !ws)
         return BK_ERR_INVALID;
+    const int rc = cu_sdpa_bwd(dq, dk, dv, dout, q, k, v, o, lse, ws, s, ctx);
+    if (rc >= 0) return rc;
     return CU_TYPED(s->dtype, attn_bwd_t, dq, dk, dv, dout, q, k, v, o, lse, (float *)ws, s, ctx);
 }
 
@@ -1060,8 +1075,12 @@ static int att_plain_blas_ok(const struct bk_attn *s, bk_ctx *ctx)
 size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
     if (attn_check(s) != BK_OK) return 0;
-    /* tiled: Di (N,H,L). plain: the cuBLAS form's (more than the warp kernels' L x L) */
-    return tiled ? (size_t)s->n * s->heads * s->l * sizeof(float) : att_plain_of(s).total;
+    /* plain: the cuBLAS form's (more than the warp kernels' L x L) */
+    if (!tiled) return att_plain_of(s).total;
+    /* tiled: Di (N,H,L) for our kernels, or cuDNN's graphs' where they run it */
+    size_t ws = (size_t)s->n * s->heads * s->l * sizeof(float), dnn = 0;
+    if (cu_sdpa_ws_bytes(s, cu_default_device(), cu_thread_parity(), &dnn) && dnn > ws) ws = dnn;
+    return ws;
 }
 
 /* ---- plain form with the warp kernels: 16-bit types cuBLAS does not take here ---- */

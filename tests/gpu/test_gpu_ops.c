@@ -834,6 +834,99 @@ static void test_attention(int n, int l, int heads, int d, int packed)
         test_attention_dt(n, l, heads, d, packed, dt);
 }
 
+/* a fast-mode (parity off) context: the tiled attention's 16-bit operands on cuDNN's fused
+ * attention where cuDNN has an engine for them */
+static bk_ctx *gfast;
+static int device_cc;
+
+/* the GPU's 16-bit x against the CPU's fp32 result (not rounded): norm-wise relative error
+ * under tol, every value finite */
+static void t_cmp_near(const char *what, const struct t *x, double tol)
+{
+    const size_t n = x->n ? x->n : 1;
+    uint16_t *g = malloc(n * 2);
+    int rc = G->mem_download(g, x->d, x->n * 2, gctx);
+    size_t bad = 0;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        const float gv = from16(g[i], x->dt);
+        bad += !isfinite(gv) || !isfinite(x->h[i]);
+        if (isfinite(gv) && isfinite(x->h[i])) {
+            num += ((double)gv - x->h[i]) * ((double)gv - x->h[i]);
+            den += (double)x->h[i] * x->h[i];
+        }
+    }
+    const double e = num == 0 ? 0 : sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-300);
+    CHECK(rc == 0 && bad == 0 && e < tol, "%s %s: rel err %.3g (tol %.2g), %zu non-finite, n %zu",
+          cur_op, what, e, tol, bad, x->n);
+    if (getenv("TEST_GPU_VERBOSE")) printf("  %-44s %-8s rel err %.3g\n", cur_op, what, e);
+    free(g);
+}
+
+/* the tiled form in fast mode: cuDNN's fused attention where it has an engine (16-bit, sm_80
+ * on, head dims multiples of 8 up to 128; the emulator counts its graphs run and refused), our
+ * kernels elsewhere. cuDNN rounds P (and dS) to 16 bits before its second GEMMs, so its outputs
+ * are checked against the CPU's unrounded fp32 result within 2u (u the unit roundoff: a product
+ * of P's rounding is a relative error of about u), lse within 1e-5 as always. */
+static void test_attention_fast(int n, int l, int heads, int d, int packed, int dt)
+{
+    char name[112];
+    snprintf(name, sizeof name, "attention fast n%d l%d h%d d%d%s%s", n, l, heads, d,
+             packed ? " packed" : "", dt_name(dt));
+    begin(name);
+    const int cdim = heads * d, ld = packed ? 3 * cdim : cdim;
+    struct bk_attn s = {.n = n, .l = l, .heads = heads, .d = d, .ld = ld,
+                        .scale = 1.0f / sqrtf((float)d), .dtype = dt};
+    struct bk_attn s32 = s;
+    s32.dtype = BK_DTYPE_F32;
+    const size_t nrow = (size_t)n * l, nq = nrow * ld, no = nrow * cdim, nl = (size_t)n * heads * l;
+    struct t qkv = t_in_dt(packed ? nq : 3 * nq, 2.0, dt);
+    const size_t koff = packed ? (size_t)cdim : nq, voff = packed ? 2 * (size_t)cdim : 2 * nq;
+    const size_t es = bk_dtype_size(dt);
+#define DV(t, off) ((char *)(t).d + (off) * es)
+    struct t o = t_out_dt(no, dt), lse = t_out(nl), dout = t_in_dt(no, 1.0, dt);
+    const size_t cws = C->attn_ws_bytes(&s32, 1);
+    const long refused0 = lib_calls(6, dt);
+    G->set_parity(0); /* planning in fast mode builds cuDNN's graphs (their workspace) */
+    const size_t gws = G->attn_ws_bytes(&s, 1);
+    G->set_parity(1);
+    void *cw = malloc(cws ? cws : 64), *gw = dalloc(gws ? gws : 64);
+    const long run0 = lib_calls(5, dt);
+    CHECK(C->attn_fwd(o.h, lse.h, qkv.h, qkv.h + koff, qkv.h + voff, cw, &s32, cctx) == 0, "cpu");
+    gpu_ok(G->attn_fwd(o.d, lse.d, qkv.d, DV(qkv, koff), DV(qkv, voff), gw, &s, gfast), "fwd");
+    const int dnn = dt != BK_DTYPE_F32 && device_cc >= 80 && d % 8 == 0 && d <= 128;
+    const double u = dt == BK_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048;
+    if (dnn)
+        t_cmp_near("o", &o, 2 * u);
+    else
+        t_cmp_any("o", &o, TOL, 1);
+    t_cmp("lse", &lse, TOL);
+    t_round(&o);
+    up(&o);
+    up(&lse);
+    struct t dqkv = t_out_dt(qkv.n, dt);
+    CHECK(C->attn_bwd(dqkv.h, dqkv.h + koff, dqkv.h + voff, dout.h, qkv.h, qkv.h + koff,
+                      qkv.h + voff, o.h, lse.h, cw, &s32, cctx) == 0, "cpu");
+    gpu_ok(G->attn_bwd(dqkv.d, DV(dqkv, koff), DV(dqkv, voff), dout.d, qkv.d, DV(qkv, koff),
+                       DV(qkv, voff), o.d, lse.d, gw, &s, gfast), "bwd");
+    if (dnn)
+        t_cmp_near("dqkv", &dqkv, 2 * u);
+    else
+        t_cmp_any("dqkv", &dqkv, TOL, 1);
+#undef DV
+    if (emulated) {
+        /* run where it has an engine; refused by the emulated cuDNN itself beyond 128 and below
+         * sm_80 (the frontend refuses head dims off multiples of 8 before it sees them) */
+        const long runs = lib_calls(5, dt) - run0, refused = lib_calls(6, dt) - refused0;
+        CHECK(runs == (dnn ? 2 : 0), "%s: %ld cuDNN graphs run, want %d", name, runs,
+              dnn ? 2 : 0);
+        if (dt != BK_DTYPE_F32 && d % 8 == 0 && !dnn)
+            CHECK(refused > 0, "%s: the emulated cuDNN did not refuse it", name);
+    }
+    free(cw);
+    t_free(&dqkv), t_free(&qkv), t_free(&o), t_free(&lse), t_free(&dout);
+}
+
 /* ---- losses, dropout ---- */
 
 static void test_losses(size_t cnt, int rows, int k)
@@ -1430,6 +1523,14 @@ static void test_emulator_checks(void)
         int missed = self();
         CHECK(missed == 0, "the emulator missed %d planted misuses (see above)", missed);
     }
+    /* its cuDNN graph API: the refusals of fused attention (fp32, head dims over 128 or off
+     * multiples of 8, below sm_80), a matmul's sums, the workspace, variant packs */
+    int (*gself)(void) = h ? (int (*)(void))dlsym(h, "ddpmd_emu_graph_selfcheck") : NULL;
+    CHECK(gself != NULL, "ddpmd_emu_graph_selfcheck not found");
+    if (gself) {
+        int missed = gself();
+        CHECK(missed == 0, "the emulated cuDNN graph API missed %d checks (see above)", missed);
+    }
     if (h) dlclose(h);
     float hbuf[64] = {0}, hsrc[64] = {0};
     float *d = dalloc(sizeof hbuf);
@@ -1567,6 +1668,14 @@ int main(void)
         fprintf(stderr, "test_gpu_ops: cannot reserve %zu bytes\n", DEV_BYTES);
         return 1;
     }
+    G->set_parity(0);
+    const int fast_rc = G->ctx_init(&gfast, 1);
+    G->set_parity(1);
+    if (fast_rc) {
+        fprintf(stderr, "test_gpu_ops: ctx_init (fast mode) failed\n");
+        return 1;
+    }
+    device_cc = dm.cc_major * 10 + dm.cc_minor;
     tu_seed(20240601);
     test_half_kernels(&dm);
 
@@ -1608,6 +1717,16 @@ int main(void)
     test_attention(2, 50, 1, 64, 0);
     test_attention(2, 37, 3, 24, 1);
     test_attention(1, 20, 2, 13, 0);
+    /* fast mode: cuDNN's fused attention (head dims 16, 32, 64, 128, with L off its tiles, 2
+     * samples, 3 heads, packed qkv), refused beyond 128 and at 13 */
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++) {
+        test_attention_fast(2, 70, 2, 16, 1, dt);
+        test_attention_fast(1, 40, 3, 32, 0, dt);
+        test_attention_fast(2, 33, 1, 64, 1, dt);
+        test_attention_fast(1, 24, 1, 128, 0, dt);
+        test_attention_fast(1, 20, 2, 136, 1, dt);
+        test_attention_fast(1, 20, 1, 13, 0, dt);
+    }
     test_losses(100003, 37, 10);
     test_dropout(3, 1001, 0.1f);
     test_dropout(2, 17, 0.0f);
@@ -1634,6 +1753,7 @@ int main(void)
                r2);
     }
     G->mem_free(dev_base, gctx);
+    G->ctx_free(gfast);
     G->ctx_free(gctx);
     C->ctx_free(cctx);
     return tu_finish("test_gpu_ops");

@@ -18,6 +18,7 @@ typedef enum {
     CUDNN_STATUS_SUCCESS = 0,
     CUDNN_STATUS_NOT_INITIALIZED = 1001,
     CUDNN_STATUS_BAD_PARAM = 2000,
+    CUDNN_STATUS_INVALID_VALUE = 2001, /* cuDNN 9: deprecated, still named by its frontend */
     CUDNN_STATUS_NOT_SUPPORTED = 3000,
     CUDNN_STATUS_ALLOC_FAILED = 4000,
     CUDNN_STATUS_EXECUTION_FAILED = 5000,
@@ -175,5 +176,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
 cudnnStatus_t cudnnAddTensor(cudnnHandle_t h, const void *alpha, cudnnTensorDescriptor_t ad,
                              const void *a, const void *beta, cudnnTensorDescriptor_t cd,
                              void *c);
+
+#include "cudnn_graph.h" /* the graph API (cudnn_graph.cpp) */
 
 #endif

@@ -1213,6 +1213,13 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s)
     h->stream = s;
     return CUDNN_STATUS_SUCCESS;
 }
+/* the graph API (cudnn_graph.cpp) runs on the handle's stream */
+cudnnStatus_t cudnnGetStream(cudnnHandle_t h, cudaStream_t *s)
+{
+    if (!h || !s) return CUDNN_STATUS_BAD_PARAM;
+    *s = h->stream;
+    return CUDNN_STATUS_SUCCESS;
+}
 static size_t tcount(const emu_tensor_desc *d) { return (size_t)d->n * d->c * d->h * d->w; }
 static size_t fcount(const emu_filter_desc *d) { return (size_t)d->k * d->c * d->h * d->w; }
 static size_t tbytes(const emu_tensor_desc *d) { return tcount(d) * et_size(d->et); }
