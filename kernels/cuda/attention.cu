@@ -3,9 +3,12 @@
  * key): its lanes score 32 keys at a time (each lane one key), softmax over the warp with
  * shuffles, and accumulate the 32 rows of v (each lane D/32 of the features).
  * Tiled (FlashAttention-style): the forward keeps a running max and sum per row and saves only lse
- * (N,H,L); the backward recomputes the scores twice, once per query row (dq) and once per key row
- * (dk, dv), so no two warps write one row and nothing is atomic. Its workspace holds
- * Di = dO_i . O_i (N,H,L). Nothing of size L x L exists on the device.
+ * (N,H,L); the backward (head dims up to 128) runs in FlashAttention-2's schedule, tiles of 16
+ * queries x 16 keys in shared memory: a block per key tile sums dK and dV over the query tiles in
+ * registers, a block per query tile sums dQ over the key tiles, so no two blocks write one row and
+ * nothing is atomic (larger head dims: a warp per query row, then per key row). Its workspace
+ * holds Di = dO_i . O_i (N,H,L). Nothing of size L x L exists on the device. 16-bit operands
+ * outside parity mode go to cuDNN's fused attention where it has an engine (attention_cudnn.cu).
  * Plain: the forward saves p (N,H,L,L); both directions are cuBLAS batched GEMMs over every
  * (n, h) pair at once around one fused softmax and one fused dS kernel (see "plain form on
  * cuBLAS" below), the warp kernels only where cuBLAS does not take the 16-bit type.
@@ -404,6 +407,182 @@ __global__ void k_attn_dkdv(T *dk, T *dv, const T *dout, const T *q, const T *k,
     }
 }
 
+/* ---- tiled backward in FlashAttention-2's schedule (head dims up to FB_MAX_D) ----
+ * Per (n, h) pair and tile of FB_BR queries x FB_BC keys, in shared memory, fp32: P = exp(scale
+ * Q K^T - lse) (the forward's lse: no softmax again), dS = scale P (dO V^T - Di).
+ * k_attn_bwd_kv: a block owns FB_BC keys, their K and V; it walks every query tile, summing
+ * dV += P^T dO and dK += dS^T Q in registers, and writes both once. k_attn_bwd_q: a block owns
+ * FB_BR queries; it walks every key tile, summing dQ += dS K in registers, and writes it once.
+ * dQ by a pass of its own rather than by atomics: deterministic, as parity mode promises, for
+ * recomputing each tile's P and dS once more. Rows and keys past L are zeros in the tiles and 0
+ * in P and dS. */
+
+#define FB_BR 16
+#define FB_BC 16
+#define FB_THREADS 128
+#define FB_MAX_D 128 /* shared memory: (2 BC + 2 BR)(D + 1) + 2 BR BC + 2 BR floats, 35 KiB at 128 */
+#define FB_PER ((FB_BC * FB_MAX_D + FB_THREADS - 1) / FB_THREADS) /* accumulators per thread */
+
+/* the block's shared memory (offsets in floats): K, V, Q, dO tiles (rows of dp = D + 1 floats:
+ * the dot products' rows in different banks), P, dS, the rows' lse and Di */
+struct fb_layout {
+    int dp, k, v, q, o, p, ds, lse, di;
+    size_t bytes;
+};
+__host__ __device__ static inline struct fb_layout fb_layout_of(int D)
+{
+    struct fb_layout t;
+    t.dp = D + 1;
+    t.k = 0;
+    t.v = t.k + FB_BC * t.dp;
+    t.q = t.v + FB_BC * t.dp;
+    t.o = t.q + FB_BR * t.dp;
+    t.p = t.o + FB_BR * t.dp;
+    t.ds = t.p + FB_BR * FB_BC;
+    t.lse = t.ds + FB_BR * FB_BC;
+    t.di = t.lse + FB_BR;
+    t.bytes = (size_t)(t.di + FB_BR) * sizeof(float);
+    return t;
+}
+
+/* rows [row0, row0 + n) of x (row stride ldx, D features) into dst (rows of dp) as fp32; rows
+ * past L: 0 */
+template <typename T>
+__device__ __forceinline__ void fb_rows(float *dst, int dp, const T *x, size_t ldx, int row0,
+                                        int n, int L, int D)
+{
+    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
+        const int r = e / D, d = e % D, i = row0 + r;
+        dst[r * dp + d] = i < L ? cu_ld(x[(size_t)i * ldx + d]) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ float fb_dot(const float *a, const float *b, int D)
+{
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* P and dS of the tile (queries i0 + r, keys j0 + c) from the tiles in shared memory; then a
+ * block barrier */
+__device__ __forceinline__ void fb_tile(float *sh, const struct fb_layout &t, int i0, int j0,
+                                        int L, int D, float scale)
+{
+    for (int e = threadIdx.x; e < FB_BR * FB_BC; e += blockDim.x) {
+        const int r = e / FB_BC, c = e % FB_BC;
+        float p = 0.0f, ds = 0.0f;
+        if (i0 + r < L && j0 + c < L) {
+            p = expf(scale * fb_dot(sh + t.q + r * t.dp, sh + t.k + c * t.dp, D) -
+                     sh[t.lse + r]);
+            ds = p * (fb_dot(sh + t.o + r * t.dp, sh + t.v + c * t.dp, D) - sh[t.di + r]) *
+                 scale;
+        }
+        sh[t.p + e] = p;
+        sh[t.ds + e] = ds;
+    }
+    __syncthreads();
+}
+
+/* the tile's queries i0.. (Q, dO, lse, Di) into shared memory */
+template <typename T>
+__device__ __forceinline__ void fb_queries(float *sh, const struct fb_layout &t, const T *q,
+                                           const T *dout, const float *lrow, const float *drow,
+                                           size_t ld, size_t hd, int i0, int L, int D)
+{
+    fb_rows(sh + t.q, t.dp, q, ld, i0, FB_BR, L, D);
+    fb_rows(sh + t.o, t.dp, dout, hd, i0, FB_BR, L, D);
+    if (threadIdx.x < FB_BR) {
+        const int i = i0 + threadIdx.x;
+        sh[t.lse + threadIdx.x] = i < L ? lrow[i] : 0.0f;
+        sh[t.di + threadIdx.x] = i < L ? drow[i] : 0.0f;
+    }
+}
+
+template <typename T>
+__global__ void k_attn_bwd_kv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                              const float *lse, const float *di, int L, int H, int D, int ld,
+                              float scale)
+{
+    CU_EXTERN_SHARED(float, sh);
+    const struct fb_layout t = fb_layout_of(D);
+    const int nh = blockIdx.y, h = nh % H, ni = nh / H, j0 = blockIdx.x * FB_BC;
+    const size_t hd = (size_t)H * D, base = (size_t)ni * L * ld + (size_t)h * D;
+    const size_t dbase = (size_t)ni * L * hd + (size_t)h * D;
+    fb_rows(sh + t.k, t.dp, k + base, ld, j0, FB_BC, L, D);
+    fb_rows(sh + t.v, t.dp, v + base, ld, j0, FB_BC, L, D);
+    float ak[FB_PER], av[FB_PER];
+#pragma unroll
+    for (int m = 0; m < FB_PER; m++) ak[m] = av[m] = 0.0f;
+    for (int i0 = 0; i0 < L; i0 += FB_BR) {
+        __syncthreads(); /* the last tile read */
+        fb_queries(sh, t, q + base, dout + dbase, lse + (size_t)nh * L, di + (size_t)nh * L, ld,
+                   hd, i0, L, D);
+        __syncthreads();
+        fb_tile(sh, t, i0, j0, L, D, scale);
+        /* dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r]: element (c, d) is
+         * thread's m-th */
+#pragma unroll
+        for (int m = 0; m < FB_PER; m++) {
+            const int e = threadIdx.x + m * FB_THREADS;
+            if (e < FB_BC * D) {
+                const int c = e / D, d = e % D;
+                for (int r = 0; r < FB_BR; r++) {
+                    av[m] += sh[t.p + r * FB_BC + c] * sh[t.o + r * t.dp + d];
+                    ak[m] += sh[t.ds + r * FB_BC + c] * sh[t.q + r * t.dp + d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < FB_PER; m++) {
+        const int e = threadIdx.x + m * FB_THREADS, c = e / D, d = e % D, j = j0 + c;
+        if (e < FB_BC * D && j < L) {
+            dk[base + (size_t)j * ld + d] = cu_to<T>(ak[m]);
+            dv[base + (size_t)j * ld + d] = cu_to<T>(av[m]);
+        }
+    }
+}
+
+template <typename T>
+__global__ void k_attn_bwd_q(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                             const float *lse, const float *di, int L, int H, int D, int ld,
+                             float scale)
+{
+    CU_EXTERN_SHARED(float, sh);
+    const struct fb_layout t = fb_layout_of(D);
+    const int nh = blockIdx.y, h = nh % H, ni = nh / H, i0 = blockIdx.x * FB_BR;
+    const size_t hd = (size_t)H * D, base = (size_t)ni * L * ld + (size_t)h * D;
+    const size_t dbase = (size_t)ni * L * hd + (size_t)h * D;
+    fb_queries(sh, t, q + base, dout + dbase, lse + (size_t)nh * L, di + (size_t)nh * L, ld, hd,
+               i0, L, D);
+    float aq[FB_PER];
+#pragma unroll
+    for (int m = 0; m < FB_PER; m++) aq[m] = 0.0f;
+    for (int j0 = 0; j0 < L; j0 += FB_BC) {
+        __syncthreads(); /* the last tile read */
+        fb_rows(sh + t.k, t.dp, k + base, ld, j0, FB_BC, L, D);
+        fb_rows(sh + t.v, t.dp, v + base, ld, j0, FB_BC, L, D);
+        __syncthreads();
+        fb_tile(sh, t, i0, j0, L, D, scale);
+        /* dQ[r] += sum_c dS[r][c] K[c]: element (r, d) is the thread's m-th */
+#pragma unroll
+        for (int m = 0; m < FB_PER; m++) {
+            const int e = threadIdx.x + m * FB_THREADS;
+            if (e < FB_BR * D) {
+                const int r = e / D, d = e % D;
+                for (int c = 0; c < FB_BC; c++)
+                    aq[m] += sh[t.ds + r * FB_BC + c] * sh[t.k + c * t.dp + d];
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < FB_PER; m++) {
+        const int e = threadIdx.x + m * FB_THREADS, r = e / D, d = e % D, i = i0 + r;
+        if (e < FB_BR * D && i < L) dq[base + (size_t)i * ld + d] = cu_to<T>(aq[m]);
+    }
+}
+
 /* ---- plain forward: p rows saved ---- */
 
 template <int NC, typename T>
@@ -599,6 +778,17 @@ int cu_attn_fwd(void *o, float *lse, const void *q, const void *k, const void *v
     return CU_TYPED(s->dtype, attn_fwd_t, o, lse, q, k, v, s, ctx);
 }
 
+/* the FlashAttention-2 backward for this shape (DDPMD_CUDA_ATTN_FA2=0: never, the warp kernels) */
+static int attn_fa2_ok(const struct bk_attn *s)
+{
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("DDPMD_CUDA_ATTN_FA2");
+        off = e && e[0] == '0';
+    }
+    return !off && s->d <= FB_MAX_D && (long)s->n * s->heads <= 65535;
+}
+
 template <typename T>
 static int attn_bwd_t(void *dq, void *dk, void *dv, const void *dout, const void *q,
                       const void *k, const void *v, const void *o, const float *lse, float *di,
@@ -608,6 +798,22 @@ static int attn_bwd_t(void *dq, void *dk, void *dv, const void *dout, const void
     CU_LAUNCH(k_attn_di<T>, att_grid(rows), ATT_WARPS * 32, 0, ctx->stream)(
         di, (const T *)dout, (const T *)o, s->l, s->heads, s->d, rows);
     CU_LAUNCHED(ctx);
+    if (attn_fa2_ok(s)) {
+        const unsigned nh = (unsigned)(s->n * s->heads);
+        const size_t smem = fb_layout_of(s->d).bytes;
+        CU_LAUNCH(k_attn_bwd_kv<T>, dim3((unsigned)((s->l + FB_BC - 1) / FB_BC), nh),
+                  FB_THREADS, smem, ctx->stream)((T *)dk, (T *)dv, (const T *)dout, (const T *)q,
+                                                 (const T *)k, (const T *)v, lse,
+                                                 (const float *)di, s->l, s->heads, s->d, s->ld,
+                                                 s->scale);
+        CU_LAUNCHED(ctx);
+        CU_LAUNCH(k_attn_bwd_q<T>, dim3((unsigned)((s->l + FB_BR - 1) / FB_BR), nh), FB_THREADS,
+                  smem, ctx->stream)((T *)dq, (const T *)dout, (const T *)q, (const T *)k,
+                                     (const T *)v, lse, (const float *)di, s->l, s->heads, s->d,
+                                     s->ld, s->scale);
+        CU_LAUNCHED(ctx);
+        return BK_OK;
+    }
     const size_t smem = (size_t)2 * ATT_WARPS * s->d * sizeof(float);
     ATT_LAUNCH(k_attn_dq, T, att_nc(s->d), att_grid(rows), smem, (T *)dq, (const T *)dout,
                (const T *)q, (const T *)k, (const T *)v, lse, (const float *)di, s->l, s->heads,
