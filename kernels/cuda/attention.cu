@@ -408,119 +408,165 @@ __global__ void k_attn_dkdv(T *dk, T *dv, const T *dout, const T *q, const T *k,
 }
 
 /* ---- tiled backward in FlashAttention-2's schedule (head dims up to FB_MAX_D) ----
- * Per (n, h) pair and tile of FB_BR queries x FB_BC keys, in shared memory, fp32: P = exp(scale
- * Q K^T - lse) (the forward's lse: no softmax again), dS = scale P (dO V^T - Di).
- * k_attn_bwd_kv: a block owns FB_BC keys, their K and V; it walks every query tile, summing
- * dV += P^T dO and dK += dS^T Q in registers, and writes both once. k_attn_bwd_q: a block owns
- * FB_BR queries; it walks every key tile, summing dQ += dS K in registers, and writes it once.
- * dQ by a pass of its own rather than by atomics: deterministic, as parity mode promises, for
- * recomputing each tile's P and dS once more. Rows and keys past L are zeros in the tiles and 0
- * in P and dS. */
+ * Per (n, h) pair and tile of FB_BR queries x FB_BC keys, the tiles of q, k, v, dout in shared
+ * memory as they are (T), and in fp32: P = exp(scale Q K^T - lse) (the forward's lse: no softmax
+ * again), dS = scale P (dO V^T - Di). k_attn_bwd_kv: a block owns FB_BC keys, their K and V; it
+ * walks every query tile, summing dV += P^T dO and dK += dS^T Q in registers, and writes both
+ * once. k_attn_bwd_q: a block owns FB_BR queries; it walks every key tile, summing dQ += dS K in
+ * registers, and writes it once. dQ by a pass of its own rather than by atomics: deterministic,
+ * as parity mode promises, for computing each tile's P and dS once more. TC (16-bit, D a multiple
+ * of 16: attn_tc_ok): Q K^T and dO V^T of a tile by warp matrix multiply-accumulate (exact
+ * products, fp32 sums); the sums over P and dS, which stay fp32, on CUDA cores. Rows and keys
+ * past L are zeros in the tiles and 0 in P and dS. */
 
 #define FB_BR 16
 #define FB_BC 16
 #define FB_THREADS 128
-#define FB_MAX_D 128 /* shared memory: (2 BC + 2 BR)(D + 1) + 2 BR BC + 2 BR floats, 35 KiB at 128 */
+#define FB_MAX_D 128 /* shared memory: 36.4 KiB at 128 in fp32, 22.2 KiB in 16-bit */
 #define FB_PER ((FB_BC * FB_MAX_D + FB_THREADS - 1) / FB_THREADS) /* accumulators per thread */
 
-/* the block's shared memory (offsets in floats): K, V, Q, dO tiles (rows of dp = D + 1 floats:
- * the dot products' rows in different banks), P, dS, the rows' lse and Di */
+/* the block's shared memory, byte offsets from its 32-byte aligned base: the K, V, Q, dO tiles
+ * (rows of dp elements of T: D + 1, the dot products' rows in different banks; with TC D + 16,
+ * WMMA's 256-bit alignment), then fp32 tiles S and dP (TC), P, dS, and the rows' lse and Di */
 struct fb_layout {
-    int dp, k, v, q, o, p, ds, lse, di;
-    size_t bytes;
+    int dp;
+    size_t k, v, q, o, s, dpm, p, ds, lse, di, bytes;
 };
-__host__ __device__ static inline struct fb_layout fb_layout_of(int D)
+__host__ __device__ static inline struct fb_layout fb_layout_of(int D, size_t es, bool tc)
 {
     struct fb_layout t;
-    t.dp = D + 1;
+    t.dp = tc ? D + 16 : D + 1;
+    const size_t tile = ((size_t)FB_BR * t.dp * es + 31) / 32 * 32, sq = FB_BR * FB_BC * 4;
     t.k = 0;
-    t.v = t.k + FB_BC * t.dp;
-    t.q = t.v + FB_BC * t.dp;
-    t.o = t.q + FB_BR * t.dp;
-    t.p = t.o + FB_BR * t.dp;
-    t.ds = t.p + FB_BR * FB_BC;
-    t.lse = t.ds + FB_BR * FB_BC;
-    t.di = t.lse + FB_BR;
-    t.bytes = (size_t)(t.di + FB_BR) * sizeof(float);
+    t.v = t.k + tile;
+    t.q = t.v + tile;
+    t.o = t.q + tile;
+    t.s = t.o + tile;
+    t.dpm = t.s + sq;
+    t.p = t.dpm + sq;
+    t.ds = t.p + sq;
+    t.lse = t.ds + sq;
+    t.di = t.lse + FB_BR * 4;
+    t.bytes = t.di + FB_BR * 4 + 32; /* + 32: the base aligned up */
     return t;
 }
 
-/* rows [row0, row0 + n) of x (row stride ldx, D features) into dst (rows of dp) as fp32; rows
- * past L: 0 */
+/* rows [row0, row0 + n) of x (row stride ldx, D features) into dst (rows of dp); past L: 0 */
 template <typename T>
-__device__ __forceinline__ void fb_rows(float *dst, int dp, const T *x, size_t ldx, int row0,
-                                        int n, int L, int D)
+__device__ __forceinline__ void fb_rows(T *dst, int dp, const T *x, size_t ldx, int row0, int n,
+                                        int L, int D)
 {
     for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
         const int r = e / D, d = e % D, i = row0 + r;
-        dst[r * dp + d] = i < L ? cu_ld(x[(size_t)i * ldx + d]) : 0.0f;
+        dst[r * dp + d] = i < L ? x[(size_t)i * ldx + d] : cu_to<T>(0.0f);
     }
 }
 
-__device__ __forceinline__ float fb_dot(const float *a, const float *b, int D)
+template <typename T> __device__ __forceinline__ float fb_dot(const T *a, const T *b, int D)
 {
     float s = 0.0f;
-    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    for (int d = 0; d < D; d++) s += cu_ld(a[d]) * cu_ld(b[d]);
     return s;
 }
 
+/* out (16 x 16, fp32, row-major) = A B^T, A and B 16 x D tiles of T (rows of dp): one warp */
+template <typename T>
+__device__ __forceinline__ void fb_mma_abt(float *out, const T *a, const T *b, int dp, int D)
+{
+    if constexpr (tc_arch_ok<T>() && !std::is_same<T, float>::value) {
+        using namespace nvcuda;
+        typedef typename tc_type<T>::t W;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < D; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, (const W *)(a + kk), dp);
+            wmma::load_matrix_sync(fb, (const W *)(b + kk), dp);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+    }
+}
+
+/* the block's base and layout */
+#define FB_SHARED(T, TC)                                                                       \
+    CU_EXTERN_SHARED(char, fb_sh_);                                                            \
+    char *sh = (char *)(((uintptr_t)fb_sh_ + 31) & ~(uintptr_t)31);                            \
+    const struct fb_layout t = fb_layout_of(D, sizeof(T), TC);                                 \
+    T *tk = (T *)(sh + t.k), *tv = (T *)(sh + t.v), *tq = (T *)(sh + t.q), *to = (T *)(sh + t.o); \
+    float *P = (float *)(sh + t.p), *dS = (float *)(sh + t.ds), *lr = (float *)(sh + t.lse),   \
+          *dr = (float *)(sh + t.di)
+
 /* P and dS of the tile (queries i0 + r, keys j0 + c) from the tiles in shared memory; then a
  * block barrier */
-__device__ __forceinline__ void fb_tile(float *sh, const struct fb_layout &t, int i0, int j0,
+template <typename T, bool TC>
+__device__ __forceinline__ void fb_tile(char *sh, const struct fb_layout &t, int i0, int j0,
                                         int L, int D, float scale)
 {
+    const T *tk = (const T *)(sh + t.k), *tv = (const T *)(sh + t.v), *tq = (const T *)(sh + t.q),
+            *to = (const T *)(sh + t.o);
+    float *S = (float *)(sh + t.s), *DP = (float *)(sh + t.dpm), *P = (float *)(sh + t.p),
+          *dS = (float *)(sh + t.ds);
+    const float *lr = (const float *)(sh + t.lse), *dr = (const float *)(sh + t.di);
+    if constexpr (TC) {
+        const int warp = threadIdx.x >> 5;
+        if (warp == 0) fb_mma_abt(S, tq, tk, t.dp, D);
+        if (warp == 1) fb_mma_abt(DP, to, tv, t.dp, D);
+        __syncthreads();
+    }
     for (int e = threadIdx.x; e < FB_BR * FB_BC; e += blockDim.x) {
         const int r = e / FB_BC, c = e % FB_BC;
         float p = 0.0f, ds = 0.0f;
         if (i0 + r < L && j0 + c < L) {
-            p = expf(scale * fb_dot(sh + t.q + r * t.dp, sh + t.k + c * t.dp, D) -
-                     sh[t.lse + r]);
-            ds = p * (fb_dot(sh + t.o + r * t.dp, sh + t.v + c * t.dp, D) - sh[t.di + r]) *
-                 scale;
+            const float sv = TC ? S[e] : fb_dot(tq + r * t.dp, tk + c * t.dp, D);
+            const float dpv = TC ? DP[e] : fb_dot(to + r * t.dp, tv + c * t.dp, D);
+            p = expf(scale * sv - lr[r]);
+            ds = p * (dpv - dr[r]) * scale;
         }
-        sh[t.p + e] = p;
-        sh[t.ds + e] = ds;
+        P[e] = p;
+        dS[e] = ds;
     }
     __syncthreads();
 }
 
 /* the tile's queries i0.. (Q, dO, lse, Di) into shared memory */
 template <typename T>
-__device__ __forceinline__ void fb_queries(float *sh, const struct fb_layout &t, const T *q,
-                                           const T *dout, const float *lrow, const float *drow,
-                                           size_t ld, size_t hd, int i0, int L, int D)
+__device__ __forceinline__ void fb_queries(T *tq, T *to, float *lr, float *dr, int dp,
+                                           const T *q, const T *dout, const float *lrow,
+                                           const float *drow, size_t ld, size_t hd, int i0,
+                                           int L, int D)
 {
-    fb_rows(sh + t.q, t.dp, q, ld, i0, FB_BR, L, D);
-    fb_rows(sh + t.o, t.dp, dout, hd, i0, FB_BR, L, D);
+    fb_rows(tq, dp, q, ld, i0, FB_BR, L, D);
+    fb_rows(to, dp, dout, hd, i0, FB_BR, L, D);
     if (threadIdx.x < FB_BR) {
         const int i = i0 + threadIdx.x;
-        sh[t.lse + threadIdx.x] = i < L ? lrow[i] : 0.0f;
-        sh[t.di + threadIdx.x] = i < L ? drow[i] : 0.0f;
+        lr[threadIdx.x] = i < L ? lrow[i] : 0.0f;
+        dr[threadIdx.x] = i < L ? drow[i] : 0.0f;
     }
 }
 
-template <typename T>
+template <typename T, bool TC>
 __global__ void k_attn_bwd_kv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                               const float *lse, const float *di, int L, int H, int D, int ld,
                               float scale)
 {
-    CU_EXTERN_SHARED(float, sh);
-    const struct fb_layout t = fb_layout_of(D);
+    FB_SHARED(T, TC);
     const int nh = blockIdx.y, h = nh % H, ni = nh / H, j0 = blockIdx.x * FB_BC;
     const size_t hd = (size_t)H * D, base = (size_t)ni * L * ld + (size_t)h * D;
     const size_t dbase = (size_t)ni * L * hd + (size_t)h * D;
-    fb_rows(sh + t.k, t.dp, k + base, ld, j0, FB_BC, L, D);
-    fb_rows(sh + t.v, t.dp, v + base, ld, j0, FB_BC, L, D);
+    fb_rows(tk, t.dp, k + base, ld, j0, FB_BC, L, D);
+    fb_rows(tv, t.dp, v + base, ld, j0, FB_BC, L, D);
     float ak[FB_PER], av[FB_PER];
 #pragma unroll
     for (int m = 0; m < FB_PER; m++) ak[m] = av[m] = 0.0f;
     for (int i0 = 0; i0 < L; i0 += FB_BR) {
         __syncthreads(); /* the last tile read */
-        fb_queries(sh, t, q + base, dout + dbase, lse + (size_t)nh * L, di + (size_t)nh * L, ld,
-                   hd, i0, L, D);
+        fb_queries(tq, to, lr, dr, t.dp, q + base, dout + dbase, lse + (size_t)nh * L,
+                   di + (size_t)nh * L, ld, hd, i0, L, D);
         __syncthreads();
-        fb_tile(sh, t, i0, j0, L, D, scale);
-        /* dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r]: element (c, d) is
+        fb_tile<T, TC>(sh, t, i0, j0, L, D, scale);
+        /* dV[c] += sum_r P[r][c] dO[r], dK[c] += sum_r dS[r][c] Q[r]: element (c, d) is the
          * thread's m-th */
 #pragma unroll
         for (int m = 0; m < FB_PER; m++) {
@@ -528,8 +574,8 @@ __global__ void k_attn_bwd_kv(T *dk, T *dv, const T *dout, const T *q, const T *
             if (e < FB_BC * D) {
                 const int c = e / D, d = e % D;
                 for (int r = 0; r < FB_BR; r++) {
-                    av[m] += sh[t.p + r * FB_BC + c] * sh[t.o + r * t.dp + d];
-                    ak[m] += sh[t.ds + r * FB_BC + c] * sh[t.q + r * t.dp + d];
+                    av[m] += P[r * FB_BC + c] * cu_ld(to[r * t.dp + d]);
+                    ak[m] += dS[r * FB_BC + c] * cu_ld(tq[r * t.dp + d]);
                 }
             }
         }
@@ -544,27 +590,27 @@ __global__ void k_attn_bwd_kv(T *dk, T *dv, const T *dout, const T *q, const T *
     }
 }
 
-template <typename T>
+template <typename T, bool TC>
 __global__ void k_attn_bwd_q(T *dq, const T *dout, const T *q, const T *k, const T *v,
                              const float *lse, const float *di, int L, int H, int D, int ld,
                              float scale)
 {
-    CU_EXTERN_SHARED(float, sh);
-    const struct fb_layout t = fb_layout_of(D);
+    FB_SHARED(T, TC);
+    (void)P;
     const int nh = blockIdx.y, h = nh % H, ni = nh / H, i0 = blockIdx.x * FB_BR;
     const size_t hd = (size_t)H * D, base = (size_t)ni * L * ld + (size_t)h * D;
     const size_t dbase = (size_t)ni * L * hd + (size_t)h * D;
-    fb_queries(sh, t, q + base, dout + dbase, lse + (size_t)nh * L, di + (size_t)nh * L, ld, hd,
-               i0, L, D);
+    fb_queries(tq, to, lr, dr, t.dp, q + base, dout + dbase, lse + (size_t)nh * L,
+               di + (size_t)nh * L, ld, hd, i0, L, D);
     float aq[FB_PER];
 #pragma unroll
     for (int m = 0; m < FB_PER; m++) aq[m] = 0.0f;
     for (int j0 = 0; j0 < L; j0 += FB_BC) {
         __syncthreads(); /* the last tile read */
-        fb_rows(sh + t.k, t.dp, k + base, ld, j0, FB_BC, L, D);
-        fb_rows(sh + t.v, t.dp, v + base, ld, j0, FB_BC, L, D);
+        fb_rows(tk, t.dp, k + base, ld, j0, FB_BC, L, D);
+        fb_rows(tv, t.dp, v + base, ld, j0, FB_BC, L, D);
         __syncthreads();
-        fb_tile(sh, t, i0, j0, L, D, scale);
+        fb_tile<T, TC>(sh, t, i0, j0, L, D, scale);
         /* dQ[r] += sum_c dS[r][c] K[c]: element (r, d) is the thread's m-th */
 #pragma unroll
         for (int m = 0; m < FB_PER; m++) {
@@ -572,7 +618,7 @@ __global__ void k_attn_bwd_q(T *dq, const T *dout, const T *q, const T *k, const
             if (e < FB_BR * D) {
                 const int r = e / D, d = e % D;
                 for (int c = 0; c < FB_BC; c++)
-                    aq[m] += sh[t.ds + r * FB_BC + c] * sh[t.k + c * t.dp + d];
+                    aq[m] += dS[r * FB_BC + c] * cu_ld(tk[c * t.dp + d]);
             }
         }
     }
@@ -799,18 +845,21 @@ static int attn_bwd_t(void *dq, void *dk, void *dv, const void *dout, const void
         di, (const T *)dout, (const T *)o, s->l, s->heads, s->d, rows);
     CU_LAUNCHED(ctx);
     if (attn_fa2_ok(s)) {
+        /* 16-bit on tensor cores where the forward is (attn_tc_ok) */
+        const bool tc = attn_tc_ok(s, ctx);
         const unsigned nh = (unsigned)(s->n * s->heads);
-        const size_t smem = fb_layout_of(s->d).bytes;
-        CU_LAUNCH(k_attn_bwd_kv<T>, dim3((unsigned)((s->l + FB_BC - 1) / FB_BC), nh),
-                  FB_THREADS, smem, ctx->stream)((T *)dk, (T *)dv, (const T *)dout, (const T *)q,
-                                                 (const T *)k, (const T *)v, lse,
-                                                 (const float *)di, s->l, s->heads, s->d, s->ld,
-                                                 s->scale);
+        const size_t smem = fb_layout_of(s->d, sizeof(T), tc).bytes;
+        const dim3 gk((unsigned)((s->l + FB_BC - 1) / FB_BC), nh);
+        const dim3 gq((unsigned)((s->l + FB_BR - 1) / FB_BR), nh);
+        auto kv = tc ? &k_attn_bwd_kv<T, true> : &k_attn_bwd_kv<T, false>;
+        auto kq = tc ? &k_attn_bwd_q<T, true> : &k_attn_bwd_q<T, false>;
+        CU_LAUNCH(kv, gk, FB_THREADS, smem, ctx->stream)(
+            (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse,
+            (const float *)di, s->l, s->heads, s->d, s->ld, s->scale);
         CU_LAUNCHED(ctx);
-        CU_LAUNCH(k_attn_bwd_q<T>, dim3((unsigned)((s->l + FB_BR - 1) / FB_BR), nh), FB_THREADS,
-                  smem, ctx->stream)((T *)dq, (const T *)dout, (const T *)q, (const T *)k,
-                                     (const T *)v, lse, (const float *)di, s->l, s->heads, s->d,
-                                     s->ld, s->scale);
+        CU_LAUNCH(kq, gq, FB_THREADS, smem, ctx->stream)(
+            (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse,
+            (const float *)di, s->l, s->heads, s->d, s->ld, s->scale);
         CU_LAUNCHED(ctx);
         return BK_OK;
     }

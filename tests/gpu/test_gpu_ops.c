@@ -780,8 +780,16 @@ static void test_attention_dt(int n, int l, int heads, int d, int packed, int dt
     struct t dqkv = t_out_dt(qkv.n, dt);
     CHECK(C->attn_bwd(dqkv.h, dqkv.h + koff, dqkv.h + voff, dout.h, qkv.h, qkv.h + koff,
                       qkv.h + voff, o.h, lse.h, cw, &s32, cctx) == 0, "cpu");
+    const long bmma0 = lib_calls(2, dt);
     gpu_ok(G->attn_bwd(dqkv.d, DV(dqkv, koff), DV(dqkv, voff), dout.d, qkv.d, DV(qkv, koff),
                        DV(qkv, voff), o.d, lse.d, gw, &s, gctx), "tiled bwd");
+    /* the FlashAttention-2 backward's Q K^T and dO V^T on tensor cores where the forward's are */
+    if (emulated && dt != BK_DTYPE_F32) {
+        const int tc = d % 16 == 0 && d <= 128 && typed_native(BK_HALF_CONV, dt);
+        const long mma = bmma0 < 0 ? -1 : lib_calls(2, dt) - bmma0;
+        CHECK(tc ? mma > 0 : mma == 0, "%s: %ld warp MMAs in the tiled backward, want %s", name,
+              mma, tc ? "some" : "none");
+    }
     t_cmp_any("dqkv", &dqkv, TOL, 1);
     free(cw);
     t_free(&dqkv);
