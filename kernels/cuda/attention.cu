@@ -1322,19 +1322,69 @@ template <typename T> static int att_plain_run(struct att_run *r, int bwd)
 }
 
 /* cuBLAS takes the operands' type on ctx's device (16-bit: its tensor cores) */
-static int att_plain_blas_ok(const struct bk_attn *s, bk_ctx *ctx)
+static int att_plain_blas_ok(const struct bk_attn *s, int device)
 {
-    return s->dtype == BK_DTYPE_F32 || (cu_device_half(ctx->device, s->dtype) & BK_HALF_LINEAR);
+    return s->dtype == BK_DTYPE_F32 || (cu_device_half(device, s->dtype) & BK_HALF_LINEAR);
+}
+
+/* the attention shapes planned in this process that make library calls (the plain form on
+ * cuBLAS's batched GEMMs, the tiled one on cuDNN's fused attention), per (device, parity), and
+ * whether cu_mem_alloc's warm-up ran them (under cu_query_lock): those libraries load kernels
+ * at first use, as for the linears; our own kernels are loaded with the module */
+struct att_shape {
+    struct att_shape *next;
+    int device, parity, warmed;
+    struct cu_attn_shape a;
+};
+static struct att_shape *g_att;
+
+static void att_shape_keep(const struct bk_attn *s, int tiled, size_t ws, int device, int parity)
+{
+    cu_query_lock();
+    struct att_shape *e = g_att;
+    while (e && !(e->device == device && e->parity == parity && e->a.tiled == tiled &&
+                  !memcmp(&e->a.s, s, sizeof *s)))
+        e = e->next;
+    if (!e && (e = (struct att_shape *)calloc(1, sizeof *e))) {
+        e->device = device;
+        e->parity = parity;
+        e->a.s = *s;
+        e->a.tiled = tiled;
+        e->next = g_att;
+        g_att = e;
+    }
+    if (e && ws > e->a.ws) e->a.ws = ws;
+    cu_query_unlock();
+}
+
+int cu_attn_unwarmed(int device, int parity, struct cu_attn_shape *shapes, int max)
+{
+    int n = 0;
+    cu_query_lock();
+    for (struct att_shape *e = g_att; e && n < max; e = e->next)
+        if (e->device == device && e->parity == parity && !e->warmed) {
+            e->warmed = 1;
+            shapes[n++] = e->a;
+        }
+    cu_query_unlock();
+    return n;
 }
 
 size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
     if (attn_check(s) != BK_OK) return 0;
-    /* plain: the cuBLAS form's (more than the warp kernels' L x L) */
-    if (!tiled) return att_plain_of(s).total;
-    /* tiled: Di (N,H,L) for our kernels, or cuDNN's graphs' where they run it */
-    size_t ws = (size_t)s->n * s->heads * s->l * sizeof(float), dnn = 0;
-    if (cu_sdpa_ws_bytes(s, cu_default_device(), cu_thread_parity(), &dnn) && dnn > ws) ws = dnn;
+    const int device = cu_default_device(), parity = cu_thread_parity();
+    size_t ws, dnn = 0;
+    int lib; /* the shape makes library calls (kept for the warm-up) */
+    if (!tiled) { /* plain: the cuBLAS form's (more than the warp kernels' L x L) */
+        ws = att_plain_of(s).total;
+        lib = att_plain_blas_ok(s, device);
+    } else { /* tiled: Di (N,H,L) for our kernels, or cuDNN's graphs' where they run it */
+        ws = (size_t)s->n * s->heads * s->l * sizeof(float);
+        lib = cu_sdpa_ws_bytes(s, device, parity, &dnn);
+        if (lib && dnn > ws) ws = dnn;
+    }
+    if (lib) att_shape_keep(s, tiled != 0, ws, device, parity);
     return ws;
 }
 
@@ -1344,7 +1394,7 @@ template <typename T>
 static int attn_plain_fwd_t(void *o, float *p, const void *q, const void *k, const void *v,
                             void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (att_plain_blas_ok(s, ctx)) {
+    if (att_plain_blas_ok(s, ctx->device)) {
         struct att_run r;
         att_run_init(&r, s, ctx, ws, q, k, v, NULL, o, NULL, NULL, NULL, p);
         return att_plain_run<T>(&r, 0);
@@ -1369,7 +1419,7 @@ static int attn_plain_bwd_t(void *dq, void *dk, void *dv, const void *dout, cons
                             const void *k, const void *v, const float *p, float *ds,
                             const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (att_plain_blas_ok(s, ctx)) {
+    if (att_plain_blas_ok(s, ctx->device)) {
         struct att_run r;
         att_run_init(&r, s, ctx, ds, q, k, v, dout, NULL, dq, dk, dv, p);
         return att_plain_run<T>(&r, 1);

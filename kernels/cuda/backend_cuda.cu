@@ -663,8 +663,9 @@ static void *warm_alloc(size_t bytes, int *failed)
 
 /* The library calls ctx's next plan makes, run once now on zeroed scratch that is freed again:
  * each planned convolution's directions (the first call of each runs cuDNN's algorithm search,
- * whose engines load or compile their kernels) and each planned linear's GEMMs (cuBLAS loads
- * its kernels lazily), in the job's parity mode. Their results are garbage and unused. Scratch
+ * whose engines load or compile their kernels), each planned linear's GEMMs (cuBLAS loads
+ * its kernels lazily) and each planned attention's forward and backward (cuBLAS's batched
+ * GEMMs, cuDNN's fused attention), in the job's parity mode. Their results are garbage and unused. Scratch
  * that does not fit leaves the rest to load at first use, in the step (DDPMD_CUDA_VERBOSE says
  * so). Returns the device bytes the process gained (kernels loaded). DDPMD_CUDA_WARM=0 skips it
  * (tests show what it prevents). */
@@ -679,7 +680,7 @@ static size_t warm_plan(bk_ctx *ctx)
     struct bk_conv2d cs[MAXW];
     size_t cws[MAXW], ws_most = 0;
     struct cu_gemm_shape ls[MAXW];
-    int failed = 0, nconv = 0, nlin = 0, ran = 0;
+    int failed = 0, nconv = 0, nlin = 0, natt = 0, ran = 0;
     for (;;) { /* entries done leave the list; a failed one stops it */
         const int n = failed ? 0 : cu_conv_untuned(ctx->device, ctx->parity, cs, cws, MAXW);
         if (!n) break;
@@ -746,15 +747,51 @@ static size_t warm_plan(bk_ctx *ctx)
             nlin += !failed;
             cudaFree(x), cudaFree(w), cudaFree(y), cudaFree(dw), cudaFree(b);
         }
+    /* each planned attention's forward and backward in its form (the plain one's batched GEMMs,
+     * the tiled one's cuDNN graphs where they run it) on scratch of its shape and workspace */
+    struct cu_attn_shape as[MAXW];
+    void *const plan_ws = ctx->ws; /* a last plan's, maybe freed: cuBLAS on bws or none */
+    const size_t plan_ws_bytes = ctx->ws_bytes;
+    ctx->ws = NULL, ctx->ws_bytes = 0;
+    if (!bws && cublasSetWorkspace(ctx->cublas, NULL, 0) != CUBLAS_STATUS_SUCCESS) failed = 1;
+    while (!failed && (n = cu_attn_unwarmed(ctx->device, ctx->parity, as, MAXW)) > 0)
+        for (int i = 0; i < n && !failed; i++) {
+            const struct bk_attn *a = &as[i].s;
+            const size_t es = bk_dtype_size(a->dtype), rows = (size_t)a->n * a->l,
+                         nx = (rows + 1) * a->ld * es, no = (rows + 1) * a->heads * a->d * es,
+                         nh = (size_t)a->n * a->heads * a->l,
+                         nr = (as[i].tiled ? nh : nh * a->l) * 4;
+            void *x = warm_alloc(nx, &failed), *dx = warm_alloc(nx, &failed),
+                 *o = warm_alloc(no, &failed), *ws = warm_alloc(as[i].ws, &failed);
+            float *r = (float *)warm_alloc(nr, &failed); /* lse (tiled) or p (plain) */
+            if (!failed && (cudaMemsetAsync(x, 0, nx, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(dx, 0, nx, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(o, 0, no, ctx->stream) != cudaSuccess ||
+                            cudaMemsetAsync(r, 0, nr, ctx->stream) != cudaSuccess))
+                failed = 1;
+            /* q, k, v the same zeros, dq, dk, dv the same garbage, dout is o (each a row more:
+             * a GEMM's operand at a head's offset spans its rows' whole stride) */
+            if (!failed && (as[i].tiled
+                                ? cu_attn_fwd(o, r, x, x, x, ws, a, ctx) ||
+                                      cu_attn_bwd(dx, dx, dx, o, x, x, x, o, r, ws, a, ctx)
+                                : cu_attn_plain_fwd(o, r, x, x, x, ws, a, ctx) ||
+                                      cu_attn_plain_bwd(dx, dx, dx, o, x, x, x, r, ws, a, ctx)))
+                failed = 1;
+            if (!failed && cudaStreamSynchronize(ctx->stream) != cudaSuccess) failed = 1;
+            natt += !failed;
+            cudaFree(x), cudaFree(dx), cudaFree(o), cudaFree(ws), cudaFree(r);
+        }
+    ctx->ws = plan_ws, ctx->ws_bytes = plan_ws_bytes;
     (void)cublasSetWorkspace(ctx->cublas, ctx->ws, ctx->ws_bytes);
     cudaFree(bws);
     (void)cudaGetLastError();
     if (cudaMemGetInfo(&f1, &t) != cudaSuccess) (void)cudaGetLastError();
     const size_t gained = f0 > f1 ? f0 - f1 : 0;
-    if (getenv("DDPMD_CUDA_VERBOSE") && (nconv || nlin || failed))
+    if (getenv("DDPMD_CUDA_VERBOSE") && (nconv || nlin || natt || failed))
         fprintf(stderr, "ddpmd cuda: device %d: the plan's library calls run before its "
-                        "reservation: %d convolutions, %d linears; the process gained %zu KiB%s\n",
-                ctx->device, nconv, nlin, gained >> 10,
+                        "reservation: %d convolutions, %d linears, %d attentions; the process "
+                        "gained %zu KiB%s\n",
+                ctx->device, nconv, nlin, natt, gained >> 10,
                 failed ? " (scratch did not fit: the rest load in the first step)" : "");
     return gained;
 }

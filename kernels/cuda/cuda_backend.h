@@ -431,7 +431,17 @@ int cu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t 
                bk_ctx *ctx);
 
 /* attention.cu */
+/* backend.h's attn_ws_bytes; the shape is kept, so that cu_mem_alloc can run its library calls
+ * once before a job's reservation (cu_attn_unwarmed) */
 size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled);
+struct cu_attn_shape {
+    struct bk_attn s;
+    int tiled;  /* the tiled form (lse), else the plain one (p) */
+    size_t ws;  /* its workspace bytes */
+};
+/* up to max attention shapes planned on (device, parity) not yet run by cu_mem_alloc's warm-up;
+ * they count as run once returned */
+int cu_attn_unwarmed(int device, int parity, struct cu_attn_shape *shapes, int max);
 int cu_attn_fwd(void *o, float *lse, const void *q, const void *k, const void *v, void *ws,
                 const struct bk_attn *s, bk_ctx *ctx);
 int cu_attn_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,

@@ -871,6 +871,49 @@ static void t_cmp_near(const char *what, const struct t *x, double tol)
     free(g);
 }
 
+/* cu_mem_alloc's warm-up (DDPMD_CUDA_WARM, on by default) runs a planned attention's library
+ * calls before the job's reservation, as it does the convolutions' and linears': cuBLAS's
+ * batched GEMMs (the plain form) and cuDNN's fused attention (the tiled form's 16-bit operands in
+ * fast mode, sm_80 on) load their kernels at first use, which must not fall inside a step. Once
+ * per planned shape: a second reservation runs nothing. The emulator counts the calls. */
+static void test_attention_warm(int dt)
+{
+    static char name[64]; /* cur_op while the test runs */
+    snprintf(name, sizeof name, "attention warm-up%s", dt_name(dt));
+    begin(name);
+    if (!emulated || getenv("DDPMD_CUDA_WARM")) return;
+    struct bk_attn s = {.n = 2, .l = 24, .heads = 2, .d = 16, .ld = 96, .scale = 0.25f,
+                        .dtype = dt};
+    const int blas = dt == BK_DTYPE_F32 || typed_native(BK_HALF_LINEAR, dt);
+    const int dnn = dt != BK_DTYPE_F32 && device_cc >= 80;
+    /* first the shapes the tests before planned, so that the counts below are this one's */
+    void *p0 = NULL;
+    gpu_ok(G->mem_alloc(&p0, 4096, gctx), "reservation");
+    G->mem_free(p0, gctx);
+    gpu_ok(G->mem_alloc(&p0, 4096, gfast), "reservation (fast mode)");
+    G->mem_free(p0, gfast);
+    (void)G->attn_ws_bytes(&s, 0);
+    G->set_parity(0);
+    (void)G->attn_ws_bytes(&s, 1);
+    G->set_parity(1);
+    for (int again = 0; again < 2; again++) {
+        const long b0 = lib_calls(3, dt) + lib_calls(4, dt), g0 = lib_calls(5, dt);
+        void *p = NULL, *pf = NULL;
+        gpu_ok(G->mem_alloc(&p, 4096, gctx), "reservation");
+        const long b1 = lib_calls(3, dt) + lib_calls(4, dt);
+        gpu_ok(G->mem_alloc(&pf, 4096, gfast), "reservation (fast mode)");
+        const long g1 = lib_calls(5, dt);
+        CHECK(b1 - b0 == (blas && !again ? 6 : 0),
+              "%s: %ld batched GEMMs before the reservation, want %d", name, b1 - b0,
+              blas && !again ? 6 : 0);
+        CHECK(g1 - g0 == (dnn && !again ? 2 : 0),
+              "%s: %ld cuDNN graphs run before the fast-mode reservation, want %d", name,
+              g1 - g0, dnn && !again ? 2 : 0);
+        G->mem_free(p, gctx);
+        G->mem_free(pf, gfast);
+    }
+}
+
 /* the tiled form in fast mode: cuDNN's fused attention where it has an engine (16-bit, sm_80
  * on, head dims multiples of 8 up to 128; the emulator counts its graphs run and refused), our
  * kernels elsewhere. cuDNN rounds P (and dS) to 16 bits before its second GEMMs, so its outputs
@@ -1735,6 +1778,7 @@ int main(void)
         test_attention_fast(1, 20, 2, 136, 1, dt);
         test_attention_fast(1, 20, 1, 13, 0, dt);
     }
+    for (int dt = BK_DTYPE_F32; dt <= BK_DTYPE_BF16; dt++) test_attention_warm(dt);
     test_losses(100003, 37, 10);
     test_dropout(3, 1001, 0.1f);
     test_dropout(2, 17, 0.0f);
