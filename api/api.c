@@ -143,6 +143,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len = -1;
         if (cl && api_parse_int(cl, 0, INT64_MAX, &len)) len = -1;
+        enum MHD_Result lres;
+        if (http_loopback_only(&c, &lres)) {
+            r->too_big = 2; /* answered before its body: the body is dropped */
+            return lres;
+        }
         if (r->route >= 0 && routes[r->route].fn == h_datasets_post) {
             enum MHD_Result res;
             if (api_upload_begin(&c, len, &res)) {

@@ -1,6 +1,7 @@
 /* http.c - the HTTP layer under the routes (see http.h): replies that carry the request's id and
  * record its status, RFC 9457 problems and field errors made one way, files and descriptors as
- * bodies, the 500 an allocation failure still gets, bearer-token auth and the token file.
+ * bodies, the 500 an allocation failure still gets, bearer-token auth and the token file, the
+ * loopback-only check.
  */
 #define _GNU_SOURCE
 #include "http.h"
@@ -319,6 +320,65 @@ void http_request_id(struct MHD_Connection *conn, char *rid)
     static const char hex[] = "0123456789abcdef";
     for (int i = 0; i < 8; i++) rid[2 * i] = hex[b[i] >> 4], rid[2 * i + 1] = hex[b[i] & 15];
     rid[16] = 0;
+}
+
+/* whether s[0..n) is a loopback authority: localhost (any case), a dotted quad of 127.0.0.0/8
+ * or [::1], then nothing or ':' and 1..5 digits */
+static int loopback_authority(const char *s, size_t n)
+{
+    size_t h = 0;
+    int ok = 0;
+    if (n >= 5 && memcmp(s, "[::1]", 5) == 0) {
+        h = 5;
+        ok = 1;
+    } else {
+        while (h < n && s[h] != ':') h++;
+        if (h == 9 && strncasecmp(s, "localhost", 9) == 0) {
+            ok = 1;
+        } else {
+            unsigned part[4], k = 0, digits = 0, v = 0;
+            for (size_t i = 0; i <= h && k < 4; i++) {
+                if (i < h && s[i] >= '0' && s[i] <= '9' && digits < 3) {
+                    v = v * 10 + (unsigned)(s[i] - '0');
+                    digits++;
+                } else if (digits && v <= 255 && (i == h || s[i] == '.')) {
+                    part[k++] = v;
+                    digits = v = 0;
+                    if (i == h) ok = k == 4 && part[0] == 127;
+                } else {
+                    break;
+                }
+            }
+        }
+    }
+    if (!ok || h == n) return ok;
+    size_t d = n - h - 1;
+    if (s[h] != ':' || d < 1 || d > 5) return 0;
+    for (size_t i = h + 1; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
+}
+
+int http_loopback_only(struct ctx *c, enum MHD_Result *res)
+{
+    if (c->a->cfg.tokens) return 0;
+    const char *host = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Origin");
+    const char *why = NULL;
+    if (host && !loopback_authority(host, strlen(host))) {
+        why = "without tokens this server answers only loopback Host names (localhost, "
+              "127.0.0.1, [::1], any port): the Host header names another (DNS rebinding?)";
+    } else if (origin) {
+        size_t skip = strncasecmp(origin, "http://", 7) == 0    ? 7
+                      : strncasecmp(origin, "https://", 8) == 0 ? 8
+                                                                : 0;
+        if (!skip || !loopback_authority(origin + skip, strlen(origin + skip)))
+            why = "without tokens this server answers only its own pages: the Origin header "
+                  "names another site (a loopback origin, http://localhost:PORT, is needed)";
+    }
+    if (!why) return 0;
+    *res = http_send_problem(c, 403, "not-loopback", why, NULL, NULL);
+    return -1;
 }
 
 int http_authorize(struct ctx *c, int needed, enum MHD_Result *res)

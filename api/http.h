@@ -139,6 +139,12 @@ int http_json_body(struct ctx *c);
 /* the caller: c->owner and c->admin (every caller is the one local admin without tokens, and
  * on a route that needs none); 0, or -1 with the 401 sent (*res) */
 int http_authorize(struct ctx *c, int needed, enum MHD_Result *res);
+/* without tokens (a loopback-only server, every caller its admin) a request must come from
+ * the loopback, as a browser names it: its Host (when sent) localhost, 127.0.0.0/8 or [::1]
+ * with any port, and its Origin (when sent) http(s):// one of those, so that a web page under
+ * another name (DNS rebinding) cannot drive the server; 0, or -1 with a 403 problem sent
+ * (*res). With tokens: 0 (the token decides) */
+int http_loopback_only(struct ctx *c, enum MHD_Result *res);
 /* the client's X-Request-Id when it is 1..64 of [A-Za-z0-9._:-], else 16 random hex digits */
 void http_request_id(struct MHD_Connection *conn, char *rid);
 
