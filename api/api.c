@@ -143,6 +143,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len = -1;
         if (cl && api_parse_int(cl, 0, INT64_MAX, &len)) len = -1;
+        http_guard_head(&c, r->route >= 0 ? routes[r->route].auth : 1);
         enum MHD_Result lres;
         if (http_loopback_only(&c, &lres)) {
             r->too_big = 2; /* answered before its body: the body is dropped */
@@ -246,6 +247,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct req *r = *con_cls;
+    http_guard_idle(((struct api *)cls)->guard, conn); /* waiting for its next head */
     if (!r || r == &oom_req) return;
     double sec = clock_now_s() - r->t0;
     if (r->status) metrics_http_observe(r->route, r->status, sec);
@@ -377,13 +379,26 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
         goto fail;
     }
     a->ticker_on = 1;
+    int max_conns = cfg->max_conns > 0 ? cfg->max_conns : API_MAX_CONNS;
+    int reserved = cfg->conns_reserved > 0 ? cfg->conns_reserved : max_conns / 16;
+    if (reserved >= max_conns) reserved = max_conns - 1;
+    if (http_guard_start(&a->guard, max_conns - reserved,
+                         cfg->head_timeout_s > 0 ? cfg->head_timeout_s : API_HEAD_TIMEOUT_S)) {
+        snprintf(err, errlen, "cannot start the connection guard");
+        goto fail;
+    }
     a->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, 120u,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(cfg->conns_per_ip > 0 ? cfg->conns_per_ip : 0),
+                            MHD_OPTION_NOTIFY_CONNECTION, http_guard_notify, a->guard,
+                            MHD_OPTION_END);
     if (!a->d) {
         snprintf(err, errlen, "libmicrohttpd did not start on the listening socket");
         goto fail;
@@ -397,6 +412,7 @@ fail:
         pthread_mutex_unlock(&a->mu);
         pthread_join(a->ticker, NULL);
     }
+    http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);
     free(a->openapi);
@@ -423,6 +439,7 @@ void api_stop(struct api *a)
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->ticker, NULL);
     MHD_stop_daemon(a->d);
+    http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);
     free(a->openapi);

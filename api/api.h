@@ -38,7 +38,16 @@ struct api_config {
     int64_t upload_max_unpacked;    /* its files unpacked (413 beyond) */
     int64_t upload_max_files;       /* its entries (413 beyond) */
     struct webhook *webhook;        /* a POST /train body's "webhook" is registered here */
+    /* connections (http.h, the guard): at most max_conns open (0: API_MAX_CONNS), conns_per_ip
+     * from one address (0: no limit), and of them at most max_conns - conns_reserved (0:
+     * max_conns / 16 kept) waiting for a request head, each for at most head_timeout_s (0:
+     * API_HEAD_TIMEOUT_S); the reserved ones are for authorized requests (event streams) */
+    int max_conns, conns_per_ip, conns_reserved;
+    double head_timeout_s;
 };
+
+#define API_MAX_CONNS 1024
+#define API_HEAD_TIMEOUT_S 10.0
 
 enum api_status { API_OK = 0, API_ERR_START = 1 };
 

@@ -1,14 +1,17 @@
 /* http.c - the HTTP layer under the routes (see http.h): replies that carry the request's id and
  * record its status, RFC 9457 problems and field errors made one way, files and descriptors as
  * bodies, the 500 an allocation failure still gets, bearer-token auth and the token file, the
- * loopback-only check.
+ * loopback-only check, and the guard of connections that wait for a request head.
  */
 #define _GNU_SOURCE
 #include "http.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -25,6 +28,7 @@
 
 #include "clock.h"
 #include "fsio.h"
+#include "log.h"
 #include "parse.h"
 
 /* ---- responses ---- */
@@ -455,4 +459,196 @@ out:
         *n = 0;
     }
     return rc;
+}
+
+/* ---- the connection guard ---- */
+
+/* a connection (libmicrohttpd's socket context): on the guard's list while it waits for a
+ * request head, oldest first */
+struct http_conn {
+    struct http_conn *prev, *next;
+    int fd;
+    int listed;
+    double since;   /* its wait began: accepted, or its last request ended */
+};
+
+struct http_guard {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct http_conn list;  /* sentinel: list.next the oldest */
+    int n_waiting, waiting_max;
+    double head_timeout;
+    int stopping;
+    pthread_t reaper;
+    long dropped_slow, dropped_full, logged_slow, logged_full; /* totals; those logged */
+    double logged_at;
+};
+
+static void conn_unlink(struct http_guard *g, struct http_conn *hc)
+{
+    if (!hc->listed) return;
+    hc->prev->next = hc->next;
+    hc->next->prev = hc->prev;
+    hc->listed = 0;
+    g->n_waiting--;
+}
+
+static void conn_append(struct http_guard *g, struct http_conn *hc)
+{
+    conn_unlink(g, hc);
+    hc->since = clock_now_s();
+    hc->prev = g->list.prev;
+    hc->next = &g->list;
+    g->list.prev->next = hc;
+    g->list.prev = hc;
+    hc->listed = 1;
+    g->n_waiting++;
+}
+
+/* its socket shut (under g->mu, while libmicrohttpd has not yet been told it closed, so the
+ * descriptor is still this connection's): libmicrohttpd reads its end and closes it */
+static void conn_drop(struct http_guard *g, struct http_conn *hc)
+{
+    conn_unlink(g, hc);
+    if (hc->fd >= 0) shutdown(hc->fd, SHUT_RDWR);
+}
+
+/* at most one line per 10 s: how many were dropped since the last one */
+static void guard_log(struct http_guard *g, double now)
+{
+    if (now - g->logged_at < 10 ||
+        (g->dropped_slow == g->logged_slow && g->dropped_full == g->logged_full))
+        return;
+    log_msg(LOG_WARN, "connections dropped before a request head: %ld past the %.3g s head "
+                      "deadline, %ld oldest waiting ones for new connections (%d may wait)",
+            g->dropped_slow - g->logged_slow, g->head_timeout, g->dropped_full - g->logged_full,
+            g->waiting_max);
+    g->logged_slow = g->dropped_slow;
+    g->logged_full = g->dropped_full;
+    g->logged_at = now;
+}
+
+static void *guard_reaper(void *arg)
+{
+    struct http_guard *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stopping) {
+        double now = clock_now_s();
+        while (g->list.next != &g->list && now - g->list.next->since >= g->head_timeout) {
+            conn_drop(g, g->list.next);
+            g->dropped_slow++;
+        }
+        guard_log(g, now);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000 * 1000; /* a deadline is kept to 0.2 s */
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+int http_guard_start(struct http_guard **out, int waiting_max, double head_timeout)
+{
+    struct http_guard *g = calloc(1, sizeof *g);
+    *out = NULL;
+    if (!g) return -1;
+    g->list.next = g->list.prev = &g->list;
+    g->waiting_max = waiting_max > 0 ? waiting_max : 1;
+    g->head_timeout = head_timeout > 0 ? head_timeout : 10;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    if (pthread_create(&g->reaper, NULL, guard_reaper, g)) {
+        pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->mu);
+        free(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}
+
+void http_guard_stop(struct http_guard *g)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->stopping = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->reaper, NULL);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+void http_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                       enum MHD_ConnectionNotificationCode toe)
+{
+    struct http_guard *g = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct http_conn *hc = calloc(1, sizeof *hc);
+        *socket_context = hc;
+        if (!hc) return; /* unguarded: it still has libmicrohttpd's idle timeout */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        hc->fd = ci ? ci->connect_fd : -1;
+        pthread_mutex_lock(&g->mu);
+        while (g->n_waiting >= g->waiting_max) { /* the oldest waiter makes room */
+            conn_drop(g, g->list.next);
+            g->dropped_full++;
+        }
+        conn_append(g, hc);
+        pthread_mutex_unlock(&g->mu);
+        return;
+    }
+    struct http_conn *hc = *socket_context;
+    if (!hc) return;
+    pthread_mutex_lock(&g->mu);
+    conn_unlink(g, hc);
+    pthread_mutex_unlock(&g->mu);
+    free(hc);
+    *socket_context = NULL;
+}
+
+/* the connection's entry, NULL when it has none */
+static struct http_conn *conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+void http_guard_head(struct ctx *c, int needed)
+{
+    struct http_guard *g = c->a->guard;
+    struct http_conn *hc = conn_of(c->conn);
+    if (!g || !hc) return;
+    int trusted = !c->a->cfg.tokens || !needed;
+    if (!trusted) {
+        int present;
+        char owner[sizeof c->owner];
+        int admin = c->admin;
+        memcpy(owner, c->owner, sizeof owner);
+        trusted = auth_check(c, &present) == 0;
+        memcpy(c->owner, owner, sizeof owner); /* http_authorize decides the caller, later */
+        c->admin = admin;
+    }
+    if (!trusted) return; /* still on the clock: its 401 is due within the head deadline */
+    pthread_mutex_lock(&g->mu);
+    conn_unlink(g, hc);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void http_guard_idle(struct http_guard *g, struct MHD_Connection *conn)
+{
+    struct http_conn *hc = g ? conn_of(conn) : NULL;
+    if (!hc) return;
+    pthread_mutex_lock(&g->mu);
+    while (!hc->listed && g->n_waiting >= g->waiting_max) {
+        conn_drop(g, g->list.next);
+        g->dropped_full++;
+    }
+    conn_append(g, hc);
+    pthread_mutex_unlock(&g->mu);
 }

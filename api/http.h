@@ -24,6 +24,7 @@
                       "\"status\":500,\"detail\":\"out of memory\"}"
 
 struct sse;
+struct http_guard;
 
 #define REQUEST_ID_MAX 64
 
@@ -42,6 +43,7 @@ struct api {
     char *openapi;          /* cfg.openapi with its servers entry set to the prefix */
     size_t openapi_len;
     struct MHD_Response *oom; /* the 500 of a request whose own answer could not be made */
+    struct http_guard *guard; /* the connections waiting for a request head */
 };
 
 /* a request's own state, from its first byte to its access-log line (libmicrohttpd's con_cls) */
@@ -147,5 +149,24 @@ int http_authorize(struct ctx *c, int needed, enum MHD_Result *res);
 int http_loopback_only(struct ctx *c, enum MHD_Result *res);
 /* the client's X-Request-Id when it is 1..64 of [A-Za-z0-9._:-], else 16 random hex digits */
 void http_request_id(struct MHD_Connection *conn, char *rid);
+
+/* The connection guard: a connection waits for a request head (from its accept, or from the end
+ * of its last request) at most head_timeout seconds, and at most waiting_max connections wait at
+ * once (a new one drops the one that waited longest); the rest of libmicrohttpd's connection
+ * limit is kept for requests whose head came and that are authorized (event streams, uploads).
+ * A dropped connection's socket is shut down; libmicrohttpd then closes it. 0, or -1 (no
+ * memory or thread) */
+int http_guard_start(struct http_guard **g, int waiting_max, double head_timeout);
+void http_guard_stop(struct http_guard *g); /* after the daemon stopped; NULL: nothing */
+/* libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION (cls: the guard): a connection starts waiting
+ * when it opens, leaves the list when it closes */
+void http_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                       enum MHD_ConnectionNotificationCode toe);
+/* the request's head came: its connection stops waiting when the request is authorized (no
+ * tokens, a route that needs none (needed 0), or a valid token); an unauthorized one stays on
+ * the clock until its answer */
+void http_guard_head(struct ctx *c, int needed);
+/* the connection's request ended: it waits for its next head, on the clock again */
+void http_guard_idle(struct http_guard *g, struct MHD_Connection *conn);
 
 #endif

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -88,6 +89,19 @@ static void serve_usage(FILE *f)
             "                         fixed at its start; a job on a cuda device takes 2\n"
             "                         (DDPMD_CPU_CORES; default: the online CPUs)\n"
             "  --http-threads N       HTTP worker threads (DDPMD_HTTP_THREADS; default 4)\n"
+            "  --max-conns N          open connections at most (DDPMD_MAX_CONNS; default 1024;\n"
+            "                         lowered to what the open-file limit allows)\n"
+            "  --max-conns-per-ip N   open connections from one address (DDPMD_MAX_CONNS_PER_IP;\n"
+            "                         default 256; 0 = no limit; behind a proxy every client\n"
+            "                         has the proxy's address)\n"
+            "  --reserved-conns N     connections kept for authorized requests, event streams\n"
+            "                         among them: at most max-conns - N wait for a request head\n"
+            "                         and a new one drops the one that waited longest\n"
+            "                         (DDPMD_RESERVED_CONNS; default 64)\n"
+            "  --header-timeout S     a connection sends its whole request head (the request\n"
+            "                         line and headers) within S seconds of its accept or of its\n"
+            "                         last request's end, or is closed (DDPMD_HEADER_TIMEOUT;\n"
+            "                         default 10)\n"
             "  --max-body BYTES       largest request body (DDPMD_MAX_BODY; default 1MiB)\n"
             "  --sse-keepalive S      a comment line on an event stream quiet for S seconds\n"
             "                         (DDPMD_SSE_KEEPALIVE; default 15)\n"
@@ -134,6 +148,35 @@ static int parse_count(const char *name, const char *v, int lo, int hi, int *out
         return -1;
     }
     *out = (int)x;
+    return 0;
+}
+
+/* descriptors besides the connections: the store, the listening socket, the jobs' pipes, files
+ * being sent */
+#define SERVE_FDS_SPARE 256
+
+/* the open-file soft limit raised to the hard one; *max_conns lowered (with a warning) when
+ * even that leaves too few descriptors for it, *reserved with it; -1 when none are left */
+static int serve_fd_limit(int *max_conns, int *reserved)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return 0; /* unknown: libmicrohttpd's accept fails */
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)*max_conns + SERVE_FDS_SPARE)
+        return 0;
+    long room = (long)rl.rlim_cur - SERVE_FDS_SPARE;
+    if (room < 16) {
+        log_msg(LOG_ERROR, "the open-file limit (%ld) leaves too few descriptors for "
+                           "connections; raise it (ulimit -n)", (long)rl.rlim_cur);
+        return -1;
+    }
+    log_msg(LOG_WARN, "--max-conns %d lowered to %ld: the open-file limit is %ld (ulimit -n)",
+            *max_conns, room, (long)rl.rlim_cur);
+    *max_conns = (int)room;
+    if (*reserved >= *max_conns) *reserved = *max_conns / 16;
     return 0;
 }
 
@@ -458,7 +501,7 @@ static int open_listener(const char *spec, int *loopback, char *host, size_t hos
         return -1;
     }
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&ss, sl) || listen(fd, 128)) {
+    if (bind(fd, (struct sockaddr *)&ss, sl) || listen(fd, 1024)) {
         snprintf(err, errlen, "cannot listen on %s: %s", spec, strerror(errno));
         close(fd);
         return -1;
@@ -592,7 +635,7 @@ static int serve_run(int argc, char **argv)
 {
     struct serve_opts o = {0};
     const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
-    const char *whb, *wht;
+    const char *whb, *wht, *mcs, *mcip, *rcs, *hto;
     char dev_list[SERVE_LIST_MAX], budget_list[SERVE_LIST_MAX];
     /* every option: its flag, its environment variable, where its value goes, its default. The
      * value is the command line's, else the environment's, else the config file's, else the
@@ -609,6 +652,10 @@ static int serve_run(int argc, char **argv)
         {"--max-retries", "DDPMD_MAX_RETRIES", &mr, "2", NULL, 0},
         {"--cpu-cores", "DDPMD_CPU_CORES", &cores, NULL, NULL, 0},
         {"--http-threads", "DDPMD_HTTP_THREADS", &ht, "4", NULL, 0},
+        {"--max-conns", "DDPMD_MAX_CONNS", &mcs, "1024", NULL, 0},
+        {"--max-conns-per-ip", "DDPMD_MAX_CONNS_PER_IP", &mcip, "256", NULL, 0},
+        {"--reserved-conns", "DDPMD_RESERVED_CONNS", &rcs, "64", NULL, 0},
+        {"--header-timeout", "DDPMD_HEADER_TIMEOUT", &hto, "10", NULL, 0},
         {"--max-body", "DDPMD_MAX_BODY", &mb, "1MiB", NULL, 0},
         {"--sse-keepalive", "DDPMD_SSE_KEEPALIVE", &ka, "15", NULL, 0},
         {"--log-format", "DDPMD_LOG_FORMAT", &lf, "text", NULL, 0},
@@ -658,6 +705,8 @@ static int serve_run(int argc, char **argv)
         return 0;
     }
     int rc = 1, max_queue, ncores, http_threads, keepalive, max_per_owner, max_retries;
+    int max_conns, conns_per_ip, conns_reserved;
+    double head_timeout;
     int64_t budget[POOL_MAX_DEVICES], max_body;
     struct pool_config pc = {0};
     long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -668,14 +717,29 @@ static int serve_run(int argc, char **argv)
         parse_count("--max-retries", mr, 0, 100, &max_retries) ||
         parse_count("--cpu-cores", cores ? cores : coredef, 1, 4096, &ncores) ||
         parse_count("--http-threads", ht, 1, 256, &http_threads) ||
-        parse_count("--sse-keepalive", ka, 1, 3600, &keepalive))
+        parse_count("--sse-keepalive", ka, 1, 3600, &keepalive) ||
+        parse_count("--max-conns", mcs, 16, 1000000, &max_conns) ||
+        parse_count("--max-conns-per-ip", mcip, 0, 1000000, &conns_per_ip) ||
+        parse_count("--reserved-conns", rcs, 1, 1000000, &conns_reserved))
         return 2;
+    char *hend;
+    head_timeout = strtod(hto, &hend);
+    if (*hend || hend == hto || !(head_timeout >= 0.1 && head_timeout <= 3600)) {
+        log_msg(LOG_ERROR, "--header-timeout takes seconds in [0.1, 3600], not '%s'", hto);
+        return 2;
+    }
+    if (conns_reserved >= max_conns) {
+        log_msg(LOG_ERROR, "--reserved-conns (%d) must be below --max-conns (%d)", conns_reserved,
+                max_conns);
+        return 2;
+    }
     enum log_format logf;
     if (log_format_parse(lf, &logf)) {
         fprintf(stderr, "ddpmd serve: --log-format takes text or json, not '%s'\n", lf);
         return 2;
     }
     log_set_format(logf);
+    if (serve_fd_limit(&max_conns, &conns_reserved)) return 2;
     int64_t up_bytes, up_unpacked;
     int up_files;
     if (spec_parse_size(umb, &up_bytes) || up_bytes < 1024 ||
@@ -811,7 +875,9 @@ static int serve_run(int argc, char **argv)
                             .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len,
                             .path_prefix = prefix,
                             .upload_max_bytes = up_bytes, .upload_max_unpacked = up_unpacked,
-                            .upload_max_files = up_files, .webhook = hooks};
+                            .upload_max_files = up_files, .webhook = hooks,
+                            .max_conns = max_conns, .conns_per_ip = conns_per_ip,
+                            .conns_reserved = conns_reserved, .head_timeout_s = head_timeout};
     if (api_start(&api, &ac, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;
