@@ -528,6 +528,22 @@ static void guard_log(struct http_guard *g, double now)
     g->logged_at = now;
 }
 
+/* whether the socket's unread bytes hold the end of a request head: the client sent it in time
+ * and only the server's thread, busy with another request, has not read it yet (a peek, so
+ * libmicrohttpd still reads every byte) */
+static int conn_head_pending(int fd)
+{
+    char buf[8192];
+    if (fd < 0) return 0;
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return 0;
+    for (ssize_t i = 1; i < n; i++)
+        if (buf[i] == '\n' && (buf[i - 1] == '\n' || (i >= 2 && buf[i - 1] == '\r' &&
+                                                     buf[i - 2] == '\n')))
+            return 1; /* a blank line: the head is complete */
+    return 0;
+}
+
 static void *guard_reaper(void *arg)
 {
     struct http_guard *g = arg;
@@ -535,7 +551,12 @@ static void *guard_reaper(void *arg)
     while (!g->stopping) {
         double now = clock_now_s();
         while (g->list.next != &g->list && now - g->list.next->since >= g->head_timeout) {
-            conn_drop(g, g->list.next);
+            struct http_conn *hc = g->list.next;
+            if (conn_head_pending(hc->fd)) {
+                conn_unlink(g, hc); /* its head came in time: off the clock */
+                continue;
+            }
+            conn_drop(g, hc);
             g->dropped_slow++;
         }
         guard_log(g, now);
