@@ -85,6 +85,9 @@ def crash(s, dk, ddpmd, nginx, jid):
     check(int(inspect(dk, "{{.State.Pid}}", ddpmd)) != pid, "the same process")
     check(inspect(dk, "{{.RestartCount}}", nginx) == "0", "nginx was restarted too")
     wait_healthy(s)  # through nginx: it reaches the new ddpmd
+    # the job waited after step 7 (test_container.sh's DDPMD_TEST_HOLD_*), so the kill met it
+    # running however fast its steps are; the resumed run would wait there again: released
+    docker(dk, "exec", ddpmd, "touch", "/data/ddpmd-test-release")
     j = wait_job(s, jid, lambda j: j["state"] in ("succeeded", "failed", "canceled"), "the job's end")
     check(j["state"] == "succeeded" and j["step"] == STEPS and j["starts"] == 2,
           "the job after the crash: %s step %s starts %s" % (j["state"], j["step"], j["starts"]))

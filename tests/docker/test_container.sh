@@ -42,10 +42,12 @@ chmod 0644 "$DDPMD_TOKENS" # the secret is bind-mounted: the container's user 10
 # override, and a host-network container must not publish ports, so nginx's ports go here
 docker-compose -p "$project" -f docker/compose.yaml -f docker/compose.host.yaml config |
   python3 -c 'import sys, yaml
+HOLD = {"DDPMD_TEST_HOLD_STEP": "7", "DDPMD_TEST_HOLD_FILE": "/data/ddpmd-test-release"}
 c = yaml.safe_load(sys.stdin)
 for s in c["services"].values():
     if s.get("network_mode") == "host":
         s.pop("ports", None)
+c["services"]["ddpmd"].setdefault("environment", {}).update(HOLD)
 yaml.safe_dump(c, sys.stdout)' >"$W/compose.yaml"
 "${compose[@]}" up -d >"$W/compose-up.log" 2>&1 || { cat "$W/compose-up.log" >&2; exit 1; }
 container=$("${compose[@]}" ps -q ddpmd)
@@ -59,10 +61,12 @@ t3=$(date +%s)
 HTTP_PORT=$(free_port)
 docker-compose -p "$project" -f docker/compose.yaml config |
   HTTP_PORT=$HTTP_PORT python3 -c 'import os, sys, yaml
+HOLD = {"DDPMD_TEST_HOLD_STEP": "7", "DDPMD_TEST_HOLD_FILE": "/data/ddpmd-test-release"}
 c = yaml.safe_load(sys.stdin)
 for s in c["services"].values():
     assert "network_mode" not in s
     s["ports"] = ["127.0.0.1:%s:8080" % os.environ["HTTP_PORT"]] if "ports" in s else []
+c["services"]["ddpmd"].setdefault("environment", {}).update(HOLD)
 yaml.safe_dump(c, sys.stdout)' >"$W/compose.yaml"
 "${compose[@]}" up -d >"$W/compose-up.log" 2>&1 || { cat "$W/compose-up.log" >&2; exit 1; }
 ddpmd=$("${compose[@]}" ps -q ddpmd)
