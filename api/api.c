@@ -31,6 +31,7 @@
 #include "parse.h"
 #include "pool.h"
 #include "webhook.h"
+#include "utf8.h"
 
 /* ---- the route table ---- */
 
@@ -106,7 +107,7 @@ static enum MHD_Result not_allowed(struct ctx *c, const char *url)
             if (strcmp(routes[i].method, "GET") == 0) strcat(allow, ", HEAD");
         }
     char detail[240];
-    snprintf(detail, sizeof detail, "%.100s allows %s", url, allow);
+    snprintf(detail, sizeof detail, "%.*s allows %s", (int)utf8_cut(url, 100), url, allow);
     return http_send_problem(c, 405, NULL, detail, NULL,
                              (const char *const[]){"Allow", allow, NULL});
 }
@@ -223,7 +224,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (r->no_memory) return http_send_oom(&c);
     if (r->route == -1) {
         char detail[160];
-        snprintf(detail, sizeof detail, "no route %.100s (GET /openapi.yaml lists them)", url);
+        snprintf(detail, sizeof detail, "no route %.*s (GET /openapi.yaml lists them)",
+                 (int)utf8_cut(url, 100), url);
         return http_send_problem(&c, 404, NULL, detail, NULL, NULL);
     }
     if (r->route == -2) return not_allowed(&c, url);

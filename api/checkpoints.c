@@ -23,6 +23,7 @@
 #include "fsio.h"
 #include "parse.h"
 #include "pool.h"
+#include "utf8.h"
 
 static int ckpt_cmp(const void *a, const void *b)
 {
@@ -100,8 +101,8 @@ enum MHD_Result h_checkpoint(struct ctx *c)
     char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX], detail[160], err[300];
     int64_t step;
     if (pool_checkpoint_id_parse(c->param, jid, sizeof jid, &step)) {
-        snprintf(detail, sizeof detail, "no checkpoint '%.40s' (ids look like j0123456789abcdef-300)",
-                 c->param);
+        snprintf(detail, sizeof detail, "no checkpoint '%.*s' (ids look like j0123456789abcdef-300)",
+                 (int)utf8_cut(c->param, 40), c->param);
         return http_send_problem(c, 404, NULL, detail, NULL, NULL);
     }
     struct job_row r;

@@ -23,6 +23,7 @@
 #include "jobs.h"
 #include "pool.h"
 #include "upload.h"
+#include "utf8.h"
 
 static cJSON *fmnist_json(void)
 {
@@ -107,7 +108,8 @@ static cJSON *load_upload(struct ctx *c, enum MHD_Result *res)
     char detail[160];
     cJSON *o = upload_id_valid(c->param) ? api_upload_json(c, c->param) : NULL;
     if (!o) {
-        snprintf(detail, sizeof detail, "no dataset '%.40s' (GET /datasets lists them)", c->param);
+        snprintf(detail, sizeof detail, "no dataset '%.*s' (GET /datasets lists them)",
+                 (int)utf8_cut(c->param, 40), c->param);
         *res = http_send_problem(c, 404, NULL, detail, NULL, NULL);
         return NULL;
     }

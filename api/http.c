@@ -30,6 +30,7 @@
 #include "fsio.h"
 #include "log.h"
 #include "parse.h"
+#include "utf8.h"
 
 /* ---- responses ---- */
 
@@ -151,6 +152,15 @@ static const char *status_title(unsigned status)
     }
 }
 
+/* s as valid UTF-8 (utf8_clean) in a new string (NULL when out of memory) */
+static char *http_utf8(const char *s)
+{
+    size_t n = 3 * strlen(s) + 1;
+    char *out = malloc(n);
+    if (out) utf8_clean(out, n, s);
+    return out;
+}
+
 /* RFC 9457: type (about:blank for plain HTTP statuses), title, status, detail, and extension
  * members in extra (errors[] with field paths, needed_bytes, ...), which is consumed */
 enum MHD_Result http_send_problem(struct ctx *c, unsigned status, const char *slug,
@@ -159,10 +169,13 @@ enum MHD_Result http_send_problem(struct ctx *c, unsigned status, const char *sl
     cJSON *o = extra ? extra : cJSON_CreateObject();
     char type[96];
     snprintf(type, sizeof type, "%s%s", slug ? PROBLEM_BASE : "about:blank", slug ? slug : "");
-    int ok = o && cJSON_AddStringToObject(o, "type", type) &&
+    /* details quote ids and paths from the URL, cut to fit: valid UTF-8 whatever they held */
+    char *text = http_utf8(detail);
+    int ok = o && text && cJSON_AddStringToObject(o, "type", type) &&
              cJSON_AddStringToObject(o, "title", status_title(status)) &&
              cJSON_AddNumberToObject(o, "status", status) &&
-             cJSON_AddStringToObject(o, "detail", detail);
+             cJSON_AddStringToObject(o, "detail", text);
+    free(text);
     if (!ok) {
         cJSON_Delete(o);
         return http_send_oom(c);
@@ -182,12 +195,15 @@ cJSON *http_errors_new(void)
 
 void http_errors_add(cJSON *errs, const char *path, const char *msg)
 {
-    cJSON *e = cJSON_CreateObject();
-    if (!e || !cJSON_AddStringToObject(e, "path", path) ||
-        !cJSON_AddStringToObject(e, "message", msg))
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(errs, "errors");
+    char *p = http_utf8(path), *m = http_utf8(msg);
+    cJSON *e = p && m ? cJSON_CreateObject() : NULL;
+    if (!e || !cJSON_AddStringToObject(e, "path", p) || !cJSON_AddStringToObject(e, "message", m))
         cJSON_Delete(e);
     else
-        http_json_put_array(cJSON_GetObjectItemCaseSensitive(errs, "errors"), e);
+        http_json_put_array(arr, e);
+    free(p);
+    free(m);
 }
 
 int http_errors_count(const cJSON *errs)
@@ -204,8 +220,10 @@ enum MHD_Result http_send_errors(struct ctx *c, cJSON *errs, const char *what)
     const cJSON *p0 = cJSON_GetObjectItemCaseSensitive(e0, "path");
     const cJSON *m0 = cJSON_GetObjectItemCaseSensitive(e0, "message");
     char detail[600];
-    snprintf(detail, sizeof detail, "the %s has %d error%s; the first: %.128s%s%.256s", what, n,
-             n == 1 ? "" : "s", cJSON_IsString(p0) ? p0->valuestring : "",
+    snprintf(detail, sizeof detail, "the %s has %d error%s; the first: %.*s%s%.256s", what, n,
+             n == 1 ? "" : "s",
+             cJSON_IsString(p0) ? (int)utf8_cut(p0->valuestring, 128) : 0,
+             cJSON_IsString(p0) ? p0->valuestring : "",
              cJSON_IsString(p0) && *p0->valuestring ? ": " : "",
              cJSON_IsString(m0) ? m0->valuestring : "");
     return http_send_problem(c, 422, "validation", detail, errs, NULL);

@@ -107,11 +107,14 @@ enum MHD_Result http_send_file(struct ctx *c, const char *path, const char *type
                                const char *detail);
 
 /* RFC 9457: type (PROBLEM_BASE + slug, or about:blank for a plain HTTP status), title, status,
- * detail, and extension members in extra (errors[], needed_bytes, ...), which is consumed */
+ * detail, and extension members in extra (errors[], needed_bytes, ...), which is consumed. The
+ * detail is sent as valid UTF-8 (utf8_clean: a character cut at its end dropped, invalid bytes
+ * as U+FFFD); a detail that quotes user text cuts it with utf8_cut. */
 enum MHD_Result http_send_problem(struct ctx *c, unsigned status, const char *slug,
                                   const char *detail, cJSON *extra, const char *const *headers);
 /* field errors: {"errors": [{"path", "message"}...]} built with http_errors_add (NULL when out of
- * memory: http_errors_add and http_send_errors take it) */
+ * memory: http_errors_add and http_send_errors take it); path and message are made valid
+ * UTF-8 */
 cJSON *http_errors_new(void);
 void http_errors_add(cJSON *errs, const char *path, const char *msg);
 int http_errors_count(const cJSON *errs);

@@ -23,6 +23,7 @@
 #include "spec.h"
 #include "upload.h"
 #include "webhook.h"
+#include "utf8.h"
 
 #define LIST_LIMIT_MAX 200
 #define LIST_LIMIT_DEFAULT 50
@@ -79,7 +80,8 @@ int api_job_load(struct ctx *c, const char *id, struct job_row *r, enum MHD_Resu
     memset(r, 0, sizeof *r);
     char detail[160];
     if (!pool_job_id_valid(id)) {
-        snprintf(detail, sizeof detail, "no job '%.40s' (job ids look like j0123456789abcdef)", id);
+        snprintf(detail, sizeof detail, "no job '%.*s' (job ids look like j0123456789abcdef)",
+                 (int)utf8_cut(id, 40), id);
         *res = http_send_problem(c, 404, NULL, detail, NULL, NULL);
         return -1;
     }
@@ -383,7 +385,8 @@ enum MHD_Result h_job_grid(struct ctx *c)
     char tail[64];
     if (api_parse_image_index(c->param2, 1000000000000LL, &step)) {
         char detail[160];
-        snprintf(detail, sizeof detail, "no grid '%.20s' (grids are named by their step)", c->param2);
+        snprintf(detail, sizeof detail, "no grid '%.*s' (grids are named by their step)",
+                 (int)utf8_cut(c->param2, 20), c->param2);
         return http_send_problem(c, 404, NULL, detail, NULL, NULL);
     }
     snprintf(tail, sizeof tail, "out/samples/step-%08lld.png", step);

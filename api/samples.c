@@ -24,6 +24,7 @@
 #include "safetensors.h"
 #include "spec.h"
 #include "train.h"
+#include "utf8.h"
 
 #define SAMPLE_N_MAX 1024
 
@@ -136,7 +137,8 @@ enum MHD_Result h_samples_post(struct ctx *c)
         for (int i = 0; known[i]; i++) ok |= f->string && strcmp(f->string, known[i]) == 0;
         if (!ok) {
             char path[80];
-            snprintf(path, sizeof path, "%.64s", f->string ? f->string : "");
+            const char *k = f->string ? f->string : "";
+            snprintf(path, sizeof path, "%.*s", (int)utf8_cut(k, 64), k);
             http_errors_add(errs, path, "unknown field");
         }
     }
@@ -309,7 +311,8 @@ enum MHD_Result h_sample_image(struct ctx *c)
     /* k: a plain decimal index (no sign, no leading zeros), so it can never name another file */
     if (api_parse_image_index(c->param2, SAMPLE_N_MAX, &k)) {
         char detail[160];
-        snprintf(detail, sizeof detail, "no image '%.20s' (images are numbered 0 to n-1)", c->param2);
+        snprintf(detail, sizeof detail, "no image '%.*s' (images are numbered 0 to n-1)",
+                 (int)utf8_cut(c->param2, 20), c->param2);
         return http_send_problem(c, 404, NULL, detail, NULL, NULL);
     }
     snprintf(tail, sizeof tail, "images/%04lld.png", k);

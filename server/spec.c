@@ -19,6 +19,7 @@
 
 #include "fsio.h"
 #include "upload.h"
+#include "utf8.h"
 
 /* how deep a spec may nest (it needs 3: root, section, list); bounds the audit's recursion */
 #define SPEC_MAX_DEPTH 16
@@ -37,29 +38,6 @@ static void err(struct spec_errors *E, const char *path, const char *fmt, ...)
 }
 
 /* ---- echoing user text: valid UTF-8 kept, other bytes as \xNN, long text cut with "..." ---- */
-
-/* the length of the valid UTF-8 sequence at p (n bytes left), or 0 (RFC 3629: no overlongs,
- * no surrogates, nothing above U+10FFFF) */
-static size_t utf8_len(const unsigned char *p, size_t n)
-{
-    unsigned c = p[0];
-    size_t k;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) k = 2;
-    else if (c >= 0xE0 && c <= 0xEF) k = 3;
-    else if (c >= 0xF0 && c <= 0xF4) k = 4;
-    else return 0;
-    if (n < k) return 0;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-    if (p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < k; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-    return k;
-}
 
 /* n bytes of s as printable text in out: control bytes and invalid UTF-8 as \xNN, at most max
  * source bytes, then "..." */

@@ -1,19 +1,22 @@
 /* fuzz_http.c - what the HTTP layer parses itself (libmicrohttpd parses the request line and
  * headers): checkpoint ids of GET /checkpoints/{id}, job ids ({id}, ?after=), the ?state= filter,
  * the bearer-token file, and api/parse.c: route patterns, Range headers, integer parameters,
- * image indexes, Idempotency-Key and Content-Type. Byte 0 picks which (mod 10); the rest is the
+ * image indexes, Idempotency-Key and Content-Type (and with it server/utf8.c, the cutter and escaper
+ * of the text echoed into error bodies and log lines). Byte 0 picks which (mod 10); the rest is the
  * input. Invariants: an accepted checkpoint id is exactly "<valid job id>-<step>" with a
  * canonical step >= 0; a valid job id is 17 characters; a parsed state names itself; a token file
  * loads 1.. tokens with 16+ character secrets, or fails with a message and nothing allocated; a
  * matched route's captures are non-empty, hold no '/' or '.', and put back into the pattern give
  * the url; a parsed range lies within the file and equals a reference parser's; a parsed integer
  * is in range and round-trips through its decimal form; the key and content-type checks agree
- * with reference predicates. (POST /train bodies are training specs: fuzz_spec.) */
+ * with reference predicates; a cut ends on a character, a cleaned copy is valid UTF-8, an
+ * escaped one holds no control byte. (POST /train bodies are training specs: fuzz_spec.) */
 #include "api.h"
 #include "fuzz.h"
 #include "jobs.h"
 #include "parse.h"
 #include "pool.h"
+#include "utf8.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -202,6 +205,44 @@ static void fuzz_int(const char *s, int image)
     }
 }
 
+/* whether the n bytes at p are valid UTF-8 (by utf8_len) */
+static int valid_utf8(const char *p, size_t n)
+{
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = utf8_len((const unsigned char *)p + i, n - i))) return 0;
+    return 1;
+}
+
+/* server/utf8.c on any bytes: s is them up to the first NUL */
+static void fuzz_utf8(const uint8_t *data, size_t size, const char *s)
+{
+    size_t len = strlen(s);
+    for (size_t max = 0; max <= len + 1; max += 1 + max / 3) {
+        size_t k = utf8_cut(s, max);
+        if (k > max || k > len || (k < len && k + 4 <= max))
+            fuzz_fail("http", "utf8_cut of %zu bytes at %zu: %zu", len, max, k);
+        if (valid_utf8(s, len) && !valid_utf8(s, k))
+            fuzz_fail("http", "utf8_cut split a character at %zu of '%.200s'", k, s);
+    }
+    char out[256];
+    for (size_t cap = 1; cap <= sizeof out; cap *= 4) {
+        size_t o = utf8_clean(out, cap, s);
+        if (o >= cap || out[o] || strlen(out) != o || !valid_utf8(out, o))
+            fuzz_fail("http", "utf8_clean into %zu: %zu bytes, not valid UTF-8", cap, o);
+        if (cap == sizeof out && len < 64 && valid_utf8(s, len) && strcmp(out, s) != 0)
+            fuzz_fail("http", "utf8_clean changed valid text '%s'", s);
+        size_t used = utf8_escape(out, cap, (const char *)data, size);
+        o = strlen(out);
+        if (used > size || o >= cap || !valid_utf8(out, o))
+            fuzz_fail("http", "utf8_escape into %zu: used %zu of %zu, %zu bytes out", cap, used,
+                      size, o);
+        for (size_t i = 0; i < o; i++)
+            if ((unsigned char)out[i] < 0x20 || out[i] == 0x7f ||
+                ((unsigned char)out[i] == 0xC2 && (unsigned char)out[i + 1] < 0xA0))
+                fuzz_fail("http", "utf8_escape left control byte \\x%02x at %zu", out[i], i);
+    }
+}
+
 int fuzz_http(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
@@ -260,6 +301,7 @@ int fuzz_http(const uint8_t *data, size_t size)
             fuzz_fail("http", "Idempotency-Key '%.200s': parsed %d, expected valid %d", s,
                       api_parse_idem_key(s), ok);
     } else {
+        fuzz_utf8(data + 1, size - 1, s);
         static const char want[] = "application/json";
         int ok = strlen(s) >= 16;
         for (size_t i = 0; ok && i < 16; i++) ok = tolower((unsigned char)s[i]) == want[i];

@@ -1,0 +1,79 @@
+"""test_hostile_text.py - text from a client cannot forge a log line or break an answer's UTF-8. A
+GET of /jobs/<id with %0A and a fake log line> leaves one log line; an id of multi-byte
+characters, long enough to be cut, gets a 404 whose body is strict UTF-8 with no character split,
+on every route that quotes an id, and an id of invalid UTF-8 bytes a body of strict UTF-8.
+Usage: test_hostile_text.py PATH/TO/ddpmd
+"""
+import json
+import sys
+import time
+import urllib.parse
+
+from serverlib import Server, check
+
+
+
+def strict(body, what):
+    try:
+        text = body.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        check(False, "%s: the body is not valid UTF-8: %s: %r" % (what, e, body[:300]))
+    return json.loads(text)
+
+
+def test_log_forging(s):
+    fake = "2026-01-01T00:00:00.000Z GET /jobs 200 0.100ms request_id=forged"
+    path = "/jobs/x" + urllib.parse.quote("\n" + fake + "\r\n\x1b[2K", safe="/")
+    r = s.request("GET", path, headers={"X-Request-Id": "forge-1"})
+    check(r.status == 404, "forged path: %d %r" % (r.status, r.body[:200]))
+    deadline = time.time() + 10
+    while time.time() < deadline and "forge-1" not in s.log():
+        time.sleep(0.05)
+    lines = s.log().split("\n")
+    mine = [ln for ln in lines if "request_id=forge-1" in ln]
+    check(len(mine) == 1, "the request's log lines: %r" % mine)
+    check(not any(ln.startswith("2026-01-01T00:00:00.000Z") or "request_id=forged" in ln
+                  and "forge-1" not in ln for ln in lines),
+          "a forged line in the log: %r" % [ln for ln in lines if "forged" in ln])
+    check("\\x0a" in mine[0] and "\\x0d" in mine[0] and "\\x1b" in mine[0] and "\x1b" not in mine[0],
+          "the control characters are not escaped: %r" % mine[0])
+
+
+def test_cut_ids(s):
+    # byte offsets chosen so a cut at 20, 40 or 100 bytes falls inside a character: "a" + n x "é"
+    # (2 bytes) and n x "€" (3 bytes); the longest is past the 95-byte capture (no route, the
+    # URL quoted)
+    ids = ["a" + "\u00e9" * 30, "\u20ac" * 25, "a" + "\u00e9" * 60, "\U0001f600" * 11]
+    routes = [("GET", "/jobs/%s"), ("POST", "/jobs/%s/cancel"), ("GET", "/jobs/%s/events"),
+              ("GET", "/jobs/%s/checkpoints"), ("GET", "/jobs/%s/logs"),
+              ("GET", "/jobs/%s/loss.csv"), ("GET", "/jobs/%s/loss.png"),
+              ("GET", "/jobs/j0123456789abcdef/grids/%s.png"), ("GET", "/checkpoints/%s"),
+              ("GET", "/samples/%s"), ("GET", "/samples/%s.png"),
+              ("GET", "/samples/j0123456789abcdef/images/%s.png"), ("GET", "/datasets/%s"),
+              ("GET", "/datasets/%s/preview.png"), ("DELETE", "/datasets/%s"),
+              ("PUT", "/jobs/%s")]
+    for method, pattern in routes:
+        for i in ids:
+            what = "%s %s with a %d-byte id" % (method, pattern, len(i.encode()))
+            r = s.request(method, pattern % urllib.parse.quote(i))
+            check(r.status in (404, 405), "%s: %d %r" % (what, r.status, r.body[:200]))
+            o = strict(r.body, what)
+            check("\ufffd" not in o["detail"], "%s: a character split: %r" % (what, o["detail"]))
+        # bytes that are no UTF-8 at all (a lone lead byte, 0xff, a surrogate) are replaced
+        for b in [b"\xc3", b"a\xff\xfeb", b"\xed\xa0\x80" * 3, b"\xe2\x82" * 40]:
+            what = "%s %s with id %r" % (method, pattern, b[:12])
+            r = s.request(method, pattern % urllib.parse.quote(b))
+            check(r.status in (404, 405), "%s: %d %r" % (what, r.status, r.body[:200]))
+            strict(r.body, what)
+
+
+def main(exe):
+    s = Server(exe).start()
+    test_log_forging(s)
+    test_cut_ids(s)
+    s.stop()
+    print("OK test_hostile_text")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
