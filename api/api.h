@@ -72,7 +72,12 @@ int api_path_prefix_check(const char *p, char *out, size_t n, char *err, size_t 
 /* one "METHOD PATH" line per route, in table order (tests compare them with openapi.yaml) */
 void api_routes_print(FILE *f);
 
-/* parses "name secret [admin]" lines ('#' comments, blank lines); err names the line */
+/* the longest line of a token file, in bytes (its newline included) */
+#define API_TOKEN_LINE_MAX 1024
+/* parses "name secret [admin]" lines ('#' comments, blank lines); -1 with err naming the line
+ * and the reason for a line over API_TOKEN_LINE_MAX, a name over 63 or a secret over 255
+ * characters (refused, never cut), and for a file of this user's that group or others may
+ * read or write (mode & 077: chmod 600) */
 int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *err,
                     size_t errlen);
 

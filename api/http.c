@@ -423,6 +423,20 @@ int http_authorize(struct ctx *c, int needed, enum MHD_Result *res)
     return -1;
 }
 
+/* the token file's fields, split at blanks; -1 when a field is longer than its cap */
+static int tokens_field(char **p, char *out, size_t cap)
+{
+    while (**p == ' ' || **p == '\t' || **p == '\r' || **p == '\n' || **p == '\v' || **p == '\f')
+        (*p)++;
+    size_t n = strcspn(*p, " \t\r\n\v\f");
+    out[0] = 0;
+    if (n >= cap) return -1;
+    memcpy(out, *p, n);
+    out[n] = 0;
+    *p += n;
+    return 0;
+}
+
 int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *err,
                     size_t errlen)
 {
@@ -430,16 +444,49 @@ int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *e
     *n = 0;
     FILE *f = fsio_fopen_read(path, err, errlen);
     if (!f) return -1;
-    char line[1024];
+    char *line = NULL;
+    size_t linecap = 0;
+    ssize_t len;
     int lineno = 0, cap = 0, rc = -1;
-    while (fgets(line, sizeof line, f)) {
+    /* like ssh with a private key: secrets in a file of ours that others may read are refused
+     * (a file of another user, a container's mounted secret, is that user's to protect) */
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && sb.st_uid == geteuid() && (sb.st_mode & 077)) {
+        snprintf(err, errlen, "%s is open to group or others (mode %04o): its secrets must be "
+                 "private (chmod 600)", path, (unsigned)(sb.st_mode & 07777));
+        goto out;
+    }
+    while ((len = getline(&line, &linecap, f)) >= 0) {
         lineno++;
-        char name[64], secret[256], flag[16], extra[2];
-        char *hash = strchr(line, '#');
+        if (memchr(line, 0, (size_t)len)) {
+            snprintf(err, errlen, "%s:%d: a NUL byte in the line", path, lineno);
+            goto out;
+        }
+        if (len > API_TOKEN_LINE_MAX) {
+            snprintf(err, errlen, "%s:%d: the line is longer than %d bytes", path, lineno,
+                     API_TOKEN_LINE_MAX);
+            goto out;
+        }
+        char name[sizeof((*tokens)->name)], secret[sizeof((*tokens)->secret)], flag[8], extra[2];
+        char *hash = strchr(line, '#'), *p = line;
         if (hash) *hash = 0;
-        int k = sscanf(line, "%63s %255s %15s %1s", name, secret, flag, extra);
-        if (k <= 0) continue;
-        if (k < 2 || k > 3 || (k == 3 && strcmp(flag, "admin") != 0)) {
+        /* a field over its cap is refused, never cut: "eve <255 X>admin" cut after 255
+         * characters read "admin" as the flag */
+        if (tokens_field(&p, name, sizeof name)) {
+            snprintf(err, errlen, "%s:%d: the name is longer than %zu characters", path, lineno,
+                     sizeof name - 1);
+            goto out;
+        }
+        if (!name[0]) continue;
+        if (tokens_field(&p, secret, sizeof secret)) {
+            snprintf(err, errlen, "%s:%d: the secret of %s is longer than %zu characters", path,
+                     lineno, name, sizeof secret - 1);
+            goto out;
+        }
+        int bad_flag = tokens_field(&p, flag, sizeof flag);
+        tokens_field(&p, extra, sizeof extra); /* anything here is a fourth field */
+        if (!secret[0] || bad_flag || (flag[0] && strcmp(flag, "admin") != 0) || *p != 0 ||
+            extra[0]) {
             snprintf(err, errlen, "%s:%d: expected \"NAME SECRET\" or \"NAME SECRET admin\"", path,
                      lineno);
             goto out;
@@ -462,7 +509,7 @@ int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *e
         memset(t, 0, sizeof *t);
         snprintf(t->name, sizeof t->name, "%s", name);
         snprintf(t->secret, sizeof t->secret, "%s", secret);
-        t->admin = k == 3;
+        t->admin = flag[0] != 0;
     }
     if (*n == 0) {
         snprintf(err, errlen, "%s has no tokens", path);
@@ -470,6 +517,7 @@ int api_tokens_load(const char *path, struct api_token **tokens, int *n, char *e
     }
     rc = 0;
 out:
+    free(line);
     fclose(f);
     if (rc) {
         free(*tokens);

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* the route patterns of api.c's table (a {..} is one capture) */
 static const char *const patterns[] = {
@@ -249,6 +250,8 @@ int fuzz_http(const uint8_t *data, size_t size)
     int mode = data[0] % 10;
     if (mode == 3) { /* the token file: bytes as they are, NULs included */
         const char *path = fuzz_bytes_path(0, data + 1, size - 1);
+        /* private, as api_tokens_load demands of a file of ours (the memfd is made 0777) */
+        if (chmod(path, 0600)) fuzz_fail("http", "chmod %s failed", path);
         struct api_token *tok = NULL;
         int n = -1;
         char err[512] = "";

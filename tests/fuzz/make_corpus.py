@@ -189,6 +189,7 @@ def https():
     put("http", "tokens-short", b"\x03carol short\n")
     put("http", "tokens-extra", b"\x03dave dddddddddddddddddd admin more\n")
     put("http", "tokens-long-line", b"\x03" + b"e" * 2000 + b" " + b"s" * 300 + b"\n")
+    put("http", "tokens-secret-256", b"\x03eve " + b"X" * 255 + b"admin\n")
     # byte 0 = 9: the Content-Type check and server/utf8.c (cut, clean, escape)
     put("http", "utf8-mixed", b"\x09/jobs/\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xe2\x82"
         b"\n\x1b[31m\xc2\x85\\\xed\xa0\x80\xc0\xaf\xff x")

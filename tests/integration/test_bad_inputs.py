@@ -46,6 +46,7 @@ def main(exe):
     tokfile = os.path.join(d, "tokens")
     with open(tokfile, "w") as f:
         f.write("# name secret [admin]\nalice %s\nbob %s\nroot %s admin\n" % (ALICE, BOB, ROOT))
+    os.chmod(tokfile, 0o600)  # a token file must be private (api_tokens_load)
     # the body limit from the environment (every option has its DDPMD_* variable)
     s = Server(exe, data=d, args=["--token-file", tokfile], env={"DDPMD_MAX_BODY": "4096"})
     s.own_data = True  # the folder is removed at exit

@@ -1,16 +1,22 @@
-"""test_hostile_text.py - text from a client cannot forge a log line or break an answer's UTF-8. A
-GET of /jobs/<id with %0A and a fake log line> leaves one log line; an id of multi-byte
-characters, long enough to be cut, gets a 404 whose body is strict UTF-8 with no character split,
-on every route that quotes an id, and an id of invalid UTF-8 bytes a body of strict UTF-8.
+"""test_hostile_text.py - text from a client cannot forge a log line or break an answer's UTF-8,
+and a bad token file stops the server at start. A GET of /jobs/<id with %0A and a fake log line>
+leaves one log line; an id of multi-byte characters, long enough to be cut, gets a 404 whose body
+is strict UTF-8 with no character split, on every route that quotes an id, and an id of invalid
+UTF-8 bytes a body of strict UTF-8; a token file with a secret over 255 characters or open to
+others is refused at start (exit 2, the line, the reason), and a good one works.
 Usage: test_hostile_text.py PATH/TO/ddpmd
 """
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 
 from serverlib import Server, check
 
+ALICE = "alice-secret-0123456789"
 
 
 def strict(body, what):
@@ -67,11 +73,51 @@ def test_cut_ids(s):
             strict(r.body, what)
 
 
+def refused(exe, d, tokfile, want):
+    p = subprocess.Popen([exe, "serve", "--listen", "127.0.0.1:0", "--data", d, "--token-file",
+                          tokfile], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # it started: the file was accepted
+        p.kill()
+        p.communicate()
+        check(False, "token file %s: the server started (want %r)" % (tokfile, want))
+    err = err.decode("utf-8", "replace")
+    check(p.returncode == 2 and all(w in err for w in want),
+          "token file %s: exit %d, want %r in %r" % (tokfile, p.returncode, want, err[-400:]))
+
+
+def test_token_file(exe):
+    d = tempfile.mkdtemp(prefix="ddpmd-it-")
+    tf = os.path.join(d, "tokens")
+    # the trial's file: a 255-character secret, then "admin" on the same word
+    with open(tf, "w") as f:
+        f.write("alice %s\neve %sadmin\n" % (ALICE, "X" * 255))
+    os.chmod(tf, 0o600)
+    refused(exe, d, tf, [tf + ":2:", "secret of eve is longer than 255 characters"])
+    # a good file others can read
+    with open(tf, "w") as f:
+        f.write("alice %s admin\n" % ALICE)
+    os.chmod(tf, 0o644)
+    refused(exe, d, tf, [tf, "open to group or others", "0644", "chmod 600"])
+    # the same file, private: works
+    os.chmod(tf, 0o600)
+    s = Server(exe, data=d, args=["--token-file", tf])
+    s.own_data = True
+    s.start()
+    r = s.request("GET", "/jobs", token=ALICE)
+    check(r.status == 200, "alice with a good token file: %d %r" % (r.status, r.body[:200]))
+    r = s.request("GET", "/jobs", token="X" * 255)
+    check(r.status == 401, "eve's cut secret: %d" % r.status)
+    s.stop()
+
+
 def main(exe):
     s = Server(exe).start()
     test_log_forging(s)
     test_cut_ids(s)
     s.stop()
+    test_token_file(exe)
     print("OK test_hostile_text")
 
 

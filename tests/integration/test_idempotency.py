@@ -47,6 +47,7 @@ def main(exe):
     tokfile = os.path.join(d, "tokens")
     with open(tokfile, "w") as f:
         f.write("alice %s\nbob %s\n" % (ALICE, BOB))
+    os.chmod(tokfile, 0o600)  # a token file must be private (api_tokens_load)
     args = ["--token-file", tokfile, "--max-jobs-per-owner", "2"]
     s = Server(exe, data=d, args=args)
     s.own_data = True

@@ -66,6 +66,7 @@ def main(exe):
     tokfile = os.path.join(d, "tokens")
     with open(tokfile, "w") as f:
         f.write("alice %s admin\nbob %s\n" % (ALICE, BOB))
+    os.chmod(tokfile, 0o600)  # a token file must be private (api_tokens_load)
     s = Server(exe, data=os.path.join(d, "data"),
                args=["--token-file", tokfile, "--vram-budget", "cpu=2GiB", "--cpu-cores", "2",
                      "--max-jobs-per-owner", "1", "--max-body", "65536"])

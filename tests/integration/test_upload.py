@@ -249,6 +249,7 @@ def main(exe):
     alice, bob, root = "a" * 20, "b" * 20, "r" * 20
     with open(tf, "w") as f:
         f.write("alice %s\nbob %s\nroot %s admin\n" % (alice, bob, root))
+    os.chmod(tf, 0o600)  # a token file must be private (api_tokens_load)
     t = Server(exe, data=d, args=["--token-file", tf]).start()
     t.own_data = True
     r = post(t, 1 << 20, "application/x-tar")
