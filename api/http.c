@@ -196,6 +196,7 @@ cJSON *http_errors_new(void)
 void http_errors_add(cJSON *errs, const char *path, const char *msg)
 {
     cJSON *arr = cJSON_GetObjectItemCaseSensitive(errs, "errors");
+    if (cJSON_GetArraySize(arr) >= HTTP_ERRORS_MAX) return;
     char *p = http_utf8(path), *m = http_utf8(msg);
     cJSON *e = p && m ? cJSON_CreateObject() : NULL;
     if (!e || !cJSON_AddStringToObject(e, "path", p) || !cJSON_AddStringToObject(e, "message", m))
@@ -220,8 +221,9 @@ enum MHD_Result http_send_errors(struct ctx *c, cJSON *errs, const char *what)
     const cJSON *p0 = cJSON_GetObjectItemCaseSensitive(e0, "path");
     const cJSON *m0 = cJSON_GetObjectItemCaseSensitive(e0, "message");
     char detail[600];
-    snprintf(detail, sizeof detail, "the %s has %d error%s; the first: %.*s%s%.256s", what, n,
-             n == 1 ? "" : "s",
+    /* the list stops at HTTP_ERRORS_MAX: a body of 100,000 bad fields gets a small answer */
+    snprintf(detail, sizeof detail, "the %s has %s%d error%s; the first: %.*s%s%.256s", what,
+             n >= HTTP_ERRORS_MAX ? "at least " : "", n, n == 1 ? "" : "s",
              cJSON_IsString(p0) ? (int)utf8_cut(p0->valuestring, 128) : 0,
              cJSON_IsString(p0) ? p0->valuestring : "",
              cJSON_IsString(p0) && *p0->valuestring ? ": " : "",

@@ -17,6 +17,7 @@
 #include "fsio.h"
 #include "jobs.h"
 #include "parse.h"
+#include "spec.h"
 
 #define PROBLEM_BASE "urn:ddpmd:problem:"
 /* the body of the 500 an allocation failure gets */
@@ -112,9 +113,11 @@ enum MHD_Result http_send_file(struct ctx *c, const char *path, const char *type
  * as U+FFFD); a detail that quotes user text cuts it with utf8_cut. */
 enum MHD_Result http_send_problem(struct ctx *c, unsigned status, const char *slug,
                                   const char *detail, cJSON *extra, const char *const *headers);
+/* the most field errors one answer lists: POST /train's cap (spec_parse) on every route */
+#define HTTP_ERRORS_MAX SPEC_MAX_ERRORS
 /* field errors: {"errors": [{"path", "message"}...]} built with http_errors_add (NULL when out of
- * memory: http_errors_add and http_send_errors take it); path and message are made valid
- * UTF-8 */
+ * memory: http_errors_add and http_send_errors take it); path and message are made valid UTF-8,
+ * and errors past the first HTTP_ERRORS_MAX are not kept */
 cJSON *http_errors_new(void);
 void http_errors_add(cJSON *errs, const char *path, const char *msg);
 int http_errors_count(const cJSON *errs);

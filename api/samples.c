@@ -1,5 +1,6 @@
-/* samples.c - the sampling jobs' routes: POST /samples (a checkpoint or a job's newest, its
- * fields checked one by one), GET /samples and /samples/{id}, the grid and the images.
+/* samples.c - the sampling jobs' routes: POST /samples (a checkpoint or a job's newest, the body
+ * under POST /train's document rules, its fields checked one by one), GET /samples and
+ * /samples/{id}, the grid and the images.
  */
 #define _GNU_SOURCE
 #include "routes.h"
@@ -113,26 +114,28 @@ enum MHD_Result h_samples_post(struct ctx *c)
                        (const char *const[]){"Retry-After", "10", NULL});
     enum MHD_Result ires;
     if (api_idem_begin(c, "POST /samples", &ires)) return ires;
-    const char *body = c->r->body ? c->r->body : "";
-    const char *at = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, c->r->len, &at, 0);
-    if (!root) {
-        char detail[200];
-        size_t off = at && at >= body ? (size_t)(at - body) : 0;
-        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)", off,
-                 c->r->len);
-        return http_send_problem(c, 400, "malformed-json", detail, NULL, NULL);
+    /* POST /train's document rules (spec_parse_object: duplicate keys, strings, depth) and its
+     * cap on the errors listed (HTTP_ERRORS_MAX) */
+    struct spec_errors es;
+    cJSON *root = NULL;
+    if (spec_parse_object(c->r->body ? c->r->body : "", c->r->len, &root, &es)) {
+        if (es.syntax) {
+            char detail[200];
+            snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)",
+                     es.syntax_at, c->r->len);
+            return http_send_problem(c, 400, "malformed-json", detail, NULL, NULL);
+        }
+        cJSON *errs = http_errors_new();
+        for (int i = 0; errs && i < es.n; i++) http_errors_add(errs, es.e[i].path, es.e[i].msg);
+        return http_send_errors(c, errs, "request");
     }
     static const char *const known[] = {"checkpoint", "job", "n", "sampler", "steps", "eta",
                                         "seed", "ema", "batch", NULL};
     struct pool_sample s;
     memset(&s, 0, sizeof s);
     cJSON *errs = http_errors_new();
-    if (!cJSON_IsObject(root)) {
-        http_errors_add(errs, "", "expected a JSON object");
-        goto invalid;
-    }
-    for (const cJSON *f = root->child; f; f = f->next) {
+    for (const cJSON *f = root->child; f && http_errors_count(errs) < HTTP_ERRORS_MAX;
+         f = f->next) {
         int ok = 0;
         for (int i = 0; known[i]; i++) ok |= f->string && strcmp(f->string, known[i]) == 0;
         if (!ok) {

@@ -1001,10 +1001,7 @@ static const char *where(char *buf, size_t n, const char *text, size_t at)
     return buf;
 }
 
-/* parses n bytes; the top-level members named in extra (NULL-terminated, may be NULL) are
- * checked as strings are, then moved to *extras (when there are any) */
-static int parse_text(const char *json, size_t len, const char *const *extra, cJSON **extras,
-                      struct train_spec *s, struct spec_errors *E)
+int spec_parse_object(const char *json, size_t len, cJSON **out, struct spec_errors *E)
 {
     struct spec_ctx ctx;
     char pos[80], snip[SPEC_ECHO_MAX * 4 + 8];
@@ -1012,8 +1009,7 @@ static int parse_text(const char *json, size_t len, const char *const *extra, cJ
     memset(E, 0, sizeof *E);
     memset(&ctx, 0, sizeof ctx);
     ctx.E = E;
-    spec_defaults(s);
-    if (extras) *extras = NULL;
+    *out = NULL;
     /* the parse end through the out-parameter: cJSON_GetErrorPtr is one global for all threads */
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
@@ -1036,16 +1032,30 @@ static int parse_text(const char *json, size_t len, const char *const *extra, cJ
     if (i < len) {
         err(E, "", "trailing bytes after the JSON value at %s: '%s'",
             where(pos, sizeof pos, json, i), echo(snip, sizeof snip, json + i, len - i, SPEC_ECHO_MAX));
-        goto done;
-    }
-    if (!cJSON_IsObject(root)) {
+    } else if (!cJSON_IsObject(root)) {
         err(E, "", "expected a JSON object, got %s", type_name(root));
-        goto done;
+    } else {
+        scan_strings(&ctx, json, len);
+        ctx.n_strings = 0;
+        audit(&ctx, root, "", 0);
     }
-    scan_strings(&ctx, json, len);
-    ctx.n_strings = 0;
-    audit(&ctx, root, "", 0);
-    if (E->n) goto done;
+    if (E->n) {
+        cJSON_Delete(root);
+        return -1;
+    }
+    *out = root;
+    return 0;
+}
+
+/* parses n bytes; the top-level members named in extra (NULL-terminated, may be NULL) are
+ * checked as strings are, then moved to *extras (when there are any) */
+static int parse_text(const char *json, size_t len, const char *const *extra, cJSON **extras,
+                      struct train_spec *s, struct spec_errors *E)
+{
+    cJSON *root = NULL;
+    spec_defaults(s);
+    if (extras) *extras = NULL;
+    if (spec_parse_object(json, len, &root, E)) return -1;
     for (const char *const *x = extra; x && *x; x++) {
         cJSON *m = cJSON_DetachItemFromObjectCaseSensitive(root, *x);
         if (!m) continue;

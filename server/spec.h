@@ -97,6 +97,12 @@ int spec_parse(const char *json, struct train_spec *s, struct spec_errors *errs)
  * none; the caller deletes it, also on failure). errs->syntax says the body is not JSON at all. */
 int spec_parse_request(const char *body, size_t len, const char *const *extra, cJSON **extras,
                        struct train_spec *s, struct spec_errors *errs);
+/* the document rules every JSON body follows (spec_parse's, shared by POST /samples): len
+ * bytes of one JSON object, nothing after it, no duplicate keys, no \u0000, raw control
+ * characters or invalid UTF-8 in strings, nesting at most 16 deep. 0 with the tree in *root
+ * (the caller deletes it), or -1 with errs filled (at most SPEC_MAX_ERRORS; errs->syntax when
+ * the bytes are not JSON at all) and *root NULL. */
+int spec_parse_object(const char *json, size_t len, cJSON **root, struct spec_errors *errs);
 /* spec_parse of a regular file of at most SPEC_FILE_MAX bytes (a FIFO or directory is refused
  * without blocking); open and read errors carry strerror's reason */
 int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *errs);

@@ -1,10 +1,12 @@
-"""test_hostile_text.py - text from a client cannot forge a log line or break an answer's UTF-8,
-and a bad token file stops the server at start. A GET of /jobs/<id with %0A and a fake log line>
-leaves one log line; an id of multi-byte characters, long enough to be cut, gets a 404 whose body
-is strict UTF-8 with no character split, on every route that quotes an id, and an id of invalid
-UTF-8 bytes a body of strict UTF-8; a token file with a secret over 255 characters or open to
-others is refused at start (exit 2, the line, the reason), and a good one works.
-Usage: test_hostile_text.py PATH/TO/ddpmd
+"""test_hostile_text.py - text from a client cannot forge a log line or break an answer's UTF-8, a
+POST /samples body follows POST /train's parser rules, and a bad token file stops the server at
+start. A GET of /jobs/<id with %0A and a fake log line> leaves one log line; an id of multi-byte
+characters, long enough to be cut, gets a 404 whose body is strict UTF-8 with no character split,
+on every route that quotes an id, and an id of invalid UTF-8 bytes a body of strict UTF-8; POST
+/samples with a duplicate key is a 422 naming it, one with 100,000 unknown fields a 422 of at most
+16 errors in a small body, one with trailing bytes a 422; a token file with a secret over 255
+characters or open to others is refused at start (exit 2, the line, the reason), and a good one
+works. Usage: test_hostile_text.py PATH/TO/ddpmd
 """
 import json
 import os
@@ -17,6 +19,7 @@ import urllib.parse
 from serverlib import Server, check
 
 ALICE = "alice-secret-0123456789"
+ERRORS_MAX = 16  # HTTP_ERRORS_MAX (api/http.h): POST /train's cap, on every route
 
 
 def strict(body, what):
@@ -41,8 +44,8 @@ def test_log_forging(s):
     check(not any(ln.startswith("2026-01-01T00:00:00.000Z") or "request_id=forged" in ln
                   and "forge-1" not in ln for ln in lines),
           "a forged line in the log: %r" % [ln for ln in lines if "forged" in ln])
-    check("\\x0a" in mine[0] and "\\x0d" in mine[0] and "\\x1b" in mine[0] and "\x1b" not in mine[0],
-          "the control characters are not escaped: %r" % mine[0])
+    check("\\x0a" in mine[0] and "\\x0d" in mine[0] and "\\x1b" in mine[0] and
+          "\x1b" not in mine[0], "the control characters are not escaped: %r" % mine[0])
 
 
 def test_cut_ids(s):
@@ -71,6 +74,29 @@ def test_cut_ids(s):
             r = s.request(method, pattern % urllib.parse.quote(b))
             check(r.status in (404, 405), "%s: %d %r" % (what, r.status, r.body[:200]))
             strict(r.body, what)
+
+
+def test_samples_body(s):
+    body = b'{"job": "j0123456789abcdef", "n": 1, "n": 1024}'
+    r = s.request("POST", "/samples", body, headers={"Content-Type": "application/json"})
+    check(r.status == 422, "duplicate key: %d %r" % (r.status, r.body[:300]))
+    errs = r.json()["errors"]
+    check(any(e["path"] == "n" and "duplicate" in e["message"] for e in errs),
+          "duplicate key not named: %r" % errs)
+    body = ("{" + ",".join('"%d":0' % k for k in range(100000)) + "}").encode()
+    check(len(body) < 1 << 20, "the body is %d bytes, over the default --max-body" % len(body))
+    r = s.request("POST", "/samples", body, headers={"Content-Type": "application/json"})
+    check(r.status == 422, "100,000 unknown fields: %d %r" % (r.status, r.body[:300]))
+    o = strict(r.body, "100,000 unknown fields")
+    check(1 <= len(o["errors"]) <= ERRORS_MAX and o["errors"][0]["path"] == "0" and
+          "unknown field" in o["errors"][0]["message"], "the errors: %r" % o["errors"][:3])
+    check(len(r.body) < 4096, "a %d-byte answer to 100,000 unknown fields" % len(r.body))
+    check("at least %d errors" % ERRORS_MAX in o["detail"], "detail %r" % o["detail"])
+    # trailing bytes, as POST /train refuses them
+    r = s.request("POST", "/samples", b'{"job": "j0123456789abcdef"} {}',
+                  headers={"Content-Type": "application/json"})
+    check(r.status == 422 and "trailing" in r.json()["errors"][0]["message"],
+          "trailing bytes: %d %r" % (r.status, r.body[:300]))
 
 
 def refused(exe, d, tokfile, want):
@@ -116,6 +142,7 @@ def main(exe):
     s = Server(exe).start()
     test_log_forging(s)
     test_cut_ids(s)
+    test_samples_body(s)
     s.stop()
     test_token_file(exe)
     print("OK test_hostile_text")
