@@ -101,7 +101,8 @@ enum MHD_Result h_checkpoint(struct ctx *c)
     char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX], detail[160], err[300];
     int64_t step;
     if (pool_checkpoint_id_parse(c->param, jid, sizeof jid, &step)) {
-        snprintf(detail, sizeof detail, "no checkpoint '%.*s' (ids look like j0123456789abcdef-300)",
+        snprintf(detail, sizeof detail,
+                 "no checkpoint '%.*s' (ids look like j0123456789abcdef-300)",
                  (int)utf8_cut(c->param, 40), c->param);
         return http_send_problem(c, 404, NULL, detail, NULL, NULL);
     }

@@ -75,7 +75,9 @@ size_t utf8_escape(char *out, size_t n, const char *s, size_t len)
     size_t i = 0, o = 0;
     while (i < len) {
         size_t k = utf8_len(p + i, len - i);
-        int control = k == 1 ? p[i] < 0x20 || p[i] == 0x7F : k == 2 && p[i] == 0xC2 && p[i + 1] < 0xA0;
+        int control = k == 1   ? p[i] < 0x20 || p[i] == 0x7F
+                      : k == 2 ? p[i] == 0xC2 && p[i + 1] < 0xA0 /* C1: U+0080..U+009F */
+                               : 0;
         if (k && !control) {
             size_t w = p[i] == '\\' ? 2 : k;
             if (o + w >= n) break;

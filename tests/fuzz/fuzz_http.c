@@ -1,8 +1,8 @@
 /* fuzz_http.c - what the HTTP layer parses itself (libmicrohttpd parses the request line and
  * headers): checkpoint ids of GET /checkpoints/{id}, job ids ({id}, ?after=), the ?state= filter,
  * the bearer-token file, and api/parse.c: route patterns, Range headers, integer parameters,
- * image indexes, Idempotency-Key and Content-Type (and with it server/utf8.c, the cutter and escaper
- * of the text echoed into error bodies and log lines). Byte 0 picks which (mod 10); the rest is the
+ * image indexes, Idempotency-Key and Content-Type (and with it server/utf8.c, the cutter and
+ * escaper of the text echoed into error bodies and log lines). Byte 0 picks which (mod 10); the rest is the
  * input. Invariants: an accepted checkpoint id is exactly "<valid job id>-<step>" with a
  * canonical step >= 0; a valid job id is 17 characters; a parsed state names itself; a token file
  * loads 1.. tokens with 16+ character secrets, or fails with a message and nothing allocated; a

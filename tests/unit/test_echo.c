@@ -155,7 +155,8 @@ static void test_tokens(void)
     static const mode_t open_modes[] = {0644, 0640, 0604, 0620, 0602};
     for (size_t i = 0; i < N_OF(open_modes); i++) {
         rc = load("alice 0123456789abcdef0123\n", open_modes[i], err, sizeof err, &tok, &n);
-        CHECK(rc == -1 && !tok && strstr(err, "open to group or others") && strstr(err, "chmod 600"),
+        CHECK(rc == -1 && !tok && strstr(err, "open to group or others") &&
+                  strstr(err, "chmod 600"),
               "mode %04o: rc %d, err '%s'", (unsigned)open_modes[i], rc, err);
     }
     rc = load("alice 0123456789abcdef0123\n", 0400, err, sizeof err, &tok, &n);
