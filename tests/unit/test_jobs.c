@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -301,6 +302,7 @@ static void test_tokens(const char *dir)
     FILE *f = fopen(path, "w");
     fprintf(f, "# comment\n\nalice aaaaaaaaaaaaaaaa\nroot bbbbbbbbbbbbbbbb admin  # the admin\n");
     fclose(f);
+    chmod(path, 0600); /* a token file must be private (api_tokens_load) */
     struct api_token *t;
     int n;
     CHECK(api_tokens_load(path, &t, &n, err, sizeof err) == 0 && n == 2, "load: %s", err);
@@ -315,6 +317,7 @@ static void test_tokens(const char *dir)
         f = fopen(path, "w");
         fputs(bad[i], f);
         fclose(f);
+        chmod(path, 0600); /* refused for its content, not its mode */
         CHECK(api_tokens_load(path, &t, &n, err, sizeof err) != 0 && t == NULL && n == 0,
               "bad token file accepted: %s", bad[i]);
     }
