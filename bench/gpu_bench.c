@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "backend_load.h"
+#include "bench_exec.h"
 #include "ddpm.h"
 #include "exec.h"
 #include "init.h"
@@ -83,30 +84,11 @@ int main(int argc, char **argv)
     struct graph g;
     struct unet_io io;
     struct plan p;
-    struct exec *e = NULL;
+    struct exec *e;
     int target;
-    graph_init(&g);
-    if (unet_build_training(&g, &spec.model, spec.batch, &io, &target, NULL)) {
-        fprintf(stderr, "gpu_bench: cannot build the graph: %s\n", g.err);
-        return 1;
-    }
-    if (precision != STRATEGY_PRECISION_F32 && graph_set_precision(&g, precision)) {
-        printf("unavailable graph_set_precision(%s)\n", prec);
-        return 3;
-    }
-    struct plan_opts po = {0};
-    po.strategy = strategy_plain(spec.batch);
-    po.strategy.precision = precision;
-    if (plan_make(&p, &g, bk, &po)) {
-        printf("unavailable plan_make(%s) on %s\n", prec, device);
-        return 3;
-    }
-    struct exec_error ee;
-    struct exec_opts eo = {.threads = threads, .init_error = &ee};
-    if (exec_init(&e, &g, &p, bk, &eo)) {
-        printf("unavailable %s on %s: %s\n", prec, device, ee.msg);
-        return ee.status == EXEC_ERR_ARG ? 3 : 1;
-    }
+    int brc = bench_exec_plain("gpu_bench", &spec, precision, prec, bk, device, threads, &g, &io,
+                               &target, &p, &e);
+    if (brc) return brc;
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
         if (g.tensors[i]->numel > maxn) maxn = g.tensors[i]->numel;
