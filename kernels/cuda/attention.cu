@@ -186,6 +186,26 @@ __host__ __device__ static inline struct tc_layout tc_layout_of(int D)
     return t;
 }
 
+/* out (16 x 16, fp32, row-major) = A B^T, A and B 16 x D tiles of T (rows of dp): one warp */
+template <typename T>
+__device__ __forceinline__ void tc_mma_abt(float *out, const T *a, const T *b, int dp, int D)
+{
+    if constexpr (tc_arch_ok<T>() && !std::is_same<T, float>::value) {
+        using namespace nvcuda;
+        typedef typename tc_type<T>::t W;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < D; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, (const W *)(a + kk), dp);
+            wmma::load_matrix_sync(fb, (const W *)(b + kk), dp);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+    }
+}
+
 template <typename T>
 __global__ void k_attn_fwd_tc(T *o, float *lse, const T *q, const T *k, const T *v, int L, int H,
                               int D, int ld, float scale)
@@ -229,16 +249,7 @@ __global__ void k_attn_fwd_tc(T *o, float *lse, const T *q, const T *k, const T 
             }
             __syncthreads();
             /* S (16 queries x 16 keys) = Q K^T: K's rows read as the columns of K^T */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int kk = 0; kk < D; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, (const W *)(qw + kk), D);
-                wmma::load_matrix_sync(fb, (const W *)(ks + kk), D);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(S, acc, 16, wmma::mem_row_major);
+            tc_mma_abt<T>(S, (const T *)qw, (const T *)ks, D, D);
             __syncwarp();
             /* the online softmax of each query row, as k_attn_fwd */
             if (lane < 16) {
@@ -269,6 +280,7 @@ __global__ void k_attn_fwd_tc(T *o, float *lse, const T *q, const T *k, const T 
             for (int c = 0; c < D; c += 16) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fp;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> fv;
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
                 wmma::load_matrix_sync(acc, O + c, D, wmma::mem_row_major);
                 wmma::load_matrix_sync(fv, (const W *)(vs + c), D);
                 wmma::load_matrix_sync(fp, (const W *)phi, 16);
@@ -469,25 +481,6 @@ template <typename T> __device__ __forceinline__ float fb_dot(const T *a, const 
     return s;
 }
 
-/* out (16 x 16, fp32, row-major) = A B^T, A and B 16 x D tiles of T (rows of dp): one warp */
-template <typename T>
-__device__ __forceinline__ void fb_mma_abt(float *out, const T *a, const T *b, int dp, int D)
-{
-    if constexpr (tc_arch_ok<T>() && !std::is_same<T, float>::value) {
-        using namespace nvcuda;
-        typedef typename tc_type<T>::t W;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int kk = 0; kk < D; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> fb;
-            wmma::load_matrix_sync(fa, (const W *)(a + kk), dp);
-            wmma::load_matrix_sync(fb, (const W *)(b + kk), dp);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
-    }
-}
 
 /* the block's base and layout */
 #define FB_SHARED(T, TC)                                                                       \
@@ -511,8 +504,8 @@ __device__ __forceinline__ void fb_tile(char *sh, const struct fb_layout &t, int
     const float *lr = (const float *)(sh + t.lse), *dr = (const float *)(sh + t.di);
     if constexpr (TC) {
         const int warp = threadIdx.x >> 5;
-        if (warp == 0) fb_mma_abt(S, tq, tk, t.dp, D);
-        if (warp == 1) fb_mma_abt(DP, to, tv, t.dp, D);
+        if (warp == 0) tc_mma_abt(S, tq, tk, t.dp, D);
+        if (warp == 1) tc_mma_abt(DP, to, tv, t.dp, D);
         __syncthreads();
     }
     for (int e = threadIdx.x; e < FB_BR * FB_BC; e += blockDim.x) {
