@@ -2,7 +2,8 @@
  * NVIDIA's cuDNN frontend (third_party/cudnn_frontend) mentions in code the backend never calls
  * (populating CUDA graphs from cuDNN graphs): declared with CUDA's own spellings so that the
  * frontend compiles against the emulator, defined nowhere (a call would not link: the module
- * would fail to load); and cudaGetDevice, which it calls. See cuda_runtime.h here. */
+ * would fail to load); and cudaGetDevice, which it calls. cudaGraph_t is the emulator's own
+ * (cuda_runtime.h's stream capture), and CUgraph the same type, as in CUDA. */
 #ifndef DDPMD_EMU_CUDA_H
 #define DDPMD_EMU_CUDA_H
 
@@ -12,14 +13,13 @@
 
 /* ---- driver API ---- */
 typedef enum cudaError_enum { CUDA_SUCCESS = 0 } CUresult;
-typedef struct CUgraph_st *CUgraph;
+typedef cudaGraph_t CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 CUresult cuGetErrorString(CUresult error, const char **str);
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
 CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
 
 /* ---- the runtime's CUDA graphs, as far as the frontend names them ---- */
-typedef struct CUgraph_st *cudaGraph_t;
 typedef struct CUgraphNode_st *cudaGraphNode_t;
 struct cudaGraphEdgeData_st {
     unsigned char from_port, to_port, type, reserved[5];
@@ -49,7 +49,6 @@ cudaError_t cudaGraphNodeGetDependentNodes(cudaGraphNode_t node, cudaGraphNode_t
 cudaError_t cudaGraphMemcpyNodeSetParams1D(cudaGraphNode_t node, void *dst, const void *src,
                                            size_t count, cudaMemcpyKind kind);
 cudaError_t cudaGraphMemsetNodeSetParams(cudaGraphNode_t node, const cudaMemsetParams *params);
-cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaEventCreate(cudaEvent_t *event);
 /* and one the frontend calls: device 0, always (cudnn_graph.cpp) */
 cudaError_t cudaGetDevice(int *device);

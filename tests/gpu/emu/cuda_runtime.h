@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <cmath>
+#include <functional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -131,6 +132,13 @@ enum cudaError {
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnmatched = 903,
+    cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureIsolation = 905,
+    cudaErrorCapturedEvent = 907,
+    cudaErrorStreamCaptureWrongThread = 908,
 };
 typedef enum cudaError cudaError_t;
 typedef struct emu_stream *cudaStream_t;
@@ -253,6 +261,10 @@ template <typename T> static inline void emu_note_arg(const T &v, emu_ptr_arg *a
     }
 }
 
+/* stream capture (graph.cpp): a launch on a capturing stream is recorded instead of run (1), to
+ * run with `run` on the stream a cudaGraphLaunch names; 0: not capturing, run it now */
+int emu_capture_launch(cudaStream_t s, std::function<cudaError_t(cudaStream_t)> run);
+
 template <typename... P> struct emu_launch {
     void (*k)(P...);
     dim3 g, b;
@@ -261,10 +273,20 @@ template <typename... P> struct emu_launch {
     template <typename... A> void operator()(A &&...a) const
     {
         std::tuple<P...> args(std::forward<A>(a)...);
+        const emu_launch self = *this;
+        if (emu_capture_launch(s, [self, args](cudaStream_t st) { return self.run(st, args); }))
+            return;
+        (void)run(s, args);
+    }
+    /* the launch on stream st: its pointer arguments checked, the grid run */
+    cudaError_t run(cudaStream_t st, const std::tuple<P...> &args0) const
+    {
+        std::tuple<P...> args(args0);
         emu_ptr_arg ptrs[sizeof...(P) + 1];
         int np = 0;
         std::apply([&](const auto &...x) { (emu_note_arg(x, ptrs, &np), ...); }, args);
-        if (emu_launch_check(s, ptrs, np) != cudaSuccess) return;
+        cudaError_t e = emu_launch_check(st, ptrs, np);
+        if (e != cudaSuccess) return e;
         struct pack {
             void (*k)(P...);
             std::tuple<P...> *args;
@@ -275,7 +297,8 @@ template <typename... P> struct emu_launch {
                                 },
                                 &pk};
         emu_run_grid(g, b, smem, call);
-        emu_launch_done(s, ptrs, np);
+        emu_launch_done(st, ptrs, np);
+        return cudaSuccess;
     }
 };
 template <typename... P>
@@ -291,5 +314,37 @@ static inline emu_launch<P...> emu_launcher(void (*k)(P...), dim3 g, dim3 b, siz
     return l;
 }
 #define CU_LAUNCH(kernel, grid, block, smem, stream) emu_launcher(kernel, grid, block, smem, stream)
+
+/* ---- stream capture and graphs (graph.cpp) ----
+ * Between cudaStreamBeginCapture and cudaStreamEndCapture a stream records what it is given -
+ * kernel launches, copies and memsets with device or page-locked memory, cuBLAS's and cuDNN's
+ * calls (with the descriptors, scalars, math mode and workspace they had) - and runs none of
+ * it; cudaGraphLaunch runs the record in order on its stream through the same checks as a
+ * direct call (pointer tags, stream order, faults). What a capture refuses, as CUDA's does, is
+ * refused and invalidates it (cudaStreamEndCapture then fails with
+ * cudaErrorStreamCaptureInvalidated): a synchronization of the capturing stream, of the device
+ * or of an event recorded in the capture, cudaMalloc / cudaFree (and their host forms) on the
+ * capturing thread, a copy with pageable host memory (it would be synchronous: a host read of
+ * device memory), cuDNN's finders, waits on events recorded outside the capture. One stream per
+ * capture: another stream joining it (a wait on a captured event) is not emulated and refused. */
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2,
+};
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 
 #endif

@@ -20,6 +20,9 @@
 #include "cuda_runtime.h"
 #include "cudnn.h"
 #include "emu_stats.h"
+/* the calls graph.cpp wraps for stream capture are defined here as emu_now_* */
+#define EMU_RENAME_NOW
+#include "emu_internal.h"
 
 /* ---- the SIMT scheduler ---- */
 
@@ -269,6 +272,8 @@ static cudaError_t emu_err(cudaError_t e)
     if (e != cudaSuccess) tl_last = e;
     return e;
 }
+cudaError_t emu_error(cudaError_t e) { return emu_err(e); }
+
 /* a fault: the context is poisoned, every later call returns it */
 static cudaError_t emu_fault(cudaError_t e)
 {
@@ -315,6 +320,15 @@ static int is_device(const void *p)
 {
     emu_alloc *al = find_alloc(p, NULL);
     return al && !al->pinned;
+}
+
+int emu_is_pinned(const void *p)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    emu_alloc *al = find_alloc(p, NULL);
+    const int pinned = al && al->pinned;
+    pthread_mutex_unlock(&g_mem_lock);
+    return pinned;
 }
 
 /* whether stream st is known to come after operation seq of stream w (mem lock held): the same
@@ -489,6 +503,17 @@ void emu_touches(const void *p, size_t bytes)
     tl_touch[tl_ntouch++].bytes = bytes;
 }
 
+int emu_touches_take(const void **p, size_t *bytes, int max)
+{
+    int n = tl_ntouch < max ? tl_ntouch : max;
+    for (int i = 0; i < n; i++) {
+        p[i] = tl_touch[i].p;
+        bytes[i] = tl_touch[i].bytes;
+    }
+    tl_ntouch = 0;
+    return n;
+}
+
 cudaError_t emu_launch_check(cudaStream_t s, const emu_ptr_arg *a, int n)
 {
     const int ntouch = tl_ntouch;
@@ -607,6 +632,8 @@ static cudaError_t emu_malloc(void **p, size_t bytes, int pinned)
     if (module) pinned = 0;
     size_t rounded = pinned ? 0 : (bytes + g - 1) & ~(g - 1);
     *p = NULL;
+    if (emu_capture_refuses(pinned ? "cudaMallocHost" : "cudaMalloc"))
+        return emu_err(cudaErrorStreamCaptureUnsupported);
     pthread_mutex_lock(&g_mem_lock);
     if (g_sticky != cudaSuccess) {
         cudaError_t e = emu_err(g_sticky);
@@ -642,6 +669,8 @@ static cudaError_t emu_malloc(void **p, size_t bytes, int pinned)
 static cudaError_t emu_free(void *p, int pinned)
 {
     if (!p) return cudaSuccess;
+    if (emu_capture_refuses(pinned ? "cudaFreeHost" : "cudaFree"))
+        return emu_err(cudaErrorStreamCaptureUnsupported);
     pthread_mutex_lock(&g_mem_lock);
     all_copies_done();
     auto it = g_allocs.find((uintptr_t)p);
@@ -940,6 +969,20 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m)
     h->math = m;
     return CUBLAS_STATUS_SUCCESS;
 }
+void emu_cublas_get(cublasHandle_t h, cudaStream_t *s, int *math, void **ws, size_t *bytes)
+{
+    *s = h->stream;
+    *math = h->math;
+    *ws = h->ws;
+    *bytes = h->ws_bytes;
+}
+void emu_cublas_set(cublasHandle_t h, cudaStream_t s, int math, void *ws, size_t bytes)
+{
+    h->stream = s;
+    h->math = math;
+    h->ws = ws;
+    h->ws_bytes = bytes;
+}
 const char *cublasGetStatusString(cublasStatus_t s)
 {
     return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_(emulated error)";
@@ -1002,6 +1045,46 @@ static void et_blend(void *p, size_t i, int et, float r, float beta)
     et_store(p, i, et, r + beta * old);
 }
 
+/* ---- fast mode: TF32, non-deterministic and FFT / Winograd algorithms ----
+ * cuDNN on fp32 data with any math type but CUDNN_FMA_MATH, and cuBLAS on fp32 operands under
+ * CUBLAS_TF32_TENSOR_OP_MATH or with CUBLAS_COMPUTE_32F_FAST_TF32, round their operands to TF32
+ * (10-bit mantissas, to nearest even) and sum the products in fp32, so that a test can tell
+ * fast mode from parity by its numbers. A non-deterministic cuDNN algorithm (atomics: backward
+ * data ALGO_0, backward filter ALGO_0 and ALGO_3) sums in fp32 in an order that changes from
+ * call to call, as atomics may; FFT and Winograd sum in fp32. Each such call is counted
+ * (ddpmd_emu_fast_calls); with EMU_PARITY=1 in the environment they are refused (BAD_PARAM,
+ * NOT_SUPPORTED), as everything but parity mode's was before fast mode existed. */
+enum { FAST_TF32_CONV = 0, FAST_TF32_GEMM = 1, FAST_NONDET = 2, FAST_FFT_WINOGRAD = 3, FAST_N = 4 };
+static unsigned long g_fast_calls[FAST_N];
+static unsigned g_nondet_order;   /* the next non-deterministic call's order */
+static thread_local int tl_tf32;  /* the running call's operands are TF32 */
+static thread_local int tl_fp32;  /* ... its fp32 data summed in fp32, not double */
+static thread_local int tl_rot;   /* ... its reduction starts this far in (non-deterministic) */
+
+static int emu_strict_parity(void)
+{
+    const char *v = getenv("EMU_PARITY");
+    return v && v[0] == '1';
+}
+/* x rounded to TF32: 10 mantissa bits, nearest even (inf and NaN kept) */
+static float tf32_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    u += 0xfffu + ((u >> 13) & 1u);
+    u &= ~0x1fffu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+/* an operand of the running library call */
+static float op_load(const void *p, size_t i, int et)
+{
+    const float v = et_load(p, i, et);
+    return tl_tf32 ? tf32_round(v) : v;
+}
+static void fast_count(int what) { __atomic_fetch_add(&g_fast_calls[what], 1, __ATOMIC_RELAXED); }
+
 /* library calls per element type of their inputs (ddpmd_emu_lib_calls): [0] cuDNN's
  * convolutions (not the finders), [1] cuBLAS's GEMMs, [2] warp matrix multiply-accumulates
  * (mma.h's mma_sync, once per warp) */
@@ -1012,7 +1095,8 @@ void emu_wmma_count(int half)
 }
 
 /* C (m,n) = alpha op(A) op(B) + beta C, column-major. fp32 inputs: summed in double (as
- * cublasSgemm always did here); 16-bit inputs: in fp32, k in order */
+ * cublasSgemm always did here), or as TF32 in fp32 (tl_tf32); 16-bit inputs: in fp32, k in
+ * order */
 static cublasStatus_t emu_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                                int n, int k, float alpha, const void *a, int at, int lda,
                                const void *b, int bt, int ldb, float beta, void *c, int ct,
@@ -1055,21 +1139,39 @@ static cublasStatus_t emu_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOpe
             double sd = 0.0;
             float sf = 0.0f;
             for (int l = 0; l < k; l++) {
-                const float av = et_load(a, ta == CUBLAS_OP_N ? i + (size_t)l * lda
+                const float av = op_load(a, ta == CUBLAS_OP_N ? i + (size_t)l * lda
                                                               : l + (size_t)i * lda, at);
-                const float bv = et_load(b, tb == CUBLAS_OP_N ? l + (size_t)j * ldb
+                const float bv = op_load(b, tb == CUBLAS_OP_N ? l + (size_t)j * ldb
                                                               : j + (size_t)l * ldb, bt);
-                if (at == ET_F32)
+                if (at == ET_F32 && !tl_tf32)
                     sd += (double)av * bv;
                 else
                     sf += av * bv;
             }
             const size_t ci = i + (size_t)j * ldc;
-            const float r = at == ET_F32 ? (float)(alpha * sd) : alpha * sf;
+            const float r = at == ET_F32 && !tl_tf32 ? (float)(alpha * sd) : alpha * sf;
             et_blend(c, ci, ct, r, beta);
         }
     emu_enqueued(h->stream);
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* a GEMM's math (tf32: TF32 operands): counted, refused under EMU_PARITY=1 (nonzero), else set
+ * for emu_gemm; gemm_done resets it */
+static int gemm_math(int tf32, const char *what)
+{
+    if (tf32 && emu_strict_parity()) {
+        fprintf(stderr, "emu cublas: %s with TF32 (EMU_PARITY=1: parity mode only)\n", what);
+        return 1;
+    }
+    if (tf32) fast_count(FAST_TF32_GEMM);
+    tl_tf32 = tf32;
+    return 0;
+}
+static cublasStatus_t gemm_done(cublasStatus_t st)
+{
+    tl_tf32 = 0;
+    return st;
 }
 
 /* alpha and beta: host memory (CUBLAS_POINTER_MODE_HOST) */
@@ -1087,8 +1189,11 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                            const float *b, int ldb, const float *beta, float *c, int ldc)
 {
     if (m > 0 && n > 0 && scalars_on_device(alpha, beta)) return CUBLAS_STATUS_INVALID_VALUE;
-    return emu_gemm(h, ta, tb, m, n, k, m > 0 && n > 0 ? *alpha : 0.0f, a, ET_F32, lda, b, ET_F32,
-                    ldb, m > 0 && n > 0 ? *beta : 0.0f, c, ET_F32, ldc, "cublasSgemm");
+    if (gemm_math(h->math == CUBLAS_TF32_TENSOR_OP_MATH, "cublasSgemm"))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return gemm_done(emu_gemm(h, ta, tb, m, n, k, m > 0 && n > 0 ? *alpha : 0.0f, a, ET_F32, lda,
+                              b, ET_F32, ldb, m > 0 && n > 0 ? *beta : 0.0f, c, ET_F32, ldc,
+                              "cublasSgemm"));
 }
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -1098,9 +1203,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasGemmAlgo_t algo)
 {
     const int ea = et_of_cuda(at), eb = et_of_cuda(bt), ec = et_of_cuda(ct);
-    if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC) {
+    if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
+        !(compute == CUBLAS_COMPUTE_32F_FAST_TF32 && ea == ET_F32)) {
         fprintf(stderr, "emu cublas: cublasGemmEx compute type %d: only fp32 accumulation "
-                        "(CUBLAS_COMPUTE_32F) is emulated\n", (int)compute);
+                        "(CUBLAS_COMPUTE_32F, or _FAST_TF32 of fp32) is emulated\n", (int)compute);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (ea == ET_BAD || ea != eb || ec == ET_BAD || (ec != ea && ec != ET_F32)) {
@@ -1114,9 +1220,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     }
     (void)algo;
     if (m > 0 && n > 0 && scalars_on_device(alpha, beta)) return CUBLAS_STATUS_INVALID_VALUE;
-    return emu_gemm(h, ta, tb, m, n, k, m > 0 && n > 0 ? *(const float *)alpha : 0.0f, a, ea, lda,
-                    b, eb, ldb, m > 0 && n > 0 ? *(const float *)beta : 0.0f, c, ec, ldc,
-                    "cublasGemmEx");
+    const int tf32 = ea == ET_F32 && (compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                                      (compute == CUBLAS_COMPUTE_32F &&
+                                       h->math == CUBLAS_TF32_TENSOR_OP_MATH));
+    if (gemm_math(tf32, "cublasGemmEx")) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return gemm_done(emu_gemm(h, ta, tb, m, n, k, m > 0 && n > 0 ? *(const float *)alpha : 0.0f,
+                              a, ea, lda, b, eb, ldb,
+                              m > 0 && n > 0 ? *(const float *)beta : 0.0f, c, ec, ldc,
+                              "cublasGemmEx"));
 }
 
 /* ---- test hooks: libddpmd_cuda_emu.so only (tests/gpu look them up with dlsym) ---- */
@@ -1140,6 +1251,15 @@ extern "C" __attribute__((visibility("default"))) unsigned long ddpmd_emu_lib_ca
 {
     if (lib < 0 || lib > 2 || dtype < 0 || dtype >= ET_N) return 0;
     return __atomic_load_n(&g_lib_calls[lib][dtype], __ATOMIC_RELAXED);
+}
+
+/* fast mode's library calls so far (see tl_tf32): what 0 cuDNN convolutions with TF32, 1 cuBLAS
+ * GEMMs with TF32, 2 non-deterministic convolution algorithms, 3 FFT / Winograd ones. A parity
+ * run makes none */
+extern "C" __attribute__((visibility("default"))) unsigned long ddpmd_emu_fast_calls(int what)
+{
+    if (what < 0 || what >= FAST_N) return 0;
+    return __atomic_load_n(&g_fast_calls[what], __ATOMIC_RELAXED);
 }
 
 /* ---- cuDNN ---- */
@@ -1219,6 +1339,19 @@ cudnnStatus_t cudnnGetStream(cudnnHandle_t h, cudaStream_t *s)
     if (!h || !s) return CUDNN_STATUS_BAD_PARAM;
     *s = h->stream;
     return CUDNN_STATUS_SUCCESS;
+}
+cudaStream_t emu_cudnn_stream(cudnnHandle_t h) { return h->stream; }
+cudnnTensorDescriptor_t emu_dup_tensor_desc(cudnnTensorDescriptor_t d)
+{
+    return new emu_tensor_desc(*d);
+}
+cudnnFilterDescriptor_t emu_dup_filter_desc(cudnnFilterDescriptor_t d)
+{
+    return new emu_filter_desc(*d);
+}
+cudnnConvolutionDescriptor_t emu_dup_conv_desc(cudnnConvolutionDescriptor_t d)
+{
+    return new emu_conv_desc(*d);
 }
 static size_t tcount(const emu_tensor_desc *d) { return (size_t)d->n * d->c * d->h * d->w; }
 static size_t fcount(const emu_filter_desc *d) { return (size_t)d->k * d->c * d->h * d->w; }
@@ -1415,10 +1548,11 @@ static const offer *find_offer(const offer *o, int n, int algo)
 }
 
 /* heuristics: ranked as listed; finders: fastest first, and those needing more than ws_bytes
- * fail with ALLOC_FAILED. 16-bit data: the algorithms run on tensor cores (TENSOR_OP_MATH rows) */
+ * fail with ALLOC_FAILED. 16-bit data, and fp32 data under a math type that allows TF32: the
+ * algorithms run on tensor cores (TENSOR_OP_MATH rows); fp32 under CUDNN_FMA_MATH: FMA rows */
 template <typename P>
 static void fill_perf(P *p, int req, int *got, const offer *o, int n, int find, size_t ws_bytes,
-                      int et)
+                      int et, const emu_conv_desc *c)
 {
     int k = 0;
     for (int i = 0; i < n && k < req; i++, k++) {
@@ -1426,7 +1560,8 @@ static void fill_perf(P *p, int req, int *got, const offer *o, int n, int find, 
         p[k].algo = (decltype(p[k].algo))o[i].algo;
         p[k].memory = o[i].memory;
         p[k].determinism = o[i].det;
-        p[k].mathType = et == ET_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+        p[k].mathType = et == ET_F32 && c->math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH
+                                                                  : CUDNN_TENSOR_OP_MATH;
         p[k].time = o[i].time;
         p[k].status = find && o[i].memory > ws_bytes ? CUDNN_STATUS_ALLOC_FAILED
                                                      : CUDNN_STATUS_SUCCESS;
@@ -1458,7 +1593,9 @@ static void conv_store(void *y, size_t i, int et, float alpha, A sum, float beta
     et_blend(y, i, et, r, beta);
 }
 
-/* A: the accumulator, double for fp32 data and float (fp32 accumulation) for 16-bit */
+/* A: the accumulator, double for fp32 data and float (fp32 accumulation) for 16-bit and in fast
+ * mode (TF32, FFT / Winograd, non-deterministic: see tl_tf32); the backward reductions start
+ * tl_rot in (a non-deterministic algorithm's changing order) */
 template <typename A>
 static void conv_fwd(float alpha, const emu_tensor_desc *xd, const void *x,
                      const emu_filter_desc *wd, const void *w, const emu_conv_desc *c,
@@ -1477,8 +1614,8 @@ static void conv_fwd(float alpha, const emu_tensor_desc *xd, const void *x,
                             for (int kw = 0; kw < wd->w; kw++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                s += (A)et_load(x, tidx(xd, n, ci, ih, iw), et) *
-                                     (A)et_load(w, fidx(wd, o, ci, kh, kw), et);
+                                s += (A)op_load(x, tidx(xd, n, ci, ih, iw), et) *
+                                     (A)op_load(w, fidx(wd, o, ci, kh, kw), et);
                             }
                         }
                     conv_store(y, tidx(yd, n, o, oh, ow), et, alpha, s, beta);
@@ -1494,10 +1631,11 @@ static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const void *w,
     size_t nx = tcount(xd);
     std::vector<A> acc(nx, 0);
     for (int n = 0; n < yd->n; n++)
-        for (int o = 0; o < yd->c; o++)
+        for (int oo = 0; oo < yd->c; oo++) {
+            const int o = (int)(((unsigned)oo + (unsigned)tl_rot) % (unsigned)yd->c);
             for (int oh = 0; oh < yd->h; oh++)
                 for (int ow = 0; ow < yd->w; ow++) {
-                    A g = et_load(dy, tidx(yd, n, o, oh, ow), et);
+                    A g = op_load(dy, tidx(yd, n, o, oh, ow), et);
                     for (int ci = 0; ci < xd->c; ci++)
                         for (int kh = 0; kh < wd->h; kh++) {
                             int ih = oh * c->u - c->ph + kh * c->dh;
@@ -1506,10 +1644,11 @@ static void conv_bwd_data(float alpha, const emu_filter_desc *wd, const void *w,
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
                                 acc[tidx(xd, n, ci, ih, iw)] +=
-                                    g * (A)et_load(w, fidx(wd, o, ci, kh, kw), et);
+                                    g * (A)op_load(w, fidx(wd, o, ci, kh, kw), et);
                             }
                         }
                 }
+        }
     for (size_t i = 0; i < nx; i++) conv_store(dx, i, et, alpha, acc[i], beta);
 }
 
@@ -1524,17 +1663,21 @@ static void conv_bwd_filter(float alpha, const emu_tensor_desc *xd, const void *
             for (int kh = 0; kh < wd->h; kh++)
                 for (int kw = 0; kw < wd->w; kw++) {
                     A s = 0;
-                    for (int n = 0; n < yd->n; n++)
-                        for (int oh = 0; oh < yd->h; oh++) {
+                    const unsigned rows = (unsigned)yd->n * (unsigned)yd->h;
+                    for (unsigned q = 0; q < rows; q++) {
+                        const unsigned qq = (q + (unsigned)tl_rot) % rows;
+                        const int n = (int)(qq / (unsigned)yd->h), oh = (int)(qq % (unsigned)yd->h);
+                        {
                             int ih = oh * c->u - c->ph + kh * c->dh;
                             if (ih < 0 || ih >= xd->h) continue;
                             for (int ow = 0; ow < yd->w; ow++) {
                                 int iw = ow * c->v - c->pw + kw * c->dw;
                                 if (iw < 0 || iw >= xd->w) continue;
-                                s += (A)et_load(dy, tidx(yd, n, o, oh, ow), et) *
-                                     (A)et_load(x, tidx(xd, n, ci, ih, iw), et);
+                                s += (A)op_load(dy, tidx(yd, n, o, oh, ow), et) *
+                                     (A)op_load(x, tidx(xd, n, ci, ih, iw), et);
                             }
                         }
+                    }
                     conv_store(dw, fidx(wd, o, ci, kh, kw), et, alpha, s, beta);
                 }
 }
@@ -1549,7 +1692,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, cudnnTensorD
 {
     cudnnStatus_t s = check_conv(x, w, c, y);
     if (s) return s;
-    fill_perf(p, req, got, FWD, N_OF(FWD), 0, 0, x->et);
+    fill_perf(p, req, got, FWD, N_OF(FWD), 0, 0, x->et, c);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -1559,7 +1702,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
 {
     cudnnStatus_t s = check_conv(dx, w, c, dy);
     if (s) return s;
-    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 0, 0, dx->et);
+    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 0, 0, dx->et, c);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -1569,7 +1712,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
 {
     cudnnStatus_t s = check_conv(x, dw, c, dy);
     if (s) return s;
-    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 0, 0, x->et);
+    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 0, 0, x->et, c);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1594,7 +1737,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
     emu_ws_used(ws, ws_bytes, 0);
     scribble(y, tcount(yd), yd->et);
-    fill_perf(p, req, got, FWD, N_OF(FWD), 1, ws_bytes, xd->et);
+    fill_perf(p, req, got, FWD, N_OF(FWD), 1, ws_bytes, xd->et, c);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
@@ -1612,7 +1755,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
     emu_ws_used(ws, ws_bytes, 0);
     scribble(dx, tcount(dxd), dxd->et);
-    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 1, ws_bytes, dxd->et);
+    fill_perf(p, req, got, BWD_DATA, N_OF(BWD_DATA), 1, ws_bytes, dxd->et, c);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
@@ -1630,7 +1773,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     if (ws_bytes) memset(ws, 0x5A, ws_bytes);
     emu_ws_used(ws, ws_bytes, 0);
     scribble(dw, fcount(dwd), dwd->et);
-    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 1, ws_bytes, xd->et);
+    fill_perf(p, req, got, BWD_FILTER, N_OF(BWD_FILTER), 1, ws_bytes, xd->et, c);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, cudnnTensorDescriptor_t,
@@ -1662,28 +1805,49 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* the backend's parity mode must never run these: a refused algorithm, and for fp32 data any
- * math but FMA (no TF32); 16-bit data may use tensor cores (products exact in fp32) */
-static int parity_violation(const emu_conv_desc *c, int et, int refused)
+/* how a convolution runs (CONV_RUN sets tl_tf32, tl_fp32 and tl_rot from it) */
+struct conv_how {
+    int tf32, fp32, rot;
+};
+/* A convolution's mode before it runs: 16-bit data never down-converted
+ * (TENSOR_OP_MATH_ALLOW_CONVERSION); fp32 data under any math but FMA is TF32; kind FAST_NONDET
+ * or FAST_FFT_WINOGRAD names such an algorithm (-1: a plain one). Fast mode's calls are counted,
+ * or refused under EMU_PARITY=1: nonzero, with a message. */
+static int conv_mode(const emu_conv_desc *c, int et, int kind, conv_how *how)
 {
-    const int math_ok = et == ET_F32 ? c->math == CUDNN_FMA_MATH
-                                     : c->math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    if (!math_ok || refused) {
-        fprintf(stderr, "emu cudnn: a refused algorithm or math type ran (math %d, %s data)\n",
-                c->math, et_name(et));
+    const int tf32 = et == ET_F32 && c->math != CUDNN_FMA_MATH;
+    if (et != ET_F32 && c->math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+        fprintf(stderr, "emu cudnn: %s data with down-conversion math\n", et_name(et));
         return 1;
     }
+    if ((tf32 || kind >= 0) && emu_strict_parity()) {
+        fprintf(stderr, "emu cudnn: a refused algorithm or math type ran (math %d, %s data, %s; "
+                        "EMU_PARITY=1: parity mode only)\n", c->math, et_name(et),
+                kind == FAST_NONDET ? "non-deterministic" : kind >= 0 ? "FFT/Winograd" : "TF32");
+        return 1;
+    }
+    if (tf32) fast_count(FAST_TF32_CONV);
+    if (kind >= 0) fast_count(kind);
+    how->tf32 = tf32;
+    how->fp32 = tf32 || kind >= 0;
+    how->rot = kind == FAST_NONDET
+                   ? (int)(__atomic_add_fetch(&g_nondet_order, 7, __ATOMIC_RELAXED) & 0xffff)
+                   : 0;
     return 0;
 }
 
-/* runs a convolution direction on the element type of its data */
-#define CONV_RUN(fn, et, ...)                                                                  \
+/* runs a convolution direction on the element type of its data, as how says */
+#define CONV_RUN(fn, et, how, ...)                                                             \
     do {                                                                                       \
         __atomic_fetch_add(&g_lib_calls[0][et], 1, __ATOMIC_RELAXED);                          \
-        if ((et) == ET_F32)                                                                    \
+        tl_tf32 = (how).tf32;                                                                  \
+        tl_fp32 = (how).fp32;                                                                  \
+        tl_rot = (how).rot;                                                                    \
+        if ((et) == ET_F32 && !tl_fp32)                                                        \
             fn<double>(__VA_ARGS__);                                                           \
         else                                                                                   \
             fn<float>(__VA_ARGS__);                                                            \
+        tl_tf32 = tl_fp32 = tl_rot = 0;                                                        \
     } while (0)
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
@@ -1696,14 +1860,15 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
     cudnnStatus_t s = check_conv(xd, wd, c, yd);
     if (s) return s;
     dnn_engine_module(xd->et, 0, c->u);
-    if (parity_violation(c, xd->et, a >= CUDNN_CONVOLUTION_FWD_ALGO_FFT))
+    conv_how how;
+    if (conv_mode(c, xd->et, a >= CUDNN_CONVOLUTION_FWD_ALGO_FFT ? FAST_FFT_WINOGRAD : -1, &how))
         return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(FWD, N_OF(FWD), a), ws, ws_bytes))) return s;
     if (dnn_use(h, x, tbytes(xd), w, fbytes(wd), y, tbytes(yd), *(const float *)beta != 0.0f, ws,
                 find_offer(FWD, N_OF(FWD), a)->memory, "cudnnConvolutionForward"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    CONV_RUN(conv_fwd, xd->et, *(const float *)alpha, xd, x, wd, w, c, *(const float *)beta, yd,
+    CONV_RUN(conv_fwd, xd->et, how, *(const float *)alpha, xd, x, wd, w, c, *(const float *)beta, yd,
              y);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1718,7 +1883,11 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
     cudnnStatus_t s = check_conv(dxd, wd, c, dyd);
     if (s) return s;
     dnn_engine_module(dxd->et, 1, c->u);
-    if (parity_violation(c, dxd->et, a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1))
+    conv_how how;
+    if (conv_mode(c, dxd->et, a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1   ? -1
+                              : a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 ? FAST_NONDET
+                                                                       : FAST_FFT_WINOGRAD,
+                  &how))
         return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(BWD_DATA, N_OF(BWD_DATA), a), ws, ws_bytes))) return s;
     if (dnn_use(h, w, fbytes(wd), dy, tbytes(dyd), dx, tbytes(dxd), *(const float *)beta != 0.0f,
@@ -1726,7 +1895,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
                 "cudnnConvolutionBackwardData"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    CONV_RUN(conv_bwd_data, dxd->et, *(const float *)alpha, wd, w, dyd, dy, c,
+    CONV_RUN(conv_bwd_data, dxd->et, how, *(const float *)alpha, wd, w, dyd, dy, c,
              *(const float *)beta, dxd, dx);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1741,7 +1910,14 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
     cudnnStatus_t s = check_conv(xd, dwd, c, dyd);
     if (s) return s;
     dnn_engine_module(xd->et, 2, c->u);
-    if (parity_violation(c, xd->et, a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1))
+    conv_how how;
+    if (conv_mode(c, xd->et,
+                  a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ? -1
+                  : a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
+                          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3
+                      ? FAST_NONDET
+                      : FAST_FFT_WINOGRAD,
+                  &how))
         return CUDNN_STATUS_BAD_PARAM;
     if ((s = use_workspace(find_offer(BWD_FILTER, N_OF(BWD_FILTER), a), ws, ws_bytes))) return s;
     if (dnn_use(h, x, tbytes(xd), dy, tbytes(dyd), dw, fbytes(dwd), *(const float *)beta != 0.0f,
@@ -1749,7 +1925,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
                 "cudnnConvolutionBackwardFilter"))
         return CUDNN_STATUS_EXECUTION_FAILED;
     emu_enqueued(h->stream);
-    CONV_RUN(conv_bwd_filter, xd->et, *(const float *)alpha, xd, x, dyd, dy, c,
+    CONV_RUN(conv_bwd_filter, xd->et, how, *(const float *)alpha, xd, x, dyd, dy, c,
              *(const float *)beta, dwd, dw);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1921,9 +2097,44 @@ static int selfcheck_typed(cublasHandle_t bl, cudnnHandle_t dn, cudaStream_t s, 
     cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 4, 1, 1);
     cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, 1, 1);
     cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 1, 4, 1, 1);
+    /* ... TF32: x = (1 + 2^-11, 1 + 2^-11, 0, 0) . (1, 1, 1, 1) is 2 + 2^-10 in fp32 and 2 with
+     * operands rounded to 10-bit mantissas (each a tie to even); refused with EMU_PARITY=1 */
+    for (int i = 0; i < 4; i++) {
+        dev[128 + i] = i < 2 ? 1.0f + 1.0f / 2048 : 0.0f;
+        dev[136 + i] = 1.0f;
+    }
+    const char *strict = getenv("EMU_PARITY");
+    char keep_strict[8] = "";
+    if (strict) snprintf(keep_strict, sizeof keep_strict, "%s", strict);
+    setenv("EMU_PARITY", "1", 1);
     SELF(cudnnConvolutionForward(dn, &one, xd, dev + 128, wd, dev + 136, cd, ig, NULL, 0, &zero,
                                  yd, dev + 144) == CUDNN_STATUS_BAD_PARAM,
-         "an fp32 convolution with tensor-op math (TF32)");
+         "an fp32 convolution with tensor-op math (TF32) under EMU_PARITY=1");
+    cublasSetMathMode(bl, CUBLAS_TF32_TENSOR_OP_MATH);
+    SELF(cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, dev + 128, 1, dev + 136, 4,
+                     &zero, dev + 144, 1) == CUBLAS_STATUS_NOT_SUPPORTED,
+         "an SGEMM with TF32 math under EMU_PARITY=1");
+    unsetenv("EMU_PARITY");
+    SELF(cudnnConvolutionForward(dn, &one, xd, dev + 128, wd, dev + 136, cd, ig, NULL, 0, &zero,
+                                 yd, dev + 144) == CUDNN_STATUS_SUCCESS &&
+             dev[144] == 2.0f,
+         "an fp32 convolution with tensor-op math: %.9g, want 2 (TF32 operands)", dev[144]);
+    SELF(cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, dev + 128, 1, dev + 136, 4,
+                     &zero, dev + 144, 1) == CUBLAS_STATUS_SUCCESS &&
+             dev[144] == 2.0f,
+         "an SGEMM with TF32 math: %.9g, want 2 (TF32 operands)", dev[144]);
+    cublasSetMathMode(bl, CUBLAS_PEDANTIC_MATH);
+    cudnnSetConvolutionMathType(cd, CUDNN_FMA_MATH);
+    SELF(cudnnConvolutionForward(dn, &one, xd, dev + 128, wd, dev + 136, cd, ig, NULL, 0, &zero,
+                                 yd, dev + 144) == CUDNN_STATUS_SUCCESS &&
+             dev[144] == 2.0f + 1.0f / 1024 &&
+             cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, dev + 128, 1, dev + 136, 4,
+                         &zero, dev + 152, 1) == CUBLAS_STATUS_SUCCESS &&
+             dev[152] == 2.0f + 1.0f / 1024,
+         "fp32 convolution / SGEMM with FMA / pedantic math: %.9g, %.9g, want 2.0009765625",
+         dev[144], dev[152]);
+    if (strict) setenv("EMU_PARITY", keep_strict, 1);
+    cudnnSetConvolutionMathType(cd, CUDNN_TENSOR_OP_MATH);
     /* bfloat16 on a device without it */
     setenv("EMU_CC", "75", 1);
     cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, 4, 1, 1);
