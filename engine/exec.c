@@ -1,6 +1,9 @@
 /* exec.c - runs a planned graph through a backend out of one allocation.
  * Debug aids for the planner's honesty tests: NaN poisoning of dead storages, canary gaps
  * (arena storages, workspace) checked after every op, and the arena high-water mark.
+ * The step on the device and graphs (exec.h): run_graphed runs a kind of work as it comes, then
+ * captures it once and replays the capture; the per-step values reach the captured kernels as
+ * the backend's device scalars (step_set), never as arguments frozen in the capture.
  */
 #include "exec.h"
 
@@ -14,6 +17,21 @@
 
 #define FILL_BITS 0x7FA5A5A5u   /* a NaN: reading never-written arena memory shows up */
 #define POISON_BITS 0x7FC0DEADu /* a NaN: reading a dead tensor shows up */
+
+/* the kinds of work an executor captures, one graph each */
+enum {
+    EG_FB_FIRST = 0, /* a forward and backward that zeroes the gradients first */
+    EG_FB_ACCUM,     /* ... that accumulates into them (a later micro-batch) */
+    EG_OPTIM,        /* the optimizer step */
+    EG_FORWARD,      /* an evaluation forward (sampling, validation) */
+    EG_N
+};
+
+struct exec_graph {
+    bk_graph *g;     /* the capture, once made */
+    int runs;        /* runs so far: the first runs as it comes */
+    int off;         /* the capture was refused: runs as it comes from now on */
+};
 
 struct exec {
     const struct graph *g;
@@ -53,6 +71,17 @@ struct exec {
      * takes to the host block: per run op k, the parameter gradients final after it (written
      * by no later op), gout[gout_start[k] .. gout_start[k + 1]); NULL otherwise */
     int *gout_start, *gout;
+    /* the step on the device (the backend's step_* entries): a training plan without offload
+     * (whose optimizer runs on the host) and without a cross-entropy loss */
+    int dev;
+    int ls_host;                /* dev, f16: ls holds the loss scale's state (exec_loss_scaler
+                                 * gave it out): to the device before the next step */
+    struct exec_graph gr[EG_N];
+    struct bk_optim gr_optim;   /* the constants the optimizer's capture was made with */
+    /* the host's way (not dev): the step's loss so far, and the optimizer steps' log */
+    double step_loss;
+    struct exec_step_stats hlog[EXEC_STEP_LOG];
+    unsigned long long hlog_n, hlog_read;
 };
 
 /* the executor whose host block a training run of e fills: e, or the host of a shared plan */
@@ -87,6 +116,8 @@ float *exec_tensor(struct exec *e, int id)
 void exec_free(struct exec *e)
 {
     if (!e) return;
+    for (int k = 0; k < EG_N; k++)
+        if (e->gr[k].g) e->bk->graph_free(e->gr[k].g, e->ctx);
     if (e->hbase_locked) {
         /* the copy stream may still read or write it */
         if (e->bk->copy_sync) (void)e->bk->copy_sync(e->ctx);
@@ -335,6 +366,41 @@ static void init_error_nomem(const struct exec_opts *opts)
              "out of host memory for the executor");
 }
 
+/* whether e takes the step on the device: the backend has it, e trains without offload (its own
+ * or its host's: the optimizer then runs on the host) and its loss is an fp32 MSE (the device's
+ * loss scale reaches mse_step_bwd only) */
+static int dev_capable(const struct exec *e)
+{
+    const struct backend *bk = e->bk;
+    if (!bk->step_set || !bk->dropout_step_fwd || !bk->dropout_step_bwd || !bk->mse_step_bwd ||
+        !bk->loss_step_add || !bk->optim_step || !bk->scaler_set || !bk->step_read)
+        return 0;
+    if (e->p->inference || e->p->offload || (e->host && e->host->p->offload)) return 0;
+    for (int k = 0; k < e->g->n_ops; k++)
+        if (e->g->ops[k].type == OP_XENT) return 0;
+    return e->loss_tensor < 0 || e->g->tensors[e->loss_tensor]->dtype == DTYPE_F32;
+}
+
+/* the host's loss scale state to the device (in stream order) */
+static int scaler_upload(struct exec *e)
+{
+    const struct bk_scaler sc = {e->ls.scale, e->ls.good_steps, e->ls.skipped};
+    int rc = e->bk->scaler_set(&sc, e->ctx);
+    if (rc) return bk_fail(e, rc, -1, "setting the device's loss scale");
+    e->ls_host = 0;
+    return EXEC_OK;
+}
+
+/* a job executor's device scalars at the start: its loss scale, an empty step log */
+static int dev_start(struct exec *e)
+{
+    int rc = scaler_upload(e);
+    if (rc) return rc;
+    const struct bk_step st = {.reset = 1};
+    rc = e->bk->step_set(&st, e->ctx);
+    return rc ? bk_fail(e, rc, -1, "resetting the device's step scalars") : EXEC_OK;
+}
+
 int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
               const struct backend *bk, const struct exec_opts *opts)
 {
@@ -377,6 +443,8 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
     }
     e->alloc_bytes = p->total_bytes;
     if ((rc = exec_setup(e, 0))) return exec_init_failed(e, opts, rc);
+    e->dev = dev_capable(e);
+    if (e->dev && (rc = dev_start(e))) return exec_init_failed(e, opts, rc);
     if (p->offload) {
         /* the host block, page-locked where the backend can (its copies then overlap the
          * backward): zeroed like the persistent part (parameter padding stays zero) */
@@ -443,6 +511,7 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
     }
     /* only the nested plan's own bytes start fresh: its parameters are the host's */
     if ((rc = exec_setup(e, sub->inputs_off))) return exec_init_failed(e, opts, rc);
+    e->dev = host->dev && dev_capable(e);
     *out = e;
     return EXEC_OK;
 }
@@ -1030,6 +1099,7 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_MSE:
         return bk->mse_fwd(Q(0), P(0), P(1), t0->numel, c);
     case OP_MSE_BWD:
+        if (e->dev) return bk->mse_step_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
         return bk->mse_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], t0->numel, c);
     case OP_XENT:
         return bk->xent_fwd(Q(0), Q(1), P(0), P(1), o->a.lin.m, o->a.lin.n, c);
@@ -1054,6 +1124,10 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     case OP_DROPOUT: {
         if (e->eval) return copy_grad(e, Q(0), P(0), 0, t0->numel, kd);
         const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
+        /* the step on the device: seed, step and sample base are step_set's (graph replays) */
+        if (e->dev)
+            return bk->dropout_step_fwd(Q(0), P(0), o->a.dr.p, (uint32_t)src, o->a.dr.n,
+                                        o->a.dr.per_sample, chans, kd, c);
         return tk ? tk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
                                     o->a.dr.n, o->a.dr.per_sample, chans, kd, c)
                   : bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
@@ -1061,6 +1135,9 @@ static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint6
     }
     case OP_DROPOUT_BWD: {
         const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
+        if (e->dev)
+            return bk->dropout_step_bwd(Q(0), P(0), o->a.dr.p, (uint32_t)o->fwd, o->accum[0],
+                                        o->a.dr.n, o->a.dr.per_sample, chans, kd, c);
         return tk ? tk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd,
                                     sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
                                     chans, kd, c)
@@ -1126,11 +1203,10 @@ static int copies_fence(struct exec *e)
     return bk_check(e, e->bk->copy_fence(e->ctx), "ordering the offload copies");
 }
 
+/* ops [from, to) (the caller bound the workspace: bind_workspace) */
 static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64_t seed,
                      uint64_t step, int sample_base)
 {
-    int brc = bind_workspace(e);
-    if (brc) return brc;
     for (int k = from; k < to; k++) {
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
@@ -1169,36 +1245,138 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
     return EXEC_OK;
 }
 
-int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
-                          uint64_t step, int sample_base, float *loss)
+/* Runs body(e, arg) - one kind of work, `kind` - as it comes the first time, captures it the
+ * second time and launches the capture, and from then on launches the capture only. The body
+ * must enqueue the same work with the same arguments every time (per-step values go through the
+ * backend's device scalars). Graphs are off without the backend's graph_*, with exec_opts.eager,
+ * check_guards (the host reads canaries after every op) and profile (per-op host timing); a
+ * capture the backend refuses (something in the body made the host wait or allocated) runs the
+ * body as it comes, then and from then on. */
+typedef int (*exec_body)(struct exec *e, void *arg);
+static int run_graphed(struct exec *e, int kind, exec_body body, void *arg)
 {
+    const struct backend *bk = e->bk;
+    struct exec_graph *gr = &e->gr[kind];
+    if (!bk->graph_begin || e->opts.eager || e->opts.check_guards || e->opts.profile || gr->off)
+        return body(e, arg);
+    int rc;
+    if (!gr->g) {
+        if (gr->runs++ == 0) return body(e, arg); /* algorithms measured, libraries warmed */
+        if ((rc = bk->graph_begin(e->ctx))) {
+            gr->off = 1;
+            return body(e, arg);
+        }
+        int brc = body(e, arg);
+        rc = bk->graph_end(&gr->g, e->ctx);
+        if (rc) {
+            /* nothing ran: all of it now, as it comes */
+            fprintf(stderr, "exec: the backend refused to capture a step (%s); running it "
+                            "without a graph\n", bk_status_name(rc));
+            gr->g = NULL;
+            gr->off = 1;
+            return body(e, arg);
+        }
+        if (brc) {
+            bk->graph_free(gr->g, e->ctx);
+            gr->g = NULL;
+            return brc;
+        }
+    }
+    rc = bk->graph_launch(gr->g, e->ctx);
+    return rc ? bk_fail(e, rc, -1, "launching a captured step") : EXEC_OK;
+}
+
+/* a capture made with other arguments than the next run's: made again */
+static void graph_drop(struct exec *e, int kind)
+{
+    struct exec_graph *gr = &e->gr[kind];
+    if (gr->g) e->bk->graph_free(gr->g, e->ctx);
+    gr->g = NULL;
+    gr->runs = 0;
+}
+
+struct fb_args {
+    int zero_grads;
+    float dloss_scale;
+    uint64_t seed, step;
+    int sample_base;
+};
+
+static int fb_body(struct exec *e, void *arg)
+{
+    const struct fb_args *a = arg;
     const struct plan *p = e->p;
     int rc;
-    if (p->inference)
-        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no backward");
-    /* the last micro-batch's gradient copies still read what this one writes */
-    if (offload_owner(e) && (rc = copies_fence(e))) return rc;
-    if (zero_grads &&
+    if (a->zero_grads &&
         (rc = e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4,
                                  e->ctx)))
         return bk_fail(e, rc, -1, "zeroing the gradients");
     /* a nested plan's run may have overwritten the workspace canaries */
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     if ((rc = refresh_work(e))) return rc;
-    rc = run_range(e, 0, p->n_run_ops, dloss_scale * e->lsp->scale, seed, step, sample_base);
+    rc = run_range(e, 0, p->n_run_ops, a->dloss_scale, a->seed, a->step, a->sample_base);
     if (rc) return rc;
-    if (loss && e->loss_tensor >= 0) return exec_download(e, e->loss_tensor, loss);
+    if (e->dev && e->loss_tensor >= 0 &&
+        (rc = e->bk->loss_step_add(exec_tensor(e, e->loss_tensor), e->ctx)))
+        return bk_fail(e, rc, -1, "adding the loss to the step's");
     return EXEC_OK;
 }
 
-int exec_forward(struct exec *e, float *loss)
+int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
+                          uint64_t step, int sample_base, float *loss)
 {
-    int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops, rc;
+    const struct plan *p = e->p;
+    struct exec *o = e->host ? e->host : e;
+    int rc;
+    if (p->inference)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no backward");
+    /* the last micro-batch's gradient copies still read what this one writes */
+    if (offload_owner(e) && (rc = copies_fence(e))) return rc;
+    if ((rc = bind_workspace(e))) return rc;
+    struct fb_args a = {zero_grads, dloss_scale * e->lsp->scale, seed, step, sample_base};
+    if (e->dev) {
+        /* the loss scale is the device's: mse_step_bwd multiplies by it there */
+        if (o->ls_host && (rc = scaler_upload(o))) return rc;
+        const struct bk_step st = {.seed = seed, .step = step, .sample_base = sample_base,
+                                   .first = zero_grads, .dloss_scale = dloss_scale};
+        if ((rc = e->bk->step_set(&st, e->ctx)))
+            return bk_fail(e, rc, -1, "setting the step's device scalars");
+        a.dloss_scale = dloss_scale;
+        rc = run_graphed(e, zero_grads ? EG_FB_FIRST : EG_FB_ACCUM, fb_body, &a);
+    } else {
+        rc = fb_body(e, &a);
+    }
+    if (rc) return rc;
+    if (e->loss_tensor < 0) return EXEC_OK;
+    if (!e->dev) {
+        /* the host's way: the step's loss summed here */
+        float l = 0.0f;
+        if ((rc = exec_download(e, e->loss_tensor, &l))) return rc;
+        o->step_loss = (zero_grads ? 0.0 : o->step_loss) + (double)dloss_scale * (double)l;
+        if (loss) *loss = l;
+        return EXEC_OK;
+    }
+    return loss ? exec_download(e, e->loss_tensor, loss) : EXEC_OK;
+}
+
+static int fwd_body(struct exec *e, void *arg)
+{
+    const int n = *(const int *)arg;
+    int rc;
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     if ((rc = refresh_work(e))) return rc;
     e->eval = 1;
     rc = run_range(e, 0, n, 1.0f, 0, 0, 0);
     e->eval = 0;
+    return rc;
+}
+
+int exec_forward(struct exec *e, float *loss)
+{
+    int n = e->g->n_fwd_ops ? e->g->n_fwd_ops : e->g->n_ops, rc;
+    if ((rc = bind_workspace(e))) return rc;
+    /* an offloading host's steps copy on the copy stream: its forward runs as it comes */
+    rc = offload_owner(e) ? fwd_body(e, &n) : run_graphed(e, EG_FORWARD, fwd_body, &n);
     if (!rc && loss && e->loss_tensor >= 0) rc = exec_download(e, e->loss_tensor, loss);
     return rc;
 }
@@ -1230,18 +1408,123 @@ static int optimizer_timed(struct exec *e, const struct optim_config *c, int64_t
     return rc;
 }
 
+static int optim_body(struct exec *e, void *arg)
+{
+    const struct plan *p = e->p;
+    float *ema = (float *)(e->base + p->ema_off);
+    int rc = e->bk->optim_step((float *)(e->base + p->params_off),
+                               (float *)(e->base + p->adam_m_off),
+                               (float *)(e->base + p->adam_v_off), ema,
+                               (const float *)(e->base + p->grads_off), p->params_bytes / 4,
+                               (const struct bk_optim *)arg, e->ctx);
+    return rc ? bk_fail(e, rc, -1, "the optimizer step") : EXEC_OK;
+}
+
+/* the step on the device: lr and t as device scalars, the rest the capture's constants */
+static int optimizer_dev(struct exec *e, const struct optim_config *c, int64_t t, float lr,
+                         float *grad_norm)
+{
+    const struct strategy_loss_scale *lc = &e->p->strategy.loss_scale;
+    int rc;
+    if (e->ls_host && (rc = scaler_upload(e))) return rc;
+    const struct bk_step st = {.lr = lr, .t = t};
+    if ((rc = e->bk->step_set(&st, e->ctx)))
+        return bk_fail(e, rc, -1, "setting the step's device scalars");
+    struct bk_optim o = {.beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps,
+                         .weight_decay = c->weight_decay, .clip = c->clip,
+                         .ema_decay = c->ema_decay, .scaling = e->scaling};
+    if (e->scaling) {
+        o.growth = lc->growth;
+        o.backoff = lc->backoff;
+        o.growth_interval = lc->growth_interval;
+    }
+    if (e->gr[EG_OPTIM].runs && memcmp(&o, &e->gr_optim, sizeof o)) graph_drop(e, EG_OPTIM);
+    e->gr_optim = o;
+    if ((rc = run_graphed(e, EG_OPTIM, optim_body, &o))) return rc;
+    if (grad_norm) {
+        struct bk_step_rec last;
+        if ((rc = e->bk->step_read(&last, NULL, NULL, 0, NULL, e->ctx)))
+            return bk_fail(e, rc, -1, "reading the gradient norm");
+        *grad_norm = last.grad_norm;
+    }
+    return EXEC_OK;
+}
+
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm)
 {
-    if (!e->scaling) return optimizer_timed(e, c, t, lr, 1.0f, 0, grad_norm, NULL);
-    /* f16: the gradients are the loss scale's multiple; AdamW counts applied steps only */
-    int applied = 0;
-    int rc = optimizer_timed(e, c, t - e->lsp->skipped, lr, e->lsp->scale, 1, grad_norm, &applied);
-    if (!rc) loss_scaler_update(e->lsp, &e->p->strategy.loss_scale, applied);
-    return rc;
+    if (e->p->inference)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no optimizer state");
+    if (e->dev) {
+        double t0 = e->opts.profile ? prof_seconds(e) : 0.0;
+        int rc = optimizer_dev(e, c, t, lr, grad_norm);
+        if (e->opts.profile) {
+            e->prof.optim_seconds += prof_seconds(e) - t0;
+            e->prof.optim_calls++;
+        }
+        return rc;
+    }
+    float norm = 0.0f;
+    int applied = 1, rc;
+    if (!e->scaling) {
+        rc = optimizer_timed(e, c, t, lr, 1.0f, 0, &norm, NULL);
+    } else {
+        /* f16: the gradients are the loss scale's multiple; AdamW counts applied steps only */
+        applied = 0;
+        rc = optimizer_timed(e, c, t - e->lsp->skipped, lr, e->lsp->scale, 1, &norm, &applied);
+        if (!rc) loss_scaler_update(e->lsp, &e->p->strategy.loss_scale, applied);
+    }
+    if (rc) return rc;
+    if (grad_norm) *grad_norm = norm;
+    const struct exec_step_stats r = {(float)e->step_loss, norm, e->lsp->scale, applied};
+    e->hlog[e->hlog_n++ % EXEC_STEP_LOG] = r;
+    return EXEC_OK;
 }
 
-struct loss_scaler *exec_loss_scaler(struct exec *e) { return e->lsp; }
+struct loss_scaler *exec_loss_scaler(struct exec *e)
+{
+    struct exec *o = e->host ? e->host : e;
+    if (o->dev && o->scaling && !o->ls_host) {
+        /* the device's state, which this copy now is until the next step takes it back */
+        struct bk_scaler sc;
+        int rc = o->bk->step_read(NULL, &sc, NULL, 0, NULL, o->ctx);
+        if (!rc) {
+            o->ls.scale = sc.scale;
+            o->ls.good_steps = sc.good_steps;
+            o->ls.skipped = sc.skipped;
+            o->ls_host = 1;
+        } else {
+            bk_fail(o, rc, -1, "reading the device's loss scale");
+        }
+    }
+    return e->lsp;
+}
+
+int exec_step_log(struct exec *e, struct exec_step_stats *out, int max, int *n)
+{
+    struct exec *o = e->host ? e->host : e;
+    *n = 0;
+    if (o->p->inference)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no optimizer steps");
+    if (max > EXEC_STEP_LOG) max = EXEC_STEP_LOG;
+    if (o->dev) {
+        struct bk_step_rec r[EXEC_STEP_LOG];
+        int got = 0, rc = o->bk->step_read(NULL, NULL, r, max, &got, o->ctx);
+        if (rc) return bk_fail(o, rc, -1, "reading the step log");
+        for (int i = 0; i < got; i++)
+            out[i] = (struct exec_step_stats){r[i].loss, r[i].grad_norm, r[i].scale, r[i].applied};
+        *n = got;
+        return EXEC_OK;
+    }
+    unsigned long long from = o->hlog_read;
+    if (o->hlog_n > EXEC_STEP_LOG && from < o->hlog_n - EXEC_STEP_LOG)
+        from = o->hlog_n - EXEC_STEP_LOG;
+    int k = 0;
+    for (; from < o->hlog_n && k < max; from++) out[k++] = o->hlog[from % EXEC_STEP_LOG];
+    o->hlog_read = from;
+    *n = k;
+    return EXEC_OK;
+}
 
 void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c)
 {

@@ -1,6 +1,12 @@
 /* exec.h - the executor: takes a job's one allocation (plan.total_bytes), binds every tensor to
  * its planned address and runs forward, backward, clipping, AdamW and EMA through a backend.
  * Nothing is allocated after exec_init; a nested executor (exec_init_nested) allocates nothing.
+ * On a backend with the step on the device (backend.h's step_* entries: CUDA) a training step
+ * never makes the host wait: dropout's coordinates, the loss scale and clipping's norm are device
+ * scalars, the loss and norm are read when logged (exec_step_log). Where the backend has graphs,
+ * each kind of run (a micro-batch's forward and backward, the optimizer step, an evaluation
+ * forward) runs as it comes the first time (convolution algorithms are measured then), is
+ * captured the second time and replayed from then on, with the same results.
  */
 #ifndef DDPMD_EXEC_H
 #define DDPMD_EXEC_H
@@ -45,6 +51,9 @@ struct exec_opts {
     struct exec_error *init_error; /* may be NULL: where a failing exec_init says why */
     size_t budget;        /* the device budget the backend enforces (0: none): the reservation
                            * and any later request beyond it fail with EXEC_ERR_BUDGET */
+    int eager;            /* never capture a graph (the backend's graph_*): every run as it
+                           * comes. Graphs are also off with check_guards and profile, and for
+                           * an offloading plan's steps (the optimizer runs on the host) */
 };
 
 /* seconds (exec_opts.profile's clock) accumulated since exec_init or the last
@@ -120,14 +129,34 @@ int exec_reset_state(struct exec *e);
  * EXEC_ERR_ARG. */
 int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uint64_t seed,
                           uint64_t step, int sample_base, float *loss);
+/* (loss non-NULL waits for the device to read it; NULL does not: the step's loss is in
+ * exec_step_log's record of the optimizer step that follows) */
 /* forward only (ops [0, n_fwd_ops)) in evaluation mode (dropout is the identity): for
  * sampling and validation. loss (host, may be NULL) gets the MSE output when the graph has one. */
 int exec_forward(struct exec *e, float *loss);
 
+/* One optimizer step's results, as exec_step_log gives them. */
+struct exec_step_stats {
+    float loss;       /* the step's loss: its micro-batches' losses times their dloss_scale
+                       * (exec_forward_backward's), summed in double */
+    float grad_norm;  /* the global gradient norm before clipping, unscaled */
+    float loss_scale; /* f16: the loss scale after the step's update; 1 otherwise */
+    int applied;      /* 0: f16 skipped the step (inf/NaN gradients) */
+};
+#define EXEC_STEP_LOG 256 /* the optimizer steps exec_step_log can give at once */
+
+/* The optimizer steps of the training executor e (or its nested ones' host) since the last call,
+ * oldest first: *n of them, at most max. Older ones than EXEC_STEP_LOG are lost (*n counts only
+ * those given): call it at least every EXEC_STEP_LOG steps. Waits for the device: the one place
+ * a training loop needs to, when it logs. */
+int exec_step_log(struct exec *e, struct exec_step_stats *out, int max, int *n);
+
 /* learning rate of 0-based step s */
 float optim_lr(const struct optim_config *c, int64_t s);
 /* clip (global norm), AdamW with bias correction at 1-based step t, EMA. grad_norm: the norm
- * before clipping (host, may be NULL). In f16 training: loss-scaled, see struct loss_scaler. */
+ * before clipping (host, may be NULL: on a backend with the step on the device, asking for it
+ * waits for the device; exec_step_log gives it later). In f16 training: loss-scaled, see struct
+ * loss_scaler. */
 int exec_optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                         float *grad_norm);
 
@@ -148,7 +177,9 @@ struct loss_scaler {
 void loss_scaler_init(struct loss_scaler *s, const struct strategy_loss_scale *c);
 /* after a step: its gradients were all finite or not */
 void loss_scaler_update(struct loss_scaler *s, const struct strategy_loss_scale *c, int finite);
-/* the executor's loss scale state (scale 1 and never skipping outside f16 training) */
+/* the executor's loss scale state (scale 1 and never skipping outside f16 training). Where the
+ * device keeps it, this waits for the device and copies it here; what the caller writes into it
+ * before the next step is the state that step starts from (a resume's). */
 struct loss_scaler *exec_loss_scaler(struct exec *e);
 
 /* NULL unless exec_opts.profile was set */

@@ -25,6 +25,7 @@ extern "C" {
  */
 
 typedef struct bk_ctx bk_ctx; /* per-job: thread count, stream, library handles */
+typedef struct bk_graph bk_graph; /* a captured piece of work (graph_end), replayed by graph_launch */
 
 /* element types of device buffers (graph.h's tensor dtypes are these values). Every kernel
  * computes in fp32 on fp32 buffers unless its entry says otherwise. The typed kernels
@@ -92,6 +93,47 @@ struct bk_adamw {
     float lr, beta1, beta2, eps, weight_decay;
     float bias_c1;          /* 1 - beta1^t */
     float bias_c2_sqrt;     /* sqrt(1 - beta2^t) */
+};
+
+/* ---- the step on the device (the optional step_* entries at the end of struct backend) ---- */
+
+/* the host's values of one forward/backward (seed .. first) or optimizer step (lr, t), which the
+ * step_* kernels read on the device when they run (step_set) */
+struct bk_step {
+    uint64_t seed, step;    /* dropout's Philox coordinates (dropout_fwd's) */
+    int sample_base;        /* dropout's: the micro-batch's first sample in the effective batch */
+    int first;              /* the step's first micro-batch: its loss starts the step's sum */
+    float dloss_scale;      /* the loss gradient's factor (mse_bwd's) before the loss scale; also
+                             * the micro-batch loss's weight in the step's loss */
+    float lr;               /* the optimizer step's learning rate */
+    int64_t t;              /* its 1-based step count, skipped steps included */
+    int reset;              /* the context's step log starts empty, the step's loss at 0 */
+};
+
+/* the optimizer step's constants (optim_step): PyTorch's AdamW, clipping, EMA and f16's dynamic
+ * loss scaling (struct strategy_loss_scale's fields) */
+struct bk_optim {
+    float beta1, beta2, eps, weight_decay;
+    float clip;             /* max global gradient norm; 0: none */
+    float ema_decay;        /* 0: no EMA */
+    int scaling;            /* dynamic loss scaling: an inf/NaN gradient skips the step */
+    float growth, backoff;
+    int growth_interval;
+};
+
+/* the dynamic loss scale's state (exec.h's struct loss_scaler) */
+struct bk_scaler {
+    float scale;
+    int good_steps;
+    int64_t skipped;
+};
+
+/* one optimizer step as the device recorded it (step_read) */
+struct bk_step_rec {
+    float loss;             /* the step's loss: its micro-batches' dloss_scale * loss, summed */
+    float grad_norm;        /* the global gradient norm before clipping, unscaled */
+    float scale;            /* the loss scale after the step's update */
+    int applied;            /* 0: skipped (inf/NaN gradients under loss scaling) */
 };
 
 /* a device's memory (device_mem), bytes */
@@ -373,8 +415,12 @@ struct backend {
      * Without this call they run with no workspace at all, never with one of their own (a kernel
      * that cannot: BK_ERR_INVALID). */
     int (*ctx_set_workspace)(bk_ctx *ctx, void *ws, size_t bytes);
-    /* parity mode, process-wide, default on: fp32 arithmetic only (no TF32, no Winograd or FFT
-     * convolutions), deterministic algorithms. Set before planning: workspace sizes depend on it. */
+    /* parity mode of the calling thread's later ctx_init and *_ws_bytes calls (a context keeps
+     * the mode it was made in), default on (the CUDA backend: DDPMD_CUDA_PARITY): fp32
+     * arithmetic only (no TF32, no Winograd or FFT convolutions), deterministic algorithms, the
+     * same bits every run. Off is fast mode: TF32 tensor cores for fp32 operands, the fastest
+     * measured convolution algorithm whether deterministic or not. Set before planning:
+     * workspace sizes depend on it. A backend without it (the CPU's) is deterministic anyway. */
     int (*set_parity)(int on);
     /* Philox draws on the device, equal to philox.h's on the host: y (N, per_sample) element e
      * of sample s = philox_normal / philox_u32_at(seed, tag, step, sample_base + s, op, e) */
@@ -455,6 +501,56 @@ struct backend {
     /* optional (NULL: none, the CPU's: the executor converts 16-bit operands around the fp32
      * entries): the memory-bound kernels on elements of any dtype, fused group norms included */
     const struct bk_typed *typed;
+
+    /* ---- the step on the device (optional: NULL where a backend has none, e.g. the CPU's,
+     * whose executor keeps these values on the host). A context holds a few device scalars of
+     * its own (the backend's, measured with the process like its handles, not the plan's): the
+     * values step_set enqueued, the loss scale, the step's loss and a log of the optimizer
+     * steps. The step_* kernels read them when they run, not when they are enqueued, so that a
+     * step captured once (graph_*) replays with each step's values, and the host never waits
+     * inside a step: clipping's norm and the loss scale's inf/NaN test, skip and update are
+     * decided on the device; the host reads the results when it logs them (step_read). ---- */
+    /* s's values to the context's device scalars, in stream order (s may change on return) */
+    int (*step_set)(const struct bk_step *s, bk_ctx *ctx);
+    /* the typed dropout_fwd / dropout_bwd (elements of dtype) with seed, step and sample_base
+     * from step_set */
+    int (*dropout_step_fwd)(void *y, const void *x, float p, uint32_t op, int n,
+                            size_t per_sample, int channels, int dtype, bk_ctx *ctx);
+    int (*dropout_step_bwd)(void *dx, const void *dy, float p, uint32_t op, int accum, int n,
+                            size_t per_sample, int channels, int dtype, bk_ctx *ctx);
+    /* mse_bwd with dloss_scale = step_set's dloss_scale times the device's loss scale (both
+     * fp32: their float product, as the host's) */
+    int (*mse_step_bwd)(float *dpred, const float *pred, const float *target, int accum,
+                        size_t count, bk_ctx *ctx);
+    /* the step's loss (device, double) = (first ? 0 : it) + dloss_scale * loss[0] */
+    int (*loss_step_add)(const float *loss, bk_ctx *ctx);
+    /* the whole optimizer step over the flat parameters (count floats; ema NULL without EMA):
+     * the gradients' sum of squares (sumsq's chunks and order), the norm unscaled by the loss
+     * scale, under scaling an inf/NaN skipping everything else, torch's clip coefficient, AdamW
+     * (adamw_step's arithmetic; bias corrections of t minus the skipped steps), the EMA of the
+     * new weights, the loss scale's update, and a record in the step log. lr, t: step_set's */
+    int (*optim_step)(float *w, float *m, float *v, float *ema, const float *g, size_t count,
+                      const struct bk_optim *o, bk_ctx *ctx);
+    /* the device's loss scale state <- s, in stream order */
+    int (*scaler_set)(const struct bk_scaler *s, bk_ctx *ctx);
+    /* waits for the context's stream, then: the last optimizer step's record (*last), the loss
+     * scale state (*scaler), and the records of the optimizer steps since the last step_read
+     * (oldest first: *n of them, at most max; older ones than the log holds, 256, are lost: *n
+     * counts only those given). Any pointer may be NULL. */
+    int (*step_read)(struct bk_step_rec *last, struct bk_scaler *scaler, struct bk_step_rec *recs,
+                     int max, int *n, bk_ctx *ctx);
+
+    /* ---- CUDA graphs (optional: NULL where a backend has none; the executor then runs every
+     * step as it comes). Between graph_begin and graph_end nothing the context is given runs:
+     * it is recorded, and graph_launch runs the record again, with the addresses and values
+     * it was given then (step_* kernels read theirs at the launch). Inside a capture a kernel
+     * may not make the host wait (a download, a synchronization) nor allocate. ---- */
+    int (*graph_begin)(bk_ctx *ctx);
+    /* the capture's record, ready to launch; fails (nothing made) when the capture was refused
+     * (a synchronization or an allocation inside it) */
+    int (*graph_end)(bk_graph **out, bk_ctx *ctx);
+    int (*graph_launch)(bk_graph *g, bk_ctx *ctx);
+    void (*graph_free)(bk_graph *g, bk_ctx *ctx);
 };
 
 /* the CPU backend, always present */

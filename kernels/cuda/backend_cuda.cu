@@ -148,7 +148,7 @@ int cu_launched(bk_ctx *ctx, const char *file, int line)
 {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return cu_fail_cuda(e, "kernel launch", file, line);
-    if (cu_sync_checks) {
+    if (cu_sync_checks && !ctx->capturing) { /* a capture runs nothing: nothing to wait for */
         e = cudaStreamSynchronize(ctx->stream);
         if (e != cudaSuccess) return cu_fail_cuda(e, "kernel execution", file, line);
     }
@@ -586,8 +586,9 @@ int cu_ctx_init(bk_ctx **out, int threads)
     c->copy = sl->copy;
     c->computed = sl->computed;
     c->copied = sl->copied;
+    /* fast mode: fp32 GEMMs on TF32 tensor cores */
     cublasStatus_t bs = cublasSetMathMode(c->cublas, c->parity ? CUBLAS_PEDANTIC_MATH
-                                                                : CUBLAS_DEFAULT_MATH);
+                                                                : CUBLAS_TF32_TENSOR_OP_MATH);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->cublas, NULL, 0);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         cu_fail_cublas(bs, "cublasSetMathMode/cublasSetWorkspace", __FILE__, __LINE__);
@@ -1122,6 +1123,21 @@ static void cu_table_init(void)
     t->groupnorm_bwd_ws_bytes = cu_groupnorm_bwd_ws_bytes;
     cu_typed_init(&cu_typed);
     t->typed = &cu_typed;
+    t->step_set = cu_step_set;
+    t->dropout_step_fwd = cu_dropout_step_fwd;
+    t->dropout_step_bwd = cu_dropout_step_bwd;
+    t->mse_step_bwd = cu_mse_step_bwd;
+    t->loss_step_add = cu_loss_step_add;
+    t->optim_step = cu_optim_step;
+    t->scaler_set = cu_scaler_set;
+    t->step_read = cu_step_read;
+    /* DDPMD_CUDA_GRAPHS=0: every step runs as it comes, no capture */
+    if (env_int("DDPMD_CUDA_GRAPHS", 1, 0, 1)) {
+        t->graph_begin = cu_graph_begin;
+        t->graph_end = cu_graph_end;
+        t->graph_launch = cu_graph_launch;
+        t->graph_free = cu_graph_free;
+    }
 }
 
 /* the module's one export (kernels/backend_load.c looks it up with dlsym). Touches no CUDA API:

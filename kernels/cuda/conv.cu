@@ -1,9 +1,13 @@
 /* conv.cu - 2-D convolution through cuDNN 9's convolution API: forward, backward data and
- * backward filter. Descriptors and algorithms are chosen once per (device, shape, parity) and kept
+ * backward filter. Descriptors and algorithms are chosen once per (device, shape, mode) and kept
  * in a process-wide cache. conv2d_ws_bytes ranks the algorithms with cuDNN's heuristics (no
  * device memory needed) and sizes the workspace for the best few allowed ones; the first call of
  * each direction then times them with the *Ex finders over that workspace, taken from the plan,
- * and keeps the fastest. Parity mode: CUDNN_FMA_MATH, no Winograd or FFT; always deterministic.
+ * and keeps the fastest that fits it, with the math type it was timed with (never inside a
+ * graph capture: a captured call runs the choice made before, or the heuristics' first).
+ * Parity mode: CUDNN_FMA_MATH for fp32, no Winograd or FFT, deterministic algorithms only. Fast
+ * mode (set_parity(0)): fp32 on tensor cores (TF32, CUDNN_TENSOR_OP_MATH) and any algorithm,
+ * non-deterministic ones (atomics) included.
  * cuDNN's descriptors only pad symmetrically: a conv with pad_t != pad_b or pad_l != pad_r
  * (diffusers' downsample pads right and bottom) runs unpadded over a zero-padded copy of its
  * input in the workspace, and its data gradient comes back through a cropped copy.
@@ -40,6 +44,9 @@ struct conv_entry {
     cudnnTensorDescriptor_t xd, yd;
     cudnnFilterDescriptor_t wd;
     cudnnConvolutionDescriptor_t cd;
+    /* a direction's own descriptor when its measured algorithm was timed with another math type
+     * than cd's (fast mode), else NULL: cd */
+    cudnnConvolutionDescriptor_t dcd[DIR_N];
     int ncand[DIR_N];
     int cand[DIR_N][CONV_CAND];
     size_t pad_bytes, dw_bytes, lib_bytes, ws_bytes;
@@ -83,7 +90,8 @@ static int same_shape(const struct bk_conv2d *a, const struct bk_conv2d *b)
            a->pad_l == b->pad_l && a->pad_b == b->pad_b && a->pad_r == b->pad_r;
 }
 
-/* algorithms a parity run may use: no Winograd, no FFT; and never a non-deterministic one */
+/* algorithms a parity run may use: no Winograd, no FFT; and never a non-deterministic one (also
+ * refused by row_ok, whatever a row says: the atomics below) */
 static int fwd_allowed(int a, int parity)
 {
     if (!parity) return 1;
@@ -93,8 +101,8 @@ static int fwd_allowed(int a, int parity)
 }
 static int bwd_data_allowed(int a, int parity)
 {
-    if (a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) return 0; /* atomics */
     if (!parity) return 1;
+    if (a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) return 0; /* atomics */
     return a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT &&
            a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
            a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD &&
@@ -102,9 +110,9 @@ static int bwd_data_allowed(int a, int parity)
 }
 static int bwd_filter_allowed(int a, int parity)
 {
+    if (!parity) return 1;
     if (a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
         return 0; /* atomics */
-    if (!parity) return 1;
     return a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT &&
            a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
            a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD &&
@@ -116,11 +124,18 @@ static int dir_allowed(int dir, int a, int parity)
            : dir == DIR_BWD_DATA ? bwd_data_allowed(a, parity)
                                  : bwd_filter_allowed(a, parity);
 }
-/* parity: fp32 data never on tensor cores (TF32); 16-bit data anything but down-conversion */
+/* parity: fp32 data never on tensor cores (TF32); 16-bit data anything but down-conversion;
+ * fast mode: fp32 data on tensor cores too (TF32), never down-converted to 16 bits */
 static int math_allowed(cudnnMathType_t m, int parity, int dtype)
 {
-    if (dtype != BK_DTYPE_F32) return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    return !parity || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+    if (dtype != BK_DTYPE_F32 || !parity) return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+/* the math type a convolution descriptor of the entry starts with */
+static cudnnMathType_t entry_math(int dtype, int parity)
+{
+    return dtype != BK_DTYPE_F32 || !parity ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 }
 
 static cudnnDataType_t dnn_type(int dtype)
@@ -152,7 +167,7 @@ template <typename P> static void perf_rows(struct perf_row *r, const P *p, int 
 
 static int row_ok(const struct perf_row *r, int dir, int parity, int dtype, size_t max_mem)
 {
-    return r->status == CUDNN_STATUS_SUCCESS && r->det == CUDNN_DETERMINISTIC &&
+    return r->status == CUDNN_STATUS_SUCCESS && (!parity || r->det == CUDNN_DETERMINISTIC) &&
            dir_allowed(dir, r->algo, parity) && math_allowed(r->math, parity, dtype) &&
            r->memory <= max_mem;
 }
@@ -164,6 +179,8 @@ static void entry_destroy(struct conv_entry *e)
     if (e->yd) cudnnDestroyTensorDescriptor(e->yd);
     if (e->wd) cudnnDestroyFilterDescriptor(e->wd);
     if (e->cd) cudnnDestroyConvolutionDescriptor(e->cd);
+    for (int d = 0; d < DIR_N; d++)
+        if (e->dcd[d]) cudnnDestroyConvolutionDescriptor(e->dcd[d]);
     free(e);
 }
 
@@ -189,6 +206,19 @@ static int fallback_algo(int dir)
                                  : (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
 }
 
+/* a convolution descriptor of the entry's geometry with math type m */
+static int conv_desc_make(const struct conv_entry *e, cudnnMathType_t m,
+                          cudnnConvolutionDescriptor_t *out)
+{
+    const struct bk_conv2d *s = &e->s;
+    const int ph = e->asym ? 0 : s->pad_t, pw = e->asym ? 0 : s->pad_l;
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(out));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(*out, ph, pw, s->stride, s->stride, 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(*out, m));
+    return BK_OK;
+}
+
 /* descriptors, heuristic candidates and workspace of a new entry (device current, query lock
  * held) */
 static int entry_build(struct conv_entry *e)
@@ -198,11 +228,9 @@ static int entry_build(struct conv_entry *e)
     e->asym = s->pad_t != s->pad_b || s->pad_l != s->pad_r;
     e->hp = e->asym ? s->h + s->pad_t + s->pad_b : s->h;
     e->wp = e->asym ? s->w + s->pad_l + s->pad_r : s->w;
-    const int ph = e->asym ? 0 : s->pad_t, pw = e->asym ? 0 : s->pad_l;
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->xd));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->yd));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->wd));
-    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->cd));
     const cudnnDataType_t dt = dnn_type(e->dtype);
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->xd, CUDNN_TENSOR_NHWC, dt, s->n, s->ci, e->hp,
                                            e->wp));
@@ -210,12 +238,8 @@ static int entry_build(struct conv_entry *e)
                                            s->wo));
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->wd, dt, CUDNN_TENSOR_NHWC, s->co, s->ci, s->kh,
                                            s->kw));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->cd, ph, pw, s->stride, s->stride, 1, 1,
-                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(
-        e->cd, e->dtype != BK_DTYPE_F32 ? CUDNN_TENSOR_OP_MATH
-               : e->parity              ? CUDNN_FMA_MATH
-                                        : CUDNN_DEFAULT_MATH));
+    int rc = conv_desc_make(e, entry_math(e->dtype, e->parity), &e->cd);
+    if (rc) return rc;
     /* cuDNN's idea of the output must be ours */
     int on, oc, oh, ow;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->cd, e->xd, e->wd, &on, &oc, &oh, &ow));
@@ -257,8 +281,8 @@ static int entry_build(struct conv_entry *e)
         }
         if (e->ncand[dir] == 0) {
             size_t b = 0;
-            int rc = fallback_ws(e, h, dir, &b);
-            if (rc) return rc;
+            int frc = fallback_ws(e, h, dir, &b);
+            if (frc) return frc;
             e->cand[dir][e->ncand[dir]++] = fallback_algo(dir);
             if (b > lib) lib = b;
         }
@@ -371,12 +395,32 @@ static int conv_find_enabled(void)
     return !(v && v[0] == '0');
 }
 
-/* index of the finder's fastest row that is allowed and fits, or -1 */
-static int pick_found(const struct perf_row *r, int n, int dir, const struct conv_entry *e)
+/* The finder's rows of direction dir: the fastest that is allowed and fits the workspace becomes
+ * the direction's algorithm, with the math type it was timed with (fast mode; parity keeps cd's,
+ * FMA for fp32). None: the heuristics' choice stays. Query lock held. */
+static int adopt_found(struct conv_entry *e, int dir, const struct perf_row *r, int n)
 {
-    for (int i = 0; i < n; i++)
-        if (row_ok(&r[i], dir, e->parity, e->dtype, e->lib_bytes)) return i;
-    return -1;
+    int i = 0;
+    while (i < n && !row_ok(&r[i], dir, e->parity, e->dtype, e->lib_bytes)) i++;
+    if (i == n) return BK_OK;
+    e->algo[dir] = r[i].algo;
+    if (e->parity || r[i].math == entry_math(e->dtype, e->parity)) return BK_OK;
+    if (!e->dcd[dir]) return conv_desc_make(e, r[i].math, &e->dcd[dir]);
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e->dcd[dir], r[i].math));
+    return BK_OK;
+}
+
+/* direction dir's descriptor: its own where its algorithm wants another math type */
+static cudnnConvolutionDescriptor_t dir_desc(const struct conv_entry *e, int dir)
+{
+    return e->dcd[dir] ? e->dcd[dir] : e->cd;
+}
+
+/* whether direction dir may be timed now: not yet, the finders allowed, and not inside a graph
+ * capture (the finders make the host wait; a captured call runs the choice made so far) */
+static int may_tune(const struct conv_entry *e, int dir, const bk_ctx *ctx)
+{
+    return !e->tuned[dir] && !ctx->capturing && conv_find_enabled();
 }
 
 static int conv_pad(void *xp, const void *x, const struct conv_entry *e, bk_ctx *ctx)
@@ -433,7 +477,7 @@ int cu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *w
     w = cw.dw;
     const float one = 1.0f, zero = 0.0f;
     cu_query_lock();
-    if (!e->tuned[DIR_FWD] && conv_find_enabled()) {
+    if (may_tune(e, DIR_FWD, ctx)) {
         cudnnConvolutionFwdAlgoPerf_t p[CONV_PERF_N];
         struct perf_row r[CONV_PERF_N];
         int got = 0;
@@ -445,13 +489,17 @@ int cu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *w
             return cu_fail_cudnn(st, "cudnnFindConvolutionForwardAlgorithmEx", __FILE__, __LINE__);
         }
         perf_rows(r, p, got);
-        int i = pick_found(r, got, DIR_FWD, e);
-        if (i >= 0) e->algo[DIR_FWD] = r[i].algo;
+        rc = adopt_found(e, DIR_FWD, r, got);
+        if (rc) {
+            cu_query_unlock();
+            return rc;
+        }
     }
-    e->tuned[DIR_FWD] = 1;
+    if (!ctx->capturing) e->tuned[DIR_FWD] = 1;
     const cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)e->algo[DIR_FWD];
+    const cudnnConvolutionDescriptor_t cd = dir_desc(e, DIR_FWD);
     cu_query_unlock();
-    CUDNN_CHECK(cudnnConvolutionForward(ctx->cudnn, &one, e->xd, xin, e->wd, w, e->cd, algo,
+    CUDNN_CHECK(cudnnConvolutionForward(ctx->cudnn, &one, e->xd, xin, e->wd, w, cd, algo,
                                         cw.lib, e->lib_bytes, &zero, e->yd, y));
     if (b && (rc = CU_TYPED(s->dtype, conv_bias, y, b, s, ctx))) return rc;
     if (cu_sync_checks) CU_LAUNCHED(ctx);
@@ -482,8 +530,8 @@ int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void 
     cu_query_lock();
     /* the finder overwrites its output: only where that output is written (=) anyway */
     const int may_find = !accum;
-    if (!e->tuned[DIR_BWD_DATA] && may_find) {
-        if (conv_find_enabled()) {
+    if (may_find && !e->tuned[DIR_BWD_DATA] && !ctx->capturing) {
+        if (may_tune(e, DIR_BWD_DATA, ctx)) {
             cudnnConvolutionBwdDataAlgoPerf_t p[CONV_PERF_N];
             struct perf_row r[CONV_PERF_N];
             int got = 0;
@@ -496,8 +544,11 @@ int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void 
                                      __LINE__);
             }
             perf_rows(r, p, got);
-            int i = pick_found(r, got, DIR_BWD_DATA, e);
-            if (i >= 0) e->algo[DIR_BWD_DATA] = r[i].algo;
+            rc = adopt_found(e, DIR_BWD_DATA, r, got);
+            if (rc) {
+                cu_query_unlock();
+                return rc;
+            }
         }
         e->tuned[DIR_BWD_DATA] = 1;
     }
@@ -505,8 +556,10 @@ int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void 
     const cudnnConvolutionBwdDataAlgo_t algo =
         (cudnnConvolutionBwdDataAlgo_t)(e->tuned[DIR_BWD_DATA] ? e->algo[DIR_BWD_DATA]
                                                                : e->cand[DIR_BWD_DATA][0]);
+    const cudnnConvolutionDescriptor_t cd = e->tuned[DIR_BWD_DATA] ? dir_desc(e, DIR_BWD_DATA)
+                                                                   : e->cd;
     cu_query_unlock();
-    CUDNN_CHECK(cudnnConvolutionBackwardData(ctx->cudnn, &one, e->wd, w, e->yd, dy, e->cd, algo,
+    CUDNN_CHECK(cudnnConvolutionBackwardData(ctx->cudnn, &one, e->wd, w, e->yd, dy, cd, algo,
                                              cw.lib, e->lib_bytes, &beta, e->xd, out));
     (void)zero;
     if (e->asym) {
@@ -537,7 +590,7 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, vo
     }
     const float one = 1.0f, zero = 0.0f;
     cu_query_lock();
-    if (!e->tuned[DIR_BWD_FILTER] && conv_find_enabled()) {
+    if (may_tune(e, DIR_BWD_FILTER, ctx)) {
         /* dw accumulates: the finder writes a scratch filter in the workspace instead */
         cudnnConvolutionBwdFilterAlgoPerf_t p[CONV_PERF_N];
         struct perf_row r[CONV_PERF_N];
@@ -551,15 +604,19 @@ int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, vo
                                  __LINE__);
         }
         perf_rows(r, p, got);
-        int i = pick_found(r, got, DIR_BWD_FILTER, e);
-        if (i >= 0) e->algo[DIR_BWD_FILTER] = r[i].algo;
+        rc = adopt_found(e, DIR_BWD_FILTER, r, got);
+        if (rc) {
+            cu_query_unlock();
+            return rc;
+        }
     }
-    e->tuned[DIR_BWD_FILTER] = 1;
+    if (!ctx->capturing) e->tuned[DIR_BWD_FILTER] = 1;
     const cudnnConvolutionBwdFilterAlgo_t algo =
         (cudnnConvolutionBwdFilterAlgo_t)e->algo[DIR_BWD_FILTER];
+    const cudnnConvolutionDescriptor_t cd = dir_desc(e, DIR_BWD_FILTER);
     cu_query_unlock();
     /* cuDNN's KRSC filter gradient (of the data's type), then dw (OIHW fp32) += it */
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy, e->cd,
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, e->xd, xin, e->yd, dy, cd,
                                                algo, cw.lib, e->lib_bytes, &zero, e->wd, cw.dw));
     if ((rc = cu_filter_add_krsc(dw, cw.dw, e->dtype, s->co, s->ci, s->kh, s->kw, ctx)))
         return rc;

@@ -71,6 +71,8 @@ struct bk_ctx {
         void *p;
         size_t bytes;
     } blocks[8];
+    int capturing;      /* between graph_begin and graph_end: nothing may make the host wait */
+    unsigned long long steps_read; /* the step log's records step_read has given */
 };
 #define CU_CTX_BLOCKS 8
 
@@ -469,5 +471,30 @@ int cu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx);
 int cu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
                   const struct bk_adamw *h, size_t count, bk_ctx *ctx);
 int cu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
+/* the step on the device (backend.h's step_* entries): its scalars live in the job slot's
+ * scratch, from CU_STEP_OFF doubles on */
+#define CU_STEP_OFF 1024
+int cu_step_set(const struct bk_step *s, bk_ctx *ctx);
+/* the device's copy of step_set's values (for kernels that read them when they run) */
+const struct bk_step *cu_step_in(bk_ctx *ctx);
+/* eltwise.cu: the typed dropout with seed, step and sample base from cu_step_in */
+int cu_dropout_step_fwd(void *y, const void *x, float p, uint32_t op, int n, size_t per_sample,
+                        int channels, int dtype, bk_ctx *ctx);
+int cu_dropout_step_bwd(void *dx, const void *dy, float p, uint32_t op, int accum, int n,
+                        size_t per_sample, int channels, int dtype, bk_ctx *ctx);
+int cu_mse_step_bwd(float *dpred, const float *pred, const float *target, int accum,
+                    size_t count, bk_ctx *ctx);
+int cu_loss_step_add(const float *loss, bk_ctx *ctx);
+int cu_optim_step(float *w, float *m, float *v, float *ema, const float *g, size_t count,
+                  const struct bk_optim *o, bk_ctx *ctx);
+int cu_scaler_set(const struct bk_scaler *s, bk_ctx *ctx);
+int cu_step_read(struct bk_step_rec *last, struct bk_scaler *scaler, struct bk_step_rec *recs,
+                 int max, int *n, bk_ctx *ctx);
+
+/* graph.cu: stream capture of a context's stream, and the graphs it makes */
+int cu_graph_begin(bk_ctx *ctx);
+int cu_graph_end(bk_graph **out, bk_ctx *ctx);
+int cu_graph_launch(bk_graph *g, bk_ctx *ctx);
+void cu_graph_free(bk_graph *g, bk_ctx *ctx);
 
 #endif

@@ -711,8 +711,13 @@ int cu_t_maxpool2x2_bwd(void *dx, const void *dy, const void *x, int accum, int 
 template <typename T>
 __global__ void k_dropout(T *out, const T *in, float p, float scale, uint64_t seed, uint64_t step,
                           uint32_t op, int sample_base, int accum, size_t per_sample, size_t ch,
-                          size_t items)
+                          size_t items, const struct bk_step *sv)
 {
+    if (sv) { /* the step on the device: step_set's values, read when the kernel runs */
+        seed = sv->seed;
+        step = sv->step;
+        sample_base = sv->sample_base;
+    }
     GRID_LOOP(it, items)
     {
         size_t s = 0, base = 0, stride = 1, blk = 0, ne = 4;
@@ -754,7 +759,7 @@ __global__ void k_dropout(T *out, const T *in, float p, float scale, uint64_t se
 template <typename T>
 static int dropout(void *out, const void *in, float p, uint64_t seed, uint64_t step, uint32_t op,
                    int sample_base, int accum, int n, size_t per_sample, int channels,
-                   bk_ctx *ctx)
+                   const struct bk_step *sv, bk_ctx *ctx)
 {
     const size_t total = (size_t)n * per_sample, ch = channels > 1 ? (size_t)channels : 1;
     if (!total) return BK_OK;
@@ -766,7 +771,7 @@ static int dropout(void *out, const void *in, float p, uint64_t seed, uint64_t s
     else items = (size_t)n * ((per_sample + 3) / 4);
     CU_LAUNCH(k_dropout<T>, cu_blocks(items, CU_THREADS), CU_THREADS, 0, ctx->stream)(
         (T *)out, (const T *)in, p, 1.0f / (1.0f - p), seed, step, op, sample_base, accum,
-        per_sample, ch, items);
+        per_sample, ch, items, sv);
     CU_LAUNCHED(ctx);
     return BK_OK;
 }
@@ -784,7 +789,7 @@ int cu_t_dropout_fwd(void *y, const void *x, float p, uint64_t seed, uint64_t st
     TYPED_ENTER(ctx, dtype);
     if (dropout_check(p, n, per_sample, channels)) return BK_ERR_INVALID;
     return CU_TYPED(dtype, dropout, y, x, p, seed, step, op, sample_base, 0, n, per_sample,
-                    channels, ctx);
+                    channels, (const struct bk_step *)NULL, ctx);
 }
 
 int cu_t_dropout_bwd(void *dx, const void *dy, float p, uint64_t seed, uint64_t step,
@@ -794,7 +799,25 @@ int cu_t_dropout_bwd(void *dx, const void *dy, float p, uint64_t seed, uint64_t 
     TYPED_ENTER(ctx, dtype);
     if (dropout_check(p, n, per_sample, channels)) return BK_ERR_INVALID;
     return CU_TYPED(dtype, dropout, dx, dy, p, seed, step, op, sample_base, accum, n, per_sample,
-                    channels, ctx);
+                    channels, (const struct bk_step *)NULL, ctx);
+}
+
+int cu_dropout_step_fwd(void *y, const void *x, float p, uint32_t op, int n, size_t per_sample,
+                        int channels, int dtype, bk_ctx *ctx)
+{
+    TYPED_ENTER(ctx, dtype);
+    if (dropout_check(p, n, per_sample, channels)) return BK_ERR_INVALID;
+    return CU_TYPED(dtype, dropout, y, x, p, (uint64_t)0, (uint64_t)0, op, 0, 0, n, per_sample,
+                    channels, cu_step_in(ctx), ctx);
+}
+
+int cu_dropout_step_bwd(void *dx, const void *dy, float p, uint32_t op, int accum, int n,
+                        size_t per_sample, int channels, int dtype, bk_ctx *ctx)
+{
+    TYPED_ENTER(ctx, dtype);
+    if (dropout_check(p, n, per_sample, channels)) return BK_ERR_INVALID;
+    return CU_TYPED(dtype, dropout, dx, dy, p, (uint64_t)0, (uint64_t)0, op, 0, accum, n,
+                    per_sample, channels, cu_step_in(ctx), ctx);
 }
 
 /* ---- the fp32 entries: the typed kernels on fp32 ---- */

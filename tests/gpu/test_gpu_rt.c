@@ -14,7 +14,14 @@
  * host's compiler builds without contraction, cannot see that (the same FMAs planted in its AdamW
  * and EMA give 500,205 of 882,565 floats different, worst 8.0e-3). Nothing in the copy and
  * compute streams' order was found wrong: the emulator already runs page-locked copies late and
- * checks every device byte range across the two streams. Without a device: "SKIPPED", exit 77.
+ * checks every device byte range across the two streams.
+ * CUDA graphs: steps whose forward/backward and optimizer step are captured once and replayed
+ * (the executor's default) against the same steps run as they come (exec_opts.eager), in parity
+ * mode: the state and every step's logged loss, norm, loss scale and skip bit-identical, in f32
+ * with an uneven micro-batch, bf16, and f16 with skipped steps; the device's loss scaling and
+ * clipping against the CPU backend's host-side ones; under the emulator the replayed steps
+ * launch no kernel but the per-step scalars' (the whole step is graphs), and its capture's own
+ * planted misuses (syncs, allocations, host reads refused). Without a device: "SKIPPED", exit 77.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -23,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "backend_load.h"
+#include "emu/emu_graph.h"
 #include "emu/emu_stats.h"
 #include "test_accum.h"
 #include "test_unet_util.h"
@@ -31,6 +39,7 @@
 
 static const struct backend *G;
 static ddpmd_emu_get_stats_fn emu_stats; /* NULL on a GPU */
+static ddpmd_emu_graph_stats_fn emu_gstats;
 
 static const struct optim_config OC = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
                                        .eps = 1e-8f, .weight_decay = 0.01f, .clip = 1.0f,
@@ -234,6 +243,170 @@ static void budget(void)
     G->ctx_free(ctx);
 }
 
+/* ---- CUDA graphs ---- */
+
+static struct emu_graph_stats gstats(void)
+{
+    struct emu_graph_stats s;
+    memset(&s, 0, sizeof s);
+    if (emu_gstats) emu_gstats(&s);
+    return s;
+}
+
+/* a warmup schedule: the learning rate changes every step (a captured optimizer step must read
+ * the step's, not the capture's) */
+static const struct optim_config OCW = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                        .eps = 1e-8f, .weight_decay = 0.01f, .clip = 1.0f,
+                                        .ema_decay = 0.99f, .warmup = 8};
+
+/* step s of a's effective batch (inputs drawn by the step and the sample's index), the host
+ * reading nothing: the training loop's way */
+static int graph_step(struct accum *a, int s)
+{
+    const size_t per = a->g.tensors[a->io.x]->numel / (size_t)a->micro;
+    float *x = malloc((size_t)a->micro * per * sizeof *x);
+    float *y = malloc((size_t)a->micro * per * sizeof *y), t[64];
+    int rc = 0;
+    for (int i0 = 0; i0 < a->batch && !rc; i0 += a->micro) {
+        const int n = a->batch - i0 < a->micro ? a->batch - i0 : a->micro, last = n != a->micro;
+        struct exec *e = last ? a->re : a->e;
+        for (int i = 0; i < n; i++) {
+            for (size_t k = 0; k < per; k++) {
+                x[i * per + k] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s,
+                                               (uint32_t)(i0 + i), 0, (uint32_t)k);
+                y[i * per + k] = philox_normal(3, PHILOX_TAG_NOISE, (uint64_t)s,
+                                               (uint32_t)(i0 + i), 1, (uint32_t)k);
+            }
+            t[i] = (float)((s * 131 + (i0 + i) * 377) % 1000);
+        }
+        rc = exec_upload(e, last ? a->rio.x : a->io.x, x) ||
+             exec_upload(e, last ? a->rio.t : a->io.t, t) ||
+             exec_upload(e, last ? a->rtarget : a->target, y) ||
+             exec_forward_backward(e, i0 == 0, (float)n / (float)a->batch, 11, (uint64_t)s, i0,
+                                   NULL);
+    }
+    if (!rc) rc = exec_optimizer_step(a->e, &OCW, s + 1, optim_lr(&OCW, s), NULL);
+    free(x);
+    free(y);
+    return rc;
+}
+
+struct graph_run {
+    float *state;                         /* accum_state */
+    size_t n;
+    struct exec_step_stats log[8];
+    int nlog;
+    struct loss_scaler ls;
+    long eager_last;                      /* kernel launches of the last step run at once */
+    struct emu_graph_stats gs;            /* what the run's capture did */
+};
+
+/* `steps` steps on bk (eager: no graphs) of the small model at 8x8 in precision, batch in
+ * micro-batches of micro; f16: loss scaling from `scale` (growth every 2 finite steps, backoff
+ * 2^-16: far from overflow after a skip, where the CPU's and the GPU's 16-bit rounding could
+ * decide it differently) */
+static int graph_run(const struct backend *bk, int precision, int batch, int micro, int steps,
+                     int eager, float scale, struct graph_run *r)
+{
+    struct unet_config c;
+    config(&c);
+    c.image_size = 8; /* the attention at 8x8 still: level 0 */
+    struct accum a;
+    struct plan_opts po = precision ? accum_half_opts(precision) : (struct plan_opts){0};
+    if (precision == STRATEGY_PRECISION_F16) {
+        po.strategy.loss_scale.initial = scale;
+        po.strategy.loss_scale.growth_interval = 2;
+        po.strategy.loss_scale.backoff = 1.0f / 65536;
+    }
+    memset(r, 0, sizeof *r);
+    struct exec_opts eo = {.threads = 2, .eager = eager};
+    int rc = accum_plan(&a, bk, &c, batch, micro, &po) || accum_start(&a, bk, &eo);
+    struct emu_graph_stats g0 = gstats();
+    for (int s = 0; s < steps && !rc; s++) {
+        const long l0 = gstats().eager_launches;
+        rc = graph_step(&a, s);
+        r->eager_last = gstats().eager_launches - l0;
+    }
+    if (!rc) rc = exec_step_log(a.e, r->log, 8, &r->nlog);
+    if (!rc) {
+        r->ls = *exec_loss_scaler(a.e);
+        r->state = accum_state(&a, &r->n);
+        struct emu_graph_stats g1 = gstats();
+        r->gs.captures = g1.captures - g0.captures;
+        r->gs.instantiated = g1.instantiated - g0.instantiated;
+        r->gs.launches = g1.launches - g0.launches;
+        r->gs.invalidated = g1.invalidated - g0.invalidated;
+    }
+    if (rc) fprintf(stderr, "graph run: %s\n", a.e ? exec_last_error(a.e)->msg : "no executor");
+    accum_free(&a);
+    return rc;
+}
+
+/* graphs against eager steps, both on the device: bit for bit (parity mode); the log against the
+ * CPU backend's host-side optimizer, loss scaling and clipping */
+static void graphs_equal(const char *name, int precision, int batch, int micro, float scale)
+{
+    const int steps = 3; /* as it comes, captured, replayed */
+    struct graph_run ge, gg, gc;
+    int rc1 = graph_run(G, precision, batch, micro, steps, 1, scale, &ge);
+    int rc2 = graph_run(G, precision, batch, micro, steps, 0, scale, &gg);
+    int rc3 = graph_run(backend_cpu(), precision, batch, micro, steps, 0, scale, &gc);
+    CHECK(rc1 == 0 && rc2 == 0 && rc3 == 0, "%s: the runs: eager %d, graphs %d, cpu %d", name,
+          rc1, rc2, rc3);
+    if (rc1 || rc2 || rc3) goto out;
+    size_t diff = 0;
+    for (size_t k = 0; k < ge.n && ge.n == gg.n; k++) diff += memcmp(&ge.state[k], &gg.state[k], 4) != 0;
+    CHECK(ge.n == gg.n && diff == 0, "%s: %zu of %zu state floats differ between the captured "
+          "steps and the eager ones", name, diff, ge.n);
+    CHECK(ge.nlog == steps && gg.nlog == steps && gc.nlog == steps &&
+              memcmp(ge.log, gg.log, sizeof ge.log) == 0 &&
+              memcmp(&ge.ls, &gg.ls, sizeof ge.ls) == 0,
+          "%s: the step logs differ (%d, %d steps), or the loss scales (%g/%lld, %g/%lld)", name,
+          ge.nlog, gg.nlog, (double)ge.ls.scale, (long long)ge.ls.skipped, (double)gg.ls.scale,
+          (long long)gg.ls.skipped);
+    int skipped = 0;
+    for (int s = 0; s < steps && gc.nlog == steps && gg.nlog == steps; s++) {
+        const struct exec_step_stats *d = &gg.log[s], *h = &gc.log[s];
+        skipped += !d->applied;
+        printf("  %s step %d: loss %.7g (cpu %.7g), norm %.6g (cpu %.6g), scale %g (cpu %g)%s\n",
+               name, s, d->loss, h->loss, d->grad_norm, h->grad_norm, (double)d->loss_scale,
+               (double)h->loss_scale, d->applied ? "" : ", skipped");
+        /* 16-bit steps differ from the CPU's by rounding flips; the decisions do not */
+        const double tl = precision ? 2e-2 : 1e-4;
+        CHECK(d->applied == h->applied && d->loss_scale == h->loss_scale,
+              "%s step %d: applied %d, scale %g on the device; %d, %g on the CPU", name, s,
+              d->applied, (double)d->loss_scale, h->applied, (double)h->loss_scale);
+        CHECK(!d->applied || (fabs((double)d->loss - h->loss) <= tl * fabs((double)h->loss) &&
+                              fabs((double)d->grad_norm - h->grad_norm) <=
+                                  10 * tl * fabs((double)h->grad_norm)),
+              "%s step %d: loss %.7g / norm %.6g against the CPU's %.7g / %.6g", name, s,
+              d->loss, d->grad_norm, h->loss, h->grad_norm);
+    }
+    if (precision == STRATEGY_PRECISION_F16)
+        CHECK(skipped > 0 && skipped < steps, "%s: %d of %d steps skipped (want some, not all)",
+              name, skipped, steps);
+    if (emu_gstats) {
+        /* a kind of work per micro-batch executor and the optimizer; each captured once, the
+         * last step launched from its graphs only: its eager kernels are the step_set ones,
+         * one per micro-batch and one for the optimizer step */
+        const long mb = (batch + micro - 1) / micro, kinds = (mb > 1 ? 2 : 1) + 1;
+        CHECK(gg.gs.captures == kinds && gg.gs.instantiated == kinds && !gg.gs.invalidated &&
+                  gg.gs.launches >= (steps - 1) * (mb + 1) - (kinds - 1),
+              "%s: %ld captures, %ld graphs, %ld launches, %ld invalidated (%ld kinds of work)",
+              name, gg.gs.captures, gg.gs.instantiated, gg.gs.launches, gg.gs.invalidated, kinds);
+        CHECK(gg.eager_last == mb + 1 && ge.eager_last > 10 * (mb + 1) && ge.gs.captures == 0,
+              "%s: the last step launched %ld kernels itself with graphs (want %ld: the step's "
+              "scalars), %ld without, %ld captures without", name, gg.eager_last, mb + 1,
+              ge.eager_last, ge.gs.captures);
+        printf("%s: %ld captures replayed %ld times; the last step's own launches %ld (eager "
+               "%ld)\n", name, gg.gs.captures, gg.gs.launches, gg.eager_last, ge.eager_last);
+    }
+out:
+    free(ge.state);
+    free(gg.state);
+    free(gc.state);
+}
+
 static int have_nvidia_device(void)
 {
     struct stat st;
@@ -254,6 +427,7 @@ int main(void)
     const char *mod = getenv("DDPMD_CUDA_MODULE");
     void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
     if (h) emu_stats = (ddpmd_emu_get_stats_fn)(uintptr_t)dlsym(h, "ddpmd_emu_get_stats");
+    if (h) emu_gstats = (ddpmd_emu_graph_stats_fn)(uintptr_t)dlsym(h, "ddpmd_emu_graph_stats");
     printf("device: %s\n", emu_stats ? "the CUDA emulator (bit-identical offload, its counts)"
                                      : "a GPU (offload within 1e-5)");
     budget();
@@ -265,6 +439,16 @@ int main(void)
     offload_equal(3, 2, 1, 0);
     /* bf16: the 16-bit working copy refreshed from the weights the copy stream sent back */
     offload_equal(2, 2, 2, STRATEGY_PRECISION_BF16);
+    /* graphs: an uneven micro-batch (its own executor's capture), bf16, f16 whose first steps
+     * overflow (skipped, the scale backed off on the device) */
+    graphs_equal("graphs f32 b3/2", 0, 3, 2, 0);
+    graphs_equal("graphs bf16 b2", STRATEGY_PRECISION_BF16, 2, 2, 0);
+    graphs_equal("graphs f16 b2", STRATEGY_PRECISION_F16, 2, 2, 1073741824.0f);
+    if (h) {
+        ddpmd_emu_capture_selfcheck_fn self =
+            (ddpmd_emu_capture_selfcheck_fn)(uintptr_t)dlsym(h, "ddpmd_emu_capture_selfcheck");
+        CHECK(self && self() == 0, "the emulator's capture missed planted misuses (see above)");
+    }
     CHECK(!G->device_poisoned(0), "the device is poisoned");
     if (h) dlclose(h);
     return tu_finish("test_gpu_rt");

@@ -10,7 +10,12 @@
  * distance from fp32 (TOL16_RATIO). Both backends run NHWC images (the image <-> token changes
  * around attention in place); a 16-bit plan converts no operand of a memory-bound op (the typed
  * kernels take them as they are); a step with the group-norm fusions gives the unfused step's
- * bits. Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest: skipped).
+ * bits.
+ * Fast mode (set_parity(0)): an fp32 step within TF32's tolerance of the CPU's and not parity's
+ * bits, the convolution algorithms measured once per shape and mode (a second job of the same
+ * shapes measures nothing), and under the emulator the library calls that only fast mode makes
+ * (TF32 convolutions and GEMMs, non-deterministic and Winograd/FFT algorithms) seen in fast mode
+ * and never in parity mode. Without a GPU: "SKIPPED: no CUDA device", exit 77 (ctest: skipped).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -20,6 +25,7 @@
 #include <dlfcn.h>
 
 #include "backend_load.h"
+#include "emu/emu_graph.h"
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
@@ -290,6 +296,34 @@ static void check_layout(const char *name, const struct job *j)
            "%d fused pairs\n", tok, p->n_cvt, "memory-bound ops", p->n_fused);
 }
 
+/* tests/gpu/emu: fast mode's library calls so far (ddpmd_emu_fast_calls: emu_graph.h's
+ * EMU_FAST_*), and cuDNN's finder calls (ddpmd_emu_graph_stats); -1 elsewhere */
+static long emu_fast(int what)
+{
+    const char *mod = getenv("DDPMD_CUDA_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    ddpmd_emu_fast_calls_fn f = h ? (ddpmd_emu_fast_calls_fn)dlsym(h, "ddpmd_emu_fast_calls") : NULL;
+    long r = f ? (long)f(what) : -1;
+    if (h) dlclose(h);
+    return r;
+}
+
+static long emu_finds(void)
+{
+    const char *mod = getenv("DDPMD_CUDA_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    ddpmd_emu_graph_stats_fn f =
+        h ? (ddpmd_emu_graph_stats_fn)dlsym(h, "ddpmd_emu_graph_stats") : NULL;
+    struct emu_graph_stats st;
+    long r = -1;
+    if (f) {
+        f(&st);
+        r = st.finds;
+    }
+    if (h) dlclose(h);
+    return r;
+}
+
 static void step_vs_cpu(enum unet_preset preset, int tiled, int guards, int precision)
 {
     char name[32];
@@ -507,6 +541,92 @@ static void fused_vs_unfused(enum unet_preset preset, int precision)
     job_free(&uj);
 }
 
+/* One step (and its optimizer step) of job j planned and run in parity (1) or fast (0) mode;
+ * what it made of fast mode's library calls (f[EMU_FAST_*]) and of cuDNN's finders. */
+static int mode_step(struct job *j, const struct unet_config *c, int parity, long f[4],
+                     long *finds)
+{
+    G->set_parity(parity); /* before planning: workspace sizes, the context's mode */
+    long f0[4], n0 = emu_finds();
+    for (int k = 0; k < 4; k++) f0[k] = emu_fast(k);
+    struct exec_opts eo = {.threads = 1, .poison = 1};
+    int rc = job_init(j, G, c, 3, NULL, &eo);
+    G->set_parity(1);
+    if (rc) return rc;
+    feed(j, 0);
+    float l = 0;
+    rc = exec_forward_backward(j->e, 1, 1.0f, 11, 0, 0, &l) ||
+         exec_optimizer_step(j->e, &OC, 1, OC.lr, NULL);
+    for (int k = 0; k < 4; k++) f[k] = emu_fast(k) - f0[k];
+    *finds = emu_finds() - n0;
+    return rc;
+}
+
+/* Fast mode against parity mode and the CPU. A model at 12x12, whose convolution shapes no other
+ * test plans: the algorithm cache starts cold for both modes. */
+static void fast_mode(void)
+{
+    if (!G->set_parity) return;
+    struct unet_config c;
+    small_config(&c, UNET_DDPM, 1);
+    c.image_size = 12;
+    struct exec_opts ec = {.threads = 4};
+    struct job cj, pj, fj, f2;
+    long fp[4], ff[4], f2f[4], np = 0, nf = 0, n2 = 0;
+    CHECK(job_init(&cj, backend_cpu(), &c, 3, NULL, &ec) == 0, "fast mode: the CPU job");
+    feed(&cj, 0);
+    float lc = 0;
+    CHECK(exec_forward_backward(cj.e, 1, 1.0f, 11, 0, 0, &lc) == 0, "fast mode: the CPU step");
+    int rp = mode_step(&pj, &c, 1, fp, &np);
+    int rf = mode_step(&fj, &c, 0, ff, &nf);
+    int r2 = mode_step(&f2, &c, 0, f2f, &n2);
+    CHECK(rp == 0 && rf == 0 && r2 == 0, "fast mode: the steps: parity %d, fast %d, fast again %d",
+          rp, rf, r2);
+    if (rp || rf || r2) return;
+    /* the gradients: parity within TOL of the CPU's, fast within TF32's tolerance and off
+     * parity's bits (TF32 operands have 11 significant bits: 2^-11 relative rounding) */
+    float *x = malloc(cj.g.param_numel * 4 + 64), *y = malloc(cj.g.param_numel * 4 + 64);
+    const double gnorm = grad_norm(&cj, y);
+    double wp = 0, wf = 0, wpf = 0;
+    for (int i = 0; i < cj.g.n_tensors; i++) {
+        if (cj.g.tensors[i]->kind != TENSOR_GRAD) continue;
+        const double ep = grad_err(&pj, &cj, i, gnorm, x, y), ef = grad_err(&fj, &cj, i, gnorm, x, y);
+        const double epf = grad_err(&fj, &pj, i, gnorm, x, y);
+        if (!(ep <= wp)) wp = ep;
+        if (!(ef <= wf)) wf = ef;
+        if (!(epf <= wpf)) wpf = epf;
+    }
+    printf("fast mode: gradients against the CPU's: parity %.3g, fast %.3g; fast against parity "
+           "%.3g\n", wp, wf, wpf);
+    CHECK(wp < TOL, "fast mode: parity's gradients %.3g from the CPU's", wp);
+    CHECK(wf < 2e-2, "fast mode: fast gradients %.3g from the CPU's (TF32)", wf);
+    if (fp[0] >= 0) {
+        /* the emulator rounds TF32 operands: fast mode's numbers are not parity's */
+        CHECK(wpf > 1e-5, "fast mode: fast gradients within %.3g of parity's: no TF32 seen", wpf);
+        printf("fast mode: parity made %ld/%ld/%ld/%ld fast library calls (TF32 conv, TF32 GEMM, "
+               "non-deterministic, FFT/Winograd), fast %ld/%ld/%ld/%ld; finders: parity %ld, "
+               "fast %ld, fast again %ld\n", fp[0], fp[1], fp[2], fp[3], ff[0], ff[1], ff[2],
+               ff[3], np, nf, n2);
+        CHECK(fp[0] == 0 && fp[1] == 0 && fp[2] == 0 && fp[3] == 0,
+              "fast mode: parity mode made fast library calls: %ld TF32 convolutions, %ld TF32 "
+              "GEMMs, %ld non-deterministic, %ld FFT/Winograd", fp[0], fp[1], fp[2], fp[3]);
+        CHECK(ff[0] > 0 && ff[1] > 0 && ff[2] > 0 && ff[3] > 0,
+              "fast mode: %ld TF32 convolutions, %ld TF32 GEMMs, %ld non-deterministic and %ld "
+              "FFT/Winograd algorithms (each measured fastest by the emulator's finders)",
+              ff[0], ff[1], ff[2], ff[3]);
+        /* measured once per (device, shape, mode): both modes' first jobs, not the second */
+        CHECK(np > 0 && nf > 0 && n2 == 0,
+              "fast mode: cuDNN's finders ran %ld times for parity, %ld for fast, %ld for the "
+              "second fast job of the same shapes", np, nf, n2);
+    }
+    free(x);
+    free(y);
+    job_free(&cj);
+    job_free(&pj);
+    job_free(&fj);
+    job_free(&f2);
+}
+
 /* a plan larger than the device: exec_init fails with EXEC_ERR_BUDGET and nothing breaks */
 static void over_budget(void)
 {
@@ -564,6 +684,7 @@ int main(void)
     step_vs_cpu(UNET_SEED, 0, 0, STRATEGY_PRECISION_F16);
     fused_vs_unfused(UNET_DDPM, STRATEGY_PRECISION_BF16);
     fused_vs_unfused(UNET_SEED, 0);
+    fast_mode();
     over_budget();
     return tu_finish("test_gpu_step");
 }

@@ -104,6 +104,19 @@ static inline float __fadd_rn(float a, float b) { return emu_rounded(a + b); }
 static inline float __fsub_rn(float a, float b) { return emu_rounded(a - b); }
 static inline float __fdiv_rn(float a, float b) { return emu_rounded(a / b); }
 static inline float __fsqrt_rn(float a) { return emu_rounded(sqrtf(a)); }
+static inline double emu_rounded_d(double v)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+x"(v));
+#else
+    volatile double t = v;
+    v = t;
+#endif
+    return v;
+}
+static inline double __dmul_rn(double a, double b) { return emu_rounded_d(a * b); }
+static inline double __dadd_rn(double a, double b) { return emu_rounded_d(a + b); }
+static inline double __dsub_rn(double a, double b) { return emu_rounded_d(a - b); }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
