@@ -82,7 +82,7 @@ static void usage(FILE *f)
             "commands:\n"
             "  train SPEC.json [--out DIR] [--resume | --resume-or-start] [--vram-budget SIZE]\n"
             "         [--device cpu|cuda:N] [--threads N] [--precision P] [--micro-batch N]\n"
-            "         [--recompute R] [--offload O]\n"
+            "         [--recompute R] [--offload O] [--deterministic]\n"
             "         train the model a spec describes; checkpoints, sample grids, loss.csv and\n"
             "         loss.png go to DIR (default out/NAME); Ctrl-C saves a checkpoint first.\n"
             "         --resume continues from DIR's newest usable checkpoint (an error when there\n"
@@ -91,7 +91,10 @@ static void usage(FILE *f)
             "         fits the job into SIZE device bytes (memory.vram_budget); --threads N,\n"
             "         --precision auto|f32|bf16|f16, --micro-batch auto|N, --recompute\n"
             "         auto|none|attention|resblock|level and --offload auto|off|on set\n"
-            "         train.threads and memory.* the same way (a server's job runs its plan so)\n"
+            "         train.threads and memory.* the same way (a server's job runs its plan so);\n"
+            "         --deterministic (memory.deterministic) trains a GPU in parity mode:\n"
+            "         bit-identical runs, no TF32, deterministic algorithms only, at a cost in\n"
+            "         speed (the default is fast mode; the CPU is deterministic either way)\n"
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
@@ -663,6 +666,7 @@ static const char *offload_name(int v) { return v < 0 ? "auto" : v ? "on" : "off
  * checks them */
 struct train_overrides {
     const char *budget, *threads, *precision, *micro_batch, *recompute, *offload;
+    int deterministic; /* --deterministic: memory.deterministic on */
 };
 
 static int cli_train_overrides(const struct train_overrides *o, struct train_spec *spec)
@@ -684,6 +688,7 @@ static int cli_train_overrides(const struct train_overrides *o, struct train_spe
         return -1;
     if (o->offload && cli_name("--offload", o->offload, offload_name, -1, 1, &st->offload))
         return -1;
+    if (o->deterministic) spec->deterministic = 1;
     struct spec_errors E;
     if (spec_validate(spec, &E) == 0) return 0;
     for (int i = 0; i < E.n; i++) fprintf(stderr, "ddpmd: %s: %s\n", E.e[i].path, E.e[i].msg);
@@ -712,6 +717,8 @@ static int cmd_train(int argc, char **argv)
             resume = TRAIN_RESUME_IF_ANY;
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
+        else if (strcmp(argv[i], "--deterministic") == 0)
+            ov.deterministic = 1;
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
@@ -724,7 +731,7 @@ static int cmd_train(int argc, char **argv)
     if (!spec_path) {
         fprintf(stderr, "usage: ddpmd train SPEC.json [--out DIR] [--resume | --resume-or-start] "
                         "[--vram-budget SIZE] [--device cpu|cuda:N] [--threads N] [--precision P] "
-                        "[--micro-batch N] [--recompute R] [--offload O]\n");
+                        "[--micro-batch N] [--recompute R] [--offload O] [--deterministic]\n");
         return 2;
     }
     struct train_spec spec;

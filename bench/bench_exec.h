@@ -12,12 +12,13 @@
 #include "spec.h"
 #include "unet.h"
 
-/* g, io, *target (the loss target's tensor), p and *e made for spec at its batch: 0; 1 when the
+/* g, io, *target (the loss target's tensor), p and *e made for spec at its batch (eager: no CUDA
+ * graphs, exec_opts.eager): 0; 1 when the
  * graph cannot be built or the executor fails, 3 when the precision, the plan or the executor is
  * unavailable on the device (a line "unavailable ..." printed, which bench/gpu.sh reads) */
 static int bench_exec_plain(const char *who, const struct train_spec *spec, int precision,
                             const char *prec, const struct backend *bk, const char *device,
-                            int threads, struct graph *g, struct unet_io *io, int *target,
+                            int threads, int eager, struct graph *g, struct unet_io *io, int *target,
                             struct plan *p, struct exec **e)
 {
     *e = NULL;
@@ -38,7 +39,7 @@ static int bench_exec_plain(const char *who, const struct train_spec *spec, int 
         return 3;
     }
     struct exec_error ee;
-    struct exec_opts eo = {.threads = threads, .init_error = &ee};
+    struct exec_opts eo = {.threads = threads, .init_error = &ee, .eager = eager};
     if (exec_init(e, g, p, bk, &eo)) {
         printf("unavailable %s on %s: %s\n", prec, device, ee.msg);
         return ee.status == EXEC_ERR_ARG ? 3 : 1;

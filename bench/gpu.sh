@@ -13,7 +13,9 @@
 #             examples/seed-64.json:64"]
 #   STEPS, WARMUP   timed and untimed steps per run [10, 3]; torch.compile's warm-up compiles
 #   DEVICE    ddpmd's device [cuda:0];  TORCH_DEVICE  torch's [cuda]
-#   PRECISIONS  ddpmd's [f32 bf16]; TORCH_MODES [eager-fp32 amp-bf16 compile-bf16]
+#   PRECISIONS  ddpmd's [f32 bf16 f32/eager f32/parity]: a precision, in fast mode with CUDA
+#             graphs unless /parity (--deterministic) or /eager (--eager) follows it
+#             TORCH_MODES [eager-fp32 amp-bf16 compile-bf16]
 #   PYTHON    the interpreter with torch [the first of python3, /usr/bin/python3,
 #             /usr/local/bin/python3, /opt/conda/bin/python that imports torch (with CUDA when
 #             TORCH_DEVICE is cuda)]
@@ -29,7 +31,7 @@ steps=${STEPS:-10}
 warmup=${WARMUP:-3}
 device=${DEVICE:-cuda:0}
 tdevice=${TORCH_DEVICE:-cuda}
-precisions=${PRECISIONS:-"f32 bf16"}
+precisions=${PRECISIONS:-"f32 bf16 f32/eager f32/parity"}
 tmodes=${TORCH_MODES:-"eager-fp32 amp-bf16 compile-bf16"}
 limit=${RUN_LIMIT:-300}
 raw=$(mktemp -d /tmp/ddpmd-gpu-bench-XXXXXX)
@@ -88,23 +90,25 @@ for cb in $configs; do
     cname=$(basename "$spec" .json)
     best_ips="" best_run="" best_mem=""
     for p in $precisions; do
-        n="ddpmd-$cname-$batch-$p"
-        run "$n" "$build/gpu_bench" "$spec" --device "$device" --batch "$batch" --precision "$p" \
-            --steps "$steps" --warmup "$warmup" --threads "$(nproc)"
+        n="ddpmd-$cname-$batch-${p//\//-}" pp=${p%%/*} flags=""
+        case "$p/" in */parity/*) flags="$flags --deterministic" ;; esac
+        case "$p/" in */eager/*) flags="$flags --eager" ;; esac
+        run "$n" "$build/gpu_bench" "$spec" --device "$device" --batch "$batch" --precision "$pp" \
+            --steps "$steps" --warmup "$warmup" --threads "$(nproc)" $flags
         ips=$(val "$n" images_per_s)
         plan=$(val "$n" plan_bytes)
         used=$(val "$n" device_used_bytes)
         proc=$(val "$n" process_bytes)
         [ -n "$proc" ] && { [ -z "$ddpmd_proc" ] || [ "$proc" -gt "$ddpmd_proc" ]; } && ddpmd_proc=$proc
         if [ -z "$ips" ]; then
-            [ "$p" != f32 ] && fp32_only=1
+            [ "$pp" != f32 ] && fp32_only=1
             echo "| $cname | $batch | ddpmd $p | - | - | $(why "$n") |" >> "$table"
             continue
         fi
         # ddpmd's peak: the reservation as the device saw it (cudaMemGetInfo), else the plan
         peak=${used:-$plan}
         note="plan $(mib "$plan") MiB"
-        if [ "$p" != f32 ] && [ "$(val "$n" half_kernels)" = 0 ]; then
+        if [ "$pp" != f32 ] && [ "$(val "$n" half_kernels)" = 0 ]; then
             fp32_only=1
             note="16-bit storage, fp32 kernels; $note"
         fi

@@ -4,7 +4,10 @@
  * plan's bytes and what the device itself says the run took (device_mem before and after the
  * reservation: cudaMemGetInfo). Prints `key value` lines as bench/torch_gpu_step.py does.
  *   gpu_bench SPEC.json [--device cuda:0] [--batch N] [--precision f32|bf16|f16]
- *             [--steps N] [--warmup N] [--threads N]
+ *             [--steps N] [--warmup N] [--threads N] [--deterministic] [--eager]
+ * --deterministic: parity mode (no TF32, deterministic algorithms; default fast mode);
+ * --eager: no CUDA graphs (every kernel launched by the host; default: each step captured once
+ * and replayed). The timed steps read neither loss nor norm (no host wait inside a step).
  * Exit 3 with "unavailable REASON" when the precision cannot run on the device.
  */
 #include <stdio.h>
@@ -38,14 +41,15 @@ static int cmp_double(const void *a, const void *b)
 static int usage(void)
 {
     fprintf(stderr, "usage: gpu_bench SPEC.json [--device cuda:0] [--batch N] "
-                    "[--precision f32|bf16|f16] [--steps N] [--warmup N] [--threads N]\n");
+                    "[--precision f32|bf16|f16] [--steps N] [--warmup N] [--threads N] "
+                    "[--deterministic] [--eager]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
     const char *spec_path = NULL, *device = "cuda:0", *prec = "f32";
-    int batch = 0, steps = 10, warmup = 3, threads = 4;
+    int batch = 0, steps = 10, warmup = 3, threads = 4, deterministic = 0, eager = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--device") && v) device = argv[++i];
@@ -54,6 +58,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--steps") && v) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--deterministic")) deterministic = 1;
+        else if (!strcmp(a, "--eager")) eager = 1;
         else if (a[0] != '-' && !spec_path) spec_path = a;
         else return usage();
     }
@@ -78,6 +84,7 @@ int main(int argc, char **argv)
         return 1;
     }
     int dev = backend_device_index(device);
+    if (bk->set_parity) bk->set_parity(deterministic); /* before planning: workspace sizes */
     struct bk_device_mem m0 = {0}, m1 = {0};
     const int have_mem = bk->device_mem && dev >= 0 && bk->device_mem(dev, &m0) == 0;
 
@@ -86,8 +93,8 @@ int main(int argc, char **argv)
     struct plan p;
     struct exec *e;
     int target;
-    int brc = bench_exec_plain("gpu_bench", &spec, precision, prec, bk, device, threads, &g, &io,
-                               &target, &p, &e);
+    int brc = bench_exec_plain("gpu_bench", &spec, precision, prec, bk, device, threads, eager, &g,
+                               &io, &target, &p, &e);
     if (brc) return brc;
     size_t maxn = 0;
     for (int i = 0; i < g.n_tensors; i++)
@@ -126,14 +133,20 @@ int main(int argc, char **argv)
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = now();
         if (s == warmup) t_all = t0;
-        int rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, &l);
-        if (!rc) rc = exec_optimizer_step(e, &spec.optim, s + 1, spec.optim.lr, &norm);
+        int rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, s == 0 ? &first : NULL);
+        if (!rc) rc = exec_optimizer_step(e, &spec.optim, s + 1, spec.optim.lr, NULL);
         if (rc) {
             fprintf(stderr, "gpu_bench: step %d: %s\n", s, exec_last_error(e)->msg);
             return 1;
         }
-        if (s == 0) first = l;
         if (s >= warmup) dt[s - warmup] = now() - t0;
+    }
+    /* the steps' losses and norms, read once at the end (the device's step log) */
+    struct exec_step_stats rec[EXEC_STEP_LOG];
+    int nrec = 0;
+    if (exec_step_log(e, rec, EXEC_STEP_LOG, &nrec) == 0 && nrec > 0) {
+        l = rec[nrec - 1].loss;
+        norm = rec[nrec - 1].grad_norm;
     }
     /* the last AdamW done: a download waits for the stream */
     float w0 = 0;
@@ -150,13 +163,17 @@ int main(int argc, char **argv)
     double med = steps % 2 ? dt[steps / 2] : 0.5 * (dt[steps / 2 - 1] + dt[steps / 2]);
     printf("engine ddpmd\nspec %s\ndevice %s\nprecision %s\nbatch %d\nparams %zu\n", spec_path,
            device, prec, spec.batch, g.param_numel);
+    printf("mode %s\ngraphs %s\n", deterministic ? "parity" : "fast", eager ? "off" : "on");
     if (have_mem) printf("device_name %s\n", m0.name);
     /* which kernels took the 16-bit operands natively (0: fp32 kernels on converted scratch) */
     const int hdt = precision == STRATEGY_PRECISION_BF16 ? BK_DTYPE_BF16 : BK_DTYPE_F16;
     printf("half_kernels %u\n",
            precision != STRATEGY_PRECISION_F32 && bk->half_kernels ? bk->half_kernels(hdt) : 0u);
-    printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_mean %.3f\n", steps,
-           warmup, 1e3 * med, 1e3 * dt[0], 1e3 * t_all / steps);
+    /* the host waits only after the last step: step_ms_mean is the device's pace; host_ms_* the
+     * host's time to hand over one step (where the device runs behind, the host waits in the
+     * launches once the device's queue is full) */
+    printf("steps %d\nwarmup %d\nstep_ms_mean %.3f\nhost_ms_median %.3f\nhost_ms_min %.3f\n",
+           steps, warmup, 1e3 * t_all / steps, 1e3 * med, 1e3 * dt[0]);
     printf("images_per_s %.3f\n", spec.batch * steps / t_all);
     printf("plan_bytes %zu\nworkspace_bytes %zu\narena_bytes %zu\n", p.total_bytes, p.ws_bytes,
            p.arena_bytes);

@@ -141,7 +141,7 @@ static int bench_config(const char *arg, const struct backend *bk, const char *d
     struct plan p;
     struct exec *e;
     int target;
-    int brc = bench_exec_plain("kernel_bench", &spec, precision, prec, bk, device, 2, &g, &io,
+    int brc = bench_exec_plain("kernel_bench", &spec, precision, prec, bk, device, 2, 0, &g, &io,
                                &target, &p, &e);
     if (brc) return brc;
     struct kind *kinds = calloc(MAX_KINDS, sizeof *kinds);

@@ -19,6 +19,9 @@ int generate_plan(const struct unet_config *model, int batch, const struct backe
         snprintf(err, errlen, "cannot build the model: %s", g->err);
         return -1;
     }
+    /* sampling in parity mode (the same seed gives the same bytes), its context made in it by
+     * generate_init on this thread; a training job's grids run in the job's mode */
+    if (backend_or_cpu(bk)->set_parity) backend_or_cpu(bk)->set_parity(1);
     if (plan_make(p, g, backend_or_cpu(bk), NULL)) {
         snprintf(err, errlen, "cannot plan the sampling graph");
         return -1;

@@ -25,8 +25,9 @@ struct generator {
 };
 
 /* the forward-only graph of model at batch and its plan: what generate_init allocates and what
- * the server reserves for a sampling job (one function, so the two never differ). On failure g
- * and p still need graph_free / plan_free. */
+ * the server reserves for a sampling job (one function, so the two never differ), planned in
+ * parity mode (the calling thread's set_parity(1): the same seed gives the same bytes). On
+ * failure g and p still need graph_free / plan_free. */
 int generate_plan(const struct unet_config *model, int batch, const struct backend *bk,
                   struct graph *g, struct unet_io *io, struct plan *p, char *err, size_t errlen);
 

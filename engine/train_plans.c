@@ -8,6 +8,13 @@
 #include "backend_load.h"
 #include "generate.h"
 
+const struct backend *train_shape_backend(const struct train_shape *s)
+{
+    const struct backend *bk = backend_or_cpu(s->backend);
+    if (bk->set_parity) bk->set_parity(s->deterministic);
+    return bk;
+}
+
 /* the most images one forward of a job's sample grid takes: grid_images, at most 16 */
 static int grid_cap(const struct train_shape *s) { return s->grid_images < 16 ? s->grid_images : 16; }
 
@@ -57,7 +64,7 @@ static struct plan_opts step_opts(const struct train_shape *s, const struct stra
 static int plan_step(const struct train_shape *s, const struct strategy *st,
                      struct train_plans *tp, char *err, size_t errlen)
 {
-    const struct backend *bk = backend_or_cpu(s->backend);
+    const struct backend *bk = train_shape_backend(s);
     struct plan_opts po = step_opts(s, st, NULL, 0);
     po.strategy.sample_batch = tp->grid;
     if (plan_make(&tp->p, &tp->g, bk, &po)) {
@@ -151,7 +158,7 @@ static int rest_own(struct search_ctx *c, const struct strategy *st, int n,
     po.strategy.micro_batch = n;
     memset(&rp, 0, sizeof rp);
     if (!build_step_graph_n(c->s, st, n, &rg, &rio, &rtarget) &&
-        !plan_make_shared(&rp, &rg, backend_or_cpu(c->s->backend), &po, host, host_g)) {
+        !plan_make_shared(&rp, &rg, train_shape_backend(c->s), &po, host, host_g)) {
         *own = rp.total_bytes - host->inputs_off;
         if (c->n_rest < SEARCH_MAX_REST)
             c->rest[c->n_rest++] = (struct search_rest){st->precision, n, st->recompute, *own};
@@ -175,7 +182,7 @@ static int grid_own(struct search_ctx *c, int b, const struct plan *host,
     struct unet_io sio;
     struct plan sp;
     char err[256];
-    int rc = generate_plan_nested(&c->s->model, b, host, host_g, backend_or_cpu(c->s->backend),
+    int rc = generate_plan_nested(&c->s->model, b, host, host_g, train_shape_backend(c->s),
                                   &sg, &sio, &sp, err, sizeof err);
     if (!rc) {
         *own = c->grid_own[b] = sp.total_bytes - host->transient_off -
@@ -221,7 +228,7 @@ static int search_plan(void *ctx, const struct strategy *st, const struct graph 
 {
     struct search_ctx *c = ctx;
     struct plan_opts po = step_opts(c->s, st, c->ws, 0);
-    if (plan_make(p, g, backend_or_cpu(c->s->backend), &po)) return -1;
+    if (plan_make(p, g, train_shape_backend(c->s), &po)) return -1;
     /* the largest chunk that fits (halving), or the forced one */
     int b = grid_batch(c->s, st);
     size_t end;
@@ -249,7 +256,7 @@ static int search_bound(void *ctx, const struct strategy *st, const struct graph
     struct plan p;
     size_t end = 0;
     int b = st->sample_batch > 0 ? grid_batch(c->s, st) : grid_cap(c->s) ? 1 : 0;
-    int rc = plan_make(&p, g, backend_or_cpu(c->s->backend), &po) ||
+    int rc = plan_make(&p, g, train_shape_backend(c->s), &po) ||
              search_end(c, st, g, &p, 1, b, &end);
     *bytes = p.total_bytes > end ? p.total_bytes : end;
     plan_free(&p);

@@ -24,7 +24,15 @@ struct train_shape {
     int grid_images;                /* images of a sample grid (output.samples), made in chunks
                                      * of at most min(grid_images, 16); 0: the job draws none */
     const struct backend *backend;  /* what it is planned for and runs on; NULL: the CPU */
+    int deterministic;              /* parity mode (backend.h's set_parity: no TF32, only
+                                     * deterministic algorithms, bit-identical runs); 0: fast
+                                     * mode. The CPU backend is deterministic either way. */
 };
+
+/* s's backend, with the calling thread's mode set from s->deterministic (the CUDA backend's
+ * workspace sizes depend on it): every plan of s, wherever it is made (`ddpmd plan`, the
+ * server's admission, the job), and the job's executor context are made in s's mode */
+const struct backend *train_shape_backend(const struct train_shape *s);
 
 /* A job's graphs and plans: the step at the micro-batch (g, p: p's reservation covers the two
  * nested plans), the uneven last micro-batch when micro does not divide the batch (rg, rp: the

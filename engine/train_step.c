@@ -18,7 +18,7 @@ int train_step_init(struct train_step *ts, const struct train_step_config *c,
     /* the budget is enforced by the backend too: nothing beyond it is ever allocated */
     struct exec_error xe = {0};
     struct exec_opts eo = {.threads = c->threads, .budget = c->budget, .init_error = &xe};
-    if (exec_init(&ts->e, &ts->tp.g, &ts->tp.p, backend_or_cpu(c->shape.backend), &eo)) {
+    if (exec_init(&ts->e, &ts->tp.g, &ts->tp.p, train_shape_backend(&c->shape), &eo)) {
         snprintf(err, errlen, "cannot allocate the plan's %zu bytes: %s (%s)",
                  ts->tp.p.total_bytes, exec_status_name(xe.status), xe.msg);
         return -1;
@@ -99,8 +99,9 @@ static void make_inputs(struct train_step *ts, int64_t step, uint64_t seed, cons
  * backward when train (the gradients zeroed by the first, accumulated by the others; the loss
  * gradient scaled by n / batch, so the sum is the whole batch's mean-loss gradient; dropout
  * drawn by the sample's index in the effective batch, sample_base i0), forward only in
- * evaluation mode otherwise. *loss: the mean over the effective batch. Nonzero on a failure,
- * with the executor's reason in err. */
+ * evaluation mode otherwise. *loss: the mean over the effective batch; NULL (training): not read
+ * (the step's loss is in the executor's step log: the host does not wait for the device).
+ * Nonzero on a failure, with the executor's reason in err. */
 static int run_batch(struct train_step *ts, int train, uint64_t seed, int64_t step, float *loss,
                      char *err, size_t errlen)
 {
@@ -115,7 +116,8 @@ static int run_batch(struct train_step *ts, int train, uint64_t seed, int64_t st
         float l = 0, w = (float)n / (float)batch;
         if (exec_upload(e, io->x, ts->xt + off) || exec_upload(e, io->t, ts->tf + i0) ||
             exec_upload(e, target, ts->tgt + off) ||
-            (train ? exec_forward_backward(e, i0 == 0, w, seed, (uint64_t)step, i0, &l)
+            (train ? exec_forward_backward(e, i0 == 0, w, seed, (uint64_t)step, i0,
+                                           loss ? &l : NULL)
                    : exec_forward(e, &l))) {
             if (err)
                 snprintf(err, errlen, "samples %d..%d of the batch: %.256s", i0, i0 + n - 1,
@@ -124,7 +126,7 @@ static int run_batch(struct train_step *ts, int train, uint64_t seed, int64_t st
         }
         sum += (double)w * l;
     }
-    *loss = (float)sum;
+    if (loss) *loss = (float)sum;
     return 0;
 }
 
@@ -132,18 +134,34 @@ int train_step_run(struct train_step *ts, uint64_t seed, int64_t step,
                    const struct optim_config *oc, struct train_step_result *r, char *err,
                    size_t errlen)
 {
-    memset(r, 0, sizeof *r);
     make_inputs(ts, step, seed, NULL);
-    r->lr = optim_lr(oc, step);
-    const struct loss_scaler *ls = exec_loss_scaler(ts->e);
-    int64_t skipped_before = ls->skipped;
-    if (run_batch(ts, 1, seed, step, &r->loss, err, errlen)) return -1;
-    if (exec_optimizer_step(ts->e, oc, step + 1, r->lr, &r->grad_norm)) {
+    const float lr = optim_lr(oc, step);
+    /* r NULL: neither the loss nor the norm read, the host does not wait for the device */
+    int64_t skipped_before = 0;
+    if (r) {
+        memset(r, 0, sizeof *r);
+        r->lr = lr;
+        skipped_before = exec_loss_scaler(ts->e)->skipped;
+    }
+    if (run_batch(ts, 1, seed, step, r ? &r->loss : NULL, err, errlen)) return -1;
+    if (exec_optimizer_step(ts->e, oc, step + 1, lr, r ? &r->grad_norm : NULL)) {
         snprintf(err, errlen, "%s", exec_last_error(ts->e)->msg);
         return -1;
     }
     /* f16: a step with an inf/NaN gradient was skipped by exec_optimizer_step */
-    r->skipped = ls->skipped != skipped_before;
+    if (r) r->skipped = exec_loss_scaler(ts->e)->skipped != skipped_before;
+    return 0;
+}
+
+int train_step_read(struct train_step *ts, struct exec_step_stats *out, int max, int *n,
+                    char *err, size_t errlen)
+{
+    *n = 0;
+    if (exec_step_log(ts->e, out, max, n)) {
+        snprintf(err, errlen, "reading the training steps' results: %s",
+                 exec_last_error(ts->e)->msg);
+        return -1;
+    }
     return 0;
 }
 

@@ -63,11 +63,19 @@ struct train_step_result {
 
 /* Step `step` (0-based) on ts->x0: timesteps and noise drawn by (seed, step), xt and the target
  * made, the micro-batches forward and backward (dropout drawn by the sample's index in the
- * effective batch), then the optimizer at step + 1. Nonzero on a failure, with the executor's
- * reason in err ("samples 0..3 of the batch: ..." for a micro-batch). */
+ * effective batch), then the optimizer at step + 1. r NULL: the step's results are not read, so
+ * that the host does not wait for the device inside a step (a loop reads them later, when it
+ * logs: train_step_read); otherwise *r, waiting for the device. Nonzero on a failure, with the
+ * executor's reason in err ("samples 0..3 of the batch: ..." for a micro-batch). */
 int train_step_run(struct train_step *ts, uint64_t seed, int64_t step,
                    const struct optim_config *oc, struct train_step_result *r, char *err,
                    size_t errlen);
+
+/* The results of the steps run since the last call, oldest first (exec_step_log: waits for the
+ * device): *n of them, at most max (EXEC_STEP_LOG: call it at least that often, older ones are
+ * lost). Nonzero with err on a failure. */
+int train_step_read(struct train_step *ts, struct exec_step_stats *out, int max, int *n,
+                    char *err, size_t errlen);
 
 /* The loss of the model on ts->x0 in evaluation mode (no dropout, no gradient): timesteps t
  * (batch) and noise drawn by (seed, step); nonzero on a failure. Validation runs it on held-out

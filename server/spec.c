@@ -721,12 +721,13 @@ static void get_budget(struct spec_errors *E, const cJSON *mem, struct train_spe
 static void parse_memory(struct spec_errors *E, const cJSON *mem, struct train_spec *s)
 {
     static const char *keys[] = {"vram_budget", "precision", "allow_16bit", "micro_batch",
-                                 "recompute", "offload", "loss_scale", NULL};
+                                 "recompute", "offload", "loss_scale", "deterministic", NULL};
     static const char *prec[] = {"auto", "f32", "bf16", "f16", NULL};
     static const char *rec[] = {"auto", "none", "attention", "resblock", "level", NULL};
     static const char *off[] = {"auto", "off", "on", NULL};
     check_keys(E, mem, "memory", keys);
     get_budget(E, mem, s);
+    get_bool(E, mem, "memory", "deterministic", &s->deterministic);
     /* the enums' indices are the strategy values + 1 (auto = -1) */
     int p = s->strategy.precision + 1, r = s->strategy.recompute + 1, o = s->strategy.offload + 1;
     get_enum(E, mem, "memory", "precision", prec, &p);
@@ -901,6 +902,7 @@ static void validate(const struct train_spec *s, struct spec_errors *E)
                STRATEGY_RECOMPUTE_LEVEL);
     check_flag(E, "memory.offload", s->strategy.offload, -1, 1);
     check_flag(E, "memory.allow_16bit", s->strategy.allow_half, 0, 1);
+    check_flag(E, "memory.deterministic", s->deterministic, 0, 1);
     if (s->vram_budget < 0 || s->vram_budget > SPEC_BUDGET_MAX)
         err(E, "memory.vram_budget", "must be in [0, %lld] bytes (0: no limit), got %lld",
             (long long)SPEC_BUDGET_MAX, (long long)s->vram_budget);
@@ -1339,6 +1341,8 @@ char *spec_to_json(const struct train_spec *s)
         js_str(mem, "micro_batch", "auto", &bad);
     js_str(mem, "recompute", rec[s->strategy.recompute + 1], &bad);
     js_str(mem, "offload", off[s->strategy.offload + 1], &bad);
+    if (s->deterministic) /* as allow_16bit: older checkpoints' specs match */
+        js_bool(mem, "deterministic", 1, &bad);
     cJSON *ls = js_obj(mem, "loss_scale", &bad);
     js_num(ls, "initial", json_float(s->strategy.loss_scale.initial), &bad);
     js_num(ls, "growth", json_float(s->strategy.loss_scale.growth), &bad);

@@ -261,7 +261,7 @@ int train_cost_model(struct cost_model *m, const char *path, char *err, size_t e
 struct train_shape train_shape_of(const struct train_spec *s)
 {
     return (struct train_shape){.model = s->model, .batch = s->batch, .grid_images = s->samples,
-                                .backend = s->backend};
+                                .backend = s->backend, .deterministic = s->deterministic};
 }
 
 int train_search(const struct train_spec *s, const struct cost_model *m, int plan_all,
@@ -809,6 +809,42 @@ static void fmt_eta(char *buf, size_t n, double s)
 /* below this an f16 run whose loss stays non-finite fails: the smallest half subnormal, 2^-24 */
 #define LOSS_SCALE_FLOOR 5.9604645e-8f
 
+/* The optimizer steps run since the last call, step - n + 1 .. step (train_step_read: the host
+ * waits for the device here, once per log line, not every step): each one checked for
+ * divergence and folded into the loss average (first: the run's first step - 1), the last one's
+ * loss and norm out. Nonzero with err on a divergence or a failure. */
+static int absorb_steps(struct job *j, int64_t step, int64_t first, double *avg, float *loss,
+                        float *norm, char *err, size_t errlen)
+{
+    struct exec_step_stats r[EXEC_STEP_LOG];
+    int n = 0;
+    if (train_step_read(&j->ts, r, EXEC_STEP_LOG, &n, err, errlen)) return -1;
+    for (int k = 0; k < n; k++) {
+        const int64_t s = step - n + 1 + k;
+        const float l = r[k].loss;
+        /* f16: a step with an inf/NaN gradient was skipped (exec_optimizer_step), not a
+         * divergence, while the loss scale can still fall; an overflowing forward gives a
+         * non-finite loss however small the scale gets */
+        if (!isfinite(l) && !(!r[k].applied && r[k].loss_scale >= LOSS_SCALE_FLOOR)) {
+            if (!r[k].applied)
+                snprintf(err, errlen, "the loss is %g at step %" PRId64 " in f16 after %" PRId64
+                         " skipped steps, the loss scale down to %g: the activations overflow "
+                         "half range (train in bf16 or f32)", l, s,
+                         exec_loss_scaler(j->ts.e)->skipped, (double)r[k].loss_scale);
+            else
+                snprintf(err, errlen, "the loss is %g at step %" PRId64
+                         " (diverged; lower train.lr)", l, s);
+            return -1;
+        }
+        if (isfinite(l)) *avg = s == first + 1 ? l : 0.98 * *avg + 0.02 * l;
+    }
+    if (n) {
+        *loss = r[n - 1].loss;
+        *norm = r[n - 1].grad_norm;
+    }
+    return 0;
+}
+
 static void report(struct job *j, int64_t step, float loss, float avg, float val, float lr,
                    float norm, double ips, double eta, double step_s)
 {
@@ -934,6 +970,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
         goto out;
     double t0 = clock_now_s();
     double avg = 0;
+    float loss = 0, norm = 0;     /* the last step absorb_steps read */
+    int unread = 0;               /* steps run since absorb_steps */
     int64_t step = start, first = start;
     double step_sum = 0; /* seconds of the steps since the last report (step_s: their mean) */
     int step_n = 0;
@@ -945,29 +983,16 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 snprintf(err, errlen, "data loading failed at step %" PRId64, step);
                 goto out;
             }
-            struct train_step_result sr;
+            const float lr = optim_lr(&spec->optim, step);
             char why[512];
-            if (train_step_run(&j.ts, spec->seed, step, &spec->optim, &sr, why, sizeof why)) {
+            /* neither the loss nor the norm is read here: the host does not wait for the
+             * device inside a step (absorb_steps reads them when they are logged) */
+            if (train_step_run(&j.ts, spec->seed, step, &spec->optim, NULL, why, sizeof why)) {
                 snprintf(err, errlen, "training step %" PRId64 " failed: %.400s", step + 1, why);
                 goto out;
             }
-            float loss = sr.loss, norm = sr.grad_norm, lr = sr.lr;
-            /* f16: a step with an inf/NaN gradient was skipped (exec_optimizer_step), not a
-             * divergence, while the loss scale can still fall; an overflowing forward gives a
-             * non-finite loss however small the scale gets */
-            const struct loss_scaler *ls = exec_loss_scaler(j.ts.e);
-            if (!isfinite(loss) && !(sr.skipped && ls->scale >= LOSS_SCALE_FLOOR)) {
-                if (sr.skipped)
-                    snprintf(err, errlen, "the loss is %g at step %" PRId64 " in f16 after %" PRId64
-                             " skipped steps, the loss scale down to %g: the activations overflow "
-                             "half range (train in bf16 or f32)", loss, step + 1, ls->skipped,
-                             (double)ls->scale);
-                else
-                    snprintf(err, errlen, "the loss is %g at step %" PRId64
-                             " (diverged; lower train.lr)", loss, step + 1);
-                goto out;
-            }
             step++;
+            unread++;
             double dt = clock_now_s() - ts, dc = clock_thread_cpu_s() - tc;
             step_sum += dt;
             step_n++;
@@ -979,12 +1004,16 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                     if (!ss->steps_timed++ || dc < ss->step_cpu_min_s) ss->step_cpu_min_s = dc;
                 }
             }
-            if (isfinite(loss)) avg = step == first + 1 ? loss : 0.98 * avg + 0.02 * loss;
             stopping = stop_requested(o) || (o->stop_after > 0 && step >= o->stop_after);
             int last = step == spec->steps;
             int do_ckpt = last || stopping ||
                           (spec->checkpoint_every && step % spec->checkpoint_every == 0);
             int do_log = last || step % spec->log_every == 0 || do_ckpt;
+            int do_sample = last || (spec->sample_every && step % spec->sample_every == 0);
+            if (do_log || do_sample || unread == EXEC_STEP_LOG) {
+                if (absorb_steps(&j, step, first, &avg, &loss, &norm, err, errlen)) goto out;
+                unread = 0;
+            }
             float val = NAN;
             if (do_log) {
                 /* a stop during validation leaves val NaN; the checkpoint follows (do_ckpt) */
@@ -999,7 +1028,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
             /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting; a stop
              * during sampling ends it between two denoising steps, and --resume samples again */
-            if ((last || (spec->sample_every && step % spec->sample_every == 0)) && !stopping) {
+            if (do_sample && !stopping) {
                 int sr = save_samples(&j, step, err, errlen);
                 if (sr == GENERATE_FAILED) goto out;
                 stopping = sr == GENERATE_STOPPED;

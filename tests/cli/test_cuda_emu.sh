@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_cuda_emu.sh - `--device cuda:N` end to end under the CPU emulator of CUDA (the CUDA
 # backend's own sources built against tests/gpu/emu: libddpmd_cuda_emu.so, loaded through
-# DDPMD_CUDA_MODULE as the real module would be): `ddpmd train --device cuda:0` of a tiny model
-# against the same run on the CPU (the losses of every step within a tolerance), `ddpmd sample
+# DDPMD_CUDA_MODULE as the real module would be): `ddpmd train --device cuda:0 --deterministic`
+# of a tiny model against the same run on the CPU (the losses of every step within a tolerance;
+# parity mode, as every comparison with the CPU), `ddpmd sample
 # --device cuda:0` against the CPU's images, `ddpmd plan --device cuda:0 --json` reporting the
 # device and what the process holds there, the errors for a missing device or module, a
 # reservation larger than the device, a spec with memory.vram_budget and offload on (the
@@ -64,7 +65,9 @@ PY
 "$ddpmd" train "$dir/spec.json" --out "$dir/cpu" > "$dir/cpu.log" 2> "$dir/cpu.err"
 rc=$?
 check '[ $rc -eq 0 ]' "cpu train: exit $rc, $(tail -n 3 "$dir/cpu.err")"
-cuda train "$dir/spec.json" --out "$dir/gpu" --device cuda:0 > "$dir/gpu.log" 2> "$dir/gpu.err"
+# (parity mode: training defaults to fast mode, whose TF32 operands the emulator rounds too)
+cuda train "$dir/spec.json" --out "$dir/gpu" --device cuda:0 --deterministic > "$dir/gpu.log" \
+    2> "$dir/gpu.err"
 rc=$?
 check '[ $rc -eq 0 ]' "cuda:0 train: exit $rc, $(tail -n 3 "$dir/gpu.err")"
 /usr/bin/python3 - "$dir/cpu.log" "$dir/gpu.log" <<'PY' || failed=$((failed + 1))
@@ -163,7 +166,7 @@ sed 's/"output"/"memory": { "precision": "f32", "offload": "on", "vram_budget": 
 "$ddpmd" train "$dir/off.json" --out "$dir/ocpu" > "$dir/ocpu.log" 2> "$dir/ocpu.err"
 rc1=$?
 EMU_ALLOC_LOG="$dir/alloc.log" cuda train "$dir/off.json" --out "$dir/ogpu" --device cuda:0 \
-    > "$dir/ogpu.log" 2> "$dir/ogpu.err"
+    --deterministic > "$dir/ogpu.log" 2> "$dir/ogpu.err"
 rc2=$?
 check '[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]' "offload under a budget: exit $rc1 (cpu), $rc2 (cuda:0): $(tail -n 2 "$dir/ogpu.err")"
 /usr/bin/python3 - "$dir/cpu.log" "$dir/ocpu.log" "$dir/ogpu.log" "$dir/ogpu.err" "$dir/plan.json" \

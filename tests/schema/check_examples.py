@@ -76,6 +76,7 @@ bad = {
     "offload true": lambda d: d.update(memory={"offload": True}),
     "micro_batch half": lambda d: d.update(memory={"micro_batch": "half"}),
     "loss_scale growth 1": lambda d: d.update(memory={"loss_scale": {"growth": 1}}),
+    "deterministic as a string": lambda d: d.update(memory={"deterministic": "yes"}),
 }
 for name, mutate in bad.items():
     doc = json.loads(json.dumps(base))
@@ -91,11 +92,11 @@ good = {
     "attention_head_dim null": lambda d: d["model"].update(attention_head_dim=None),
     "memory as spec_to_json writes it": lambda d: d.update(memory={
         "vram_budget": 0, "precision": "auto", "micro_batch": "auto", "recompute": "auto",
-        "offload": "auto",
+        "offload": "auto", "deterministic": False,
         "loss_scale": {"initial": 65536, "growth": 2, "backoff": 0.5, "growth_interval": 2000}}),
     "memory forced": lambda d: d.update(memory={
         "vram_budget": "512MiB", "precision": "f32", "micro_batch": 2, "recompute": "none",
-        "offload": "off"}),
+        "offload": "off", "deterministic": True}),
 }
 for name, mutate in good.items():
     doc = json.loads(json.dumps(base))

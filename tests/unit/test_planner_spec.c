@@ -26,11 +26,13 @@ int main(void)
     CHECK(spec_parse(HEAD "}", &s, &E) == 0, "a spec without memory");
     CHECK(s.vram_budget == 0 && s.strategy.precision == STRATEGY_PRECISION_AUTO &&
               s.strategy.micro_batch == 0 && s.strategy.recompute == STRATEGY_RECOMPUTE_AUTO &&
-              s.strategy.offload == -1 && s.strategy.loss_scale.initial == 65536.0f,
-          "no memory object: no budget, every strategy auto");
+              s.strategy.offload == -1 && s.strategy.loss_scale.initial == 65536.0f &&
+              !s.deterministic,
+          "no memory object: no budget, every strategy auto, fast mode");
 
     int ok = spec_parse(HEAD ",\"memory\":{\"vram_budget\":\"1.5GiB\",\"precision\":\"bf16\","
                              "\"micro_batch\":3,\"recompute\":\"resblock\",\"offload\":\"on\","
+                             "\"deterministic\":true,"
                              "\"loss_scale\":{\"initial\":1024,\"growth\":4,\"backoff\":0.25,"
                              "\"growth_interval\":100}}}", &s, &E) == 0;
     CHECK(ok, "a full memory object: %s", E.n ? E.e[0].msg : "");
@@ -38,12 +40,12 @@ int main(void)
               s.strategy.micro_batch == 3 && s.strategy.recompute == STRATEGY_RECOMPUTE_RESBLOCK &&
               s.strategy.offload == 1 && s.strategy.loss_scale.initial == 1024.0f &&
               s.strategy.loss_scale.growth == 4.0f && s.strategy.loss_scale.backoff == 0.25f &&
-              s.strategy.loss_scale.growth_interval == 100,
+              s.strategy.loss_scale.growth_interval == 100 && s.deterministic == 1,
           "the memory object's values");
     /* canonical JSON reads back to the same spec */
     char *js = spec_to_json(&s);
     CHECK(js && spec_parse(js, &r, &E) == 0 && r.vram_budget == s.vram_budget &&
-              !memcmp(&r.strategy, &s.strategy, sizeof s.strategy),
+              !memcmp(&r.strategy, &s.strategy, sizeof s.strategy) && r.deterministic == 1,
           "canonical JSON round trip:\n%s", js ? js : "");
     free(js);
     CHECK(spec_parse(HEAD ",\"memory\":{\"vram_budget\":268435456,\"precision\":\"f32\","
@@ -70,6 +72,8 @@ int main(void)
         {"{\"precision\":16}", "memory.precision"},
         {"{\"recompute\":\"all\"}", "memory.recompute"},
         {"{\"offload\":true}", "memory.offload"},
+        {"{\"deterministic\":1}", "memory.deterministic"},
+        {"{\"deterministic\":\"yes\"}", "memory.deterministic"},
         {"{\"micro_batch\":5}", "memory.micro_batch"},   /* larger than train.batch 4 */
         {"{\"micro_batch\":-1}", "memory.micro_batch"},
         {"{\"micro_batch\":\"half\"}", "memory.micro_batch"},

@@ -187,6 +187,12 @@ int main(void)
     other.threads = 1;
     CHECK(train_run(&other, &ob, err, sizeof err) == TRAIN_FAILED && strstr(err, "train.threads"),
           "a changed thread count is accepted: '%s'", err);
+    /* and parity mode against a fast run's checkpoint (memory.deterministic: recorded there) */
+    other = s;
+    other.deterministic = !s.deterministic;
+    CHECK(train_run(&other, &ob, err, sizeof err) == TRAIN_FAILED &&
+              strstr(err, "memory.deterministic"),
+          "a changed math mode is accepted: '%s'", err);
     other = s;
     other.optim.lr = 2e-3f;
     other.beta_schedule = DDPM_BETA_COSINE;
