@@ -407,6 +407,67 @@ out:
     free(gc.state);
 }
 
+/* A sampling step's model (an inference plan's exec_forward) captured and replayed: the same
+ * outputs as run as it comes, three forwards with new inputs; under the emulator the last one
+ * launches nothing itself */
+static void forward_graphs(void)
+{
+    struct unet_config c;
+    config(&c);
+    c.image_size = 8;
+    enum { B = 2, RUNS = 3 };
+    float *out[2][RUNS] = {{0}};
+    long last[2] = {0, 0}, caps[2] = {0, 0};
+    size_t n = 0;
+    for (int eager = 0; eager < 2; eager++) {
+        struct graph g;
+        struct unet_io io;
+        struct plan p;
+        struct exec *e = NULL;
+        struct exec_opts eo = {.threads = 1, .eager = eager};
+        graph_init(&g);
+        int rc = unet_build(&g, &c, B, &io) || plan_make(&p, &g, G, NULL) ||
+                 exec_init(&e, &g, &p, G, &eo);
+        CHECK(rc == 0, "forward graphs: the inference plan (eager %d)", eager);
+        if (rc) return;
+        accum_weights(e, &g);
+        n = g.tensors[io.x]->numel;
+        float *x = malloc(n * sizeof *x), t[B];
+        const long c0 = gstats().captures;
+        for (int r = 0; r < RUNS && !rc; r++) {
+            for (size_t k = 0; k < n; k++)
+                x[k] = philox_normal(5, PHILOX_TAG_SAMPLER, (uint64_t)r, 0, 0, (uint32_t)k);
+            for (int i = 0; i < B; i++) t[i] = (float)(999 - 333 * r - i);
+            out[eager][r] = malloc(n * sizeof(float));
+            const long l0 = gstats().eager_launches;
+            rc = exec_upload(e, io.x, x) || exec_upload(e, io.t, t) || exec_forward(e, NULL) ||
+                 exec_download(e, io.out, out[eager][r]);
+            last[eager] = gstats().eager_launches - l0;
+        }
+        caps[eager] = gstats().captures - c0;
+        CHECK(rc == 0, "forward graphs: the forwards (eager %d): %s", eager,
+              exec_last_error(e)->msg);
+        free(x);
+        exec_free(e);
+        plan_free(&p);
+        graph_free(&g);
+    }
+    int same = 1;
+    for (int r = 0; r < RUNS; r++)
+        same &= out[0][r] && out[1][r] && memcmp(out[0][r], out[1][r], n * sizeof(float)) == 0;
+    CHECK(same, "forward graphs: a replayed forward's output differs from the eager one's");
+    if (emu_gstats)
+        CHECK(caps[0] == 1 && caps[1] == 0 && last[0] == 0 && last[1] > 10,
+              "forward graphs: %ld captures (eager: %ld); the last forward launched %ld kernels "
+              "itself (eager: %ld)", caps[0], caps[1], last[0], last[1]);
+    printf("forward graphs: %d forwards %s the eager ones; the last launched %ld kernels itself "
+           "(eager %ld)\n", RUNS, same ? "bit-identical to" : "DIFFERENT from", last[0], last[1]);
+    for (int r = 0; r < RUNS; r++) {
+        free(out[0][r]);
+        free(out[1][r]);
+    }
+}
+
 static int have_nvidia_device(void)
 {
     struct stat st;
@@ -444,6 +505,7 @@ int main(void)
     graphs_equal("graphs f32 b3/2", 0, 3, 2, 0);
     graphs_equal("graphs bf16 b2", STRATEGY_PRECISION_BF16, 2, 2, 0);
     graphs_equal("graphs f16 b2", STRATEGY_PRECISION_F16, 2, 2, 1073741824.0f);
+    forward_graphs();
     if (h) {
         ddpmd_emu_capture_selfcheck_fn self =
             (ddpmd_emu_capture_selfcheck_fn)(uintptr_t)dlsym(h, "ddpmd_emu_capture_selfcheck");

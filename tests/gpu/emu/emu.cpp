@@ -2160,6 +2160,8 @@ static int selfcheck_typed(cublasHandle_t bl, cudnnHandle_t dn, cudaStream_t s, 
     return missed;
 }
 
+extern "C" int ddpmd_emu_graph_selfcheck(void);
+
 /* runs every planted misuse against the emulator's runtime and libraries; returns how many went
  * unnoticed (0: all caught). Leaves the context usable (ddpmd_emu_clear_fault) and frees what
  * it made. Messages of the caught ones go to stderr as usual. */
@@ -2433,5 +2435,7 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_selfcheck(void)
     cudaStreamDestroy(a);
     cudaStreamDestroy(b);
     ddpmd_emu_clear_fault();
+    /* stream capture's own (graph.cpp) */
+    missed += ddpmd_emu_graph_selfcheck();
     return missed;
 }
