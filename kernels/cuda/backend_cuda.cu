@@ -274,6 +274,31 @@ static int warm_libraries(struct cu_dev *d, struct cu_slot *sl, int parity)
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         }
     }
+    {
+        /* a graph captured, instantiated and launched once: the driver's graph machinery is
+         * set up now and measured with the process, not at a job's first captured step. Where
+         * it fails, jobs run their steps without graphs (exec.c falls back): not fatal here */
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t gx = NULL;
+        cudaError_t ce = cudaStreamBeginCapture(sl->stream, cudaStreamCaptureModeThreadLocal);
+        if (ce == cudaSuccess) {
+            const cudaError_t me =
+                cudaMemsetAsync(x, 0, sizeof(float) * n * c * hw * hw, sl->stream);
+            ce = cudaStreamEndCapture(sl->stream, &g);
+            if (ce == cudaSuccess) ce = me;
+        }
+        if (ce == cudaSuccess) ce = cudaGraphInstantiate(&gx, g, 0);
+        if (ce == cudaSuccess) ce = cudaGraphLaunch(gx, sl->stream);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(sl->stream);
+        if (gx) (void)cudaGraphExecDestroy(gx);
+        if (g) (void)cudaGraphDestroy(g);
+        if (ce != cudaSuccess) {
+            fprintf(stderr, "ddpmd cuda: device %s: a CUDA graph failed at the warm-up (%s); "
+                            "a job's captures may fail too (its steps then run as they "
+                            "come)\n", d->name, cudaGetErrorName(ce));
+            (void)cudaGetLastError();
+        }
+    }
     WARM_CUDA(cudaStreamSynchronize(sl->stream));
     ok = 1;
 fail:
