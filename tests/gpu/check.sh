@@ -210,9 +210,9 @@ sed 's/"output"/"memory": { "precision": "f32", "offload": "on" },\n  "output"/'
 ddpmd() { timeout "$limit" "$build/ddpmd" "$@"; }
 ddpmd train "$cli/spec.json" --out "$cli/cpu" > "$logs/train_cpu.log" 2> "$logs/train_cpu.err"
 r1=$?
-ddpmd train "$cli/spec.json" --out "$cli/gpu" --device cuda:0 > "$logs/train_gpu.log" 2> "$logs/train_gpu.err"
+ddpmd train "$cli/spec.json" --out "$cli/gpu" --device cuda:0 --deterministic > "$logs/train_gpu.log" 2> "$logs/train_gpu.err"
 r2=$?
-ddpmd train "$cli/offload.json" --out "$cli/off" --device cuda:0 > "$logs/train_off.log" 2> "$logs/train_off.err"
+ddpmd train "$cli/offload.json" --out "$cli/off" --device cuda:0 --deterministic > "$logs/train_off.log" 2> "$logs/train_off.err"
 r3=$?
 ck=$(printf "%s/gpu/checkpoints/step-%08d.safetensors" "$cli" "$steps")
 ddpmd sample "$ck" --n 4 --steps "$steps" --out "$cli/gpu.png" --device cuda:0 > /dev/null 2> "$logs/sample_gpu.err"
