@@ -506,6 +506,11 @@ int main(void)
     graphs_equal("graphs bf16 b2", STRATEGY_PRECISION_BF16, 2, 2, 0);
     graphs_equal("graphs f16 b2", STRATEGY_PRECISION_F16, 2, 2, 1073741824.0f);
     forward_graphs();
+    /* no capture above was refused (each fell back to running as it comes, so only this tells):
+     * every library call had run once before its capture - the emulator refuses a cuDNN engine
+     * loaded inside one (seen failing with the first run captured and DDPMD_CUDA_WARM=0) */
+    CHECK(!emu_gstats || gstats().invalidated == 0,
+          "%ld captures of the steps above were refused (see above)", gstats().invalidated);
     if (h) {
         ddpmd_emu_capture_selfcheck_fn self =
             (ddpmd_emu_capture_selfcheck_fn)(uintptr_t)dlsym(h, "ddpmd_emu_capture_selfcheck");

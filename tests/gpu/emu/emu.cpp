@@ -1270,16 +1270,17 @@ extern "C" __attribute__((visibility("default"))) unsigned long ddpmd_emu_fast_c
  * step (stride-2 convolutions, which the warm-up's 3x3 stride-1 ones do not cover) took 2 MiB
  * outside its plan and kept it; the fp32 steps and an f16 seed step (stride 1 only) did not.
  * Modelled per (type, stride): one module for the three directions. */
+static std::vector<int> g_engines_loaded; /* (type, stride) keys; under g_launch_lock */
+static int dnn_engine_key(int et, int stride) { return et * 64 + (stride < 63 ? stride : 63); }
 static void dnn_engine_module(int et, int dir, int stride)
 {
-    static std::vector<int> loaded;
     (void)dir; /* one module serves the three directions: 2 MiB, as the H200 lost */
     if (et == ET_F32) return;
-    const int key = et * 64 + (stride < 63 ? stride : 63);
+    const int key = dnn_engine_key(et, stride);
     pthread_mutex_lock(&g_launch_lock);
     int seen = 0;
-    for (int k : loaded) seen |= k == key;
-    if (!seen) loaded.push_back(key);
+    for (int k : g_engines_loaded) seen |= k == key;
+    if (!seen) g_engines_loaded.push_back(key);
     pthread_mutex_unlock(&g_launch_lock);
     /* Kept reachable (as the driver keeps a loaded module): never freed, never a leak. A plain
      * array, not a std::vector, whose destructor would drop the pointers before LeakSanitizer's
@@ -1680,6 +1681,19 @@ static void conv_bwd_filter(float alpha, const emu_tensor_desc *xd, const void *
                     }
                     conv_store(dw, fidx(wd, o, ci, kh, kw), et, alpha, s, beta);
                 }
+}
+
+/* graph.cpp: whether a convolution on these descriptors would load an engine module now (its
+ * first call of that type and stride) - what a capture must not do (emu_internal.h) */
+int emu_dnn_engine_new(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t c)
+{
+    if (!xd || !c || xd->et == ET_F32) return 0;
+    const int key = dnn_engine_key(xd->et, c->u);
+    pthread_mutex_lock(&g_launch_lock);
+    int seen = 0;
+    for (int k : g_engines_loaded) seen |= k == key;
+    pthread_mutex_unlock(&g_launch_lock);
+    return !seen;
 }
 
 #define N_OF(a) ((int)(sizeof a / sizeof *a))

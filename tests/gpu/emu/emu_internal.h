@@ -95,6 +95,9 @@ cudnnFilterDescriptor_t emu_dup_filter_desc(cudnnFilterDescriptor_t d);
 cudnnConvolutionDescriptor_t emu_dup_conv_desc(cudnnConvolutionDescriptor_t d);
 /* whether p is page-locked host memory (cudaMallocHost's) */
 int emu_is_pinned(const void *p);
+/* whether a convolution on xd (its data) and c would load a cuDNN engine module (a 16-bit one's
+ * first call of its type and stride: dnn_engine_module) */
+int emu_dnn_engine_new(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t c);
 
 /* graph.cpp, for emu.cpp: nonzero when the calling thread captures (not relaxed) and so may not
  * call `what` (cudaMalloc, cudaFree...): the capture is invalidated, with a message */

@@ -472,6 +472,17 @@ template <typename F> static cudnnStatus_t dnn_record(cudnnHandle_t h, const cha
     return err == cudaSuccess ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_EXECUTION_FAILED;
 }
 
+/* A cuDNN engine loaded for the first time inside a capture: its module's memory would be taken
+ * there, outside any plan (and a driver before CUDA 12.3 refuses a load during a capture), so a
+ * capture refuses it - stricter than a newer driver: each library call must have run once before
+ * the capture that records it. xd: the convolution's data (x, or dx for the data gradient) */
+static int dnn_engine_refused(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t c)
+{
+    return emu_dnn_engine_new(xd, c) &&
+           emu_capture_refuses("a cuDNN engine module loaded for the first time (its call never "
+                               "ran before the capture)");
+}
+
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
                                       cudnnTensorDescriptor_t xd, const void *x,
                                       cudnnFilterDescriptor_t wd, const void *w,
@@ -482,6 +493,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
     if (!capturing(emu_cudnn_stream(h)))
         return emu_now_cudnnConvolutionForward(h, alpha, xd, x, wd, w, c, a, ws, ws_bytes, beta,
                                                yd, y);
+    if (dnn_engine_refused(xd, c)) return CUDNN_STATUS_EXECUTION_FAILED;
     auto d = std::make_shared<dnn_descs>();
     d->t1 = emu_dup_tensor_desc(xd);
     d->t2 = emu_dup_tensor_desc(yd);
@@ -505,6 +517,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
     if (!capturing(emu_cudnn_stream(h)))
         return emu_now_cudnnConvolutionBackwardData(h, alpha, wd, w, dyd, dy, c, a, ws, ws_bytes,
                                                     beta, dxd, dx);
+    if (dnn_engine_refused(dxd, c)) return CUDNN_STATUS_EXECUTION_FAILED;
     auto d = std::make_shared<dnn_descs>();
     d->t1 = emu_dup_tensor_desc(dyd);
     d->t2 = emu_dup_tensor_desc(dxd);
@@ -528,6 +541,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
     if (!capturing(emu_cudnn_stream(h)))
         return emu_now_cudnnConvolutionBackwardFilter(h, alpha, xd, x, dyd, dy, c, a, ws,
                                                       ws_bytes, beta, dwd, dw);
+    if (dnn_engine_refused(xd, c)) return CUDNN_STATUS_EXECUTION_FAILED;
     auto d = std::make_shared<dnn_descs>();
     d->t1 = emu_dup_tensor_desc(xd);
     d->t2 = emu_dup_tensor_desc(dyd);
