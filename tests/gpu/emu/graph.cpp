@@ -672,6 +672,19 @@ static int mis_outside_event(cudaStream_t s)
     if (!ev) cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
     return cudaStreamWaitEvent(s, ev, 0) != cudaSuccess;
 }
+/* an f16 convolution of stride 7 (no model has one): its engine module was never loaded */
+static cudnnHandle_t g_sc_dnn;
+static cudnnTensorDescriptor_t g_sc_xd, g_sc_yd;
+static cudnnFilterDescriptor_t g_sc_wd;
+static cudnnConvolutionDescriptor_t g_sc_cd;
+static int mis_new_engine(cudaStream_t)
+{
+    const float one = 1.0f, zero = 0.0f;
+    char *b = (char *)g_sc_dev;
+    return cudnnConvolutionForward(g_sc_dnn, &one, g_sc_xd, b, g_sc_wd, b + 128, g_sc_cd,
+                                   CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, NULL, 0, &zero,
+                                   g_sc_yd, b + 256) != CUDNN_STATUS_SUCCESS;
+}
 
 /* planted misuses of capture, and a replay against the same work run directly; returns how many
  * went unnoticed (0: all caught). Leaves nothing behind. */
@@ -721,6 +734,27 @@ extern "C" __attribute__((visibility("default"))) int ddpmd_emu_capture_selfchec
     missed += refused_capture(s, "a download into pageable memory (a host read)", mis_host_read);
     missed += refused_capture(s, "a wait on an event recorded outside the capture",
                               mis_outside_event);
+    if (cudnnCreate(&g_sc_dnn) == CUDNN_STATUS_SUCCESS) {
+        cudnnSetStream(g_sc_dnn, s);
+        cudnnCreateTensorDescriptor(&g_sc_xd);
+        cudnnCreateTensorDescriptor(&g_sc_yd);
+        cudnnCreateFilterDescriptor(&g_sc_wd);
+        cudnnCreateConvolutionDescriptor(&g_sc_cd);
+        cudnnSetTensor4dDescriptor(g_sc_xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, 1, 1, 7, 7);
+        cudnnSetTensor4dDescriptor(g_sc_yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, 1, 1, 1, 1);
+        cudnnSetFilter4dDescriptor(g_sc_wd, CUDNN_DATA_HALF, CUDNN_TENSOR_NCHW, 1, 1, 1, 1);
+        cudnnSetConvolution2dDescriptor(g_sc_cd, 0, 0, 7, 7, 1, 1, CUDNN_CROSS_CORRELATION,
+                                        CUDNN_DATA_FLOAT);
+        missed += refused_capture(s, "a cuDNN engine module loaded for the first time",
+                                  mis_new_engine);
+        cudnnDestroyConvolutionDescriptor(g_sc_cd);
+        cudnnDestroyFilterDescriptor(g_sc_wd);
+        cudnnDestroyTensorDescriptor(g_sc_yd);
+        cudnnDestroyTensorDescriptor(g_sc_xd);
+        cudnnDestroy(g_sc_dnn);
+    } else {
+        SELF(0, "(cudnnCreate)");
+    }
     /* a replay goes through the checks: a planted host pointer faults at the launch */
     SELF(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "(begin)");
     CU_LAUNCH(emu_k_axpy, 1, 32, 0, s)(g_sc_host, (const float *)d, 1.0f, 4);
