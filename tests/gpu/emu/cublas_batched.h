@@ -2,9 +2,10 @@
  * over cublas_v2.h's cublasGemmEx: every batch entry is one GemmEx (its types, compute types,
  * argument and stream-order checks, workspace scribbling and arithmetic), and the call is
  * counted once as a batched GEMM (ddpmd_emu_lib_calls_ext, lib 3: strided, 4: pointer arrays).
- * CUBLAS_COMPUTE_32F_FAST_TF32 (fp32 inputs only) runs as exact fp32: the emulator checks the
- * calls, not TF32's rounding. The pointer arrays must be device memory (cuBLAS reads them on
- * the device: a graph-capturable call builds them there), each entry device memory too.
+ * CUBLAS_COMPUTE_32F_FAST_TF32 (fp32 inputs only) rounds the operands to TF32, as a single
+ * cublasGemmEx does (emu.cpp's fast mode). The pointer arrays must be device memory (cuBLAS
+ * reads them on the device: a graph-capturable call builds them there), each entry device
+ * memory too; a stream capture records the batch, its arrays read at each launch.
  * Included by cublas_v2.h here; implemented in cublas_batched.cpp. */
 #ifndef DDPMD_EMU_CUBLAS_BATCHED_H
 #define DDPMD_EMU_CUBLAS_BATCHED_H

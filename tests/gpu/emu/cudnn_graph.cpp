@@ -32,6 +32,7 @@
 #include "cuda_runtime.h"
 #include "cudnn.h"
 #include "emu_ext.h"
+#include "emu_internal.h"
 
 #define DESC_MAGIC 0x45443944u
 #define GRAPH_WS_BASE 1024 /* the engine's workspace: this + 4 bytes per device element */
@@ -966,18 +967,14 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const p,
                 name);
 }
 
-cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan,
-                                  cudnnBackendDescriptor_t pack)
+namespace {
+
+/* one execution of g on stream st: ptr the device tensors' addresses (every non-virtual tensor
+ * but the by-value ones has one: checked by the caller), scalar the by-value tensors' values,
+ * ws the workspace */
+cudnnStatus_t execute_on(cudaStream_t st, const graph *g, const std::map<int64_t, void *> &ptr,
+                         const std::map<int64_t, float> &scalar, void *ws)
 {
-    desc *pl = as_desc(plan), *vp = as_desc(pack);
-    if (!h || !pl || !vp || pl->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR ||
-        vp->type != CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR || !pl->final || !vp->final)
-        return fail(CUDNN_STATUS_BAD_PARAM, "execute%s: a finalized plan and variant pack");
-    const graph *g = pl->g.get();
-    cudaStream_t st = nullptr;
-    if (cudnnGetStream(h, &st) != CUDNN_STATUS_SUCCESS) return CUDNN_STATUS_BAD_PARAM;
-    std::map<int64_t, void *> ptr;
-    for (size_t i = 0; i < vp->uids.size(); i++) ptr[vp->uids[i]] = vp->ptrs[i];
     std::map<int64_t, bool> written;
     for (const op &o : g->ops) written[o.out.uid] = true;
     std::map<int64_t, slot> s;
@@ -989,31 +986,73 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan
             sl.v.assign((size_t)t.numel(), 0.0f);
             continue;
         }
-        auto it = ptr.find(kv.first);
-        if (it == ptr.end() || !it->second)
-            return fail(CUDNN_STATUS_BAD_PARAM, "execute%s: no pointer for tensor %lld", "",
-                        kv.first);
-        if (t.by_value) { /* a host pointer to the value */
-            sl.scalar = load_dt(it->second, t.dt);
+        if (t.by_value) {
+            sl.scalar = scalar.at(kv.first);
             continue;
         }
+        void *p = ptr.at(kv.first);
         char what[96];
         snprintf(what, sizeof what, "cudnnBackendExecute tensor %lld", (long long)kv.first);
-        if (emu_use(st, it->second, (size_t)t.extent() * dt_size(t.dt), written.count(kv.first),
-                    what) != cudaSuccess)
+        if (emu_use(st, p, (size_t)t.extent() * dt_size(t.dt), written.count(kv.first), what) !=
+            cudaSuccess)
             return CUDNN_STATUS_EXECUTION_FAILED;
-        sl.dev = (char *)it->second;
+        sl.dev = (char *)p;
     }
     if (g->ws) {
-        if (!vp->ws) return fail(CUDNN_STATUS_BAD_PARAM, "execute%s: no workspace");
-        if (emu_use(st, vp->ws, (size_t)g->ws, 1, "cudnnBackendExecute workspace") != cudaSuccess)
+        if (emu_use(st, ws, (size_t)g->ws, 1, "cudnnBackendExecute workspace") != cudaSuccess)
             return CUDNN_STATUS_EXECUTION_FAILED;
-        memset(vp->ws, 0x5A, (size_t)g->ws); /* a workspace holds garbage after use */
+        memset(ws, 0x5A, (size_t)g->ws); /* a workspace holds garbage after use */
     }
     for (const op &o : g->ops) run_op(o, s);
     emu_launch_done(st, nullptr, 0);
     if (g->has_matmul) emu_ext_count(EMU_LIB_DNN_GRAPH, g->et);
     return CUDNN_STATUS_SUCCESS;
+}
+
+} /* namespace */
+
+/* The variant pack is read at the call: its pointers, the by-value scalars' values (host
+ * pointers) and the workspace. On a capturing stream the execution is recorded with them (and
+ * the plan's graph, kept alive), to run at each cudaGraphLaunch (graph.cpp), as cuDNN's kernels
+ * captured with their arguments would. */
+cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan,
+                                  cudnnBackendDescriptor_t pack)
+{
+    desc *pl = as_desc(plan), *vp = as_desc(pack);
+    if (!h || !pl || !vp || pl->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR ||
+        vp->type != CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR || !pl->final || !vp->final)
+        return fail(CUDNN_STATUS_BAD_PARAM, "execute%s: a finalized plan and variant pack");
+    std::shared_ptr<const graph> g = pl->g;
+    cudaStream_t st = nullptr;
+    if (cudnnGetStream(h, &st) != CUDNN_STATUS_SUCCESS) return CUDNN_STATUS_BAD_PARAM;
+    std::map<int64_t, void *> given, ptr;
+    std::map<int64_t, float> scalar;
+    for (size_t i = 0; i < vp->uids.size(); i++) given[vp->uids[i]] = vp->ptrs[i];
+    for (auto &kv : g->tensors) {
+        const tens &t = kv.second;
+        if (t.virt) continue;
+        auto it = given.find(kv.first);
+        if (it == given.end() || !it->second)
+            return fail(CUDNN_STATUS_BAD_PARAM, "execute%s: no pointer for tensor %lld", "",
+                        kv.first);
+        if (t.by_value) /* a host pointer to the value */
+            scalar[kv.first] = load_dt(it->second, t.dt);
+        else
+            ptr[kv.first] = it->second;
+    }
+    if (g->ws && !vp->ws) return fail(CUDNN_STATUS_BAD_PARAM, "execute%s: no workspace");
+    void *ws = vp->ws;
+    cudaError_t err = cudaSuccess;
+    if (emu_capture_call(st, "cudnnBackendExecute",
+                         [g, ptr, scalar, ws](cudaStream_t s) {
+                             return execute_on(s, g.get(), ptr, scalar, ws) ==
+                                            CUDNN_STATUS_SUCCESS
+                                        ? cudaSuccess
+                                        : cudaErrorLaunchFailure;
+                         },
+                         &err))
+        return err == cudaSuccess ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_EXECUTION_FAILED;
+    return execute_on(st, g.get(), ptr, scalar, ws);
 }
 
 cudnnStatus_t cudnnBackendPopulateCudaGraph(cudnnHandle_t, cudnnBackendDescriptor_t,

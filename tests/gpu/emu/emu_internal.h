@@ -7,6 +7,8 @@
 #ifndef DDPMD_EMU_INTERNAL_H
 #define DDPMD_EMU_INTERNAL_H
 
+#include <functional>
+
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 #include "cudnn.h"
@@ -102,5 +104,18 @@ int emu_dnn_engine_new(cudnnTensorDescriptor_t xd, cudnnConvolutionDescriptor_t 
 /* graph.cpp, for emu.cpp: nonzero when the calling thread captures (not relaxed) and so may not
  * call `what` (cudaMalloc, cudaFree...): the capture is invalidated, with a message */
 int emu_capture_refuses(const char *what);
+
+/* graph.cpp, for the library files beside emu.cpp (cublas_batched.cpp, cudnn_graph.cpp), whose
+ * calls it does not wrap by name. A cuBLAS call on h's stream while that stream captures:
+ * recorded (1, *rc its status: EXECUTION_FAILED on an invalidated capture) to run `call` at
+ * each cudaGraphLaunch with h set to the launch's stream and to its math mode and workspace of
+ * now; 0: not capturing, the caller runs it now. `call` owns copies of what it reads on the
+ * host (alpha, beta); the device memory it names is read when it runs, as on a GPU. */
+int emu_capture_blas(cublasHandle_t h, const char *what, std::function<cublasStatus_t()> call,
+                     cublasStatus_t *rc);
+/* a library call on stream s while s captures: recorded (1, *err its status) to run `run` on the
+ * launch's stream; 0: not capturing */
+int emu_capture_call(cudaStream_t s, const char *what,
+                     std::function<cudaError_t(cudaStream_t)> run, cudaError_t *err);
 
 #endif

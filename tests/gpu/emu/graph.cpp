@@ -409,6 +409,23 @@ template <typename F> static cublasStatus_t blas_record(cublasHandle_t h, const 
     return err == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
+int emu_capture_blas(cublasHandle_t h, const char *what, std::function<cublasStatus_t()> call,
+                     cublasStatus_t *rc)
+{
+    if (!capturing(emu_cublas_stream_of(h))) return 0;
+    *rc = blas_record(h, what, std::move(call));
+    return 1;
+}
+
+int emu_capture_call(cudaStream_t s, const char *what,
+                     std::function<cudaError_t(cudaStream_t)> run, cudaError_t *err)
+{
+    emu_node n = {};
+    n.run = std::move(run);
+    n.what = what;
+    return cap_record(s, std::move(n), err);
+}
+
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, const float *alpha, const float *a, int lda,
                            const float *b, int ldb, const float *beta, float *c, int ldc)
