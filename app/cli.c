@@ -695,6 +695,7 @@ static int cmd_train(int argc, char **argv)
     const char *spec_path = NULL, *out = NULL, *device = "cpu";
     struct train_overrides ov = {0};
     int resume = 0, had_root = 1; /* had_root: out/ was there before (the default --out) */
+    int server_job = 0;           /* --progress-json: run by ddpmd serve */
     char def_out[1100];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -712,6 +713,8 @@ static int cmd_train(int argc, char **argv)
             resume = TRAIN_RESUME_IF_ANY;
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
+        else if (strcmp(argv[i], "--progress-json") == 0)
+            server_job = 1;
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
@@ -759,8 +762,8 @@ static int cmd_train(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     struct cost_model cost;
     if (cli_cost_model(&cost, "training failed: ")) return 1;
-    struct train_opts o = {.out_dir = out, .resume = resume, .progress = isatty(1),
-                           .stop = &stop_flag, .cost = &cost};
+    struct train_opts o = {.out_dir = out, .resume = resume, .progress = !server_job && isatty(1),
+                           .names_only = server_job, .stop = &stop_flag, .cost = &cost};
     char err[512];
     int rc = train_run(&spec, &o, err, sizeof err);
     if (rc == TRAIN_FAILED) {
@@ -775,9 +778,12 @@ static int cmd_train(int argc, char **argv)
         if (!had_root) rmdir("out");
         return cli_device_failed(device, spec.backend, 1);
     }
-    fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
-                    "%s/loss.csv and loss.png\n",
-            rc == TRAIN_STOPPED ? "stopped (resume with --resume)" : "done", out, out, out);
+    if (server_job)
+        fprintf(stderr, "ddpmd: %s\n", rc == TRAIN_STOPPED ? "stopped with a checkpoint" : "done");
+    else
+        fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
+                        "%s/loss.csv and loss.png\n",
+                rc == TRAIN_STOPPED ? "stopped (resume with --resume)" : "done", out, out, out);
     return rc == TRAIN_STOPPED ? CHILD_EXIT_STOPPED : 0;
 }
 
