@@ -95,7 +95,7 @@ static void usage(FILE *f)
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
-            "         [--spec SPEC.json] [--threads 2] [--progress-json] [--device cpu|cuda:N]\n"
+            "         [--spec SPEC.json] [--threads N] [--progress-json] [--device cpu|cuda:N]\n"
             "         generate images (EMA weights unless --raw) into a grid PNG; --spec gives\n"
             "         the model of an imported state_dict (tools/convert_seed_ckpt.py);\n"
             "         --progress-json: a JSON line per denoising step on stdout (ddpmd serve)\n"
@@ -127,7 +127,7 @@ static void usage(FILE *f)
             "  --plain-attention      keep every L x L attention matrix for the backward\n"
             "  --tiled-attention      tile every attention (FlashAttention-style); default: plain\n"
             "                         where the matrices are at most 4x the block's input\n"
-            "  --threads N            CPU threads (default 2)\n"
+            "  --threads N            CPU threads (default: this machine's cores)\n"
             "  --device cpu|cuda:N    the device (also for train, sample and plan SPEC.json;\n"
             "                         default cpu); cuda loads libddpmd_cuda.so\n"
             "demo options:\n"
@@ -255,7 +255,7 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
     memset(m, 0, sizeof *m);
     unet_config_default(&m->cfg, UNET_DDPM);
     m->batch = 8;
-    m->threads = 2;
+    m->threads = spec_host_cores();
     m->steps = 30;
     m->seed = 1;
     m->device = "cpu";
@@ -433,6 +433,7 @@ static int cmd_plan_spec(int argc, char **argv)
         return 2;
     }
     if (budget && cli_budget(budget, &spec)) return 2;
+    if (!spec.threads) spec.threads = spec_host_cores(); /* as `ddpmd train` would run it */
     int drc = cli_device(device, &spec.backend);
     if (drc) return drc;
     struct bk_device_mem dm;
@@ -690,6 +691,28 @@ static int cli_train_overrides(const struct train_overrides *o, struct train_spe
     return -1;
 }
 
+/* train.threads when the spec names none (0): a resumed run's checkpoint's count (its results
+ * are those of the count it started with), else this machine's cores; said on stderr */
+static void cli_auto_threads(struct train_spec *spec, const char *out, int resume)
+{
+    if (spec->threads > 0) return;
+    const char *why = "this machine's cores";
+    char path[FSIO_PATH_MAX], err[256];
+    int64_t step;
+    struct safetensors *st = NULL;
+    struct train_spec *saved = resume && out ? malloc(sizeof *saved) : NULL;
+    if (saved && train_latest_checkpoint(out, path, sizeof path, &step) == 0 &&
+        checkpoint_open(&st, path, saved, NULL, err, sizeof err) == 0 && saved->threads > 0) {
+        spec->threads = saved->threads;
+        why = "the count its checkpoint was trained with";
+    }
+    safetensors_free(st);
+    free(saved);
+    if (!spec->threads) spec->threads = spec_host_cores();
+    fprintf(stderr, "ddpmd: train.threads not given: %d thread%s (%s)\n", spec->threads,
+            spec->threads == 1 ? "" : "s", why);
+}
+
 static int cmd_train(int argc, char **argv)
 {
     const char *spec_path = NULL, *out = NULL, *device = "cpu";
@@ -753,6 +776,7 @@ static int cmd_train(int argc, char **argv)
         mkdir("out", 0755);
         out = def_out;
     }
+    cli_auto_threads(&spec, out, resume);
     const int had_out = access(out, F_OK) == 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -841,7 +865,7 @@ static int cmd_sample(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = "samples.png", *each = NULL, *spec_path = NULL;
     const char *device = "cpu";
-    int n = 64, batch = 16, raw = 0, threads = 2, progress_json = 0;
+    int n = 64, batch = 16, raw = 0, threads = spec_host_cores(), progress_json = 0;
     uint64_t seed = 1;
     struct sampler_config sc;
     sampler_config_default(&sc);

@@ -77,7 +77,8 @@ struct qjob {
     int seen;                    /* listed by the current scheduling pass */
     int pinned;                  /* the device it ran on before (it resumes there), -1: any, -2:
                                   * one this server does not have */
-    int want;                    /* the threads it asks for (a sampling job: 1) */
+    int want;                    /* the threads it asks for (a sampling job: 1; 0: train.threads
+                                  * not named - the cores free when it first starts) */
     int batch;                   /* a training job's images per step (the metrics) */
     int fits[POOL_MAX_DEVICES];
     int64_t reserved[POOL_MAX_DEVICES];
@@ -745,7 +746,8 @@ static void qjob_sweep(struct pool *p)
 static double qjob_step_seconds(const struct pool *p, const struct qjob *q, int d, int threads)
 {
     double sec = q->step_s[d];
-    if (p->devs[d].is_cpu && threads > 0) sec = sec * q->want / threads;
+    /* admission predicts at the spec's threads, one when it names none */
+    if (p->devs[d].is_cpu && threads > 0) sec = sec * (q->want > 0 ? q->want : 1) / threads;
     return sec;
 }
 
@@ -921,7 +923,8 @@ static int job_threads(const struct pool *p, const struct job_row *r, const stru
     if (r->threads > 0) return r->threads; /* a resumed job keeps its first count */
     if (!p->devs[d].is_cpu) return POOL_GPU_THREADS;
     int free_cores = p->cfg.cores - p->threads_used;
-    int threads = q->want < free_cores ? q->want : free_cores;
+    int want = q->want > 0 ? q->want : p->cfg.cores; /* none named: every free core */
+    int threads = want < free_cores ? want : free_cores;
     return threads < 1 ? 1 : threads; /* more jobs than cores: they share */
 }
 

@@ -68,7 +68,10 @@ struct train_spec {
     int steps;
     struct optim_config optim;    /* total_steps = steps */
     uint64_t seed;
-    int threads;
+    int threads;                  /* 0: none named - `ddpmd serve` gives the job the cores its
+                                   * device has free when it first starts, `ddpmd train` the
+                                   * machine's (spec_host_cores), or a resumed run its
+                                   * checkpoint's count; a run records the count it used */
 
     /* output */
     int checkpoint_every, sample_every, log_every, keep_last, samples;
@@ -122,6 +125,8 @@ int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images);
  * error of data.dataset. Checked before any planning by POST /train, `ddpmd train` and
  * `ddpmd plan`. */
 int spec_host_check(const struct train_spec *s, char *why, size_t n);
+/* this machine's cores (those this process may run on), in [1, SPEC_THREADS_MAX] */
+int spec_host_cores(void);
 /* the spec as canonical JSON (every field explicit; floats in their shortest form); caller frees
  * with free(). NULL when an allocation fails (never a document with a field missing). */
 char *spec_to_json(const struct train_spec *s);

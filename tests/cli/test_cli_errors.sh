@@ -2,6 +2,7 @@
 # test_cli_errors.sh - the real ddpmd binary on bad numbers and bad spec files: each is refused
 # with exit status 2 (1 for a checkpoint that cannot be opened) and a message naming the flag or
 # field and the reason; nothing crashes (no status >= 128) and nothing hangs (a FIFO as spec).
+# Also the defaults a new user meets: train.threads from the cores.
 # Usage: test_cli_errors.sh DDPMD
 set -u
 ddpmd=${1:?path to ddpmd}
@@ -22,7 +23,7 @@ expect() {
 }
 
 # model and training options go through the spec's validation (flag and field path named)
-expect 2 "--threads: train.threads: must be in [1, 256], got 100000" plan --threads 100000
+expect 2 "--threads: train.threads: must be in [0, 256], got 100000" plan --threads 100000
 expect 2 "--threads: train.threads" demo --threads 100000 --steps 1
 expect 2 "--groups: model.norm_num_groups: must be in [1, 1024], got 0" plan --groups 0
 expect 2 "--ch" plan --ch 2000000000
@@ -124,6 +125,13 @@ timeout 120 "$ddpmd" train "$dir/tiny.json" --out "$dir/tiny" > /dev/null 2> "$d
 rc=$?
 check '[ "$rc" -eq 0 ]' "tiny training run exited $rc: $(tail -c 300 "$dir/err")"
 ckpt="$dir/tiny/checkpoints/step-00000001.safetensors"
+# a spec without train.threads trains on the cores this process may use, and a resume keeps the
+# count its checkpoint was trained with (here under taskset: one core)
+check 'grep -qF "train.threads not given: $(nproc) thread" "$dir/err"' "threads: $(grep threads "$dir/err")"
+sed 's/"steps": 1,/"steps": 2,/' "$dir/tiny.json" > "$dir/tiny2.json"
+timeout 120 taskset -c 0 "$ddpmd" train "$dir/tiny2.json" --out "$dir/tiny" --resume > /dev/null 2> "$dir/err"
+check 'grep -qF "train.threads not given: $(nproc) thread" "$dir/err" &&
+       grep -qF "(the count its checkpoint was trained with)" "$dir/err"' "resume threads: $(grep threads "$dir/err")"
 expect 2 "--steps: must be at most the model's diffusion.timesteps (50), got 51" sample "$ckpt" --steps 51
 expect 0 "wrote" sample "$ckpt" --steps 2 --n 1 --batch 1 --out "$dir/grid.png"
 check '[ -s "$dir/grid.png" ]' "no grid written"

@@ -2,11 +2,14 @@
 (about a thousand steps a second) stores a few progress events a second, not one a step, and
 kilobytes of database, not megabytes; the last step, every checkpoint, grid and state change
 are kept; every event's data matches its schema in openapi.yaml (x-events); no event names a
-server path; Last-Event-ID and last_event_id are both checked and the header wins.
+server path; Last-Event-ID and last_event_id are both checked and the header wins. The spec
+names no train.threads: the job gets the server's free cores (--cpu-cores 3), recorded in the
+job and in its checkpoints.
 Usage: test_events.py PATH/TO/ddpmd
 """
 import json
 import os
+import struct
 import sqlite3
 import sys
 import time
@@ -39,7 +42,7 @@ def event_bytes(data_dir, jid):
 
 def main(exe):
     need_fmnist()
-    s = Server(exe).start()
+    s = Server(exe, args=["--cpu-cores", "3"]).start()
     t0 = time.time()
     r = s.request("POST", "/train", FAST)
     check(r.status == 202, "POST /train: %d %s" % (r.status, r.body[:300]))
@@ -82,6 +85,23 @@ def main(exe):
           "states")
     check([x["event"] for x in (e[2] for e in evs) if x.get("event") in ("done", "stopped")] ==
           ["done"], "the end")
+
+    # no thread count named: the cores free at its start, in the job, its events, its checkpoint
+    auto = json.loads(json.dumps(FAST))
+    del auto["train"]["threads"]
+    auto["train"]["steps"] = 3
+    auto["output"].update(checkpoint_every=3, sample_every=0)
+    aid = s.request("POST", "/train", auto).json()["id"]
+    aevs, _ = s.events(aid)
+    ja = s.get_json("/jobs/" + aid)
+    check(ja["state"] == "succeeded" and ja["threads"] == 3, "job %s: %s, threads %s with 3 free "
+          "cores" % (aid, ja["state"], ja["threads"]))
+    check([e[2].get("threads") for e in aevs if e[1] == "state" and e[2]["state"] == "running"]
+          == [3], "the running event's threads")
+    blob = s.request("GET", "/checkpoints/%s-3" % aid).body
+    (n,) = struct.unpack("<Q", blob[:8])
+    meta = json.loads(blob[8:8 + n])["__metadata__"]
+    check(json.loads(meta["spec"])["train"]["threads"] == 3, "the checkpoint's spec: %s" % meta["spec"][:300])
 
     # no event names a server path (the data folder, the job's folder "out/...")
     for ev in evs:
