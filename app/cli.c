@@ -34,6 +34,7 @@
 #include "export.h"
 #include "fsio.h"
 #include "init.h"
+#include "metrics.h"
 #include "philox.h"
 #include "plan.h"
 #include "unet.h"
@@ -77,7 +78,7 @@ static int cli_device_failed(const char *name, const struct backend *bk, int fai
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ddpmd COMMAND [options]\n"
+            "usage: ddpmd COMMAND [options]      ddpmd --version: the build's version and git revision\n"
             "\n"
             "commands:\n"
             "  train SPEC.json [--out DIR] [--resume | --resume-or-start] [--vram-budget SIZE]\n"
@@ -135,6 +136,27 @@ static void usage(FILE *f)
             "  --seed N               random seed (default 1)\n");
 }
 
+/* the edit distance of a and b (insertions, deletions, substitutions, and a swap of two
+ * neighbours as one), or 99 when either is longer than 63 bytes */
+static int cli_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < c)
+                c = d[i - 2][j - 2] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
 /* a command-line value for messages: at most 40 bytes, anything unprintable as \xNN */
 static const char *cli_echo(char *buf, size_t n, const char *v)
 {
@@ -146,6 +168,34 @@ static const char *cli_echo(char *buf, size_t n, const char *v)
     }
     if (v[i] && o + 4 < n) memcpy(buf + o, "...", 4);
     return buf;
+}
+
+void cli_option_error(const char *cmd, const char *arg, const char *const *known)
+{
+    char e[200], name[64], who[48];
+    snprintf(who, sizeof who, "ddpmd%s%s", cmd ? " " : "", cmd ? cmd : "");
+    /* "--threads=4" is judged by its name */
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg, "="), arg);
+    const char *best = NULL;
+    int best_d = 99;
+    for (int i = 0; known && known[i]; i++) {
+        if (strcmp(arg, known[i]) == 0 && arg[0] == '-') {
+            fprintf(stderr, "%s: %s needs a value (%s --help lists the options)\n", who, known[i],
+                    who);
+            return;
+        }
+        int d = cli_distance(name, known[i]);
+        if (d < best_d) best_d = d, best = known[i];
+    }
+    cli_echo(e, sizeof e, arg);
+    /* near enough to be a typo: two edits, or a third of a longer name */
+    int len = (int)strlen(name), near = best && best_d <= (len / 3 > 2 ? len / 3 : 2);
+    const char *what = !cmd ? "command" : arg[0] == '-' ? "option" : "argument";
+    if (arg[0] != '-' && cmd && !near)
+        fprintf(stderr, "%s: unexpected argument '%s' (%s --help lists the options)\n", who, e, who);
+    else
+        fprintf(stderr, "%s: unknown %s '%s'%s%s%s (%s --help lists them)\n", who, what, e,
+                near ? "; did you mean " : "", near ? best : "", near ? "?" : "", who);
 }
 
 /* the whole of v as a decimal int (no sign for unsigned use, no spaces, no trailing junk) */
@@ -312,9 +362,11 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
         } else if (strcmp(a, "--tiled-attention") == 0) {
             m->cfg.attn_tiled = 1;
         } else {
-            char e[200];
-            fprintf(stderr, "ddpmd: unknown or incomplete option '%s' (see ddpmd --help)\n",
-                    cli_echo(e, sizeof e, a));
+            static const char *const known[] = {
+                "--device", "--preset", "--image", "--channels", "--ch", "--mult", "--layers",
+                "--attn", "--groups", "--base", "--batch", "--threads", "--steps", "--seed",
+                "--plain-attention", "--tiled-attention", NULL};
+            cli_option_error(argv[1], a, known);
             return -1;
         }
 #undef ARG
@@ -414,9 +466,9 @@ static int cmd_plan_spec(int argc, char **argv)
         else if (argv[i][0] != '-' && !path)
             path = argv[i];
         else {
-            char e[200];
-            fprintf(stderr, "ddpmd plan: unknown option '%s' (see ddpmd --help)\n",
-                    cli_echo(e, sizeof e, argv[i]));
+            static const char *const known[] = {"--vram-budget", "--all", "--json", "--device",
+                                                NULL};
+            cli_option_error("plan", argv[i], known);
             return 2;
         }
     }
@@ -741,9 +793,11 @@ static int cmd_train(int argc, char **argv)
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
-            char e[200];
-            fprintf(stderr, "ddpmd train: unknown option '%s' (see ddpmd --help)\n",
-                    cli_echo(e, sizeof e, argv[i]));
+            static const char *const known[] = {
+                "--out", "--resume", "--resume-or-start", "--vram-budget", "--device",
+                "--threads", "--precision", "--micro-batch", "--recompute", "--offload",
+                "--progress-json", NULL};
+            cli_option_error("train", argv[i], known);
             return 2;
         }
     }
@@ -841,8 +895,8 @@ static int cmd_export(int argc, char **argv)
         else if (argv[i][0] != '-' && !ckpt)
             ckpt = argv[i];
         else {
-            char e[200];
-            fprintf(stderr, "ddpmd export: unknown option '%s'\n", cli_echo(e, sizeof e, argv[i]));
+            static const char *const known[] = {"--diffusers", "--raw", NULL};
+            cli_option_error("export", argv[i], known);
             return 2;
         }
     }
@@ -908,10 +962,16 @@ static int cmd_sample(int argc, char **argv)
         else if (a[0] != '-' && !ckpt)
             ckpt = a;
         else {
+            static const char *const known[] = {
+                "--n", "--steps", "--sampler", "--eta", "--spacing", "--variance", "--no-clip",
+                "--raw", "--seed", "--batch", "--out", "--each", "--spec", "--threads",
+                "--progress-json", "--device", NULL};
+            cli_option_error("sample", a, known);
+            return 2;
         bad:;
             char e1[200], e2[200];
-            fprintf(stderr, "ddpmd sample: bad option '%s'%s%s (see ddpmd --help)\n",
-                    cli_echo(e1, sizeof e1, a), v ? " " : "", v ? cli_echo(e2, sizeof e2, v) : "");
+            fprintf(stderr, "ddpmd sample: %s: '%s' is not a value it takes (ddpmd sample --help "
+                            "lists them)\n", cli_echo(e1, sizeof e1, a), cli_echo(e2, sizeof e2, v));
             return 2;
         }
 #undef OPT
@@ -1028,12 +1088,26 @@ int cli_main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (strcmp(argv[1], "--version") == 0) {
+        const char *version, *revision;
+        metrics_build(&version, &revision);
+        printf("ddpmd %s%s%s%s\n", version, *revision ? " (" : "", revision, *revision ? ")" : "");
+        return 0;
+    }
+    /* `ddpmd COMMAND --help`: the commands' usage (serve has its own) */
+    for (int i = 2; i < argc && strcmp(argv[1], "serve") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc, argv);
     if (strcmp(argv[1], "sample") == 0) return cmd_sample(argc, argv);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc, argv);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc, argv);
     if (strcmp(argv[1], "serve") == 0) return serve_main(argc, argv);
-    fprintf(stderr, "ddpmd: unknown command '%s' (see ddpmd --help)\n", argv[1]);
+    static const char *const commands[] = {"train", "sample", "export", "plan", "demo", "serve",
+                                           "--help", "--version", NULL};
+    cli_option_error(NULL, argv[1], commands);
     return 2;
 }

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "fsio.h"
@@ -683,8 +684,9 @@ int spec_parse_size(const char *s, int64_t *bytes)
                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
                  {"GB", 1e9},       {"TB", 1e12},      {"K", 1024.0},       {"M", 1048576.0},
                  {"G", 1073741824.0}};
+    /* the unit in any case ("1gb" is 1GB): a size is never meant in bits */
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(s + d + f, units[i].suffix) == 0) {
+        if (strcasecmp(s + d + f, units[i].suffix) == 0) {
             double b = v * units[i].mult;
             if (!(b <= 9.0e18)) return -1;
             *bytes = (int64_t)b;

@@ -131,8 +131,8 @@ int spec_host_cores(void);
  * with free(). NULL when an allocation fails (never a document with a field missing). */
 char *spec_to_json(const struct train_spec *s);
 /* a size as the spec and the command lines write it: "8GiB", "512MiB", "1.5GiB", "100MB",
- * "4096" (digits, an optional fraction, a unit of B, KiB..TiB, KB..TB, K, M, G) -> bytes; -1 when
- * s is none (signs, exponents, spaces and "inf" are refused) */
+ * "4096" (digits, an optional fraction, a unit of B, KiB..TiB, KB..TB, K, M, G in any case:
+ * "1gb", "512mib") -> bytes; -1 when s is none (signs, exponents, spaces and "inf" are refused) */
 int spec_parse_size(const char *s, int64_t *bytes);
 /* prints "path: message" lines */
 void spec_errors_print(const struct spec_errors *errs, const char *prefix);

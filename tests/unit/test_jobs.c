@@ -384,6 +384,13 @@ static void test_sizes(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(spec_parse_size(bad[i], &b) != 0, "'%s' taken for a size", bad[i]);
     CHECK(spec_parse_size("0.5KiB", &b) == 0 && b == 512, "0.5KiB");
+    /* units in any case, as help and error messages list them */
+    CHECK(spec_parse_size("1gb", &b) == 0 && b == 1000000000, "1gb");
+    CHECK(spec_parse_size("4gib", &b) == 0 && b == 4ll << 30, "4gib");
+    CHECK(spec_parse_size("512Mib", &b) == 0 && b == 512ll << 20, "512Mib");
+    CHECK(spec_parse_size("2g", &b) == 0 && b == 2ll << 30, "2g");
+    CHECK(spec_parse_size("3b", &b) == 0 && b == 3, "3b");
+    CHECK(spec_parse_size("1gbb", &b) != 0 && spec_parse_size("1xib", &b) != 0, "bad units");
 }
 
 static void test_tokens(const char *dir)
