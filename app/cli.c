@@ -157,6 +157,14 @@ static int cli_distance(const char *a, const char *b)
     return d[la][lb];
 }
 
+/* a path as a command's messages show it: whole, or its last part for ddpmd serve's job
+ * (--progress-json), whose client names files by ids, not by the server's paths */
+static const char *cli_shown(int server_job, const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return server_job && base && base[1] ? base + 1 : path;
+}
+
 /* a command-line value for messages: at most 40 bytes, anything unprintable as \xNN */
 static const char *cli_echo(char *buf, size_t n, const char *v)
 {
@@ -1013,7 +1021,8 @@ static int cmd_sample(int argc, char **argv)
             safetensors_get(st, 0, &first);
             snprintf(name, sizeof name, "ema.%s", first->name);
             if (strncmp(first->name, "ema.", 4) != 0 && safetensors_find(st, name, &probe)) {
-                fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n", ckpt);
+                fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n",
+                        cli_shown(progress_json, ckpt));
                 raw = 1;
             }
         }
@@ -1045,7 +1054,8 @@ static int cmd_sample(int argc, char **argv)
     }
     int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
-            ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
+            cli_shown(progress_json, ckpt), step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind),
+            nts);
     double t0 = clock_now_s();
     if (generate_run(&sj, &sch, &sc, seed, n, img, sample_progress,
                        progress_json ? &progress_json : NULL)) {
@@ -1071,7 +1081,8 @@ static int cmd_sample(int argc, char **argv)
             }
         }
     }
-    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", out, each ? " and " : "", each ? each : "",
+    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", cli_shown(progress_json, out),
+            each ? " and " : "", each ? cli_shown(progress_json, each) : "",
             clock_now_s() - t0);
     rc = 0;
 out:
