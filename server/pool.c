@@ -61,7 +61,7 @@ struct child {
      * two step lines came) and the predicted one from its plan */
     int64_t step, steps, step0;
     double t0, step_s, pred_step_s;
-    struct child_throttle throttle; /* its progress events' rate limit (drain, under no lock) */
+    struct child_throttle throttle; /* its progress events' rate limit (the pool's thread's) */
 };
 
 /* a device and what runs on it (under the pool's lock) */
@@ -760,10 +760,10 @@ static double kid_remaining(const struct child *k)
     return left == 0 ? 0 : (double)left * per;
 }
 
-/* a training job's command line: `ddpmd train SPEC --out DIR --progress-json --device D [--resume-or-start]
- * --threads N` and, when its plan on the device names one, the strategy and budget it runs
- * exactly (--vram-budget, --precision, --micro-batch, --recompute, --offload): the job's spec
- * file stays as it was written at submit */
+/* a training job's command line: `ddpmd train SPEC --out DIR --progress-json --device D
+ * [--resume-or-start] --threads N` and, when its plan on the device names one, the strategy
+ * and budget it runs exactly (--vram-budget, --precision, --micro-batch, --recompute,
+ * --offload): the job's spec file stays as it was written at submit */
 struct train_args {
     char spec[FSIO_PATH_MAX], out[FSIO_PATH_MAX];
     char threads[16], budget[24], micro[16];
