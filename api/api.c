@@ -252,7 +252,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     http_guard_idle(((struct api *)cls)->guard, conn); /* waiting for its next head */
     if (!r || r == &oom_req) return;
     double sec = clock_now_s() - r->t0;
-    if (r->status) metrics_http_observe(r->route, r->status, sec);
+    if (r->status) metrics_http_observe(r->route, r->method, r->status, sec);
     if (!r->job[0] && r->route >= 0 && pool_job_id_valid(r->param)) /* /jobs/{id}/... */
         memcpy(r->job, r->param, strlen(r->param) + 1); /* a valid id fits */
     struct log_request lr = {.request_id = r->rid, .method = r->method, .path = r->path,
@@ -356,8 +356,11 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
     a->cfg = *cfg;
     if (!(a->cfg.keepalive_s > 0)) a->cfg.keepalive_s = 15;
     static const char *methods[N_ROUTES], *patterns[N_ROUTES];
-    for (int i = 0; i < N_ROUTES; i++) methods[i] = routes[i].method, patterns[i] = routes[i].pattern;
-    metrics_set_routes(methods, patterns, N_ROUTES);
+    static int streams[N_ROUTES];
+    for (int i = 0; i < N_ROUTES; i++)
+        methods[i] = routes[i].method, patterns[i] = routes[i].pattern,
+        streams[i] = routes[i].fn == h_events;
+    metrics_set_routes(methods, patterns, streams, N_ROUTES);
     if (cfg->webhook) webhook_set_renderer(cfg->webhook, webhook_job, a);
     if (api_prefix_set(a, cfg->path_prefix ? cfg->path_prefix : "", err, errlen)) {
         free(a);

@@ -54,18 +54,36 @@ static int sse_put(struct sse *s, const char *text)
     return 0;
 }
 
-/* a checkpoint event's data ({"id", "step", ...}) with "url": its GET /checkpoints/{id}; NULL
- * (send it as stored) when it has no id */
-static char *sse_checkpoint_data(const struct api *a, const char *data)
+/* what a stream sends for a stored event, where the path prefix is known: a checkpoint's data
+ * ({"id", "step"}) with "url", its GET /checkpoints/{id}; a sample's ({"event":"sample",
+ * "step"}) with "url", its grid's GET /jobs/{job}/grids/{step}.png (a store of an older
+ * ddpmd named it "samples": sent as "sample"); NULL: send it as stored */
+static char *sse_event_data(const struct api *a, const char *job, const char *type,
+                            const char *data)
 {
+    int ckpt = strcmp(type, "checkpoint") == 0, sample = strcmp(type, "sample") == 0;
+    if (!ckpt && !sample) return NULL;
     cJSON *o = cJSON_Parse(data);
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     char *out = NULL, url[192];
-    if (cJSON_IsString(id) && !cJSON_GetObjectItemCaseSensitive(o, "url")) {
+    if (!o || cJSON_GetObjectItemCaseSensitive(o, "url")) goto done;
+    if (ckpt && cJSON_IsString(id)) {
         api_link(a, url, sizeof url, "/checkpoints/%s", id->valuestring);
-        cJSON_AddStringToObject(o, "url", url);
-        out = cJSON_PrintUnformatted(o);
+    } else if (sample && cJSON_IsNumber(step) && step->valuedouble >= 0 &&
+               step->valuedouble <= 9e15) {
+        api_link(a, url, sizeof url, "/jobs/%s/grids/%.0f.png", job, step->valuedouble);
+        cJSON *name = cJSON_CreateString("sample");
+        if (!name || !cJSON_ReplaceItemInObjectCaseSensitive(o, "event", name)) {
+            cJSON_Delete(name);
+            goto done;
+        }
+    } else {
+        goto done;
     }
+    cJSON_AddStringToObject(o, "url", url);
+    out = cJSON_PrintUnformatted(o);
+done:
     cJSON_Delete(o);
     return out;
 }
@@ -83,9 +101,8 @@ static int sse_fill(struct sse *s, int *ended)
         char head[96];
         snprintf(head, sizeof head, "id: %" PRId64 "\nevent: %s\ndata: ", ev[i].seq, ev[i].type);
         /* event data is one-line JSON (compact), so it needs no splitting into data: lines; a
-         * checkpoint's gets its download URL here, where the path prefix is known */
-        char *data = strcmp(ev[i].type, "checkpoint") == 0 ? sse_checkpoint_data(s->a, ev[i].data)
-                                                             : NULL;
+         * checkpoint's and a grid's get their download URL here */
+        char *data = sse_event_data(s->a, s->job, ev[i].type, ev[i].data);
         int bad = sse_put(s, head) || sse_put(s, data ? data : ev[i].data) || sse_put(s, "\n\n");
         free(data);
         if (bad) break;
@@ -194,11 +211,16 @@ enum MHD_Result h_events(struct ctx *c)
     enum MHD_Result res;
     if (api_job_load(c, c->param, &r, &res)) return res;
     job_row_free(&r);
+    /* both are checked; the header wins over the query (a browser's EventSource sends the
+     * header when it reconnects to the URL it first opened with last_event_id) */
     const char *lei = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Last-Event-ID");
-    if (!lei) lei = http_arg(c, "last_event_id");
-    long long last;
+    const char *qei = http_arg(c, "last_event_id");
+    long long last, qlast;
     if (api_parse_last_event_id(lei, &last))
         return http_send_invalid(c, 400, "Last-Event-ID", "expected an event id (a number >= 0)");
+    if (api_parse_last_event_id(qei, &qlast))
+        return http_send_invalid(c, 400, "last_event_id", "expected an event id (a number >= 0)");
+    if (!lei) last = qlast;
     struct sse *s = calloc(1, sizeof *s);
     if (!s) return http_send_oom(c);
     s->a = c->a;

@@ -34,6 +34,7 @@
 #include "export.h"
 #include "fsio.h"
 #include "init.h"
+#include "metrics.h"
 #include "philox.h"
 #include "plan.h"
 #include "unet.h"
@@ -77,7 +78,7 @@ static int cli_device_failed(const char *name, const struct backend *bk, int fai
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ddpmd COMMAND [options]\n"
+            "usage: ddpmd COMMAND [options]      ddpmd --version: the build's version and git revision\n"
             "\n"
             "commands:\n"
             "  train SPEC.json [--out DIR] [--resume | --resume-or-start] [--vram-budget SIZE]\n"
@@ -98,7 +99,7 @@ static void usage(FILE *f)
             "  sample CHECKPOINT [--n 64] [--steps 50] [--sampler ddim|ddpm] [--eta 0]\n"
             "         [--spacing leading|trailing|linspace] [--variance fixed_small|fixed_large]\n"
             "         [--no-clip] [--raw] [--seed 1] [--batch 16] [--out grid.png] [--each DIR]\n"
-            "         [--spec SPEC.json] [--threads 2] [--progress-json] [--device cpu|cuda:N]\n"
+            "         [--spec SPEC.json] [--threads N] [--progress-json] [--device cpu|cuda:N]\n"
             "         generate images (EMA weights unless --raw) into a grid PNG; --spec gives\n"
             "         the model of an imported state_dict (tools/convert_seed_ckpt.py);\n"
             "         --progress-json: a JSON line per denoising step on stdout (ddpmd serve)\n"
@@ -130,12 +131,41 @@ static void usage(FILE *f)
             "  --plain-attention      keep every L x L attention matrix for the backward\n"
             "  --tiled-attention      tile every attention (FlashAttention-style); default: plain\n"
             "                         where the matrices are at most 4x the block's input\n"
-            "  --threads N            CPU threads (default 2)\n"
+            "  --threads N            CPU threads (default: this machine's cores)\n"
             "  --device cpu|cuda:N    the device (also for train, sample and plan SPEC.json;\n"
             "                         default cpu); cuda loads libddpmd_cuda.so\n"
             "demo options:\n"
             "  --steps N              training steps (default 30)\n"
             "  --seed N               random seed (default 1)\n");
+}
+
+/* the edit distance of a and b (insertions, deletions, substitutions, and a swap of two
+ * neighbours as one), or 99 when either is longer than 63 bytes */
+static int cli_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < c)
+                c = d[i - 2][j - 2] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+/* a path as a command's messages show it: whole, or its last part for ddpmd serve's job
+ * (--progress-json), whose client names files by ids, not by the server's paths */
+static const char *cli_shown(int server_job, const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return server_job && base && base[1] ? base + 1 : path;
 }
 
 /* a command-line value for messages: at most 40 bytes, anything unprintable as \xNN */
@@ -149,6 +179,34 @@ static const char *cli_echo(char *buf, size_t n, const char *v)
     }
     if (v[i] && o + 4 < n) memcpy(buf + o, "...", 4);
     return buf;
+}
+
+void cli_option_error(const char *cmd, const char *arg, const char *const *known)
+{
+    char e[200], name[64], who[48];
+    snprintf(who, sizeof who, "ddpmd%s%s", cmd ? " " : "", cmd ? cmd : "");
+    /* "--threads=4" is judged by its name */
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg, "="), arg);
+    const char *best = NULL;
+    int best_d = 99;
+    for (int i = 0; known && known[i]; i++) {
+        if (strcmp(arg, known[i]) == 0 && arg[0] == '-') {
+            fprintf(stderr, "%s: %s needs a value (%s --help lists the options)\n", who, known[i],
+                    who);
+            return;
+        }
+        int d = cli_distance(name, known[i]);
+        if (d < best_d) best_d = d, best = known[i];
+    }
+    cli_echo(e, sizeof e, arg);
+    /* near enough to be a typo: two edits, or a third of a longer name */
+    int len = (int)strlen(name), near = best && best_d <= (len / 3 > 2 ? len / 3 : 2);
+    const char *what = !cmd ? "command" : arg[0] == '-' ? "option" : "argument";
+    if (arg[0] != '-' && cmd && !near)
+        fprintf(stderr, "%s: unexpected argument '%s' (%s --help lists the options)\n", who, e, who);
+    else
+        fprintf(stderr, "%s: unknown %s '%s'%s%s%s (%s --help lists them)\n", who, what, e,
+                near ? "; did you mean " : "", near ? best : "", near ? "?" : "", who);
 }
 
 /* the whole of v as a decimal int (no sign for unsigned use, no spaces, no trailing junk) */
@@ -258,7 +316,7 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
     memset(m, 0, sizeof *m);
     unet_config_default(&m->cfg, UNET_DDPM);
     m->batch = 8;
-    m->threads = 2;
+    m->threads = spec_host_cores();
     m->steps = 30;
     m->seed = 1;
     m->device = "cpu";
@@ -315,9 +373,11 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
         } else if (strcmp(a, "--tiled-attention") == 0) {
             m->cfg.attn_tiled = 1;
         } else {
-            char e[200];
-            fprintf(stderr, "ddpmd: unknown or incomplete option '%s' (see ddpmd --help)\n",
-                    cli_echo(e, sizeof e, a));
+            static const char *const known[] = {
+                "--device", "--preset", "--image", "--channels", "--ch", "--mult", "--layers",
+                "--attn", "--groups", "--base", "--batch", "--threads", "--steps", "--seed",
+                "--plain-attention", "--tiled-attention", NULL};
+            cli_option_error(argv[1], a, known);
             return -1;
         }
 #undef ARG
@@ -417,9 +477,9 @@ static int cmd_plan_spec(int argc, char **argv)
         else if (argv[i][0] != '-' && !path)
             path = argv[i];
         else {
-            char e[200];
-            fprintf(stderr, "ddpmd plan: unknown option '%s' (see ddpmd --help)\n",
-                    cli_echo(e, sizeof e, argv[i]));
+            static const char *const known[] = {"--vram-budget", "--all", "--json", "--device",
+                                                NULL};
+            cli_option_error("plan", argv[i], known);
             return 2;
         }
     }
@@ -436,6 +496,7 @@ static int cmd_plan_spec(int argc, char **argv)
         return 2;
     }
     if (budget && cli_budget(budget, &spec)) return 2;
+    if (!spec.threads) spec.threads = spec_host_cores(); /* as `ddpmd train` would run it */
     int drc = cli_device(device, &spec.backend);
     if (drc) return drc;
     struct bk_device_mem dm;
@@ -695,11 +756,34 @@ static int cli_train_overrides(const struct train_overrides *o, struct train_spe
     return -1;
 }
 
+/* train.threads when the spec names none (0): a resumed run's checkpoint's count (its results
+ * are those of the count it started with), else this machine's cores; said on stderr */
+static void cli_auto_threads(struct train_spec *spec, const char *out, int resume)
+{
+    if (spec->threads > 0) return;
+    const char *why = "this machine's cores";
+    char path[FSIO_PATH_MAX], err[256];
+    int64_t step;
+    struct safetensors *st = NULL;
+    struct train_spec *saved = resume && out ? malloc(sizeof *saved) : NULL;
+    if (saved && train_latest_checkpoint(out, path, sizeof path, &step) == 0 &&
+        checkpoint_open(&st, path, saved, NULL, err, sizeof err) == 0 && saved->threads > 0) {
+        spec->threads = saved->threads;
+        why = "the count its checkpoint was trained with";
+    }
+    safetensors_free(st);
+    free(saved);
+    if (!spec->threads) spec->threads = spec_host_cores();
+    fprintf(stderr, "ddpmd: train.threads not given: %d thread%s (%s)\n", spec->threads,
+            spec->threads == 1 ? "" : "s", why);
+}
+
 static int cmd_train(int argc, char **argv)
 {
     const char *spec_path = NULL, *out = NULL, *device = "cpu";
     struct train_overrides ov = {0};
     int resume = 0, had_root = 1; /* had_root: out/ was there before (the default --out) */
+    int server_job = 0;           /* --progress-json: run by ddpmd serve */
     char def_out[1100];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -719,12 +803,16 @@ static int cmd_train(int argc, char **argv)
             device = argv[++i];
         else if (strcmp(argv[i], "--deterministic") == 0)
             ov.deterministic = 1;
+        else if (strcmp(argv[i], "--progress-json") == 0)
+            server_job = 1;
         else if (argv[i][0] != '-' && !spec_path)
             spec_path = argv[i];
         else {
-            char e[200];
-            fprintf(stderr, "ddpmd train: unknown option '%s' (see ddpmd --help)\n",
-                    cli_echo(e, sizeof e, argv[i]));
+            static const char *const known[] = {
+                "--out", "--resume", "--resume-or-start", "--vram-budget", "--device",
+                "--threads", "--precision", "--micro-batch", "--recompute", "--offload",
+                "--deterministic", "--progress-json", NULL};
+            cli_option_error("train", argv[i], known);
             return 2;
         }
     }
@@ -757,6 +845,7 @@ static int cmd_train(int argc, char **argv)
         mkdir("out", 0755);
         out = def_out;
     }
+    cli_auto_threads(&spec, out, resume);
     const int had_out = access(out, F_OK) == 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -766,8 +855,8 @@ static int cmd_train(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     struct cost_model cost;
     if (cli_cost_model(&cost, "training failed: ")) return 1;
-    struct train_opts o = {.out_dir = out, .resume = resume, .progress = isatty(1),
-                           .stop = &stop_flag, .cost = &cost};
+    struct train_opts o = {.out_dir = out, .resume = resume, .progress = !server_job && isatty(1),
+                           .names_only = server_job, .stop = &stop_flag, .cost = &cost};
     char err[512];
     int rc = train_run(&spec, &o, err, sizeof err);
     if (rc == TRAIN_FAILED) {
@@ -782,9 +871,12 @@ static int cmd_train(int argc, char **argv)
         if (!had_root) rmdir("out");
         return cli_device_failed(device, spec.backend, 1);
     }
-    fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
-                    "%s/loss.csv and loss.png\n",
-            rc == TRAIN_STOPPED ? "stopped (resume with --resume)" : "done", out, out, out);
+    if (server_job)
+        fprintf(stderr, "ddpmd: %s\n", rc == TRAIN_STOPPED ? "stopped with a checkpoint" : "done");
+    else
+        fprintf(stderr, "ddpmd: %s; checkpoints in %s/checkpoints, samples in %s/samples, loss in "
+                        "%s/loss.csv and loss.png\n",
+                rc == TRAIN_STOPPED ? "stopped (resume with --resume)" : "done", out, out, out);
     return rc == TRAIN_STOPPED ? CHILD_EXIT_STOPPED : 0;
 }
 
@@ -818,8 +910,8 @@ static int cmd_export(int argc, char **argv)
         else if (argv[i][0] != '-' && !ckpt)
             ckpt = argv[i];
         else {
-            char e[200];
-            fprintf(stderr, "ddpmd export: unknown option '%s'\n", cli_echo(e, sizeof e, argv[i]));
+            static const char *const known[] = {"--diffusers", "--raw", NULL};
+            cli_option_error("export", argv[i], known);
             return 2;
         }
     }
@@ -842,7 +934,7 @@ static int cmd_sample(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = "samples.png", *each = NULL, *spec_path = NULL;
     const char *device = "cpu";
-    int n = 64, batch = 16, raw = 0, threads = 2, progress_json = 0;
+    int n = 64, batch = 16, raw = 0, threads = spec_host_cores(), progress_json = 0;
     uint64_t seed = 1;
     struct sampler_config sc;
     sampler_config_default(&sc);
@@ -885,10 +977,16 @@ static int cmd_sample(int argc, char **argv)
         else if (a[0] != '-' && !ckpt)
             ckpt = a;
         else {
+            static const char *const known[] = {
+                "--n", "--steps", "--sampler", "--eta", "--spacing", "--variance", "--no-clip",
+                "--raw", "--seed", "--batch", "--out", "--each", "--spec", "--threads",
+                "--progress-json", "--device", NULL};
+            cli_option_error("sample", a, known);
+            return 2;
         bad:;
             char e1[200], e2[200];
-            fprintf(stderr, "ddpmd sample: bad option '%s'%s%s (see ddpmd --help)\n",
-                    cli_echo(e1, sizeof e1, a), v ? " " : "", v ? cli_echo(e2, sizeof e2, v) : "");
+            fprintf(stderr, "ddpmd sample: %s: '%s' is not a value it takes (ddpmd sample --help "
+                            "lists them)\n", cli_echo(e1, sizeof e1, a), cli_echo(e2, sizeof e2, v));
             return 2;
         }
 #undef OPT
@@ -930,7 +1028,8 @@ static int cmd_sample(int argc, char **argv)
             safetensors_get(st, 0, &first);
             snprintf(name, sizeof name, "ema.%s", first->name);
             if (strncmp(first->name, "ema.", 4) != 0 && safetensors_find(st, name, &probe)) {
-                fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n", ckpt);
+                fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n",
+                        cli_shown(progress_json, ckpt));
                 raw = 1;
             }
         }
@@ -962,7 +1061,8 @@ static int cmd_sample(int argc, char **argv)
     }
     int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
-            ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
+            cli_shown(progress_json, ckpt), step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind),
+            nts);
     double t0 = clock_now_s();
     if (generate_run(&sj, &sch, &sc, seed, n, img, sample_progress,
                        progress_json ? &progress_json : NULL)) {
@@ -988,7 +1088,8 @@ static int cmd_sample(int argc, char **argv)
             }
         }
     }
-    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", out, each ? " and " : "", each ? each : "",
+    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", cli_shown(progress_json, out),
+            each ? " and " : "", each ? cli_shown(progress_json, each) : "",
             clock_now_s() - t0);
     rc = 0;
 out:
@@ -1005,12 +1106,26 @@ int cli_main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (strcmp(argv[1], "--version") == 0) {
+        const char *version, *revision;
+        metrics_build(&version, &revision);
+        printf("ddpmd %s%s%s%s\n", version, *revision ? " (" : "", revision, *revision ? ")" : "");
+        return 0;
+    }
+    /* `ddpmd COMMAND --help`: the commands' usage (serve has its own) */
+    for (int i = 2; i < argc && strcmp(argv[1], "serve") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc, argv);
     if (strcmp(argv[1], "sample") == 0) return cmd_sample(argc, argv);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc, argv);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc, argv);
     if (strcmp(argv[1], "serve") == 0) return serve_main(argc, argv);
-    fprintf(stderr, "ddpmd: unknown command '%s' (see ddpmd --help)\n", argv[1]);
+    static const char *const commands[] = {"train", "sample", "export", "plan", "demo", "serve",
+                                           "--help", "--version", NULL};
+    cli_option_error(NULL, argv[1], commands);
     return 2;
 }

@@ -24,6 +24,7 @@
 
 #include "api.h"
 #include "backend_load.h"
+#include "cli.h"
 #include "cost.h"
 #include "exec.h"
 #include "fsio.h"
@@ -72,8 +73,8 @@ static void serve_usage(FILE *f)
             "                         cuda:0=4GiB; repeat it (or a comma list) for each device; a\n"
             "                         bare SIZE with one device (DDPMD_VRAM_BUDGET; default: the\n"
             "                         machine's memory for cpu, a cuda device's free memory at\n"
-            "                         start). SIZE: digits, an optional fraction and a unit (B,\n"
-            "                         KiB, MiB, GiB, TiB, KB, MB, GB, TB)\n"
+            "                         start). SIZE: digits, an optional fraction and a unit in\n"
+            "                         any case (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB: 8GiB, 1gb)\n"
             "  --max-queue N          queued jobs before POST /train answers 503 (DDPMD_MAX_QUEUE;\n"
             "                         default 100)\n"
             "  --max-jobs-per-owner N one token's queued + running jobs before its POST /train and\n"
@@ -685,7 +686,11 @@ static int serve_run(int argc, char **argv)
         } else if (optvar_find(vars, n_vars, a) && v) {
             i++;
         } else {
-            fprintf(stderr, "ddpmd serve: unknown or incomplete option '%s' (see ddpmd serve --help)\n", a);
+            const char *known[64 + 5] = {"--probe", "--routes", "--help", "--config"};
+            int nk = 4;
+            for (int k = 0; k < n_vars && nk < 64 + 4; k++) known[nk++] = vars[k].flag;
+            known[nk] = NULL;
+            cli_option_error("serve", a, known);
             return 2;
         }
     }

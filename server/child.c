@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 static const char *const event_names[CHILD_EVENT_COUNT] = {
-    "step", "validation", "sampling", "checkpoint", "samples", "stopped", "done",
+    "step", "validation", "sampling", "checkpoint", "sample", "stopped", "done",
 };
 
 /* every field: its name, how it is written, and whether a value that is not finite is written
@@ -97,6 +97,54 @@ char *child_event_json(const struct child_event *e, const char *id)
     char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
+}
+
+static int is_progress(enum child_event_kind k)
+{
+    return k == CHILD_EVENT_STEP || k == CHILD_EVENT_VALIDATION || k == CHILD_EVENT_SAMPLING;
+}
+
+/* the last of its phase, or a step with a validation loss: never held back */
+static int always_kept(const struct child_event *e)
+{
+    const double *v = e->v;
+    if (e->kind == CHILD_EVENT_STEP)
+        return child_event_has(e, CHILD_VAL_LOSS) ||
+               (child_event_has(e, CHILD_STEP) && child_event_has(e, CHILD_STEPS) &&
+                v[CHILD_STEP] >= v[CHILD_STEPS]);
+    return child_event_has(e, CHILD_DONE) && child_event_has(e, CHILD_TOTAL) &&
+           v[CHILD_DONE] >= v[CHILD_TOTAL];
+}
+
+int child_throttle_offer(struct child_throttle *t, const struct child_event *e, double now,
+                         struct child_event out[2])
+{
+    int n = 0;
+    int same = t->held && t->pending.kind == e->kind;
+    /* a held event of another kind goes first: the order of the log is the order of the lines */
+    if (t->held && !same) {
+        out[n++] = t->pending;
+        t->last[t->pending.kind] = now;
+        t->held = 0;
+    }
+    if (!is_progress(e->kind) || always_kept(e) || now - t->last[e->kind] >= CHILD_PROGRESS_EVERY_S) {
+        t->held = 0; /* one of its kind held back is older: e supersedes it */
+        if (is_progress(e->kind)) t->last[e->kind] = now;
+        out[n++] = *e;
+        return n;
+    }
+    t->pending = *e;
+    t->held = 1;
+    return n;
+}
+
+int child_throttle_due(struct child_throttle *t, double now, int force, struct child_event *out)
+{
+    if (!t->held || (!force && now - t->last[t->pending.kind] < CHILD_PROGRESS_EVERY_S)) return 0;
+    *out = t->pending;
+    t->last[t->pending.kind] = now;
+    t->held = 0;
+    return 1;
 }
 
 int child_spawn(char *const argv[], char *const env[], pid_t *pid, int *out_fd, int *err_fd,

@@ -25,7 +25,7 @@ enum child_event_kind {
     CHILD_EVENT_SAMPLING,       /* "sampling": denoising steps done of total (a training job's
                                  * grid, with its step; a sampling job's images, without) */
     CHILD_EVENT_CHECKPOINT,     /* "checkpoint": the checkpoint of step is written */
-    CHILD_EVENT_SAMPLES,        /* "samples": the sample grid of step is written */
+    CHILD_EVENT_SAMPLE,         /* "sample": the sample grid of step is written */
     CHILD_EVENT_STOPPED,        /* "stopped": stopped at step, its state saved */
     CHILD_EVENT_DONE,           /* "done": every step done */
     CHILD_EVENT_COUNT
@@ -76,6 +76,28 @@ int child_event_read(const char *line, struct child_event *e);
 /* e as compact JSON, as the job's event log stores it (the fields as written, and "id" when
  * not NULL: a checkpoint's id); NULL when out of memory. Caller frees. */
 char *child_event_json(const struct child_event *e, const char *id);
+
+/* The rate limit of a job's progress (its step, validation and sampling events) as the server
+ * stores it: per kind, at most one event per CHILD_PROGRESS_EVERY_S; one that comes sooner is
+ * held back (a newer one of its kind replaces it) and stored when its window ends
+ * (child_throttle_due) or before the next event of another kind, so the last of a phase is
+ * always kept. A phase's end (done == total, step == steps) and a step that measured the
+ * validation loss are never held. */
+#define CHILD_PROGRESS_EVERY_S 0.5
+
+struct child_throttle {
+    double last[CHILD_EVENT_COUNT];  /* when each kind last passed (0: never) */
+    int held;                        /* pending holds an event */
+    struct child_event pending;
+};
+
+/* e, arriving at now (seconds, any monotonic clock > 0): returns how many events to store now,
+ * in order, in out[0..1] (0: e is held back; 2: a held event of another kind first, then e) */
+int child_throttle_offer(struct child_throttle *t, const struct child_event *e, double now,
+                         struct child_event out[2]);
+/* the held event when its window has ended at now (or at once when force): 1 with *out (no
+ * longer held), else 0 */
+int child_throttle_due(struct child_throttle *t, double now, int force, struct child_event *out);
 
 /* Starts argv[0] with argv and env: stdin /dev/null, stdout and stderr the write ends of two
  * pipes whose read ends (close-on-exec) are returned in *out_fd and *err_fd; the child dies with

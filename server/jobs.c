@@ -47,6 +47,7 @@ enum jobs_stmt {
     STMT_IDEM_FINISH,
     STMT_IDEM_ABANDON,
     STMT_IDEM_LINK,
+    STMT_PROGRESS_THIN,
     STMT_COUNT_
 };
 
@@ -92,6 +93,17 @@ static const char *const stmt_sql[STMT_COUNT_] = {
     [STMT_IDEM_ABANDON] = "DELETE FROM idempotency WHERE owner = ?1 AND key = ?2 AND "
         "status = 0 AND job_id IS NULL",
     [STMT_IDEM_LINK] = "UPDATE idempotency SET job_id = ?3 WHERE owner = ?1 AND key = ?2",
+    /* every second progress event of the job goes, except those kept: the newest event of the
+     * job (seq = MAX(seq) + 1 stays monotonic), the newest of each kind, a phase's end (done =
+     * total) and a step with a validation loss */
+    [STMT_PROGRESS_THIN] = "DELETE FROM events WHERE job_id = ?1 AND seq IN ("
+        "SELECT seq FROM (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM events "
+        "WHERE job_id = ?1 AND type = 'progress' "
+        "AND json_extract(data, '$.val_loss') IS NULL "
+        "AND coalesce(json_extract(data, '$.done') = json_extract(data, '$.total'), 0) = 0 "
+        "AND seq NOT IN (SELECT MAX(seq) FROM events WHERE job_id = ?1 AND type = 'progress' "
+        "GROUP BY json_extract(data, '$.event'))) "
+        "WHERE rn % 2 = 0 AND seq < (SELECT MAX(seq) FROM events WHERE job_id = ?1))",
 };
 
 /* a connection and its prepared statements */
@@ -110,6 +122,7 @@ struct jobs {
     struct conn *readers;
     char reserve[1200];          /* DIR/ddpmd.db-reserve */
     int have_reserve;            /* under mu */
+    int progress_max;            /* a job's progress events before they are thinned */
     jobs_observer_fn observer;   /* set before any other thread uses the store */
     void *observer_ctx;
 };
@@ -305,6 +318,7 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
     }
     pthread_mutex_init(&j->mu, NULL);
     pthread_mutex_init(&j->rmu, NULL);
+    j->progress_max = JOBS_PROGRESS_MAX;
     if (pthread_key_create(&j->reader, NULL)) {
         snprintf(err, errlen, "no thread key for the store's read connections");
         pthread_mutex_destroy(&j->mu);
@@ -786,12 +800,43 @@ int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t ste
     return exec_one(db, STMT_PROGRESS, id, step, steps, loss, img_per_s);
 }
 
+/* a job's progress events past JOBS_PROGRESS_MAX are thinned: every second one goes (see
+ * STMT_PROGRESS_THIN), so a long job keeps a few hundred spread over its life (lock held) */
+static int progress_compact_locked(struct jobs *db, const char *id)
+{
+    sqlite3_stmt *st = stmt(&db->w, STMT_EVENT_COUNT);
+    int rc = JOBS_ERR_DB, n = 0;
+    if (!st) goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, "progress", -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_ROW) goto out;
+    n = sqlite3_column_int(st, 0);
+    stmt_done(st);
+    st = NULL;
+    if (n <= db->progress_max) return JOBS_OK;
+    if (!(st = stmt(&db->w, STMT_PROGRESS_THIN))) goto out;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_DONE) goto out;
+    rc = JOBS_OK;
+out:
+    if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
+    stmt_done(st);
+    return rc;
+}
+
 int jobs_event_append(struct jobs *db, const char *id, const char *type, const char *json,
                       int64_t *seq)
 {
     int brc = begin(db);
     if (brc) return brc;
-    return observed(db, end(db, event_append_locked(db, id, type, json, seq)), id, type, json);
+    int rc = event_append_locked(db, id, type, json, seq);
+    if (rc == JOBS_OK && strcmp(type, "progress") == 0) rc = progress_compact_locked(db, id);
+    return observed(db, end(db, rc), id, type, json);
+}
+
+void jobs_set_progress_max(struct jobs *db, int n)
+{
+    db->progress_max = n > 2 ? n : 2;
 }
 
 int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,

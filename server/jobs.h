@@ -96,9 +96,15 @@ int jobs_set_plan(struct jobs *db, const char *id, const char *device, int64_t r
                   const char *plan, const char *plans);
 int jobs_set_progress(struct jobs *db, const char *id, int64_t step, int64_t steps, double loss,
                       double img_per_s);
-/* appends one event; *seq (may be NULL) gets its position in the job's log (1, 2, ...) */
+/* appends one event; *seq (may be NULL) gets its position in the job's log (1, 2, ...). A job's
+ * "progress" events past JOBS_PROGRESS_MAX are thinned in the same transaction (every second
+ * one goes; the newest of each kind, a phase's end, a step with "val_loss" and every other type
+ * stay), so ids have gaps but never go back: resuming after any id is exact */
 int jobs_event_append(struct jobs *db, const char *id, const char *type, const char *json,
                       int64_t *seq);
+#define JOBS_PROGRESS_MAX 512
+/* another JOBS_PROGRESS_MAX (at least 2): the tests' */
+void jobs_set_progress_max(struct jobs *db, int n);
 /* events with seq > after, in order, at most limit */
 int jobs_events_after(struct jobs *db, const char *id, int64_t after, int limit,
                       struct job_event **ev, int *n);

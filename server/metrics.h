@@ -1,7 +1,8 @@
 /* metrics.h - the server's Prometheus counters and histograms (GET /metrics). Process-wide and
  * lock-free (C11 atomics): the HTTP threads and the pool's thread update them without a lock.
  * metrics_render writes them in the text exposition format 0.0.4, with the gauges (jobs by state,
- * the device's bytes) the caller reads at scrape time.
+ * the device's bytes) the caller reads at scrape time, the process's own (process_*: CPU,
+ * memory, descriptors, start time, from /proc) and ddpmd_build_info.
  */
 #ifndef DDPMD_METRICS_H
 #define DDPMD_METRICS_H
@@ -22,10 +23,16 @@ enum metrics_failure {
 };
 
 /* the route labels: "METHOD PATTERN" pairs in the api's table order (kept, not copied); a route
- * index outside [0, n) counts as route "unmatched" */
-void metrics_set_routes(const char *const *methods, const char *const *patterns, int n);
-/* one answered request: its route index, status and seconds from first byte to completion */
-void metrics_http_observe(int route, unsigned status, double seconds);
+ * index outside [0, n) counts as route "unmatched" with its request's method (GET, HEAD, POST,
+ * PUT, DELETE, PATCH, OPTIONS, else "other"). streams[i] (may be NULL): route i answers an event
+ * stream, whose seconds go to ddpmd_sse_stream_duration_seconds, not to the request latency */
+void metrics_set_routes(const char *const *methods, const char *const *patterns,
+                        const int *streams, int n);
+/* one answered request: its route index, method (for an unmatched one), status and seconds
+ * from first byte to completion */
+void metrics_http_observe(int route, const char *method, unsigned status, double seconds);
+/* the build: its version and `git describe` of the source ("" when it was no checkout) */
+void metrics_build(const char **version, const char **revision);
 
 /* a job reported steps it trained (images = steps x batch), each taking step_s seconds on
  * average (step_s < 0: unknown, the histogram is not fed) */

@@ -61,6 +61,7 @@ struct child {
      * two step lines came) and the predicted one from its plan */
     int64_t step, steps, step0;
     double t0, step_s, pred_step_s;
+    struct child_throttle throttle; /* its progress events' rate limit (the pool's thread's) */
 };
 
 /* a device and what runs on it (under the pool's lock) */
@@ -76,7 +77,8 @@ struct qjob {
     int seen;                    /* listed by the current scheduling pass */
     int pinned;                  /* the device it ran on before (it resumes there), -1: any, -2:
                                   * one this server does not have */
-    int want;                    /* the threads it asks for (a sampling job: 1) */
+    int want;                    /* the threads it asks for (a sampling job: 1; 0: train.threads
+                                  * not named - the cores free when it first starts) */
     int batch;                   /* a training job's images per step (the metrics) */
     int fits[POOL_MAX_DEVICES];
     int64_t reserved[POOL_MAX_DEVICES];
@@ -744,7 +746,8 @@ static void qjob_sweep(struct pool *p)
 static double qjob_step_seconds(const struct pool *p, const struct qjob *q, int d, int threads)
 {
     double sec = q->step_s[d];
-    if (p->devs[d].is_cpu && threads > 0) sec = sec * q->want / threads;
+    /* admission predicts at the spec's threads, one when it names none */
+    if (p->devs[d].is_cpu && threads > 0) sec = sec * (q->want > 0 ? q->want : 1) / threads;
     return sec;
 }
 
@@ -757,10 +760,10 @@ static double kid_remaining(const struct child *k)
     return left == 0 ? 0 : (double)left * per;
 }
 
-/* a training job's command line: `ddpmd train SPEC --out DIR --device D [--resume-or-start]
- * --threads N` and, when its plan on the device names one, the strategy and budget it runs
- * exactly (--vram-budget, --precision, --micro-batch, --recompute, --offload): the job's spec
- * file stays as it was written at submit */
+/* a training job's command line: `ddpmd train SPEC --out DIR --progress-json --device D
+ * [--resume-or-start] --threads N` and, when its plan on the device names one, the strategy
+ * and budget it runs exactly (--vram-budget, --precision, --micro-batch, --recompute,
+ * --offload): the job's spec file stays as it was written at submit */
 struct train_args {
     char spec[FSIO_PATH_MAX], out[FSIO_PATH_MAX];
     char threads[16], budget[24], micro[16];
@@ -779,6 +782,7 @@ static int train_args_make(struct pool *p, const char *id, const struct qjob *q,
     char **v = a->argv;
     int i = 0;
     v[i++] = p->exe, v[i++] = "train", v[i++] = a->spec, v[i++] = "--out", v[i++] = a->out;
+    v[i++] = "--progress-json"; /* protocol events, files named without the server's paths */
     v[i++] = "--device", v[i++] = p->devs[d].st.cfg.name;
     if (resume) v[i++] = "--resume-or-start";
     snprintf(a->threads, sizeof a->threads, "%d", threads);
@@ -919,7 +923,8 @@ static int job_threads(const struct pool *p, const struct job_row *r, const stru
     if (r->threads > 0) return r->threads; /* a resumed job keeps its first count */
     if (!p->devs[d].is_cpu) return POOL_GPU_THREADS;
     int free_cores = p->cfg.cores - p->threads_used;
-    int threads = q->want < free_cores ? q->want : free_cores;
+    int want = q->want > 0 ? q->want : p->cfg.cores; /* none named: every free core */
+    int threads = want < free_cores ? want : free_cores;
     return threads < 1 ? 1 : threads; /* more jobs than cores: they share */
 }
 
@@ -1114,17 +1119,12 @@ static void kid_progress(struct child *k, int64_t step)
     k->step = step;
 }
 
-/* a line of the child's stdout: a protocol event (child.h) becomes an event of the job (step,
- * validation and sampling are "progress", a step also updating the job's row; a checkpoint is
- * "checkpoint" with the id GET /checkpoints/{id} takes; samples "sample"; the others by their
- * name); anything else a log line */
-static void stdout_line(struct pool *p, struct child *k, const char *line)
+/* a protocol event (child.h) becomes an event of the job (step, validation and sampling are
+ * "progress", a step also updating the job's row; a checkpoint is "checkpoint" with the id GET
+ * /checkpoints/{id} takes; samples "sample"; the others by their name) */
+static void store_event(struct pool *p, struct child *k, const struct child_event *ep)
 {
-    struct child_event e;
-    if (child_event_read(line, &e)) {
-        event_line(p, k->id, "log", "stdout", line);
-        return;
-    }
+    struct child_event e = *ep;
     const char *type = child_event_name(e.kind);
     const double *v = e.v;
     int has_step = child_event_has(&e, CHILD_STEP);
@@ -1154,7 +1154,7 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
                               NAN, NAN);
         }
         type = "progress";
-    } else if (e.kind == CHILD_EVENT_SAMPLES) {
+    } else if (e.kind == CHILD_EVENT_SAMPLE) {
         type = "sample";
     } else if (e.kind == CHILD_EVENT_CHECKPOINT && has_step) {
         int64_t st = (int64_t)v[CHILD_STEP];
@@ -1165,6 +1165,29 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
     char *compact = child_event_json(&e, ckpt);
     jobs_event_append(p->db, k->id, type, compact ? compact : "{}", NULL);
     free(compact);
+}
+
+/* a line of the child's stdout: a protocol event, its progress rate-limited (child.h's
+ * throttle: what is held back is stored by flush_progress); anything else a log line */
+static void stdout_line(struct pool *p, struct child *k, const char *line)
+{
+    struct child_event e, out[2];
+    if (child_event_read(line, &e)) {
+        event_line(p, k->id, "log", "stdout", line);
+        return;
+    }
+    int n = child_throttle_offer(&k->throttle, &e, clock_now_s(), out);
+    for (int i = 0; i < n; i++) store_event(p, k, &out[i]);
+}
+
+/* stores the child's held-back progress event when its window has ended, or now when force
+ * (the child is gone); 1 when one was stored */
+static int flush_progress(struct pool *p, struct child *k, int force)
+{
+    struct child_event e;
+    if (!child_throttle_due(&k->throttle, clock_now_s(), force, &e)) return 0;
+    store_event(p, k, &e);
+    return 1;
 }
 
 /* reads what is there; returns 1 at EOF */
@@ -1206,6 +1229,7 @@ static int drain(struct pool *p, struct child *k, int is_err)
 /* the child is gone: its job's final state, its reservation released (lock held) */
 static void finish(struct pool *p, struct child *k, int status)
 {
+    flush_progress(p, k, 1);
     check_checkpoint(p, k);
     char err[ERR_TAIL_BYTES + 128], ev[ERR_TAIL_BYTES + 512];
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -1337,6 +1361,7 @@ static void *pool_thread(void *arg)
             events = 1;
         }
         pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < p->n_kids; i++) events |= flush_progress(p, p->kids[i], 0);
         for (int i = 0; i < p->n_kids; i++) {
             struct child *k = p->kids[i];
             if (k->out_fd >= 0 || k->err_fd >= 0) continue;

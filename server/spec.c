@@ -3,9 +3,11 @@
  * back to a default); so are duplicate keys, trailing bytes, NUL characters and invalid UTF-8.
  * One table of value rules serves the parser and spec_validate (the CLI's options).
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "spec.h"
 
 #include <cjson/cJSON.h>
+#include <sched.h>
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "fsio.h"
@@ -165,7 +168,8 @@ static const struct rule rules[] = {
     R("train.clip", RULE_FLOAT, optim.clip, 0, 1e6, 0, 0),
     R("train.ema_decay", RULE_FLOAT, optim.ema_decay, 0, 0.999999, 0, 0),
     R("train.seed", RULE_U64, seed, 0, (double)SPEC_SEED_MAX, 0, 0),
-    R("train.threads", RULE_INT, threads, 1, SPEC_THREADS_MAX, 0, 0),
+    /* 0: not named - the job's cores are decided when it first starts (spec.h) */
+    R("train.threads", RULE_INT, threads, 0, SPEC_THREADS_MAX, 0, 0),
     R("output.checkpoint_every", RULE_INT, checkpoint_every, 0, 100000000, 0, 0),
     R("output.sample_every", RULE_INT, sample_every, 0, 100000000, 0, 0),
     R("output.log_every", RULE_INT, log_every, 1, 100000000, 0, 0),
@@ -651,7 +655,7 @@ void spec_defaults(struct train_spec *s)
     s->optim.warmup = 500;
     s->optim.cosine = 0;
     s->seed = 1;
-    s->threads = 2;
+    s->threads = 0;
     s->checkpoint_every = 1000;
     s->sample_every = 1000;
     s->log_every = 50;
@@ -680,8 +684,9 @@ int spec_parse_size(const char *s, int64_t *bytes)
                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
                  {"GB", 1e9},       {"TB", 1e12},      {"K", 1024.0},       {"M", 1048576.0},
                  {"G", 1073741824.0}};
+    /* the unit in any case ("1gb" is 1GB): a size is never meant in bits */
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(s + d + f, units[i].suffix) == 0) {
+        if (strcasecmp(s + d + f, units[i].suffix) == 0) {
             double b = v * units[i].mult;
             if (!(b <= 9.0e18)) return -1;
             *bytes = (int64_t)b;
@@ -958,6 +963,15 @@ static int64_t host_memory(void)
     }
     if (f) fclose(f);
     return mem;
+}
+
+int spec_host_cores(void)
+{
+    /* the cores this process may run on (taskset, a cpuset), else those online */
+    cpu_set_t set;
+    long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                          : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > SPEC_THREADS_MAX ? SPEC_THREADS_MAX : (int)n;
 }
 
 int spec_host_check(const struct train_spec *s, char *why, size_t n)

@@ -68,7 +68,10 @@ struct train_spec {
     int steps;
     struct optim_config optim;    /* total_steps = steps */
     uint64_t seed;
-    int threads;
+    int threads;                  /* 0: none named - `ddpmd serve` gives the job the cores its
+                                   * device has free when it first starts, `ddpmd train` the
+                                   * machine's (spec_host_cores), or a resumed run its
+                                   * checkpoint's count; a run records the count it used */
 
     /* output */
     int checkpoint_every, sample_every, log_every, keep_last, samples;
@@ -125,12 +128,14 @@ int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images);
  * error of data.dataset. Checked before any planning by POST /train, `ddpmd train` and
  * `ddpmd plan`. */
 int spec_host_check(const struct train_spec *s, char *why, size_t n);
+/* this machine's cores (those this process may run on), in [1, SPEC_THREADS_MAX] */
+int spec_host_cores(void);
 /* the spec as canonical JSON (every field explicit; floats in their shortest form); caller frees
  * with free(). NULL when an allocation fails (never a document with a field missing). */
 char *spec_to_json(const struct train_spec *s);
 /* a size as the spec and the command lines write it: "8GiB", "512MiB", "1.5GiB", "100MB",
- * "4096" (digits, an optional fraction, a unit of B, KiB..TiB, KB..TB, K, M, G) -> bytes; -1 when
- * s is none (signs, exponents, spaces and "inf" are refused) */
+ * "4096" (digits, an optional fraction, a unit of B, KiB..TiB, KB..TB, K, M, G in any case:
+ * "1gb", "512mib") -> bytes; -1 when s is none (signs, exponents, spaces and "inf" are refused) */
 int spec_parse_size(const char *s, int64_t *bytes);
 /* prints "path: message" lines */
 void spec_errors_print(const struct spec_errors *errs, const char *prefix);

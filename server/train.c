@@ -170,11 +170,18 @@ static void prune_checkpoints(const char *dir, int keep)
     free(steps);
 }
 
+/* a path as the run's messages show it (see train_opts.names_only) */
+static const char *shown(const struct train_opts *o, const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return o->names_only && base && base[1] ? base + 1 : path;
+}
+
 /* Removes the temporaries an interrupted write (kill -9, power loss) left in one of the job's
  * folders: "FINAL.tmp.*" regular files whose FINAL is a name this job writes there (a
  * checkpoint or sample grid of exact name, loss.csv, loss.png; and loss.csv.tmp). Nothing else
  * is touched. */
-static void remove_stale_temps(const char *dir, const char *ext, int quiet)
+static void remove_stale_temps(const struct train_opts *o, const char *dir, const char *ext)
 {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -189,9 +196,9 @@ static void remove_stale_temps(const char *dir, const char *ext, int quiet)
         int ours = legacy || (ext ? step_of_name(base, ext) >= 0
                                   : strcmp(base, "loss.csv") == 0 || strcmp(base, "loss.png") == 0);
         if (!ours || !is_regular_at(dirfd(d), de->d_name)) continue;
-        if (unlinkat(dirfd(d), de->d_name, 0) == 0 && !quiet)
-            fprintf(stderr, "ddpmd: removed %s/%s, left by an interrupted write\n", dir,
-                    de->d_name);
+        if (unlinkat(dirfd(d), de->d_name, 0) == 0 && !o->quiet)
+            fprintf(stderr, "ddpmd: removed %s%s%s, left by an interrupted write\n",
+                    o->names_only ? "" : dir, o->names_only ? "" : "/", de->d_name);
     }
     closedir(d);
 }
@@ -217,7 +224,7 @@ static int open_data(struct job *j, char *err, size_t errlen)
                                  errlen);
         if (!st && rep.skipped && !j->o->quiet)
             fprintf(stderr, "ddpmd: %d of %d images in %s could not be read and are skipped\n",
-                    rep.skipped, rep.found, s->dataset);
+                    rep.skipped, rep.found, j->o->names_only ? "the dataset" : s->dataset);
     }
     if (st) return -1;
     if (s->validation) {
@@ -519,8 +526,8 @@ static int open_newest(struct job *j, char *path, size_t plen, struct safetensor
         char aside[FSIO_PATH_MAX];
         int moved = !fsio_path(aside, sizeof aside, NULL, 0, "%s.corrupt", path) &&
                     rename(path, aside) == 0;
-        fprintf(stderr, "ddpmd: cannot resume from %s (%s)%s%s; %s\n", path, why,
-                moved ? ", kept as " : "", moved ? aside : "",
+        fprintf(stderr, "ddpmd: cannot resume from %s (%s)%s%s; %s\n", shown(j->o, path), why,
+                moved ? ", kept as " : "", moved ? shown(j->o, aside) : "",
                 i + 1 < n ? "trying the previous checkpoint" : "no older checkpoint");
     }
     free(steps);
@@ -550,7 +557,8 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
             j->last_ckpt = step;
             if (j->o->stats) j->o->stats->resumed = 1;
             if (!j->o->quiet)
-                fprintf(stderr, "ddpmd: resuming from %s (step %" PRId64 ")\n", path, step);
+                fprintf(stderr, "ddpmd: resuming from %s (step %" PRId64 ")\n",
+                        shown(j->o, path), step);
             return 0;
         }
         if (j->o->resume != TRAIN_RESUME_IF_ANY) {
@@ -560,7 +568,8 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
             return -1;
         }
         if (!j->o->quiet)
-            fprintf(stderr, "ddpmd: no checkpoint in %s; starting at step 0\n", j->dir_ckpt);
+            fprintf(stderr, "ddpmd: no checkpoint in %s; starting at step 0\n",
+                    shown(j->o, j->dir_ckpt));
     } else {
         /* a fresh run would prune an earlier run's checkpoints as "newer" ones: refuse */
         int64_t *steps = NULL;
@@ -706,7 +715,7 @@ static int save_samples(struct job *j, int64_t step, char *err, size_t errlen)
         rc = GENERATE_FAILED;
         goto out;
     }
-    report_event(j->o, CHILD_EVENT_SAMPLES, step);
+    report_event(j->o, CHILD_EVENT_SAMPLE, step);
 out:
     generate_free(&sj); /* a view: clears it, frees nothing of the job's */
     free(img);
@@ -910,7 +919,7 @@ static int owed_samples(struct job *j, int64_t start, char *err, size_t errlen)
     struct stat st;
     if (stat(path, &st) == 0) return GENERATE_OK;
     if (!j->o->quiet)
-        fprintf(stderr, "ddpmd: %s is missing; sampling it first\n", path);
+        fprintf(stderr, "ddpmd: %s is missing; sampling it first\n", shown(j->o, path));
     return save_samples(j, start, err, errlen);
 }
 
@@ -939,9 +948,9 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
         snprintf(err, errlen, "cannot create %s: %s", o->out_dir, strerror(errno));
         return TRAIN_FAILED;
     }
-    remove_stale_temps(j.dir_ckpt, ".safetensors", o->quiet);
-    remove_stale_temps(j.dir_samples, ".png", o->quiet);
-    remove_stale_temps(o->out_dir, NULL, o->quiet);
+    remove_stale_temps(o, j.dir_ckpt, ".safetensors");
+    remove_stale_temps(o, j.dir_samples, ".png");
+    remove_stale_temps(o, o->out_dir, NULL);
     if (open_data(&j, err, errlen) || build(&j, err, errlen) || init_weights(&j, &start, err, errlen))
         goto out;
     if (o->stats) o->stats->start_step = start;

@@ -49,6 +49,8 @@ struct train_opts {
     volatile sig_atomic_t *stop;    /* set asynchronously: checkpoint, then return */
     int64_t stop_after;             /* > 0: stop (with a checkpoint) once this step is done */
     int quiet;                      /* no per-step output (tests) */
+    int names_only;                 /* messages name a file by its last part, not its path (a
+                                     * server's job: its client names files by ids) */
     struct train_stats *stats;      /* filled when not NULL */
     /* how the step fits into memory (NULL: the search's choice for the spec, under cost).
      * Resolved: no AUTO field; micro_batch 0 or >= train.batch is the whole batch. train.batch

@@ -2,6 +2,7 @@
 # test_cli_errors.sh - the real ddpmd binary on bad numbers and bad spec files: each is refused
 # with exit status 2 (1 for a checkpoint that cannot be opened) and a message naming the flag or
 # field and the reason; nothing crashes (no status >= 128) and nothing hangs (a FIFO as spec).
+# Also the defaults a new user meets: train.threads from the cores.
 # Usage: test_cli_errors.sh DDPMD
 set -u
 ddpmd=${1:?path to ddpmd}
@@ -22,7 +23,7 @@ expect() {
 }
 
 # model and training options go through the spec's validation (flag and field path named)
-expect 2 "--threads: train.threads: must be in [1, 256], got 100000" plan --threads 100000
+expect 2 "--threads: train.threads: must be in [0, 256], got 100000" plan --threads 100000
 expect 2 "--threads: train.threads" demo --threads 100000 --steps 1
 expect 2 "--groups: model.norm_num_groups: must be in [1, 1024], got 0" plan --groups 0
 expect 2 "--ch" plan --ch 2000000000
@@ -42,9 +43,26 @@ expect 2 "--mult" plan --mult 1,,2
 expect 2 "--mult: at most 8" plan --mult 1,1,1,1,1,1,1,1,1
 expect 2 "--attn" plan --attn 16,abc
 expect 2 "--groups" plan --groups
-expect 2 "unknown or incomplete option '--x\\xff'" plan $'--x\xff'
+expect 2 "ddpmd plan: unknown option '--x\\xff'" plan $'--x\xff'
 check '! LC_ALL=C grep -q $'"'"'\xff'"'"' "$dir/err"' "a raw byte of an unknown option is echoed"
-expect 2 "bad option '--sampler' dd\\x01im" sample "$dir/none.safetensors" --sampler $'dd\x01im'
+expect 2 "ddpmd sample: --sampler: 'dd\\x01im' is not a value it takes" sample "$dir/none.safetensors" --sampler $'dd\x01im'
+# an unknown option is reported one way by every command, with the nearest known one
+expect 2 "ddpmd train: unknown option '--thread'; did you mean --threads? (ddpmd train --help lists them)" train x.json --thread 2
+expect 2 "ddpmd plan: unknown option '--jsn'; did you mean --json?" plan x.json --jsn
+expect 2 "ddpmd plan: unknown option '--treads'; did you mean --threads?" plan --treads 2
+expect 2 "ddpmd sample: unknown option '--setps'; did you mean --steps?" sample c.safetensors --setps 3
+expect 2 "ddpmd export: unknown option '--diffuser'; did you mean --diffusers?" export --diffuser d c
+expect 2 "ddpmd serve: unknown option '--max-con'; did you mean --max-conns?" serve --max-con 4
+expect 2 "ddpmd: unknown command 'trian'; did you mean train?" trian
+expect 2 "ddpmd train: --out needs a value" train x.json --out
+expect 2 "ddpmd plan: unknown option '--zzzzzz' (ddpmd plan --help lists them)" plan --zzzzzz
+check '! grep -q "did you mean" "$dir/err"' "a suggestion for an option nothing is near"
+expect 2 "ddpmd train: unexpected argument 'b'" train a.json b
+# --version: the build's version and, from a git checkout, its revision
+timeout 10 "$ddpmd" --version > "$dir/out" 2> "$dir/err"
+check 'grep -qE "^ddpmd [0-9]+\.[0-9]+\.[0-9]+( \([A-Za-z0-9._+-]+\))?$" "$dir/out"' "--version: $(cat "$dir/out" "$dir/err")"
+timeout 10 "$ddpmd" train --help > "$dir/out" 2>&1
+check 'grep -q "^usage: ddpmd COMMAND" "$dir/out"' "ddpmd train --help: $(head -c 200 "$dir/out")"
 
 # sample's own numbers, checked before the checkpoint is opened
 expect 2 "--steps: must be in [1, 100000], got 0" sample "$dir/none.safetensors" --steps 0
@@ -115,6 +133,10 @@ expect 2 "--offload: 'yes' is not one of auto, off, on" train "$dir/b4.json" --o
 expect 2 "--micro-batch: must be in [1, 65535], got 0" train "$dir/b4.json" --out "$dir/o" --micro-batch 0
 expect 2 "memory.micro_batch" train "$dir/b4.json" --out "$dir/o" --micro-batch 5
 expect 2 "--threads: must be in [1, 256], got 0" train "$dir/b4.json" --out "$dir/o" --threads 0
+# sizes take their unit in any case, as the help lists them ("1gb" is 1GB)
+timeout 60 "$ddpmd" plan "$dir/b4.json" --vram-budget 1gb > "$dir/out" 2> "$dir/err"
+check 'grep -q "device budget 0.93 GiB" "$dir/out"' "plan --vram-budget 1gb: $(head -c 300 "$dir/out" "$dir/err")"
+expect 2 "--vram-budget: '1xb' is not a size" plan "$dir/b4.json" --vram-budget 1xb
 check '[ ! -e "$dir/o" ]' "a refused spec created its output folder"
 
 # a real checkpoint (one step of a tiny model): --steps beyond its timesteps is refused by name
@@ -124,6 +146,13 @@ timeout 120 "$ddpmd" train "$dir/tiny.json" --out "$dir/tiny" > /dev/null 2> "$d
 rc=$?
 check '[ "$rc" -eq 0 ]' "tiny training run exited $rc: $(tail -c 300 "$dir/err")"
 ckpt="$dir/tiny/checkpoints/step-00000001.safetensors"
+# a spec without train.threads trains on the cores this process may use, and a resume keeps the
+# count its checkpoint was trained with (here under taskset: one core)
+check 'grep -qF "train.threads not given: $(nproc) thread" "$dir/err"' "threads: $(grep threads "$dir/err")"
+sed 's/"steps": 1,/"steps": 2,/' "$dir/tiny.json" > "$dir/tiny2.json"
+timeout 120 taskset -c 0 "$ddpmd" train "$dir/tiny2.json" --out "$dir/tiny" --resume > /dev/null 2> "$dir/err"
+check 'grep -qF "train.threads not given: $(nproc) thread" "$dir/err" &&
+       grep -qF "(the count its checkpoint was trained with)" "$dir/err"' "resume threads: $(grep threads "$dir/err")"
 expect 2 "--steps: must be at most the model's diffusion.timesteps (50), got 51" sample "$ckpt" --steps 51
 expect 0 "wrote" sample "$ckpt" --steps 2 --n 1 --batch 1 --out "$dir/grid.png"
 check '[ -s "$dir/grid.png" ]' "no grid written"

@@ -71,7 +71,8 @@ def main(exe):
     states = [e[2]["state"] for e in evs if e[1] == "state"]
     check(states == ["queued", "running", "succeeded"], "states %s" % states)
     steps = [e[2]["step"] for e in evs if e[1] == "progress" and e[2].get("event") == "step"]
-    check(steps == [1, 2, 3, 4, 5, 6], "progress steps %s" % steps)
+    # at most one step event per 500 ms: the first, the last and those in between that were due
+    check(steps[0] == 1 and steps[-1] == 6 and steps == sorted(set(steps)), "progress steps %s" % steps)
     ckpts = [e[2]["id"] for e in evs if e[1] == "checkpoint"]
     check(ckpts and ckpts[-1] == jid + "-6", "checkpoint events %s" % ckpts)
     check(evs[-1][1] == "state", "the stream does not end with the final state")

@@ -1,8 +1,9 @@
 """test_metrics.py - GET /metrics over a real socket: the exposition passes `promtool check
 metrics`, and its values follow a job exactly: jobs by state and the device's reserved/free bytes
 while it runs, then steps, images (steps x batch), one step-time observation per step and the
-requests counted by route pattern and status once it ended; a job killed by a signal counts as a
-failure with reason "signal". Usage: test_metrics.py PATH/TO/ddpmd
+requests counted by route pattern and status once it ended (unmatched ones by method, the event
+stream's seconds apart from the latency); process_* and ddpmd_build_info (as `ddpmd --version`
+says); a job killed by a signal counts as a failure with reason "signal". Usage: test_metrics.py PATH/TO/ddpmd
 """
 import os
 import re
@@ -102,16 +103,34 @@ def main(exe):
               status="200") == 1, "the event stream is counted by its pattern")
     check(get(m, "ddpmd_http_request_duration_seconds_count", method="POST", route="/train") == 1,
           "POST /train latency observations")
+    # the stream's seconds are its own histogram, not the request latency's
+    check(get(m, "ddpmd_sse_stream_duration_seconds_count") == 1, "one stream timed")
+    check(get(m, "ddpmd_http_request_duration_seconds_count", method="GET",
+              route="/jobs/{id}/events") is None, "the stream in the request latency")
+    # the process and the build
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                 "process_max_fds", "process_start_time_seconds"):
+        check((get(m, name) or 0) > 0, "%s: %s" % (name, get(m, name)))
+    check(abs(get(m, "process_start_time_seconds") - time.time()) < 3600, "start time")
+    build = [dict(labels) for (name, labels) in m if name == "ddpmd_build_info"]
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    check(len(build) == 1 and build[0]["version"] in version and build[0]["revision"] in version,
+          "ddpmd_build_info %s, ddpmd --version %r" % (build, version))
     # the raw URL is never a label
     check(not any(jid in v for (_, labels) in m for (_, v) in labels), "a job id in a label")
     for _ in range(3):
         s.request("GET", "/no/such/route")
     s.request("GET", "/jobs/j0000000000000000")
-    scrape_until(s, "ddpmd_http_requests_total", 3, method="", route="unmatched", status="404")
+    s.request("BREW", "/coffee")
+    scrape_until(s, "ddpmd_http_requests_total", 3, method="GET", route="unmatched", status="404")
     m = scrape_until(s, "ddpmd_http_requests_total", 1, method="GET", route="/jobs/{id}",
                      status="404")
-    check(get(m, "ddpmd_http_requests_total", method="", route="unmatched", status="404") == 3,
+    check(get(m, "ddpmd_http_requests_total", method="GET", route="unmatched", status="404") == 3,
           "unmatched 404s")
+    check(sum(v for (name, labels), v in m.items() if name == "ddpmd_http_requests_total" and
+              ("method", "other") in labels and ("route", "unmatched") in labels) == 1,
+          "an unknown method is labelled other")
+    check(not any(("method", "") in labels for (_, labels) in m), "a request without a method label")
     check(get(m, "ddpmd_http_requests_total", method="GET", route="/jobs/{id}", status="404") == 1,
           "GET /jobs/{id} 404")
     check(get(m, "ddpmd_job_failures_total", reason="exit_status") == 0, "no failures yet")

@@ -110,8 +110,10 @@ def main(exe):
         elif path.endswith("/metrics"):
             # the sample lines' names and labels (values move with time and load)
             out.append("body:")
+            # (and the build's git revision, which moves with every commit)
+            text = re.sub(r'revision="[^"]*"', 'revision="<rev>"', raw.decode())
             out.extend(l if l.startswith("#") else l.rsplit(" ", 1)[0] + " <v>"
-                       for l in n.text(raw.decode()).splitlines())
+                       for l in n.text(text).splitlines())
         else:
             body = n.text(raw.decode())
             if r.status == 202 and method == "POST":
@@ -159,6 +161,14 @@ def main(exe):
                 continue
             check(int(f["id"]) > last, "event ids not increasing: %s" % text[:400])
             last = int(f["id"])
+            # progress is rate-limited (one per 500 ms per kind): which ones pass depends on the
+            # clock, so only those always kept are recorded (a phase's end, the last step, a
+            # step with a validation loss)
+            d = json.loads(f["data"])
+            if f["event"] == "progress" and not (
+                    "val_loss" in d or d.get("done", 0) == d.get("total", -1) or
+                    d.get("step", 0) == d.get("steps", -1)):
+                continue
             (logs if f["event"] == "log" else evs).append(
                 "%s %s" % (f["event"], n.text(f["data"])))
         out.append("events:")

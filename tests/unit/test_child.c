@@ -52,8 +52,93 @@ static void round_trip(const char *what, const struct child_event *e, const char
     free(line);
 }
 
+/* the server's rate limit: 4,000 step lines a second (log_every 1, a tiny model) over 3 s,
+ * with a validation and a sampling phase inside, become about two a second per kind; the last
+ * of each phase, every step with a validation loss and every other event pass at once, in the
+ * order of the lines */
+static void test_throttle(void)
+{
+    struct child_throttle t = {0};
+    struct child_event out[2], e;
+    int stored[CHILD_EVENT_COUNT] = {0}, steps = 12000, last_step = 0, order_ok = 1, nval = 0;
+    double now = 100.0, last_kind_t = 0;
+    int last_kind = -1;
+    for (int s = 1; s <= steps; s++) {
+        now += 0.00025;
+        struct child_event in[3];
+        int nin = 0;
+        in[nin] = (struct child_event){.kind = CHILD_EVENT_STEP};
+        child_event_set(&in[nin], CHILD_STEP, s);
+        child_event_set(&in[nin], CHILD_STEPS, steps);
+        if (s % 4000 == 0) child_event_set(&in[nin], CHILD_VAL_LOSS, 0.1);
+        nin++;
+        if (s == 6000) { /* a grid: 100 denoising steps, then its event */
+            for (int d = 1; d <= 100; d++) {
+                struct child_event g = {.kind = CHILD_EVENT_SAMPLING};
+                child_event_set(&g, CHILD_STEP, s);
+                child_event_set(&g, CHILD_DONE, d);
+                child_event_set(&g, CHILD_TOTAL, 100);
+                int n = child_throttle_offer(&t, &g, now, out);
+                for (int i = 0; i < n; i++) {
+                    stored[out[i].kind]++;
+                    if (out[i].kind == CHILD_EVENT_SAMPLING && out[i].v[CHILD_DONE] == 100)
+                        nval++;
+                }
+                now += 0.0001;
+            }
+            in[nin] = (struct child_event){.kind = CHILD_EVENT_SAMPLE};
+            child_event_set(&in[nin++], CHILD_STEP, s);
+        }
+        for (int j = 0; j < nin; j++) {
+            int n = child_throttle_offer(&t, &in[j], now, out);
+            for (int i = 0; i < n; i++) {
+                stored[out[i].kind]++;
+                if (out[i].kind == CHILD_EVENT_STEP) {
+                    order_ok &= out[i].v[CHILD_STEP] > last_step;
+                    last_step = (int)out[i].v[CHILD_STEP];
+                    if (child_event_has(&out[i], CHILD_VAL_LOSS)) nval++;
+                    /* two step events less than the window apart: only a kept one may be */
+                    if (last_kind == CHILD_EVENT_STEP && now - last_kind_t < CHILD_PROGRESS_EVERY_S &&
+                        !child_event_has(&out[i], CHILD_VAL_LOSS) && out[i].v[CHILD_STEP] != steps)
+                        order_ok = 0;
+                    last_kind = CHILD_EVENT_STEP;
+                    last_kind_t = now;
+                }
+            }
+            /* the server's poll loop, every few hundred lines */
+            if (s % 500 == 0 && child_throttle_due(&t, now, 0, &e)) stored[e.kind]++;
+        }
+    }
+    if (child_throttle_due(&t, now, 1, &e)) stored[e.kind]++;
+    CHECK(stored[CHILD_EVENT_STEP] >= 6 && stored[CHILD_EVENT_STEP] <= 12,
+          "%d step events of %d stored over 3 s", stored[CHILD_EVENT_STEP], steps);
+    CHECK(last_step == steps, "the last step stored is %d, not %d", last_step, steps);
+    CHECK(order_ok, "step events out of order or closer than the window");
+    CHECK(stored[CHILD_EVENT_SAMPLE] == 1, "the sample event passes");
+    CHECK(stored[CHILD_EVENT_SAMPLING] >= 1 && stored[CHILD_EVENT_SAMPLING] <= 3,
+          "%d sampling events of 100", stored[CHILD_EVENT_SAMPLING]);
+    CHECK(nval == 4, "%d of 3 validation steps and 1 grid end kept", nval);
+
+    /* a held event of one kind goes before an event of another */
+    struct child_throttle u = {0};
+    struct child_event a = {.kind = CHILD_EVENT_STEP}, b = {.kind = CHILD_EVENT_CHECKPOINT};
+    child_event_set(&a, CHILD_STEP, 1);
+    CHECK(child_throttle_offer(&u, &a, 10.0, out) == 1, "the first step passes");
+    child_event_set(&a, CHILD_STEP, 2);
+    CHECK(child_throttle_offer(&u, &a, 10.1, out) == 0, "the second is held");
+    CHECK(!child_throttle_due(&u, 10.2, 0, &e), "not due inside the window");
+    child_event_set(&b, CHILD_STEP, 2);
+    CHECK(child_throttle_offer(&u, &b, 10.2, out) == 2 && out[0].kind == CHILD_EVENT_STEP &&
+              out[0].v[CHILD_STEP] == 2 && out[1].kind == CHILD_EVENT_CHECKPOINT,
+          "the held step, then the checkpoint");
+    child_event_set(&a, CHILD_STEP, 3);
+    CHECK(child_throttle_offer(&u, &a, 10.3, out) == 0, "a step inside the window is held");
+    CHECK(child_throttle_due(&u, 10.8, 0, &e) && e.v[CHILD_STEP] == 3, "and stored when due");
+}
+
 int main(void)
 {
+    test_throttle();
     struct child_event e = {.kind = CHILD_EVENT_STEP};
     child_event_set(&e, CHILD_STEP, 12);
     child_event_set(&e, CHILD_STEPS, 300);
@@ -99,7 +184,7 @@ int main(void)
         const char *line;
     } plain[] = {
         {CHILD_EVENT_CHECKPOINT, "{\"event\":\"checkpoint\",\"step\":300}"},
-        {CHILD_EVENT_SAMPLES, "{\"event\":\"samples\",\"step\":300}"},
+        {CHILD_EVENT_SAMPLE, "{\"event\":\"sample\",\"step\":300}"},
         {CHILD_EVENT_STOPPED, "{\"event\":\"stopped\",\"step\":17}"},
         {CHILD_EVENT_DONE, "{\"event\":\"done\",\"step\":300}"},
     };

@@ -1,6 +1,6 @@
 /* test_jobs.c - the service's pieces below HTTP: the SQLite job store (insert, list with filters
  * and paging, state changes with their events, event log order, a placement, reopen, a newer
- * schema refused, a version 2 store migrated),
+ * schema refused, a version 2 store migrated, a long job's progress thinned),
  * job and checkpoint ids that can never name a path, sizes and the token file.
  */
 #define _GNU_SOURCE
@@ -251,6 +251,97 @@ static void test_migrate(const char *dir)
     CHECK(version == JOBS_SCHEMA_VERSION && version == 3, "version after the migration: %d", version);
 }
 
+/* the event log of a job that logs a progress event per step for 5,000 steps (checkpoints
+ * every 500, a grid's denoising steps at 2,500): its progress is thinned to at most the cap,
+ * every state change, checkpoint and sample stays, ids only go up, and a reader that resumes
+ * after any id (one since deleted included) gets exactly the events after it */
+static void test_compact(const char *dir)
+{
+    struct jobs *db;
+    char err[300], ev[160];
+    CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "open: %s", err);
+    jobs_set_progress_max(db, 64);
+    struct job_row r;
+    row(&r, "j00000000000000c1", "alice");
+    CHECK(jobs_insert(db, &r) == 0, "insert");
+    CHECK(jobs_set_state(db, r.id, JOB_RUNNING, 2, NULL, "{\"state\":\"running\"}") == 0, "run");
+    int64_t seq = 0, prev = 0, mid = 0;
+    int up = 1, kept_other = 3; /* queued, running, succeeded */
+    for (int s = 1; s <= 5000; s++) {
+        snprintf(ev, sizeof ev, "{\"event\":\"step\",\"step\":%d,\"steps\":5000,\"loss\":0.1%s}",
+                 s, s % 500 == 0 ? ",\"val_loss\":0.2" : "");
+        CHECK(jobs_event_append(db, r.id, "progress", ev, &seq) == 0, "append %d", s);
+        up &= seq > prev;
+        prev = seq;
+        if (s == 2500)
+            for (int d = 1; d <= 50; d++) {
+                snprintf(ev, sizeof ev, "{\"event\":\"sampling\",\"step\":2500,\"done\":%d,"
+                         "\"total\":50}", d);
+                CHECK(jobs_event_append(db, r.id, "progress", ev, &seq) == 0, "sampling %d", d);
+                up &= seq > prev;
+                prev = seq;
+            }
+        if (s % 500 == 0) {
+            snprintf(ev, sizeof ev, "{\"id\":\"%s-%d\",\"step\":%d}", r.id, s, s);
+            CHECK(jobs_event_append(db, r.id, "checkpoint", ev, &seq) == 0, "checkpoint");
+            up &= seq > prev;
+            prev = seq;
+            kept_other++;
+        }
+        if (s == 2500) {
+            CHECK(jobs_event_append(db, r.id, "sample", "{\"event\":\"samples\",\"step\":2500}",
+                                    &seq) == 0, "sample");
+            prev = seq;
+            kept_other++;
+            mid = seq - 7; /* an id that may have been thinned away */
+        }
+    }
+    CHECK(jobs_set_state(db, r.id, JOB_SUCCEEDED, 0, NULL, "{\"state\":\"succeeded\"}") == 0, "end");
+    CHECK(up, "event ids went back");
+    int np = 0, nc = 0, ns = 0, nst = 0;
+    CHECK(jobs_event_count(db, r.id, "progress", &np) == 0 && np <= 64 + 1 && np >= 16,
+          "%d progress events kept of 5,050 (cap 64)", np);
+    jobs_event_count(db, r.id, "checkpoint", &nc);
+    jobs_event_count(db, r.id, "sample", &ns);
+    jobs_event_count(db, r.id, "state", &nst);
+    CHECK(nc == 10 && ns == 1 && nst == 3, "checkpoints %d, samples %d, states %d kept of 10, 1, 3",
+          nc, ns, nst);
+    (void)kept_other;
+    /* the whole log in order, read in batches of 5 as a stream does, and again from mid */
+    struct job_event *e;
+    int n, total = 0, last_step = 0, vals = 0, grid_end = 0;
+    int64_t after = 0;
+    for (;;) {
+        CHECK(jobs_events_after(db, r.id, after, 5, &e, &n) == 0, "read after %lld", (long long)after);
+        for (int i = 0; i < n; i++) {
+            CHECK(e[i].seq > after, "id %lld after %lld", (long long)e[i].seq, (long long)after);
+            after = e[i].seq;
+            total++;
+            if (strstr(e[i].data, "\"val_loss\"")) vals++;
+            if (strstr(e[i].data, "\"done\":50,")) grid_end++;
+            const char *st = strstr(e[i].data, "\"event\":\"step\",\"step\":");
+            if (st) last_step = atoi(st + strlen("\"event\":\"step\",\"step\":"));
+        }
+        job_events_free(e, n);
+        if (n < 5) break;
+    }
+    CHECK(total == np + nc + ns + nst, "read %d events, the log holds %d", total, np + nc + ns + nst);
+    CHECK(last_step == 5000, "the last step kept is %d", last_step);
+    CHECK(vals == 10 && grid_end == 1, "%d of 10 validation steps, %d of 1 grid end kept", vals,
+          grid_end);
+    CHECK(jobs_events_after(db, r.id, mid, 1000, &e, &n) == 0 && n > 0 && e[0].seq > mid,
+          "resume after %lld", (long long)mid);
+    int from_mid = n;
+    job_events_free(e, n);
+    int before_mid = 0;
+    CHECK(jobs_events_after(db, r.id, 0, 100000, &e, &n) == 0, "read all");
+    for (int i = 0; i < n; i++) before_mid += e[i].seq <= mid;
+    job_events_free(e, n);
+    CHECK(before_mid + from_mid == total, "resuming after %lld: %d + %d events of %d",
+          (long long)mid, before_mid, from_mid, total);
+    jobs_close(db);
+}
+
 static void test_ids(void)
 {
     CHECK(pool_job_id_valid("j0123456789abcdef"), "valid id");
@@ -293,6 +384,13 @@ static void test_sizes(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(spec_parse_size(bad[i], &b) != 0, "'%s' taken for a size", bad[i]);
     CHECK(spec_parse_size("0.5KiB", &b) == 0 && b == 512, "0.5KiB");
+    /* units in any case, as help and error messages list them */
+    CHECK(spec_parse_size("1gb", &b) == 0 && b == 1000000000, "1gb");
+    CHECK(spec_parse_size("4gib", &b) == 0 && b == 4ll << 30, "4gib");
+    CHECK(spec_parse_size("512Mib", &b) == 0 && b == 512ll << 20, "512Mib");
+    CHECK(spec_parse_size("2g", &b) == 0 && b == 2ll << 30, "2g");
+    CHECK(spec_parse_size("3b", &b) == 0 && b == 3, "3b");
+    CHECK(spec_parse_size("1gbb", &b) != 0 && spec_parse_size("1xib", &b) != 0, "bad units");
 }
 
 static void test_tokens(const char *dir)
@@ -328,6 +426,13 @@ int main(void)
     char dir[] = "/tmp/ddpmd-test-jobs-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_store(dir);
+    char cdir[] = "/tmp/ddpmd-test-jobs-log-XXXXXX";
+    if (mkdtemp(cdir)) {
+        test_compact(cdir);
+        char rm[200];
+        snprintf(rm, sizeof rm, "rm -rf %s", cdir);
+        if (system(rm)) fprintf(stderr, "could not remove %s\n", cdir);
+    }
     char old[] = "/tmp/ddpmd-test-jobs-v2-XXXXXX";
     if (mkdtemp(old)) {
         test_migrate(old);

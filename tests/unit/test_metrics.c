@@ -1,7 +1,9 @@
 /* test_metrics.c - server/metrics.c without a server: 4 threads observing requests and training
  * steps at once lose no count (exact totals, histogram buckets cumulative and consistent with
  * _count, _sum in seconds), each value lands in the bucket its bounds name, label values are
- * escaped, and the gauges render as given.
+ * escaped, and the gauges render as given; an unmatched request is labelled with its method
+ * (unknown ones "other"), an event stream's seconds go to their own histogram, not the latency,
+ * and the process_* family and ddpmd_build_info are there.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -14,8 +16,9 @@
 #define THREADS 4
 #define PER_THREAD 1000000
 
-static const char *const methods[] = {"GET", "POST"};
-static const char *const patterns[] = {"/jobs/{id}", "/a\"b\\c"};
+static const char *const methods[] = {"GET", "POST", "GET"};
+static const char *const patterns[] = {"/jobs/{id}", "/a\"b\\c", "/jobs/{id}/events"};
+static const int streams[] = {0, 0, 1};
 
 static pthread_barrier_t start_together; /* the threads overlap, so a lost update would show */
 
@@ -25,8 +28,10 @@ static void *hammer(void *arg)
     pthread_barrier_wait(&start_together);
     for (int i = 0; i < PER_THREAD; i++) {
         /* route 0: 0.003 s each (bucket le=0.005); route 1: 2 s (le=2.5); and out of range */
-        metrics_http_observe(i % 2, i % 3 ? 200 : 404, i % 2 ? 2.0 : 0.003);
-        if (i % 1000 == 0) metrics_http_observe(99, 418, 0.0);
+        metrics_http_observe(i % 2, "GET", i % 3 ? 200 : 404, i % 2 ? 2.0 : 0.003);
+        if (i % 1000 == 0) metrics_http_observe(99, "BREW", 418, 0.0);
+        if (i % 1000 == 1) metrics_http_observe(-1, "DELETE", 404, 0.0);
+        if (i % 100000 == 2) metrics_http_observe(2, "GET", 200, 600.0); /* a 10-minute stream */
         metrics_train_steps(1, 4, t % 2 ? 0.02 : 0.2);
     }
     return NULL;
@@ -43,7 +48,7 @@ static double value(const char *text, const char *prefix)
 
 int main(void)
 {
-    metrics_set_routes(methods, patterns, 2);
+    metrics_set_routes(methods, patterns, streams, 3);
     pthread_t th[THREADS];
     pthread_barrier_init(&start_together, NULL, THREADS);
     for (int t = 0; t < THREADS; t++) pthread_create(&th[t], NULL, hammer, (void *)(intptr_t)t);
@@ -94,8 +99,28 @@ int main(void)
                    "le=\"1\"}") == 0, "2 s is not <= 1");
     CHECK(value(m, "ddpmd_http_request_duration_seconds_bucket{method=\"POST\",route=\"/a\\\"b\\\\c\","
                    "le=\"2.5\"}") == THREADS * (PER_THREAD / 2), "2 s is <= 2.5");
-    CHECK(value(m, "ddpmd_http_requests_total{method=\"\",route=\"unmatched\",status=\"other\"}") ==
-              THREADS * (PER_THREAD / 1000), "an out-of-range route and status");
+    CHECK(value(m, "ddpmd_http_requests_total{method=\"other\",route=\"unmatched\",status=\"other\"}") ==
+              THREADS * (PER_THREAD / 1000), "an out-of-range route, method and status");
+    CHECK(value(m, "ddpmd_http_requests_total{method=\"DELETE\",route=\"unmatched\",status=\"404\"}") ==
+              THREADS * (PER_THREAD / 1000), "an unmatched DELETE");
+    CHECK(!strstr(m, "method=\"\""), "a request without its method label");
+    /* streams: counted as requests, timed apart from the latency */
+    CHECK(value(m, "ddpmd_http_requests_total{method=\"GET\",route=\"/jobs/{id}/events\",status=\"200\"}") ==
+              THREADS * (PER_THREAD / 100000), "streams counted");
+    CHECK(value(m, "ddpmd_sse_stream_duration_seconds_bucket{le=\"300\"}") == 0 &&
+              value(m, "ddpmd_sse_stream_duration_seconds_bucket{le=\"900\"}") ==
+                  THREADS * (PER_THREAD / 100000) &&
+              value(m, "ddpmd_sse_stream_duration_seconds_count") == THREADS * (PER_THREAD / 100000),
+          "the streams' 600 s in their histogram");
+    CHECK(!strstr(m, "ddpmd_http_request_duration_seconds_count{method=\"GET\",route=\"/jobs/{id}/events\"}"),
+          "streams in the request latency");
+    /* the process and the build */
+    CHECK(value(m, "process_resident_memory_bytes") > 1e5, "resident bytes");
+    CHECK(value(m, "process_cpu_seconds_total") > 0, "cpu seconds");
+    CHECK(value(m, "process_open_fds") >= 3 && value(m, "process_max_fds") >= value(m, "process_open_fds"),
+          "fds %g of %g", value(m, "process_open_fds"), value(m, "process_max_fds"));
+    CHECK(value(m, "process_start_time_seconds") > 1.5e9, "start time");
+    CHECK(strstr(m, "\nddpmd_build_info{version=\"") != NULL, "build info");
     CHECK(value(m, "ddpmd_job_failures_total{reason=\"exit_status\"}") == 2, "exit failures");
     CHECK(value(m, "ddpmd_job_failures_total{reason=\"signal\"}") == 1, "signal failures");
     CHECK(value(m, "ddpmd_job_failures_total{reason=\"start\"}") == 0, "start failures");
