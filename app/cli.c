@@ -953,6 +953,9 @@ static int cmd_sample(int argc, char **argv)
         fprintf(stderr, "ddpmd: %s\n", err);
         goto out;
     }
+    /* the file read whole is not held while sampling (the host plan's phases) */
+    safetensors_free(st);
+    st = NULL;
     int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
             ckpt, step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind), nts);
