@@ -232,8 +232,11 @@ int64_t dataset_plan_load_bytes(int fmnist, int64_t images, int channels, int si
                                 int64_t max_pixels)
 {
     int64_t held = dataset_plan_bytes(fmnist, images, channels, size);
-    /* a block under glibc's largest mmap threshold (32 MiB) may be copied as it grows */
-    int64_t grow = held < ((int64_t)32 << 20) ? held : (int64_t)32 << 20;
+    /* the block starts at DATASET_GROW_FIRST_BYTES and doubles; a realloc that copies instead
+     * of remapping (a block on the heap: glibc's mmap threshold rises up to 32 MiB as big
+     * blocks are freed, a checkpoint read's for one) holds the old block beside the new */
+    int64_t first = (int64_t)DATASET_GROW_FIRST_BYTES;
+    int64_t grow = held <= first ? 0 : held < 2 * first ? held / 2 : first;
     /* dataset_split: the permutation and the flags, and the new lists beside the old */
     int64_t split = images * (int64_t)(2 * sizeof(int) + 1 + sizeof(int));
     int64_t open;

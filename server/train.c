@@ -1025,8 +1025,11 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     remove_stale_temps(o->out_dir, NULL, o->quiet);
     /* the weights first: a checkpoint read whole is freed before the data loads (the host
      * plan's phases, train_plans_host_peak) */
-    if (build(&j, err, errlen) || init_weights(&j, &start, err, errlen) || open_data(&j, err, errlen))
+    if (build(&j, err, errlen) || init_weights(&j, &start, err, errlen))
         goto out;
+    testhold_phase(o->out_dir, "weights");
+    if (open_data(&j, err, errlen)) goto out;
+    testhold_phase(o->out_dir, "data");
     if (o->stats) o->stats->start_step = start;
     if (!o->quiet) {
         fprintf(stderr, "ddpmd: %s UNet, %zu parameters, %d training images%s, batch %d, %d "
@@ -1096,6 +1099,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 goto out;
             }
             step++;
+            testhold_phase(o->out_dir, "step");
             double dt = clock_now_s() - ts, dc = clock_thread_cpu_s() - tc;
             step_sum += dt;
             step_n++;
@@ -1125,11 +1129,13 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 step_n = 0;
             }
             if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
+            if (do_ckpt) testhold_phase(o->out_dir, "checkpoint");
             /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting; a stop
              * during sampling ends it between two denoising steps, and --resume samples again */
             if ((last || (spec->sample_every && step % spec->sample_every == 0)) && !stopping) {
                 int sr = save_samples(&j, step, err, errlen);
                 if (sr == GENERATE_FAILED) goto out;
+                testhold_phase(o->out_dir, "grid");
                 stopping = sr == GENERATE_STOPPED;
             }
             if (!stopping) testhold_after_step(step, o->stop);
@@ -1148,6 +1154,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     if (o->progress && !o->quiet) printf("\n");
     if (start >= spec->steps && csv_write(&j, err, errlen)) goto out;
     report_event(o, CHILD_EVENT_DONE, step);
+    testhold_phase(o->out_dir, "end");
     rc = TRAIN_DONE;
 out:
     if (o->stats) host_used(&j, &o->stats->host);
