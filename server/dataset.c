@@ -174,6 +174,8 @@ int dataset_count(const struct dataset *ds) { return ds ? ds->n : 0; }
 int dataset_channels(const struct dataset *ds) { return ds ? ds->c : 0; }
 int dataset_size(const struct dataset *ds) { return ds ? ds->s : 0; }
 
+static enum dataset_status fmnist_image(const struct dataset *ds, const uint8_t *px, float *dst);
+
 /* image idx (in range) into dst (C,S,S) */
 static enum dataset_status dataset_fetch(const struct dataset *ds, int idx, float *dst)
 {
@@ -182,7 +184,13 @@ static enum dataset_status dataset_fetch(const struct dataset *ds, int idx, floa
         memcpy(dst, ds->x + (size_t)idx * ds->c * plane, ds->c * plane * sizeof *dst);
         return DATASET_OK;
     }
-    const uint8_t *px = ds->px + (size_t)idx * FMNIST_SIDE * FMNIST_SIDE;
+    return fmnist_image(ds, ds->px + (size_t)idx * FMNIST_SIDE * FMNIST_SIDE, dst);
+}
+
+/* a Fashion-MNIST image's bytes px (28x28) into dst (C,S,S) by ds's fit and channels */
+static enum dataset_status fmnist_image(const struct dataset *ds, const uint8_t *px, float *dst)
+{
+    size_t plane = (size_t)ds->s * ds->s;
     if (ds->fit == DATASET_FIT_PAD) {
         int off = (ds->s - FMNIST_SIDE) / 2;
         for (size_t k = 0; k < plane; k++) dst[k] = -1.0f;
@@ -214,10 +222,19 @@ int64_t dataset_bytes(const struct dataset *ds)
            (int64_t)(ds->ntrain + ds->nval) * (int64_t)sizeof(int);
 }
 
+/* whether Fashion-MNIST at channels x size is held as its bytes (else as float: smaller below
+ * 28x28 bytes, 8 px grey or 4 px RGB) */
+static int fmnist_as_bytes(int channels, int size)
+{
+    return (int64_t)channels * size * size * (int64_t)sizeof(float) >
+           (int64_t)FMNIST_SIDE * FMNIST_SIDE;
+}
+
 int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size)
 {
-    int64_t per = fmnist ? FMNIST_SIDE * FMNIST_SIDE
-                         : (int64_t)channels * size * size * (int64_t)sizeof(float);
+    int64_t per = fmnist && fmnist_as_bytes(channels, size)
+                      ? FMNIST_SIDE * FMNIST_SIDE
+                      : (int64_t)channels * size * size * (int64_t)sizeof(float);
     /* the images, a label byte each (Fashion-MNIST), an index each (train or validation) */
     return images * (per + (fmnist ? 1 : 0) + (int64_t)sizeof(int));
 }
@@ -713,7 +730,8 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
 
     rc = DATASET_ERR_NOMEM;
     ds = dataset_alloc((int)n, channels, size, 1);
-    if (ds && !(ds->px = malloc(1))) { /* px, not x, holds this dataset's images (stored_bytes) */
+    /* px, not x, holds this dataset's images (stored_bytes) unless floats are smaller */
+    if (ds && fmnist_as_bytes(channels, size) && !(ds->px = malloc(1))) {
         dataset_free(ds);
         ds = NULL;
     }
@@ -746,10 +764,22 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
                     size);
             goto done;
         }
-        memcpy(ds->px + (size_t)i * sizeof px, px, sizeof px);
+        if (ds->px) {
+            memcpy(ds->px + (size_t)i * sizeof px, px, sizeof px);
+        } else {
+            enum dataset_status fr =
+                fmnist_image(ds, px, ds->x + (size_t)i * channels * size * size);
+            if (fr != DATASET_OK) {
+                rc = fr;
+                set_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
+                        fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
+                goto done;
+            }
+        }
         ds->n = (int)i + 1;
     }
-    if (fit == DATASET_FIT_RESIZE) { /* a resize that cannot run is refused here, not per batch */
+    /* a resize that cannot run is refused here, not per batch */
+    if (fit == DATASET_FIT_RESIZE && ds->px) {
         float *probe = malloc((size_t)channels * size * size * sizeof *probe);
         enum dataset_status fr = probe ? dataset_fetch(ds, 0, probe) : DATASET_ERR_NOMEM;
         free(probe);

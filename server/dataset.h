@@ -89,7 +89,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
  * 28 x 28, label magic 2049 with 1 dimension, equal non-zero counts of at most
  * DATASET_IDX_MAX_COUNT that fit each file's size, every label 0..9, no missing and no extra
  * bytes; FIFOs and other non-regular files are refused without blocking. The images are held
- * as their bytes (28x28 each); when one is drawn (dataset_image, batches) its pixels v become
+ * as their bytes (28x28 each; as float where that is smaller, 8 px grey); when one is drawn (dataset_image, batches) its pixels v become
  * v/255 * 2 - 1, padded or resized to size x size by fit and replicated to channels (1 or 3), bit
  * for bit what decoding them all up front gave. Labels are kept. */
 enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
@@ -113,7 +113,7 @@ enum dataset_status dataset_image(const struct dataset *ds, int i, float *x);
 /* The bytes ds holds: its images as stored, the labels and the train/validation index lists. */
 int64_t dataset_bytes(const struct dataset *ds);
 /* What dataset_bytes will be for images images (fmnist: Fashion-MNIST's bytes, 28x28 + a label
- * each, whatever channels and size; else a folder's floats, channels x size x size each), split
+ * each, or its floats where fewer; else a folder's floats, channels x size x size each), split
  * or not: the job's host plan counts this before a byte is read. */
 int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size);
 /* label of image i, or -1 (no labels, or i out of range) */

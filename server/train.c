@@ -277,8 +277,18 @@ static int64_t log_rows(const struct train_spec *s)
 }
 
 #define LOG_ROW_BYTES ((int64_t)(sizeof(int64_t) + 2 * sizeof(float)))
-/* loss.csv's text: a row is at most 117 bytes (csv_write) */
+/* loss.csv's text: a row is at most 117 bytes, written a chunk of rows at a time (csv_write) */
 #define CSV_ROW_BYTES 128
+#define CSV_CHUNK_BYTES (64 << 10)
+
+/* loss.csv's rows made a chunk at a time as the file is written (fsio_write_atomic_stream), so
+ * a long run's history is not held twice */
+struct csv_pieces {
+    const struct job *j;
+    int next;                   /* the row to format next; -1: the header is still to come */
+    char buf[CSV_CHUNK_BYTES];
+};
+
 
 /* the parts counted from the spec and the model alone (no data), as the child counts them */
 static void host_plan_common(const struct train_spec *s, const struct graph *g,
@@ -306,8 +316,7 @@ static void host_plan_common(const struct train_spec *s, const struct graph *g,
             image_grid_plan_bytes(s->samples, s->model.out_channels, s->model.image_size,
                                   s->model.image_size, cols, 2);
     }
-    h->part[TRAIN_HOST_PLOT] = 32 + log_capacity(log_rows(s)) * CSV_ROW_BYTES +
-                               plot_loss_plan_bytes();
+    h->part[TRAIN_HOST_PLOT] = (int64_t)sizeof(struct csv_pieces) + plot_loss_plan_bytes();
 }
 
 int train_host_plan(const struct train_spec *s, int64_t images, int64_t max_pixels,
@@ -843,28 +852,43 @@ static void csv_reload(struct job *j, int64_t start)
     fclose(f);
 }
 
+static int csv_next(void *ctx, struct fsio_buf *b)
+{
+    struct csv_pieces *c = ctx;
+    const struct job *j = c->j;
+    size_t len = 0;
+    if (c->next < 0) {
+        len = (size_t)snprintf(c->buf, sizeof c->buf, "step,loss,val_loss\n");
+        c->next = 0;
+    }
+    /* a row is at most 117 bytes (CSV_ROW_BYTES) */
+    for (; c->next < j->n_log && sizeof c->buf - len > CSV_ROW_BYTES; c->next++) {
+        int i = c->next;
+        if (isnan(j->log_val[i]))
+            len += (size_t)snprintf(c->buf + len, sizeof c->buf - len, "%" PRId64 ",%.6f,\n",
+                                    j->log_step[i], j->log_loss[i]);
+        else
+            len += (size_t)snprintf(c->buf + len, sizeof c->buf - len, "%" PRId64 ",%.6f,%.6f\n",
+                                    j->log_step[i], j->log_loss[i], j->log_val[i]);
+    }
+    *b = (struct fsio_buf){c->buf, len};
+    return len > 0;
+}
+
 /* loss.csv and loss.png, each replaced atomically; a failed write fails (err says why) */
 static int csv_write(struct job *j, char *err, size_t errlen)
 {
     char path[FSIO_PATH_MAX];
-    size_t cap = 32 + (size_t)j->n_log * 128, len = 0; /* a row is at most 117 bytes */
-    char *text = malloc(cap);
-    if (!text) {
+    struct csv_pieces *c = malloc(sizeof *c);
+    if (!c) {
         snprintf(err, errlen, "out of memory writing loss.csv");
         return -1;
     }
-    len += (size_t)snprintf(text, cap, "step,loss,val_loss\n");
-    for (int i = 0; i < j->n_log; i++) {
-        if (isnan(j->log_val[i]))
-            len += (size_t)snprintf(text + len, cap - len, "%" PRId64 ",%.6f,\n", j->log_step[i],
-                                    j->log_loss[i]);
-        else
-            len += (size_t)snprintf(text + len, cap - len, "%" PRId64 ",%.6f,%.6f\n",
-                                    j->log_step[i], j->log_loss[i], j->log_val[i]);
-    }
+    c->j = j;
+    c->next = -1;
     int rc = fsio_path(path, sizeof path, err, errlen, "%s/loss.csv", j->o->out_dir) ||
-             fsio_write_atomic_text(path, text, err, errlen);
-    free(text);
+             fsio_write_atomic_stream(path, csv_next, c, err, errlen);
+    free(c);
     if (rc) return -1;
     if (fsio_path(path, sizeof path, err, errlen, "%s/loss.png", j->o->out_dir) ||
         plot_loss_png(path, j->log_step, j->log_loss, j->log_val, j->n_log, err, errlen))

@@ -1156,6 +1156,27 @@ static void test_idx(void)
     dataset_free(ds);
     ds = NULL;
 
+    /* at 8 px grey the floats (256 bytes) are fewer than the bytes (784): held as float */
+    rc = dataset_open_fmnist(&ds, in_dir("idx_ok"), DATASET_FMNIST_TEST, 1, 8,
+                             DATASET_FIT_RESIZE, err, sizeof err);
+    CHECK(rc == DATASET_OK, "idx resize to 8: %s", err);
+    if (rc == DATASET_OK) {
+        const float *x = image_at(ds, 3);
+        float grey[28 * 28], want[8 * 8];
+        for (int y = 0; y < 28; y++)
+            for (int xx = 0; xx < 28; xx++) grey[y * 28 + xx] = (float)idx_px(3, xx, y) / 255.0f;
+        struct image im = {1, 28, 28, grey};
+        CHECK(x && image_resize_square(want, &im, 8) == IMAGE_OK &&
+                  memcmp(want, x, sizeof want) == 0,
+              "an 8 px IDX image is not image_resize_square's of its bytes");
+        CHECK(dataset_bytes(ds) == 5 * (8 * 8 * 4 + 1 + 4) &&
+                  dataset_plan_bytes(1, 5, 1, 8) == dataset_bytes(ds),
+              "8 px Fashion-MNIST holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
+              (long long)dataset_plan_bytes(1, 5, 1, 8));
+    }
+    dataset_free(ds);
+    ds = NULL;
+
     /* uncompressed files are read too */
     make_fmnist("idx_plain", 2, 0, 0, 0, 0, 0);
     rc = dataset_open_fmnist(&ds, in_dir("idx_plain"), DATASET_FMNIST_TEST, 1, 28,
