@@ -28,6 +28,7 @@
 #include "sampler.h"
 #include "serve.h"
 #include "spec.h"
+#include "testhold.h"
 #include "train.h"
 #include "train_step.h"
 #include "exec.h"
@@ -1059,6 +1060,10 @@ static int cmd_sample(int argc, char **argv)
         fprintf(stderr, "ddpmd: %s\n", err);
         goto out;
     }
+    /* the file read whole is not held while sampling (the host plan's phases) */
+    safetensors_free(st);
+    st = NULL;
+    testhold_phase(out, "weights");
     int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
     fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
             cli_shown(progress_json, ckpt), step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind),
@@ -1070,6 +1075,7 @@ static int cmd_sample(int argc, char **argv)
         rc = cli_device_failed(device, bk, 1);
         goto out;
     }
+    testhold_phase(out, "sampled");
     int cols = (int)ceil(sqrt((double)n));
     if (image_save_grid_png(out, img, n, spec.model.out_channels, spec.model.image_size,
                             spec.model.image_size, cols, 2, err, sizeof err)) {
@@ -1091,6 +1097,7 @@ static int cmd_sample(int argc, char **argv)
     fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", cli_shown(progress_json, out),
             each ? " and " : "", each ? cli_shown(progress_json, each) : "",
             clock_now_s() - t0);
+    testhold_phase(out, "end");
     rc = 0;
 out:
     generate_free(&sj);

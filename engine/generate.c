@@ -117,6 +117,12 @@ int generate_copy_weights(struct generator *j, struct exec *train, const struct 
     return rc ? -1 : 0;
 }
 
+int64_t generate_host_bytes(int batch, size_t per, int T)
+{
+    return 4 * (int64_t)batch * (int64_t)per * (int64_t)sizeof(float) +
+           (int64_t)batch * (int64_t)sizeof(float) + (int64_t)T * (int64_t)sizeof(int);
+}
+
 int generate_run(struct generator *j, const struct ddpm_schedule *sch,
                    const struct sampler_config *sc, uint64_t seed, int n, float *out,
                    void (*progress)(int done, int total, void *ctx), void *ctx)

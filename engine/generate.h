@@ -58,6 +58,9 @@ int generate_copy_weights(struct generator *j, struct exec *train, const struct 
 
 enum generate_status { GENERATE_OK = 0, GENERATE_STOPPED = 1, GENERATE_FAILED = -1 };
 
+/* the host bytes generate_run allocates for chunks of batch images of per floats under a
+ * schedule of T timesteps (x, eps, noise, x_prev, t, the timestep list): a job's host plan */
+int64_t generate_host_bytes(int batch, size_t per, int T);
 /* n images (n, C, S, S) in [-1, 1] into out; image i's noise depends only on (seed, i), so a
  * sample is the same whatever the batch. progress (may be NULL) is called after each denoising
  * step with done/total counted over all chunks of the batch. sc->stop is polled before every

@@ -292,3 +292,25 @@ int train_plans_search(const struct train_shape *s, const struct strategy *want,
     }
     return 0;
 }
+
+const char *train_plans_host_part_name(enum train_host_part k)
+{
+    static const char *const names[TRAIN_HOST_PART_COUNT] = {
+        "step", "weights_in", "data", "data_load", "loader", "log", "checkpoint", "grid",
+        "plot"};
+    return k >= 0 && k < TRAIN_HOST_PART_COUNT ? names[k] : "?";
+}
+
+int64_t train_plans_host_peak(const struct train_host *h)
+{
+    const int64_t *p = h->part;
+    int64_t weights = p[TRAIN_HOST_STEP] + p[TRAIN_HOST_WEIGHTS_IN];
+    int64_t load = p[TRAIN_HOST_STEP] + p[TRAIN_HOST_DATA] + p[TRAIN_HOST_DATA_LOAD];
+    int64_t out = p[TRAIN_HOST_CHECKPOINT];
+    if (p[TRAIN_HOST_GRID] > out) out = p[TRAIN_HOST_GRID];
+    if (p[TRAIN_HOST_PLOT] > out) out = p[TRAIN_HOST_PLOT];
+    int64_t run = p[TRAIN_HOST_STEP] + p[TRAIN_HOST_DATA] + p[TRAIN_HOST_LOADER] +
+                  p[TRAIN_HOST_LOG] + out;
+    int64_t peak = weights > load ? weights : load;
+    return run > peak ? run : peak;
+}

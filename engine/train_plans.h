@@ -65,4 +65,36 @@ int train_plans_search(const struct train_shape *s, const struct strategy *want,
                        const struct cost_model *m, int plan_all, struct planner_result *r,
                        char *err, size_t errlen);
 
+/* A job's host bytes beside its device plan, by part: what its process holds in host memory for
+ * its data, its step's batch, its files and images (on the cpu device the same memory as the
+ * plan: the pool reserves the peak below on top of it). The parts are counted by the modules
+ * that allocate them (dataset.c, train_step.c, checkpoint.c, image.c, plot.c: the server's
+ * train_host_plan and sample_host_plan fill them); the engine says when each is held. */
+enum train_host_part {
+    TRAIN_HOST_STEP = 0,    /* the step's effective batch (train_step) or the sampler's chunk
+                             * (generate_run), held throughout */
+    TRAIN_HOST_WEIGHTS_IN,  /* a checkpoint read whole (resume, init_from, a sampling job's
+                             * weights) and one tensor's staging: before the data loads */
+    TRAIN_HOST_DATA,        /* the dataset as held (dataset_plan_bytes), from its load on */
+    TRAIN_HOST_DATA_LOAD,   /* while the dataset loads: one image's decode, the file names,
+                             * the split's lists */
+    TRAIN_HOST_LOADER,      /* the prefetch ring of batches and the order's permutation */
+    TRAIN_HOST_LOG,         /* the loss history (its capacity at the last step) */
+    TRAIN_HOST_CHECKPOINT,  /* a checkpoint written: one tensor's staging and the header */
+    TRAIN_HOST_GRID,        /* a sample grid: its images as float and the PNG's canvas */
+    TRAIN_HOST_PLOT,        /* loss.csv's text and loss.png's canvas */
+    TRAIN_HOST_PART_COUNT
+};
+
+struct train_host {
+    int64_t part[TRAIN_HOST_PART_COUNT];
+};
+
+/* "step", "weights_in", "data", ... (snake_case of the part) */
+const char *train_plans_host_part_name(enum train_host_part k);
+/* The most the job holds at once, over its phases in order: the weights read (STEP +
+ * WEIGHTS_IN), the data loaded (STEP + DATA + DATA_LOAD), then training (STEP + DATA + LOADER
+ * + LOG + the largest of CHECKPOINT, GRID and PLOT, which never overlap). */
+int64_t train_plans_host_peak(const struct train_host *h);
+
 #endif

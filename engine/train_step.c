@@ -54,6 +54,12 @@ int train_step_init(struct train_step *ts, const struct train_step_config *c,
     return 0;
 }
 
+int64_t train_step_host_bytes(int batch, size_t per)
+{
+    return 4 * (int64_t)batch * (int64_t)per * (int64_t)sizeof(float) +
+           (int64_t)batch * (int64_t)(sizeof(float) + sizeof(int));
+}
+
 void train_step_free(struct train_step *ts)
 {
     exec_free(ts->se); /* borrow ts->e's allocation: first */

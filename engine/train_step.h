@@ -52,6 +52,9 @@ struct train_step {
 int train_step_init(struct train_step *ts, const struct train_step_config *c,
                     const struct strategy *st, char *err, size_t errlen);
 void train_step_free(struct train_step *ts);
+/* the host bytes of the effective batch train_step_init allocates (x0, eps, xt, tgt of batch
+ * images of per floats, tf, ti): a job's host plan, TRAIN_HOST_STEP */
+int64_t train_step_host_bytes(int batch, size_t per);
 
 /* what one step did */
 struct train_step_result {

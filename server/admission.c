@@ -9,13 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "backend_load.h"
 #include "generate.h"
 #include "train.h"
 #include "upload.h"
-
-#define FMNIST_TRAIN_IMAGES 60000 /* Fashion-MNIST's training split */
 
 static int is_cpu(const struct pool_device_config *dev) { return strcmp(dev->name, "cpu") == 0; }
 
@@ -30,21 +29,6 @@ static const struct backend *dev_backend(const struct pool_device_config *dev, c
     return bk;
 }
 
-/* a training job's host data on the cpu device: the decoded images (float) and its batch
- * buffers, in the same memory the cpu budget covers (train.c: the loader's 2 batches ahead,
- * x0/eps/xt/target) */
-static int64_t train_host_data(const struct train_spec *s)
-{
-    int64_t per = (int64_t)s->model.in_channels * s->model.image_size * s->model.image_size *
-                  (int64_t)sizeof(float);
-    int64_t images = FMNIST_TRAIN_IMAGES;
-    if (strcmp(s->dataset, "fashion-mnist") != 0) { /* an uploaded folder's count */
-        int64_t n = upload_folder_images(s->dataset);
-        if (n >= 0) images = n;
-    }
-    return images * per + 6 * (int64_t)s->batch * per;
-}
-
 static void add_bytes(cJSON *o, const char *k, int64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
 /* the fields every plan entry has (f filled) */
@@ -57,6 +41,10 @@ static void fit_fields(cJSON *o, const struct pool_fit *f)
     add_bytes(o, "host_bytes", f->host_bytes);
     add_bytes(o, "process_baseline_bytes", f->baseline);
     add_bytes(o, "host_data_bytes", f->host_data);
+    /* what host_data_bytes is the peak of (the cpu device; zeros elsewhere) */
+    cJSON *h = cJSON_AddObjectToObject(o, "host_parts");
+    for (int k = 0; h && k < TRAIN_HOST_PART_COUNT; k++)
+        add_bytes(h, train_plans_host_part_name((enum train_host_part)k), f->host.part[k]);
     add_bytes(o, "reserved_bytes", f->reserved);
     if (isfinite(f->step_seconds)) cJSON_AddNumberToObject(o, "predicted_step_seconds", f->step_seconds);
     else cJSON_AddNullToObject(o, "predicted_step_seconds");
@@ -92,7 +80,10 @@ int admission_fit_train(const struct pool_device_config *dev, const struct cost_
         return *o ? POOL_OK : POOL_ERR_INTERNAL;
     }
     if (is_cpu(dev)) {
-        f->host_data = train_host_data(&s);
+        /* every host byte the job holds besides its plan (train_host_plan: the same parts the
+         * child counts), at its peak over the job's phases */
+        if (train_host_plan(&s, -1, -1, &f->host, err, errlen)) return POOL_ERR_PLAN;
+        f->host_data = train_plans_host_peak(&f->host);
         /* offloading to the host gains nothing where the device is the host */
         if (s.strategy.offload < 0) s.strategy.offload = 0;
     }
@@ -243,15 +234,13 @@ int admission_fit_sample(const struct pool_device_config *dev, const struct cost
     }
     if (generate_plan(&s->model, batch, bk, &g, &io, &pl, err, errlen)) goto out;
     if (is_cpu(dev)) {
-        /* cmd_sample's host buffers: every image as float, the grid and one image as bytes, and
-         * generate_run's x, eps, noise, x_prev at the batch */
-        int64_t per = (int64_t)s->model.out_channels * s->model.image_size * s->model.image_size;
-        int cols = 1;
-        while ((int64_t)cols * cols < s->n) cols++;
-        int64_t rows = (s->n + cols - 1) / cols, side = s->model.image_size + 2;
-        f->host_data = (int64_t)s->n * per * (int64_t)sizeof(float) +
-                       rows * cols * side * side * s->model.out_channels + per +
-                       4 * (int64_t)batch * per * (int64_t)sizeof(float);
+        /* every host byte `ddpmd sample` holds besides its plan (train_sample_host_plan), at
+         * its peak */
+        struct stat st;
+        train_sample_host_plan(&s->model, s->timesteps, s->n, batch, &g,
+                               stat(s->checkpoint_path, &st) == 0 ? (int64_t)st.st_size : -1,
+                               &f->host);
+        f->host_data = train_plans_host_peak(&f->host);
     }
     f->fits = 1;
     f->plan_bytes = (int64_t)pl.total_bytes;

@@ -76,20 +76,72 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
     return rc;
 }
 
+/* one tensor of a checkpoint, downloaded from the executor as the file is written */
+struct ckpt_tensor {
+    struct exec *e;
+    enum exec_part part;
+    int index;
+};
+
+static int ckpt_fill(void *ctx, void *dst)
+{
+    const struct ckpt_tensor *t = ctx;
+    return exec_download_part(t->e, t->part, t->index, dst) ? -1 : 0;
+}
+
+int64_t checkpoint_save_plan_bytes(const struct graph *g)
+{
+    size_t most = 0, names = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tensor *t = g->tensors[i];
+        if (t->kind != TENSOR_PARAM) continue;
+        if (t->numel > most) most = t->numel;
+        names += strlen(t->name) + 16;
+    }
+    int64_t n = 4 * (int64_t)g->n_params;
+    /* the staging of the largest tensor; each entry's name, its writer entry, its fill's
+     * context; the header (names and ~100 bytes of shape and offsets each, then the spec's
+     * metadata, at most CHECKPOINT_META_BYTES) */
+    return (int64_t)(most * sizeof(float)) + 2 * 4 * (int64_t)names +
+           n * (int64_t)(sizeof(char *) + 128 + sizeof(struct ckpt_tensor) + 100) +
+           CHECKPOINT_META_BYTES;
+}
+
+int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes)
+{
+    size_t most = 0, numel = 0, names = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tensor *t = g->tensors[i];
+        if (t->kind != TENSOR_PARAM) continue;
+        if (t->numel > most) most = t->numel;
+        numel += t->numel;
+        names += strlen(t->name) + 16;
+    }
+    int64_t n = 4 * (int64_t)g->n_params;
+    /* the header: a name, a dtype, a shape and offsets (~100 bytes) per tensor, the metadata */
+    int64_t header = 4 * (int64_t)names + n * 100 + CHECKPOINT_META_BYTES;
+    if (file_bytes < 0) file_bytes = 8 + header + 4 * (int64_t)(numel * sizeof(float));
+    /* safetensors_open: the file's data and header, the parsed header (cJSON: ~12 values of
+     * ~64 bytes per tensor, the metadata's), the tensor table; then one tensor's staging */
+    return file_bytes + header + n * (12 * 64 + 128) + 2 * CHECKPOINT_META_BYTES +
+           (int64_t)(most * sizeof(float));
+}
+
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
                     const struct train_spec *spec, int64_t step, char *err, size_t errlen)
 {
     int rc = -1;
     struct safetensors_writer *w = NULL;
-    float *host = malloc(4 * g->param_numel * sizeof *host + 1);
     char **names = calloc((size_t)g->n_params * 4 + 1, sizeof *names);
+    struct ckpt_tensor *ts = calloc((size_t)g->n_params * 4 + 1, sizeof *ts);
     char *json = spec_to_json(spec);
     int n_names = 0;
-    if (!host || !names || !json || safetensors_writer_init(&w)) {
+    if (!ts || !names || !json || safetensors_writer_init(&w)) {
         snprintf(err, errlen, "out of memory saving %s", path);
         goto out;
     }
-    float *dst = host;
+    /* each tensor is downloaded into the writer's one staging buffer as its turn comes: the
+     * host holds the largest tensor, not the four copies of the model */
     for (int part = EXEC_PART_WEIGHT; part <= EXEC_PART_ADAM_V; part++) {
         for (int i = 0; i < g->n_tensors; i++) {
             const struct tensor *t = g->tensors[i];
@@ -98,15 +150,15 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
             char *name = malloc(len);
             if (!name) { snprintf(err, errlen, "out of memory saving %s", path); goto out; }
             snprintf(name, len, "%s%s", part_prefix((enum exec_part)part), t->name);
-            names[n_names++] = name;
+            ts[n_names] = (struct ckpt_tensor){e, (enum exec_part)part, i};
+            names[n_names] = name;
             int64_t shape[4];
             for (int k = 0; k < t->rank; k++) shape[k] = t->d[k];
-            if (exec_download_part(e, (enum exec_part)part, i, dst) ||
-                safetensors_writer_add(w, name, ST_F32, t->rank, shape, dst)) {
+            if (safetensors_writer_add_fill(w, name, ST_F32, t->rank, shape, ckpt_fill,
+                                            &ts[n_names++])) {
                 snprintf(err, errlen, "cannot collect %s for %s", name, path);
                 goto out;
             }
-            dst += t->numel;
         }
     }
     const struct plan *pl = exec_plan(e);
@@ -127,7 +179,7 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
 out:
     for (int i = 0; i < n_names; i++) free(names[i]);
     free(names);
-    free(host);
+    free(ts);
     free(json);
     safetensors_writer_free(w);
     return rc;

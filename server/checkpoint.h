@@ -23,10 +23,21 @@
 enum checkpoint_parts { CHECKPOINT_WEIGHTS = 1, CHECKPOINT_EMA = 2, CHECKPOINT_OPTIM = 4,
                         CHECKPOINT_ALL = 7 };
 
-/* writes the weights, EMA, AdamW moments and metadata of step atomically (fsio.h); fails (the
- * previous file at path untouched) when any part, metadata included, cannot be stored */
+/* a bound on the metadata's bytes (the spec's canonical JSON with its paths, the plan, ...) */
+#define CHECKPOINT_META_BYTES ((int64_t)64 << 10)
+
+/* writes the weights, EMA, AdamW moments and metadata of step atomically (fsio.h), each tensor
+ * downloaded as its turn in the file comes; fails (the previous file at path untouched) when any
+ * part, metadata included, cannot be stored */
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
                     const struct train_spec *spec, int64_t step, char *err, size_t errlen);
+/* the host bytes checkpoint_save holds for the model g (a job's host plan: TRAIN_HOST_CHECKPOINT):
+ * the largest tensor's staging, the names and the header */
+int64_t checkpoint_save_plan_bytes(const struct graph *g);
+/* the host bytes reading a checkpoint of g's model holds (checkpoint_open, then
+ * checkpoint_apply or checkpoint_load_generator): the file whole (file_bytes; < 0: the size
+ * checkpoint_save writes for g), its parsed header and one tensor's staging */
+int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes);
 /* whether spec can be stored in a checkpoint's metadata (checked before a run trains) */
 int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen);
 

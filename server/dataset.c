@@ -1,6 +1,6 @@
-/* dataset.c - PNG-folder and Fashion-MNIST datasets in memory, the seeded train/validation split,
- * the Philox-driven per-epoch order and batches, and the pthread prefetcher (a ring of ready
- * batches, reset on a step jump, so it always hands out what dataset_batch would).
+/* dataset.c - PNG-folder and Fashion-MNIST datasets in memory (Fashion-MNIST as its bytes, made
+ * float per batch), the seeded train/validation split, the Philox-driven per-epoch order and
+ * batches, and the pthread prefetcher (a ring of ready batches, reset on a step jump).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -29,11 +29,19 @@
 #define DATASET_DEFLATE_MAX_RATIO 1032u
 /* image memory grows (doubling) as images load, starting at about this many bytes */
 #define DATASET_GROW_FIRST_BYTES ((size_t)16 << 20)
+/* what a gzFile reading holds: zlib's inflate state and 32 KiB window, gzio's buffers */
+#define DATASET_ZLIB_BYTES ((int64_t)2 * (7 << 10) + 2 * (32 << 10) + 2 * (64 << 10))
 
 struct dataset {
     int n, c, s;
-    size_t cap;      /* images x has room for (>= n) */
-    float *x;        /* (N,C,S,S) in [-1, 1] */
+    size_t cap;      /* images x or px has room for (>= n) */
+    float *x;        /* a folder's images (N,C,S,S) in [-1, 1]; NULL for Fashion-MNIST */
+    /* Fashion-MNIST: its bytes (N,28,28), made float per image by dataset_fetch with the
+     * arithmetic the decode used (px / 255.0f, then 2v - 1 or image_resize_square), so every
+     * batch is bit for bit what holding the floats gave, at a quarter of their bytes or less */
+    uint8_t *px;
+    enum dataset_fit fit;
+    float lut[256];  /* pad: the value of each byte, (float)(2.0 * (k / 255.0f) - 1.0) */
     uint8_t *labels; /* (N) or NULL */
     int *train;      /* (ntrain) image indices, ascending */
     int ntrain;
@@ -82,6 +90,7 @@ void dataset_free(struct dataset *ds)
 {
     if (!ds) return;
     free(ds->x);
+    free(ds->px);
     free(ds->labels);
     free(ds->train);
     free(ds->val);
@@ -107,18 +116,27 @@ static struct dataset *dataset_alloc(int max_n, int c, int s, int with_labels)
 /* Room for at least count images (capacity doubles, so loading N images costs O(log N)
  * reallocs, which glibc does by remapping pages rather than copying). 0 ok, -1 out of memory
  * (ds unchanged). */
+/* bytes one image is held in */
+static size_t stored_bytes(const struct dataset *ds)
+{
+    return ds->px ? (size_t)FMNIST_SIDE * FMNIST_SIDE : (size_t)ds->c * ds->s * ds->s * sizeof(float);
+}
+
+/* the images' block (px for Fashion-MNIST, else x) */
+static void **image_block(struct dataset *ds) { return ds->px ? (void **)&ds->px : (void **)&ds->x; }
+
 static int dataset_reserve(struct dataset *ds, size_t count)
 {
-    size_t per = (size_t)ds->c * ds->s * ds->s, cap = ds->cap;
-    float *x;
+    size_t per = stored_bytes(ds), cap = ds->cap;
+    void *x, **blk = image_block(ds);
     if (count <= ds->cap) return 0;
-    if (!cap) cap = DATASET_GROW_FIRST_BYTES / (per * sizeof *x);
+    if (!cap) cap = DATASET_GROW_FIRST_BYTES / per;
     if (!cap) cap = 1;
     while (cap < count) cap = cap > SIZE_MAX / 2 ? SIZE_MAX : 2 * cap;
-    if (cap > SIZE_MAX / sizeof(float) / per) return -1;
-    x = realloc(ds->x, cap * per * sizeof *x);
+    if (cap > SIZE_MAX / per) return -1;
+    x = realloc(*blk, cap * per);
     if (!x) return -1;
-    ds->x = x;
+    *blk = x;
     ds->cap = cap;
     return 0;
 }
@@ -126,12 +144,11 @@ static int dataset_reserve(struct dataset *ds, size_t count)
 /* Give back capacity past n images; a failed shrink keeps the larger block, which is right. */
 static void dataset_shrink(struct dataset *ds)
 {
-    size_t per = (size_t)ds->c * ds->s * ds->s;
-    float *x;
+    void *x, **blk = image_block(ds);
     if (ds->n < 1 || (size_t)ds->n >= ds->cap) return;
-    x = realloc(ds->x, (size_t)ds->n * per * sizeof *x);
+    x = realloc(*blk, (size_t)ds->n * stored_bytes(ds));
     if (!x) return;
-    ds->x = x;
+    *blk = x;
     ds->cap = (size_t)ds->n;
 }
 
@@ -157,16 +174,98 @@ int dataset_count(const struct dataset *ds) { return ds ? ds->n : 0; }
 int dataset_channels(const struct dataset *ds) { return ds ? ds->c : 0; }
 int dataset_size(const struct dataset *ds) { return ds ? ds->s : 0; }
 
-const float *dataset_image(const struct dataset *ds, int i)
+static enum dataset_status fmnist_image(const struct dataset *ds, const uint8_t *px, float *dst);
+
+/* image idx (in range) into dst (C,S,S) */
+static enum dataset_status dataset_fetch(const struct dataset *ds, int idx, float *dst)
 {
-    if (!ds || i < 0 || i >= ds->n) return NULL;
-    return ds->x + (size_t)i * ds->c * ds->s * ds->s;
+    size_t plane = (size_t)ds->s * ds->s;
+    if (!ds->px) {
+        memcpy(dst, ds->x + (size_t)idx * ds->c * plane, ds->c * plane * sizeof *dst);
+        return DATASET_OK;
+    }
+    return fmnist_image(ds, ds->px + (size_t)idx * FMNIST_SIDE * FMNIST_SIDE, dst);
+}
+
+/* a Fashion-MNIST image's bytes px (28x28) into dst (C,S,S) by ds's fit and channels */
+static enum dataset_status fmnist_image(const struct dataset *ds, const uint8_t *px, float *dst)
+{
+    size_t plane = (size_t)ds->s * ds->s;
+    if (ds->fit == DATASET_FIT_PAD) {
+        int off = (ds->s - FMNIST_SIDE) / 2;
+        for (size_t k = 0; k < plane; k++) dst[k] = -1.0f;
+        for (int y = 0; y < FMNIST_SIDE; y++)
+            for (int x = 0; x < FMNIST_SIDE; x++)
+                dst[(size_t)(y + off) * ds->s + x + off] = ds->lut[px[y * FMNIST_SIDE + x]];
+    } else {
+        /* the same arithmetic as a PNG through image_load_png + image_resize_square */
+        float grey[FMNIST_SIDE * FMNIST_SIDE];
+        for (int k = 0; k < FMNIST_SIDE * FMNIST_SIDE; k++) grey[k] = (float)px[k] / 255.0f;
+        struct image im = {1, FMNIST_SIDE, FMNIST_SIDE, grey};
+        enum image_status ir = image_resize_square(dst, &im, ds->s);
+        if (ir != IMAGE_OK) return ir == IMAGE_ERR_NOMEM ? DATASET_ERR_NOMEM : DATASET_ERR_ARG;
+    }
+    for (int ch = 1; ch < ds->c; ch++) memcpy(dst + ch * plane, dst, plane * sizeof *dst);
+    return DATASET_OK;
+}
+
+enum dataset_status dataset_image(const struct dataset *ds, int i, float *x)
+{
+    if (!ds || !x || i < 0 || i >= ds->n) return DATASET_ERR_ARG;
+    return dataset_fetch(ds, i, x);
+}
+
+int64_t dataset_bytes(const struct dataset *ds)
+{
+    if (!ds) return 0;
+    return (int64_t)(ds->cap * stored_bytes(ds)) + (ds->labels ? ds->n : 0) +
+           (int64_t)(ds->ntrain + ds->nval) * (int64_t)sizeof(int);
+}
+
+/* whether Fashion-MNIST at channels x size is held as its bytes (else as float: smaller below
+ * 28x28 bytes, 8 px grey or 4 px RGB) */
+static int fmnist_as_bytes(int channels, int size)
+{
+    return (int64_t)channels * size * size * (int64_t)sizeof(float) >
+           (int64_t)FMNIST_SIDE * FMNIST_SIDE;
+}
+
+int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size)
+{
+    int64_t per = fmnist && fmnist_as_bytes(channels, size)
+                      ? FMNIST_SIDE * FMNIST_SIDE
+                      : (int64_t)channels * size * size * (int64_t)sizeof(float);
+    /* the images, a label byte each (Fashion-MNIST), an index each (train or validation) */
+    return images * (per + (fmnist ? 1 : 0) + (int64_t)sizeof(int));
 }
 
 int dataset_label(const struct dataset *ds, int i)
 {
     if (!ds || !ds->labels || i < 0 || i >= ds->n) return -1;
     return ds->labels[i];
+}
+
+int64_t dataset_plan_load_bytes(int fmnist, int64_t images, int channels, int size,
+                                int64_t max_pixels)
+{
+    int64_t held = dataset_plan_bytes(fmnist, images, channels, size);
+    /* the block starts at DATASET_GROW_FIRST_BYTES and doubles; a realloc that copies instead
+     * of remapping (a block on the heap: glibc's mmap threshold rises up to 32 MiB as big
+     * blocks are freed, a checkpoint read's for one) holds the old block beside the new */
+    int64_t first = (int64_t)DATASET_GROW_FIRST_BYTES;
+    int64_t grow = held <= first ? 0 : held < 2 * first ? held / 2 : first;
+    /* dataset_split: the permutation and the flags, and the new lists beside the old */
+    int64_t split = images * (int64_t)(2 * sizeof(int) + 1 + sizeof(int));
+    int64_t open;
+    if (fmnist) {
+        open = DATASET_ZLIB_BYTES; /* two gz readers; the bytes go straight into the block */
+    } else {
+        if (max_pixels <= 0) max_pixels = (int64_t)(IMAGE_MAX_DECODED_BYTES / (4 * sizeof(float)));
+        /* each relative name (at most a folder and a file name) and its pointer */
+        open = images * (int64_t)(2 * DATASET_REPORT_NAME_LEN + sizeof(char *)) +
+               image_decode_plan_bytes(max_pixels, size);
+    }
+    return grow + (split > open ? split : open);
 }
 
 /* ---- PNG folders ---- */
@@ -592,9 +691,6 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
     char base[64];
     uint32_t idims[3], ldims[1], n, i;
     unsigned char px[FMNIST_SIDE * FMNIST_SIDE];
-    float grey[FMNIST_SIDE * FMNIST_SIDE];
-    size_t plane, per;
-    int ch;
 
     memset(&fi, 0, sizeof fi);
     memset(&fl, 0, sizeof fl);
@@ -634,6 +730,11 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
 
     rc = DATASET_ERR_NOMEM;
     ds = dataset_alloc((int)n, channels, size, 1);
+    /* px, not x, holds this dataset's images (stored_bytes) unless floats are smaller */
+    if (ds && fmnist_as_bytes(channels, size) && !(ds->px = malloc(1))) {
+        dataset_free(ds);
+        ds = NULL;
+    }
     if (!ds) {
         set_err(err, errlen, "out of memory for %u images of %dx%dx%d", n, channels, size, size);
         goto done;
@@ -649,10 +750,10 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
     }
     if ((rc = idx_expect_end(&fl, err, errlen)) != DATASET_OK) goto done;
 
-    plane = (size_t)size * size;
-    per = (size_t)channels * plane;
+    /* the bytes as they are: dataset_fetch makes each image float when a batch is drawn */
+    ds->fit = fit;
+    for (int k = 0; k < 256; k++) ds->lut[k] = (float)(2.0 * (double)((float)k / 255.0f) - 1.0);
     for (i = 0; i < n; i++) {
-        float *dst;
         rc = DATASET_ERR_FORMAT;
         if (idx_read(&fi, px, sizeof px, "the images", err, errlen)) goto done;
         /* grown as items arrive: a gzip stream shorter than its header claims costs only what
@@ -663,28 +764,31 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
                     size);
             goto done;
         }
-        dst = ds->x + (size_t)i * per;
-        /* the same arithmetic as a PNG through image_load_png + image_resize_square */
-        for (int k = 0; k < FMNIST_SIDE * FMNIST_SIDE; k++) grey[k] = (float)px[k] / 255.0f;
-        if (fit == DATASET_FIT_PAD) {
-            int off = (size - FMNIST_SIDE) / 2;
-            for (size_t k = 0; k < plane; k++) dst[k] = -1.0f;
-            for (int y = 0; y < FMNIST_SIDE; y++)
-                for (int x = 0; x < FMNIST_SIDE; x++)
-                    dst[(size_t)(y + off) * size + x + off] =
-                        (float)(2.0 * grey[y * FMNIST_SIDE + x] - 1.0);
+        if (ds->px) {
+            memcpy(ds->px + (size_t)i * sizeof px, px, sizeof px);
         } else {
-            struct image im = {1, FMNIST_SIDE, FMNIST_SIDE, grey};
-            enum image_status ir = image_resize_square(dst, &im, size);
-            if (ir != IMAGE_OK) {
-                rc = ir == IMAGE_ERR_NOMEM ? DATASET_ERR_NOMEM : DATASET_ERR_ARG;
+            enum dataset_status fr =
+                fmnist_image(ds, px, ds->x + (size_t)i * channels * size * size);
+            if (fr != DATASET_OK) {
+                rc = fr;
                 set_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
-                        image_status_name(ir));
+                        fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
                 goto done;
             }
         }
-        for (ch = 1; ch < channels; ch++) memcpy(dst + ch * plane, dst, plane * sizeof *dst);
         ds->n = (int)i + 1;
+    }
+    /* a resize that cannot run is refused here, not per batch */
+    if (fit == DATASET_FIT_RESIZE && ds->px) {
+        float *probe = malloc((size_t)channels * size * size * sizeof *probe);
+        enum dataset_status fr = probe ? dataset_fetch(ds, 0, probe) : DATASET_ERR_NOMEM;
+        free(probe);
+        if (fr != DATASET_OK) {
+            rc = fr;
+            set_err(err, errlen, "cannot resize Fashion-MNIST images to %d: %s", size,
+                    fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
+            goto done;
+        }
     }
     if ((rc = idx_expect_end(&fi, err, errlen)) != DATASET_OK) goto done;
     dataset_shrink(ds);
@@ -799,7 +903,8 @@ enum dataset_status dataset_val_batch(const struct dataset *ds, int first, int c
     per = (size_t)ds->c * ds->s * ds->s;
     for (i = 0; i < count; i++) {
         int idx = ds->val[first + i];
-        memcpy(x + (size_t)i * per, ds->x + (size_t)idx * per, per * sizeof *x);
+        enum dataset_status rc = dataset_fetch(ds, idx, x + (size_t)i * per);
+        if (rc != DATASET_OK) return rc;
         if (labels) labels[i] = ds->labels ? ds->labels[idx] : -1;
     }
     return DATASET_OK;
@@ -874,18 +979,19 @@ enum dataset_status dataset_batch(struct dataset_order *o, int64_t step, int bat
     for (i = 0; i < batch; i++) {
         int64_t k = step * batch + i;
         int idx = dataset_order_sample(o, k);
-        const float *src = ds->x + (size_t)idx * per;
         float *dst = x + (size_t)i * per;
-        if (flip && dataset_sample_flipped(o->seed, k)) {
+        enum dataset_status rc = dataset_fetch(ds, idx, dst);
+        if (rc != DATASET_OK) return rc;
+        if (flip && dataset_sample_flipped(o->seed, k)) /* each row mirrored in place */
             for (c = 0; c < ds->c; c++)
                 for (y = 0; y < s; y++) {
-                    const float *sr = src + ((size_t)c * s + y) * s;
                     float *dr = dst + ((size_t)c * s + y) * s;
-                    for (xx = 0; xx < s; xx++) dr[xx] = sr[s - 1 - xx];
+                    for (xx = 0; xx < s / 2; xx++) {
+                        float t = dr[xx];
+                        dr[xx] = dr[s - 1 - xx];
+                        dr[s - 1 - xx] = t;
+                    }
                 }
-        } else {
-            memcpy(dst, src, per * sizeof *dst);
-        }
         if (labels) labels[i] = ds->labels ? ds->labels[idx] : -1;
     }
     return DATASET_OK;
@@ -1016,6 +1122,21 @@ enum dataset_status dataset_loader_next(struct dataset_loader *l, int64_t step, 
     pthread_cond_signal(&l->space);
     pthread_mutex_unlock(&l->mu);
     return rc;
+}
+
+int64_t dataset_loader_plan_bytes(int depth, int batch, int64_t per, int64_t train_count)
+{
+    if (depth <= 0) depth = 2;
+    return (int64_t)depth * batch * (per * (int64_t)sizeof(float) + (int64_t)sizeof(int)) +
+           train_count * (int64_t)sizeof(int);
+}
+
+int64_t dataset_loader_bytes(const struct dataset_loader *l)
+{
+    if (!l) return 0;
+    return (int64_t)l->depth * ((int64_t)l->xlen * (int64_t)sizeof(float) +
+                                (int64_t)l->batch * (int64_t)sizeof(int)) +
+           (int64_t)l->ds->ntrain * (int64_t)sizeof(int);
 }
 
 void dataset_loader_free(struct dataset_loader *l)

@@ -1,6 +1,7 @@
-/* dataset.h - training data held in memory as float (N,C,S,S) in [-1, 1]: a folder of PNGs or
- * Fashion-MNIST (IDX + gzip), a seeded held-out split, and batches in a Philox-seeded order that is
- * a pure function of (seed, step), with a background-thread prefetcher that returns the same bytes.
+/* dataset.h - training data in memory, handed out as float (N,C,S,S) in [-1, 1]: a folder of PNGs
+ * (held as float) or Fashion-MNIST (IDX + gzip, held as its 28x28 bytes, padded or resized per
+ * image as it is drawn), a seeded held-out split, and batches in a Philox-seeded order that is a
+ * pure function of (seed, step), with a background-thread prefetcher that returns the same bytes.
  */
 #ifndef DDPMD_DATASET_H
 #define DDPMD_DATASET_H
@@ -87,19 +88,34 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
  * used when the .gz one is absent; zlib reads both). Checked: image magic 2051 with 3 dimensions
  * 28 x 28, label magic 2049 with 1 dimension, equal non-zero counts of at most
  * DATASET_IDX_MAX_COUNT that fit each file's size, every label 0..9, no missing and no extra
- * bytes; FIFOs and other non-regular files are refused without blocking. Pixels v become v/255 * 2 - 1, replicated to channels (1 or 3), then padded
- * or resized to size x size by fit. Labels are kept. */
+ * bytes; FIFOs and other non-regular files are refused without blocking. The images are held
+ * as their bytes (28x28 each; as float where that is smaller, 8 px grey); when one is drawn (dataset_image, batches) its pixels v become
+ * v/255 * 2 - 1, padded or resized to size x size by fit and replicated to channels (1 or 3), bit
+ * for bit what decoding them all up front gave. Labels are kept. */
 enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
                                         enum dataset_fmnist_split split, int channels, int size,
                                         enum dataset_fit fit, char *err, size_t errlen);
+
+/* The most opening holds besides what the dataset keeps (a job's host plan: TRAIN_HOST_DATA_LOAD):
+ * Fashion-MNIST's zlib readers, a folder's file names and one image's decode (max_pixels: its
+ * largest image's width x height, <= 0 when unknown: the decoder's limit), a copy while the
+ * images' block grows, and the split's lists. */
+int64_t dataset_plan_load_bytes(int fmnist, int64_t images, int channels, int size,
+                                int64_t max_pixels);
 
 void dataset_free(struct dataset *ds);
 
 int dataset_count(const struct dataset *ds);    /* N */
 int dataset_channels(const struct dataset *ds); /* C */
 int dataset_size(const struct dataset *ds);     /* S */
-/* image i, (C,S,S) in [-1, 1]; NULL when i is out of range */
-const float *dataset_image(const struct dataset *ds, int i);
+/* image i into x (C,S,S) in [-1, 1]; DATASET_ERR_ARG when i is out of range */
+enum dataset_status dataset_image(const struct dataset *ds, int i, float *x);
+/* The bytes ds holds: its images as stored, the labels and the train/validation index lists. */
+int64_t dataset_bytes(const struct dataset *ds);
+/* What dataset_bytes will be for images images (fmnist: Fashion-MNIST's bytes, 28x28 + a label
+ * each, or its floats where fewer; else a folder's floats, channels x size x size each), split
+ * or not: the job's host plan counts this before a byte is read. */
+int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size);
 /* label of image i, or -1 (no labels, or i out of range) */
 int dataset_label(const struct dataset *ds, int i);
 
@@ -163,6 +179,10 @@ enum dataset_status dataset_loader_init(struct dataset_loader **out, const struc
  * correct, only slower once. One consumer thread. */
 enum dataset_status dataset_loader_next(struct dataset_loader *l, int64_t step, float *x,
                                         int *labels);
+/* The bytes a loader of batch images of per floats holds over a training set of train_count
+ * (its ring at depth, labels included, and its order's permutation), and what l holds. */
+int64_t dataset_loader_plan_bytes(int depth, int batch, int64_t per, int64_t train_count);
+int64_t dataset_loader_bytes(const struct dataset_loader *l);
 /* Stop and join the thread, free everything. NULL-safe. */
 void dataset_loader_free(struct dataset_loader *l);
 

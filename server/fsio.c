@@ -107,14 +107,39 @@ int fsio_private_dir(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* fsio_write_atomic's pieces: bufs[0..n) in order */
+struct fsio_array {
+    const struct fsio_buf *bufs;
+    int n, i;
+};
+
+static int fsio_array_next(void *ctx, struct fsio_buf *b)
+{
+    struct fsio_array *a = ctx;
+    if (a->i >= a->n) return 0;
+    *b = a->bufs[a->i++];
+    return 1;
+}
+
 int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char *err,
                       size_t errlen)
+{
+    if (n < 0 || (n > 0 && !bufs)) {
+        fsio_err(err, errlen, "fsio_write_atomic: NULL or empty argument");
+        return -1;
+    }
+    struct fsio_array a = {bufs, n, 0};
+    return fsio_write_atomic_stream(path, fsio_array_next, &a, err, errlen);
+}
+
+int fsio_write_atomic_stream(const char *path, fsio_next_fn next, void *ctx, char *err,
+                             size_t errlen)
 {
     char tmp[FSIO_PATH_MAX], dir[FSIO_PATH_MAX];
     int fd = -1, dfd = -1, created = 0, rc = -1;
     size_t plen = path ? strlen(path) : 0;
     if (err && errlen) err[0] = '\0';
-    if (!path || !*path || n < 0 || (n > 0 && !bufs)) {
+    if (!path || !*path || !next) {
         fsio_err(err, errlen, "fsio_write_atomic: NULL or empty argument");
         return -1;
     }
@@ -145,11 +170,19 @@ int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char
         fsio_err(err, errlen, "cannot chmod '%s': %s", tmp, strerror(errno));
         goto out;
     }
-    for (int i = 0; i < n; i++)
-        if (bufs[i].len && fsio_write_full(fd, bufs[i].data, bufs[i].len) != 0) {
+    for (;;) {
+        struct fsio_buf b = {NULL, 0};
+        int more = next(ctx, &b);
+        if (more < 0) {
+            fsio_err(err, errlen, "cannot make the contents of '%s'", path);
+            goto out;
+        }
+        if (!more) break;
+        if (b.len && fsio_write_full(fd, b.data, b.len) != 0) {
             fsio_err(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
             goto out;
         }
+    }
     if (fsync(fd) != 0) {
         fsio_err(err, errlen, "cannot fsync '%s': %s", tmp, strerror(errno));
         goto out;

@@ -42,6 +42,14 @@ struct fsio_buf {
  * -1 is still returned (the rename may not survive a crash). Returns 0 or -1. */
 int fsio_write_atomic(const char *path, const struct fsio_buf *bufs, int n, char *err,
                       size_t errlen);
+/* Where a file's contents come from, piece by piece: fills *b with the next piece (valid until
+ * the next call) and returns 1, returns 0 after the last, or -1 when it cannot make one. */
+typedef int (*fsio_next_fn)(void *ctx, struct fsio_buf *b);
+/* fsio_write_atomic over the pieces next gives, so a file need not be held whole in memory; a
+ * -1 from next fails the write as a failed write(2) would (err: "cannot make the contents of
+ * 'P'"), leaving path untouched. */
+int fsio_write_atomic_stream(const char *path, fsio_next_fn next, void *ctx, char *err,
+                             size_t errlen);
 /* the same for one NUL-terminated text */
 int fsio_write_atomic_text(const char *path, const char *text, char *err, size_t errlen);
 

@@ -571,6 +571,40 @@ done:
     return rc;
 }
 
+/* libpng's read or write structs with zlib's inflate (32 KiB window) or deflate (~268 KiB at
+ * the default level) state, rounded up */
+#define IMAGE_PNG_READ_STATE_BYTES ((int64_t)96 << 10)
+#define IMAGE_PNG_WRITE_STATE_BYTES ((int64_t)384 << 10)
+
+int64_t image_decode_plan_bytes(int64_t pixels, int size)
+{
+    int64_t side = pixels < IMAGE_MAX_SIDE ? pixels : IMAGE_MAX_SIDE; /* the rows, at most */
+    /* png_rd_run: rows of 4 x 16 bits and their pointers, then 4 float planes; freed only after
+     * image_to_channels made its 3 planes beside them */
+    int64_t decode = pixels * 8 + side * (int64_t)sizeof(void *) + pixels * 16;
+    int64_t channels = pixels * 16 + pixels * 12;
+    /* image_resize_square: a double row of size per input row read, and each axis's taps */
+    int64_t resize = pixels * 16 + side * size * (int64_t)sizeof(double) +
+                     2 * (int64_t)size * ((side / size + 2) * (int64_t)sizeof(double) + 8);
+    int64_t most = decode > channels ? decode : channels;
+    return (resize > most ? resize : most) + IMAGE_PNG_READ_STATE_BYTES;
+}
+
+int64_t image_grid_plan_bytes(int n, int c, int h, int w, int cols, int pad)
+{
+    if (n < 1) return 0;
+    if (cols > n) cols = n;
+    if (cols < 1) cols = 1;
+    int64_t rows = (n + cols - 1) / cols;
+    int64_t gw = (int64_t)cols * w + (int64_t)(cols - 1) * pad;
+    int64_t gh = rows * h + (rows - 1) * pad;
+    int64_t raw = c * gh * gw + gh; /* the PNG's filtered rows: what it compresses */
+    /* the float canvas, one row of bytes, the encoded file in a buffer that doubles as it grows
+     * and is copied as it does (deflate never outputs more than its input + 0.1% + 12 a block) */
+    return c * gh * gw * (int64_t)sizeof(float) + gw * c + 3 * (raw + raw / 1000 + 4096) +
+           IMAGE_PNG_WRITE_STATE_BYTES;
+}
+
 enum image_status image_save_grid_png(const char *path, const float *nchw, int n, int c, int h,
                                       int w, int cols, int pad, char *err, size_t errlen)
 {

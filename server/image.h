@@ -6,6 +6,7 @@
 #define DDPMD_IMAGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Every fallible function returns one of these; 0 = ok. */
 enum image_status {
@@ -66,6 +67,14 @@ enum image_status image_to_channels(struct image *img, int channels);
 enum image_status image_resize_square(float *dst, const struct image *img, int size);
 
 void image_free(struct image *img);
+
+/* The most image_load_png, image_to_channels and image_resize_square hold at once for an image
+ * of pixels (width x height) resized to size: the rows as read (16-bit, 4 channels at most), its
+ * float planes and their channel conversion, the resize's tables and rows, libpng's state. */
+int64_t image_decode_plan_bytes(int64_t pixels, int size);
+/* The most image_save_grid_png holds for n images c x h x w in cols columns with pad pixels
+ * between: the grid's float canvas, a row of bytes, libpng's and zlib's deflate state. */
+int64_t image_grid_plan_bytes(int n, int c, int h, int w, int cols, int pad);
 
 /* Write chw (C,H,W) (c = 1 grey or 3 RGB) as an 8-bit PNG: each value is clamped to [-1, 1]
  * (NaN -> -1) and stored as floor((x + 1) * 127.5 + 0.5). The file is written to a unique

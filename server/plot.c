@@ -221,6 +221,14 @@ static int draw(cairo_t *cr, const int64_t *step, const float *loss, const float
     return drawn;
 }
 
+int64_t plot_loss_plan_bytes(void)
+{
+    int64_t surface = (int64_t)PLOT_W * PLOT_H * 4, raw = (int64_t)PLOT_W * PLOT_H * 3 + PLOT_H;
+    /* png_mem_write doubles its buffer past what it holds, and copies as it does */
+    return (int64_t)PLOT_MAX_POINTS * (int64_t)(sizeof(int64_t) + 2 * sizeof(float)) + surface +
+           3 * (raw + raw / 1000 + 4096) + PLOT_LIB_BYTES;
+}
+
 int plot_loss_png(const char *path, const int64_t *step, const float *loss, const float *val,
                   int n, char *err, size_t errlen)
 {

@@ -30,6 +30,10 @@
  * (a loss that is not positive and finite) */
 #define PLOT_COLUMNS (PLOT_AREA_R - PLOT_AREA_L + 1)
 #define PLOT_MAX_POINTS (7 * PLOT_COLUMNS)
+/* cairo's, fontconfig's (its configuration and font caches) and FreeType's (one face) memory
+ * the first chart leaves behind: ~5 MiB measured (a job's VmHWM across its first loss.png),
+ * rounded up */
+#define PLOT_LIB_BYTES ((int64_t)8 << 20)
 
 /* what one picture cost: points read from the series, points drawn (the train line's vertices
  * and the validation discs) */
@@ -50,6 +54,10 @@ int plot_reduce(const int64_t *step, const float *loss, const float *val, int n,
  * memory", cairo's status) */
 int plot_loss_png(const char *path, const int64_t *step, const float *loss, const float *val,
                   int n, char *err, size_t errlen);
+/* the host bytes plot_loss_png holds, whatever n (the series is reduced to PLOT_MAX_POINTS
+ * first): the reduced series, cairo's RGB24 surface, the PNG in memory, and what cairo,
+ * fontconfig and FreeType keep once text is drawn (PLOT_LIB_BYTES) */
+int64_t plot_loss_plan_bytes(void);
 /* the same, and what it cost in *stats (may be NULL) */
 int plot_loss_png_stats(const char *path, const int64_t *step, const float *loss, const float *val,
                         int n, struct plot_stats *stats, char *err, size_t errlen);

@@ -13,6 +13,7 @@
 #include "jobs.h"
 #include "spec.h"
 #include "strategy.h"
+#include "train_plans.h"
 
 struct backend;
 
@@ -71,7 +72,9 @@ struct pool_fit {
                                  * plan's) */
     int64_t host_bytes;         /* the plan's host part (offload) */
     int64_t baseline;           /* the device's process baseline */
-    int64_t host_data;          /* cpu device: the decoded dataset and its batch buffers */
+    int64_t host_data;          /* cpu device: the peak of its host plan (host) */
+    struct train_host host;     /* cpu device: every host byte the job holds beside its plan,
+                                 * by part (train_host_plan; the child counts the same) */
     int64_t reserved;           /* what it takes of the budget: plan (+ host part on the cpu) +
                                  * baseline + host data */
     int64_t budget;             /* the device's budget */

@@ -53,6 +53,8 @@ struct st_wentry {
     int64_t shape[ST_MAX_NDIM];
     const void *data; /* borrowed from the caller until save */
     size_t nbytes;
+    st_fill_fn fill;  /* or made by fill(fctx, dst) while it is written */
+    void *fctx;
 };
 
 struct safetensors_writer {
@@ -788,9 +790,9 @@ static int str_utf8_ok(const char *s)
     return s && utf8_valid((const unsigned char *)s, strlen(s), &bad);
 }
 
-enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *name,
-                                      enum st_dtype dtype, int ndim, const int64_t *shape,
-                                      const void *data)
+static enum st_status writer_add(struct safetensors_writer *w, const char *name,
+                                 enum st_dtype dtype, int ndim, const int64_t *shape,
+                                 const void *data, st_fill_fn fill, void *fctx)
 {
     enum st_status rc = ST_ERR_ARG;
     struct st_wentry e;
@@ -807,7 +809,7 @@ enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *
     if (!shape_numel(e.shape, ndim, &numel) ||
         !byte_count(numel, st_dtypes[dtype].size, &e.nbytes))
         goto done;
-    if (e.nbytes && !data) goto done;
+    if (e.nbytes && !data && !fill) goto done;
     for (i = 0; i < w->n; i++)
         if (!strcmp(w->t[i].name, name)) goto done;
 
@@ -825,10 +827,35 @@ enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *
     e.dtype = dtype;
     e.ndim = ndim;
     e.data = data;
+    e.fill = fill;
+    e.fctx = fctx;
     w->t[w->n++] = e;
     rc = ST_OK;
 done:
     return rc;
+}
+
+enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *name,
+                                      enum st_dtype dtype, int ndim, const int64_t *shape,
+                                      const void *data)
+{
+    return writer_add(w, name, dtype, ndim, shape, data, NULL, NULL);
+}
+
+enum st_status safetensors_writer_add_fill(struct safetensors_writer *w, const char *name,
+                                           enum st_dtype dtype, int ndim, const int64_t *shape,
+                                           st_fill_fn fill, void *ctx)
+{
+    if (!fill) return ST_ERR_ARG;
+    return writer_add(w, name, dtype, ndim, shape, NULL, fill, ctx);
+}
+
+size_t safetensors_writer_staging_bytes(const struct safetensors_writer *w)
+{
+    size_t most = 0;
+    for (size_t i = 0; w && i < w->n; i++)
+        if (w->t[i].fill && w->t[i].nbytes > most) most = w->t[i].nbytes;
+    return most;
 }
 
 enum st_status safetensors_writer_meta(struct safetensors_writer *w, const char *key,
@@ -953,17 +980,52 @@ static void sb_json_str(struct st_sbuf *b, const char *s)
     sb_put(b, "\"", 1);
 }
 
+/* safetensors_writer_save's pieces: the length, the header, then each tensor's bytes */
+struct writer_pieces {
+    const struct safetensors_writer *w;
+    const void *head[2];
+    size_t head_len[2];
+    size_t k;            /* pieces given so far */
+    unsigned char *staging;
+    int failed;          /* a fill failed (tensor k - 1 - 2) */
+};
+
+static int writer_next(void *ctx, struct fsio_buf *b)
+{
+    struct writer_pieces *p = ctx;
+    if (p->k < 2) {
+        *b = (struct fsio_buf){p->head[p->k], p->head_len[p->k]};
+        p->k++;
+        return 1;
+    }
+    if (p->k - 2 >= p->w->n) return 0;
+    const struct st_wentry *e = &p->w->t[p->k - 2];
+    p->k++;
+    if (!e->fill) {
+        *b = (struct fsio_buf){e->data, e->nbytes};
+        return 1;
+    }
+    if (e->fill(e->fctx, p->staging)) {
+        p->failed = 1;
+        p->k--; /* names the tensor: k - 2 */
+        return -1;
+    }
+    *b = (struct fsio_buf){p->staging, e->nbytes};
+    return 1;
+}
+
 enum st_status safetensors_writer_save(const struct safetensors_writer *w, const char *path,
                                        char *err, size_t errlen)
 {
     enum st_status rc = ST_ERR_ARG;
     struct st_sbuf hb = {0};
-    struct fsio_buf *bufs = NULL;
+    struct writer_pieces wp;
     unsigned char lenbuf[8];
     uint64_t off = 0, hlen;
     int i;
     size_t k;
 
+    memset(&wp, 0, sizeof wp);
     if (err && errlen) err[0] = '\0';
     if (!w || !path || !*path) {
         set_err(err, errlen, "safetensors_writer_save: NULL or empty argument");
@@ -1019,23 +1081,30 @@ enum st_status safetensors_writer_save(const struct safetensors_writer *w, const
         goto done;
     }
 
-    /* length, header, tensors in order: one atomic write (fsio.h) */
+    /* length, header, tensors in order: one atomic write (fsio.h); a tensor with a fill is made
+     * in the one staging buffer as its turn comes */
     rc = ST_ERR_NOMEM;
-    bufs = malloc((w->n + 2) * sizeof *bufs);
-    if (!bufs) {
+    size_t staging = safetensors_writer_staging_bytes(w);
+    wp.w = w;
+    wp.head[0] = lenbuf;
+    wp.head[1] = hb.p;
+    wp.head_len[0] = 8;
+    wp.head_len[1] = hb.len;
+    if (staging && !(wp.staging = malloc(staging))) {
         set_err(err, errlen, "out of memory");
         goto done;
     }
     hlen = hb.len;
     for (i = 0; i < 8; i++) lenbuf[i] = (unsigned char)(hlen >> (8 * i));
-    bufs[0] = (struct fsio_buf){lenbuf, 8};
-    bufs[1] = (struct fsio_buf){hb.p, hb.len};
-    for (k = 0; k < w->n; k++) bufs[k + 2] = (struct fsio_buf){w->t[k].data, w->t[k].nbytes};
     rc = ST_ERR_IO;
-    if (w->n + 2 > INT_MAX || fsio_write_atomic(path, bufs, (int)(w->n + 2), err, errlen)) goto done;
+    if (fsio_write_atomic_stream(path, writer_next, &wp, err, errlen)) {
+        if (wp.failed) set_err(err, errlen, "cannot make tensor '%.200s' for '%.200s'",
+                               w->t[wp.k - 2].name, path);
+        goto done;
+    }
     rc = ST_OK;
 done:
-    free(bufs);
+    free(wp.staging);
     free(hb.p);
     return rc;
 }

@@ -117,6 +117,16 @@ enum st_status safetensors_writer_init(struct safetensors_writer **out);
 enum st_status safetensors_writer_add(struct safetensors_writer *w, const char *name,
                                       enum st_dtype dtype, int ndim, const int64_t *shape,
                                       const void *data);
+/* Queue a tensor whose bytes are made while the file is written: fill(ctx, dst) writes its
+ * numel * dtype size bytes into dst (the writer's staging buffer, safetensors_writer_staging_bytes
+ * long) and returns 0, or nonzero to fail the save (ST_ERR_IO, the file untouched). A checkpoint
+ * so holds one tensor in memory, not all of them. Checked as safetensors_writer_add. */
+typedef int (*st_fill_fn)(void *ctx, void *dst);
+enum st_status safetensors_writer_add_fill(struct safetensors_writer *w, const char *name,
+                                           enum st_dtype dtype, int ndim, const int64_t *shape,
+                                           st_fill_fn fill, void *ctx);
+/* the staging buffer a save allocates: the largest tensor queued with a fill (0: none) */
+size_t safetensors_writer_staging_bytes(const struct safetensors_writer *w);
 /* Set __metadata__[key] = value (both copied, both valid UTF-8); setting a key again replaces it.
  * ST_ERR_ARG for a key over ST_MAX_NAME_BYTES or a key past ST_MAX_META_ENTRIES. */
 enum st_status safetensors_writer_meta(struct safetensors_writer *w, const char *key,

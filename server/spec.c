@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "fsio.h"
+#include "dataset.h"
+#include "train_step.h"
 #include "upload.h"
 #include "utf8.h"
 
@@ -940,13 +942,17 @@ static void validate(const struct train_spec *s, struct spec_errors *E)
 
 int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images)
 {
-    int64_t per = (int64_t)s->model.in_channels * s->model.image_size * s->model.image_size *
-                  (int64_t)sizeof(float);
+    int c = s->model.in_channels, size = s->model.image_size;
+    int64_t per = (int64_t)c * size * size;
+    int fmnist = strcmp(s->dataset, "fashion-mnist") == 0;
     if (images < 0) {
-        if (strcmp(s->dataset, "fashion-mnist") == 0) images = SPEC_FMNIST_IMAGES;
+        if (fmnist) images = SPEC_FMNIST_IMAGES;
         else images = upload_folder_images(s->dataset); /* -1 when it is not an upload */
     }
-    return (images > 0 ? images : 0) * per + 6 * (int64_t)s->batch * per;
+    if (images < 0) images = 0;
+    return dataset_plan_bytes(fmnist, images, c, size) +
+           dataset_loader_plan_bytes(2, s->batch, per, images) +
+           train_step_host_bytes(s->batch, (size_t)per);
 }
 
 /* physical memory, or the cgroup v2 limit when lower; 0 when unknown */
@@ -982,10 +988,12 @@ int spec_host_check(const struct train_spec *s, char *why, size_t n)
     if (have <= 0 || need <= have) return 0;
     char b1[64], b2[64];
     if (images > 0)
-        snprintf(why, n, "the decoded dataset needs %s (%" PRId64 " images of %dx%dx%d as float, "
-                 "and the batch buffers), more than this host's %s of memory",
+        snprintf(why, n, "the dataset and batch buffers need %s (%" PRId64 " images of %dx%dx%d "
+                 "%s, and batches of %d), more than this host's %s of memory",
                  fmt_bytes(b1, sizeof b1, need), images, s->model.in_channels,
-                 s->model.image_size, s->model.image_size, fmt_bytes(b2, sizeof b2, have));
+                 s->model.image_size, s->model.image_size,
+                 strcmp(s->dataset, "fashion-mnist") == 0 ? "held as 28x28 bytes" : "as float",
+                 s->batch, fmt_bytes(b2, sizeof b2, have));
     else
         snprintf(why, n, "the batch buffers need %s, more than this host's %s of memory",
                  fmt_bytes(b1, sizeof b1, need), fmt_bytes(b2, sizeof b2, have));

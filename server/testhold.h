@@ -13,4 +13,10 @@
 /* called after each finished step; returns at once unless step is the held one */
 void testhold_after_step(int64_t step, volatile sig_atomic_t *stop);
 
+/* A test-only record of a job's peak resident bytes by phase: with DDPMD_TEST_PEAK_DIR=DIR in its
+ * environment, appends "PHASE VmHWM-kB VmRSS-kB" to DIR/peak-PID.txt (its first line "job JOB":
+ * the job's output), so a test compares what the process held with its reservation
+ * (tests/integration/test_host_peak.py). Without the variable it costs one getenv. */
+void testhold_phase(const char *job, const char *phase);
+
 #endif

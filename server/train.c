@@ -30,6 +30,10 @@
 #include "plot.h"
 #include "testhold.h"
 #include "train_step.h"
+#include "upload.h"
+
+/* batches the loader computes ahead */
+#define TRAIN_LOADER_DEPTH 2
 
 /* fixed timesteps of the validation loss, cycled over the held-out images */
 static const int val_ts[] = {50, 250, 500, 750, 950};
@@ -263,6 +267,103 @@ int train_cost_model(struct cost_model *m, const char *path, char *err, size_t e
         return -1;
     }
     return 0;
+}
+
+/* the loss history's capacity for rows logged (log_push: 1024, doubled as it fills) */
+static int64_t log_capacity(int64_t rows)
+{
+    int64_t cap = 1024;
+    while (cap < rows) cap *= 2;
+    return cap;
+}
+
+/* the rows a run of s logs at most: every log_every steps, at each checkpoint, the last */
+static int64_t log_rows(const struct train_spec *s)
+{
+    return s->steps / s->log_every + (s->checkpoint_every ? s->steps / s->checkpoint_every : 0) + 1;
+}
+
+#define LOG_ROW_BYTES ((int64_t)(sizeof(int64_t) + 2 * sizeof(float)))
+/* loss.csv's text: a row is at most 117 bytes, written a chunk of rows at a time (csv_write) */
+#define CSV_ROW_BYTES 128
+#define CSV_CHUNK_BYTES (64 << 10)
+
+/* loss.csv's rows made a chunk at a time as the file is written (fsio_write_atomic_stream), so
+ * a long run's history is not held twice */
+struct csv_pieces {
+    const struct job *j;
+    int next;                   /* the row to format next; -1: the header is still to come */
+    char buf[CSV_CHUNK_BYTES];
+};
+
+
+/* the parts counted from the spec and the model alone (no data), as the child counts them */
+static void host_plan_common(const struct train_spec *s, const struct graph *g,
+                             struct train_host *h)
+{
+    size_t per = (size_t)s->model.in_channels * s->model.image_size * s->model.image_size;
+    size_t out = (size_t)s->model.out_channels * s->model.image_size * s->model.image_size;
+    h->part[TRAIN_HOST_STEP] = train_step_host_bytes(s->batch, per);
+    /* a resume reads the job's own checkpoint, init_from another file; a fresh run stages one
+     * tensor of its initial weights */
+    int64_t in = checkpoint_read_plan_bytes(g, -1);
+    struct stat st;
+    if (s->init_from[0] && stat(s->init_from, &st) == 0) {
+        int64_t other = checkpoint_read_plan_bytes(g, (int64_t)st.st_size);
+        if (other > in) in = other;
+    }
+    h->part[TRAIN_HOST_WEIGHTS_IN] = in;
+    h->part[TRAIN_HOST_LOG] = log_capacity(log_rows(s)) * LOG_ROW_BYTES;
+    h->part[TRAIN_HOST_CHECKPOINT] = checkpoint_save_plan_bytes(g);
+    if (s->samples > 0) {
+        int chunk = s->samples < 16 ? s->samples : 16, cols = (int)ceil(sqrt((double)s->samples));
+        h->part[TRAIN_HOST_GRID] =
+            (int64_t)s->samples * (int64_t)out * (int64_t)sizeof(float) +
+            generate_host_bytes(chunk, out, s->timesteps) +
+            image_grid_plan_bytes(s->samples, s->model.out_channels, s->model.image_size,
+                                  s->model.image_size, cols, 2);
+    }
+    h->part[TRAIN_HOST_PLOT] = (int64_t)sizeof(struct csv_pieces) + plot_loss_plan_bytes();
+}
+
+int train_host_plan(const struct train_spec *s, int64_t images, int64_t max_pixels,
+                    struct train_host *h, char *err, size_t errlen)
+{
+    memset(h, 0, sizeof *h);
+    int fmnist = strcmp(s->dataset, "fashion-mnist") == 0;
+    if (images < 0) images = fmnist ? SPEC_FMNIST_IMAGES : upload_folder_images(s->dataset);
+    if (images < 0) images = 0;
+    if (max_pixels < 0 && !fmnist) max_pixels = upload_folder_max_pixels(s->dataset);
+    struct graph g;
+    struct unet_io io;
+    graph_init(&g);
+    if (unet_build(&g, &s->model, 1, &io)) {
+        snprintf(err, errlen, "%s", g.err[0] ? g.err : "cannot build the model");
+        graph_free(&g);
+        return -1;
+    }
+    host_plan_common(s, &g, h);
+    graph_free(&g);
+    int c = s->model.in_channels, size = s->model.image_size;
+    int64_t per = (int64_t)c * size * size;
+    int64_t train = images - (s->validation < images ? s->validation : 0);
+    h->part[TRAIN_HOST_DATA] = dataset_plan_bytes(fmnist, images, c, size);
+    h->part[TRAIN_HOST_DATA_LOAD] = dataset_plan_load_bytes(fmnist, images, c, size, max_pixels);
+    h->part[TRAIN_HOST_LOADER] = dataset_loader_plan_bytes(TRAIN_LOADER_DEPTH, s->batch, per, train);
+    return 0;
+}
+
+void train_sample_host_plan(const struct unet_config *model, int timesteps, int n, int batch,
+                            const struct graph *g, int64_t ckpt_bytes, struct train_host *h)
+{
+    size_t out = (size_t)model->out_channels * model->image_size * model->image_size;
+    int cols = (int)ceil(sqrt((double)n));
+    memset(h, 0, sizeof *h);
+    h->part[TRAIN_HOST_WEIGHTS_IN] = checkpoint_read_plan_bytes(g, ckpt_bytes);
+    h->part[TRAIN_HOST_STEP] = generate_host_bytes(batch < n ? batch : n, out, timesteps);
+    h->part[TRAIN_HOST_GRID] = (int64_t)n * (int64_t)out * (int64_t)sizeof(float) +
+                               image_grid_plan_bytes(n, model->out_channels, model->image_size,
+                                                     model->image_size, cols, 2);
 }
 
 struct train_shape train_shape_of(const struct train_spec *s)
@@ -760,28 +861,43 @@ static void csv_reload(struct job *j, int64_t start)
     fclose(f);
 }
 
+static int csv_next(void *ctx, struct fsio_buf *b)
+{
+    struct csv_pieces *c = ctx;
+    const struct job *j = c->j;
+    size_t len = 0;
+    if (c->next < 0) {
+        len = (size_t)snprintf(c->buf, sizeof c->buf, "step,loss,val_loss\n");
+        c->next = 0;
+    }
+    /* a row is at most 117 bytes (CSV_ROW_BYTES) */
+    for (; c->next < j->n_log && sizeof c->buf - len > CSV_ROW_BYTES; c->next++) {
+        int i = c->next;
+        if (isnan(j->log_val[i]))
+            len += (size_t)snprintf(c->buf + len, sizeof c->buf - len, "%" PRId64 ",%.6f,\n",
+                                    j->log_step[i], j->log_loss[i]);
+        else
+            len += (size_t)snprintf(c->buf + len, sizeof c->buf - len, "%" PRId64 ",%.6f,%.6f\n",
+                                    j->log_step[i], j->log_loss[i], j->log_val[i]);
+    }
+    *b = (struct fsio_buf){c->buf, len};
+    return len > 0;
+}
+
 /* loss.csv and loss.png, each replaced atomically; a failed write fails (err says why) */
 static int csv_write(struct job *j, char *err, size_t errlen)
 {
     char path[FSIO_PATH_MAX];
-    size_t cap = 32 + (size_t)j->n_log * 128, len = 0; /* a row is at most 117 bytes */
-    char *text = malloc(cap);
-    if (!text) {
+    struct csv_pieces *c = malloc(sizeof *c);
+    if (!c) {
         snprintf(err, errlen, "out of memory writing loss.csv");
         return -1;
     }
-    len += (size_t)snprintf(text, cap, "step,loss,val_loss\n");
-    for (int i = 0; i < j->n_log; i++) {
-        if (isnan(j->log_val[i]))
-            len += (size_t)snprintf(text + len, cap - len, "%" PRId64 ",%.6f,\n", j->log_step[i],
-                                    j->log_loss[i]);
-        else
-            len += (size_t)snprintf(text + len, cap - len, "%" PRId64 ",%.6f,%.6f\n",
-                                    j->log_step[i], j->log_loss[i], j->log_val[i]);
-    }
+    c->j = j;
+    c->next = -1;
     int rc = fsio_path(path, sizeof path, err, errlen, "%s/loss.csv", j->o->out_dir) ||
-             fsio_write_atomic_text(path, text, err, errlen);
-    free(text);
+             fsio_write_atomic_stream(path, csv_next, c, err, errlen);
+    free(c);
     if (rc) return -1;
     if (fsio_path(path, sizeof path, err, errlen, "%s/loss.png", j->o->out_dir) ||
         plot_loss_png(path, j->log_step, j->log_loss, j->log_val, j->n_log, err, errlen))
@@ -894,6 +1010,31 @@ static void report(struct job *j, int64_t step, float loss, float avg, float val
     }
 }
 
+/* what the run held by part (train_stats.host): its buffers as allocated, its transients by
+ * the functions the plan uses, over its own graph and data */
+static void host_used(const struct job *j, struct train_host *h)
+{
+    const struct train_spec *s = j->spec;
+    memset(h, 0, sizeof *h);
+    if (!j->ts.e) return;
+    host_plan_common(s, &j->ts.tp.g, h);
+    h->part[TRAIN_HOST_STEP] = train_step_host_bytes(j->ts.batch, j->ts.per);
+    h->part[TRAIN_HOST_LOG] = (int64_t)j->cap_log * LOG_ROW_BYTES;
+    if (j->ds) {
+        int fmnist = strcmp(s->dataset, "fashion-mnist") == 0;
+        h->part[TRAIN_HOST_DATA] = dataset_bytes(j->ds);
+        h->part[TRAIN_HOST_DATA_LOAD] = dataset_plan_load_bytes(
+            fmnist, dataset_count(j->ds), dataset_channels(j->ds), dataset_size(j->ds),
+            fmnist ? -1 : upload_folder_max_pixels(s->dataset));
+    }
+    /* before the loader starts (the plan's print), what it will hold */
+    h->part[TRAIN_HOST_LOADER] =
+        j->loader ? dataset_loader_bytes(j->loader)
+        : j->ds   ? dataset_loader_plan_bytes(TRAIN_LOADER_DEPTH, s->batch, (int64_t)j->ts.per,
+                                              dataset_train_count(j->ds))
+                  : 0;
+}
+
 static void job_free(struct job *j)
 {
     dataset_loader_free(j->loader);
@@ -951,8 +1092,13 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     remove_stale_temps(o, j.dir_ckpt, ".safetensors");
     remove_stale_temps(o, j.dir_samples, ".png");
     remove_stale_temps(o, o->out_dir, NULL);
-    if (open_data(&j, err, errlen) || build(&j, err, errlen) || init_weights(&j, &start, err, errlen))
+    /* the weights first: a checkpoint read whole is freed before the data loads (the host
+     * plan's phases, train_plans_host_peak) */
+    if (build(&j, err, errlen) || init_weights(&j, &start, err, errlen))
         goto out;
+    testhold_phase(o->out_dir, "weights");
+    if (open_data(&j, err, errlen)) goto out;
+    testhold_phase(o->out_dir, "data");
     if (o->stats) o->stats->start_step = start;
     if (!o->quiet) {
         fprintf(stderr, "ddpmd: %s UNet, %zu parameters, %d training images%s, batch %d, %d "
@@ -965,6 +1111,15 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                             "gradient of each batch of %d\n",
                     j.ts.tp.micro, j.ts.tp.rest ? j.ts.tp.rest : j.ts.tp.micro, spec->batch);
         plan_print(&j.ts.tp.p, stderr);
+        struct train_host h;
+        host_used(&j, &h);
+        fprintf(stderr, "ddpmd: host memory beside the plan: %.1f MiB at its peak (",
+                (double)train_plans_host_peak(&h) / 1048576.0);
+        for (int k = 0; k < TRAIN_HOST_PART_COUNT; k++)
+            fprintf(stderr, "%s%s %.1f", k ? ", " : "",
+                    train_plans_host_part_name((enum train_host_part)k),
+                    (double)h.part[k] / 1048576.0);
+        fprintf(stderr, " MiB)\n");
     }
     if (o->resume) csv_reload(&j, start);
     int owed = owed_samples(&j, start, err, errlen);
@@ -974,8 +1129,8 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
         rc = TRAIN_STOPPED;
         goto out;
     }
-    if (dataset_loader_init(&j.loader, j.ds, spec->seed, spec->batch, spec->flip, start, 2, err,
-                            errlen))
+    if (dataset_loader_init(&j.loader, j.ds, spec->seed, spec->batch, spec->flip, start,
+                            TRAIN_LOADER_DEPTH, err, errlen))
         goto out;
     double t0 = clock_now_s();
     double avg = 0;
@@ -1002,6 +1157,7 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
             }
             step++;
             unread++;
+            testhold_phase(o->out_dir, "step");
             double dt = clock_now_s() - ts, dc = clock_thread_cpu_s() - tc;
             step_sum += dt;
             step_n++;
@@ -1035,11 +1191,13 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
                 step_n = 0;
             }
             if (do_ckpt && checkpoint(&j, step, err, errlen)) goto out;
+            if (do_ckpt) testhold_phase(o->out_dir, "checkpoint");
             /* a stop (Ctrl-C) only checkpoints: sampling would keep the user waiting; a stop
              * during sampling ends it between two denoising steps, and --resume samples again */
             if (do_sample && !stopping) {
                 int sr = save_samples(&j, step, err, errlen);
                 if (sr == GENERATE_FAILED) goto out;
+                testhold_phase(o->out_dir, "grid");
                 stopping = sr == GENERATE_STOPPED;
             }
             if (!stopping) testhold_after_step(step, o->stop);
@@ -1058,8 +1216,10 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
     if (o->progress && !o->quiet) printf("\n");
     if (start >= spec->steps && csv_write(&j, err, errlen)) goto out;
     report_event(o, CHILD_EVENT_DONE, step);
+    testhold_phase(o->out_dir, "end");
     rc = TRAIN_DONE;
 out:
+    if (o->stats) host_used(&j, &o->stats->host);
     job_free(&j);
     return rc;
 }

@@ -40,6 +40,10 @@ struct train_stats {
      * however busy this one is), summed, and the least CPU seconds one took */
     int64_t steps_timed;
     double step_wall_s, step_cpu_s, step_cpu_min_s;
+    /* the host bytes the run held by part (train_plans.h): its dataset, loader, step buffers and
+     * loss history as allocated, its transients (a checkpoint read or written, a grid, the plot,
+     * the data's decode) by the same functions as train_host_plan, from its own graph and data */
+    struct train_host host;
 };
 
 struct train_opts {
@@ -85,6 +89,22 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
 /* path of the newest checkpoint in out_dir/checkpoints (an exact step-%08lld.safetensors name of
  * a regular file), or -1 when there is none */
 int train_latest_checkpoint(const char *out_dir, char *path, size_t len, int64_t *step);
+
+/* A job's host plan (train_plans.h's parts: every host byte it holds beside its device plan)
+ * for s, whose dataset holds images (< 0: Fashion-MNIST's, or an upload's count from its
+ * dataset.json) of at most max_pixels each before resizing (< 0: an upload's dataset.json, else
+ * the decoder's limit). The pool's admission reserves train_plans_host_peak of it on the cpu
+ * device; the child counts the same parts (train_stats.host). -1 with err when the model cannot
+ * be built. */
+int train_host_plan(const struct train_spec *s, int64_t images, int64_t max_pixels,
+                    struct train_host *h, char *err, size_t errlen);
+
+/* A sampling job's host plan (`ddpmd sample` of n images in chunks of batch from a checkpoint
+ * of ckpt_bytes (< 0: the size checkpoint_save writes) of model, sampled by g's graph): the
+ * checkpoint read whole (TRAIN_HOST_WEIGHTS_IN), generate_run's chunk (TRAIN_HOST_STEP) and
+ * the images as float with the grid's PNG (TRAIN_HOST_GRID). */
+void train_sample_host_plan(const struct unet_config *model, int timesteps, int n, int batch,
+                            const struct graph *g, int64_t ckpt_bytes, struct train_host *h);
 
 /* the spec's step as the engine plans it (its model, batch, sample grid and backend) */
 struct train_shape train_shape_of(const struct train_spec *s);

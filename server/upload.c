@@ -565,6 +565,32 @@ int64_t upload_folder_images(const char *images_dir)
     return v;
 }
 
+int64_t upload_folder_max_pixels(const char *images_dir)
+{
+    char path[FSIO_PATH_MAX], err[300];
+    const char *slash = strrchr(images_dir, '/');
+    if (!slash || strcmp(slash, "/images") != 0 ||
+        snprintf(path, sizeof path, "%.*s/dataset.json", (int)(slash - images_dir), images_dir) >=
+            (int)sizeof path)
+        return -1;
+    FILE *f = fsio_fopen_read(path, err, sizeof err);
+    if (!f) return -1;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *o = cJSON_Parse(buf);
+    const cJSON *sz = cJSON_GetObjectItemCaseSensitive(o, "sizes");
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(sz, "max_width");
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(sz, "max_height");
+    int64_t v = cJSON_IsNumber(w) && cJSON_IsNumber(h) && w->valuedouble >= 1 &&
+                        h->valuedouble >= 1 && w->valuedouble <= 1e6 && h->valuedouble <= 1e6
+                    ? (int64_t)w->valuedouble * (int64_t)h->valuedouble
+                    : -1;
+    cJSON_Delete(o);
+    return v;
+}
+
 int upload_dataset_delete(const char *data_dir, const char *id)
 {
     char path[FSIO_PATH_MAX], away[FSIO_PATH_MAX], e[8];

@@ -76,6 +76,9 @@ char *upload_dataset_meta(const char *data_dir, const char *id);
 int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
 /* the images an uploaded dataset's images/ folder holds, from its dataset.json (-1: unknown) */
 int64_t upload_folder_images(const char *images_dir);
+/* the same folder's widest x tallest image (its dataset.json's sizes: a bound on any one image's
+ * pixels), or -1 */
+int64_t upload_folder_max_pixels(const char *images_dir);
 /* removes a dataset (renamed away first, so it is gone at once); 0 ok */
 int upload_dataset_delete(const char *data_dir, const char *id);
 

@@ -23,7 +23,7 @@ from serverlib import Server, check, job_processes, need_fmnist, problem_ok, val
 # short 16 px job (2 steps and its 10-step grid) about 1530, a training step of the 8 px model
 # about 230: a fault at this launch spares both and hits a long job within ~10 steps
 FAULT_AT = 2500
-# one 8 px job fits each device, two do not; a 16 px job (60000 decoded images of 1 KiB) fits
+# one 8 px job fits each device, two do not; a 16 px job (60000 images held as 784 bytes) fits
 # cuda:0 only (checked below against the jobs' own plans)
 BUDGETS = {"cpu": 64 << 20, "cuda:0": 48 << 20}
 

@@ -24,6 +24,24 @@
 #include <unistd.h>
 #include <zlib.h>
 
+/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
+ * after; NULL when i is out of range or out of memory */
+static const float *image_at(const struct dataset *ds, int i)
+{
+    static float *buf[4];
+    static size_t cap[4];
+    static int next;
+    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
+    int k = next++ % 4;
+    if (n > cap[k]) {
+        float *b = realloc(buf[k], n * sizeof *b);
+        if (!b) return NULL;
+        buf[k] = b;
+        cap[k] = n;
+    }
+    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
+}
+
 static char g_dir[64];
 
 static const char *in_dir(const char *name)
@@ -965,8 +983,8 @@ static void test_folder(void)
                   dataset_label(ds, 0) == -1,
               "folder dataset shape");
         /* strcmp order: B.PNG, a.png, sub/c.png */
-        const float *i0 = dataset_image(ds, 0), *i1 = dataset_image(ds, 1),
-                    *i2 = dataset_image(ds, 2);
+        const float *i0 = image_at(ds, 0), *i1 = image_at(ds, 1),
+                    *i2 = image_at(ds, 2);
         CHECK(near(i0[3], 2 * (51 / 255.0) - 1, 1e-6), "B.PNG first: %g", i0[3]);
         CHECK(near(i1[0], 2 * (0.299 * 1.0) - 1, 1e-6), "a.png second (red luminance): %g",
               i1[0]);
@@ -980,9 +998,12 @@ static void test_folder(void)
     CHECK(rc == DATASET_OK && dataset_count(ds) == 3 && dataset_channels(ds) == 3,
           "3-channel folder: %s", err);
     if (rc == DATASET_OK) {
-        const float *i1 = dataset_image(ds, 1);
+        const float *i1 = image_at(ds, 1);
         CHECK(i1[0] == 1.0f && i1[9] == -1.0f && i1[18] == -1.0f, "a.png as RGB: %g %g %g",
               i1[0], i1[9], i1[18]);
+        CHECK(dataset_bytes(ds) == dataset_plan_bytes(0, 3, 3, 3),
+              "a folder holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
+              (long long)dataset_plan_bytes(0, 3, 3, 3));
     }
     dataset_free(ds);
     ds = NULL;
@@ -1084,7 +1105,7 @@ static void test_idx(void)
         CHECK(dataset_count(ds) == 5 && dataset_size(ds) == 32 && dataset_label(ds, 4) == 4,
               "idx shape/labels");
         for (int i = 0; i < 5; i++) {
-            const float *x = dataset_image(ds, i);
+            const float *x = image_at(ds, i);
             for (int y = 0; y < 32; y++)
                 for (int xx = 0; xx < 32; xx++) {
                     float v = x[y * 32 + xx];
@@ -1104,7 +1125,7 @@ static void test_idx(void)
                              DATASET_FIT_RESIZE, err, sizeof err);
     CHECK(rc == DATASET_OK && dataset_channels(ds) == 3, "idx resize: %s", err);
     if (rc == DATASET_OK) {
-        const float *x = dataset_image(ds, 2);
+        const float *x = image_at(ds, 2);
         float lo = 1, hi = -1;
         bad = 0;
         for (int k = 0; k < 32 * 32; k++) {
@@ -1115,6 +1136,43 @@ static void test_idx(void)
         CHECK(bad == 0 && lo >= -1.0f && hi <= 1.0f, "resized IDX channels/range");
         /* corner pixel of a bilinear upscale is the corner source pixel */
         CHECK(near(x[0], 2 * (idx_px(2, 0, 0) / 255.0) - 1, 1e-6), "resized corner %g", x[0]);
+        /* held as bytes, resized as drawn: bit for bit the decode of the bytes up front */
+        float grey[28 * 28], want[32 * 32];
+        for (int y = 0; y < 28; y++)
+            for (int xx = 0; xx < 28; xx++) grey[y * 28 + xx] = (float)idx_px(2, xx, y) / 255.0f;
+        struct image im = {1, 28, 28, grey};
+        CHECK(image_resize_square(want, &im, 32) == IMAGE_OK &&
+                  memcmp(want, x, sizeof want) == 0,
+              "a resized IDX image is not image_resize_square's of its bytes");
+        /* its bytes: 28x28 and a label per image, an index per image, whatever the size */
+        CHECK(dataset_bytes(ds) == dataset_plan_bytes(1, 5, 3, 32) &&
+                  dataset_plan_bytes(1, 5, 3, 32) == 5 * (28 * 28 + 1 + 4),
+              "Fashion-MNIST holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
+              (long long)dataset_plan_bytes(1, 5, 3, 32));
+        CHECK(dataset_split(ds, 2, 1, err, sizeof err) == DATASET_OK &&
+                  dataset_bytes(ds) == dataset_plan_bytes(1, 5, 3, 32),
+              "split Fashion-MNIST holds %lld bytes", (long long)dataset_bytes(ds));
+    }
+    dataset_free(ds);
+    ds = NULL;
+
+    /* at 8 px grey the floats (256 bytes) are fewer than the bytes (784): held as float */
+    rc = dataset_open_fmnist(&ds, in_dir("idx_ok"), DATASET_FMNIST_TEST, 1, 8,
+                             DATASET_FIT_RESIZE, err, sizeof err);
+    CHECK(rc == DATASET_OK, "idx resize to 8: %s", err);
+    if (rc == DATASET_OK) {
+        const float *x = image_at(ds, 3);
+        float grey[28 * 28], want[8 * 8];
+        for (int y = 0; y < 28; y++)
+            for (int xx = 0; xx < 28; xx++) grey[y * 28 + xx] = (float)idx_px(3, xx, y) / 255.0f;
+        struct image im = {1, 28, 28, grey};
+        CHECK(x && image_resize_square(want, &im, 8) == IMAGE_OK &&
+                  memcmp(want, x, sizeof want) == 0,
+              "an 8 px IDX image is not image_resize_square's of its bytes");
+        CHECK(dataset_bytes(ds) == 5 * (8 * 8 * 4 + 1 + 4) &&
+                  dataset_plan_bytes(1, 5, 1, 8) == dataset_bytes(ds),
+              "8 px Fashion-MNIST holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
+              (long long)dataset_plan_bytes(1, 5, 1, 8));
     }
     dataset_free(ds);
     ds = NULL;
@@ -1386,7 +1444,7 @@ static void test_real_fmnist(void)
             int l = dataset_label(ds, i);
             if (l < 0 || l > 9) badlabel++;
             else per_class[l]++;
-            const float *x = dataset_image(ds, i);
+            const float *x = image_at(ds, i);
             for (int k = 0; k < 32 * 32; k++) {
                 lo = x[k] < lo ? x[k] : lo;
                 hi = x[k] > hi ? x[k] : hi;
@@ -1427,7 +1485,7 @@ static int is_perm(const int *p, int n)
 static int same_image(const struct dataset *ds, const float *x, int idx, int flipped)
 {
     int s = dataset_size(ds), c = dataset_channels(ds);
-    const float *src = dataset_image(ds, idx);
+    const float *src = image_at(ds, idx);
     for (int ch = 0; ch < c; ch++)
         for (int y = 0; y < s; y++)
             for (int xx = 0; xx < s; xx++) {

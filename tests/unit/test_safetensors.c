@@ -752,6 +752,64 @@ static void test_atomic_save(void)
     CHECK(count_tmp_files() == 0, "no temp files at the end");
 }
 
+/* a fill for test_fill_save: copies ctx's 4 floats, or fails when ctx is NULL */
+static int fill_copy(void *ctx, void *dst)
+{
+    if (!ctx) return -1;
+    memcpy(dst, ctx, 4 * sizeof(float));
+    return 0;
+}
+
+/* tensors made as the file is written (checkpoints: one tensor held, not all): the same bytes
+ * as tensors given whole; a failing fill fails the save and leaves the file there untouched */
+static void test_fill_save(void)
+{
+    const char *a = in_dir("whole.safetensors"), *b = in_dir("filled.safetensors");
+    float x[4] = {1, 2, 3, 4}, y[4] = {-1, 0.5f, 1e-20f, 7}, z[2] = {9, 8};
+    int64_t s4[1] = {4}, s2[2] = {1, 2};
+    struct safetensors_writer *w = NULL, *f = NULL;
+    char err[512] = "";
+    CHECK(safetensors_writer_init(&w) == ST_OK && safetensors_writer_init(&f) == ST_OK, "init");
+    CHECK(safetensors_writer_add(w, "x", ST_F32, 1, s4, x) == ST_OK &&
+              safetensors_writer_add(w, "z", ST_F32, 2, s2, z) == ST_OK &&
+              safetensors_writer_add(w, "y", ST_F32, 1, s4, y) == ST_OK &&
+              safetensors_writer_meta(w, "k", "v") == ST_OK,
+          "add whole");
+    CHECK(safetensors_writer_add_fill(f, "x", ST_F32, 1, s4, fill_copy, x) == ST_OK &&
+              safetensors_writer_add(f, "z", ST_F32, 2, s2, z) == ST_OK &&
+              safetensors_writer_add_fill(f, "y", ST_F32, 1, s4, fill_copy, y) == ST_OK &&
+              safetensors_writer_meta(f, "k", "v") == ST_OK,
+          "add filled");
+    CHECK(safetensors_writer_staging_bytes(f) == 4 * sizeof(float) &&
+              safetensors_writer_staging_bytes(w) == 0,
+          "staging bytes %zu", safetensors_writer_staging_bytes(f));
+    CHECK(safetensors_writer_add_fill(f, "n", ST_F32, 1, s4, NULL, x) == ST_ERR_ARG, "no fill");
+    CHECK(safetensors_writer_save(w, a, err, sizeof err) == ST_OK, "save whole: %s", err);
+    CHECK(safetensors_writer_save(f, b, err, sizeof err) == ST_OK, "save filled: %s", err);
+    size_t na = 0, nb = 0;
+    unsigned char *ra = tu_slurp(a, &na), *rb = tu_slurp(b, &nb);
+    CHECK(ra && rb && na == nb && !memcmp(ra, rb, na), "filled file differs from the whole one");
+    safetensors_writer_free(f);
+    /* the second tensor's fill fails: the save fails naming it, the earlier file stays */
+    CHECK(safetensors_writer_init(&f) == ST_OK, "init");
+    CHECK(safetensors_writer_add_fill(f, "x", ST_F32, 1, s4, fill_copy, y) == ST_OK &&
+              safetensors_writer_add_fill(f, "bad", ST_F32, 1, s4, fill_copy, NULL) == ST_OK,
+          "add failing");
+    err[0] = '\0';
+    CHECK(safetensors_writer_save(f, b, err, sizeof err) == ST_ERR_IO && strstr(err, "'bad'"),
+          "a failed fill: %s", err);
+    free(rb);
+    rb = tu_slurp(b, &nb);
+    CHECK(rb && na == nb && !memcmp(ra, rb, na), "a failed save changed the file");
+    CHECK(count_tmp_files() == 0, "temp file left after a failed fill");
+    free(ra);
+    free(rb);
+    safetensors_writer_free(w);
+    safetensors_writer_free(f);
+    unlink(a);
+    unlink(b);
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/test_safetensors.XXXXXX");
@@ -766,6 +824,7 @@ int main(void)
     test_limits();
     test_hostile_bytes();
     test_atomic_save();
+    test_fill_save();
     cleanup_dir();
     return tu_finish("test_safetensors");
 }
