@@ -3,8 +3,8 @@
  * (never "/..."), so the page works behind a proxy that strips a path prefix. With tokens, every
  * request carries Authorization: Bearer; event streams are read with fetch (EventSource cannot
  * send headers) and images are fetched and shown as blob: URLs, so the token never goes into a
- * URL. The token box shows only once a request was answered 401 or a token is kept: no route
- * open without a token says whether the server needs one.
+ * URL. The token box shows only where the server needs a token: /healthz says so
+ * (auth_required), and a request answered 401 does too.
  */
 'use strict';
 
@@ -222,11 +222,11 @@ function sleep(ms, signal) {
   });
 }
 
-/* ---- the token: a box in the header, shown only where tokens are needed (a 401 seen) or one is
- * kept; the token lives in sessionStorage for this tab only ---- */
+/* ---- the token: a box in the header, shown only where tokens are needed (/healthz's
+ * auth_required, or a 401 seen); the token lives in sessionStorage for this tab only ---- */
 
 const auth = {
-  required: false, /* a request of this tab was answered 401 */
+  required: false, /* the server needs a token: /healthz said so, or a request was answered 401 */
   needed(problem) {
     auth.required = true;
     const f = document.getElementById('token-form');
@@ -252,10 +252,16 @@ const auth = {
       route();
     });
     auth.show();
+    /* a server without a token file says so: no box there, even with a token kept */
+    api.get('healthz').then((r) => {
+      if (r.ok && r.body && r.body.auth_required === true && !auth.required) {
+        if (api.token()) { auth.required = true; auth.show(); } else auth.needed(null);
+      }
+    }).catch(() => {});
   },
   show() {
     const f = document.getElementById('token-form');
-    f.hidden = !(auth.required || api.token());
+    f.hidden = !auth.required;
     f.classList.remove('needed');
     const s = document.getElementById('token-state');
     s.title = '';
