@@ -8,9 +8,10 @@ job's events), sample grids that open full size in a lightbox (with links to the
 checkpoints; samples requested through the form; the jobs and devices pages; the
 datasets page lists, uploads (and refuses a non-tar), previews, starts a job form on, and deletes
 a dataset; a bad spec's errors shown at their fields (and at the JSON's lines for fields the form
-lacks), a budget no plan fits at the budget's field; no token box on a server without tokens; no
-page wider than a 420 px screen; no console errors but the expected 4xx. Then with --token-file:
-the page shows the token box once the server answers 401, and once given, every request (the
+lacks), a budget no plan fits at the budget's field; no token box on a server without tokens
+(nor with a token kept in the tab: /healthz says auth_required false); no page wider than a
+420 px screen; no console errors but the expected 4xx. Then with --token-file: the page shows
+the token box once /healthz says auth_required (or a 401), and once given, every request (the
 event stream and a dataset upload included) carries it in the Authorization header and no URL
 holds it. Also over plain HTTP: the page's headers (CSP) and GET /jobs/{id}/grids/{step}.png.
 Screenshots (desktop, and 420 px wide) go to a folder the test prints (TEST_SHOTS=DIR chooses it).
@@ -603,6 +604,13 @@ def main(exe):
         d.get(base + "#/devices")
         wait(d, "the cpu device's budget bar", lambda: d.find_elements("css selector", "[data-device=cpu] [data-bar=budget]"))
         token_box_hidden(d, "#/devices")
+        # a token kept in the tab does not bring the box back where /healthz says none is needed
+        d.execute_script("sessionStorage.setItem('ddpmd.token', 'left-over')")
+        d.get(base + "#/devices")
+        wait(d, "the devices page again", lambda: d.find_elements("css selector", "[data-device=cpu] [data-bar=budget]"))
+        time.sleep(0.5)  # /healthz answered
+        token_box_hidden(d, "#/devices with a kept token")
+        d.execute_script("sessionStorage.removeItem('ddpmd.token')")
         shot(d, "devices")
         # ---- the datasets page ----
         datasets_checks(d, s, base, tmp)

@@ -118,9 +118,10 @@ def main(exe):
                 # a new job may be started before the answer reads it back: queued or running
                 head = r'^(\{"id":"J\d+","kind":"\w+","owner":"\w+",)'
                 body = re.sub(head + r'"state":"(queued|running)",', r'\1"state":<queued or running>,', body)
-                body = re.sub(head + r'("state":<queued or running>,"threads":)(null|1),',
-                              r'\1\2<null or 1>,', body)
-                body = re.sub(r'^([^{]*\{[^{]*,)"device":(null|"cpu"),', r'\1"device":<null or "cpu">,', body)
+                body = re.sub(head + r'("state":<queued or running>,(?:"name":(?:null|"[^"]*"),'
+                              r'"labels":\{[^{}]*\},)?"threads":)(null|1),', r'\1\2<null or 1>,', body)
+                body = re.sub(r'^(\{(?:[^{}]|\{[^{}]*\})*?,)"device":(null|"cpu"),',
+                              r'\1"device":<null or "cpu">,', body)
                 body = re.sub(r'"started_at":(null|"<time>")', '"started_at":<null or time>', body)
                 body = re.sub(r'"starts":[01],', '"starts":<0 or 1>,', body)
             out.append("body: " + body)
