@@ -59,6 +59,24 @@ def schema_bounds(s, spec):
               .is_valid(dict(spec, **extra)) == ok, "the schema on %s" % str(extra)[:80])
         errs = [p for p in train_errors(**extra) if p != "train.batch"]
         check((errs == []) == ok, "the server on %s: %s" % (str(extra)[:80], errs))
+    # every integer of the spec: its schema's bounds are the server's
+    props = sch["TrainSpec"]["properties"]
+    n = 0
+    for group in ("data", "diffusion", "train", "output"):
+        for field, f in props[group]["properties"].items():
+            if f.get("type") != "integer":
+                continue
+            for v, ok in [(f["minimum"], True), (f["maximum"], True), (f["minimum"] - 1, False),
+                          (f["maximum"] + 1, False)]:
+                body = json.loads(json.dumps(spec))
+                body.setdefault(group, {})[field] = v
+                errs = s.request("POST", "/train", dict(body, name=1)).json().get("errors", [])
+                bound = [e for e in errs if e["path"] == group + "." + field and
+                         ("must be" in e["message"] or "at most" in e["message"])]
+                check((not bound) == ok, "%s.%s = %d: the schema says %s, the server %s" %
+                      (group, field, v, "valid" if ok else "invalid", bound))
+                n += 1
+    check(n >= 48, "only %d spec bounds checked" % n)
     after = par["After"]["schema"]["pattern"]
     for v in ["j0123456789abcdef", "j0123456789abcde", "x"]:
         got = s.request("GET", "/jobs?after=" + v).status
@@ -250,7 +268,8 @@ def main(exe):
     r = t.request("POST", "/checkpoints", blob, headers=OCTET)
     check(r.status == 201, "alice imports: %d" % r.status)
     aid = r.json()["id"]
-    problem_ok(t.request("POST", "/checkpoints", blob, headers=OCTET, token=""), 401)
+    # refused before its body is read (a large one would meet a closed connection)
+    problem_ok(t.request("POST", "/checkpoints", b"x", headers=OCTET, token=""), 401)
     bob = "bob-secret-0123456789ab"
     problem_ok(t.request("GET", "/checkpoints/%s-%d" % (aid, STEPS), token=bob), 403)
     problem_ok(t.request("DELETE", "/jobs/" + aid, token=bob), 403)
