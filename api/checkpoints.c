@@ -5,8 +5,6 @@
 #define _GNU_SOURCE
 #include "routes.h"
 
-#include <dirent.h>
-
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -30,51 +28,30 @@
 #include "pool.h"
 #include "utf8.h"
 
-static int ckpt_cmp(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 enum MHD_Result h_checkpoints(struct ctx *c)
 {
     struct job_row r;
     enum MHD_Result res;
     if (api_job_load(c, c->param, &r, &res)) return res;
     job_row_free(&r);
-    char dir[FSIO_PATH_MAX], path[FSIO_PATH_MAX];
+    char path[FSIO_PATH_MAX];
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "checkpoints");
-    if (pool_checkpoint_path(c->a->cfg.pool, c->param, 0, dir, sizeof dir) == 0) {
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        DIR *d = opendir(dir);
-        int64_t steps[1024];
-        int n = 0;
-        struct dirent *de;
-        while (d && (de = readdir(d)) && n < 1024) {
-            long long s;
-            char tail[16];
-            if (sscanf(de->d_name, "step-%lld.safe%15s", &s, tail) == 2 &&
-                strcmp(tail, "tensors") == 0 && s >= 0)
-                steps[n++] = s;
-        }
-        if (d) closedir(d);
-        qsort(steps, (size_t)n, sizeof *steps, ckpt_cmp);
-        for (int i = 0; i < n; i++) {
-            struct stat sb;
-            if (pool_checkpoint_path(c->a->cfg.pool, c->param, steps[i], path, sizeof path) ||
-                stat(path, &sb))
-                continue;
-            char id[64], url[160];
-            snprintf(id, sizeof id, "%s-%" PRId64, c->param, steps[i]);
-            api_link(c->a, url, sizeof url, "/checkpoints/%s", id);
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddStringToObject(e, "id", id);
-            cJSON_AddNumberToObject(e, "step", (double)steps[i]);
-            cJSON_AddNumberToObject(e, "bytes", (double)sb.st_size);
-            cJSON_AddStringToObject(e, "url", url);
-            http_json_put_array(arr, e);
-        }
+    static _Thread_local int64_t steps[1024];
+    int n = api_checkpoint_steps(c->a, c->param, steps, 1024);
+    for (int i = 0; i < n; i++) {
+        struct stat sb;
+        if (pool_checkpoint_path(c->a->cfg.pool, c->param, steps[i], path, sizeof path) ||
+            stat(path, &sb))
+            continue;
+        char id[64], url[160];
+        snprintf(id, sizeof id, "%s-%" PRId64, c->param, steps[i]);
+        api_link(c->a, url, sizeof url, "/checkpoints/%s", id);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "id", id);
+        cJSON_AddNumberToObject(e, "step", (double)steps[i]);
+        cJSON_AddNumberToObject(e, "bytes", (double)sb.st_size);
+        cJSON_AddStringToObject(e, "url", url);
+        http_json_put_array(arr, e);
     }
     return http_send_json(c, 200, o, NULL, NULL);
 }

@@ -170,15 +170,23 @@ int api_checkpoint_steps(const struct api *a, const char *id, int64_t *steps, in
     DIR *d = opendir(dir);
     int n = 0;
     struct dirent *de;
-    while (d && (de = readdir(d)) && n < max) {
+    while (d && (de = readdir(d)) && max > 0) {
         long long st;
         char tail[16];
-        if (sscanf(de->d_name, "step-%lld.safe%15s", &st, tail) == 2 &&
-            strcmp(tail, "tensors") == 0 && st >= 0)
+        if (sscanf(de->d_name, "step-%lld.safe%15s", &st, tail) != 2 ||
+            strcmp(tail, "tensors") != 0 || st < 0)
+            continue;
+        if (n < max) {
             steps[n++] = st;
+            continue;
+        }
+        int lo = 0; /* full: the newest max are kept, whatever readdir's order */
+        for (int i = 1; i < n; i++)
+            if (steps[i] < steps[lo]) lo = i;
+        if (st > steps[lo]) steps[lo] = st;
     }
     if (d) closedir(d);
-    for (int i = 1; i < n; i++) /* a few, oldest first */
+    for (int i = 1; i < n; i++) /* oldest first */
         for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
             int64_t t = steps[j];
             steps[j] = steps[j - 1];

@@ -42,7 +42,8 @@ int api_label_value_valid(const char *s);
 int api_job_meta_parse(const cJSON *extras, char *name, char *labels, cJSON *errs);
 /* "name" (null when none) and "labels" ({} when none) of the job into o */
 void api_job_meta(cJSON *o, const struct job_row *r);
-/* the steps of job id's checkpoints on disk, oldest first (at most max); how many */
+/* the steps of job id's checkpoints on disk (step-N.safetensors), the newest max of them,
+ * oldest first; how many */
 int api_checkpoint_steps(const struct api *a, const char *id, int64_t *steps, int max);
 enum MHD_Result h_job_delete(struct ctx *c);
 enum MHD_Result h_resume(struct ctx *c);

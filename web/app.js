@@ -845,7 +845,25 @@ const renderJob = guard(async (m, id) => {
       const r = await api.req('POST', 'jobs/' + id + '/cancel', undefined, signal);
       if (!r.ok) showError(head, r); else { job = r.body; drawAll(); }
     }));
-    head.replaceChildren(el('h2', {}, 'Job ', el('span', {class: 'mono', text: id}), ' ', stateBadge(job.state), ' ', cancel));
+    /* a canceled or failed job with a checkpoint resumes from it; an ended job is deleted with
+     * its files (a second click confirms) */
+    const resume = ['canceled', 'failed'].includes(job.state) && job.links && job.links.checkpoint ?
+      el('button', {id: 'resume', text: 'Resume'}) : null;
+    if (resume) resume.addEventListener('click', guard(async () => {
+      resume.disabled = true;
+      const r = await api.req('POST', 'jobs/' + id + '/resume', undefined, signal);
+      if (!r.ok) showError(head, r); else route();
+    }));
+    const del = ENDED.has(job.state) ? el('button', {class: 'danger', id: 'delete', text: 'Delete'}) : null;
+    if (del) del.addEventListener('click', guard(async () => {
+      if (!del.dataset.armed) { del.dataset.armed = '1'; del.textContent = 'Delete it and its files?'; return; }
+      del.disabled = true;
+      const r = await api.req('DELETE', 'jobs/' + id, undefined, signal);
+      if (!r.ok) showError(head, r); else location.hash = '#/jobs';
+    }));
+    const title = job.name ? [' ', el('span', {id: 'job-name', text: job.name})] : [];
+    head.replaceChildren(el('h2', {}, 'Job ', el('span', {class: 'mono', text: id}), ...title, ' ', stateBadge(job.state), ' ', cancel,
+      resume ? ' ' : null, resume, del ? ' ' : null, del));
   };
   const drawInfo = () => {
     const step = Math.max(job.step, last.step || 0), steps = last.steps || job.steps;
@@ -854,6 +872,8 @@ const renderJob = guard(async (m, id) => {
       ['reserved', bytes(job.reserved_bytes)], ['loss', num(last.loss !== undefined ? last.loss : job.loss, 4)],
       ['images/s', num(last.img_per_s !== undefined ? last.img_per_s : job.images_per_s, 1)], ['ETA', duration(eta)],
       ['owner', job.owner], ['created', job.created_at || '-'], ['started', job.started_at || '-'], ['ended', job.ended_at || '-']];
+    const labels = Object.entries(job.labels || {});
+    if (labels.length) rows.push(['labels', el('span', {id: 'job-labels', text: labels.map(([k, v]) => k + ': ' + v).join(', ')})]);
     if (job.error) rows.push(['error', el('span', {class: 'error', text: job.error})]);
     info.replaceChildren(...rows.flatMap(([k, v]) => [el('dt', {text: k}), el('dd', {}, v)]));
   };
