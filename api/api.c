@@ -46,13 +46,16 @@ static const struct route routes[] = {
     {"POST", "/train", h_train, 1},
     {"GET", "/jobs", h_jobs, 1},
     {"GET", "/jobs/{id}", h_job, 1},
+    {"DELETE", "/jobs/{id}", h_job_delete, 1},
     {"POST", "/jobs/{id}/cancel", h_cancel, 1},
+    {"POST", "/jobs/{id}/resume", h_resume, 1},
     {"GET", "/jobs/{id}/events", h_events, 1},
     {"GET", "/jobs/{id}/checkpoints", h_checkpoints, 1},
     {"GET", "/jobs/{id}/logs", h_logs, 1},
     {"GET", "/jobs/{id}/loss.csv", h_loss_csv, 1},
     {"GET", "/jobs/{id}/loss.png", h_loss_png, 1},
     {"GET", "/jobs/{id}/grids/{step}.png", h_job_grid, 1},
+    {"POST", "/checkpoints", h_checkpoint_import, 1},
     {"GET", "/checkpoints/{id}", h_checkpoint, 1},
     {"POST", "/samples", h_samples_post, 1},
     {"GET", "/samples", h_samples, 1},
@@ -150,9 +153,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             r->too_big = 2; /* answered before its body: the body is dropped */
             return lres;
         }
-        if (r->route >= 0 && routes[r->route].fn == h_datasets_post) {
+        if (r->route >= 0 && (routes[r->route].fn == h_datasets_post ||
+                              routes[r->route].fn == h_checkpoint_import)) {
             enum MHD_Result res;
-            if (api_upload_begin(&c, len, &res)) {
+            if (routes[r->route].fn == h_datasets_post ? api_upload_begin(&c, len, &res)
+                                                       : api_checkpoint_upload_begin(&c, len, &res)) {
                 r->too_big = 2; /* answered: the body is dropped */
                 return res;
             }

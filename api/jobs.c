@@ -1,10 +1,12 @@
 /* jobs.c - the training jobs' routes: POST /train (the spec parsed once, its ids resolved, the
- * pool's admission), GET /jobs and /jobs/{id}, the cancel, and a job's logs, loss and grids.
+ * pool's admission; a name and labels beside it), GET /jobs (filtered) and /jobs/{id}, the
+ * cancel, the resume, the delete, and a job's logs, loss and grids.
  */
 #define _GNU_SOURCE
 #include "routes.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "jobs.h"
+#include "log.h"
 #include "parse.h"
 #include "pool.h"
 #include "spec.h"
@@ -28,15 +31,168 @@
 #define LIST_LIMIT_MAX 200
 #define LIST_LIMIT_DEFAULT 50
 
+/* the fields of each device's plan that "plans" keeps: the whole plan (its parts and search) is
+ * shown once, as "plan" */
+static const char *const plan_brief_keys[] = {"device", "fits", "budget_bytes", "plan_bytes",
+                                              "reserved_bytes", "predicted_step_seconds", NULL};
+
 /* where a job runs and its plans: device (null until it starts), reserved_bytes and plan (on its
- * device, or while queued on the first device it fits), plans (every device's). The stored plans
- * are the server's own JSON, put in as they are */
+ * device, or while queued on the first device it fits: the stored JSON put in as it is), plans
+ * (every device's, brief: plan_brief_keys) */
 void api_job_placement(cJSON *o, const struct job_row *r)
 {
     http_json_str_or_null(o, "device", r->device);
     cJSON_AddNumberToObject(o, "reserved_bytes", (double)r->reserved_bytes);
     http_json_put(o, "plan", cJSON_CreateRaw(r->plan && r->plan[0] ? r->plan : "{}"));
-    http_json_put(o, "plans", r->plans ? cJSON_CreateRaw(r->plans) : cJSON_CreateNull());
+    if (!r->plans) {
+        cJSON_AddNullToObject(o, "plans");
+        return;
+    }
+    cJSON *all = cJSON_Parse(r->plans), *arr = cJSON_CreateArray(), *e;
+    cJSON_ArrayForEach(e, all)
+    {
+        cJSON *b = cJSON_CreateObject();
+        for (int k = 0; plan_brief_keys[k]; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, plan_brief_keys[k]);
+            if (v) http_json_put(b, plan_brief_keys[k], cJSON_Duplicate(v, 1));
+        }
+        http_json_put_array(arr, b);
+    }
+    cJSON_Delete(all);
+    http_json_put(o, "plans", arr);
+}
+
+/* a stored spec (canonical JSON the server wrote, indented) without its whitespace: put in as
+ * it is, compact */
+static cJSON *spec_compact(const char *spec)
+{
+    char *t = strdup(spec && spec[0] ? spec : "{}");
+    if (!t) return NULL;
+    cJSON_Minify(t);
+    cJSON *o = cJSON_CreateRaw(t);
+    free(t);
+    return o;
+}
+
+/* the job's name (null when none) and labels (an object, {} when none) into o */
+void api_job_meta(cJSON *o, const struct job_row *r)
+{
+    http_json_str_or_null(o, "name", r->name);
+    http_json_put(o, "labels", cJSON_CreateRaw(r->labels ? r->labels : "{}"));
+}
+
+static int ascii_in(const char *s, const char *set)
+{
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              strchr(set, *s)))
+            return 0;
+    return 1;
+}
+
+int api_job_name_valid(const char *s)
+{
+    size_t n = strlen(s);
+    return n >= 1 && n <= API_NAME_MAX && s[0] != '.' && s[0] != '-' && s[0] != '_' &&
+           ascii_in(s, "._-");
+}
+
+int api_label_key_valid(const char *s)
+{
+    size_t n = strlen(s);
+    return n >= 1 && n <= API_LABEL_KEY_MAX && s[0] != '.' && s[0] != '-' && s[0] != '_' &&
+           s[0] != '/' && ascii_in(s, "._/-");
+}
+
+int api_label_value_valid(const char *s)
+{
+    return strlen(s) <= API_LABEL_VALUE_MAX && ascii_in(s, "._:/@+=-");
+}
+
+int api_job_meta_parse(const cJSON *extras, char *name, char *labels, cJSON *errs)
+{
+    name[0] = 0;
+    labels[0] = 0;
+    int bad = 0;
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(extras, "name");
+    if (n && !cJSON_IsNull(n)) {
+        if (!cJSON_IsString(n) || !api_job_name_valid(n->valuestring)) {
+            http_errors_add(errs, "name", "expected 1 to 64 of A-Z a-z 0-9 . _ - (not first: . _ -),"
+                                          " or null");
+            bad = 1;
+        } else {
+            memcpy(name, n->valuestring, strlen(n->valuestring) + 1);
+        }
+    }
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(extras, "labels");
+    if (!l || cJSON_IsNull(l)) return bad ? -1 : 0;
+    if (!cJSON_IsObject(l)) {
+        http_errors_add(errs, "labels", "expected an object of strings ({\"team\": \"vision\"}), "
+                                        "or null");
+        return -1;
+    }
+    int count = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, l)
+    {
+        char path[96];
+        snprintf(path, sizeof path, "labels.%.*s", (int)utf8_cut(e->string, 80), e->string);
+        if (++count > API_LABELS_MAX) {
+            http_errors_add(errs, "labels", "at most 16 labels");
+            bad = 1;
+            break;
+        }
+        if (!api_label_key_valid(e->string)) {
+            http_errors_add(errs, path, "a label's key is 1 to 63 of A-Z a-z 0-9 . _ / - (not "
+                                        "first: . _ / -)");
+            bad = 1;
+        } else if (!cJSON_IsString(e) || !api_label_value_valid(e->valuestring)) {
+            http_errors_add(errs, path, "a label's value is a string of 0 to 128 of A-Z a-z 0-9 "
+                                        ". _ : / @ + = -");
+            bad = 1;
+        }
+    }
+    if (bad) return -1;
+    /* 16 labels of checked characters (none JSON escapes) fit API_LABELS_JSON_MAX */
+    if (!cJSON_PrintPreallocated((cJSON *)l, labels, API_LABELS_JSON_MAX, 0)) {
+        http_errors_add(errs, "labels", "the labels cannot be stored");
+        return -1;
+    }
+    return 0;
+}
+
+int api_checkpoint_steps(const struct api *a, const char *id, int64_t *steps, int max)
+{
+    char dir[FSIO_PATH_MAX];
+    if (pool_checkpoint_path(a->cfg.pool, id, 0, dir, sizeof dir)) return 0;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) && max > 0) {
+        long long st;
+        char tail[16];
+        if (sscanf(de->d_name, "step-%lld.safe%15s", &st, tail) != 2 ||
+            strcmp(tail, "tensors") != 0 || st < 0)
+            continue;
+        if (n < max) {
+            steps[n++] = st;
+            continue;
+        }
+        int lo = 0; /* full: the newest max are kept, whatever readdir's order */
+        for (int i = 1; i < n; i++)
+            if (steps[i] < steps[lo]) lo = i;
+        if (st > steps[lo]) steps[lo] = st;
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < n; i++) /* oldest first */
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
+            int64_t t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    return n;
 }
 
 cJSON *api_job_json(const struct api *a, const struct job_row *r)
@@ -46,6 +202,7 @@ cJSON *api_job_json(const struct api *a, const struct job_row *r)
     cJSON_AddStringToObject(o, "kind", r->kind);
     cJSON_AddStringToObject(o, "owner", r->owner);
     cJSON_AddStringToObject(o, "state", job_state_name(r->state));
+    api_job_meta(o, r);
     if (r->threads > 0)
         cJSON_AddNumberToObject(o, "threads", r->threads);
     else
@@ -61,16 +218,30 @@ cJSON *api_job_json(const struct api *a, const struct job_row *r)
     http_json_str_or_null(o, "created_at", r->created_at);
     http_json_str_or_null(o, "started_at", r->started_at);
     http_json_str_or_null(o, "ended_at", r->ended_at);
-    /* the stored spec is canonical JSON the server wrote (spec_to_json): put in as it is */
-    http_json_put(o, "spec", cJSON_CreateRaw(r->spec && r->spec[0] ? r->spec : "{}"));
+    /* the stored spec is canonical JSON the server wrote (spec_to_json) */
+    http_json_put(o, "spec", spec_compact(r->spec));
     char buf[192];
     cJSON *links = cJSON_AddObjectToObject(o, "links");
-    api_link(a, buf, sizeof buf, "/jobs/%s", r->id);
-    cJSON_AddStringToObject(links, "self", buf);
-    api_link(a, buf, sizeof buf, "/jobs/%s/events", r->id);
-    cJSON_AddStringToObject(links, "events", buf);
-    api_link(a, buf, sizeof buf, "/jobs/%s/checkpoints", r->id);
-    cJSON_AddStringToObject(links, "checkpoints", buf);
+    static const char *const tails[][2] = {
+        {"self", ""}, {"events", "/events"}, {"logs", "/logs"}, {"loss_png", "/loss.png"},
+        {"loss_csv", "/loss.csv"}, {"grids", "/grids/{step}.png"}, {"checkpoints", "/checkpoints"}};
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        api_link(a, buf, sizeof buf, "/jobs/%s%s", r->id, tails[i][1]);
+        cJSON_AddStringToObject(links, tails[i][0], buf);
+    }
+    /* the newest checkpoint, as it is and as a diffusers pipeline */
+    int64_t steps[64];
+    int n = api_checkpoint_steps(a, r->id, steps, 64);
+    if (n > 0) {
+        api_link(a, buf, sizeof buf, "/checkpoints/%s-%" PRId64, r->id, steps[n - 1]);
+        cJSON_AddStringToObject(links, "checkpoint", buf);
+        api_link(a, buf, sizeof buf, "/checkpoints/%s-%" PRId64 "?format=diffusers", r->id,
+                 steps[n - 1]);
+        cJSON_AddStringToObject(links, "export", buf);
+    } else {
+        cJSON_AddNullToObject(links, "checkpoint");
+        cJSON_AddNullToObject(links, "export");
+    }
     return o;
 }
 
@@ -116,8 +287,9 @@ enum MHD_Result h_train(struct ctx *c)
                        (const char *const[]){"Retry-After", "10", NULL});
     enum MHD_Result ires;
     if (api_idem_begin(c, "POST /train", &ires)) return ires;
-    /* the body parsed once: the spec, and "webhook" beside it ({"url", "events"}) */
-    static const char *const extra[] = {"webhook", NULL};
+    /* the body parsed once: the spec, and beside it "webhook" ({"url", "events"}), "name" and
+     * "labels" */
+    static const char *const extra[] = {"webhook", "name", "labels", NULL};
     struct train_spec spec;
     struct spec_errors es;
     cJSON *extras = NULL;
@@ -144,16 +316,20 @@ enum MHD_Result h_train(struct ctx *c)
             return http_send_invalid(c, 422, wpath, wmsg);
         }
     }
+    /* the spec's errors and the name's and labels', one list under one cap */
+    char name[API_NAME_MAX + 1], labels[API_LABELS_JSON_MAX];
+    cJSON *errs = http_errors_new();
+    int meta_bad = api_job_meta_parse(extras, name, labels, errs);
     cJSON_Delete(extras);
-    if (spec_bad) {
-        cJSON *errs = http_errors_new();
+    if (spec_bad || meta_bad) {
         for (int i = 0; errs && i < es.n; i++) http_errors_add(errs, es.e[i].path, es.e[i].msg);
         return http_send_errors(c, errs, "spec");
     }
+    cJSON_Delete(errs);
     /* over HTTP a job names data by id, never by a path on the server's disk: the built-in
      * fashion-mnist or an upload the caller can see, whose images/ folder the child reads */
     char data_path[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
-    struct pool_train job = {.spec = &spec};
+    struct pool_train job = {.spec = &spec, .name = name, .labels = labels[0] ? labels : NULL};
     int uploaded = strcmp(spec.dataset, "fashion-mnist") != 0;
     if (uploaded) {
         cJSON *d = upload_id_valid(spec.dataset) ? api_upload_json(c, spec.dataset) : NULL;
@@ -227,11 +403,27 @@ enum MHD_Result h_train(struct ctx *c)
     return api_accepted(c, o, loc);
 }
 
-/* GET /jobs and GET /samples: paging by `after`, filters state, owner (and kind for /jobs) */
+/* GET /jobs and GET /samples: paging by `after`, filters state, owner, name, label (and kind
+ * for /jobs) */
 enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
 {
     const char *st = http_arg(c, "state"), *lim = http_arg(c, "limit"), *after = http_arg(c, "after");
     const char *owner = http_arg(c, "owner"), *k = kind ? NULL : http_arg(c, "kind");
+    const char *name = http_arg(c, "name"), *label = http_arg(c, "label");
+    char lkey[API_LABEL_KEY_MAX + 1] = "";
+    const char *lval = NULL;
+    if (name && !api_job_name_valid(name))
+        return http_send_invalid(c, 400, "name",
+                                 "expected a job name: 1 to 64 of A-Z a-z 0-9 . _ - (not first: . _ -)");
+    if (label) {
+        const char *colon = strchr(label, ':');
+        size_t kl = colon ? (size_t)(colon - label) : 0;
+        if (colon && kl < sizeof lkey) memcpy(lkey, label, kl), lkey[kl] = 0;
+        lval = colon ? colon + 1 : NULL;
+        if (!colon || kl >= sizeof lkey || !api_label_key_valid(lkey) || !api_label_value_valid(lval))
+            return http_send_invalid(c, 400, "label",
+                                     "expected KEY:VALUE, a label's key and value (e.g. team:vision)");
+    }
     int state = -1;
     long long limit = LIST_LIMIT_DEFAULT;
     if (st && (state = job_state_parse(st)) < 0)
@@ -241,8 +433,8 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
         return http_send_invalid(c, 400, "limit", "expected an integer from 1 to 200");
     if (after && !pool_job_id_valid(after))
         return http_send_invalid(c, 400, "after", "expected a job id (the previous page's next)");
-    if (k && strcmp(k, "train") != 0 && strcmp(k, "sample") != 0)
-        return http_send_invalid(c, 400, "kind", "expected train or sample");
+    if (k && strcmp(k, "train") != 0 && strcmp(k, "sample") != 0 && strcmp(k, "import") != 0)
+        return http_send_invalid(c, 400, "kind", "expected train, sample or import");
     if (k) kind = k;
     if (owner && !c->admin && strcmp(owner, c->owner) != 0)
         return http_send_problem(c, 403, NULL, "only an admin token lists another token's jobs", NULL,
@@ -250,7 +442,9 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
     if (!owner && !c->admin) owner = c->owner;
     struct job_row *rows;
     int n;
-    if (jobs_list_kind(c->a->cfg.db, owner, kind, state, after, (int)limit, &rows, &n))
+    struct jobs_filter f = {.owner = owner, .kind = kind, .state = state, .name = name,
+                            .label_key = label ? lkey : NULL, .label_value = lval};
+    if (jobs_list_filter(c->a->cfg.db, &f, after, (int)limit, &rows, &n))
         return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, key);
     for (int i = 0; i < n; i++)
@@ -391,4 +585,112 @@ enum MHD_Result h_job_grid(struct ctx *c)
     }
     snprintf(tail, sizeof tail, "out/samples/step-%08lld.png", step);
     return send_job_file(c, tail, "image/png");
+}
+
+/* DELETE /jobs/{id}: an ended job, its row, events and files (checkpoints and their exports,
+ * grids, samples, loss, logs): 409 while it is queued or running (cancel it first) or while a
+ * queued or running job reads one of its checkpoints */
+enum MHD_Result h_job_delete(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (api_job_load(c, c->param, &r, &res)) return res;
+    job_row_free(&r);
+    enum job_state now = JOB_QUEUED;
+    char user[JOBS_ID_LEN], detail[200];
+    int rc = jobs_delete(c->a->cfg.db, c->param, &now, user);
+    if (rc == JOBS_ERR_STATE) {
+        if (user[0])
+            snprintf(detail, sizeof detail, "job %s, queued or running, reads a checkpoint of "
+                     "job %s: cancel it or let it end first", user, c->param);
+        else
+            snprintf(detail, sizeof detail, "job %s is %s: cancel it first (POST /jobs/%s/cancel)",
+                     c->param, job_state_name(now), c->param);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(now));
+        return http_send_problem(c, 409, "wrong-state", detail, o, NULL);
+    }
+    if (rc == JOBS_ERR_NOT_FOUND) {
+        snprintf(detail, sizeof detail, "no job %s", c->param);
+        return http_send_problem(c, 404, NULL, detail, NULL, NULL);
+    }
+    if (rc) return http_send_problem(c, 500, NULL, "the job store cannot be written", NULL, NULL);
+    /* the row is gone, so nothing starts the job again or serves its files: they go now */
+    char dir[FSIO_PATH_MAX];
+    if (pool_job_file(c->a->cfg.pool, c->param, "", dir, sizeof dir) == 0 && upload_rmtree(dir) &&
+        errno != ENOENT)
+        log_job(LOG_WARN, c->param, "deleted, but its files were not all removed: %s",
+                strerror(errno));
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return http_send_oom(c);
+    enum MHD_Result rr = http_respond(c, 204, resp);
+    MHD_destroy_response(resp);
+    return rr;
+}
+
+/* POST /jobs/{id}/resume: a canceled or failed training job queued again; it resumes from its
+ * newest checkpoint as a restarted job does (the same spec file, device and threads: bit for
+ * bit the run it would have been). 409 in any other state or without a checkpoint */
+enum MHD_Result h_resume(struct ctx *c)
+{
+    struct job_row r;
+    enum MHD_Result res;
+    if (api_job_load(c, c->param, &r, &res)) return res;
+    char detail[200];
+    int train = strcmp(r.kind, "train") == 0;
+    enum job_state now = r.state;
+    job_row_free(&r);
+    if (!c->a->admitting)
+        return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
+                                 (const char *const[]){"Retry-After", "10", NULL});
+    if (!train || (now != JOB_CANCELED && now != JOB_FAILED)) {
+        snprintf(detail, sizeof detail, "job %s is %s%s: only a canceled or failed training job "
+                 "resumes", c->param, train ? "" : "not a training job, ", job_state_name(now));
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(now));
+        return http_send_problem(c, 409, "wrong-state", detail, o, NULL);
+    }
+    int64_t steps[64];
+    int n = api_checkpoint_steps(c->a, c->param, steps, 64);
+    if (n == 0) {
+        snprintf(detail, sizeof detail, "job %s has no checkpoint to resume from (submit its "
+                 "spec again instead)", c->param);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(now));
+        return http_send_problem(c, 409, "no-checkpoint", detail, o, NULL);
+    }
+    /* the pool's limits hold for a resumed job as for a new one */
+    const struct pool_config *pc = pool_config_of(c->a->cfg.pool);
+    int mine = 0, queued = 0;
+    if (jobs_count(c->a->cfg.db, JOB_QUEUED, &queued) ||
+        (pc->max_per_owner > 0 && jobs_count_owner(c->a->cfg.db, c->owner, &mine)))
+        return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
+    if (queued >= pc->max_queue)
+        return http_send_problem(c, 503, "queue-full", "the queue is full (--max-queue)", NULL,
+                                 (const char *const[]){"Retry-After", "30", NULL});
+    if (pc->max_per_owner > 0 && mine >= pc->max_per_owner) {
+        snprintf(detail, sizeof detail, "%s has %d jobs queued or running (the limit, "
+                 "--max-jobs-per-owner)", c->owner, mine);
+        return http_send_problem(c, 429, "owner-limit", detail, NULL,
+                                 (const char *const[]){"Retry-After", "30", NULL});
+    }
+    snprintf(detail, sizeof detail, "{\"state\":\"queued\",\"reason\":\"resumed from its "
+             "checkpoint at step %" PRId64 "\",\"resume_step\":%" PRId64 "}", steps[n - 1],
+             steps[n - 1]);
+    int rc = jobs_resume(c->a->cfg.db, c->param, detail, &now);
+    if (rc == JOBS_ERR_STATE) { /* it changed since it was read */
+        snprintf(detail, sizeof detail, "job %s is %s", c->param, job_state_name(now));
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", job_state_name(now));
+        return http_send_problem(c, 409, "wrong-state", detail, o, NULL);
+    }
+    if (rc) return http_send_problem(c, 500, NULL, "the job store cannot be written", NULL, NULL);
+    log_job(LOG_INFO, c->param, "resumed by its owner from step %" PRId64, steps[n - 1]);
+    if (jobs_get(c->a->cfg.db, c->param, &r))
+        return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
+    char loc[160];
+    api_link(c->a, loc, sizeof loc, "/jobs/%s", c->param);
+    cJSON *o = api_job_json(c->a, &r);
+    job_row_free(&r);
+    return http_send_json(c, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
 }

@@ -24,6 +24,29 @@ cJSON *api_job_json(const struct api *a, const struct job_row *r);
 /* where a job runs and its plans, into o: device (null until it starts), reserved_bytes and plan
  * (on its device, or while queued on the first device it fits), plans (every device's) */
 void api_job_placement(cJSON *o, const struct job_row *r);
+/* a job's name and labels (POST /train and POST /samples, beside the request's fields): a name is
+ * 1 to API_NAME_MAX of [A-Za-z0-9._-], not starting with [._-]; labels an object of at most
+ * API_LABELS_MAX keys (1 to API_LABEL_KEY_MAX of [A-Za-z0-9._/-], not starting with [._/-])
+ * to strings (0 to API_LABEL_VALUE_MAX of [A-Za-z0-9._:/@+=-]) */
+#define API_NAME_MAX 64
+#define API_LABELS_MAX 16
+#define API_LABEL_KEY_MAX 63
+#define API_LABEL_VALUE_MAX 128
+#define API_LABELS_JSON_MAX 4096 /* the labels' compact JSON, whatever they hold */
+int api_job_name_valid(const char *s);
+int api_label_key_valid(const char *s);
+int api_label_value_valid(const char *s);
+/* "name" and "labels" of extras (either may be absent or null) into name (API_NAME_MAX + 1
+ * bytes; "" none) and labels (API_LABELS_JSON_MAX bytes: their compact JSON; "" none); -1 with
+ * their errors added to errs (http_errors_add) when either is bad */
+int api_job_meta_parse(const cJSON *extras, char *name, char *labels, cJSON *errs);
+/* "name" (null when none) and "labels" ({} when none) of the job into o */
+void api_job_meta(cJSON *o, const struct job_row *r);
+/* the steps of job id's checkpoints on disk (step-N.safetensors), the newest max of them,
+ * oldest first; how many */
+int api_checkpoint_steps(const struct api *a, const char *id, int64_t *steps, int max);
+enum MHD_Result h_job_delete(struct ctx *c);
+enum MHD_Result h_resume(struct ctx *c);
 /* the job named id, visible to the caller: 0, or the answer sent (*res: 404, 403, 500) */
 int api_job_load(struct ctx *c, const char *id, struct job_row *r, enum MHD_Result *res);
 /* GET /jobs and GET /samples: paging by `after`, filters state, owner (and kind for /jobs); the
@@ -71,6 +94,10 @@ int api_upload_begin(struct ctx *c, long long declared, enum MHD_Result *res);
 /* ---- checkpoints.c ---- */
 enum MHD_Result h_checkpoints(struct ctx *c);
 enum MHD_Result h_checkpoint(struct ctx *c);
+enum MHD_Result h_checkpoint_import(struct ctx *c);
+/* POST /checkpoints, its first call (as api_upload_begin): 401, 415, 413 before a byte of the
+ * body is read, else its temporary file opened; 1 when an answer was sent (*res) */
+int api_checkpoint_upload_begin(struct ctx *c, long long declared, enum MHD_Result *res);
 
 /* ---- events.c ---- */
 enum MHD_Result h_events(struct ctx *c);

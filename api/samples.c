@@ -37,6 +37,7 @@ cJSON *api_sample_json(const struct api *a, const struct job_row *r)
     cJSON_AddStringToObject(o, "kind", r->kind);
     cJSON_AddStringToObject(o, "owner", r->owner);
     cJSON_AddStringToObject(o, "state", job_state_name(r->state));
+    api_job_meta(o, r);
     api_job_placement(o, r);
     cJSON_AddNumberToObject(o, "step", (double)r->step);
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
@@ -130,7 +131,7 @@ enum MHD_Result h_samples_post(struct ctx *c)
         return http_send_errors(c, errs, "request");
     }
     static const char *const known[] = {"checkpoint", "job", "n", "sampler", "steps", "eta",
-                                        "seed", "ema", "batch", NULL};
+                                        "seed", "ema", "batch", "name", "labels", NULL};
     struct pool_sample s;
     memset(&s, 0, sizeof s);
     cJSON *errs = http_errors_new();
@@ -185,6 +186,10 @@ enum MHD_Result h_samples_post(struct ctx *c)
         else
             http_errors_add(errs, "ema", "expected true (the EMA weights) or false (the raw weights)");
     }
+    char name[API_NAME_MAX + 1], labels[API_LABELS_JSON_MAX];
+    api_job_meta_parse(root, name, labels, errs);
+    s.name = name;
+    s.labels = labels[0] ? labels : NULL;
     if (!errs || http_errors_count(errs) > 0) goto invalid;
     s.n = (int)n;
     s.batch = (int)batch;
@@ -209,7 +214,7 @@ enum MHD_Result h_samples_post(struct ctx *c)
     }
     int g = jobs_get(c->a->cfg.db, jid, &src);
     int visible = g == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0) &&
-                  strcmp(src.kind, "train") == 0;
+                  (strcmp(src.kind, "train") == 0 || strcmp(src.kind, "import") == 0);
     job_row_free(&src);
     if (!visible) {
         http_errors_add(errs, field, ck ? "no such checkpoint" : "no such training job");

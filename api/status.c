@@ -23,6 +23,8 @@ enum MHD_Result h_healthz(struct ctx *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", "ok");
+    /* whether requests need a token (a token file is loaded): the page shows its box by it */
+    cJSON_AddBoolToObject(o, "auth_required", c->a->cfg.tokens && c->a->cfg.n_tokens > 0);
     return http_send_json(c, 200, o, NULL, NULL);
 }
 

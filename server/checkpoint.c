@@ -1,6 +1,7 @@
 /* checkpoint.c - save and restore a job's persistent state through safetensors. */
 #include "checkpoint.h"
 #include "planner.h"
+#include "unet.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -347,4 +348,54 @@ int checkpoint_load_generator(struct generator *g, const struct safetensors *st,
         return -1;
     }
     return checkpoint_apply(st, g->e, &g->g, CHECKPOINT_WEIGHTS, from_ema, err, errlen);
+}
+
+int checkpoint_check_model(const struct safetensors *st, const struct unet_config *model,
+                           char *err, size_t errlen)
+{
+    struct graph g;
+    struct unet_io io;
+    if (graph_init(&g)) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = -1;
+    if (unet_build(&g, model, 1, &io)) {
+        snprintf(err, errlen, "the model cannot be built: %s", g.err[0] ? g.err : "invalid config");
+        goto out;
+    }
+    const struct st_tensor *any;
+    int has_ema = 0;
+    for (size_t i = 0; !has_ema && safetensors_get(st, i, &any) == ST_OK; i++)
+        has_ema = strncmp(any->name, "ema.", 4) == 0;
+    for (int pass = 0; pass <= has_ema; pass++)
+        for (int i = 0; i < g.n_tensors; i++) {
+            const struct tensor *t = g.tensors[i];
+            if (t->kind != TENSOR_PARAM) continue;
+            char name[512];
+            const struct st_tensor *s;
+            snprintf(name, sizeof name, "%s%s", pass ? "ema." : "", t->name);
+            if (safetensors_find(st, name, &s)) {
+                snprintf(err, errlen, "the model needs a tensor '%s' the file does not have", name);
+                goto out;
+            }
+            int same = s->dtype == ST_F32 && s->ndim == t->rank;
+            for (int k = 0; same && k < t->rank; k++) same = s->shape[k] == t->d[k];
+            if (!same) {
+                char want_s[64] = "", got_s[64] = "";
+                for (int k = 0; k < t->rank; k++)
+                    snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), "%s%d",
+                             k ? "," : "", t->d[k]);
+                for (int k = 0; k < s->ndim; k++)
+                    snprintf(got_s + strlen(got_s), sizeof got_s - strlen(got_s),
+                             "%s%" PRId64, k ? "," : "", s->shape[k]);
+                snprintf(err, errlen, "tensor '%s' is %s (%s), the model needs F32 (%s)", name,
+                         safetensors_dtype_name(s->dtype), got_s, want_s);
+                goto out;
+            }
+        }
+    rc = 0;
+out:
+    graph_free(&g);
+    return rc;
 }

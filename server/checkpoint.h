@@ -47,6 +47,12 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
 int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
                     int64_t *step, char *err, size_t errlen);
 
+/* whether st holds model's weights (and, when it has any "ema." tensor, its EMA weights) by
+ * name, dtype and shape, without running anything; -1 with err naming the first tensor missing
+ * or misshapen (an uploaded checkpoint checked before it is kept) */
+int checkpoint_check_model(const struct safetensors *st, const struct unet_config *model,
+                           char *err, size_t errlen);
+
 /* uploads the checkpoint's parts into e. Every graph parameter must be present with its shape;
  * `parts` selects weights / EMA / AdamW moments. Asking for the moments (a resume) also asks for
  * the run's state: its precision must be g's (a checkpoint without one is f32), and an f16 run's

@@ -24,7 +24,8 @@
 
 #define ROW_COLS                                                                                  \
     "seq, id, owner, kind, state, spec, device, reserved_bytes, plan, threads, step, steps, "    \
-    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at, plans"
+    "loss, img_per_s, error, cancel_requested, starts, created_at, started_at, ended_at, plans, " \
+    "name, labels"
 
 /* every statement of the store, prepared once (stmt) and kept: a GET /jobs/{id} is one bound
  * step of a ready statement, not a parse of its SQL */
@@ -48,6 +49,11 @@ enum jobs_stmt {
     STMT_IDEM_ABANDON,
     STMT_IDEM_LINK,
     STMT_PROGRESS_THIN,
+    STMT_DELETE_USER,
+    STMT_DELETE_EVENTS,
+    STMT_DELETE_IDEM,
+    STMT_DELETE_JOB,
+    STMT_RESUME,
     STMT_COUNT_
 };
 
@@ -56,14 +62,17 @@ static const char *const stmt_sql[STMT_COUNT_] = {
         "(SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1), "
         "?2, ?3, ?4) RETURNING seq",
     [STMT_INSERT] = "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
-        "plan, steps, created_at, plans) VALUES(?, ?, ?, 'queued', ?, ?, ?, ?, "
-        "?, ?, ?)",
+        "plan, steps, created_at, plans, name, labels) VALUES(?1, ?2, ?3, ?13, ?4, ?5, ?6, ?7, "
+        "?8, ?9, ?10, ?11, ?12)",
     [STMT_GET] = "SELECT " ROW_COLS " FROM jobs WHERE id = ?",
     [STMT_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     [STMT_LIST] = "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "
         "(?2 IS NULL OR state = ?2) AND "
         "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) AND "
-        "(?5 IS NULL OR kind = ?5) "
+        "(?5 IS NULL OR kind = ?5) AND "
+        "(?6 IS NULL OR name = ?6) AND "
+        "(?7 IS NULL OR EXISTS(SELECT 1 FROM json_each(jobs.labels) WHERE "
+        "json_each.key = ?7 AND json_each.type = 'text' AND json_each.value = ?8)) "
         "ORDER BY seq LIMIT ?4",
     [STMT_COUNT] = "SELECT COUNT(*) FROM jobs WHERE ?1 IS NULL OR state = ?1",
     [STMT_EVENT_COUNT] = "SELECT COUNT(*) FROM events WHERE job_id = ?1 AND type = ?2",
@@ -104,6 +113,15 @@ static const char *const stmt_sql[STMT_COUNT_] = {
         "AND seq NOT IN (SELECT MAX(seq) FROM events WHERE job_id = ?1 AND type = 'progress' "
         "GROUP BY json_extract(data, '$.event'))) "
         "WHERE rn % 2 = 0 AND seq < (SELECT MAX(seq) FROM events WHERE job_id = ?1))",
+    /* a live job whose spec names one of ?1's checkpoints: "?1-STEP" in init_from or a sample's
+     * checkpoint (job ids are fixed-length hex, so "?1-" is no other id's prefix) */
+    [STMT_DELETE_USER] = "SELECT id FROM jobs WHERE state IN ('queued', 'running') AND "
+        "instr(spec, '\"' || ?1 || '-') > 0 LIMIT 1",
+    [STMT_DELETE_EVENTS] = "DELETE FROM events WHERE job_id = ?1",
+    [STMT_DELETE_IDEM] = "DELETE FROM idempotency WHERE job_id = ?1",
+    [STMT_DELETE_JOB] = "DELETE FROM jobs WHERE id = ?1",
+    [STMT_RESUME] = "UPDATE jobs SET state = 'queued', cancel_requested = 0, error = NULL, "
+        "ended_at = NULL WHERE id = ?1 AND state IN ('canceled', 'failed')",
 };
 
 /* a connection and its prepared statements */
@@ -283,7 +301,10 @@ static const char *schema =
     " starts INTEGER NOT NULL DEFAULT 0,"
     " created_at TEXT NOT NULL,"
     " started_at TEXT,"
-    " ended_at TEXT);"
+    " ended_at TEXT,"
+    /* version 4: the owner's name and labels (a JSON object of strings) */
+    " name TEXT,"
+    " labels TEXT);"
     "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);"
     "CREATE TABLE IF NOT EXISTS events("
     " job_id TEXT NOT NULL,"
@@ -355,7 +376,7 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
     }
     /* version 0 = a new file; 1 -> 2 only adds the idempotency table (CREATE IF NOT EXISTS);
      * 2 -> 3 adds jobs.plans (NULL for the jobs stored before) and idempotency.job_id, before
-     * the schema's statements that read them */
+     * the schema's statements that read them; 3 -> 4 adds jobs.name and jobs.labels (NULL) */
     if (sqlite3_exec(j->w.db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
         (version > 0 && version < 3 &&
          sqlite3_exec(j->w.db, "ALTER TABLE jobs ADD COLUMN plans TEXT", NULL, NULL, &msg) !=
@@ -363,10 +384,14 @@ int jobs_open(struct jobs **out, const char *dir, char *err, size_t errlen)
         (version == 2 &&
          sqlite3_exec(j->w.db, "ALTER TABLE idempotency ADD COLUMN job_id TEXT", NULL, NULL,
                       &msg) != SQLITE_OK) ||
+        (version > 0 && version < 4 &&
+         sqlite3_exec(j->w.db, "ALTER TABLE jobs ADD COLUMN name TEXT;"
+                               "ALTER TABLE jobs ADD COLUMN labels TEXT", NULL, NULL, &msg) !=
+             SQLITE_OK) ||
         sqlite3_exec(j->w.db, schema, NULL, NULL, &msg) != SQLITE_OK ||
         sqlite3_exec(j->w.db,
-                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '3');"
-                     "PRAGMA user_version = 3; COMMIT;",
+                     "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '4');"
+                     "PRAGMA user_version = 4; COMMIT;",
                      NULL, NULL, &msg) != SQLITE_OK)
         goto sqlfail;
     snprintf(j->reserve, sizeof j->reserve, "%s/ddpmd.db-reserve", dir);
@@ -438,7 +463,10 @@ static int read_row(sqlite3_stmt *st, struct job_row *r)
     copy_col(r->started_at, sizeof r->started_at, st, 18);
     copy_col(r->ended_at, sizeof r->ended_at, st, 19);
     r->plans = dup_col(st, 20);
-    if (!r->spec || !r->plan || (!r->plans && sqlite3_column_type(st, 20) != SQLITE_NULL)) {
+    copy_col(r->name, sizeof r->name, st, 21);
+    r->labels = dup_col(st, 22);
+    if (!r->spec || !r->plan || (!r->plans && sqlite3_column_type(st, 20) != SQLITE_NULL) ||
+        (!r->labels && sqlite3_column_type(st, 22) != SQLITE_NULL)) {
         job_row_free(r);
         return JOBS_ERR_NOMEM;
     }
@@ -452,7 +480,8 @@ void job_row_free(struct job_row *r)
     free(r->plan);
     free(r->error);
     free(r->plans);
-    r->spec = r->plan = r->error = r->plans = NULL;
+    free(r->labels);
+    r->spec = r->plan = r->error = r->plans = r->labels = NULL;
 }
 
 void job_rows_free(struct job_row *rows, int n)
@@ -517,7 +546,7 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     }
     sqlite3_stmt *st = NULL;
     int rc = JOBS_ERR_DB;
-    char now[32];
+    char now[32], first[48] = "";
     jobs_now(now, sizeof now);
     if (!(st = stmt(&db->w, STMT_INSERT)))
         goto out;
@@ -531,6 +560,9 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
     sqlite3_bind_int64(st, 8, r->steps);
     sqlite3_bind_text(st, 9, now, -1, SQLITE_TRANSIENT);
     if (r->plans) sqlite3_bind_text(st, 10, r->plans, -1, SQLITE_STATIC);
+    if (r->name[0]) sqlite3_bind_text(st, 11, r->name, -1, SQLITE_STATIC);
+    if (r->labels) sqlite3_bind_text(st, 12, r->labels, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 13, job_state_name(r->state), -1, SQLITE_STATIC);
     if (sqlite3_step(st) != SQLITE_DONE) goto out;
     if (r->idem_key && r->idem_key[0]) {
         /* the request's key names its job in the same transaction: once the job exists a
@@ -542,11 +574,12 @@ int jobs_insert(struct jobs *db, const struct job_row *r)
         sqlite3_bind_text(st, 3, r->id, -1, SQLITE_STATIC);
         if (sqlite3_step(st) != SQLITE_DONE) goto out;
     }
-    rc = event_append_locked(db, r->id, "state", "{\"state\":\"queued\"}", NULL);
+    snprintf(first, sizeof first, "{\"state\":\"%s\"}", job_state_name(r->state));
+    rc = event_append_locked(db, r->id, "state", first, NULL);
 out:
     if (rc == JOBS_ERR_DB) rc = db_fail(&db->w);
     stmt_done(st);
-    return observed(db, end(db, rc), r->id, "state", "{\"state\":\"queued\"}");
+    return observed(db, end(db, rc), r->id, "state", first);
 }
 
 int jobs_get(struct jobs *db, const char *id, struct job_row *out)
@@ -602,6 +635,15 @@ int jobs_list(struct jobs *db, const char *owner, int state, const char *after, 
 int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int state,
                    const char *after, int limit, struct job_row **rows, int *n)
 {
+    struct jobs_filter f = {.owner = owner, .kind = kind, .state = state};
+    return jobs_list_filter(db, &f, after, limit, rows, n);
+}
+
+int jobs_list_filter(struct jobs *db, const struct jobs_filter *f, const char *after, int limit,
+                     struct job_row **rows, int *n)
+{
+    const char *owner = f->owner, *kind = f->kind;
+    int state = f->state;
     *rows = NULL;
     *n = 0;
     struct conn *c = rd(db);
@@ -615,6 +657,11 @@ int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int sta
     if (after) sqlite3_bind_text(st, 3, after, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 4, limit);
     if (kind) sqlite3_bind_text(st, 5, kind, -1, SQLITE_STATIC);
+    if (f->name) sqlite3_bind_text(st, 6, f->name, -1, SQLITE_STATIC);
+    if (f->label_key) {
+        sqlite3_bind_text(st, 7, f->label_key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 8, f->label_value ? f->label_value : "", -1, SQLITE_STATIC);
+    }
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW) {
         if (*n == cap) {
@@ -991,4 +1038,77 @@ out:
     stmt_done(st);
     pthread_mutex_unlock(&db->mu);
     return rc;
+}
+
+/* the job's state inside the writer's transaction (lock held): JOBS_OK, NOT_FOUND or DB */
+static int state_locked(struct jobs *db, const char *id, enum job_state *state)
+{
+    sqlite3_stmt *st = stmt(&db->w, STMT_STATE);
+    int rc = JOBS_ERR_DB;
+    if (!st) return db_fail(&db->w);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        int k = t ? job_state_parse((const char *)t) : -1;
+        *state = k < 0 ? JOB_FAILED : (enum job_state)k;
+        rc = JOBS_OK;
+    } else if (s == SQLITE_DONE) {
+        rc = JOBS_ERR_NOT_FOUND;
+    } else {
+        rc = db_fail(&db->w);
+    }
+    stmt_done(st);
+    return rc;
+}
+
+/* runs statement k bound to id alone to its end (lock held) */
+static int exec_id_locked(struct jobs *db, enum jobs_stmt k, const char *id)
+{
+    sqlite3_stmt *st = stmt(&db->w, k);
+    if (!st) return db_fail(&db->w);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? JOBS_OK : db_fail(&db->w);
+    stmt_done(st);
+    return rc;
+}
+
+int jobs_delete(struct jobs *db, const char *id, enum job_state *state, char *user)
+{
+    user[0] = 0;
+    int rc = begin(db);
+    if (rc) return rc;
+    rc = state_locked(db, id, state);
+    if (rc == JOBS_OK && !job_state_ended(*state)) rc = JOBS_ERR_STATE;
+    if (rc == JOBS_OK) {
+        sqlite3_stmt *st = stmt(&db->w, STMT_DELETE_USER);
+        if (!st) {
+            rc = db_fail(&db->w);
+        } else {
+            sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+            int s = sqlite3_step(st);
+            if (s == SQLITE_ROW) {
+                copy_col(user, JOBS_ID_LEN, st, 0);
+                rc = JOBS_ERR_STATE;
+            } else if (s != SQLITE_DONE) {
+                rc = db_fail(&db->w);
+            }
+            stmt_done(st);
+        }
+    }
+    if (rc == JOBS_OK) rc = exec_id_locked(db, STMT_DELETE_EVENTS, id);
+    if (rc == JOBS_OK) rc = exec_id_locked(db, STMT_DELETE_IDEM, id);
+    if (rc == JOBS_OK) rc = exec_id_locked(db, STMT_DELETE_JOB, id);
+    return end(db, rc);
+}
+
+int jobs_resume(struct jobs *db, const char *id, const char *event_json, enum job_state *state)
+{
+    int rc = begin(db);
+    if (rc) return rc;
+    rc = state_locked(db, id, state);
+    if (rc == JOBS_OK && *state != JOB_CANCELED && *state != JOB_FAILED) rc = JOBS_ERR_STATE;
+    if (rc == JOBS_OK) rc = exec_id_locked(db, STMT_RESUME, id);
+    if (rc == JOBS_OK) rc = event_append_locked(db, id, "state", event_json, NULL);
+    return observed(db, end(db, rc), id, "state", event_json);
 }

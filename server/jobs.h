@@ -9,12 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define JOBS_SCHEMA_VERSION 3
+#define JOBS_SCHEMA_VERSION 4
 #define JOBS_ID_LEN 24
+#define JOBS_NAME_MAX 64         /* bytes of a job's name (the api checks its characters) */
 
-/* JOBS_ERR_FULL: SQLite said SQLITE_FULL (the disk is full): nothing of the call was stored */
+/* JOBS_ERR_FULL: SQLite said SQLITE_FULL (the disk is full): nothing of the call was stored;
+ * JOBS_ERR_STATE: the job is not in a state the call accepts (jobs_delete, jobs_resume) */
 enum jobs_status { JOBS_OK = 0, JOBS_ERR_DB = 1, JOBS_ERR_NOT_FOUND = 2, JOBS_ERR_NOMEM = 3,
-                   JOBS_ERR_FULL = 4 };
+                   JOBS_ERR_FULL = 4, JOBS_ERR_STATE = 5 };
 
 enum job_state { JOB_QUEUED = 0, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELED, JOB_STATE_COUNT };
 
@@ -22,7 +24,10 @@ struct job_row {
     int64_t seq;                 /* creation order */
     char id[JOBS_ID_LEN];
     char owner[64];
-    char kind[16];               /* "train" or "sample" */
+    char kind[16];               /* "train", "sample" or "import" (an uploaded checkpoint) */
+    char name[JOBS_NAME_MAX + 1]; /* its owner's name for it; "" none (schema 4) */
+    char *labels;                /* its owner's labels: a JSON object of strings, owned; NULL
+                                  * none (schema 4) */
     enum job_state state;
     char device[32];             /* where it runs; "" until its first start places it */
     int64_t reserved_bytes;      /* plan + process baseline (+ host data on the cpu device) */
@@ -62,8 +67,9 @@ void jobs_close(struct jobs *db);
  * message with its code, e.g. "database or disk is full (SQLITE_FULL, code 13)" */
 const char *jobs_errmsg(void);
 
-/* inserts r (id, owner, kind, device, reserved_bytes, steps, spec, plan, plans; state queued) and its
- * first event, "state" {"state":"queued"}; JOBS_ERR_FULL also when the reserve (see
+/* inserts r (id, owner, kind, name, labels, device, reserved_bytes, steps, spec, plan, plans,
+ * state: queued, or an ended state for a job made complete, an imported checkpoint) and its
+ * first event, "state" {"state":"STATE"}; JOBS_ERR_FULL also when the reserve (see
  * jobs_set_state) was used and the disk has no room to make it again */
 int jobs_insert(struct jobs *db, const struct job_row *r);
 int jobs_get(struct jobs *db, const char *id, struct job_row *out);
@@ -79,6 +85,25 @@ int jobs_list(struct jobs *db, const char *owner, int state, const char *after, 
 /* the same, only jobs of kind (NULL: any) */
 int jobs_list_kind(struct jobs *db, const char *owner, const char *kind, int state,
                    const char *after, int limit, struct job_row **rows, int *n);
+/* what GET /jobs filters by: NULL / -1 fields match any job */
+struct jobs_filter {
+    const char *owner, *kind;
+    int state;
+    const char *name;            /* the job's name, exactly */
+    const char *label_key;       /* a label the job has, with exactly label_value */
+    const char *label_value;
+};
+int jobs_list_filter(struct jobs *db, const struct jobs_filter *f, const char *after, int limit,
+                     struct job_row **rows, int *n);
+/* Deletes an ended job's row, its events and the Idempotency-Keys that made it, in one
+ * transaction: JOBS_ERR_STATE (*state says which) while it is queued or running;
+ * JOBS_ERR_STATE with *user set to the id of a queued or running job whose spec names one of
+ * its checkpoints ("ID-", init_from or a sample's checkpoint) */
+int jobs_delete(struct jobs *db, const char *id, enum job_state *state, char *user);
+/* A canceled or failed job queued again (cancel_requested, error and ended_at cleared; started
+ * before, it resumes from its last checkpoint), with the event "state" event_json, in one
+ * transaction; JOBS_ERR_STATE (*state says which) in any other state */
+int jobs_resume(struct jobs *db, const char *id, const char *event_json, enum job_state *state);
 int jobs_count(struct jobs *db, int state, int *n);
 /* how many events of type the job's log holds */
 int jobs_event_count(struct jobs *db, const char *id, const char *type, int *n);

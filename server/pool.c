@@ -301,14 +301,17 @@ out:
  * batch, and every device's fit from adm). The entries become adm's plans. */
 static int submit_planned(struct pool *p, const char *owner, const char *idem_key,
                           const char *kind, int64_t steps, char *spec, const char *child_file,
-                          char *child_json, int want, int batch, struct pool_admission *adm,
-                          cJSON **entries, char *id, char *err, size_t errlen)
+                          char *child_json, int want, int batch, const char *name,
+                          const char *labels, struct pool_admission *adm, cJSON **entries,
+                          char *id, char *err, size_t errlen)
 {
     struct job_row r;
     struct qjob q;
     memset(&r, 0, sizeof r);
     memset(&q, 0, sizeof q);
     r.idem_key = idem_key;
+    snprintf(r.name, sizeof r.name, "%s", name ? name : "");
+    r.labels = (char *)labels; /* borrowed: jobs_insert only reads it */
     int poisoned[POOL_MAX_DEVICES];
     pthread_mutex_lock(&p->mu);
     for (int d = 0; d < adm->n; d++) poisoned[d] = p->devs[d].st.poisoned;
@@ -386,8 +389,58 @@ int pool_submit(struct pool *p, const char *owner, const char *idem_key,
     char *child_json = spec_to_json(child);
     free(child);
     return submit_planned(p, owner, idem_key, "train", spec->steps, spec_to_json(spec),
-                          "/spec.json", child_json, spec->threads, spec->batch, adm, entries,
-                          id, err, errlen);
+                          "/spec.json", child_json, spec->threads, spec->batch, job->name,
+                          job->labels, adm, entries, id, err, errlen);
+}
+
+int pool_import(struct pool *p, const char *owner, const char *spec_json, int64_t step,
+                const char *name, const char *labels,
+                int (*place)(const char *path, void *ctx, char *err, size_t errlen), void *ctx,
+                char *id, char *err, size_t errlen)
+{
+    struct job_row r;
+    memset(&r, 0, sizeof r);
+    char dir[FSIO_PATH_MAX], out[FSIO_PATH_MAX], ck[FSIO_PATH_MAX], path[FSIO_PATH_MAX];
+    if (make_id(r.id)) {
+        snprintf(err, errlen, "getrandom: %s", strerror(errno));
+        return POOL_ERR_INTERNAL;
+    }
+    if (job_dir(p, r.id, "", dir, sizeof dir) || job_dir(p, r.id, "/out", out, sizeof out) ||
+        job_dir(p, r.id, "/out/checkpoints", ck, sizeof ck) ||
+        pool_checkpoint_path(p, r.id, step, path, sizeof path)) {
+        snprintf(err, errlen, "the data directory's path is too long");
+        return POOL_ERR_INTERNAL;
+    }
+    int rc = POOL_ERR_INTERNAL;
+    if (mkdir_one(dir, err, errlen) || mkdir_one(out, err, errlen) || mkdir_one(ck, err, errlen) ||
+        place(path, ctx, err, errlen)) {
+        if (errno == ENOSPC || errno == EDQUOT) rc = POOL_ERR_STORAGE;
+        goto fail;
+    }
+    snprintf(r.owner, sizeof r.owner, "%s", owner);
+    snprintf(r.kind, sizeof r.kind, "import");
+    snprintf(r.name, sizeof r.name, "%s", name ? name : "");
+    r.labels = (char *)labels; /* borrowed: jobs_insert only reads them */
+    r.state = JOB_SUCCEEDED;
+    r.steps = step;
+    r.spec = (char *)spec_json;
+    r.plan = "{}";
+    int jrc = jobs_insert(p->db, &r);
+    if (jrc) {
+        snprintf(err, errlen, "the job store cannot be written: %s", jobs_errmsg());
+        rc = jrc == JOBS_ERR_FULL ? POOL_ERR_STORAGE : POOL_ERR_INTERNAL;
+        goto fail;
+    }
+    jobs_set_progress(p->db, r.id, step, step, NAN, NAN);
+    snprintf(id, JOBS_ID_LEN, "%s", r.id);
+    notify(p);
+    return POOL_OK;
+fail:
+    unlink(path);
+    rmdir(ck);
+    rmdir(out);
+    rmdir(dir);
+    return rc;
 }
 
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
@@ -450,7 +503,8 @@ int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
     char *child_json = c ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
     return submit_planned(p, owner, idem_key, "sample", steps, pool_sample_json(s),
-                          "/sample.json", child_json, 1, 0, adm, entries, id, err, errlen);
+                          "/sample.json", child_json, 1, 0, s->name, s->labels, adm, entries, id,
+                          err, errlen);
 }
 
 static struct child *find_kid(struct pool *p, const char *id)

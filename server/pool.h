@@ -119,6 +119,7 @@ struct pool_train {
     const char *dataset_dir;    /* the images folder an uploaded data.dataset names; NULL: the
                                  * built-in dataset */
     const char *init_path;      /* the checkpoint file init_from names; NULL: none */
+    const char *name, *labels;  /* its owner's name and labels (JSON object) for it; NULL none */
 };
 
 /* Plans the job on every device (the planner's search against what the device's budget leaves
@@ -142,6 +143,7 @@ struct pool_sample {
     char sampler[8];            /* "ddim" | "ddpm" */
     double eta;
     uint64_t seed;
+    const char *name, *labels;  /* as pool_train's */
 };
 
 /* the sample's parameters as the job's spec (canonical JSON, no path); caller frees */
@@ -151,6 +153,15 @@ char *pool_sample_json(const struct pool_sample *s);
 int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
                        const struct pool_sample *s, struct pool_admission *adm, char *id,
                        char *err, size_t errlen);
+/* An uploaded checkpoint made a job of its own (kind "import", state succeeded, owner's): its
+ * folder, then place(path, ctx) writes the checkpoint at the job's
+ * out/checkpoints/step-<step>.safetensors (err on failure), then its row (spec: the model's
+ * spec as shown; name and labels may be NULL). Nothing stays unless POOL_OK, with id set; the
+ * owner's limit counts no import (it runs nothing) */
+int pool_import(struct pool *p, const char *owner, const char *spec_json, int64_t step,
+                const char *name, const char *labels,
+                int (*place)(const char *path, void *ctx, char *err, size_t errlen), void *ctx,
+                char *id, char *err, size_t errlen);
 /* data_dir/jobs/<id>/<tail> ("grid.png", "images/0003.png"); 0 when it fits */
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,
                   size_t len);

@@ -3,8 +3,8 @@
  * (never "/..."), so the page works behind a proxy that strips a path prefix. With tokens, every
  * request carries Authorization: Bearer; event streams are read with fetch (EventSource cannot
  * send headers) and images are fetched and shown as blob: URLs, so the token never goes into a
- * URL. The token box shows only once a request was answered 401 or a token is kept: no route
- * open without a token says whether the server needs one.
+ * URL. The token box shows only where the server needs a token: /healthz says so
+ * (auth_required), and a request answered 401 does too.
  */
 'use strict';
 
@@ -222,11 +222,11 @@ function sleep(ms, signal) {
   });
 }
 
-/* ---- the token: a box in the header, shown only where tokens are needed (a 401 seen) or one is
- * kept; the token lives in sessionStorage for this tab only ---- */
+/* ---- the token: a box in the header, shown only where tokens are needed (/healthz's
+ * auth_required, or a 401 seen); the token lives in sessionStorage for this tab only ---- */
 
 const auth = {
-  required: false, /* a request of this tab was answered 401 */
+  required: false, /* the server needs a token: /healthz said so, or a request was answered 401 */
   needed(problem) {
     auth.required = true;
     const f = document.getElementById('token-form');
@@ -252,10 +252,16 @@ const auth = {
       route();
     });
     auth.show();
+    /* a server without a token file says so: no box there, even with a token kept */
+    api.get('healthz').then((r) => {
+      if (r.ok && r.body && r.body.auth_required === true && !auth.required) {
+        if (api.token()) { auth.required = true; auth.show(); } else auth.needed(null);
+      }
+    }).catch(() => {});
   },
   show() {
     const f = document.getElementById('token-form');
-    f.hidden = !(auth.required || api.token());
+    f.hidden = !auth.required;
     f.classList.remove('needed');
     const s = document.getElementById('token-state');
     s.title = '';
@@ -839,7 +845,25 @@ const renderJob = guard(async (m, id) => {
       const r = await api.req('POST', 'jobs/' + id + '/cancel', undefined, signal);
       if (!r.ok) showError(head, r); else { job = r.body; drawAll(); }
     }));
-    head.replaceChildren(el('h2', {}, 'Job ', el('span', {class: 'mono', text: id}), ' ', stateBadge(job.state), ' ', cancel));
+    /* a canceled or failed job with a checkpoint resumes from it; an ended job is deleted with
+     * its files (a second click confirms) */
+    const resume = ['canceled', 'failed'].includes(job.state) && job.links && job.links.checkpoint ?
+      el('button', {id: 'resume', text: 'Resume'}) : null;
+    if (resume) resume.addEventListener('click', guard(async () => {
+      resume.disabled = true;
+      const r = await api.req('POST', 'jobs/' + id + '/resume', undefined, signal);
+      if (!r.ok) showError(head, r); else route();
+    }));
+    const del = ENDED.has(job.state) ? el('button', {class: 'danger', id: 'delete', text: 'Delete'}) : null;
+    if (del) del.addEventListener('click', guard(async () => {
+      if (!del.dataset.armed) { del.dataset.armed = '1'; del.textContent = 'Delete it and its files?'; return; }
+      del.disabled = true;
+      const r = await api.req('DELETE', 'jobs/' + id, undefined, signal);
+      if (!r.ok) showError(head, r); else location.hash = '#/jobs';
+    }));
+    const title = job.name ? [' ', el('span', {id: 'job-name', text: job.name})] : [];
+    head.replaceChildren(el('h2', {}, 'Job ', el('span', {class: 'mono', text: id}), ...title, ' ', stateBadge(job.state), ' ', cancel,
+      resume ? ' ' : null, resume, del ? ' ' : null, del));
   };
   const drawInfo = () => {
     const step = Math.max(job.step, last.step || 0), steps = last.steps || job.steps;
@@ -848,6 +872,8 @@ const renderJob = guard(async (m, id) => {
       ['reserved', bytes(job.reserved_bytes)], ['loss', num(last.loss !== undefined ? last.loss : job.loss, 4)],
       ['images/s', num(last.img_per_s !== undefined ? last.img_per_s : job.images_per_s, 1)], ['ETA', duration(eta)],
       ['owner', job.owner], ['created', job.created_at || '-'], ['started', job.started_at || '-'], ['ended', job.ended_at || '-']];
+    const labels = Object.entries(job.labels || {});
+    if (labels.length) rows.push(['labels', el('span', {id: 'job-labels', text: labels.map(([k, v]) => k + ': ' + v).join(', ')})]);
     if (job.error) rows.push(['error', el('span', {class: 'error', text: job.error})]);
     info.replaceChildren(...rows.flatMap(([k, v]) => [el('dt', {text: k}), el('dd', {}, v)]));
   };

@@ -7,10 +7,12 @@ gradient-norm and images/s charts (ticks at 1-2-5 steps, the hovered step's valu
 job's events), sample grids that open full size in a lightbox (with links to the PNG) and
 checkpoints; samples requested through the form; the jobs and devices pages; the
 datasets page lists, uploads (and refuses a non-tar), previews, starts a job form on, and deletes
-a dataset; a bad spec's errors shown at their fields (and at the JSON's lines for fields the form
-lacks), a budget no plan fits at the budget's field; no token box on a server without tokens; no
-page wider than a 420 px screen; no console errors but the expected 4xx. Then with --token-file:
-the page shows the token box once the server answers 401, and once given, every request (the
+a dataset; a canceled job's name, labels, Resume and Delete buttons (the delete confirmed by
+a second click); a bad spec's errors shown at their fields (and at the JSON's lines for fields the form
+lacks), a budget no plan fits at the budget's field; no token box on a server without tokens
+(nor with a token kept in the tab: /healthz says auth_required false); no page wider than a
+420 px screen; no console errors but the expected 4xx. Then with --token-file: the page shows
+the token box once /healthz says auth_required (or a 401), and once given, every request (the
 event stream and a dataset upload included) carries it in the Authorization header and no URL
 holds it. Also over plain HTTP: the page's headers (CSP) and GET /jobs/{id}/grids/{step}.png.
 Screenshots (desktop, and 420 px wide) go to a folder the test prints (TEST_SHOTS=DIR chooses it).
@@ -603,6 +605,13 @@ def main(exe):
         d.get(base + "#/devices")
         wait(d, "the cpu device's budget bar", lambda: d.find_elements("css selector", "[data-device=cpu] [data-bar=budget]"))
         token_box_hidden(d, "#/devices")
+        # a token kept in the tab does not bring the box back where /healthz says none is needed
+        d.execute_script("sessionStorage.setItem('ddpmd.token', 'left-over')")
+        d.refresh()  # the page starts again with the token kept
+        wait(d, "the devices page again", lambda: d.find_elements("css selector", "[data-device=cpu] [data-bar=budget]"))
+        time.sleep(0.5)  # /healthz answered
+        token_box_hidden(d, "#/devices with a kept token")
+        d.execute_script("sessionStorage.removeItem('ddpmd.token')")
         shot(d, "devices")
         # ---- the datasets page ----
         datasets_checks(d, s, base, tmp)
@@ -611,7 +620,7 @@ def main(exe):
         long["train"]["steps"] = 2000
         long["output"].update(sample_every=0, checkpoint_every=0)
         long["data"]["validation"] = 0
-        r = s.request("POST", "/train", long)
+        r = s.request("POST", "/train", dict(long, name="long-run", labels={"team": "vision"}))
         check(r.status == 202, "POST /train: %d %s" % (r.status, r.body[:200]))
         jid2 = r.json()["id"]
         s.wait_job(jid2, lambda j: j["state"] == "running" and j["step"] > 0, what="running")
@@ -630,7 +639,19 @@ def main(exe):
         d.find_element("id", "cancel").click()
         wait(d, "the job canceled", lambda: d.find_element("css selector", "h2 .state").text == "canceled")
         wait(d, "the job page final", lambda: d.find_elements("css selector", "#view[data-settled]"))
-        check(s.get_json("/jobs/" + jid2)["state"] == "canceled", "the server's job is not canceled")
+        j2 = s.get_json("/jobs/" + jid2)
+        check(j2["state"] == "canceled", "the server's job is not canceled")
+        # its name and labels shown; Resume where it has a checkpoint; Delete (a second click
+        # confirms) removes it and returns to the jobs list
+        check(d.find_element("id", "job-name").text == "long-run" and
+              d.find_element("id", "job-labels").text == "team: vision", "name and labels not shown")
+        check(bool(d.find_elements("id", "resume")) == bool(j2["links"]["checkpoint"]),
+              "a Resume button %s a checkpoint" % ("without" if not j2["links"]["checkpoint"] else "missing with"))
+        d.find_element("id", "delete").click()
+        check(s.request("GET", "/jobs/" + jid2).status == 200, "deleted at the first click")
+        d.find_element("id", "delete").click()
+        wait(d, "the jobs list after the delete", lambda: d.current_url.endswith("#/jobs"))
+        wait(d, "the job deleted", lambda: s.request("GET", "/jobs/" + jid2).status == 404)
         # ---- a bad spec: the server's errors at their fields ----
         bad_spec_checks(d, base)
         # ---- a phone's width ----

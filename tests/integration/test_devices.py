@@ -124,7 +124,8 @@ def main(exe):
                                                       wide["plans"]))
     wj = s.wait_job(wide["id"], lambda j: j["state"] == "succeeded", what="the wide job done",
                     timeout=180)
-    check(wj["device"] == "cuda:0" and wj["threads"] == 2 and wj["plan"] == plan_on(wj, "cuda:0")
+    check(wj["device"] == "cuda:0" and wj["threads"] == 2 and wj["plan"]["device"] == "cuda:0" and
+          wj["plan"]["reserved_bytes"] == plan_on(wj, "cuda:0")["reserved_bytes"]
           and wj["reserved_bytes"] == wj["plan"]["reserved_bytes"], "wide %s" % wj)
     r = {d: plan_on(wide, d)["reserved_bytes"] for d in BUDGETS}
 

@@ -56,7 +56,7 @@ def part_a(s):
     check("SQLITE_FULL" in p["detail"], "507 names SQLITE_FULL: %s" % p)
     check(s.get_json("/jobs")["jobs"] == [], "no job stored while the disk was full")
     check(jobs_on_disk(s.data) == before, "no job folder left: %s" % jobs_on_disk(s.data))
-    check(s.get_json("/healthz") == {"status": "ok"}, "healthz while full")
+    check(s.get_json("/healthz")["status"] == "ok", "healthz while full")
     os.unlink(filler)
     r = s.request("POST", "/train", tiny(steps=2, checkpoint_every=0),
                   headers={"Idempotency-Key": "k-full"})
@@ -91,7 +91,7 @@ def part_b(s):
     ck = os.path.join(s.data, "jobs", jid, "out", "checkpoints")
     left = [n for n in os.listdir(ck) if not n.endswith(".safetensors")]
     check(left == [], "no partial file beside the checkpoints: %s" % left)
-    check(s.get_json("/healthz") == {"status": "ok"}, "healthz after the failure")
+    check(s.get_json("/healthz")["status"] == "ok", "healthz after the failure")
     r = s.request("POST", "/train", tiny(steps=2, checkpoint_every=0))
     check(r.status == 202, "POST after the failure: %d %s" % (r.status, r.body[:300]))
     s.wait_job(r.json()["id"], lambda j: j["state"] == "succeeded", what="a later job succeeded")
@@ -110,7 +110,7 @@ def part_c(s):
     check(j["error"] and "No space left on device" in j["error"], "error names ENOSPC: %s" % j["error"])
     fill(filler + "2")  # what the reserve gave back is taken too
     problem_ok(s.request("POST", "/train", tiny()), 507)
-    check(s.get_json("/healthz") == {"status": "ok"}, "healthz while full")
+    check(s.get_json("/healthz")["status"] == "ok", "healthz while full")
     os.unlink(filler)
     os.unlink(filler + "2")
     r = s.request("POST", "/train", tiny(steps=2, checkpoint_every=0))

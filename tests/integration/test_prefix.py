@@ -42,8 +42,12 @@ def main(exe):
     validate(job, "Job")
     jid = job["id"]
     check(r.header("Location") == P + "/jobs/" + jid, "Location %s" % r.header("Location"))
-    check(job["links"] == {"self": P + "/jobs/" + jid, "events": P + "/jobs/%s/events" % jid,
-                           "checkpoints": P + "/jobs/%s/checkpoints" % jid}, "links %s" % job["links"])
+    want = {"self": P + "/jobs/" + jid, "checkpoint": None, "export": None}
+    for k, tail in [("events", "/events"), ("logs", "/logs"), ("loss_png", "/loss.png"),
+                    ("loss_csv", "/loss.csv"), ("grids", "/grids/{step}.png"),
+                    ("checkpoints", "/checkpoints")]:
+        want[k] = P + "/jobs/" + jid + tail
+    check(job["links"] == want, "links %s" % job["links"])
 
     evs, hdrs = s.events(jid)
     h = {k.lower(): v for k, v in hdrs}
@@ -60,7 +64,9 @@ def main(exe):
     # still name the public URL
     s.prefix = ""
     j = s.get_json("/jobs/" + jid)
-    check(j["links"] == job["links"], "links without the prefix %s" % j["links"])
+    want.update(checkpoint=P + "/checkpoints/%s-6" % jid,
+                export=P + "/checkpoints/%s-6?format=diffusers" % jid)
+    check(j["links"] == want, "links without the prefix %s" % j["links"])
     lst = s.get_json(P + "/jobs")
     check([x["links"]["self"] for x in lst["jobs"]] == [P + "/jobs/" + jid], "list %s" % lst)
     s.prefix = P

@@ -120,9 +120,10 @@ def main(exe):
                 # a new job may be started before the answer reads it back: queued or running
                 head = r'^(\{"id":"J\d+","kind":"\w+","owner":"\w+",)'
                 body = re.sub(head + r'"state":"(queued|running)",', r'\1"state":<queued or running>,', body)
-                body = re.sub(head + r'("state":<queued or running>,"threads":)(null|1),',
-                              r'\1\2<null or 1>,', body)
-                body = re.sub(r'^([^{]*\{[^{]*,)"device":(null|"cpu"),', r'\1"device":<null or "cpu">,', body)
+                body = re.sub(head + r'("state":<queued or running>,(?:"name":(?:null|"[^"]*"),'
+                              r'"labels":\{[^{}]*\},)?"threads":)(null|1),', r'\1\2<null or 1>,', body)
+                body = re.sub(r'^(\{(?:[^{}]|\{[^{}]*\})*?,)"device":(null|"cpu"),',
+                              r'\1"device":<null or "cpu">,', body)
                 body = re.sub(r'"started_at":(null|"<time>")', '"started_at":<null or time>', body)
                 body = re.sub(r'"starts":[01],', '"starts":<0 or 1>,', body)
             out.append("body: " + body)
@@ -250,6 +251,7 @@ def main(exe):
     ex("checkpoints", "GET", "/jobs/%s/checkpoints" % job)
     ck = "%s-6" % job
     r = ex("checkpoint", "GET", "/checkpoints/" + ck, binary=True)
+    ck_blob = r[1]
     etag = dict(r[0].getheaders())["ETag"]
     ex("checkpoint: range", "GET", "/checkpoints/" + ck, headers={"Range": "bytes=0-9"},
        binary=True)
@@ -279,6 +281,20 @@ def main(exe):
     ex("sample image: none", "GET", "/samples/%s/images/2.png" % sid)
     ex("sample image: bad", "GET", "/samples/%s/images/01.png" % sid)
     ex("sample: a training job", "GET", "/samples/" + job)
+    # ---- the job API: filters, resume, import, delete ----
+    ex("jobs: by label", "GET", "/jobs?label=team:none")
+    ex("jobs: bad label", "GET", "/jobs?label=novalue")
+    ex("resume: succeeded", "POST", "/jobs/%s/resume" % job)
+    ex("resume: bob's", "POST", "/jobs/%s/resume" % job, token=BOB)
+    octet = {"Content-Type": "application/octet-stream"}
+    ex("import: content type", "POST", "/checkpoints", b"x", {"Content-Type": "text/plain"})
+    ex("import: not safetensors", "POST", "/checkpoints", b"\x10" + b"\0" * 7 + b"{}", octet)
+    r = ex("import", "POST", "/checkpoints?name=again", ck_blob, octet)
+    imp = js(r)["id"]
+    ex("import: job", "GET", "/jobs/" + imp)
+    ex("delete: bob's", "DELETE", "/jobs/" + imp, token=BOB)
+    ex("delete", "DELETE", "/jobs/" + imp)
+    ex("delete: gone", "GET", "/jobs/" + imp)
     # ---- datasets ----
     ex("datasets", "GET", "/datasets")
     ex("datasets: content type", "POST", "/datasets", b"x", {"Content-Type": "text/plain"})

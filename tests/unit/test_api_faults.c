@@ -197,6 +197,13 @@ int main(void)
         {"GET /datasets/{id}", "GET", "/datasets/fashion-mnist", NULL, NULL},
         {"GET /checkpoints/{id}", "GET", "/checkpoints/j0000000000000000-1", NULL, NULL},
         {"GET /jobs/{id}/events", "GET", "/jobs/j0000000000000000/events", NULL, NULL},
+        {"DELETE /jobs/{id}: none", "DELETE", "/jobs/j0000000000000000", NULL, NULL},
+        {"POST /jobs/{id}/resume: none", "POST", "/jobs/j0000000000000000/resume", NULL, NULL},
+        {"GET /jobs?label=", "GET", "/jobs?label=team:vision&name=a", NULL, NULL},
+        {"POST /train: bad name, labels", "POST", "/train", "application/json",
+         "{\"name\": \"-\", \"labels\": {\"a\": \"b\", \"\": 1}, \"data\": {}}"},
+        {"POST /checkpoints: not safetensors", "POST", "/checkpoints", "application/octet-stream",
+         "not a safetensors file at all"},
         {"GET /openapi.yaml", "GET", "/openapi.yaml", NULL, NULL},
         {"GET /", "GET", "/", NULL, NULL},
     };

@@ -224,9 +224,12 @@ static void test_migrate(const char *dir)
     struct job_row r;
     row(&r, "j00000000000000ab", "x");
     r.plans = "[]";
+    snprintf(r.name, sizeof r.name, "named");
+    r.labels = "{\"a\":\"b\"}";
     CHECK(jobs_insert(db, &r) == 0 && jobs_get(db, "j00000000000000ab", &g) == 0 && g.plans &&
-              strcmp(g.plans, "[]") == 0,
-          "a new job's plans in the migrated store");
+              strcmp(g.plans, "[]") == 0 && strcmp(g.name, "named") == 0 && g.labels &&
+              strcmp(g.labels, "{\"a\":\"b\"}") == 0,
+          "a new job's plans, name and labels in the migrated store");
     job_row_free(&g);
     /* its answered key replays, the one a dead process was answering is gone */
     int outcome, status;
@@ -248,7 +251,65 @@ static void test_migrate(const char *dir)
         version = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
     sqlite3_close(s);
-    CHECK(version == JOBS_SCHEMA_VERSION && version == 3, "version after the migration: %d", version);
+    CHECK(version == JOBS_SCHEMA_VERSION && version == 4, "version after the migration: %d", version);
+}
+
+/* schema 4: a job's name and labels, the filters on them, delete and resume */
+static void test_meta(const char *dir)
+{
+    char err[256];
+    struct jobs *db;
+    CHECK(jobs_open(&db, dir, err, sizeof err) == 0, "open: %s", err);
+    if (!db) return;
+    struct job_row r, g;
+    row(&r, "j00000000000000m1", "ann");
+    snprintf(r.name, sizeof r.name, "run-a");
+    r.labels = "{\"team\":\"vision\",\"n\":\"1\"}";
+    CHECK(jobs_insert(db, &r) == 0, "insert with labels");
+    row(&r, "j00000000000000m2", "ann");
+    r.spec = "{\"init_from\":\"j00000000000000m1-4\"}";
+    CHECK(jobs_insert(db, &r) == 0, "insert a user of m1's checkpoint");
+    CHECK(jobs_get(db, "j00000000000000m1", &g) == 0 && strcmp(g.name, "run-a") == 0 && g.labels &&
+              strstr(g.labels, "vision"),
+          "name and labels read back");
+    job_row_free(&g);
+    struct job_row *rows;
+    int n;
+    struct jobs_filter f = {.state = -1, .label_key = "team", .label_value = "vision"};
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1 &&
+              strcmp(rows[0].id, "j00000000000000m1") == 0, "label filter: %d", n);
+    job_rows_free(rows, n);
+    f.label_value = "vis";
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 0, "label value exact: %d", n);
+    job_rows_free(rows, n);
+    f = (struct jobs_filter){.state = -1, .name = "run-a"};
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1, "name filter: %d", n);
+    job_rows_free(rows, n);
+    enum job_state st;
+    char user[JOBS_ID_LEN];
+    CHECK(jobs_delete(db, "j00000000000000m1", &st, user) == JOBS_ERR_STATE && st == JOB_QUEUED,
+          "delete while queued");
+    CHECK(jobs_resume(db, "j00000000000000m1", "{\"state\":\"queued\"}", &st) == JOBS_ERR_STATE,
+          "resume while queued");
+    CHECK(jobs_set_state(db, "j00000000000000m1", JOB_CANCELED, 0, NULL, "{\"state\":\"canceled\"}") ==
+              0 && jobs_set_cancel_requested(db, "j00000000000000m1") == 0, "cancel");
+    CHECK(jobs_delete(db, "j00000000000000m1", &st, user) == JOBS_ERR_STATE &&
+              strcmp(user, "j00000000000000m2") == 0, "delete while a queued job reads it: '%s'", user);
+    CHECK(jobs_resume(db, "j00000000000000m1", "{\"state\":\"queued\"}", &st) == 0 &&
+              jobs_get(db, "j00000000000000m1", &g) == 0 && g.state == JOB_QUEUED &&
+              !g.cancel_requested && g.ended_at[0] == 0, "resumed: queued, cancel cleared");
+    job_row_free(&g);
+    CHECK(jobs_set_state(db, "j00000000000000m2", JOB_FAILED, 0, "x", "{\"state\":\"failed\"}") == 0 &&
+              jobs_set_state(db, "j00000000000000m1", JOB_FAILED, 0, "x", "{\"state\":\"failed\"}") == 0,
+          "both ended");
+    struct job_event *ev;
+    CHECK(jobs_delete(db, "j00000000000000m1", &st, user) == 0 &&
+              jobs_get(db, "j00000000000000m1", &g) == JOBS_ERR_NOT_FOUND &&
+              jobs_events_after(db, "j00000000000000m1", 0, 10, &ev, &n) == 0 && n == 0,
+          "deleted with its events");
+    job_events_free(ev, n);
+    CHECK(jobs_delete(db, "j00000000000000m1", &st, user) == JOBS_ERR_NOT_FOUND, "deleted twice");
+    jobs_close(db);
 }
 
 /* the event log of a job that logs a progress event per step for 5,000 steps (checkpoints
@@ -439,6 +500,13 @@ int main(void)
         char rm[200];
         snprintf(rm, sizeof rm, "rm -rf %s", old);
         if (system(rm)) fprintf(stderr, "could not remove %s\n", old);
+    }
+    char meta[] = "/tmp/ddpmd-test-jobs-meta-XXXXXX";
+    if (mkdtemp(meta)) {
+        test_meta(meta);
+        char rm[200];
+        snprintf(rm, sizeof rm, "rm -rf %s", meta);
+        if (system(rm)) fprintf(stderr, "could not remove %s\n", meta);
     }
     test_ids();
     test_sizes();
