@@ -31,6 +31,7 @@
 #include "parse.h"
 #include "pool.h"
 #include "webhook.h"
+#include "worker.h"
 #include "utf8.h"
 
 /* ---- the route table ---- */
@@ -389,10 +390,23 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
         snprintf(err, errlen, "cannot start the connection guard");
         goto fail;
     }
+    /* the planning's threads and queue: what waits on them holds an HTTP thread each, so
+     * one HTTP thread stays free of them (for /healthz and the rest) */
+    int threads = cfg->threads > 0 ? cfg->threads : 4;
+    int pw = cfg->plan_workers > 0 ? cfg->plan_workers : 1;
+    int pq = cfg->plan_queue > 0 ? cfg->plan_queue : 2;
+    int room = threads > 1 ? threads - 1 : 1;
+    if (pw > room) pw = room;
+    if (pw + pq > room) pq = room - pw;
+    if (!(a->cfg.plan_timeout_s > 0)) a->cfg.plan_timeout_s = API_PLAN_TIMEOUT_S;
+    if (worker_start(&a->planner, pw, pq)) {
+        snprintf(err, errlen, "cannot start the planning threads");
+        goto fail;
+    }
     a->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)threads,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a,
                             MHD_OPTION_CONNECTION_TIMEOUT, 120u,
@@ -414,6 +428,7 @@ fail:
         pthread_mutex_unlock(&a->mu);
         pthread_join(a->ticker, NULL);
     }
+    worker_stop(a->planner);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);
@@ -440,6 +455,8 @@ void api_stop(struct api *a)
     api_events_resume(a, 1);
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->ticker, NULL);
+    /* the waiting plans dropped, the running ones finished: every waiting request answered */
+    worker_stop(a->planner);
     MHD_stop_daemon(a->d);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);

@@ -26,6 +26,7 @@
 
 struct sse;
 struct http_guard;
+struct worker;
 
 #define REQUEST_ID_MAX 64
 
@@ -45,6 +46,7 @@ struct api {
     size_t openapi_len;
     struct MHD_Response *oom; /* the 500 of a request whose own answer could not be made */
     struct http_guard *guard; /* the connections waiting for a request head */
+    struct worker *planner; /* POST /train's admission planning (submit.c) */
 };
 
 /* a request's own state, from its first byte to its access-log line (libmicrohttpd's con_cls) */

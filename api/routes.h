@@ -51,6 +51,14 @@ enum MHD_Result api_accepted(struct ctx *c, cJSON *o, const char *loc);
 enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                    const char *err, const char *plan_path);
 
+/* POST /train's admission planning (pool_plan_train) on the planning worker, this thread
+ * waiting for it at most --plan-timeout without any lock held: 0 with adm's fits and entries[d]
+ * (for pool_submit_planned), or 1 with the answer sent (*res: 503 planner-busy at once when
+ * its queue is full, 503 plan-timeout, 503 stopping, or the plan's refusal as
+ * api_submit_refused) */
+int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
+                   cJSON **entries, char *err, size_t errlen, enum MHD_Result *res);
+
 /* ---- datasets.c ---- */
 enum MHD_Result h_datasets(struct ctx *c);
 enum MHD_Result h_datasets_post(struct ctx *c);

@@ -1,6 +1,7 @@
 /* submit.c - what POST /train and POST /samples answer alike: the Idempotency-Key (the first
- * answer again, a reused key refused, a lost answer made again), the 202 Accepted, and the
- * problem of a submit the pool refused.
+ * answer again, a reused key refused, a lost answer made again), the 202 Accepted, the problem
+ * of a submit the pool refused; and POST /train's admission planning on the planning worker
+ * (seconds of CPU and hundreds of MB for a heavy spec, never on an HTTP thread's own stack).
  */
 #define _GNU_SOURCE
 #include "routes.h"
@@ -15,12 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "jobs.h"
 #include "parse.h"
 #include "pool.h"
+#include "testhold.h"
+#include "worker.h"
 
 /* the answer of a keyed request whose job was made but whose answer was not stored (its save
  * failed, or the server died first): 202 with the job as it is now, stored as the key's answer */
@@ -165,4 +171,134 @@ enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission 
     /* the data directory's disk is full: nothing was stored; a retry may work once space is freed */
     if (rc == POOL_ERR_STORAGE) return http_send_problem(c, 507, "insufficient-storage", err, NULL, NULL);
     return http_send_problem(c, 500, NULL, err, NULL, NULL);
+}
+
+/* ---- POST /train's planning on the worker ---- */
+
+/* one request's planning: its own copies of the job (the request may give up and go), the
+ * results; freed by whichever of the two sides is last (owners) */
+struct plan_task {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int owners, done;
+    struct pool *pool;
+    const struct worker *w;
+    struct train_spec spec;
+    char dataset_dir[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
+    int has_dataset, has_init;
+    int rc;
+    struct pool_admission adm;
+    cJSON *entries[POOL_MAX_DEVICES];
+    char err[1024];
+};
+
+static void plan_task_release(struct plan_task *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int last = --t->owners == 0;
+    pthread_mutex_unlock(&t->mu);
+    if (!last) return;
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(t->entries[d]);
+    cJSON_Delete(t->adm.plans);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+static int plan_stopping(const void *w) { return worker_stopping(w); }
+
+static void plan_run(void *arg, int canceled)
+{
+    struct plan_task *t = arg;
+    int rc = POOL_ERR_STOPPING;
+    if (!canceled) {
+        testhold_before_plan(plan_stopping, t->w);
+        struct pool_train job = {.spec = &t->spec,
+                                 .dataset_dir = t->has_dataset ? t->dataset_dir : NULL,
+                                 .init_path = t->has_init ? t->init_path : NULL};
+        rc = worker_stopping(t->w)
+                 ? POOL_ERR_STOPPING
+                 : pool_plan_train(t->pool, &job, &t->adm, t->entries, t->err, sizeof t->err);
+    }
+    if (rc == POOL_ERR_STOPPING) snprintf(t->err, sizeof t->err, "the server is shutting down");
+    pthread_mutex_lock(&t->mu);
+    t->rc = rc;
+    t->done = 1;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    plan_task_release(t);
+}
+
+int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
+                   cJSON **entries, char *err, size_t errlen, enum MHD_Result *res)
+{
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = NULL;
+    memset(adm, 0, sizeof *adm);
+    struct plan_task *t = calloc(1, sizeof *t);
+    if (!t) {
+        *res = http_send_oom(c);
+        return 1;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    t->owners = 2;
+    t->pool = c->a->cfg.pool;
+    t->w = c->a->planner;
+    t->spec = *job->spec;
+    if (job->dataset_dir)
+        t->has_dataset = 1, snprintf(t->dataset_dir, sizeof t->dataset_dir, "%s", job->dataset_dir);
+    if (job->init_path)
+        t->has_init = 1, snprintf(t->init_path, sizeof t->init_path, "%s", job->init_path);
+    int wrc = worker_submit(c->a->planner, plan_run, t);
+    if (wrc) {
+        t->owners = 1;
+        plan_task_release(t);
+        if (wrc == WORKER_ERR_STOPPED)
+            *res = http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
+                                     (const char *const[]){"Retry-After", "10", NULL});
+        else
+            *res = http_send_problem(c, 503, "planner-busy",
+                                     "every admission planning slot is taken (--plan-workers, "
+                                     "--plan-queue): try again shortly",
+                                     NULL, (const char *const[]){"Retry-After", "5", NULL});
+        return 1;
+    }
+    /* this thread waits for its own request only, and at most the deadline */
+    double limit = c->a->cfg.plan_timeout_s;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = floor(limit);
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((limit - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&t->mu);
+    int timed_out = 0;
+    while (!t->done && !timed_out)
+        timed_out = pthread_cond_timedwait(&t->cv, &t->mu, &until) == ETIMEDOUT;
+    int done = t->done;
+    pthread_mutex_unlock(&t->mu);
+    if (!done) {
+        /* the worker finishes it and frees what it made; the answer does not wait */
+        plan_task_release(t);
+        char detail[200];
+        snprintf(detail, sizeof detail, "the job's admission planning took longer than %g s "
+                 "(--plan-timeout); the planner is busy or the spec is very large", limit);
+        *res = http_send_problem(c, 503, "plan-timeout", detail, NULL,
+                                 (const char *const[]){"Retry-After", "10", NULL});
+        return 1;
+    }
+    int rc = t->rc;
+    if (rc == POOL_OK) {
+        *adm = t->adm;
+        memset(&t->adm, 0, sizeof t->adm);
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = t->entries[d], t->entries[d] = NULL;
+    } else {
+        snprintf(err, errlen, "%s", t->err);
+        *adm = t->adm; /* no plans on a refusal */
+        adm->plans = NULL;
+    }
+    plan_task_release(t);
+    if (rc == POOL_OK) return 0;
+    *res = api_submit_refused(c, rc, adm, err, "model");
+    return 1;
 }

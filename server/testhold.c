@@ -18,3 +18,11 @@ void testhold_after_step(int64_t step, volatile sig_atomic_t *stop)
     const struct timespec tick = {0, 10 * 1000 * 1000};
     while (access(file, F_OK) != 0 && !(stop && *stop)) nanosleep(&tick, NULL);
 }
+
+void testhold_before_plan(int (*stopping)(const void *arg), const void *arg)
+{
+    const char *file = getenv("DDPMD_TEST_HOLD_PLAN_FILE");
+    if (!file || !*file) return;
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    while (access(file, F_OK) != 0 && !stopping(arg)) nanosleep(&tick, NULL);
+}
