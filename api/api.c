@@ -399,8 +399,11 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
     if (pw > room) pw = room;
     if (pw + pq > room) pq = room - pw;
     if (!(a->cfg.plan_timeout_s > 0)) a->cfg.plan_timeout_s = API_PLAN_TIMEOUT_S;
-    if (worker_start(&a->planner, pw, pq)) {
-        snprintf(err, errlen, "cannot start the planning threads");
+    int uw = cfg->upload_workers > 0 ? cfg->upload_workers : 1;
+    int uq = cfg->upload_queue > 0 ? cfg->upload_queue : 8;
+    a->decoder_cap = uw + uq;
+    if (worker_start(&a->planner, pw, pq) || worker_start(&a->decoder, uw, uq)) {
+        snprintf(err, errlen, "cannot start the planning and upload threads");
         goto fail;
     }
     a->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
@@ -429,6 +432,7 @@ fail:
         pthread_join(a->ticker, NULL);
     }
     worker_stop(a->planner);
+    worker_stop(a->decoder);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);
@@ -457,6 +461,7 @@ void api_stop(struct api *a)
     pthread_join(a->ticker, NULL);
     /* the waiting plans dropped, the running ones finished: every waiting request answered */
     worker_stop(a->planner);
+    worker_stop(a->decoder);
     MHD_stop_daemon(a->d);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);

@@ -47,6 +47,8 @@ struct api {
     struct MHD_Response *oom; /* the 500 of a request whose own answer could not be made */
     struct http_guard *guard; /* the connections waiting for a request head */
     struct worker *planner; /* POST /train's admission planning (submit.c) */
+    struct worker *decoder; /* POST /datasets' image decoding (datasets.c) */
+    int decoder_cap;        /* its threads + queue */
 };
 
 /* a request's own state, from its first byte to its access-log line (libmicrohttpd's con_cls) */

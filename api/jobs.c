@@ -158,6 +158,11 @@ enum MHD_Result h_train(struct ctx *c)
     if (uploaded) {
         cJSON *d = upload_id_valid(spec.dataset) ? api_upload_json(c, spec.dataset) : NULL;
         int visible = d && api_upload_visible(c, d);
+        enum MHD_Result ures;
+        if (visible && api_upload_unusable(c, d, &ures)) { /* validating, or failed */
+            cJSON_Delete(d);
+            return ures;
+        }
         cJSON_Delete(d);
         if (!visible ||
             upload_dataset_path(api_data_dir(c), spec.dataset, "images", data_path,

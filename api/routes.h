@@ -69,6 +69,9 @@ enum MHD_Result h_dataset_preview(struct ctx *c);
 const char *api_data_dir(struct ctx *c);
 /* an uploaded dataset's JSON (from its dataset.json); NULL when there is none */
 cJSON *api_upload_json(struct ctx *c, const char *id);
+/* POST /train on the upload o: 1 with the answer sent when it is not ready (*res: 409
+ * dataset-not-ready while validating, 422 data.dataset with the reason when it failed) */
+int api_upload_unusable(struct ctx *c, const cJSON *o, enum MHD_Result *res);
 /* whether the caller may see the upload o */
 int api_upload_visible(struct ctx *c, const cJSON *o);
 /* POST /datasets, its first call: refused before a byte of the body is read (401, 415, 413, or
