@@ -78,8 +78,11 @@ cJSON *api_upload_json(struct ctx *c, const char *id)
     cJSON *links = cJSON_AddObjectToObject(o, "links");
     api_link(c->a, buf, sizeof buf, "/datasets/%s", id);
     cJSON_AddStringToObject(links, "self", buf);
-    api_link(c->a, buf, sizeof buf, "/datasets/%s/preview.png", id);
-    cJSON_AddStringToObject(links, "preview", buf);
+    /* the preview is made with the decoding: linked once the dataset is ready */
+    if (st && strcmp(st->valuestring, UPLOAD_STATE_READY) == 0) {
+        api_link(c->a, buf, sizeof buf, "/datasets/%s/preview.png", id);
+        cJSON_AddStringToObject(links, "preview", buf);
+    }
     return o;
 }
 

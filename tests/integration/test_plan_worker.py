@@ -52,7 +52,9 @@ def probe_healthz(s, stop, lat):
 
 
 def phase_flood(exe):
-    s = Server(exe).start()
+    # the default threads and queue; a deadline no loaded machine reaches, so every request
+    # that got a slot is planned to its end (the deadline itself: phase_timeout)
+    s = Server(exe, args=["--plan-timeout", "300"]).start()
     stop, lat = threading.Event(), []
     prober = threading.Thread(target=probe_healthz, args=(s, stop, lat))
     prober.start()
@@ -94,17 +96,28 @@ def phase_held(exe):
                env={"DDPMD_TEST_HOLD_PLAN_FILE": release})
     s.own_data = True
     s.start()
-    out = [None] * 2
-    ths = [post_async(s, tiny(steps=1), out, i) for i in range(2)]
-    time.sleep(1.0)  # both requests are read and handed to the planner in milliseconds
-    check(out == [None, None], "a held plan was answered: %s" % out)
-    t0 = time.monotonic()
-    r = s.request("POST", "/train", tiny(steps=1))
-    took = time.monotonic() - t0
+    # POSTs one after another until one is refused: each one before it waits for its held plan
+    # (the worker's and the queue's slot), so exactly --plan-workers + --plan-queue are held
+    # whatever the machine's speed
+    out, ths, r, took = [], [], None, None
+    for i in range(6):
+        out.append(None)
+        ths.append(post_async(s, tiny(steps=1), out, i))
+        t0 = time.monotonic()
+        while out[i] is None and time.monotonic() - t0 < 1.5:
+            time.sleep(0.01)
+        if out[i] is not None:
+            r, took = out[i][1], out[i][2]
+            out.pop()
+            ths.pop().join()
+            break
+    check(r is not None, "six POST /train held: the planning queue has no bound")
     p = problem_ok(r, 503)
     check(p["type"] == "urn:ddpmd:problem:planner-busy" and r.header("Retry-After"),
           "queue full: %s, Retry-After %s" % (p, r.header("Retry-After")))
     check(took < LATENCY_MAX, "the queue-full 503 took %.2f s" % took)
+    check(len(out) == 2 and out == [None, None], "held %d requests (--plan-workers 1, "
+          "--plan-queue 1): %s" % (len(out), out))
     t0 = time.monotonic()
     check(s.get_json("/healthz") == {"status": "ok"}, "healthz")
     hz = time.monotonic() - t0
