@@ -45,9 +45,9 @@ struct api_config {
     int max_conns, conns_per_ip, conns_reserved;
     double head_timeout_s;
     /* POST /train's admission planning runs off the HTTP threads (submit.c): plan_workers
-     * threads (0: 1) and plan_queue more waiting (0: 2), together kept below threads so an
-     * HTTP thread stays free; a request waits at most plan_timeout_s for its plan (0:
-     * API_PLAN_TIMEOUT_S), a full queue is a 503 at once */
+     * threads (0: 1) and plan_queue more waiting (0: 4), each request suspended meanwhile
+     * (it holds no HTTP thread) and answered 503 after plan_timeout_s (0: API_PLAN_TIMEOUT_S);
+     * a full queue is a 503 at once */
     int plan_workers, plan_queue;
     double plan_timeout_s;
     /* POST /datasets decodes an archive's images off the HTTP threads (datasets.c):

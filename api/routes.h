@@ -51,13 +51,19 @@ enum MHD_Result api_accepted(struct ctx *c, cJSON *o, const char *loc);
 enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                    const char *err, const char *plan_path);
 
-/* POST /train's admission planning (pool_plan_train) on the planning worker, this thread
- * waiting for it at most --plan-timeout without any lock held: 0 with adm's fits and entries[d]
- * (for pool_submit_planned), or 1 with the answer sent (*res: 503 planner-busy at once when
- * its queue is full, 503 plan-timeout, 503 stopping, or the plan's refusal as
- * api_submit_refused) */
+/* POST /train's admission planning (pool_plan_train) on the planning worker, no lock held.
+ * The first call queues it and suspends the connection: 1 with *res = MHD_YES (return it).
+ * The request is resumed when its plan is made or at --plan-timeout and its handler runs
+ * again; this call then gives 0 with adm's fits and entries[d] (for pool_submit_planned), or
+ * 1 with the answer sent (*res: 503 plan-timeout, 503 stopping, or the plan's refusal as
+ * api_submit_refused). A full queue is 503 planner-busy at once. */
 int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
                    cJSON **entries, char *err, size_t errlen, enum MHD_Result *res);
+/* the planning's deadline watcher, started and stopped with the api (after the planner) */
+int api_plans_start(struct api *a);
+void api_plans_stop(struct api *a);
+/* a finished request's planning given up (on_completed) */
+void api_plan_drop(struct req *r);
 
 /* ---- datasets.c ---- */
 enum MHD_Result h_datasets(struct ctx *c);

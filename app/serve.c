@@ -130,9 +130,9 @@ static void serve_usage(FILE *f)
             "                         (DDPMD_UPLOAD_QUEUE; default 8)\n"
             "  --plan-workers N       threads planning POST /train's admission, off the HTTP\n"
             "                         threads (DDPMD_PLAN_WORKERS; default 1)\n"
-            "  --plan-queue N         requests waiting for them at most; one more is a 503 at\n"
-            "                         once (DDPMD_PLAN_QUEUE; default 2; workers + queue are\n"
-            "                         kept below --http-threads)\n"
+            "  --plan-queue N         requests waiting for them at most, each suspended (no\n"
+            "                         HTTP thread waits); one more is a 503 at once\n"
+            "                         (DDPMD_PLAN_QUEUE; default 4)\n"
             "  --plan-timeout S       a POST /train waits at most S seconds for its plan, then\n"
             "                         answers 503 (DDPMD_PLAN_TIMEOUT; default 30)\n"
             "  --webhook-secret-file FILE  the HMAC-SHA256 key webhooks are signed with, its\n"
@@ -682,7 +682,7 @@ static int serve_run(int argc, char **argv)
         {"--upload-workers", "DDPMD_UPLOAD_WORKERS", &uw, "1", NULL, 0},
         {"--upload-queue", "DDPMD_UPLOAD_QUEUE", &uq, "8", NULL, 0},
         {"--plan-workers", "DDPMD_PLAN_WORKERS", &pw, "1", NULL, 0},
-        {"--plan-queue", "DDPMD_PLAN_QUEUE", &pq, "2", NULL, 0},
+        {"--plan-queue", "DDPMD_PLAN_QUEUE", &pq, "4", NULL, 0},
         {"--plan-timeout", "DDPMD_PLAN_TIMEOUT", &pto, "30", NULL, 0},
         {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL, NULL, 0},
         {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL, NULL, 0},

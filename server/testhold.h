@@ -5,7 +5,9 @@
  * exists or a stop is asked for. Without both variables it costs one getenv per run.
  * Likewise DDPMD_TEST_HOLD_PLAN_FILE=PATH in the server's environment holds every admission
  * planning (on its worker thread, before it plans) until PATH exists, so a test fills the
- * planning queue or keeps an HTTP thread waiting for as long as it chooses.
+ * planning queue for as long as it chooses; DDPMD_TEST_HOLD_UPLOAD_FILE=PATH holds every
+ * upload's unpacking (on its HTTP thread, before it unpacks) until PATH exists or a minute has
+ * passed, so a test keeps an HTTP thread busy.
  */
 #ifndef DDPMD_TESTHOLD_H
 #define DDPMD_TESTHOLD_H
@@ -18,5 +20,7 @@ void testhold_after_step(int64_t step, volatile sig_atomic_t *stop);
 /* called by an admission planning before it plans; returns at once unless the variable is set,
  * else once its file exists or stopping(arg) says the server stops */
 void testhold_before_plan(int (*stopping)(const void *arg), const void *arg);
+/* called by an upload before it unpacks; returns at once unless the variable is set */
+void testhold_before_unpack(void);
 
 #endif

@@ -30,6 +30,7 @@
 #include "fsio.h"
 #include "image.h"
 #include "jobs.h"
+#include "testhold.h"
 
 #define UPLOAD_CHUNK 65536
 
@@ -659,6 +660,7 @@ int upload_dataset_create(const char *data_dir, const char *part, const char *ow
         goto out;
     }
     made = 1;
+    testhold_before_unpack();
     rc = upload_unpack(part, images, lim, &res, err, errlen);
     if (rc) goto out;
     rc = UPLOAD_ERR_IO;

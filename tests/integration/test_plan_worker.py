@@ -1,10 +1,12 @@
 """test_plan_worker.py - POST /train's admission planning off the HTTP threads (issue 23, item 2),
 over real loopback sockets: a flood of heavy-but-valid specs (each plans for seconds and
 hundreds of MB: 8 levels of 128 px, 8 layers per block, batch 1024, a 1 MB budget no plan fits)
-never keeps /healthz from answering within a second, and the ones past the planning queue are
-answered 503 + Retry-After at once; with the planning held (DDPMD_TEST_HOLD_PLAN_FILE) the
-queue-full 503 comes at once and the held requests are answered once released; a plan that
-outlives --plan-timeout is a 503. About 15 s.
+never keeps /healthz from answering within a second, the ones past the planning queue are
+answered 503 + Retry-After at once, and the server's memory returns to its idle size after;
+with the planning held (DDPMD_TEST_HOLD_PLAN_FILE) on a server of one HTTP thread, the
+requests waiting for their plans hold no thread (/healthz and the queue-full 503 answer at
+once) and are answered once released; a plan that outlives --plan-timeout is a 503 at the
+deadline. About 20 s.
 Usage: test_plan_worker.py PATH/TO/ddpmd
 """
 import json
@@ -19,6 +21,7 @@ from serverlib import Server, check, need_fmnist, problem_ok, tiny  # noqa: E402
 
 LATENCY_MAX = 1.0   # the contract: /healthz answers within a second whatever POST /train does
 FLOOD = 12          # heavy POST /train at once: more than the 4 HTTP threads
+RSS_KEPT_MAX = 100  # MiB the server may keep after planning (one heavy plan peaks at ~260 MiB)
 
 
 def heavy():
@@ -43,6 +46,15 @@ def post_async(s, spec, out, i, timeout=120):
     return th
 
 
+def vm(pid, key):
+    """the server's VmRSS / VmHWM in MiB"""
+    for line in open("/proc/%d/status" % pid):
+        k, _, v = line.partition(":")
+        if k == key:
+            return int(v.split()[0]) // 1024
+    return -1
+
+
 def probe_healthz(s, stop, lat):
     while not stop.is_set():
         t0 = time.monotonic()
@@ -55,6 +67,7 @@ def phase_flood(exe):
     # the default threads and queue; a deadline no loaded machine reaches, so every request
     # that got a slot is planned to its end (the deadline itself: phase_timeout)
     s = Server(exe, args=["--plan-timeout", "300"]).start()
+    idle = vm(s.proc.pid, "VmRSS")
     stop, lat = threading.Event(), []
     prober = threading.Thread(target=probe_healthz, args=(s, stop, lat))
     prober.start()
@@ -82,6 +95,19 @@ def phase_flood(exe):
     check(len(planned) + len(busy) == FLOOD, "answers %s" % statuses)
     check(busy and planned, "a flood of %d: %d planned, %d refused busy (both expected)"
           % (FLOOD, len(planned), len(busy)))
+    # what the plans held is given back (malloc_trim after each): the server's resident memory
+    # returns near where it was, whatever its peak
+    deadline, rss = time.monotonic() + 20, None
+    while time.monotonic() < deadline:
+        rss = vm(s.proc.pid, "VmRSS")
+        if rss <= idle + RSS_KEPT_MAX:
+            break
+        time.sleep(0.2)
+    peak = vm(s.proc.pid, "VmHWM")
+    check(rss <= idle + RSS_KEPT_MAX, "the server kept %d MiB after the plans (%d MiB idle, "
+          "peak %d MiB)" % (rss, idle, peak))
+    print("memory: %d MiB idle, peak %d MiB, %d MiB after the plans" % (idle, peak, rss),
+          flush=True)
     slowest = max(o[2] for o in planned)
     print("flood: %d heavy POST /train: %d planned (422 never-fits, slowest answered after "
           "%.2f s), %d refused 503 planner-busy; %d /healthz probes, max %.3f s"
@@ -92,7 +118,9 @@ def phase_flood(exe):
 def phase_held(exe):
     d = tempfile.mkdtemp(prefix="ddpmd-it-")
     release = os.path.join(d, "release-plans")
-    s = Server(exe, data=d, args=["--plan-workers", "1", "--plan-queue", "1"],
+    # one HTTP thread: a request waiting for its plan must not hold it (it is suspended)
+    s = Server(exe, data=d, args=["--plan-workers", "1", "--plan-queue", "1",
+                                  "--http-threads", "1"],
                env={"DDPMD_TEST_HOLD_PLAN_FILE": release})
     s.own_data = True
     s.start()

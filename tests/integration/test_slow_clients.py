@@ -3,22 +3,25 @@ loopback sockets: a client that trickles its request head is closed at the head 
 a keep-alive connection's next request); 1,100 trickling connections from 11 addresses (more than
 --max-conns) never keep /healthz or an authenticated GET from answering within a second; one
 address gets at most --max-conns-per-ip connections; a head sent in time to a connection whose
-HTTP thread is busy (a POST /train waiting for its plan, held by DDPMD_TEST_HOLD_PLAN_FILE past
-the head deadline) is answered when the thread is free, not dropped. About 30 s.
+HTTP thread is busy (an upload's unpacking, held by DDPMD_TEST_HOLD_UPLOAD_FILE past the head
+deadline) is answered when the thread is free, not dropped. About 30 s.
 """
-import json
+import io
 import os
 import resource
 import select
 import socket
 import subprocess
+import struct
 import sys
+import tarfile
 import tempfile
 import threading
 import time
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serverlib import Server, check, fail, tiny  # noqa: E402
+from serverlib import Server, check, fail  # noqa: E402
 
 TOKEN = "slow-clients-test-token-0123456789"
 HEAD_TIMEOUT = 4.0      # --header-timeout here (the default is 10 s: the same code, a longer wait)
@@ -207,25 +210,29 @@ def phase_per_ip(s):
 
 
 def phase_busy_thread(exe):
-    """the only HTTP thread busy with a POST /train that waits for its plan (held by the
-    test-only DDPMD_TEST_HOLD_PLAN_FILE for twice the head deadline): a connection it accepted
-    before sends its whole head meanwhile; the head sits unread in the socket, so the guard must
-    not take it for a slow client (it peeks)"""
+    """the only HTTP thread busy with an upload whose unpacking (on the request's thread) the
+    test-only DDPMD_TEST_HOLD_UPLOAD_FILE holds for twice the head deadline: a connection it
+    accepted before sends its whole head meanwhile; the head sits unread in the socket, so the
+    guard must not take it for a slow client (it peeks). (Decoding and planning no longer run
+    on HTTP threads, so nothing else holds one for seconds.)"""
     d = tempfile.mkdtemp(prefix="ddpmd-it-")
-    release = os.path.join(d, "release-plans")
+    release = os.path.join(d, "release-uploads")
     s = Server(exe, data=d, args=["--http-threads", "1", "--header-timeout", "1"],
-               env={"DDPMD_TEST_HOLD_PLAN_FILE": release})
+               env={"DDPMD_TEST_HOLD_UPLOAD_FILE": release})
     s.own_data = True
     s.start()
-    spec = os.path.join(d, "spec.json")
-    with open(spec, "w") as f:
-        json.dump(tiny(steps=1), f)
+    tar = os.path.join(d, "one.tar")
+    with tarfile.open(tar, "w") as t:
+        png = png_1x1()
+        ti = tarfile.TarInfo("a.png")
+        ti.size = len(png)
+        t.addfile(ti, io.BytesIO(png))
     c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
     time.sleep(0.2)  # accepted by the idle thread, the clock started
     up = subprocess.Popen(["curl", "-s", "-o", os.devnull, "-w", "%{http_code}", "-X", "POST",
-                           "--data-binary", "@" + spec, "-H", "Content-Type: application/json",
-                           "http://127.0.0.1:%d/train" % s.port], stdout=subprocess.PIPE)
-    time.sleep(0.3)  # the thread waits for the held plan now
+                           "--data-binary", "@" + tar, "-H", "Content-Type: application/x-tar",
+                           "http://127.0.0.1:%d/datasets" % s.port], stdout=subprocess.PIPE)
+    time.sleep(0.3)  # the thread holds the upload now
     t0 = time.monotonic()
     c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     time.sleep(2.0)  # twice the head deadline with the thread busy
@@ -241,12 +248,19 @@ def phase_busy_thread(exe):
         pass
     took = time.monotonic() - t0
     out = up.communicate(timeout=120)[0].decode()
-    check(out == "202", "the held POST /train: %s" % out)
+    check(out == "202", "the held upload: %s" % out)
     check(data.startswith(b"HTTP/1.1 200"), "a head sent in time to a busy thread was dropped "
           "after %.2f s (got %r)" % (took, data[:40]))
     print("busy thread: a head sent in time answered after %.2f s (deadline 1 s)" % took,
           flush=True)
     check(s.stop() == 0, "the busy server's exit status")
+
+
+def png_1x1():
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
 
 
 def main(exe):
