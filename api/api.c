@@ -432,9 +432,9 @@ fail:
         pthread_mutex_unlock(&a->mu);
         pthread_join(a->ticker, NULL);
     }
-    worker_stop(a->planner);
-    api_plans_stop(a);
-    worker_stop(a->decoder);
+    worker_free(a->planner);
+    api_plans_free(a);
+    worker_free(a->decoder);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);
@@ -467,6 +467,11 @@ void api_stop(struct api *a)
     api_plans_stop(a);
     worker_stop(a->decoder);
     MHD_stop_daemon(a->d);
+    /* freed only now: a handler may still have asked them (a 503 stopping) until the daemon
+     * stopped */
+    worker_free(a->planner);
+    api_plans_free(a);
+    worker_free(a->decoder);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);

@@ -59,9 +59,11 @@ enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission 
  * api_submit_refused). A full queue is 503 planner-busy at once. */
 int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
                    cJSON **entries, char *err, size_t errlen, enum MHD_Result *res);
-/* the planning's deadline watcher, started and stopped with the api (after the planner) */
+/* the planning's deadline watcher: started with the api; stopped after the planner (it
+ * resumes any request left suspended), freed after the daemon; NULL-safe */
 int api_plans_start(struct api *a);
 void api_plans_stop(struct api *a);
+void api_plans_free(struct api *a);
 /* a finished request's planning given up (on_completed) */
 void api_plan_drop(struct req *r);
 

@@ -327,10 +327,23 @@ void api_plans_stop(struct api *a)
     struct plan_watch *pw = a->plans;
     if (!pw) return;
     pthread_mutex_lock(&pw->mu);
+    int joined = pw->stopping;
     pw->stopping = 1;
     pthread_cond_signal(&pw->cv);
     pthread_mutex_unlock(&pw->mu);
-    pthread_join(pw->thread, NULL);
+    if (!joined) pthread_join(pw->thread, NULL);
+}
+
+void api_plans_free(struct api *a)
+{
+    struct plan_watch *pw = a->plans;
+    if (!pw) return;
+    api_plans_stop(a);
+    /* a request added after the watcher's last look was resumed by the stopped planner */
+    for (struct plan_task *t = pw->list, *next; t; t = next) {
+        next = t->next;
+        plan_task_release(t);
+    }
     pthread_cond_destroy(&pw->cv);
     pthread_mutex_destroy(&pw->mu);
     free(pw);

@@ -70,7 +70,7 @@ int worker_start(struct worker **out, int threads, int queue_max)
     pthread_cond_init(&w->cv, NULL);
     for (; w->n_threads < threads; w->n_threads++)
         if (pthread_create(&w->threads[w->n_threads], NULL, worker_main, w)) {
-            worker_stop(w);
+            worker_free(w);
             return WORKER_ERR_START;
         }
     *out = w;
@@ -111,9 +111,17 @@ void worker_stop(struct worker *w)
     pthread_mutex_lock(&w->mu);
     w->stopping = 1;
     pthread_cond_broadcast(&w->cv);
+    int n = w->n_threads;
+    w->n_threads = 0; /* joined below, once */
     pthread_mutex_unlock(&w->mu);
     /* the threads drain the queue (each task called with canceled = 1) and exit */
-    for (int i = 0; i < w->n_threads; i++) pthread_join(w->threads[i], NULL);
+    for (int i = 0; i < n; i++) pthread_join(w->threads[i], NULL);
+}
+
+void worker_free(struct worker *w)
+{
+    if (!w) return;
+    worker_stop(w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w->threads);

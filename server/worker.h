@@ -27,8 +27,11 @@ int worker_submit(struct worker *w, worker_fn fn, void *arg);
 int worker_stopping(const struct worker *w);
 /* the tasks waiting and running now */
 int worker_in_flight(struct worker *w);
-/* refuses new tasks, calls every waiting one with canceled = 1, waits for the running ones,
- * joins the threads and frees; NULL is a no-op */
+/* refuses new tasks (worker_submit: WORKER_ERR_STOPPED from now on), calls every waiting one
+ * with canceled = 1, waits for the running ones and joins the threads; w stays valid (a late
+ * submit is still answered) until worker_free. NULL is a no-op; a second call too */
 void worker_stop(struct worker *w);
+/* worker_stop, then frees; NULL is a no-op */
+void worker_free(struct worker *w);
 
 #endif
