@@ -96,18 +96,21 @@ def phase_flood(exe):
     check(busy and planned, "a flood of %d: %d planned, %d refused busy (both expected)"
           % (FLOOD, len(planned), len(busy)))
     # what the plans held is given back (malloc_trim after each): the server's resident memory
-    # returns near where it was, whatever its peak
-    deadline, rss = time.monotonic() + 20, None
+    # returns near where it was, whatever its peak (not under ASan: its allocator keeps freed
+    # memory in quarantine and never trims)
+    with open(exe, "rb") as f:
+        asan = b"__asan_init" in f.read()
+    deadline, rss = time.monotonic() + (0 if asan else 20), idle
     while time.monotonic() < deadline:
         rss = vm(s.proc.pid, "VmRSS")
         if rss <= idle + RSS_KEPT_MAX:
             break
         time.sleep(0.2)
     peak = vm(s.proc.pid, "VmHWM")
-    check(rss <= idle + RSS_KEPT_MAX, "the server kept %d MiB after the plans (%d MiB idle, "
-          "peak %d MiB)" % (rss, idle, peak))
-    print("memory: %d MiB idle, peak %d MiB, %d MiB after the plans" % (idle, peak, rss),
-          flush=True)
+    check(asan or rss <= idle + RSS_KEPT_MAX, "the server kept %d MiB after the plans (%d MiB "
+          "idle, peak %d MiB)" % (rss, idle, peak))
+    print("memory: %d MiB idle, peak %d MiB, %s" % (idle, peak, "not checked after (ASan)" if asan
+          else "%d MiB after the plans" % rss), flush=True)
     slowest = max(o[2] for o in planned)
     print("flood: %d heavy POST /train: %d planned (422 never-fits, slowest answered after "
           "%.2f s), %d refused 503 planner-busy; %d /healthz probes, max %.3f s"
