@@ -31,6 +31,7 @@
 #include "parse.h"
 #include "pool.h"
 #include "webhook.h"
+#include "worker.h"
 #include "utf8.h"
 
 /* ---- the route table ---- */
@@ -266,6 +267,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_request(&lr);
     if (r->upload_fd >= 0) close(r->upload_fd);
     if (r->upload_path[0]) unlink(r->upload_path); /* an upload refused or cut off */
+    api_plan_drop(r);
+    if (r->idem_open) /* closed before its resumed handler answered: the key free again */
+        jobs_idem_abandon(((struct api *)cls)->cfg.db, r->idem_owner, r->idem_key);
     free(r->body);
     free(r);
     *con_cls = NULL;
@@ -397,10 +401,24 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
         snprintf(err, errlen, "cannot start the connection guard");
         goto fail;
     }
+    /* the planning's threads and queue (a request waiting for its plan is suspended: it holds
+     * no HTTP thread) and the uploads' decoding */
+    int threads = cfg->threads > 0 ? cfg->threads : 4;
+    int pw = cfg->plan_workers > 0 ? cfg->plan_workers : 1;
+    int pq = cfg->plan_queue > 0 ? cfg->plan_queue : 4;
+    if (!(a->cfg.plan_timeout_s > 0)) a->cfg.plan_timeout_s = API_PLAN_TIMEOUT_S;
+    int uw = cfg->upload_workers > 0 ? cfg->upload_workers : 1;
+    int uq = cfg->upload_queue > 0 ? cfg->upload_queue : 8;
+    a->decoder_cap = uw + uq;
+    if (worker_start(&a->planner, pw, pq) || worker_start(&a->decoder, uw, uq) ||
+        api_plans_start(a)) {
+        snprintf(err, errlen, "cannot start the planning and upload threads");
+        goto fail;
+    }
     a->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)threads,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, a,
                             MHD_OPTION_CONNECTION_TIMEOUT, 120u,
@@ -422,6 +440,9 @@ fail:
         pthread_mutex_unlock(&a->mu);
         pthread_join(a->ticker, NULL);
     }
+    worker_free(a->planner);
+    api_plans_free(a);
+    worker_free(a->decoder);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);
@@ -448,7 +469,17 @@ void api_stop(struct api *a)
     api_events_resume(a, 1);
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->ticker, NULL);
+    /* the waiting plans dropped, the running ones finished (each resumes its request), the
+     * deadline watcher stopped (it resumes any left): no connection stays suspended */
+    worker_stop(a->planner);
+    api_plans_stop(a);
+    worker_stop(a->decoder);
     MHD_stop_daemon(a->d);
+    /* freed only now: a handler may still have asked them (a 503 stopping) until the daemon
+     * stopped */
+    worker_free(a->planner);
+    api_plans_free(a);
+    worker_free(a->decoder);
     http_guard_stop(a->guard);
     pthread_mutex_destroy(&a->mu);
     MHD_destroy_response(a->oom);

@@ -44,10 +44,23 @@ struct api_config {
      * API_HEAD_TIMEOUT_S); the reserved ones are for authorized requests (event streams) */
     int max_conns, conns_per_ip, conns_reserved;
     double head_timeout_s;
+    /* POST /train's admission planning runs off the HTTP threads (submit.c): plan_workers
+     * threads (0: 1) and plan_queue more waiting (0: 4), each request suspended meanwhile
+     * (it holds no HTTP thread) and answered 503 after plan_timeout_s (0: API_PLAN_TIMEOUT_S);
+     * a full queue is a 503 at once */
+    int plan_workers, plan_queue;
+    double plan_timeout_s;
+    /* POST /datasets decodes an archive's images off the HTTP threads (datasets.c):
+     * upload_workers threads (0: 1), upload_queue uploads waiting (0: 8; one more is a 503);
+     * one owner's uploads hold at most upload_quota_bytes of files and upload_quota_pixels
+     * pixels together (0: no limit) */
+    int upload_workers, upload_queue;
+    int64_t upload_quota_bytes, upload_quota_pixels;
 };
 
 #define API_MAX_CONNS 1024
 #define API_HEAD_TIMEOUT_S 10.0
+#define API_PLAN_TIMEOUT_S 30.0
 
 enum api_status { API_OK = 0, API_ERR_START = 1 };
 

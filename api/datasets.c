@@ -1,6 +1,7 @@
 /* datasets.c - the datasets' routes: the built-in fashion-mnist and uploads (server/upload.c),
  * listed, described, previewed, uploaded (the body streamed to a file, refused before a byte is
- * read when it cannot be taken) and deleted when no job uses them.
+ * read when it cannot be taken; checked and unpacked on the request, its images decoded on the
+ * upload worker: 202 "validating", then "ready" or "failed") and deleted when no job uses them.
  */
 #define _GNU_SOURCE
 #include "routes.h"
@@ -24,6 +25,7 @@
 #include "pool.h"
 #include "upload.h"
 #include "utf8.h"
+#include "worker.h"
 
 static cJSON *fmnist_json(void)
 {
@@ -64,14 +66,45 @@ cJSON *api_upload_json(struct ctx *c, const char *id)
     else
         cJSON_AddNullToObject(o, "size");
     cJSON_AddStringToObject(o, "kind", "uploaded");
-    cJSON_AddBoolToObject(o, "available", 1);
+    /* made before datasets had states: ready */
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "state");
+    if (!cJSON_IsString(st)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "state");
+        st = cJSON_AddStringToObject(o, "state", UPLOAD_STATE_READY);
+    }
+    if (!cJSON_GetObjectItemCaseSensitive(o, "error")) cJSON_AddNullToObject(o, "error");
+    cJSON_AddBoolToObject(o, "available", st && strcmp(st->valuestring, UPLOAD_STATE_READY) == 0);
     char buf[160];
     cJSON *links = cJSON_AddObjectToObject(o, "links");
     api_link(c->a, buf, sizeof buf, "/datasets/%s", id);
     cJSON_AddStringToObject(links, "self", buf);
-    api_link(c->a, buf, sizeof buf, "/datasets/%s/preview.png", id);
-    cJSON_AddStringToObject(links, "preview", buf);
+    /* the preview is made with the decoding: linked once the dataset is ready */
+    if (st && strcmp(st->valuestring, UPLOAD_STATE_READY) == 0) {
+        api_link(c->a, buf, sizeof buf, "/datasets/%s/preview.png", id);
+        cJSON_AddStringToObject(links, "preview", buf);
+    }
     return o;
+}
+
+int api_upload_unusable(struct ctx *c, const cJSON *o, enum MHD_Result *res)
+{
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "state");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    const cJSON *why = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (!cJSON_IsString(st) || strcmp(st->valuestring, UPLOAD_STATE_READY) == 0) return 0;
+    char detail[900];
+    const char *name = cJSON_IsString(id) ? id->valuestring : "?";
+    if (strcmp(st->valuestring, UPLOAD_STATE_FAILED) == 0) {
+        snprintf(detail, sizeof detail, "dataset %s failed validation: %s", name,
+                 cJSON_IsString(why) ? why->valuestring : "no reason recorded");
+        *res = http_send_invalid(c, 422, "data.dataset", detail);
+    } else {
+        snprintf(detail, sizeof detail, "dataset %s is still %s (its images are being decoded): "
+                 "submit again when GET /datasets/%s says ready", name, st->valuestring, name);
+        *res = http_send_problem(c, 409, "dataset-not-ready", detail, NULL,
+                                 (const char *const[]){"Retry-After", "5", NULL});
+    }
+    return 1;
 }
 
 int api_upload_visible(struct ctx *c, const cJSON *o)
@@ -205,6 +238,31 @@ enum MHD_Result h_dataset_delete(struct ctx *c)
     return rr;
 }
 
+/* an upload's images decoded on the upload worker (upload_dataset_validate) */
+struct decode_task {
+    char data_dir[FSIO_PATH_MAX];
+    char id[UPLOAD_ID_LEN];
+    const struct worker *w;
+};
+
+static int decode_stopping(const void *w) { return worker_stopping(w); }
+
+static void decode_run(void *arg, int canceled)
+{
+    struct decode_task *t = arg;
+    /* a canceled one stays validating: the next start fails it (upload_store_init) */
+    if (!canceled) upload_dataset_validate(t->data_dir, t->id, decode_stopping, t->w);
+    free(t);
+}
+
+static enum MHD_Result upload_busy(struct ctx *c)
+{
+    return http_send_problem(c, 503, "upload-busy",
+                             "every upload decoding slot is taken (--upload-workers, "
+                             "--upload-queue): try again shortly",
+                             NULL, (const char *const[]){"Retry-After", "10", NULL});
+}
+
 /* POST /datasets: the body is already on disk (on_request streamed it to r->upload_path) */
 enum MHD_Result h_datasets_post(struct ctx *c)
 {
@@ -223,8 +281,14 @@ enum MHD_Result h_datasets_post(struct ctx *c)
     }
     r->upload_fd = -1;
     struct upload_limits lim = {.max_unpacked = c->a->cfg.upload_max_unpacked,
-                                .max_files = c->a->cfg.upload_max_files};
+                                .max_files = c->a->cfg.upload_max_files,
+                                .quota_bytes = c->a->cfg.upload_quota_bytes,
+                                .quota_pixels = c->a->cfg.upload_quota_pixels};
     char id[UPLOAD_ID_LEN], err[600];
+    /* no room to decode it: refused before it is unpacked (a race may still fill the queue:
+     * the submit below answers that) */
+    if (worker_in_flight(c->a->decoder) >= c->a->decoder_cap)
+        return upload_busy(c);
     int rc = upload_dataset_create(api_data_dir(c), r->upload_path, c->owner, &lim, (int64_t)r->len,
                                    id, err, sizeof err);
     r->upload_path[0] = 0; /* removed by upload_dataset_create */
@@ -239,16 +303,33 @@ enum MHD_Result h_datasets_post(struct ctx *c)
                    {UPLOAD_ERR_EMPTY, 422, "archive-empty"},
                    {UPLOAD_ERR_TOO_LARGE, 413, "archive-too-large"},
                    {UPLOAD_ERR_TOO_MANY, 413, "archive-too-many-entries"},
+                   {UPLOAD_ERR_OVER_QUOTA, 413, "upload-quota"},
+                   {UPLOAD_ERR_QUOTA, 429, "upload-quota"},
                    {UPLOAD_ERR_NOSPACE, 507, "insufficient-storage"}};
         for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
             if (map[i].rc == rc) return http_send_problem(c, map[i].status, map[i].slug, err, NULL, NULL);
         return http_send_problem(c, 500, NULL, err, NULL, NULL);
     }
+    /* its answer is read before the worker may change it */
     cJSON *o = api_upload_json(c, id);
+    struct decode_task *t = calloc(1, sizeof *t);
+    if (t) {
+        snprintf(t->data_dir, sizeof t->data_dir, "%s", api_data_dir(c));
+        memcpy(t->id, id, sizeof t->id);
+        t->w = c->a->decoder;
+    }
+    if (!t || worker_submit(c->a->decoder, decode_run, t)) {
+        free(t);
+        cJSON_Delete(o);
+        upload_lock();
+        upload_dataset_delete(api_data_dir(c), id);
+        upload_unlock();
+        return upload_busy(c);
+    }
     if (!o) return http_send_problem(c, 500, NULL, "the new dataset cannot be read back", NULL, NULL);
     char loc[160];
     api_link(c->a, loc, sizeof loc, "/datasets/%s", id);
-    return http_send_json(c, 201, o, NULL, (const char *const[]){"Location", loc, NULL});
+    return http_send_json(c, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
 }
 
 /* POST /datasets, first call: refused before a byte of the body is read (401, 415, 413, or the

@@ -26,6 +26,9 @@
 
 struct sse;
 struct http_guard;
+struct worker;
+struct plan_watch;
+struct plan_task;
 
 #define REQUEST_ID_MAX 64
 
@@ -45,6 +48,10 @@ struct api {
     size_t openapi_len;
     struct MHD_Response *oom; /* the 500 of a request whose own answer could not be made */
     struct http_guard *guard; /* the connections waiting for a request head */
+    struct worker *planner; /* POST /train's admission planning (submit.c) */
+    struct plan_watch *plans; /* the deadlines of the requests waiting for a plan (submit.c) */
+    struct worker *decoder; /* POST /datasets' image decoding (datasets.c) */
+    int decoder_cap;        /* its threads + queue */
 };
 
 /* a request's own state, from its first byte to its access-log line (libmicrohttpd's con_cls) */
@@ -65,6 +72,9 @@ struct req {
     char upload_path[FSIO_PATH_MAX];
     int bare_prefix;        /* the url was the path prefix itself, without its final '/' */
     int no_memory;          /* its body could not be kept: answered 500 once it is read */
+    struct plan_task *plan; /* POST /train: its planning, while suspended for it (submit.c) */
+    int idem_open;          /* its Idempotency-Key reserved across the suspension */
+    char idem_key[129], idem_owner[64];
 };
 
 /* what a handler answers with: the request, its route's parameters and its caller */

@@ -334,6 +334,11 @@ enum MHD_Result h_train(struct ctx *c)
     if (uploaded) {
         cJSON *d = upload_id_valid(spec.dataset) ? api_upload_json(c, spec.dataset) : NULL;
         int visible = d && api_upload_visible(c, d);
+        enum MHD_Result ures;
+        if (visible && api_upload_unusable(c, d, &ures)) { /* validating, or failed */
+            cJSON_Delete(d);
+            return ures;
+        }
         cJSON_Delete(d);
         if (!visible ||
             upload_dataset_path(api_data_dir(c), spec.dataset, "images", data_path,
@@ -372,15 +377,22 @@ enum MHD_Result h_train(struct ctx *c)
         job.init_path = init_path;
     }
     struct pool_admission adm = {0};
+    cJSON *entries[POOL_MAX_DEVICES];
     char id[JOBS_ID_LEN], err[1024];
+    /* planned on the planning worker, no lock held meanwhile (submit.c) */
+    enum MHD_Result pres;
+    if (api_plan_train(c, &job, &adm, entries, err, sizeof err, &pres)) return pres;
     /* an uploaded dataset cannot be deleted between the check above and the job's queueing */
     if (uploaded) upload_lock();
     /* the job's events are looked up for its webhook only once it is stored (webhook.h) */
     if (hook) webhook_lock(c->a->cfg.webhook);
     int still = !uploaded || access(data_path, F_OK) == 0;
-    int rc = still ? pool_submit(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &job,
-                                 &adm, id, err, sizeof err)
+    int rc = still ? pool_submit_planned(c->a->cfg.pool, c->owner,
+                                         c->idem_open ? c->idem_key : NULL, &job, &adm, entries,
+                                         id, err, sizeof err)
                    : 0;
+    if (!still)
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
     int wrc = hook && still && rc == 0 ? webhook_register(c->a->cfg.webhook, id, &sub, err, sizeof err) : 0;
     if (hook) webhook_unlock(c->a->cfg.webhook);
     if (uploaded) upload_unlock();

@@ -74,6 +74,22 @@ enum MHD_Result api_accepted(struct ctx *c, cJSON *o, const char *loc);
 enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                    const char *err, const char *plan_path);
 
+/* POST /train's admission planning (pool_plan_train) on the planning worker, no lock held.
+ * The first call queues it and suspends the connection: 1 with *res = MHD_YES (return it).
+ * The request is resumed when its plan is made or at --plan-timeout and its handler runs
+ * again; this call then gives 0 with adm's fits and entries[d] (for pool_submit_planned), or
+ * 1 with the answer sent (*res: 503 plan-timeout, 503 stopping, or the plan's refusal as
+ * api_submit_refused). A full queue is 503 planner-busy at once. */
+int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
+                   cJSON **entries, char *err, size_t errlen, enum MHD_Result *res);
+/* the planning's deadline watcher: started with the api; stopped after the planner (it
+ * resumes any request left suspended), freed after the daemon; NULL-safe */
+int api_plans_start(struct api *a);
+void api_plans_stop(struct api *a);
+void api_plans_free(struct api *a);
+/* a finished request's planning given up (on_completed) */
+void api_plan_drop(struct req *r);
+
 /* ---- datasets.c ---- */
 enum MHD_Result h_datasets(struct ctx *c);
 enum MHD_Result h_datasets_post(struct ctx *c);
@@ -84,6 +100,9 @@ enum MHD_Result h_dataset_preview(struct ctx *c);
 const char *api_data_dir(struct ctx *c);
 /* an uploaded dataset's JSON (from its dataset.json); NULL when there is none */
 cJSON *api_upload_json(struct ctx *c, const char *id);
+/* POST /train on the upload o: 1 with the answer sent when it is not ready (*res: 409
+ * dataset-not-ready while validating, 422 data.dataset with the reason when it failed) */
+int api_upload_unusable(struct ctx *c, const cJSON *o, enum MHD_Result *res);
 /* whether the caller may see the upload o */
 int api_upload_visible(struct ctx *c, const cJSON *o);
 /* POST /datasets, its first call: refused before a byte of the body is read (401, 415, 413, or

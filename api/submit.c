@@ -1,6 +1,8 @@
 /* submit.c - what POST /train and POST /samples answer alike: the Idempotency-Key (the first
- * answer again, a reused key refused, a lost answer made again), the 202 Accepted, and the
- * problem of a submit the pool refused.
+ * answer again, a reused key refused, a lost answer made again), the 202 Accepted, the problem
+ * of a submit the pool refused; and POST /train's admission planning on the planning worker
+ * (seconds of CPU and hundreds of MB for a heavy spec), its connection suspended meanwhile so
+ * no HTTP thread waits for it, answered 503 at its deadline.
  */
 #define _GNU_SOURCE
 #include "routes.h"
@@ -15,12 +17,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "jobs.h"
 #include "parse.h"
 #include "pool.h"
+#include "testhold.h"
+#include "worker.h"
 
 /* the answer of a keyed request whose job was made but whose answer was not stored (its save
  * failed, or the server died first): 202 with the job as it is now, stored as the key's answer */
@@ -51,6 +57,12 @@ static enum MHD_Result idem_made(struct ctx *c, const char *id)
  * being answered: 409, a malformed key: 400); 0 to go on (the key, if any, reserved) */
 int api_idem_begin(struct ctx *c, const char *route, enum MHD_Result *res)
 {
+    if (c->r->idem_open) { /* resumed after its planning: the key is this request's already */
+        memcpy(c->idem_key, c->r->idem_key, sizeof c->idem_key);
+        c->idem_open = 1;
+        c->r->idem_open = 0;
+        return 0;
+    }
     const char *k = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, "Idempotency-Key");
     if (!k) return 0;
     if (api_parse_idem_key(k)) {
@@ -165,4 +177,273 @@ enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission 
     /* the data directory's disk is full: nothing was stored; a retry may work once space is freed */
     if (rc == POOL_ERR_STORAGE) return http_send_problem(c, 507, "insufficient-storage", err, NULL, NULL);
     return http_send_problem(c, 500, NULL, err, NULL, NULL);
+}
+
+/* ---- POST /train's planning on the worker ----
+ * The request's connection is suspended while its job is planned (libmicrohttpd's
+ * suspend/resume, as events.c parks its streams), so no HTTP thread waits for a plan: a
+ * connection libmicrohttpd gave to that thread would wait with it. The worker resumes it when
+ * the plan is made; the watcher resumes it at the deadline; whichever comes first (once). The
+ * resumed request runs its handler again, which finds the plan's result here (c->r->plan). */
+
+/* one request's planning: its own copies of the job (the request may give up and go), the
+ * results; freed by the last of its owners (the request, the worker, the watcher's list) */
+struct plan_task {
+    pthread_mutex_t mu;
+    int owners, done, suspended, resumed;
+    struct MHD_Connection *conn;
+    double deadline;            /* CLOCK_MONOTONIC seconds */
+    struct plan_task *next;     /* the watcher's list */
+    struct pool *pool;
+    const struct worker *w;
+    struct train_spec spec;
+    char dataset_dir[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
+    int has_dataset, has_init;
+    int rc;
+    struct pool_admission adm;
+    cJSON *entries[POOL_MAX_DEVICES];
+    char err[1024];
+};
+
+/* the deadlines of the suspended requests: a thread that looks every PLAN_TICK_S */
+struct plan_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    struct plan_task *list;
+    int stopping;
+};
+#define PLAN_TICK_S 0.05
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void plan_task_release(struct plan_task *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int last = --t->owners == 0;
+    pthread_mutex_unlock(&t->mu);
+    if (!last) return;
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(t->entries[d]);
+    cJSON_Delete(t->adm.plans);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+/* the request's connection resumed, once, whoever asks first (lock t->mu held); the caller
+ * calls MHD_resume_connection outside the lock when this says to */
+static int plan_take_resume(struct plan_task *t)
+{
+    if (!t->suspended || t->resumed) return 0;
+    t->resumed = 1;
+    return 1;
+}
+
+static int plan_stopping(const void *w) { return worker_stopping(w); }
+
+static void plan_run(void *arg, int canceled)
+{
+    struct plan_task *t = arg;
+    int rc = POOL_ERR_STOPPING;
+    if (!canceled) {
+        testhold_before_plan(plan_stopping, t->w);
+        struct pool_train job = {.spec = &t->spec,
+                                 .dataset_dir = t->has_dataset ? t->dataset_dir : NULL,
+                                 .init_path = t->has_init ? t->init_path : NULL};
+        rc = worker_stopping(t->w)
+                 ? POOL_ERR_STOPPING
+                 : pool_plan_train(t->pool, &job, &t->adm, t->entries, t->err, sizeof t->err);
+    }
+    if (rc == POOL_ERR_STOPPING) snprintf(t->err, sizeof t->err, "the server is shutting down");
+    pthread_mutex_lock(&t->mu);
+    t->rc = rc;
+    t->done = 1;
+    int resume = plan_take_resume(t);
+    pthread_mutex_unlock(&t->mu);
+    if (resume) MHD_resume_connection(t->conn); /* suspended until now: still there */
+    plan_task_release(t);
+}
+
+/* every PLAN_TICK_S: a suspended request past its deadline resumed (its handler answers 503),
+ * the resumed ones dropped from the list */
+static void *plan_watch_main(void *arg)
+{
+    struct plan_watch *pw = arg;
+    pthread_mutex_lock(&pw->mu);
+    for (;;) {
+        double now = mono_now();
+        for (struct plan_task **pp = &pw->list; *pp;) {
+            struct plan_task *t = *pp;
+            pthread_mutex_lock(&t->mu);
+            int resume = 0, drop = t->resumed || !t->suspended || pw->stopping;
+            if (t->suspended && !t->resumed && (now >= t->deadline || pw->stopping))
+                resume = plan_take_resume(t), drop = 1;
+            pthread_mutex_unlock(&t->mu);
+            if (resume) MHD_resume_connection(t->conn);
+            if (drop) {
+                *pp = t->next;
+                plan_task_release(t);
+            } else {
+                pp = &t->next;
+            }
+        }
+        if (pw->stopping) break;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += (long)(PLAN_TICK_S * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&pw->cv, &pw->mu, &until);
+    }
+    pthread_mutex_unlock(&pw->mu);
+    return NULL;
+}
+
+int api_plans_start(struct api *a)
+{
+    struct plan_watch *pw = calloc(1, sizeof *pw);
+    if (!pw) return -1;
+    pthread_mutex_init(&pw->mu, NULL);
+    pthread_condattr_t ca; /* the ticks on the monotonic clock: a wall-clock step moves them not */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pw->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&pw->thread, NULL, plan_watch_main, pw)) {
+        pthread_cond_destroy(&pw->cv);
+        pthread_mutex_destroy(&pw->mu);
+        free(pw);
+        return -1;
+    }
+    a->plans = pw;
+    return 0;
+}
+
+void api_plans_stop(struct api *a)
+{
+    struct plan_watch *pw = a->plans;
+    if (!pw) return;
+    pthread_mutex_lock(&pw->mu);
+    int joined = pw->stopping;
+    pw->stopping = 1;
+    pthread_cond_signal(&pw->cv);
+    pthread_mutex_unlock(&pw->mu);
+    if (!joined) pthread_join(pw->thread, NULL);
+}
+
+void api_plans_free(struct api *a)
+{
+    struct plan_watch *pw = a->plans;
+    if (!pw) return;
+    api_plans_stop(a);
+    /* a request added after the watcher's last look was resumed by the stopped planner */
+    for (struct plan_task *t = pw->list, *next; t; t = next) {
+        next = t->next;
+        plan_task_release(t);
+    }
+    pthread_cond_destroy(&pw->cv);
+    pthread_mutex_destroy(&pw->mu);
+    free(pw);
+    a->plans = NULL;
+}
+
+void api_plan_drop(struct req *r)
+{
+    if (r->plan) plan_task_release(r->plan);
+    r->plan = NULL;
+}
+
+int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
+                   cJSON **entries, char *err, size_t errlen, enum MHD_Result *res)
+{
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = NULL;
+    memset(adm, 0, sizeof *adm);
+    struct plan_task *t = c->r->plan;
+    if (t) { /* resumed: planned, or past the deadline */
+        c->r->plan = NULL;
+        pthread_mutex_lock(&t->mu);
+        int done = t->done;
+        pthread_mutex_unlock(&t->mu);
+        if (!done) {
+            /* the worker finishes it and frees what it made; the answer does not wait */
+            plan_task_release(t);
+            char detail[200];
+            snprintf(detail, sizeof detail, "the job's admission planning took longer than %g s "
+                     "(--plan-timeout); the planner is busy or the spec is very large",
+                     c->a->cfg.plan_timeout_s);
+            *res = http_send_problem(c, 503, "plan-timeout", detail, NULL,
+                                     (const char *const[]){"Retry-After", "10", NULL});
+            return 1;
+        }
+        int rc = t->rc;
+        if (rc == POOL_OK) {
+            *adm = t->adm;
+            memset(&t->adm, 0, sizeof t->adm);
+            for (int d = 0; d < POOL_MAX_DEVICES; d++)
+                entries[d] = t->entries[d], t->entries[d] = NULL;
+        } else {
+            snprintf(err, errlen, "%s", t->err);
+            *adm = t->adm; /* no plans on a refusal */
+            adm->plans = NULL;
+        }
+        plan_task_release(t);
+        if (rc == POOL_OK) return 0;
+        *res = api_submit_refused(c, rc, adm, err, "model");
+        return 1;
+    }
+    struct plan_watch *pw = c->a->plans;
+    t = calloc(1, sizeof *t);
+    if (!t) {
+        *res = http_send_oom(c);
+        return 1;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    t->owners = 3; /* the request, the worker, the watcher's list */
+    t->conn = c->conn;
+    t->deadline = mono_now() + c->a->cfg.plan_timeout_s;
+    t->pool = c->a->cfg.pool;
+    t->w = c->a->planner;
+    t->spec = *job->spec;
+    if (job->dataset_dir)
+        t->has_dataset = 1, snprintf(t->dataset_dir, sizeof t->dataset_dir, "%s", job->dataset_dir);
+    if (job->init_path)
+        t->has_init = 1, snprintf(t->init_path, sizeof t->init_path, "%s", job->init_path);
+    /* suspended under the task's lock, so the worker cannot resume it before */
+    pthread_mutex_lock(&t->mu);
+    int wrc = worker_submit(c->a->planner, plan_run, t);
+    if (wrc == WORKER_OK) {
+        MHD_suspend_connection(c->conn);
+        t->suspended = 1;
+    } else {
+        t->owners = 1; /* the request's alone: never queued nor watched */
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (wrc == WORKER_OK) {
+        /* watched from now on (already resumed, if the worker was that quick: dropped) */
+        pthread_mutex_lock(&pw->mu);
+        t->next = pw->list;
+        pw->list = t;
+        pthread_mutex_unlock(&pw->mu);
+        c->r->plan = t;
+        /* the Idempotency-Key stays reserved until the resumed request answers */
+        c->r->idem_open = c->idem_open;
+        memcpy(c->r->idem_key, c->idem_key, sizeof c->r->idem_key);
+        memcpy(c->r->idem_owner, c->owner, sizeof c->r->idem_owner);
+        c->idem_open = 0;
+        *res = MHD_YES;
+        return 1;
+    }
+    plan_task_release(t);
+    if (wrc == WORKER_ERR_STOPPED)
+        *res = http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
+                                 (const char *const[]){"Retry-After", "10", NULL});
+    else
+        *res = http_send_problem(c, 503, "planner-busy",
+                                 "every admission planning slot is taken (--plan-workers, "
+                                 "--plan-queue): try again shortly",
+                                 NULL, (const char *const[]){"Retry-After", "5", NULL});
+    return 1;
 }

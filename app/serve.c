@@ -121,6 +121,21 @@ static void serve_usage(FILE *f)
             "                         (DDPMD_UPLOAD_MAX_UNPACKED; default 4GiB)\n"
             "  --upload-max-files N   the most entries (files and folders) it may hold\n"
             "                         (DDPMD_UPLOAD_MAX_FILES; default 100000)\n"
+            "  --upload-quota-bytes SIZE  one owner's uploaded datasets together: their files'\n"
+            "                         bytes at most (DDPMD_UPLOAD_QUOTA_BYTES; default 16GiB)\n"
+            "  --upload-quota-pixels N  and their images' pixels at most\n"
+            "                         (DDPMD_UPLOAD_QUOTA_PIXELS; default 2147483648)\n"
+            "  --upload-workers N     threads decoding uploaded images, off the HTTP threads\n"
+            "                         (DDPMD_UPLOAD_WORKERS; default 1)\n"
+            "  --upload-queue N       uploads waiting for them at most; one more is a 503\n"
+            "                         (DDPMD_UPLOAD_QUEUE; default 8)\n"
+            "  --plan-workers N       threads planning POST /train's admission, off the HTTP\n"
+            "                         threads (DDPMD_PLAN_WORKERS; default 1)\n"
+            "  --plan-queue N         requests waiting for them at most, each suspended (no\n"
+            "                         HTTP thread waits); one more is a 503 at once\n"
+            "                         (DDPMD_PLAN_QUEUE; default 4)\n"
+            "  --plan-timeout S       a POST /train waits at most S seconds for its plan, then\n"
+            "                         answers 503 (DDPMD_PLAN_TIMEOUT; default 30)\n"
             "  --webhook-secret-file FILE  the HMAC-SHA256 key webhooks are signed with, its\n"
             "                         first line, >= 16 characters (DDPMD_WEBHOOK_SECRET_FILE;\n"
             "                         default DATA/webhook.secret, made with mode 0600 at the first\n"
@@ -636,7 +651,7 @@ static int serve_run(int argc, char **argv)
 {
     struct serve_opts o = {0};
     const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
-    const char *whb, *wht, *mcs, *mcip, *rcs, *hto;
+    const char *whb, *wht, *mcs, *mcip, *rcs, *hto, *uqb, *uqp, *uw, *uq, *pw, *pq, *pto;
     char dev_list[SERVE_LIST_MAX], budget_list[SERVE_LIST_MAX];
     /* every option: its flag, its environment variable, where its value goes, its default. The
      * value is the command line's, else the environment's, else the config file's, else the
@@ -663,6 +678,13 @@ static int serve_run(int argc, char **argv)
         {"--upload-max-bytes", "DDPMD_UPLOAD_MAX_BYTES", &umb, "1GiB", NULL, 0},
         {"--upload-max-unpacked", "DDPMD_UPLOAD_MAX_UNPACKED", &umu, "4GiB", NULL, 0},
         {"--upload-max-files", "DDPMD_UPLOAD_MAX_FILES", &umf, "100000", NULL, 0},
+        {"--upload-quota-bytes", "DDPMD_UPLOAD_QUOTA_BYTES", &uqb, "16GiB", NULL, 0},
+        {"--upload-quota-pixels", "DDPMD_UPLOAD_QUOTA_PIXELS", &uqp, "2147483648", NULL, 0},
+        {"--upload-workers", "DDPMD_UPLOAD_WORKERS", &uw, "1", NULL, 0},
+        {"--upload-queue", "DDPMD_UPLOAD_QUEUE", &uq, "8", NULL, 0},
+        {"--plan-workers", "DDPMD_PLAN_WORKERS", &pw, "1", NULL, 0},
+        {"--plan-queue", "DDPMD_PLAN_QUEUE", &pq, "4", NULL, 0},
+        {"--plan-timeout", "DDPMD_PLAN_TIMEOUT", &pto, "30", NULL, 0},
         {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL, NULL, 0},
         {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL, NULL, 0},
         {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &whn, "5", NULL, 0},
@@ -754,6 +776,28 @@ static int serve_run(int argc, char **argv)
         return 2;
     }
     if (parse_count("--upload-max-files", umf, 1, 100000000, &up_files)) return 2;
+    int64_t quota_bytes, quota_pixels;
+    int up_workers, up_queue, plan_workers, plan_queue;
+    char *qend, *pend;
+    errno = 0;
+    long long qp = strtoll(uqp, &qend, 10);
+    if (spec_parse_size(uqb, &quota_bytes) || quota_bytes < 1024 || errno || *qend ||
+        qend == uqp || qp < 1) {
+        log_msg(LOG_ERROR, "--upload-quota-bytes takes a size of at least 1024 bytes and "
+                           "--upload-quota-pixels a positive integer, not '%s' and '%s'", uqb, uqp);
+        return 2;
+    }
+    quota_pixels = qp;
+    double plan_timeout = strtod(pto, &pend);
+    if (parse_count("--upload-workers", uw, 1, 64, &up_workers) ||
+        parse_count("--upload-queue", uq, 1, 10000, &up_queue) ||
+        parse_count("--plan-workers", pw, 1, 64, &plan_workers) ||
+        parse_count("--plan-queue", pq, 1, 10000, &plan_queue))
+        return 2;
+    if (*pend || pend == pto || !(plan_timeout >= 0.1 && plan_timeout <= 3600)) {
+        log_msg(LOG_ERROR, "--plan-timeout takes seconds in [0.1, 3600], not '%s'", pto);
+        return 2;
+    }
     int wh_attempts;
     double wh_backoff, wh_timeout;
     char *wend1, *wend2;
@@ -882,7 +926,11 @@ static int serve_run(int argc, char **argv)
                             .upload_max_bytes = up_bytes, .upload_max_unpacked = up_unpacked,
                             .upload_max_files = up_files, .webhook = hooks,
                             .max_conns = max_conns, .conns_per_ip = conns_per_ip,
-                            .conns_reserved = conns_reserved, .head_timeout_s = head_timeout};
+                            .conns_reserved = conns_reserved, .head_timeout_s = head_timeout,
+                            .plan_workers = plan_workers, .plan_queue = plan_queue,
+                            .plan_timeout_s = plan_timeout, .upload_workers = up_workers,
+                            .upload_queue = up_queue, .upload_quota_bytes = quota_bytes,
+                            .upload_quota_pixels = quota_pixels};
     if (api_start(&api, &ac, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         goto out;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "fsio.h"
 
@@ -77,6 +78,74 @@ static void png_warn_fn(png_structp png, png_const_charp msg)
 
 /* zlib's documented upper bound on deflate's expansion (one byte of stream -> 1032 bytes) */
 #define IMAGE_DEFLATE_MAX_RATIO 1032u
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+enum image_status image_png_probe(const unsigned char *head, size_t n, unsigned long long file_bytes,
+                                  int *w, int *h, int *channels, char *err, size_t errlen)
+{
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    *w = *h = *channels = 0;
+    if (n < 8 || memcmp(head, sig, 8) != 0) {
+        snprintf(err, errlen, "no PNG signature");
+        return IMAGE_ERR_FORMAT;
+    }
+    if (n < IMAGE_PNG_HEAD_BYTES || be32(head + 8) != 13 || memcmp(head + 12, "IHDR", 4) != 0) {
+        snprintf(err, errlen, "file is truncated or corrupt: no IHDR chunk after the signature");
+        return IMAGE_ERR_FORMAT;
+    }
+    const unsigned char *d = head + 16;
+    if ((uint32_t)crc32(0L, head + 12, 17) != be32(head + 29)) {
+        snprintf(err, errlen, "IHDR: CRC error");
+        return IMAGE_ERR_FORMAT;
+    }
+    uint32_t ww = be32(d), hh = be32(d + 4);
+    int depth = d[8], ctype = d[9];
+    /* the file's channels and the decoded ones (a palette index is one, its colour three) */
+    int fc, oc, ok;
+    switch (ctype) {
+    case 0: fc = 1, oc = 1, ok = depth == 1 || depth == 2 || depth == 4 || depth == 8 || depth == 16; break;
+    case 2: fc = 3, oc = 3, ok = depth == 8 || depth == 16; break;
+    case 3: fc = 1, oc = 3, ok = depth == 1 || depth == 2 || depth == 4 || depth == 8; break;
+    case 4: fc = 2, oc = 2, ok = depth == 8 || depth == 16; break;
+    case 6: fc = 4, oc = 4, ok = depth == 8 || depth == 16; break;
+    default: fc = oc = ok = 0;
+    }
+    if (!ok || d[10] != 0 || d[11] != 0 || d[12] > 1) {
+        snprintf(err, errlen, "IHDR: bit depth %d, colour type %d, compression %d, filter %d, "
+                 "interlace %d is no PNG", depth, ctype, d[10], d[11], d[12]);
+        return IMAGE_ERR_FORMAT;
+    }
+    if (ww == 0 || hh == 0 || ww > IMAGE_MAX_SIDE || hh > IMAGE_MAX_SIDE) {
+        snprintf(err, errlen, "%ux%u image: its width or height is 0 or over the %d-pixel limit "
+                 "(IMAGE_MAX_SIDE)", (unsigned)ww, (unsigned)hh, IMAGE_MAX_SIDE);
+        return IMAGE_ERR_FORMAT;
+    }
+    /* the limits png_rd_check_size applies when decoding, on the same numbers */
+    uint64_t decoded = (uint64_t)ww * hh * (uint64_t)oc * sizeof(float);
+    uint64_t packed = (uint64_t)ww * hh * (uint64_t)fc * (uint64_t)depth / 8;
+    if (decoded > IMAGE_MAX_DECODED_BYTES) {
+        snprintf(err, errlen, "%ux%u image with %d channels decodes to %llu MiB, over the %llu MiB "
+                 "limit (IMAGE_MAX_DECODED_BYTES)", (unsigned)ww, (unsigned)hh, oc,
+                 (unsigned long long)(decoded >> 20),
+                 (unsigned long long)(IMAGE_MAX_DECODED_BYTES >> 20));
+        return IMAGE_ERR_FORMAT;
+    }
+    if (packed / IMAGE_DEFLATE_MAX_RATIO > file_bytes) {
+        snprintf(err, errlen, "file is truncated or corrupt: it declares %ux%u pixels (%llu bytes "
+                 "of pixel data) but its %llu bytes cannot decompress to more than %llu",
+                 (unsigned)ww, (unsigned)hh, (unsigned long long)packed, file_bytes,
+                 file_bytes * IMAGE_DEFLATE_MAX_RATIO);
+        return IMAGE_ERR_FORMAT;
+    }
+    *w = (int)ww;
+    *h = (int)hh;
+    *channels = oc;
+    return IMAGE_OK;
+}
 
 struct png_rd {
     FILE *fp;

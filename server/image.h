@@ -51,6 +51,20 @@ const char *image_status_name(enum image_status status);
  * IMAGE_ERR_FORMAT and a message naming the file; *out is then {0}. */
 enum image_status image_load_png(const char *path, struct image *out, char *err, size_t errlen);
 
+/* The bytes image_png_probe reads: the signature and the IHDR chunk (length, type, 13 bytes,
+ * CRC) */
+#define IMAGE_PNG_HEAD_BYTES 33
+
+/* A PNG's size and channels from its first IMAGE_PNG_HEAD_BYTES bytes (head, n of them, of a
+ * file of file_bytes), without decoding: the signature, an IHDR chunk first with a valid CRC,
+ * a bit depth and colour type PNG allows, and the limits image_load_png applies to the header
+ * (IMAGE_MAX_SIDE, IMAGE_MAX_DECODED_BYTES, a file too small for the pixels it declares).
+ * *channels as image_load_png gives them without a tRNS chunk (grey 1, grey+alpha 2, RGB and
+ * palette 3, RGBA 4). IMAGE_ERR_FORMAT with why in err; a file that passes may still fail to
+ * decode (its image data), never by its header. */
+enum image_status image_png_probe(const unsigned char *head, size_t n, unsigned long long file_bytes,
+                                  int *w, int *h, int *channels, char *err, size_t errlen);
+
 /* Convert img in place to channels (1 or 3). Alpha is composited on black (colour * alpha), so a
  * transparent pixel becomes the background value -1 after scaling to [-1, 1], the same value that
  * pads Fashion-MNIST; one channel is the Rec. 601 luminance 0.299 R + 0.587 G + 0.114 B; grey to

@@ -354,37 +354,53 @@ static int submit_planned(struct pool *p, const char *owner, const char *idem_ke
     return rc;
 }
 
-int pool_submit(struct pool *p, const char *owner, const char *idem_key,
-                const struct pool_train *job, struct pool_admission *adm, char *id, char *err,
-                size_t errlen)
+/* the child's spec: the job's, its ids resolved to the files they name; NULL with err */
+static struct train_spec *child_spec(const struct pool_train *job, char *err, size_t errlen)
 {
-    cJSON *entries[POOL_MAX_DEVICES] = {0};
-    const struct train_spec *spec = job->spec;
-    int rc = POOL_OK;
-    memset(adm, 0, sizeof *adm);
-    adm->n = p->n_devs;
-    /* the child's spec: the same, its ids resolved to the files they name */
     struct train_spec *child = malloc(sizeof *child);
     if (!child) {
         snprintf(err, errlen, "out of memory");
-        return POOL_ERR_INTERNAL;
+        return NULL;
     }
-    *child = *spec;
+    *child = *job->spec;
     if ((job->dataset_dir && snprintf(child->dataset, sizeof child->dataset, "%s",
                                       job->dataset_dir) >= (int)sizeof child->dataset) ||
         (job->init_path && snprintf(child->init_from, sizeof child->init_from, "%s",
                                     job->init_path) >= (int)sizeof child->init_from)) {
         free(child);
         snprintf(err, errlen, "the data directory's path is too long");
-        return POOL_ERR_INTERNAL;
+        return NULL;
     }
+    return child;
+}
+
+int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_admission *adm,
+                    cJSON **entries, char *err, size_t errlen)
+{
+    int rc = POOL_OK;
+    memset(adm, 0, sizeof *adm);
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = NULL;
+    adm->n = p->n_devs;
+    struct train_spec *child = child_spec(job, err, errlen);
+    if (!child) return POOL_ERR_INTERNAL;
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
         rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child, &adm->fit[d],
                                  &entries[d], err, errlen);
-    if (rc) {
-        free(child);
-        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
-        return rc;
+    free(child);
+    if (rc)
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
+    return rc;
+}
+
+int pool_submit_planned(struct pool *p, const char *owner, const char *idem_key,
+                        const struct pool_train *job, struct pool_admission *adm,
+                        cJSON **entries, char *id, char *err, size_t errlen)
+{
+    const struct train_spec *spec = job->spec;
+    struct train_spec *child = child_spec(job, err, errlen);
+    if (!child) {
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
+        return POOL_ERR_INTERNAL;
     }
     char *child_json = spec_to_json(child);
     free(child);
@@ -441,6 +457,16 @@ fail:
     rmdir(out);
     rmdir(dir);
     return rc;
+}
+
+int pool_submit(struct pool *p, const char *owner, const char *idem_key,
+                const struct pool_train *job, struct pool_admission *adm, char *id, char *err,
+                size_t errlen)
+{
+    cJSON *entries[POOL_MAX_DEVICES];
+    int rc = pool_plan_train(p, job, adm, entries, err, errlen);
+    if (rc) return rc;
+    return pool_submit_planned(p, owner, idem_key, job, adm, entries, id, err, errlen);
 }
 
 int pool_job_file(const struct pool *p, const char *job_id, const char *tail, char *path,

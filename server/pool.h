@@ -133,6 +133,16 @@ struct pool_train {
 int pool_submit(struct pool *p, const char *owner, const char *idem_key,
                 const struct pool_train *job, struct pool_admission *adm, char *id, char *err,
                 size_t errlen);
+/* pool_submit in its two halves, so the planning runs where the caller chooses (POST /train:
+ * a worker thread, no lock held; api/submit.c): pool_plan_train plans the job on every device
+ * (adm's fits, entries[d] each device's plan entry; it takes none of the pool's locks and
+ * stores nothing); pool_submit_planned decides and queues it as pool_submit does, taking the
+ * entries (freed either way). */
+int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_admission *adm,
+                    cJSON **entries, char *err, size_t errlen);
+int pool_submit_planned(struct pool *p, const char *owner, const char *idem_key,
+                        const struct pool_train *job, struct pool_admission *adm,
+                        cJSON **entries, char *id, char *err, size_t errlen);
 /* a sampling job (POST /samples), its fields validated by the caller */
 struct pool_sample {
     char checkpoint_id[64];     /* "<job id>-<step>": shown to the owner */

@@ -40,3 +40,19 @@ void testhold_phase(const char *job, const char *phase)
     fprintf(o, "%s %lld %lld\n", phase, hwm, rss);
     fclose(o);
 }
+
+void testhold_before_plan(int (*stopping)(const void *arg), const void *arg)
+{
+    const char *file = getenv("DDPMD_TEST_HOLD_PLAN_FILE");
+    if (!file || !*file) return;
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    while (access(file, F_OK) != 0 && !stopping(arg)) nanosleep(&tick, NULL);
+}
+
+void testhold_before_unpack(void)
+{
+    const char *file = getenv("DDPMD_TEST_HOLD_UPLOAD_FILE");
+    if (!file || !*file) return;
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 6000 && access(file, F_OK) != 0; i++) nanosleep(&tick, NULL);
+}

@@ -2,9 +2,10 @@
  * formats only, gzip or no filter); every entry is judged before a byte of it is written: its path
  * (relative, no "..", no hidden component, at most one folder deep), its type (folders and regular
  * files only: no symlink, hardlink, device, FIFO), the entry count and the running byte total. A
- * file must start with the PNG signature and then decode with image_load_png (its size limits).
- * Files are created with O_EXCL | O_NOFOLLOW under a folder this process made, so no entry can
- * write outside it, and the whole folder is removed on any refusal.
+ * file must start with a PNG header image_png_probe accepts (its size limits); decoding it with
+ * image_load_png is upload_decode's, later, on a worker. Files are created with O_EXCL |
+ * O_NOFOLLOW under a folder this process made, so no entry can write outside it, and the whole
+ * folder is removed on any refusal.
  */
 #define _GNU_SOURCE /* nftw, syncfs */
 #include "upload.h"
@@ -29,10 +30,13 @@
 #include "fsio.h"
 #include "image.h"
 #include "jobs.h"
+#include "testhold.h"
 
 #define UPLOAD_CHUNK 65536
 
 static pthread_mutex_t upload_mu = PTHREAD_MUTEX_INITIALIZER;
+/* an owner's quota checked and the dataset named in one step (upload_dataset_create) */
+static pthread_mutex_t quota_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void upload_lock(void) { pthread_mutex_lock(&upload_mu); }
 void upload_unlock(void) { pthread_mutex_unlock(&upload_mu); }
@@ -119,14 +123,21 @@ static int has_png_suffix(const char *s)
     return n > 4 && strcasecmp(s + n - 4, ".png") == 0;
 }
 
+/* an image's size and channels into res (before res->images counts it) */
+static void note_size(struct upload_result *res, int w, int h, int c)
+{
+    if (res->images == 0 || w < res->min_w) res->min_w = w;
+    if (res->images == 0 || h < res->min_h) res->min_h = h;
+    if (w > res->max_w) res->max_w = w;
+    if (h > res->max_h) res->max_h = h;
+    if (c > res->channels) res->channels = c;
+    res->pixels += (int64_t)w * h;
+}
+
 /* the decoded image's size and channels into res, and its tile into the preview */
 static int note_image(struct upload_result *res, struct image *img)
 {
-    if (res->images == 0 || img->w < res->min_w) res->min_w = img->w;
-    if (res->images == 0 || img->h < res->min_h) res->min_h = img->h;
-    if (img->w > res->max_w) res->max_w = img->w;
-    if (img->h > res->max_h) res->max_h = img->h;
-    if (img->c > res->channels) res->channels = img->c;
+    note_size(res, img->w, img->h, img->c);
     if (res->preview_n >= UPLOAD_PREVIEW_N) return 0;
     if (res->preview_n == 0) {
         res->preview_c = img->c >= 3 ? 3 : 1;
@@ -148,7 +159,8 @@ int upload_unpack(const char *path, const char *dest, const struct upload_limits
     memset(res, 0, sizeof *res);
     int rc = UPLOAD_ERR_IO, dfd = -1, fd = -1, made = 0;
     int64_t entries = 0;
-    char *buf = NULL, rel[UPLOAD_PATH_MAX], shown[96], full[FSIO_PATH_MAX];
+    char *buf = NULL, rel[UPLOAD_PATH_MAX], shown[96];
+    unsigned char head[IMAGE_PNG_HEAD_BYTES];
     struct archive *a = archive_read_new();
     struct archive_entry *e;
     if (!a || !(buf = malloc(UPLOAD_CHUNK))) {
@@ -270,6 +282,7 @@ int upload_unpack(const char *path, const char *dest, const struct upload_limits
             goto out;
         }
         int64_t got = 0;
+        size_t hn = 0;
         for (;;) {
             la_ssize_t k = archive_read_data(a, buf, UPLOAD_CHUNK);
             if (k == 0) break;
@@ -283,6 +296,11 @@ int upload_unpack(const char *path, const char *dest, const struct upload_limits
                 rc = UPLOAD_ERR_NOT_PNG;
                 snprintf(err, errlen, "entry '%s': not a PNG file (no PNG signature)", shown);
                 goto out;
+            }
+            if (hn < sizeof head) {
+                size_t take = sizeof head - hn < (size_t)k ? sizeof head - hn : (size_t)k;
+                memcpy(head + hn, buf, take);
+                hn += take;
             }
             got += k;
             if (got > lim->max_unpacked - res->bytes) {
@@ -310,24 +328,27 @@ int upload_unpack(const char *path, const char *dest, const struct upload_limits
             goto out;
         }
         res->bytes += got;
-        struct image img;
+        int w, h, ch;
         char ierr[300];
-        if (fsio_path(full, sizeof full, ierr, sizeof ierr, "%s/%s", dest, rel) ||
-            image_load_png(full, &img, ierr, sizeof ierr)) {
+        if (image_png_probe(head, hn, (unsigned long long)got, &w, &h, &ch, ierr, sizeof ierr)) {
             rc = UPLOAD_ERR_NOT_PNG;
-            /* the reader names the file by its path here: keep only the reason */
-            const char *reason = strstr(ierr, "': ");
-            snprintf(err, errlen, "entry '%s': not a usable PNG: %s", shown,
-                     reason ? reason + 3 : ierr);
+            snprintf(err, errlen, "entry '%s': not a usable PNG: %s", shown, ierr);
             goto out;
         }
-        int nr = note_image(res, &img);
-        image_free(&img);
-        if (nr) {
-            snprintf(err, errlen, "out of memory");
-            goto out;
-        }
+        note_size(res, w, h, ch);
         res->images++;
+        if ((lim->quota_bytes > 0 && res->bytes > lim->quota_bytes) ||
+            (lim->quota_pixels > 0 && res->pixels > lim->quota_pixels)) {
+            rc = UPLOAD_ERR_OVER_QUOTA;
+            if (lim->quota_bytes > 0 && res->bytes > lim->quota_bytes)
+                snprintf(err, errlen, "entry '%s': the files hold more than %lld bytes, the "
+                         "owner's quota (--upload-quota-bytes)", shown, (long long)lim->quota_bytes);
+            else
+                snprintf(err, errlen, "entry '%s': the images hold more than %lld pixels, the "
+                         "owner's quota (--upload-quota-pixels)", shown,
+                         (long long)lim->quota_pixels);
+            goto out;
+        }
     }
     if (res->images == 0) {
         rc = UPLOAD_ERR_EMPTY;
@@ -353,12 +374,172 @@ out:
     return rc;
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* names[*n] = "a" or "a/b" (grown as needed); -1 out of memory */
+static int push_name(char ***names, size_t *n, size_t *cap, const char *a, const char *b)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 64;
+        char **g = realloc(*names, c * sizeof *g);
+        if (!g) return -1;
+        *names = g;
+        *cap = c;
+    }
+    size_t len = strlen(a) + (b ? strlen(b) + 1 : 0) + 1;
+    char *nm = malloc(len);
+    if (!nm) return -1;
+    snprintf(nm, len, b ? "%s/%s" : "%s", a, b);
+    (*names)[(*n)++] = nm;
+    return 0;
+}
+
+/* the files under dir and in its folders (one deep, as upload_unpack left them): "a.png",
+ * "cls/b.png", sorted; -1 when it cannot be read */
+static int list_pngs(const char *dir, char ***names, size_t *n)
+{
+    *names = NULL;
+    *n = 0;
+    size_t cap = 0;
+    char sub[FSIO_PATH_MAX], e[8];
+    DIR *top = opendir(dir);
+    if (!top) return -1;
+    struct dirent *de;
+    int rc = 0;
+    while (rc == 0 && (de = readdir(top))) {
+        if (de->d_name[0] == '.') continue;
+        struct stat sb;
+        if (fsio_path(sub, sizeof sub, e, sizeof e, "%s/%s", dir, de->d_name) || lstat(sub, &sb)) {
+            rc = -1;
+        } else if (S_ISDIR(sb.st_mode)) {
+            DIR *in = opendir(sub);
+            struct dirent *ie;
+            if (!in) rc = -1;
+            while (rc == 0 && in && (ie = readdir(in)))
+                if (ie->d_name[0] != '.') rc = push_name(names, n, &cap, de->d_name, ie->d_name);
+            if (in) closedir(in);
+        } else {
+            rc = push_name(names, n, &cap, de->d_name, NULL);
+        }
+    }
+    closedir(top);
+    if (rc) {
+        for (size_t i = 0; i < *n; i++) free((*names)[i]);
+        free(*names);
+        *names = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (*n) qsort(*names, *n, sizeof **names, name_cmp);
+    return 0;
+}
+
+int upload_decode(const char *dir, struct upload_result *res, int (*stopping)(const void *),
+                  const void *arg, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    char **names;
+    size_t n;
+    if (list_pngs(dir, &names, &n)) {
+        snprintf(err, errlen, "the dataset's images cannot be listed: %s", strerror(errno));
+        return UPLOAD_ERR_IO;
+    }
+    int rc = UPLOAD_OK;
+    char full[FSIO_PATH_MAX], shown[96], ierr[300];
+    for (size_t i = 0; i < n && rc == UPLOAD_OK; i++) {
+        if (stopping && stopping(arg)) {
+            rc = UPLOAD_ERR_IO;
+            snprintf(err, errlen, "stopped before every image was decoded");
+            break;
+        }
+        echo(shown, sizeof shown, names[i]);
+        struct image img;
+        if (fsio_path(full, sizeof full, ierr, sizeof ierr, "%s/%s", dir, names[i]) ||
+            image_load_png(full, &img, ierr, sizeof ierr)) {
+            rc = UPLOAD_ERR_NOT_PNG;
+            /* the reader names the file by its path here: keep only the reason */
+            const char *reason = strstr(ierr, "': ");
+            snprintf(err, errlen, "entry '%s': not a usable PNG: %s", shown,
+                     reason ? reason + 3 : ierr);
+            break;
+        }
+        int nr = note_image(res, &img);
+        image_free(&img);
+        if (nr) {
+            rc = UPLOAD_ERR_IO;
+            snprintf(err, errlen, "out of memory");
+            break;
+        }
+        res->images++;
+    }
+    if (rc == UPLOAD_OK && res->images == 0) {
+        rc = UPLOAD_ERR_EMPTY;
+        snprintf(err, errlen, "the archive holds no PNG file");
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (rc) upload_result_free(res);
+    return rc;
+}
+
 /* ---- the store ---- */
 
 static int store_dir(const char *data_dir, char *path, size_t len)
 {
     char e[8];
     return fsio_path(path, len, e, sizeof e, "%s/datasets", data_dir);
+}
+
+/* a dataset's dataset.json parsed; NULL when there is none */
+static cJSON *meta_load(const char *data_dir, const char *id)
+{
+    char *m = upload_dataset_meta(data_dir, id);
+    cJSON *o = m ? cJSON_Parse(m) : NULL;
+    free(m);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* o written as the dataset's dataset.json (atomically); 0 ok */
+static int meta_save(const char *data_dir, const char *id, const cJSON *o)
+{
+    char path[FSIO_PATH_MAX], err[300];
+    char *s = cJSON_PrintUnformatted(o);
+    int rc = -1;
+    if (s && upload_dataset_path(data_dir, id, "dataset.json", path, sizeof path) == 0)
+        rc = fsio_write_atomic_text(path, s, err, sizeof err);
+    free(s);
+    return rc;
+}
+
+/* o's member k set to it, in its place (the file's order kept), or added at the end */
+static void meta_set(cJSON *o, const char *k, cJSON *it)
+{
+    if (!it) return;
+    if (cJSON_GetObjectItemCaseSensitive(o, k)) cJSON_ReplaceItemInObjectCaseSensitive(o, k, it);
+    else cJSON_AddItemToObject(o, k, it);
+}
+
+static void meta_set_str(cJSON *o, const char *k, const char *v)
+{
+    meta_set(o, k, v ? cJSON_CreateString(v) : cJSON_CreateNull());
+}
+
+/* the dataset failed with why: its images removed (their bytes given back), the reason kept */
+static void meta_fail(const char *data_dir, const char *id, cJSON *o, const char *why)
+{
+    char images[FSIO_PATH_MAX];
+    if (upload_dataset_path(data_dir, id, "images", images, sizeof images) == 0)
+        upload_rmtree(images);
+    meta_set_str(o, "state", UPLOAD_STATE_FAILED);
+    meta_set_str(o, "error", why);
+    meta_save(data_dir, id, o);
 }
 
 int upload_store_init(const char *data_dir, char *err, size_t errlen)
@@ -374,11 +555,20 @@ int upload_store_init(const char *data_dir, char *err, size_t errlen)
         return -1;
     }
     struct dirent *de;
-    while ((de = readdir(d)))
+    while ((de = readdir(d))) {
         if ((strncmp(de->d_name, ".upload-", 8) == 0 || strncmp(de->d_name, ".tmp-", 5) == 0 ||
              strncmp(de->d_name, ".del-", 5) == 0) &&
             snprintf(p, sizeof p, "%s/%s", dir, de->d_name) < (int)sizeof p)
             upload_rmtree(p);
+        else if (upload_id_valid(de->d_name)) {
+            cJSON *m = meta_load(data_dir, de->d_name);
+            const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "state");
+            if (cJSON_IsString(st) && strcmp(st->valuestring, UPLOAD_STATE_VALIDATING) == 0)
+                meta_fail(data_dir, de->d_name, m, "the server stopped before its images were "
+                          "decoded: upload it again");
+            cJSON_Delete(m);
+        }
+    }
     closedir(d);
     return 0;
 }
@@ -416,6 +606,7 @@ int upload_dataset_path(const char *data_dir, const char *id, const char *tail, 
 static int write_meta(const char *dir, const char *id, const char *owner, int64_t archive_bytes,
                       const struct upload_result *r, char *err, size_t errlen)
 {
+    /* channels and sizes from the headers until the images are decoded */
     char path[FSIO_PATH_MAX], now[32];
     jobs_now(now, sizeof now);
     cJSON *o = cJSON_CreateObject();
@@ -423,6 +614,7 @@ static int write_meta(const char *dir, const char *id, const char *owner, int64_
     cJSON_AddStringToObject(o, "owner", owner);
     cJSON_AddNumberToObject(o, "images", (double)r->images);
     cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
+    cJSON_AddNumberToObject(o, "pixels", (double)r->pixels);
     cJSON_AddNumberToObject(o, "archive_bytes", (double)archive_bytes);
     cJSON_AddNumberToObject(o, "channels", r->channels);
     cJSON *sz = cJSON_AddObjectToObject(o, "sizes");
@@ -431,6 +623,8 @@ static int write_meta(const char *dir, const char *id, const char *owner, int64_
     cJSON_AddNumberToObject(sz, "min_height", r->min_h);
     cJSON_AddNumberToObject(sz, "max_height", r->max_h);
     cJSON_AddStringToObject(o, "created_at", now);
+    cJSON_AddStringToObject(o, "state", UPLOAD_STATE_VALIDATING);
+    cJSON_AddNullToObject(o, "error");
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     int rc = -1;
@@ -446,8 +640,7 @@ int upload_dataset_create(const char *data_dir, const char *part, const char *ow
                           const struct upload_limits *lim, int64_t archive_bytes, char *id,
                           char *err, size_t errlen)
 {
-    char hex[33], tmp[FSIO_PATH_MAX], images[FSIO_PATH_MAX], path[FSIO_PATH_MAX],
-        final[FSIO_PATH_MAX], perr[300];
+    char hex[33], tmp[FSIO_PATH_MAX], images[FSIO_PATH_MAX], final[FSIO_PATH_MAX], perr[300];
     struct upload_result res;
     memset(&res, 0, sizeof res);
     int rc = UPLOAD_ERR_IO, made = 0;
@@ -467,21 +660,41 @@ int upload_dataset_create(const char *data_dir, const char *part, const char *ow
         goto out;
     }
     made = 1;
+    testhold_before_unpack();
     rc = upload_unpack(part, images, lim, &res, err, errlen);
     if (rc) goto out;
     rc = UPLOAD_ERR_IO;
-    if (fsio_path(path, sizeof path, err, errlen, "%s/preview.png", tmp)) goto out;
-    if (image_save_grid_png(path, res.preview, res.preview_n, res.preview_c, UPLOAD_PREVIEW_SIDE,
-                            UPLOAD_PREVIEW_SIDE, 4, 2, perr, sizeof perr)) {
-        snprintf(err, errlen, "cannot write the preview: %s", perr);
-        goto out;
-    }
     if (write_meta(tmp, id, owner, archive_bytes, &res, perr, sizeof perr)) {
         rc = strstr(perr, "No space") ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
         snprintf(err, errlen, "cannot write dataset.json: %s", perr);
         goto out;
     }
-    if (rename(tmp, final)) {
+    /* the owner's other datasets and this one within the quota, and named, in one step */
+    pthread_mutex_lock(&quota_mu);
+    int64_t used_bytes = 0, used_pixels = 0;
+    if ((lim->quota_bytes > 0 || lim->quota_pixels > 0) &&
+        upload_owner_usage(data_dir, owner, &used_bytes, &used_pixels)) {
+        pthread_mutex_unlock(&quota_mu);
+        snprintf(err, errlen, "the dataset folder cannot be read");
+        goto out;
+    }
+    if ((lim->quota_bytes > 0 && used_bytes + res.bytes > lim->quota_bytes) ||
+        (lim->quota_pixels > 0 && used_pixels + res.pixels > lim->quota_pixels)) {
+        pthread_mutex_unlock(&quota_mu);
+        rc = UPLOAD_ERR_QUOTA;
+        if (lim->quota_bytes > 0 && used_bytes + res.bytes > lim->quota_bytes)
+            snprintf(err, errlen, "%s's datasets hold %lld bytes; with this one's %lld that is "
+                     "over the quota of %lld (--upload-quota-bytes): delete one first", owner,
+                     (long long)used_bytes, (long long)res.bytes, (long long)lim->quota_bytes);
+        else
+            snprintf(err, errlen, "%s's datasets hold %lld pixels; with this one's %lld that is "
+                     "over the quota of %lld (--upload-quota-pixels): delete one first", owner,
+                     (long long)used_pixels, (long long)res.pixels, (long long)lim->quota_pixels);
+        goto out;
+    }
+    int rn = rename(tmp, final);
+    pthread_mutex_unlock(&quota_mu);
+    if (rn) {
         snprintf(err, errlen, "cannot name the dataset: %s", strerror(errno));
         goto out;
     }
@@ -599,4 +812,75 @@ int upload_dataset_delete(const char *data_dir, const char *id)
         return -1;
     if (rename(path, away)) return -1;
     return upload_rmtree(away);
+}
+
+int upload_owner_usage(const char *data_dir, const char *owner, int64_t *bytes, int64_t *pixels)
+{
+    *bytes = *pixels = 0;
+    char(*ids)[UPLOAD_ID_LEN];
+    int n;
+    if (upload_dataset_ids(data_dir, &ids, &n)) return -1;
+    for (int i = 0; i < n; i++) {
+        cJSON *m = meta_load(data_dir, ids[i]);
+        const cJSON *ow = cJSON_GetObjectItemCaseSensitive(m, "owner");
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "state");
+        if (cJSON_IsString(ow) && strcmp(ow->valuestring, owner) == 0 &&
+            !(cJSON_IsString(st) && strcmp(st->valuestring, UPLOAD_STATE_FAILED) == 0)) {
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(m, "bytes");
+            const cJSON *px = cJSON_GetObjectItemCaseSensitive(m, "pixels");
+            if (cJSON_IsNumber(b) && b->valuedouble > 0) *bytes += (int64_t)b->valuedouble;
+            if (cJSON_IsNumber(px) && px->valuedouble > 0) {
+                *pixels += (int64_t)px->valuedouble;
+            } else { /* made before pixels were counted: its largest size for every image */
+                const cJSON *im = cJSON_GetObjectItemCaseSensitive(m, "images");
+                const cJSON *sz = cJSON_GetObjectItemCaseSensitive(m, "sizes");
+                const cJSON *w = cJSON_GetObjectItemCaseSensitive(sz, "max_width");
+                const cJSON *h = cJSON_GetObjectItemCaseSensitive(sz, "max_height");
+                if (cJSON_IsNumber(im) && cJSON_IsNumber(w) && cJSON_IsNumber(h))
+                    *pixels += (int64_t)im->valuedouble * (int64_t)w->valuedouble *
+                               (int64_t)h->valuedouble;
+            }
+        }
+        cJSON_Delete(m);
+    }
+    free(ids);
+    return 0;
+}
+
+int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping)(const void *),
+                            const void *arg)
+{
+    char dir[FSIO_PATH_MAX], images[FSIO_PATH_MAX], path[FSIO_PATH_MAX], err[600], perr[300];
+    if (upload_dataset_path(data_dir, id, "", dir, sizeof dir) ||
+        upload_dataset_path(data_dir, id, "images", images, sizeof images) ||
+        upload_dataset_path(data_dir, id, "preview.png", path, sizeof path))
+        return -1;
+    struct upload_result res;
+    int rc = upload_decode(images, &res, stopping, arg, err, sizeof err);
+    if (rc == UPLOAD_OK &&
+        image_save_grid_png(path, res.preview, res.preview_n, res.preview_c, UPLOAD_PREVIEW_SIDE,
+                            UPLOAD_PREVIEW_SIDE, 4, 2, perr, sizeof perr)) {
+        rc = UPLOAD_ERR_IO;
+        snprintf(err, sizeof err, "cannot write the preview: %s", perr);
+    }
+    if (stopping && stopping(arg)) { /* left validating: failed at the next start */
+        upload_result_free(&res);
+        return -1;
+    }
+    /* deleted meanwhile (DELETE renames it away first): nothing to record */
+    upload_lock();
+    cJSON *m = meta_load(data_dir, id);
+    if (m && rc == UPLOAD_OK) {
+        meta_set(m, "channels", cJSON_CreateNumber(res.channels));
+        meta_set_str(m, "state", UPLOAD_STATE_READY);
+        meta_set_str(m, "error", NULL);
+        if (meta_save(data_dir, id, m)) rc = UPLOAD_ERR_IO;
+    } else if (m) {
+        meta_fail(data_dir, id, m, err);
+    }
+    upload_unlock();
+    int ready = m && rc == UPLOAD_OK;
+    cJSON_Delete(m);
+    upload_result_free(&res);
+    return ready ? 0 : -1;
 }

@@ -1446,7 +1446,7 @@ const renderDatasets = guard(async (m) => {
       {h: 'bytes', num: true, cell: (d) => (d.bytes !== undefined ? bytes(d.bytes) : '-')},
       {h: 'created', cell: (d) => el('span', {class: 'muted', text: (d.created_at || '-').replace('T', ' ').replace(/\..*$/, '')})},
       {h: '', cell: (d) => el('span', {class: 'actions'},
-        d.available === false ? el('span', {class: 'muted', text: 'not installed'})
+        d.available === false ? el('span', {class: 'muted', text: d.state && d.state !== 'ready' ? d.state : 'not installed'})
           : el('a', {href: '#/new/' + encodeURIComponent(d.id), 'data-train': d.id, text: 'train on it'}), ' ', del(d))},
     ], rows, (d) => ({'data-dataset': d.id})));
   });

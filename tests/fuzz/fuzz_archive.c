@@ -1,8 +1,10 @@
 /* fuzz_archive.c - the upload check (upload_unpack: libarchive's tar and gzip readers, then the
- * entry rules and the PNG decoder) on arbitrary bytes, into a private folder. Invariants: a
- * refusal says why and leaves no folder; an acceptance leaves only folders and regular .png files
- * at most one folder deep (never a link or anything outside), as many PNGs as it reports, and no
- * more bytes than the limit; removing it leaves nothing. */
+ * entry rules and each PNG's header) and the decoding after it (upload_decode) on arbitrary
+ * bytes, into a private folder. Invariants: a refusal says why and leaves no folder; an
+ * acceptance leaves only folders and regular .png files at most one folder deep (never a link or
+ * anything outside), as many PNGs as it reports, and no more bytes than the limit; the decoding
+ * either says why it fails or decodes them all with the sizes the headers said and a preview;
+ * removing it leaves nothing. */
 #define _GNU_SOURCE /* nftw */
 #include "fuzz.h"
 #include "upload.h"
@@ -63,11 +65,27 @@ int fuzz_archive(const uint8_t *data, size_t size)
         fuzz_fail("archive", "reports %lld images of %lld bytes; the folder holds %lld of %lld",
                   (long long)res.images, (long long)res.bytes, (long long)seen_files,
                   (long long)seen_bytes);
-    if (res.preview_n < 1 || res.preview_n > UPLOAD_PREVIEW_N || !res.preview ||
-        (res.preview_c != 1 && res.preview_c != 3))
-        fuzz_fail("archive", "preview of %d tiles, %d channels", res.preview_n, res.preview_c);
-    fuzz_touch(res.preview, (size_t)res.preview_n * (size_t)res.preview_c * UPLOAD_PREVIEW_SIDE *
-                                UPLOAD_PREVIEW_SIDE * sizeof(float));
+    if (res.preview || res.pixels < res.images)
+        fuzz_fail("archive", "the header pass made a preview, or %lld pixels for %lld images",
+                  (long long)res.pixels, (long long)res.images);
+    struct upload_result dec;
+    err[0] = 0;
+    rc = upload_decode(dest, &dec, NULL, NULL, err, sizeof err);
+    if (rc != UPLOAD_OK) {
+        if (!err[0] || dec.preview || dec.images) fuzz_fail("archive", "decode refusal %d: '%s'", rc, err);
+    } else {
+        if (dec.images != res.images || dec.pixels != res.pixels || dec.min_w != res.min_w ||
+            dec.max_w != res.max_w || dec.min_h != res.min_h || dec.max_h != res.max_h)
+            fuzz_fail("archive", "decoded %lld images of %lld pixels; the headers said %lld of %lld",
+                      (long long)dec.images, (long long)dec.pixels, (long long)res.images,
+                      (long long)res.pixels);
+        if (dec.preview_n < 1 || dec.preview_n > UPLOAD_PREVIEW_N || !dec.preview ||
+            (dec.preview_c != 1 && dec.preview_c != 3))
+            fuzz_fail("archive", "preview of %d tiles, %d channels", dec.preview_n, dec.preview_c);
+        fuzz_touch(dec.preview, (size_t)dec.preview_n * (size_t)dec.preview_c *
+                                    UPLOAD_PREVIEW_SIDE * UPLOAD_PREVIEW_SIDE * sizeof(float));
+        upload_result_free(&dec);
+    }
     upload_result_free(&res);
     if (upload_rmtree(dest) || lstat(dest, &sb) == 0) fuzz_fail("archive", "the folder stays");
     return 0;

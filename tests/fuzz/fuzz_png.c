@@ -1,8 +1,10 @@
 /* fuzz_png.c - PNG decoding (image_load_png through libpng, with its size limits) on arbitrary
- * bytes, then what the folder loader does next: channel conversion and resize to a small square.
- * Invariants: a decoded image has 1..4 channels, sides and float planes within the documented
- * limits (IMAGE_MAX_SIDE, IMAGE_MAX_DECODED_BYTES), and
- * every value is in [0, 1]; a failure leaves the image empty and says why. */
+ * bytes, then what the folder loader does next: channel conversion and resize to a small square;
+ * and the header check an upload runs first (image_png_probe). Invariants: a decoded image has
+ * 1..4 channels, sides and float planes within the documented limits (IMAGE_MAX_SIDE,
+ * IMAGE_MAX_DECODED_BYTES), and every value is in [0, 1]; a failure leaves the image empty and
+ * says why; the probe never refuses a file the decoder decodes, and gives its width and height
+ * (its channels at most the decoded ones: a tRNS chunk adds alpha). */
 #include "fuzz.h"
 #include "image.h"
 
@@ -35,6 +37,12 @@ int fuzz_png(const uint8_t *data, size_t size)
     uint8_t *copy;
     const uint8_t *bytes = png_fix_crcs(data, size, &copy);
     const char *path = fuzz_bytes_path(0, bytes, size);
+    int pw, ph, pc;
+    char perr[300];
+    perr[0] = '\0';
+    enum image_status prc = image_png_probe(bytes, size < IMAGE_PNG_HEAD_BYTES ? size : IMAGE_PNG_HEAD_BYTES,
+                                            (unsigned long long)size, &pw, &ph, &pc, perr, sizeof perr);
+    if (prc != IMAGE_OK && !perr[0]) fuzz_fail("png", "probe refusal without a message");
     free(copy);
     struct image img;
     char err[512];
@@ -46,6 +54,11 @@ int fuzz_png(const uint8_t *data, size_t size)
         if (!err[0]) fuzz_fail("png", "failed decode (%d) without a message", (int)rc);
         return 0;
     }
+    if (prc != IMAGE_OK)
+        fuzz_fail("png", "the probe refused a PNG the decoder decodes: %s", perr);
+    if (pw != img.w || ph != img.h || pc < 1 || pc > img.c)
+        fuzz_fail("png", "the probe says %dx%dx%d, the decoder %dx%dx%d", pc, ph, pw, img.c, img.h,
+                  img.w);
     if (img.c < 1 || img.c > 4 || img.h < 1 || img.w < 1 || img.h > IMAGE_MAX_SIDE ||
         img.w > IMAGE_MAX_SIDE || !img.data ||
         (unsigned long long)img.c * img.h * img.w * sizeof(float) > IMAGE_MAX_DECODED_BYTES)

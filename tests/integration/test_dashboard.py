@@ -478,7 +478,8 @@ def datasets_checks(d, s, base, tmp):
         "const i = document.getElementById('lightbox-img'); return document.getElementById('lightbox').open && i.naturalWidth > 0"))
     d.find_element("id", "lightbox-close").click()
     full_shot(d, "datasets")
-    d.find_element("css selector", row + " a[data-train]").click()
+    # the upload is validating until the server has decoded it; the page lists it again then
+    wait(d, "the upload ready to train on", lambda: d.find_element("css selector", row + " a[data-train]")).click()
     wait(d, "the job form on the upload", lambda: d.find_elements("css selector", "#view[data-ready]") and
          d.find_element("id", "f-data-dataset").get_attribute("value") == did and editor_json(d)["data"]["dataset"] == did)
     d.get(base + "#/datasets")

@@ -9,6 +9,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 
 from serverlib import Server, check, need_fmnist, tiny
 from test_upload import png, tar
@@ -22,7 +23,13 @@ def main(exe):
     s = Server(exe, data=data, args=["--webhook-allow", "127.0.0.1"]).start()
     r = s.request("POST", "/datasets", body=tar([("a.png", png(8, 8)), ("b/c.png", png(8, 8))]),
                   headers={"Content-Type": "application/x-tar"})
-    check(r.status == 201, "POST /datasets: %d %s" % (r.status, r.body[:200]))
+    check(r.status == 202, "POST /datasets: %d %s" % (r.status, r.body[:200]))
+    did = r.json()["id"]
+    for _ in range(600):  # its images decoded (and its preview written) on the upload worker
+        if s.get_json("/datasets/" + did)["state"] != "validating":
+            break
+        time.sleep(0.05)
+    check(s.get_json("/datasets/" + did)["state"] == "ready", "the upload is not ready")
     # a webhook to a closed port: its URL is stored, its delivery fails, nothing waits for it
     spec = tiny(steps=2, checkpoint_every=1, sample_every=2, samples=1)
     r = s.request("POST", "/train", dict(spec, webhook={"url": "http://127.0.0.1:9/secret-token",

@@ -303,6 +303,10 @@ def main(exe):
     archive = tar([("a.png", png(8, 8)), ("b.png", png(8, 8, value=40))])
     r = ex("datasets: upload", "POST", "/datasets", archive, {"Content-Type": "application/x-tar"})
     did = js(r)["id"]
+    for _ in range(600):  # answered validating; ready once the upload worker decoded it
+        if s.get_json("/datasets/" + did, token=ALICE)["state"] != "validating":
+            break
+        time.sleep(0.05)
     ex("dataset", "GET", "/datasets/" + did)
     ex("dataset: bob", "GET", "/datasets/" + did, token=BOB)
     ex("dataset: preview", "GET", "/datasets/%s/preview.png" % did)

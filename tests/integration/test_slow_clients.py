@@ -3,16 +3,16 @@ loopback sockets: a client that trickles its request head is closed at the head 
 a keep-alive connection's next request); 1,100 trickling connections from 11 addresses (more than
 --max-conns) never keep /healthz or an authenticated GET from answering within a second; one
 address gets at most --max-conns-per-ip connections; a head sent in time to a connection whose
-HTTP thread is busy (decoding an upload) is answered when the thread is free, not dropped. About
-30 s.
+HTTP thread is busy (an upload's unpacking, held by DDPMD_TEST_HOLD_UPLOAD_FILE past the head
+deadline) is answered when the thread is free, not dropped. About 30 s.
 """
 import io
 import os
 import resource
 import select
 import socket
-import struct
 import subprocess
+import struct
 import sys
 import tarfile
 import tempfile
@@ -209,38 +209,34 @@ def phase_per_ip(s):
           % (closed, len(socks), PER_IP), flush=True)
 
 
-def blank_png(w, h):
-    raw = zlib.compress(b"\x00" * ((w + 1) * h), 9)
-
-    def chunk(t, d):
-        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", raw) + chunk(b"IEND", b""))
-
-
 def phase_busy_thread(exe):
-    """one HTTP thread, busy decoding an upload (three blank 8192x8192 PNGs, seconds of work):
-    a connection it accepted before sends its whole head meanwhile; the head sits unread in the
-    socket, so the guard must not take it for a slow client (it peeks)"""
+    """the only HTTP thread busy with an upload whose unpacking (on the request's thread) the
+    test-only DDPMD_TEST_HOLD_UPLOAD_FILE holds for twice the head deadline: a connection it
+    accepted before sends its whole head meanwhile; the head sits unread in the socket, so the
+    guard must not take it for a slow client (it peeks). (Decoding and planning no longer run
+    on HTTP threads, so nothing else holds one for seconds.)"""
     d = tempfile.mkdtemp(prefix="ddpmd-it-")
-    s = Server(exe, data=d, args=["--http-threads", "1", "--header-timeout", "1"])
+    release = os.path.join(d, "release-uploads")
+    s = Server(exe, data=d, args=["--http-threads", "1", "--header-timeout", "1"],
+               env={"DDPMD_TEST_HOLD_UPLOAD_FILE": release})
     s.own_data = True
     s.start()
-    tar = os.path.join(d, "big.tar")
-    png = blank_png(8192, 8192)
+    tar = os.path.join(d, "one.tar")
     with tarfile.open(tar, "w") as t:
-        for i in range(3):
-            ti = tarfile.TarInfo("img%d.png" % i)
-            ti.size = len(png)
-            t.addfile(ti, io.BytesIO(png))
+        png = png_1x1()
+        ti = tarfile.TarInfo("a.png")
+        ti.size = len(png)
+        t.addfile(ti, io.BytesIO(png))
     c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
     time.sleep(0.2)  # accepted by the idle thread, the clock started
     up = subprocess.Popen(["curl", "-s", "-o", os.devnull, "-w", "%{http_code}", "-X", "POST",
                            "--data-binary", "@" + tar, "-H", "Content-Type: application/x-tar",
                            "http://127.0.0.1:%d/datasets" % s.port], stdout=subprocess.PIPE)
-    time.sleep(0.3)  # the thread reads and decodes the upload now
+    time.sleep(0.3)  # the thread holds the upload now
     t0 = time.monotonic()
     c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    time.sleep(2.0)  # twice the head deadline with the thread busy
+    open(release, "w").close()
     data = b""
     try:
         while True:
@@ -252,12 +248,19 @@ def phase_busy_thread(exe):
         pass
     took = time.monotonic() - t0
     out = up.communicate(timeout=120)[0].decode()
-    check(out == "201", "the upload: %s" % out)
+    check(out == "202", "the held upload: %s" % out)
     check(data.startswith(b"HTTP/1.1 200"), "a head sent in time to a busy thread was dropped "
           "after %.2f s (got %r)" % (took, data[:40]))
     print("busy thread: a head sent in time answered after %.2f s (deadline 1 s)" % took,
           flush=True)
     check(s.stop() == 0, "the busy server's exit status")
+
+
+def png_1x1():
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
 
 
 def main(exe):
