@@ -127,6 +127,18 @@ def browser():
         sys.exit(77)
 
 
+def click_enabled(d, what, by, sel):
+    """Clicks the element once it is enabled. A running job's page redraws as its events come
+    (the element found may be stale by the click): found again until a click lands."""
+    def go():
+        e = d.find_element(by, sel)
+        if e.get_attribute("disabled") is not None:
+            return False
+        e.click()
+        return True
+    wait(d, what, go)
+
+
 def wait(d, what, fn, timeout=90):
     deadline = time.time() + timeout
     last = None
@@ -636,8 +648,7 @@ def main(exe):
         check(abs(width - want) <= 2, "the job's segment is %.1f px, its share of the budget %.1f px" % (width, want))
         shot(d, "devices-running")
         d.get(base + "#/job/" + jid2)
-        wait(d, "the cancel button", lambda: d.find_element("id", "cancel").get_attribute("disabled") is None)
-        d.find_element("id", "cancel").click()
+        click_enabled(d, "the cancel button", "id", "cancel")
         wait(d, "the job canceled", lambda: d.find_element("css selector", "h2 .state").text == "canceled")
         wait(d, "the job page final", lambda: d.find_elements("css selector", "#view[data-settled]"))
         j2 = s.get_json("/jobs/" + jid2)

@@ -150,7 +150,7 @@ def phase_held(exe):
     check(len(out) == 2 and out == [None, None], "held %d requests (--plan-workers 1, "
           "--plan-queue 1): %s" % (len(out), out))
     t0 = time.monotonic()
-    check(s.get_json("/healthz") == {"status": "ok"}, "healthz")
+    check(s.get_json("/healthz").get("status") == "ok", "healthz")
     hz = time.monotonic() - t0
     check(hz < LATENCY_MAX, "/healthz took %.2f s while the planning is held" % hz)
     open(release, "w").close()
