@@ -185,6 +185,25 @@ struct backend {
 #include "ops.def"
 };
 
+/* every entry as a number, ggml-style: BK_OP_<fn> for struct backend's, BK_OP_TYPED_<fn> for
+ * struct bk_typed's */
+enum bk_op {
+#define BK_OP(ret, fn, args) BK_OP_##fn,
+#define BK_TYPED_OP(ret, fn, args) BK_OP_TYPED_##fn,
+#include "ops.def"
+    BK_OP_COUNT
+};
+
+/* whether bk has entry op for operands of dtype (enum bk_dtype), as the engine asks before it
+ * plans or calls one: the entry is filled (a typed one: bk->typed too), and for a 16-bit dtype
+ * the entry is a typed kernel half_kernels(dtype) names (conv2d_*, linear_*, attn_* and their
+ * *_ws_bytes; the bk_typed ones under BK_HALF_NORM or BK_HALF_ELTWISE; dropout_step_*) or
+ * convert. Every other entry takes fp32 only (ask with BK_DTYPE_F32: context, memory and
+ * step entries have no dtype). bk NULL or op out of range: 0. */
+int backend_supports(const struct backend *bk, enum bk_op op, int dtype);
+/* the entry's name as ops.def spells it ("conv2d_fwd", "typed.silu_fwd"); "?" out of range */
+const char *backend_op_name(enum bk_op op);
+
 /* the CPU backend, always present */
 const struct backend *backend_cpu(void);
 
