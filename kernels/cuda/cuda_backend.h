@@ -270,8 +270,8 @@ static inline int cu_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * devices, parity, budget, offload's copies, half_kernels), conv.cu, linear.cu, norm.cu (the fp32
  * and typed norms), eltwise.cu (element-wise, layout, resampling and dropout over NHWC images,
  * typed: the fp32 entries are the typed ones on fp32; the time embedding; dropout_step_*),
- * attention.cu, convert.cu, loss.cu (losses, Philox fills, the optimizer, the step on the
- * device), graph.cu. ---- */
+ * attention.cu, convert.cu, loss.cu (losses, Philox fills, mse_step_bwd, loss_step_add),
+ * optim.cu (sumsq, AdamW, EMA, step_set, optim_step, scaler_set, step_read), graph.cu. ---- */
 extern "C" {
 #define BK_OP(ret, fn, args) ret cu_##fn args;
 #define BK_TYPED_OP(ret, fn, args) ret cu_t_##fn args;
@@ -325,7 +325,46 @@ int cu_attn_unwarmed(int device, int parity, struct cu_attn_shape *shapes, int m
 /* the step on the device (backend.h's step_* entries): its scalars live in the job slot's
  * scratch, from CU_STEP_OFF doubles on */
 #define CU_STEP_OFF 1024
+#define CU_STEP_LOG 256 /* optimizer steps the log keeps */
+
+/* the context's step scalars (CU_STEP_OFF doubles into the slot's scratch): optim.cu's, and
+ * loss.cu's loss weight, loss scale and step loss */
+struct cu_step {
+    struct bk_step in;            /* step_set's */
+    struct bk_scaler scaler;      /* the loss scale (scaler_set's, then the device's) */
+    double loss;                  /* the step's loss so far (loss_step_add) */
+    /* the optimizer step's decisions, for the AdamW kernel */
+    float gscale, decay, step_size, c2;
+    int skip;
+    struct bk_step_rec last;      /* the last optimizer step */
+    unsigned long long nrec;      /* optimizer steps logged since the reset */
+    struct bk_step_rec log[CU_STEP_LOG]; /* step k at log[k % CU_STEP_LOG] */
+};
+
+static_assert(CU_STEP_OFF * sizeof(double) + sizeof(struct cu_step) <=
+                  (CU_SCRATCH_DOUBLES - 1) * sizeof(double),
+              "the step scalars fit the slot's scratch (its last double is cu_sumsq's)");
+static_assert(CU_STEP_OFF >= CU_REDUCE_CHUNKS, "the step scalars lie past the partial sums");
+
+static inline struct cu_step *cu_step_of(bk_ctx *ctx)
+{
+    return (struct cu_step *)(ctx->scratch + CU_STEP_OFF);
+}
+
 /* the device's copy of step_set's values (for kernels that read them when they run) */
 const struct bk_step *cu_step_in(bk_ctx *ctx);
+
+/* loss.cu's two-stage reductions (mse_fwd; optim.cu's sumsq and optim_step) */
+#define CU_RED_CHUNK_MIN 16384
+/* chunk count of a reduction over count elements: a function of count alone */
+static inline int cu_red_chunks(size_t count)
+{
+    size_t nch = (count + CU_RED_CHUNK_MIN - 1) / CU_RED_CHUNK_MIN;
+    if (nch > CU_REDUCE_CHUNKS) nch = CU_REDUCE_CHUNKS;
+    return nch ? (int)nch : 1;
+}
+/* the context's scratch[ch] = sum over chunk ch of nch (cu_red_chunks(count)) of (a - b)^2
+ * (b NULL: a^2), in double; enqueued on its stream */
+int cu_sq_partials(const float *a, const float *b, size_t count, int nch, bk_ctx *ctx);
 
 #endif
