@@ -366,15 +366,169 @@ static void init_error_nomem(const struct exec_opts *opts)
              "out of host memory for the executor");
 }
 
+/* an entry of the backend's table and the dtype an op takes it on */
+struct exec_need {
+    enum bk_op op;
+    int dtype;
+};
+
+/* The entries run op k of e needs, on their dtypes, into need (at most 4): run_op's dispatch
+ * (keep the two together) and plan.c's workspace queries; their count. The step on the device
+ * (dev_capable) and optional fast paths are asked where they are chosen. */
+static int op_needs(const struct exec *e, int k, struct exec_need *need)
+{
+    const struct backend *bk = e->bk;
+    const struct op *o = plan_op(e->p, e->g, k);
+    const int kd = e->p->op_dtype[k], f32 = BK_DTYPE_F32;
+    const int tk = bk->typed != NULL, gu = e->p->fuse_guest ? e->p->fuse_guest[k] : -1;
+    int n = 0;
+#define NEED(entry, dt) (need[n].op = (entry), need[n++].dtype = (dt))
+/* a memory-bound kernel: the typed entry on kd where the backend has typed ones, else fp32's */
+#define MEM(fn) (tk ? NEED(BK_OP_TYPED_##fn, kd) : NEED(BK_OP_##fn, f32))
+    if (e->p->fuse_host && e->p->fuse_host[k] >= 0) return 0; /* a guest: its host runs it */
+    if (gu >= 0 || (tk && (o->type == OP_GROUPNORM || o->type == OP_GROUPNORM_BWD))) {
+        NEED(BK_OP_TYPED_groupnorm_ws_bytes, kd);
+        if (o->type == OP_GROUPNORM_BWD || o->type == OP_ADD_BCAST_BWD) {
+            NEED(BK_OP_TYPED_groupnorm_bwd, kd);
+            NEED(BK_OP_TYPED_copy_grad, kd);
+        } else {
+            NEED(BK_OP_TYPED_groupnorm_fwd, kd);
+        }
+        return n;
+    }
+    switch (o->type) {
+    case OP_CONV2D:
+        NEED(BK_OP_conv2d_ws_bytes, kd);
+        NEED(BK_OP_conv2d_fwd, kd);
+        break;
+    case OP_CONV2D_BWD_DATA:
+        NEED(BK_OP_conv2d_ws_bytes, kd);
+        NEED(BK_OP_conv2d_bwd_data, kd);
+        break;
+    case OP_CONV2D_BWD_FILTER:
+        NEED(BK_OP_conv2d_ws_bytes, kd);
+        NEED(BK_OP_conv2d_bwd_filter, kd);
+        break;
+    case OP_LINEAR: NEED(BK_OP_linear_fwd, kd); break;
+    case OP_LINEAR_BWD: NEED(BK_OP_linear_bwd, kd); break;
+    case OP_GROUPNORM:
+        if (o->a.gn.silu && backend_supports(bk, BK_OP_groupnorm_silu_fwd, f32)) {
+            NEED(BK_OP_groupnorm_silu_fwd, f32);
+            break;
+        }
+        NEED(BK_OP_groupnorm_fwd, f32);
+        if (o->a.gn.silu) NEED(BK_OP_silu_fwd, f32);
+        break;
+    case OP_GROUPNORM_BWD:
+        if (backend_supports(bk, BK_OP_groupnorm_bwd_ws, f32)) {
+            NEED(BK_OP_groupnorm_bwd_ws, f32);
+            NEED(BK_OP_groupnorm_bwd_ws_bytes, f32);
+            break;
+        }
+        NEED(BK_OP_groupnorm_bwd, f32);
+        if (o->a.gn.silu) {
+            NEED(BK_OP_groupnorm_fwd, f32);
+            NEED(BK_OP_silu_bwd, f32);
+        }
+        break;
+    case OP_LAYERNORM: MEM(layernorm_fwd); break;
+    case OP_LAYERNORM_BWD: MEM(layernorm_bwd); break;
+    case OP_SILU: MEM(silu_fwd); break;
+    case OP_SILU_BWD: MEM(silu_bwd); break;
+    case OP_GELU: MEM(gelu_fwd); break;
+    case OP_GELU_BWD: MEM(gelu_bwd); break;
+    case OP_ADD: MEM(add_fwd); break;
+    case OP_ADD_BWD: MEM(copy_grad); break;
+    case OP_ADD_BCAST: MEM(add_bcast_fwd); break;
+    case OP_ADD_BCAST_BWD:
+        MEM(add_bcast_bwd);
+        MEM(copy_grad);
+        break;
+    case OP_CONCAT: MEM(concat_fwd); break;
+    case OP_CONCAT_BWD: MEM(concat_bwd); break;
+    case OP_TO_TOKENS:
+    case OP_TO_IMAGE:
+        if (bk->nhwc) MEM(copy_grad);
+        else MEM(transpose_fwd);
+        break;
+    case OP_RESHAPE:
+    case OP_RESHAPE_BWD:
+        MEM(copy_grad);
+        if (bk->nhwc) MEM(transpose_fwd);
+        break;
+    case OP_UPSAMPLE_NEAREST: MEM(upsample_nearest2x_fwd); break;
+    case OP_UPSAMPLE_NEAREST_BWD: MEM(upsample_nearest2x_bwd); break;
+    case OP_UPSAMPLE_BILINEAR: MEM(upsample_bilinear2x_fwd); break;
+    case OP_UPSAMPLE_BILINEAR_BWD: MEM(upsample_bilinear2x_bwd); break;
+    case OP_MAXPOOL: MEM(maxpool2x2_fwd); break;
+    case OP_MAXPOOL_BWD: MEM(maxpool2x2_bwd); break;
+    case OP_TIMESTEP_EMBED: NEED(BK_OP_timestep_embed_fwd, f32); break;
+    case OP_ATTENTION:
+        NEED(BK_OP_attn_ws_bytes, kd);
+        NEED(o->a.at.tiled ? BK_OP_attn_fwd : BK_OP_attn_plain_fwd, kd);
+        break;
+    case OP_ATTENTION_BWD:
+        NEED(BK_OP_attn_ws_bytes, kd);
+        NEED(o->a.at.tiled ? BK_OP_attn_bwd : BK_OP_attn_plain_bwd, kd);
+        break;
+    case OP_MSE: NEED(BK_OP_mse_fwd, f32); break;
+    case OP_MSE_BWD: NEED(BK_OP_mse_bwd, f32); break;
+    case OP_XENT: NEED(BK_OP_xent_fwd, f32); break;
+    case OP_XENT_BWD: NEED(BK_OP_xent_bwd, f32); break;
+    case OP_DROPOUT:
+        MEM(dropout_fwd);
+        MEM(copy_grad); /* evaluation */
+        break;
+    case OP_DROPOUT_BWD: MEM(dropout_bwd); break;
+    default: break;
+    }
+#undef MEM
+#undef NEED
+    return n;
+}
+
+/* EXEC_OK, or EXEC_ERR_ARG naming the first entry of e's backend that e's plan needs and the
+ * backend lacks (NULL, or not on that dtype: backend_supports), and the op needing it */
+static int exec_check_backend(struct exec *e)
+{
+    const struct backend *bk = e->bk;
+    static const enum bk_op every[] = {BK_OP_ctx_init, BK_OP_ctx_free,     BK_OP_mem_alloc,
+                                       BK_OP_mem_free, BK_OP_mem_upload,   BK_OP_mem_download,
+                                       BK_OP_mem_set_f32, BK_OP_sync,      BK_OP_scale_fwd};
+    static const enum bk_op training[] = {BK_OP_sumsq, BK_OP_adamw_step, BK_OP_ema_update};
+    static const char *const dname[] = {"f32", "f16", "bf16"};
+    for (size_t i = 0; i < sizeof every / sizeof *every; i++)
+        if (!backend_supports(bk, every[i], BK_DTYPE_F32))
+            return exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no %s", bk->name,
+                             backend_op_name(every[i]));
+    for (size_t i = 0; !e->p->inference && !e->p->nested && i < sizeof training / sizeof *training;
+         i++)
+        if (!backend_supports(bk, training[i], BK_DTYPE_F32))
+            return exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no %s for training",
+                             bk->name, backend_op_name(training[i]));
+    struct exec_need need[4];
+    for (int k = 0; k < e->p->n_run_ops; k++) {
+        const int n = op_needs(e, k, need);
+        for (int i = 0; i < n; i++)
+            if (!backend_supports(bk, need[i].op, need[i].dtype))
+                return exec_fail(e, EXEC_ERR_ARG, 0, k, "the %s backend has no %s on %s, which "
+                                 "op %d (%s) needs", bk->name, backend_op_name(need[i].op),
+                                 dname[need[i].dtype], k, op_name(plan_op(e->p, e->g, k)->type));
+    }
+    return EXEC_OK;
+}
+
 /* whether e takes the step on the device: the backend has it, e trains without offload (its own
  * or its host's: the optimizer then runs on the host) and its loss is an fp32 MSE (the device's
  * loss scale reaches mse_step_bwd only) */
 static int dev_capable(const struct exec *e)
 {
-    const struct backend *bk = e->bk;
-    if (!bk->step_set || !bk->dropout_step_fwd || !bk->dropout_step_bwd || !bk->mse_step_bwd ||
-        !bk->loss_step_add || !bk->optim_step || !bk->scaler_set || !bk->step_read)
-        return 0;
+    static const enum bk_op step_ops[] = {
+        BK_OP_step_set,      BK_OP_dropout_step_fwd, BK_OP_dropout_step_bwd, BK_OP_mse_step_bwd,
+        BK_OP_loss_step_add, BK_OP_optim_step,       BK_OP_scaler_set,       BK_OP_step_read,
+    };
+    for (size_t i = 0; i < sizeof step_ops / sizeof *step_ops; i++)
+        if (!backend_supports(e->bk, step_ops[i], BK_DTYPE_F32)) return 0;
     if (e->p->inference || e->p->offload || (e->host && e->host->p->offload)) return 0;
     for (int k = 0; k < e->g->n_ops; k++)
         if (e->g->ops[k].type == OP_XENT) return 0;
@@ -418,7 +572,8 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "a bound-only plan places no arena");
         return exec_init_failed(e, opts, rc);
     }
-    if ((p->n_cvt || p->work_bytes) && !bk->convert) {
+    if ((rc = exec_check_backend(e))) return exec_init_failed(e, opts, rc);
+    if ((p->n_cvt || p->work_bytes) && !backend_supports(bk, BK_OP_convert, BK_DTYPE_F32)) {
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no 16-bit conversions: plan "
                        "it in f32", bk->name);
         return exec_init_failed(e, opts, rc);
@@ -427,7 +582,8 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
         rc = bk_fail(e, rc, -1, "creating the backend context");
         return exec_init_failed(e, opts, rc);
     }
-    if (e->opts.budget && (!bk->ctx_set_budget || bk->ctx_set_budget(e->ctx, e->opts.budget))) {
+    if (e->opts.budget && (!backend_supports(bk, BK_OP_ctx_set_budget, BK_DTYPE_F32) ||
+                           bk->ctx_set_budget(e->ctx, e->opts.budget))) {
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend cannot enforce a budget",
                        bk->name);
         return exec_init_failed(e, opts, rc);
@@ -448,7 +604,7 @@ int exec_init(struct exec **out, const struct graph *g, const struct plan *p,
     if (p->offload) {
         /* the host block, page-locked where the backend can (its copies then overlap the
          * backward): zeroed like the persistent part (parameter padding stays zero) */
-        if (bk->host_alloc) {
+        if (backend_supports(bk, BK_OP_host_alloc, BK_DTYPE_F32)) {
             if ((rc = bk->host_alloc((void **)&e->hbase, p->host_bytes + 1, e->ctx))) {
                 e->hbase = NULL;
                 rc = bk_fail(e, rc, -1, "locking the offloaded state's host memory");
@@ -497,7 +653,9 @@ int exec_init_nested(struct exec **out, const struct graph *g, const struct plan
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "not a nested plan over a job's own executor");
         return exec_init_failed(e, opts, rc);
     }
-    if ((sub->n_cvt || sub->work_bytes) && !host->bk->convert) {
+    if ((rc = exec_check_backend(e))) return exec_init_failed(e, opts, rc);
+    if ((sub->n_cvt || sub->work_bytes) &&
+        !backend_supports(host->bk, BK_OP_convert, BK_DTYPE_F32)) {
         rc = exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no 16-bit conversions",
                        host->bk->name);
         return exec_init_failed(e, opts, rc);
@@ -887,7 +1045,7 @@ static int transpose(struct exec *e, void *y, const void *x, int accum, int n, i
 static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
 {
     const struct backend *bk = e->bk;
-    if (bk->groupnorm_silu_fwd)
+    if (backend_supports(bk, BK_OP_groupnorm_silu_fwd, BK_DTYPE_F32))
         return bk->groupnorm_silu_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
                                       o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
     size_t count = (size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw;
@@ -905,7 +1063,7 @@ static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
     const struct backend *bk = e->bk;
     const int n = o->a.gn.n, ch = o->a.gn.c, hw = o->a.gn.hw, gr = o->a.gn.groups;
     const int silu = o->a.gn.silu;
-    if (bk->groupnorm_bwd_ws)
+    if (backend_supports(bk, BK_OP_groupnorm_bwd_ws, BK_DTYPE_F32))
         return bk->groupnorm_bwd_ws(Q(0), Q(1), Q(2), P(0), P(1), P(2), silu ? P(5) : NULL, P(3),
                                     P(4), o->accum[0], n, ch, hw, gr, silu, ws, e->ctx);
     if (!silu)
@@ -1167,7 +1325,7 @@ static int run_op_typed(struct exec *e, int k, float dloss_scale, uint64_t seed,
  * every run binds its own. Without it they would run with none (or allocate their own). */
 static int bind_workspace(struct exec *e)
 {
-    if (!e->bk->ctx_set_workspace) return EXEC_OK;
+    if (!backend_supports(e->bk, BK_OP_ctx_set_workspace, BK_DTYPE_F32)) return EXEC_OK;
     const struct plan *p = e->p;
     int rc = e->bk->ctx_set_workspace(e->ctx, p->ws_bytes ? e->base + p->ws_off : NULL,
                                       p->ws_bytes);
@@ -1187,7 +1345,8 @@ static int grads_out(struct exec *e, int k)
         unsigned char *dst = o->hbase + op->host_grads_off + rel;
         const void *src = e->base + e->p->offset[t];
         const size_t bytes = tensor_bytes(e->g->tensors[t]);
-        int rc = e->bk->mem_download_async && o->hbase_locked
+        int rc = o->hbase_locked &&
+                         backend_supports(e->bk, BK_OP_mem_download_async, BK_DTYPE_F32)
                      ? e->bk->mem_download_async(dst, src, bytes, e->ctx)
                      : e->bk->mem_download(dst, src, bytes, e->ctx);
         if (rc) return bk_fail(e, rc, k, "copying a gradient to the host");
@@ -1199,7 +1358,7 @@ static int grads_out(struct exec *e, int k)
  * follows, on the device (a backend without a copy stream has nothing to order) */
 static int copies_fence(struct exec *e)
 {
-    if (!e->bk->copy_fence) return EXEC_OK;
+    if (!backend_supports(e->bk, BK_OP_copy_fence, BK_DTYPE_F32)) return EXEC_OK;
     return bk_check(e, e->bk->copy_fence(e->ctx), "ordering the offload copies");
 }
 
@@ -1257,7 +1416,8 @@ static int run_graphed(struct exec *e, int kind, exec_body body, void *arg)
 {
     const struct backend *bk = e->bk;
     struct exec_graph *gr = &e->gr[kind];
-    if (!bk->graph_begin || e->opts.eager || e->opts.check_guards || e->opts.profile || gr->off)
+    if (!backend_supports(bk, BK_OP_graph_begin, BK_DTYPE_F32) || e->opts.eager ||
+        e->opts.check_guards || e->opts.profile || gr->off)
         return body(e, arg);
     int rc;
     if (!gr->g) {
@@ -1608,7 +1768,7 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         .bias_c1 = (float)(1.0 - pow((double)c->beta1, (double)t)),
         .bias_c2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t)),
     };
-    if (c->ema_decay > 0.0f && bk->adamw_ema_step) {
+    if (c->ema_decay > 0.0f && backend_supports(bk, BK_OP_adamw_ema_step, BK_DTYPE_F32)) {
         if ((rc = bk->adamw_ema_step(w, m, v, ema, g, gscale, &h, c->ema_decay, words, ctx)))
             return bk_fail(e, rc, -1, "the AdamW + EMA step");
     } else {
@@ -1620,7 +1780,7 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     if (p->offload) {
         /* on the copy stream; the next step's compute waits for it on the device */
         void *dw = e->base + p->params_off;
-        rc = e->bk->mem_upload_async && e->hbase_locked
+        rc = e->hbase_locked && backend_supports(e->bk, BK_OP_mem_upload_async, BK_DTYPE_F32)
                  ? e->bk->mem_upload_async(dw, w, p->params_bytes, e->ctx)
                  : e->bk->mem_upload(dw, w, p->params_bytes, e->ctx);
         if (rc) return bk_fail(e, rc, -1, "copying the weights back to the device");

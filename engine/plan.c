@@ -57,14 +57,18 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtyp
     case OP_ATTENTION_BWD: {
         struct bk_attn s = o->a.at.s;
         s.dtype = dtype;
-        return bk->attn_ws_bytes(&s, o->a.at.tiled);
+        /* a backend without the entry: exec_init refuses the plan */
+        return backend_supports(bk, BK_OP_attn_ws_bytes, BK_DTYPE_F32)
+                   ? bk->attn_ws_bytes(&s, o->a.at.tiled)
+                   : 0;
     }
     case OP_LINEAR:
     case OP_LINEAR_BWD:
-        return bk->linear_ws_bytes ? bk->linear_ws_bytes(o->a.lin.m, o->a.lin.k, o->a.lin.n, dtype)
-                                   : 0;
+        return backend_supports(bk, BK_OP_linear_ws_bytes, BK_DTYPE_F32)
+                   ? bk->linear_ws_bytes(o->a.lin.m, o->a.lin.k, o->a.lin.n, dtype)
+                   : 0;
     case OP_GROUPNORM: /* the typed kernels' (a fused host may run it: plan_fusions) */
-        if (bk->typed) {
+        if (backend_supports(bk, BK_OP_TYPED_groupnorm_ws_bytes, BK_DTYPE_F32)) {
             struct bk_groupnorm s = {o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
                                      o->a.gn.eps, o->a.gn.silu, dtype};
             return bk->typed->groupnorm_ws_bytes(&s, 0);
@@ -72,12 +76,12 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtyp
         return 0;
     case OP_GROUPNORM_BWD: /* the typed kernels', the backend's, or for silu: the normalised x
                             * and statistics (the layout exec.c's groupnorm_bwd uses) */
-        if (bk->typed) {
+        if (backend_supports(bk, BK_OP_TYPED_groupnorm_ws_bytes, BK_DTYPE_F32)) {
             struct bk_groupnorm s = {o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
                                      o->a.gn.eps, o->a.gn.silu, dtype};
             return bk->typed->groupnorm_ws_bytes(&s, 1);
         }
-        if (bk->groupnorm_bwd_ws_bytes)
+        if (backend_supports(bk, BK_OP_groupnorm_bwd_ws_bytes, BK_DTYPE_F32))
             return bk->groupnorm_bwd_ws_bytes(o->a.gn.n, o->a.gn.c, o->a.gn.hw, o->a.gn.groups,
                                               o->a.gn.silu);
         if (!o->a.gn.silu) return 0;
@@ -109,6 +113,7 @@ void plan_ws_cache_free(struct plan_ws_cache *c) { free(c); }
 static size_t conv_ws_bytes(const struct bk_conv2d *s, const struct backend *bk,
                             struct plan_ws_cache *c)
 {
+    if (!backend_supports(bk, BK_OP_conv2d_ws_bytes, BK_DTYPE_F32)) return 0; /* exec_init says */
     if (!c || (c->bk && c->bk != bk)) return bk->conv2d_ws_bytes(s);
     uint32_t h = 2166136261u; /* FNV-1a over the shape's ints */
     const unsigned char *b = (const unsigned char *)s;
@@ -451,7 +456,7 @@ static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const 
                          const int *readers, int no_fuse, unsigned char *virt)
 {
     for (int k = 0; k < n_run; k++) p->fuse_host[k] = p->fuse_guest[k] = -1;
-    if (!bk->typed || no_fuse) return;
+    if (!backend_supports(bk, BK_OP_TYPED_groupnorm_fwd, BK_DTYPE_F32) || no_fuse) return;
     for (int k = 0; k < n_run; k++) {
         const struct op *o = &ops[k];
         if (p->fuse_host[k] >= 0 || p->fuse_guest[k] >= 0 || o->out[0] < 0) continue;
@@ -557,11 +562,21 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->last[i] = -1;
     }
 
-    /* the kernels' dtypes: the 16-bit type for a typed kernel the backend has (half_kernels;
-     * the memory-bound ones only where it has backend.typed), else fp32 */
+    /* the kernels' dtypes: the 16-bit type for a kind of typed kernel (enum bk_half) the
+     * backend runs on it (backend_supports: half_kernels; the memory-bound ones only where it
+     * has backend.typed), else fp32 */
     const int lo = graph_low_dtype(g);
-    unsigned half = lo != DTYPE_F32 && bk->half_kernels ? bk->half_kernels(lo) : 0;
-    if (!bk->typed) half &= ~(unsigned)(BK_HALF_NORM | BK_HALF_ELTWISE);
+    static const struct {
+        unsigned bit;
+        enum bk_op op;
+    } half_of[] = {
+        {BK_HALF_CONV, BK_OP_conv2d_fwd},       {BK_HALF_LINEAR, BK_OP_linear_fwd},
+        {BK_HALF_ATTN, BK_OP_attn_fwd},         {BK_HALF_ATTN_PLAIN, BK_OP_attn_plain_fwd},
+        {BK_HALF_NORM, BK_OP_TYPED_groupnorm_fwd}, {BK_HALF_ELTWISE, BK_OP_TYPED_silu_fwd},
+    };
+    unsigned half = 0;
+    for (size_t i = 0; lo != DTYPE_F32 && i < sizeof half_of / sizeof *half_of; i++)
+        if (backend_supports(bk, half_of[i].op, lo)) half |= half_of[i].bit;
     for (int k = 0; k < n_run; k++) {
         const int kd = half & graph_half_kernel(&ops[k]) ? lo : DTYPE_F32;
         p->op_dtype[k] = (unsigned char)kd;

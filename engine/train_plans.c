@@ -11,7 +11,7 @@
 const struct backend *train_shape_backend(const struct train_shape *s)
 {
     const struct backend *bk = backend_or_cpu(s->backend);
-    if (bk->set_parity) bk->set_parity(s->deterministic);
+    if (backend_supports(bk, BK_OP_set_parity, BK_DTYPE_F32)) bk->set_parity(s->deterministic);
     return bk;
 }
 

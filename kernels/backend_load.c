@@ -108,7 +108,8 @@ int backend_load(const char *device, const struct backend **out, char *err, size
     const struct backend *bk = cuda_backend;
     pthread_mutex_unlock(&load_lock);
     if (!bk) return BK_ERR_DEVICE;
-    if (!bk->device_count || !bk->device_select) {
+    if (!backend_supports(bk, BK_OP_device_count, BK_DTYPE_F32) ||
+        !backend_supports(bk, BK_OP_device_select, BK_DTYPE_F32)) {
         set_err(err, errlen, "%s%s", "the CUDA backend module is too old (no device_count)", "");
         return BK_ERR_DEVICE;
     }

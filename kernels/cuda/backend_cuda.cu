@@ -481,7 +481,7 @@ int cu_device_ready(int dev)
 
 /* ---- optional table entries: devices ---- */
 
-static int cu_device_count(char *err, size_t errlen)
+int cu_device_count(char *err, size_t errlen)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -496,7 +496,7 @@ static int cu_device_count(char *err, size_t errlen)
     return n;
 }
 
-static int cu_device_select(int device, char *err, size_t errlen)
+int cu_device_select(int device, char *err, size_t errlen)
 {
     int n = cu_device_count(err, errlen);
     if (device < 0 || device >= n || device >= CU_MAX_DEVICES) {
@@ -515,7 +515,7 @@ static int cu_device_select(int device, char *err, size_t errlen)
     return BK_OK;
 }
 
-static int cu_device_mem(int device, struct bk_device_mem *out)
+int cu_device_mem(int device, struct bk_device_mem *out)
 {
     if (!out) return BK_ERR_INVALID;
     int rc = cu_device_ready(device);
@@ -551,16 +551,16 @@ unsigned cu_device_half(int device, int dtype)
 }
 
 /* half_kernels: what the thread's selected device runs natively */
-static unsigned cu_half_kernels(int dtype) { return cu_device_half(tl_select, dtype); }
+unsigned cu_half_kernels(int dtype) { return cu_device_half(tl_select, dtype); }
 
-static int cu_device_poisoned(int device)
+int cu_device_poisoned(int device)
 {
     if (device < 0 || device >= CU_MAX_DEVICES) return 0;
     return g_dev[device].poisoned;
 }
 
 /* this thread's parity mode: for its later ctx_init and *_ws_bytes calls */
-static int cu_set_parity(int on)
+int cu_set_parity(int on)
 {
     tl_parity = on ? 1 : 0;
     return BK_OK;
@@ -639,7 +639,7 @@ void cu_ctx_free(bk_ctx *ctx)
     free(ctx);
 }
 
-static int cu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes)
+int cu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes)
 {
     CU_ENTER(ctx);
     /* cuBLAS wants 256-byte alignment; the plan's workspace is 64-byte aligned */
@@ -658,14 +658,14 @@ static int cu_ctx_set_workspace(bk_ctx *ctx, void *ws, size_t bytes)
 
 /* ---- memory ---- */
 
-static int cu_ctx_set_budget(bk_ctx *ctx, size_t bytes)
+int cu_ctx_set_budget(bk_ctx *ctx, size_t bytes)
 {
     if (!ctx) return BK_ERR_INVALID;
     ctx->budget = bytes;
     return BK_OK;
 }
 
-static size_t cu_mem_high_water(const bk_ctx *ctx) { return ctx ? ctx->high_water : 0; }
+size_t cu_mem_high_water(const bk_ctx *ctx) { return ctx ? ctx->high_water : 0; }
 
 /* the device bytes a cudaMalloc of `bytes` takes: whole 2 MiB pages */
 static size_t cu_pages(size_t bytes)
@@ -911,7 +911,7 @@ int cu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
 
 /* ---- offload: page-locked host memory and the copy stream ---- */
 
-static int cu_host_alloc(void **out, size_t bytes, bk_ctx *ctx)
+int cu_host_alloc(void **out, size_t bytes, bk_ctx *ctx)
 {
     if (!out) return BK_ERR_INVALID;
     CU_ENTER(ctx);
@@ -928,7 +928,7 @@ static int cu_host_alloc(void **out, size_t bytes, bk_ctx *ctx)
     return BK_OK;
 }
 
-static void cu_host_free(void *p, bk_ctx *ctx)
+void cu_host_free(void *p, bk_ctx *ctx)
 {
     if (!p) return;
     cudaError_t e = cudaFreeHost(p);
@@ -970,17 +970,17 @@ static int cu_copy_async(void *dst, const void *src, size_t bytes, cudaMemcpyKin
     return BK_OK;
 }
 
-static int cu_mem_download_async(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
+int cu_mem_download_async(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx)
 {
     return cu_copy_async(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx);
 }
 
-static int cu_mem_upload_async(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx)
+int cu_mem_upload_async(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx)
 {
     return cu_copy_async(dst, src_host, bytes, cudaMemcpyHostToDevice, ctx);
 }
 
-static int cu_copy_fence(bk_ctx *ctx)
+int cu_copy_fence(bk_ctx *ctx)
 {
     CU_ENTER(ctx);
     if (!ctx->copies) return BK_OK;
@@ -990,7 +990,7 @@ static int cu_copy_fence(bk_ctx *ctx)
     return BK_OK;
 }
 
-static int cu_copy_sync(bk_ctx *ctx)
+int cu_copy_sync(bk_ctx *ctx)
 {
     CU_ENTER(ctx);
     CU_CHECK(cudaStreamSynchronize(ctx->copy));

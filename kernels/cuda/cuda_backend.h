@@ -263,25 +263,21 @@ __device__ __forceinline__ float cu_silu_grad(float v)
 /* p may take 16-byte accesses (NULL: no operand, no constraint) */
 static inline int cu_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* ---- the kernels: signatures and contracts of kernels/backend.h ---- */
-/* backend_cuda.cu */
-int cu_ctx_init(bk_ctx **out, int threads);
-void cu_ctx_free(bk_ctx *ctx);
-int cu_mem_alloc(void **out, size_t bytes, bk_ctx *ctx);
-void cu_mem_free(void *p, bk_ctx *ctx);
-int cu_mem_upload(void *dst, const void *src_host, size_t bytes, bk_ctx *ctx);
-int cu_mem_download(void *dst_host, const void *src, size_t bytes, bk_ctx *ctx);
-int cu_mem_set_f32(float *dst, float value, size_t count, bk_ctx *ctx);
-int cu_sync(bk_ctx *ctx);
+/* ---- the entries: cu_<fn> and cu_t_<fn> (struct bk_typed's) for each of kernels/ops.def, with
+ * its signature and contract (C linkage: a definition whose signature drifts from its entry is a
+ * C++ overload, which leaves the entry undefined, and the modules link with -z defs: the build
+ * fails). Where they are: backend_cuda.cu (context, memory,
+ * devices, parity, budget, offload's copies, half_kernels), conv.cu, linear.cu, norm.cu (the fp32
+ * and typed norms), eltwise.cu (element-wise, layout, resampling and dropout over NHWC images,
+ * typed: the fp32 entries are the typed ones on fp32; the time embedding; dropout_step_*),
+ * attention.cu, convert.cu, loss.cu (losses, Philox fills, mse_step_bwd, loss_step_add),
+ * optim.cu (sumsq, AdamW, EMA, step_set, optim_step, scaler_set, step_read), graph.cu. ---- */
+extern "C" {
+#define BK_OP(ret, fn, args) ret cu_##fn args;
+#define BK_TYPED_OP(ret, fn, args) ret cu_t_##fn args;
+#include "ops.def"
+}
 
-/* conv.cu */
-size_t cu_conv2d_ws_bytes(const struct bk_conv2d *s);
-int cu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
-                  const struct bk_conv2d *s, bk_ctx *ctx);
-int cu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
-                       const struct bk_conv2d *s, bk_ctx *ctx);
-int cu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
-                         const struct bk_conv2d *s, bk_ctx *ctx);
 /* the conv cache's entries of a device (device reset / module unload) */
 void cu_conv_forget(int device);
 /* up to max shapes (and their workspace bytes) planned on (device, parity) whose algorithms are
@@ -289,133 +285,19 @@ void cu_conv_forget(int device);
  * (or compile) the engines' kernels. cu_mem_alloc runs them before a job's reservation */
 int cu_conv_untuned(int device, int parity, struct bk_conv2d *shapes, size_t *ws_bytes, int max);
 
-/* linear.cu */
-/* backend.h's linear_ws_bytes: 0 (cuBLAS works in the context's workspace); the shape is kept,
- * so that cu_mem_alloc can run its GEMMs once before a job's reservation (cu_linear_unwarmed) */
-size_t cu_linear_ws_bytes(int m, int k, int n, int dtype);
+/* linear.cu: cu_linear_ws_bytes is 0 (cuBLAS works in the context's workspace) and keeps the
+ * shape, so that cu_mem_alloc can run its GEMMs once before a job's reservation */
 struct cu_gemm_shape {
     int m, k, n, dtype;
 };
 /* up to max linear shapes planned on (device, parity) not yet run by cu_mem_alloc's warm-up; they
  * count as run once returned */
 int cu_linear_unwarmed(int device, int parity, struct cu_gemm_shape *shapes, int max);
-int cu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m, int k, int n,
-                  int dtype, bk_ctx *ctx);
-int cu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x,
-                  const void *w, int accum, int m, int k, int n, int dtype, bk_ctx *ctx);
 /* db (N) += column sums of dy (M,N, elements of dtype) in double (linear's bias gradient) */
 int cu_colsum_add(float *db, const void *dy, int dtype, int m, int n, bk_ctx *ctx);
 /* db (C) += sum over N and HW of dy (N,C,HW, elements of dtype), in double (conv's) */
 int cu_chansum_add(float *db, const void *dy, int dtype, int n, int c, int hw, bk_ctx *ctx);
 
-/* norm.cu: the fp32 entries, and the typed ones (backend.h struct bk_typed) */
-int cu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                     const float *beta, int n, int c, int hw, int groups, float eps,
-                     bk_ctx *ctx);
-int cu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
-                     const float *gamma, const float *mean, const float *rstd, int accum, int n,
-                     int c, int hw, int groups, bk_ctx *ctx);
-int cu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                          const float *beta, int n, int c, int hw, int groups, float eps,
-                          bk_ctx *ctx);
-int cu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
-                        const float *gamma, const float *beta, const float *mean,
-                        const float *rstd, int accum, int n, int c, int hw, int groups, int silu,
-                        void *ws, bk_ctx *ctx);
-size_t cu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu);
-int cu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                     const float *beta, int m, int d, float eps, bk_ctx *ctx);
-int cu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
-                     const float *gamma, const float *mean, const float *rstd, int accum, int m,
-                     int d, bk_ctx *ctx);
-size_t cu_t_groupnorm_ws_bytes(const struct bk_groupnorm *s, int backward);
-int cu_t_groupnorm_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
-                       const void *yb, const void *yr, const float *gamma, const float *beta,
-                       void *ws, const struct bk_groupnorm *s, bk_ctx *ctx);
-int cu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
-                       const void *x, const float *gamma, const float *beta, const float *mean,
-                       const float *rstd, int accum, int db_accum, int db_of_dx, void *ws,
-                       const struct bk_groupnorm *s, bk_ctx *ctx);
-int cu_t_layernorm_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
-                       const float *beta, int m, int d, float eps, int dtype, bk_ctx *ctx);
-int cu_t_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
-                       const float *gamma, const float *mean, const float *rstd, int accum, int m,
-                       int d, int dtype, bk_ctx *ctx);
-
-/* eltwise.cu: element-wise, layout, resampling and dropout over NHWC images, typed (the fp32
- * entries are the typed ones on fp32), and the time embedding */
-int cu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
-int cu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
-                bk_ctx *ctx);
-int cu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx);
-int cu_gelu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
-                bk_ctx *ctx);
-int cu_add_fwd(float *y, const float *a, const float *b, size_t count, bk_ctx *ctx);
-int cu_copy_grad(float *dx, const float *dy, int accum, size_t count, bk_ctx *ctx);
-int cu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int hw,
-                     bk_ctx *ctx);
-int cu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx);
-int cu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx);
-int cu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int c2, int hw,
-                  bk_ctx *ctx);
-int cu_concat_bwd(float *da, float *db, const float *dy, int accum_a, int accum_b, int n, int c1,
-                  int c2, int hw, bk_ctx *ctx);
-int cu_transpose_fwd(float *y, const float *x, int accum, int n, int c, int hw, bk_ctx *ctx);
-int cu_upsample_nearest2x_fwd(float *y, const float *x, int n, int c, int h, int w,
-                              bk_ctx *ctx);
-int cu_upsample_nearest2x_bwd(float *dx, const float *dy, int accum, int n, int c, int h, int w,
-                              bk_ctx *ctx);
-int cu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int n, int c, int h,
-                               int w, bk_ctx *ctx);
-int cu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, int accum, int n,
-                               int c, int h, int w, bk_ctx *ctx);
-int cu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_ctx *ctx);
-int cu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, int n, int c, int h,
-                      int w, bk_ctx *ctx);
-int cu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t step, uint32_t op,
-                   int sample_base, int n, size_t per_sample, int channels, bk_ctx *ctx);
-int cu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t step,
-                   uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                   int channels, bk_ctx *ctx);
-int cu_timestep_embed_fwd(float *y, const float *t, int n, int dim, int flip_sin_to_cos,
-                          float freq_shift, float max_period, bk_ctx *ctx);
-int cu_t_silu_fwd(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx);
-int cu_t_silu_bwd(void *dx, const void *dy, const void *x, int accum, size_t count, int dtype,
-                  bk_ctx *ctx);
-int cu_t_gelu_fwd(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx);
-int cu_t_gelu_bwd(void *dx, const void *dy, const void *x, int accum, size_t count, int dtype,
-                  bk_ctx *ctx);
-int cu_t_add_fwd(void *y, const void *a, const void *b, size_t count, int dtype, bk_ctx *ctx);
-int cu_t_copy_grad(void *dx, const void *dy, int accum, size_t count, int dtype, bk_ctx *ctx);
-int cu_t_scale_fwd(void *y, const void *x, float s, size_t count, int dtype, bk_ctx *ctx);
-int cu_t_add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw, int dtype,
-                       bk_ctx *ctx);
-int cu_t_add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw, int dtype,
-                       bk_ctx *ctx);
-int cu_t_concat_fwd(void *y, const void *a, const void *b, int n, int c1, int c2, int hw,
-                    int dtype, bk_ctx *ctx);
-int cu_t_concat_bwd(void *da, void *db, const void *dy, int accum_a, int accum_b, int n, int c1,
-                    int c2, int hw, int dtype, bk_ctx *ctx);
-int cu_t_transpose_fwd(void *y, const void *x, int accum, int n, int c, int hw, int dtype,
-                       bk_ctx *ctx);
-int cu_t_upsample_nearest2x_fwd(void *y, const void *x, int n, int c, int h, int w, int dtype,
-                                bk_ctx *ctx);
-int cu_t_upsample_nearest2x_bwd(void *dx, const void *dy, int accum, int n, int c, int h, int w,
-                                int dtype, bk_ctx *ctx);
-int cu_t_upsample_bilinear2x_fwd(void *y, const void *x, int align_corners, int n, int c, int h,
-                                 int w, int dtype, bk_ctx *ctx);
-int cu_t_upsample_bilinear2x_bwd(void *dx, const void *dy, int align_corners, int accum, int n,
-                                 int c, int h, int w, int dtype, bk_ctx *ctx);
-int cu_t_maxpool2x2_fwd(void *y, const void *x, int n, int c, int h, int w, int dtype,
-                        bk_ctx *ctx);
-int cu_t_maxpool2x2_bwd(void *dx, const void *dy, const void *x, int accum, int n, int c, int h,
-                        int w, int dtype, bk_ctx *ctx);
-int cu_t_dropout_fwd(void *y, const void *x, float p, uint64_t seed, uint64_t step, uint32_t op,
-                     int sample_base, int n, size_t per_sample, int channels, int dtype,
-                     bk_ctx *ctx);
-int cu_t_dropout_bwd(void *dx, const void *dy, float p, uint64_t seed, uint64_t step,
-                     uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                     int channels, int dtype, bk_ctx *ctx);
 /* conv.cu's helpers on NHWC images of dtype: a zero-padded copy and the cropped copy back; the
  * filter OIHW <-> KRSC (O,Kh,Kw,I: cuDNN's NHWC filter) */
 int cu_pad2d(void *xp, const void *x, int dtype, int n, int c, int h, int w, int pt, int pl,
@@ -428,14 +310,9 @@ int cu_filter_to_krsc(void *w_krsc, const void *w, int dtype, int o, int i, int 
 /* dw (O,I,Kh,Kw, fp32) += g (O,Kh,Kw,I, elements of dtype) */
 int cu_filter_add_krsc(float *dw, const void *g, int dtype, int o, int i, int kh, int kw,
                        bk_ctx *ctx);
-/* convert.cu */
-int cu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,
-               bk_ctx *ctx);
 
-/* attention.cu */
-/* backend.h's attn_ws_bytes; the shape is kept, so that cu_mem_alloc can run its library calls
- * once before a job's reservation (cu_attn_unwarmed) */
-size_t cu_attn_ws_bytes(const struct bk_attn *s, int tiled);
+/* attention.cu: cu_attn_ws_bytes keeps the shape, so that cu_mem_alloc can run its library
+ * calls once before a job's reservation */
 struct cu_attn_shape {
     struct bk_attn s;
     int tiled;  /* the tiled form (lse), else the plain one (p) */
@@ -444,57 +321,50 @@ struct cu_attn_shape {
 /* up to max attention shapes planned on (device, parity) not yet run by cu_mem_alloc's warm-up;
  * they count as run once returned */
 int cu_attn_unwarmed(int device, int parity, struct cu_attn_shape *shapes, int max);
-int cu_attn_fwd(void *o, float *lse, const void *q, const void *k, const void *v, void *ws,
-                const struct bk_attn *s, bk_ctx *ctx);
-int cu_attn_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                const void *v, const void *o, const float *lse, void *ws,
-                const struct bk_attn *s, bk_ctx *ctx);
-int cu_attn_plain_fwd(void *o, float *p, const void *q, const void *k, const void *v, void *ws,
-                      const struct bk_attn *s, bk_ctx *ctx);
-int cu_attn_plain_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
-                      const void *k, const void *v, const float *p, void *ws,
-                      const struct bk_attn *s, bk_ctx *ctx);
 
-/* loss.cu: losses, Philox fills, optimizer */
-int cu_mse_fwd(float *loss, const float *pred, const float *target, size_t count, bk_ctx *ctx);
-int cu_mse_bwd(float *dpred, const float *pred, const float *target, float dloss_scale,
-               int accum, size_t count, bk_ctx *ctx);
-int cu_xent_fwd(float *loss, float *prob, const float *logits, const float *target, int n, int k,
-                bk_ctx *ctx);
-int cu_xent_bwd(float *dlogits, const float *prob, const float *target, float dloss_scale,
-                int accum, int n, int k, bk_ctx *ctx);
-int cu_philox_normal_fill(float *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
-                          int sample_base, int n, size_t per_sample, bk_ctx *ctx);
-int cu_philox_u32_fill(uint32_t *y, uint64_t seed, uint32_t tag, uint64_t step, uint32_t op,
-                       int sample_base, int n, size_t per_sample, bk_ctx *ctx);
-int cu_sumsq(double *out_host, const float *x, size_t count, bk_ctx *ctx);
-int cu_adamw_step(float *w, float *m, float *v, const float *g, float gscale,
-                  const struct bk_adamw *h, size_t count, bk_ctx *ctx);
-int cu_ema_update(float *ema, const float *w, float decay, size_t count, bk_ctx *ctx);
 /* the step on the device (backend.h's step_* entries): its scalars live in the job slot's
  * scratch, from CU_STEP_OFF doubles on */
 #define CU_STEP_OFF 1024
-int cu_step_set(const struct bk_step *s, bk_ctx *ctx);
+#define CU_STEP_LOG 256 /* optimizer steps the log keeps */
+
+/* the context's step scalars (CU_STEP_OFF doubles into the slot's scratch): optim.cu's, and
+ * loss.cu's loss weight, loss scale and step loss */
+struct cu_step {
+    struct bk_step in;            /* step_set's */
+    struct bk_scaler scaler;      /* the loss scale (scaler_set's, then the device's) */
+    double loss;                  /* the step's loss so far (loss_step_add) */
+    /* the optimizer step's decisions, for the AdamW kernel */
+    float gscale, decay, step_size, c2;
+    int skip;
+    struct bk_step_rec last;      /* the last optimizer step */
+    unsigned long long nrec;      /* optimizer steps logged since the reset */
+    struct bk_step_rec log[CU_STEP_LOG]; /* step k at log[k % CU_STEP_LOG] */
+};
+
+static_assert(CU_STEP_OFF * sizeof(double) + sizeof(struct cu_step) <=
+                  (CU_SCRATCH_DOUBLES - 1) * sizeof(double),
+              "the step scalars fit the slot's scratch (its last double is cu_sumsq's)");
+static_assert(CU_STEP_OFF >= CU_REDUCE_CHUNKS, "the step scalars lie past the partial sums");
+
+static inline struct cu_step *cu_step_of(bk_ctx *ctx)
+{
+    return (struct cu_step *)(ctx->scratch + CU_STEP_OFF);
+}
+
 /* the device's copy of step_set's values (for kernels that read them when they run) */
 const struct bk_step *cu_step_in(bk_ctx *ctx);
-/* eltwise.cu: the typed dropout with seed, step and sample base from cu_step_in */
-int cu_dropout_step_fwd(void *y, const void *x, float p, uint32_t op, int n, size_t per_sample,
-                        int channels, int dtype, bk_ctx *ctx);
-int cu_dropout_step_bwd(void *dx, const void *dy, float p, uint32_t op, int accum, int n,
-                        size_t per_sample, int channels, int dtype, bk_ctx *ctx);
-int cu_mse_step_bwd(float *dpred, const float *pred, const float *target, int accum,
-                    size_t count, bk_ctx *ctx);
-int cu_loss_step_add(const float *loss, bk_ctx *ctx);
-int cu_optim_step(float *w, float *m, float *v, float *ema, const float *g, size_t count,
-                  const struct bk_optim *o, bk_ctx *ctx);
-int cu_scaler_set(const struct bk_scaler *s, bk_ctx *ctx);
-int cu_step_read(struct bk_step_rec *last, struct bk_scaler *scaler, struct bk_step_rec *recs,
-                 int max, int *n, bk_ctx *ctx);
 
-/* graph.cu: stream capture of a context's stream, and the graphs it makes */
-int cu_graph_begin(bk_ctx *ctx);
-int cu_graph_end(bk_graph **out, bk_ctx *ctx);
-int cu_graph_launch(bk_graph *g, bk_ctx *ctx);
-void cu_graph_free(bk_graph *g, bk_ctx *ctx);
+/* loss.cu's two-stage reductions (mse_fwd; optim.cu's sumsq and optim_step) */
+#define CU_RED_CHUNK_MIN 16384
+/* chunk count of a reduction over count elements: a function of count alone */
+static inline int cu_red_chunks(size_t count)
+{
+    size_t nch = (count + CU_RED_CHUNK_MIN - 1) / CU_RED_CHUNK_MIN;
+    if (nch > CU_REDUCE_CHUNKS) nch = CU_REDUCE_CHUNKS;
+    return nch ? (int)nch : 1;
+}
+/* the context's scratch[ch] = sum over chunk ch of nch (cu_red_chunks(count)) of (a - b)^2
+ * (b NULL: a^2), in double; enqueued on its stream */
+int cu_sq_partials(const float *a, const float *b, size_t count, int nch, bk_ctx *ctx);
 
 #endif
