@@ -281,6 +281,25 @@ static int apply_run_state(const struct safetensors *st, struct exec *e, const s
     return 0;
 }
 
+/* 0 when the file's tensor s is the F32 tensor of t's shape; else -1 and why in err */
+static int tensor_check(const struct st_tensor *s, const struct tensor *t, const char *name,
+                        char *err, size_t errlen)
+{
+    int same = s->dtype == ST_F32 && s->ndim == t->rank;
+    for (int k = 0; same && k < t->rank; k++) same = s->shape[k] == t->d[k];
+    if (same) return 0;
+    char want_s[64] = "", got_s[64] = "";
+    for (int k = 0; k < t->rank; k++)
+        snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), "%s%d", k ? "," : "",
+                 t->d[k]);
+    for (int k = 0; k < s->ndim; k++)
+        snprintf(got_s + strlen(got_s), sizeof got_s - strlen(got_s), "%s%" PRId64, k ? "," : "",
+                 s->shape[k]);
+    snprintf(err, errlen, "tensor '%s' is %s (%s), the model needs F32 (%s)", name,
+             safetensors_dtype_name(s->dtype), got_s, want_s);
+    return -1;
+}
+
 int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct graph *g,
                      int parts, int from_ema, char *err, size_t errlen)
 {
@@ -313,20 +332,7 @@ int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct 
                 snprintf(err, errlen, "checkpoint has no tensor '%s'", name);
                 goto out;
             }
-            int same = s->dtype == ST_F32 && s->ndim == t->rank;
-            for (int k = 0; same && k < t->rank; k++) same = s->shape[k] == t->d[k];
-            if (!same) {
-                char want_s[64] = "", got_s[64] = "";
-                for (int k = 0; k < t->rank; k++)
-                    snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), "%s%d",
-                             k ? "," : "", t->d[k]);
-                for (int k = 0; k < s->ndim; k++)
-                    snprintf(got_s + strlen(got_s), sizeof got_s - strlen(got_s),
-                             "%s%" PRId64, k ? "," : "", s->shape[k]);
-                snprintf(err, errlen, "tensor '%s' is %s (%s), the model needs F32 (%s)", name,
-                         safetensors_dtype_name(s->dtype), got_s, want_s);
-                goto out;
-            }
+            if (tensor_check(s, t, name, err, errlen)) goto out;
             memcpy(buf, s->data, t->numel * sizeof *buf); /* tensor data may be unaligned */
             if (exec_upload_part(e, (enum exec_part)part, i, buf)) {
                 snprintf(err, errlen, "cannot upload '%s'", name);
@@ -379,20 +385,7 @@ int checkpoint_check_model(const struct safetensors *st, const struct unet_confi
                 snprintf(err, errlen, "the model needs a tensor '%s' the file does not have", name);
                 goto out;
             }
-            int same = s->dtype == ST_F32 && s->ndim == t->rank;
-            for (int k = 0; same && k < t->rank; k++) same = s->shape[k] == t->d[k];
-            if (!same) {
-                char want_s[64] = "", got_s[64] = "";
-                for (int k = 0; k < t->rank; k++)
-                    snprintf(want_s + strlen(want_s), sizeof want_s - strlen(want_s), "%s%d",
-                             k ? "," : "", t->d[k]);
-                for (int k = 0; k < s->ndim; k++)
-                    snprintf(got_s + strlen(got_s), sizeof got_s - strlen(got_s),
-                             "%s%" PRId64, k ? "," : "", s->shape[k]);
-                snprintf(err, errlen, "tensor '%s' is %s (%s), the model needs F32 (%s)", name,
-                         safetensors_dtype_name(s->dtype), got_s, want_s);
-                goto out;
-            }
+            if (tensor_check(s, t, name, err, errlen)) goto out;
         }
     rc = 0;
 out:
