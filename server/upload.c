@@ -757,21 +757,29 @@ int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n
     return 0;
 }
 
-int64_t upload_folder_images(const char *images_dir)
+/* the dataset.json beside an upload's images folder (DIR/images), parsed; NULL when there is
+ * none or it cannot be read */
+static cJSON *folder_meta(const char *images_dir)
 {
     char path[FSIO_PATH_MAX], err[300];
     const char *slash = strrchr(images_dir, '/');
     if (!slash || strcmp(slash, "/images") != 0 ||
         snprintf(path, sizeof path, "%.*s/dataset.json", (int)(slash - images_dir), images_dir) >=
             (int)sizeof path)
-        return -1;
+        return NULL;
     FILE *f = fsio_fopen_read(path, err, sizeof err);
-    if (!f) return -1;
+    if (!f) return NULL;
     char buf[4096];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    cJSON *o = cJSON_Parse(buf);
+    return cJSON_Parse(buf);
+}
+
+int64_t upload_folder_images(const char *images_dir)
+{
+    cJSON *o = folder_meta(images_dir);
+    if (!o) return -1;
     const cJSON *im = cJSON_GetObjectItemCaseSensitive(o, "images");
     int64_t v = cJSON_IsNumber(im) && im->valuedouble >= 0 ? (int64_t)im->valuedouble : -1;
     cJSON_Delete(o);
@@ -780,19 +788,8 @@ int64_t upload_folder_images(const char *images_dir)
 
 int64_t upload_folder_max_pixels(const char *images_dir)
 {
-    char path[FSIO_PATH_MAX], err[300];
-    const char *slash = strrchr(images_dir, '/');
-    if (!slash || strcmp(slash, "/images") != 0 ||
-        snprintf(path, sizeof path, "%.*s/dataset.json", (int)(slash - images_dir), images_dir) >=
-            (int)sizeof path)
-        return -1;
-    FILE *f = fsio_fopen_read(path, err, sizeof err);
-    if (!f) return -1;
-    char buf[4096];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *o = cJSON_Parse(buf);
+    cJSON *o = folder_meta(images_dir);
+    if (!o) return -1;
     const cJSON *sz = cJSON_GetObjectItemCaseSensitive(o, "sizes");
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(sz, "max_width");
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(sz, "max_height");
