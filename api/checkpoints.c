@@ -165,7 +165,6 @@ enum MHD_Result h_checkpoint(struct ctx *c)
 int api_checkpoint_upload_begin(struct ctx *c, long long declared, enum MHD_Result *res)
 {
     struct api *a = c->a;
-    struct req *r = c->r;
     if (http_authorize(c, 1, res)) return 1;
     const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_CONTENT_TYPE);
@@ -186,17 +185,7 @@ int api_checkpoint_upload_begin(struct ctx *c, long long declared, enum MHD_Resu
         *res = http_send_problem(c, 413, "checkpoint-too-large", detail, NULL, NULL);
         return 1;
     }
-    char err[300];
-    r->upload_fd = upload_part_open(pool_config_of(a->cfg.pool)->data_dir, r->upload_path,
-                                    sizeof r->upload_path, err, sizeof err);
-    if (r->upload_fd < 0) {
-        r->upload_path[0] = 0;
-        *res = http_send_problem(c, errno == ENOSPC ? 507 : 500,
-                                 errno == ENOSPC ? "insufficient-storage" : NULL, err, NULL, NULL);
-        return 1;
-    }
-    r->upload = 1;
-    return 0;
+    return api_upload_open(c, res);
 }
 
 /* how an uploaded file becomes the import's checkpoint */

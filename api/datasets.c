@@ -332,12 +332,29 @@ enum MHD_Result h_datasets_post(struct ctx *c)
     return http_send_json(c, 202, o, NULL, (const char *const[]){"Location", loc, NULL});
 }
 
+/* an upload's body (POST /datasets, POST /checkpoints) to a temporary file in the data folder:
+ * 0 when open (r->upload set), else 1 with the 507/500 answer sent */
+int api_upload_open(struct ctx *c, enum MHD_Result *res)
+{
+    struct req *r = c->r;
+    char err[300];
+    r->upload_fd = upload_part_open(pool_config_of(c->a->cfg.pool)->data_dir, r->upload_path,
+                                    sizeof r->upload_path, err, sizeof err);
+    if (r->upload_fd < 0) {
+        r->upload_path[0] = 0;
+        *res = http_send_problem(c, errno == ENOSPC ? 507 : 500,
+                                 errno == ENOSPC ? "insufficient-storage" : NULL, err, NULL, NULL);
+        return 1;
+    }
+    r->upload = 1;
+    return 0;
+}
+
 /* POST /datasets, first call: refused before a byte of the body is read (401, 415, 413, or the
  * store cannot take it), else its temporary file is opened; 1 when an answer was sent */
 int api_upload_begin(struct ctx *c, long long declared, enum MHD_Result *res)
 {
     struct api *a = c->a;
-    struct req *r = c->r;
     if (http_authorize(c, 1, res)) return 1;
     const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_CONTENT_TYPE);
@@ -363,15 +380,5 @@ int api_upload_begin(struct ctx *c, long long declared, enum MHD_Result *res)
         *res = http_send_problem(c, 413, "archive-too-large", detail, NULL, NULL);
         return 1;
     }
-    char err[300];
-    r->upload_fd = upload_part_open(pool_config_of(a->cfg.pool)->data_dir, r->upload_path,
-                                    sizeof r->upload_path, err, sizeof err);
-    if (r->upload_fd < 0) {
-        r->upload_path[0] = 0;
-        *res = http_send_problem(c, errno == ENOSPC ? 507 : 500,
-                       errno == ENOSPC ? "insufficient-storage" : NULL, err, NULL, NULL);
-        return 1;
-    }
-    r->upload = 1;
-    return 0;
+    return api_upload_open(c, res);
 }

@@ -109,6 +109,8 @@ int api_upload_visible(struct ctx *c, const cJSON *o);
  * the store cannot take it), else its temporary file opened (the body streams there); 1 when an
  * answer was sent (*res) */
 int api_upload_begin(struct ctx *c, long long declared, enum MHD_Result *res);
+/* an upload's body to a temporary file: 0 when open, 1 with the 507/500 answer sent */
+int api_upload_open(struct ctx *c, enum MHD_Result *res);
 
 /* ---- checkpoints.c ---- */
 enum MHD_Result h_checkpoints(struct ctx *c);
