@@ -32,6 +32,7 @@
 #include "fsio.h"
 #include "log.h"
 #include "metrics.h"
+#include "planner.h"
 #include "train.h"
 
 extern char **environ;
@@ -374,8 +375,28 @@ static struct train_spec *child_spec(const struct pool_train *job, char *err, si
     return child;
 }
 
+/* g's limits on this thread's searches until guard_end (g NULL: none) */
+static void guard_begin(struct pool_plan_guard *g, struct planner_guard *pg)
+{
+    if (!g) return;
+    *pg = (struct planner_guard){.stop = g->stop, .ctx = g->ctx, .max_bytes = g->max_bytes};
+    g->why = 0;
+    g->peak_bytes = 0;
+    planner_guard_set(pg);
+}
+
+static void guard_end(struct pool_plan_guard *g, const struct planner_guard *pg)
+{
+    if (!g) return;
+    planner_guard_set(NULL);
+    g->why = pg->why == PLANNER_ERR_MEMORY ? POOL_PLAN_MEMORY
+             : pg->why                      ? POOL_PLAN_STOPPED
+                                            : 0;
+    g->peak_bytes = pg->peak_bytes;
+}
+
 int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_admission *adm,
-                    cJSON **entries, char *err, size_t errlen)
+                    cJSON **entries, struct pool_plan_guard *g, char *err, size_t errlen)
 {
     int rc = POOL_OK;
     memset(adm, 0, sizeof *adm);
@@ -383,9 +404,12 @@ int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_ad
     adm->n = p->n_devs;
     struct train_spec *child = child_spec(job, err, errlen);
     if (!child) return POOL_ERR_INTERNAL;
+    struct planner_guard pg;
+    guard_begin(g, &pg);
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
         rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child, &adm->fit[d],
                                  &entries[d], err, errlen);
+    guard_end(g, &pg);
     free(child);
     if (rc)
         for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
@@ -464,7 +488,7 @@ int pool_submit(struct pool *p, const char *owner, const char *idem_key,
                 size_t errlen)
 {
     cJSON *entries[POOL_MAX_DEVICES];
-    int rc = pool_plan_train(p, job, adm, entries, err, errlen);
+    int rc = pool_plan_train(p, job, adm, entries, NULL, err, errlen);
     if (rc) return rc;
     return pool_submit_planned(p, owner, idem_key, job, adm, entries, id, err, errlen);
 }
@@ -503,21 +527,32 @@ char *pool_sample_json(const struct pool_sample *s)
     return r;
 }
 
-int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
-                       const struct pool_sample *s, struct pool_admission *adm, char *id,
-                       char *err, size_t errlen)
+int pool_plan_sample(struct pool *p, const struct pool_sample *s, struct pool_admission *adm,
+                     cJSON **entries, struct pool_plan_guard *g, char *err, size_t errlen)
 {
-    cJSON *entries[POOL_MAX_DEVICES] = {0};
     int rc = POOL_OK;
     memset(adm, 0, sizeof *adm);
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = NULL;
     adm->n = p->n_devs;
+    if (g) g->why = 0, g->peak_bytes = 0;
+    /* one plan per device, no search: stopped between devices */
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
-        rc = admission_fit_sample(&p->devs[d].st.cfg, &p->cfg.cost, s, &adm->fit[d],
+        if (g && g->stop && g->stop(g->ctx)) {
+            g->why = POOL_PLAN_STOPPED;
+            snprintf(err, errlen, "the planning was stopped");
+            rc = POOL_ERR_INTERNAL;
+        } else
+            rc = admission_fit_sample(&p->devs[d].st.cfg, &p->cfg.cost, s, &adm->fit[d],
                                   &entries[d], err, errlen);
-    if (rc) {
-        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
-        return rc;
-    }
+    if (rc)
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
+    return rc;
+}
+
+int pool_submit_sample_planned(struct pool *p, const char *owner, const char *idem_key,
+                               const struct pool_sample *s, struct pool_admission *adm,
+                               cJSON **entries, char *id, char *err, size_t errlen)
+{
     int chunks = (s->n + s->batch - 1) / s->batch;
     int64_t steps = (int64_t)chunks * (strcmp(s->sampler, "ddpm") == 0 ? s->timesteps : s->steps);
     /* the child's file: the parameters and the checkpoint's path (never shown) */
@@ -531,6 +566,16 @@ int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
     return submit_planned(p, owner, idem_key, "sample", steps, pool_sample_json(s),
                           "/sample.json", child_json, 1, 0, s->name, s->labels, adm, entries, id,
                           err, errlen);
+}
+
+int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
+                       const struct pool_sample *s, struct pool_admission *adm, char *id,
+                       char *err, size_t errlen)
+{
+    cJSON *entries[POOL_MAX_DEVICES];
+    int rc = pool_plan_sample(p, s, adm, entries, NULL, err, errlen);
+    if (rc) return rc;
+    return pool_submit_sample_planned(p, owner, idem_key, s, adm, entries, id, err, errlen);
 }
 
 static struct child *find_kid(struct pool *p, const char *id)
