@@ -445,6 +445,17 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
         return http_send_invalid(c, 400, "limit", "expected an integer from 1 to 200");
     if (after && !pool_job_id_valid(after))
         return http_send_invalid(c, 400, "after", "expected a job id (the previous page's next)");
+    if (after) {
+        /* the cursor is the job's place in the list: one deleted since has none (the page
+         * after it would be empty, as if the list had ended) */
+        struct job_row ar;
+        int g = jobs_get(c->a->cfg.db, after, &ar);
+        if (g == JOBS_OK) job_row_free(&ar);
+        if (g == JOBS_ERR_NOT_FOUND)
+            return http_send_invalid(c, 400, "after", "no such job: it was deleted since this "
+                                                      "page was listed; list again from the start");
+        if (g) return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
+    }
     if (k && strcmp(k, "train") != 0 && strcmp(k, "sample") != 0 && strcmp(k, "import") != 0)
         return http_send_invalid(c, 400, "kind", "expected train, sample or import");
     if (k) kind = k;
