@@ -61,9 +61,12 @@ static const char *const stmt_sql[STMT_COUNT_] = {
     [STMT_EVENT_APPEND] = "INSERT INTO events(job_id, seq, type, data, at) VALUES(?1, "
         "(SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1), "
         "?2, ?3, ?4) RETURNING seq",
+    /* a job stored already ended (an imported checkpoint's) started and ended when stored */
     [STMT_INSERT] = "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
-        "plan, steps, created_at, plans, name, labels) VALUES(?1, ?2, ?3, ?13, ?4, ?5, ?6, ?7, "
-        "?8, ?9, ?10, ?11, ?12)",
+        "plan, steps, created_at, plans, name, labels, started_at, ended_at) VALUES(?1, ?2, ?3, "
+        "?13, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+        "CASE WHEN ?13 IN ('succeeded', 'failed', 'canceled') THEN ?9 END, "
+        "CASE WHEN ?13 IN ('succeeded', 'failed', 'canceled') THEN ?9 END)",
     [STMT_GET] = "SELECT " ROW_COLS " FROM jobs WHERE id = ?",
     [STMT_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     [STMT_LIST] = "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "

@@ -273,6 +273,16 @@ static void test_meta(const char *dir)
               strstr(g.labels, "vision"),
           "name and labels read back");
     job_row_free(&g);
+    /* a job stored ended (an imported checkpoint's) started and ended when it was stored */
+    row(&r, "j00000000000000m3", "ann");
+    snprintf(r.kind, sizeof r.kind, "import");
+    r.state = JOB_SUCCEEDED;
+    CHECK(jobs_insert(db, &r) == 0 && jobs_get(db, "j00000000000000m3", &g) == 0 &&
+              g.started_at[0] && strcmp(g.started_at, g.created_at) == 0 &&
+              strcmp(g.ended_at, g.created_at) == 0,
+          "an import's started_at '%s' and ended_at '%s' (created %s)", g.started_at, g.ended_at,
+          g.created_at);
+    job_row_free(&g);
     struct job_row *rows;
     int n;
     struct jobs_filter f = {.state = -1, .label_key = "team", .label_value = "vision"};
