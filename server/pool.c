@@ -407,7 +407,8 @@ int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_ad
     struct planner_guard pg;
     guard_begin(g, &pg);
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
-        rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child, &adm->fit[d],
+        rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child,
+                                 child->threads > 0 ? child->threads : p->cfg.cores, &adm->fit[d],
                                  &entries[d], err, errlen);
     guard_end(g, &pg);
     free(child);
@@ -871,8 +872,10 @@ static void qjob_sweep(struct pool *p)
 static double qjob_step_seconds(const struct pool *p, const struct qjob *q, int d, int threads)
 {
     double sec = q->step_s[d];
-    /* admission predicts at the spec's threads, one when it names none */
-    if (p->devs[d].is_cpu && threads > 0) sec = sec * (q->want > 0 ? q->want : 1) / threads;
+    /* admission predicts at the spec's threads, every core when it names none (what it gets
+     * on an idle machine) */
+    if (p->devs[d].is_cpu && threads > 0)
+        sec = sec * (q->want > 0 ? q->want : p->cfg.cores) / threads;
     return sec;
 }
 

@@ -85,7 +85,8 @@ struct pool_fit {
     struct strategy strategy;   /* a training job's plan's strategy, which its child runs */
     int has_strategy;           /* 0: a sampling job */
     double step_seconds;        /* predicted seconds of one step (a sampling job: one denoising
-                                 * step of a batch) at the threads it asked for */
+                                 * step of a batch) on the cpu at the threads it asked for, or
+                                 * every core (--cpu-cores) when it names none */
 };
 
 /* a job's plans on every device of the pool (pool_submit fills it, also on NEVER_FITS) */

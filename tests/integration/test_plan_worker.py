@@ -264,6 +264,28 @@ def phase_memory(exe):
     check(s.stop() == 0, "the memory server's exit status")
 
 
+def phase_threads(exe):
+    # a spec that names no train.threads gets the free cores when it starts: its step time is
+    # predicted at every core (--cpu-cores), as a spec naming that many (budgets no plan fits:
+    # answered with the plans, nothing runs)
+    s = Server(exe, args=["--cpu-cores", "4"]).start()
+    pred = []
+    for threads in (4, None):
+        t = tiny()
+        t["memory"] = {"vram_budget": 1 << 20}
+        if threads is None:
+            del t["train"]["threads"]
+        else:
+            t["train"]["threads"] = threads
+        p = problem_ok(s.request("POST", "/train", t), 422)
+        pred.append(p["plan"]["predicted_step_seconds"])
+    check(abs(pred[1] - pred[0]) <= 1e-9 * pred[0], "predicted step seconds: %g at 4 threads, "
+          "%g with none named on 4 cores" % tuple(pred))
+    print("threads: none named on 4 cores predicted as 4 threads (%.4g s/step)" % pred[1],
+          flush=True)
+    check(s.stop() == 0, "the threads server's exit status")
+
+
 def phase_timeout(exe):
     d = tempfile.mkdtemp(prefix="ddpmd-it-")
     release = os.path.join(d, "release-plans")
@@ -291,6 +313,7 @@ def main(exe):
     phase_timeout(exe)
     phase_cancel(exe)
     phase_memory(exe)
+    phase_threads(exe)
     phase_flood(exe)
     print("ok")
 
