@@ -415,27 +415,86 @@ enum MHD_Result h_train(struct ctx *c)
     return api_accepted(c, o, loc);
 }
 
-/* GET /jobs and GET /samples: paging by `after`, filters state, owner, name, label (and kind
- * for /jobs) */
+/* the request's label=KEY:VALUE arguments as [["KEY", "VALUE"], ...] (jobs_filter.labels) */
+struct label_args {
+    cJSON *pairs;
+    int n;
+    int bad;                    /* 1 a malformed one, 2 too many, 3 out of memory */
+};
+
+static enum MHD_Result label_arg(void *cls, enum MHD_ValueKind kind, const char *k, const char *v)
+{
+    struct label_args *la = cls;
+    (void)kind;
+    if (strcmp(k, "label") != 0) return MHD_YES;
+    if (++la->n > API_LABELS_MAX) {
+        la->bad = 2;
+        return MHD_NO;
+    }
+    char key[API_LABEL_KEY_MAX + 1];
+    const char *colon = v ? strchr(v, ':') : NULL;
+    size_t kl = colon ? (size_t)(colon - v) : 0;
+    if (!colon || kl >= sizeof key) {
+        la->bad = 1;
+        return MHD_NO;
+    }
+    memcpy(key, v, kl);
+    key[kl] = 0;
+    if (!api_label_key_valid(key) || !api_label_value_valid(colon + 1)) {
+        la->bad = 1;
+        return MHD_NO;
+    }
+    cJSON *pair = cJSON_CreateArray();
+    if (!pair || !cJSON_AddItemToArray(la->pairs, pair) ||
+        !cJSON_AddItemToArray(pair, cJSON_CreateString(key)) ||
+        !cJSON_AddItemToArray(pair, cJSON_CreateString(colon + 1))) {
+        la->bad = 3;
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result jobs_list_labeled(struct ctx *c, const char *kind, const char *key,
+                                         const char *st, const char *lim, const char *after,
+                                         const char *owner, const char *k, const char *name,
+                                         const char *labels);
+
+/* GET /jobs and GET /samples: paging by `after`, filters state, owner, name, labels (every
+ * label=KEY:VALUE given: AND) (and kind for /jobs) */
 enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
 {
     const char *st = http_arg(c, "state"), *lim = http_arg(c, "limit"), *after = http_arg(c, "after");
     const char *owner = http_arg(c, "owner"), *k = kind ? NULL : http_arg(c, "kind");
-    const char *name = http_arg(c, "name"), *label = http_arg(c, "label");
-    char lkey[API_LABEL_KEY_MAX + 1] = "";
-    const char *lval = NULL;
+    const char *name = http_arg(c, "name");
     if (name && !api_job_name_valid(name))
         return http_send_invalid(c, 400, "name",
                                  "expected a job name: 1 to 64 of A-Z a-z 0-9 . _ - (not first: . _ -)");
-    if (label) {
-        const char *colon = strchr(label, ':');
-        size_t kl = colon ? (size_t)(colon - label) : 0;
-        if (colon && kl < sizeof lkey) memcpy(lkey, label, kl), lkey[kl] = 0;
-        lval = colon ? colon + 1 : NULL;
-        if (!colon || kl >= sizeof lkey || !api_label_key_valid(lkey) || !api_label_value_valid(lval))
-            return http_send_invalid(c, 400, "label",
-                                     "expected KEY:VALUE, a label's key and value (e.g. team:vision)");
+    struct label_args la = {.pairs = cJSON_CreateArray()};
+    if (!la.pairs) return http_send_oom(c);
+    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, label_arg, &la);
+    char *labels = la.n && !la.bad ? cJSON_PrintUnformatted(la.pairs) : NULL;
+    cJSON_Delete(la.pairs);
+    if (la.bad == 3 || (la.n && !la.bad && !labels)) return http_send_oom(c);
+    if (la.bad == 2) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "at most %d label filters (a job has at most %d labels)",
+                 API_LABELS_MAX, API_LABELS_MAX);
+        return http_send_invalid(c, 400, "label", msg);
     }
+    if (la.bad)
+        return http_send_invalid(c, 400, "label",
+                                 "expected KEY:VALUE, a label's key and value (e.g. team:vision)");
+    enum MHD_Result res = jobs_list_labeled(c, kind, key, st, lim, after, owner, k, name, labels);
+    free(labels);
+    return res;
+}
+
+/* api_jobs_list once its labels are read (labels: the filter's JSON, or NULL) */
+static enum MHD_Result jobs_list_labeled(struct ctx *c, const char *kind, const char *key,
+                                         const char *st, const char *lim, const char *after,
+                                         const char *owner, const char *k, const char *name,
+                                         const char *labels)
+{
     int state = -1;
     long long limit = LIST_LIMIT_DEFAULT;
     if (st && (state = job_state_parse(st)) < 0)
@@ -466,7 +525,7 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
     struct job_row *rows;
     int n;
     struct jobs_filter f = {.owner = owner, .kind = kind, .state = state, .name = name,
-                            .label_key = label ? lkey : NULL, .label_value = lval};
+                            .labels = labels};
     if (jobs_list_filter(c->a->cfg.db, &f, after, (int)limit, &rows, &n))
         return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, key);

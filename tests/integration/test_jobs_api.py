@@ -159,10 +159,15 @@ def main(exe):
 
     # filters, and a restart keeps name and labels
     for q, want in [("name=resume-me", [jid]), ("name=other", []), ("label=team:vision", [jid]),
-                    ("label=exp:a/b:1", [jid]), ("label=team:x", []), ("label=x:vision", [])]:
+                    ("label=exp:a/b:1", [jid]), ("label=team:x", []), ("label=x:vision", []),
+                    # several: every one (AND), whichever comes first
+                    ("label=team:vision&label=exp:a/b:1", [jid]),
+                    ("label=team:vision&label=exp:x", []), ("label=exp:x&label=team:vision", []),
+                    ("name=resume-me&label=team:vision&label=team:vision", [jid])]:
         got = [x["id"] for x in s.get_json("/jobs?" + q)["jobs"]]
         check(got == want, "GET /jobs?%s: %s" % (q, got))
-    for q in ["name=-x", "label=novalue", "label=:v", "name=" + "n" * 65]:
+    for q in ["name=-x", "label=novalue", "label=:v", "name=" + "n" * 65,
+              "label=team:vision&label=bad", "&".join("label=k%d:v" % i for i in range(17))]:
         problem_ok(s.request("GET", "/jobs?" + q), 400)
     schema_bounds(s, spec)
     check(s.stop() == 0, "stop")
@@ -281,6 +286,7 @@ def main(exe):
     problem_ok(t.request("POST", "/jobs/%s/resume" % aid, token=bob), 403)
     check(t.request("DELETE", "/jobs/" + aid).status == 204, "alice deletes her import")
     check(t.stop() == 0, "exit status")
+
     print("test_jobs_api: ok (resumed bit for bit: %d tensors)" % len(want))
 
 

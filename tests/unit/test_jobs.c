@@ -285,12 +285,20 @@ static void test_meta(const char *dir)
     job_row_free(&g);
     struct job_row *rows;
     int n;
-    struct jobs_filter f = {.state = -1, .label_key = "team", .label_value = "vision"};
+    struct jobs_filter f = {.state = -1, .labels = "[[\"team\",\"vision\"]]"};
     CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1 &&
               strcmp(rows[0].id, "j00000000000000m1") == 0, "label filter: %d", n);
     job_rows_free(rows, n);
-    f.label_value = "vis";
+    f.labels = "[[\"team\",\"vis\"]]";
     CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 0, "label value exact: %d", n);
+    job_rows_free(rows, n);
+    /* several: every one (AND) */
+    f.labels = "[[\"team\",\"vision\"],[\"n\",\"1\"]]";
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1, "two labels: %d", n);
+    job_rows_free(rows, n);
+    f.labels = "[[\"team\",\"vision\"],[\"n\",\"2\"]]";
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 0, "two labels, one off: %d",
+          n);
     job_rows_free(rows, n);
     f = (struct jobs_filter){.state = -1, .name = "run-a"};
     CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1, "name filter: %d", n);
