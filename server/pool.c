@@ -195,6 +195,19 @@ static int mkdir_one(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/* a job folder that could not be written, as its client sees it: the cause (e, the failed
+ * call's errno) without the server's paths, the whole error (err on entry) in the server's
+ * log; POOL_ERR_STORAGE when the disk is full, else POOL_ERR_INTERNAL */
+static int folder_error(const char *id, int e, char *err, size_t errlen)
+{
+    int full = e == ENOSPC || e == EDQUOT || strstr(err, strerror(ENOSPC));
+    log_msg(LOG_ERROR, "job %s: %s", id, err);
+    if (full && e != EDQUOT) e = ENOSPC;
+    snprintf(err, errlen, "the job's files cannot be written: %s",
+             e ? strerror(e) : "an input/output error");
+    return full ? POOL_ERR_STORAGE : POOL_ERR_INTERNAL;
+}
+
 static void qjob_clear(struct qjob *q)
 {
     for (int d = 0; d < POOL_MAX_DEVICES; d++) free(q->entry[d]);
@@ -261,11 +274,7 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         goto out;
     }
     if (mkdir_one(dir, err, errlen) || fsio_write_atomic_text(path, child_json, err, errlen)) {
-        int e = errno == EDQUOT ? EDQUOT : ENOSPC;
-        if (errno == ENOSPC || errno == EDQUOT || strstr(err, strerror(ENOSPC))) {
-            rc = POOL_ERR_STORAGE; /* the cause, without the server's paths (clients see ids) */
-            snprintf(err, errlen, "the job's files cannot be written: %s", strerror(e));
-        }
+        rc = folder_error(r->id, errno, err, errlen);
         unlink(path); /* nothing of a refused job stays (the writer leaves no temporary) */
         rmdir(dir);
         goto out;
@@ -453,8 +462,11 @@ int pool_import(struct pool *p, const char *owner, const char *spec_json, int64_
         return POOL_ERR_INTERNAL;
     }
     int rc = POOL_ERR_INTERNAL;
-    if (mkdir_one(dir, err, errlen) || mkdir_one(out, err, errlen) || mkdir_one(ck, err, errlen) ||
-        place(path, ctx, err, errlen)) {
+    if (mkdir_one(dir, err, errlen) || mkdir_one(out, err, errlen) || mkdir_one(ck, err, errlen)) {
+        rc = folder_error(r.id, errno, err, errlen);
+        goto fail;
+    }
+    if (place(path, ctx, err, errlen)) {
         if (errno == ENOSPC || errno == EDQUOT) rc = POOL_ERR_STORAGE;
         goto fail;
     }

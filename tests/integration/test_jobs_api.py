@@ -287,6 +287,19 @@ def main(exe):
     check(t.request("DELETE", "/jobs/" + aid).status == 204, "alice deletes her import")
     check(t.stop() == 0, "exit status")
 
+    # a job folder that cannot be made (data/jobs replaced by a file: ENOTDIR, not a full
+    # disk): 500 with the cause, never the server's path (it goes to the server's log)
+    u = Server(exe).start()
+    jobs = os.path.join(u.data, "jobs")
+    os.rename(jobs, jobs + ".away")
+    open(jobs, "w").close()
+    r = u.request("POST", "/train", tiny(steps=1))
+    os.unlink(jobs)
+    os.rename(jobs + ".away", jobs)
+    p = problem_ok(r, 500)
+    check(u.data not in p["detail"] and "cannot be written" in p["detail"],
+          "a job folder's error: %s" % p["detail"])
+    check(u.stop() == 0, "exit status")
     print("test_jobs_api: ok (resumed bit for bit: %d tensors)" % len(want))
 
 
