@@ -63,6 +63,7 @@ struct child {
     int64_t step, steps, step0;
     double t0, step_s, pred_step_s;
     struct child_throttle throttle; /* its progress events' rate limit (the pool's thread's) */
+    struct child_log_cap log_cap;   /* its log lines' cap (child.h) */
 };
 
 /* a device and what runs on it (under the pool's lock) */
@@ -1313,7 +1314,7 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
 {
     struct child_event e, out[2];
     if (child_event_read(line, &e)) {
-        event_line(p, k->id, "log", "stdout", line);
+        if (child_log_cap_offer(&k->log_cap)) event_line(p, k->id, "log", "stdout", line);
         return;
     }
     int n = child_throttle_offer(&k->throttle, &e, clock_now_s(), out);
@@ -1349,7 +1350,7 @@ static int drain(struct pool *p, struct child *k, int is_err)
             redact(p, k->id, buf, line, sizeof line);
             if (is_err) {
                 tail_add(k, line);
-                event_line(p, k->id, "log", "stderr", line);
+                if (child_log_cap_offer(&k->log_cap)) event_line(p, k->id, "log", "stderr", line);
             } else {
                 stdout_line(p, k, line);
             }
@@ -1370,6 +1371,8 @@ static int drain(struct pool *p, struct child *k, int is_err)
 static void finish(struct pool *p, struct child *k, int status)
 {
     flush_progress(p, k, 1);
+    char note[200];
+    if (child_log_cap_note(&k->log_cap, note, sizeof note)) event_line(p, k->id, "log", NULL, note);
     check_checkpoint(p, k);
     char err[ERR_TAIL_BYTES + 128], ev[ERR_TAIL_BYTES + 512];
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
