@@ -88,7 +88,8 @@ static void serve_usage(FILE *f)
             "                         accepted and every caller is the one local user\n"
             "  --cpu-cores N          CPU threads divided among running jobs, each job's count\n"
             "                         fixed at its start; a job on a cuda device takes 2\n"
-            "                         (DDPMD_CPU_CORES; default: the online CPUs)\n"
+            "                         (DDPMD_CPU_CORES; default: the CPUs this process may\n"
+            "                         run on, as taskset or a cpuset allows)\n"
             "  --http-threads N       HTTP worker threads (DDPMD_HTTP_THREADS; default 4)\n"
             "  --max-conns N          open connections at most (DDPMD_MAX_CONNS; default 1024;\n"
             "                         lowered to what the open-file limit allows)\n"
@@ -742,9 +743,10 @@ static int serve_run(int argc, char **argv)
     double head_timeout;
     int64_t budget[POOL_MAX_DEVICES], max_body;
     struct pool_config pc = {0};
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the cores this process may run on (taskset, a container's cpuset), as `ddpmd train` counts
+     * them: the online CPUs overcount there, and the jobs would share fewer cores than planned */
     char coredef[24];
-    snprintf(coredef, sizeof coredef, "%ld", online > 0 ? online : 1);
+    snprintf(coredef, sizeof coredef, "%d", spec_host_cores());
     if (parse_count("--max-queue", mq, 0, 1000000, &max_queue) ||
         parse_count("--max-jobs-per-owner", mpo, 0, 1000000, &max_per_owner) ||
         parse_count("--max-retries", mr, 0, 100, &max_retries) ||
