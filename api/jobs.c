@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "export.h"
 #include "jobs.h"
 #include "log.h"
 #include "parse.h"
@@ -669,9 +670,13 @@ enum MHD_Result h_job_grid(struct ctx *c)
     return send_job_file(c, tail, "image/png");
 }
 
+static enum MHD_Result job_delete_held(struct ctx *c, const char *dir, enum job_state now,
+                                       char *user, char *detail, size_t dlen);
+
 /* DELETE /jobs/{id}: an ended job, its row, events and files (checkpoints and their exports,
- * grids, samples, loss, logs): 409 while it is queued or running (cancel it first) or while a
- * queued or running job reads one of its checkpoints */
+ * grids, samples, loss, logs): 409 while it is queued or running (cancel it first), while a
+ * queued or running job reads one of its checkpoints, or while a diffusers export of one is
+ * being built (its tar writer works in the folder: export_hold_dir) */
 enum MHD_Result h_job_delete(struct ctx *c)
 {
     struct job_row r;
@@ -679,28 +684,44 @@ enum MHD_Result h_job_delete(struct ctx *c)
     if (api_job_load(c, c->param, &r, &res)) return res;
     job_row_free(&r);
     enum job_state now = JOB_QUEUED;
-    char user[JOBS_ID_LEN], detail[200];
+    char user[JOBS_ID_LEN], detail[200], dir[FSIO_PATH_MAX];
+    if (pool_job_file(c->a->cfg.pool, c->param, "", dir, sizeof dir))
+        return http_send_problem(c, 500, NULL, "the job's folder cannot be named", NULL, NULL);
+    /* no tar writer in its folder while it goes (export.h) */
+    if (export_hold_dir(dir)) {
+        snprintf(detail, sizeof detail, "a diffusers export of one of job %s's checkpoints is "
+                 "being built: try again in a moment", c->param);
+        return http_send_problem(c, 409, "export-in-progress", detail, NULL,
+                                 (const char *const[]){"Retry-After", "5", NULL});
+    }
+    enum MHD_Result res2 = job_delete_held(c, dir, now, user, detail, sizeof detail);
+    export_release_dir(dir);
+    return res2;
+}
+
+/* h_job_delete with the job's folder held (dir) */
+static enum MHD_Result job_delete_held(struct ctx *c, const char *dir, enum job_state now,
+                                       char *user, char *detail, size_t dlen)
+{
     int rc = jobs_delete(c->a->cfg.db, c->param, &now, user);
     if (rc == JOBS_ERR_STATE) {
         if (user[0])
-            snprintf(detail, sizeof detail, "job %s, queued or running, reads a checkpoint of "
+            snprintf(detail, dlen, "job %s, queued or running, reads a checkpoint of "
                      "job %s: cancel it or let it end first", user, c->param);
         else
-            snprintf(detail, sizeof detail, "job %s is %s: cancel it first (POST /jobs/%s/cancel)",
+            snprintf(detail, dlen, "job %s is %s: cancel it first (POST /jobs/%s/cancel)",
                      c->param, job_state_name(now), c->param);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "state", job_state_name(now));
         return http_send_problem(c, 409, "wrong-state", detail, o, NULL);
     }
     if (rc == JOBS_ERR_NOT_FOUND) {
-        snprintf(detail, sizeof detail, "no job %s", c->param);
+        snprintf(detail, dlen, "no job %s", c->param);
         return http_send_problem(c, 404, NULL, detail, NULL, NULL);
     }
     if (rc) return http_send_problem(c, 500, NULL, "the job store cannot be written", NULL, NULL);
     /* the row is gone, so nothing starts the job again or serves its files: they go now */
-    char dir[FSIO_PATH_MAX];
-    if (pool_job_file(c->a->cfg.pool, c->param, "", dir, sizeof dir) == 0 && upload_rmtree(dir) &&
-        errno != ENOENT)
+    if (upload_rmtree(dir) && errno != ENOENT)
         log_job(LOG_WARN, c->param, "deleted, but its files were not all removed: %s",
                 strerror(errno));
     struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "export.h"
 #include "jobs.h"
 #include "pool.h"
 #include "spec.h"
@@ -500,11 +501,30 @@ static void test_tokens(const char *dir)
     }
 }
 
+/* DELETE /jobs/{id} holds the job's folder (export_hold_dir): no diffusers export build starts
+ * under it until released, so no tar writer races the removal */
+static void test_export_hold(const char *dir)
+{
+    char job[256], ckpt[320], err[512];
+    snprintf(job, sizeof job, "%s/jobs/j00000000000000e1/", dir);
+    snprintf(ckpt, sizeof ckpt, "%sout/checkpoints/step-00000003.safetensors", job);
+    int fd = -1;
+    long long size = 0;
+    CHECK(export_hold_dir(job) == 0, "hold an idle folder");
+    CHECK(export_cache_open(ckpt, "ann", &fd, &size, err, sizeof err) == EXPORT_BUSY && fd < 0,
+          "an export under a held folder started: %s", err);
+    export_release_dir(job);
+    /* released: its build starts (and fails here: there is no checkpoint) */
+    CHECK(export_cache_open(ckpt, "ann", &fd, &size, err, sizeof err) == EXPORT_FAILED,
+          "after the release: %s", err);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/ddpmd-test-jobs-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_store(dir);
+    test_export_hold(dir);
     char cdir[] = "/tmp/ddpmd-test-jobs-log-XXXXXX";
     if (mkdtemp(cdir)) {
         test_compact(cdir);
