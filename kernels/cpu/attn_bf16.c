@@ -5,9 +5,9 @@
  * The five products run on vdpbf16ps register tiles with fp32 accumulators: S = Q K^T and
  * dP = dO V^T on the bf16 operands as given (exact products), O += P V, dQ += dS K,
  * dK += dS^T Q and dV += P^T dO with P and dS rounded to bf16 first, as FlashAttention-2 does on
- * 16-bit inputs. The softmax, its statistics (m, l, lse, Di) and every sum stay fp32 (the
- * AVX-512 tiles' softmax and dsoftmax steps, attn512.c); each output element is rounded once to
- * nearest even, as kernels/half.h. A 32-bit element "pair" below is two bf16 along the product's
+ * 16-bit inputs. The softmax, its statistics (m, l, lse, Di) and every sum stay fp32 (attn512.c's
+ * softmax and dsoftmax steps, which here store P and dS rounded to bf16 straight into the
+ * products' layouts); each output element is rounded once to nearest even, as kernels/half.h. A 32-bit element "pair" below is two bf16 along the product's
  * summed index, the low half first: vdpbf16ps's operand layout.
  */
 #include <immintrin.h>
@@ -19,6 +19,7 @@
 #include "attn_tiles.h"
 #include "cpu.h"
 #include "half.h"
+#include "vmath.h"
 
 #if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
 #pragma clang attribute push(                                                                  \
@@ -29,16 +30,13 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,fma")
 #endif
 
-#define AI static inline __attribute__((always_inline))
+#include "attn512.h"
 
 typedef uint16_t bf16;
 
 static int imin(int a, int b) { return a < b ? a : b; }
 static int round16(int x) { return (x + 15) / 16 * 16; }
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
-
-/* a mask of the first n (< 16) lanes, or all 16 */
-AI __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
 /* x rounded to bf16 as half_f32_to_bf16 (nearest even, NaN kept quiet): the bits in the low
  * half of each 32-bit lane */
@@ -54,6 +52,12 @@ AI __m512i bf16_lo(__m512 x)
     return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
 }
 
+/* 16 bf16 (the low halves of b's lanes) stored under mask k */
+AI void store16(bf16 *y, __mmask16 k, __m512i b)
+{
+    _mm256_mask_storeu_epi16(y, k, _mm512_cvtepi32_epi16(b));
+}
+
 /* y (d bf16) = round(x (d fp32) mul) */
 static void store_row(bf16 *y, const float *x, int d, float mul)
 {
@@ -61,7 +65,7 @@ static void store_row(bf16 *y, const float *x, int d, float mul)
     for (int e = 0; e < d; e += 16) {
         const __mmask16 k = lanes(d - e);
         const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + e), vm);
-        _mm256_mask_storeu_epi16(y + e, k, _mm512_cvtepi32_epi16(bf16_lo(v)));
+        store16(y + e, k, bf16_lo(v));
     }
 }
 
@@ -97,34 +101,95 @@ static void pack_r(uint32_t *t, const bf16 *x, size_t ldx, int n, int d)
     }
 }
 
-/* an fp32 tile's rows r < nr, columns c < nc, rounded to bf16: y row-major (stride ldy bf16,
- * pairs along the columns), the column after an odd nc zero */
-static void tile_rows(bf16 *y, size_t ldy, const float *x, size_t ldx, int nr, int nc)
+/* ---- the softmax steps of attn512.c (the same fp32 arithmetic, the same bits of m, l, O and
+ * of P and dS before rounding), storing P and dS rounded to bf16 in the products' layouts by
+ * vcvtneps2bf16 (nearest even; fp32 subnormals, p < 2^-126, become 0) ---- */
+
+/* the forward's online softmax over one key block (attn_tiles.h's softmax), P stored rounded
+ * to bf16 rows (stride ldp, pairs along the keys; the column after an odd nc zero) */
+static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
+                      bf16 *P, size_t ldp, int nr, int nc, int d, int first)
 {
     const int nc2 = nc + nc % 2;
     for (int r = 0; r < nr; r++) {
-        const float *xr = x + (size_t)r * ldx;
-        bf16 *yr = y + (size_t)r * ldy;
+        const float *sr = S + (size_t)r * lds;
+        __m512 vmx = _mm512_set1_ps(first ? -INFINITY : mrow[r]);
+        for (int c = 0; c < nc; c += 16)
+            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
+                                                         lanes(nc - c), sr + c));
+        const float mx = _mm512_reduce_max_ps(vmx);
+        const __m512 vm = _mm512_set1_ps(mx);
+        __m512 vs = _mm512_setzero_ps();
         for (int c = 0; c < nc; c += 16) {
-            const __m512i b = bf16_lo(_mm512_maskz_loadu_ps(lanes(nc - c), xr + c));
-            _mm256_mask_storeu_epi16(yr + c, lanes(nc2 - c), _mm512_cvtepi32_epi16(b));
+            const __mmask16 k = lanes(nc - c);
+            const __m512 p = _mm512_maskz_mov_ps(
+                k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + c), vm)));
+            vs = _mm512_add_ps(vs, p);
+            _mm256_mask_storeu_epi16(P + (size_t)r * ldp + c, lanes(nc2 - c),
+                                     (__m256i)_mm512_cvtneps_pbh(p));
         }
+        const float sum = _mm512_reduce_add_ps(vs);
+        if (!first) {
+            const float alpha = vm_expf(mrow[r] - mx);
+            lrow[r] = lrow[r] * alpha + sum;
+            if (alpha != 1.0f) {
+                float *orow = O + (size_t)r * ldo;
+                const __m512 va = _mm512_set1_ps(alpha);
+                for (int e = 0; e < d; e += 16) {
+                    const __mmask16 k = lanes(d - e);
+                    _mm512_mask_storeu_ps(orow + e, k,
+                                          _mm512_mul_ps(_mm512_maskz_loadu_ps(k, orow + e), va));
+                }
+            }
+        } else {
+            lrow[r] = sum;
+        }
+        mrow[r] = mx;
     }
 }
 
-/* likewise in pairs along the rows: y[rp ldy + c] = (x_{2 rp}[c], x_{2 rp + 1}[c]), the partner
- * of row nr - 1 zero when nr is odd */
-static void tile_pairs(uint32_t *y, size_t ldy, const float *x, size_t ldx, int nr, int nc)
+/* the backward's step (attn_tiles.h's dsoftmax) on the scores P and dP = dS (fp32, stride ld):
+ * p = exp(P - lse_r), ds = scale p (dP - di_r), stored rounded to bf16 as p and ds in pairs
+ * along the rows (prp, dsrp: stride ldr; the partner of row nr - 1 zero when nr is odd) and ds
+ * in rows (ds16, stride ld16; the column after an odd nc zero) */
+static void dsoftmax16(const float *P, const float *dS, size_t ld, const float *lse,
+                       const float *di, int nr, int nc, float scale, uint32_t *prp,
+                       uint32_t *dsrp, size_t ldr, bf16 *ds16, size_t ld16)
 {
+    const __m512 vsc = _mm512_set1_ps(scale);
+    const int nc2 = nc + nc % 2;
+    /* 16-bit lane 2i from lane i, 2i + 1 from lane 16 + i */
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int rp = 0; rp < (nr + 1) / 2; rp++) {
-        const float *x0 = x + (size_t)(2 * rp) * ldx, *x1 = x0 + ldx;
-        const int two = 2 * rp + 1 < nr;
-        uint32_t *yr = y + (size_t)rp * ldy;
+        const int r0 = 2 * rp, two = r0 + 1 < nr;
+        const float *p0 = P + (size_t)r0 * ld, *d0 = dS + (size_t)r0 * ld;
+        const __m512 vl0 = _mm512_set1_ps(lse[r0]), vd0 = _mm512_set1_ps(di[r0]);
+        const __m512 vl1 = _mm512_set1_ps(two ? lse[r0 + 1] : 0.0f);
+        const __m512 vd1 = _mm512_set1_ps(two ? di[r0 + 1] : 0.0f);
         for (int c = 0; c < nc; c += 16) {
-            const __mmask16 k = lanes(nc - c);
-            const __m512i lo = bf16_lo(_mm512_maskz_loadu_ps(k, x0 + c));
-            const __m512i hi = two ? bf16_lo(_mm512_maskz_loadu_ps(k, x1 + c)) : _mm512_setzero_si512();
-            _mm512_mask_storeu_epi32(yr + c, k, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            const __mmask16 k = lanes(nc - c), k1 = two ? k : 0;
+            const __m512 pa = _mm512_maskz_mov_ps(
+                k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0 + c), vl0)));
+            const __m512 da = _mm512_mul_ps(
+                _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, d0 + c), vd0)), vsc);
+            const __m512 pb = _mm512_maskz_mov_ps(
+                k1, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld + c), vl1)));
+            const __m512 db = _mm512_mul_ps(
+                _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d0 + ld + c), vd1)),
+                vsc);
+            /* [row r0's 16 | row r0 + 1's 16] in bf16, then interleaved into pairs */
+            const __m512i hp = (__m512i)_mm512_cvtne2ps_pbh(pb, pa);
+            const __m512i hd = (__m512i)_mm512_cvtne2ps_pbh(db, da);
+            _mm512_mask_storeu_epi32(prp + (size_t)rp * ldr + c, k,
+                                     _mm512_permutexvar_epi16(zip, hp));
+            _mm512_mask_storeu_epi32(dsrp + (size_t)rp * ldr + c, k,
+                                     _mm512_permutexvar_epi16(zip, hd));
+            _mm256_mask_storeu_epi16(ds16 + (size_t)r0 * ld16 + c, lanes(nc2 - c),
+                                     _mm512_castsi512_si256(hd));
+            if (two)
+                _mm256_mask_storeu_epi16(ds16 + (size_t)(r0 + 1) * ld16 + c, lanes(nc2 - c),
+                                         _mm512_extracti64x4_epi64(hd, 1));
         }
     }
 }
@@ -318,7 +383,6 @@ void attn_bf16_fwd(void *ov, float *lse, const void *qv, const void *kv, const v
     const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = slot_bytes(s);
     const int nqb = (L + ATTN_BR - 1) / ATTN_BR, tasks = s->n * H * nqb;
     const int bc = round16(imin(ATTN_BC, L)), qtl = round16(imin(ATTN_BR, L)), l16 = round16(L);
-    const struct attn_tiles *tl = &attn_tiles_avx512;
     size_t off[F_END];
     slot_layout(s, 0, off);
 #pragma omp parallel num_threads(nt)
@@ -345,8 +409,7 @@ void attn_bf16_fwd(void *ov, float *lse, const void *qv, const void *kv, const v
                 const int nc = imin(L - j0, ATTN_BC);
                 abt16(sc, (size_t)bc, qt, (size_t)qtl, kt + j0, (size_t)l16, round16(nc), nr, dp,
                       s->scale);
-                tl->softmax(sc, (size_t)bc, m, l, oa, (size_t)D, nr, nc, D, j0 == 0);
-                tile_rows(p16, (size_t)bc, sc, (size_t)bc, nr, nc);
+                softmax16(sc, (size_t)bc, m, l, oa, (size_t)D, p16, (size_t)bc, nr, nc, D, j0 == 0);
                 wx16(oa, (size_t)D, (const uint32_t *)p16, (size_t)bc / 2, 1,
                      vp + (size_t)(j0 / 2) * D, (size_t)D, nr, (nc + 1) / 2, D, j0 != 0);
             }
@@ -369,7 +432,6 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
     const float scale = s->scale;
     const int pairs = s->n * H, nkb = (L + ATTN_BC - 1) / ATTN_BC;
     const int bc = round16(imin(ATTN_BC, L)), l16 = round16(L);
-    const struct attn_tiles *tl = &attn_tiles_avx512;
     size_t off[B_END];
     slot_layout(s, 1, off);
     /* a split pair's chunk c sums its dq into part + (pair nch + c) L D, dense (L, D) */
@@ -418,10 +480,8 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                     abt16(pt, (size_t)bc, qt + i0, (size_t)l16, kt, (size_t)ncp, ncp, nr, dp, scale);
                     abt16(dst, (size_t)bc, dot + i0, (size_t)l16, vt, (size_t)ncp, ncp, nr, dp,
                           1.0f);
-                    tl->dsoftmax(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, scale);
-                    tile_pairs(prp, (size_t)bc, pt, (size_t)bc, nr, nc);
-                    tile_pairs(dsrp, (size_t)bc, dst, (size_t)bc, nr, nc);
-                    tile_rows(ds16, (size_t)bc, dst, (size_t)bc, nr, nc);
+                    dsoftmax16(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, scale, prp, dsrp,
+                               (size_t)bc, ds16, (size_t)bc);
                     wx16(dva, (size_t)D, prp, 1, (size_t)bc, dor + (size_t)(i0 / 2) * D, (size_t)D,
                          nc, nrp, D, i0 != 0);
                     wx16(dka, (size_t)D, dsrp, 1, (size_t)bc, qr + (size_t)(i0 / 2) * D, (size_t)D,
