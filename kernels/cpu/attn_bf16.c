@@ -80,7 +80,11 @@ static void pack_e(uint32_t *t, size_t ldt, const bf16 *x, size_t ldx, int n, in
     const int dp = (d + 1) / 2, de = d / 2;
     for (int r = 0; r < n; r++) {
         const bf16 *xr = x + (size_t)r * ldx;
-        for (int ep = 0; ep < de; ep++) t[(size_t)ep * ldt + r] = pair(xr[2 * ep], xr[2 * ep + 1]);
+        for (int ep = 0; ep < de; ep++) { /* the pair as it lies in the row */
+            uint32_t w;
+            memcpy(&w, xr + 2 * ep, sizeof w);
+            t[(size_t)ep * ldt + r] = w;
+        }
         if (d % 2) t[(size_t)de * ldt + r] = pair(xr[d - 1], 0);
     }
     for (int ep = 0; ep < dp; ep++)
@@ -93,11 +97,14 @@ static void pack_r(uint32_t *t, const bf16 *x, size_t ldx, int n, int d)
 {
     for (int rp = 0; rp < (n + 1) / 2; rp++) {
         const bf16 *x0 = x + (size_t)(2 * rp) * ldx, *x1 = x0 + ldx;
+        const int two = 2 * rp + 1 < n;
         uint32_t *tr = t + (size_t)rp * d;
-        if (2 * rp + 1 < n)
-            for (int e = 0; e < d; e++) tr[e] = pair(x0[e], x1[e]);
-        else
-            for (int e = 0; e < d; e++) tr[e] = pair(x0[e], 0);
+        for (int e = 0; e < d; e += 16) {
+            const __mmask16 k = lanes(d - e), k1 = two ? k : 0;
+            const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, x0 + e));
+            const __m512i b = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k1, x1 + e));
+            _mm512_mask_storeu_epi32(tr + e, k, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+        }
     }
 }
 
