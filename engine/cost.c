@@ -59,15 +59,17 @@ void cost_model_default(struct cost_model *m)
     m->convert_seconds_per_byte = 7.1e-11;
     /* 16-bit over fp32 per class, conversions apart: bench/calibrate on the same 2-core EPYC
      * (AVX512-BF16 without AMX: oneDNN's bf16 convolutions and matmuls, the filter gradient in
-     * fp32 on converted operands; every other class an fp32 kernel on converted operands, whose
-     * many small conversions cost more than the per-byte rate says), at load ~17: whole steps
-     * ddpm-cifar10 b4 0.889 -> 0.733 s, seed-64 b1 0.405 -> 0.403 s, fmnist-tiny b4 0.051 ->
-     * 0.058 s */
+     * fp32 on converted operands, the tiled attention on its own vdpbf16ps tiles; every other
+     * class an fp32 kernel on converted operands, whose many small conversions cost more than
+     * the per-byte rate says), at load ~17: whole steps ddpm-cifar10 b4 0.889 -> 0.733 s,
+     * seed-64 b1 0.405 -> 0.403 s, fmnist-tiny b4 0.051 -> 0.058 s; the two tiled attention
+     * classes measured again with the bf16 tiles (2026-12-05, load ~17, `calibrate --rounds
+     * 2`): 0.93 -> 1.24 forward, 0.96 -> 1.45 backward, seed-64 b1 0.385 -> 0.349 s */
     static const double half[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 1.64,     [COST_CONV_BWD_DATA] = 1.77,
         [COST_CONV_BWD_FILTER] = 0.98, [COST_GEMM] = 1.46,
         [COST_ATTN_FWD] = 0.91,     [COST_ATTN_BWD] = 0.84,
-        [COST_ATTN_TILED_FWD] = 0.93, [COST_ATTN_TILED_BWD] = 0.96,
+        [COST_ATTN_TILED_FWD] = 1.24, [COST_ATTN_TILED_BWD] = 1.45,
         [COST_NORM] = 0.75,         [COST_ELTWISE] = 0.41,
         [COST_DROPOUT] = 0.90,
     };

@@ -24,8 +24,8 @@ struct bk_ctx {
 /* every entry of ops.def as cpu_<fn>. Where they are: backend_cpu.c (context, memory, budget,
  * workspace), conv.c, linear.c, norm.c, attention.c, eltwise.c, layout.c, resample.c, embed.c,
  * loss.c (losses, dropout), optim.c, convert.c, onednn.c (half_kernels: for bf16,
- * BK_HALF_CONV | BK_HALF_LINEAR where oneDNN runs bf16 on the CPU's AVX512-BF16 instructions or
- * AMX tiles (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's
+ * BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN where oneDNN runs bf16 on the CPU's AVX512-BF16
+ * instructions or AMX tiles and attn_bf16.c's tiles run (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's
  * copies, the typed kernels, the step on the device and graphs. */
 #define BK_OP(ret, fn, args) ret cpu_##fn args;
 #include "ops.def"
