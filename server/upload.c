@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dataset.h"
 #include "fsio.h"
 #include "image.h"
 #include "jobs.h"
@@ -138,6 +139,7 @@ static void note_size(struct upload_result *res, int w, int h, int c)
 static int note_image(struct upload_result *res, struct image *img)
 {
     note_size(res, img->w, img->h, img->c);
+    res->source_bytes += dataset_source_bytes(img); /* before any conversion */
     if (res->preview_n >= UPLOAD_PREVIEW_N) return 0;
     if (res->preview_n == 0) {
         res->preview_c = img->c >= 3 ? 3 : 1;
@@ -786,6 +788,19 @@ int64_t upload_folder_images(const char *images_dir)
     return v;
 }
 
+int64_t upload_folder_source_bytes(const char *images_dir)
+{
+    cJSON *o = folder_meta(images_dir);
+    if (!o) return -1;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "source_bytes");
+    /* a bound that fits the plan's arithmetic; anything else is unknown */
+    int64_t v = cJSON_IsNumber(b) && b->valuedouble >= 0 && b->valuedouble <= 0x1p53
+                    ? (int64_t)b->valuedouble
+                    : -1;
+    cJSON_Delete(o);
+    return v;
+}
+
 int64_t upload_folder_max_pixels(const char *images_dir)
 {
     cJSON *o = folder_meta(images_dir);
@@ -869,6 +884,7 @@ int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping
     cJSON *m = meta_load(data_dir, id);
     if (m && rc == UPLOAD_OK) {
         meta_set(m, "channels", cJSON_CreateNumber(res.channels));
+        meta_set(m, "source_bytes", cJSON_CreateNumber((double)res.source_bytes));
         meta_set_str(m, "state", UPLOAD_STATE_READY);
         meta_set_str(m, "error", NULL);
         if (meta_save(data_dir, id, m)) rc = UPLOAD_ERR_IO;

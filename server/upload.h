@@ -50,6 +50,7 @@ struct upload_result {
     int64_t pixels;             /* width x height, summed over the images */
     int min_w, max_w, min_h, max_h;
     int channels;               /* the most channels any image has (1..4) */
+    int64_t source_bytes;       /* decoded samples, dataset_source_bytes summed (upload_decode) */
     /* up to UPLOAD_PREVIEW_N tiles (C,S,S) of the first images, in [-1, 1]; preview_c channels */
     float *preview;
     int preview_n, preview_c;
@@ -92,10 +93,10 @@ int upload_part_open(const char *data_dir, char *path, size_t len, char *err, si
 int upload_dataset_create(const char *data_dir, const char *part, const char *owner,
                           const struct upload_limits *lim, int64_t archive_bytes, char *id,
                           char *err, size_t errlen);
-/* decodes a "validating" dataset's images (upload_decode): "ready" with its preview.png and the
- * decoded channels, or "failed" with the reason in dataset.json "error" and its images removed.
- * A dataset deleted meanwhile stays deleted; when stopping(arg) stops it, it stays validating
- * (upload_store_init fails it at the next start). 0 when ready. */
+/* decodes a "validating" dataset's images (upload_decode): "ready" with its preview.png, the
+ * decoded channels and source_bytes, or "failed" with the reason in dataset.json "error" and
+ * its images removed. A dataset deleted meanwhile stays deleted; when stopping(arg) stops it,
+ * it stays validating (upload_store_init fails it at the next start). 0 when ready. */
 int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping)(const void *),
                             const void *arg);
 /* the bytes and pixels of owner's datasets that are not failed; 0 ok */
@@ -109,6 +110,10 @@ char *upload_dataset_meta(const char *data_dir, const char *id);
 int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
 /* the images an uploaded dataset's images/ folder holds, from its dataset.json (-1: unknown) */
 int64_t upload_folder_images(const char *images_dir);
+/* the bytes the same folder's images' decoded samples come to (its dataset.json's
+ * source_bytes, written once they are decoded: dataset_open_folder holds them so when that is
+ * smaller than floats), or -1 */
+int64_t upload_folder_source_bytes(const char *images_dir);
 /* the same folder's widest x tallest image (its dataset.json's sizes: a bound on any one image's
  * pixels), or -1 */
 int64_t upload_folder_max_pixels(const char *images_dir);
