@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -54,6 +55,8 @@ struct dataset {
     size_t px_len, px_cap;   /* a folder's bytes in px, and its room */
     int64_t max_pixels;      /* a folder held as bytes: the bound on one image's w x h it was
                               * planned with (dataset_open_folder) */
+    void *map;               /* a samples file mapped read-only (px and src point into it) */
+    size_t map_len;
     enum dataset_fit fit;
     float lut[256];  /* each byte's value at its own size, (float)(2.0 * (k / 255.0f) - 1.0) */
     uint8_t *labels; /* (N) or NULL */
@@ -104,8 +107,12 @@ void dataset_free(struct dataset *ds)
 {
     if (!ds) return;
     free(ds->x);
-    free(ds->px);
-    free(ds->src);
+    if (ds->map) {
+        munmap(ds->map, ds->map_len);
+    } else {
+        free(ds->px);
+        free(ds->src);
+    }
     free(ds->labels);
     free(ds->train);
     free(ds->val);
@@ -1009,6 +1016,162 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
 done:
     if (fi.gz) gzclose(fi.gz);
     if (fl.gz) gzclose(fl.gz);
+    dataset_free(ds);
+    return rc;
+}
+
+/* ---- a folder's samples file ---- */
+
+/* The file: this header, the records (n x struct dataset_src, offsets into the samples, back to
+ * back from 0), the samples (px_len bytes). crc is zlib's CRC-32 of records and samples; order
+ * tells a file of another byte order (it never leaves its data directory). */
+#define DATASET_SAMPLES_MAGIC "DDPMDSB1"
+struct samples_head {
+    char magic[8];
+    uint64_t n, px_len;
+    uint32_t crc, order;
+    uint64_t reserved[4];
+};
+
+/* CRC-32 of len bytes at p (zlib's, in pieces its uInt can take) */
+static uint32_t samples_crc(uint32_t crc, const uint8_t *p, size_t len)
+{
+    while (len) {
+        unsigned piece = len > (1u << 30) ? 1u << 30 : (unsigned)len;
+        crc = (uint32_t)crc32(crc, p, piece);
+        p += piece;
+        len -= piece;
+    }
+    return crc;
+}
+
+enum dataset_status dataset_save_samples(const struct dataset *ds, const char *path, char *err,
+                                         size_t errlen)
+{
+    if (err && errlen) err[0] = '\0';
+    if (!ds || !ds->src || !path) {
+        set_err(err, errlen, "dataset_save_samples: not a folder held as its samples");
+        return DATASET_ERR_ARG;
+    }
+    struct samples_head h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, DATASET_SAMPLES_MAGIC, sizeof h.magic);
+    h.n = (uint64_t)ds->n;
+    h.px_len = ds->px_len;
+    h.order = 0x01020304u;
+    size_t rec = (size_t)ds->n * sizeof *ds->src;
+    h.crc = samples_crc(samples_crc((uint32_t)crc32(0, NULL, 0), (const uint8_t *)ds->src, rec),
+                        ds->px, ds->px_len);
+    struct fsio_buf bufs[3] = {{&h, sizeof h}, {ds->src, rec}, {ds->px, ds->px_len}};
+    return fsio_write_atomic(path, bufs, 3, err, errlen) ? DATASET_ERR_IO : DATASET_OK;
+}
+
+enum dataset_status dataset_open_samples(struct dataset **out, const char *path, int channels,
+                                         int size, int64_t source_bytes, int64_t max_pixels,
+                                         char *err, size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_ARG;
+    struct dataset *ds = NULL;
+    struct stat sb;
+    int fd = -1;
+
+    if (err && errlen) err[0] = '\0';
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (!path || !check_shape(channels, size)) {
+        set_err(err, errlen, "dataset_open_samples: bad argument (channels=%d, size=%d)",
+                channels, size);
+        return DATASET_ERR_ARG;
+    }
+    rc = DATASET_ERR_IO;
+    fd = fsio_open_regular(path, O_RDONLY, err, errlen);
+    if (fd < 0) goto done;
+    if (fstat(fd, &sb) != 0) {
+        set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    rc = DATASET_ERR_FORMAT;
+    if ((uint64_t)sb.st_size < sizeof(struct samples_head) || (uint64_t)sb.st_size > SIZE_MAX) {
+        set_err(err, errlen, "'%s' is too short for its header", path);
+        goto done;
+    }
+    rc = DATASET_ERR_NOMEM;
+    if (!(ds = dataset_alloc(0, channels, size, 0))) goto done;
+    ds->map_len = (size_t)sb.st_size;
+    ds->map = mmap(NULL, ds->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (ds->map == MAP_FAILED) {
+        ds->map = NULL;
+        rc = DATASET_ERR_IO;
+        set_err(err, errlen, "cannot map '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    rc = DATASET_ERR_FORMAT;
+    struct samples_head h;
+    memcpy(&h, ds->map, sizeof h);
+    size_t left = ds->map_len - sizeof h;
+    if (memcmp(h.magic, DATASET_SAMPLES_MAGIC, sizeof h.magic) || h.order != 0x01020304u ||
+        h.n < 1 || h.n > g_max_files || h.n > left / sizeof(struct dataset_src) ||
+        h.px_len != left - h.n * sizeof(struct dataset_src)) {
+        set_err(err, errlen, "'%s' is not a samples file of its size (header)", path);
+        goto done;
+    }
+    /* the plan's bounds: dataset_open_folder would hold these images as bytes, in as many */
+    if (!folder_as_bytes((int64_t)h.n, channels, size, max_pixels, source_bytes)) {
+        rc = DATASET_ERR_ARG;
+        set_err(err, errlen, "at %dx%d the dataset is held as float", channels, size);
+        goto done;
+    }
+    if (h.px_len > (uint64_t)source_bytes) {
+        set_err(err, errlen, "'%s' holds %llu bytes of %llu images, over the %lld of the plan",
+                path, (unsigned long long)h.px_len, (unsigned long long)h.n,
+                (long long)source_bytes);
+        goto done;
+    }
+    ds->src = (struct dataset_src *)((uint8_t *)ds->map + sizeof h);
+    ds->px = (uint8_t *)ds->map + sizeof h + h.n * sizeof(struct dataset_src);
+    uint32_t crc = samples_crc(samples_crc((uint32_t)crc32(0, NULL, 0), (const uint8_t *)ds->src,
+                                           h.n * sizeof(struct dataset_src)),
+                               ds->px, h.px_len);
+    if (crc != h.crc) {
+        set_err(err, errlen, "'%s' fails its checksum (%08x, recorded %08x)", path, crc, h.crc);
+        goto done;
+    }
+    /* records back to back over the samples, each an image a decode gives */
+    uint64_t off = 0;
+    for (uint64_t i = 0; i < h.n; i++) {
+        const struct dataset_src *r = &ds->src[i];
+        uint64_t len = (uint64_t)r->c * r->w * r->h * r->bps;
+        if (r->off < 0 || (uint64_t)r->off != off || r->c < 1 || r->c > 4 || r->bps < 1 ||
+            r->bps > 2 || r->w < 1 || r->h < 1 || r->w > IMAGE_MAX_SIDE ||
+            r->h > IMAGE_MAX_SIDE || (int64_t)r->w * r->h > max_pixels ||
+            len > h.px_len - off) {
+            set_err(err, errlen, "'%s': image %llu's record is out of bounds", path,
+                    (unsigned long long)i);
+            goto done;
+        }
+        off += len;
+    }
+    if (off != h.px_len) {
+        set_err(err, errlen, "'%s': its records cover %llu of %llu bytes", path,
+                (unsigned long long)off, (unsigned long long)h.px_len);
+        goto done;
+    }
+    ds->n = (int)h.n;
+    ds->cap = (size_t)h.n;
+    ds->px_len = ds->px_cap = (size_t)h.px_len;
+    ds->max_pixels = max_pixels;
+    ds->fit = DATASET_FIT_RESIZE;
+    dataset_init_lut(ds);
+    rc = DATASET_ERR_NOMEM;
+    if (dataset_train_all(ds)) {
+        set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    *out = ds;
+    ds = NULL;
+    rc = DATASET_OK;
+done:
+    if (fd >= 0) close(fd);
     dataset_free(ds);
     return rc;
 }

@@ -99,6 +99,30 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
  * upload sums it over a folder (its source_bytes). */
 int64_t dataset_source_bytes(const struct image *img);
 
+/* One decoded copy of a folder shared by the jobs on it: the first job that holds the folder as
+ * its samples writes them to a file (dataset_save_samples) and later jobs map that file
+ * read-only instead of decoding the PNGs again, so the page cache holds one copy for them all.
+ * A job's VmHWM counts the mapped pages it touches (every page: the checksum reads them), so
+ * admission counts the copy in every job's data part, as a decoding job holds it
+ * (dataset_bytes is the same either way): per job, conservatively - the promise holds for each
+ * job's own peak, and a device's sum over-counts the shared copy once per further job on it. */
+
+/* Write ds (a folder held as its samples) to path atomically (fsio_write_atomic): a header
+ * (counts and the CRC-32 of the rest), the records, the samples. DATASET_ERR_ARG for a dataset
+ * not held so, DATASET_ERR_IO (why in err) when the file cannot be written. */
+enum dataset_status dataset_save_samples(const struct dataset *ds, const char *path, char *err,
+                                         size_t errlen);
+/* Open a folder from its samples file, mapped read-only, as dataset_open_folder holds it given
+ * source_bytes and max_pixels (the same images, bit for bit the same batches, the same
+ * dataset_bytes). Checked before it is used: the header and the file's size, the plan's bounds
+ * (held as bytes at channels x size, at most source_bytes, no image over max_pixels), the CRC-32
+ * of records and samples, and every record within the samples. DATASET_ERR_FORMAT with why for
+ * a file that fails (decode the folder instead), DATASET_ERR_IO when it cannot be opened,
+ * DATASET_ERR_ARG when at channels x size the folder is held as float (the copy is no use). */
+enum dataset_status dataset_open_samples(struct dataset **out, const char *path, int channels,
+                                         int size, int64_t source_bytes, int64_t max_pixels,
+                                         char *err, size_t errlen);
+
 /* Load a Fashion-MNIST split from dir (DATASET_FMNIST_DIR for the Debian package): the IDX files
  * "<prefix>-images-idx3-ubyte.gz" and "<prefix>-labels-idx1-ubyte.gz" (a file without ".gz" is
  * used when the .gz one is absent; zlib reads both). Checked: image magic 2051 with 3 dimensions

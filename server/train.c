@@ -224,14 +224,39 @@ static int open_data(struct job *j, char *err, size_t errlen)
                                  errlen);
     } else {
         struct dataset_report rep;
-        /* held as its samples when its upload counted them (the host plan reads the same) */
-        st = dataset_open_folder(&j->ds, s->dataset, c, size,
-                                 upload_folder_source_bytes(s->dataset),
-                                 upload_folder_max_pixels(s->dataset), &rep, log_skipped, NULL,
-                                 err, errlen);
-        if (!st && rep.skipped && !j->o->quiet)
-            fprintf(stderr, "ddpmd: %d of %d images in %s could not be read and are skipped\n",
-                    rep.skipped, rep.found, j->o->names_only ? "the dataset" : s->dataset);
+        /* held as its samples when its upload counted them (the host plan reads the same): from
+         * the one decoded copy the jobs on it share when a job made it, else decoded (and the
+         * copy made) */
+        int64_t src = upload_folder_source_bytes(s->dataset);
+        int64_t mp = upload_folder_max_pixels(s->dataset);
+        char copy[FSIO_PATH_MAX], why[600];
+        struct stat sb;
+        int shared = src >= 0 && !upload_folder_samples_path(s->dataset, copy, sizeof copy);
+        st = DATASET_ERR_IO;
+        if (shared && stat(copy, &sb) == 0) {
+            st = dataset_open_samples(&j->ds, copy, c, size, src, mp, why, sizeof why);
+            if (!j->o->quiet && st == DATASET_OK)
+                fprintf(stderr, "ddpmd: %d images mapped from the dataset's decoded copy\n",
+                        dataset_count(j->ds));
+            else if (!j->o->quiet && st != DATASET_ERR_ARG)
+                fprintf(stderr, "ddpmd: the dataset's decoded copy is not used (%s): decoding "
+                        "its images\n", j->o->names_only ? "unusable" : why);
+        }
+        if (st != DATASET_OK) {
+            st = dataset_open_folder(&j->ds, s->dataset, c, size, src, mp, &rep, log_skipped,
+                                     NULL, err, errlen);
+            if (!st && rep.skipped && !j->o->quiet)
+                fprintf(stderr,
+                        "ddpmd: %d of %d images in %s could not be read and are skipped\n",
+                        rep.skipped, rep.found, j->o->names_only ? "the dataset" : s->dataset);
+            /* the copy for the next jobs (not for a folder held as float); a failure costs them
+             * only a decode */
+            if (!st && shared && !rep.skipped &&
+                dataset_save_samples(j->ds, copy, why, sizeof why) == DATASET_OK &&
+                !j->o->quiet)
+                fprintf(stderr, "ddpmd: decoded %d images; the dataset's decoded copy written "
+                        "for the next jobs\n", dataset_count(j->ds));
+        }
     }
     if (st) return -1;
     if (s->validation) {

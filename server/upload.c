@@ -788,6 +788,15 @@ int64_t upload_folder_images(const char *images_dir)
     return v;
 }
 
+int upload_folder_samples_path(const char *images_dir, char *path, size_t len)
+{
+    char e[8];
+    const char *slash = images_dir ? strrchr(images_dir, '/') : NULL;
+    if (!slash || strcmp(slash, "/images") != 0) return -1;
+    return fsio_path(path, len, e, sizeof e, "%.*s/samples.bin", (int)(slash - images_dir),
+                     images_dir);
+}
+
 int64_t upload_folder_source_bytes(const char *images_dir)
 {
     cJSON *o = folder_meta(images_dir);

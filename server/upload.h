@@ -1,10 +1,11 @@
 /* upload.h - uploaded datasets: a tar (plain or gzip) of PNG files checked and unpacked with
- * libarchive into DATA/datasets/<id>/ (images/, dataset.json, preview.png), listed, read and
- * deleted. Everything an archive holds is untrusted: paths, entry types, sizes and each PNG's
- * header are checked entry by entry on the request and a refused archive leaves nothing on disk
- * (docs/limits.md); decoding its images (seconds of CPU for a few large ones) is a second step
- * the server runs on a worker (upload_dataset_validate): the dataset is "validating" until it
- * is "ready", or "failed" with the reason.
+ * libarchive into DATA/datasets/<id>/ (images/, dataset.json, preview.png; samples.bin, its
+ * decoded copy, once a job made it), listed, read and deleted. Everything an archive holds is
+ * untrusted: paths, entry types, sizes and each PNG's header are checked entry by entry on the
+ * request and a refused archive leaves nothing on disk (docs/limits.md); decoding its images
+ * (seconds of CPU for a few large ones) is a second step the server runs on a worker
+ * (upload_dataset_validate): the dataset is "validating" until it is "ready", or "failed" with
+ * the reason.
  */
 #ifndef DDPMD_UPLOAD_H
 #define DDPMD_UPLOAD_H
@@ -114,6 +115,10 @@ int64_t upload_folder_images(const char *images_dir);
  * source_bytes, written once they are decoded: dataset_open_folder holds them so when that is
  * smaller than floats), or -1 */
 int64_t upload_folder_source_bytes(const char *images_dir);
+/* where the jobs on the same folder keep its one decoded copy (DIR/samples.bin beside DIR/images:
+ * dataset_save_samples, dataset_open_samples; removed with the dataset); 0 when images_dir is
+ * an upload's images folder and the path fits */
+int upload_folder_samples_path(const char *images_dir, char *path, size_t len);
 /* the same folder's widest x tallest image (its dataset.json's sizes: a bound on any one image's
  * pixels), or -1 */
 int64_t upload_folder_max_pixels(const char *images_dir);

@@ -1126,6 +1126,66 @@ static int make_held(const char *dir, const struct held_kind *kinds, int nk, int
     return n;
 }
 
+/* The one decoded copy of a folder (held as bytes at 1 x 16): written, mapped back with the
+ * same images and bytes; a flipped sample byte (checksum), a cut file (size), a record out of
+ * bounds under a recomputed checksum, a plan that holds it as float, no file: each refused. */
+static void check_samples(const char *dir, int64_t src, int64_t maxpix, int n)
+{
+    char err[1024], path[700];
+    struct dataset *db = NULL, *dm = NULL;
+    snprintf(path, sizeof path, "%s.bin", dir);
+    CHECK(dataset_open_folder(&db, dir, 1, 16, src, maxpix, NULL, NULL, NULL, err, sizeof err) ==
+              DATASET_OK && dataset_save_samples(db, path, err, sizeof err) == DATASET_OK,
+          "samples written: %s", err);
+    CHECK(dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err) == DATASET_OK &&
+              dataset_count(dm) == n && dataset_bytes(dm) == dataset_bytes(db),
+          "samples mapped: %s", err);
+    int same = db && dm;
+    for (int i = 0; same && i < n; i++) {
+        const float *a = image_at(db, i), *b = image_at(dm, i);
+        same = a && b && !memcmp(a, b, 16 * 16 * sizeof *a);
+    }
+    CHECK(same, "a mapped image differs from the decoded one");
+    dataset_free(dm);
+    dm = NULL;
+    size_t len;
+    unsigned char *whole = tu_slurp(path, &len), *bad = whole ? malloc(len) : NULL;
+    CHECK(whole && bad && len == 64 + (size_t)n * 16 + (size_t)src, "samples file of %zu bytes",
+          len);
+    if (!bad) goto done;
+    memcpy(bad, whole, len);
+    bad[len - 1] ^= 1;
+    write_bytes(path, bad, len);
+    enum dataset_status rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm && strstr(err, "checksum"), "a flipped byte: %d %s", rc,
+          err);
+    write_bytes(path, whole, len - 1);
+    rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm, "a cut file: %d %s", rc, err);
+    /* the last image's record starts 64 bytes later (the checksum made right): past the end */
+    memcpy(bad, whole, len);
+    bad[64 + (size_t)(n - 1) * 16] += 64;
+    uint32_t crc = (uint32_t)crc32(0, bad + 64, (uInt)(len - 64));
+    memcpy(bad + 24, &crc, sizeof crc);
+    write_bytes(path, bad, len);
+    rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm && strstr(err, "record"), "a bad record: %d %s", rc,
+          err);
+    write_bytes(path, whole, len);
+    rc = dataset_open_samples(&dm, path, 1, 4, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_ARG && !dm, "held as float at 4 px: %d %s", rc, err);
+    rc = dataset_open_samples(&dm, path, 1, 16, src - 1, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm, "over its plan: %d %s", rc, err);
+    unlink(path);
+    rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_IO && !dm, "no file: %d %s", rc, err);
+done:
+    free(whole);
+    free(bad);
+    dataset_free(dm);
+    dataset_free(db);
+}
+
 /* Folders held as their decoded samples against the same folders held as float (check_held),
  * for grey and RGB at the files' own size (the byte table) and resized up and down, over every
  * kind of file (grey, grey+alpha, RGB, RGBA, palette, 16-bit, 2-bit, non-square, interlaced),
@@ -1145,6 +1205,7 @@ static void test_folder_bytes(void)
     check_held(dir, src, maxpix, n, 3, 16, 1); /* grey replicated */
     check_held(dir, src, maxpix, n, 1, 23, 1); /* up */
     check_held(dir, src, maxpix, n, 1, 4, 0);  /* floats are fewer bytes */
+    check_samples(dir, src, maxpix, n);
     /* every kind */
     const struct held_kind all[] = {
         {16, 16, 8, PNG_COLOR_TYPE_GRAY},       {16, 16, 8, PNG_COLOR_TYPE_RGB},

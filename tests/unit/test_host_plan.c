@@ -121,6 +121,11 @@ int main(void)
     }
     small_spec(&s, images, 1, 16, 0);
     agree("folder-bytes", &s);
+    /* the job left the folder's decoded copy: the next maps it, counted the same */
+    char copy[200];
+    snprintf(copy, sizeof copy, "%s/samples.bin", up);
+    CHECK(stat(copy, &st) == 0, "no decoded copy at %s", copy);
+    agree("folder-mapped", &s);
     CHECK(dataset_plan_bytes(0, 24, 1, 16, 256, 6144) < dataset_plan_bytes(0, 24, 1, 16, 256, -1),
           "the upload's folder is not held as bytes");
     if (stat(DATASET_FMNIST_DIR "/train-images-idx3-ubyte.gz", &st) == 0) {
