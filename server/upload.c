@@ -562,14 +562,8 @@ int upload_store_init(const char *data_dir, char *err, size_t errlen)
              strncmp(de->d_name, ".del-", 5) == 0) &&
             snprintf(p, sizeof p, "%s/%s", dir, de->d_name) < (int)sizeof p)
             upload_rmtree(p);
-        else if (upload_id_valid(de->d_name)) {
-            cJSON *m = meta_load(data_dir, de->d_name);
-            const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "state");
-            if (cJSON_IsString(st) && strcmp(st->valuestring, UPLOAD_STATE_VALIDATING) == 0)
-                meta_fail(data_dir, de->d_name, m, "the server stopped before its images were "
-                          "decoded: upload it again");
-            cJSON_Delete(m);
-        }
+        /* a dataset left validating stays so: the server decodes it again at start
+         * (upload_dataset_validating) */
     }
     closedir(d);
     return 0;
@@ -835,6 +829,21 @@ int upload_dataset_delete(const char *data_dir, const char *id)
     return upload_rmtree(away);
 }
 
+int upload_dataset_validating(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n)
+{
+    if (upload_dataset_ids(data_dir, ids, n)) return -1;
+    int k = 0;
+    for (int i = 0; i < *n; i++) {
+        cJSON *m = meta_load(data_dir, (*ids)[i]);
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "state");
+        if (cJSON_IsString(st) && strcmp(st->valuestring, UPLOAD_STATE_VALIDATING) == 0)
+            memmove((*ids)[k++], (*ids)[i], UPLOAD_ID_LEN);
+        cJSON_Delete(m);
+    }
+    *n = k;
+    return 0;
+}
+
 int upload_owner_usage(const char *data_dir, const char *owner, int64_t *bytes, int64_t *pixels)
 {
     *bytes = *pixels = 0;
@@ -884,7 +893,7 @@ int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping
         rc = UPLOAD_ERR_IO;
         snprintf(err, sizeof err, "cannot write the preview: %s", perr);
     }
-    if (stopping && stopping(arg)) { /* left validating: failed at the next start */
+    if (stopping && stopping(arg)) { /* left validating: decoded again at the next start */
         upload_result_free(&res);
         return -1;
     }

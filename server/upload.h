@@ -82,7 +82,8 @@ int upload_id_valid(const char *s);
 /* ---- the store: DATA/datasets/ ---- */
 
 /* makes DATA/datasets and removes what an interrupted upload left (.part files, .tmp- folders);
- * a dataset a stopped server left "validating" becomes "failed" (upload it again) */
+ * a dataset a stopped server left "validating" stays so (upload_dataset_validating finds it for
+ * the decoding the server queues again at start) */
 int upload_store_init(const char *data_dir, char *err, size_t errlen);
 /* a fresh temporary file for an upload's body (O_EXCL, 0600): its fd, its path in path */
 int upload_part_open(const char *data_dir, char *path, size_t len, char *err, size_t errlen);
@@ -97,9 +98,12 @@ int upload_dataset_create(const char *data_dir, const char *part, const char *ow
 /* decodes a "validating" dataset's images (upload_decode): "ready" with its preview.png, the
  * decoded channels and source_bytes, or "failed" with the reason in dataset.json "error" and
  * its images removed. A dataset deleted meanwhile stays deleted; when stopping(arg) stops it,
- * it stays validating (upload_store_init fails it at the next start). 0 when ready. */
+ * it stays validating (the next start decodes it again). 0 when ready. */
 int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping)(const void *),
                             const void *arg);
+/* the ids of the datasets in state "validating" (a stopped server's), sorted (caller frees ids);
+ * 0 ok */
+int upload_dataset_validating(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
 /* the bytes and pixels of owner's datasets that are not failed; 0 ok */
 int upload_owner_usage(const char *data_dir, const char *owner, int64_t *bytes, int64_t *pixels);
 /* DATA/datasets/<id>/<tail> ("dataset.json", "preview.png", "images"); 0 when it fits */
