@@ -1,7 +1,7 @@
 """test_host_peak.py - a job's reservation on the cpu device is the whole truth in its process:
 jobs of several kinds (Fashion-MNIST padded and resized to RGB at 40 px, a wider model on two
-threads, an offloaded one, an uploaded folder held as its bytes and resized per batch, a
-sampling job) run under a server whose children record their peak
+threads, an offloaded one, an uploaded folder held as its bytes and resized per batch, a second
+job on it mapping the decoded copy the first left, a sampling job) run under a server whose children record their peak
 resident bytes by phase (DDPMD_TEST_PEAK_DIR: testhold_phase), and each one's VmHWM - through
 its weights read, data load, steps, checkpoints, grids and its end - stays within the
 reserved_bytes the pool gave it (plan + its host part + host plan + the probe's process
@@ -95,6 +95,16 @@ def main(exe):
                    what="job %s ending" % name)
         j = s.get_json("/jobs/" + jid)
         check(j["state"] == "succeeded", "job %s: %s" % (name, j.get("error")))
+    # a second job on the folder maps the decoded copy the first wrote: its mapped pages count
+    # in its VmHWM, within the same reservation
+    r = s.request("POST", "/train", fold)
+    check(r.status == 202, "POST /train folder-mapped: %d %s" % (r.status, r.body[:300]))
+    jobs["folder-mapped"] = r.json()["id"]
+    s.wait_job(jobs["folder-mapped"], lambda j: j["state"] in ("succeeded", "failed"), timeout=600,
+               what="job folder-mapped ending")
+    mlog = s.request("GET", "/jobs/%s/logs" % jobs["folder-mapped"]).body.decode()
+    check("400 images mapped from the dataset's decoded copy" in mlog,
+          "the second folder job did not map the copy: %s" % mlog[:400])
     r = s.request("POST", "/samples", {"job": jobs["small"], "n": 16, "sampler": "ddim",
                                        "steps": 5, "seed": 3, "batch": 4, "ema": True})
     check(r.status == 202, "POST /samples: %d %s" % (r.status, r.body[:300]))
