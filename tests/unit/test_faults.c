@@ -476,6 +476,8 @@ struct ds_ctx {
     const char *dir;
     int fmnist;
     struct dataset *ref;
+    int size;            /* a folder's */
+    int64_t src, maxpix; /* as its upload counts them, or -1 */
 };
 
 static int same_dataset(const struct dataset *a, const struct dataset *b)
@@ -501,7 +503,8 @@ static int op_dataset(void *vc)
     enum dataset_status r =
         c->fmnist ? dataset_open_fmnist(&ds, c->dir, DATASET_FMNIST_TRAIN, 1, 28, DATASET_FIT_PAD,
                                         err, sizeof err)
-                  : dataset_open_folder(&ds, c->dir, 1, 8, &rep, NULL, NULL, err, sizeof err);
+                  : dataset_open_folder(&ds, c->dir, 1, c->size, c->src, c->maxpix, &rep, NULL,
+                                        NULL, err, sizeof err);
     if (r != DATASET_OK) return !ds && err[0] ? 1 : -1;
     af_disarm();
     int ok = same_dataset(ds, c->ref);
@@ -624,12 +627,27 @@ static void test_alloc_faults(struct tiny *t)
     CHECK(image_save_png(p, px, 3, 6, 10, err, sizeof err) == 0, "b.png: %s", err);
     snprintf(p, sizeof p, "%s/c.png", sub);
     CHECK(image_save_png(p, px + 7, 1, 10, 5, err, sizeof err) == 0, "sub/c.png: %s", err);
-    struct ds_ctx dc = {folder, 0, NULL};
-    CHECK(dataset_open_folder(&dc.ref, folder, 1, 8, NULL, NULL, NULL, err, sizeof err) == 0 &&
+    struct ds_ctx dc = {folder, 0, NULL, 8, -1, -1};
+    CHECK(dataset_open_folder(&dc.ref, folder, 1, 8, -1, -1, NULL, NULL, NULL, err, sizeof err) ==
+                  0 &&
               dataset_count(dc.ref) == 3,
           "reference folder dataset: %s", err);
     if (dc.ref) af_sweep("dataset_open_folder (3 PNGs)", op_dataset, &dc);
     dataset_free(dc.ref);
+    /* held as their samples (their count known, as an upload's), drawn at 40 px against floats */
+    struct ds_ctx db = {folder, 0, NULL, 40, 6 * 10 + 3 * 6 * 10 + 10 * 5, 6 * 10};
+    CHECK(dataset_open_folder(&db.ref, folder, 1, 40, -1, -1, NULL, NULL, NULL, err, sizeof err) ==
+                  0 &&
+              dataset_count(db.ref) == 3,
+          "reference folder dataset at 40 px: %s", err);
+    if (db.ref) af_sweep("dataset_open_folder (3 PNGs held as bytes)", op_dataset, &db);
+    struct dataset *held = NULL;
+    CHECK(dataset_open_folder(&held, folder, 1, 40, db.src, db.maxpix, NULL, NULL, NULL, err,
+                              sizeof err) == 0 &&
+              dataset_bytes(held) < dataset_bytes(db.ref),
+          "the folder is not held as bytes: %s", err);
+    dataset_free(held);
+    dataset_free(db.ref);
 
     char idx[600];
     snprintf(idx, sizeof idx, "%s", in_dir("idx"));
@@ -647,7 +665,7 @@ static void test_alloc_faults(struct tiny *t)
     CHECK(write_file(p, ih, sizeof ih) == 0, "images file");
     snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", idx);
     CHECK(write_file(p, lh, sizeof lh) == 0, "labels file");
-    struct ds_ctx dx = {idx, 1, NULL};
+    struct ds_ctx dx = {idx, 1, NULL, 28, -1, -1};
     CHECK(dataset_open_fmnist(&dx.ref, idx, DATASET_FMNIST_TRAIN, 1, 28, DATASET_FIT_PAD, err,
                               sizeof err) == 0 && dataset_count(dx.ref) == 3,
           "reference IDX dataset: %s", err);
