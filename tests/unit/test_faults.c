@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "dataset.h"
+#include "dataset_images.h"
 #include "exec.h"
 #include "fsio.h"
 #include "graph.h"
@@ -31,24 +32,6 @@
 #include "safetensors.h"
 #include "spec.h"
 #include "test_util.h"
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 /* ---- the allocation fault layer ---- */
 
@@ -486,7 +469,7 @@ static int same_dataset(const struct dataset *a, const struct dataset *b)
         return 0;
     size_t per = (size_t)dataset_channels(a) * dataset_size(a) * dataset_size(a);
     for (int i = 0; i < n; i++)
-        if (memcmp(image_at(a, i), image_at(b, i), per * sizeof(float)) ||
+        if (memcmp(tu_image_at(a, i), tu_image_at(b, i), per * sizeof(float)) ||
             dataset_label(a, i) != dataset_label(b, i))
             return 0;
     return 1;
