@@ -769,7 +769,8 @@ static void cli_auto_threads(struct train_spec *spec, const char *out, int resum
     struct safetensors *st = NULL;
     struct train_spec *saved = resume && out ? malloc(sizeof *saved) : NULL;
     if (saved && train_latest_checkpoint(out, path, sizeof path, &step) == 0 &&
-        checkpoint_open(&st, path, saved, NULL, err, sizeof err) == 0 && saved->threads > 0) {
+        checkpoint_open_stream(&st, path, saved, NULL, err, sizeof err) == 0 &&
+        saved->threads > 0) {
         spec->threads = saved->threads;
         why = "the count its checkpoint was trained with";
     }
