@@ -37,7 +37,7 @@
 #include "init.h"
 #include "metrics.h"
 #include "philox.h"
-#include "plan.h"
+#include "memplan.h"
 #include "unet.h"
 
 /* the most images one `ddpmd sample` makes */

@@ -27,7 +27,7 @@
 #include "cpu/cpu.h"
 #include "exec.h"
 #include "init.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "unet.h"
 

@@ -21,7 +21,7 @@
 #include "backend_load.h"
 #include "bench_exec.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "unet.h"
 

@@ -16,7 +16,7 @@
 
 #include "backend.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "strategy.h"
 
 enum exec_status {

@@ -12,7 +12,7 @@
 #include "backend.h"
 #include "cost.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "planner.h"
 #include "strategy.h"
 #include "unet.h"

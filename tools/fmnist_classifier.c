@@ -17,7 +17,7 @@
 #include "exec.h"
 #include "image.h"
 #include "init.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "generate.h"
 #include "sampler.h"

@@ -8,7 +8,7 @@
 
 #include "classifier.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "test_unet_util.h"
 #include "test_util.h"
 #include "unet.h"

@@ -13,7 +13,7 @@
 #include "dataset.h"
 #include "dataset_images.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "test_util.h"
 

@@ -28,7 +28,7 @@
 #include "fsio.h"
 #include "graph.h"
 #include "image.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "spec.h"
 #include "test_util.h"

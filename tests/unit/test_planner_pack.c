@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan.h"
+#include "memplan.h"
 #include "test_util.h"
 #include "unet.h"
 

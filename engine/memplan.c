@@ -1,7 +1,7 @@
 /* plan.c - lifetimes, in-place merging and best-fit placement of the arena; the persistent
  * parts laid out around it. Runs in milliseconds and touches no device memory.
  */
-#include "plan.h"
+#include "memplan.h"
 
 #include <math.h>
 #include <stdlib.h>
