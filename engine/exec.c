@@ -963,7 +963,7 @@ static struct bk_groupnorm gn_shape(const struct op *o, int kd)
 }
 
 /* The group norm ops and their broadcast adds on the typed kernels, fused where the plan says
- * (plan.c's plan_fusions: o is run op k, go its guest or NULL). The fused kernels keep the
+ * (memplan.c's plan_fusions: o is run op k, go its guest or NULL). The fused kernels keep the
  * unfused ops' rounding points, so a fused step gives the unfused step's bits. */
 static int groupnorm_typed(struct exec *e, const struct op *o, const struct op *go, int kd,
                            void *ws)
@@ -1049,7 +1049,7 @@ static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
 
 /* The group-norm backward: the backend's with a workspace, or its plain one. For silu without
  * the former, the executor recomputes z = group norm(x) (and its statistics, equal bits to the
- * saved ones) in the workspace (plan.c sizes it), turns dy into dz = dy silu'(z) there, and
+ * saved ones) in the workspace (memplan.c sizes it), turns dy into dz = dy silu'(z) there, and
  * runs the group norm backward on dz. */
 static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
 {
