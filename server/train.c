@@ -332,15 +332,10 @@ static void host_plan_common(const struct train_spec *s, const struct graph *g,
     size_t per = (size_t)s->model.in_channels * s->model.image_size * s->model.image_size;
     size_t out = (size_t)s->model.out_channels * s->model.image_size * s->model.image_size;
     h->part[TRAIN_HOST_STEP] = train_step_host_bytes(s->batch, per);
-    /* a resume reads the job's own checkpoint, init_from another file; a fresh run stages one
-     * tensor of its initial weights */
-    int64_t in = checkpoint_read_plan_bytes(g, -1);
-    struct stat st;
-    if (s->init_from[0] && stat(s->init_from, &st) == 0) {
-        int64_t other = checkpoint_read_plan_bytes(g, (int64_t)st.st_size);
-        if (other > in) in = other;
-    }
-    h->part[TRAIN_HOST_WEIGHTS_IN] = in;
+    /* a resume reads the job's own checkpoint, init_from another of the same model, both
+     * streamed a tensor at a time (checkpoint_open_stream: the header and one tensor, never the
+     * file); a fresh run stages one tensor of its initial weights */
+    h->part[TRAIN_HOST_WEIGHTS_IN] = checkpoint_stream_plan_bytes(g);
     h->part[TRAIN_HOST_LOG] = log_capacity(log_rows(s)) * LOG_ROW_BYTES;
     h->part[TRAIN_HOST_CHECKPOINT] = checkpoint_save_plan_bytes(g);
     if (s->samples > 0) {
@@ -645,7 +640,7 @@ static int open_newest(struct job *j, char *path, size_t plen, struct safetensor
             rc = -1;
             break;
         }
-        if (checkpoint_open(st, path, saved, step, why, sizeof why) == 0) {
+        if (checkpoint_open_stream(st, path, saved, step, why, sizeof why) == 0) {
             if (*step == steps[i]) {
                 rc = 1;
                 break;
@@ -716,7 +711,7 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     }
     if (s->init_from[0]) {
         struct safetensors *st = NULL;
-        if (checkpoint_open(&st, s->init_from, NULL, NULL, err, errlen)) return -1;
+        if (checkpoint_open_stream(&st, s->init_from, NULL, NULL, err, errlen)) return -1;
         int rc = checkpoint_apply(st, j->ts.e, &j->ts.tp.g, CHECKPOINT_WEIGHTS, 0, err, errlen);
         safetensors_free(st);
         if (rc) return -1;

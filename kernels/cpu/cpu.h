@@ -27,7 +27,7 @@ struct bk_ctx {
  * BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN where oneDNN runs bf16 on the CPU's AVX512-BF16
  * instructions or AMX tiles and attn_bf16.c's tiles run (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's
  * copies, the typed kernels, the step on the device and graphs. */
-#define BK_OP(ret, fn, args) ret cpu_##fn args;
+#define BK_OP(ret, fn, args, half) ret cpu_##fn args;
 #include "ops.def"
 
 /* threads of the job's oneDNN calls and of kernels with per-thread scratch: ctx->threads capped

@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "dataset.h"
+#include "dataset_images.h"
 #include "image.h"
 #include "philox.h"
 #include "test_util.h"
@@ -23,24 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 static char g_dir[64];
 
@@ -983,8 +966,8 @@ static void test_folder(void)
                   dataset_label(ds, 0) == -1,
               "folder dataset shape");
         /* strcmp order: B.PNG, a.png, sub/c.png */
-        const float *i0 = image_at(ds, 0), *i1 = image_at(ds, 1),
-                    *i2 = image_at(ds, 2);
+        const float *i0 = tu_image_at(ds, 0), *i1 = tu_image_at(ds, 1),
+                    *i2 = tu_image_at(ds, 2);
         CHECK(near(i0[3], 2 * (51 / 255.0) - 1, 1e-6), "B.PNG first: %g", i0[3]);
         CHECK(near(i1[0], 2 * (0.299 * 1.0) - 1, 1e-6), "a.png second (red luminance): %g",
               i1[0]);
@@ -998,7 +981,7 @@ static void test_folder(void)
     CHECK(rc == DATASET_OK && dataset_count(ds) == 3 && dataset_channels(ds) == 3,
           "3-channel folder: %s", err);
     if (rc == DATASET_OK) {
-        const float *i1 = image_at(ds, 1);
+        const float *i1 = tu_image_at(ds, 1);
         CHECK(i1[0] == 1.0f && i1[9] == -1.0f && i1[18] == -1.0f, "a.png as RGB: %g %g %g",
               i1[0], i1[9], i1[18]);
         CHECK(dataset_bytes(ds) == dataset_plan_bytes(0, 3, 3, 3, -1, -1),
@@ -1306,7 +1289,7 @@ static void test_idx(void)
         CHECK(dataset_count(ds) == 5 && dataset_size(ds) == 32 && dataset_label(ds, 4) == 4,
               "idx shape/labels");
         for (int i = 0; i < 5; i++) {
-            const float *x = image_at(ds, i);
+            const float *x = tu_image_at(ds, i);
             for (int y = 0; y < 32; y++)
                 for (int xx = 0; xx < 32; xx++) {
                     float v = x[y * 32 + xx];
@@ -1326,7 +1309,7 @@ static void test_idx(void)
                              DATASET_FIT_RESIZE, err, sizeof err);
     CHECK(rc == DATASET_OK && dataset_channels(ds) == 3, "idx resize: %s", err);
     if (rc == DATASET_OK) {
-        const float *x = image_at(ds, 2);
+        const float *x = tu_image_at(ds, 2);
         float lo = 1, hi = -1;
         bad = 0;
         for (int k = 0; k < 32 * 32; k++) {
@@ -1362,7 +1345,7 @@ static void test_idx(void)
                              DATASET_FIT_RESIZE, err, sizeof err);
     CHECK(rc == DATASET_OK, "idx resize to 8: %s", err);
     if (rc == DATASET_OK) {
-        const float *x = image_at(ds, 3);
+        const float *x = tu_image_at(ds, 3);
         float grey[28 * 28], want[8 * 8];
         for (int y = 0; y < 28; y++)
             for (int xx = 0; xx < 28; xx++) grey[y * 28 + xx] = (float)idx_px(3, xx, y) / 255.0f;
@@ -1645,7 +1628,7 @@ static void test_real_fmnist(void)
             int l = dataset_label(ds, i);
             if (l < 0 || l > 9) badlabel++;
             else per_class[l]++;
-            const float *x = image_at(ds, i);
+            const float *x = tu_image_at(ds, i);
             for (int k = 0; k < 32 * 32; k++) {
                 lo = x[k] < lo ? x[k] : lo;
                 hi = x[k] > hi ? x[k] : hi;
@@ -1686,7 +1669,7 @@ static int is_perm(const int *p, int n)
 static int same_image(const struct dataset *ds, const float *x, int idx, int flipped)
 {
     int s = dataset_size(ds), c = dataset_channels(ds);
-    const float *src = image_at(ds, idx);
+    const float *src = tu_image_at(ds, idx);
     for (int ch = 0; ch < c; ch++)
         for (int y = 0; y < s; y++)
             for (int xx = 0; xx < s; xx++) {
