@@ -1039,7 +1039,7 @@ static void check_held(const char *dir, int64_t src, int64_t maxpix, int n, int 
           planned < floats ? "bytes" : "float", (long long)planned, (long long)floats);
     int same = 1;
     for (int i = 0; i < n; i++) {
-        const float *a = image_at(df, i), *b = image_at(db, i);
+        const float *a = tu_image_at(df, i), *b = tu_image_at(db, i);
         same &= a && b && !memcmp(a, b, (size_t)C * S * S * sizeof *a);
     }
     CHECK(same, "%s %dx%d: an image differs from its float decode", dir, C, S);
@@ -1125,7 +1125,7 @@ static void check_samples(const char *dir, int64_t src, int64_t maxpix, int n)
           "samples mapped: %s", err);
     int same = db && dm;
     for (int i = 0; same && i < n; i++) {
-        const float *a = image_at(db, i), *b = image_at(dm, i);
+        const float *a = tu_image_at(db, i), *b = tu_image_at(dm, i);
         same = a && b && !memcmp(a, b, 16 * 16 * sizeof *a);
     }
     CHECK(same, "a mapped image differs from the decoded one");
