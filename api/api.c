@@ -268,6 +268,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->upload_fd >= 0) close(r->upload_fd);
     if (r->upload_path[0]) unlink(r->upload_path); /* an upload refused or cut off */
     api_plan_drop(r);
+    free(r->parsed);
     if (r->idem_open) /* closed before its resumed handler answered: the key free again */
         jobs_idem_abandon(((struct api *)cls)->cfg.db, r->idem_owner, r->idem_key);
     free(r->body);

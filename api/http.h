@@ -73,6 +73,8 @@ struct req {
     int bare_prefix;        /* the url was the path prefix itself, without its final '/' */
     int no_memory;          /* its body could not be kept: answered 500 once it is read */
     struct plan_task *plan; /* POST /train: its planning, while suspended for it (submit.c) */
+    void *parsed;           /* what its handler parsed before the suspension (POST /train's
+                             * spec and extras), kept for the resumed run; freed with it */
     int idem_open;          /* its Idempotency-Key reserved across the suspension */
     char idem_key[129], idem_owner[64];
 };

@@ -276,6 +276,104 @@ int api_job_load(struct ctx *c, const char *id, struct job_row *r, enum MHD_Resu
     return 0;
 }
 
+/* POST /train's request as parsed: the spec, the webhook, name and labels beside it, and the
+ * server paths its data and init_from name; parsed once, before the planning suspends the
+ * request, and taken up again by the resumed handler (c->r->parsed) */
+struct train_req {
+    struct train_spec spec;
+    struct webhook_sub sub;
+    int hook, uploaded;
+    char name[API_NAME_MAX + 1], labels[API_LABELS_JSON_MAX];
+    char data_path[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
+};
+
+/* the body parsed and checked into q: 0, or 1 with the refusal queued in *res */
+static int train_req_parse(struct ctx *c, struct train_req *q, enum MHD_Result *res)
+{
+    /* the spec, and beside it "webhook" ({"url", "events"}), "name" and "labels" */
+    static const char *const extra[] = {"webhook", "name", "labels", NULL};
+    struct spec_errors es;
+    cJSON *extras = NULL;
+    int spec_bad = spec_parse_request(c->r->body ? c->r->body : "", c->r->len, extra, &extras,
+                                      &q->spec, &es);
+    if (es.syntax) {
+        char detail[200];
+        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)",
+                 es.syntax_at, c->r->len);
+        cJSON_Delete(extras);
+        return *res = http_send_problem(c, 400, "malformed-json", detail, NULL, NULL), 1;
+    }
+    const cJSON *wh = cJSON_GetObjectItemCaseSensitive(extras, "webhook");
+    q->hook = wh != NULL;
+    if (wh) {
+        char wpath[64], wmsg[200];
+        int bad = !c->a->cfg.webhook ||
+                  webhook_parse(c->a->cfg.webhook, wh, &q->sub, wpath, sizeof wpath, wmsg, sizeof wmsg);
+        if (!c->a->cfg.webhook) snprintf(wpath, sizeof wpath, "webhook"),
+                                snprintf(wmsg, sizeof wmsg, "this server sends no webhooks");
+        if (bad) {
+            cJSON_Delete(extras);
+            return *res = http_send_invalid(c, 422, wpath, wmsg), 1;
+        }
+    }
+    /* the spec's errors and the name's and labels', one list under one cap */
+    cJSON *errs = http_errors_new();
+    int meta_bad = api_job_meta_parse(extras, q->name, q->labels, errs);
+    cJSON_Delete(extras);
+    if (spec_bad || meta_bad) {
+        for (int i = 0; errs && i < es.n; i++) http_errors_add(errs, es.e[i].path, es.e[i].msg);
+        return *res = http_send_errors(c, errs, "spec"), 1;
+    }
+    cJSON_Delete(errs);
+    /* over HTTP a job names data by id, never by a path on the server's disk: the built-in
+     * fashion-mnist or an upload the caller can see, whose images/ folder the child reads */
+    q->uploaded = strcmp(q->spec.dataset, "fashion-mnist") != 0;
+    if (q->uploaded) {
+        cJSON *d = upload_id_valid(q->spec.dataset) ? api_upload_json(c, q->spec.dataset) : NULL;
+        int visible = d && api_upload_visible(c, d);
+        enum MHD_Result ures;
+        if (visible && api_upload_unusable(c, d, &ures)) { /* validating, or failed */
+            cJSON_Delete(d);
+            return *res = ures, 1;
+        }
+        cJSON_Delete(d);
+        if (!visible ||
+            upload_dataset_path(api_data_dir(c), q->spec.dataset, "images", q->data_path,
+                                sizeof q->data_path) ||
+            strlen(q->data_path) >= SPEC_PATH_MAX)
+            return *res = http_send_invalid(c, 422, "data.dataset",
+                           "unknown dataset id: \"fashion-mnist\" or an uploaded dataset's id "
+                           "(GET /datasets lists them; a server path is never accepted over HTTP)"), 1;
+    }
+    /* the decoded dataset must fit this host: refused before any planning (an upload is
+     * counted in its folder, the spec keeps its id) */
+    struct train_spec at = q->spec;
+    char host_why[400];
+    if (q->uploaded) memcpy(at.dataset, q->data_path, strlen(q->data_path) + 1);
+    if (spec_host_check(&at, host_why, sizeof host_why))
+        return *res = http_send_invalid(c, 422, "data.dataset", host_why), 1;
+    if (q->spec.init_from[0]) {
+        char jid[JOBS_ID_LEN];
+        int64_t step;
+        struct job_row src;
+        struct stat sb;
+        if (pool_checkpoint_id_parse(q->spec.init_from, jid, sizeof jid, &step))
+            return *res = http_send_invalid(c, 422, "init_from",
+                           "expected a checkpoint id like j0123456789abcdef-300 (GET "
+                           "/jobs/{id}/checkpoints lists them), or null"), 1;
+        int rc = jobs_get(c->a->cfg.db, jid, &src);
+        int visible = rc == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0);
+        job_row_free(&src);
+        if (!visible ||
+            pool_checkpoint_path(c->a->cfg.pool, jid, step, q->init_path, sizeof q->init_path) ||
+            stat(q->init_path, &sb) || !S_ISREG(sb.st_mode))
+            return *res = http_send_invalid(c, 422, "init_from", "no such checkpoint"), 1;
+        if (strlen(q->init_path) >= SPEC_PATH_MAX)
+            return *res = http_send_invalid(c, 422, "init_from", "the checkpoint's path is too long"), 1;
+    }
+    return 0;
+}
+
 enum MHD_Result h_train(struct ctx *c)
 {
     const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
@@ -288,95 +386,25 @@ enum MHD_Result h_train(struct ctx *c)
                        (const char *const[]){"Retry-After", "10", NULL});
     enum MHD_Result ires;
     if (api_idem_begin(c, "POST /train", &ires)) return ires;
-    /* the body parsed once: the spec, and beside it "webhook" ({"url", "events"}), "name" and
-     * "labels" */
-    static const char *const extra[] = {"webhook", "name", "labels", NULL};
-    struct train_spec spec;
-    struct spec_errors es;
-    cJSON *extras = NULL;
-    int spec_bad = spec_parse_request(c->r->body ? c->r->body : "", c->r->len, extra, &extras,
-                                      &spec, &es);
-    if (es.syntax) {
-        char detail[200];
-        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)",
-                 es.syntax_at, c->r->len);
-        cJSON_Delete(extras);
-        return http_send_problem(c, 400, "malformed-json", detail, NULL, NULL);
-    }
-    struct webhook_sub sub;
-    const cJSON *wh = cJSON_GetObjectItemCaseSensitive(extras, "webhook");
-    int hook = wh != NULL;
-    if (wh) {
-        char wpath[64], wmsg[200];
-        int bad = !c->a->cfg.webhook ||
-                  webhook_parse(c->a->cfg.webhook, wh, &sub, wpath, sizeof wpath, wmsg, sizeof wmsg);
-        if (!c->a->cfg.webhook) snprintf(wpath, sizeof wpath, "webhook"),
-                                snprintf(wmsg, sizeof wmsg, "this server sends no webhooks");
-        if (bad) {
-            cJSON_Delete(extras);
-            return http_send_invalid(c, 422, wpath, wmsg);
+    /* the body parsed once: the resumed run (after its planning) takes up the first run's */
+    struct train_req *q = c->r->parsed;
+    if (!q) {
+        if (!(q = calloc(1, sizeof *q))) return http_send_oom(c);
+        enum MHD_Result pres;
+        if (train_req_parse(c, q, &pres)) {
+            free(q);
+            return pres;
         }
+        c->r->parsed = q;
     }
-    /* the spec's errors and the name's and labels', one list under one cap */
-    char name[API_NAME_MAX + 1], labels[API_LABELS_JSON_MAX];
-    cJSON *errs = http_errors_new();
-    int meta_bad = api_job_meta_parse(extras, name, labels, errs);
-    cJSON_Delete(extras);
-    if (spec_bad || meta_bad) {
-        for (int i = 0; errs && i < es.n; i++) http_errors_add(errs, es.e[i].path, es.e[i].msg);
-        return http_send_errors(c, errs, "spec");
-    }
-    cJSON_Delete(errs);
-    /* over HTTP a job names data by id, never by a path on the server's disk: the built-in
-     * fashion-mnist or an upload the caller can see, whose images/ folder the child reads */
-    char data_path[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
-    struct pool_train job = {.spec = &spec, .name = name, .labels = labels[0] ? labels : NULL};
-    int uploaded = strcmp(spec.dataset, "fashion-mnist") != 0;
-    if (uploaded) {
-        cJSON *d = upload_id_valid(spec.dataset) ? api_upload_json(c, spec.dataset) : NULL;
-        int visible = d && api_upload_visible(c, d);
-        enum MHD_Result ures;
-        if (visible && api_upload_unusable(c, d, &ures)) { /* validating, or failed */
-            cJSON_Delete(d);
-            return ures;
-        }
-        cJSON_Delete(d);
-        if (!visible ||
-            upload_dataset_path(api_data_dir(c), spec.dataset, "images", data_path,
-                                sizeof data_path) ||
-            strlen(data_path) >= SPEC_PATH_MAX)
-            return http_send_invalid(c, 422, "data.dataset",
-                           "unknown dataset id: \"fashion-mnist\" or an uploaded dataset's id "
-                           "(GET /datasets lists them; a server path is never accepted over HTTP)");
-        job.dataset_dir = data_path;
-    }
-    /* the decoded dataset must fit this host: refused before any planning (an upload is
-     * counted in its folder, the spec keeps its id) */
-    struct train_spec at = spec;
-    char host_why[400];
-    if (uploaded) memcpy(at.dataset, data_path, strlen(data_path) + 1);
-    if (spec_host_check(&at, host_why, sizeof host_why))
-        return http_send_invalid(c, 422, "data.dataset", host_why);
-    if (spec.init_from[0]) {
-        char jid[JOBS_ID_LEN];
-        int64_t step;
-        struct job_row src;
-        struct stat sb;
-        if (pool_checkpoint_id_parse(spec.init_from, jid, sizeof jid, &step))
-            return http_send_invalid(c, 422, "init_from",
-                           "expected a checkpoint id like j0123456789abcdef-300 (GET "
-                           "/jobs/{id}/checkpoints lists them), or null");
-        int rc = jobs_get(c->a->cfg.db, jid, &src);
-        int visible = rc == JOBS_OK && (c->admin || strcmp(src.owner, c->owner) == 0);
-        job_row_free(&src);
-        if (!visible ||
-            pool_checkpoint_path(c->a->cfg.pool, jid, step, init_path, sizeof init_path) ||
-            stat(init_path, &sb) || !S_ISREG(sb.st_mode))
-            return http_send_invalid(c, 422, "init_from", "no such checkpoint");
-        if (strlen(init_path) >= SPEC_PATH_MAX)
-            return http_send_invalid(c, 422, "init_from", "the checkpoint's path is too long");
-        job.init_path = init_path;
-    }
+    struct train_spec spec = q->spec; /* the planning and the queueing take a copy */
+    struct webhook_sub sub = q->sub;
+    const int hook = q->hook, uploaded = q->uploaded;
+    const char *data_path = q->data_path;
+    struct pool_train job = {.spec = &spec, .name = q->name,
+                             .labels = q->labels[0] ? q->labels : NULL,
+                             .dataset_dir = uploaded ? q->data_path : NULL,
+                             .init_path = spec.init_from[0] ? q->init_path : NULL};
     struct pool_admission adm = {0};
     cJSON *entries[POOL_MAX_DEVICES];
     char id[JOBS_ID_LEN], err[1024];
