@@ -78,6 +78,12 @@ void cpu_conv_cache_free(bk_ctx *ctx);
  * dtype, bf16 or f16) = round(y + round(r)), r the kernel's fp32 result: r rounded to the type
  * (what the `=` call stores), added to y in fp32, rounded again. r is overwritten (rounded). */
 void cpu_accum16(void *y, float *r, int dtype, size_t count, bk_ctx *ctx);
+/* eltwise.c: one block (at most 4096 elements) of the SiLU and GELU entries on the calling
+ * thread, which those entries and typed.c run block by block */
+void cpu_silu_block(float *y, const float *x, size_t n);
+void cpu_silu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n);
+void cpu_gelu_block(float *y, const float *x, size_t n);
+void cpu_gelu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n);
 /* convert.c: count elements src -> dst (fp32 <-> bf16 / f16) on the calling thread, as
  * cpu_convert: the typed kernels' blocks */
 void cpu_convert_run(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count);

@@ -30,15 +30,64 @@ VM_INLINE float gelu_cdf_pdf(float v, float *pdf)
     return fmaf(vm_sel_neg(v, 1.0f, -1.0f), q, vm_sel_neg(v, 0.0f, 1.0f)); /* q or 1 - q */
 }
 
+/* one block of each (at most ELTWISE_BLK elements, on the calling thread): the fp32 entries
+ * below run them over the blocks in parallel, typed.c on blocks converted from 16 bits */
+void cpu_silu_block(float *y, const float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) y[i] = vm_silu(x[i]);
+}
+
+void cpu_silu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n)
+{
+    if (accum) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) dx[i] += dy[i] * vm_silu_grad(x[i]);
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) dx[i] = dy[i] * vm_silu_grad(x[i]);
+    }
+}
+
+void cpu_gelu_block(float *y, const float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], pdf;
+        y[i] = vm_clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
+    }
+}
+
+/* Phi(x) + x phi(x), the exact (erf) GELU's derivative */
+void cpu_gelu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n)
+{
+    if (accum) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
+            dx[i] += dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
+        }
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
+            dx[i] = dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
+        }
+    }
+}
+
+/* block b of count elements: [i0, i1) */
+#define ELT_BLOCKS(count) ((long)(((count) + ELTWISE_BLK - 1) / ELTWISE_BLK))
+#define ELT_RANGE(b, count, i0, n)                                                                 \
+    const size_t i0 = (size_t)(b) * ELTWISE_BLK;                                                  \
+    const size_t n = (count) - i0 > ELTWISE_BLK ? ELTWISE_BLK : (count) - i0
+
 int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-#pragma omp simd
-        for (size_t i = i0; i < i1; i++) y[i] = vm_silu(x[i]);
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_silu_block(y + i0, x + i0, n);
     }
     return BK_OK;
 }
@@ -46,60 +95,31 @@ int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 int cpu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                  bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-        if (accum) {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) dx[i] += dy[i] * vm_silu_grad(x[i]);
-        } else {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) dx[i] = dy[i] * vm_silu_grad(x[i]);
-        }
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_silu_bwd_block(dx + i0, dy + i0, x + i0, accum, n);
     }
     return BK_OK;
 }
 
 int cpu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-#pragma omp simd
-        for (size_t i = i0; i < i1; i++) {
-            float v = x[i], pdf;
-            y[i] = vm_clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
-        }
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_gelu_block(y + i0, x + i0, n);
     }
     return BK_OK;
 }
 
-/* Phi(x) + x phi(x), the exact (erf) GELU's derivative */
 int cpu_gelu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                  bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-        if (accum) {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) {
-                float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
-                dx[i] += dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
-            }
-        } else {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) {
-                float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
-                dx[i] = dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
-            }
-        }
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_gelu_bwd_block(dx + i0, dy + i0, x + i0, accum, n);
     }
     return BK_OK;
 }

@@ -1,7 +1,7 @@
 /* typed.c - the CPU backend's struct bk_typed: the memory-bound kernels on fp32, bf16 or f16
  * operands (backend.h). fp32 runs the fp32 kernels (their bits); 16-bit operands are read and
- * written in their type with fp32 arithmetic inside: the element-wise ones here, through the
- * fp32 kernels on blocks converted on the stack, the rest on norm.c's, eltwise.c's, layout.c's,
+ * written in their type with fp32 arithmetic inside: the element-wise ones here, the fp32
+ * kernels' code on blocks converted on the stack, the rest on norm.c's, eltwise.c's, layout.c's,
  * resample.c's and loss.c's bodies (typed.h).
  */
 #include "cpu.h"
@@ -15,18 +15,15 @@
 enum ty_elt { TY_SILU, TY_SILU_BWD, TY_GELU, TY_GELU_BWD, TY_ADD, TY_COPY, TY_SCALE };
 
 /* y (=, or += where accum: round(y + r), the sum in fp32) = op(a[, b]) over count elements
- * of dtype dt (16-bit): each TY_BLK block converted to fp32 on the stack, the fp32 kernel run
- * on it on this thread, the result rounded once into y */
+ * of dtype dt (16-bit): each TY_BLK block converted to fp32 on the stack, the fp32 kernels'
+ * block code (eltwise.c) or their one-line loops run on it on this thread, the result rounded
+ * once into y */
 static int ty_eltwise(enum ty_elt op, void *y, const void *a, const void *b, float s, int accum,
                       size_t count, int dt, bk_ctx *ctx)
 {
     if (dt != BK_DTYPE_BF16 && dt != BK_DTYPE_F16) return BK_ERR_INVALID;
-    bk_ctx one = *ctx;
-    one.threads = 1;
     long nblk = (long)((count + TY_BLK - 1) / TY_BLK);
-    int rc = BK_OK;
-#pragma omp parallel for num_threads(ctx->threads) if (count >= TY_PAR_MIN) schedule(static)     \
-    reduction(| : rc)
+#pragma omp parallel for num_threads(ctx->threads) if (count >= TY_PAR_MIN) schedule(static)
     for (long k = 0; k < nblk; k++) {
         const size_t i = (size_t)k * TY_BLK, m = count - i < TY_BLK ? count - i : TY_BLK;
         float fa[TY_BLK], fb[TY_BLK], fy[TY_BLK];
@@ -34,17 +31,23 @@ static int ty_eltwise(enum ty_elt op, void *y, const void *a, const void *b, flo
         if (b) cpu_convert_run(fb, BK_DTYPE_F32, ty_at(b, i, dt), dt, m);
         if (accum) cpu_convert_run(fy, BK_DTYPE_F32, ty_at(y, i, dt), dt, m);
         switch (op) {
-        case TY_SILU: rc |= cpu_silu_fwd(fy, fa, m, &one); break;
-        case TY_SILU_BWD: rc |= cpu_silu_bwd(fy, fa, fb, accum, m, &one); break;
-        case TY_GELU: rc |= cpu_gelu_fwd(fy, fa, m, &one); break;
-        case TY_GELU_BWD: rc |= cpu_gelu_bwd(fy, fa, fb, accum, m, &one); break;
-        case TY_ADD: rc |= cpu_add_fwd(fy, fa, fb, m, &one); break;
-        case TY_COPY: rc |= cpu_copy_grad(fy, fa, accum, m, &one); break;
-        case TY_SCALE: rc |= cpu_scale_fwd(fy, fa, s, m, &one); break;
+        case TY_SILU: cpu_silu_block(fy, fa, m); break;
+        case TY_SILU_BWD: cpu_silu_bwd_block(fy, fa, fb, accum, m); break;
+        case TY_GELU: cpu_gelu_block(fy, fa, m); break;
+        case TY_GELU_BWD: cpu_gelu_bwd_block(fy, fa, fb, accum, m); break;
+        case TY_ADD: /* cpu_add_fwd's, cpu_copy_grad's, cpu_scale_fwd's element */
+            for (size_t j = 0; j < m; j++) fy[j] = fa[j] + fb[j];
+            break;
+        case TY_COPY:
+            for (size_t j = 0; j < m; j++) fy[j] = accum ? fy[j] + fa[j] : fa[j];
+            break;
+        case TY_SCALE:
+            for (size_t j = 0; j < m; j++) fy[j] = fa[j] * s;
+            break;
         }
         cpu_convert_run(ty_at(y, i, dt), dt, fy, BK_DTYPE_F32, m);
     }
-    return rc ? BK_ERR_INVALID : BK_OK;
+    return BK_OK;
 }
 
 int cpu_t_silu_fwd(void *y, const void *x, size_t count, int dtype, bk_ctx *ctx)
