@@ -156,7 +156,8 @@ TY_INLINE int add_bcast_fwd(void *y, const void *x, const void *b, int n, int c,
         float xbuf[TY_ROW], bbuf[TY_ROW], obuf[TY_ROW];
         for (int k0 = 0; k0 < c; k0 += TY_ROW) {
             const size_t m = c - k0 < TY_ROW ? (size_t)(c - k0) : TY_ROW;
-            const float *xr = ty_row(x, xo + k0, m, dt, xbuf), *br = ty_row(b, bo + k0, m, dt, bbuf);
+            const float *xr = ty_row(x, xo + k0, m, dt, xbuf);
+            const float *br = ty_row(b, bo + k0, m, dt, bbuf);
             float *o = ty_out(y, xo + k0, dt, obuf);
             for (size_t k = 0; k < m; k++) o[k] = xr[k] + br[k];
             ty_put(y, xo + k0, m, dt, obuf);

@@ -1,7 +1,7 @@
 /* layout.c - the CPU backend's layout kernels: channel concat of NHWC images (forward and
  * backward) and the (N,C,HW) <-> (N,HW,C) transpose (the host-side layout change and a reshape
- * that flattens an image), cache-blocked, on fp32 and (typed.h) 16-bit elements. Pure data movement:
- * every output element is written by exactly one thread.
+ * that flattens an image), cache-blocked, on fp32 and (typed.h) 16-bit elements. Pure data
+ * movement: every output element is written by exactly one thread.
  */
 #include <string.h>
 

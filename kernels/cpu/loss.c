@@ -1,6 +1,7 @@
 /* loss.c - the CPU backend's MSE loss (forward and backward) and Philox dropout (forward and
- * backward; dropout also on 16-bit elements, typed.h). The MSE sum is a double reduction over fixed chunks combined in a fixed order, so
- * it is bit-identical at any thread count; dropout masks are pure functions of their coordinates.
+ * backward, on fp32 and (typed.h) 16-bit elements). The MSE sum is a double reduction over fixed
+ * chunks combined in a fixed order, so it is bit-identical at any thread count; dropout masks
+ * are pure functions of their coordinates.
  */
 #include "cpu.h"
 #include "philox.h"

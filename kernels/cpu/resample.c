@@ -1,7 +1,7 @@
 /* resample.c - the CPU backend's resampling kernels over NHWC images: nearest and bilinear 2x
  * upsampling (PyTorch F.interpolate(scale_factor=2) semantics, both align_corners) and
- * 2x2/stride-2 max pooling, on fp32 and (typed.h) 16-bit elements. Backwards are gathers, or scatters done serially per (image,
- * channel block) by one thread: deterministic, no atomics.
+ * 2x2/stride-2 max pooling, on fp32 and (typed.h) 16-bit elements. Backwards are gathers, or
+ * scatters done serially per (image, channel block) by one thread: deterministic, no atomics.
  */
 #include <math.h>
 #include <string.h>

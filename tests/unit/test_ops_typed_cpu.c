@@ -38,8 +38,14 @@ static float r16(float v)
     return dt == BK_DTYPE_BF16 ? half_bf16_to_f32(half_f32_to_bf16(v))
                                : half_f16_to_f32(half_f32_to_f16(v));
 }
-static uint16_t to16(float v) { return dt == BK_DTYPE_BF16 ? half_f32_to_bf16(v) : half_f32_to_f16(v); }
-static float from16(uint16_t h) { return dt == BK_DTYPE_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h); }
+static uint16_t to16(float v)
+{
+    return dt == BK_DTYPE_BF16 ? half_f32_to_bf16(v) : half_f32_to_f16(v);
+}
+static float from16(uint16_t h)
+{
+    return dt == BK_DTYPE_BF16 ? half_bf16_to_f32(h) : half_f16_to_f32(h);
+}
 
 static struct op16 mk(size_t n, double scale, double off)
 {
