@@ -44,12 +44,15 @@ struct api_config {
      * API_HEAD_TIMEOUT_S); the reserved ones are for authorized requests (event streams) */
     int max_conns, conns_per_ip, conns_reserved;
     double head_timeout_s;
-    /* POST /train's admission planning runs off the HTTP threads (submit.c): plan_workers
+    /* POST /train's and POST /samples' admission planning runs off the HTTP threads
+     * (submit.c): plan_workers
      * threads (0: 1) and plan_queue more waiting (0: 4), each request suspended meanwhile
      * (it holds no HTTP thread) and answered 503 after plan_timeout_s (0: API_PLAN_TIMEOUT_S);
      * a full queue is a 503 at once */
     int plan_workers, plan_queue;
     double plan_timeout_s;
+    int64_t plan_memory;            /* one planning's graphs and plans at most (0: no cap; a
+                                     * search past it stops, 422) */
     /* POST /datasets decodes an archive's images off the HTTP threads (datasets.c):
      * upload_workers threads (0: 1), upload_queue uploads waiting (0: 8; one more is a 503);
      * one owner's uploads hold at most upload_quota_bytes of files and upload_quota_pixels

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "export.h"
 #include "jobs.h"
 #include "log.h"
 #include "parse.h"
@@ -415,27 +416,86 @@ enum MHD_Result h_train(struct ctx *c)
     return api_accepted(c, o, loc);
 }
 
-/* GET /jobs and GET /samples: paging by `after`, filters state, owner, name, label (and kind
- * for /jobs) */
+/* the request's label=KEY:VALUE arguments as [["KEY", "VALUE"], ...] (jobs_filter.labels) */
+struct label_args {
+    cJSON *pairs;
+    int n;
+    int bad;                    /* 1 a malformed one, 2 too many, 3 out of memory */
+};
+
+static enum MHD_Result label_arg(void *cls, enum MHD_ValueKind kind, const char *k, const char *v)
+{
+    struct label_args *la = cls;
+    (void)kind;
+    if (strcmp(k, "label") != 0) return MHD_YES;
+    if (++la->n > API_LABELS_MAX) {
+        la->bad = 2;
+        return MHD_NO;
+    }
+    char key[API_LABEL_KEY_MAX + 1];
+    const char *colon = v ? strchr(v, ':') : NULL;
+    size_t kl = colon ? (size_t)(colon - v) : 0;
+    if (!colon || kl >= sizeof key) {
+        la->bad = 1;
+        return MHD_NO;
+    }
+    memcpy(key, v, kl);
+    key[kl] = 0;
+    if (!api_label_key_valid(key) || !api_label_value_valid(colon + 1)) {
+        la->bad = 1;
+        return MHD_NO;
+    }
+    cJSON *pair = cJSON_CreateArray();
+    if (!pair || !cJSON_AddItemToArray(la->pairs, pair) ||
+        !cJSON_AddItemToArray(pair, cJSON_CreateString(key)) ||
+        !cJSON_AddItemToArray(pair, cJSON_CreateString(colon + 1))) {
+        la->bad = 3;
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result jobs_list_labeled(struct ctx *c, const char *kind, const char *key,
+                                         const char *st, const char *lim, const char *after,
+                                         const char *owner, const char *k, const char *name,
+                                         const char *labels);
+
+/* GET /jobs and GET /samples: paging by `after`, filters state, owner, name, labels (every
+ * label=KEY:VALUE given: AND) (and kind for /jobs) */
 enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
 {
     const char *st = http_arg(c, "state"), *lim = http_arg(c, "limit"), *after = http_arg(c, "after");
     const char *owner = http_arg(c, "owner"), *k = kind ? NULL : http_arg(c, "kind");
-    const char *name = http_arg(c, "name"), *label = http_arg(c, "label");
-    char lkey[API_LABEL_KEY_MAX + 1] = "";
-    const char *lval = NULL;
+    const char *name = http_arg(c, "name");
     if (name && !api_job_name_valid(name))
         return http_send_invalid(c, 400, "name",
                                  "expected a job name: 1 to 64 of A-Z a-z 0-9 . _ - (not first: . _ -)");
-    if (label) {
-        const char *colon = strchr(label, ':');
-        size_t kl = colon ? (size_t)(colon - label) : 0;
-        if (colon && kl < sizeof lkey) memcpy(lkey, label, kl), lkey[kl] = 0;
-        lval = colon ? colon + 1 : NULL;
-        if (!colon || kl >= sizeof lkey || !api_label_key_valid(lkey) || !api_label_value_valid(lval))
-            return http_send_invalid(c, 400, "label",
-                                     "expected KEY:VALUE, a label's key and value (e.g. team:vision)");
+    struct label_args la = {.pairs = cJSON_CreateArray()};
+    if (!la.pairs) return http_send_oom(c);
+    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, label_arg, &la);
+    char *labels = la.n && !la.bad ? cJSON_PrintUnformatted(la.pairs) : NULL;
+    cJSON_Delete(la.pairs);
+    if (la.bad == 3 || (la.n && !la.bad && !labels)) return http_send_oom(c);
+    if (la.bad == 2) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "at most %d label filters (a job has at most %d labels)",
+                 API_LABELS_MAX, API_LABELS_MAX);
+        return http_send_invalid(c, 400, "label", msg);
     }
+    if (la.bad)
+        return http_send_invalid(c, 400, "label",
+                                 "expected KEY:VALUE, a label's key and value (e.g. team:vision)");
+    enum MHD_Result res = jobs_list_labeled(c, kind, key, st, lim, after, owner, k, name, labels);
+    free(labels);
+    return res;
+}
+
+/* api_jobs_list once its labels are read (labels: the filter's JSON, or NULL) */
+static enum MHD_Result jobs_list_labeled(struct ctx *c, const char *kind, const char *key,
+                                         const char *st, const char *lim, const char *after,
+                                         const char *owner, const char *k, const char *name,
+                                         const char *labels)
+{
     int state = -1;
     long long limit = LIST_LIMIT_DEFAULT;
     if (st && (state = job_state_parse(st)) < 0)
@@ -445,6 +505,17 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
         return http_send_invalid(c, 400, "limit", "expected an integer from 1 to 200");
     if (after && !pool_job_id_valid(after))
         return http_send_invalid(c, 400, "after", "expected a job id (the previous page's next)");
+    if (after) {
+        /* the cursor is the job's place in the list: one deleted since has none (the page
+         * after it would be empty, as if the list had ended) */
+        struct job_row ar;
+        int g = jobs_get(c->a->cfg.db, after, &ar);
+        if (g == JOBS_OK) job_row_free(&ar);
+        if (g == JOBS_ERR_NOT_FOUND)
+            return http_send_invalid(c, 400, "after", "no such job: it was deleted since this "
+                                                      "page was listed; list again from the start");
+        if (g) return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
+    }
     if (k && strcmp(k, "train") != 0 && strcmp(k, "sample") != 0 && strcmp(k, "import") != 0)
         return http_send_invalid(c, 400, "kind", "expected train, sample or import");
     if (k) kind = k;
@@ -455,7 +526,7 @@ enum MHD_Result api_jobs_list(struct ctx *c, const char *kind, const char *key)
     struct job_row *rows;
     int n;
     struct jobs_filter f = {.owner = owner, .kind = kind, .state = state, .name = name,
-                            .label_key = label ? lkey : NULL, .label_value = lval};
+                            .labels = labels};
     if (jobs_list_filter(c->a->cfg.db, &f, after, (int)limit, &rows, &n))
         return http_send_problem(c, 500, NULL, "the job store cannot be read", NULL, NULL);
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, key);
@@ -599,9 +670,13 @@ enum MHD_Result h_job_grid(struct ctx *c)
     return send_job_file(c, tail, "image/png");
 }
 
+static enum MHD_Result job_delete_held(struct ctx *c, const char *dir, enum job_state now,
+                                       char *user, char *detail, size_t dlen);
+
 /* DELETE /jobs/{id}: an ended job, its row, events and files (checkpoints and their exports,
- * grids, samples, loss, logs): 409 while it is queued or running (cancel it first) or while a
- * queued or running job reads one of its checkpoints */
+ * grids, samples, loss, logs): 409 while it is queued or running (cancel it first), while a
+ * queued or running job reads one of its checkpoints, or while a diffusers export of one is
+ * being built (its tar writer works in the folder: export_hold_dir) */
 enum MHD_Result h_job_delete(struct ctx *c)
 {
     struct job_row r;
@@ -609,28 +684,44 @@ enum MHD_Result h_job_delete(struct ctx *c)
     if (api_job_load(c, c->param, &r, &res)) return res;
     job_row_free(&r);
     enum job_state now = JOB_QUEUED;
-    char user[JOBS_ID_LEN], detail[200];
+    char user[JOBS_ID_LEN], detail[200], dir[FSIO_PATH_MAX];
+    if (pool_job_file(c->a->cfg.pool, c->param, "", dir, sizeof dir))
+        return http_send_problem(c, 500, NULL, "the job's folder cannot be named", NULL, NULL);
+    /* no tar writer in its folder while it goes (export.h) */
+    if (export_hold_dir(dir)) {
+        snprintf(detail, sizeof detail, "a diffusers export of one of job %s's checkpoints is "
+                 "being built: try again in a moment", c->param);
+        return http_send_problem(c, 409, "export-in-progress", detail, NULL,
+                                 (const char *const[]){"Retry-After", "5", NULL});
+    }
+    enum MHD_Result res2 = job_delete_held(c, dir, now, user, detail, sizeof detail);
+    export_release_dir(dir);
+    return res2;
+}
+
+/* h_job_delete with the job's folder held (dir) */
+static enum MHD_Result job_delete_held(struct ctx *c, const char *dir, enum job_state now,
+                                       char *user, char *detail, size_t dlen)
+{
     int rc = jobs_delete(c->a->cfg.db, c->param, &now, user);
     if (rc == JOBS_ERR_STATE) {
         if (user[0])
-            snprintf(detail, sizeof detail, "job %s, queued or running, reads a checkpoint of "
+            snprintf(detail, dlen, "job %s, queued or running, reads a checkpoint of "
                      "job %s: cancel it or let it end first", user, c->param);
         else
-            snprintf(detail, sizeof detail, "job %s is %s: cancel it first (POST /jobs/%s/cancel)",
+            snprintf(detail, dlen, "job %s is %s: cancel it first (POST /jobs/%s/cancel)",
                      c->param, job_state_name(now), c->param);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "state", job_state_name(now));
         return http_send_problem(c, 409, "wrong-state", detail, o, NULL);
     }
     if (rc == JOBS_ERR_NOT_FOUND) {
-        snprintf(detail, sizeof detail, "no job %s", c->param);
+        snprintf(detail, dlen, "no job %s", c->param);
         return http_send_problem(c, 404, NULL, detail, NULL, NULL);
     }
     if (rc) return http_send_problem(c, 500, NULL, "the job store cannot be written", NULL, NULL);
     /* the row is gone, so nothing starts the job again or serves its files: they go now */
-    char dir[FSIO_PATH_MAX];
-    if (pool_job_file(c->a->cfg.pool, c->param, "", dir, sizeof dir) == 0 && upload_rmtree(dir) &&
-        errno != ENOENT)
+    if (upload_rmtree(dir) && errno != ENOENT)
         log_job(LOG_WARN, c->param, "deleted, but its files were not all removed: %s",
                 strerror(errno));
     struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);

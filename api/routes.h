@@ -74,7 +74,8 @@ enum MHD_Result api_accepted(struct ctx *c, cJSON *o, const char *loc);
 enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission *adm,
                                    const char *err, const char *plan_path);
 
-/* POST /train's admission planning (pool_plan_train) on the planning worker, no lock held.
+/* POST /train's admission planning (pool_plan_train) on the planning worker, no lock held,
+ * stopped at the deadline and refused past --plan-memory (422 on plan_path's field).
  * The first call queues it and suspends the connection: 1 with *res = MHD_YES (return it).
  * The request is resumed when its plan is made or at --plan-timeout and its handler runs
  * again; this call then gives 0 with adm's fits and entries[d] (for pool_submit_planned), or
@@ -82,6 +83,9 @@ enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission 
  * api_submit_refused). A full queue is 503 planner-busy at once. */
 int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
                    cJSON **entries, char *err, size_t errlen, enum MHD_Result *res);
+/* the same for POST /samples' sampling job (pool_plan_sample; then pool_submit_sample_planned) */
+int api_plan_sample(struct ctx *c, const struct pool_sample *s, struct pool_admission *adm,
+                    cJSON **entries, char *err, size_t errlen, enum MHD_Result *res);
 /* the planning's deadline watcher: started with the api; stopped after the planner (it
  * resumes any request left suspended), freed after the daemon; NULL-safe */
 int api_plans_start(struct api *a);

@@ -260,9 +260,15 @@ enum MHD_Result h_samples_post(struct ctx *c)
     cJSON_Delete(errs);
     cJSON_Delete(root);
     struct pool_admission adm = {0};
+    cJSON *entries[POOL_MAX_DEVICES];
     char id[JOBS_ID_LEN], err[1024];
-    int rc = pool_submit_sample(c->a->cfg.pool, c->owner, c->idem_open ? c->idem_key : NULL, &s,
-                                &adm, id, err, sizeof err);
+    /* planned on the planning worker as POST /train's (submit.c): this handler runs again
+     * once the plan is made, and goes on here */
+    enum MHD_Result pres;
+    if (api_plan_sample(c, &s, &adm, entries, err, sizeof err, &pres)) return pres;
+    int rc = pool_submit_sample_planned(c->a->cfg.pool, c->owner,
+                                        c->idem_open ? c->idem_key : NULL, &s, &adm, entries, id,
+                                        err, sizeof err);
     if (rc) return api_submit_refused(c, rc, &adm, err, "checkpoint");
     cJSON_Delete(adm.plans);
     struct job_row r;

@@ -1,8 +1,8 @@
 /* submit.c - what POST /train and POST /samples answer alike: the Idempotency-Key (the first
  * answer again, a reused key refused, a lost answer made again), the 202 Accepted, the problem
- * of a submit the pool refused; and POST /train's admission planning on the planning worker
- * (seconds of CPU and hundreds of MB for a heavy spec), its connection suspended meanwhile so
- * no HTTP thread waits for it, answered 503 at its deadline.
+ * of a submit the pool refused; and their admission planning on the planning worker (seconds
+ * of CPU and hundreds of MB for a heavy spec), its connection suspended meanwhile so no HTTP
+ * thread waits for it, answered 503 at its deadline, the search stopped there too.
  */
 #define _GNU_SOURCE
 #include "routes.h"
@@ -179,7 +179,7 @@ enum MHD_Result api_submit_refused(struct ctx *c, int rc, struct pool_admission 
     return http_send_problem(c, 500, NULL, err, NULL, NULL);
 }
 
-/* ---- POST /train's planning on the worker ----
+/* ---- POST /train's and POST /samples' planning on the worker ----
  * The request's connection is suspended while its job is planned (libmicrohttpd's
  * suspend/resume, as events.c parks its streams), so no HTTP thread waits for a plan: a
  * connection libmicrohttpd gave to that thread would wait with it. The worker resumes it when
@@ -196,10 +196,15 @@ struct plan_task {
     struct plan_task *next;     /* the watcher's list */
     struct pool *pool;
     const struct worker *w;
+    size_t max_bytes;           /* the search's memory cap (--plan-memory) */
+    int sample;                 /* 1: a sampling job (smp); 0: a training job (spec, paths) */
+    struct pool_sample smp;
     struct train_spec spec;
     char dataset_dir[FSIO_PATH_MAX], init_path[FSIO_PATH_MAX];
     int has_dataset, has_init;
     int rc;
+    int guard_why;              /* enum pool_plan_why: the guard ended the search; 0 */
+    size_t held_bytes;          /* the guard's count of what the search held at its peak */
     struct pool_admission adm;
     cJSON *entries[POOL_MAX_DEVICES];
     char err[1024];
@@ -245,6 +250,14 @@ static int plan_take_resume(struct plan_task *t)
 
 static int plan_stopping(const void *w) { return worker_stopping(w); }
 
+/* the planner's guard: the server stops, or the request's deadline passed (its 503 is sent or
+ * about to be: nobody waits for the rest of the search) */
+static int plan_past(void *arg)
+{
+    const struct plan_task *t = arg;
+    return worker_stopping(t->w) || mono_now() >= t->deadline;
+}
+
 static void plan_run(void *arg, int canceled)
 {
     struct plan_task *t = arg;
@@ -254,9 +267,23 @@ static void plan_run(void *arg, int canceled)
         struct pool_train job = {.spec = &t->spec,
                                  .dataset_dir = t->has_dataset ? t->dataset_dir : NULL,
                                  .init_path = t->has_init ? t->init_path : NULL};
-        rc = worker_stopping(t->w)
-                 ? POOL_ERR_STOPPING
-                 : pool_plan_train(t->pool, &job, &t->adm, t->entries, t->err, sizeof t->err);
+        if (worker_stopping(t->w)) {
+            rc = POOL_ERR_STOPPING;
+        } else if (plan_past(t)) { /* waited in the queue past its deadline */
+            t->guard_why = POOL_PLAN_STOPPED;
+            rc = POOL_ERR_INTERNAL;
+        } else {
+            /* the search stops at the deadline and at the memory cap (no plan then: the
+             * pool's functions free what they made and answer an error) */
+            struct pool_plan_guard g = {.stop = plan_past, .ctx = t, .max_bytes = t->max_bytes};
+            rc = t->sample ? pool_plan_sample(t->pool, &t->smp, &t->adm, t->entries, &g, t->err,
+                                              sizeof t->err)
+                           : pool_plan_train(t->pool, &job, &t->adm, t->entries, &g, t->err,
+                                             sizeof t->err);
+            t->guard_why = g.why;
+            t->held_bytes = g.peak_bytes;
+            if (g.why == POOL_PLAN_STOPPED && worker_stopping(t->w)) rc = POOL_ERR_STOPPING;
+        }
     }
     if (rc == POOL_ERR_STOPPING) snprintf(t->err, sizeof t->err, "the server is shutting down");
     pthread_mutex_lock(&t->mu);
@@ -356,8 +383,11 @@ void api_plan_drop(struct req *r)
     r->plan = NULL;
 }
 
-int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
-                   cJSON **entries, char *err, size_t errlen, enum MHD_Result *res)
+/* the one path of both: job (a training job) or smp (a sampling job) planned on the worker;
+ * plan_path names the field a refusal is about */
+static int plan_job(struct ctx *c, const struct pool_train *job, const struct pool_sample *smp,
+                    const char *plan_path, struct pool_admission *adm, cJSON **entries,
+                    char *err, size_t errlen, enum MHD_Result *res)
 {
     for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = NULL;
     memset(adm, 0, sizeof *adm);
@@ -367,7 +397,17 @@ int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admi
         pthread_mutex_lock(&t->mu);
         int done = t->done;
         pthread_mutex_unlock(&t->mu);
-        if (!done) {
+        if (done && t->guard_why == POOL_PLAN_MEMORY) {
+            char detail[400];
+            snprintf(detail, sizeof detail, "planning this job holds more memory than the "
+                     "server allows one admission planning (--plan-memory, %zu bytes; it had "
+                     "%zu when it stopped): a smaller train.batch, a forced memory.micro_batch, "
+                     "or a smaller model plans in less", t->max_bytes, t->held_bytes);
+            plan_task_release(t);
+            *res = http_send_invalid(c, 422, plan_path, detail);
+            return 1;
+        }
+        if (!done || (t->guard_why == POOL_PLAN_STOPPED && t->rc != POOL_ERR_STOPPING)) {
             /* the worker finishes it and frees what it made; the answer does not wait */
             plan_task_release(t);
             char detail[200];
@@ -391,7 +431,7 @@ int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admi
         }
         plan_task_release(t);
         if (rc == POOL_OK) return 0;
-        *res = api_submit_refused(c, rc, adm, err, "model");
+        *res = api_submit_refused(c, rc, adm, err, plan_path);
         return 1;
     }
     struct plan_watch *pw = c->a->plans;
@@ -406,11 +446,19 @@ int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admi
     t->deadline = mono_now() + c->a->cfg.plan_timeout_s;
     t->pool = c->a->cfg.pool;
     t->w = c->a->planner;
-    t->spec = *job->spec;
-    if (job->dataset_dir)
-        t->has_dataset = 1, snprintf(t->dataset_dir, sizeof t->dataset_dir, "%s", job->dataset_dir);
-    if (job->init_path)
-        t->has_init = 1, snprintf(t->init_path, sizeof t->init_path, "%s", job->init_path);
+    t->max_bytes = (size_t)c->a->cfg.plan_memory;
+    if (smp) {
+        t->sample = 1;
+        t->smp = *smp;
+        t->smp.name = t->smp.labels = NULL; /* the request's: unused by the planning */
+    } else {
+        t->spec = *job->spec;
+        if (job->dataset_dir)
+            t->has_dataset = 1,
+            snprintf(t->dataset_dir, sizeof t->dataset_dir, "%s", job->dataset_dir);
+        if (job->init_path)
+            t->has_init = 1, snprintf(t->init_path, sizeof t->init_path, "%s", job->init_path);
+    }
     /* suspended under the task's lock, so the worker cannot resume it before */
     pthread_mutex_lock(&t->mu);
     int wrc = worker_submit(c->a->planner, plan_run, t);
@@ -446,4 +494,16 @@ int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admi
                                  "--plan-queue): try again shortly",
                                  NULL, (const char *const[]){"Retry-After", "5", NULL});
     return 1;
+}
+
+int api_plan_train(struct ctx *c, const struct pool_train *job, struct pool_admission *adm,
+                   cJSON **entries, char *err, size_t errlen, enum MHD_Result *res)
+{
+    return plan_job(c, job, NULL, "model", adm, entries, err, errlen, res);
+}
+
+int api_plan_sample(struct ctx *c, const struct pool_sample *s, struct pool_admission *adm,
+                    cJSON **entries, char *err, size_t errlen, enum MHD_Result *res)
+{
+    return plan_job(c, NULL, s, "checkpoint", adm, entries, err, errlen, res);
 }

@@ -88,7 +88,8 @@ static void serve_usage(FILE *f)
             "                         accepted and every caller is the one local user\n"
             "  --cpu-cores N          CPU threads divided among running jobs, each job's count\n"
             "                         fixed at its start; a job on a cuda device takes 2\n"
-            "                         (DDPMD_CPU_CORES; default: the online CPUs)\n"
+            "                         (DDPMD_CPU_CORES; default: the CPUs this process may\n"
+            "                         run on, as taskset or a cpuset allows)\n"
             "  --http-threads N       HTTP worker threads (DDPMD_HTTP_THREADS; default 4)\n"
             "  --max-conns N          open connections at most (DDPMD_MAX_CONNS; default 1024;\n"
             "                         lowered to what the open-file limit allows)\n"
@@ -129,13 +130,18 @@ static void serve_usage(FILE *f)
             "                         (DDPMD_UPLOAD_WORKERS; default 1)\n"
             "  --upload-queue N       uploads waiting for them at most; one more is a 503\n"
             "                         (DDPMD_UPLOAD_QUEUE; default 8)\n"
-            "  --plan-workers N       threads planning POST /train's admission, off the HTTP\n"
-            "                         threads (DDPMD_PLAN_WORKERS; default 1)\n"
+            "  --plan-workers N       threads planning POST /train's and POST /samples'\n"
+            "                         admission, off the HTTP threads (DDPMD_PLAN_WORKERS;\n"
+            "                         default 1)\n"
             "  --plan-queue N         requests waiting for them at most, each suspended (no\n"
             "                         HTTP thread waits); one more is a 503 at once\n"
             "                         (DDPMD_PLAN_QUEUE; default 4)\n"
-            "  --plan-timeout S       a POST /train waits at most S seconds for its plan, then\n"
-            "                         answers 503 (DDPMD_PLAN_TIMEOUT; default 30)\n"
+            "  --plan-timeout S       a POST /train or /samples waits at most S seconds for its\n"
+            "                         plan, then answers 503; the search stops there too\n"
+            "                         (DDPMD_PLAN_TIMEOUT; default 30)\n"
+            "  --plan-memory SIZE     the most one planning's graphs and plans may hold; a\n"
+            "                         search past it stops and the request is a 422\n"
+            "                         (DDPMD_PLAN_MEMORY; default 1GiB)\n"
             "  --webhook-secret-file FILE  the HMAC-SHA256 key webhooks are signed with, its\n"
             "                         first line, >= 16 characters (DDPMD_WEBHOOK_SECRET_FILE;\n"
             "                         default DATA/webhook.secret, made with mode 0600 at the first\n"
@@ -651,7 +657,7 @@ static int serve_run(int argc, char **argv)
 {
     struct serve_opts o = {0};
     const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
-    const char *whb, *wht, *mcs, *mcip, *rcs, *hto, *uqb, *uqp, *uw, *uq, *pw, *pq, *pto;
+    const char *whb, *wht, *mcs, *mcip, *rcs, *hto, *uqb, *uqp, *uw, *uq, *pw, *pq, *pto, *pmem;
     char dev_list[SERVE_LIST_MAX], budget_list[SERVE_LIST_MAX];
     /* every option: its flag, its environment variable, where its value goes, its default. The
      * value is the command line's, else the environment's, else the config file's, else the
@@ -685,6 +691,7 @@ static int serve_run(int argc, char **argv)
         {"--plan-workers", "DDPMD_PLAN_WORKERS", &pw, "1", NULL, 0},
         {"--plan-queue", "DDPMD_PLAN_QUEUE", &pq, "4", NULL, 0},
         {"--plan-timeout", "DDPMD_PLAN_TIMEOUT", &pto, "30", NULL, 0},
+        {"--plan-memory", "DDPMD_PLAN_MEMORY", &pmem, "1GiB", NULL, 0},
         {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL, NULL, 0},
         {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL, NULL, 0},
         {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &whn, "5", NULL, 0},
@@ -736,9 +743,10 @@ static int serve_run(int argc, char **argv)
     double head_timeout;
     int64_t budget[POOL_MAX_DEVICES], max_body;
     struct pool_config pc = {0};
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the cores this process may run on (taskset, a container's cpuset), as `ddpmd train` counts
+     * them: the online CPUs overcount there, and the jobs would share fewer cores than planned */
     char coredef[24];
-    snprintf(coredef, sizeof coredef, "%ld", online > 0 ? online : 1);
+    snprintf(coredef, sizeof coredef, "%d", spec_host_cores());
     if (parse_count("--max-queue", mq, 0, 1000000, &max_queue) ||
         parse_count("--max-jobs-per-owner", mpo, 0, 1000000, &max_per_owner) ||
         parse_count("--max-retries", mr, 0, 100, &max_retries) ||
@@ -796,6 +804,11 @@ static int serve_run(int argc, char **argv)
         return 2;
     if (*pend || pend == pto || !(plan_timeout >= 0.1 && plan_timeout <= 3600)) {
         log_msg(LOG_ERROR, "--plan-timeout takes seconds in [0.1, 3600], not '%s'", pto);
+        return 2;
+    }
+    int64_t plan_memory;
+    if (spec_parse_size(pmem, &plan_memory) || plan_memory < (1 << 20)) {
+        log_msg(LOG_ERROR, "--plan-memory takes a size of at least 1MiB, not '%s'", pmem);
         return 2;
     }
     int wh_attempts;
@@ -928,7 +941,8 @@ static int serve_run(int argc, char **argv)
                             .max_conns = max_conns, .conns_per_ip = conns_per_ip,
                             .conns_reserved = conns_reserved, .head_timeout_s = head_timeout,
                             .plan_workers = plan_workers, .plan_queue = plan_queue,
-                            .plan_timeout_s = plan_timeout, .upload_workers = up_workers,
+                            .plan_timeout_s = plan_timeout, .plan_memory = plan_memory,
+                            .upload_workers = up_workers,
                             .upload_queue = up_queue, .upload_quota_bytes = quota_bytes,
                             .upload_quota_pixels = quota_pixels};
     if (api_start(&api, &ac, err, sizeof err)) {

@@ -432,27 +432,44 @@ static int run_ceilings(int threads, double seconds)
 }
 
 /* the tiled attention at the seed-64 shapes (packed qkv, batch 8) and, as the reference in the
- * same run, the plain form (GEMMs on the whole L x L scores) where its scores fit in memory */
-static int run_attn(int threads, double seconds)
+ * same run, the plain form (GEMMs on the whole L x L scores) where its scores fit in memory; with
+ * bf16 (--precision bf16), the tiled form on bf16 operands against the fp32 tiled form, rounds
+ * alternating, and their ratio per CPU-second */
+static int run_attn(int threads, double seconds, int precision)
 {
     bk_ctx *ctx = NULL;
     if (cpu_ctx_init(&ctx, threads)) return 1;
+    const int b16 = precision == STRATEGY_PRECISION_BF16;
     static const int shapes[][4] = {{8, 4096, 4, 16}, {8, 1024, 4, 32}, {8, 1024, 4, 16}};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int n = shapes[si][0], l = shapes[si][1], h = shapes[si][2], d = shapes[si][3];
         const int c = h * d;
         struct bk_attn s = {.n = n, .l = l, .heads = h, .d = d, .ld = 3 * c,
                             .scale = 1.0f / sqrtf((float)d)};
+        struct bk_attn s16 = s;
+        s16.dtype = BK_DTYPE_BF16;
         const size_t nq = (size_t)n * l * 3 * c, no = (size_t)n * l * c, nl = (size_t)n * h * l;
-        const int plain = (double)nl * l * 4 <= 1.1e9; /* p (N,H,L,L) */
+        const int plain = !b16 && (double)nl * l * 4 <= 1.1e9; /* p (N,H,L,L) */
         size_t wsb = cpu_attn_ws_bytes(&s, 1), wsp = plain ? cpu_attn_ws_bytes(&s, 0) : 0;
+        if (b16 && !(wsp = cpu_attn_ws_bytes(&s16, 1))) {
+            fprintf(stderr, "cpu_bench: no bf16 attention on this CPU (cpu_half_kernels)\n");
+            cpu_ctx_free(ctx);
+            return 1;
+        }
         float *qkv = malloc(nq * 4), *o = malloc(no * 4), *lse = malloc(nl * 4);
         float *dout = malloc(no * 4), *dqkv = malloc(nq * 4);
         float *p = plain ? malloc(nl * (size_t)l * 4) : NULL;
+        uint16_t *h16 = b16 ? malloc((nq * 2 + no * 2) * 2) : NULL; /* qkv, dqkv, o, dout */
         void *ws = malloc(wsb > wsp ? wsb : wsp);
         fill_normal(qkv, nq, 4, 0, 0);
         fill_normal(dout, no, 4, 0, 1);
         const float *q = qkv, *k = qkv + c, *v = qkv + 2 * c;
+        uint16_t *qkv16 = h16, *dqkv16 = h16 ? h16 + nq : NULL;
+        uint16_t *o16 = h16 ? h16 + 2 * nq : NULL, *dout16 = h16 ? o16 + no : NULL;
+        if (b16) {
+            for (size_t i = 0; i < nq; i++) qkv16[i] = half_f32_to_bf16(qkv[i]);
+            for (size_t i = 0; i < no; i++) dout16[i] = half_f32_to_bf16(dout[i]);
+        }
         double fl = 4.0 * n * h * (double)l * l * d, best[4] = {1e30, 1e30, 1e30, 1e30};
         double cbest[4] = {1e30, 1e30, 1e30, 1e30};
         double t_end = now() + seconds;
@@ -467,6 +484,11 @@ static int run_attn(int threads, double seconds)
                 if (i == 2 && plain) cpu_attn_plain_fwd(o, p, q, k, v, ws, &s, ctx);
                 if (i == 3 && plain)
                     cpu_attn_plain_bwd(dqkv, dqkv + c, dqkv + 2 * c, dout, q, k, v, p, ws, &s, ctx);
+                if (i == 2 && b16)
+                    cpu_attn_fwd(o16, lse, qkv16, qkv16 + c, qkv16 + 2 * c, ws, &s16, ctx);
+                if (i == 3 && b16)
+                    cpu_attn_bwd(dqkv16, dqkv16 + c, dqkv16 + 2 * c, dout16, qkv16, qkv16 + c,
+                                 qkv16 + 2 * c, o16, lse, ws, &s16, ctx);
             }
             t[4] = now();
             ct[4] = cpu_now();
@@ -483,13 +505,20 @@ static int run_attn(int threads, double seconds)
             printf("; plain fwd %.1f ms %.1f (%.1f), bwd %.1f ms %.1f (%.1f)", 1e3 * best[2],
                    1e-9 * fl / best[2], 1e-9 * fl / cbest[2], 1e3 * best[3], 2e-9 * fl / best[3],
                    2e-9 * fl / cbest[3]);
-        printf("; tiled ws %zu B\n", wsb);
+        if (b16)
+            printf("; bf16 tiled fwd %.1f ms %.1f (%.1f), bwd %.1f ms %.1f (%.1f); bf16 / fp32 "
+                   "per CPU-second: fwd %.2fx, bwd %.2fx",
+                   1e3 * best[2], 1e-9 * fl / best[2], 1e-9 * fl / cbest[2], 1e3 * best[3],
+                   2e-9 * fl / best[3], 2e-9 * fl / cbest[3], cbest[0] / cbest[2],
+                   cbest[1] / cbest[3]);
+        printf("; tiled ws %zu B\n", b16 ? wsp : wsb);
         free(qkv);
         free(o);
         free(lse);
         free(dout);
         free(dqkv);
         free(p);
+        free(h16);
         free(ws);
     }
     cpu_ctx_free(ctx);
@@ -502,7 +531,7 @@ static void usage(void)
             "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
             "[--profile | --profile-cpu] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
             "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
-            "       cpu_bench --attn [--threads N] [--seconds S]\n"
+            "       cpu_bench --attn [--threads N] [--seconds S] [--precision f32|bf16]\n"
             "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n"
             "--profile-cpu: the profile in CPU seconds of the thread running the step (what a\n"
             "busy machine stretches least; --profile: wall time)\n"
@@ -550,7 +579,7 @@ int main(int argc, char **argv)
     }
     if (threads < 1) threads = 1;
     if (ceilings) return run_ceilings(threads, seconds);
-    if (attn) return run_attn(threads, seconds);
+    if (attn) return run_attn(threads, seconds, precision);
     if (!config || batch < 1 || steps < 1 || warmup < 0) {
         usage();
         return 2;

@@ -59,25 +59,28 @@ void cost_model_default(struct cost_model *m)
     m->convert_seconds_per_byte = 7.1e-11;
     /* 16-bit over fp32 per class, conversions apart: bench/calibrate on the same 2-core EPYC
      * (AVX512-BF16 without AMX: oneDNN's bf16 convolutions and matmuls, the filter gradient in
-     * fp32 on converted operands; the attention an fp32 kernel on converted operands), at load
-     * ~17: whole steps ddpm-cifar10 b4 0.889 -> 0.733 s, seed-64 b1 0.405 -> 0.403 s,
-     * fmnist-tiny b4 0.051 -> 0.058 s. The norms, element-wise ops and dropout on the typed
-     * kernels (kernels/cpu/typed.c, no conversions around them; they were 0.75, 0.41 and 0.90
-     * with the conversions' cost beyond the per-byte rate): calibrate --rounds 2 at load ~15,
-     * 0.79, 0.90, 0.92 (on the small, cache-resident tensors of its models the conversions
-     * inside cost what half the bytes save; a step gains by losing the passes around them) */
+     * fp32 on converted operands, the tiled attention on its own vdpbf16ps tiles, the plain one
+     * an fp32 kernel on converted operands), at load ~17: whole steps ddpm-cifar10 b4 0.889 ->
+     * 0.733 s, seed-64 b1 0.405 -> 0.403 s, fmnist-tiny b4 0.051 -> 0.058 s; the two tiled
+     * attention classes measured again with the bf16 tiles (2026-12-05, load ~17, `calibrate
+     * --rounds 2`): 0.93 -> 1.24 forward, 0.96 -> 1.45 backward, seed-64 b1 0.385 -> 0.349 s.
+     * The norms, element-wise ops and dropout on the typed kernels (kernels/cpu/typed.c, no
+     * conversions around them; they were 0.75, 0.41 and 0.90 with the conversions' cost beyond
+     * the per-byte rate): calibrate --rounds 2 at load ~15, 0.79, 0.90, 0.92 (on the small,
+     * cache-resident tensors of its models the conversions inside cost what half the bytes
+     * save; a step gains by losing the passes around them) */
     static const double half[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 1.64,     [COST_CONV_BWD_DATA] = 1.77,
         [COST_CONV_BWD_FILTER] = 0.98, [COST_GEMM] = 1.46,
         [COST_ATTN_FWD] = 0.91,     [COST_ATTN_BWD] = 0.84,
-        [COST_ATTN_TILED_FWD] = 0.93, [COST_ATTN_TILED_BWD] = 0.96,
+        [COST_ATTN_TILED_FWD] = 1.24, [COST_ATTN_TILED_BWD] = 1.45,
         [COST_NORM] = 0.79,         [COST_ELTWISE] = 0.90,
         [COST_DROPOUT] = 0.92,
     };
     memcpy(m->half_speed, half, sizeof half);
-    /* converted around the class's ops there: the attention (no 16-bit kernels of its own);
-     * conv2d_bwd_filter converts inside its kernel, in its measured speed */
-    for (int c = COST_ATTN_FWD; c <= COST_ATTN_TILED_BWD; c++) m->half_cvt[c] = 1;
+    /* converted around the class's ops there: the plain attention (no 16-bit kernels of its
+     * own); conv2d_bwd_filter converts inside its kernel, in its measured speed */
+    m->half_cvt[COST_ATTN_FWD] = m->half_cvt[COST_ATTN_BWD] = 1;
     m->threads = 2;
 }
 

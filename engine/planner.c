@@ -109,17 +109,63 @@ static int micro_values(int want, int batch, int *out)
     return n;
 }
 
+/* the search's guard on this thread (planner_guard_set), NULL: none */
+static _Thread_local struct planner_guard *guard;
+
+void planner_guard_set(struct planner_guard *g) { guard = g; }
+
+/* the bytes g's structures take (each allocation's header counted as 16 bytes): what the
+ * search holds per graph, all of them until it ends */
+static size_t graph_held_bytes(const struct graph *g)
+{
+    size_t b = (size_t)g->cap_tensors * sizeof *g->tensors + (size_t)g->cap_ops * sizeof *g->ops +
+               (size_t)g->param_cap * sizeof *g->param_slot +
+               (size_t)g->cap_segs * sizeof *g->segs + 64;
+    for (int i = 0; i < g->n_tensors; i++)
+        b += sizeof(struct tensor) + 16 +
+             (g->tensors[i]->name ? strlen(g->tensors[i]->name) + 1 + 16 : 0);
+    return b;
+}
+
+/* the bytes p's per-tensor and per-op arrays take while it is made */
+static size_t plan_held_bytes(const struct plan *p)
+{
+    size_t nt = (size_t)p->n_tensors + (size_t)p->n_copies, no = (size_t)p->n_run_ops;
+    return nt * (3 * sizeof(int64_t) + 4 * sizeof(int)) +
+           no * (sizeof(struct op) + 2 * sizeof(int) + 1);
+}
+
+/* 0: go on; else the guard says stop (its why, r->why set): held bytes are past its cap, or
+ * its stop says so */
+static int guard_check(size_t held, struct planner_result *r)
+{
+    struct planner_guard *g = guard;
+    if (!g) return 0;
+    if (held > g->peak_bytes) g->peak_bytes = held;
+    if (g->max_bytes && held > g->max_bytes) {
+        g->why = PLANNER_ERR_MEMORY;
+        snprintf(r->why, sizeof r->why, "the search's graphs and plans took more than %zu "
+                 "bytes (%zu)", g->max_bytes, held);
+    } else if (g->stop && g->stop(g->ctx)) {
+        g->why = PLANNER_ERR_STOPPED;
+        snprintf(r->why, sizeof r->why, "the search was stopped");
+    }
+    return g->why;
+}
+
 static int plan_candidate(const struct planner_target *t, struct planner_candidate *c,
                           const struct graph *g, size_t budget, const struct cost_model *m,
-                          int batch)
+                          int batch, size_t *held)
 {
     struct plan p;
     memset(&p, 0, sizeof p);
+    *held = 0;
     if (t->plan(t->ctx, &c->strategy, g, budget, &p)) {
         plan_free(&p);
         c->failed = 1;
         return -1;
     }
+    *held = plan_held_bytes(&p);
     c->planned = 1;
     c->strategy.sample_batch = p.strategy.sample_batch;
     memcpy(c->parts, p.parts, sizeof c->parts);
@@ -163,6 +209,8 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
     int prec[8], rec[8], off[4], *micro = malloc((size_t)batch * sizeof *micro + sizeof *micro);
     struct graph *graphs = NULL;
     int *graph_of = NULL, *level = NULL, rc = PLANNER_ERR_NOMEM;
+    size_t held = 0, plan_bytes = 0; /* the guard's count: the graphs built, the last plan */
+    if (guard) guard->why = 0;
     if (!micro) return PLANNER_ERR_NOMEM;
     int np = field_values(want->precision, STRATEGY_PRECISION_AUTO, avail_precision,
                           N_OF(avail_precision), prec);
@@ -212,8 +260,11 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
                 s.micro_batch = micro[im];
                 s.recompute = rec[0];
                 s.offload = off[0];
+                if (guard_check(held, r)) goto guarded;
                 int ok = t->build(t->ctx, &s, &graphs[gi]) == 0;
                 built += ok;
+                held += graph_held_bytes(&graphs[gi]);
+                if (guard_check(held, r)) goto guarded;
                 for (int ir = 0; ir < nr; ir++)
                     for (int io = 0; io < no; io++) {
                         struct planner_candidate *c = &r->cand[r->n_cand];
@@ -246,10 +297,14 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
             struct planner_candidate *c = &r->cand[i];
             const struct graph *g = &graphs[graph_of[i]];
             while (!plan_all && budget && !c->failed && level[i] < 2 &&
-                   (!c->bound_bytes || c->bound_bytes <= budget))
+                   (!c->bound_bytes || c->bound_bytes <= budget)) {
+                if (guard_check(held, r)) goto guarded;
                 bound_candidate(t, c, g, &level[i]);
+            }
             if (c->failed || (!plan_all && budget && c->bound_bytes > budget)) continue;
-            plan_candidate(t, c, g, budget, m, batch);
+            if (guard_check(held, r)) goto guarded;
+            plan_candidate(t, c, g, budget, m, batch, &plan_bytes);
+            if (guard_check(held + plan_bytes, r)) goto guarded;
             if (c->planned && c->fits && r->chosen < 0) r->chosen = i;
         }
     }
@@ -277,10 +332,13 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
             if (next < 0 || c->bound_bytes < r->cand[next].bound_bytes) next = i;
         }
         if (next < 0) break;
+        if (guard_check(held, r)) goto guarded;
         if (t->bound && level[next] < 2)
             bound_candidate(t, &r->cand[next], &graphs[graph_of[next]], &level[next]);
         else
-            plan_candidate(t, &r->cand[next], &graphs[graph_of[next]], budget, m, batch);
+            plan_candidate(t, &r->cand[next], &graphs[graph_of[next]], budget, m, batch,
+                           &plan_bytes);
+        if (guard_check(held + plan_bytes, r)) goto guarded;
     }
     char b1[32], b2[32], s[160];
     if (r->chosen >= 0) {
@@ -313,6 +371,10 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
         snprintf(r->why, sizeof r->why, "no candidate could be planned");
         rc = PLANNER_ERR_BUILD;
     }
+    goto out;
+guarded: /* nothing chosen: the search did not end */
+    r->chosen = r->smallest = -1;
+    rc = guard->why;
 out:
     if (graphs)
         for (int i = 0; i < np * nm; i++) graph_free(&graphs[i]);

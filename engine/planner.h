@@ -66,7 +66,25 @@ enum planner_status {
     PLANNER_ERR_ARG = 2,           /* a forced strategy the engine cannot run, a bad batch */
     PLANNER_ERR_BUILD = 3,         /* every candidate failed to build or plan */
     PLANNER_ERR_NOMEM = 4,
+    PLANNER_ERR_STOPPED = 5,       /* the thread's guard said stop (planner_guard) */
+    PLANNER_ERR_MEMORY = 6,        /* the graphs and plans held passed the guard's max_bytes */
 };
+
+/* A search's guard, set on the calling thread around the searches it makes (the server's
+ * planning worker: a deadline and a memory cap per admission planning). planner_search polls
+ * stop before each candidate's graph, bound and plan, and counts the bytes it holds (its
+ * graphs' structures, and the plan being made's per-tensor arrays) against max_bytes; either
+ * ends the search at once: PLANNER_ERR_STOPPED or PLANNER_ERR_MEMORY, no candidate chosen nor
+ * smallest, why the reason; the guard's why says which (0: neither) and peak_bytes the most the
+ * search held. NULL clears it; without one a search is unguarded. */
+struct planner_guard {
+    int (*stop)(void *ctx);        /* nonzero: give up; NULL: never */
+    void *ctx;
+    size_t max_bytes;              /* 0: no cap */
+    int why;                       /* out: 0, PLANNER_ERR_STOPPED or PLANNER_ERR_MEMORY */
+    size_t peak_bytes;             /* out: the largest count of the guarded searches */
+};
+void planner_guard_set(struct planner_guard *g);
 
 /* Search. want: forced fields and AUTO ones (micro_batch 0 = auto; sample_batch 0 = auto;
  * precision AUTO prefers fp32: a 16-bit precision changes the numbers a job computes, so it is

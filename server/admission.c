@@ -61,8 +61,8 @@ static void fit_reserve(const struct pool_device_config *dev, struct pool_fit *f
 }
 
 int admission_fit_train(const struct pool_device_config *dev, const struct cost_model *m,
-                        const struct train_spec *spec, struct pool_fit *f, cJSON **o, char *err,
-                        size_t errlen)
+                        const struct train_spec *spec, int threads, struct pool_fit *f, cJSON **o,
+                        char *err, size_t errlen)
 {
     struct train_spec s = *spec;
     struct planner_result r;
@@ -112,7 +112,7 @@ int admission_fit_train(const struct pool_device_config *dev, const struct cost_
     f->strategy.offload = c->strategy.offload == 1;
     fit_reserve(dev, f);
     /* the candidate's prediction, scaled to this device by the probe, per thread on the cpu */
-    f->step_seconds = c->predicted_s * dev->cost_scale / (is_cpu(dev) && s.threads > 0 ? s.threads : 1);
+    f->step_seconds = c->predicted_s * dev->cost_scale / (is_cpu(dev) && threads > 0 ? threads : 1);
     cJSON *e = cJSON_CreateObject(), *st = cJSON_CreateObject();
     cJSON *search = train_search_json(&r, s.batch);
     if (!e || !st || !search) {

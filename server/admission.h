@@ -17,12 +17,13 @@
 
 /* A training job on dev: the search against the bytes the budget leaves, capped by
  * memory.vram_budget (f->vram_budget, the child's), its strategy in f; steps predicted under m
- * and the device's probe scale. *entry gets the plan entry (strategy, bytes by part, the
+ * and the device's probe scale, on the cpu at threads (the spec's train.threads, or the cores a
+ * job naming none starts with). *entry gets the plan entry (strategy, bytes by part, the
  * candidates planned; the caller owns it). POOL_ERR_PLAN when the spec cannot be planned at all
  * (err says why). */
 int admission_fit_train(const struct pool_device_config *dev, const struct cost_model *m,
-                        const struct train_spec *spec, struct pool_fit *f, cJSON **entry,
-                        char *err, size_t errlen);
+                        const struct train_spec *spec, int threads, struct pool_fit *f,
+                        cJSON **entry, char *err, size_t errlen);
 /* a sampling job on dev: its inference plan and reservation, *entry as above */
 int admission_fit_sample(const struct pool_device_config *dev, const struct cost_model *m,
                          const struct pool_sample *s, struct pool_fit *f, cJSON **entry,

@@ -138,6 +138,25 @@ int child_throttle_offer(struct child_throttle *t, const struct child_event *e, 
     return n;
 }
 
+int child_log_cap_offer(struct child_log_cap *c)
+{
+    if (c->stored < CHILD_LOG_LINES_MAX) {
+        c->stored++;
+        return 1;
+    }
+    c->dropped++;
+    return 0;
+}
+
+int child_log_cap_note(const struct child_log_cap *c, char *buf, size_t n)
+{
+    if (!c->dropped) return 0;
+    snprintf(buf, n, "%lld more log line%s dropped: a job start stores at most %d (its last "
+             "stderr lines are in its error when it fails)", c->dropped,
+             c->dropped == 1 ? "" : "s", CHILD_LOG_LINES_MAX);
+    return 1;
+}
+
 int child_throttle_due(struct child_throttle *t, double now, int force, struct child_event *out)
 {
     if (!t->held || (!force && now - t->last[t->pending.kind] < CHILD_PROGRESS_EVERY_S)) return 0;

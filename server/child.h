@@ -85,6 +85,19 @@ char *child_event_json(const struct child_event *e, const char *id);
  * validation loss are never held. */
 #define CHILD_PROGRESS_EVERY_S 0.5
 
+/* The cap of a job start's log lines (its stderr and stdout lines that are no protocol event),
+ * as the server stores them: the first CHILD_LOG_LINES_MAX are stored, the rest only counted,
+ * and one log event at the end says how many were dropped (child_log_cap_note). */
+#define CHILD_LOG_LINES_MAX 2000
+
+struct child_log_cap {
+    long long stored, dropped;
+};
+/* 1: store the next line; 0: it is dropped (counted) */
+int child_log_cap_offer(struct child_log_cap *c);
+/* the line of the one event that says how many were dropped: 1 with buf, 0 when none were */
+int child_log_cap_note(const struct child_log_cap *c, char *buf, size_t n);
+
 struct child_throttle {
     double last[CHILD_EVENT_COUNT];  /* when each kind last passed (0: never) */
     int held;                        /* pending holds an event */

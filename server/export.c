@@ -260,15 +260,46 @@ static struct {
 } builds[EXPORT_BUILDS_MAX];
 static int n_builds;
 
+/* the folders export_hold_dir holds (under builds_mu) */
+static char holds[EXPORT_HOLDS_MAX][FSIO_PATH_MAX];
+static int n_holds;
+
+static int is_under(const char *path, const char *dir)
+{
+    return strncmp(path, dir, strlen(dir)) == 0;
+}
+
+int export_hold_dir(const char *dir)
+{
+    pthread_mutex_lock(&builds_mu);
+    int busy = n_holds >= EXPORT_HOLDS_MAX || strlen(dir) >= FSIO_PATH_MAX;
+    for (int i = 0; i < n_builds && !busy; i++) busy = is_under(builds[i].path, dir);
+    if (!busy) snprintf(holds[n_holds++], FSIO_PATH_MAX, "%s", dir);
+    pthread_mutex_unlock(&builds_mu);
+    return busy ? EXPORT_BUSY : 0;
+}
+
+void export_release_dir(const char *dir)
+{
+    pthread_mutex_lock(&builds_mu);
+    for (int i = 0; i < n_holds; i++)
+        if (strcmp(holds[i], dir) == 0) {
+            memcpy(holds[i], holds[--n_holds], FSIO_PATH_MAX);
+            break;
+        }
+    pthread_mutex_unlock(&builds_mu);
+}
+
 static int build_begin(const char *owner, const char *path)
 {
-    int mine = 0, same = 0;
+    int mine = 0, same = 0, held = 0;
     pthread_mutex_lock(&builds_mu);
     for (int i = 0; i < n_builds; i++) {
         mine += strcmp(builds[i].owner, owner) == 0;
         same |= strcmp(builds[i].path, path) == 0;
     }
-    int ok = !same && mine < EXPORT_BUILDS_PER_OWNER && n_builds < EXPORT_BUILDS_MAX;
+    for (int i = 0; i < n_holds; i++) held |= is_under(path, holds[i]);
+    int ok = !held && !same && mine < EXPORT_BUILDS_PER_OWNER && n_builds < EXPORT_BUILDS_MAX;
     if (ok) {
         snprintf(builds[n_builds].owner, sizeof builds[n_builds].owner, "%s", owner);
         snprintf(builds[n_builds].path, sizeof builds[n_builds].path, "%s", path);

@@ -42,6 +42,13 @@ int export_cache_open(const char *ckpt, const char *owner, int *fd_out, long lon
                       char *err, size_t errlen);
 /* removes ckpt's cached tar (with the checkpoint: train.c's pruning); call after unlinking ckpt */
 void export_cache_remove(const char *ckpt);
+/* A job's folder about to be removed (DELETE /jobs/{id}), so no tar writer works in it
+ * meanwhile: 0 when no export of a checkpoint under dir (a folder, "/"-terminated) is being
+ * built, and none starts until export_release_dir(dir) (export_cache_open: EXPORT_BUSY);
+ * EXPORT_BUSY while one is built, or when EXPORT_HOLDS_MAX folders are held already */
+#define EXPORT_HOLDS_MAX 16
+int export_hold_dir(const char *dir);
+void export_release_dir(const char *dir);
 /* ckpt's cache path into out; -1 when ckpt does not end in ".safetensors" or out is too short */
 int export_cache_path(const char *ckpt, char *out, size_t n);
 

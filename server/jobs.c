@@ -61,9 +61,12 @@ static const char *const stmt_sql[STMT_COUNT_] = {
     [STMT_EVENT_APPEND] = "INSERT INTO events(job_id, seq, type, data, at) VALUES(?1, "
         "(SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?1), "
         "?2, ?3, ?4) RETURNING seq",
+    /* a job stored already ended (an imported checkpoint's) started and ended when stored */
     [STMT_INSERT] = "INSERT INTO jobs(id, owner, kind, state, spec, device, reserved_bytes, "
-        "plan, steps, created_at, plans, name, labels) VALUES(?1, ?2, ?3, ?13, ?4, ?5, ?6, ?7, "
-        "?8, ?9, ?10, ?11, ?12)",
+        "plan, steps, created_at, plans, name, labels, started_at, ended_at) VALUES(?1, ?2, ?3, "
+        "?13, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+        "CASE WHEN ?13 IN ('succeeded', 'failed', 'canceled') THEN ?9 END, "
+        "CASE WHEN ?13 IN ('succeeded', 'failed', 'canceled') THEN ?9 END)",
     [STMT_GET] = "SELECT " ROW_COLS " FROM jobs WHERE id = ?",
     [STMT_STATE] = "SELECT state FROM jobs WHERE id = ?1",
     [STMT_LIST] = "SELECT " ROW_COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND "
@@ -71,8 +74,10 @@ static const char *const stmt_sql[STMT_COUNT_] = {
         "(?3 IS NULL OR seq > (SELECT seq FROM jobs WHERE id = ?3)) AND "
         "(?5 IS NULL OR kind = ?5) AND "
         "(?6 IS NULL OR name = ?6) AND "
-        "(?7 IS NULL OR EXISTS(SELECT 1 FROM json_each(jobs.labels) WHERE "
-        "json_each.key = ?7 AND json_each.type = 'text' AND json_each.value = ?8)) "
+        "(?7 IS NULL OR NOT EXISTS(SELECT 1 FROM json_each(?7) AS w WHERE NOT EXISTS("
+        "SELECT 1 FROM json_each(jobs.labels) AS l WHERE "
+        "l.key = json_extract(w.value, '$[0]') AND l.type = 'text' AND "
+        "l.value = json_extract(w.value, '$[1]')))) "
         "ORDER BY seq LIMIT ?4",
     [STMT_COUNT] = "SELECT COUNT(*) FROM jobs WHERE ?1 IS NULL OR state = ?1",
     [STMT_EVENT_COUNT] = "SELECT COUNT(*) FROM events WHERE job_id = ?1 AND type = ?2",
@@ -658,10 +663,7 @@ int jobs_list_filter(struct jobs *db, const struct jobs_filter *f, const char *a
     sqlite3_bind_int(st, 4, limit);
     if (kind) sqlite3_bind_text(st, 5, kind, -1, SQLITE_STATIC);
     if (f->name) sqlite3_bind_text(st, 6, f->name, -1, SQLITE_STATIC);
-    if (f->label_key) {
-        sqlite3_bind_text(st, 7, f->label_key, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 8, f->label_value ? f->label_value : "", -1, SQLITE_STATIC);
-    }
+    if (f->labels) sqlite3_bind_text(st, 7, f->labels, -1, SQLITE_STATIC);
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW) {
         if (*n == cap) {

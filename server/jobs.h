@@ -90,8 +90,8 @@ struct jobs_filter {
     const char *owner, *kind;
     int state;
     const char *name;            /* the job's name, exactly */
-    const char *label_key;       /* a label the job has, with exactly label_value */
-    const char *label_value;
+    const char *labels;          /* JSON [["KEY", "VALUE"], ...]: labels the job has, each with
+                                  * exactly its value (all of them: AND); NULL none */
 };
 int jobs_list_filter(struct jobs *db, const struct jobs_filter *f, const char *after, int limit,
                      struct job_row **rows, int *n);

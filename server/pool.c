@@ -32,6 +32,7 @@
 #include "fsio.h"
 #include "log.h"
 #include "metrics.h"
+#include "planner.h"
 #include "train.h"
 
 extern char **environ;
@@ -62,6 +63,7 @@ struct child {
     int64_t step, steps, step0;
     double t0, step_s, pred_step_s;
     struct child_throttle throttle; /* its progress events' rate limit (the pool's thread's) */
+    struct child_log_cap log_cap;   /* its log lines' cap (child.h) */
 };
 
 /* a device and what runs on it (under the pool's lock) */
@@ -194,6 +196,19 @@ static int mkdir_one(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/* a job folder that could not be written, as its client sees it: the cause (e, the failed
+ * call's errno) without the server's paths, the whole error (err on entry) in the server's
+ * log; POOL_ERR_STORAGE when the disk is full, else POOL_ERR_INTERNAL */
+static int folder_error(const char *id, int e, char *err, size_t errlen)
+{
+    int full = e == ENOSPC || e == EDQUOT || strstr(err, strerror(ENOSPC));
+    log_msg(LOG_ERROR, "job %s: %s", id, err);
+    if (full && e != EDQUOT) e = ENOSPC;
+    snprintf(err, errlen, "the job's files cannot be written: %s",
+             e ? strerror(e) : "an input/output error");
+    return full ? POOL_ERR_STORAGE : POOL_ERR_INTERNAL;
+}
+
 static void qjob_clear(struct qjob *q)
 {
     for (int d = 0; d < POOL_MAX_DEVICES; d++) free(q->entry[d]);
@@ -260,11 +275,7 @@ static int queue_job(struct pool *p, const char *owner, struct job_row *r, const
         goto out;
     }
     if (mkdir_one(dir, err, errlen) || fsio_write_atomic_text(path, child_json, err, errlen)) {
-        int e = errno == EDQUOT ? EDQUOT : ENOSPC;
-        if (errno == ENOSPC || errno == EDQUOT || strstr(err, strerror(ENOSPC))) {
-            rc = POOL_ERR_STORAGE; /* the cause, without the server's paths (clients see ids) */
-            snprintf(err, errlen, "the job's files cannot be written: %s", strerror(e));
-        }
+        rc = folder_error(r->id, errno, err, errlen);
         unlink(path); /* nothing of a refused job stays (the writer leaves no temporary) */
         rmdir(dir);
         goto out;
@@ -374,8 +385,28 @@ static struct train_spec *child_spec(const struct pool_train *job, char *err, si
     return child;
 }
 
+/* g's limits on this thread's searches until guard_end (g NULL: none) */
+static void guard_begin(struct pool_plan_guard *g, struct planner_guard *pg)
+{
+    if (!g) return;
+    *pg = (struct planner_guard){.stop = g->stop, .ctx = g->ctx, .max_bytes = g->max_bytes};
+    g->why = 0;
+    g->peak_bytes = 0;
+    planner_guard_set(pg);
+}
+
+static void guard_end(struct pool_plan_guard *g, const struct planner_guard *pg)
+{
+    if (!g) return;
+    planner_guard_set(NULL);
+    g->why = pg->why == PLANNER_ERR_MEMORY ? POOL_PLAN_MEMORY
+             : pg->why                      ? POOL_PLAN_STOPPED
+                                            : 0;
+    g->peak_bytes = pg->peak_bytes;
+}
+
 int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_admission *adm,
-                    cJSON **entries, char *err, size_t errlen)
+                    cJSON **entries, struct pool_plan_guard *g, char *err, size_t errlen)
 {
     int rc = POOL_OK;
     memset(adm, 0, sizeof *adm);
@@ -383,9 +414,13 @@ int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_ad
     adm->n = p->n_devs;
     struct train_spec *child = child_spec(job, err, errlen);
     if (!child) return POOL_ERR_INTERNAL;
+    struct planner_guard pg;
+    guard_begin(g, &pg);
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
-        rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child, &adm->fit[d],
+        rc = admission_fit_train(&p->devs[d].st.cfg, &p->cfg.cost, child,
+                                 child->threads > 0 ? child->threads : p->cfg.cores, &adm->fit[d],
                                  &entries[d], err, errlen);
+    guard_end(g, &pg);
     free(child);
     if (rc)
         for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
@@ -428,8 +463,11 @@ int pool_import(struct pool *p, const char *owner, const char *spec_json, int64_
         return POOL_ERR_INTERNAL;
     }
     int rc = POOL_ERR_INTERNAL;
-    if (mkdir_one(dir, err, errlen) || mkdir_one(out, err, errlen) || mkdir_one(ck, err, errlen) ||
-        place(path, ctx, err, errlen)) {
+    if (mkdir_one(dir, err, errlen) || mkdir_one(out, err, errlen) || mkdir_one(ck, err, errlen)) {
+        rc = folder_error(r.id, errno, err, errlen);
+        goto fail;
+    }
+    if (place(path, ctx, err, errlen)) {
         if (errno == ENOSPC || errno == EDQUOT) rc = POOL_ERR_STORAGE;
         goto fail;
     }
@@ -464,7 +502,7 @@ int pool_submit(struct pool *p, const char *owner, const char *idem_key,
                 size_t errlen)
 {
     cJSON *entries[POOL_MAX_DEVICES];
-    int rc = pool_plan_train(p, job, adm, entries, err, errlen);
+    int rc = pool_plan_train(p, job, adm, entries, NULL, err, errlen);
     if (rc) return rc;
     return pool_submit_planned(p, owner, idem_key, job, adm, entries, id, err, errlen);
 }
@@ -503,21 +541,32 @@ char *pool_sample_json(const struct pool_sample *s)
     return r;
 }
 
-int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
-                       const struct pool_sample *s, struct pool_admission *adm, char *id,
-                       char *err, size_t errlen)
+int pool_plan_sample(struct pool *p, const struct pool_sample *s, struct pool_admission *adm,
+                     cJSON **entries, struct pool_plan_guard *g, char *err, size_t errlen)
 {
-    cJSON *entries[POOL_MAX_DEVICES] = {0};
     int rc = POOL_OK;
     memset(adm, 0, sizeof *adm);
+    for (int d = 0; d < POOL_MAX_DEVICES; d++) entries[d] = NULL;
     adm->n = p->n_devs;
+    if (g) g->why = 0, g->peak_bytes = 0;
+    /* one plan per device, no search: stopped between devices */
     for (int d = 0; d < adm->n && rc == POOL_OK; d++)
-        rc = admission_fit_sample(&p->devs[d].st.cfg, &p->cfg.cost, s, &adm->fit[d],
+        if (g && g->stop && g->stop(g->ctx)) {
+            g->why = POOL_PLAN_STOPPED;
+            snprintf(err, errlen, "the planning was stopped");
+            rc = POOL_ERR_INTERNAL;
+        } else
+            rc = admission_fit_sample(&p->devs[d].st.cfg, &p->cfg.cost, s, &adm->fit[d],
                                   &entries[d], err, errlen);
-    if (rc) {
-        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]);
-        return rc;
-    }
+    if (rc)
+        for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
+    return rc;
+}
+
+int pool_submit_sample_planned(struct pool *p, const char *owner, const char *idem_key,
+                               const struct pool_sample *s, struct pool_admission *adm,
+                               cJSON **entries, char *id, char *err, size_t errlen)
+{
     int chunks = (s->n + s->batch - 1) / s->batch;
     int64_t steps = (int64_t)chunks * (strcmp(s->sampler, "ddpm") == 0 ? s->timesteps : s->steps);
     /* the child's file: the parameters and the checkpoint's path (never shown) */
@@ -531,6 +580,16 @@ int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
     return submit_planned(p, owner, idem_key, "sample", steps, pool_sample_json(s),
                           "/sample.json", child_json, 1, 0, s->name, s->labels, adm, entries, id,
                           err, errlen);
+}
+
+int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
+                       const struct pool_sample *s, struct pool_admission *adm, char *id,
+                       char *err, size_t errlen)
+{
+    cJSON *entries[POOL_MAX_DEVICES];
+    int rc = pool_plan_sample(p, s, adm, entries, NULL, err, errlen);
+    if (rc) return rc;
+    return pool_submit_sample_planned(p, owner, idem_key, s, adm, entries, id, err, errlen);
 }
 
 static struct child *find_kid(struct pool *p, const char *id)
@@ -826,8 +885,10 @@ static void qjob_sweep(struct pool *p)
 static double qjob_step_seconds(const struct pool *p, const struct qjob *q, int d, int threads)
 {
     double sec = q->step_s[d];
-    /* admission predicts at the spec's threads, one when it names none */
-    if (p->devs[d].is_cpu && threads > 0) sec = sec * (q->want > 0 ? q->want : 1) / threads;
+    /* admission predicts at the spec's threads, every core when it names none (what it gets
+     * on an idle machine) */
+    if (p->devs[d].is_cpu && threads > 0)
+        sec = sec * (q->want > 0 ? q->want : p->cfg.cores) / threads;
     return sec;
 }
 
@@ -1253,7 +1314,7 @@ static void stdout_line(struct pool *p, struct child *k, const char *line)
 {
     struct child_event e, out[2];
     if (child_event_read(line, &e)) {
-        event_line(p, k->id, "log", "stdout", line);
+        if (child_log_cap_offer(&k->log_cap)) event_line(p, k->id, "log", "stdout", line);
         return;
     }
     int n = child_throttle_offer(&k->throttle, &e, clock_now_s(), out);
@@ -1289,7 +1350,7 @@ static int drain(struct pool *p, struct child *k, int is_err)
             redact(p, k->id, buf, line, sizeof line);
             if (is_err) {
                 tail_add(k, line);
-                event_line(p, k->id, "log", "stderr", line);
+                if (child_log_cap_offer(&k->log_cap)) event_line(p, k->id, "log", "stderr", line);
             } else {
                 stdout_line(p, k, line);
             }
@@ -1310,6 +1371,8 @@ static int drain(struct pool *p, struct child *k, int is_err)
 static void finish(struct pool *p, struct child *k, int status)
 {
     flush_progress(p, k, 1);
+    char note[200];
+    if (child_log_cap_note(&k->log_cap, note, sizeof note)) event_line(p, k->id, "log", NULL, note);
     check_checkpoint(p, k);
     char err[ERR_TAIL_BYTES + 128], ev[ERR_TAIL_BYTES + 512];
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

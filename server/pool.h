@@ -85,7 +85,8 @@ struct pool_fit {
     struct strategy strategy;   /* a training job's plan's strategy, which its child runs */
     int has_strategy;           /* 0: a sampling job */
     double step_seconds;        /* predicted seconds of one step (a sampling job: one denoising
-                                 * step of a batch) at the threads it asked for */
+                                 * step of a batch) on the cpu at the threads it asked for, or
+                                 * every core (--cpu-cores) when it names none */
 };
 
 /* a job's plans on every device of the pool (pool_submit fills it, also on NEVER_FITS) */
@@ -133,13 +134,25 @@ struct pool_train {
 int pool_submit(struct pool *p, const char *owner, const char *idem_key,
                 const struct pool_train *job, struct pool_admission *adm, char *id, char *err,
                 size_t errlen);
+/* One admission planning's limits (the planning worker's; NULL: none): the search polls
+ * stop(ctx) before each candidate and counts the bytes its graphs and plans hold against
+ * max_bytes (0: no cap; planner_guard). Either ends it with an error and nothing planned; why
+ * then says which (0: neither), peak_bytes the most it held. */
+enum pool_plan_why { POOL_PLAN_STOPPED = 1, POOL_PLAN_MEMORY = 2 };
+struct pool_plan_guard {
+    int (*stop)(void *ctx);
+    void *ctx;
+    size_t max_bytes;
+    int why;                    /* out: 0 or enum pool_plan_why */
+    size_t peak_bytes;          /* out */
+};
 /* pool_submit in its two halves, so the planning runs where the caller chooses (POST /train:
  * a worker thread, no lock held; api/submit.c): pool_plan_train plans the job on every device
  * (adm's fits, entries[d] each device's plan entry; it takes none of the pool's locks and
  * stores nothing); pool_submit_planned decides and queues it as pool_submit does, taking the
  * entries (freed either way). */
 int pool_plan_train(struct pool *p, const struct pool_train *job, struct pool_admission *adm,
-                    cJSON **entries, char *err, size_t errlen);
+                    cJSON **entries, struct pool_plan_guard *g, char *err, size_t errlen);
 int pool_submit_planned(struct pool *p, const char *owner, const char *idem_key,
                         const struct pool_train *job, struct pool_admission *adm,
                         cJSON **entries, char *id, char *err, size_t errlen);
@@ -159,10 +172,16 @@ struct pool_sample {
 /* the sample's parameters as the job's spec (canonical JSON, no path); caller frees */
 char *pool_sample_json(const struct pool_sample *s);
 /* plans (generate_plan, the function `ddpmd sample` allocates with) and queues a sampling job
- * (kind "sample"), as pool_submit */
+ * (kind "sample"), as pool_submit; in its two halves as pool_plan_train and
+ * pool_submit_planned (POST /samples plans on the planning worker too) */
 int pool_submit_sample(struct pool *p, const char *owner, const char *idem_key,
                        const struct pool_sample *s, struct pool_admission *adm, char *id,
                        char *err, size_t errlen);
+int pool_plan_sample(struct pool *p, const struct pool_sample *s, struct pool_admission *adm,
+                     cJSON **entries, struct pool_plan_guard *g, char *err, size_t errlen);
+int pool_submit_sample_planned(struct pool *p, const char *owner, const char *idem_key,
+                               const struct pool_sample *s, struct pool_admission *adm,
+                               cJSON **entries, char *id, char *err, size_t errlen);
 /* An uploaded checkpoint made a job of its own (kind "import", state succeeded, owner's): its
  * folder, then place(path, ctx) writes the checkpoint at the job's
  * out/checkpoints/step-<step>.safetensors (err on failure), then its row (spec: the model's

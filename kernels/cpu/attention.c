@@ -7,7 +7,9 @@
  * one task per tile row (tiled forward) or per (n, h) pair (tiled backward, plain), so the
  * results do not depend on the thread count; except the tiled backward's split of a pair's keys
  * and the plain form's cpu_gemm (oneDNN) products when there are fewer pairs than threads: those
- * depend on the thread count, as the convolutions' do. */
+ * depend on the thread count, as the convolutions' do. The tiled form also takes bf16 operands
+ * where the CPU has AVX512-BF16 (attn_bf16.c: the same schedule on vdpbf16ps tiles); the plain
+ * form is fp32 only. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -17,17 +19,15 @@
 #include "cpu.h"
 #include "vmath.h"
 
-/* query rows and key columns of one tile: S (BR x BC) and, in the backward, dS next to it stay
- * in the core's L2 (2 x 64 KiB) with the key block's k, v rows */
-#define ATTN_BR 128
-#define ATTN_BC 128
-
-static int attn_check(const struct bk_attn *s)
+/* the shape; the dtype: fp32, or bf16 in the tiled form where the CPU has AVX512-BF16
+ * (attn_bf16.c; cpu_half_kernels) */
+static int attn_check(const struct bk_attn *s, int tiled)
 {
     if (!s || s->n < 1 || s->l < 1 || s->heads < 1 || s->d < 1) return BK_ERR_INVALID;
     if ((long long)s->heads * s->d > s->ld) return BK_ERR_INVALID;
-    if (s->dtype != BK_DTYPE_F32) return BK_ERR_INVALID; /* fp32 only: half_kernels */
-    return BK_OK;
+    if (s->dtype == BK_DTYPE_F32) return BK_OK;
+    if (s->dtype == BK_DTYPE_BF16 && tiled && cpu_isa() >= CPU_ISA_AVX512_BF16) return BK_OK;
+    return BK_ERR_INVALID;
 }
 
 static int imin(int a, int b) { return a < b ? a : b; }
@@ -68,11 +68,12 @@ static size_t attn_plain_ws_bytes(const struct bk_attn *s);
 
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
-    if (attn_check(s) != BK_OK) return 0;
+    if (attn_check(s, tiled) != BK_OK) return 0;
     if (!tiled) return attn_plain_ws_bytes(s);
     /* one slot per thread in flight, at most the machine's cores; when a pair's keys are split,
      * a dq per chunk */
     const int procs = cpu_threads(NULL), pairs = s->n * s->heads, ch = attn_chunks(s, procs);
+    if (s->dtype == BK_DTYPE_BF16) return attn_bf16_ws_bytes(s, procs, ch);
     size_t f = (size_t)procs * attn_slot_floats(s);
     if (ch > 1) f += (size_t)pairs * ch * s->l * s->d;
     return f * sizeof(float);
@@ -285,8 +286,12 @@ static const struct attn_tiles *attn_tiles(void)
 int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const void *vv,
                  void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !ov || !lse || !qv || !kv || !vv || !ws || !ctx)
+    if (attn_check(s, 1) != BK_OK || !ov || !lse || !qv || !kv || !vv || !ws || !ctx)
         return BK_ERR_INVALID;
+    if (s->dtype == BK_DTYPE_BF16) {
+        attn_bf16_fwd(ov, lse, qv, kv, vv, ws, s, cpu_threads(ctx));
+        return BK_OK;
+    }
     float *o = ov;
     const float *q = qv, *k = kv, *v = vv;
     const int L = s->l, H = s->heads, D = s->d;
@@ -337,9 +342,14 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
                  const void *kv, const void *vv, const void *ov, const float *lse, void *ws,
                  const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !ov ||
+    if (attn_check(s, 1) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !ov ||
         !lse || !ws || !ctx)
         return BK_ERR_INVALID;
+    if (s->dtype == BK_DTYPE_BF16) {
+        const int nt = cpu_threads(ctx);
+        attn_bf16_bwd(dqv, dkv, dvv, doutv, qv, kv, vv, ov, lse, ws, s, nt, attn_chunks(s, nt));
+        return BK_OK;
+    }
     float *dq = dqv, *dk = dkv, *dv = dvv;
     const float *dout = doutv, *q = qv, *k = kv, *v = vv, *o = ov;
     const int L = s->l, H = s->heads, D = s->d;
@@ -532,7 +542,7 @@ static void plain_ds_row(float *dsr, const float *pr, int L, float scale)
 int cpu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !ov || !p || !qv || !kv || !vv || !ws || !ctx)
+    if (attn_check(s, 0) != BK_OK || !ov || !p || !qv || !kv || !vv || !ws || !ctx)
         return BK_ERR_INVALID;
     float *o = ov;
     const float *q = qv, *k = kv, *v = vv;
@@ -573,7 +583,7 @@ int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const
                        const void *kv, const void *vv, const float *p, void *ws,
                        const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
+    if (attn_check(s, 0) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
         !ws || !ctx)
         return BK_ERR_INVALID;
     float *dq = dqv, *dk = dkv, *dv = dvv, *ds = ws;

@@ -18,33 +18,9 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma")
 #endif
 
-#define AI static inline __attribute__((always_inline))
+#include "attn512.h"
 
 static int imin(int a, int b) { return a < b ? a : b; }
-
-/* a mask of the first n (< 16) lanes, or all 16 */
-AI __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
-
-/* vm_expf (vmath.h) on 16 lanes, the same bits: x clamped to [-110, 89] (NaN kept: max and min
- * return their second operand when one is NaN), the same reduction and polynomial, and 2^n
- * applied by one vscalefps, which rounds once into the subnormals as vm_expf's two normal
- * factors do */
-AI __m512 exp512(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
-    const __m512 shifter = _mm512_set1_ps(0x1.8p23f);
-    __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shifter), shifter);
-    __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k);
-}
 
 /* ---- S = alpha A BT: R rows x 16 NC columns per register tile; A packed transposed (AT,
  * element (r, e) at AT[e apl + r]), so a step's R broadcasts are constant offsets ---- */

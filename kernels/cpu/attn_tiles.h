@@ -1,5 +1,6 @@
 /* attn_tiles.h - the tile kernels of the CPU attention (attention.c), one table per instruction
- * set: AVX2 + FMA (attention.c) and AVX-512 (attn512.c), picked once by cpu_isa(). Each entry
+ * set: AVX2 + FMA (attention.c) and AVX-512 (attn512.c), picked once by cpu_isa(), and the bf16
+ * form's entry points (attn_bf16.c). Each entry
  * runs on one thread over data in the caller's cache-sized tiles; the tables of one machine give
  * one set of bits (the dispatch is fixed per process), and every product sums its terms in the
  * same order in both tables (S, O, dQ, dK, dV agree bit for bit; the softmax's row sums do not).
@@ -8,6 +9,13 @@
 #define DDPMD_CPU_ATTN_TILES_H
 
 #include <stddef.h>
+
+#include "backend.h"
+
+/* query rows and key columns of one tile: S (BR x BC) and, in the backward, dS next to it stay
+ * in the core's L2 (2 x 64 KiB) with the key block's k, v rows */
+#define ATTN_BR 128
+#define ATTN_BC 128
 
 struct attn_tiles {
     /* S (nr, ncp) = alpha A BT: A (nr, d) given packed transposed, AT (d, apl) (attn_pack_t),
@@ -31,5 +39,16 @@ struct attn_tiles {
 
 extern const struct attn_tiles attn_tiles_avx2;
 extern const struct attn_tiles attn_tiles_avx512;
+
+/* attn_bf16.c: the tiled form on bf16 operands (s->dtype BK_DTYPE_BF16), only where cpu_isa()
+ * reports AVX512-BF16; attention.c checks the arguments. ws_bytes: the workspace of procs
+ * threads and a pair's keys split in `chunks` (attention.c's attn_chunks); fwd, bwd on nt
+ * threads (at most procs), bwd with each pair's keys in nch chunks. */
+size_t attn_bf16_ws_bytes(const struct bk_attn *s, int procs, int chunks);
+void attn_bf16_fwd(void *o, float *lse, const void *q, const void *k, const void *v, void *ws,
+                   const struct bk_attn *s, int nt);
+void attn_bf16_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                   const void *v, const void *o, const float *lse, void *ws,
+                   const struct bk_attn *s, int nt, int nch);
 
 #endif

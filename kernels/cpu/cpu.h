@@ -24,9 +24,10 @@ struct bk_ctx {
 /* every entry of ops.def as cpu_<fn>. Where they are: backend_cpu.c (context, memory, budget,
  * workspace), conv.c, linear.c, norm.c, attention.c, eltwise.c, layout.c, resample.c, embed.c,
  * loss.c (losses, dropout), optim.c, convert.c, onednn.c (half_kernels: for bf16,
- * BK_HALF_CONV | BK_HALF_LINEAR where oneDNN runs bf16 on the CPU's AVX512-BF16 instructions or
- * AMX tiles (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's
- * copies, the step on the device and graphs. */
+ * BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE where oneDNN
+ * runs bf16 on the CPU's AVX512-BF16 instructions or AMX tiles and attn_bf16.c's tiles run
+ * (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's copies, the step
+ * on the device and graphs. */
 #define BK_OP(ret, fn, args) ret cpu_##fn args;
 #include "ops.def"
 /* every entry of struct bk_typed as cpu_t_<fn> (typed.c, on norm.c's, eltwise.c's, layout.c's,

@@ -75,14 +75,18 @@ out:
  * tiles. (On a Xeon of the same ISA measured earlier, oneDNN's bf16 matmuls ran at 0.6x: there
  * the linears stayed fp32; cpu_bench --ceilings tells which machine this is.) Without
  * AVX512-BF16 (an AVX2 CPU, or DNNL_MAX_CPU_ISA capped below it): none. f16: oneDNN 2.6 has
- * no f16 convolutions or matmuls on CPUs. With them, the memory-bound kernels in bf16 too
- * (typed.c: half the bytes, no conversions around them; the same bits as the converted fp32
- * kernels): bf16 steps, CPU seconds, 0.685 -> 0.606 s fmnist-tiny b32, 0.980 -> 0.870
- * cifar-small b8, 2.638 -> 2.548 ddpm-cifar10 b8 (bench/RESULTS.md). */
+ * no f16 convolutions or matmuls on CPUs. The tiled attention on AVX512-BF16: our own vdpbf16ps
+ * tiles (attn_bf16.c), per CPU-second 1.36-1.39x the fp32 tiles' forward and 1.57-1.79x
+ * their backward at the seed-64 shapes (cpu_bench --attn --precision bf16), besides the
+ * conversions of q, k, v and the gradients it saves; the plain form stays fp32. With them, the
+ * memory-bound kernels in bf16 too (typed.c: half the bytes, no conversions around them; the
+ * same bits as the converted fp32 kernels): bf16 steps, CPU seconds, 0.685 -> 0.606 s
+ * fmnist-tiny b32, 0.980 -> 0.870 cifar-small b8, 2.638 -> 2.548 ddpm-cifar10 b8
+ * (bench/RESULTS.md). */
 unsigned cpu_half_kernels(int dtype)
 {
     if (dtype != BK_DTYPE_BF16 || cpu_isa() < CPU_ISA_AVX512_BF16) return 0;
-    return BK_HALF_LINEAR | BK_HALF_CONV | BK_HALF_NORM | BK_HALF_ELTWISE;
+    return BK_HALF_LINEAR | BK_HALF_CONV | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE;
 }
 
 

@@ -16,6 +16,11 @@ import time
 import jsonschema
 import yaml
 
+# PIN_CPU=N (tests/README.md): the test and every server and job it starts run on CPU N alone,
+# as on a one-core machine, where an HTTP thread starved by a planner or a child would show
+if os.environ.get("PIN_CPU"):
+    os.sched_setaffinity(0, {int(os.environ["PIN_CPU"])})
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPENAPI = yaml.safe_load(open(os.path.join(ROOT, "openapi.yaml")))
 

@@ -132,6 +132,18 @@ def main(exe):
     rc, _, err = run(exe, "--config", conf("q.conf", "max-queue = many\n"), "--listen",
                      "127.0.0.1:0", "--data", os.path.join(tmp, "d"))
     check(rc == 2 and "--max-queue" in err, "a bad value from the file: %d %s" % (rc, err))
+    # --cpu-cores' default: the CPUs the server may run on (taskset), not the machine's
+    mine = os.sched_getaffinity(0)
+    if len(mine) >= 2:
+        one = min(mine)
+        os.sched_setaffinity(0, {one})  # the server inherits it
+        try:
+            s = Server(exe).start()
+        finally:
+            os.sched_setaffinity(0, mine)
+        cores = s.get_json("/devices")["devices"][0]["cores"]
+        check(cores == 1, "a server on one CPU (taskset) divides %d cores among its jobs" % cores)
+        check(s.stop() == 0, "exit status")
     print("test_config: ok (%d options)" % len(opts))
 
 

@@ -79,8 +79,10 @@ def schema_bounds(s, spec):
     check(n >= 48, "only %d spec bounds checked" % n)
     after = par["After"]["schema"]["pattern"]
     for v in ["j0123456789abcdef", "j0123456789abcde", "x"]:
-        got = s.request("GET", "/jobs?after=" + v).status
-        check((got == 200) == bool(re.match(after, v)), "after=%s: %d" % (v, got))
+        r = s.request("GET", "/jobs?after=" + v)
+        # a well-formed id of no job is a 400 of its own (no such job), not the format's
+        formed = r.status == 200 or (r.status == 400 and b"no such job" in r.body)
+        check(formed == bool(re.match(after, v)), "after=%s: %d %s" % (v, r.status, r.body[:200]))
     lim = par["Limit"]["schema"]
     for v, ok in [(lim["minimum"], True), (lim["maximum"], True), (lim["minimum"] - 1, False),
                   (lim["maximum"] + 1, False)]:
@@ -157,10 +159,15 @@ def main(exe):
 
     # filters, and a restart keeps name and labels
     for q, want in [("name=resume-me", [jid]), ("name=other", []), ("label=team:vision", [jid]),
-                    ("label=exp:a/b:1", [jid]), ("label=team:x", []), ("label=x:vision", [])]:
+                    ("label=exp:a/b:1", [jid]), ("label=team:x", []), ("label=x:vision", []),
+                    # several: every one (AND), whichever comes first
+                    ("label=team:vision&label=exp:a/b:1", [jid]),
+                    ("label=team:vision&label=exp:x", []), ("label=exp:x&label=team:vision", []),
+                    ("name=resume-me&label=team:vision&label=team:vision", [jid])]:
         got = [x["id"] for x in s.get_json("/jobs?" + q)["jobs"]]
         check(got == want, "GET /jobs?%s: %s" % (q, got))
-    for q in ["name=-x", "label=novalue", "label=:v", "name=" + "n" * 65]:
+    for q in ["name=-x", "label=novalue", "label=:v", "name=" + "n" * 65,
+              "label=team:vision&label=bad", "&".join("label=k%d:v" % i for i in range(17))]:
         problem_ok(s.request("GET", "/jobs?" + q), 400)
     schema_bounds(s, spec)
     check(s.stop() == 0, "stop")
@@ -253,6 +260,9 @@ def main(exe):
         problem_ok(s.request("GET", "/jobs/" + victim), 404)
         problem_ok(s.request("DELETE", "/jobs/" + victim), 404)
         check(s.request("GET", "/jobs/%s/events" % victim).status == 404, "events of a deleted job")
+        # a page cursor naming it: 400 with the reason, never an empty page that looks like the end
+        p = problem_ok(s.request("GET", "/jobs?after=" + victim), 400, "after")
+        check("deleted" in p["errors"][0]["message"], "after a deleted job: %s" % p)
     problem_ok(s.request("GET", "/checkpoints/%s-%d" % (jid, STEPS)), 404)
     check(s.stop() == 0, "exit status")
 
@@ -276,6 +286,20 @@ def main(exe):
     problem_ok(t.request("POST", "/jobs/%s/resume" % aid, token=bob), 403)
     check(t.request("DELETE", "/jobs/" + aid).status == 204, "alice deletes her import")
     check(t.stop() == 0, "exit status")
+
+    # a job folder that cannot be made (data/jobs replaced by a file: ENOTDIR, not a full
+    # disk): 500 with the cause, never the server's path (it goes to the server's log)
+    u = Server(exe).start()
+    jobs = os.path.join(u.data, "jobs")
+    os.rename(jobs, jobs + ".away")
+    open(jobs, "w").close()
+    r = u.request("POST", "/train", tiny(steps=1))
+    os.unlink(jobs)
+    os.rename(jobs + ".away", jobs)
+    p = problem_ok(r, 500)
+    check(u.data not in p["detail"] and "cannot be written" in p["detail"],
+          "a job folder's error: %s" % p["detail"])
+    check(u.stop() == 0, "exit status")
     print("test_jobs_api: ok (resumed bit for bit: %d tensors)" % len(want))
 
 

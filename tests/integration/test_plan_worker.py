@@ -6,7 +6,10 @@ answered 503 + Retry-After at once, and the server's memory returns to its idle 
 with the planning held (DDPMD_TEST_HOLD_PLAN_FILE) on a server of one HTTP thread, the
 requests waiting for their plans hold no thread (/healthz and the queue-full 503 answer at
 once) and are answered once released; a plan that outlives --plan-timeout is a 503 at the
-deadline. About 20 s.
+deadline. POST /samples plans on the same worker: held, its requests hold no HTTP thread either
+and a flood past the queue is 503 planner-busy at once. A heavy search past --plan-timeout stops
+there (the worker is free for the next request at once), and one past --plan-memory stops at
+the cap with a 422. About 40 s.
 Usage: test_plan_worker.py PATH/TO/ddpmd
 """
 import json
@@ -162,6 +165,127 @@ def phase_held(exe):
     check(s.stop() == 0, "the held server's exit status")
 
 
+def phase_samples(exe):
+    d = tempfile.mkdtemp(prefix="ddpmd-it-")
+    release = os.path.join(d, "release-plans")
+    open(release, "w").close()  # not held while the checkpoint is trained
+    s = Server(exe, data=d, args=["--plan-workers", "1", "--plan-queue", "1",
+                                  "--http-threads", "1"],
+               env={"DDPMD_TEST_HOLD_PLAN_FILE": release})
+    s.own_data = True
+    s.start()
+    r = s.request("POST", "/train", tiny(steps=1, checkpoint_every=1))
+    check(r.status == 202, "POST /train: %d %s" % (r.status, r.body[:300]))
+    jid = r.json()["id"]
+    s.wait_job(jid, lambda j: j["state"] == "succeeded", what="the training job succeeding")
+    os.unlink(release)
+    # a flood of sampling requests at once on one HTTP thread, their planning held: two wait
+    # (the worker's slot and the queue's), every other one is refused at once, and /healthz
+    # answers meanwhile; planned on the HTTP thread instead, the first would hold the thread
+    req = {"job": jid, "n": 1024, "batch": 1024, "steps": 1}
+    n = 8
+    out = [None] * n
+    ths = []
+    for i in range(n):
+        ths.append(threading.Thread(target=lambda i=i: out.__setitem__(i, timed(s, req))))
+        ths[-1].start()
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    while sum(o is not None for o in out) < n - 2 and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    check(s.get_json("/healthz").get("status") == "ok", "healthz")
+    hz = time.monotonic() - t0
+    done = [o for o in out if o is not None]
+    check(len(done) == n - 2, "%d of %d POST /samples answered while 2 plans are held: %s"
+          % (len(done), n, [o and o[0] for o in out]))
+    for st, r, took in done:
+        p = problem_ok(r, 503)
+        check(p["type"] == "urn:ddpmd:problem:planner-busy" and r.header("Retry-After"),
+              "queue full: %s" % p)
+        check(took < LATENCY_MAX, "a planner-busy 503 took %.2f s" % took)
+    check(hz < LATENCY_MAX, "/healthz took %.2f s while the sample plans are held" % hz)
+    open(release, "w").close()
+    for th in ths:
+        th.join(60)
+    held = [o for o in out if o not in done]
+    check([o[0] for o in held] == [202, 202], "the held samples: %s"
+          % [(o[0], o[1].body[:200]) for o in held])
+    for _, r, _ in held:
+        s.request("POST", "/jobs/%s/cancel" % r.json()["id"])
+    print("samples: %d POST /samples at once, planning held: 2 held, %d answered 503 "
+          "planner-busy (slowest %.3f s), /healthz in %.3f s; the held two 202 once released"
+          % (n, len(done), max(o[2] for o in done), hz), flush=True)
+    check(s.stop() == 0, "the samples server's exit status")
+
+
+def timed(s, req):
+    t0 = time.monotonic()
+    r = s.request("POST", "/samples", req, timeout=60)
+    return (r.status, r, time.monotonic() - t0)
+
+
+def phase_cancel(exe):
+    # a search of seconds (4096 micro-batch sizes' graphs) past a 1 s deadline stops there:
+    # the next request is planned at once (were the search to run on, that one would wait
+    # past its own deadline behind it and be a 503 too)
+    s = Server(exe, args=["--plan-timeout", "1", "--plan-memory", "4GiB"]).start()
+    big = heavy()
+    big["train"]["batch"] = 4096
+    t0 = time.monotonic()
+    r = s.request("POST", "/train", big, timeout=120)
+    took = time.monotonic() - t0
+    p = problem_ok(r, 503)
+    check(p["type"] == "urn:ddpmd:problem:plan-timeout", "heavy: %s" % p)
+    t0 = time.monotonic()
+    r = s.request("POST", "/train", tiny(steps=1), timeout=120)
+    light = time.monotonic() - t0
+    check(r.status == 202, "the light plan after a timed-out heavy one: %d %s (%.2f s): the "
+          "worker still searched the heavy one" % (r.status, r.body[:200], light))
+    s.wait_job(r.json()["id"], lambda j: j["state"] == "succeeded", what="the light job")
+    print("cancel: heavy search 503 plan-timeout after %.2f s (--plan-timeout 1), the next "
+          "plan answered 202 %.3f s later" % (took, light), flush=True)
+    check(s.stop() == 0, "the cancel server's exit status")
+
+
+def phase_memory(exe):
+    # one planning's memory capped: the heavy search (~270 MB of graphs) stops at 64 MiB
+    s = Server(exe, args=["--plan-memory", "64MiB"]).start()
+    idle = vm(s.proc.pid, "VmRSS")
+    t0 = time.monotonic()
+    r = s.request("POST", "/train", heavy(), timeout=120)
+    took = time.monotonic() - t0
+    p = problem_ok(r, 422, "model")
+    msg = p["errors"][0]["message"]
+    check("--plan-memory" in msg, "the 422's message: %s" % msg)
+    peak = vm(s.proc.pid, "VmHWM")
+    print("memory: the heavy search refused 422 at --plan-memory 64MiB after %.2f s; server "
+          "peak %d MiB (%d idle)" % (took, peak, idle), flush=True)
+    check(s.stop() == 0, "the memory server's exit status")
+
+
+def phase_threads(exe):
+    # a spec that names no train.threads gets the free cores when it starts: its step time is
+    # predicted at every core (--cpu-cores), as a spec naming that many (budgets no plan fits:
+    # answered with the plans, nothing runs)
+    s = Server(exe, args=["--cpu-cores", "4"]).start()
+    pred = []
+    for threads in (4, None):
+        t = tiny()
+        t["memory"] = {"vram_budget": 1 << 20}
+        if threads is None:
+            del t["train"]["threads"]
+        else:
+            t["train"]["threads"] = threads
+        p = problem_ok(s.request("POST", "/train", t), 422)
+        pred.append(p["plan"]["predicted_step_seconds"])
+    check(abs(pred[1] - pred[0]) <= 1e-9 * pred[0], "predicted step seconds: %g at 4 threads, "
+          "%g with none named on 4 cores" % tuple(pred))
+    print("threads: none named on 4 cores predicted as 4 threads (%.4g s/step)" % pred[1],
+          flush=True)
+    check(s.stop() == 0, "the threads server's exit status")
+
+
 def phase_timeout(exe):
     d = tempfile.mkdtemp(prefix="ddpmd-it-")
     release = os.path.join(d, "release-plans")
@@ -185,7 +309,11 @@ def phase_timeout(exe):
 def main(exe):
     need_fmnist()
     phase_held(exe)
+    phase_samples(exe)
     phase_timeout(exe)
+    phase_cancel(exe)
+    phase_memory(exe)
+    phase_threads(exe)
     phase_flood(exe)
     print("ok")
 

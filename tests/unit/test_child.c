@@ -136,9 +136,26 @@ static void test_throttle(void)
     CHECK(child_throttle_due(&u, 10.8, 0, &e) && e.v[CHILD_STEP] == 3, "and stored when due");
 }
 
+/* the log cap: the first CHILD_LOG_LINES_MAX lines stored, the rest counted into one note */
+static void test_log_cap(void)
+{
+    struct child_log_cap c = {0};
+    char note[200];
+    int stored = 0;
+    CHECK(!child_log_cap_note(&c, note, sizeof note), "a note before any line was dropped");
+    for (int i = 0; i < CHILD_LOG_LINES_MAX; i++) stored += child_log_cap_offer(&c);
+    CHECK(stored == CHILD_LOG_LINES_MAX && !child_log_cap_note(&c, note, sizeof note),
+          "%d of the first %d lines stored", stored, CHILD_LOG_LINES_MAX);
+    for (int i = 0; i < 5; i++) stored += child_log_cap_offer(&c);
+    CHECK(stored == CHILD_LOG_LINES_MAX, "%d stored past the cap", stored - CHILD_LOG_LINES_MAX);
+    CHECK(child_log_cap_note(&c, note, sizeof note) && strstr(note, "5 more log lines dropped"),
+          "the note: %s", note);
+}
+
 int main(void)
 {
     test_throttle();
+    test_log_cap();
     struct child_event e = {.kind = CHILD_EVENT_STEP};
     child_event_set(&e, CHILD_STEP, 12);
     child_event_set(&e, CHILD_STEPS, 300);

@@ -57,7 +57,7 @@ static void agree(const char *what, const struct train_spec *spec)
     cJSON *entry = NULL;
     char err[512] = "", out[256];
     cost_model_default(&m);
-    int rc = admission_fit_train(&dev, &m, spec, &f, &entry, err, sizeof err);
+    int rc = admission_fit_train(&dev, &m, spec, spec->threads, &f, &entry, err, sizeof err);
     CHECK(rc == POOL_OK && f.fits, "%s: admission: %s", what, err);
     cJSON_Delete(entry);
     if (rc != POOL_OK) return;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "export.h"
 #include "jobs.h"
 #include "pool.h"
 #include "spec.h"
@@ -273,14 +274,32 @@ static void test_meta(const char *dir)
               strstr(g.labels, "vision"),
           "name and labels read back");
     job_row_free(&g);
+    /* a job stored ended (an imported checkpoint's) started and ended when it was stored */
+    row(&r, "j00000000000000m3", "ann");
+    snprintf(r.kind, sizeof r.kind, "import");
+    r.state = JOB_SUCCEEDED;
+    CHECK(jobs_insert(db, &r) == 0 && jobs_get(db, "j00000000000000m3", &g) == 0 &&
+              g.started_at[0] && strcmp(g.started_at, g.created_at) == 0 &&
+              strcmp(g.ended_at, g.created_at) == 0,
+          "an import's started_at '%s' and ended_at '%s' (created %s)", g.started_at, g.ended_at,
+          g.created_at);
+    job_row_free(&g);
     struct job_row *rows;
     int n;
-    struct jobs_filter f = {.state = -1, .label_key = "team", .label_value = "vision"};
+    struct jobs_filter f = {.state = -1, .labels = "[[\"team\",\"vision\"]]"};
     CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1 &&
               strcmp(rows[0].id, "j00000000000000m1") == 0, "label filter: %d", n);
     job_rows_free(rows, n);
-    f.label_value = "vis";
+    f.labels = "[[\"team\",\"vis\"]]";
     CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 0, "label value exact: %d", n);
+    job_rows_free(rows, n);
+    /* several: every one (AND) */
+    f.labels = "[[\"team\",\"vision\"],[\"n\",\"1\"]]";
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1, "two labels: %d", n);
+    job_rows_free(rows, n);
+    f.labels = "[[\"team\",\"vision\"],[\"n\",\"2\"]]";
+    CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 0, "two labels, one off: %d",
+          n);
     job_rows_free(rows, n);
     f = (struct jobs_filter){.state = -1, .name = "run-a"};
     CHECK(jobs_list_filter(db, &f, NULL, 10, &rows, &n) == 0 && n == 1, "name filter: %d", n);
@@ -482,11 +501,30 @@ static void test_tokens(const char *dir)
     }
 }
 
+/* DELETE /jobs/{id} holds the job's folder (export_hold_dir): no diffusers export build starts
+ * under it until released, so no tar writer races the removal */
+static void test_export_hold(const char *dir)
+{
+    char job[256], ckpt[320], err[512];
+    snprintf(job, sizeof job, "%s/jobs/j00000000000000e1/", dir);
+    snprintf(ckpt, sizeof ckpt, "%sout/checkpoints/step-00000003.safetensors", job);
+    int fd = -1;
+    long long size = 0;
+    CHECK(export_hold_dir(job) == 0, "hold an idle folder");
+    CHECK(export_cache_open(ckpt, "ann", &fd, &size, err, sizeof err) == EXPORT_BUSY && fd < 0,
+          "an export under a held folder started: %s", err);
+    export_release_dir(job);
+    /* released: its build starts (and fails here: there is no checkpoint) */
+    CHECK(export_cache_open(ckpt, "ann", &fd, &size, err, sizeof err) == EXPORT_FAILED,
+          "after the release: %s", err);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/ddpmd-test-jobs-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_store(dir);
+    test_export_hold(dir);
     char cdir[] = "/tmp/ddpmd-test-jobs-log-XXXXXX";
     if (mkdtemp(cdir)) {
         test_compact(cdir);

@@ -327,7 +327,256 @@ static void test_linear(int m, int k, int n, int bias)
     free(mag);
 }
 
-/* f16 has no CPU kernels, attention no 16-bit ones: refused, no workspace asked */
+/* ---- attention (tiled, bf16 on AVX512-BF16) ----
+ * The bound, per element, from the float64 reference on the same bf16 inputs (u = 2^-8, bf16's
+ * unit roundoff; e = 2^-24, fp32's). The kernel's products are exact (bf16 x bf16 fits fp32) and
+ * summed in fp32; P and dS are rounded to bf16 before the products with v, k, q and dout.
+ * Scores: dS_rc = scale e D sum_e |q_re k_ce| + e |S_rc| (the sum and the scale's product).
+ * p = exp(S - m) in fp32 is off by rho_r <= max_c dS_rc + 3 e range_r + 2^-21 relative (range_r
+ * = max - min of row r's scores: the subtraction of the running max and the rescale by
+ * exp(m_old - m), the exponential's few ulps).
+ * Forward: o = sum_c bf16(p_rc) v_c / sum_c p_rc, rounded:
+ *   |o - o*| <= u |o*| + (u + 2 rho_r + (L + 8) e) A,  A = sum_c p_rc |v_c|.
+ *   |lse - lse*| <= rho_r + (L + 2) e + 2 e |lse*|.
+ * Backward, given o = bf16(o*) and lse = fp32(lse*): p off by rho'_rc = dS_rc + 2 e |lse*| +
+ * 2^-21 relative; dP = dout v^T off by dP_rc = e D sum_e |dout_re v_ce|; Di = dout . o off by
+ * dI_r = (u + (D + 1) e)(1 + u) sum_e |dout_re o*_re|; so
+ *   E_dS_rc = scale p (rho' |dP - Di| + dP_rc + dI_r) + (u + 3 e) |dS*_rc|  (dS as bf16),
+ *   E_P_rc = p (rho' + u)  (P as bf16), and
+ *   |dv - dv*| <= sum_r E_P |dout| + L e sum_r p |dout| + u |dv*|,
+ *   |dk - dk*| <= sum_r E_dS |q| + L e sum_r |dS*| |q| + u |dk*|, dq likewise with k over c.
+ * Each bound is taken 1.05 times (second-order terms). Rows are sampled where L > 512 (the
+ * reference is exact on them: lse and Di of every row are computed). */
+static double worst_attn = 0;
+
+/* the query or key rows checked: all, or 64 spread ones and the last */
+static int attn_sampled(int i, int L) { return L <= 512 || i % (L / 64) == 0 || i == L - 1; }
+
+static double attn_bound_check(double got, double ref, double bound, long *bad)
+{
+    double r = fabs(got - ref) / (1.05 * bound + 1e-30);
+    if (!(r <= 1.0)) (*bad)++;
+    if (r > worst_attn || isnan(r)) worst_attn = r;
+    return r;
+}
+
+static void test_attn(int n, int L, int H, int D, int packed)
+{
+    char tag[96];
+    snprintf(tag, sizeof tag, "bf16 attention n%d l%d h%d d%d %s", n, L, H, D,
+             packed ? "packed" : "dense");
+    const int C = H * D, ld = packed ? 3 * C : C;
+    struct bk_attn s = {.n = n, .l = L, .heads = H, .d = D, .ld = ld,
+                        .scale = 1.0f / sqrtf((float)D), .dtype = BK_DTYPE_BF16};
+    const size_t wsb = cpu_attn_ws_bytes(&s, 1);
+    if (cpu_isa() < CPU_ISA_AVX512_BF16) {
+        CHECK(wsb == 0, "%s: a workspace without AVX512-BF16", tag);
+        return;
+    }
+    CHECK(wsb > 0, "%s: no workspace", tag);
+    const size_t nt = (size_t)n * L, nbuf = nt * (size_t)(packed ? ld : 3 * C), no = nt * C;
+    const size_t nl = (size_t)n * H * L;
+    /* q, k, v: one packed (N, L, 3C) buffer, or three dense (N, L, C) ones */
+    uint16_t *in = xmalloc(2 * nbuf), *dout = xmalloc(2 * no), *o = xmalloc(2 * no);
+    uint16_t *oin = xmalloc(2 * no), *g = xmalloc(2 * nbuf), *g2 = xmalloc(2 * nbuf);
+    uint16_t *o2 = xmalloc(2 * no);
+    double *ind = xmalloc(8 * nbuf), *doutd = xmalloc(8 * no);
+    float *lse = xmalloc(4 * nl), *lse2 = xmalloc(4 * nl), *lsein = xmalloc(4 * nl);
+    void *ws = xmalloc(wsb);
+    fill_bf16(in, ind, nbuf, 1.0);
+    fill_bf16(dout, doutd, no, 1.0);
+    memset(g, 0, 2 * nbuf);
+    const size_t qo = 0, ko = packed ? (size_t)C : no, vo = packed ? 2 * (size_t)C : 2 * no;
+#define QD(ni, i, h, e) ind[qo + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D + (e)]
+#define KD(ni, i, h, e) ind[ko + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D + (e)]
+#define VD(ni, i, h, e) ind[vo + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D + (e)]
+#define HD(a, ni, i, h, e) (a)[((size_t)(ni) * L + (i)) * C + (size_t)(h) * D + (e)]
+    CHECK(cpu_attn_fwd(o, lse, in + qo, in + ko, in + vo, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
+
+    const double u = ldexp(1.0, -8), e24 = ldexp(1.0, -24), sc = s.scale;
+    double *S = xmalloc(8 * L), *P = xmalloc(8 * L);
+    double *lsed = xmalloc(8 * nl), *di = xmalloc(8 * nl), *rho = xmalloc(8 * nl);
+    double *od = xmalloc(8 * no), *A = xmalloc(8 * D), *Bv = xmalloc(8 * D);
+    long bad_o = 0, bad_l = 0, bad_dq = 0, bad_dk = 0, bad_dv = 0;
+    for (int ni = 0; ni < n; ni++)
+        for (int h = 0; h < H; h++) {
+            const size_t pr = (size_t)ni * H + h;
+            for (int i = 0; i < L; i++) {
+                /* o*, lse* and Di of every row (the backward's reference needs them); the
+                 * bounds' magnitudes on the sampled rows */
+                const int chk = attn_sampled(i, L);
+                double mx = -INFINITY, mn = INFINITY, dsmax = 0, z = 0;
+                for (int c = 0; c < L; c++) {
+                    double acc = 0, mag = 0;
+                    for (int e = 0; e < D; e++) acc += QD(ni, i, h, e) * KD(ni, c, h, e);
+                    if (chk)
+                        for (int e = 0; e < D; e++) mag += fabs(QD(ni, i, h, e) * KD(ni, c, h, e));
+                    S[c] = sc * acc;
+                    const double ds = sc * e24 * D * mag + e24 * fabs(S[c]);
+                    if (ds > dsmax) dsmax = ds;
+                    if (S[c] > mx) mx = S[c];
+                    if (S[c] < mn) mn = S[c];
+                }
+                for (int c = 0; c < L; c++) z += P[c] = exp(S[c] - mx);
+                lsed[pr * L + i] = mx + log(z);
+                rho[pr * L + i] = dsmax + 3 * e24 * (mx - mn) + ldexp(1.0, -21);
+                for (int e = 0; e < D; e++) A[e] = Bv[e] = 0;
+                for (int c = 0; c < L; c++) {
+                    const double pc = P[c] / z;
+                    for (int e = 0; e < D; e++) Bv[e] += pc * VD(ni, c, h, e);
+                    if (chk)
+                        for (int e = 0; e < D; e++) A[e] += pc * fabs(VD(ni, c, h, e));
+                }
+                double dacc = 0;
+                for (int e = 0; e < D; e++) {
+                    HD(od, ni, i, h, e) = Bv[e];
+                    dacc += HD(doutd, ni, i, h, e) * Bv[e];
+                    if (!chk) continue;
+                    const double got = half_bf16_to_f32(HD(o, ni, i, h, e));
+                    const double bound =
+                        u * fabs(Bv[e]) + (u + 2 * rho[pr * L + i] + (L + 8) * e24) * A[e];
+                    attn_bound_check(got, Bv[e], bound, &bad_o);
+                }
+                di[pr * L + i] = dacc;
+                if (chk)
+                    attn_bound_check(lse[pr * L + i], lsed[pr * L + i],
+                                     rho[pr * L + i] + (L + 2) * e24 +
+                                         2 * e24 * fabs(lsed[pr * L + i]),
+                                     &bad_l);
+            }
+        }
+    CHECK(bad_o == 0 && bad_l == 0, "%s: forward outside the bound: o %ld, lse %ld", tag, bad_o,
+          bad_l);
+
+    /* the backward from o* rounded to bf16 and lse* to fp32 */
+    for (size_t i = 0; i < no; i++) oin[i] = half_f32_to_bf16((float)od[i]);
+    for (size_t i = 0; i < nl; i++) lsein[i] = (float)lsed[i];
+    CHECK(cpu_attn_bwd(g + qo, g + ko, g + vo, dout, in + qo, in + ko, in + vo, oin, lsein, ws, &s,
+                       ctx) == BK_OK,
+          "%s: bwd", tag);
+    /* p_rc, dS*_rc and their error bounds for one (query r, key c) */
+#define PDS(ni, h, r, c, pp, ds, eds, ep)                                                     \
+    do {                                                                                      \
+        const size_t pr_ = (size_t)(ni) * H + (h);                                            \
+        double s_ = 0, m_ = 0, dp_ = 0, mp_ = 0, mo_ = 0;                                     \
+        for (int e = 0; e < D; e++) {                                                         \
+            s_ += QD(ni, r, h, e) * KD(ni, c, h, e);                                          \
+            m_ += fabs(QD(ni, r, h, e) * KD(ni, c, h, e));                                    \
+            dp_ += HD(doutd, ni, r, h, e) * VD(ni, c, h, e);                                  \
+            mp_ += fabs(HD(doutd, ni, r, h, e) * VD(ni, c, h, e));                            \
+            mo_ += fabs(HD(doutd, ni, r, h, e) * HD(od, ni, r, h, e));                        \
+        }                                                                                     \
+        const double lr_ = lsed[pr_ * L + (r)];                                               \
+        pp = exp(sc * s_ - lr_);                                                              \
+        ds = sc * pp * (dp_ - di[pr_ * L + (r)]);                                             \
+        const double rh_ = sc * e24 * D * m_ + e24 * fabs(sc * s_) + 2 * e24 * fabs(lr_) +    \
+                           ldexp(1.0, -21);                                                   \
+        const double di_ = (u + (D + 1) * e24) * (1 + u) * mo_;                               \
+        eds = sc * pp * (rh_ * fabs(dp_ - di[pr_ * L + (r)]) + e24 * D * mp_ + di_) +         \
+              (u + 3 * e24) * fabs(ds);                                                       \
+        ep = pp * (rh_ + u);                                                                  \
+    } while (0)
+    double *ref = xmalloc(8 * 3 * D), *bnd = xmalloc(8 * 3 * D);
+    for (int ni = 0; ni < n; ni++)
+        for (int h = 0; h < H; h++) {
+            /* dk, dv of the sampled keys: sums over every query */
+            for (int c = 0; c < L; c++) {
+                if (!attn_sampled(c, L)) continue;
+                for (int e = 0; e < 3 * D; e++) ref[e] = bnd[e] = 0;
+                for (int r = 0; r < L; r++) {
+                    double pp, ds, eds, ep;
+                    PDS(ni, h, r, c, pp, ds, eds, ep);
+                    for (int e = 0; e < D; e++) {
+                        const double qv = QD(ni, r, h, e), dov = HD(doutd, ni, r, h, e);
+                        ref[e] += ds * qv;
+                        bnd[e] += eds * fabs(qv) + L * e24 * fabs(ds * qv);
+                        ref[D + e] += pp * dov;
+                        bnd[D + e] += ep * fabs(dov) + L * e24 * pp * fabs(dov);
+                    }
+                }
+                for (int e = 0; e < D; e++) {
+                    const size_t at = ((size_t)ni * L + c) * ld + (size_t)h * D + e;
+                    attn_bound_check(half_bf16_to_f32(g[ko + at]), ref[e],
+                                     bnd[e] + u * fabs(ref[e]), &bad_dk);
+                    attn_bound_check(half_bf16_to_f32(g[vo + at]), ref[D + e],
+                                     bnd[D + e] + u * fabs(ref[D + e]), &bad_dv);
+                }
+            }
+            /* dq of the sampled queries: sums over every key */
+            for (int r = 0; r < L; r++) {
+                if (!attn_sampled(r, L)) continue;
+                for (int e = 0; e < D; e++) ref[e] = bnd[e] = 0;
+                for (int c = 0; c < L; c++) {
+                    double pp, ds, eds, ep;
+                    PDS(ni, h, r, c, pp, ds, eds, ep);
+                    (void)ep;
+                    for (int e = 0; e < D; e++) {
+                        const double kv = KD(ni, c, h, e);
+                        ref[e] += ds * kv;
+                        bnd[e] += eds * fabs(kv) + L * e24 * fabs(ds * kv);
+                    }
+                }
+                for (int e = 0; e < D; e++) {
+                    const size_t at = ((size_t)ni * L + r) * ld + (size_t)h * D + e;
+                    attn_bound_check(half_bf16_to_f32(g[qo + at]), ref[e],
+                                     bnd[e] + u * fabs(ref[e]), &bad_dq);
+                }
+            }
+        }
+    CHECK(bad_dq == 0 && bad_dk == 0 && bad_dv == 0,
+          "%s: backward outside the bound: dq %ld, dk %ld, dv %ld", tag, bad_dq, bad_dk, bad_dv);
+#undef PDS
+
+    /* the same bits again, and at 1 thread (at 2 threads a single pair's keys are split: its dq
+     * sums in another order, as the fp32 form's) */
+    bk_ctx *one = NULL;
+    CHECK(cpu_ctx_init(&one, 1) == BK_OK, "%s: 1-thread context", tag);
+    for (int run = 0; run < 2 && one; run++) {
+        bk_ctx *c = run ? one : ctx;
+        memset(o2, 0, 2 * no);
+        memset(g2, 0, 2 * nbuf);
+        CHECK(cpu_attn_fwd(o2, lse2, in + qo, in + ko, in + vo, ws, &s, c) == BK_OK, "%s: fwd %d",
+              tag, run);
+        CHECK(!memcmp(o, o2, 2 * no) && !memcmp(lse, lse2, 4 * nl),
+              "%s: forward differs %s", tag, run ? "at 1 thread" : "run to run");
+        if (run && n * H < 2) continue;
+        CHECK(cpu_attn_bwd(g2 + qo, g2 + ko, g2 + vo, dout, in + qo, in + ko, in + vo, oin, lsein,
+                           ws, &s, c) == BK_OK,
+              "%s: bwd %d", tag, run);
+        CHECK(!memcmp(g, g2, 2 * nbuf), "%s: backward differs %s", tag,
+              run ? "at 1 thread" : "run to run");
+    }
+    if (one) cpu_ctx_free(one);
+#undef QD
+#undef KD
+#undef VD
+#undef HD
+    free(in);
+    free(dout);
+    free(o);
+    free(oin);
+    free(g);
+    free(g2);
+    free(o2);
+    free(ind);
+    free(doutd);
+    free(lse);
+    free(lse2);
+    free(lsein);
+    free(ws);
+    free(S);
+    free(P);
+    free(lsed);
+    free(di);
+    free(rho);
+    free(od);
+    free(A);
+    free(Bv);
+    free(ref);
+    free(bnd);
+}
+
+/* f16 has no CPU kernels, the plain attention no 16-bit ones: refused, no workspace asked */
 static void refused(void)
 {
     struct bk_conv2d s = {.n = 1, .ci = 4, .h = 4, .w = 4, .co = 4, .kh = 3, .kw = 3,
@@ -342,18 +591,32 @@ static void refused(void)
           "f16 linear ran");
     struct bk_attn a = {.n = 1, .l = 4, .heads = 1, .d = 4, .ld = 4, .scale = 0.5f,
                         .dtype = BK_DTYPE_BF16};
+    CHECK(cpu_attn_ws_bytes(&a, 0) == 0, "bf16 plain attention: workspace asked");
+    CHECK(cpu_attn_plain_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
+          "bf16 plain attention ran");
+    a.dtype = BK_DTYPE_F16;
+    CHECK(cpu_attn_ws_bytes(&a, 1) == 0, "f16 attention: workspace asked");
     CHECK(cpu_attn_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
-          "bf16 attention ran");
+          "f16 attention ran");
     CHECK(cpu_half_kernels(BK_DTYPE_F16) == 0, "f16 half kernels reported");
     unsigned h = cpu_half_kernels(BK_DTYPE_BF16);
-    const unsigned ours = BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_NORM | BK_HALF_ELTWISE;
-    CHECK(h == 0 || (h & ours) == ours, "bf16 half kernels %#x", h);
+    const unsigned all =
+        BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE;
+    CHECK(cpu_isa() >= CPU_ISA_AVX512_BF16 ? h == all : h == 0, "bf16 half kernels %#x", h);
+    /* under an AVX2 cap nothing 16-bit: the bf16 attention refused */
+    cpu_isa_cap(CPU_ISA_AVX2);
+    a.dtype = BK_DTYPE_BF16;
+    CHECK(cpu_half_kernels(BK_DTYPE_BF16) == 0 && cpu_attn_ws_bytes(&a, 1) == 0 &&
+              cpu_attn_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
+          "bf16 attention under the AVX2 cap");
+    cpu_isa_cap(-1);
     CHECK(backend_cpu()->half_kernels == cpu_half_kernels &&
               backend_cpu()->linear_ws_bytes == cpu_linear_ws_bytes &&
               backend_cpu()->ctx_set_workspace == cpu_ctx_set_workspace,
           "the CPU table lacks its 16-bit entries");
-    printf("half_kernels(bf16) = %#x on this CPU: bf16 linears %s, bf16 convolutions %s\n", h,
-           h & BK_HALF_LINEAR ? "yes (AMX)" : "no", h & BK_HALF_CONV ? "yes (AMX)" : "no");
+    printf("half_kernels(bf16) = %#x on this CPU: bf16 linears %s, convolutions %s, attention "
+           "%s\n", h, h & BK_HALF_LINEAR ? "yes" : "no", h & BK_HALF_CONV ? "yes" : "no",
+           h & BK_HALF_ATTN ? "yes" : "no");
 }
 
 int main(void)
@@ -369,7 +632,20 @@ int main(void)
     test_linear(37, 48, 40, 1);
     test_linear(4, 128, 512, 1); /* the time MLP: few rows */
     test_linear(130, 64, 192, 0);
-    printf("worst error / bound: bf16 outputs %.3f, fp32 outputs %.3f\n", worst_bf16, worst_f32);
+    /* the bf16 attention: odd lengths and head dims (the pairs' zero partners), a key tail, a
+     * single pair (its keys split over 2 threads), and every seed-64 shape (heads 4) */
+    test_attn(1, 1, 2, 1, 0);
+    test_attn(2, 7, 2, 8, 1);
+    test_attn(1, 33, 4, 5, 0);
+    test_attn(2, 130, 2, 24, 1);
+    test_attn(1, 300, 1, 16, 1);
+    test_attn(1, 257, 2, 70, 0); /* a column chunk of 64, then 6 masked */
+    test_attn(1, 4096, 4, 16, 1);
+    test_attn(1, 1024, 4, 32, 1);
+    test_attn(1, 1024, 4, 16, 1);
+    test_attn(2, 256, 4, 64, 1);
+    printf("worst error / bound: bf16 outputs %.3f, fp32 outputs %.3f, bf16 attention %.3f\n",
+           worst_bf16, worst_f32, worst_attn);
     cpu_ctx_free(ctx);
     return tu_finish("test_ops_half");
 }
