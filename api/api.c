@@ -415,6 +415,9 @@ int api_start(struct api **out, const struct api_config *cfg, char *err, size_t 
         snprintf(err, errlen, "cannot start the planning and upload threads");
         goto fail;
     }
+    /* what a stopped server left validating, decoded again before any request comes */
+    if (api_datasets_resume(a, pool_config_of(a->cfg.pool)->data_dir))
+        log_msg(LOG_WARN, "the uploads left validating cannot be queued: they stay validating");
     a->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, a, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,

@@ -250,9 +250,47 @@ static int decode_stopping(const void *w) { return worker_stopping(w); }
 static void decode_run(void *arg, int canceled)
 {
     struct decode_task *t = arg;
-    /* a canceled one stays validating: the next start fails it (upload_store_init) */
+    /* a canceled one stays validating: the next start decodes it again (api_datasets_resume) */
     if (!canceled) upload_dataset_validate(t->data_dir, t->id, decode_stopping, t->w);
     free(t);
+}
+
+/* the uploads a stopped server left validating, decoded again in one task on the upload worker
+ * (in id order, as listed at start: an upload made since has its own task), so a restart loses
+ * none and takes one of its slots */
+struct resume_task {
+    char data_dir[FSIO_PATH_MAX];
+    const struct worker *w;
+    char (*ids)[UPLOAD_ID_LEN];
+    int n;
+};
+
+static void resume_run(void *arg, int canceled)
+{
+    struct resume_task *t = arg;
+    for (int i = 0; !canceled && i < t->n && !worker_stopping(t->w); i++)
+        upload_dataset_validate(t->data_dir, t->ids[i], decode_stopping, t->w);
+    free(t->ids);
+    free(t);
+}
+
+int api_datasets_resume(struct api *a, const char *data_dir)
+{
+    struct resume_task *t = calloc(1, sizeof *t);
+    if (!t) return -1;
+    if (upload_dataset_validating(data_dir, &t->ids, &t->n) || t->n == 0) {
+        free(t->ids);
+        free(t);
+        return 0;
+    }
+    snprintf(t->data_dir, sizeof t->data_dir, "%s", data_dir);
+    t->w = a->decoder;
+    if (worker_submit(a->decoder, resume_run, t)) {
+        free(t->ids);
+        free(t);
+        return -1;
+    }
+    return 0;
 }
 
 static enum MHD_Result upload_busy(struct ctx *c)

@@ -104,6 +104,9 @@ enum MHD_Result h_dataset_preview(struct ctx *c);
 const char *api_data_dir(struct ctx *c);
 /* an uploaded dataset's JSON (from its dataset.json); NULL when there is none */
 cJSON *api_upload_json(struct ctx *c, const char *id);
+/* queues the decoding of the uploads a stopped server left validating on a's upload worker
+ * (one task for them all); 0, or -1 when it cannot (they stay validating) */
+int api_datasets_resume(struct api *a, const char *data_dir);
 /* POST /train on the upload o: 1 with the answer sent when it is not ready (*res: 409
  * dataset-not-ready while validating, 422 data.dataset with the reason when it failed) */
 int api_upload_unusable(struct ctx *c, const cJSON *o, enum MHD_Result *res);

@@ -37,7 +37,7 @@
 #include "init.h"
 #include "metrics.h"
 #include "philox.h"
-#include "plan.h"
+#include "memplan.h"
 #include "unet.h"
 
 /* the most images one `ddpmd sample` makes */
@@ -70,7 +70,8 @@ static int cli_device(const char *name, const struct backend **bk)
 static int cli_device_failed(const char *name, const struct backend *bk, int fail_rc)
 {
     int index = backend_device_index(name);
-    if (!bk || index < 0 || !bk->device_poisoned || !bk->device_poisoned(index)) return fail_rc;
+    if (!bk || index < 0 || !backend_supports(bk, BK_OP_device_poisoned, BK_DTYPE_F32) ||
+        !bk->device_poisoned(index)) return fail_rc;
     fprintf(stderr, "ddpmd: device %s is poisoned: a sticky CUDA error (named above) made its "
                     "context unusable; a new process is needed\n", name);
     return CHILD_EXIT_POISONED;
@@ -501,7 +502,7 @@ static int cmd_plan_spec(int argc, char **argv)
     int drc = cli_device(device, &spec.backend);
     if (drc) return drc;
     struct bk_device_mem dm;
-    const int have_mem = spec.backend->device_mem &&
+    const int have_mem = backend_supports(spec.backend, BK_OP_device_mem, BK_DTYPE_F32) &&
                          spec.backend->device_mem(backend_device_index(device), &dm) == BK_OK;
     struct planner_result r;
     struct cost_model cost;
@@ -768,7 +769,8 @@ static void cli_auto_threads(struct train_spec *spec, const char *out, int resum
     struct safetensors *st = NULL;
     struct train_spec *saved = resume && out ? malloc(sizeof *saved) : NULL;
     if (saved && train_latest_checkpoint(out, path, sizeof path, &step) == 0 &&
-        checkpoint_open(&st, path, saved, NULL, err, sizeof err) == 0 && saved->threads > 0) {
+        checkpoint_open_stream(&st, path, saved, NULL, err, sizeof err) == 0 &&
+        saved->threads > 0) {
         spec->threads = saved->threads;
         why = "the count its checkpoint was trained with";
     }

@@ -289,7 +289,8 @@ static int probe_run(const char *device)
     int index = backend_device_index(device);
     if (index >= 0) {
         struct bk_device_mem dm;
-        if (!bk->device_mem || bk->device_mem(index, &dm) != BK_OK) {
+        if (!backend_supports(bk, BK_OP_device_mem, BK_DTYPE_F32) ||
+            bk->device_mem(index, &dm) != BK_OK) {
             fprintf(stderr, "ddpmd serve --probe: %s: no memory figures\n", device);
             goto out;
         }
@@ -444,7 +445,7 @@ static int devices_ready(const char *exe, struct pool_config *pc, const int64_t 
                 log_msg(LOG_ERROR, "--device %s: %s", d->name, err);
                 return -1;
             }
-            if (!d->bk->device_mem ||
+            if (!backend_supports(d->bk, BK_OP_device_mem, BK_DTYPE_F32) ||
                 d->bk->device_mem(backend_device_index(d->name), &dm) != BK_OK) {
                 log_msg(LOG_ERROR, "--device %s: its memory cannot be read", d->name);
                 return -1;

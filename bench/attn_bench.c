@@ -95,9 +95,9 @@ static int bench_one(const struct layer *ly, int path, int dt, struct run *r, in
     const size_t nq = rows * ld * (ly->packed ? 1 : 3), no = rows * cdim;
     const size_t nsaved = tiled ? (size_t)ly->n * ly->heads * ly->l
                                 : (size_t)ly->n * ly->heads * ly->l * ly->l;
-    if (G->set_parity) G->set_parity(path != P_TILED_FAST);
+    if (backend_supports(G, BK_OP_set_parity, BK_DTYPE_F32)) G->set_parity(path != P_TILED_FAST);
     const size_t ws = G->attn_ws_bytes(&s, tiled);
-    if (G->set_parity) G->set_parity(1);
+    if (backend_supports(G, BK_OP_set_parity, BK_DTYPE_F32)) G->set_parity(1);
     size_t off = 0, at[8];
     const size_t sizes[8] = {nq * es, nq * es, no * es, no * es, no * es, nsaved * 4, ws ? ws : 256,
                              0};
@@ -118,7 +118,8 @@ static int bench_one(const struct layer *ly, int path, int dt, struct run *r, in
     int rc = fill(qkv, nq, dt, 1, r->ctx);
     if (!rc) rc = fill(dout, no, dt, 2, r->ctx);
     if (rc) return rc;
-    if (G->ctx_set_workspace) G->ctx_set_workspace(r->ctx, w, ws);
+    if (backend_supports(G, BK_OP_ctx_set_workspace, BK_DTYPE_F32))
+        G->ctx_set_workspace(r->ctx, w, ws);
     double tf = 0, tb = 0;
     if (tiled) {
         TIME_IT(tf, warmup, runs,
@@ -134,7 +135,8 @@ static int bench_one(const struct layer *ly, int path, int dt, struct run *r, in
                 G->attn_plain_bwd(dqkv, dqkv + koff, dqkv + 2 * koff, dout, qkv, qkv + koff,
                                   qkv + 2 * koff, (float *)saved, w, &s, r->ctx));
     }
-    if (G->ctx_set_workspace) G->ctx_set_workspace(r->ctx, NULL, 0);
+    if (backend_supports(G, BK_OP_ctx_set_workspace, BK_DTYPE_F32))
+        G->ctx_set_workspace(r->ctx, NULL, 0);
     const double f = 4.0 * ly->n * ly->heads * (double)ly->l * ly->l * ly->d;
     printf("%-6s %-4s n%-4d l%-5d h%d d%-4d %-10s %-4s fwd %9.3f ms  bwd %9.3f ms  bwd/fwd %5.2f"
            "  fwd %7.2f TFLOP/s  bwd %7.2f TFLOP/s%s\n",
@@ -173,12 +175,13 @@ int main(int argc, char **argv)
         return 3;
     }
     const int dev = strncmp(device, "cuda:", 5) ? 0 : atoi(device + 5);
-    if (G->device_select && G->device_select(dev, err, sizeof err) != BK_OK) {
+    if (backend_supports(G, BK_OP_device_select, BK_DTYPE_F32) &&
+        G->device_select(dev, err, sizeof err) != BK_OK) {
         printf("unavailable %s\n", err);
         return 3;
     }
     struct bk_device_mem dm = {0};
-    if (G->device_mem) G->device_mem(dev, &dm);
+    if (backend_supports(G, BK_OP_device_mem, BK_DTYPE_F32)) G->device_mem(dev, &dm);
     printf("device %s (sm_%d%d), %zu MiB\n", dm.name, dm.cc_major, dm.cc_minor, dm.total >> 20);
     /* the models' attention layers (ddpm-cifar10: diffusers' one head of 256 at 16x16, q, k, v
      * apart; seed-64: four heads, packed qkv, at 32x32 down to 8x8 and up to 64x64) */
@@ -203,13 +206,13 @@ int main(int argc, char **argv)
     const int nl = quick ? 2 : (int)(sizeof all / sizeof all[0]);
     struct run r[2] = {{0}}; /* parity, fast */
     for (int m = 0; m < 2; m++) {
-        if (G->set_parity) G->set_parity(!m);
+        if (backend_supports(G, BK_OP_set_parity, BK_DTYPE_F32)) G->set_parity(!m);
         if (G->ctx_init(&r[m].ctx, 2) != BK_OK) {
             printf("unavailable ctx_init\n");
             return 3;
         }
     }
-    if (G->set_parity) G->set_parity(1);
+    if (backend_supports(G, BK_OP_set_parity, BK_DTYPE_F32)) G->set_parity(1);
     size_t want = quick ? (size_t)64 << 20 : dm.free > ((size_t)6 << 30) ? dm.free - ((size_t)4 << 30)
                                                                       : dm.free / 2;
     if (G->mem_alloc((void **)&r[0].base, want, r[0].ctx) != BK_OK) {

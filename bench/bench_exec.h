@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "unet.h"
 

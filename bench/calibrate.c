@@ -28,7 +28,7 @@
 #include "cpu/cpu.h"
 #include "exec.h"
 #include "init.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "unet.h"
 
@@ -246,7 +246,7 @@ static void copy_rates(double *copy, double *convert, int threads)
         if (t < best) best = t;
     }
     *copy = best / (double)(n * sizeof *a);
-    if (bk->convert) {
+    if (backend_supports(bk, BK_OP_convert, BK_DTYPE_BF16)) {
         best = INFINITY;
         for (int r = 0; r < 4; r++) {
             double t0 = thread_s();

@@ -20,7 +20,7 @@
 #include "half.h"
 #include "init.h"
 #include "philox.h"
-#include "plan.h"
+#include "memplan.h"
 #include "planner.h"
 #include "unet.h"
 

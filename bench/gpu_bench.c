@@ -21,7 +21,7 @@
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "unet.h"
 
@@ -84,9 +84,11 @@ int main(int argc, char **argv)
         return 1;
     }
     int dev = backend_device_index(device);
-    if (bk->set_parity) bk->set_parity(deterministic); /* before planning: workspace sizes */
+    if (backend_supports(bk, BK_OP_set_parity, BK_DTYPE_F32))
+        bk->set_parity(deterministic); /* before planning: workspace sizes */
     struct bk_device_mem m0 = {0}, m1 = {0};
-    const int have_mem = bk->device_mem && dev >= 0 && bk->device_mem(dev, &m0) == 0;
+    const int have_mem = backend_supports(bk, BK_OP_device_mem, BK_DTYPE_F32) && dev >= 0 &&
+                         bk->device_mem(dev, &m0) == 0;
 
     struct graph g;
     struct unet_io io;
@@ -168,7 +170,10 @@ int main(int argc, char **argv)
     /* which kernels took the 16-bit operands natively (0: fp32 kernels on converted scratch) */
     const int hdt = precision == STRATEGY_PRECISION_BF16 ? BK_DTYPE_BF16 : BK_DTYPE_F16;
     printf("half_kernels %u\n",
-           precision != STRATEGY_PRECISION_F32 && bk->half_kernels ? bk->half_kernels(hdt) : 0u);
+           precision != STRATEGY_PRECISION_F32 &&
+                   backend_supports(bk, BK_OP_half_kernels, BK_DTYPE_F32)
+               ? bk->half_kernels(hdt)
+               : 0u);
     /* the host waits only after the last step: step_ms_mean is the device's pace; host_ms_* the
      * host's time to hand over one step (where the device runs behind, the host waits in the
      * launches once the device's queue is full) */

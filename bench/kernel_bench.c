@@ -21,7 +21,7 @@
 #include "backend_load.h"
 #include "bench_exec.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "unet.h"
 
@@ -243,7 +243,7 @@ int main(int argc, char **argv)
     }
     struct bk_device_mem m = {0};
     const int dev = backend_device_index(device);
-    if (bk->device_mem && dev >= 0) bk->device_mem(dev, &m);
+    if (backend_supports(bk, BK_OP_device_mem, BK_DTYPE_F32) && dev >= 0) bk->device_mem(dev, &m);
     char pk[32] = "unknown (--peak-gbs)";
     if (peak > 0) snprintf(pk, sizeof pk, "%.0f", peak);
     printf("kernel_bench: %s (%s, sm_%d%d), %s, %d calls a kernel, peak %s GB/s\n", device,

@@ -10,7 +10,7 @@
 #include "backend.h"
 #include "exec.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 
 enum classifier_status {
     CLASSIFIER_OK = 0,

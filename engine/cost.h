@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 
 enum cost_class {
     COST_CONV_FWD = 0,

@@ -120,7 +120,8 @@ void exec_free(struct exec *e)
         if (e->gr[k].g) e->bk->graph_free(e->gr[k].g, e->ctx);
     if (e->hbase_locked) {
         /* the copy stream may still read or write it */
-        if (e->bk->copy_sync) (void)e->bk->copy_sync(e->ctx);
+        if (backend_supports(e->bk, BK_OP_copy_sync, BK_DTYPE_F32))
+            (void)e->bk->copy_sync(e->ctx);
         e->bk->host_free(e->hbase, e->ctx);
     } else {
         free(e->hbase);
@@ -366,16 +367,8 @@ static void init_error_nomem(const struct exec_opts *opts)
              "out of host memory for the executor");
 }
 
-/* an entry of the backend's table and the dtype an op takes it on */
-struct exec_need {
-    enum bk_op op;
-    int dtype;
-};
-
-/* The entries run op k of e needs, on their dtypes, into need (at most 4): run_op's dispatch
- * (keep the two together) and plan.c's workspace queries; their count. The step on the device
- * (dev_capable) and optional fast paths are asked where they are chosen. */
-static int op_needs(const struct exec *e, int k, struct exec_need *need)
+/* (exec.h) keep beside run_op: each case names what run_op's case calls */
+int exec_op_needs(const struct exec *e, int k, struct exec_need *need)
 {
     const struct backend *bk = e->bk;
     const struct op *o = plan_op(e->p, e->g, k);
@@ -506,9 +499,9 @@ static int exec_check_backend(struct exec *e)
         if (!backend_supports(bk, training[i], BK_DTYPE_F32))
             return exec_fail(e, EXEC_ERR_ARG, 0, -1, "the %s backend has no %s for training",
                              bk->name, backend_op_name(training[i]));
-    struct exec_need need[4];
+    struct exec_need need[EXEC_NEEDS_MAX];
     for (int k = 0; k < e->p->n_run_ops; k++) {
-        const int n = op_needs(e, k, need);
+        const int n = exec_op_needs(e, k, need);
         for (int i = 0; i < n; i++)
             if (!backend_supports(bk, need[i].op, need[i].dtype))
                 return exec_fail(e, EXEC_ERR_ARG, 0, k, "the %s backend has no %s on %s, which "
@@ -970,7 +963,7 @@ static struct bk_groupnorm gn_shape(const struct op *o, int kd)
 }
 
 /* The group norm ops and their broadcast adds on the typed kernels, fused where the plan says
- * (plan.c's plan_fusions: o is run op k, go its guest or NULL). The fused kernels keep the
+ * (memplan.c's plan_fusions: o is run op k, go its guest or NULL). The fused kernels keep the
  * unfused ops' rounding points, so a fused step gives the unfused step's bits. */
 static int groupnorm_typed(struct exec *e, const struct op *o, const struct op *go, int kd,
                            void *ws)
@@ -1056,7 +1049,7 @@ static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
 
 /* The group-norm backward: the backend's with a workspace, or its plain one. For silu without
  * the former, the executor recomputes z = group norm(x) (and its statistics, equal bits to the
- * saved ones) in the workspace (plan.c sizes it), turns dy into dz = dy silu'(z) there, and
+ * saved ones) in the workspace (memplan.c sizes it), turns dy into dz = dy silu'(z) there, and
  * runs the group norm backward on dz. */
 static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
 {
@@ -1732,7 +1725,7 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
          * from the gradients' copy the backward's copies made (grads_out); the master back to
          * the device weights below */
         unsigned char *h = e->hbase;
-        if (bk->copy_sync && (rc = bk->copy_sync(ctx)))
+        if (backend_supports(bk, BK_OP_copy_sync, BK_DTYPE_F32) && (rc = bk->copy_sync(ctx)))
             return bk_fail(e, rc, -1, "waiting for the gradients' copies");
         if (e->master_stale &&
             (rc = bk->mem_download(h + p->host_master_off, w, p->params_bytes, ctx)))
@@ -1793,7 +1786,9 @@ const struct plan *exec_plan(const struct exec *e) { return e->p; }
 
 size_t exec_device_high_water(const struct exec *e)
 {
-    return e->bk->mem_high_water && e->ctx ? e->bk->mem_high_water(e->ctx) : 0;
+    return backend_supports(e->bk, BK_OP_mem_high_water, BK_DTYPE_F32) && e->ctx
+               ? e->bk->mem_high_water(e->ctx)
+               : 0;
 }
 
 const struct exec_profile *exec_get_profile(struct exec *e)

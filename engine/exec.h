@@ -16,7 +16,7 @@
 
 #include "backend.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "strategy.h"
 
 enum exec_status {
@@ -194,6 +194,18 @@ size_t exec_arena_high_water(struct exec *e);
  * waits for the device; *seconds per run, wall clock. Reads and writes whatever the arena holds:
  * for timing kernels, not for results (a step afterwards starts from fresh inputs). */
 int exec_time_op(struct exec *e, int k, int reps, double *seconds);
+/* an entry of the backend's table and the dtype (enum bk_dtype) an op takes it on */
+struct exec_need {
+    enum bk_op op;
+    int dtype;
+};
+#define EXEC_NEEDS_MAX 4
+/* The entries run op k of e's plan calls (run_op's dispatch: exec_time_op and every step run it
+ * with no other) and its workspace queries (memplan.c), on their dtypes, into need (at most
+ * EXEC_NEEDS_MAX); their count, 0 for a fused guest. exec_init refuses a plan needing an entry
+ * the backend lacks; the step on the device (step_*) is asked where it is chosen.
+ * test_backend_ops runs each op alone with every other kernel entry recording a call. */
+int exec_op_needs(const struct exec *e, int k, struct exec_need *need);
 /* the most bytes the backend held at once on the job's context since exec_init (its measured
  * device high-water mark; 0 where the backend does not measure it) */
 size_t exec_device_high_water(const struct exec *e);

@@ -21,7 +21,8 @@ int generate_plan(const struct unet_config *model, int batch, const struct backe
     }
     /* sampling in parity mode (the same seed gives the same bytes), its context made in it by
      * generate_init on this thread; a training job's grids run in the job's mode */
-    if (backend_or_cpu(bk)->set_parity) backend_or_cpu(bk)->set_parity(1);
+    if (backend_supports(backend_or_cpu(bk), BK_OP_set_parity, BK_DTYPE_F32))
+        backend_or_cpu(bk)->set_parity(1);
     if (plan_make(p, g, backend_or_cpu(bk), NULL)) {
         snprintf(err, errlen, "cannot plan the sampling graph");
         return -1;

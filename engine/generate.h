@@ -10,7 +10,7 @@
 
 #include "exec.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "sampler.h"
 #include "unet.h"
 

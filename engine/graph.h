@@ -1,6 +1,6 @@
 /* graph.h - the static computation graph: tensors (shapes, kinds, stable parameter names) and
  * ops appended in execution order by builders, with reverse-mode autodiff (graph_backward).
- * No memory here: places are decided by the planner (plan.h), pointers by the executor.
+ * No memory here: places are decided by the memory plan (memplan.h), pointers by the executor.
  */
 #ifndef DDPMD_GRAPH_H
 #define DDPMD_GRAPH_H

@@ -14,7 +14,7 @@
 
 #include "cost.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "strategy.h"
 
 /* how the caller builds and plans one candidate (a resolved strategy) */

@@ -12,7 +12,7 @@
 #include "backend.h"
 #include "cost.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "planner.h"
 #include "strategy.h"
 #include "unet.h"
@@ -73,8 +73,9 @@ int train_plans_search(const struct train_shape *s, const struct strategy *want,
 enum train_host_part {
     TRAIN_HOST_STEP = 0,    /* the step's effective batch (train_step) or the sampler's chunk
                              * (generate_run), held throughout */
-    TRAIN_HOST_WEIGHTS_IN,  /* a checkpoint read whole (resume, init_from, a sampling job's
-                             * weights) and one tensor's staging: before the data loads */
+    TRAIN_HOST_WEIGHTS_IN,  /* a checkpoint read: a training job's streamed (resume,
+                             * init_from: its header and one tensor's staging), a sampling
+                             * job's whole; before the data loads */
     TRAIN_HOST_DATA,        /* the dataset as held (dataset_plan_bytes), from its load on */
     TRAIN_HOST_DATA_LOAD,   /* while the dataset loads: one image's decode, the file names,
                              * the split's lists */

@@ -169,7 +169,7 @@ struct bk_groupnorm {
  * gives on converted operands up to the fp32 rounding of its arithmetic. A dtype a kernel lacks:
  * BK_ERR_INVALID. */
 struct bk_typed {
-#define BK_TYPED_OP(ret, fn, args) ret(*fn) args;
+#define BK_TYPED_OP(ret, fn, args, half) ret(*fn) args;
 #include "ops.def"
 };
 
@@ -181,23 +181,23 @@ struct backend {
      * entries): the memory-bound kernels on elements of any dtype, fused group norms included */
     const struct bk_typed *typed;
     /* the entries (ops.def) */
-#define BK_OP(ret, fn, args) ret(*fn) args;
+#define BK_OP(ret, fn, args, half) ret(*fn) args;
 #include "ops.def"
 };
 
 /* every entry as a number, ggml-style: BK_OP_<fn> for struct backend's, BK_OP_TYPED_<fn> for
  * struct bk_typed's */
 enum bk_op {
-#define BK_OP(ret, fn, args) BK_OP_##fn,
-#define BK_TYPED_OP(ret, fn, args) BK_OP_TYPED_##fn,
+#define BK_OP(ret, fn, args, half) BK_OP_##fn,
+#define BK_TYPED_OP(ret, fn, args, half) BK_OP_TYPED_##fn,
 #include "ops.def"
     BK_OP_COUNT
 };
 
 /* whether bk has entry op for operands of dtype (enum bk_dtype), as the engine asks before it
  * plans or calls one: the entry is filled (a typed one: bk->typed too), and for a 16-bit dtype
- * the entry is a typed kernel half_kernels(dtype) names (conv2d_*, linear_*, attn_* and their
- * *_ws_bytes; the bk_typed ones under BK_HALF_NORM or BK_HALF_ELTWISE; dropout_step_*) or
+ * the entry's half class in ops.def is one half_kernels(dtype) names (conv2d_*, linear_*,
+ * attn_* and their *_ws_bytes; the bk_typed ones under BK_HALF_NORM or BK_HALF_ELTWISE; dropout_step_*) or
  * convert. Every other entry takes fp32 only (ask with BK_DTYPE_F32: context, memory and
  * step entries have no dtype). bk NULL or op out of range: 0. */
 int backend_supports(const struct backend *bk, enum bk_op op, int dtype);

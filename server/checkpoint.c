@@ -108,7 +108,11 @@ int64_t checkpoint_save_plan_bytes(const struct graph *g)
            CHECKPOINT_META_BYTES;
 }
 
-int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes)
+/* the host bytes reading a checkpoint of g's model holds beside the bytes read from its file:
+ * the parsed header (cJSON: ~12 values of ~64 bytes per tensor, the metadata's), the tensor
+ * table and one tensor's staging; *file: the file's bytes as checkpoint_save writes them, and
+ * *head its length field and header */
+static int64_t read_rest_bytes(const struct graph *g, int64_t *file, int64_t *head)
 {
     size_t most = 0, numel = 0, names = 0;
     for (int i = 0; i < g->n_tensors; i++) {
@@ -121,11 +125,24 @@ int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes)
     int64_t n = 4 * (int64_t)g->n_params;
     /* the header: a name, a dtype, a shape and offsets (~100 bytes) per tensor, the metadata */
     int64_t header = 4 * (int64_t)names + n * 100 + CHECKPOINT_META_BYTES;
-    if (file_bytes < 0) file_bytes = 8 + header + 4 * (int64_t)(numel * sizeof(float));
-    /* safetensors_open: the file's data and header, the parsed header (cJSON: ~12 values of
-     * ~64 bytes per tensor, the metadata's), the tensor table; then one tensor's staging */
-    return file_bytes + header + n * (12 * 64 + 128) + 2 * CHECKPOINT_META_BYTES +
+    *head = 8 + header;
+    *file = *head + 4 * (int64_t)(numel * sizeof(float));
+    return header + n * (12 * 64 + 128) + 2 * CHECKPOINT_META_BYTES +
            (int64_t)(most * sizeof(float));
+}
+
+int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes)
+{
+    int64_t file, head, rest = read_rest_bytes(g, &file, &head);
+    /* safetensors_open: the file whole */
+    return (file_bytes < 0 ? file : file_bytes) + rest;
+}
+
+int64_t checkpoint_stream_plan_bytes(const struct graph *g)
+{
+    int64_t file, head, rest = read_rest_bytes(g, &file, &head);
+    /* safetensors_open_stream: the header only */
+    return head + rest;
 }
 
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
@@ -186,11 +203,11 @@ out:
     return rc;
 }
 
-int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
-                    int64_t *step, char *err, size_t errlen)
+static int open_ckpt(struct safetensors **out, const char *path, int stream,
+                     struct train_spec *spec, int64_t *step, char *err, size_t errlen)
 {
     struct safetensors *st = NULL;
-    if (safetensors_open(&st, path, err, errlen)) return -1;
+    if ((stream ? safetensors_open_stream : safetensors_open)(&st, path, err, errlen)) return -1;
     const char *fmt = safetensors_meta(st, "format");
     if (spec) {
         const char *js = safetensors_meta(st, "spec");
@@ -232,6 +249,18 @@ int checkpoint_open(struct safetensors **out, const char *path, struct train_spe
 fail:
     safetensors_free(st);
     return -1;
+}
+
+int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
+                    int64_t *step, char *err, size_t errlen)
+{
+    return open_ckpt(out, path, 0, spec, step, err, errlen);
+}
+
+int checkpoint_open_stream(struct safetensors **out, const char *path, struct train_spec *spec,
+                           int64_t *step, char *err, size_t errlen)
+{
+    return open_ckpt(out, path, 1, spec, step, err, errlen);
 }
 
 /* an integer metadata value in [0, max]: digits only */
@@ -333,7 +362,7 @@ int checkpoint_apply(const struct safetensors *st, struct exec *e, const struct 
                 goto out;
             }
             if (tensor_check(s, t, name, err, errlen)) goto out;
-            memcpy(buf, s->data, t->numel * sizeof *buf); /* tensor data may be unaligned */
+            if (safetensors_read(st, s, buf, err, errlen)) goto out; /* a copy or a read */
             if (exec_upload_part(e, (enum exec_part)part, i, buf)) {
                 snprintf(err, errlen, "cannot upload '%s'", name);
                 goto out;

@@ -38,6 +38,9 @@ int64_t checkpoint_save_plan_bytes(const struct graph *g);
  * checkpoint_apply or checkpoint_load_generator): the file whole (file_bytes; < 0: the size
  * checkpoint_save writes for g), its parsed header and one tensor's staging */
 int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes);
+/* ... and streamed (checkpoint_open_stream, then checkpoint_apply): its header read and parsed
+ * and one tensor's staging, the file's data left on disk */
+int64_t checkpoint_stream_plan_bytes(const struct graph *g);
 /* whether spec can be stored in a checkpoint's metadata (checked before a run trains) */
 int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen);
 
@@ -46,6 +49,10 @@ int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errle
  * a missing step is 0 only when no spec is asked for (an imported state_dict). */
 int checkpoint_open(struct safetensors **out, const char *path, struct train_spec *spec,
                     int64_t *step, char *err, size_t errlen);
+/* checkpoint_open with only the header read: checkpoint_apply reads each tensor from the file as
+ * its turn comes (safetensors_open_stream), so a resume holds one tensor, not the file */
+int checkpoint_open_stream(struct safetensors **out, const char *path, struct train_spec *spec,
+                           int64_t *step, char *err, size_t errlen);
 
 /* whether st holds model's weights (and, when it has any "ema." tensor, its EMA weights) by
  * name, dtype and shape, without running anything; -1 with err naming the first tensor missing

@@ -13,11 +13,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -32,16 +34,31 @@
 /* what a gzFile reading holds: zlib's inflate state and 32 KiB window, gzio's buffers */
 #define DATASET_ZLIB_BYTES ((int64_t)2 * (7 << 10) + 2 * (32 << 10) + 2 * (64 << 10))
 
+/* Where one image held as bytes lies in px: its decoded samples (C,H,W) in the file's own
+ * channels and size, 1 byte each (v / 255) or 2 (v / 65535, native order) */
+struct dataset_src {
+    int64_t off;
+    uint16_t w, h;
+    uint8_t c, bps;
+};
+
 struct dataset {
     int n, c, s;
-    size_t cap;      /* images x or px has room for (>= n) */
-    float *x;        /* a folder's images (N,C,S,S) in [-1, 1]; NULL for Fashion-MNIST */
-    /* Fashion-MNIST: its bytes (N,28,28), made float per image by dataset_fetch with the
-     * arithmetic the decode used (px / 255.0f, then 2v - 1 or image_resize_square), so every
-     * batch is bit for bit what holding the floats gave, at a quarter of their bytes or less */
+    size_t cap;      /* images x or px has room for (>= n), or records src has room for */
+    float *x;        /* images held as float (N,C,S,S) in [-1, 1]; NULL when held as bytes */
+    /* images held as bytes, made float per image by dataset_fetch with the arithmetic their
+     * decode used (v / 255.0f or v / 65535.0f, image_to_channels, then 2v - 1 or
+     * image_resize_square), so every batch is bit for bit what holding the floats gave:
+     * Fashion-MNIST's (N,28,28) (src NULL), or a folder's images back to back (src) */
     uint8_t *px;
+    struct dataset_src *src; /* (cap) a folder held as bytes; NULL otherwise */
+    size_t px_len, px_cap;   /* a folder's bytes in px, and its room */
+    int64_t max_pixels;      /* a folder held as bytes: the bound on one image's w x h it was
+                              * planned with (dataset_open_folder) */
+    void *map;               /* a samples file mapped read-only (px and src point into it) */
+    size_t map_len;
     enum dataset_fit fit;
-    float lut[256];  /* pad: the value of each byte, (float)(2.0 * (k / 255.0f) - 1.0) */
+    float lut[256];  /* each byte's value at its own size, (float)(2.0 * (k / 255.0f) - 1.0) */
     uint8_t *labels; /* (N) or NULL */
     int *train;      /* (ntrain) image indices, ascending */
     int ntrain;
@@ -90,7 +107,12 @@ void dataset_free(struct dataset *ds)
 {
     if (!ds) return;
     free(ds->x);
-    free(ds->px);
+    if (ds->map) {
+        munmap(ds->map, ds->map_len);
+    } else {
+        free(ds->px);
+        free(ds->src);
+    }
     free(ds->labels);
     free(ds->train);
     free(ds->val);
@@ -141,10 +163,42 @@ static int dataset_reserve(struct dataset *ds, size_t count)
     return 0;
 }
 
+/* Room for count more bytes in a folder's px (doubling from DATASET_GROW_FIRST_BYTES, as
+ * dataset_reserve). 0 ok, -1 out of memory (ds unchanged). */
+static int dataset_reserve_bytes(struct dataset *ds, size_t count)
+{
+    size_t cap = ds->px_cap;
+    uint8_t *p;
+    if (count > SIZE_MAX - ds->px_len) return -1;
+    if (ds->px_len + count <= cap) return 0;
+    if (!cap) cap = DATASET_GROW_FIRST_BYTES;
+    while (cap < ds->px_len + count) {
+        if (cap > SIZE_MAX / 2) return -1;
+        cap *= 2;
+    }
+    p = realloc(ds->px, cap);
+    if (!p) return -1;
+    ds->px = p;
+    ds->px_cap = cap;
+    return 0;
+}
+
 /* Give back capacity past n images; a failed shrink keeps the larger block, which is right. */
 static void dataset_shrink(struct dataset *ds)
 {
     void *x, **blk = image_block(ds);
+    if (ds->src) {
+        if (ds->n < 1) return;
+        if (ds->px_len < ds->px_cap && (x = realloc(ds->px, ds->px_len ? ds->px_len : 1))) {
+            ds->px = x;
+            ds->px_cap = ds->px_len;
+        }
+        if ((size_t)ds->n < ds->cap && (x = realloc(ds->src, (size_t)ds->n * sizeof *ds->src))) {
+            ds->src = x;
+            ds->cap = (size_t)ds->n;
+        }
+        return;
+    }
     if (ds->n < 1 || (size_t)ds->n >= ds->cap) return;
     x = realloc(*blk, (size_t)ds->n * stored_bytes(ds));
     if (!x) return;
@@ -174,39 +228,71 @@ int dataset_count(const struct dataset *ds) { return ds ? ds->n : 0; }
 int dataset_channels(const struct dataset *ds) { return ds ? ds->c : 0; }
 int dataset_size(const struct dataset *ds) { return ds ? ds->s : 0; }
 
-static enum dataset_status fmnist_image(const struct dataset *ds, const uint8_t *px, float *dst);
+/* the value table of held bytes: what decoding a byte k and resizing it to its own size give */
+static void dataset_init_lut(struct dataset *ds)
+{
+    for (int k = 0; k < 256; k++) ds->lut[k] = (float)(2.0 * (double)((float)k / 255.0f) - 1.0);
+}
+
+/* One image held as bytes, p (c,h,w) of bps bytes a sample, into dst (C,S,S) by ds's fit and
+ * channels, with the arithmetic a decode of the file gives (image_load_png's v / 255.0f or
+ * v / 65535.0f, image_to_channels, image_resize_square): the one way held bytes become float.
+ * Fashion-MNIST padded: centred on -1. At its own size with channels kept or grey replicated: the
+ * table (what image_resize_square's copy gives). Otherwise through the image functions; grey to
+ * RGB resizes the grey plane once and replicates it (image_to_channels' replication commutes
+ * with the per-plane resize). */
+static enum dataset_status dataset_draw(const struct dataset *ds, const uint8_t *p, int w, int h,
+                                        int c, int bps, float *dst)
+{
+    size_t plane = (size_t)ds->s * ds->s, hw = (size_t)w * h;
+    int planes = ds->c;
+    if (ds->fit == DATASET_FIT_PAD) {
+        int off = (ds->s - w) / 2;
+        for (size_t k = 0; k < plane; k++) dst[k] = -1.0f;
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++)
+                dst[(size_t)(y + off) * ds->s + x + off] = ds->lut[p[(size_t)y * w + x]];
+        planes = 1;
+    } else if (w == ds->s && h == ds->s && bps == 1 && (c == ds->c || c == 1)) {
+        for (size_t k = 0; k < (size_t)c * plane; k++) dst[k] = ds->lut[p[k]];
+        planes = c;
+    } else {
+        struct image im = {c, h, w, malloc((size_t)c * hw * sizeof(float))};
+        enum image_status ir = IMAGE_ERR_NOMEM;
+        if (im.data) {
+            for (size_t k = 0; k < (size_t)c * hw; k++) {
+                if (bps == 1) {
+                    im.data[k] = (float)p[k] / 255.0f;
+                } else {
+                    uint16_t u;
+                    memcpy(&u, p + 2 * k, sizeof u);
+                    im.data[k] = (float)u / 65535.0f;
+                }
+            }
+            ir = c == 1 ? IMAGE_OK : image_to_channels(&im, ds->c);
+            if (ir == IMAGE_OK) ir = image_resize_square(dst, &im, ds->s);
+        }
+        image_free(&im);
+        if (ir != IMAGE_OK) return ir == IMAGE_ERR_NOMEM ? DATASET_ERR_NOMEM : DATASET_ERR_ARG;
+        planes = c == 1 ? 1 : ds->c;
+    }
+    for (int ch = planes; ch < ds->c; ch++) memcpy(dst + ch * plane, dst, plane * sizeof *dst);
+    return DATASET_OK;
+}
 
 /* image idx (in range) into dst (C,S,S) */
 static enum dataset_status dataset_fetch(const struct dataset *ds, int idx, float *dst)
 {
-    size_t plane = (size_t)ds->s * ds->s;
-    if (!ds->px) {
-        memcpy(dst, ds->x + (size_t)idx * ds->c * plane, ds->c * plane * sizeof *dst);
+    if (ds->x) {
+        size_t per = (size_t)ds->c * ds->s * ds->s;
+        memcpy(dst, ds->x + (size_t)idx * per, per * sizeof *dst);
         return DATASET_OK;
     }
-    return fmnist_image(ds, ds->px + (size_t)idx * FMNIST_SIDE * FMNIST_SIDE, dst);
-}
-
-/* a Fashion-MNIST image's bytes px (28x28) into dst (C,S,S) by ds's fit and channels */
-static enum dataset_status fmnist_image(const struct dataset *ds, const uint8_t *px, float *dst)
-{
-    size_t plane = (size_t)ds->s * ds->s;
-    if (ds->fit == DATASET_FIT_PAD) {
-        int off = (ds->s - FMNIST_SIDE) / 2;
-        for (size_t k = 0; k < plane; k++) dst[k] = -1.0f;
-        for (int y = 0; y < FMNIST_SIDE; y++)
-            for (int x = 0; x < FMNIST_SIDE; x++)
-                dst[(size_t)(y + off) * ds->s + x + off] = ds->lut[px[y * FMNIST_SIDE + x]];
-    } else {
-        /* the same arithmetic as a PNG through image_load_png + image_resize_square */
-        float grey[FMNIST_SIDE * FMNIST_SIDE];
-        for (int k = 0; k < FMNIST_SIDE * FMNIST_SIDE; k++) grey[k] = (float)px[k] / 255.0f;
-        struct image im = {1, FMNIST_SIDE, FMNIST_SIDE, grey};
-        enum image_status ir = image_resize_square(dst, &im, ds->s);
-        if (ir != IMAGE_OK) return ir == IMAGE_ERR_NOMEM ? DATASET_ERR_NOMEM : DATASET_ERR_ARG;
-    }
-    for (int ch = 1; ch < ds->c; ch++) memcpy(dst + ch * plane, dst, plane * sizeof *dst);
-    return DATASET_OK;
+    if (!ds->src)
+        return dataset_draw(ds, ds->px + (size_t)idx * FMNIST_SIDE * FMNIST_SIDE, FMNIST_SIDE,
+                            FMNIST_SIDE, 1, 1, dst);
+    const struct dataset_src *r = &ds->src[idx];
+    return dataset_draw(ds, ds->px + r->off, r->w, r->h, r->c, r->bps, dst);
 }
 
 enum dataset_status dataset_image(const struct dataset *ds, int i, float *x)
@@ -215,11 +301,33 @@ enum dataset_status dataset_image(const struct dataset *ds, int i, float *x)
     return dataset_fetch(ds, i, x);
 }
 
+/* what two draws at once hold (the loader's thread and a validation batch) for a folder held as
+ * bytes whose images are at most max_pixels (w x h) each: dataset_draw's float planes (4
+ * channels at most) beside their conversion (3), then the converted planes, image_resize_square's
+ * double rows and each axis's taps. The resize keeps size of the round(size x long/short)
+ * outputs across the longer side, so it reads at most the shorter side's rows (x 1.5 for that
+ * rounding at size 1, +2 for the bilinear and area edges) and each output's taps span no more:
+ * 1.5 sqrt(max_pixels) + 2 bounds both. */
+static int64_t draw_plan_bytes(int64_t max_pixels, int size)
+{
+    int64_t side = 1;
+    while (side * side < max_pixels) side++;
+    side += side / 2 + 2;
+    int64_t planes = max_pixels * (int64_t)(4 + 3) * (int64_t)sizeof(float);
+    int64_t resize = max_pixels * 3 * (int64_t)sizeof(float) +
+                     side * size * (int64_t)sizeof(double) +
+                     2 * (int64_t)size * ((side / size + 2) * (int64_t)sizeof(double) + 8);
+    return 2 * (planes > resize ? planes : resize);
+}
+
 int64_t dataset_bytes(const struct dataset *ds)
 {
     if (!ds) return 0;
-    return (int64_t)(ds->cap * stored_bytes(ds)) + (ds->labels ? ds->n : 0) +
-           (int64_t)(ds->ntrain + ds->nval) * (int64_t)sizeof(int);
+    int64_t idx = (int64_t)(ds->ntrain + ds->nval) * (int64_t)sizeof(int);
+    if (ds->src)
+        return (int64_t)ds->px_cap + (int64_t)(ds->cap * sizeof *ds->src) + idx +
+               draw_plan_bytes(ds->max_pixels, ds->s);
+    return (int64_t)(ds->cap * stored_bytes(ds)) + (ds->labels ? ds->n : 0) + idx;
 }
 
 /* whether Fashion-MNIST at channels x size is held as its bytes (else as float: smaller below
@@ -230,8 +338,69 @@ static int fmnist_as_bytes(int channels, int size)
            (int64_t)FMNIST_SIDE * FMNIST_SIDE;
 }
 
-int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size)
+/* a folder held as its decoded samples (source_bytes), their records and two draws at once */
+static int64_t folder_bytes_held(int64_t images, int size, int64_t max_pixels,
+                                 int64_t source_bytes)
 {
+    return source_bytes + images * (int64_t)(sizeof(struct dataset_src) + sizeof(int)) +
+           draw_plan_bytes(max_pixels, size);
+}
+
+/* whether a folder of images whose decoded samples are source_bytes, none over max_pixels, is
+ * held as them: when both are known and that is fewer bytes than the floats at channels x size */
+static int folder_as_bytes(int64_t images, int channels, int size, int64_t max_pixels,
+                           int64_t source_bytes)
+{
+    return source_bytes >= 0 && max_pixels > 0 && images > 0 &&
+           folder_bytes_held(images, size, max_pixels, source_bytes) <
+               images * (channels * (int64_t)size * size * (int64_t)sizeof(float) +
+                         (int64_t)sizeof(int));
+}
+
+/* the bytes a sample of img (decoded by image_load_png) is held in exactly: 1 when every value
+ * is k / 255.0f, else 2 (a 16-bit file's values are k / 65535.0f) */
+static int source_bps(const struct image *img)
+{
+    size_t n = (size_t)img->c * img->w * img->h;
+    for (size_t k = 0; k < n; k++) {
+        double r = floor((double)img->data[k] * 255.0 + 0.5);
+        if (!(r >= 0 && r <= 255) || (float)r / 255.0f != img->data[k]) return 2;
+    }
+    return 1;
+}
+
+/* img's samples (C,H,W) into dst at bps bytes each, as dataset_draw reads them back; -1 when a
+ * value is not one a decode gives (dataset_draw would not give it back bit for bit) */
+static int source_put(uint8_t *dst, const struct image *img, int bps)
+{
+    size_t n = (size_t)img->c * img->w * img->h;
+    for (size_t k = 0; k < n; k++) {
+        float v = img->data[k];
+        if (bps == 1) {
+            double r = floor((double)v * 255.0 + 0.5);
+            if (!(r >= 0 && r <= 255) || (float)r / 255.0f != v) return -1;
+            dst[k] = (uint8_t)r;
+        } else {
+            double r = floor((double)v * 65535.0 + 0.5);
+            if (!(r >= 0 && r <= 65535) || (float)r / 65535.0f != v) return -1;
+            uint16_t u = (uint16_t)r;
+            memcpy(dst + 2 * k, &u, sizeof u);
+        }
+    }
+    return 0;
+}
+
+int64_t dataset_source_bytes(const struct image *img)
+{
+    if (!img || !img->data || img->c < 1 || img->w < 1 || img->h < 1) return 0;
+    return (int64_t)img->c * img->w * img->h * source_bps(img);
+}
+
+int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size, int64_t max_pixels,
+                           int64_t source_bytes)
+{
+    if (!fmnist && folder_as_bytes(images, channels, size, max_pixels, source_bytes))
+        return folder_bytes_held(images, size, max_pixels, source_bytes);
     int64_t per = fmnist && fmnist_as_bytes(channels, size)
                       ? FMNIST_SIDE * FMNIST_SIDE
                       : (int64_t)channels * size * size * (int64_t)sizeof(float);
@@ -246,9 +415,9 @@ int dataset_label(const struct dataset *ds, int i)
 }
 
 int64_t dataset_plan_load_bytes(int fmnist, int64_t images, int channels, int size,
-                                int64_t max_pixels)
+                                int64_t max_pixels, int64_t source_bytes)
 {
-    int64_t held = dataset_plan_bytes(fmnist, images, channels, size);
+    int64_t held = dataset_plan_bytes(fmnist, images, channels, size, max_pixels, source_bytes);
     /* the block starts at DATASET_GROW_FIRST_BYTES and doubles; a realloc that copies instead
      * of remapping (a block on the heap: glibc's mmap threshold rises up to 32 MiB as big
      * blocks are freed, a checkpoint read's for one) holds the old block beside the new */
@@ -438,7 +607,8 @@ static int check_shape(int channels, int size)
 }
 
 enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
-                                        int size, struct dataset_report *report,
+                                        int size, int64_t source_bytes, int64_t max_pixels,
+                                        struct dataset_report *report,
                                         dataset_log_fn log_cb, void *log_ctx, char *err,
                                         size_t errlen)
 {
@@ -449,7 +619,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
     struct image img = {0};
     char ierr[512], line[600];
     size_t per, i;
-    int loaded = 0;
+    int loaded = 0, as_bytes;
 
     memset(&rep, 0, sizeof rep);
     if (err && errlen) err[0] = '\0';
@@ -474,6 +644,19 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
 
     rc = DATASET_ERR_NOMEM;
     ds = dataset_alloc((int)names.n, channels, size, 0);
+    /* held as bytes: a record per listed file (names already holds more), the bytes as they load */
+    as_bytes = folder_as_bytes((int64_t)names.n, channels, size, max_pixels, source_bytes);
+    if (ds && as_bytes) {
+        ds->fit = DATASET_FIT_RESIZE;
+        ds->max_pixels = max_pixels;
+        dataset_init_lut(ds);
+        if (!(ds->src = malloc(names.n * sizeof *ds->src))) {
+            dataset_free(ds);
+            ds = NULL;
+        } else {
+            ds->cap = names.n;
+        }
+    }
     if (!ds) {
         set_err(err, errlen, "out of memory for a dataset from '%s'", dir);
         goto done;
@@ -487,7 +670,36 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
             goto done;
         }
         ir = image_load_png(full, &img, ierr, sizeof ierr);
-        if (ir == IMAGE_OK) {
+        if (ir == IMAGE_OK && as_bytes) {
+            int bps = source_bps(&img);
+            size_t nb = (size_t)img.c * img.w * img.h * (size_t)bps;
+            /* the plan counted source_bytes and max_pixels: a folder changed since then is
+             * refused, not held */
+            if (ds->px_len + nb > (uint64_t)source_bytes ||
+                (int64_t)img.w * img.h > max_pixels) {
+                rc = DATASET_ERR_FORMAT;
+                set_err(err, errlen, "'%s' in '%s' is over the %lld bytes or %lld pixels "
+                        "recorded for the folder: it changed after it was checked", names.v[i],
+                        dir, (long long)source_bytes, (long long)max_pixels);
+                free(full);
+                goto done;
+            }
+            if (dataset_reserve_bytes(ds, nb)) {
+                set_err(err, errlen, "out of memory for %d images (%zu bytes) from '%s'",
+                        loaded + 1, ds->px_len + nb, dir);
+                free(full);
+                goto done;
+            }
+            if (source_put(ds->px + ds->px_len, &img, bps)) {
+                ir = IMAGE_ERR_FORMAT;
+                snprintf(ierr, sizeof ierr, "cannot hold '%s' as its samples", full);
+            } else {
+                ds->src[loaded] = (struct dataset_src){(int64_t)ds->px_len, (uint16_t)img.w,
+                                                       (uint16_t)img.h, (uint8_t)img.c,
+                                                       (uint8_t)bps};
+                ds->px_len += nb;
+            }
+        } else if (ir == IMAGE_OK) {
             ir = image_to_channels(&img, channels);
             /* room for an image only once one has decoded */
             if (ir == IMAGE_OK && dataset_reserve(ds, (size_t)loaded + 1)) {
@@ -752,7 +964,7 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
 
     /* the bytes as they are: dataset_fetch makes each image float when a batch is drawn */
     ds->fit = fit;
-    for (int k = 0; k < 256; k++) ds->lut[k] = (float)(2.0 * (double)((float)k / 255.0f) - 1.0);
+    dataset_init_lut(ds);
     for (i = 0; i < n; i++) {
         rc = DATASET_ERR_FORMAT;
         if (idx_read(&fi, px, sizeof px, "the images", err, errlen)) goto done;
@@ -768,7 +980,8 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
             memcpy(ds->px + (size_t)i * sizeof px, px, sizeof px);
         } else {
             enum dataset_status fr =
-                fmnist_image(ds, px, ds->x + (size_t)i * channels * size * size);
+                dataset_draw(ds, px, FMNIST_SIDE, FMNIST_SIDE, 1, 1,
+                             ds->x + (size_t)i * channels * size * size);
             if (fr != DATASET_OK) {
                 rc = fr;
                 set_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
@@ -803,6 +1016,162 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
 done:
     if (fi.gz) gzclose(fi.gz);
     if (fl.gz) gzclose(fl.gz);
+    dataset_free(ds);
+    return rc;
+}
+
+/* ---- a folder's samples file ---- */
+
+/* The file: this header, the records (n x struct dataset_src, offsets into the samples, back to
+ * back from 0), the samples (px_len bytes). crc is zlib's CRC-32 of records and samples; order
+ * tells a file of another byte order (it never leaves its data directory). */
+#define DATASET_SAMPLES_MAGIC "DDPMDSB1"
+struct samples_head {
+    char magic[8];
+    uint64_t n, px_len;
+    uint32_t crc, order;
+    uint64_t reserved[4];
+};
+
+/* CRC-32 of len bytes at p (zlib's, in pieces its uInt can take) */
+static uint32_t samples_crc(uint32_t crc, const uint8_t *p, size_t len)
+{
+    while (len) {
+        unsigned piece = len > (1u << 30) ? 1u << 30 : (unsigned)len;
+        crc = (uint32_t)crc32(crc, p, piece);
+        p += piece;
+        len -= piece;
+    }
+    return crc;
+}
+
+enum dataset_status dataset_save_samples(const struct dataset *ds, const char *path, char *err,
+                                         size_t errlen)
+{
+    if (err && errlen) err[0] = '\0';
+    if (!ds || !ds->src || !path) {
+        set_err(err, errlen, "dataset_save_samples: not a folder held as its samples");
+        return DATASET_ERR_ARG;
+    }
+    struct samples_head h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, DATASET_SAMPLES_MAGIC, sizeof h.magic);
+    h.n = (uint64_t)ds->n;
+    h.px_len = ds->px_len;
+    h.order = 0x01020304u;
+    size_t rec = (size_t)ds->n * sizeof *ds->src;
+    h.crc = samples_crc(samples_crc((uint32_t)crc32(0, NULL, 0), (const uint8_t *)ds->src, rec),
+                        ds->px, ds->px_len);
+    struct fsio_buf bufs[3] = {{&h, sizeof h}, {ds->src, rec}, {ds->px, ds->px_len}};
+    return fsio_write_atomic(path, bufs, 3, err, errlen) ? DATASET_ERR_IO : DATASET_OK;
+}
+
+enum dataset_status dataset_open_samples(struct dataset **out, const char *path, int channels,
+                                         int size, int64_t source_bytes, int64_t max_pixels,
+                                         char *err, size_t errlen)
+{
+    enum dataset_status rc = DATASET_ERR_ARG;
+    struct dataset *ds = NULL;
+    struct stat sb;
+    int fd = -1;
+
+    if (err && errlen) err[0] = '\0';
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (!path || !check_shape(channels, size)) {
+        set_err(err, errlen, "dataset_open_samples: bad argument (channels=%d, size=%d)",
+                channels, size);
+        return DATASET_ERR_ARG;
+    }
+    rc = DATASET_ERR_IO;
+    fd = fsio_open_regular(path, O_RDONLY, err, errlen);
+    if (fd < 0) goto done;
+    if (fstat(fd, &sb) != 0) {
+        set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    rc = DATASET_ERR_FORMAT;
+    if ((uint64_t)sb.st_size < sizeof(struct samples_head) || (uint64_t)sb.st_size > SIZE_MAX) {
+        set_err(err, errlen, "'%s' is too short for its header", path);
+        goto done;
+    }
+    rc = DATASET_ERR_NOMEM;
+    if (!(ds = dataset_alloc(0, channels, size, 0))) goto done;
+    ds->map_len = (size_t)sb.st_size;
+    ds->map = mmap(NULL, ds->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (ds->map == MAP_FAILED) {
+        ds->map = NULL;
+        rc = DATASET_ERR_IO;
+        set_err(err, errlen, "cannot map '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    rc = DATASET_ERR_FORMAT;
+    struct samples_head h;
+    memcpy(&h, ds->map, sizeof h);
+    size_t left = ds->map_len - sizeof h;
+    if (memcmp(h.magic, DATASET_SAMPLES_MAGIC, sizeof h.magic) || h.order != 0x01020304u ||
+        h.n < 1 || h.n > g_max_files || h.n > left / sizeof(struct dataset_src) ||
+        h.px_len != left - h.n * sizeof(struct dataset_src)) {
+        set_err(err, errlen, "'%s' is not a samples file of its size (header)", path);
+        goto done;
+    }
+    /* the plan's bounds: dataset_open_folder would hold these images as bytes, in as many */
+    if (!folder_as_bytes((int64_t)h.n, channels, size, max_pixels, source_bytes)) {
+        rc = DATASET_ERR_ARG;
+        set_err(err, errlen, "at %dx%d the dataset is held as float", channels, size);
+        goto done;
+    }
+    if (h.px_len > (uint64_t)source_bytes) {
+        set_err(err, errlen, "'%s' holds %llu bytes of %llu images, over the %lld of the plan",
+                path, (unsigned long long)h.px_len, (unsigned long long)h.n,
+                (long long)source_bytes);
+        goto done;
+    }
+    ds->src = (struct dataset_src *)((uint8_t *)ds->map + sizeof h);
+    ds->px = (uint8_t *)ds->map + sizeof h + h.n * sizeof(struct dataset_src);
+    uint32_t crc = samples_crc(samples_crc((uint32_t)crc32(0, NULL, 0), (const uint8_t *)ds->src,
+                                           h.n * sizeof(struct dataset_src)),
+                               ds->px, h.px_len);
+    if (crc != h.crc) {
+        set_err(err, errlen, "'%s' fails its checksum (%08x, recorded %08x)", path, crc, h.crc);
+        goto done;
+    }
+    /* records back to back over the samples, each an image a decode gives */
+    uint64_t off = 0;
+    for (uint64_t i = 0; i < h.n; i++) {
+        const struct dataset_src *r = &ds->src[i];
+        uint64_t len = (uint64_t)r->c * r->w * r->h * r->bps;
+        if (r->off < 0 || (uint64_t)r->off != off || r->c < 1 || r->c > 4 || r->bps < 1 ||
+            r->bps > 2 || r->w < 1 || r->h < 1 || r->w > IMAGE_MAX_SIDE ||
+            r->h > IMAGE_MAX_SIDE || (int64_t)r->w * r->h > max_pixels ||
+            len > h.px_len - off) {
+            set_err(err, errlen, "'%s': image %llu's record is out of bounds", path,
+                    (unsigned long long)i);
+            goto done;
+        }
+        off += len;
+    }
+    if (off != h.px_len) {
+        set_err(err, errlen, "'%s': its records cover %llu of %llu bytes", path,
+                (unsigned long long)off, (unsigned long long)h.px_len);
+        goto done;
+    }
+    ds->n = (int)h.n;
+    ds->cap = (size_t)h.n;
+    ds->px_len = ds->px_cap = (size_t)h.px_len;
+    ds->max_pixels = max_pixels;
+    ds->fit = DATASET_FIT_RESIZE;
+    dataset_init_lut(ds);
+    rc = DATASET_ERR_NOMEM;
+    if (dataset_train_all(ds)) {
+        set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    *out = ds;
+    ds = NULL;
+    rc = DATASET_OK;
+done:
+    if (fd >= 0) close(fd);
     dataset_free(ds);
     return rc;
 }

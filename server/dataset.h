@@ -1,13 +1,16 @@
 /* dataset.h - training data in memory, handed out as float (N,C,S,S) in [-1, 1]: a folder of PNGs
- * (held as float) or Fashion-MNIST (IDX + gzip, held as its 28x28 bytes, padded or resized per
- * image as it is drawn), a seeded held-out split, and batches in a Philox-seeded order that is a
- * pure function of (seed, step), with a background-thread prefetcher that returns the same bytes.
+ * (held as their decoded samples when those are smaller than floats and known beforehand, else as
+ * float) or Fashion-MNIST (IDX + gzip, held as its 28x28 bytes), bytes made float per image as it
+ * is drawn, a seeded held-out split, and batches in a Philox-seeded order that is a pure function
+ * of (seed, step), with a background-thread prefetcher that returns the same bytes.
  */
 #ifndef DDPMD_DATASET_H
 #define DDPMD_DATASET_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+struct image;
 
 /* Every fallible function returns one of these; 0 = ok. */
 enum dataset_status {
@@ -74,14 +77,51 @@ struct dataset_loader; /* a prefetching batch producer on its own thread */
  * "a/x.png" < "b.png" < "b/y.png"), each converted to channels (1 or 3, see image_to_channels),
  * resized and centre-cropped to size x size (image_resize_square). Files that cannot be decoded are
  * skipped, counted in *report (may be NULL) and passed to log_cb (may be NULL). No labels.
+ * source_bytes and max_pixels: what the images' decoded samples come to (dataset_source_bytes
+ * summed over the folder) and the largest width x height of one, as an upload records them (<= 0
+ * or < 0: unknown). When both are known and the samples, a 16-byte record per image and what two
+ * draws at once hold (dataset_bytes) are fewer bytes than the floats at channels x size, the
+ * images are held as those samples (8 or 16 bit, each in its file's own channels and size) and
+ * made float as they are drawn, bit for bit what converting them up front gives; a folder
+ * whose samples then come to more than source_bytes or an image to more than max_pixels (it
+ * changed since it was counted) is DATASET_ERR_FORMAT. Otherwise they are held as float.
  * Entries that are not regular files (FIFOs, sockets, devices) are passed over unopened, and
  * every file is opened through fsio (a name swapped for a FIFO after listing is refused, not
  * waited on). More than DATASET_MAX_FILES .png names is DATASET_ERR_FORMAT.
  * DATASET_ERR_EMPTY, with a message naming dir and the first failure, when nothing loads. */
 enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
-                                        int size, struct dataset_report *report,
-                                        dataset_log_fn log_cb, void *log_ctx, char *err,
-                                        size_t errlen);
+                                        int size, int64_t source_bytes, int64_t max_pixels,
+                                        struct dataset_report *report, dataset_log_fn log_cb,
+                                        void *log_ctx, char *err, size_t errlen);
+
+/* The bytes one decoded image (image_load_png, before any conversion) is held in by
+ * dataset_open_folder: its samples at 1 byte each when every value is k / 255, else 2. An
+ * upload sums it over a folder (its source_bytes). */
+int64_t dataset_source_bytes(const struct image *img);
+
+/* One decoded copy of a folder shared by the jobs on it: the first job that holds the folder as
+ * its samples writes them to a file (dataset_save_samples) and later jobs map that file
+ * read-only instead of decoding the PNGs again, so the page cache holds one copy for them all.
+ * A job's VmHWM counts the mapped pages it touches (every page: the checksum reads them), so
+ * admission counts the copy in every job's data part, as a decoding job holds it
+ * (dataset_bytes is the same either way): per job, conservatively - the promise holds for each
+ * job's own peak, and a device's sum over-counts the shared copy once per further job on it. */
+
+/* Write ds (a folder held as its samples) to path atomically (fsio_write_atomic): a header
+ * (counts and the CRC-32 of the rest), the records, the samples. DATASET_ERR_ARG for a dataset
+ * not held so, DATASET_ERR_IO (why in err) when the file cannot be written. */
+enum dataset_status dataset_save_samples(const struct dataset *ds, const char *path, char *err,
+                                         size_t errlen);
+/* Open a folder from its samples file, mapped read-only, as dataset_open_folder holds it given
+ * source_bytes and max_pixels (the same images, bit for bit the same batches, the same
+ * dataset_bytes). Checked before it is used: the header and the file's size, the plan's bounds
+ * (held as bytes at channels x size, at most source_bytes, no image over max_pixels), the CRC-32
+ * of records and samples, and every record within the samples. DATASET_ERR_FORMAT with why for
+ * a file that fails (decode the folder instead), DATASET_ERR_IO when it cannot be opened,
+ * DATASET_ERR_ARG when at channels x size the folder is held as float (the copy is no use). */
+enum dataset_status dataset_open_samples(struct dataset **out, const char *path, int channels,
+                                         int size, int64_t source_bytes, int64_t max_pixels,
+                                         char *err, size_t errlen);
 
 /* Load a Fashion-MNIST split from dir (DATASET_FMNIST_DIR for the Debian package): the IDX files
  * "<prefix>-images-idx3-ubyte.gz" and "<prefix>-labels-idx1-ubyte.gz" (a file without ".gz" is
@@ -99,9 +139,9 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
 /* The most opening holds besides what the dataset keeps (a job's host plan: TRAIN_HOST_DATA_LOAD):
  * Fashion-MNIST's zlib readers, a folder's file names and one image's decode (max_pixels: its
  * largest image's width x height, <= 0 when unknown: the decoder's limit), a copy while the
- * images' block grows, and the split's lists. */
+ * images' block grows, and the split's lists. source_bytes as dataset_open_folder takes it. */
 int64_t dataset_plan_load_bytes(int fmnist, int64_t images, int channels, int size,
-                                int64_t max_pixels);
+                                int64_t max_pixels, int64_t source_bytes);
 
 void dataset_free(struct dataset *ds);
 
@@ -110,12 +150,17 @@ int dataset_channels(const struct dataset *ds); /* C */
 int dataset_size(const struct dataset *ds);     /* S */
 /* image i into x (C,S,S) in [-1, 1]; DATASET_ERR_ARG when i is out of range */
 enum dataset_status dataset_image(const struct dataset *ds, int i, float *x);
-/* The bytes ds holds: its images as stored, the labels and the train/validation index lists. */
+/* The bytes ds holds: its images as stored, the labels and the train/validation index lists,
+ * and for a folder held as bytes its records and what two draws at once hold (the loader's
+ * thread and a validation batch: a decode's planes, conversion and resize, bounded by
+ * image_decode_plan_bytes at the max_pixels it was opened with). */
 int64_t dataset_bytes(const struct dataset *ds);
 /* What dataset_bytes will be for images images (fmnist: Fashion-MNIST's bytes, 28x28 + a label
- * each, or its floats where fewer; else a folder's floats, channels x size x size each), split
- * or not: the job's host plan counts this before a byte is read. */
-int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size);
+ * each, or its floats where fewer; else a folder as dataset_open_folder holds it given
+ * source_bytes and max_pixels, its widest x tallest image), split or not: the job's host plan
+ * counts this before a byte is read. */
+int64_t dataset_plan_bytes(int fmnist, int64_t images, int channels, int size, int64_t max_pixels,
+                           int64_t source_bytes);
 /* label of image i, or -1 (no labels, or i out of range) */
 int dataset_label(const struct dataset *ds, int i);
 

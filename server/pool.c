@@ -1107,7 +1107,7 @@ static void head_start(const struct pool *p, int d, int64_t need, double *shadow
 static int dev_mem_ok(const struct dev *dv, int64_t need)
 {
     struct bk_device_mem m;
-    if (dv->is_cpu || !dv->st.cfg.bk || !dv->st.cfg.bk->device_mem ||
+    if (dv->is_cpu || !backend_supports(dv->st.cfg.bk, BK_OP_device_mem, BK_DTYPE_F32) ||
         dv->st.cfg.bk->device_mem(backend_device_index(dv->st.cfg.name), &m) != BK_OK)
         return 1;
     return (int64_t)m.free >= need;

@@ -40,8 +40,11 @@ static const struct {
 struct safetensors {
     cJSON *root;          /* parsed header; tensor names and metadata values point into it */
     const cJSON *meta;    /* the __metadata__ object, or NULL */
-    unsigned char *data;  /* the data section (malloc'd, so offset 0 is maximally aligned) */
+    unsigned char *data;  /* the data section (malloc'd, so offset 0 is maximally aligned); NULL
+                           * when streamed (safetensors_open_stream) */
     size_t data_len;
+    int fd;               /* a streamed file's descriptor, -1 otherwise */
+    uint64_t data_off;    /* where the data section starts in the file (8 + header length) */
     struct st_tensor *tensors; /* header order */
     size_t count;
 };
@@ -200,13 +203,15 @@ static int byte_count(int64_t numel, size_t size, size_t *nbytes)
     return 1;
 }
 
-/* read exactly n bytes; *eof = 1 if the file ended first */
-static int read_full(int fd, void *buf, size_t n, int *eof)
+/* read exactly n bytes (at offset `at`, or from the file position when at < 0); *eof = 1 if the
+ * file ended first */
+static int read_full_at(int fd, void *buf, size_t n, int64_t at, int *eof)
 {
     unsigned char *p = buf;
     *eof = 0;
     while (n > 0) {
-        ssize_t r = read(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        size_t want = n > (1u << 30) ? (1u << 30) : n;
+        ssize_t r = at < 0 ? read(fd, p, want) : pread(fd, p, want, (off_t)at);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return 0;
         if (r == 0) {
@@ -215,8 +220,14 @@ static int read_full(int fd, void *buf, size_t n, int *eof)
         }
         p += r;
         n -= (size_t)r;
+        if (at >= 0) at += r;
     }
     return 1;
+}
+
+static int read_full(int fd, void *buf, size_t n, int *eof)
+{
+    return read_full_at(fd, buf, n, -1, eof);
 }
 
 /* ---- reading ---- */
@@ -586,8 +597,11 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
                 (unsigned long long)cursor, st->data_len);
         goto done;
     }
-    for (k = 0; k < st->count; k++)
-        st->tensors[spans[k].idx].data = st->data + spans[k].begin;
+    for (k = 0; k < st->count; k++) {
+        struct st_tensor *t = &st->tensors[spans[k].idx];
+        t->offset = spans[k].begin;
+        t->data = st->data ? st->data + spans[k].begin : NULL;
+    }
     rc = ST_OK;
 done:
     free(spans);
@@ -601,7 +615,8 @@ static void read_err(char *err, size_t errlen, const char *path, int eof)
             eof ? "file shrank while being read" : strerror(errno));
 }
 
-enum st_status safetensors_open(struct safetensors **out, const char *path, char *err,
+/* safetensors_open, or with stream the header only (the descriptor kept for the tensors) */
+static enum st_status open_file(struct safetensors **out, const char *path, int stream, char *err,
                                 size_t errlen)
 {
     enum st_status rc = ST_ERR_IO;
@@ -669,22 +684,28 @@ enum st_status safetensors_open(struct safetensors **out, const char *path, char
     st = calloc(1, sizeof *st);
     hdr = malloc((size_t)hlen + 1);
     if (st) {
+        st->fd = -1;
+        st->data_off = 8 + hlen;
         st->data_len = (size_t)(avail - hlen);
-        st->data = malloc(st->data_len ? st->data_len : 1);
+        if (!stream) st->data = malloc(st->data_len ? st->data_len : 1);
     }
-    if (!st || !hdr || !st->data) {
+    if (!st || !hdr || (!stream && !st->data)) {
         set_err(err, errlen, "out of memory loading '%s' (%llu bytes)", path,
                 (unsigned long long)fsize);
         goto done;
     }
     rc = ST_ERR_IO;
     if (!read_full(fd, hdr, (size_t)hlen, &eof) ||
-        !read_full(fd, st->data, st->data_len, &eof)) {
+        (!stream && !read_full(fd, st->data, st->data_len, &eof))) {
         read_err(err, errlen, path, eof);
         goto done;
     }
     hdr[hlen] = '\0';
     rc = parse_header(st, hdr, (size_t)hlen, err, errlen);
+    if (rc == ST_OK && stream) {
+        st->fd = fd; /* the tensors' bytes are read from it (safetensors_read) */
+        fd = -1;
+    }
 done:
     if (fd >= 0) close(fd);
     free(hdr);
@@ -694,6 +715,39 @@ done:
     }
     if (out) *out = st;
     return rc;
+}
+
+enum st_status safetensors_open(struct safetensors **out, const char *path, char *err,
+                                size_t errlen)
+{
+    return open_file(out, path, 0, err, errlen);
+}
+
+enum st_status safetensors_open_stream(struct safetensors **out, const char *path, char *err,
+                                       size_t errlen)
+{
+    return open_file(out, path, 1, err, errlen);
+}
+
+enum st_status safetensors_read(const struct safetensors *st, const struct st_tensor *t,
+                                void *dst, char *err, size_t errlen)
+{
+    if (!st || !t || (!dst && t->nbytes)) {
+        set_err(err, errlen, "safetensors_read: NULL argument");
+        return ST_ERR_ARG;
+    }
+    if (!t->nbytes) return ST_OK;
+    if (st->data) {
+        memcpy(dst, t->data, t->nbytes); /* memcpy: t->data may be unaligned */
+        return ST_OK;
+    }
+    int eof;
+    if (!read_full_at(st->fd, dst, t->nbytes, (int64_t)(st->data_off + t->offset), &eof)) {
+        set_err(err, errlen, "cannot read tensor '%.200s': %s", t->name,
+                eof ? "the file shrank" : strerror(errno));
+        return ST_ERR_IO;
+    }
+    return ST_OK;
 }
 
 size_t safetensors_count(const struct safetensors *st) { return st ? st->count : 0; }
@@ -760,8 +814,7 @@ enum st_status safetensors_read_f32(const struct safetensors *st, const char *na
                 name, shp, (long long)t->numel, (long long)expect_numel);
         goto done;
     }
-    if (t->nbytes) memcpy(dst, t->data, t->nbytes); /* memcpy: t->data may be unaligned */
-    rc = ST_OK;
+    rc = safetensors_read(st, t, dst, err, errlen);
 done:
     return rc;
 }
@@ -772,6 +825,7 @@ void safetensors_free(struct safetensors *st)
     cJSON_Delete(st->root);
     free(st->tensors);
     free(st->data);
+    if (st->fd >= 0) close(st->fd);
     free(st);
 }
 

@@ -62,11 +62,12 @@ struct st_tensor {
     int ndim;                     /* 0 = scalar (numel 1) */
     int64_t shape[ST_MAX_NDIM];   /* shape[i] for i < ndim; zeros after */
     int64_t numel;                /* product of shape (1 for a scalar, 0 if any dim is 0) */
-    const void *data;
+    const void *data;             /* NULL when the file is streamed (safetensors_open_stream) */
     size_t nbytes;
+    uint64_t offset;              /* where its bytes start in the data section */
 };
 
-struct safetensors;        /* an open, fully validated file held in memory */
+struct safetensors;        /* an open, fully validated file: in memory, or its header (streamed) */
 struct safetensors_writer; /* tensors and metadata collected for one save */
 
 /* Bytes per element (BOOL is 1), or 0 for a value that is not a dtype. */
@@ -91,6 +92,15 @@ const char *safetensors_status_name(enum st_status status);
 enum st_status safetensors_open(struct safetensors **out, const char *path, char *err,
                                 size_t errlen);
 
+/* safetensors_open's checks, but only the header is read: the tensors' bytes stay in the file,
+ * each read when asked (safetensors_read), so the caller holds one tensor at a time instead of
+ * the file. Their data pointers are NULL; the file stays open until safetensors_free. A file
+ * changed after the open reads what it holds then (a shorter one: ST_ERR_IO). */
+enum st_status safetensors_open_stream(struct safetensors **out, const char *path, char *err,
+                                       size_t errlen);
+/* t's nbytes bytes (a tensor of st) into dst: copied, or read from a streamed file */
+enum st_status safetensors_read(const struct safetensors *st, const struct st_tensor *t,
+                                void *dst, char *err, size_t errlen);
 size_t safetensors_count(const struct safetensors *st);
 /* *t = tensor number index (header order); ST_ERR_ARG if index >= count. */
 enum st_status safetensors_get(const struct safetensors *st, size_t index,

@@ -950,7 +950,9 @@ int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images)
         else images = upload_folder_images(s->dataset); /* -1 when it is not an upload */
     }
     if (images < 0) images = 0;
-    return dataset_plan_bytes(fmnist, images, c, size) +
+    return dataset_plan_bytes(fmnist, images, c, size,
+                              fmnist ? -1 : upload_folder_max_pixels(s->dataset),
+                              fmnist ? -1 : upload_folder_source_bytes(s->dataset)) +
            dataset_loader_plan_bytes(2, s->batch, per, images) +
            train_step_host_bytes(s->batch, (size_t)per);
 }
@@ -992,7 +994,9 @@ int spec_host_check(const struct train_spec *s, char *why, size_t n)
                  "%s, and batches of %d), more than this host's %s of memory",
                  fmt_bytes(b1, sizeof b1, need), images, s->model.in_channels,
                  s->model.image_size, s->model.image_size,
-                 strcmp(s->dataset, "fashion-mnist") == 0 ? "held as 28x28 bytes" : "as float",
+                 strcmp(s->dataset, "fashion-mnist") == 0 ? "held as 28x28 bytes"
+                 : upload_folder_source_bytes(s->dataset) >= 0 ? "as their samples or float"
+                                                               : "as float",
                  s->batch, fmt_bytes(b2, sizeof b2, have));
     else
         snprintf(why, n, "the batch buffers need %s, more than this host's %s of memory",

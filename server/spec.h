@@ -119,10 +119,10 @@ int spec_load_file(const char *path, struct train_spec *s, struct spec_errors *e
  * may be empty (commands without data). Returns 0, or -1 with errs filled. */
 int spec_validate(const struct train_spec *s, struct spec_errors *errs);
 /* the host bytes a training run of s holds for its data: its dataset as held
- * (dataset_plan_bytes: Fashion-MNIST as its bytes, a folder as float), the loader's ring and the
- * step's batch buffers, the data-dependent parts of its host plan (train_host_plan); images < 0:
- * the dataset's count is looked up (fashion-mnist's, an upload's dataset.json), and when it
- * cannot be, only the batch buffers are counted */
+ * (dataset_plan_bytes: Fashion-MNIST as its bytes, a folder as its samples or float), the
+ * loader's ring and the step's batch buffers, the data-dependent parts of its host plan
+ * (train_host_plan); images < 0: the dataset's count is looked up (fashion-mnist's, an upload's
+ * dataset.json), and when it cannot be, only the batch buffers are counted */
 int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images);
 /* whether that fits this host's memory (physical, or the cgroup's limit when lower): 0, or -1
  * with "the dataset and batch buffers need N bytes (...), more than this host's M bytes" in

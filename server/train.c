@@ -224,11 +224,39 @@ static int open_data(struct job *j, char *err, size_t errlen)
                                  errlen);
     } else {
         struct dataset_report rep;
-        st = dataset_open_folder(&j->ds, s->dataset, c, size, &rep, log_skipped, NULL, err,
-                                 errlen);
-        if (!st && rep.skipped && !j->o->quiet)
-            fprintf(stderr, "ddpmd: %d of %d images in %s could not be read and are skipped\n",
-                    rep.skipped, rep.found, j->o->names_only ? "the dataset" : s->dataset);
+        /* held as its samples when its upload counted them (the host plan reads the same): from
+         * the one decoded copy the jobs on it share when a job made it, else decoded (and the
+         * copy made) */
+        int64_t src = upload_folder_source_bytes(s->dataset);
+        int64_t mp = upload_folder_max_pixels(s->dataset);
+        char copy[FSIO_PATH_MAX], why[600];
+        struct stat sb;
+        int shared = src >= 0 && !upload_folder_samples_path(s->dataset, copy, sizeof copy);
+        st = DATASET_ERR_IO;
+        if (shared && stat(copy, &sb) == 0) {
+            st = dataset_open_samples(&j->ds, copy, c, size, src, mp, why, sizeof why);
+            if (!j->o->quiet && st == DATASET_OK)
+                fprintf(stderr, "ddpmd: %d images mapped from the dataset's decoded copy\n",
+                        dataset_count(j->ds));
+            else if (!j->o->quiet && st != DATASET_ERR_ARG)
+                fprintf(stderr, "ddpmd: the dataset's decoded copy is not used (%s): decoding "
+                        "its images\n", j->o->names_only ? "unusable" : why);
+        }
+        if (st != DATASET_OK) {
+            st = dataset_open_folder(&j->ds, s->dataset, c, size, src, mp, &rep, log_skipped,
+                                     NULL, err, errlen);
+            if (!st && rep.skipped && !j->o->quiet)
+                fprintf(stderr,
+                        "ddpmd: %d of %d images in %s could not be read and are skipped\n",
+                        rep.skipped, rep.found, j->o->names_only ? "the dataset" : s->dataset);
+            /* the copy for the next jobs (not for a folder held as float); a failure costs them
+             * only a decode */
+            if (!st && shared && !rep.skipped &&
+                dataset_save_samples(j->ds, copy, why, sizeof why) == DATASET_OK &&
+                !j->o->quiet)
+                fprintf(stderr, "ddpmd: decoded %d images; the dataset's decoded copy written "
+                        "for the next jobs\n", dataset_count(j->ds));
+        }
     }
     if (st) return -1;
     if (s->validation) {
@@ -304,15 +332,10 @@ static void host_plan_common(const struct train_spec *s, const struct graph *g,
     size_t per = (size_t)s->model.in_channels * s->model.image_size * s->model.image_size;
     size_t out = (size_t)s->model.out_channels * s->model.image_size * s->model.image_size;
     h->part[TRAIN_HOST_STEP] = train_step_host_bytes(s->batch, per);
-    /* a resume reads the job's own checkpoint, init_from another file; a fresh run stages one
-     * tensor of its initial weights */
-    int64_t in = checkpoint_read_plan_bytes(g, -1);
-    struct stat st;
-    if (s->init_from[0] && stat(s->init_from, &st) == 0) {
-        int64_t other = checkpoint_read_plan_bytes(g, (int64_t)st.st_size);
-        if (other > in) in = other;
-    }
-    h->part[TRAIN_HOST_WEIGHTS_IN] = in;
+    /* a resume reads the job's own checkpoint, init_from another of the same model, both
+     * streamed a tensor at a time (checkpoint_open_stream: the header and one tensor, never the
+     * file); a fresh run stages one tensor of its initial weights */
+    h->part[TRAIN_HOST_WEIGHTS_IN] = checkpoint_stream_plan_bytes(g);
     h->part[TRAIN_HOST_LOG] = log_capacity(log_rows(s)) * LOG_ROW_BYTES;
     h->part[TRAIN_HOST_CHECKPOINT] = checkpoint_save_plan_bytes(g);
     if (s->samples > 0) {
@@ -347,8 +370,10 @@ int train_host_plan(const struct train_spec *s, int64_t images, int64_t max_pixe
     int c = s->model.in_channels, size = s->model.image_size;
     int64_t per = (int64_t)c * size * size;
     int64_t train = images - (s->validation < images ? s->validation : 0);
-    h->part[TRAIN_HOST_DATA] = dataset_plan_bytes(fmnist, images, c, size);
-    h->part[TRAIN_HOST_DATA_LOAD] = dataset_plan_load_bytes(fmnist, images, c, size, max_pixels);
+    int64_t src = fmnist ? -1 : upload_folder_source_bytes(s->dataset);
+    h->part[TRAIN_HOST_DATA] = dataset_plan_bytes(fmnist, images, c, size, max_pixels, src);
+    h->part[TRAIN_HOST_DATA_LOAD] =
+        dataset_plan_load_bytes(fmnist, images, c, size, max_pixels, src);
     h->part[TRAIN_HOST_LOADER] = dataset_loader_plan_bytes(TRAIN_LOADER_DEPTH, s->batch, per, train);
     return 0;
 }
@@ -615,7 +640,7 @@ static int open_newest(struct job *j, char *path, size_t plen, struct safetensor
             rc = -1;
             break;
         }
-        if (checkpoint_open(st, path, saved, step, why, sizeof why) == 0) {
+        if (checkpoint_open_stream(st, path, saved, step, why, sizeof why) == 0) {
             if (*step == steps[i]) {
                 rc = 1;
                 break;
@@ -686,7 +711,7 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
     }
     if (s->init_from[0]) {
         struct safetensors *st = NULL;
-        if (checkpoint_open(&st, s->init_from, NULL, NULL, err, errlen)) return -1;
+        if (checkpoint_open_stream(&st, s->init_from, NULL, NULL, err, errlen)) return -1;
         int rc = checkpoint_apply(st, j->ts.e, &j->ts.tp.g, CHECKPOINT_WEIGHTS, 0, err, errlen);
         safetensors_free(st);
         if (rc) return -1;
@@ -1025,7 +1050,8 @@ static void host_used(const struct job *j, struct train_host *h)
         h->part[TRAIN_HOST_DATA] = dataset_bytes(j->ds);
         h->part[TRAIN_HOST_DATA_LOAD] = dataset_plan_load_bytes(
             fmnist, dataset_count(j->ds), dataset_channels(j->ds), dataset_size(j->ds),
-            fmnist ? -1 : upload_folder_max_pixels(s->dataset));
+            fmnist ? -1 : upload_folder_max_pixels(s->dataset),
+            fmnist ? -1 : upload_folder_source_bytes(s->dataset));
     }
     /* before the loader starts (the plan's print), what it will hold */
     h->part[TRAIN_HOST_LOADER] =

@@ -13,7 +13,7 @@
 
 #include "cost.h"
 #include "graph.h"
-#include "plan.h"
+#include "memplan.h"
 #include "planner.h"
 #include "sampler.h"
 #include "spec.h"

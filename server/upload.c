@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dataset.h"
 #include "fsio.h"
 #include "image.h"
 #include "jobs.h"
@@ -138,6 +139,7 @@ static void note_size(struct upload_result *res, int w, int h, int c)
 static int note_image(struct upload_result *res, struct image *img)
 {
     note_size(res, img->w, img->h, img->c);
+    res->source_bytes += dataset_source_bytes(img); /* before any conversion */
     if (res->preview_n >= UPLOAD_PREVIEW_N) return 0;
     if (res->preview_n == 0) {
         res->preview_c = img->c >= 3 ? 3 : 1;
@@ -560,14 +562,8 @@ int upload_store_init(const char *data_dir, char *err, size_t errlen)
              strncmp(de->d_name, ".del-", 5) == 0) &&
             snprintf(p, sizeof p, "%s/%s", dir, de->d_name) < (int)sizeof p)
             upload_rmtree(p);
-        else if (upload_id_valid(de->d_name)) {
-            cJSON *m = meta_load(data_dir, de->d_name);
-            const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "state");
-            if (cJSON_IsString(st) && strcmp(st->valuestring, UPLOAD_STATE_VALIDATING) == 0)
-                meta_fail(data_dir, de->d_name, m, "the server stopped before its images were "
-                          "decoded: upload it again");
-            cJSON_Delete(m);
-        }
+        /* a dataset left validating stays so: the server decodes it again at start
+         * (upload_dataset_validating) */
     }
     closedir(d);
     return 0;
@@ -786,6 +782,28 @@ int64_t upload_folder_images(const char *images_dir)
     return v;
 }
 
+int upload_folder_samples_path(const char *images_dir, char *path, size_t len)
+{
+    char e[8];
+    const char *slash = images_dir ? strrchr(images_dir, '/') : NULL;
+    if (!slash || strcmp(slash, "/images") != 0) return -1;
+    return fsio_path(path, len, e, sizeof e, "%.*s/samples.bin", (int)(slash - images_dir),
+                     images_dir);
+}
+
+int64_t upload_folder_source_bytes(const char *images_dir)
+{
+    cJSON *o = folder_meta(images_dir);
+    if (!o) return -1;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "source_bytes");
+    /* a bound that fits the plan's arithmetic; anything else is unknown */
+    int64_t v = cJSON_IsNumber(b) && b->valuedouble >= 0 && b->valuedouble <= 0x1p53
+                    ? (int64_t)b->valuedouble
+                    : -1;
+    cJSON_Delete(o);
+    return v;
+}
+
 int64_t upload_folder_max_pixels(const char *images_dir)
 {
     cJSON *o = folder_meta(images_dir);
@@ -809,6 +827,21 @@ int upload_dataset_delete(const char *data_dir, const char *id)
         return -1;
     if (rename(path, away)) return -1;
     return upload_rmtree(away);
+}
+
+int upload_dataset_validating(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n)
+{
+    if (upload_dataset_ids(data_dir, ids, n)) return -1;
+    int k = 0;
+    for (int i = 0; i < *n; i++) {
+        cJSON *m = meta_load(data_dir, (*ids)[i]);
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "state");
+        if (cJSON_IsString(st) && strcmp(st->valuestring, UPLOAD_STATE_VALIDATING) == 0)
+            memmove((*ids)[k++], (*ids)[i], UPLOAD_ID_LEN);
+        cJSON_Delete(m);
+    }
+    *n = k;
+    return 0;
 }
 
 int upload_owner_usage(const char *data_dir, const char *owner, int64_t *bytes, int64_t *pixels)
@@ -860,7 +893,7 @@ int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping
         rc = UPLOAD_ERR_IO;
         snprintf(err, sizeof err, "cannot write the preview: %s", perr);
     }
-    if (stopping && stopping(arg)) { /* left validating: failed at the next start */
+    if (stopping && stopping(arg)) { /* left validating: decoded again at the next start */
         upload_result_free(&res);
         return -1;
     }
@@ -869,6 +902,7 @@ int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping
     cJSON *m = meta_load(data_dir, id);
     if (m && rc == UPLOAD_OK) {
         meta_set(m, "channels", cJSON_CreateNumber(res.channels));
+        meta_set(m, "source_bytes", cJSON_CreateNumber((double)res.source_bytes));
         meta_set_str(m, "state", UPLOAD_STATE_READY);
         meta_set_str(m, "error", NULL);
         if (meta_save(data_dir, id, m)) rc = UPLOAD_ERR_IO;

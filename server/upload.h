@@ -1,10 +1,11 @@
 /* upload.h - uploaded datasets: a tar (plain or gzip) of PNG files checked and unpacked with
- * libarchive into DATA/datasets/<id>/ (images/, dataset.json, preview.png), listed, read and
- * deleted. Everything an archive holds is untrusted: paths, entry types, sizes and each PNG's
- * header are checked entry by entry on the request and a refused archive leaves nothing on disk
- * (docs/limits.md); decoding its images (seconds of CPU for a few large ones) is a second step
- * the server runs on a worker (upload_dataset_validate): the dataset is "validating" until it
- * is "ready", or "failed" with the reason.
+ * libarchive into DATA/datasets/<id>/ (images/, dataset.json, preview.png; samples.bin, its
+ * decoded copy, once a job made it), listed, read and deleted. Everything an archive holds is
+ * untrusted: paths, entry types, sizes and each PNG's header are checked entry by entry on the
+ * request and a refused archive leaves nothing on disk (docs/limits.md); decoding its images
+ * (seconds of CPU for a few large ones) is a second step the server runs on a worker
+ * (upload_dataset_validate): the dataset is "validating" until it is "ready", or "failed" with
+ * the reason.
  */
 #ifndef DDPMD_UPLOAD_H
 #define DDPMD_UPLOAD_H
@@ -50,6 +51,7 @@ struct upload_result {
     int64_t pixels;             /* width x height, summed over the images */
     int min_w, max_w, min_h, max_h;
     int channels;               /* the most channels any image has (1..4) */
+    int64_t source_bytes;       /* decoded samples, dataset_source_bytes summed (upload_decode) */
     /* up to UPLOAD_PREVIEW_N tiles (C,S,S) of the first images, in [-1, 1]; preview_c channels */
     float *preview;
     int preview_n, preview_c;
@@ -80,7 +82,8 @@ int upload_id_valid(const char *s);
 /* ---- the store: DATA/datasets/ ---- */
 
 /* makes DATA/datasets and removes what an interrupted upload left (.part files, .tmp- folders);
- * a dataset a stopped server left "validating" becomes "failed" (upload it again) */
+ * a dataset a stopped server left "validating" stays so (upload_dataset_validating finds it for
+ * the decoding the server queues again at start) */
 int upload_store_init(const char *data_dir, char *err, size_t errlen);
 /* a fresh temporary file for an upload's body (O_EXCL, 0600): its fd, its path in path */
 int upload_part_open(const char *data_dir, char *path, size_t len, char *err, size_t errlen);
@@ -92,12 +95,15 @@ int upload_part_open(const char *data_dir, char *path, size_t len, char *err, si
 int upload_dataset_create(const char *data_dir, const char *part, const char *owner,
                           const struct upload_limits *lim, int64_t archive_bytes, char *id,
                           char *err, size_t errlen);
-/* decodes a "validating" dataset's images (upload_decode): "ready" with its preview.png and the
- * decoded channels, or "failed" with the reason in dataset.json "error" and its images removed.
- * A dataset deleted meanwhile stays deleted; when stopping(arg) stops it, it stays validating
- * (upload_store_init fails it at the next start). 0 when ready. */
+/* decodes a "validating" dataset's images (upload_decode): "ready" with its preview.png, the
+ * decoded channels and source_bytes, or "failed" with the reason in dataset.json "error" and
+ * its images removed. A dataset deleted meanwhile stays deleted; when stopping(arg) stops it,
+ * it stays validating (the next start decodes it again). 0 when ready. */
 int upload_dataset_validate(const char *data_dir, const char *id, int (*stopping)(const void *),
                             const void *arg);
+/* the ids of the datasets in state "validating" (a stopped server's), sorted (caller frees ids);
+ * 0 ok */
+int upload_dataset_validating(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
 /* the bytes and pixels of owner's datasets that are not failed; 0 ok */
 int upload_owner_usage(const char *data_dir, const char *owner, int64_t *bytes, int64_t *pixels);
 /* DATA/datasets/<id>/<tail> ("dataset.json", "preview.png", "images"); 0 when it fits */
@@ -109,6 +115,14 @@ char *upload_dataset_meta(const char *data_dir, const char *id);
 int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
 /* the images an uploaded dataset's images/ folder holds, from its dataset.json (-1: unknown) */
 int64_t upload_folder_images(const char *images_dir);
+/* the bytes the same folder's images' decoded samples come to (its dataset.json's
+ * source_bytes, written once they are decoded: dataset_open_folder holds them so when that is
+ * smaller than floats), or -1 */
+int64_t upload_folder_source_bytes(const char *images_dir);
+/* where the jobs on the same folder keep its one decoded copy (DIR/samples.bin beside DIR/images:
+ * dataset_save_samples, dataset_open_samples; removed with the dataset); 0 when images_dir is
+ * an upload's images folder and the path fits */
+int upload_folder_samples_path(const char *images_dir, char *path, size_t len);
 /* the same folder's widest x tallest image (its dataset.json's sizes: a bound on any one image's
  * pixels), or -1 */
 int64_t upload_folder_max_pixels(const char *images_dir);

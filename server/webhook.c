@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "fsio.h"
 #include "log.h"
 
@@ -106,13 +107,6 @@ struct xfer {
     char err[CURL_ERROR_SIZE];
     struct xfer *next;          /* w->xfers */
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void webhook_sign(const char *secret, const char *ts, const char *body, char *out, size_t n)
 {
@@ -641,7 +635,7 @@ static void file_delivery(struct webhook *w, struct delivery *d)
         delivery_free(d);
         return;
     }
-    d->due = mono_s();
+    d->due = clock_now_s();
     d->next = NULL;
     if (x->tail) x->tail->next = d;
     else x->head = d;
@@ -759,7 +753,7 @@ static void xfer_done(struct webhook *w, struct xfer *x, CURLcode rc)
                     x->err[0] ? x->err : curl_easy_strerror(rc));
     }
     free(x);
-    double now = mono_s();
+    double now = clock_now_s();
     if (ok) {
         dst->fails = 0;
     } else if (++dst->fails >= WEBHOOK_BREAKER_FAILS) {
@@ -787,7 +781,7 @@ static void xfer_done(struct webhook *w, struct xfer *x, CURLcode rc)
 /* starts what is due; the seconds until the next thing is due (capped) */
 static double dispatch(struct webhook *w)
 {
-    double now = mono_s(), next = 1.0;
+    double now = clock_now_s(), next = 1.0;
     for (struct dest **pp = &w->dests; *pp;) {
         struct dest *x = *pp;
         if (!x->head && !x->busy && x->open_until <= now) { /* an idle receiver is forgotten */

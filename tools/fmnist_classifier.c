@@ -12,32 +12,15 @@
 #include "checkpoint.h"
 #include "classifier.h"
 #include "dataset.h"
+#include "dataset_images.h"
 #include "ddpm.h"
 #include "exec.h"
 #include "image.h"
 #include "init.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "generate.h"
 #include "sampler.h"
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 #define FMC_FORMAT "ddpmd-fmnist-classifier"
 #define FMC_VERSION "1"
@@ -116,7 +99,7 @@ static int fmc_eval_dataset(struct classifier_runner *r, const struct dataset *d
     for (int first = 0; first < n; first += b) {
         int m = n - first < b ? n - first : b;
         for (int i = 0; i < m; i++) {
-            memcpy(x + (size_t)i * per, image_at(ds, first + i), per * sizeof *x);
+            memcpy(x + (size_t)i * per, tu_image_at(ds, first + i), per * sizeof *x);
             labels[i] = dataset_label(ds, first + i);
         }
         if (classifier_runner_predict(r, x, m, prob)) goto out;

@@ -2,13 +2,14 @@
 """shape.py - the source tree's shape, measured (issue 24): which folder reaches which through
 #include and through calls, the arrows that run up the layers (app > api > server > engine >
 kernels), the circles between files of different folders, api/ reaching past server/, the
-engine touching files, JSON, the environment or the service's libraries, and the longest
-functions.
+engine touching files, JSON, the environment or the service's libraries, a backend table's
+entry tested for NULL by hand instead of through backend_supports, and the longest functions.
 
   tools/shape.py arrows [--build build]   includes (and, with a build folder, calls: the object
                                           files' defined and undefined symbols); exit 1 on an
                                           upward arrow, a cross-folder circle, an arrow from
-                                          api/ past server/ or an engine call to those
+                                          api/ past server/, an engine call to those or a
+                                          table entry probed outside backend_supports
   tools/shape.py functions [--top 15]     the longest C functions (lines, body included)
 """
 import argparse
@@ -101,6 +102,33 @@ def call_edges(build, forbidden=None):
     return edges
 
 
+def entry_names():
+    """the backend table's entries (kernels/ops.def)"""
+    text = open(os.path.join(ROOT, "kernels", "ops.def")).read()
+    return sorted(set(re.findall(r"^BK_(?:TYPED_)?OP\(\w+, (\w+),", text, re.M)))
+
+
+def probes():
+    """(file:line, text) for a backend table entry tested for NULL by hand (if (bk->fn),
+    bk->fn &&, !bk->fn, bk->fn ? ...) above kernels/ (and in bench/), where backend_supports
+    is the one way to ask (kernels/backend_ops.c)"""
+    names = "|".join(entry_names())
+    pat = re.compile(r"(?:if\s*\(\s*!?\s*[\w\.\->\(\)]*(?:->|\.)(?:%s)\s*\))|"
+                     r"(?:(?:->|\.)(?:%s)\s*(?:&&|\|\||\?|[=!]=\s*NULL))|"
+                     r"(?:!\s*[\w\.\->]*(?:->|\.)(?:%s)\b\s*(?!\s*\())" % (names, names, names))
+    out = []
+    for top in ("app", "api", "server", "engine", "bench"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in sorted(files):
+                if not f.endswith((".c", ".h")):
+                    continue
+                path = os.path.join(d, f)
+                for i, line in enumerate(open(path, errors="replace"), 1):
+                    if pat.search(line.split("//")[0]):
+                        out.append(("%s:%d" % (os.path.relpath(path, ROOT), i), line.strip()))
+    return out
+
+
 def sccs(nodes, adj):
     """Tarjan's strongly connected components"""
     index, low, on, stack, out, n = {}, {}, set(), [], [], [0]
@@ -163,7 +191,11 @@ def arrows(args):
         print("engine calls to files, env, JSON or service libraries: %d" % len(forbidden))
         for m, sym in sorted(set(forbidden)):
             print("  %s: %s" % (m, sym))
-    return 1 if up or circles or past or forbidden else 0
+    probed = probes()
+    print("table entries probed outside backend_supports: %d" % len(probed))
+    for where, text in probed:
+        print("  %s: %s" % (where, text))
+    return 1 if up or circles or past or forbidden or probed else 0
 
 
 def functions(args):

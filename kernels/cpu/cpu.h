@@ -28,12 +28,12 @@ struct bk_ctx {
  * runs bf16 on the CPU's AVX512-BF16 instructions or AMX tiles and attn_bf16.c's tiles run
  * (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's copies, the step
  * on the device and graphs. */
-#define BK_OP(ret, fn, args) ret cpu_##fn args;
+#define BK_OP(ret, fn, args, half) ret cpu_##fn args;
 #include "ops.def"
 /* every entry of struct bk_typed as cpu_t_<fn> (typed.c, on norm.c's, eltwise.c's, layout.c's,
  * resample.c's and loss.c's kernel bodies): fp32 gives the fp32 entry's bits, bf16 and f16
  * operands are read and written in their type with fp32 arithmetic inside */
-#define BK_TYPED_OP(ret, fn, args) ret cpu_t_##fn args;
+#define BK_TYPED_OP(ret, fn, args, half) ret cpu_t_##fn args;
 #include "ops.def"
 extern const struct bk_typed cpu_typed;
 

@@ -96,6 +96,6 @@ int cpu_t_scale_fwd(void *y, const void *x, float s, size_t count, int dtype, bk
 }
 
 const struct bk_typed cpu_typed = {
-#define BK_TYPED_OP(ret, fn, args) .fn = cpu_t_##fn,
+#define BK_TYPED_OP(ret, fn, args, half) .fn = cpu_t_##fn,
 #include "ops.def"
 };

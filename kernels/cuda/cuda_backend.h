@@ -273,8 +273,8 @@ static inline int cu_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * attention.cu, convert.cu, loss.cu (losses, Philox fills, mse_step_bwd, loss_step_add),
  * optim.cu (sumsq, AdamW, EMA, step_set, optim_step, scaler_set, step_read), graph.cu. ---- */
 extern "C" {
-#define BK_OP(ret, fn, args) ret cu_##fn args;
-#define BK_TYPED_OP(ret, fn, args) ret cu_t_##fn args;
+#define BK_OP(ret, fn, args, half) ret cu_##fn args;
+#define BK_TYPED_OP(ret, fn, args, half) ret cu_t_##fn args;
 #include "ops.def"
 }
 

@@ -5,29 +5,12 @@
  * under their plain names; zlib reads gzip data there too, so compressed inputs are covered.
  * Invariants: an accepted set has 1.. images with labels 0..9 and pixels in [-1, 1]. */
 #include "dataset.h"
+#include "dataset_images.h"
 #include "fuzz.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 int fuzz_idx(const uint8_t *data, size_t size)
 {
@@ -63,7 +46,7 @@ int fuzz_idx(const uint8_t *data, size_t size)
                       dataset_size(ds));
         for (int i = 0; i < n; i++) {
             int lab = dataset_label(ds, i);
-            const float *x = image_at(ds, i);
+            const float *x = tu_image_at(ds, i);
             if (lab < 0 || lab > 9) fuzz_fail("idx", "image %d has label %d", i, lab);
             for (int k = 0; k < channels * side * side; k++)
                 if (!(x[k] >= -1.0f && x[k] <= 1.0f))

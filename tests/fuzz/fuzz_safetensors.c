@@ -1,7 +1,9 @@
 /* fuzz_safetensors.c - safetensors_open (header length, JSON header, tensor table, data section)
  * on arbitrary bytes, then every accessor over what it accepted. Invariants: each tensor holds
  * numel * dtype size bytes and together they are exactly the data section after the header;
- * lookups by name find the same tensor; F32 tensors read back through safetensors_read_f32. */
+ * lookups by name find the same tensor; F32 tensors read back through safetensors_read_f32; the
+ * streamed open (safetensors_open_stream) accepts what the whole open accepts, and its
+ * tensors, read from the file, are the same bytes. */
 #include "fuzz.h"
 #include "safetensors.h"
 
@@ -54,6 +56,27 @@ int fuzz_safetensors(const uint8_t *data, size_t size)
         const char *v = safetensors_meta(st, keys[k]);
         if (v) (void)fuzz_touch(v, strlen(v) + 1);
     }
+    struct safetensors *ss = NULL;
+    rc = safetensors_open_stream(&ss, path, err, sizeof err);
+    if (rc != ST_OK) fuzz_fail("safetensors", "the streamed open refused what the whole one "
+                               "took: %s", err);
+    if (safetensors_count(ss) != n)
+        fuzz_fail("safetensors", "streamed: %zu tensors, whole: %zu", safetensors_count(ss), n);
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = NULL, *u = NULL;
+        (void)safetensors_get(st, i, &t);
+        if (safetensors_get(ss, i, &u) != ST_OK || !u || strcmp(u->name, t->name) ||
+            u->nbytes != t->nbytes || u->data)
+            fuzz_fail("safetensors", "streamed tensor %zu differs from the whole one's", i);
+        unsigned char *b = malloc(u->nbytes + 1);
+        if (!b) continue;
+        if (safetensors_read(ss, u, b, err, sizeof err) != ST_OK)
+            fuzz_fail("safetensors", "streamed read of '%s': %s", u->name, err);
+        if (u->nbytes && memcmp(b, t->data, u->nbytes))
+            fuzz_fail("safetensors", "streamed '%s' read other bytes", u->name);
+        free(b);
+    }
+    safetensors_free(ss);
     safetensors_free(st);
     return 0;
 }

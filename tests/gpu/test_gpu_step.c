@@ -29,7 +29,7 @@
 #include "exec.h"
 #include "init.h"
 #include "philox.h"
-#include "plan.h"
+#include "memplan.h"
 #include "test_util.h"
 #include "test_unet_util.h"
 #include "unet.h"

@@ -1,15 +1,22 @@
 """test_host_peak.py - a job's reservation on the cpu device is the whole truth in its process:
 jobs of several kinds (Fashion-MNIST padded and resized to RGB at 40 px, a wider model on two
-threads, an offloaded one, a sampling job) run under a server whose children record their peak
+threads, an offloaded one, an uploaded folder held as its bytes and resized per batch, a second
+job on it mapping the decoded copy the first left, a sampling job) run under a server whose children record their peak
 resident bytes by phase (DDPMD_TEST_PEAK_DIR: testhold_phase), and each one's VmHWM - through
 its weights read, data load, steps, checkpoints, grids and its end - stays within the
 reserved_bytes the pool gave it (plan + its host part + host plan + the probe's process
 baseline). Usage: test_host_peak.py PATH/TO/ddpmd
 """
 import glob
+import gzip
+import io
 import os
+import struct
 import sys
+import tarfile
 import tempfile
+import time
+import zlib
 
 from serverlib import Server, check, need_fmnist, tiny
 
@@ -23,6 +30,24 @@ def peaks(d):
         out[job] = [(l.split()[0], int(l.split()[1]) * 1024, int(l.split()[2]) * 1024)
                     for l in lines[1:] if l.strip()]
     return out
+
+
+def folder_tar(n, w, h):
+    """a tar.gz of n RGB w x h PNGs (8 bit), each a different gradient"""
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w") as t:
+        for i in range(n):
+            raw = b"".join(b"\0" + bytes((x * 9 + y * 5 + i * 13 + k * 80) % 256
+                                          for x in range(w) for k in range(3)) for y in range(h))
+            data = (b"\x89PNG\r\n\x1a\n"
+                    + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                    + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+            ti = tarfile.TarInfo("img%03d.png" % i)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    return gzip.compress(b.getvalue())
 
 
 def main(exe):
@@ -42,8 +67,26 @@ def main(exe):
     off = tiny(steps=2, batch=4, checkpoint_every=0, samples=2)
     off["memory"] = {"offload": "on"}
     off["diffusion"] = {"timesteps": 10}
+    # an uploaded folder of 400 RGB 48x40 PNGs, held as their bytes (2.3 MB) and resized to 64 px
+    # per draw (as float: 19.7 MB, past what the rest of its reservation leaves)
+    r = s.request("POST", "/datasets", body=folder_tar(400, 48, 40),
+                  headers={"Content-Type": "application/gzip"}, timeout=60)
+    check(r.status == 202, "POST /datasets: %d %s" % (r.status, r.body[:300]))
+    did = r.json()["id"]
+    for _ in range(600):
+        if s.get_json("/datasets/" + did)["state"] != "validating":
+            break
+        time.sleep(0.1)
+    d = s.get_json("/datasets/" + did)
+    check(d["state"] == "ready" and d.get("source_bytes") == 400 * 48 * 40 * 3,
+          "the folder: %s" % d)
+    fold = tiny(steps=3, batch=4, checkpoint_every=0, samples=2)
+    fold["model"].update(in_channels=3, image_size=64, attention_resolutions=[16])
+    fold["data"] = {"dataset": did, "validation": 8, "flip": True}
+    fold["diffusion"] = {"timesteps": 10}
     jobs = {}
-    for name, spec in (("small", small), ("rgb", rgb), ("wide", wide), ("offload", off)):
+    for name, spec in (("small", small), ("rgb", rgb), ("wide", wide), ("offload", off),
+                       ("folder", fold)):
         r = s.request("POST", "/train", spec)
         check(r.status == 202, "POST /train %s: %d %s" % (name, r.status, r.body[:300]))
         jobs[name] = r.json()["id"]
@@ -52,6 +95,16 @@ def main(exe):
                    what="job %s ending" % name)
         j = s.get_json("/jobs/" + jid)
         check(j["state"] == "succeeded", "job %s: %s" % (name, j.get("error")))
+    # a second job on the folder maps the decoded copy the first wrote: its mapped pages count
+    # in its VmHWM, within the same reservation
+    r = s.request("POST", "/train", fold)
+    check(r.status == 202, "POST /train folder-mapped: %d %s" % (r.status, r.body[:300]))
+    jobs["folder-mapped"] = r.json()["id"]
+    s.wait_job(jobs["folder-mapped"], lambda j: j["state"] in ("succeeded", "failed"), timeout=600,
+               what="job folder-mapped ending")
+    mlog = s.request("GET", "/jobs/%s/logs" % jobs["folder-mapped"]).body.decode()
+    check("400 images mapped from the dataset's decoded copy" in mlog,
+          "the second folder job did not map the copy: %s" % mlog[:400])
     r = s.request("POST", "/samples", {"job": jobs["small"], "n": 16, "sampler": "ddim",
                                        "steps": 5, "seed": 3, "batch": 4, "ema": True})
     check(r.status == 202, "POST /samples: %d %s" % (r.status, r.body[:300]))

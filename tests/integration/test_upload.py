@@ -213,10 +213,13 @@ def main(exe):
         check(d["state"] == "validating" or d["state"] == "ready", "state %s" % d["state"])
         first = d
         d = wait_ready(s, d["id"])
-        check({k: v for k, v in first.items() if k not in ("state", "available", "links")} ==
-              {k: v for k, v in d.items() if k not in ("state", "available", "links")},
+        # beyond its state, a ready dataset adds its decoded samples' count (source_bytes)
+        later = ("state", "available", "links", "source_bytes")
+        check({k: v for k, v in first.items() if k not in later} ==
+              {k: v for k, v in d.items() if k not in later},
               "the 202 body %s and the ready dataset %s differ beyond their state" % (first, d))
         check(d["images"] == 20 and d["size"] == 32 and d["channels"] == 1, "dataset %s" % d)
+        check(d["source_bytes"] == 20 * 32 * 32, "source_bytes %s" % d.get("source_bytes"))
         check(d["bytes"] == sum(len(b) for _, b in imgs), "bytes %s" % d["bytes"])
         check(d["sizes"] == {"min_width": 32, "max_width": 32, "min_height": 32, "max_height": 32},
               "sizes %s" % d["sizes"])
@@ -254,15 +257,44 @@ def main(exe):
     print("  the job's data line: " + m[0].string.strip() if m else "  no data line")
     check(m and int(m[0].group(1)) == 20, "the job did not read the upload's 20 images: %s" % logs[:3])
     check(s.data not in " ".join(logs), "a server path in the job's log")
+    # the job held it as its bytes and left the one decoded copy the next jobs map
+    copy = os.path.join(s.data, "datasets", did, "samples.bin")
+    check(any("decoded copy written" in l for l in logs) and os.path.exists(copy),
+          "no decoded copy after the first job: %s" % logs[:4])
+    before = os.stat(copy)
+    good = open(copy, "rb").read()
     # it cannot be deleted while a job that names it is queued or running
     long = tiny(steps=100000, checkpoint_every=0, log_every=1)
     long["data"]["dataset"] = did
     lid = s.request("POST", "/train", long).json()["id"]
     s.wait_job(lid, lambda j: j["state"] == "running", what="running")
+    # the second job maps the copy: no decode, the file untouched
+    for _ in range(300):
+        if "training images" in s.request("GET", "/jobs/%s/logs" % lid).body.decode():
+            break
+        time.sleep(0.1)
+    llog = s.request("GET", "/jobs/%s/logs" % lid).body.decode()
+    after = os.stat(copy)
+    check("20 images mapped from the dataset's decoded copy" in llog and "decoding" not in llog
+          and (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns),
+          "the second job did not map the decoded copy: %s" % llog[:600])
     p = problem_ok(s.request("DELETE", "/datasets/" + did), 409)
     check(p["type"] == "urn:ddpmd:problem:dataset-in-use" and p["jobs"] == [lid], "409 %s" % p)
     check(s.request("POST", "/jobs/%s/cancel" % lid).status in (200, 202), "cancel")
     s.wait_job(lid, lambda j: j["state"] == "canceled", what="canceled")
+    # a corrupt copy is never trained on: the next job decodes the images again and writes it
+    # anew, and trains as the first job did
+    open(copy, "wb").write(good[:-1] + bytes([good[-1] ^ 1]))
+    r = s.request("POST", "/train", spec)
+    check(r.status == 202, "POST /train after the corruption: %d %s" % (r.status, r.body[:300]))
+    cid = r.json()["id"]
+    s.wait_job(cid, lambda j: j["state"] in ("succeeded", "failed"), what="the third job ending")
+    clog = s.request("GET", "/jobs/%s/logs" % cid).body.decode()
+    check(s.get_json("/jobs/" + cid)["state"] == "succeeded" and "not used (unusable)" in clog and
+          "decoded copy written" in clog and open(copy, "rb").read() == good,
+          "a corrupt copy: %s" % clog[:800])
+    loss = [open(os.path.join(s.data, "jobs", x, "out", "loss.csv")).read() for x in (jid, cid)]
+    check(loss[0] == loss[1], "the job after the corruption trained otherwise: %s" % loss)
     bad = tiny(steps=1)
     bad["data"]["dataset"] = "d0123456789abcdef"
     problem_ok(s.request("POST", "/train", bad), 422, "data.dataset")

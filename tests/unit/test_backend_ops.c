@@ -1,14 +1,17 @@
 /* test_backend_ops.c - the op table (kernels/ops.def): backend_supports on the CPU's table and on
- * copies of it, and a backend that lacks an entry a graph needs: exec_init refuses the plan with
- * the entry, its dtype and the op named (plan_make never calls the missing entry), where a NULL
- * call at run time would crash.
+ * copies of it; a backend that lacks an entry a graph needs: exec_init refuses the plan with the
+ * entry, its dtype and the op named (plan_make never calls the missing entry), where a NULL call
+ * at run time would crash; and each op runs only the entries exec_op_needs names for it.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "classifier.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
+#include "test_unet_util.h"
 #include "test_util.h"
+#include "unet.h"
 
 /* the CPU's table with bf16 convolutions and linears claimed, or none */
 static unsigned conv_linear_half(int dtype)
@@ -204,9 +207,166 @@ static void refusals(void)
     graph_free(&j.g);
 }
 
+/* ---- each op calls only what exec_op_needs says (exec_init's check is that list) ---- */
+
+/* the entries called since the last reset: every kernel entry of a recording table */
+static unsigned char called[BK_OP_COUNT];
+
+#define REC_RET_int return 0;
+#define REC_RET_size_t return 0;
+#define REC_RET_unsigned return 0;
+#define REC_RET_void
+#define BK_OP(ret, fn, args, half)                                                                 \
+    static ret rec_##fn args                                                                       \
+    {                                                                                              \
+        called[BK_OP_##fn] = 1;                                                                    \
+        REC_RET_##ret                                                                              \
+    }
+#define BK_TYPED_OP(ret, fn, args, half)                                                           \
+    static ret rec_t_##fn args                                                                     \
+    {                                                                                              \
+        called[BK_OP_TYPED_##fn] = 1;                                                              \
+        REC_RET_##ret                                                                              \
+    }
+#include "ops.def"
+
+/* every 16-bit class */
+static unsigned all_half(int dtype)
+{
+    (void)dtype;
+    return BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_ATTN_PLAIN | BK_HALF_NORM |
+           BK_HALF_ELTWISE;
+}
+
+/* The CPU's table with every entry it has but the context's, memory's and conversions' (which
+ * hold the arena) replaced by a recorder that does nothing: typed (a recording struct bk_typed
+ * in *t, every 16-bit class claimed), and without the optional fused group norms when plain */
+static void rec_table(struct backend *b, struct bk_typed *t, int typed, int plain, int nhwc)
+{
+    static const enum bk_op kept[] = {
+        BK_OP_ctx_init,     BK_OP_ctx_free,         BK_OP_mem_alloc,      BK_OP_mem_free,
+        BK_OP_mem_upload,   BK_OP_mem_download,     BK_OP_mem_set_f32,    BK_OP_sync,
+        BK_OP_convert,      BK_OP_ctx_set_workspace, BK_OP_ctx_set_budget, BK_OP_mem_high_water,
+        BK_OP_half_kernels,
+    };
+    *b = *backend_cpu();
+    unsigned char keep[BK_OP_COUNT] = {0};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) keep[kept[i]] = 1;
+#define BK_OP(ret, fn, args, half)                                                                 \
+    if (b->fn && !keep[BK_OP_##fn]) b->fn = rec_##fn;
+#define BK_TYPED_OP(ret, fn, args, half) t->fn = rec_t_##fn;
+#include "ops.def"
+    b->typed = typed ? t : NULL;
+    b->half_kernels = typed ? all_half : NULL;
+    b->nhwc = nhwc;
+    if (plain) {
+        b->groupnorm_silu_fwd = NULL;
+        b->groupnorm_bwd_ws = NULL;
+        b->groupnorm_bwd_ws_bytes = NULL;
+    }
+}
+
+/* Runs each op of g's training plan on bk alone (exec_time_op) and checks that the entries it
+ * called are among those exec_op_needs names; the op types seen into seen[] */
+static void needs_cover(const char *what, struct graph *g, const struct backend *bk, int prec,
+                        unsigned char *seen)
+{
+    struct plan p;
+    struct plan_opts po = {0};
+    po.strategy.precision = prec;
+    int rc = graph_set_precision(g, prec);
+    if (!rc) rc = plan_make(&p, g, bk, &po);
+    CHECK(rc == PLAN_OK, "%s: plan_make %d", what, rc);
+    if (rc) return;
+    struct exec *e = NULL;
+    struct exec_error err = {0};
+    struct exec_opts eo = {.threads = 1, .init_error = &err};
+    rc = exec_init(&e, g, &p, bk, &eo);
+    CHECK(rc == EXEC_OK, "%s: exec_init %d (%s)", what, rc, err.msg);
+    int bad = 0;
+    for (int k = 0; !rc && k < p.n_run_ops && bad < 5; k++) {
+        struct exec_need need[EXEC_NEEDS_MAX];
+        const int n = exec_op_needs(e, k, need);
+        const int type = plan_op(&p, g, k)->type;
+        double sec;
+        memset(called, 0, sizeof called);
+        int krc = exec_time_op(e, k, 1, &sec);
+        CHECK(krc == EXEC_OK, "%s: op %d (%s) ran: %d", what, k, op_name(type), krc);
+        if (n) seen[type] = 1;
+        for (int op = 0; op < BK_OP_COUNT; op++) {
+            if (!called[op]) continue;
+            int listed = 0;
+            for (int i = 0; i < n; i++) listed |= need[i].op == (enum bk_op)op;
+            CHECK(listed, "%s: op %d (%s) called %s, which exec_op_needs does not name", what, k,
+                  op_name(type), backend_op_name((enum bk_op)op));
+            bad += !listed;
+        }
+    }
+    exec_free(e);
+    plan_free(&p);
+}
+
+static void needs(void)
+{
+    struct backend b;
+    struct bk_typed t;
+    unsigned char seen[OP_COUNT] = {0};
+    for (int v = 0; v < 4; v++) {
+        /* fp32 entries (with, then without the fused group norms), typed 16-bit, typed NHWC */
+        const int typed = v >= 2, plain = v == 1, nhwc = v == 3;
+        const int prec = typed ? STRATEGY_PRECISION_BF16 : STRATEGY_PRECISION_F32;
+        rec_table(&b, &t, typed, plain, nhwc);
+        char what[64];
+        for (int tiled = 0; tiled < 2; tiled++) { /* the ddpm UNet: attention of either form */
+            struct unet_config c;
+            tu_small_unet(&c, UNET_DDPM);
+            c.dropout = 0.1f;
+            c.attn_tiled = tiled;
+            struct graph g;
+            struct unet_io io;
+            graph_init(&g);
+            CHECK(unet_build_training(&g, &c, 2, &io, NULL, NULL) == 0, "ddpm: %s", g.err);
+            snprintf(what, sizeof what, "table %d, ddpm unet, tiled %d", v, tiled);
+            needs_cover(what, &g, &b, prec, seen);
+            graph_free(&g);
+        }
+        struct unet_config c; /* the seed UNet */
+        tu_small_unet(&c, UNET_SEED);
+        struct graph g;
+        struct unet_io io;
+        graph_init(&g);
+        CHECK(unet_build_training(&g, &c, 2, &io, NULL, NULL) == 0, "seed: %s", g.err);
+        snprintf(what, sizeof what, "table %d, seed unet", v);
+        needs_cover(what, &g, &b, prec, seen);
+        graph_free(&g);
+        struct classifier_config cc; /* the classifier and its cross-entropy */
+        classifier_config_default(&cc);
+        cc.image_size = 8;
+        cc.widths[0] = cc.widths[1] = cc.widths[2] = 8;
+        cc.hidden = 16;
+        struct classifier_io ci;
+        graph_init(&g);
+        int td[2] = {2, cc.classes};
+        CHECK(classifier_build(&g, &cc, 2, &ci) == 0, "classifier: %s", g.err);
+        int loss = graph_xent(&g, ci.logits, graph_input(&g, "target", 2, td));
+        CHECK(loss >= 0 && graph_backward(&g, loss) == 0, "classifier's loss: %s", g.err);
+        snprintf(what, sizeof what, "table %d, classifier", v);
+        needs_cover(what, &g, &b, prec, seen);
+        graph_free(&g);
+    }
+    int n_seen = 0;
+    for (int type = 0; type < OP_COUNT; type++) {
+        n_seen += seen[type];
+        if (!seen[type]) printf("needs: no graph here runs %s\n", op_name((enum op_type)type));
+    }
+    printf("needs: %d op types run, each calling only what exec_op_needs names\n", n_seen);
+    CHECK(n_seen == OP_COUNT, "%d of %d op types run: a graph here lacks one", n_seen, OP_COUNT);
+}
+
 int main(void)
 {
     supports();
     refusals();
+    needs();
     return tu_finish("test_backend_ops");
 }

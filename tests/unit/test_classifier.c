@@ -11,28 +11,11 @@
 
 #include "classifier.h"
 #include "dataset.h"
+#include "dataset_images.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "test_util.h"
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 #define CLF_PATH "models/fmnist-classifier.safetensors"
 
@@ -298,7 +281,7 @@ static void test_committed(void)
     for (int first = 0; first < n && x && prob; first += b) {
         int m = n - first < b ? n - first : b;
         for (int i = 0; i < m; i++)
-            memcpy(x + (size_t)i * per, image_at(test, first + i), per * sizeof *x);
+            memcpy(x + (size_t)i * per, tu_image_at(test, first + i), per * sizeof *x);
         if (classifier_runner_predict(&r, x, m, prob)) {
             CHECK(0, "predict failed");
             break;

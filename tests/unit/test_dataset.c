@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "dataset.h"
+#include "dataset_images.h"
 #include "image.h"
 #include "philox.h"
 #include "test_util.h"
@@ -23,24 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 static char g_dir[64];
 
@@ -966,7 +949,7 @@ static void test_folder(void)
 
     g_logged = 0;
     enum dataset_status rc =
-        dataset_open_folder(&ds, dir, 1, 2, &rep, count_log, &g_logged, err, sizeof err);
+        dataset_open_folder(&ds, dir, 1, 2, -1, -1, &rep, count_log, &g_logged, err, sizeof err);
     CHECK(rc == DATASET_OK, "folder: %s", err);
     CHECK(rep.found == 6 && rep.loaded == 3 && rep.skipped == 3 && g_logged == 3,
           "report found %d loaded %d skipped %d logged %d", rep.found, rep.loaded, rep.skipped,
@@ -983,8 +966,8 @@ static void test_folder(void)
                   dataset_label(ds, 0) == -1,
               "folder dataset shape");
         /* strcmp order: B.PNG, a.png, sub/c.png */
-        const float *i0 = image_at(ds, 0), *i1 = image_at(ds, 1),
-                    *i2 = image_at(ds, 2);
+        const float *i0 = tu_image_at(ds, 0), *i1 = tu_image_at(ds, 1),
+                    *i2 = tu_image_at(ds, 2);
         CHECK(near(i0[3], 2 * (51 / 255.0) - 1, 1e-6), "B.PNG first: %g", i0[3]);
         CHECK(near(i1[0], 2 * (0.299 * 1.0) - 1, 1e-6), "a.png second (red luminance): %g",
               i1[0]);
@@ -994,16 +977,16 @@ static void test_folder(void)
     ds = NULL;
 
     /* three channels from the same folder */
-    rc = dataset_open_folder(&ds, dir, 3, 3, NULL, NULL, NULL, err, sizeof err);
+    rc = dataset_open_folder(&ds, dir, 3, 3, -1, -1, NULL, NULL, NULL, err, sizeof err);
     CHECK(rc == DATASET_OK && dataset_count(ds) == 3 && dataset_channels(ds) == 3,
           "3-channel folder: %s", err);
     if (rc == DATASET_OK) {
-        const float *i1 = image_at(ds, 1);
+        const float *i1 = tu_image_at(ds, 1);
         CHECK(i1[0] == 1.0f && i1[9] == -1.0f && i1[18] == -1.0f, "a.png as RGB: %g %g %g",
               i1[0], i1[9], i1[18]);
-        CHECK(dataset_bytes(ds) == dataset_plan_bytes(0, 3, 3, 3),
+        CHECK(dataset_bytes(ds) == dataset_plan_bytes(0, 3, 3, 3, -1, -1),
               "a folder holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
-              (long long)dataset_plan_bytes(0, 3, 3, 3));
+              (long long)dataset_plan_bytes(0, 3, 3, 3, -1, -1));
     }
     dataset_free(ds);
     ds = NULL;
@@ -1015,21 +998,222 @@ static void test_folder(void)
     write_bytes(p, "", 0);
     snprintf(p, sizeof p, "%s/y.PnG", dir);
     write_bytes(p, "\x89PNG\r\n\x1a\n garbage", 17);
-    rc = dataset_open_folder(&ds, dir, 1, 8, &rep, NULL, NULL, err, sizeof err);
+    rc = dataset_open_folder(&ds, dir, 1, 8, -1, -1, &rep, NULL, NULL, err, sizeof err);
     CHECK(rc == DATASET_ERR_EMPTY && ds == NULL && rep.skipped == 2 && rep.loaded == 0 &&
               strstr(err, "allbad") && strstr(err, "no usable image"),
           "all bad: rc %d: %s", rc, err);
 
     snprintf(dir, sizeof dir, "%s/nopng", g_dir);
     mkdir(dir, 0755);
-    rc = dataset_open_folder(&ds, dir, 1, 8, NULL, NULL, NULL, err, sizeof err);
+    rc = dataset_open_folder(&ds, dir, 1, 8, -1, -1, NULL, NULL, NULL, err, sizeof err);
     CHECK(rc == DATASET_ERR_EMPTY && strstr(err, "nopng"), "empty folder: %d %s", rc, err);
-    rc = dataset_open_folder(&ds, in_dir("does-not-exist"), 1, 8, NULL, NULL, NULL, err,
+    rc = dataset_open_folder(&ds, in_dir("does-not-exist"), 1, 8, -1, -1, NULL, NULL, NULL, err,
                              sizeof err);
     CHECK(rc == DATASET_ERR_IO && strstr(err, "does-not-exist"), "missing folder: %d %s", rc,
           err);
-    rc = dataset_open_folder(&ds, g_dir, 2, 8, NULL, NULL, NULL, err, sizeof err);
+    rc = dataset_open_folder(&ds, g_dir, 2, 8, -1, -1, NULL, NULL, NULL, err, sizeof err);
     CHECK(rc == DATASET_ERR_ARG, "2 channels accepted");
+}
+
+/* One folder opened as float (the old way) and as its samples (src, maxpix as an upload counts
+ * them): held as bytes iff want (its bytes the plan's), and every image, the loader's flipped
+ * batches over two epochs and the validation batches bit for bit the same. */
+static void check_held(const char *dir, int64_t src, int64_t maxpix, int n, int C, int S,
+                       int want)
+{
+    char err[1024];
+    struct dataset *df = NULL, *db = NULL;
+    CHECK(dataset_open_folder(&df, dir, C, S, -1, -1, NULL, NULL, NULL, err, sizeof err) ==
+              DATASET_OK, "as float: %s", err);
+    CHECK(dataset_open_folder(&db, dir, C, S, src, maxpix, NULL, NULL, NULL, err, sizeof err) ==
+              DATASET_OK, "as bytes: %s", err);
+    if (!df || !db) goto done;
+    int64_t planned = dataset_plan_bytes(0, n, C, S, maxpix, src);
+    int64_t floats = dataset_plan_bytes(0, n, C, S, maxpix, -1);
+    CHECK(dataset_bytes(db) == planned && dataset_bytes(df) == floats,
+          "%s %dx%d: holds %lld and %lld bytes, planned %lld and %lld", dir, C, S,
+          (long long)dataset_bytes(db), (long long)dataset_bytes(df), (long long)planned,
+          (long long)floats);
+    CHECK(want == (planned < floats) && (want || planned == floats),
+          "%s %dx%d: held as %s (%lld bytes against %lld as float)", dir, C, S,
+          planned < floats ? "bytes" : "float", (long long)planned, (long long)floats);
+    int same = 1;
+    for (int i = 0; i < n; i++) {
+        const float *a = tu_image_at(df, i), *b = tu_image_at(db, i);
+        same &= a && b && !memcmp(a, b, (size_t)C * S * S * sizeof *a);
+    }
+    CHECK(same, "%s %dx%d: an image differs from its float decode", dir, C, S);
+    CHECK(dataset_split(df, 3, 5, err, sizeof err) == DATASET_OK &&
+              dataset_split(db, 3, 5, err, sizeof err) == DATASET_OK, "split: %s", err);
+    size_t per = (size_t)C * S * S;
+    float *xa = malloc(4 * per * sizeof *xa), *xb = malloc(4 * per * sizeof *xb);
+    struct dataset_loader *la = NULL, *lb = NULL;
+    CHECK(xa && xb && dataset_loader_init(&la, df, 7, 4, 1, 0, 2, err, sizeof err) == DATASET_OK &&
+              dataset_loader_init(&lb, db, 7, 4, 1, 0, 2, err, sizeof err) == DATASET_OK,
+          "loaders: %s", err);
+    int steps = 2 * (n - 3) / 4 + 1;
+    for (int step = 0; la && lb && step < steps; step++) {
+        CHECK(dataset_loader_next(la, step, xa, NULL) == DATASET_OK &&
+                  dataset_loader_next(lb, step, xb, NULL) == DATASET_OK &&
+                  !memcmp(xa, xb, 4 * per * sizeof *xa),
+              "%s %dx%d: batch %d differs", dir, C, S, step);
+    }
+    CHECK(xa && xb && dataset_val_batch(df, 0, 3, xa, NULL) == DATASET_OK &&
+              dataset_val_batch(db, 0, 3, xb, NULL) == DATASET_OK &&
+              !memcmp(xa, xb, 3 * per * sizeof *xa),
+          "%s %dx%d: validation batch differs", dir, C, S);
+    dataset_loader_free(la);
+    dataset_loader_free(lb);
+    free(xa);
+    free(xb);
+done:
+    dataset_free(df);
+    dataset_free(db);
+}
+
+/* A folder of copies of the given kinds of PNG (w, h, depth, colour type), their samples counted
+ * as an upload does (dataset_source_bytes, the largest w x h): the image count. */
+struct held_kind {
+    int w, h, depth, ctype;
+};
+static int make_held(const char *dir, const struct held_kind *kinds, int nk, int copies,
+                     int64_t *src, int64_t *maxpix)
+{
+    static const png_color pal[4] = {{0, 0, 0}, {255, 0, 0}, {10, 200, 30}, {255, 255, 255}};
+    static unsigned buf[32 * 32 * 4];
+    char p[800], err[512];
+    int n = 0;
+    mkdir(dir, 0755);
+    *src = *maxpix = 0;
+    for (int k = 0; k < nk; k++)
+        for (int copy = 0; copy < copies; copy++) {
+            const struct held_kind *q = &kinds[k];
+            int ch = png_channels_of(q->ctype);
+            unsigned maxv = q->ctype == PNG_COLOR_TYPE_PALETTE ? 3 : (1u << q->depth) - 1;
+            for (int y = 0; y < q->h; y++)
+                for (int x = 0; x < q->w; x++)
+                    for (int c = 0; c < ch; c++)
+                        buf[((size_t)y * q->w + x) * ch + c] = pat(x + 5 * copy, y + k, c, maxv);
+            struct png_spec sp = {q->w, q->h, q->depth, q->ctype, copy % 2, buf,
+                                  q->ctype == PNG_COLOR_TYPE_PALETTE ? pal : NULL, 4, NULL, 0,
+                                  NULL};
+            snprintf(p, sizeof p, "%s/k%d-%02d.png", dir, k, copy);
+            CHECK(write_png(p, &sp), "%s", p);
+            struct image im;
+            CHECK(image_load_png(p, &im, err, sizeof err) == IMAGE_OK, "%s", err);
+            *src += dataset_source_bytes(&im);
+            if ((int64_t)im.w * im.h > *maxpix) *maxpix = (int64_t)im.w * im.h;
+            image_free(&im);
+            n++;
+        }
+    return n;
+}
+
+/* The one decoded copy of a folder (held as bytes at 1 x 16): written, mapped back with the
+ * same images and bytes; a flipped sample byte (checksum), a cut file (size), a record out of
+ * bounds under a recomputed checksum, a plan that holds it as float, no file: each refused. */
+static void check_samples(const char *dir, int64_t src, int64_t maxpix, int n)
+{
+    char err[1024], path[700];
+    struct dataset *db = NULL, *dm = NULL;
+    snprintf(path, sizeof path, "%s.bin", dir);
+    CHECK(dataset_open_folder(&db, dir, 1, 16, src, maxpix, NULL, NULL, NULL, err, sizeof err) ==
+              DATASET_OK && dataset_save_samples(db, path, err, sizeof err) == DATASET_OK,
+          "samples written: %s", err);
+    CHECK(dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err) == DATASET_OK &&
+              dataset_count(dm) == n && dataset_bytes(dm) == dataset_bytes(db),
+          "samples mapped: %s", err);
+    int same = db && dm;
+    for (int i = 0; same && i < n; i++) {
+        const float *a = tu_image_at(db, i), *b = tu_image_at(dm, i);
+        same = a && b && !memcmp(a, b, 16 * 16 * sizeof *a);
+    }
+    CHECK(same, "a mapped image differs from the decoded one");
+    dataset_free(dm);
+    dm = NULL;
+    size_t len;
+    unsigned char *whole = tu_slurp(path, &len), *bad = whole ? malloc(len) : NULL;
+    CHECK(whole && bad && len == 64 + (size_t)n * 16 + (size_t)src, "samples file of %zu bytes",
+          len);
+    if (!bad) goto done;
+    memcpy(bad, whole, len);
+    bad[len - 1] ^= 1;
+    write_bytes(path, bad, len);
+    enum dataset_status rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm && strstr(err, "checksum"), "a flipped byte: %d %s", rc,
+          err);
+    write_bytes(path, whole, len - 1);
+    rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm, "a cut file: %d %s", rc, err);
+    /* the last image's record starts 64 bytes later (the checksum made right): past the end */
+    memcpy(bad, whole, len);
+    bad[64 + (size_t)(n - 1) * 16] += 64;
+    uint32_t crc = (uint32_t)crc32(0, bad + 64, (uInt)(len - 64));
+    memcpy(bad + 24, &crc, sizeof crc);
+    write_bytes(path, bad, len);
+    rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm && strstr(err, "record"), "a bad record: %d %s", rc,
+          err);
+    write_bytes(path, whole, len);
+    rc = dataset_open_samples(&dm, path, 1, 4, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_ARG && !dm, "held as float at 4 px: %d %s", rc, err);
+    rc = dataset_open_samples(&dm, path, 1, 16, src - 1, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !dm, "over its plan: %d %s", rc, err);
+    unlink(path);
+    rc = dataset_open_samples(&dm, path, 1, 16, src, maxpix, err, sizeof err);
+    CHECK(rc == DATASET_ERR_IO && !dm, "no file: %d %s", rc, err);
+done:
+    free(whole);
+    free(bad);
+    dataset_free(dm);
+    dataset_free(db);
+}
+
+/* Folders held as their decoded samples against the same folders held as float (check_held),
+ * for grey and RGB at the files' own size (the byte table) and resized up and down, over every
+ * kind of file (grey, grey+alpha, RGB, RGBA, palette, 16-bit, 2-bit, non-square, interlaced),
+ * floats kept where they are fewer bytes; a folder whose samples grew past the count it was
+ * planned by is refused. */
+static void test_folder_bytes(void)
+{
+    char dir[600], err[1024];
+    int64_t src, maxpix;
+    /* grey files at 16 px, 8 and 16 bit: 1 and 2 bytes a sample */
+    const struct held_kind grey[] = {{16, 16, 8, PNG_COLOR_TYPE_GRAY},
+                                     {16, 16, 16, PNG_COLOR_TYPE_GRAY}};
+    snprintf(dir, sizeof dir, "%s/held-grey", g_dir);
+    int n = make_held(dir, grey, 2, 12, &src, &maxpix);
+    CHECK(src == 12 * 256 * (1 + 2) && maxpix == 256, "grey source bytes %lld", (long long)src);
+    check_held(dir, src, maxpix, n, 1, 16, 1); /* own size: the table */
+    check_held(dir, src, maxpix, n, 3, 16, 1); /* grey replicated */
+    check_held(dir, src, maxpix, n, 1, 23, 1); /* up */
+    check_held(dir, src, maxpix, n, 1, 4, 0);  /* floats are fewer bytes */
+    check_samples(dir, src, maxpix, n);
+    /* every kind */
+    const struct held_kind all[] = {
+        {16, 16, 8, PNG_COLOR_TYPE_GRAY},       {16, 16, 8, PNG_COLOR_TYPE_RGB},
+        {16, 16, 8, PNG_COLOR_TYPE_GRAY_ALPHA}, {16, 16, 8, PNG_COLOR_TYPE_RGB_ALPHA},
+        {16, 16, 16, PNG_COLOR_TYPE_RGB},       {32, 16, 8, PNG_COLOR_TYPE_RGB},
+        {16, 28, 2, PNG_COLOR_TYPE_GRAY},       {16, 16, 8, PNG_COLOR_TYPE_PALETTE},
+    };
+    snprintf(dir, sizeof dir, "%s/held-all", g_dir);
+    n = make_held(dir, all, 8, 4, &src, &maxpix);
+    CHECK(src == 4 * (256 * (1 + 3 + 2 + 4 + 6 + 3) + 32 * 16 * 3 + 16 * 28) && maxpix == 512,
+          "source bytes %lld, %lld pixels", (long long)src, (long long)maxpix);
+    check_held(dir, src, maxpix, n, 3, 16, 1); /* own size: the table or a conversion */
+    check_held(dir, src, maxpix, n, 3, 24, 1); /* up */
+    check_held(dir, src, maxpix, n, 1, 24, 1); /* to grey, up */
+    check_held(dir, src, maxpix, n, 3, 6, 0);  /* floats are fewer bytes */
+    /* grown since counted, or an image larger: refused, nothing held */
+    struct dataset *ds = NULL;
+    enum dataset_status rc =
+        dataset_open_folder(&ds, dir, 3, 16, src - 1, maxpix, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !ds && strstr(err, "changed"), "grown folder: %d %s", rc,
+          err);
+    rc = dataset_open_folder(&ds, dir, 3, 16, src, 256, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == DATASET_ERR_FORMAT && !ds && strstr(err, "changed"), "larger image: %d %s", rc,
+          err);
+    dataset_free(ds);
 }
 
 /* ---- IDX ---- */
@@ -1105,7 +1289,7 @@ static void test_idx(void)
         CHECK(dataset_count(ds) == 5 && dataset_size(ds) == 32 && dataset_label(ds, 4) == 4,
               "idx shape/labels");
         for (int i = 0; i < 5; i++) {
-            const float *x = image_at(ds, i);
+            const float *x = tu_image_at(ds, i);
             for (int y = 0; y < 32; y++)
                 for (int xx = 0; xx < 32; xx++) {
                     float v = x[y * 32 + xx];
@@ -1125,7 +1309,7 @@ static void test_idx(void)
                              DATASET_FIT_RESIZE, err, sizeof err);
     CHECK(rc == DATASET_OK && dataset_channels(ds) == 3, "idx resize: %s", err);
     if (rc == DATASET_OK) {
-        const float *x = image_at(ds, 2);
+        const float *x = tu_image_at(ds, 2);
         float lo = 1, hi = -1;
         bad = 0;
         for (int k = 0; k < 32 * 32; k++) {
@@ -1145,12 +1329,12 @@ static void test_idx(void)
                   memcmp(want, x, sizeof want) == 0,
               "a resized IDX image is not image_resize_square's of its bytes");
         /* its bytes: 28x28 and a label per image, an index per image, whatever the size */
-        CHECK(dataset_bytes(ds) == dataset_plan_bytes(1, 5, 3, 32) &&
-                  dataset_plan_bytes(1, 5, 3, 32) == 5 * (28 * 28 + 1 + 4),
+        CHECK(dataset_bytes(ds) == dataset_plan_bytes(1, 5, 3, 32, -1, -1) &&
+                  dataset_plan_bytes(1, 5, 3, 32, -1, -1) == 5 * (28 * 28 + 1 + 4),
               "Fashion-MNIST holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
-              (long long)dataset_plan_bytes(1, 5, 3, 32));
+              (long long)dataset_plan_bytes(1, 5, 3, 32, -1, -1));
         CHECK(dataset_split(ds, 2, 1, err, sizeof err) == DATASET_OK &&
-                  dataset_bytes(ds) == dataset_plan_bytes(1, 5, 3, 32),
+                  dataset_bytes(ds) == dataset_plan_bytes(1, 5, 3, 32, -1, -1),
               "split Fashion-MNIST holds %lld bytes", (long long)dataset_bytes(ds));
     }
     dataset_free(ds);
@@ -1161,7 +1345,7 @@ static void test_idx(void)
                              DATASET_FIT_RESIZE, err, sizeof err);
     CHECK(rc == DATASET_OK, "idx resize to 8: %s", err);
     if (rc == DATASET_OK) {
-        const float *x = image_at(ds, 3);
+        const float *x = tu_image_at(ds, 3);
         float grey[28 * 28], want[8 * 8];
         for (int y = 0; y < 28; y++)
             for (int xx = 0; xx < 28; xx++) grey[y * 28 + xx] = (float)idx_px(3, xx, y) / 255.0f;
@@ -1170,9 +1354,9 @@ static void test_idx(void)
                   memcmp(want, x, sizeof want) == 0,
               "an 8 px IDX image is not image_resize_square's of its bytes");
         CHECK(dataset_bytes(ds) == 5 * (8 * 8 * 4 + 1 + 4) &&
-                  dataset_plan_bytes(1, 5, 1, 8) == dataset_bytes(ds),
+                  dataset_plan_bytes(1, 5, 1, 8, -1, -1) == dataset_bytes(ds),
               "8 px Fashion-MNIST holds %lld bytes, planned %lld", (long long)dataset_bytes(ds),
-              (long long)dataset_plan_bytes(1, 5, 1, 8));
+              (long long)dataset_plan_bytes(1, 5, 1, 8, -1, -1));
     }
     dataset_free(ds);
     ds = NULL;
@@ -1382,14 +1566,14 @@ static void test_bounds(void)
         snprintf(p, sizeof p, "%s/x%04d.png", dir, i);
         write_bytes(p, "", 0);
     }
-    rc = dataset_open_folder(&ds, dir, 3, 4096, NULL, NULL, NULL, err, sizeof err);
+    rc = dataset_open_folder(&ds, dir, 3, 4096, -1, -1, NULL, NULL, NULL, err, sizeof err);
     CHECK(rc == DATASET_ERR_EMPTY && ds == NULL && strstr(err, "all 1000"),
           "1000 empty files at 4096: status %d (%s)", rc, err);
 
     /* the listing limit, lowered for the test; a socket and a FIFO are passed over unopened */
     {
         size_t old = dataset_set_folder_limit(5);
-        rc = dataset_open_folder(&ds, dir, 1, 8, NULL, NULL, NULL, err, sizeof err);
+        rc = dataset_open_folder(&ds, dir, 1, 8, -1, -1, NULL, NULL, NULL, err, sizeof err);
         CHECK(rc == DATASET_ERR_FORMAT && ds == NULL && strstr(err, "more than 5") &&
                   strstr(err, "DATASET_MAX_FILES"),
               "over the folder limit: status %d (%s)", rc, err);
@@ -1414,7 +1598,7 @@ static void test_bounds(void)
         CHECK(strlen(p) < sizeof sa.sun_path, "socket path too long");
         memcpy(sa.sun_path, p, strlen(p) < sizeof sa.sun_path ? strlen(p) : 0);
         CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "bind sock.png");
-        rc = dataset_open_folder(&ds, dir, 1, 4, &rep, NULL, NULL, err, sizeof err);
+        rc = dataset_open_folder(&ds, dir, 1, 4, -1, -1, &rep, NULL, NULL, err, sizeof err);
         CHECK(rc == DATASET_OK && dataset_count(ds) == 1 && rep.found == 1,
               "FIFO + socket + one PNG: status %d, found %d (%s)", rc, rep.found, err);
         dataset_free(ds);
@@ -1444,7 +1628,7 @@ static void test_real_fmnist(void)
             int l = dataset_label(ds, i);
             if (l < 0 || l > 9) badlabel++;
             else per_class[l]++;
-            const float *x = image_at(ds, i);
+            const float *x = tu_image_at(ds, i);
             for (int k = 0; k < 32 * 32; k++) {
                 lo = x[k] < lo ? x[k] : lo;
                 hi = x[k] > hi ? x[k] : hi;
@@ -1485,7 +1669,7 @@ static int is_perm(const int *p, int n)
 static int same_image(const struct dataset *ds, const float *x, int idx, int flipped)
 {
     int s = dataset_size(ds), c = dataset_channels(ds);
-    const float *src = image_at(ds, idx);
+    const float *src = tu_image_at(ds, idx);
     for (int ch = 0; ch < c; ch++)
         for (int y = 0; y < s; y++)
             for (int xx = 0; xx < s; xx++) {
@@ -1689,6 +1873,7 @@ int main(int argc, char **argv)
     test_save();
     test_grid();
     test_folder();
+    test_folder_bytes();
     test_idx();
     test_bounds();
     test_idx_hostile();

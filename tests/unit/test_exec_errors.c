@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "test_util.h"
 
 /* ---- the CPU backend with planted faults ---- */

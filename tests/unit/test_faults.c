@@ -23,32 +23,15 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "dataset.h"
+#include "dataset_images.h"
 #include "exec.h"
 #include "fsio.h"
 #include "graph.h"
 #include "image.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "spec.h"
 #include "test_util.h"
-
-/* image i of ds (dataset_image) in one of four rotating buffers: valid until the fourth call
- * after; NULL when i is out of range or out of memory */
-static const float *image_at(const struct dataset *ds, int i)
-{
-    static float *buf[4];
-    static size_t cap[4];
-    static int next;
-    size_t n = (size_t)dataset_channels(ds) * dataset_size(ds) * dataset_size(ds);
-    int k = next++ % 4;
-    if (n > cap[k]) {
-        float *b = realloc(buf[k], n * sizeof *b);
-        if (!b) return NULL;
-        buf[k] = b;
-        cap[k] = n;
-    }
-    return dataset_image(ds, i, buf[k]) == DATASET_OK ? buf[k] : NULL;
-}
 
 /* ---- the allocation fault layer ---- */
 
@@ -65,6 +48,27 @@ static volatile int af_armed;  /* counting allocations */
 static volatile long af_seen;  /* allocations seen while armed */
 static volatile long af_fail;  /* fail allocation number af_fail (1-based); 0: none */
 static volatile int af_failed; /* the planned failure happened */
+
+/* the read layer: bytes read (read, pread) while rd_on, to tell a streamed file from one read
+ * whole */
+ssize_t __real_read(int fd, void *buf, size_t n);
+ssize_t __real_pread(int fd, void *buf, size_t n, off_t at);
+ssize_t __wrap_read(int fd, void *buf, size_t n);
+ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t at);
+static int rd_on;
+static long long rd_bytes;
+ssize_t __wrap_read(int fd, void *buf, size_t n)
+{
+    ssize_t r = __real_read(fd, buf, n);
+    if (rd_on && r > 0) rd_bytes += r;
+    return r;
+}
+ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t at)
+{
+    ssize_t r = __real_pread(fd, buf, n, at);
+    if (rd_on && r > 0) rd_bytes += r;
+    return r;
+}
 
 static int af_hit(void)
 {
@@ -384,6 +388,7 @@ struct ckpt_ctx {
     const char *prev_path;/* for saves: a copy of what path held before */
     char ref_spec[16384];
     size_t ref_count;
+    int stream;           /* op_ckpt_open: checkpoint_open_stream */
 };
 
 static int op_st_open(void *vc)
@@ -405,13 +410,51 @@ static int op_ckpt_open(void *vc)
     struct train_spec s;
     int64_t step = -1;
     char err[512] = "";
-    if (checkpoint_open(&st, c->path, &s, &step, err, sizeof err)) return !st && err[0] ? 1 : -1;
+    if ((c->stream ? checkpoint_open_stream : checkpoint_open)(&st, c->path, &s, &step, err,
+                                                               sizeof err))
+        return !st && err[0] ? 1 : -1;
     af_disarm();
     char *js = spec_to_json(&s);
     int ok = js && !strcmp(js, c->ref_spec) && step == 7 && safetensors_count(st) == c->ref_count;
     free(js);
     safetensors_free(st);
     return ok ? 0 : -1;
+}
+
+/* A checkpoint opened streamed and applied reads its header and the tensors applied, never the
+ * file whole (what a resume holds: checkpoint_stream_plan_bytes), counted by the read layer;
+ * opened whole, all of it */
+static void stream_reads(struct tiny *t, const char *path)
+{
+    struct stat sb;
+    struct safetensors *st = NULL;
+    char err[512] = "";
+    long long weights = 0;
+    for (int i = 0; i < t->g.n_tensors; i++)
+        if (t->g.tensors[i]->kind == TENSOR_PARAM)
+            weights += (long long)t->g.tensors[i]->numel * (long long)sizeof(float);
+    CHECK(stat(path, &sb) == 0, "stat %s", path);
+    rd_bytes = 0;
+    rd_on = 1;
+    int rc = checkpoint_open_stream(&st, path, NULL, NULL, err, sizeof err);
+    const long long head = rd_bytes;
+    /* the weights the tiny job holds already: applying them changes nothing after */
+    if (!rc) rc = checkpoint_apply(st, t->e, &t->g, CHECKPOINT_WEIGHTS, 0, err, sizeof err);
+    rd_on = 0;
+    safetensors_free(st);
+    CHECK(rc == 0, "streamed open and apply: %s", err);
+    CHECK(head + 4 * weights == (long long)sb.st_size && rd_bytes == head + weights,
+          "streamed: %lld bytes read to open %lld (4 x %lld of tensors), %lld after applying the "
+          "weights", head, (long long)sb.st_size, weights, rd_bytes);
+    rd_bytes = 0;
+    rd_on = 1;
+    rc = checkpoint_open(&st, path, NULL, NULL, err, sizeof err);
+    rd_on = 0;
+    safetensors_free(st);
+    CHECK(rc == 0 && rd_bytes == (long long)sb.st_size, "whole: %lld of %lld bytes read",
+          rd_bytes, (long long)sb.st_size);
+    printf("  a checkpoint of %lld bytes: %lld read streamed with its weights, %lld whole\n",
+           (long long)sb.st_size, head + weights, rd_bytes);
 }
 
 /* a failed save leaves path as it was and no temporary; a successful one writes the reference */
@@ -476,6 +519,8 @@ struct ds_ctx {
     const char *dir;
     int fmnist;
     struct dataset *ref;
+    int size;            /* a folder's */
+    int64_t src, maxpix; /* as its upload counts them, or -1 */
 };
 
 static int same_dataset(const struct dataset *a, const struct dataset *b)
@@ -486,7 +531,7 @@ static int same_dataset(const struct dataset *a, const struct dataset *b)
         return 0;
     size_t per = (size_t)dataset_channels(a) * dataset_size(a) * dataset_size(a);
     for (int i = 0; i < n; i++)
-        if (memcmp(image_at(a, i), image_at(b, i), per * sizeof(float)) ||
+        if (memcmp(tu_image_at(a, i), tu_image_at(b, i), per * sizeof(float)) ||
             dataset_label(a, i) != dataset_label(b, i))
             return 0;
     return 1;
@@ -501,7 +546,8 @@ static int op_dataset(void *vc)
     enum dataset_status r =
         c->fmnist ? dataset_open_fmnist(&ds, c->dir, DATASET_FMNIST_TRAIN, 1, 28, DATASET_FIT_PAD,
                                         err, sizeof err)
-                  : dataset_open_folder(&ds, c->dir, 1, 8, &rep, NULL, NULL, err, sizeof err);
+                  : dataset_open_folder(&ds, c->dir, 1, c->size, c->src, c->maxpix, &rep, NULL,
+                                        NULL, err, sizeof err);
     if (r != DATASET_OK) return !ds && err[0] ? 1 : -1;
     af_disarm();
     int ok = same_dataset(ds, c->ref);
@@ -570,6 +616,10 @@ static void test_alloc_faults(struct tiny *t)
     cc.path = in_dir("ref.safetensors");
     af_sweep("safetensors_open", op_st_open, &cc);
     af_sweep("checkpoint_open", op_ckpt_open, &cc);
+    cc.stream = 1;
+    af_sweep("checkpoint_open_stream", op_ckpt_open, &cc);
+    cc.stream = 0;
+    stream_reads(t, cc.path);
 
     /* a save over an existing checkpoint: before each N, path holds prev again */
     size_t n;
@@ -624,12 +674,27 @@ static void test_alloc_faults(struct tiny *t)
     CHECK(image_save_png(p, px, 3, 6, 10, err, sizeof err) == 0, "b.png: %s", err);
     snprintf(p, sizeof p, "%s/c.png", sub);
     CHECK(image_save_png(p, px + 7, 1, 10, 5, err, sizeof err) == 0, "sub/c.png: %s", err);
-    struct ds_ctx dc = {folder, 0, NULL};
-    CHECK(dataset_open_folder(&dc.ref, folder, 1, 8, NULL, NULL, NULL, err, sizeof err) == 0 &&
+    struct ds_ctx dc = {folder, 0, NULL, 8, -1, -1};
+    CHECK(dataset_open_folder(&dc.ref, folder, 1, 8, -1, -1, NULL, NULL, NULL, err, sizeof err) ==
+                  0 &&
               dataset_count(dc.ref) == 3,
           "reference folder dataset: %s", err);
     if (dc.ref) af_sweep("dataset_open_folder (3 PNGs)", op_dataset, &dc);
     dataset_free(dc.ref);
+    /* held as their samples (their count known, as an upload's), drawn at 40 px against floats */
+    struct ds_ctx db = {folder, 0, NULL, 40, 6 * 10 + 3 * 6 * 10 + 10 * 5, 6 * 10};
+    CHECK(dataset_open_folder(&db.ref, folder, 1, 40, -1, -1, NULL, NULL, NULL, err, sizeof err) ==
+                  0 &&
+              dataset_count(db.ref) == 3,
+          "reference folder dataset at 40 px: %s", err);
+    if (db.ref) af_sweep("dataset_open_folder (3 PNGs held as bytes)", op_dataset, &db);
+    struct dataset *held = NULL;
+    CHECK(dataset_open_folder(&held, folder, 1, 40, db.src, db.maxpix, NULL, NULL, NULL, err,
+                              sizeof err) == 0 &&
+              dataset_bytes(held) < dataset_bytes(db.ref),
+          "the folder is not held as bytes: %s", err);
+    dataset_free(held);
+    dataset_free(db.ref);
 
     char idx[600];
     snprintf(idx, sizeof idx, "%s", in_dir("idx"));
@@ -647,7 +712,7 @@ static void test_alloc_faults(struct tiny *t)
     CHECK(write_file(p, ih, sizeof ih) == 0, "images file");
     snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", idx);
     CHECK(write_file(p, lh, sizeof lh) == 0, "labels file");
-    struct ds_ctx dx = {idx, 1, NULL};
+    struct ds_ctx dx = {idx, 1, NULL, 28, -1, -1};
     CHECK(dataset_open_fmnist(&dx.ref, idx, DATASET_FMNIST_TRAIN, 1, 28, DATASET_FIT_PAD, err,
                               sizeof err) == 0 && dataset_count(dx.ref) == 3,
           "reference IDX dataset: %s", err);

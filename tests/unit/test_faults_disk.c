@@ -21,7 +21,7 @@
 #include "fsio.h"
 #include "graph.h"
 #include "image.h"
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "test_util.h"
 

@@ -1,8 +1,8 @@
 /* test_host_plan.c - the pool's admission and the job agree to the byte on every host byte a job
  * holds beside its device plan: admission_fit_train's host parts (train_host_plan) equal, part by
  * part, what the run counts of its own buffers and transients (train_stats.host), for Fashion-MNIST
- * padded and resized to RGB and for an uploaded PNG folder; and the reservation's host_data is
- * their peak over the job's phases.
+ * padded and resized to RGB and for an uploaded PNG folder (as float, and as its bytes once its
+ * upload counted them); and the reservation's host_data is their peak over the job's phases.
  */
 #define _DEFAULT_SOURCE
 #include <stdio.h>
@@ -107,6 +107,27 @@ int main(void)
     }
     small_spec(&s, images, 1, 16, 0);
     agree("folder", &s);
+    /* the same folder as a finished upload records it (its samples counted, 24 x 16 x 16 bytes
+     * of 8-bit grey): held as those bytes, fewer than its floats */
+    snprintf(up, sizeof up, "%s/ds-bytes", g_dir);
+    snprintf(images, sizeof images, "%s/images", up);
+    mkdir(up, 0755);
+    tt_make_discs(images);
+    snprintf(meta, sizeof meta, "%s/dataset.json", up);
+    if ((f = fopen(meta, "w"))) {
+        fprintf(f, "{\"images\":24,\"sizes\":{\"min_width\":16,\"max_width\":16,"
+                   "\"min_height\":16,\"max_height\":16},\"source_bytes\":6144}");
+        fclose(f);
+    }
+    small_spec(&s, images, 1, 16, 0);
+    agree("folder-bytes", &s);
+    /* the job left the folder's decoded copy: the next maps it, counted the same */
+    char copy[200];
+    snprintf(copy, sizeof copy, "%s/samples.bin", up);
+    CHECK(stat(copy, &st) == 0, "no decoded copy at %s", copy);
+    agree("folder-mapped", &s);
+    CHECK(dataset_plan_bytes(0, 24, 1, 16, 256, 6144) < dataset_plan_bytes(0, 24, 1, 16, 256, -1),
+          "the upload's folder is not held as bytes");
     if (stat(DATASET_FMNIST_DIR "/train-images-idx3-ubyte.gz", &st) == 0) {
         small_spec(&s, "fashion-mnist", 1, 32, 0);
         agree("fmnist", &s);

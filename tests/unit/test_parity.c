@@ -12,7 +12,7 @@
 
 #include "ddpm.h"
 #include "exec.h"
-#include "plan.h"
+#include "memplan.h"
 #include "safetensors.h"
 #include "test_util.h"
 #include "unet.h"

@@ -11,7 +11,7 @@
 #include "ddpm.h"
 #include "exec.h"
 #include "init.h"
-#include "plan.h"
+#include "memplan.h"
 #include "generate.h"
 #include "sampler.h"
 #include "spec.h"

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cost.h"
-#include "plan.h"
+#include "memplan.h"
 #include "test_util.h"
 #include "unet.h"
 

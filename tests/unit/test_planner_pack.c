@@ -2,14 +2,14 @@
  * presets, training and inference, with and without canary gaps) no two storages alive at the
  * same op share a byte (checked pair by pair, independently of how they were placed), every
  * storage lies inside the arena, every tensor sits at its storage, and the offsets equal those
- * of the reference best fit (the quadratic scan with a sort per storage that plan.c used before
+ * of the reference best fit (the quadratic scan with a sort per storage that memplan.c used before
  * it kept the placed storages in address order). The device column of the parts sums to the
  * reservation.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan.h"
+#include "memplan.h"
 #include "test_util.h"
 #include "unet.h"
 

@@ -4,7 +4,7 @@
  */
 #include <string.h>
 
-#include "plan.h"
+#include "memplan.h"
 #include "spec.h"
 #include "test_util.h"
 #include "unet.h"

@@ -487,11 +487,7 @@ static int planted_fault(void)
 /* CU_TOUCHES: the bytes the next launch's pointer arguments touch, where the caller named them
  * (plain thread-local data: LeakSanitizer's tracer fails on a dlopen'ed module's thread_local
  * objects with destructors) */
-#define EMU_TOUCHES 8
-static thread_local struct {
-    const void *p;
-    size_t bytes;
-} tl_touch[EMU_TOUCHES];
+static thread_local emu_touch tl_touch[EMU_TOUCHES];
 static thread_local int tl_ntouch;
 void emu_touches(const void *p, size_t bytes)
 {
@@ -503,13 +499,10 @@ void emu_touches(const void *p, size_t bytes)
     tl_touch[tl_ntouch++].bytes = bytes;
 }
 
-int emu_touches_take(const void **p, size_t *bytes, int max)
+int emu_touches_take(struct emu_touch *t)
 {
-    int n = tl_ntouch < max ? tl_ntouch : max;
-    for (int i = 0; i < n; i++) {
-        p[i] = tl_touch[i].p;
-        bytes[i] = tl_touch[i].bytes;
-    }
+    const int n = tl_ntouch;
+    memcpy(t, tl_touch, (size_t)n * sizeof *t);
     tl_ntouch = 0;
     return n;
 }

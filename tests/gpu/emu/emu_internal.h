@@ -84,8 +84,15 @@ cudnnStatus_t emu_now_cudnnFindConvolutionBackwardFilterAlgorithmEx(
 /* emu.cpp's state, for graph.cpp */
 /* e recorded as this thread's last error (cudaGetLastError); returns e */
 cudaError_t emu_error(cudaError_t e);
-/* the CU_TOUCHES named since the last launch, taken (at most max; returns the count) */
-int emu_touches_take(const void **p, size_t *bytes, int max);
+/* the bytes a launch's pointer argument touches (CU_TOUCHES): this thread's until its next
+ * launch (emu.cpp), a captured launch's until each replay names them again (graph.cpp) */
+#define EMU_TOUCHES 8
+struct emu_touch {
+    const void *p;
+    size_t bytes;
+};
+/* the CU_TOUCHES named since the last launch, taken into t (EMU_TOUCHES); returns the count */
+int emu_touches_take(struct emu_touch *t);
 /* a handle's stream, math mode and workspace (what a captured call runs with) */
 void emu_cublas_get(cublasHandle_t h, cudaStream_t *s, int *math, void **ws, size_t *bytes);
 /* ... set again for a replayed call (no allocation, no checks: they held when captured) */

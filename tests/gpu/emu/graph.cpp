@@ -21,15 +21,12 @@
 #include "emu_graph.h"
 #include "emu_internal.h"
 
-#define EMU_NODE_TOUCHES 8
-
 /* one recorded operation: run on the launch's stream, the CU_TOUCHES of a kernel named again */
 struct emu_node {
     std::function<cudaError_t(cudaStream_t)> run;
     const char *what;
     int ntouch;
-    const void *tp[EMU_NODE_TOUCHES];
-    size_t tb[EMU_NODE_TOUCHES];
+    emu_touch touch[EMU_TOUCHES];
 };
 struct emu_graph {
     std::vector<emu_node> nodes;
@@ -134,7 +131,7 @@ int emu_capture_launch(cudaStream_t s, std::function<cudaError_t(cudaStream_t)> 
     emu_node n;
     n.run = std::move(run);
     n.what = "kernel launch";
-    n.ntouch = emu_touches_take(n.tp, n.tb, EMU_NODE_TOUCHES);
+    n.ntouch = emu_touches_take(n.touch);
     cudaError_t err;
     if (cap_record(s, std::move(n), &err) && err != cudaSuccess) emu_error(err);
     return 1;
@@ -238,7 +235,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
     tl_replaying++;
     cudaError_t rc = cudaSuccess;
     for (const emu_node &n : e->nodes) {
-        for (int i = 0; i < n.ntouch; i++) emu_touches(n.tp[i], n.tb[i]);
+        for (int i = 0; i < n.ntouch; i++) emu_touches(n.touch[i].p, n.touch[i].bytes);
         rc = n.run(s);
         __atomic_fetch_add(&g_gstats.replayed, 1, __ATOMIC_RELAXED);
         if (rc != cudaSuccess) {

@@ -1,4 +1,4 @@
-/* plan.h - the memory plan: every byte a step touches, decided before any is allocated.
+/* memplan.h - the memory plan: every byte a step touches, decided before any is allocated.
  * One allocation per job: [params | adam m | adam v | ema | work | grads | inputs | workspace |
  * arena] for training, [params | work | inputs | workspace | arena] for inference (sampling); work
  * (the 16-bit weights) is empty under f32; from work on nothing outlives a step
@@ -11,8 +11,8 @@
  * allows it. plan.total_bytes IS the job's reservation; a nested inference plan (a training
  * job's sample grid) runs inside it (plan_make_nested).
  */
-#ifndef DDPMD_PLAN_H
-#define DDPMD_PLAN_H
+#ifndef DDPMD_MEMPLAN_H
+#define DDPMD_MEMPLAN_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -167,7 +167,7 @@ struct plan {
                                        * 16-bit type for a typed kernel the backend has
                                        * (half_kernels), else DTYPE_F32 */
     int n_half_ops;                   /* run ops whose kernel takes 16-bit operands natively */
-    /* Fusions (a backend with typed kernels, backend.typed: plan.c's plan_fusions): a guest op
+    /* Fusions (a backend with typed kernels, backend.typed: memplan.c's plan_fusions): a guest op
      * runs inside the kernel of its host, at the host's position in the run order, and is
      * skipped at its own (a group norm and the broadcast add next to it, forward and backward,
      * or the residual add after it). Lifetimes and storages follow the positions ops run at, and

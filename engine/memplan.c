@@ -1,7 +1,7 @@
-/* plan.c - lifetimes, in-place merging and best-fit placement of the arena; the persistent
+/* memplan.c - lifetimes, in-place merging and best-fit placement of the arena; the persistent
  * parts laid out around it. Runs in milliseconds and touches no device memory.
  */
-#include "plan.h"
+#include "memplan.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -166,7 +166,7 @@ static int seg_chosen(int kind, int r)
 }
 
 /* The run order of a training step recomputing the segments granularity r chooses (see
- * plan.h): p->ops, op_src, n_run_ops, copy_of, n_copies. No chosen segment whose activations a
+ * memplan.h): p->ops, op_src, n_run_ops, copy_of, n_copies. No chosen segment whose activations a
  * backward op reads leaves p->ops NULL. */
 static int recompute_schedule(struct plan *p, const struct graph *g, int r)
 {
@@ -441,7 +441,7 @@ static int plan_free_between(const struct op *ops, int a, int b, int gi)
 /* how far apart (run ops) a fused pair may be: seed's time term has its linear in between */
 #define FUSE_REACH 4
 
-/* The fusions a backend with typed kernels runs (see plan.h fuse_host): a broadcast add (the
+/* The fusions a backend with typed kernels runs (see memplan.h fuse_host): a broadcast add (the
  * time term) or a residual add and a group norm next to it become one group-norm kernel:
  *   ADD_BCAST (guest) then GROUPNORM of its output (host): x' = x + b inside the norm's pass;
  *   GROUPNORM_BWD (host) then ADD_BCAST_BWD of its dx (guest): db = sum of dx inside it;
