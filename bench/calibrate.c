@@ -3,7 +3,8 @@
  * fitted to the class's seconds per step over profiled training steps of several models and
  * batch sizes; the optimizer's seconds per parameter; host copies and 16-bit conversions per
  * byte; per class the 16-bit speed (half_speed: the same models' steps in bf16 against fp32, each
- * op's conversions taken out at the measured conversion rate). Times are the CPU seconds of
+ * op's conversions taken out at the measured conversion rate) and whether its plans convert
+ * around it (half_cvt). Times are the CPU seconds of
  * the thread that runs the steps (EXEC_PROFILE_CPU), under
  * ddpmd's own OpenMP wait policy (cpu_omp_wait_policy: passive after a short spin): a
  * neighbour's time is not counted, though neighbours sharing the caches and the memory bus
@@ -341,10 +342,11 @@ int main(int argc, char **argv)
      * bf16 runs less their conversions, summed over the models; a class with under 2 ms of
      * bf16 time in all keeps the default */
     for (int c = 0; c < COST_CLASS_COUNT; c++) {
-        double f32 = 0, h = 0;
+        double f32 = 0, h = 0, cvt = 0;
         for (int i = 0; i < n_samples; i++) {
             const struct sample *b = &samples[i];
             if (!b->precision) continue;
+            cvt += b->cvt[c];
             for (int j = 0; j < n_samples; j++)
                 if (!samples[j].precision && !strcmp(samples[j].what, b->what)) {
                     double net = b->y[c] - b->cvt[c] * m.convert_seconds_per_byte;
@@ -354,9 +356,13 @@ int main(int argc, char **argv)
                     }
                 }
         }
-        if (h > 2e-3 && f32 > 0) m.half_speed[c] = f32 / h;
-        fprintf(stderr, "calibrate: %-16s bf16 speed %5.2fx (%.4f s fp32, %.4f s bf16 net)\n",
-                cost_class_name((enum cost_class)c), m.half_speed[c], f32, h);
+        if (h > 2e-3 && f32 > 0) {
+            m.half_speed[c] = f32 / h;
+            m.half_cvt[c] = cvt > 0; /* the plans converted around the class's ops */
+        }
+        fprintf(stderr, "calibrate: %-16s bf16 speed %5.2fx (%.4f s fp32, %.4f s bf16 net; %.0f MB "
+                "converted)\n", cost_class_name((enum cost_class)c), m.half_speed[c], f32, h,
+                cvt * 1e-6);
     }
     /* the fit's residuals: each profiled step predicted by the constants just fitted */
     for (int i = 0; i < n_samples; i++) {

@@ -59,21 +59,28 @@ void cost_model_default(struct cost_model *m)
     m->convert_seconds_per_byte = 7.1e-11;
     /* 16-bit over fp32 per class, conversions apart: bench/calibrate on the same 2-core EPYC
      * (AVX512-BF16 without AMX: oneDNN's bf16 convolutions and matmuls, the filter gradient in
-     * fp32 on converted operands, the tiled attention on its own vdpbf16ps tiles; every other
-     * class an fp32 kernel on converted operands, whose many small conversions cost more than
-     * the per-byte rate says), at load ~17: whole steps ddpm-cifar10 b4 0.889 -> 0.733 s,
-     * seed-64 b1 0.405 -> 0.403 s, fmnist-tiny b4 0.051 -> 0.058 s; the two tiled attention
-     * classes measured again with the bf16 tiles (2026-12-05, load ~17, `calibrate --rounds
-     * 2`): 0.93 -> 1.24 forward, 0.96 -> 1.45 backward, seed-64 b1 0.385 -> 0.349 s */
+     * fp32 on converted operands, the tiled attention on its own vdpbf16ps tiles, the plain one
+     * an fp32 kernel on converted operands), at load ~17: whole steps ddpm-cifar10 b4 0.889 ->
+     * 0.733 s, seed-64 b1 0.405 -> 0.403 s, fmnist-tiny b4 0.051 -> 0.058 s; the two tiled
+     * attention classes measured again with the bf16 tiles (2026-12-05, load ~17, `calibrate
+     * --rounds 2`): 0.93 -> 1.24 forward, 0.96 -> 1.45 backward, seed-64 b1 0.385 -> 0.349 s.
+     * The norms, element-wise ops and dropout on the typed kernels (kernels/cpu/typed.c, no
+     * conversions around them; they were 0.75, 0.41 and 0.90 with the conversions' cost beyond
+     * the per-byte rate): calibrate --rounds 2 at load ~15, 0.79, 0.90, 0.92 (on the small,
+     * cache-resident tensors of its models the conversions inside cost what half the bytes
+     * save; a step gains by losing the passes around them) */
     static const double half[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 1.64,     [COST_CONV_BWD_DATA] = 1.77,
         [COST_CONV_BWD_FILTER] = 0.98, [COST_GEMM] = 1.46,
         [COST_ATTN_FWD] = 0.91,     [COST_ATTN_BWD] = 0.84,
         [COST_ATTN_TILED_FWD] = 1.24, [COST_ATTN_TILED_BWD] = 1.45,
-        [COST_NORM] = 0.75,         [COST_ELTWISE] = 0.41,
-        [COST_DROPOUT] = 0.90,
+        [COST_NORM] = 0.79,         [COST_ELTWISE] = 0.90,
+        [COST_DROPOUT] = 0.92,
     };
     memcpy(m->half_speed, half, sizeof half);
+    /* converted around the class's ops there: the plain attention (no 16-bit kernels of its
+     * own); conv2d_bwd_filter converts inside its kernel, in its measured speed */
+    m->half_cvt[COST_ATTN_FWD] = m->half_cvt[COST_ATTN_BWD] = 1;
     m->threads = 2;
 }
 
@@ -189,7 +196,7 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
         enum cost_class c = cost_op_class(o);
         double w = cost_op_work(g, k) * m->seconds_per_unit[c];
         if (half && m->half_speed[c] > 0) w /= m->half_speed[c];
-        if (half) w += convert_bytes(g, o, o) * m->convert_seconds_per_byte;
+        if (half && m->half_cvt[c]) w += convert_bytes(g, o, o) * m->convert_seconds_per_byte;
         work += w;
         fixed += m->op_seconds[c];
     }
@@ -259,14 +266,16 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
         char *p = buf + used, *end;
         double a, b;
         int c = -1, hc = -1;
-        if (strcmp(key, "half") == 0) { /* half CLASS X */
+        const int cvt = strcmp(key, "half_cvt") == 0;
+        if (strcmp(key, "half") == 0 || cvt) { /* half CLASS X, half_cvt CLASS 0|1 */
             char cls[32];
             int u2 = 0;
             if (sscanf(p, " %31s%n", cls, &u2) == 1)
                 for (int k = 0; k < COST_CLASS_COUNT; k++)
                     if (strcmp(cls, class_names[k]) == 0) hc = k;
             if (hc < 0) {
-                snprintf(err, errlen, "line %d: 'half' needs a class name and a speed", line);
+                snprintf(err, errlen, "line %d: '%s' needs a class name and a %s", line, key,
+                         cvt ? "0 or 1" : "speed");
                 return -1;
             }
             p += u2;
@@ -280,7 +289,9 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
             w.seconds_per_unit[c] = a;
             w.op_seconds[c] = b;
             p = end;
-        } else if (hc >= 0 && a > 0) {
+        } else if (hc >= 0 && cvt && (a == 0 || a == 1)) {
+            w.half_cvt[hc] = (unsigned char)a;
+        } else if (hc >= 0 && !cvt && a > 0) {
             w.half_speed[hc] = a;
         } else if (strcmp(key, "threads") == 0 && a >= 1 && a <= 4096 && a == floor(a)) {
             w.threads = (int)a;
@@ -312,7 +323,7 @@ int cost_model_parse(struct cost_model *m, const char *text, char *err, size_t e
 
 char *cost_model_format(const struct cost_model *m)
 {
-    size_t cap = 2048;
+    size_t cap = 4096;
     char *s = malloc(cap);
     if (!s) return NULL;
     int o = snprintf(s, cap, "# ddpmd cost model (bench/calibrate): class seconds_per_unit "
@@ -322,7 +333,8 @@ char *cost_model_format(const struct cost_model *m)
         o += snprintf(s + o, cap - (size_t)o, "%s %.6g %.6g\n", class_names[k],
                       m->seconds_per_unit[k], m->op_seconds[k]);
     for (int k = 0; k < COST_CLASS_COUNT; k++)
-        o += snprintf(s + o, cap - (size_t)o, "half %s %.6g\n", class_names[k], m->half_speed[k]);
+        o += snprintf(s + o, cap - (size_t)o, "half %s %.6g\nhalf_cvt %s %d\n", class_names[k],
+                      m->half_speed[k], class_names[k], m->half_cvt[k]);
     snprintf(s + o, cap - (size_t)o, "optim %.6g\nhost_optim %.6g\ntransfer %.6g\nconvert %.6g\n",
              m->optim_seconds_per_param, m->host_optim_seconds_per_param,
              m->transfer_seconds_per_byte, m->convert_seconds_per_byte);

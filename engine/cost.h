@@ -41,6 +41,11 @@ struct cost_model {
                                                 * them not counted (those are convert's): above
                                                 * 1 where the backend's 16-bit kernels are the
                                                 * faster, 1 where it runs the class in fp32 */
+    unsigned char half_cvt[COST_CLASS_COUNT];  /* per class, 1: under 16 bits its ops run on
+                                                * operands converted around them (each 16-bit
+                                                * operand's fp32 bytes at convert's rate); 0:
+                                                * the backend's kernels read and write them as
+                                                * stored (backend.h's typed kernels) */
     int threads;                               /* the thread count it was measured at */
 };
 
@@ -49,6 +54,7 @@ void cost_model_default(struct cost_model *m);
 
 /* Lines of "key value..." ('#' starts a comment): `threads N`, `<class> SECONDS_PER_UNIT
  * OP_SECONDS` for each class name (cost_class_name), `half <class> X` (its half_speed),
+ * `half_cvt <class> 0|1`,
  * `optim S`, `host_optim S`, `transfer S`, `convert S`; `half_speedup X` (files before the
  * per-class speeds) sets X for the convolutions, GEMMs and attention. Keys not given keep m's
  * values (start from cost_model_default).

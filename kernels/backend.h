@@ -177,7 +177,7 @@ struct backend {
     const char *name;
     /* images stored NHWC (channels last) rather than NCHW; see the top of this file */
     int nhwc;
-    /* optional (NULL: none, the CPU's: the executor converts 16-bit operands around the fp32
+    /* optional (NULL: none; the executor then converts 16-bit operands around the fp32
      * entries): the memory-bound kernels on elements of any dtype, fused group norms included */
     const struct bk_typed *typed;
     /* the entries (ops.def) */

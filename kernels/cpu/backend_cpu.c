@@ -207,6 +207,7 @@ static const struct backend cpu_backend = {
     .adamw_step = cpu_adamw_step,
     .ema_update = cpu_ema_update,
     .nhwc = 1,
+    .typed = &cpu_typed,
     .adamw_ema_step = cpu_adamw_ema_step,
     .groupnorm_silu_fwd = cpu_groupnorm_silu_fwd,
     .groupnorm_bwd_ws = cpu_groupnorm_bwd_ws,

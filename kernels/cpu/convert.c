@@ -83,6 +83,11 @@ static void convert_chunk(void *dst, int dst_dtype, const void *src, int src_dty
     }
 }
 
+void cpu_convert_run(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count)
+{
+    convert_chunk(dst, dst_dtype, src, src_dtype, 0, count);
+}
+
 static int valid(int dt) { return dt == BK_DTYPE_F32 || dt == BK_DTYPE_F16 || dt == BK_DTYPE_BF16; }
 
 int cpu_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count,

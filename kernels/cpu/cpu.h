@@ -24,11 +24,18 @@ struct bk_ctx {
 /* every entry of ops.def as cpu_<fn>. Where they are: backend_cpu.c (context, memory, budget,
  * workspace), conv.c, linear.c, norm.c, attention.c, eltwise.c, layout.c, resample.c, embed.c,
  * loss.c (losses, dropout), optim.c, convert.c, onednn.c (half_kernels: for bf16,
- * BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN where oneDNN runs bf16 on the CPU's AVX512-BF16
- * instructions or AMX tiles and attn_bf16.c's tiles run (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's
- * copies, the typed kernels, the step on the device and graphs. */
+ * BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE where oneDNN
+ * runs bf16 on the CPU's AVX512-BF16 instructions or AMX tiles and attn_bf16.c's tiles run
+ * (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's copies, the step
+ * on the device and graphs. */
 #define BK_OP(ret, fn, args, half) ret cpu_##fn args;
 #include "ops.def"
+/* every entry of struct bk_typed as cpu_t_<fn> (typed.c, on norm.c's, eltwise.c's, layout.c's,
+ * resample.c's and loss.c's kernel bodies): fp32 gives the fp32 entry's bits, bf16 and f16
+ * operands are read and written in their type with fp32 arithmetic inside */
+#define BK_TYPED_OP(ret, fn, args, half) ret cpu_t_##fn args;
+#include "ops.def"
+extern const struct bk_typed cpu_typed;
 
 /* threads of the job's oneDNN calls and of kernels with per-thread scratch: ctx->threads capped
  * at the machine's cores, for which such workspaces are planned; with ctx NULL, the cores */
@@ -72,5 +79,14 @@ void cpu_conv_cache_free(bk_ctx *ctx);
  * dtype, bf16 or f16) = round(y + round(r)), r the kernel's fp32 result: r rounded to the type
  * (what the `=` call stores), added to y in fp32, rounded again. r is overwritten (rounded). */
 void cpu_accum16(void *y, float *r, int dtype, size_t count, bk_ctx *ctx);
+/* eltwise.c: one block (at most 4096 elements) of the SiLU and GELU entries on the calling
+ * thread, which those entries and typed.c run block by block */
+void cpu_silu_block(float *y, const float *x, size_t n);
+void cpu_silu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n);
+void cpu_gelu_block(float *y, const float *x, size_t n);
+void cpu_gelu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n);
+/* convert.c: count elements src -> dst (fp32 <-> bf16 / f16) on the calling thread, as
+ * cpu_convert: the typed kernels' blocks */
+void cpu_convert_run(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count);
 
 #endif

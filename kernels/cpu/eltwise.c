@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "cpu.h"
+#include "typed.h"
 #include "vmath.h"
 
 /* below this many elements a parallel region costs more than it saves */
@@ -29,15 +30,64 @@ VM_INLINE float gelu_cdf_pdf(float v, float *pdf)
     return fmaf(vm_sel_neg(v, 1.0f, -1.0f), q, vm_sel_neg(v, 0.0f, 1.0f)); /* q or 1 - q */
 }
 
+/* one block of each (at most ELTWISE_BLK elements, on the calling thread): the fp32 entries
+ * below run them over the blocks in parallel, typed.c on blocks converted from 16 bits */
+void cpu_silu_block(float *y, const float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) y[i] = vm_silu(x[i]);
+}
+
+void cpu_silu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n)
+{
+    if (accum) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) dx[i] += dy[i] * vm_silu_grad(x[i]);
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) dx[i] = dy[i] * vm_silu_grad(x[i]);
+    }
+}
+
+void cpu_gelu_block(float *y, const float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], pdf;
+        y[i] = vm_clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
+    }
+}
+
+/* Phi(x) + x phi(x), the exact (erf) GELU's derivative */
+void cpu_gelu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n)
+{
+    if (accum) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
+            dx[i] += dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
+        }
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
+            dx[i] = dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
+        }
+    }
+}
+
+/* block b of count elements: [i0, i1) */
+#define ELT_BLOCKS(count) ((long)(((count) + ELTWISE_BLK - 1) / ELTWISE_BLK))
+#define ELT_RANGE(b, count, i0, n)                                                                 \
+    const size_t i0 = (size_t)(b) * ELTWISE_BLK;                                                  \
+    const size_t n = (count) - i0 > ELTWISE_BLK ? ELTWISE_BLK : (count) - i0
+
 int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-#pragma omp simd
-        for (size_t i = i0; i < i1; i++) y[i] = vm_silu(x[i]);
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_silu_block(y + i0, x + i0, n);
     }
     return BK_OK;
 }
@@ -45,60 +95,31 @@ int cpu_silu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 int cpu_silu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                  bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-        if (accum) {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) dx[i] += dy[i] * vm_silu_grad(x[i]);
-        } else {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) dx[i] = dy[i] * vm_silu_grad(x[i]);
-        }
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_silu_bwd_block(dx + i0, dy + i0, x + i0, accum, n);
     }
     return BK_OK;
 }
 
 int cpu_gelu_fwd(float *y, const float *x, size_t count, bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-#pragma omp simd
-        for (size_t i = i0; i < i1; i++) {
-            float v = x[i], pdf;
-            y[i] = vm_clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
-        }
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_gelu_block(y + i0, x + i0, n);
     }
     return BK_OK;
 }
 
-/* Phi(x) + x phi(x), the exact (erf) GELU's derivative */
 int cpu_gelu_bwd(float *dx, const float *dy, const float *x, int accum, size_t count,
                  bk_ctx *ctx) // (count)
 {
-    long nblk = (long)((count + ELTWISE_BLK - 1) / ELTWISE_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= ELTWISE_PAR_MIN) schedule(static)
-    for (long b = 0; b < nblk; b++) {
-        size_t i0 = (size_t)b * ELTWISE_BLK;
-        size_t i1 = count - i0 > ELTWISE_BLK ? i0 + ELTWISE_BLK : count;
-        if (accum) {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) {
-                float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
-                dx[i] += dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
-            }
-        } else {
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++) {
-                float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
-                dx[i] = dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
-            }
-        }
+    for (long b = 0; b < ELT_BLOCKS(count); b++) {
+        ELT_RANGE(b, count, i0, n);
+        cpu_gelu_bwd_block(dx + i0, dy + i0, x + i0, accum, n);
     }
     return BK_OK;
 }
@@ -122,25 +143,46 @@ int cpu_copy_grad(float *dx, const float *dy, int accum, size_t count, bk_ctx *c
     return BK_OK;
 }
 
-/* y = x + b (N,C) broadcast over the pixels; x, y NHWC (the CPU backend's image layout) */
-int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int hw,
-                      bk_ctx *ctx)
+/* y = x + b (N,C) broadcast over the pixels; x, y NHWC (the CPU backend's image layout), all
+ * of dtype dt (typed.h) */
+TY_INLINE int add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw,
+                            bk_ctx *ctx, int dt)
 {
     long rows = (long)n * hw;
     int par = (size_t)rows * (size_t)c >= ELTWISE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
     for (long r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * c, *br = b + (size_t)(r / hw) * c;
-        float *yr = y + (size_t)r * c;
-        for (int k = 0; k < c; k++) yr[k] = xr[k] + br[k];
+        const size_t xo = (size_t)r * c, bo = (size_t)(r / hw) * c;
+        float xbuf[TY_ROW], bbuf[TY_ROW], obuf[TY_ROW];
+        for (int k0 = 0; k0 < c; k0 += TY_ROW) {
+            const size_t m = c - k0 < TY_ROW ? (size_t)(c - k0) : TY_ROW;
+            const float *xr = ty_row(x, xo + k0, m, dt, xbuf);
+            const float *br = ty_row(b, bo + k0, m, dt, bbuf);
+            float *o = ty_out(y, xo + k0, dt, obuf);
+            for (size_t k = 0; k < m; k++) o[k] = xr[k] + br[k];
+            ty_put(y, xo + k0, m, dt, obuf);
+        }
     }
     return BK_OK;
 }
 
-/* db (N,C) (=/+=) sum over the pixels of dy (NHWC). One thread owns a block of 64 channels of
- * one image and adds its pixels in order, in double: thread-count independent. */
+int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, int hw,
+                      bk_ctx *ctx)
+{
+    return add_bcast_fwd(y, x, b, n, c, hw, ctx, BK_DTYPE_F32);
+}
+
+int cpu_t_add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw, int dtype,
+                        bk_ctx *ctx)
+{
+    return TY_DISPATCH(dtype, add_bcast_fwd, y, x, b, n, c, hw, ctx);
+}
+
+/* db (N,C) (=/+=) sum over the pixels of dy (NHWC), of dtype dt. One thread owns a block of 64
+ * channels of one image and adds its pixels in order, in double: thread-count independent. */
 #define BCAST_CBLK 64
-int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx)
+TY_INLINE int add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw,
+                            bk_ctx *ctx, int dt)
 {
     int cblocks = (c + BCAST_CBLK - 1) / BCAST_CBLK;
     long tasks = (long)n * cblocks;
@@ -150,14 +192,29 @@ int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int h
         int img = (int)(t / cblocks), c0 = (int)(t % cblocks) * BCAST_CBLK;
         int nc = c - c0 < BCAST_CBLK ? c - c0 : BCAST_CBLK;
         double acc[BCAST_CBLK];
+        float buf[BCAST_CBLK];
         for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        const float *g = dy + (size_t)img * hw * c + c0;
-        for (int p = 0; p < hw; p++, g += c)
+        for (int p = 0; p < hw; p++) {
+            const float *g = ty_row(dy, ((size_t)img * hw + p) * c + c0, (size_t)nc, dt, buf);
             for (int k = 0; k < nc; k++) acc[k] += (double)g[k];
-        float *d = db + (size_t)img * c + c0;
-        for (int k = 0; k < nc; k++) d[k] = accum ? (float)((double)d[k] + acc[k]) : (float)acc[k];
+        }
+        const size_t d = (size_t)img * c + c0;
+        for (int k = 0; k < nc; k++)
+            ty_st(db, d + k, accum ? (float)((double)ty_ld(db, d + k, dt) + acc[k]) : (float)acc[k],
+                  dt);
     }
     return BK_OK;
+}
+
+int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int hw, bk_ctx *ctx)
+{
+    return add_bcast_bwd(db, dy, accum, n, c, hw, ctx, BK_DTYPE_F32);
+}
+
+int cpu_t_add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw, int dtype,
+                        bk_ctx *ctx)
+{
+    return TY_DISPATCH(dtype, add_bcast_bwd, db, dy, accum, n, c, hw, ctx);
 }
 
 int cpu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx) // (count)

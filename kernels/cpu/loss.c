@@ -1,9 +1,11 @@
 /* loss.c - the CPU backend's MSE loss (forward and backward) and Philox dropout (forward and
- * backward). The MSE sum is a double reduction over fixed chunks combined in a fixed order, so
- * it is bit-identical at any thread count; dropout masks are pure functions of their coordinates.
+ * backward, on fp32 and (typed.h) 16-bit elements). The MSE sum is a double reduction over fixed
+ * chunks combined in a fixed order, so it is bit-identical at any thread count; dropout masks
+ * are pure functions of their coordinates.
  */
 #include "cpu.h"
 #include "philox.h"
+#include "typed.h"
 
 #define LOSS_PAR_MIN 16384
 #define LOSS_CHUNK_MIN 16384 /* elements per reduction chunk, at least */
@@ -59,9 +61,9 @@ int cpu_mse_bwd(float *dpred, const float *pred, const float *target, float dlos
  * is kept iff philox_uniform_at(seed, DROPOUT, step, sample_base + s, op, e) >= p; kept values
  * are multiplied by 1/(1-p) computed once in float (PyTorch's x * (mask / (1-p))).
  * out (N,per_sample) (= or += per accum) from in (N,per_sample). */
-static int dropout_apply(float *out, const float *in, float p, uint64_t seed, uint64_t step,
-                         uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                         int channels, bk_ctx *ctx)
+TY_INLINE int dropout_apply(void *out, const void *in, float p, uint64_t seed, uint64_t step,
+                            uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                            int channels, bk_ctx *ctx, int dt)
 {
     if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull || channels < 0 ||
         (channels > 1 && per_sample % (size_t)channels))
@@ -69,7 +71,8 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
     size_t total = (size_t)n * per_sample;
     if (p == 0.0f) { /* every uniform is > 0: all kept, scale 1 - an exact copy */
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN) schedule(static)
-        for (size_t i = 0; i < total; i++) out[i] = accum ? out[i] + in[i] : in[i];
+        for (size_t i = 0; i < total; i++)
+            ty_st(out, i, accum ? ty_ld(out, i, dt) + ty_ld(in, i, dt) : ty_ld(in, i, dt), dt);
         return BK_OK;
     }
     float scale = 1.0f / (1.0f - p);
@@ -82,15 +85,15 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
         for (size_t it = 0; it < items; it++) {
             size_t s = it / quads, p0 = 4 * (it % quads);
-            const float *src = in + s * per_sample + p0 * C;
-            float *dst = out + s * per_sample + p0 * C;
+            const size_t o0 = s * per_sample + p0 * C;
             for (size_t c = 0; c < C; c++) {
                 struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
                                                   (uint32_t)(sample_base + (int)s), op,
                                                   (uint32_t)((c * hw + p0) / 4));
                 for (size_t k = 0; k < 4; k++) {
-                    float v = philox_uniform(r.v[k]) >= p ? src[k * C + c] * scale : 0.0f;
-                    dst[k * C + c] = accum ? dst[k * C + c] + v : v;
+                    const size_t i = o0 + k * C + c;
+                    float v = philox_uniform(r.v[k]) >= p ? ty_ld(in, i, dt) * scale : 0.0f;
+                    ty_st(out, i, accum ? ty_ld(out, i, dt) + v : v, dt);
                 }
             }
         }
@@ -105,8 +108,8 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
             struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
                                               (uint32_t)(sample_base + (int)s), op,
                                               (uint32_t)(e / 4));
-            float v = philox_uniform(r.v[e % 4]) >= p ? in[i] * scale : 0.0f;
-            out[i] = accum ? out[i] + v : v;
+            float v = philox_uniform(r.v[e % 4]) >= p ? ty_ld(in, i, dt) * scale : 0.0f;
+            ty_st(out, i, accum ? ty_ld(out, i, dt) + v : v, dt);
         }
         return BK_OK;
     }
@@ -119,11 +122,10 @@ static int dropout_apply(float *out, const float *in, float p, uint64_t seed, ui
                                           (uint32_t)(sample_base + (int)s), op, (uint32_t)blk);
         size_t e0 = blk * 4;
         size_t ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
-        const float *src = in + s * per_sample + e0;
-        float *dst = out + s * per_sample + e0;
+        const size_t o0 = s * per_sample + e0;
         for (size_t q = 0; q < ne; q++) {
-            float v = philox_uniform(r.v[q]) >= p ? src[q] * scale : 0.0f;
-            dst[q] = accum ? dst[q] + v : v;
+            float v = philox_uniform(r.v[q]) >= p ? ty_ld(in, o0 + q, dt) * scale : 0.0f;
+            ty_st(out, o0 + q, accum ? ty_ld(out, o0 + q, dt) + v : v, dt);
         }
     }
     return BK_OK;
@@ -134,7 +136,8 @@ int cpu_dropout_fwd(float *y, const float *x, float p, uint64_t seed, uint64_t s
                     uint32_t op, int sample_base, int n, size_t per_sample, int channels,
                     bk_ctx *ctx)
 {
-    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, channels, ctx);
+    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, channels, ctx,
+                         BK_DTYPE_F32);
 }
 
 /* dx (N,per_sample) (=/+=) keep ? dy / (1-p) : 0, the forward's mask recomputed */
@@ -143,7 +146,24 @@ int cpu_dropout_bwd(float *dx, const float *dy, float p, uint64_t seed, uint64_t
                     int channels, bk_ctx *ctx)
 {
     return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, channels,
-                         ctx);
+                         ctx, BK_DTYPE_F32);
+}
+
+/* the typed dropout (ops.def): dropout_apply on x, y (dx, dy) of dtype */
+int cpu_t_dropout_fwd(void *y, const void *x, float p, uint64_t seed, uint64_t step, uint32_t op,
+                      int sample_base, int n, size_t per_sample, int channels, int dtype,
+                      bk_ctx *ctx)
+{
+    return TY_DISPATCH(dtype, dropout_apply, y, x, p, seed, step, op, sample_base, 0, n,
+                       per_sample, channels, ctx);
+}
+
+int cpu_t_dropout_bwd(void *dx, const void *dy, float p, uint64_t seed, uint64_t step,
+                      uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                      int channels, int dtype, bk_ctx *ctx)
+{
+    return TY_DISPATCH(dtype, dropout_apply, dx, dy, p, seed, step, op, sample_base, accum, n,
+                       per_sample, channels, ctx);
 }
 
 /* softmax cross-entropy: rows in parallel, each row's sums in double in a fixed order */

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "cpu.h"
+#include "typed.h"
 #include "vmath.h"
 
 /* mean and rstd of cnt contiguous values, two-pass in double */
@@ -46,28 +47,48 @@ static int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOCK); }
 /* pixels summed in float before a double accumulation */
 #define GN_CHUNK 32
 
-/* y = gn(x), or silu(gn(x)) */
-static int gn_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                  const float *beta, int n, int c, int hw, int groups, float eps, int silu,
-                  bk_ctx *ctx)
+/* y = act(gn(x')), act = silu or identity, then y += yb (N,C) broadcast when yb and y += yr
+ * (N,C,HW) when yr; x' = x + xb (N,C) broadcast, stored into xo, when xb, else x. Images and
+ * the (N,C) terms of dtype dt (typed.h): each value stored is rounded to dt once where the
+ * unfused ops would store it, so the statistics are those of the stored x', and fp32 gives the
+ * unfused fp32 kernels' bits. y may be yr (each element is read before it is written), xo x. */
+TY_INLINE int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
+                     const void *yb, const void *yr, const float *gamma, const float *beta, int n,
+                     int c, int hw, int groups, float eps, int silu, bk_ctx *ctx, int dt)
 {
     if (!y || !mean || !rstd || !x || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
-        c % groups != 0 || !(eps >= 0.0f))
+        c % groups != 0 || !(eps >= 0.0f) || (xb && !xo))
         return BK_ERR_INVALID;
     const int cpg = c / groups, blk = gn_block_min(c, cpg, GN_WIDE), nblk = (c + blk - 1) / blk;
     if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
     const double cnt = (double)cpg * hw;
+    const void *xs = xb ? (const void *)xo : x; /* what the statistics are of */
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
     for (int t = 0; t < n * nblk; t++) {
         const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
-        const float *xb = x + (size_t)img * hw * c + c0;
-        float *yb = y + (size_t)img * hw * c + c0;
+        const size_t base = (size_t)img * hw * c + c0;
         double acc[GN_MAX_BLOCK], mu[GN_MAX_BLOCK];
+        float buf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK], rbuf[GN_MAX_BLOCK];
         for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        for (int p = 0; p < hw; p++) {
-            const float *xr = xb + (size_t)p * c;
+        if (xb) { /* x' = round(x + xb), stored, summed as stored */
+            float bb[GN_MAX_BLOCK];
+            for (int k = 0; k < nc; k++) bb[k] = ty_ld(xb, (size_t)img * c + c0 + k, dt);
+            for (int p = 0; p < hw; p++) {
+                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
+                float *o = ty_out(xo, base + (size_t)p * c, dt, obuf);
 #pragma omp simd
-            for (int k = 0; k < nc; k++) acc[k] += xr[k];
+                for (int k = 0; k < nc; k++) {
+                    o[k] = ty_round(xr[k] + bb[k], dt);
+                    acc[k] += o[k];
+                }
+                ty_put(xo, base + (size_t)p * c, (size_t)nc, dt, obuf);
+            }
+        } else {
+            for (int p = 0; p < hw; p++) {
+                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
+#pragma omp simd
+                for (int k = 0; k < nc; k++) acc[k] += xr[k];
+            }
         }
         for (int k0 = 0; k0 < nc; k0 += cpg) {
             double sum = 0.0;
@@ -76,7 +97,7 @@ static int gn_fwd(float *y, float *mean, float *rstd, const float *x, const floa
         }
         for (int k = 0; k < nc; k++) acc[k] = 0.0;
         for (int p = 0; p < hw; p++) {
-            const float *xr = xb + (size_t)p * c;
+            const float *xr = ty_row(xs, base + (size_t)p * c, (size_t)nc, dt, buf);
 #pragma omp simd
             for (int k = 0; k < nc; k++) {
                 double d = (double)xr[k] - mu[k];
@@ -84,6 +105,7 @@ static int gn_fwd(float *y, float *mean, float *rstd, const float *x, const floa
             }
         }
         float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
+        float ybv[GN_MAX_BLOCK];
         for (int k0 = 0; k0 < nc; k0 += cpg) {
             double ss = 0.0;
             for (int k = k0; k < k0 + cpg; k++) ss += acc[k];
@@ -98,17 +120,29 @@ static int gn_fwd(float *y, float *mean, float *rstd, const float *x, const floa
         for (int k = 0; k < nc; k++) {
             gm[k] = gamma ? gamma[c0 + k] : 1.0f;
             bt[k] = beta ? beta[c0 + k] : 0.0f;
+            ybv[k] = yb ? ty_ld(yb, (size_t)img * c + c0 + k, dt) : 0.0f;
         }
         for (int p = 0; p < hw; p++) {
-            const float *xr = xb + (size_t)p * c;
-            float *yr = yb + (size_t)p * c;
-            if (silu) {
+            const size_t off = base + (size_t)p * c;
+            const float *xr = ty_row(xs, off, (size_t)nc, dt, buf);
+            const float *rr = yr ? ty_row(yr, off, (size_t)nc, dt, rbuf) : NULL;
+            float *o = ty_out(y, off, dt, obuf);
+            if (!yb && !yr && silu) {
 #pragma omp simd
-                for (int k = 0; k < nc; k++) yr[k] = vm_silu((xr[k] - m[k]) * rs[k] * gm[k] + bt[k]);
-            } else {
+                for (int k = 0; k < nc; k++) o[k] = vm_silu((xr[k] - m[k]) * rs[k] * gm[k] + bt[k]);
+            } else if (!yb && !yr) {
 #pragma omp simd
-                for (int k = 0; k < nc; k++) yr[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+                for (int k = 0; k < nc; k++) o[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+            } else { /* the fused adds after the norm: its output rounded as stored, then summed */
+                for (int k = 0; k < nc; k++) {
+                    float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+                    if (silu) v = vm_silu(v);
+                    if (yb) v = ty_round(v, dt) + ybv[k];
+                    if (yr) v = ty_round(v, dt) + rr[k];
+                    o[k] = v;
+                }
             }
+            ty_put(y, off, (size_t)nc, dt, obuf);
         }
     }
     return BK_OK;
@@ -118,14 +152,16 @@ int cpu_groupnorm_fwd(float *y, float *mean, float *rstd, const float *x, const 
                       const float *beta, int n, int c, int hw, int groups, float eps,
                       bk_ctx *ctx)
 {
-    return gn_fwd(y, mean, rstd, x, gamma, beta, n, c, hw, groups, eps, 0, ctx);
+    return gn_fwd(y, mean, rstd, NULL, x, NULL, NULL, NULL, gamma, beta, n, c, hw, groups, eps, 0,
+                  ctx, BK_DTYPE_F32);
 }
 
 int cpu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x,
                            const float *gamma, const float *beta, int n, int c, int hw,
                            int groups, float eps, bk_ctx *ctx)
 {
-    return gn_fwd(y, mean, rstd, x, gamma, beta, n, c, hw, groups, eps, 1, ctx);
+    return gn_fwd(y, mean, rstd, NULL, x, NULL, NULL, NULL, gamma, beta, n, c, hw, groups, eps, 1,
+                  ctx, BK_DTYPE_F32);
 }
 
 /* dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma; dgamma = sum of
@@ -133,34 +169,42 @@ int cpu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x,
  * per-channel sums of g and g xhat (which give both the group means and the parameter
  * gradients), a second writes dx. silu: dy is the gradient of silu(z), z = gn(x) recomputed
  * from x, mean, rstd, gamma, beta, and g = dy silu'(z), kept between the passes in gzbuf
- * (hw x nc floats). The image's per-channel sums go to sg, sb. */
-static inline void gn_bwd_image(float *dx, double *sg, double *sb, const float *dy,
-                                const float *x, const float *gamma, const float *beta,
-                                const float *mean, const float *rstd, int accum, int c, int hw,
-                                int groups, int img, int c0, int nc, float *gzbuf)
+ * (hw x nc floats). The image's per-channel sums go to sg, sb. dx, dy, x and db of dtype dt
+ * (typed.h); db (the block's nc values of the image, may be NULL): (=/+= db_accum) the sum over
+ * the pixels, in double in pixel order as add_bcast_bwd's, of dx as stored (db_of_dx) or of dy. */
+TY_INLINE void gn_bwd_image(void *dx, double *sg, double *sb, void *db, const void *dy,
+                            const void *x, const float *gamma, const float *beta,
+                            const float *mean, const float *rstd, int accum, int db_accum,
+                            int db_of_dx, int c, int hw, int groups, int img, int c0, int nc,
+                            float *gzbuf, int dt)
 {
     const int silu = gzbuf != NULL;
     const int cpg = c / groups;
     const double cnt = (double)cpg * hw;
     const size_t off = (size_t)img * hw * c + c0;
-    const float *xb = x + off, *gb = dy + off;
-    double rs[GN_MAX_BLOCK];
+    double rs[GN_MAX_BLOCK], dbs[GN_MAX_BLOCK];
     float mf[GN_MAX_BLOCK], rf[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
+    float xbuf[GN_MAX_BLOCK], dbuf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK];
     for (int k = 0; k < nc; k++) {
         int gi = img * groups + (c0 + k) / cpg;
         mf[k] = mean[gi];
         rs[k] = rf[k] = rstd[gi];
         sg[k] = sb[k] = 0.0;
+        dbs[k] = 0.0;
         gm[k] = gamma ? gamma[c0 + k] : 1.0f;
         bt[k] = beta ? beta[c0 + k] : 0.0f;
     }
+    const int db_dy = db && !db_of_dx;
     /* float sums over GN_CHUNK pixels, added into the double sums chunk by chunk */
     float fg[GN_MAX_BLOCK], fb[GN_MAX_BLOCK];
     for (int p0 = 0; p0 < hw; p0 += GN_CHUNK) {
         const int p1 = p0 + GN_CHUNK < hw ? p0 + GN_CHUNK : hw;
         for (int k = 0; k < nc; k++) fg[k] = fb[k] = 0.0f;
         for (int p = p0; p < p1; p++) {
-            const float *xr = xb + (size_t)p * c, *dr = gb + (size_t)p * c;
+            const float *xr = ty_row(x, off + (size_t)p * c, (size_t)nc, dt, xbuf);
+            const float *dr = ty_row(dy, off + (size_t)p * c, (size_t)nc, dt, dbuf);
+            if (db_dy)
+                for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
             if (silu) {
                 float *gz = gzbuf + (size_t)p * nc;
 #pragma omp simd
@@ -179,39 +223,52 @@ static inline void gn_bwd_image(float *dx, double *sg, double *sb, const float *
             sb[k] += fb[k];
         }
     }
-    if (!dx) return;
-    /* per group: a = mean(g gamma), b = mean(g gamma xhat); then dx = A g + B (x - mean) + C
-     * per channel, in float */
-    float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK];
-    for (int k0 = 0; k0 < nc; k0 += cpg) {
-        double s1 = 0.0, s2 = 0.0;
-        for (int k = k0; k < k0 + cpg; k++) {
-            s1 += sb[k] * gm[k];
-            s2 += sg[k] * gm[k];
+    if (dx) {
+        /* per group: a = mean(g gamma), b = mean(g gamma xhat); then dx = A g + B (x - mean) +
+         * C per channel, in float */
+        float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK];
+        for (int k0 = 0; k0 < nc; k0 += cpg) {
+            double s1 = 0.0, s2 = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) {
+                s1 += sb[k] * gm[k];
+                s2 += sg[k] * gm[k];
+            }
+            const double a = s1 / cnt, b = s2 / cnt;
+            for (int k = k0; k < k0 + cpg; k++) {
+                ca[k] = (float)(rs[k] * gm[k]);
+                cb[k] = (float)(-rs[k] * rs[k] * b);
+                cc[k] = (float)(-rs[k] * a);
+            }
         }
-        const double a = s1 / cnt, b = s2 / cnt;
-        for (int k = k0; k < k0 + cpg; k++) {
-            ca[k] = (float)(rs[k] * gm[k]);
-            cb[k] = (float)(-rs[k] * rs[k] * b);
-            cc[k] = (float)(-rs[k] * a);
+        for (int p = 0; p < hw; p++) {
+            const size_t po = off + (size_t)p * c;
+            const float *xr = ty_row(x, po, (size_t)nc, dt, xbuf);
+            const float *dr = silu ? gzbuf + (size_t)p * nc : ty_row(dy, po, (size_t)nc, dt, dbuf);
+            float *o = ty_out(dx, po, dt, obuf);
+            if (accum) {
+                if (dt != BK_DTYPE_F32) cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, po, dt), dt,
+                                                        (size_t)nc);
+#pragma omp simd
+                for (int k = 0; k < nc; k++)
+                    o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
+            } else {
+#pragma omp simd
+                for (int k = 0; k < nc; k++) o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
+            }
+            ty_put(dx, po, (size_t)nc, dt, obuf);
+            if (db && db_of_dx)
+                for (int k = 0; k < nc; k++) dbs[k] += (double)ty_round(o[k], dt);
         }
     }
-    float *ob = dx + off;
-    for (int p = 0; p < hw; p++) {
-        const float *xr = xb + (size_t)p * c;
-        const float *dr = silu ? gzbuf + (size_t)p * nc : gb + (size_t)p * c;
-        float *o = ob + (size_t)p * c;
-        if (accum) {
-#pragma omp simd
-            for (int k = 0; k < nc; k++) o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
-        } else {
-#pragma omp simd
-            for (int k = 0; k < nc; k++) o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
-        }
+    if (db) {
+        const size_t bo = (size_t)img * c + c0;
+        for (int k = 0; k < nc; k++)
+            ty_st(db, bo + k,
+                  db_accum ? (float)((double)ty_ld(db, bo + k, dt) + dbs[k]) : (float)dbs[k], dt);
     }
 }
 
-static int gn_bwd_check(const float *dy, const float *x, const float *mean, const float *rstd,
+static int gn_bwd_check(const void *dy, const void *x, const float *mean, const float *rstd,
                         bk_ctx *ctx, int n, int c, int hw, int groups)
 {
     if (!dy || !x || !mean || !rstd || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
@@ -234,8 +291,8 @@ int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
         double sg_all[GN_MAX_BLOCK], sb_all[GN_MAX_BLOCK], sg[GN_MAX_BLOCK], sb[GN_MAX_BLOCK];
         for (int k = 0; k < nc; k++) sg_all[k] = sb_all[k] = 0.0;
         for (int img = 0; img < n; img++) {
-            gn_bwd_image(dx, sg, sb, dy, x, gamma, NULL, mean, rstd, accum, c, hw, groups, img, c0,
-                         nc, NULL);
+            gn_bwd_image(dx, sg, sb, NULL, dy, x, gamma, NULL, mean, rstd, accum, 0, 0, c, hw,
+                         groups, img, c0, nc, NULL, BK_DTYPE_F32);
             for (int k = 0; k < nc; k++) {
                 sg_all[k] += sg[k];
                 sb_all[k] += sb[k];
@@ -261,13 +318,15 @@ size_t cpu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu)
 }
 
 /* With the workspace the (image, channel block) tasks run in parallel, each block at least
- * GN_WIDE channels, and the parameter gradients add the images' sums in order afterwards. */
-int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
-                         const float *gamma, const float *beta, const float *mean,
-                         const float *rstd, int accum, int n, int c, int hw, int groups, int silu,
-                         void *ws, bk_ctx *ctx)
+ * GN_WIDE channels, and the parameter gradients add the images' sums in order afterwards.
+ * Operands of dtype dt, db as gn_bwd_image's. */
+TY_INLINE int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
+                        const void *x, const float *gamma, const float *beta, const float *mean,
+                        const float *rstd, int accum, int db_accum, int db_of_dx, int n, int c,
+                        int hw, int groups, int silu, void *ws, bk_ctx *ctx, int dt)
 {
-    if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws) return BK_ERR_INVALID;
+    if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws || (db_of_dx && db && !dx))
+        return BK_ERR_INVALID;
     const int blk = gn_block_min(c, c / groups, GN_WIDE);
     const int nblk = (c + blk - 1) / blk;
     double *part = ws; /* (N, 2, C) */
@@ -279,8 +338,8 @@ int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy
         for (int t = 0; t < n * nblk; t++) {
             const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
             double *sg = part + (size_t)img * 2 * c + c0, *sb = sg + c;
-            gn_bwd_image(dx, sg, sb, dy, x, gamma, beta, mean, rstd, accum, c, hw, groups, img, c0,
-                         nc, gz);
+            gn_bwd_image(dx, sg, sb, db, dy, x, gamma, beta, mean, rstd, accum, db_accum,
+                         db_of_dx, c, hw, groups, img, c0, nc, gz, dt);
         }
     }
     if (dgamma || dbeta) {
@@ -298,36 +357,92 @@ int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy
     return BK_OK;
 }
 
+int cpu_groupnorm_bwd_ws(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                         const float *gamma, const float *beta, const float *mean,
+                         const float *rstd, int accum, int n, int c, int hw, int groups, int silu,
+                         void *ws, bk_ctx *ctx)
+{
+    return gn_bwd_ws(dx, dgamma, dbeta, NULL, dy, x, gamma, beta, mean, rstd, accum, 0, 0, n, c,
+                     hw, groups, silu, ws, ctx, BK_DTYPE_F32);
+}
+
+/* the typed group norm (ops.def): the bodies above on s->dtype */
+size_t cpu_t_groupnorm_ws_bytes(const struct bk_groupnorm *s, int backward)
+{
+    return backward ? cpu_groupnorm_bwd_ws_bytes(s->n, s->c, s->hw, s->groups, s->silu) : 0;
+}
+
+int cpu_t_groupnorm_fwd(void *y, float *mean, float *rstd, void *xo, const void *x,
+                        const void *xb, const void *yb, const void *yr, const float *gamma,
+                        const float *beta, void *ws, const struct bk_groupnorm *s, bk_ctx *ctx)
+{
+    return TY_DISPATCH(s->dtype, gn_fwd, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, s->n,
+                       s->c, s->hw, s->groups, s->eps, s->silu, ctx);
+}
+
+int cpu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
+                        const void *x, const float *gamma, const float *beta, const float *mean,
+                        const float *rstd, int accum, int db_accum, int db_of_dx, void *ws,
+                        const struct bk_groupnorm *s, bk_ctx *ctx)
+{
+    return TY_DISPATCH(s->dtype, gn_bwd_ws, dx, dgamma, dbeta, db, dy, x, gamma,
+                       s->silu ? beta : NULL, mean, rstd, accum, db_accum, db_of_dx, s->n, s->c,
+                       s->hw, s->groups, s->silu, ws, ctx);
+}
+
 /* column block of the layer-norm parameter-gradient reduction */
 #define NORM_COL_BLOCK 64
 
-int cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                      const float *beta, int m, int d, float eps, bk_ctx *ctx)
+/* the longest row the typed layer norm takes in 16 bits (its rows convert on the stack) */
+#define LN_MAX_ROW 4096
+
+/* x, y (M,D) of dtype dt (typed.h) */
+TY_INLINE int ln_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                     const float *beta, int m, int d, float eps, bk_ctx *ctx, int dt)
 {
-    if (!y || !mean || !rstd || !x || !ctx || m < 1 || d < 1 || !(eps >= 0.0f))
+    if (!y || !mean || !rstd || !x || !ctx || m < 1 || d < 1 || !(eps >= 0.0f) ||
+        (dt != BK_DTYPE_F32 && d > LN_MAX_ROW))
         return BK_ERR_INVALID;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
     for (int i = 0; i < m; i++) {
-        const float *xr = x + (size_t)i * d;
-        float *yr = y + (size_t)i * d;
+        float buf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+        const float *xr = ty_row(x, (size_t)i * d, (size_t)d, dt, buf);
+        float *yr = ty_out(y, (size_t)i * d, dt, buf); /* buf's row is read before written */
         norm_stats(&mean[i], &rstd[i], xr, (size_t)d, eps);
         const float mu = mean[i], rs = rstd[i];
         for (int j = 0; j < d; j++)
             yr[j] = (xr[j] - mu) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+        ty_put(y, (size_t)i * d, (size_t)d, dt, buf);
     }
     return BK_OK;
 }
 
-int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
-                      const float *gamma, const float *mean, const float *rstd, int accum, int m,
-                      int d, bk_ctx *ctx)
+int cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                      const float *beta, int m, int d, float eps, bk_ctx *ctx)
 {
-    if (!dy || !x || !mean || !rstd || !ctx || m < 1 || d < 1) return BK_ERR_INVALID;
+    return ln_fwd(y, mean, rstd, x, gamma, beta, m, d, eps, ctx, BK_DTYPE_F32);
+}
+
+/* dx, dy, x (M,D) of dtype dt */
+TY_INLINE int ln_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                     const float *gamma, const float *mean, const float *rstd, int accum, int m,
+                     int d, bk_ctx *ctx, int dt)
+{
+    if (!dy || !x || !mean || !rstd || !ctx || m < 1 || d < 1 ||
+        (dt != BK_DTYPE_F32 && d > LN_MAX_ROW))
+        return BK_ERR_INVALID;
     if (dx) {
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
         for (int i = 0; i < m; i++) {
-            const float *xr = x + (size_t)i * d, *dr = dy + (size_t)i * d;
-            float *o = dx + (size_t)i * d;
+            float xbuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+            float dbuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+            float obuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+            const size_t ro = (size_t)i * d;
+            const float *xr = ty_row(x, ro, (size_t)d, dt, xbuf);
+            const float *dr = ty_row(dy, ro, (size_t)d, dt, dbuf);
+            float *o = ty_out(dx, ro, dt, obuf);
+            if (accum && dt != BK_DTYPE_F32)
+                cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, ro, dt), dt, (size_t)d);
             const double mu = mean[i], rs = rstd[i];
             double s1 = 0.0, s2 = 0.0;
             for (int j = 0; j < d; j++) {
@@ -341,6 +456,7 @@ int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
                 float v = (float)(rs * (gd - a - (xr[j] - mu) * rs * b));
                 o[j] = accum ? o[j] + v : v;
             }
+            ty_put(dx, ro, (size_t)d, dt, obuf);
         }
     }
     if (dgamma || dbeta) {
@@ -350,8 +466,10 @@ int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
             const int j0 = bi * NORM_COL_BLOCK;
             const int nb = d - j0 < NORM_COL_BLOCK ? d - j0 : NORM_COL_BLOCK;
             double sg[NORM_COL_BLOCK] = {0}, sb[NORM_COL_BLOCK] = {0};
+            float xbuf[NORM_COL_BLOCK], dbuf[NORM_COL_BLOCK];
             for (int i = 0; i < m; i++) {
-                const float *xr = x + (size_t)i * d + j0, *dr = dy + (size_t)i * d + j0;
+                const float *xr = ty_row(x, (size_t)i * d + j0, (size_t)nb, dt, xbuf);
+                const float *dr = ty_row(dy, (size_t)i * d + j0, (size_t)nb, dt, dbuf);
                 const double mu = mean[i], rs = rstd[i];
                 for (int j = 0; j < nb; j++) {
                     sg[j] += dr[j] * ((xr[j] - mu) * rs);
@@ -365,4 +483,25 @@ int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
         }
     }
     return BK_OK;
+}
+
+int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                      const float *gamma, const float *mean, const float *rstd, int accum, int m,
+                      int d, bk_ctx *ctx)
+{
+    return ln_bwd(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, accum, m, d, ctx, BK_DTYPE_F32);
+}
+
+int cpu_t_layernorm_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                        const float *beta, int m, int d, float eps, int dtype, bk_ctx *ctx)
+{
+    return TY_DISPATCH(dtype, ln_fwd, y, mean, rstd, x, gamma, beta, m, d, eps, ctx);
+}
+
+int cpu_t_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                        const float *gamma, const float *mean, const float *rstd, int accum, int m,
+                        int d, int dtype, bk_ctx *ctx)
+{
+    return TY_DISPATCH(dtype, ln_bwd, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, accum, m, d,
+                       ctx);
 }

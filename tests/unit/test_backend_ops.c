@@ -33,7 +33,14 @@ static void supports(void)
     CHECK(!backend_supports(cpu, BK_OP_device_count, BK_DTYPE_F32), "cpu: no device_count");
     CHECK(!backend_supports(cpu, BK_OP_step_set, BK_DTYPE_F32), "cpu: no step_set");
     CHECK(!backend_supports(cpu, BK_OP_graph_begin, BK_DTYPE_F32), "cpu: no graph_begin");
-    CHECK(!backend_supports(cpu, BK_OP_TYPED_silu_fwd, BK_DTYPE_F32), "cpu: no typed kernels");
+    CHECK(backend_supports(cpu, BK_OP_TYPED_silu_fwd, BK_DTYPE_F32) &&
+              backend_supports(cpu, BK_OP_TYPED_groupnorm_fwd, BK_DTYPE_F32),
+          "cpu: typed kernels");
+    CHECK(backend_supports(cpu, BK_OP_TYPED_silu_fwd, BK_DTYPE_BF16) ==
+                  ((cpu->half_kernels(BK_DTYPE_BF16) & BK_HALF_ELTWISE) != 0) &&
+              backend_supports(cpu, BK_OP_TYPED_groupnorm_fwd, BK_DTYPE_BF16) ==
+                  ((cpu->half_kernels(BK_DTYPE_BF16) & BK_HALF_NORM) != 0),
+          "cpu: bf16 memory-bound kernels as half_kernels says");
     CHECK(backend_supports(cpu, BK_OP_convert, BK_DTYPE_BF16) &&
               backend_supports(cpu, BK_OP_convert, BK_DTYPE_F16),
           "cpu: convert on any dtype");
@@ -159,6 +166,7 @@ static void refusals(void)
     t.conv2d_ws_bytes = NULL; /* plan_make asks it: it must not call it */
     lacks("no conv2d_ws_bytes", &t, "conv2d_ws_bytes", "(conv2d)");
     t = *backend_cpu();
+    t.typed = NULL; /* the fp32 entry, which a backend without typed kernels runs */
     t.silu_bwd = NULL;
     lacks("no silu_bwd", &t, "silu_bwd", "(silu_bwd)");
 

@@ -600,7 +600,8 @@ static void refused(void)
           "f16 attention ran");
     CHECK(cpu_half_kernels(BK_DTYPE_F16) == 0, "f16 half kernels reported");
     unsigned h = cpu_half_kernels(BK_DTYPE_BF16);
-    const unsigned all = BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN;
+    const unsigned all =
+        BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE;
     CHECK(cpu_isa() >= CPU_ISA_AVX512_BF16 ? h == all : h == 0, "bf16 half kernels %#x", h);
     /* under an AVX2 cap nothing 16-bit: the bf16 attention refused */
     cpu_isa_cap(CPU_ISA_AVX2);
@@ -626,6 +627,7 @@ int main(void)
     test_conv(2, 8, 9, 9, 16, 3, 1, 1, 1, 1, 1, 1);
     test_conv(2, 16, 8, 8, 8, 3, 2, 0, 0, 1, 1, 1); /* diffusers' downsample: right/bottom pad */
     test_conv(3, 32, 6, 6, 16, 1, 1, 0, 0, 0, 0, 0);
+    test_conv(2, 24, 5, 7, 72, 1, 1, 0, 0, 0, 0, 1); /* 1x1 with a bias: conv.c's GEMM path */
     test_conv(1, 3, 16, 16, 32, 3, 1, 1, 1, 1, 1, 0); /* the data input's 3 channels */
     test_linear(37, 48, 40, 1);
     test_linear(4, 128, 512, 1); /* the time MLP: few rows */

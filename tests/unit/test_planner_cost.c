@@ -28,6 +28,8 @@ static void file_format(void)
     m.threads = 5;
     m.half_speed[COST_CONV_FWD] = 1.75;
     m.half_speed[COST_GEMM] = 0.625;
+    m.half_cvt[COST_NORM] = 1;
+    m.half_cvt[COST_ATTN_FWD] = 0;
     char *txt = cost_model_format(&m), err[200];
     memset(&r, 0, sizeof r);
     CHECK(txt && cost_model_parse(&r, txt, err, sizeof err) == 0, "parse of format: %s", err);
@@ -40,7 +42,8 @@ static void file_format(void)
             close_rel(r.transfer_seconds_per_byte, m.transfer_seconds_per_byte, 1e-5) &&
             close_rel(r.convert_seconds_per_byte, m.convert_seconds_per_byte, 1e-5);
     for (int k = 0; k < COST_CLASS_COUNT; k++)
-        same &= close_rel(r.half_speed[k], m.half_speed[k], 1e-5);
+        same &= close_rel(r.half_speed[k], m.half_speed[k], 1e-5) &&
+                r.half_cvt[k] == m.half_cvt[k];
     CHECK(same, "the file does not read back to the constants written:\n%s", txt ? txt : "");
     free(txt);
 
@@ -178,6 +181,27 @@ static void prediction(void)
         double h2 = cost_predict_graph_seconds(&m2, &g4, &sb, 4);
         CHECK(cf > 0 && close_rel(h1 - h2, 0.5 * cf, 1e-9),
               "bf16 with conv_fwd at 2x: %g -> %g, expected %g less", h1, h2, 0.5 * cf);
+        /* half_cvt: a class whose kernels take 16-bit operands is charged no conversions; one
+         * converted around is charged its 16-bit operands' fp32 bytes at convert's rate */
+        struct cost_model m3 = m;
+        for (int c = 0; c < COST_CLASS_COUNT; c++) m.half_cvt[c] = m3.half_cvt[c] = 0;
+        m3.half_cvt[COST_CONV_FWD] = 1;
+        double bytes = 0;
+        for (int k = 0; k < g4.n_ops; k++) {
+            const struct op *o = &g4.ops[k];
+            if (cost_op_class(o) != COST_CONV_FWD) continue;
+            for (int j = 0; j < o->n_in; j++)
+                if (o->in[j] >= 0 && graph_input_dtype(&g4, o, j) != DTYPE_F32)
+                    bytes += 4.0 * g4.tensors[o->in[j]]->numel;
+            for (int j = 0; j < o->n_out; j++)
+                if (o->out[j] >= 0 && g4.tensors[o->out[j]]->dtype != DTYPE_F32)
+                    bytes += 4.0 * g4.tensors[o->out[j]]->numel;
+        }
+        double n0 = cost_predict_graph_seconds(&m, &g4, &sb, 4);
+        double n1 = cost_predict_graph_seconds(&m3, &g4, &sb, 4);
+        CHECK(bytes > 0 && close_rel(n1 - n0, bytes * m.convert_seconds_per_byte, 1e-9),
+              "half_cvt conv_fwd: %g -> %g, expected %g more", n0, n1,
+              bytes * m.convert_seconds_per_byte);
     } else {
         CHECK(0, "the bf16 graph");
     }

@@ -1,0 +1,85 @@
+/* typed.h - element access by dtype for the CPU backend's kernels that take fp32, bf16 or f16
+ * operands (struct bk_typed, typed.c): one kernel body per idea, written against these helpers
+ * and inlined once per dtype (a constant dt folds the branches away, so the fp32 copy is the
+ * fp32 kernel's code). 16-bit values load exactly and store rounded once to nearest even, as
+ * kernels/half.h.
+ */
+#ifndef DDPMD_CPU_TYPED_H
+#define DDPMD_CPU_TYPED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu.h"
+#include "half.h"
+
+#define TY_INLINE static inline __attribute__((always_inline))
+
+/* element i of p (dtype dt) as fp32, exact */
+TY_INLINE float ty_ld(const void *p, size_t i, int dt)
+{
+    if (dt == BK_DTYPE_F32) return ((const float *)p)[i];
+    if (dt == BK_DTYPE_BF16) return half_bf16_to_f32(((const uint16_t *)p)[i]);
+    return half_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* element i of p (dtype dt) = v rounded to dt */
+TY_INLINE void ty_st(void *p, size_t i, float v, int dt)
+{
+    if (dt == BK_DTYPE_F32) ((float *)p)[i] = v;
+    else if (dt == BK_DTYPE_BF16) ((uint16_t *)p)[i] = half_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = half_f32_to_f16(v);
+}
+
+/* v rounded to dt, as fp32 (what a store and a load give) */
+TY_INLINE float ty_round(float v, int dt)
+{
+    if (dt == BK_DTYPE_F32) return v;
+    if (dt == BK_DTYPE_BF16) return half_bf16_to_f32(half_f32_to_bf16(v));
+    return half_f16_to_f32(half_f32_to_f16(v));
+}
+
+/* the address of element i of p (dtype dt) */
+TY_INLINE void *ty_at(const void *p, size_t i, int dt)
+{
+    return (char *)(uintptr_t)p + i * bk_dtype_size(dt);
+}
+
+/* elements per row segment the typed kernels convert on the stack */
+#define TY_ROW 1024
+
+/* n elements of p from element i as fp32: p itself for fp32, else converted into buf (n
+ * floats; cpu_convert_run's vector conversions) */
+TY_INLINE const float *ty_row(const void *p, size_t i, size_t n, int dt, float *buf)
+{
+    if (dt == BK_DTYPE_F32) return (const float *)p + i;
+    cpu_convert_run(buf, BK_DTYPE_F32, ty_at(p, i, dt), dt, n);
+    return buf;
+}
+
+/* the destination of n fp32 results for p from element i: p itself for fp32, else buf, which
+ * ty_put then rounds into p */
+TY_INLINE float *ty_out(void *p, size_t i, int dt, float *buf)
+{
+    return dt == BK_DTYPE_F32 ? (float *)p + i : buf;
+}
+TY_INLINE void ty_put(void *p, size_t i, size_t n, int dt, const float *buf)
+{
+    if (dt != BK_DTYPE_F32) cpu_convert_run(ty_at(p, i, dt), dt, buf, BK_DTYPE_F32, n);
+}
+
+/* whether dt is a dtype the typed kernels take */
+TY_INLINE int ty_valid(int dt)
+{
+    return dt == BK_DTYPE_F32 || dt == BK_DTYPE_BF16 || dt == BK_DTYPE_F16;
+}
+
+/* calls body(args..., dt) with dt a constant, one inlined copy per dtype (BK_ERR_INVALID for
+ * another) */
+#define TY_DISPATCH(dt, body, ...)                                                                 \
+    ((dt) == BK_DTYPE_F32    ? body(__VA_ARGS__, BK_DTYPE_F32)                                     \
+     : (dt) == BK_DTYPE_BF16 ? body(__VA_ARGS__, BK_DTYPE_BF16)                                    \
+     : (dt) == BK_DTYPE_F16  ? body(__VA_ARGS__, BK_DTYPE_F16)                                     \
+                             : BK_ERR_INVALID)
+
+#endif
