@@ -15,7 +15,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,15 +92,6 @@ struct dataset_loader {
     pthread_t thread;
     int have_mu, have_ready, have_space, have_thread;
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 void dataset_free(struct dataset *ds)
 {
@@ -527,7 +517,7 @@ static enum dataset_status list_pngs(struct name_list *l, const char *root, cons
         char line[600];
         snprintf(line, sizeof line, "cannot open directory '%s': %s", dirpath, strerror(errno));
         if (!sub) {
-            set_err(err, errlen, "%s", line);
+            fsio_err(err, errlen, "%s", line);
             rc = DATASET_ERR_IO;
             goto done;
         }
@@ -542,7 +532,7 @@ static enum dataset_status list_pngs(struct name_list *l, const char *root, cons
         de = readdir(d);
         if (!de) {
             if (errno) {
-                set_err(err, errlen, "cannot list directory '%s': %s", dirpath, strerror(errno));
+                fsio_err(err, errlen, "cannot list directory '%s': %s", dirpath, strerror(errno));
                 rc = DATASET_ERR_IO;
                 goto done;
             }
@@ -566,10 +556,10 @@ static enum dataset_status list_pngs(struct name_list *l, const char *root, cons
             /* checked while listing, so a folder of millions of names is refused before its
              * listing grows past the limit */
             if (l->n >= g_max_files) {
-                set_err(err, errlen,
-                        "'%s' holds more than %zu .png files (DATASET_MAX_FILES); split it or "
-                        "remove some",
-                        root, g_max_files);
+                fsio_err(err, errlen,
+                         "'%s' holds more than %zu .png files (DATASET_MAX_FILES); split it or "
+                         "remove some",
+                         root, g_max_files);
                 rc = DATASET_ERR_FORMAT;
                 goto done;
             }
@@ -583,7 +573,7 @@ static enum dataset_status list_pngs(struct name_list *l, const char *root, cons
     goto done;
 oom:
     rc = DATASET_ERR_NOMEM;
-    set_err(err, errlen, "out of memory listing '%s'", root);
+    fsio_err(err, errlen, "out of memory listing '%s'", root);
 done:
     if (d) closedir(d);
     free(dirpath);
@@ -627,8 +617,8 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
     if (!out) return DATASET_ERR_ARG;
     *out = NULL;
     if (!dir || !*dir || !check_shape(channels, size)) {
-        set_err(err, errlen, "dataset_open_folder: bad argument (dir, channels=%d, size=%d)",
-                channels, size);
+        fsio_err(err, errlen, "dataset_open_folder: bad argument (dir, channels=%d, size=%d)",
+                 channels, size);
         goto done;
     }
     rc = list_pngs(&names, dir, NULL, log_cb, log_ctx, err, errlen);
@@ -636,7 +626,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
     rep.found = (int)names.n;
     if (names.n == 0) {
         rc = DATASET_ERR_EMPTY;
-        set_err(err, errlen, "no .png files in '%s' (or its subdirectories)", dir);
+        fsio_err(err, errlen, "no .png files in '%s' (or its subdirectories)", dir);
         goto done;
     }
     /* file names compare as bytes, independent of readdir order and locale */
@@ -658,7 +648,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
         }
     }
     if (!ds) {
-        set_err(err, errlen, "out of memory for a dataset from '%s'", dir);
+        fsio_err(err, errlen, "out of memory for a dataset from '%s'", dir);
         goto done;
     }
     per = (size_t)channels * size * size;
@@ -666,7 +656,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
         char *full = path_join(dir, names.v[i]);
         enum image_status ir;
         if (!full) {
-            set_err(err, errlen, "out of memory loading '%s'", dir);
+            fsio_err(err, errlen, "out of memory loading '%s'", dir);
             goto done;
         }
         ir = image_load_png(full, &img, ierr, sizeof ierr);
@@ -678,15 +668,15 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
             if (ds->px_len + nb > (uint64_t)source_bytes ||
                 (int64_t)img.w * img.h > max_pixels) {
                 rc = DATASET_ERR_FORMAT;
-                set_err(err, errlen, "'%s' in '%s' is over the %lld bytes or %lld pixels "
-                        "recorded for the folder: it changed after it was checked", names.v[i],
-                        dir, (long long)source_bytes, (long long)max_pixels);
+                fsio_err(err, errlen, "'%s' in '%s' is over the %lld bytes or %lld pixels "
+                         "recorded for the folder: it changed after it was checked", names.v[i],
+                         dir, (long long)source_bytes, (long long)max_pixels);
                 free(full);
                 goto done;
             }
             if (dataset_reserve_bytes(ds, nb)) {
-                set_err(err, errlen, "out of memory for %d images (%zu bytes) from '%s'",
-                        loaded + 1, ds->px_len + nb, dir);
+                fsio_err(err, errlen, "out of memory for %d images (%zu bytes) from '%s'",
+                         loaded + 1, ds->px_len + nb, dir);
                 free(full);
                 goto done;
             }
@@ -703,8 +693,8 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
             ir = image_to_channels(&img, channels);
             /* room for an image only once one has decoded */
             if (ir == IMAGE_OK && dataset_reserve(ds, (size_t)loaded + 1)) {
-                set_err(err, errlen, "out of memory for %d images of %dx%dx%d from '%s'",
-                        loaded + 1, channels, size, size, dir);
+                fsio_err(err, errlen, "out of memory for %d images of %dx%dx%d from '%s'",
+                         loaded + 1, channels, size, size, dir);
                 free(full);
                 goto done;
             }
@@ -715,7 +705,7 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
         free(full);
         image_free(&img);
         if (ir == IMAGE_ERR_NOMEM) {
-            set_err(err, errlen, "%s", ierr);
+            fsio_err(err, errlen, "%s", ierr);
             goto done;
         }
         if (ir == IMAGE_OK) {
@@ -734,14 +724,14 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
     rep.loaded = loaded;
     if (loaded == 0) {
         rc = DATASET_ERR_EMPTY;
-        set_err(err, errlen,
-                "no usable image in '%s': all %d .png files are unreadable (first: %s)", dir,
-                rep.found, rep.first_reason);
+        fsio_err(err, errlen,
+                 "no usable image in '%s': all %d .png files are unreadable (first: %s)", dir,
+                 rep.found, rep.first_reason);
         goto done;
     }
     dataset_shrink(ds);
     if (dataset_train_all(ds)) {
-        set_err(err, errlen, "out of memory");
+        fsio_err(err, errlen, "out of memory");
         goto done;
     }
     *out = ds;
@@ -776,14 +766,14 @@ static enum dataset_status idx_open(struct idx_file *f, const char *dir, const c
     fd = fsio_open_regular(f->path, O_RDONLY, err, errlen);
     if (fd < 0) return DATASET_ERR_IO;
     if (fstat(fd, &sb) != 0) {
-        set_err(err, errlen, "cannot stat '%s': %s", f->path, strerror(errno));
+        fsio_err(err, errlen, "cannot stat '%s': %s", f->path, strerror(errno));
         close(fd);
         return DATASET_ERR_IO;
     }
     f->file_bytes = (uint64_t)sb.st_size;
     f->gz = gzdopen(fd, "rb");
     if (!f->gz) {
-        set_err(err, errlen, "cannot open '%s': out of memory", f->path);
+        fsio_err(err, errlen, "cannot open '%s': out of memory", f->path);
         close(fd);
         return DATASET_ERR_NOMEM;
     }
@@ -803,11 +793,11 @@ static int idx_read(struct idx_file *f, void *buf, size_t n, const char *what, c
             int zerr = Z_OK;
             const char *zmsg = gzerror(f->gz, &zerr);
             if (got < 0 || (zerr != Z_OK && zerr != Z_BUF_ERROR))
-                set_err(err, errlen, "cannot read %s of '%s': %s", what, f->path,
-                        zerr == Z_ERRNO ? strerror(errno) : zmsg);
+                fsio_err(err, errlen, "cannot read %s of '%s': %s", what, f->path,
+                         zerr == Z_ERRNO ? strerror(errno) : zmsg);
             else
-                set_err(err, errlen, "'%s' is truncated: %s ends after %zu of %zu bytes",
-                        f->path, what, done, n);
+                fsio_err(err, errlen, "'%s' is truncated: %s ends after %zu of %zu bytes",
+                         f->path, what, done, n);
             return -1;
         }
         done += (size_t)got;
@@ -834,32 +824,32 @@ static enum dataset_status idx_header(struct idx_file *f, uint32_t magic, int nd
     if (idx_read(f, h, (size_t)hbytes, "the header", err, errlen)) return DATASET_ERR_FORMAT;
     m = be32(h);
     if (m != magic) {
-        set_err(err, errlen, "'%s' has IDX magic %u, expected %u (%s)", f->path, m, magic,
-                magic == 2051 ? "unsigned bytes, 3 dimensions" : "unsigned bytes, 1 dimension");
+        fsio_err(err, errlen, "'%s' has IDX magic %u, expected %u (%s)", f->path, m, magic,
+                 magic == 2051 ? "unsigned bytes, 3 dimensions" : "unsigned bytes, 1 dimension");
         return DATASET_ERR_FORMAT;
     }
     for (i = 0; i < ndims; i++) dims[i] = be32(h + 4 + 4 * i);
     if (dims[0] == 0 || dims[0] > DATASET_IDX_MAX_COUNT) {
-        set_err(err, errlen, "'%s' declares %u items (expected 1..%u, DATASET_IDX_MAX_COUNT)",
-                f->path, dims[0], DATASET_IDX_MAX_COUNT);
+        fsio_err(err, errlen, "'%s' declares %u items (expected 1..%u, DATASET_IDX_MAX_COUNT)",
+                 f->path, dims[0], DATASET_IDX_MAX_COUNT);
         return DATASET_ERR_FORMAT;
     }
     /* at most 2 u32 dimensions per item: the product fits u64, times a count < 2^24 does too */
     for (i = 1; i < ndims; i++) item *= dims[i];
     if (item > (UINT64_MAX - hbytes) / dims[0]) {
-        set_err(err, errlen, "'%s' declares %u items of %llu bytes: too large", f->path, dims[0],
-                (unsigned long long)item);
+        fsio_err(err, errlen, "'%s' declares %u items of %llu bytes: too large", f->path, dims[0],
+                 (unsigned long long)item);
         return DATASET_ERR_FORMAT;
     }
     total = hbytes + item * dims[0];
     if (gzdirect(f->gz) ? total != f->file_bytes
                         : (total - hbytes) / DATASET_DEFLATE_MAX_RATIO > f->file_bytes) {
-        set_err(err, errlen,
-                "'%s' declares %u items (%llu bytes with the header) but %s %llu bytes%s",
-                f->path, dims[0], (unsigned long long)total,
-                gzdirect(f->gz) ? "the file holds" : "its compressed",
-                (unsigned long long)f->file_bytes,
-                gzdirect(f->gz) ? "" : " cannot hold that much (truncated or corrupt)");
+        fsio_err(err, errlen,
+                 "'%s' declares %u items (%llu bytes with the header) but %s %llu bytes%s",
+                 f->path, dims[0], (unsigned long long)total,
+                 gzdirect(f->gz) ? "the file holds" : "its compressed",
+                 (unsigned long long)f->file_bytes,
+                 gzdirect(f->gz) ? "" : " cannot hold that much (truncated or corrupt)");
         return DATASET_ERR_FORMAT;
     }
     return DATASET_OK;
@@ -871,12 +861,12 @@ static enum dataset_status idx_expect_end(struct idx_file *f, char *err, size_t 
     unsigned char b;
     int got = gzread(f->gz, &b, 1);
     if (got > 0) {
-        set_err(err, errlen, "'%s' has bytes past the items its header declares", f->path);
+        fsio_err(err, errlen, "'%s' has bytes past the items its header declares", f->path);
         return DATASET_ERR_FORMAT;
     }
     if (got < 0) {
         int zerr;
-        set_err(err, errlen, "cannot read '%s': %s", f->path, gzerror(f->gz, &zerr));
+        fsio_err(err, errlen, "cannot read '%s': %s", f->path, gzerror(f->gz, &zerr));
         return DATASET_ERR_FORMAT;
     }
     /* every item arrived, but a gzip stream cut inside its trailer ends with Z_BUF_ERROR
@@ -885,7 +875,7 @@ static enum dataset_status idx_expect_end(struct idx_file *f, char *err, size_t 
         int zerr = Z_OK;
         const char *zmsg = gzerror(f->gz, &zerr);
         if (zerr != Z_OK) {
-            set_err(err, errlen, "'%s' is truncated or corrupt: %s", f->path, zmsg);
+            fsio_err(err, errlen, "'%s' is truncated or corrupt: %s", f->path, zmsg);
             return DATASET_ERR_FORMAT;
         }
     }
@@ -913,10 +903,10 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
         (split != DATASET_FMNIST_TRAIN && split != DATASET_FMNIST_TEST) ||
         (fit != DATASET_FIT_PAD && fit != DATASET_FIT_RESIZE) ||
         (fit == DATASET_FIT_PAD && size < FMNIST_SIDE)) {
-        set_err(err, errlen,
-                "dataset_open_fmnist: bad argument (channels=%d, size=%d, fit=%d; padding needs "
-                "size >= 28)",
-                channels, size, (int)fit);
+        fsio_err(err, errlen,
+                 "dataset_open_fmnist: bad argument (channels=%d, size=%d, fit=%d; padding needs "
+                 "size >= 28)",
+                 channels, size, (int)fit);
         goto done;
     }
     prefix = split == DATASET_FMNIST_TRAIN ? "train" : "t10k";
@@ -929,13 +919,13 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
     if ((rc = idx_header(&fl, 2049, 1, ldims, err, errlen)) != DATASET_OK) goto done;
     rc = DATASET_ERR_FORMAT;
     if (idims[1] != FMNIST_SIDE || idims[2] != FMNIST_SIDE) {
-        set_err(err, errlen, "'%s' holds %ux%u images, expected 28x28", fi.path, idims[1],
-                idims[2]);
+        fsio_err(err, errlen, "'%s' holds %ux%u images, expected 28x28", fi.path, idims[1],
+                 idims[2]);
         goto done;
     }
     if (idims[0] != ldims[0]) {
-        set_err(err, errlen, "'%s' holds %u images but '%s' %u labels", fi.path, idims[0],
-                fl.path, ldims[0]);
+        fsio_err(err, errlen, "'%s' holds %u images but '%s' %u labels", fi.path, idims[0],
+                 fl.path, ldims[0]);
         goto done;
     }
     n = idims[0];
@@ -948,15 +938,15 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
         ds = NULL;
     }
     if (!ds) {
-        set_err(err, errlen, "out of memory for %u images of %dx%dx%d", n, channels, size, size);
+        fsio_err(err, errlen, "out of memory for %u images of %dx%dx%d", n, channels, size, size);
         goto done;
     }
     rc = DATASET_ERR_FORMAT;
     if (idx_read(&fl, ds->labels, n, "the labels", err, errlen)) goto done;
     for (i = 0; i < n; i++) {
         if (ds->labels[i] > 9) {
-            set_err(err, errlen, "'%s': label %u of item %u is not a class 0..9", fl.path,
-                    ds->labels[i], i);
+            fsio_err(err, errlen, "'%s': label %u of item %u is not a class 0..9", fl.path,
+                     ds->labels[i], i);
             goto done;
         }
     }
@@ -972,8 +962,8 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
          * it holds */
         if (dataset_reserve(ds, (size_t)i + 1)) {
             rc = DATASET_ERR_NOMEM;
-            set_err(err, errlen, "out of memory for %u images of %dx%dx%d", i + 1, channels, size,
-                    size);
+            fsio_err(err, errlen, "out of memory for %u images of %dx%dx%d", i + 1, channels, size,
+                     size);
             goto done;
         }
         if (ds->px) {
@@ -984,8 +974,8 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
                              ds->x + (size_t)i * channels * size * size);
             if (fr != DATASET_OK) {
                 rc = fr;
-                set_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
-                        fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
+                fsio_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
+                         fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
                 goto done;
             }
         }
@@ -998,8 +988,8 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
         free(probe);
         if (fr != DATASET_OK) {
             rc = fr;
-            set_err(err, errlen, "cannot resize Fashion-MNIST images to %d: %s", size,
-                    fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
+            fsio_err(err, errlen, "cannot resize Fashion-MNIST images to %d: %s", size,
+                     fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
             goto done;
         }
     }
@@ -1007,7 +997,7 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
     dataset_shrink(ds);
     rc = DATASET_ERR_NOMEM;
     if (dataset_train_all(ds)) {
-        set_err(err, errlen, "out of memory");
+        fsio_err(err, errlen, "out of memory");
         goto done;
     }
     *out = ds;
@@ -1050,7 +1040,7 @@ enum dataset_status dataset_save_samples(const struct dataset *ds, const char *p
 {
     if (err && errlen) err[0] = '\0';
     if (!ds || !ds->src || !path) {
-        set_err(err, errlen, "dataset_save_samples: not a folder held as its samples");
+        fsio_err(err, errlen, "dataset_save_samples: not a folder held as its samples");
         return DATASET_ERR_ARG;
     }
     struct samples_head h;
@@ -1079,20 +1069,20 @@ enum dataset_status dataset_open_samples(struct dataset **out, const char *path,
     if (!out) return DATASET_ERR_ARG;
     *out = NULL;
     if (!path || !check_shape(channels, size)) {
-        set_err(err, errlen, "dataset_open_samples: bad argument (channels=%d, size=%d)",
-                channels, size);
+        fsio_err(err, errlen, "dataset_open_samples: bad argument (channels=%d, size=%d)",
+                 channels, size);
         return DATASET_ERR_ARG;
     }
     rc = DATASET_ERR_IO;
     fd = fsio_open_regular(path, O_RDONLY, err, errlen);
     if (fd < 0) goto done;
     if (fstat(fd, &sb) != 0) {
-        set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
+        fsio_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
         goto done;
     }
     rc = DATASET_ERR_FORMAT;
     if ((uint64_t)sb.st_size < sizeof(struct samples_head) || (uint64_t)sb.st_size > SIZE_MAX) {
-        set_err(err, errlen, "'%s' is too short for its header", path);
+        fsio_err(err, errlen, "'%s' is too short for its header", path);
         goto done;
     }
     rc = DATASET_ERR_NOMEM;
@@ -1102,7 +1092,7 @@ enum dataset_status dataset_open_samples(struct dataset **out, const char *path,
     if (ds->map == MAP_FAILED) {
         ds->map = NULL;
         rc = DATASET_ERR_IO;
-        set_err(err, errlen, "cannot map '%s': %s", path, strerror(errno));
+        fsio_err(err, errlen, "cannot map '%s': %s", path, strerror(errno));
         goto done;
     }
     rc = DATASET_ERR_FORMAT;
@@ -1112,19 +1102,19 @@ enum dataset_status dataset_open_samples(struct dataset **out, const char *path,
     if (memcmp(h.magic, DATASET_SAMPLES_MAGIC, sizeof h.magic) || h.order != 0x01020304u ||
         h.n < 1 || h.n > g_max_files || h.n > left / sizeof(struct dataset_src) ||
         h.px_len != left - h.n * sizeof(struct dataset_src)) {
-        set_err(err, errlen, "'%s' is not a samples file of its size (header)", path);
+        fsio_err(err, errlen, "'%s' is not a samples file of its size (header)", path);
         goto done;
     }
     /* the plan's bounds: dataset_open_folder would hold these images as bytes, in as many */
     if (!folder_as_bytes((int64_t)h.n, channels, size, max_pixels, source_bytes)) {
         rc = DATASET_ERR_ARG;
-        set_err(err, errlen, "at %dx%d the dataset is held as float", channels, size);
+        fsio_err(err, errlen, "at %dx%d the dataset is held as float", channels, size);
         goto done;
     }
     if (h.px_len > (uint64_t)source_bytes) {
-        set_err(err, errlen, "'%s' holds %llu bytes of %llu images, over the %lld of the plan",
-                path, (unsigned long long)h.px_len, (unsigned long long)h.n,
-                (long long)source_bytes);
+        fsio_err(err, errlen, "'%s' holds %llu bytes of %llu images, over the %lld of the plan",
+                 path, (unsigned long long)h.px_len, (unsigned long long)h.n,
+                 (long long)source_bytes);
         goto done;
     }
     ds->src = (struct dataset_src *)((uint8_t *)ds->map + sizeof h);
@@ -1133,7 +1123,7 @@ enum dataset_status dataset_open_samples(struct dataset **out, const char *path,
                                            h.n * sizeof(struct dataset_src)),
                                ds->px, h.px_len);
     if (crc != h.crc) {
-        set_err(err, errlen, "'%s' fails its checksum (%08x, recorded %08x)", path, crc, h.crc);
+        fsio_err(err, errlen, "'%s' fails its checksum (%08x, recorded %08x)", path, crc, h.crc);
         goto done;
     }
     /* records back to back over the samples, each an image a decode gives */
@@ -1145,15 +1135,15 @@ enum dataset_status dataset_open_samples(struct dataset **out, const char *path,
             r->bps > 2 || r->w < 1 || r->h < 1 || r->w > IMAGE_MAX_SIDE ||
             r->h > IMAGE_MAX_SIDE || (int64_t)r->w * r->h > max_pixels ||
             len > h.px_len - off) {
-            set_err(err, errlen, "'%s': image %llu's record is out of bounds", path,
-                    (unsigned long long)i);
+            fsio_err(err, errlen, "'%s': image %llu's record is out of bounds", path,
+                     (unsigned long long)i);
             goto done;
         }
         off += len;
     }
     if (off != h.px_len) {
-        set_err(err, errlen, "'%s': its records cover %llu of %llu bytes", path,
-                (unsigned long long)off, (unsigned long long)h.px_len);
+        fsio_err(err, errlen, "'%s': its records cover %llu of %llu bytes", path,
+                 (unsigned long long)off, (unsigned long long)h.px_len);
         goto done;
     }
     ds->n = (int)h.n;
@@ -1164,7 +1154,7 @@ enum dataset_status dataset_open_samples(struct dataset **out, const char *path,
     dataset_init_lut(ds);
     rc = DATASET_ERR_NOMEM;
     if (dataset_train_all(ds)) {
-        set_err(err, errlen, "out of memory");
+        fsio_err(err, errlen, "out of memory");
         goto done;
     }
     *out = ds;
@@ -1202,8 +1192,8 @@ enum dataset_status dataset_split(struct dataset *ds, int val_count, uint64_t se
 
     if (err && errlen) err[0] = '\0';
     if (!ds || val_count < 0 || val_count >= ds->n) {
-        set_err(err, errlen, "cannot hold out %d of %d images (at least one must train)",
-                val_count, ds ? ds->n : 0);
+        fsio_err(err, errlen, "cannot hold out %d of %d images (at least one must train)",
+                 val_count, ds ? ds->n : 0);
         goto done;
     }
     rc = DATASET_ERR_NOMEM;
@@ -1212,7 +1202,7 @@ enum dataset_status dataset_split(struct dataset *ds, int val_count, uint64_t se
     train = malloc((size_t)(ds->n - val_count) * sizeof *train);
     val = malloc((size_t)(val_count ? val_count : 1) * sizeof *val);
     if (!perm || !is_val || !train || !val) {
-        set_err(err, errlen, "out of memory splitting %d images", ds->n);
+        fsio_err(err, errlen, "out of memory splitting %d images", ds->n);
         goto done;
     }
     shuffle_perm(perm, ds->n, seed, 0, 1);
@@ -1242,7 +1232,7 @@ enum dataset_status dataset_split_fraction(struct dataset *ds, double fraction, 
 {
     double v;
     if (!ds || !(fraction >= 0.0 && fraction < 1.0)) {
-        set_err(err, errlen, "validation fraction %g is not in [0, 1)", fraction);
+        fsio_err(err, errlen, "validation fraction %g is not in [0, 1)", fraction);
         return DATASET_ERR_ARG;
     }
     v = fraction * ds->n + 0.5;
@@ -1412,8 +1402,8 @@ enum dataset_status dataset_loader_init(struct dataset_loader **out, const struc
     *out = NULL;
     if (depth <= 0) depth = 2;
     if (!ds || ds->ntrain < 1 || batch < 1 || start_step < 0 || depth > DATASET_MAX_LOADER_DEPTH) {
-        set_err(err, errlen, "dataset_loader_init: bad argument (batch=%d, start=%lld, depth=%d)",
-                batch, (long long)start_step, depth);
+        fsio_err(err, errlen, "dataset_loader_init: bad argument (batch=%d, start=%lld, depth=%d)",
+                 batch, (long long)start_step, depth);
         goto done;
     }
     per = (size_t)ds->c * ds->s * ds->s;
@@ -1447,10 +1437,10 @@ enum dataset_status dataset_loader_init(struct dataset_loader **out, const struc
     goto done;
 oom:
     rc = DATASET_ERR_NOMEM;
-    set_err(err, errlen, "out of memory for a prefetch ring of %d batches of %d", depth, batch);
+    fsio_err(err, errlen, "out of memory for a prefetch ring of %d batches of %d", depth, batch);
     goto done;
 thread_fail:
-    set_err(err, errlen, "cannot start the dataset prefetch thread");
+    fsio_err(err, errlen, "cannot start the dataset prefetch thread");
 done:
     dataset_loader_free(l);
     return rc;

@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,16 +67,6 @@ struct safetensors_writer {
 };
 
 /* ---- small helpers ---- */
-
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t errlen,
-                                                          const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 size_t safetensors_dtype_size(enum st_dtype dtype)
 {
@@ -263,8 +252,8 @@ static enum st_status parse_entry(const cJSON *e, struct st_tensor *t, struct st
     size_t nbytes;
 
     if (!cJSON_IsObject(e)) {
-        set_err(err, errlen, "tensor '%.200s': entry is %s, not an object", name,
-                json_describe(e, desc, sizeof desc));
+        fsio_err(err, errlen, "tensor '%.200s': entry is %s, not an object", name,
+                 json_describe(e, desc, sizeof desc));
         goto done;
     }
     /* serde (the reference reader) rejects a repeated field; cJSON would silently take the first */
@@ -274,42 +263,42 @@ static enum st_status parse_entry(const cJSON *e, struct st_tensor *t, struct st
         int *cnt = !strcmp(k, "dtype") ? &nd : !strcmp(k, "shape") ? &ns
                  : !strcmp(k, "data_offsets") ? &no : NULL;
         if (cnt && ++*cnt > 1) {
-            set_err(err, errlen, "tensor '%.200s': field '%s' appears twice", name, k);
+            fsio_err(err, errlen, "tensor '%.200s': field '%s' appears twice", name, k);
             goto done;
         }
     }
 
     dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     if (!cJSON_IsString(dtype)) {
-        set_err(err, errlen, "tensor '%.200s': \"dtype\" is %s, expected a string like \"F32\"",
-                name, json_describe(dtype, desc, sizeof desc));
+        fsio_err(err, errlen, "tensor '%.200s': \"dtype\" is %s, expected a string like \"F32\"",
+                 name, json_describe(dtype, desc, sizeof desc));
         goto done;
     }
     for (i = 0; i < ST_DTYPE_COUNT; i++)
         if (!strcmp(dtype->valuestring, st_dtypes[i].name)) break;
     if (i == ST_DTYPE_COUNT) {
-        set_err(err, errlen, "tensor '%.200s': unknown dtype '%.40s'", name, dtype->valuestring);
+        fsio_err(err, errlen, "tensor '%.200s': unknown dtype '%.40s'", name, dtype->valuestring);
         goto done;
     }
     t->dtype = (enum st_dtype)i;
 
     shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     if (!cJSON_IsArray(shape)) {
-        set_err(err, errlen, "tensor '%.200s': \"shape\" is %s, expected an array of integers",
-                name, json_describe(shape, desc, sizeof desc));
+        fsio_err(err, errlen, "tensor '%.200s': \"shape\" is %s, expected an array of integers",
+                 name, json_describe(shape, desc, sizeof desc));
         goto done;
     }
     if (cJSON_GetArraySize(shape) > ST_MAX_NDIM) {
-        set_err(err, errlen, "tensor '%.200s': shape has %d dimensions, at most %d are supported",
-                name, cJSON_GetArraySize(shape), ST_MAX_NDIM);
+        fsio_err(err, errlen, "tensor '%.200s': shape has %d dimensions, at most %d are supported",
+                 name, cJSON_GetArraySize(shape), ST_MAX_NDIM);
         goto done;
     }
     t->ndim = 0;
     cJSON_ArrayForEach(f, shape)
     {
         if (!json_uint(f, &v)) {
-            set_err(err, errlen, "tensor '%.200s': shape[%d] is %s, not a non-negative integer",
-                    name, t->ndim, json_describe(f, desc, sizeof desc));
+            fsio_err(err, errlen, "tensor '%.200s': shape[%d] is %s, not a non-negative integer",
+                     name, t->ndim, json_describe(f, desc, sizeof desc));
             goto done;
         }
         t->shape[t->ndim++] = (int64_t)v;
@@ -317,45 +306,45 @@ static enum st_status parse_entry(const cJSON *e, struct st_tensor *t, struct st
     fmt_shape(shp, sizeof shp, t->shape, t->ndim);
     if (!shape_numel(t->shape, t->ndim, &t->numel) ||
         !byte_count(t->numel, st_dtypes[t->dtype].size, &nbytes)) {
-        set_err(err, errlen, "tensor '%.200s': shape %s is too large", name, shp);
+        fsio_err(err, errlen, "tensor '%.200s': shape %s is too large", name, shp);
         goto done;
     }
 
     offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
-        set_err(err, errlen,
-                "tensor '%.200s': \"data_offsets\" must be an array of two integers [begin, end]",
-                name);
+        fsio_err(err, errlen,
+                 "tensor '%.200s': \"data_offsets\" must be an array of two integers [begin, end]",
+                 name);
         goto done;
     }
     for (i = 0; i < 2; i++) {
         f = cJSON_GetArrayItem(offs, i);
         if (!json_uint(f, &v)) {
-            set_err(err, errlen,
-                    "tensor '%.200s': data_offsets[%d] is %s, not a non-negative integer", name,
-                    i, json_describe(f, desc, sizeof desc));
+            fsio_err(err, errlen,
+                     "tensor '%.200s': data_offsets[%d] is %s, not a non-negative integer", name,
+                     i, json_describe(f, desc, sizeof desc));
             goto done;
         }
         if (i == 0) b = v;
         else en = v;
     }
     if (b > en) {
-        set_err(err, errlen, "tensor '%.200s': data_offsets [%llu, %llu] have begin > end", name,
-                (unsigned long long)b, (unsigned long long)en);
+        fsio_err(err, errlen, "tensor '%.200s': data_offsets [%llu, %llu] have begin > end", name,
+                 (unsigned long long)b, (unsigned long long)en);
         goto done;
     }
     if (en > data_len) {
-        set_err(err, errlen,
-                "tensor '%.200s': data_offsets [%llu, %llu] exceed the %zu-byte data section",
-                name, (unsigned long long)b, (unsigned long long)en, data_len);
+        fsio_err(err, errlen,
+                 "tensor '%.200s': data_offsets [%llu, %llu] exceed the %zu-byte data section",
+                 name, (unsigned long long)b, (unsigned long long)en, data_len);
         goto done;
     }
     if (en - b != nbytes) {
-        set_err(err, errlen,
-                "tensor '%.200s': shape %s of %s needs %zu bytes but data_offsets [%llu, %llu] "
-                "span %llu",
-                name, shp, st_dtypes[t->dtype].name, nbytes, (unsigned long long)b,
-                (unsigned long long)en, (unsigned long long)(en - b));
+        fsio_err(err, errlen,
+                 "tensor '%.200s': shape %s of %s needs %zu bytes but data_offsets [%llu, %llu] "
+                 "span %llu",
+                 name, shp, st_dtypes[t->dtype].name, nbytes, (unsigned long long)b,
+                 (unsigned long long)en, (unsigned long long)(en - b));
         goto done;
     }
     t->name = name;
@@ -377,20 +366,20 @@ static enum st_status check_header_bytes(const unsigned char *h, size_t n, char 
     size_t i, bad;
     for (i = 0; i < n; i++) {
         if (h[i] < 0x20 && h[i] != '\t' && h[i] != '\n' && h[i] != '\r') {
-            set_err(err, errlen, "header contains control byte 0x%02x at byte %zu", h[i], i);
+            fsio_err(err, errlen, "header contains control byte 0x%02x at byte %zu", h[i], i);
             goto done;
         }
         if (h[i] == '\\' && i + 1 < n) {
             if (h[i + 1] == 'u' && n - i >= 6 && !memcmp(h + i + 2, "0000", 4)) {
-                set_err(err, errlen, "header contains a \\u0000 escape at byte %zu", i);
+                fsio_err(err, errlen, "header contains a \\u0000 escape at byte %zu", i);
                 goto done;
             }
             i++; /* skip the escaped character so "\\\\u0000" is not misread */
         }
     }
     if (!utf8_valid(h, n, &bad)) {
-        set_err(err, errlen, "header is not valid UTF-8 (bad byte 0x%02x at byte %zu)", h[bad],
-                bad);
+        fsio_err(err, errlen, "header is not valid UTF-8 (bad byte 0x%02x at byte %zu)", h[bad],
+                 bad);
         goto done;
     }
     rc = ST_OK;
@@ -417,9 +406,9 @@ static enum st_status scan_header_json(const unsigned char *h, size_t n, char *e
             in_str = 1;
         } else if (c == '{' || c == '[') {
             if (++depth > ST_MAX_JSON_DEPTH) {
-                set_err(err, errlen,
-                        "header nests deeper than %d levels at byte %zu (ST_MAX_JSON_DEPTH)",
-                        ST_MAX_JSON_DEPTH, i);
+                fsio_err(err, errlen,
+                         "header nests deeper than %d levels at byte %zu (ST_MAX_JSON_DEPTH)",
+                         ST_MAX_JSON_DEPTH, i);
                 return ST_ERR_FORMAT;
             }
             values++;
@@ -429,8 +418,8 @@ static enum st_status scan_header_json(const unsigned char *h, size_t n, char *e
             values++;
         }
         if (values > ST_MAX_JSON_VALUES) {
-            set_err(err, errlen, "header holds more than %zu JSON values (ST_MAX_JSON_VALUES)",
-                    ST_MAX_JSON_VALUES);
+            fsio_err(err, errlen, "header holds more than %zu JSON values (ST_MAX_JSON_VALUES)",
+                     ST_MAX_JSON_VALUES);
             return ST_ERR_FORMAT;
         }
     }
@@ -457,22 +446,22 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
     st->root = cJSON_ParseWithLengthOpts(h, n, &end, 0);
     if (!st->root) {
         size_t at = end && end >= h && end <= h + n ? (size_t)(end - h) : 0;
-        set_err(err, errlen, "header is not valid JSON (parse error at byte %zu of %zu: '%.24s')",
-                at, n, h + at);
+        fsio_err(err, errlen, "header is not valid JSON (parse error at byte %zu of %zu: '%.24s')",
+                 at, n, h + at);
         goto done;
     }
     /* the spec pads the header with spaces; anything else after the JSON value is garbage */
     for (p = end; p < h + n; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            set_err(err, errlen, "header has trailing bytes after the JSON value at byte %zu",
-                    (size_t)(p - h));
+            fsio_err(err, errlen, "header has trailing bytes after the JSON value at byte %zu",
+                     (size_t)(p - h));
             goto done;
         }
     }
     /* the spec requires the header to start with '{' (no leading whitespace) */
     if (!cJSON_IsObject(st->root) || h[0] != '{') {
-        set_err(err, errlen, "header is %s, not a JSON object starting with '{'",
-                cJSON_IsObject(st->root) ? "an object with leading whitespace"
+        fsio_err(err, errlen, "header is %s, not a JSON object starting with '{'",
+                 cJSON_IsObject(st->root) ? "an object with leading whitespace"
                                          : json_describe(st->root, desc, sizeof desc));
         goto done;
     }
@@ -480,13 +469,14 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
     cJSON_ArrayForEach(e, st->root)
     {
         if (strlen(e->string) > ST_MAX_NAME_BYTES) {
-            set_err(err, errlen, "tensor name '%.60s...' is %zu bytes, over %d (ST_MAX_NAME_BYTES)",
-                    e->string, strlen(e->string), ST_MAX_NAME_BYTES);
+            fsio_err(err, errlen,
+                     "tensor name '%.60s...' is %zu bytes, over %d (ST_MAX_NAME_BYTES)",
+                     e->string, strlen(e->string), ST_MAX_NAME_BYTES);
             goto done;
         }
         if (strcmp(e->string, "__metadata__") && ++ntensors > ST_MAX_TENSORS) {
-            set_err(err, errlen, "header has more than %d tensors (ST_MAX_TENSORS)",
-                    ST_MAX_TENSORS);
+            fsio_err(err, errlen, "header has more than %d tensors (ST_MAX_TENSORS)",
+                     ST_MAX_TENSORS);
             goto done;
         }
     }
@@ -496,7 +486,7 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
     names = calloc(ntensors + 1, sizeof *names);
     if (!st->tensors || !spans || !names) {
         rc = ST_ERR_NOMEM;
-        set_err(err, errlen, "out of memory for %zu tensor entries", ntensors);
+        fsio_err(err, errlen, "out of memory for %zu tensor entries", ntensors);
         goto done;
     }
 
@@ -504,35 +494,35 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
     {
         if (!strcmp(e->string, "__metadata__")) {
             if (seen_meta++) {
-                set_err(err, errlen, "header has a duplicate \"__metadata__\" key");
+                fsio_err(err, errlen, "header has a duplicate \"__metadata__\" key");
                 goto done;
             }
             if (cJSON_IsNull(e)) continue; /* the reference reader treats null as absent */
             if (!cJSON_IsObject(e)) {
-                set_err(err, errlen, "\"__metadata__\" is %s, expected an object of strings",
-                        json_describe(e, desc, sizeof desc));
+                fsio_err(err, errlen, "\"__metadata__\" is %s, expected an object of strings",
+                         json_describe(e, desc, sizeof desc));
                 goto done;
             }
             k = 0;
             cJSON_ArrayForEach(m, e)
             {
                 if (++k > ST_MAX_META_ENTRIES) {
-                    set_err(err, errlen,
-                            "\"__metadata__\" has more than %d entries (ST_MAX_META_ENTRIES)",
-                            ST_MAX_META_ENTRIES);
+                    fsio_err(err, errlen,
+                             "\"__metadata__\" has more than %d entries (ST_MAX_META_ENTRIES)",
+                             ST_MAX_META_ENTRIES);
                     goto done;
                 }
                 if (strlen(m->string) > ST_MAX_NAME_BYTES) {
-                    set_err(err, errlen,
-                            "\"__metadata__\" key '%.60s...' is %zu bytes, over %d "
-                            "(ST_MAX_NAME_BYTES)",
-                            m->string, strlen(m->string), ST_MAX_NAME_BYTES);
+                    fsio_err(err, errlen,
+                             "\"__metadata__\" key '%.60s...' is %zu bytes, over %d "
+                             "(ST_MAX_NAME_BYTES)",
+                             m->string, strlen(m->string), ST_MAX_NAME_BYTES);
                     goto done;
                 }
                 if (!cJSON_IsString(m)) {
-                    set_err(err, errlen,
-                            "\"__metadata__\" value for '%.200s' is %s, expected a string",
-                            m->string, json_describe(m, desc, sizeof desc));
+                    fsio_err(err, errlen,
+                             "\"__metadata__\" value for '%.200s' is %s, expected a string",
+                             m->string, json_describe(m, desc, sizeof desc));
                     goto done;
                 }
             }
@@ -551,7 +541,7 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
     qsort(names, st->count, sizeof *names, str_ptr_cmp);
     for (i = 1; i < st->count; i++) {
         if (!strcmp(names[i - 1], names[i])) {
-            set_err(err, errlen, "duplicate tensor name '%.200s'", names[i]);
+            fsio_err(err, errlen, "duplicate tensor name '%.200s'", names[i]);
             goto done;
         }
     }
@@ -561,7 +551,7 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
         cJSON_ArrayForEach(a, st->meta) for (b = a->next; b; b = b->next)
         {
             if (!strcmp(a->string, b->string)) {
-                set_err(err, errlen, "duplicate \"__metadata__\" key '%.200s'", a->string);
+                fsio_err(err, errlen, "duplicate \"__metadata__\" key '%.200s'", a->string);
                 goto done;
             }
         }
@@ -575,26 +565,26 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
         const struct st_tensor *t = &st->tensors[spans[i].idx];
         if (spans[i].begin < cursor) {
             const struct st_span *q = &spans[i - 1];
-            set_err(err, errlen,
-                    "tensors '%.200s' [%llu, %llu] and '%.200s' [%llu, %llu] overlap",
-                    st->tensors[q->idx].name, (unsigned long long)q->begin,
-                    (unsigned long long)q->end, t->name, (unsigned long long)spans[i].begin,
-                    (unsigned long long)spans[i].end);
+            fsio_err(err, errlen,
+                     "tensors '%.200s' [%llu, %llu] and '%.200s' [%llu, %llu] overlap",
+                     st->tensors[q->idx].name, (unsigned long long)q->begin,
+                     (unsigned long long)q->end, t->name, (unsigned long long)spans[i].begin,
+                     (unsigned long long)spans[i].end);
             goto done;
         }
         if (spans[i].begin > cursor) {
-            set_err(err, errlen,
-                    "hole in the data section: bytes [%llu, %llu) before tensor '%.200s' belong "
-                    "to no tensor",
-                    (unsigned long long)cursor, (unsigned long long)spans[i].begin, t->name);
+            fsio_err(err, errlen,
+                     "hole in the data section: bytes [%llu, %llu) before tensor '%.200s' belong "
+                     "to no tensor",
+                     (unsigned long long)cursor, (unsigned long long)spans[i].begin, t->name);
             goto done;
         }
         cursor = spans[i].end;
     }
     if (cursor != st->data_len) {
-        set_err(err, errlen,
-                "bytes [%llu, %zu) at the end of the data section belong to no tensor",
-                (unsigned long long)cursor, st->data_len);
+        fsio_err(err, errlen,
+                 "bytes [%llu, %zu) at the end of the data section belong to no tensor",
+                 (unsigned long long)cursor, st->data_len);
         goto done;
     }
     for (k = 0; k < st->count; k++) {
@@ -611,8 +601,8 @@ done:
 
 static void read_err(char *err, size_t errlen, const char *path, int eof)
 {
-    set_err(err, errlen, "cannot read '%s': %s", path,
-            eof ? "file shrank while being read" : strerror(errno));
+    fsio_err(err, errlen, "cannot read '%s': %s", path,
+             eof ? "file shrank while being read" : strerror(errno));
 }
 
 /* safetensors_open, or with stream the header only (the descriptor kept for the tensors) */
@@ -631,26 +621,26 @@ static enum st_status open_file(struct safetensors **out, const char *path, int 
     if (out) *out = NULL;
     if (!out || !path) {
         rc = ST_ERR_ARG;
-        set_err(err, errlen, "safetensors_open: NULL argument");
+        fsio_err(err, errlen, "safetensors_open: NULL argument");
         goto done;
     }
     /* regular files only: a FIFO must not block open() (fsio.h) */
     fd = fsio_open_regular(path, O_RDONLY, err, errlen);
     if (fd < 0) goto done;
     if (fstat(fd, &sb) != 0) {
-        set_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
+        fsio_err(err, errlen, "cannot stat '%s': %s", path, strerror(errno));
         goto done;
     }
     if (!S_ISREG(sb.st_mode)) {
-        set_err(err, errlen, "'%s' is not a regular file", path);
+        fsio_err(err, errlen, "'%s' is not a regular file", path);
         goto done;
     }
     fsize = (uint64_t)sb.st_size;
     rc = ST_ERR_FORMAT;
     if (fsize < 8) {
-        set_err(err, errlen,
-                "%s: %llu bytes, but a safetensors file starts with an 8-byte header length",
-                fsize ? "file too short" : "empty file", (unsigned long long)fsize);
+        fsio_err(err, errlen,
+                 "%s: %llu bytes, but a safetensors file starts with an 8-byte header length",
+                 fsize ? "file too short" : "empty file", (unsigned long long)fsize);
         goto done;
     }
     rc = ST_ERR_IO;
@@ -662,21 +652,21 @@ static enum st_status open_file(struct safetensors **out, const char *path, int 
     avail = fsize - 8;
     rc = ST_ERR_FORMAT;
     if (hlen > ST_MAX_HEADER_BYTES) {
-        set_err(err, errlen,
-                "header length %llu exceeds the %llu MiB limit (corrupt or not a safetensors "
-                "file)",
-                (unsigned long long)hlen, (unsigned long long)(ST_MAX_HEADER_BYTES >> 20));
+        fsio_err(err, errlen,
+                 "header length %llu exceeds the %llu MiB limit (corrupt or not a safetensors "
+                 "file)",
+                 (unsigned long long)hlen, (unsigned long long)(ST_MAX_HEADER_BYTES >> 20));
         goto done;
     }
     if (hlen > avail) {
-        set_err(err, errlen, "truncated file: header says %llu bytes but only %llu follow",
-                (unsigned long long)hlen, (unsigned long long)avail);
+        fsio_err(err, errlen, "truncated file: header says %llu bytes but only %llu follow",
+                 (unsigned long long)hlen, (unsigned long long)avail);
         goto done;
     }
     if (avail - hlen > SIZE_MAX - 1) {
         rc = ST_ERR_NOMEM;
-        set_err(err, errlen, "data section of %llu bytes does not fit in memory",
-                (unsigned long long)(avail - hlen));
+        fsio_err(err, errlen, "data section of %llu bytes does not fit in memory",
+                 (unsigned long long)(avail - hlen));
         goto done;
     }
 
@@ -690,8 +680,8 @@ static enum st_status open_file(struct safetensors **out, const char *path, int 
         if (!stream) st->data = malloc(st->data_len ? st->data_len : 1);
     }
     if (!st || !hdr || (!stream && !st->data)) {
-        set_err(err, errlen, "out of memory loading '%s' (%llu bytes)", path,
-                (unsigned long long)fsize);
+        fsio_err(err, errlen, "out of memory loading '%s' (%llu bytes)", path,
+                 (unsigned long long)fsize);
         goto done;
     }
     rc = ST_ERR_IO;
@@ -733,7 +723,7 @@ enum st_status safetensors_read(const struct safetensors *st, const struct st_te
                                 void *dst, char *err, size_t errlen)
 {
     if (!st || !t || (!dst && t->nbytes)) {
-        set_err(err, errlen, "safetensors_read: NULL argument");
+        fsio_err(err, errlen, "safetensors_read: NULL argument");
         return ST_ERR_ARG;
     }
     if (!t->nbytes) return ST_OK;
@@ -743,8 +733,8 @@ enum st_status safetensors_read(const struct safetensors *st, const struct st_te
     }
     int eof;
     if (!read_full_at(st->fd, dst, t->nbytes, (int64_t)(st->data_off + t->offset), &eof)) {
-        set_err(err, errlen, "cannot read tensor '%.200s': %s", t->name,
-                eof ? "the file shrank" : strerror(errno));
+        fsio_err(err, errlen, "cannot read tensor '%.200s': %s", t->name,
+                 eof ? "the file shrank" : strerror(errno));
         return ST_ERR_IO;
     }
     return ST_OK;
@@ -793,25 +783,26 @@ enum st_status safetensors_read_f32(const struct safetensors *st, const char *na
 
     if (!st || !name || (!dst && expect_numel > 0)) {
         rc = ST_ERR_ARG;
-        set_err(err, errlen, "safetensors_read_f32: NULL argument");
+        fsio_err(err, errlen, "safetensors_read_f32: NULL argument");
         goto done;
     }
     rc = safetensors_find(st, name, &t);
     if (rc != ST_OK) {
-        set_err(err, errlen, "tensor '%.200s' not found", name);
+        fsio_err(err, errlen, "tensor '%.200s' not found", name);
         goto done;
     }
     rc = ST_ERR_FORMAT;
     if (t->dtype != ST_F32) {
-        set_err(err, errlen, "tensor '%.200s' is %s, expected F32", name,
-                st_dtypes[t->dtype].name);
+        fsio_err(err, errlen, "tensor '%.200s' is %s, expected F32", name,
+                 st_dtypes[t->dtype].name);
         goto done;
     }
     if (t->numel != expect_numel) {
         char shp[160];
         fmt_shape(shp, sizeof shp, t->shape, t->ndim);
-        set_err(err, errlen, "tensor '%.200s' has shape %s (%lld elements), expected %lld elements",
-                name, shp, (long long)t->numel, (long long)expect_numel);
+        fsio_err(err, errlen,
+                 "tensor '%.200s' has shape %s (%lld elements), expected %lld elements", name, shp,
+                 (long long)t->numel, (long long)expect_numel);
         goto done;
     }
     rc = safetensors_read(st, t, dst, err, errlen);
@@ -1082,7 +1073,7 @@ enum st_status safetensors_writer_save(const struct safetensors_writer *w, const
     memset(&wp, 0, sizeof wp);
     if (err && errlen) err[0] = '\0';
     if (!w || !path || !*path) {
-        set_err(err, errlen, "safetensors_writer_save: NULL or empty argument");
+        fsio_err(err, errlen, "safetensors_writer_save: NULL or empty argument");
         goto done;
     }
 
@@ -1113,7 +1104,7 @@ enum st_status safetensors_writer_save(const struct safetensors_writer *w, const
         sb_u64(&hb, off);
         sb_str(&hb, ",");
         if (e->nbytes > UINT64_MAX - off) {
-            set_err(err, errlen, "total tensor size overflows at tensor '%.200s'", e->name);
+            fsio_err(err, errlen, "total tensor size overflows at tensor '%.200s'", e->name);
             goto done;
         }
         off += e->nbytes;
@@ -1126,12 +1117,12 @@ enum st_status safetensors_writer_save(const struct safetensors_writer *w, const
     while (!hb.oom && hb.len % 8) sb_str(&hb, " ");
     if (hb.oom) {
         rc = ST_ERR_NOMEM;
-        set_err(err, errlen, "out of memory building the header");
+        fsio_err(err, errlen, "out of memory building the header");
         goto done;
     }
     if (hb.len > ST_MAX_HEADER_BYTES) {
-        set_err(err, errlen, "header of %zu bytes exceeds the %llu-byte limit readers accept",
-                hb.len, (unsigned long long)ST_MAX_HEADER_BYTES);
+        fsio_err(err, errlen, "header of %zu bytes exceeds the %llu-byte limit readers accept",
+                 hb.len, (unsigned long long)ST_MAX_HEADER_BYTES);
         goto done;
     }
 
@@ -1145,15 +1136,15 @@ enum st_status safetensors_writer_save(const struct safetensors_writer *w, const
     wp.head_len[0] = 8;
     wp.head_len[1] = hb.len;
     if (staging && !(wp.staging = malloc(staging))) {
-        set_err(err, errlen, "out of memory");
+        fsio_err(err, errlen, "out of memory");
         goto done;
     }
     hlen = hb.len;
     for (i = 0; i < 8; i++) lenbuf[i] = (unsigned char)(hlen >> (8 * i));
     rc = ST_ERR_IO;
     if (fsio_write_atomic_stream(path, writer_next, &wp, err, errlen)) {
-        if (wp.failed) set_err(err, errlen, "cannot make tensor '%.200s' for '%.200s'",
-                               w->t[wp.k - 2].name, path);
+        if (wp.failed) fsio_err(err, errlen, "cannot make tensor '%.200s' for '%.200s'",
+                                w->t[wp.k - 2].name, path);
         goto done;
     }
     rc = ST_OK;
