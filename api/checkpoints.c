@@ -299,8 +299,7 @@ enum MHD_Result h_checkpoint_import(struct ctx *c)
                                  errno == ENOSPC ? "insufficient-storage" : NULL,
                                  "the upload cannot be stored", NULL, NULL);
     if (!c->a->admitting)
-        return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
-                                 (const char *const[]){"Retry-After", "10", NULL});
+        return http_send_stopping(c);
     const char *name = http_arg(c, "name");
     if (name && !api_job_name_valid(name))
         return http_send_invalid(c, 400, "name",

@@ -70,6 +70,12 @@ enum MHD_Result http_send_oom(struct ctx *c)
     return r;
 }
 
+enum MHD_Result http_send_stopping(struct ctx *c)
+{
+    return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
+                             (const char *const[]){"Retry-After", "10", NULL});
+}
+
 enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type, const char *body,
                                const char *const *headers)
 {

@@ -103,6 +103,8 @@ void api_link(const struct api *a, char *buf, size_t n, const char *fmt, ...)
 enum MHD_Result http_respond(struct ctx *c, unsigned status, struct MHD_Response *res);
 /* a 500 problem: the answer when an allocation made for the real one failed */
 enum MHD_Result http_send_oom(struct ctx *c);
+/* the 503 `stopping` problem (Retry-After 10): the server is shutting down */
+enum MHD_Result http_send_stopping(struct ctx *c);
 /* body (copied) of type; headers: NULL, or name, value, ..., NULL */
 enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type, const char *body,
                                const char *const *headers);

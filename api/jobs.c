@@ -376,14 +376,11 @@ static int train_req_parse(struct ctx *c, struct train_req *q, enum MHD_Result *
 
 enum MHD_Result h_train(struct ctx *c)
 {
-    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (!api_parse_json_content_type(ct))
+    if (!http_json_body(c))
         return http_send_problem(c, 415, NULL, "POST /train takes a TrainSpec as application/json",
                        NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
     if (!c->a->admitting)
-        return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
-                       (const char *const[]){"Retry-After", "10", NULL});
+        return http_send_stopping(c);
     enum MHD_Result ires;
     if (api_idem_begin(c, "POST /train", &ires)) return ires;
     /* the body parsed once: the resumed run (after its planning) takes up the first run's */
@@ -772,8 +769,7 @@ enum MHD_Result h_resume(struct ctx *c)
     enum job_state now = r.state;
     job_row_free(&r);
     if (!c->a->admitting)
-        return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
-                                 (const char *const[]){"Retry-After", "10", NULL});
+        return http_send_stopping(c);
     if (!train || (now != JOB_CANCELED && now != JOB_FAILED)) {
         snprintf(detail, sizeof detail, "job %s is %s%s: only a canceled or failed training job "
                  "resumes", c->param, train ? "" : "not a training job, ", job_state_name(now));

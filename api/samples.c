@@ -111,8 +111,7 @@ enum MHD_Result h_samples_post(struct ctx *c)
         return http_send_problem(c, 415, NULL, "POST /samples takes a SampleRequest as application/json",
                        NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
     if (!c->a->admitting)
-        return http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
-                       (const char *const[]){"Retry-After", "10", NULL});
+        return http_send_stopping(c);
     enum MHD_Result ires;
     if (api_idem_begin(c, "POST /samples", &ires)) return ires;
     /* POST /train's document rules (spec_parse_object: duplicate keys, strings, depth) and its

@@ -486,8 +486,7 @@ static int plan_job(struct ctx *c, const struct pool_train *job, const struct po
     }
     plan_task_release(t);
     if (wrc == WORKER_ERR_STOPPED)
-        *res = http_send_problem(c, 503, "stopping", "the server is shutting down", NULL,
-                                 (const char *const[]){"Retry-After", "10", NULL});
+        *res = http_send_stopping(c);
     else
         *res = http_send_problem(c, 503, "planner-busy",
                                  "every admission planning slot is taken (--plan-workers, "
