@@ -99,31 +99,8 @@ AI void wx_tile(float *Y, size_t ldy, const float *W, size_t sw, size_t st, cons
             for (int u = 0; u < NV; u++) acc[j][u] = _mm512_fmadd_ps(w, x[u], acc[j][u]);
         }
     }
-#pragma GCC unroll 16
-    for (int j = 0; j < R; j++)
-#pragma GCC unroll 4
-        for (int u = 0; u < NV; u++) {
-            float *y = Y + (size_t)j * ldy + 16 * u;
-            const __mmask16 mu = u == NV - 1 ? m : (__mmask16)0xffff;
-            __m512 v = acc[j][u];
-            if (acc_y) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mu, y), v);
-            _mm512_mask_storeu_ps(y, mu, v);
-        }
+    wx_tile_store(Y, ldy, acc, R, NV, m, acc_y);
 }
-
-#define WX_ROWS(R, NV, CSW)                                                                   \
-    do {                                                                                      \
-        int j = 0;                                                                            \
-        for (; j + R <= ny; j += R)                                                           \
-            wx_tile(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
-                    m, R, NV, CSW);                                                           \
-        for (; j + 4 <= ny; j += 4)                                                           \
-            wx_tile(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
-                    m, 4, NV, CSW);                                                           \
-        for (; j < ny; j++)                                                                   \
-            wx_tile(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
-                    m, 1, NV, CSW);                                                           \
-    } while (0)
 
 /* the column chunk's rows, with W's row stride a constant where it is one of the common ones */
 #define WX_NV(R, NV)                                                                          \

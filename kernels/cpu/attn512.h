@@ -33,4 +33,34 @@ AI __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, k);
 }
 
+/* a W X tile's R x NV vectors of fp32 sums (acc) stored into Y's rows (stride ldy), the last
+ * vector masked by m, added to what Y holds when acc_y (attn512.c and attn_bf16.c's wx_tile) */
+#define wx_tile_store(Y, ldy, acc, R, NV, m, acc_y)                                           \
+    do {                                                                                      \
+        _Pragma("GCC unroll 16") for (int j_ = 0; j_ < (R); j_++)                             \
+            _Pragma("GCC unroll 4") for (int u_ = 0; u_ < (NV); u_++) {                       \
+                float *y_ = (Y) + (size_t)j_ * (ldy) + 16 * u_;                               \
+                const __mmask16 mu_ = u_ == (NV) - 1 ? (m) : (__mmask16)0xffff;               \
+                __m512 v_ = (acc)[j_][u_];                                                    \
+                if (acc_y) v_ = _mm512_add_ps(_mm512_maskz_loadu_ps(mu_, y_), v_);            \
+                _mm512_mask_storeu_ps(y_, mu_, v_);                                           \
+            }                                                                                 \
+    } while (0)
+
+/* the rows of a column chunk in tiles of R rows, then 4, then 1 (wx_tile: each file's own, fp32
+ * or bf16 pairs; the names are the callers' locals) */
+#define WX_ROWS(R, NV, CSW)                                                                   \
+    do {                                                                                      \
+        int j = 0;                                                                            \
+        for (; j + R <= ny; j += R)                                                           \
+            wx_tile(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
+                    m, R, NV, CSW);                                                           \
+        for (; j + 4 <= ny; j += 4)                                                           \
+            wx_tile(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
+                    m, 4, NV, CSW);                                                           \
+        for (; j < ny; j++)                                                                   \
+            wx_tile(Yc + (size_t)j * ldy, ldy, W + (size_t)j * sw, sw, st, Xc, ldx, nt, acc_y, \
+                    m, 1, NV, CSW);                                                           \
+    } while (0)
+
 #endif
