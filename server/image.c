@@ -281,7 +281,7 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
 {
     enum image_status rc = IMAGE_ERR_ARG;
     struct png_rd st;
-    unsigned char sig[8];
+    unsigned char sig[IMAGE_PNG_HEAD_BYTES];
     struct stat sb;
     size_t got;
 
@@ -312,9 +312,25 @@ enum image_status image_load_png(const char *path, struct image *out, char *err,
         fsio_err(err, errlen, "cannot read '%s': %s", path, strerror(errno));
         goto done;
     }
-    if (got < sizeof sig || png_sig_cmp(sig, 0, sizeof sig) != 0) {
+    if (got < 8 || png_sig_cmp(sig, 0, 8) != 0) {
         fsio_err(err, errlen, "'%s' is not a PNG file (%s)", path,
                 got == 0 ? "empty" : "bad signature");
+        goto done;
+    }
+    /* the header check an upload runs (image_png_probe) is the decoder's first step too, so
+     * nothing the probe refuses decodes: libpng alone skips an ancillary chunk placed before
+     * IHDR, which the PNG specification forbids and the probe refuses */
+    {
+        int pw, ph, pc;
+        char perr[300];
+        if (image_png_probe(sig, got, st.file_bytes, &pw, &ph, &pc, perr, sizeof perr) != IMAGE_OK) {
+            fsio_err(err, errlen, "cannot decode '%s': %s", path, perr);
+            goto done;
+        }
+    }
+    if (fseek(st.fp, 8, SEEK_SET) != 0) {
+        rc = IMAGE_ERR_IO;
+        fsio_err(err, errlen, "cannot seek in '%s': %s", path, strerror(errno));
         goto done;
     }
     rc = IMAGE_ERR_NOMEM;

@@ -47,8 +47,10 @@ const char *image_status_name(enum image_status status);
 /* Decode the PNG at path into *out in the file's own channel layout: grey -> 1, grey+alpha -> 2,
  * RGB -> 3, RGBA -> 4; a palette becomes RGB (RGBA when it has a tRNS chunk); grey or RGB with a
  * tRNS colour key gains an alpha channel (0 where the key matches, else 1). Interlaced files are
- * de-interlaced. Any libpng error (bad signature, CRC, truncation, zlib data) gives
- * IMAGE_ERR_FORMAT and a message naming the file; *out is then {0}. */
+ * de-interlaced. The file's first IMAGE_PNG_HEAD_BYTES pass image_png_probe first (so the
+ * decoder refuses whatever the probe refuses, e.g. a chunk before IHDR). Any libpng error (bad
+ * signature, CRC, truncation, zlib data) gives IMAGE_ERR_FORMAT and a message naming the file;
+ * *out is then {0}. */
 enum image_status image_load_png(const char *path, struct image *out, char *err, size_t errlen);
 
 /* The bytes image_png_probe reads: the signature and the IHDR chunk (length, type, 13 bytes,
