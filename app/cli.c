@@ -933,52 +933,74 @@ static int cmd_export(int argc, char **argv)
     return 0;
 }
 
-static int cmd_sample(int argc, char **argv)
-{
-    const char *ckpt = NULL, *out = "samples.png", *each = NULL, *spec_path = NULL;
-    const char *device = "cpu";
-    int n = 64, batch = 16, raw = 0, threads = spec_host_cores(), progress_json = 0;
-    uint64_t seed = 1;
+/* `ddpmd sample`'s options */
+struct sample_opts {
+    const char *ckpt, *out, *each, *spec_path, *device;
+    int n, batch, raw, threads, progress_json;
+    uint64_t seed;
     struct sampler_config sc;
-    sampler_config_default(&sc);
+};
+
+/* what a sampling run holds, stage by stage: the checkpoint's header (streamed: its tensors are
+ * read one at a time as the generator takes them, the file is never held whole), its spec and
+ * step, the generator with the weights, the schedule, then the images */
+struct sample_run {
+    const struct backend *bk;
+    struct safetensors *st;
+    struct train_spec spec;
+    int64_t step;
+    struct ddpm_schedule sch;
+    struct generator gen;
+    float *img;
+    size_t per; /* floats per image */
+    double t0;  /* when sampling began */
+};
+
+/* the command line into o: 0, or the exit status (2) with the reason on stderr */
+static int sample_options(int argc, char **argv, struct sample_opts *o)
+{
+    *o = (struct sample_opts){.out = "samples.png", .device = "cpu", .n = 64, .batch = 16,
+                              .threads = spec_host_cores(), .seed = 1};
+    struct sampler_config *sc = &o->sc;
+    sampler_config_default(sc);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name) (strcmp(a, name) == 0 && v && (i++, 1))
         if (OPT("--n")) {
-            if (cli_int_in(a, v, &n, 1, CLI_SAMPLE_MAX)) return 2;
+            if (cli_int_in(a, v, &o->n, 1, CLI_SAMPLE_MAX)) return 2;
         } else if (OPT("--steps")) {
             /* at most the model's timesteps: checked again once the checkpoint is read */
-            if (cli_int_in(a, v, &sc.steps, 1, 100000)) return 2;
+            if (cli_int_in(a, v, &sc->steps, 1, 100000)) return 2;
         } else if (OPT("--sampler")) {
-            if (sampler_kind_parse(v, &sc.kind)) goto bad;
+            if (sampler_kind_parse(v, &sc->kind)) goto bad;
         } else if (OPT("--eta")) {
-            if (cli_float_in(a, v, &sc.eta, 0, 1)) return 2;
+            if (cli_float_in(a, v, &sc->eta, 0, 1)) return 2;
         } else if (OPT("--spacing")) {
-            if (sampler_spacing_parse(v, &sc.spacing)) goto bad;
+            if (sampler_spacing_parse(v, &sc->spacing)) goto bad;
         } else if (OPT("--variance")) {
-            if (sampler_variance_parse(v, &sc.variance)) goto bad;
+            if (sampler_variance_parse(v, &sc->variance)) goto bad;
         } else if (strcmp(a, "--no-clip") == 0)
-            sc.clip_x0 = 0;
+            sc->clip_x0 = 0;
         else if (strcmp(a, "--raw") == 0)
-            raw = 1;
+            o->raw = 1;
         else if (strcmp(a, "--progress-json") == 0)
-            progress_json = 1;
+            o->progress_json = 1;
         else if (OPT("--seed")) {
-            if (cli_u64(a, v, &seed)) return 2;
+            if (cli_u64(a, v, &o->seed)) return 2;
         } else if (OPT("--batch")) {
-            if (cli_int_in(a, v, &batch, 1, SPEC_BATCH_MAX)) return 2;
+            if (cli_int_in(a, v, &o->batch, 1, SPEC_BATCH_MAX)) return 2;
         } else if (OPT("--threads")) {
-            if (cli_int_in(a, v, &threads, 1, SPEC_THREADS_MAX)) return 2;
+            if (cli_int_in(a, v, &o->threads, 1, SPEC_THREADS_MAX)) return 2;
         } else if (OPT("--out"))
-            out = v;
+            o->out = v;
         else if (OPT("--each"))
-            each = v;
+            o->each = v;
         else if (OPT("--spec"))
-            spec_path = v;
+            o->spec_path = v;
         else if (OPT("--device"))
-            device = v;
-        else if (a[0] != '-' && !ckpt)
-            ckpt = a;
+            o->device = v;
+        else if (a[0] != '-' && !o->ckpt)
+            o->ckpt = a;
         else {
             static const char *const known[] = {
                 "--n", "--steps", "--sampler", "--eta", "--spacing", "--variance", "--no-clip",
@@ -994,118 +1016,153 @@ static int cmd_sample(int argc, char **argv)
         }
 #undef OPT
     }
-    if (!ckpt || n < 1 || batch < 1 || threads < 1) {
+    if (!o->ckpt || o->n < 1 || o->batch < 1 || o->threads < 1) {
         fprintf(stderr, "usage: ddpmd sample CHECKPOINT [--n 64] [--steps 50] ...\n");
         return 2;
     }
-    const struct backend *bk;
-    int drc = cli_device(device, &bk);
+    if (o->batch > o->n) o->batch = o->n;
+    return 0;
+}
+
+/* the device, then the checkpoint's header streamed (checkpoint_open_stream): its spec (or
+ * --spec's for an imported state_dict) and step; no EMA weights turn o->raw on. 0, or the exit
+ * status with the reason on stderr */
+static int sample_open(struct sample_opts *o, struct sample_run *r)
+{
+    int drc = cli_device(o->device, &r->bk);
     if (drc) return drc;
     char err[512];
-    struct safetensors *st = NULL;
-    struct train_spec spec;
-    int64_t step = 0;
-    if (spec_path) {
+    if (o->spec_path) {
         /* an imported state_dict (tools/convert_seed_ckpt.py) has no spec: take the model from
          * the given one */
         struct spec_errors errs;
-        if (spec_load_file(spec_path, &spec, &errs)) {
-            fprintf(stderr, "ddpmd: %s is not a valid spec:\n", spec_path);
+        if (spec_load_file(o->spec_path, &r->spec, &errs)) {
+            fprintf(stderr, "ddpmd: %s is not a valid spec:\n", o->spec_path);
             spec_errors_print(&errs, "  ");
             return 2;
         }
-        if (checkpoint_open(&st, ckpt, NULL, &step, err, sizeof err)) {
+        if (checkpoint_open_stream(&r->st, o->ckpt, NULL, &r->step, err, sizeof err)) {
             fprintf(stderr, "ddpmd: %s\n", err);
             return 1;
         }
-    } else if (checkpoint_open(&st, ckpt, &spec, &step, err, sizeof err)) {
+    } else if (checkpoint_open_stream(&r->st, o->ckpt, &r->spec, &r->step, err, sizeof err)) {
         fprintf(stderr, "ddpmd: %s%s\n", err,
                 strstr(err, "no spec") ? " (for an imported state_dict, add --spec SPEC.json)" : "");
         return 1;
     }
-    {
-        const struct st_tensor *probe;
-        if (!raw && safetensors_count(st) > 0) {
-            const struct st_tensor *first;
-            char name[600];
-            safetensors_get(st, 0, &first);
-            snprintf(name, sizeof name, "ema.%s", first->name);
-            if (strncmp(first->name, "ema.", 4) != 0 && safetensors_find(st, name, &probe)) {
-                fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n",
-                        cli_shown(progress_json, ckpt));
-                raw = 1;
-            }
+    const struct st_tensor *first, *probe;
+    if (!o->raw && safetensors_get(r->st, 0, &first) == ST_OK) {
+        char name[600];
+        snprintf(name, sizeof name, "ema.%s", first->name);
+        if (strncmp(first->name, "ema.", 4) != 0 && safetensors_find(r->st, name, &probe)) {
+            fprintf(stderr, "ddpmd: %s has no EMA weights; sampling from its weights\n",
+                    cli_shown(o->progress_json, o->ckpt));
+            o->raw = 1;
         }
     }
-    if (sc.kind == SAMPLER_DDIM && sc.steps > spec.timesteps) {
+    if (o->sc.kind == SAMPLER_DDIM && o->sc.steps > r->spec.timesteps) {
         fprintf(stderr, "ddpmd: --steps: must be at most the model's diffusion.timesteps (%d), "
-                        "got %d\n", spec.timesteps, sc.steps);
-        safetensors_free(st);
+                        "got %d\n", r->spec.timesteps, o->sc.steps);
         return 2;
     }
-    sc.prediction = spec.prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
-    struct ddpm_schedule sch;
-    struct generator sj;
-    int rc = 1;
-    if (batch > n) batch = n;
-    size_t per = (size_t)spec.model.out_channels * spec.model.image_size * spec.model.image_size;
-    float *img = malloc((size_t)n * per * sizeof *img);
-    if (!img || ddpm_schedule_init(&sch, spec.timesteps, spec.beta_schedule, spec.beta_start,
-                                   spec.beta_end)) {
+    o->sc.prediction = r->spec.prediction == SPEC_PRED_V ? SAMPLER_PRED_V : SAMPLER_PRED_EPSILON;
+    return 0;
+}
+
+/* the schedule, the generator planned for o->batch (generate_init) and the weights (EMA unless
+ * o->raw) read into it a tensor at a time; the checkpoint is closed after, so sampling holds
+ * none of it (the host plan's phases: train_sample_host_plan). 0 or 1 */
+static int sample_plan(const struct sample_opts *o, struct sample_run *r)
+{
+    char err[512];
+    const struct train_spec *s = &r->spec;
+    if (ddpm_schedule_init(&r->sch, s->timesteps, s->beta_schedule, s->beta_start, s->beta_end)) {
         fprintf(stderr, "ddpmd: out of memory\n");
-        free(img);
-        safetensors_free(st);
         return 1;
     }
-    if (generate_init(&sj, &spec.model, batch, threads, bk, err, sizeof err) ||
-        checkpoint_load_generator(&sj, st, !raw, err, sizeof err)) {
+    int rc = generate_init(&r->gen, &s->model, o->batch, o->threads, r->bk, err, sizeof err) ||
+             checkpoint_load_generator(&r->gen, r->st, !o->raw, err, sizeof err);
+    safetensors_free(r->st);
+    r->st = NULL;
+    if (rc) {
         fprintf(stderr, "ddpmd: %s\n", err);
-        goto out;
+        return 1;
     }
-    /* the file read whole is not held while sampling (the host plan's phases) */
-    safetensors_free(st);
-    st = NULL;
-    testhold_phase(out, "weights");
-    int nts = sc.kind == SAMPLER_DDPM ? spec.timesteps : sc.steps;
-    fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n", n,
-            cli_shown(progress_json, ckpt), step, raw ? "raw" : "EMA", sampler_kind_name(sc.kind),
-            nts);
-    double t0 = clock_now_s();
-    if (generate_run(&sj, &sch, &sc, seed, n, img, sample_progress,
-                       progress_json ? &progress_json : NULL)) {
+    testhold_phase(o->out, "weights");
+    return 0;
+}
+
+/* o->n images into r->img (generate_run); 0 or 1 */
+static int sample_images(const struct sample_opts *o, struct sample_run *r)
+{
+    const struct train_spec *s = &r->spec;
+    r->per = (size_t)s->model.out_channels * s->model.image_size * s->model.image_size;
+    r->img = malloc((size_t)o->n * r->per * sizeof *r->img);
+    if (!r->img) {
+        fprintf(stderr, "ddpmd: out of memory\n");
+        return 1;
+    }
+    int nts = o->sc.kind == SAMPLER_DDPM ? s->timesteps : o->sc.steps;
+    fprintf(stderr, "ddpmd: %d images from %s (step %" PRId64 ", %s weights), %s %d steps\n",
+            o->n, cli_shown(o->progress_json, o->ckpt), r->step, o->raw ? "raw" : "EMA",
+            sampler_kind_name(o->sc.kind), nts);
+    int progress_json = o->progress_json;
+    r->t0 = clock_now_s();
+    if (generate_run(&r->gen, &r->sch, &o->sc, o->seed, o->n, r->img, sample_progress,
+                     progress_json ? &progress_json : NULL)) {
         fprintf(stderr, "ddpmd: sampling failed\n");
-        rc = cli_device_failed(device, bk, 1);
-        goto out;
+        return cli_device_failed(o->device, r->bk, 1);
     }
-    testhold_phase(out, "sampled");
-    int cols = (int)ceil(sqrt((double)n));
-    if (image_save_grid_png(out, img, n, spec.model.out_channels, spec.model.image_size,
-                            spec.model.image_size, cols, 2, err, sizeof err)) {
+    testhold_phase(o->out, "sampled");
+    return 0;
+}
+
+/* the grid PNG at o->out and, with --each, one PNG per image; 0 or 1 */
+static int sample_write(const struct sample_opts *o, const struct sample_run *r)
+{
+    char err[512];
+    const struct unet_config *m = &r->spec.model;
+    int cols = (int)ceil(sqrt((double)o->n));
+    if (image_save_grid_png(o->out, r->img, o->n, m->out_channels, m->image_size, m->image_size,
+                            cols, 2, err, sizeof err)) {
         fprintf(stderr, "ddpmd: %s\n", err);
-        goto out;
+        return 1;
     }
-    if (each) {
-        mkdir(each, 0755);
-        for (int i = 0; i < n; i++) {
+    if (o->each) {
+        mkdir(o->each, 0755);
+        for (int i = 0; i < o->n; i++) {
             char p[1200];
-            snprintf(p, sizeof p, "%s/%04d.png", each, i);
-            if (image_save_png(p, img + (size_t)i * per, spec.model.out_channels,
-                               spec.model.image_size, spec.model.image_size, err, sizeof err)) {
+            snprintf(p, sizeof p, "%s/%04d.png", o->each, i);
+            if (image_save_png(p, r->img + (size_t)i * r->per, m->out_channels, m->image_size,
+                               m->image_size, err, sizeof err)) {
                 fprintf(stderr, "ddpmd: %s\n", err);
-                goto out;
+                return 1;
             }
         }
     }
-    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", cli_shown(progress_json, out),
-            each ? " and " : "", each ? cli_shown(progress_json, each) : "",
-            clock_now_s() - t0);
-    testhold_phase(out, "end");
-    rc = 0;
+    return 0;
+}
+
+/* ddpmd sample CHECKPOINT [options]: options, open, plan (and the weights), sample, write */
+static int cmd_sample(int argc, char **argv)
+{
+    struct sample_opts o;
+    struct sample_run r;
+    memset(&r, 0, sizeof r);
+    int rc = sample_options(argc, argv, &o);
+    if (rc) return rc;
+    if ((rc = sample_open(&o, &r)) || (rc = sample_plan(&o, &r)) ||
+        (rc = sample_images(&o, &r)) || (rc = sample_write(&o, &r)))
+        goto out;
+    fprintf(stderr, "ddpmd: wrote %s%s%s in %.1f s\n", cli_shown(o.progress_json, o.out),
+            o.each ? " and " : "", o.each ? cli_shown(o.progress_json, o.each) : "",
+            clock_now_s() - r.t0);
+    testhold_phase(o.out, "end");
 out:
-    generate_free(&sj);
-    ddpm_schedule_free(&sch);
-    safetensors_free(st);
-    free(img);
+    generate_free(&r.gen);
+    ddpm_schedule_free(&r.sch);
+    safetensors_free(r.st);
+    free(r.img);
     return rc;
 }
 

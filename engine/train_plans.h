@@ -75,7 +75,8 @@ enum train_host_part {
                              * (generate_run), held throughout */
     TRAIN_HOST_WEIGHTS_IN,  /* a checkpoint read: a training job's streamed (resume,
                              * init_from: its header and one tensor's staging), a sampling
-                             * job's whole; before the data loads */
+                             * job's as its file's bytes (train_sample_host_plan says why);
+                             * before the data loads */
     TRAIN_HOST_DATA,        /* the dataset as held (dataset_plan_bytes), from its load on */
     TRAIN_HOST_DATA_LOAD,   /* while the dataset loads: one image's decode, the file names,
                              * the split's lists */

@@ -34,12 +34,12 @@ int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
 /* the host bytes checkpoint_save holds for the model g (a job's host plan: TRAIN_HOST_CHECKPOINT):
  * the largest tensor's staging, the names and the header */
 int64_t checkpoint_save_plan_bytes(const struct graph *g);
-/* the host bytes reading a checkpoint of g's model holds (checkpoint_open, then
+/* the host bytes reading a checkpoint of g's model whole holds (checkpoint_open, then
  * checkpoint_apply or checkpoint_load_generator): the file whole (file_bytes; < 0: the size
  * checkpoint_save writes for g), its parsed header and one tensor's staging */
 int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes);
-/* ... and streamed (checkpoint_open_stream, then checkpoint_apply): its header read and parsed
- * and one tensor's staging, the file's data left on disk */
+/* ... and streamed (checkpoint_open_stream, then checkpoint_apply: a resume, init_from, `ddpmd
+ * sample`): its header read and parsed and one tensor's staging, the file's data left on disk */
 int64_t checkpoint_stream_plan_bytes(const struct graph *g);
 /* whether spec can be stored in a checkpoint's metadata (checked before a run trains) */
 int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen);

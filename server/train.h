@@ -101,8 +101,12 @@ int train_host_plan(const struct train_spec *s, int64_t images, int64_t max_pixe
 
 /* A sampling job's host plan (`ddpmd sample` of n images in chunks of batch from a checkpoint
  * of ckpt_bytes (< 0: the size checkpoint_save writes) of model, sampled by g's graph): the
- * checkpoint read whole (TRAIN_HOST_WEIGHTS_IN), generate_run's chunk (TRAIN_HOST_STEP) and
- * the images as float with the grid's PNG (TRAIN_HOST_GRID). */
+ * checkpoint's bytes as if read whole (TRAIN_HOST_WEIGHTS_IN), generate_run's chunk
+ * (TRAIN_HOST_STEP) and the images as float with the grid's PNG (TRAIN_HOST_GRID). The child
+ * streams the checkpoint (its header and one tensor, checkpoint_stream_plan_bytes); the rest
+ * of the part stands in for what no part counts yet: the backend's kernels for the model
+ * (oneDNN's JIT code at the first forward, ~4.6 MiB for fmnist-tiny), of which the process
+ * baseline holds only the probe model's. Reserving the stream alone needs those planned. */
 void train_sample_host_plan(const struct unet_config *model, int timesteps, int n, int batch,
                             const struct graph *g, int64_t ckpt_bytes, struct train_host *h);
 

@@ -22,6 +22,7 @@
 
 #include "backend.h"
 #include "checkpoint.h"
+#include "cli.h"
 #include "dataset.h"
 #include "dataset_images.h"
 #include "exec.h"
@@ -31,7 +32,9 @@
 #include "memplan.h"
 #include "safetensors.h"
 #include "spec.h"
+#include "test_train_util.h"
 #include "test_util.h"
+#include "train.h"
 
 /* ---- the allocation fault layer ---- */
 
@@ -457,6 +460,51 @@ static void stream_reads(struct tiny *t, const char *path)
            (long long)sb.st_size, head + weights, rd_bytes);
 }
 
+/* `ddpmd sample` streams its checkpoint: it reads the header and the one part it samples from
+ * (the EMA weights, or the weights with --raw), a quarter of the tensors, never the file whole
+ * (what admission reserves for it: train_sample_host_plan). A UNet trained 2 steps in dir. */
+static void sample_reads(void)
+{
+    char dir[64], data[128], out[128], ckpt[256], png[128], err[512] = "";
+    snprintf(dir, sizeof dir, "/tmp/ddpmd_faults_sample_XXXXXX");
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(data, sizeof data, "%s/data", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-00000002.safetensors", out);
+    snprintf(png, sizeof png, "%s/samples.png", dir);
+    tt_make_discs(data);
+    struct train_spec s;
+    tt_tiny_spec(&s, data, 2);
+    s.threads = 1;
+    struct train_opts o = {.out_dir = out, .quiet = 1};
+    CHECK(train_run(&s, &o, err, sizeof err) == TRAIN_DONE, "2 steps: %s", err);
+    struct stat sb;
+    struct safetensors *st = NULL;
+    CHECK(stat(ckpt, &sb) == 0, "stat %s", ckpt);
+    rd_bytes = 0;
+    rd_on = 1;
+    int rc = checkpoint_open_stream(&st, ckpt, NULL, NULL, err, sizeof err);
+    rd_on = 0;
+    safetensors_free(st);
+    const long long head = rd_bytes, part = ((long long)sb.st_size - head) / 4;
+    CHECK(rc == 0 && head > 0 && part > 0, "streamed open: %s", err);
+    for (int raw = 0; raw <= 1; raw++) {
+        char *argv[] = {"ddpmd", "sample", ckpt, "--n", "2", "--sampler", "ddim", "--steps", "2",
+                        "--threads", "1", "--out", png, raw ? "--raw" : NULL, NULL};
+        rd_bytes = 0;
+        rd_on = 1;
+        rc = cli_main(raw ? 14 : 13, argv);
+        rd_on = 0;
+        CHECK(rc == 0 && rd_bytes == head + part,
+              "ddpmd sample%s: exit %d, %lld bytes read of a %lld-byte checkpoint (its header %lld "
+              "and one part %lld)", raw ? " --raw" : "", rc, rd_bytes, (long long)sb.st_size,
+              head, part);
+        printf("  ddpmd sample%s: %lld of the checkpoint's %lld bytes read\n", raw ? " --raw" : "",
+               rd_bytes, (long long)sb.st_size);
+    }
+    rm_tree(dir);
+}
+
 /* a failed save leaves path as it was and no temporary; a successful one writes the reference */
 static int check_saved(const char *path, const char *ref_path, const char *prev_path, int rc,
                        const char *err)
@@ -836,6 +884,7 @@ int main(void)
     }
     test_alloc_faults(&t);
     test_io_faults(&t);
+    sample_reads();
     tiny_free(&t);
     rm_tree(g_dir);
     return tu_finish("test_faults");
