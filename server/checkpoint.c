@@ -63,17 +63,19 @@ static int checkpoint_meta(struct safetensors_writer *w, const struct train_spec
     return 0;
 }
 
-int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen)
+int checkpoint_check_spec(const struct train_spec *spec, const char *spec_json, char *err,
+                          size_t errlen)
 {
     struct safetensors_writer *w = NULL;
-    char *json = spec_to_json(spec);
+    char *own = spec_json ? NULL : spec_to_json(spec);
+    const char *json = spec_json ? spec_json : own;
     int rc = -1;
     if (!json || safetensors_writer_init(&w))
         snprintf(err, errlen, "out of memory");
     else
         rc = checkpoint_meta(w, spec, 0, json, NULL, STRATEGY_PRECISION_F32, NULL, err, errlen);
     safetensors_writer_free(w);
-    free(json);
+    free(own);
     return rc;
 }
 
@@ -146,13 +148,15 @@ int64_t checkpoint_stream_plan_bytes(const struct graph *g)
 }
 
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
-                    const struct train_spec *spec, int64_t step, char *err, size_t errlen)
+                    const struct train_spec *spec, const char *spec_json, int64_t step,
+                    char *err, size_t errlen)
 {
     int rc = -1;
     struct safetensors_writer *w = NULL;
     char **names = calloc((size_t)g->n_params * 4 + 1, sizeof *names);
     struct ckpt_tensor *ts = calloc((size_t)g->n_params * 4 + 1, sizeof *ts);
-    char *json = spec_to_json(spec);
+    char *own = spec_json ? NULL : spec_to_json(spec);
+    const char *json = spec_json ? spec_json : own;
     int n_names = 0;
     if (!ts || !names || !json || safetensors_writer_init(&w)) {
         snprintf(err, errlen, "out of memory saving %s", path);
@@ -198,7 +202,7 @@ out:
     for (int i = 0; i < n_names; i++) free(names[i]);
     free(names);
     free(ts);
-    free(json);
+    free(own);
     safetensors_writer_free(w);
     return rc;
 }

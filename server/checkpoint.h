@@ -28,9 +28,11 @@ enum checkpoint_parts { CHECKPOINT_WEIGHTS = 1, CHECKPOINT_EMA = 2, CHECKPOINT_O
 
 /* writes the weights, EMA, AdamW moments and metadata of step atomically (fsio.h), each tensor
  * downloaded as its turn in the file comes; fails (the previous file at path untouched) when any
- * part, metadata included, cannot be stored */
+ * part, metadata included, cannot be stored. spec_json: spec's canonical JSON (spec_to_json),
+ * printed once by a run that saves many; NULL: printed here */
 int checkpoint_save(const char *path, struct exec *e, const struct graph *g,
-                    const struct train_spec *spec, int64_t step, char *err, size_t errlen);
+                    const struct train_spec *spec, const char *spec_json, int64_t step,
+                    char *err, size_t errlen);
 /* the host bytes checkpoint_save holds for the model g (a job's host plan: TRAIN_HOST_CHECKPOINT):
  * the largest tensor's staging, the names and the header */
 int64_t checkpoint_save_plan_bytes(const struct graph *g);
@@ -41,8 +43,10 @@ int64_t checkpoint_read_plan_bytes(const struct graph *g, int64_t file_bytes);
 /* ... and streamed (checkpoint_open_stream, then checkpoint_apply: a resume, init_from, `ddpmd
  * sample`): its header read and parsed and one tensor's staging, the file's data left on disk */
 int64_t checkpoint_stream_plan_bytes(const struct graph *g);
-/* whether spec can be stored in a checkpoint's metadata (checked before a run trains) */
-int checkpoint_check_spec(const struct train_spec *spec, char *err, size_t errlen);
+/* whether spec can be stored in a checkpoint's metadata (checked before a run trains);
+ * spec_json as checkpoint_save's */
+int checkpoint_check_spec(const struct train_spec *spec, const char *spec_json, char *err,
+                          size_t errlen);
 
 /* opens and validates a checkpoint; spec and step from its metadata (either may be NULL). The
  * step must be digits only and at most the metadata spec's train.steps (INT_MAX without spec);

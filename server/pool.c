@@ -437,11 +437,16 @@ int pool_submit_planned(struct pool *p, const char *owner, const char *idem_key,
         for (int d = 0; d < POOL_MAX_DEVICES; d++) cJSON_Delete(entries[d]), entries[d] = NULL;
         return POOL_ERR_INTERNAL;
     }
-    char *child_json = spec_to_json(child);
+    /* the store's spec printed once; the child's is the same text unless an id was resolved to
+     * the folder or file it names (the child's threads and batch come as arguments) */
+    char *stored = spec_to_json(spec);
+    char *child_json = job->dataset_dir || job->init_path ? spec_to_json(child)
+                       : stored                           ? strdup(stored)
+                                                          : NULL;
     free(child);
-    return submit_planned(p, owner, idem_key, "train", spec->steps, spec_to_json(spec),
-                          "/spec.json", child_json, spec->threads, spec->batch, job->name,
-                          job->labels, adm, entries, id, err, errlen);
+    return submit_planned(p, owner, idem_key, "train", spec->steps, stored, "/spec.json",
+                          child_json, spec->threads, spec->batch, job->name, job->labels, adm,
+                          entries, id, err, errlen);
 }
 
 int pool_import(struct pool *p, const char *owner, const char *spec_json, int64_t step,

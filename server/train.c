@@ -41,6 +41,8 @@ static const int val_ts[] = {50, 250, 500, 750, 950};
 
 struct job {
     const struct train_spec *spec;
+    char *spec_json;            /* spec's canonical JSON, printed once: the metadata check, the
+                                 * resume's comparison and every checkpoint reuse it */
     const struct train_opts *o;
     struct dataset *ds;
     struct dataset_loader *loader;
@@ -595,12 +597,14 @@ static int spec_diff(const cJSON *was, const cJSON *now, const char *prefix, int
     return bad;
 }
 
-/* whether the checkpoint's spec (saved) allows an exact resume under spec; err says why not */
+/* whether the checkpoint's spec (saved) allows an exact resume under spec (spec_json: its
+ * canonical JSON); err says why not */
 static int resume_check(const struct train_spec *saved, const struct train_spec *spec,
-                        int64_t step, const char *path, int quiet, char *err, size_t errlen)
+                        const char *spec_json, int64_t step, const char *path, int quiet,
+                        char *err, size_t errlen)
 {
-    char *a = spec_to_json(saved), *b = spec_to_json(spec);
-    cJSON *ja = a ? cJSON_Parse(a) : NULL, *jb = b ? cJSON_Parse(b) : NULL;
+    char *a = spec_to_json(saved);
+    cJSON *ja = a ? cJSON_Parse(a) : NULL, *jb = cJSON_Parse(spec_json);
     char refused[1024] = "";
     int rc = -1;
     if (!ja || !jb) {
@@ -618,7 +622,6 @@ static int resume_check(const struct train_spec *saved, const struct train_spec 
     cJSON_Delete(ja);
     cJSON_Delete(jb);
     free(a);
-    free(b);
     return rc;
 }
 
@@ -674,7 +677,7 @@ static int init_weights(struct job *j, int64_t *start, char *err, size_t errlen)
         int found = open_newest(j, path, sizeof path, &st, &saved, &step, err, errlen);
         if (found < 0) return -1;
         if (found) {
-            if (resume_check(&saved, s, step, path, j->o->quiet, err, errlen)) {
+            if (resume_check(&saved, s, j->spec_json, step, path, j->o->quiet, err, errlen)) {
                 safetensors_free(st);
                 return -1;
             }
@@ -937,7 +940,7 @@ static int checkpoint(struct job *j, int64_t step, char *err, size_t errlen)
     char path[FSIO_PATH_MAX];
     if (fsio_path(path, sizeof path, err, errlen, "%s/step-%08" PRId64 ".safetensors",
                   j->dir_ckpt, step) ||
-        checkpoint_save(path, j->ts.e, &j->ts.tp.g, j->spec, step, err, errlen))
+        checkpoint_save(path, j->ts.e, &j->ts.tp.g, j->spec, j->spec_json, step, err, errlen))
         return -1;
     j->last_ckpt = step;
     prune_checkpoints(j->dir_ckpt, j->spec->keep_last);
@@ -1065,6 +1068,7 @@ static void host_used(const struct job *j, struct train_host *h)
 
 static void job_free(struct job *j)
 {
+    free(j->spec_json);
     dataset_loader_free(j->loader);
     dataset_free(j->ds);
     train_step_free(&j->ts);
@@ -1110,12 +1114,17 @@ int train_run(const struct train_spec *spec, const struct train_opts *o, char *e
         return TRAIN_FAILED;
     }
     /* a spec the checkpoints cannot hold would end in checkpoints that cannot be resumed */
-    if (checkpoint_check_spec(spec, err, errlen)) return TRAIN_FAILED;
+    j.spec_json = spec_to_json(spec);
+    if (!j.spec_json) {
+        snprintf(err, errlen, "out of memory");
+        return TRAIN_FAILED;
+    }
+    if (checkpoint_check_spec(spec, j.spec_json, err, errlen)) goto out;
     snprintf(j.dir_ckpt, sizeof j.dir_ckpt, "%s/checkpoints", o->out_dir);
     snprintf(j.dir_samples, sizeof j.dir_samples, "%s/samples", o->out_dir);
     if (mkdir_p1(o->out_dir) || mkdir_p1(j.dir_ckpt) || mkdir_p1(j.dir_samples)) {
         snprintf(err, errlen, "cannot create %s: %s", o->out_dir, strerror(errno));
-        return TRAIN_FAILED;
+        goto out;
     }
     remove_stale_temps(o, j.dir_ckpt, ".safetensors");
     remove_stale_temps(o, j.dir_samples, ".png");

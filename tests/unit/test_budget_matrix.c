@@ -67,7 +67,7 @@ static void check_checkpoint_plan(struct exec *e, const struct graph *g,
     if (fd < 0) return;
     close(fd);
     struct safetensors *st = NULL;
-    CHECK(checkpoint_save(path, e, g, s, 3, err, sizeof err) == 0 &&
+    CHECK(checkpoint_save(path, e, g, s, NULL, 3, err, sizeof err) == 0 &&
               checkpoint_open(&st, path, NULL, NULL, err, sizeof err) == 0,
           "checkpoint: %s", err);
     const char *meta = st ? safetensors_meta(st, "plan") : NULL;

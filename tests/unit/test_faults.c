@@ -4,7 +4,9 @@
  * each N must end in a clean error (or the exact reference result), never a crash or a leak (leaks
  * are checked per N under ASan, scripts/sanitize.sh). I/O failures: write (ENOSPC mid-file, EIO,
  * short writes, EINTR), fsync and rename fail on the checkpoint, PNG and loss.csv writers; each
- * must say why, keep the previous file byte for byte and leave no temporary behind.
+ * must say why, keep the previous file byte for byte and leave no temporary behind. Counted:
+ * the bytes read (a streamed checkpoint, `ddpmd sample`'s, is not read whole) and a run's spec
+ * prints (once).
  * Linked with -Wl,--wrap=malloc,... (CMakeLists.txt): the wrappers see calls from our static
  * libraries, not from libpng or zlib (their own allocations are not failed here).
  */
@@ -71,6 +73,16 @@ ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t at)
     ssize_t r = __real_pread(fd, buf, n, at);
     if (rd_on && r > 0) rd_bytes += r;
     return r;
+}
+
+/* the spec printer: calls (spec_to_json) while sj_on, to show a run prints its spec once */
+char *__real_spec_to_json(const struct train_spec *s);
+char *__wrap_spec_to_json(const struct train_spec *s);
+static int sj_on, sj_calls;
+char *__wrap_spec_to_json(const struct train_spec *s)
+{
+    if (sj_on) sj_calls++;
+    return __real_spec_to_json(s);
 }
 
 static int af_hit(void)
@@ -461,8 +473,9 @@ static void stream_reads(struct tiny *t, const char *path)
 }
 
 /* `ddpmd sample` streams its checkpoint: it reads the header and the one part it samples from
- * (the EMA weights, or the weights with --raw), a quarter of the tensors, never the file whole
- * (what admission reserves for it: train_sample_host_plan). A UNet trained 2 steps in dir. */
+ * (the EMA weights, or the weights with --raw), a quarter of the tensors, never the file whole.
+ * Its checkpoint: a UNet trained 2 steps with a checkpoint after each, which prints its spec
+ * once (train_run: the metadata check and every checkpoint reuse the text) */
 static void sample_reads(void)
 {
     char dir[64], data[128], out[128], ckpt[256], png[128], err[512] = "";
@@ -473,17 +486,25 @@ static void sample_reads(void)
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-00000002.safetensors", out);
     snprintf(png, sizeof png, "%s/samples.png", dir);
     tt_make_discs(data);
+    int rc;
     struct train_spec s;
     tt_tiny_spec(&s, data, 2);
     s.threads = 1;
+    s.checkpoint_every = 1;
     struct train_opts o = {.out_dir = out, .quiet = 1};
-    CHECK(train_run(&s, &o, err, sizeof err) == TRAIN_DONE, "2 steps: %s", err);
+    sj_calls = 0;
+    sj_on = 1;
+    rc = train_run(&s, &o, err, sizeof err);
+    sj_on = 0;
+    CHECK(rc == TRAIN_DONE, "2 steps: %s", err);
+    CHECK(sj_calls == 1, "a run of 2 checkpoints printed its spec %d times (once: its metadata "
+          "check and checkpoints reuse the text)", sj_calls);
     struct stat sb;
     struct safetensors *st = NULL;
     CHECK(stat(ckpt, &sb) == 0, "stat %s", ckpt);
     rd_bytes = 0;
     rd_on = 1;
-    int rc = checkpoint_open_stream(&st, ckpt, NULL, NULL, err, sizeof err);
+    rc = checkpoint_open_stream(&st, ckpt, NULL, NULL, err, sizeof err);
     rd_on = 0;
     safetensors_free(st);
     const long long head = rd_bytes, part = ((long long)sb.st_size - head) / 4;
@@ -525,7 +546,7 @@ static int op_ckpt_save(void *vc)
 {
     struct ckpt_ctx *c = vc;
     char err[512] = "";
-    int rc = checkpoint_save(c->path, c->t->e, &c->t->g, &c->t->spec, 7, err, sizeof err);
+    int rc = checkpoint_save(c->path, c->t->e, &c->t->g, &c->t->spec, NULL, 7, err, sizeof err);
     af_disarm();
     return check_saved(c->path, c->ref_path, c->prev_path, rc, err);
 }
@@ -642,9 +663,9 @@ static void test_alloc_faults(struct tiny *t)
     memset(&cc, 0, sizeof cc);
     cc.t = t;
     err[0] = '\0';
-    CHECK(checkpoint_save(in_dir("ref.safetensors"), t->e, &t->g, &t->spec, 7, err,
+    CHECK(checkpoint_save(in_dir("ref.safetensors"), t->e, &t->g, &t->spec, NULL, 7, err,
                           sizeof err) == 0, "reference checkpoint: %s", err);
-    CHECK(checkpoint_save(in_dir("prev.safetensors"), t->e, &t->g, &t->spec, 3, err,
+    CHECK(checkpoint_save(in_dir("prev.safetensors"), t->e, &t->g, &t->spec, NULL, 3, err,
                           sizeof err) == 0, "previous checkpoint: %s", err);
     {
         char *js = spec_to_json(&t->spec); /* what the checkpoints hold (threads = 1) */
@@ -782,7 +803,7 @@ struct writer {
 
 static int save_ckpt(struct tiny *t, const char *path, char *err, size_t errlen)
 {
-    return checkpoint_save(path, t->e, &t->g, &t->spec, 7, err, errlen);
+    return checkpoint_save(path, t->e, &t->g, &t->spec, NULL, 7, err, errlen);
 }
 static int save_png(struct tiny *t, const char *path, char *err, size_t errlen)
 {

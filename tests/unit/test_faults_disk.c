@@ -95,7 +95,7 @@ static int save(struct tiny *t, int k, int v, const char *path, char *err, size_
 {
     char text[256];
     switch (k) {
-    case 0: return checkpoint_save(path, t->e, &t->g, &t->spec, v, err, errlen);
+    case 0: return checkpoint_save(path, t->e, &t->g, &t->spec, NULL, v, err, errlen);
     case 1:
         for (size_t i = 0; i < sizeof g_img / sizeof *g_img; i++)
             g_img[i] = (float)((i * (7 + v)) % 255) / 127.5f - 1.0f;

@@ -476,7 +476,7 @@ static void checkpoints(void)
     char path[] = "/tmp/test_prec_XXXXXX", file[64], err[256] = "";
     CHECK(mkdtemp(path) != NULL, "mkdtemp");
     snprintf(file, sizeof file, "%s/c.safetensors", path);
-    CHECK(checkpoint_save(file, a.e, &a.g, &spec, 3, err, sizeof err) == 0, "save: %s", err);
+    CHECK(checkpoint_save(file, a.e, &a.g, &spec, NULL, 3, err, sizeof err) == 0, "save: %s", err);
     struct safetensors *st = NULL;
     CHECK(checkpoint_open(&st, file, NULL, NULL, err, sizeof err) == 0, "open: %s", err);
     const char *prec = st ? safetensors_meta(st, "precision") : NULL;

@@ -304,9 +304,9 @@ int main(void)
         struct train_opts o8o = {.out_dir = o8, .quiet = 1};
         CHECK(train_run(&s8, &o8o, err, sizeof err) == TRAIN_FAILED && strstr(err, "UTF-8"),
               "a non-UTF-8 dataset path: '%s'", err);
-        CHECK(checkpoint_check_spec(&s8, err, sizeof err) != 0 && strstr(err, "spec"),
+        CHECK(checkpoint_check_spec(&s8, NULL, err, sizeof err) != 0 && strstr(err, "spec"),
               "checkpoint_check_spec: '%s'", err);
-        CHECK(checkpoint_check_spec(&s, err, sizeof err) == 0, "a good spec: %s", err);
+        CHECK(checkpoint_check_spec(&s, NULL, err, sizeof err) == 0, "a good spec: %s", err);
     }
 
     /* output paths: a long one is used whole (not cut at ~1 KiB), a too long one is an error */
