@@ -36,8 +36,8 @@ enum MHD_Result h_checkpoints(struct ctx *c)
     job_row_free(&r);
     char path[FSIO_PATH_MAX];
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "checkpoints");
-    static _Thread_local int64_t steps[1024];
-    int n = api_checkpoint_steps(c->a, c->param, steps, 1024);
+    int64_t steps[1024]; /* 8 KiB of this request's stack: the newest 1,024 are listed */
+    int n = api_checkpoint_steps(c->a, c->param, steps, (int)(sizeof steps / sizeof steps[0]));
     for (int i = 0; i < n; i++) {
         struct stat sb;
         if (pool_checkpoint_path(c->a->cfg.pool, c->param, steps[i], path, sizeof path) ||
