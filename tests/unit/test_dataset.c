@@ -1174,6 +1174,69 @@ done:
  * kind of file (grey, grey+alpha, RGB, RGBA, palette, 16-bit, 2-bit, non-square, interlaced),
  * floats kept where they are fewer bytes; a folder whose samples grew past the count it was
  * planned by is refused. */
+/* dataset_folder_probe: a folder named by path measured from its PNG headers alone - the
+ * count of files the probe passes, a bound on their decoded samples that is exact for 8-bit,
+ * 16-bit, a palette with tRNS and a grey colour key (each as image_load_png holds it), the
+ * largest width x height - and the folder opened with those figures holds them as bytes */
+static void test_folder_probe(void)
+{
+    char dir[300], path[400], err[512];
+    snprintf(dir, sizeof dir, "%s/probe", g_dir);
+    mkdir(dir, 0755);
+    unsigned g16[30], rgb[60], idx[21], key[6] = {0, 7, 200, 7, 255, 1};
+    for (int i = 0; i < 30; i++) g16[i] = pat(i, 3, 0, 65535) | 1; /* odd: 2 bytes a sample */
+    for (int i = 0; i < 60; i++) rgb[i] = pat(i, 5, 1, 255);
+    for (int i = 0; i < 21; i++) idx[i] = pat(i, 1, 0, 4);
+    static const png_color pal[5] = {{255, 0, 0}, {0, 128, 255}, {10, 20, 30}, {0, 0, 0},
+                                     {255, 255, 255}};
+    static const png_byte trns[3] = {0, 100, 255};
+    png_color_16 k = {0, 0, 0, 0, 7};
+    const struct {
+        const char *name;
+        struct png_spec s;
+    } files[] = {
+        {"g16.png", {6, 5, 16, PNG_COLOR_TYPE_GRAY, 0, g16, NULL, 0, NULL, 0, NULL}},
+        {"rgb8.png", {5, 4, 8, PNG_COLOR_TYPE_RGB, 0, rgb, NULL, 0, NULL, 0, NULL}},
+        {"pal_trns.png", {7, 3, 4, PNG_COLOR_TYPE_PALETTE, 0, idx, pal, 5, trns, 3, NULL}},
+        {"gkey.png", {3, 2, 8, PNG_COLOR_TYPE_GRAY, 0, key, NULL, 0, NULL, 0, &k}},
+    };
+    int64_t exact = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        struct image img = {0};
+        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        CHECK(write_png(path, &files[i].s), "%s not written", files[i].name);
+        CHECK(image_load_png(path, &img, err, sizeof err) == IMAGE_OK, "%s", err);
+        exact += dataset_source_bytes(&img);
+        image_free(&img);
+    }
+    snprintf(path, sizeof path, "%s/bad.png", dir); /* refused by the probe: not counted */
+    FILE *f = fopen(path, "wb");
+    if (f) fputs("not a png at all, just text", f), fclose(f);
+    int64_t n = 0, src = 0, mp = 0;
+    CHECK(dataset_folder_probe(dir, &n, &src, &mp, err, sizeof err) == DATASET_OK, "probe: %s",
+          err);
+    CHECK(n == 5 && src == exact && exact == 60 + 60 + 84 + 12 && mp == 30,
+          "probe: %lld images, %lld bytes (decoded: %lld), %lld pixels", (long long)n,
+          (long long)src, (long long)exact, (long long)mp);
+    struct dataset *ds = NULL;
+    struct dataset_report rep;
+    CHECK(dataset_open_folder(&ds, dir, 3, 32, src, mp, &rep, NULL, NULL, err, sizeof err) ==
+                  DATASET_OK &&
+              dataset_count(ds) == 4 && rep.skipped == 1,
+          "the folder at the probe's figures: %s", err);
+    /* planned for the 5 listed (bad.png's record and index too), held for the 4 decoded */
+    CHECK(ds && dataset_bytes(ds) + 16 + 4 == dataset_plan_bytes(0, 5, 3, 32, mp, src) &&
+              dataset_bytes(ds) < dataset_plan_bytes(0, 4, 3, 32, mp, -1),
+          "not held as its bytes, or not as planned: %lld held, %lld planned",
+          (long long)dataset_bytes(ds), (long long)dataset_plan_bytes(0, 5, 3, 32, mp, src));
+    dataset_free(ds);
+    snprintf(path, sizeof path, "%s/nothing", g_dir);
+    mkdir(path, 0755);
+    CHECK(dataset_folder_probe(path, &n, &src, &mp, err, sizeof err) == DATASET_ERR_EMPTY &&
+              n == -1 && src == -1 && mp == -1,
+          "an empty folder probed");
+}
+
 static void test_folder_bytes(void)
 {
     char dir[600], err[1024];
@@ -1874,6 +1937,7 @@ int main(int argc, char **argv)
     test_grid();
     test_folder();
     test_folder_bytes();
+    test_folder_probe();
     test_idx();
     test_bounds();
     test_idx_hostile();
