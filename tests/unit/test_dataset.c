@@ -1230,6 +1230,39 @@ static void test_folder_probe(void)
           "not held as its bytes, or not as planned: %lld held, %lld planned",
           (long long)dataset_bytes(ds), (long long)dataset_plan_bytes(0, 5, 3, 32, mp, src));
     dataset_free(ds);
+    /* hostile chunk walks after a valid IHDR: a length past 2^31, one past the file's end,
+     * more chunks than the walk reads: each stops, counting an alpha (the bound's safe side);
+     * the 5x4 RGB file's bound is then 5 x 4 x 4 bytes */
+    snprintf(path, sizeof path, "%s/rgb8.png", dir);
+    size_t len = 0;
+    unsigned char *whole = tu_slurp(path, &len);
+    CHECK(whole && len > IMAGE_PNG_HEAD_BYTES, "rgb8.png not read back");
+    for (int kind = 0; whole && kind < 3; kind++) {
+        static const unsigned char big[12] = {0xff, 0xff, 0xff, 0xf0, 't', 'E', 'X', 't'};
+        static const unsigned char past[12] = {0x00, 0x10, 0x00, 0x00, 't', 'E', 'X', 't'};
+        static const unsigned char empty[12] = {0, 0, 0, 0, 't', 'E', 'X', 't', 0, 0, 0, 0};
+        size_t extra = kind == 2 ? 300 * sizeof empty : 8;
+        unsigned char *b = malloc(len + extra);
+        if (!b) break;
+        memcpy(b, whole, IMAGE_PNG_HEAD_BYTES);
+        if (kind == 2)
+            for (int i = 0; i < 300; i++) memcpy(b + IMAGE_PNG_HEAD_BYTES + 12 * i, empty, 12);
+        else
+            memcpy(b + IMAGE_PNG_HEAD_BYTES, kind ? past : big, 8);
+        memcpy(b + IMAGE_PNG_HEAD_BYTES + extra, whole + IMAGE_PNG_HEAD_BYTES,
+               len - IMAGE_PNG_HEAD_BYTES);
+        char sub[320];
+        snprintf(sub, sizeof sub, "%s/probe-hostile-%d", g_dir, kind);
+        mkdir(sub, 0755);
+        snprintf(path, sizeof path, "%s/x.png", sub);
+        CHECK(write_bytes(path, b, len + extra), "%s not written", path);
+        free(b);
+        CHECK(dataset_folder_probe(sub, &n, &src, &mp, err, sizeof err) == DATASET_OK && n == 1 &&
+                  src == 5 * 4 * 4 && mp == 20,
+              "hostile walk %d: %lld images, %lld bytes, %lld pixels (%s)", kind, (long long)n,
+              (long long)src, (long long)mp, err);
+    }
+    free(whole);
     snprintf(path, sizeof path, "%s/nothing", g_dir);
     mkdir(path, 0755);
     CHECK(dataset_folder_probe(path, &n, &src, &mp, err, sizeof err) == DATASET_ERR_EMPTY &&
