@@ -1,7 +1,8 @@
 /* datasets.c - the datasets' routes: the built-in fashion-mnist and uploads (server/upload.c),
  * listed, described, previewed, uploaded (the body streamed to a file, refused before a byte is
- * read when it cannot be taken; checked and unpacked on the request, its images decoded on the
- * upload worker: 202 "validating", then "ready" or "failed") and deleted when no job uses them.
+ * read when it cannot be taken; checked and unpacked on the request, at most one fewer at once
+ * than the HTTP threads, its images decoded on the upload worker: 202 "validating", then "ready"
+ * or "failed") and deleted when no job uses them.
  */
 #define _GNU_SOURCE
 #include "routes.h"
@@ -301,6 +302,44 @@ static enum MHD_Result upload_busy(struct ctx *c)
                              NULL, (const char *const[]){"Retry-After", "10", NULL});
 }
 
+/* The archives being unpacked: each on its request's HTTP thread (its 413/422/429 answers are
+ * synchronous), so at most one fewer than the HTTP threads at once (one with a single thread):
+ * a thread is always left for every other request (/healthz, a job's events). One more is 503
+ * upload-busy before it is unpacked. Process-wide: a process runs one api. */
+static int unpacking;
+
+static int unpack_cap(const struct api *a)
+{
+    int threads = a->cfg.threads > 0 ? a->cfg.threads : 4; /* api_start's default */
+    return threads > 1 ? threads - 1 : 1;
+}
+
+/* 0 with a slot taken (unpack_leave gives it back), -1 when all are taken */
+static int unpack_enter(const struct api *a)
+{
+    int cap = unpack_cap(a), n = __atomic_load_n(&unpacking, __ATOMIC_RELAXED);
+    do {
+        if (n >= cap) return -1;
+    } while (!__atomic_compare_exchange_n(&unpacking, &n, n + 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    return 0;
+}
+
+static void unpack_leave(void)
+{
+    __atomic_sub_fetch(&unpacking, 1, __ATOMIC_ACQ_REL);
+}
+
+static enum MHD_Result unpack_busy(struct ctx *c)
+{
+    char detail[200];
+    snprintf(detail, sizeof detail, "%d uploads are being unpacked, the most at once with "
+             "--http-threads %d (one fewer, so a thread stays free): try again shortly",
+             unpack_cap(c->a), c->a->cfg.threads > 0 ? c->a->cfg.threads : 4);
+    return http_send_problem(c, 503, "upload-busy", detail, NULL,
+                             (const char *const[]){"Retry-After", "5", NULL});
+}
+
 /* POST /datasets: the body is already on disk (on_request streamed it to r->upload_path) */
 enum MHD_Result h_datasets_post(struct ctx *c)
 {
@@ -327,8 +366,10 @@ enum MHD_Result h_datasets_post(struct ctx *c)
      * the submit below answers that) */
     if (worker_in_flight(c->a->decoder) >= c->a->decoder_cap)
         return upload_busy(c);
+    if (unpack_enter(c->a)) return unpack_busy(c);
     int rc = upload_dataset_create(api_data_dir(c), r->upload_path, c->owner, &lim, (int64_t)r->len,
                                    id, err, sizeof err);
+    unpack_leave();
     r->upload_path[0] = 0; /* removed by upload_dataset_create */
     if (rc) {
         static const struct {

@@ -596,6 +596,96 @@ static int check_shape(int channels, int size)
     return (channels == 1 || channels == 3) && size >= 1 && size <= DATASET_MAX_SIZE;
 }
 
+/* 1 when the PNG open on fd (of file_bytes) has a tRNS chunk before its image data: its chunks
+ * after IHDR walked by their lengths (each header read, no data), at most
+ * DATASET_PROBE_MAX_CHUNKS of them; a walk that stops early (a short read, a length past the
+ * file, too many chunks) says 1, the bound's safe side */
+#define DATASET_PROBE_MAX_CHUNKS 256
+static int png_has_trns(int fd, unsigned long long file_bytes)
+{
+    unsigned long long off = IMAGE_PNG_HEAD_BYTES;
+    for (int k = 0; k < DATASET_PROBE_MAX_CHUNKS; k++) {
+        unsigned char h[8];
+        if (off + 8 > file_bytes || pread(fd, h, 8, (off_t)off) != 8) return 1;
+        unsigned long long len = (unsigned long long)h[0] << 24 | (unsigned long long)h[1] << 16 |
+                                 (unsigned long long)h[2] << 8 | h[3];
+        if (memcmp(h + 4, "tRNS", 4) == 0) return 1;
+        if (memcmp(h + 4, "IDAT", 4) == 0 || memcmp(h + 4, "IEND", 4) == 0) return 0;
+        if (len > 0x7fffffffull) return 1;
+        off += 12 + len;
+    }
+    return 1;
+}
+
+/* the one folder dataset_folder_probe measured last (the CLI asks for it more than once) */
+static pthread_mutex_t probe_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char *dir;
+    int64_t images, source_bytes, max_pixels;
+} probe_last;
+
+enum dataset_status dataset_folder_probe(const char *dir, int64_t *images, int64_t *source_bytes,
+                                         int64_t *max_pixels, char *err, size_t errlen)
+{
+    struct name_list names = {0};
+    enum dataset_status rc;
+    int64_t n = 0, bytes = 0, most = 0;
+    *images = *source_bytes = *max_pixels = -1;
+    if (err && errlen) err[0] = '\0';
+    if (!dir || !*dir) return DATASET_ERR_ARG;
+    pthread_mutex_lock(&probe_mu);
+    if (probe_last.dir && strcmp(probe_last.dir, dir) == 0) {
+        *images = probe_last.images;
+        *source_bytes = probe_last.source_bytes;
+        *max_pixels = probe_last.max_pixels;
+        pthread_mutex_unlock(&probe_mu);
+        return DATASET_OK;
+    }
+    pthread_mutex_unlock(&probe_mu);
+    rc = list_pngs(&names, dir, NULL, NULL, NULL, err, errlen);
+    for (size_t i = 0; rc == DATASET_OK && i < names.n; i++) {
+        char *full = path_join(dir, names.v[i]), perr[300];
+        unsigned char head[IMAGE_PNG_HEAD_BYTES];
+        struct stat sb;
+        int w, h, c, fd = full ? fsio_open_regular(full, O_RDONLY, perr, sizeof perr) : -1;
+        free(full);
+        if (fd < 0) continue; /* dataset_open_folder skips it too */
+        if (fstat(fd, &sb) == 0 && pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+            image_png_probe(head, sizeof head, (unsigned long long)sb.st_size, &w, &h, &c, perr,
+                            sizeof perr) == IMAGE_OK) {
+            /* image_load_png's samples: 16-bit depth 2 bytes at most, any other 1; a tRNS
+             * chunk adds alpha to grey, RGB and palette */
+            int bps = head[24] == 16 ? 2 : 1;
+            if ((c == 1 || c == 3) && png_has_trns(fd, (unsigned long long)sb.st_size)) c++;
+            n++;
+            bytes += (int64_t)w * h * c * bps;
+            if ((int64_t)w * h > most) most = (int64_t)w * h;
+        }
+        close(fd);
+    }
+    size_t listed = names.n;
+    name_list_free(&names);
+    if (rc != DATASET_OK) return rc;
+    if (n == 0) {
+        fsio_err(err, errlen, "no readable .png files in '%s' (or its subdirectories)", dir);
+        return DATASET_ERR_EMPTY;
+    }
+    *images = (int64_t)listed; /* a record each in dataset_open_folder, as it decides */
+    *source_bytes = bytes;
+    *max_pixels = most;
+    pthread_mutex_lock(&probe_mu);
+    char *copy = strdup(dir);
+    if (copy) {
+        free(probe_last.dir);
+        probe_last.dir = copy;
+        probe_last.images = (int64_t)listed;
+        probe_last.source_bytes = bytes;
+        probe_last.max_pixels = most;
+    }
+    pthread_mutex_unlock(&probe_mu);
+    return DATASET_OK;
+}
+
 enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
                                         int size, int64_t source_bytes, int64_t max_pixels,
                                         struct dataset_report *report,

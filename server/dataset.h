@@ -94,6 +94,19 @@ enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, i
                                         struct dataset_report *report, dataset_log_fn log_cb,
                                         void *log_ctx, char *err, size_t errlen);
 
+/* A folder named by path (no upload's dataset.json: `ddpmd train` with data.dataset a folder):
+ * what dataset_open_folder takes as source_bytes and max_pixels, and its image count, from the
+ * PNG headers alone (image_png_probe; no pixel decoded), so it is held as an upload's folder is.
+ * source_bytes is a bound: width x height x channels as image_load_png gives them (one more
+ * for a grey, RGB or palette file with a tRNS chunk before its image data) x 2 bytes for a
+ * 16-bit file, else 1, over the files the probe passes; images counts every listed .png (as
+ * dataset_open_folder reserves and decides by them; one that does not decode is skipped there,
+ * so a plan counts it once too often). The last folder measured is remembered (by its path) for
+ * the process's later calls.
+ * DATASET_ERR_EMPTY when no file passes, list_pngs' errors as dataset_open_folder's. */
+enum dataset_status dataset_folder_probe(const char *dir, int64_t *images, int64_t *source_bytes,
+                                         int64_t *max_pixels, char *err, size_t errlen);
+
 /* The bytes one decoded image (image_load_png, before any conversion) is held in by
  * dataset_open_folder: its samples at 1 byte each when every value is k / 255, else 2. An
  * upload sums it over a folder (its source_bytes). */

@@ -947,7 +947,7 @@ int64_t spec_host_data_bytes(const struct train_spec *s, int64_t images)
     int fmnist = strcmp(s->dataset, "fashion-mnist") == 0;
     if (images < 0) {
         if (fmnist) images = SPEC_FMNIST_IMAGES;
-        else images = upload_folder_images(s->dataset); /* -1 when it is not an upload */
+        else images = upload_folder_images(s->dataset); /* -1: no upload, no readable folder */
     }
     if (images < 0) images = 0;
     return dataset_plan_bytes(fmnist, images, c, size,

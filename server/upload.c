@@ -772,10 +772,24 @@ static cJSON *folder_meta(const char *images_dir)
     return cJSON_Parse(buf);
 }
 
+/* A folder without an upload's dataset.json (named by path: `ddpmd train` with data.dataset a
+ * folder): its count, samples and largest image from its PNG headers (dataset_folder_probe),
+ * so it is held and planned as an upload's folder is; -1 each when it cannot be listed */
+static void folder_probe(const char *dir, int64_t *images, int64_t *src, int64_t *max_pixels)
+{
+    char err[300];
+    if (dataset_folder_probe(dir, images, src, max_pixels, err, sizeof err))
+        *images = *src = *max_pixels = -1;
+}
+
 int64_t upload_folder_images(const char *images_dir)
 {
     cJSON *o = folder_meta(images_dir);
-    if (!o) return -1;
+    int64_t n, src, mp;
+    if (!o) {
+        folder_probe(images_dir, &n, &src, &mp);
+        return n;
+    }
     const cJSON *im = cJSON_GetObjectItemCaseSensitive(o, "images");
     int64_t v = cJSON_IsNumber(im) && im->valuedouble >= 0 ? (int64_t)im->valuedouble : -1;
     cJSON_Delete(o);
@@ -787,6 +801,10 @@ int upload_folder_samples_path(const char *images_dir, char *path, size_t len)
     char e[8];
     const char *slash = images_dir ? strrchr(images_dir, '/') : NULL;
     if (!slash || strcmp(slash, "/images") != 0) return -1;
+    /* an upload's only: nothing is written beside a folder named by path */
+    cJSON *o = folder_meta(images_dir);
+    if (!o) return -1;
+    cJSON_Delete(o);
     return fsio_path(path, len, e, sizeof e, "%.*s/samples.bin", (int)(slash - images_dir),
                      images_dir);
 }
@@ -794,7 +812,11 @@ int upload_folder_samples_path(const char *images_dir, char *path, size_t len)
 int64_t upload_folder_source_bytes(const char *images_dir)
 {
     cJSON *o = folder_meta(images_dir);
-    if (!o) return -1;
+    int64_t n, src, mp;
+    if (!o) {
+        folder_probe(images_dir, &n, &src, &mp);
+        return src;
+    }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "source_bytes");
     /* a bound that fits the plan's arithmetic; anything else is unknown */
     int64_t v = cJSON_IsNumber(b) && b->valuedouble >= 0 && b->valuedouble <= 0x1p53
@@ -807,7 +829,11 @@ int64_t upload_folder_source_bytes(const char *images_dir)
 int64_t upload_folder_max_pixels(const char *images_dir)
 {
     cJSON *o = folder_meta(images_dir);
-    if (!o) return -1;
+    int64_t n, src, mp;
+    if (!o) {
+        folder_probe(images_dir, &n, &src, &mp);
+        return mp;
+    }
     const cJSON *sz = cJSON_GetObjectItemCaseSensitive(o, "sizes");
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(sz, "max_width");
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(sz, "max_height");

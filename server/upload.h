@@ -113,7 +113,10 @@ int upload_dataset_path(const char *data_dir, const char *id, const char *tail, 
 char *upload_dataset_meta(const char *data_dir, const char *id);
 /* every dataset id in the store, sorted (caller frees ids); 0 ok */
 int upload_dataset_ids(const char *data_dir, char (**ids)[UPLOAD_ID_LEN], int *n);
-/* the images an uploaded dataset's images/ folder holds, from its dataset.json (-1: unknown) */
+/* the images an uploaded dataset's images/ folder holds, from its dataset.json (-1: unknown).
+ * This and the next two, for a folder without a dataset.json (named by path: the CLI), give its
+ * PNG headers' figures (dataset_folder_probe: a bound on its samples), -1 when none is readable,
+ * so such a folder is held and planned as an upload's is. */
 int64_t upload_folder_images(const char *images_dir);
 /* the bytes the same folder's images' decoded samples come to (its dataset.json's
  * source_bytes, written once they are decoded: dataset_open_folder holds them so when that is

@@ -74,7 +74,10 @@ def probe_healthz(s, stop, lat):
 
 def phase_big(exe, d):
     big = tar([("img%d.png" % i, png(8192, 8192)) for i in range(3)])
-    s = Server(exe, data=d, args=["--upload-workers", "1", "--upload-queue", str(UPLOADS)]).start()
+    # UPLOADS + 1 HTTP threads: all eight unpack at once (at most --http-threads less one do;
+    # test_upload_unpackers checks that bound)
+    s = Server(exe, data=d, args=["--upload-workers", "1", "--upload-queue", str(UPLOADS),
+                                  "--http-threads", str(UPLOADS + 1)]).start()
     stop, lat = threading.Event(), []
     prober = threading.Thread(target=probe_healthz, args=(s, stop, lat))
     prober.start()

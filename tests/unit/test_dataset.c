@@ -1174,6 +1174,102 @@ done:
  * kind of file (grey, grey+alpha, RGB, RGBA, palette, 16-bit, 2-bit, non-square, interlaced),
  * floats kept where they are fewer bytes; a folder whose samples grew past the count it was
  * planned by is refused. */
+/* dataset_folder_probe: a folder named by path measured from its PNG headers alone - the
+ * count of files the probe passes, a bound on their decoded samples that is exact for 8-bit,
+ * 16-bit, a palette with tRNS and a grey colour key (each as image_load_png holds it), the
+ * largest width x height - and the folder opened with those figures holds them as bytes */
+static void test_folder_probe(void)
+{
+    char dir[300], path[400], err[512];
+    snprintf(dir, sizeof dir, "%s/probe", g_dir);
+    mkdir(dir, 0755);
+    unsigned g16[30], rgb[60], idx[21], key[6] = {0, 7, 200, 7, 255, 1};
+    for (int i = 0; i < 30; i++) g16[i] = pat(i, 3, 0, 65535) | 1; /* odd: 2 bytes a sample */
+    for (int i = 0; i < 60; i++) rgb[i] = pat(i, 5, 1, 255);
+    for (int i = 0; i < 21; i++) idx[i] = pat(i, 1, 0, 4);
+    static const png_color pal[5] = {{255, 0, 0}, {0, 128, 255}, {10, 20, 30}, {0, 0, 0},
+                                     {255, 255, 255}};
+    static const png_byte trns[3] = {0, 100, 255};
+    png_color_16 k = {0, 0, 0, 0, 7};
+    const struct {
+        const char *name;
+        struct png_spec s;
+    } files[] = {
+        {"g16.png", {6, 5, 16, PNG_COLOR_TYPE_GRAY, 0, g16, NULL, 0, NULL, 0, NULL}},
+        {"rgb8.png", {5, 4, 8, PNG_COLOR_TYPE_RGB, 0, rgb, NULL, 0, NULL, 0, NULL}},
+        {"pal_trns.png", {7, 3, 4, PNG_COLOR_TYPE_PALETTE, 0, idx, pal, 5, trns, 3, NULL}},
+        {"gkey.png", {3, 2, 8, PNG_COLOR_TYPE_GRAY, 0, key, NULL, 0, NULL, 0, &k}},
+    };
+    int64_t exact = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        struct image img = {0};
+        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        CHECK(write_png(path, &files[i].s), "%s not written", files[i].name);
+        CHECK(image_load_png(path, &img, err, sizeof err) == IMAGE_OK, "%s", err);
+        exact += dataset_source_bytes(&img);
+        image_free(&img);
+    }
+    snprintf(path, sizeof path, "%s/bad.png", dir); /* refused by the probe: not counted */
+    FILE *f = fopen(path, "wb");
+    if (f) fputs("not a png at all, just text", f), fclose(f);
+    int64_t n = 0, src = 0, mp = 0;
+    CHECK(dataset_folder_probe(dir, &n, &src, &mp, err, sizeof err) == DATASET_OK, "probe: %s",
+          err);
+    CHECK(n == 5 && src == exact && exact == 60 + 60 + 84 + 12 && mp == 30,
+          "probe: %lld images, %lld bytes (decoded: %lld), %lld pixels", (long long)n,
+          (long long)src, (long long)exact, (long long)mp);
+    struct dataset *ds = NULL;
+    struct dataset_report rep;
+    CHECK(dataset_open_folder(&ds, dir, 3, 32, src, mp, &rep, NULL, NULL, err, sizeof err) ==
+                  DATASET_OK &&
+              dataset_count(ds) == 4 && rep.skipped == 1,
+          "the folder at the probe's figures: %s", err);
+    /* planned for the 5 listed (bad.png's record and index too), held for the 4 decoded */
+    CHECK(ds && dataset_bytes(ds) + 16 + 4 == dataset_plan_bytes(0, 5, 3, 32, mp, src) &&
+              dataset_bytes(ds) < dataset_plan_bytes(0, 4, 3, 32, mp, -1),
+          "not held as its bytes, or not as planned: %lld held, %lld planned",
+          (long long)dataset_bytes(ds), (long long)dataset_plan_bytes(0, 5, 3, 32, mp, src));
+    dataset_free(ds);
+    /* hostile chunk walks after a valid IHDR: a length past 2^31, one past the file's end,
+     * more chunks than the walk reads: each stops, counting an alpha (the bound's safe side);
+     * the 5x4 RGB file's bound is then 5 x 4 x 4 bytes */
+    snprintf(path, sizeof path, "%s/rgb8.png", dir);
+    size_t len = 0;
+    unsigned char *whole = tu_slurp(path, &len);
+    CHECK(whole && len > IMAGE_PNG_HEAD_BYTES, "rgb8.png not read back");
+    for (int kind = 0; whole && kind < 3; kind++) {
+        static const unsigned char big[12] = {0xff, 0xff, 0xff, 0xf0, 't', 'E', 'X', 't'};
+        static const unsigned char past[12] = {0x00, 0x10, 0x00, 0x00, 't', 'E', 'X', 't'};
+        static const unsigned char empty[12] = {0, 0, 0, 0, 't', 'E', 'X', 't', 0, 0, 0, 0};
+        size_t extra = kind == 2 ? 300 * sizeof empty : 8;
+        unsigned char *b = malloc(len + extra);
+        if (!b) break;
+        memcpy(b, whole, IMAGE_PNG_HEAD_BYTES);
+        if (kind == 2)
+            for (int i = 0; i < 300; i++) memcpy(b + IMAGE_PNG_HEAD_BYTES + 12 * i, empty, 12);
+        else
+            memcpy(b + IMAGE_PNG_HEAD_BYTES, kind ? past : big, 8);
+        memcpy(b + IMAGE_PNG_HEAD_BYTES + extra, whole + IMAGE_PNG_HEAD_BYTES,
+               len - IMAGE_PNG_HEAD_BYTES);
+        char sub[320];
+        snprintf(sub, sizeof sub, "%s/probe-hostile-%d", g_dir, kind);
+        mkdir(sub, 0755);
+        snprintf(path, sizeof path, "%s/x.png", sub);
+        CHECK(write_bytes(path, b, len + extra), "%s not written", path);
+        free(b);
+        CHECK(dataset_folder_probe(sub, &n, &src, &mp, err, sizeof err) == DATASET_OK && n == 1 &&
+                  src == 5 * 4 * 4 && mp == 20,
+              "hostile walk %d: %lld images, %lld bytes, %lld pixels (%s)", kind, (long long)n,
+              (long long)src, (long long)mp, err);
+    }
+    free(whole);
+    snprintf(path, sizeof path, "%s/nothing", g_dir);
+    mkdir(path, 0755);
+    CHECK(dataset_folder_probe(path, &n, &src, &mp, err, sizeof err) == DATASET_ERR_EMPTY &&
+              n == -1 && src == -1 && mp == -1,
+          "an empty folder probed");
+}
+
 static void test_folder_bytes(void)
 {
     char dir[600], err[1024];
@@ -1874,6 +1970,7 @@ int main(int argc, char **argv)
     test_grid();
     test_folder();
     test_folder_bytes();
+    test_folder_probe();
     test_idx();
     test_bounds();
     test_idx_hostile();

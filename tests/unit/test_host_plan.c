@@ -128,6 +128,33 @@ int main(void)
     agree("folder-mapped", &s);
     CHECK(dataset_plan_bytes(0, 24, 1, 16, 256, 6144) < dataset_plan_bytes(0, 24, 1, 16, 256, -1),
           "the upload's folder is not held as bytes");
+    /* the same images in a folder named by path (no dataset.json, as `ddpmd train` takes one):
+     * its PNG headers give the upload's figures, so it is held and planned as those bytes, and
+     * nothing is written beside it (no decoded copy: it is no upload) */
+    snprintf(up, sizeof up, "%s/by-path", g_dir);
+    snprintf(images, sizeof images, "%s/images", up);
+    mkdir(up, 0755);
+    tt_make_discs(images);
+    int64_t n = 0, src = 0, mp = 0;
+    CHECK(dataset_folder_probe(images, &n, &src, &mp, meta, sizeof meta) == DATASET_OK &&
+              n == 24 && src == 6144 && mp == 256,
+          "the folder's probe: %lld images, %lld bytes, %lld pixels (%s)", (long long)n,
+          (long long)src, (long long)mp, meta);
+    small_spec(&s, images, 1, 16, 0);
+    struct train_host by_path, by_upload;
+    CHECK(train_host_plan(&s, -1, -1, &by_path, meta, sizeof meta) == 0, "plan: %s", meta);
+    snprintf(s.dataset, sizeof s.dataset, "%s/ds-bytes/images", g_dir);
+    CHECK(train_host_plan(&s, -1, -1, &by_upload, meta, sizeof meta) == 0, "plan: %s", meta);
+    CHECK(by_path.part[TRAIN_HOST_DATA] == by_upload.part[TRAIN_HOST_DATA] &&
+              by_path.part[TRAIN_HOST_DATA_LOAD] == by_upload.part[TRAIN_HOST_DATA_LOAD],
+          "the path folder's data part %lld + %lld, the upload's %lld + %lld",
+          (long long)by_path.part[TRAIN_HOST_DATA], (long long)by_path.part[TRAIN_HOST_DATA_LOAD],
+          (long long)by_upload.part[TRAIN_HOST_DATA],
+          (long long)by_upload.part[TRAIN_HOST_DATA_LOAD]);
+    small_spec(&s, images, 1, 16, 0);
+    agree("folder-path", &s);
+    snprintf(copy, sizeof copy, "%s/samples.bin", up);
+    CHECK(stat(copy, &st) != 0, "a decoded copy written beside a folder named by path");
     if (stat(DATASET_FMNIST_DIR "/train-images-idx3-ubyte.gz", &st) == 0) {
         small_spec(&s, "fashion-mnist", 1, 32, 0);
         agree("fmnist", &s);
