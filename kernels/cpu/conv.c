@@ -539,11 +539,14 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     }
     if (!wg->into_dw) { /* (Co, Kh, Kw, Ci) into OIHW */
         const int taps = s->kh * s->kw;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) if ((size_t)s->co * wg->kc >= 65536)
-        for (int o = 0; o < s->co; o++)
+        const size_t nw = (size_t)s->co * wg->kc;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (nw >= 65536)
+        for (int o = 0; o < s->co; o++) {
+            const float *so = sum + (size_t)o * wg->kc;
+            float *d = dw + (size_t)o * wg->kc;
             for (int c = 0; c < s->ci; c++)
-                for (int t = 0; t < taps; t++)
-                    dw[((size_t)o * s->ci + c) * taps + t] += sum[(size_t)o * wg->kc + t * s->ci + c];
+                for (int t = 0; t < taps; t++) d[c * taps + t] += so[t * s->ci + c];
+        }
     }
     if (db) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
     return BK_OK;
