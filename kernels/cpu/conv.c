@@ -65,10 +65,12 @@ struct conv_pds {
  * columns' copy dominates; still ahead). So no shape is sent back to the fp32 route. The same
  * bits at any thread count (the GEMMs split channels and columns, not pixels; the im2col only
  * copies), 1 and 2 threads tested. A case it does not cover (f16, AMX, no AVX512-BF16) keeps
- * conv_filter_f32 or oneDNN's own. WGRAD_COLS_BYTES: a chunk's columns stay in L2 (1 MiB a
- * core here) while the GEMM reads them; the fp32 sum is Co*Kh*Kw*Ci*4 bytes (2.4 MB at 256 ->
- * 256 3x3), less than the converted x and dy the fp32 route planned (8.4 MB each at N8 256
- * channels 32x32). */
+ * conv_filter_f32 or oneDNN's own. WGRAD_COLS_BYTES, measured (filter_bench, 2 rounds, 3x3
+ * N8 128->128 32x32, 256->256 16x16, 512->512 and 512->256 8x8): 1 MiB and 4 MiB within the
+ * noise of each other, 256 KiB 5-60% slower (its GEMMs' K of 28-112 pixels too short); so 1
+ * MiB, the smaller workspace. The fp32 sum is Co*Kh*Kw*Ci*4 bytes (2.4 MB at 256 -> 256 3x3),
+ * less than the converted x and dy the fp32 route planned (8.4 MB each at N8 256 channels
+ * 32x32). */
 enum { WGRAD_COLS_BYTES = 1 << 20 };
 
 struct conv_wgrad {
