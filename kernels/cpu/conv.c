@@ -61,8 +61,9 @@ struct conv_pds {
  * the presets' 20 commonest and costliest shapes (bench/filter_bench, N8, GFLOP per CPU-second
  * of both threads, bench/RESULTS.md): 3x3 105-187 where fp32 on converted operands (the route
  * before) made 73-105, 1.4-2.4x, stride 2 included; 1x1 134-169 against 55-95; the 3-channel
- * input and output convolutions 34-40 against 7-18; the 1-channel input 6.3 against 5.5 (the
- * columns' copy dominates; still ahead). So no shape is sent back to the fp32 route. The same
+ * input and output convolutions at 32x32 34-40 against 7-18, seed-64's 3->64 at 64x64 at parity
+ * (28-33 against 22-36 at load ~16); the 1-channel input 6.3 against 5.5 (a GEMM 9 columns
+ * wide). So no shape is sent back to the fp32 route. The same
  * bits at any thread count (the GEMMs split channels and columns, not pixels; the im2col only
  * copies), 1 and 2 threads tested. A case it does not cover (f16, AMX, no AVX512-BF16) keeps
  * conv_filter_f32 or oneDNN's own. WGRAD_COLS_BYTES, measured (filter_bench, 2 rounds, 3x3
