@@ -63,9 +63,9 @@ struct conv_pds {
  * before) made 73-105, 1.4-2.4x, stride 2 included; 1x1 134-169 against 55-95; the 3-channel
  * input and output convolutions at 32x32 34-40 against 7-18, seed-64's 3->64 at 64x64 at parity
  * (28-33 against 22-36 at load ~16); the 1-channel input 6.3 against 5.5 (a GEMM 9 columns
- * wide). So no shape is sent back to the fp32 route. The same
- * bits at any thread count (the GEMMs split channels and columns, not pixels; the im2col only
- * copies), 1 and 2 threads tested. A case it does not cover (f16, AMX, no AVX512-BF16) keeps
+ * wide). So no shape is sent back to the fp32 route. 1 and 2 threads give the same bits at
+ * every shape test_cpu_wgrad16 runs (it asserts so; the im2col only copies, and oneDNN's
+ * matmul did not split the pixels). A case it does not cover (f16, AMX, no AVX512-BF16) keeps
  * conv_filter_f32 or oneDNN's own. WGRAD_COLS_BYTES, measured (filter_bench, 2 rounds, 3x3
  * N8 128->128 32x32, 256->256 16x16, 512->512 and 512->256 8x8): 1 MiB and 4 MiB within the
  * noise of each other, 256 KiB 5-60% slower (its GEMMs' K of 28-112 pixels too short); so 1

@@ -134,8 +134,9 @@ static void test_filter(int n, int ci, int h, int w, int co, int kh, int kw, int
         free(ws);
         cpu_ctx_free(ctx);
     }
-    /* the im2col path gives the same bits at 1 and 2 threads (its GEMMs split Co and columns,
-     * never the pixels); oneDNN's fp32 backward-weights need not (noted) */
+    /* the im2col path gives the same bits at 1 and 2 threads here (the columns are copies and
+     * oneDNN's matmul does not split the pixels at these shapes); oneDNN's fp32 backward-weights
+     * need not (noted) */
     const int same = !memcmp(dw[0][0], dw[1][0], 4 * nw) && !memcmp(db[0][0], db[1][0], 4 * co);
     if (gemm_path())
         CHECK(same, "%s: 1 and 2 threads give different bits", tag);
