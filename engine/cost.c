@@ -68,10 +68,12 @@ void cost_model_default(struct cost_model *m)
      * conversions around them; they were 0.75, 0.41 and 0.90 with the conversions' cost beyond
      * the per-byte rate): calibrate --rounds 2 at load ~15, 0.79, 0.90, 0.92 (on the small,
      * cache-resident tensors of its models the conversions inside cost what half the bytes
-     * save; a step gains by losing the passes around them) */
+     * save; a step gains by losing the passes around them). The filter gradient once it ran as
+     * bf16 im2col + GEMM (kernels/cpu/conv.c, was fp32 on converted operands at 0.98):
+     * calibrate --rounds 1 at load ~16 (2026-12-05), 1.75 */
     static const double half[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 1.64,     [COST_CONV_BWD_DATA] = 1.77,
-        [COST_CONV_BWD_FILTER] = 0.98, [COST_GEMM] = 1.46,
+        [COST_CONV_BWD_FILTER] = 1.75, [COST_GEMM] = 1.46,
         [COST_ATTN_FWD] = 0.91,     [COST_ATTN_BWD] = 0.84,
         [COST_ATTN_TILED_FWD] = 1.24, [COST_ATTN_TILED_BWD] = 1.45,
         [COST_NORM] = 0.79,         [COST_ELTWISE] = 0.90,
@@ -79,7 +81,7 @@ void cost_model_default(struct cost_model *m)
     };
     memcpy(m->half_speed, half, sizeof half);
     /* converted around the class's ops there: the plain attention (no 16-bit kernels of its
-     * own); conv2d_bwd_filter converts inside its kernel, in its measured speed */
+     * own) */
     m->half_cvt[COST_ATTN_FWD] = m->half_cvt[COST_ATTN_BWD] = 1;
     m->threads = 2;
 }

@@ -7,7 +7,8 @@
  * job's context; their scratchpad is part of `ws` too, so a step allocates no tensor memory.
  * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation; the bias, dw and db fp32; dx is
  * computed in fp32 into the workspace and rounded into bf16; accumulating, round(dx + round(r))
- * as backend.h says (cpu_accum16: rounded to bf16 first, then added in fp32 and rounded).
+ * as backend.h says (cpu_accum16: rounded to bf16 first, then added in fp32 and rounded). The
+ * bf16 filter gradient is not oneDNN's without AMX: im2col + a bf16 GEMM (conv_filter_gemm).
  * f16 has no CPU kernels (cpu_half_kernels): BK_ERR_INVALID.
  *
  * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
@@ -37,6 +38,8 @@ static int conv_check(const struct bk_conv2d *s)
     return BK_OK;
 }
 
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+
 /* ---- primitive descriptors: NHWC activations, weights in whatever layout oneDNN picks ---- */
 
 struct conv_pds {
@@ -44,30 +47,75 @@ struct conv_pds {
     dnnl_primitive_desc_t fwd32; /* the fp32 forward the fp32 filter gradient is hinted by */
 };
 
-/* A 16-bit convolution's filter gradient in fp32, on x and dy converted into the workspace:
- * without AMX oneDNN 2.6's bf16 backward-weights kernels ran at 0.55x its fp32 rate (cpu_bench
- * --ceilings, 256->256 3x3 at 16x16: 61 against 112 GFLOP/s) while its bf16 forward and
- * backward-data ran at 1.9x and 1.5x; the conversions cost a pass over x and dy. */
-static int conv_filter_f32(const struct bk_conv2d *s)
+/* A 16-bit convolution's filter gradient as im2col + one bf16 GEMM with fp32 accumulation
+ * where the CPU has AVX512-BF16 without AMX (kernels/cpu/gemm.c, oneDNN's brgemm on
+ * vdpbf16ps): dw (Co, Kh*Kw*Ci) += dy^T (Co, P) cols (P, Kh*Kw*Ci) over the P = N*Ho*Wo output
+ * pixels (NHWC: dy is (P, Co) as it lies; a row of cols is the pixel's Kh*Kw input rows of Ci,
+ * tap by tap, zeros in the padding). The columns are built per chunk of pixels into the
+ * workspace (the chunk rule: as many pixels as fit WGRAD_COLS_BYTES of columns, at least 16,
+ * a multiple of 16), the GEMM adds each chunk into an fp32 (Co, Kh, Kw, Ci) sum there, which is
+ * added into the OIHW dw at the end. A 1x1 kernel needs neither: its sum is OIHW already (the
+ * GEMM adds into dw), and unstrided and unpadded x is its column matrix (one GEMM over all P).
+ * db: dy summed here. Why not oneDNN's own: its bf16 backward-weights ran at 0.55x its fp32
+ * without AMX (cpu_bench --ceilings, 256->256 3x3 at 16x16: 61 against 112 GFLOP/s). This, at
+ * the presets' 20 commonest and costliest shapes (bench/filter_bench, N8, GFLOP per CPU-second
+ * of both threads, bench/RESULTS.md): 3x3 105-187 where fp32 on converted operands (the route
+ * before) made 73-105, 1.4-2.4x, stride 2 included; 1x1 134-169 against 55-95; the 3-channel
+ * input and output convolutions at 32x32 34-40 against 7-18, seed-64's 3->64 at 64x64 at parity
+ * (28-33 against 22-36 at load ~16); the 1-channel input 6.3 against 5.5 (a GEMM 9 columns
+ * wide). So no shape is sent back to the fp32 route. 1 and 2 threads give the same bits at
+ * every shape test_cpu_wgrad16 runs (it asserts so; the im2col only copies, and oneDNN's
+ * matmul did not split the pixels). A case it does not cover (f16, AMX, no AVX512-BF16) keeps
+ * conv_filter_f32 or oneDNN's own. WGRAD_COLS_BYTES, measured (filter_bench, 2 rounds, 3x3
+ * N8 128->128 32x32, 256->256 16x16, 512->512 and 512->256 8x8): 1 MiB and 4 MiB within the
+ * noise of each other, 256 KiB 5-60% slower (its GEMMs' K of 28-112 pixels too short); so 1
+ * MiB, the smaller workspace. The fp32 sum is Co*Kh*Kw*Ci*4 bytes (2.4 MB at 256 -> 256 3x3),
+ * less than the converted x and dy the fp32 route planned (8.4 MB each at N8 256 channels
+ * 32x32). */
+enum { WGRAD_COLS_BYTES = 1 << 20 };
+
+struct conv_wgrad {
+    struct cpu_gemm_shape g, last; /* a full chunk's GEMM, the last (shorter) chunk's */
+    int px, chunk, kc;             /* output pixels, pixels per chunk, Kh*Kw*Ci */
+    int cols_in_x;                 /* x is the column matrix (1x1, stride 1, unpadded) */
+    int into_dw;                   /* the GEMM adds into dw (1x1: (Co, Ci) is OIHW) */
+    size_t sum, cols, scr;         /* workspace: the fp32 sum, one chunk's columns, GEMM's */
+};
+
+/* whether s's filter gradient runs as im2col + bf16 GEMM (above); w (may be NULL) its plan */
+static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
 {
-    return s->dtype != BK_DTYPE_F32 && !onednn_amx();
+    if (s->dtype != BK_DTYPE_BF16 || cpu_isa() < CPU_ISA_AVX512_BF16 || onednn_amx()) return 0;
+    if (!w) return 1;
+    memset(w, 0, sizeof *w);
+    w->px = s->n * s->ho * s->wo;
+    w->kc = s->kh * s->kw * s->ci;
+    w->into_dw = s->kh * s->kw == 1;
+    w->cols_in_x = w->into_dw && s->stride == 1 && !s->pad_t && !s->pad_l && !s->pad_b &&
+                   !s->pad_r;
+    int chunk = w->px;
+    if (!w->cols_in_x) {
+        const size_t fit = WGRAD_COLS_BYTES / ((size_t)w->kc * 2) / 16 * 16;
+        chunk = fit < 16 ? 16 : fit > (size_t)w->px ? w->px : (int)fit;
+    }
+    w->chunk = chunk;
+    struct cpu_gemm_shape g = {.ta = 1, .m = s->co, .n = w->kc, .k = chunk, .lda = s->co,
+                               .ldb = w->kc, .ldc = w->kc, .dtype = BK_DTYPE_BF16,
+                               .c_dtype = BK_DTYPE_F32, .accum = 1};
+    w->g = w->last = g;
+    w->last.k = w->px - (w->px - 1) / chunk * chunk;
+    w->sum = w->into_dw ? 0 : ONEDNN_ALIGN64((size_t)s->co * w->kc * sizeof(float));
+    w->cols = w->cols_in_x ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
+    w->scr = max2(cpu_gemm_ws_bytes(&w->g), cpu_gemm_ws_bytes(&w->last));
+    return 1;
 }
 
-/* A 16-bit 1x1 convolution's filter gradient where the CPU has AVX512-BF16: dw (Co,Ci) +=
- * dy^T x, a bf16 GEMM over the N*H*W pixels (NHWC: dy (P,Co), x (P,Ci)) through gemm.c, fp32
- * accumulation; db summed here. bench/filter1x1_bench, GFLOP per CPU-second (N8 768->256
- * 16x16, 384->128 and 256->128 32x32, 512->256 8x8): fp32 62-94, bf16 as fp32 on converted
- * operands 57-91 (0.88-0.98x), this 134-174 (1.77-2.06x; bench/RESULTS.md). */
-static int conv_filter_gemm(const struct bk_conv2d *s, struct cpu_gemm_shape *g)
+/* A 16-bit convolution's filter gradient that conv_filter_gemm does not take, without AMX: in
+ * fp32 on x and dy converted into the workspace (oneDNN's bf16 backward-weights: 0.55x, above;
+ * the conversions cost a pass over x and dy). */
+static int conv_filter_f32(const struct bk_conv2d *s)
 {
-    if (s->dtype != BK_DTYPE_BF16 || s->kh != 1 || s->kw != 1 || s->stride != 1 || s->pad_t ||
-        s->pad_l || s->pad_b || s->pad_r || cpu_isa() < CPU_ISA_AVX512_BF16 || onednn_amx())
-        return 0;
-    struct cpu_gemm_shape t = {.ta = 1, .m = s->co, .n = s->ci, .k = s->n * s->h * s->w,
-                               .lda = s->co, .ldb = s->ci, .ldc = s->ci, .dtype = BK_DTYPE_BF16,
-                               .c_dtype = BK_DTYPE_F32, .accum = 1};
-    *g = t;
-    return 1;
+    return s->dtype != BK_DTYPE_F32 && !onednn_amx() && !conv_filter_gemm(s, NULL);
 }
 
 static void conv_pds_free(struct conv_pds *p)
@@ -198,8 +246,6 @@ struct conv_ws {
     size_t fwd, bwd_d, bwd_w; /* totals */
 };
 
-static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
-
 /* r: the scratchpad sizes of the shape's reorders (conv_reorders) */
 static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const struct bk_conv2d *s,
                            const size_t r[R_COUNT])
@@ -219,8 +265,8 @@ static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const st
     l->x32 = f32w ? ONEDNN_ALIGN64((size_t)s->n * s->ci * s->h * s->w * sizeof(float)) : 0;
     l->dy32 = f32w ? ONEDNN_ALIGN64((size_t)s->n * s->co * s->ho * s->wo * sizeof(float)) : 0;
     l->bwd_w = l->dw + l->db + l->scr_bwd_w + l->x32 + l->dy32;
-    struct cpu_gemm_shape g;
-    if (conv_filter_gemm(s, &g)) l->bwd_w = max2(l->bwd_w, cpu_gemm_ws_bytes(&g));
+    struct conv_wgrad wg;
+    if (conv_filter_gemm(s, &wg)) l->bwd_w = wg.sum + wg.cols + wg.scr; /* oneDNN's unused */
 }
 
 /* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
@@ -254,6 +300,8 @@ struct conv_entry {
     struct bk_conv2d s;
     int bias;
     struct conv_ws l;
+    struct conv_wgrad wg; /* conv_filter_gemm's plan, when `gemm` */
+    int gemm;
     size_t planned; /* cpu_conv2d_ws_bytes: what the caller's ws holds */
     dnnl_primitive_t fwd, bwd_d, bwd_w;
     dnnl_primitive_t ro[R_COUNT]; /* conv_reorders' */
@@ -301,6 +349,7 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
     size_t rs[R_COUNT];
     if (conv_reorders(e->ro, rs, &p, s)) goto out;
     conv_ws_layout(&e->l, &p, s, rs);
+    e->gemm = conv_filter_gemm(s, &e->wg);
     e->planned = cpu_conv2d_ws_bytes(s);
     if (oihw_md(&uw, s, conv_dt(s)) || oihw_md(&udw, s, dnnl_f32) ||
         dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
@@ -436,6 +485,76 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
     return BK_OK;
 }
 
+/* db (Co) += the sum of bf16 dy (px, Co) over the pixels: per block of 64 channels, in double
+ * in pixel order (thread-count independent) */
+static void conv_db_sum(float *db, const uint16_t *dy, size_t px, int co, bk_ctx *ctx)
+{
+    const int nb = (co + 63) / 64;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (px * co >= 65536)
+    for (int b = 0; b < nb; b++) {
+        const int o0 = 64 * b, no = co - o0 < 64 ? co - o0 : 64;
+        double acc[64] = {0};
+        for (size_t q = 0; q < px; q++)
+            for (int k = 0; k < no; k++) acc[k] += half_bf16_to_f32(dy[q * co + o0 + k]);
+        for (int k = 0; k < no; k++) db[o0 + k] += (float)acc[k];
+    }
+}
+
+/* conv_filter_gemm's columns of output pixels p0 .. p0 + np - 1 into cols (np, Kh*Kw*Ci): per
+ * pixel its Kh*Kw input rows of Ci (bf16 x, NHWC), tap by tap, zeros where a tap reads padding */
+static void conv_im2col(uint16_t *cols, const uint16_t *x, int p0, int np,
+                        const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    const int kc = s->kh * s->kw * s->ci, hw = s->ho * s->wo;
+    const size_t row = (size_t)s->ci * 2;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static) if ((size_t)np * kc >= 65536)
+    for (int q = 0; q < np; q++) {
+        const int p = p0 + q, n = p / hw, oy = p % hw / s->wo, ox = p % s->wo;
+        uint16_t *d = cols + (size_t)q * kc;
+        for (int ky = 0; ky < s->kh; ky++) {
+            const int iy = oy * s->stride - s->pad_t + ky;
+            for (int kx = 0; kx < s->kw; kx++, d += s->ci) {
+                const int ix = ox * s->stride - s->pad_l + kx;
+                if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w)
+                    memset(d, 0, row);
+                else
+                    memcpy(d, x + (((size_t)n * s->h + iy) * s->w + ix) * s->ci, row);
+            }
+        }
+    }
+}
+
+/* conv_filter_gemm's filter gradient (its plan wg, ws as conv_ws_layout lays it out) */
+static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint16_t *x, char *ws,
+                           const struct conv_wgrad *wg, const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    float *sum = wg->into_dw ? dw : (float *)ws;
+    uint16_t *cols = (uint16_t *)(ws + wg->sum);
+    char *scr = ws + wg->sum + wg->cols;
+    if (!wg->into_dw) memset(sum, 0, (size_t)s->co * wg->kc * sizeof(float));
+    for (int p0 = 0; p0 < wg->px; p0 += wg->chunk) {
+        const int np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
+        const struct cpu_gemm_shape *g = np == wg->chunk ? &wg->g : &wg->last;
+        if (!wg->cols_in_x) conv_im2col(cols, x, p0, np, s, ctx);
+        int rc = cpu_gemm(g, sum, dy + (size_t)p0 * s->co, wg->cols_in_x ? x : cols, NULL, scr,
+                          wg->scr, ctx);
+        if (rc) return rc;
+    }
+    if (!wg->into_dw) { /* (Co, Kh, Kw, Ci) into OIHW */
+        const int taps = s->kh * s->kw;
+        const size_t nw = (size_t)s->co * wg->kc;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (nw >= 65536)
+        for (int o = 0; o < s->co; o++) {
+            const float *so = sum + (size_t)o * wg->kc;
+            float *d = dw + (size_t)o * wg->kc;
+            for (int c = 0; c < s->ci; c++)
+                for (int t = 0; t < taps; t++) d[c * taps + t] += so[t * s->ci + c];
+        }
+    }
+    if (db) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
+    return BK_OK;
+}
+
 /* dw (Co,Ci,Kh,Kw) += dy (*) x; db (Co) += sum of dy over N,Ho,Wo (db may be NULL) */
 int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                           const struct bk_conv2d *s, bk_ctx *ctx)
@@ -445,25 +564,7 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, v
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    struct cpu_gemm_shape g;
-    if (conv_filter_gemm(s, &g)) {
-        int rc = cpu_gemm(&g, dw, dy, x, NULL, ws, l->bwd_w, ctx);
-        if (rc || !db) return rc;
-        /* db (Co) += the sum of dy over the pixels: per block of 64 channels, in double in
-         * pixel order (thread-count independent) */
-        const size_t px = (size_t)s->n * s->h * s->w;
-        const int nb = (s->co + 63) / 64;
-        const uint16_t *d = dy;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (px * s->co >= 65536)
-        for (int b = 0; b < nb; b++) {
-            const int o0 = 64 * b, no = s->co - o0 < 64 ? s->co - o0 : 64;
-            double acc[64] = {0};
-            for (size_t q = 0; q < px; q++)
-                for (int k = 0; k < no; k++) acc[k] += half_bf16_to_f32(d[q * s->co + o0 + k]);
-            for (int k = 0; k < no; k++) db[o0 + k] += (float)acc[k];
-        }
-        return BK_OK;
-    }
+    if (e->gemm) return conv_filter_run(dw, db, dy, x, p, &e->wg, s, ctx);
     onednn_set(e->m[M_Y], dy);
     onednn_set(e->m[M_X], x);
     onednn_set(e->m[M_DWB], p);

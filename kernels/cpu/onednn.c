@@ -70,8 +70,10 @@ out:
  * AVX512-BF16 (vdpbf16ps: two bf16 products per fp32 lane) oneDNN 2.6's bf16 kernels, on a
  * 2-core EPYC (Zen 4, no AMX), per CPU-second: linear forward + backward 2048 x 256 -> 256 1.7-
  * 2.0x, the 256 -> 256 3x3 convolution's forward 1.9-2.1x and backward-data 1.5-2.2x, its
- * backward-weights 0.55x, which conv.c therefore runs in fp32 on converted x and dy where there
- * is no AMX (conv_filter_f32: 0.87x with the conversions). With AMX oneDNN runs bf16 on the
+ * backward-weights 0.55x, which conv.c therefore replaces where there is no AMX: im2col in bf16
+ * and one bf16 GEMM (gemm.c's oneDNN matmul, brgemm on vdpbf16ps) per chunk of pixels
+ * (conv_filter_gemm: 1.3-2.2x fp32 at the presets' 3x3 shapes, bench/filter_bench; the route
+ * before, fp32 on converted x and dy, made 0.87-1.04x). With AMX oneDNN runs bf16 on the
  * tiles. (On a Xeon of the same ISA measured earlier, oneDNN's bf16 matmuls ran at 0.6x: there
  * the linears stayed fp32; cpu_bench --ceilings tells which machine this is.) Without
  * AVX512-BF16 (an AVX2 CPU, or DNNL_MAX_CPU_ISA capped below it): none. f16: oneDNN 2.6 has

@@ -1,0 +1,187 @@
+/* test_cpu_wgrad16.c - the CPU backend's bf16 filter gradient (conv.c: im2col + bf16 GEMM, in
+ * chunks of pixels, where the CPU has AVX512-BF16 without AMX; fp32 on converted operands where
+ * it has not) against a float64 reference on the same bf16 operands, every dw and db element.
+ * The bound: the products of bf16 values are exact in fp32, so dw's and db's only error is fp32
+ * summation: at most (terms + 2) 2^-24 of the sum of |terms|, the terms being the P pixels'
+ * products, one partial sum per chunk (at most P / 16: a chunk holds 16 pixels or more) and the
+ * previous dw (the kernel adds). Shapes: the presets' (3x3 padded by 1, diffusers' stride-2
+ * downsample padded right and bottom, 1x1), channel counts that are not multiples of 16, N=1,
+ * shapes of several chunks with a shorter last one; at 1 and 2 threads, each run twice (the
+ * same bits at a thread count), the workspace exactly cpu_conv2d_ws_bytes (ASan sees past it).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/onednn.h"
+#include "half.h"
+#include "test_util.h"
+
+static double worst; /* the largest error / bound seen */
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) abort();
+    return p;
+}
+
+/* n random bf16 values of scale 1: b (bits), d (their exact values) */
+static void fill_bf16(uint16_t *b, double *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        b[i] = half_f32_to_bf16((float)tu_rand());
+        d[i] = half_bf16_to_f32(b[i]);
+    }
+}
+
+/* dw (Co,Ci,Kh,Kw) and db (Co) of NHWC x and dy, float64; with abs, of absolute values */
+static void ref_filter(double *dw, double *db, const double *x, const double *dy,
+                       const struct bk_conv2d *s, int abs)
+{
+    for (int n = 0; n < s->n; n++)
+        for (int oy = 0; oy < s->ho; oy++)
+            for (int ox = 0; ox < s->wo; ox++) {
+                const double *g = dy + (((size_t)n * s->ho + oy) * s->wo + ox) * s->co;
+                for (int ky = 0; ky < s->kh; ky++)
+                    for (int kx = 0; kx < s->kw; kx++) {
+                        const int iy = oy * s->stride - s->pad_t + ky;
+                        const int ix = ox * s->stride - s->pad_l + kx;
+                        if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) continue;
+                        const double *xr = x + (((size_t)n * s->h + iy) * s->w + ix) * s->ci;
+                        for (int o = 0; o < s->co; o++)
+                            for (int c = 0; c < s->ci; c++) {
+                                double t = g[o] * xr[c];
+                                dw[(((size_t)o * s->ci + c) * s->kh + ky) * s->kw + kx] +=
+                                    abs ? fabs(t) : t;
+                            }
+                    }
+                for (int o = 0; o < s->co; o++) db[o] += abs ? fabs(g[o]) : g[o];
+            }
+}
+
+/* the elements of got outside ref's bound (k terms, |terms| summing to mag) */
+static long out_of_bound(const float *got, const double *ref, const double *mag, long k, size_t n)
+{
+    long bad = 0;
+    const double acc = (double)(k + 2) * ldexp(1.0, -24);
+    for (size_t i = 0; i < n; i++) {
+        double r = fabs((double)got[i] - ref[i]) / (acc * mag[i] + 1e-30);
+        if (!(r <= 1.0)) bad++;
+        if (r > worst || isnan(r)) worst = r;
+    }
+    return bad;
+}
+
+/* whether conv.c takes the im2col + bf16 GEMM path here */
+static int gemm_path(void) { return cpu_isa() >= CPU_ISA_AVX512_BF16 && !onednn_amx(); }
+
+static void test_filter(int n, int ci, int h, int w, int co, int kh, int kw, int stride, int pt,
+                        int pl, int pb, int pr)
+{
+    struct bk_conv2d s = {.n = n, .ci = ci, .h = h, .w = w, .co = co, .kh = kh, .kw = kw,
+                          .stride = stride, .pad_t = pt, .pad_l = pl, .pad_b = pb, .pad_r = pr,
+                          .dtype = BK_DTYPE_BF16};
+    CHECK(bk_conv2d_init(&s) == BK_OK, "conv init");
+    char tag[160];
+    snprintf(tag, sizeof tag, "bf16 filter n%d ci%d %dx%d co%d k%dx%d s%d pad(%d,%d,%d,%d)", n,
+             ci, h, w, co, kh, kw, stride, pt, pl, pb, pr);
+    const size_t nx = (size_t)n * h * w * ci, ny = (size_t)n * s.ho * s.wo * co,
+                 nw = (size_t)co * ci * kh * kw;
+    uint16_t *x = xmalloc(2 * nx), *dy = xmalloc(2 * ny);
+    double *xd = xmalloc(8 * nx), *dyd = xmalloc(8 * ny);
+    double *rdw = calloc(nw, 8), *mdw = calloc(nw, 8), *rdb = calloc(co, 8), *mdb = calloc(co, 8);
+    float *prev = xmalloc(4 * nw), *prevb = xmalloc(4 * co);
+    float *dw[2][2], *db[2][2]; /* [threads - 1][run] */
+    if (!rdw || !mdw || !rdb || !mdb) abort();
+    fill_bf16(x, xd, nx);
+    fill_bf16(dy, dyd, ny);
+    ref_filter(rdw, rdb, xd, dyd, &s, 0);
+    ref_filter(mdw, mdb, xd, dyd, &s, 1);
+    for (size_t i = 0; i < nw; i++) {
+        prev[i] = (float)tu_rand();
+        rdw[i] += prev[i];
+        mdw[i] += fabs(prev[i]);
+    }
+    for (int o = 0; o < co; o++) {
+        prevb[o] = (float)tu_rand();
+        rdb[o] += prevb[o];
+        mdb[o] += fabs(prevb[o]);
+    }
+    const long px = (long)n * s.ho * s.wo, k = px + px / 16 + 2;
+    for (int t = 1; t <= 2; t++) {
+        bk_ctx *ctx;
+        CHECK(cpu_ctx_init(&ctx, t) == BK_OK, "%s: context of %d threads", tag, t);
+        const size_t wsb = cpu_conv2d_ws_bytes(&s);
+        CHECK(wsb > 0, "%s: no workspace size", tag);
+        void *ws = xmalloc(wsb);
+        for (int r = 0; r < 2; r++) {
+            dw[t - 1][r] = xmalloc(4 * nw);
+            db[t - 1][r] = xmalloc(4 * co);
+            memcpy(dw[t - 1][r], prev, 4 * nw);
+            memcpy(db[t - 1][r], prevb, 4 * co);
+            CHECK(cpu_conv2d_bwd_filter(dw[t - 1][r], db[t - 1][r], dy, x, ws, &s, ctx) == BK_OK,
+                  "%s: %d threads, run %d", tag, t, r);
+        }
+        long bad = out_of_bound(dw[t - 1][0], rdw, mdw, k, nw);
+        CHECK(bad == 0, "%s, %d threads: dw, %ld of %zu elements out of bounds", tag, t, bad, nw);
+        bad = out_of_bound(db[t - 1][0], rdb, mdb, k, (size_t)co);
+        CHECK(bad == 0, "%s, %d threads: db, %ld of %d elements out of bounds", tag, t, bad, co);
+        CHECK(!memcmp(dw[t - 1][0], dw[t - 1][1], 4 * nw) &&
+                  !memcmp(db[t - 1][0], db[t - 1][1], 4 * co),
+              "%s, %d threads: two runs differ", tag, t);
+        free(ws);
+        cpu_ctx_free(ctx);
+    }
+    /* the im2col path gives the same bits at 1 and 2 threads here (the columns are copies and
+     * oneDNN's matmul does not split the pixels at these shapes); oneDNN's fp32 backward-weights
+     * need not (noted) */
+    const int same = !memcmp(dw[0][0], dw[1][0], 4 * nw) && !memcmp(db[0][0], db[1][0], 4 * co);
+    if (gemm_path())
+        CHECK(same, "%s: 1 and 2 threads give different bits", tag);
+    else if (!same)
+        printf("note: %s (fp32 path): 1 and 2 threads give different bits\n", tag);
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < 2; r++) free(dw[t][r]), free(db[t][r]);
+    free(x), free(dy), free(xd), free(dyd), free(rdw), free(mdw), free(rdb), free(mdb);
+    free(prev), free(prevb);
+}
+
+static void test_shapes(void)
+{
+    /* ddpm-cifar10's 128 -> 128 3x3 at N=1: 448-pixel chunks, 448 + 448 + 128 */
+    test_filter(1, 128, 32, 32, 128, 3, 3, 1, 1, 1, 1, 1);
+    /* diffusers' downsample (stride 2, padded right and bottom) over 3 chunks of 896, 896, 256 */
+    test_filter(2, 64, 64, 64, 64, 3, 3, 2, 0, 0, 1, 1);
+    /* stride 2 padded on every side, odd sizes, channels not multiples of 16 */
+    test_filter(3, 40, 9, 11, 24, 3, 3, 2, 1, 1, 1, 1);
+    /* the data's input (3 and 1 channels) and the output conv (3 channels) */
+    test_filter(1, 3, 32, 32, 72, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(2, 1, 16, 16, 32, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(1, 96, 16, 16, 3, 3, 3, 1, 1, 1, 1, 1);
+    /* a kernel not square, padded unevenly (tap order across rows and columns) */
+    test_filter(2, 24, 7, 10, 40, 1, 3, 1, 0, 2, 0, 0);
+    test_filter(2, 20, 8, 6, 36, 3, 2, 1, 1, 0, 1, 1);
+    /* 1x1: x is the column matrix (unstrided, unpadded), or strided and padded */
+    test_filter(2, 48, 8, 8, 40, 1, 1, 1, 0, 0, 0, 0);
+    test_filter(2, 40, 9, 9, 24, 1, 1, 2, 1, 1, 0, 0);
+    /* ddpm-cifar10's 256 -> 256 at 4x4 (the most frequent) */
+    test_filter(2, 256, 4, 4, 256, 3, 3, 1, 1, 1, 1, 1);
+}
+
+int main(void)
+{
+    tu_seed(25);
+    if (!gemm_path()) printf("note: no AVX512-BF16 without AMX here: the im2col path is not run\n");
+    test_shapes();
+    printf("worst error / bound %.3f\n", worst);
+    /* the other path: without AVX512-BF16 (oneDNN's bf16 emulated), the fp32 one on converted
+     * operands */
+    cpu_isa_cap(CPU_ISA_AVX512);
+    test_filter(1, 40, 8, 8, 24, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(2, 16, 8, 8, 8, 3, 3, 2, 0, 0, 1, 1);
+    cpu_isa_cap(-1);
+    printf("worst error / bound %.3f (with the fp32 path)\n", worst);
+    return tu_finish("test_cpu_wgrad16");
+}
