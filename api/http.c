@@ -76,6 +76,14 @@ enum MHD_Result http_send_stopping(struct ctx *c)
                              (const char *const[]){"Retry-After", "10", NULL});
 }
 
+enum MHD_Result http_send_malformed(struct ctx *c, size_t at)
+{
+    char detail[200];
+    snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)", at,
+             c->r->len);
+    return http_send_problem(c, 400, "malformed-json", detail, NULL, NULL);
+}
+
 enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type, const char *body,
                                const char *const *headers)
 {

@@ -105,6 +105,9 @@ enum MHD_Result http_respond(struct ctx *c, unsigned status, struct MHD_Response
 enum MHD_Result http_send_oom(struct ctx *c);
 /* the 503 `stopping` problem (Retry-After 10): the server is shutting down */
 enum MHD_Result http_send_stopping(struct ctx *c);
+/* 400 malformed-json: "the body is not valid JSON (at byte AT of LEN)", the request body's
+ * LEN (POST /train's and POST /samples' answer to a syntax error at byte at) */
+enum MHD_Result http_send_malformed(struct ctx *c, size_t at);
 /* body (copied) of type; headers: NULL, or name, value, ..., NULL */
 enum MHD_Result http_send_text(struct ctx *c, unsigned status, const char *type, const char *body,
                                const char *const *headers);

@@ -297,11 +297,8 @@ static int train_req_parse(struct ctx *c, struct train_req *q, enum MHD_Result *
     int spec_bad = spec_parse_request(c->r->body ? c->r->body : "", c->r->len, extra, &extras,
                                       &q->spec, &es);
     if (es.syntax) {
-        char detail[200];
-        snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)",
-                 es.syntax_at, c->r->len);
         cJSON_Delete(extras);
-        return *res = http_send_problem(c, 400, "malformed-json", detail, NULL, NULL), 1;
+        return *res = http_send_malformed(c, es.syntax_at), 1;
     }
     const cJSON *wh = cJSON_GetObjectItemCaseSensitive(extras, "webhook");
     q->hook = wh != NULL;

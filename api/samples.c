@@ -103,37 +103,41 @@ static int field_int(const cJSON *o, const char *k, double lo, double hi, double
     return 0;
 }
 
-/* POST /samples: {checkpoint | job, n, sampler, steps, eta, seed, ema, batch}; the checkpoint
- * (a job's newest when given a job) must be visible to the caller */
-enum MHD_Result h_samples_post(struct ctx *c)
+/* POST /samples' request: its fields as checked (sample_fields), then the checkpoint and the
+ * steps resolved against it (sample_checkpoint, sample_steps) */
+struct sample_req {
+    struct pool_sample s;
+    const cJSON *ck, *jb;  /* the checkpoint or the job named (in the parsed body), or NULL */
+    double n, steps, seed, batch;
+    char name[API_NAME_MAX + 1], labels[API_LABELS_JSON_MAX];
+};
+
+/* The body as a JSON object under POST /train's document rules (spec_parse_object: duplicate
+ * keys, strings, depth) and its cap on the errors listed (HTTP_ERRORS_MAX); NULL with the
+ * answer queued in *res (400 malformed-json, or 422 with the document's errors). */
+static cJSON *sample_body(struct ctx *c, enum MHD_Result *res)
 {
-    if (!http_json_body(c))
-        return http_send_problem(c, 415, NULL, "POST /samples takes a SampleRequest as application/json",
-                       NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
-    if (!c->a->admitting)
-        return http_send_stopping(c);
-    enum MHD_Result ires;
-    if (api_idem_begin(c, "POST /samples", &ires)) return ires;
-    /* POST /train's document rules (spec_parse_object: duplicate keys, strings, depth) and its
-     * cap on the errors listed (HTTP_ERRORS_MAX) */
     struct spec_errors es;
     cJSON *root = NULL;
-    if (spec_parse_object(c->r->body ? c->r->body : "", c->r->len, &root, &es)) {
-        if (es.syntax) {
-            char detail[200];
-            snprintf(detail, sizeof detail, "the body is not valid JSON (at byte %zu of %zu)",
-                     es.syntax_at, c->r->len);
-            return http_send_problem(c, 400, "malformed-json", detail, NULL, NULL);
-        }
-        cJSON *errs = http_errors_new();
-        for (int i = 0; errs && i < es.n; i++) http_errors_add(errs, es.e[i].path, es.e[i].msg);
-        return http_send_errors(c, errs, "request");
+    if (!spec_parse_object(c->r->body ? c->r->body : "", c->r->len, &root, &es)) return root;
+    if (es.syntax) {
+        *res = http_send_malformed(c, es.syntax_at);
+        return NULL;
     }
+    cJSON *errs = http_errors_new();
+    for (int i = 0; errs && i < es.n; i++) http_errors_add(errs, es.e[i].path, es.e[i].msg);
+    *res = http_send_errors(c, errs, "request");
+    return NULL;
+}
+
+/* q's fields from root: unknown fields, exactly one of checkpoint and job, n, steps (-1: the
+ * model's default, sample_steps), seed, batch, sampler, eta, ema, name and labels, each error
+ * into errs */
+static void sample_fields(const cJSON *root, struct sample_req *q, cJSON *errs)
+{
     static const char *const known[] = {"checkpoint", "job", "n", "sampler", "steps", "eta",
                                         "seed", "ema", "batch", "name", "labels", NULL};
-    struct pool_sample s;
-    memset(&s, 0, sizeof s);
-    cJSON *errs = http_errors_new();
+    struct pool_sample *s = &q->s;
     for (const cJSON *f = root->child; f && http_errors_count(errs) < HTTP_ERRORS_MAX;
          f = f->next) {
         int ok = 0;
@@ -152,48 +156,54 @@ enum MHD_Result h_samples_post(struct ctx *c)
     const cJSON *ema = cJSON_GetObjectItemCaseSensitive(root, "ema");
     if (cJSON_IsNull(ck)) ck = NULL;
     if (cJSON_IsNull(jb)) jb = NULL;
+    q->ck = ck;
+    q->jb = jb;
     if (!ck == !jb)
         http_errors_add(errs, ck ? "job" : "checkpoint",
                 "give exactly one of checkpoint (an id like j0123456789abcdef-300) or job (its "
                 "newest checkpoint)");
     if (ck && !cJSON_IsString(ck)) http_errors_add(errs, "checkpoint", "expected a checkpoint id (a string)");
     if (jb && !cJSON_IsString(jb)) http_errors_add(errs, "job", "expected a job id (a string)");
-    double n, steps, seed, batch;
-    field_int(root, "n", 1, SAMPLE_N_MAX, 16, &n, errs);
-    field_int(root, "steps", 1, 100000, -1, &steps, errs);
-    field_int(root, "seed", 0, 9007199254740991.0, 1, &seed, errs);
-    field_int(root, "batch", 1, SPEC_BATCH_MAX, 16, &batch, errs);
-    snprintf(s.sampler, sizeof s.sampler, "ddim");
+    field_int(root, "n", 1, SAMPLE_N_MAX, 16, &q->n, errs);
+    field_int(root, "steps", 1, 100000, -1, &q->steps, errs);
+    field_int(root, "seed", 0, 9007199254740991.0, 1, &q->seed, errs);
+    field_int(root, "batch", 1, SPEC_BATCH_MAX, 16, &q->batch, errs);
+    snprintf(s->sampler, sizeof s->sampler, "ddim");
     if (sm && !cJSON_IsNull(sm)) {
         if (cJSON_IsString(sm) && (strcmp(sm->valuestring, "ddim") == 0 ||
                                    strcmp(sm->valuestring, "ddpm") == 0))
-            snprintf(s.sampler, sizeof s.sampler, "%s", sm->valuestring);
+            snprintf(s->sampler, sizeof s->sampler, "%s", sm->valuestring);
         else
             http_errors_add(errs, "sampler", "expected \"ddim\" or \"ddpm\"");
     }
-    s.eta = 0;
+    s->eta = 0;
     if (eta && !cJSON_IsNull(eta)) {
         if (cJSON_IsNumber(eta) && eta->valuedouble >= 0 && eta->valuedouble <= 1)
-            s.eta = eta->valuedouble;
+            s->eta = eta->valuedouble;
         else
             http_errors_add(errs, "eta", "expected a number from 0 to 1");
     }
-    s.ema = 1;
+    s->ema = 1;
     if (ema && !cJSON_IsNull(ema)) {
         if (cJSON_IsBool(ema))
-            s.ema = cJSON_IsTrue(ema);
+            s->ema = cJSON_IsTrue(ema);
         else
             http_errors_add(errs, "ema", "expected true (the EMA weights) or false (the raw weights)");
     }
-    char name[API_NAME_MAX + 1], labels[API_LABELS_JSON_MAX];
-    api_job_meta_parse(root, name, labels, errs);
-    s.name = name;
-    s.labels = labels[0] ? labels : NULL;
-    if (!errs || http_errors_count(errs) > 0) goto invalid;
-    s.n = (int)n;
-    s.batch = (int)batch;
-    s.seed = (uint64_t)seed;
-    /* the checkpoint: named, or the job's newest; visible to the caller, never a path */
+    api_job_meta_parse(root, q->name, q->labels, errs);
+    s->name = q->name;
+    s->labels = q->labels[0] ? q->labels : NULL;
+    s->n = (int)q->n;
+    s->batch = (int)q->batch;
+    s->seed = (uint64_t)q->seed;
+}
+
+/* The checkpoint q names, or its job's newest; visible to the caller, never a path: its path,
+ * id, model and timesteps into q->s. 0, or -1 with the error in errs under the field given. */
+static int sample_checkpoint(struct ctx *c, struct sample_req *q, cJSON *errs)
+{
+    struct pool_sample *s = &q->s;
+    const cJSON *ck = q->ck, *jb = q->jb;
     char jid[JOBS_ID_LEN], path[FSIO_PATH_MAX];
     int64_t step = -1;
     const char *field = ck ? "checkpoint" : "job";
@@ -203,11 +213,11 @@ enum MHD_Result h_samples_post(struct ctx *c)
         if (pool_checkpoint_id_parse(ck->valuestring, jid, sizeof jid, &step)) {
             http_errors_add(errs, field, "expected a checkpoint id like j0123456789abcdef-300 (GET "
                                  "/jobs/{id}/checkpoints lists them)");
-            goto invalid;
+            return -1;
         }
     } else if (!pool_job_id_valid(jb->valuestring)) {
         http_errors_add(errs, field, "expected a job id like j0123456789abcdef");
-        goto invalid;
+        return -1;
     } else {
         snprintf(jid, sizeof jid, "%s", jb->valuestring);
     }
@@ -217,56 +227,66 @@ enum MHD_Result h_samples_post(struct ctx *c)
     job_row_free(&src);
     if (!visible) {
         http_errors_add(errs, field, ck ? "no such checkpoint" : "no such training job");
-        goto invalid;
+        return -1;
     }
     if (!ck) {
         char out[FSIO_PATH_MAX];
         if (pool_job_file(c->a->cfg.pool, jid, "out", out, sizeof out) ||
             train_latest_checkpoint(out, path, sizeof path, &step)) {
             http_errors_add(errs, field, "the job has no checkpoint yet");
-            goto invalid;
+            return -1;
         }
     }
     struct stat sb;
     if (pool_checkpoint_path(c->a->cfg.pool, jid, step, path, sizeof path) || stat(path, &sb) ||
-        !S_ISREG(sb.st_mode) || strlen(path) >= sizeof s.checkpoint_path) {
+        !S_ISREG(sb.st_mode) || strlen(path) >= sizeof s->checkpoint_path) {
         http_errors_add(errs, field, "no such checkpoint");
-        goto invalid;
+        return -1;
     }
-    snprintf(s.checkpoint_path, sizeof s.checkpoint_path, "%s", path);
-    snprintf(s.checkpoint_id, sizeof s.checkpoint_id, "%s-%" PRId64, jid, step);
-    {
-        struct safetensors *st = NULL;
-        struct train_spec spec;
-        char err[512];
-        if (checkpoint_open(&st, path, &spec, NULL, err, sizeof err)) {
-            http_errors_add(errs, field, "the checkpoint cannot be read");
-            goto invalid;
-        }
-        safetensors_free(st);
-        s.model = spec.model;
-        s.timesteps = spec.timesteps;
+    snprintf(s->checkpoint_path, sizeof s->checkpoint_path, "%s", path);
+    snprintf(s->checkpoint_id, sizeof s->checkpoint_id, "%s-%" PRId64, jid, step);
+    struct safetensors *st = NULL;
+    struct train_spec spec;
+    char err[512];
+    if (checkpoint_open(&st, path, &spec, NULL, err, sizeof err)) {
+        http_errors_add(errs, field, "the checkpoint cannot be read");
+        return -1;
     }
-    if (steps < 0) steps = s.timesteps < 50 ? s.timesteps : 50;
-    if (strcmp(s.sampler, "ddim") == 0 && steps > s.timesteps) {
+    safetensors_free(st);
+    s->model = spec.model;
+    s->timesteps = spec.timesteps;
+    return 0;
+}
+
+/* q->s.steps: the steps asked, else the model's timesteps up to 50; ddim's at most the model's
+ * timesteps. 0, or -1 with the error in errs. */
+static int sample_steps(struct sample_req *q, cJSON *errs)
+{
+    struct pool_sample *s = &q->s;
+    double steps = q->steps;
+    if (steps < 0) steps = s->timesteps < 50 ? s->timesteps : 50;
+    if (strcmp(s->sampler, "ddim") == 0 && steps > s->timesteps) {
         char msg[160];
         snprintf(msg, sizeof msg, "must be at most the model's diffusion.timesteps (%d) for ddim",
-                 s.timesteps);
+                 s->timesteps);
         http_errors_add(errs, "steps", msg);
-        goto invalid;
+        return -1;
     }
-    s.steps = (int)steps;
-    cJSON_Delete(errs);
-    cJSON_Delete(root);
+    s->steps = (int)steps;
+    return 0;
+}
+
+/* s planned on the planning worker as POST /train's (submit.c: this handler runs again once
+ * the plan is made, and goes on here), submitted, and answered 202 with the new job */
+static enum MHD_Result sample_submit(struct ctx *c, struct pool_sample *s)
+{
     struct pool_admission adm = {0};
     cJSON *entries[POOL_MAX_DEVICES];
     char id[JOBS_ID_LEN], err[1024];
-    /* planned on the planning worker as POST /train's (submit.c): this handler runs again
-     * once the plan is made, and goes on here */
     enum MHD_Result pres;
-    if (api_plan_sample(c, &s, &adm, entries, err, sizeof err, &pres)) return pres;
+    if (api_plan_sample(c, s, &adm, entries, err, sizeof err, &pres)) return pres;
     int rc = pool_submit_sample_planned(c->a->cfg.pool, c->owner,
-                                        c->idem_open ? c->idem_key : NULL, &s, &adm, entries, id,
+                                        c->idem_open ? c->idem_key : NULL, s, &adm, entries, id,
                                         err, sizeof err);
     if (rc) return api_submit_refused(c, rc, &adm, err, "checkpoint");
     cJSON_Delete(adm.plans);
@@ -278,9 +298,32 @@ enum MHD_Result h_samples_post(struct ctx *c)
     cJSON *o = api_sample_json(c->a, &r);
     job_row_free(&r);
     return api_accepted(c, o, loc);
-invalid:
+}
+
+/* POST /samples: {checkpoint | job, n, sampler, steps, eta, seed, ema, batch}; the checkpoint
+ * (a job's newest when given a job) must be visible to the caller */
+enum MHD_Result h_samples_post(struct ctx *c)
+{
+    if (!http_json_body(c))
+        return http_send_problem(c, 415, NULL, "POST /samples takes a SampleRequest as application/json",
+                       NULL, (const char *const[]){"Accept-Post", "application/json", NULL});
+    if (!c->a->admitting)
+        return http_send_stopping(c);
+    enum MHD_Result res;
+    if (api_idem_begin(c, "POST /samples", &res)) return res;
+    cJSON *root = sample_body(c, &res);
+    if (!root) return res;
+    struct sample_req q;
+    memset(&q, 0, sizeof q);
+    cJSON *errs = http_errors_new();
+    sample_fields(root, &q, errs);
+    /* the checkpoint is looked for only when the fields are valid */
+    int bad = !errs || http_errors_count(errs) > 0 || sample_checkpoint(c, &q, errs) ||
+              sample_steps(&q, errs);
     cJSON_Delete(root);
-    return http_send_errors(c, errs, "request");
+    if (bad) return http_send_errors(c, errs, "request");
+    cJSON_Delete(errs);
+    return sample_submit(c, &q.s);
 }
 enum MHD_Result h_samples(struct ctx *c) { return api_jobs_list(c, "sample", "samples"); }
 

@@ -44,10 +44,14 @@ extern const size_t ddpmd_openapi_yaml_len;
 #define PROBE_TIMED_STEPS 3
 #define SERVE_LIST_MAX 2048 /* a list option's joined value */
 
+/* `ddpmd serve`'s options as text, as serve_options_read found them (a default, the config
+ * file, the environment or the command line), before serve_options_check reads them */
 struct serve_opts {
     const char *listen, *data, *device, *budget, *token_file, *path_prefix;
-    int max_queue, cores, http_threads;
-    int64_t max_body;
+    const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
+    const char *whb, *wht, *mcs, *mcip, *rcs, *hto, *uqb, *uqp, *uw, *uq, *pw, *pq, *pto, *pmem;
+    char dev_list[SERVE_LIST_MAX], budget_list[SERVE_LIST_MAX];
+    int probe, routes;
 };
 
 static void serve_usage(FILE *f)
@@ -654,60 +658,57 @@ static int config_load(const char *path, struct serve_optvar *vars, int n_vars)
     return 0;
 }
 
-static int serve_run(int argc, char **argv)
+/* Every option into o (see serve_optvar): the value is the command line's, else the
+ * environment's, else the config file's (--config or DDPMD_CONFIG), else the default. -1 to go
+ * on, or the exit status: 0 after --help, 2 for an unknown flag or a bad config file (said on
+ * stderr). */
+static int serve_options_read(int argc, char **argv, struct serve_opts *o)
 {
-    struct serve_opts o = {0};
-    const char *mq, *cores, *ht, *mb, *ka, *mpo, *mr, *lf, *umb, *umu, *umf, *whs, *wha, *whn;
-    const char *whb, *wht, *mcs, *mcip, *rcs, *hto, *uqb, *uqp, *uw, *uq, *pw, *pq, *pto, *pmem;
-    char dev_list[SERVE_LIST_MAX], budget_list[SERVE_LIST_MAX];
-    /* every option: its flag, its environment variable, where its value goes, its default. The
-     * value is the command line's, else the environment's, else the config file's, else the
-     * default */
+    /* every option: its flag, its environment variable, where its value goes, its default */
     struct serve_optvar vars[] = {
-        {"--listen", "DDPMD_LISTEN", &o.listen, "127.0.0.1:8080", NULL, 0},
-        {"--data", "DDPMD_DATA", &o.data, "ddpmd-data", NULL, 0},
-        {"--device", "DDPMD_DEVICE", &o.device, "cpu", dev_list, 0},
-        {"--vram-budget", "DDPMD_VRAM_BUDGET", &o.budget, NULL, budget_list, 0},
-        {"--token-file", "DDPMD_TOKEN_FILE", &o.token_file, NULL, NULL, 0},
-        {"--path-prefix", "DDPMD_PATH_PREFIX", &o.path_prefix, "", NULL, 0},
-        {"--max-queue", "DDPMD_MAX_QUEUE", &mq, "100", NULL, 0},
-        {"--max-jobs-per-owner", "DDPMD_MAX_JOBS_PER_OWNER", &mpo, "0", NULL, 0},
-        {"--max-retries", "DDPMD_MAX_RETRIES", &mr, "2", NULL, 0},
-        {"--cpu-cores", "DDPMD_CPU_CORES", &cores, NULL, NULL, 0},
-        {"--http-threads", "DDPMD_HTTP_THREADS", &ht, "4", NULL, 0},
-        {"--max-conns", "DDPMD_MAX_CONNS", &mcs, "1024", NULL, 0},
-        {"--max-conns-per-ip", "DDPMD_MAX_CONNS_PER_IP", &mcip, "256", NULL, 0},
-        {"--reserved-conns", "DDPMD_RESERVED_CONNS", &rcs, "64", NULL, 0},
-        {"--header-timeout", "DDPMD_HEADER_TIMEOUT", &hto, "10", NULL, 0},
-        {"--max-body", "DDPMD_MAX_BODY", &mb, "1MiB", NULL, 0},
-        {"--sse-keepalive", "DDPMD_SSE_KEEPALIVE", &ka, "15", NULL, 0},
-        {"--log-format", "DDPMD_LOG_FORMAT", &lf, "text", NULL, 0},
-        {"--upload-max-bytes", "DDPMD_UPLOAD_MAX_BYTES", &umb, "1GiB", NULL, 0},
-        {"--upload-max-unpacked", "DDPMD_UPLOAD_MAX_UNPACKED", &umu, "4GiB", NULL, 0},
-        {"--upload-max-files", "DDPMD_UPLOAD_MAX_FILES", &umf, "100000", NULL, 0},
-        {"--upload-quota-bytes", "DDPMD_UPLOAD_QUOTA_BYTES", &uqb, "16GiB", NULL, 0},
-        {"--upload-quota-pixels", "DDPMD_UPLOAD_QUOTA_PIXELS", &uqp, "2147483648", NULL, 0},
-        {"--upload-workers", "DDPMD_UPLOAD_WORKERS", &uw, "1", NULL, 0},
-        {"--upload-queue", "DDPMD_UPLOAD_QUEUE", &uq, "8", NULL, 0},
-        {"--plan-workers", "DDPMD_PLAN_WORKERS", &pw, "1", NULL, 0},
-        {"--plan-queue", "DDPMD_PLAN_QUEUE", &pq, "4", NULL, 0},
-        {"--plan-timeout", "DDPMD_PLAN_TIMEOUT", &pto, "30", NULL, 0},
-        {"--plan-memory", "DDPMD_PLAN_MEMORY", &pmem, "1GiB", NULL, 0},
-        {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &whs, NULL, NULL, 0},
-        {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &wha, NULL, NULL, 0},
-        {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &whn, "5", NULL, 0},
-        {"--webhook-backoff", "DDPMD_WEBHOOK_BACKOFF", &whb, "1", NULL, 0},
-        {"--webhook-timeout", "DDPMD_WEBHOOK_TIMEOUT", &wht, "10", NULL, 0},
+        {"--listen", "DDPMD_LISTEN", &o->listen, "127.0.0.1:8080", NULL, 0},
+        {"--data", "DDPMD_DATA", &o->data, "ddpmd-data", NULL, 0},
+        {"--device", "DDPMD_DEVICE", &o->device, "cpu", o->dev_list, 0},
+        {"--vram-budget", "DDPMD_VRAM_BUDGET", &o->budget, NULL, o->budget_list, 0},
+        {"--token-file", "DDPMD_TOKEN_FILE", &o->token_file, NULL, NULL, 0},
+        {"--path-prefix", "DDPMD_PATH_PREFIX", &o->path_prefix, "", NULL, 0},
+        {"--max-queue", "DDPMD_MAX_QUEUE", &o->mq, "100", NULL, 0},
+        {"--max-jobs-per-owner", "DDPMD_MAX_JOBS_PER_OWNER", &o->mpo, "0", NULL, 0},
+        {"--max-retries", "DDPMD_MAX_RETRIES", &o->mr, "2", NULL, 0},
+        {"--cpu-cores", "DDPMD_CPU_CORES", &o->cores, NULL, NULL, 0},
+        {"--http-threads", "DDPMD_HTTP_THREADS", &o->ht, "4", NULL, 0},
+        {"--max-conns", "DDPMD_MAX_CONNS", &o->mcs, "1024", NULL, 0},
+        {"--max-conns-per-ip", "DDPMD_MAX_CONNS_PER_IP", &o->mcip, "256", NULL, 0},
+        {"--reserved-conns", "DDPMD_RESERVED_CONNS", &o->rcs, "64", NULL, 0},
+        {"--header-timeout", "DDPMD_HEADER_TIMEOUT", &o->hto, "10", NULL, 0},
+        {"--max-body", "DDPMD_MAX_BODY", &o->mb, "1MiB", NULL, 0},
+        {"--sse-keepalive", "DDPMD_SSE_KEEPALIVE", &o->ka, "15", NULL, 0},
+        {"--log-format", "DDPMD_LOG_FORMAT", &o->lf, "text", NULL, 0},
+        {"--upload-max-bytes", "DDPMD_UPLOAD_MAX_BYTES", &o->umb, "1GiB", NULL, 0},
+        {"--upload-max-unpacked", "DDPMD_UPLOAD_MAX_UNPACKED", &o->umu, "4GiB", NULL, 0},
+        {"--upload-max-files", "DDPMD_UPLOAD_MAX_FILES", &o->umf, "100000", NULL, 0},
+        {"--upload-quota-bytes", "DDPMD_UPLOAD_QUOTA_BYTES", &o->uqb, "16GiB", NULL, 0},
+        {"--upload-quota-pixels", "DDPMD_UPLOAD_QUOTA_PIXELS", &o->uqp, "2147483648", NULL, 0},
+        {"--upload-workers", "DDPMD_UPLOAD_WORKERS", &o->uw, "1", NULL, 0},
+        {"--upload-queue", "DDPMD_UPLOAD_QUEUE", &o->uq, "8", NULL, 0},
+        {"--plan-workers", "DDPMD_PLAN_WORKERS", &o->pw, "1", NULL, 0},
+        {"--plan-queue", "DDPMD_PLAN_QUEUE", &o->pq, "4", NULL, 0},
+        {"--plan-timeout", "DDPMD_PLAN_TIMEOUT", &o->pto, "30", NULL, 0},
+        {"--plan-memory", "DDPMD_PLAN_MEMORY", &o->pmem, "1GiB", NULL, 0},
+        {"--webhook-secret-file", "DDPMD_WEBHOOK_SECRET_FILE", &o->whs, NULL, NULL, 0},
+        {"--webhook-allow", "DDPMD_WEBHOOK_ALLOW", &o->wha, NULL, NULL, 0},
+        {"--webhook-attempts", "DDPMD_WEBHOOK_ATTEMPTS", &o->whn, "5", NULL, 0},
+        {"--webhook-backoff", "DDPMD_WEBHOOK_BACKOFF", &o->whb, "1", NULL, 0},
+        {"--webhook-timeout", "DDPMD_WEBHOOK_TIMEOUT", &o->wht, "10", NULL, 0},
     };
     const int n_vars = (int)(sizeof vars / sizeof vars[0]);
-    int probe = 0, routes = 0;
     const char *config = env_or("DDPMD_CONFIG", NULL);
     for (int i = 0; i < n_vars; i++) *vars[i].val = vars[i].def;
     /* the command line first only for what it decides alone: --config, --help, unknown flags */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--probe") == 0) probe = 1;
-        else if (strcmp(a, "--routes") == 0) routes = 1;
+        if (strcmp(a, "--probe") == 0) o->probe = 1;
+        else if (strcmp(a, "--routes") == 0) o->routes = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             serve_usage(stdout);
             return 0;
@@ -734,256 +735,322 @@ static int serve_run(int argc, char **argv)
         if (ov && optvar_set(ov, 3, argv[++i])) return 2;
         else if (!ov && strcmp(argv[i], "--config") == 0) i++;
     }
-    if (probe) return probe_run(o.device);
-    if (routes) {
-        api_routes_print(stdout);
-        return 0;
-    }
-    int rc = 1, max_queue, ncores, http_threads, keepalive, max_per_owner, max_retries;
+    return -1;
+}
+
+/* the options in numbers (serve_options_check) */
+struct serve_settings {
+    int max_queue, ncores, http_threads, keepalive, max_per_owner, max_retries;
     int max_conns, conns_per_ip, conns_reserved;
     double head_timeout;
     int64_t budget[POOL_MAX_DEVICES], max_body;
-    struct pool_config pc = {0};
+    int64_t up_bytes, up_unpacked, quota_bytes, quota_pixels;
+    int up_files, up_workers, up_queue, plan_workers, plan_queue;
+    double plan_timeout;
+    int64_t plan_memory;
+    int wh_attempts;
+    double wh_backoff, wh_timeout;
+    struct pool_config pc; /* the devices and their budgets (devices_parse) */
+};
+
+/* o's values checked and read into s, each against its range; sets the log format and the
+ * descriptor limit (serve_fd_limit) on the way. 0, or 2 with the option and its rule logged. */
+static int serve_options_check(const struct serve_opts *o, struct serve_settings *s)
+{
     /* the cores this process may run on (taskset, a container's cpuset), as `ddpmd train` counts
      * them: the online CPUs overcount there, and the jobs would share fewer cores than planned */
     char coredef[24];
     snprintf(coredef, sizeof coredef, "%d", spec_host_cores());
-    if (parse_count("--max-queue", mq, 0, 1000000, &max_queue) ||
-        parse_count("--max-jobs-per-owner", mpo, 0, 1000000, &max_per_owner) ||
-        parse_count("--max-retries", mr, 0, 100, &max_retries) ||
-        parse_count("--cpu-cores", cores ? cores : coredef, 1, 4096, &ncores) ||
-        parse_count("--http-threads", ht, 1, 256, &http_threads) ||
-        parse_count("--sse-keepalive", ka, 1, 3600, &keepalive) ||
-        parse_count("--max-conns", mcs, 16, 1000000, &max_conns) ||
-        parse_count("--max-conns-per-ip", mcip, 0, 1000000, &conns_per_ip) ||
-        parse_count("--reserved-conns", rcs, 1, 1000000, &conns_reserved))
+    if (parse_count("--max-queue", o->mq, 0, 1000000, &s->max_queue) ||
+        parse_count("--max-jobs-per-owner", o->mpo, 0, 1000000, &s->max_per_owner) ||
+        parse_count("--max-retries", o->mr, 0, 100, &s->max_retries) ||
+        parse_count("--cpu-cores", o->cores ? o->cores : coredef, 1, 4096, &s->ncores) ||
+        parse_count("--http-threads", o->ht, 1, 256, &s->http_threads) ||
+        parse_count("--sse-keepalive", o->ka, 1, 3600, &s->keepalive) ||
+        parse_count("--max-conns", o->mcs, 16, 1000000, &s->max_conns) ||
+        parse_count("--max-conns-per-ip", o->mcip, 0, 1000000, &s->conns_per_ip) ||
+        parse_count("--reserved-conns", o->rcs, 1, 1000000, &s->conns_reserved))
         return 2;
     char *hend;
-    head_timeout = strtod(hto, &hend);
-    if (*hend || hend == hto || !(head_timeout >= 0.1 && head_timeout <= 3600)) {
-        log_msg(LOG_ERROR, "--header-timeout takes seconds in [0.1, 3600], not '%s'", hto);
+    s->head_timeout = strtod(o->hto, &hend);
+    if (*hend || hend == o->hto || !(s->head_timeout >= 0.1 && s->head_timeout <= 3600)) {
+        log_msg(LOG_ERROR, "--header-timeout takes seconds in [0.1, 3600], not '%s'", o->hto);
         return 2;
     }
-    if (conns_reserved >= max_conns) {
-        log_msg(LOG_ERROR, "--reserved-conns (%d) must be below --max-conns (%d)", conns_reserved,
-                max_conns);
+    if (s->conns_reserved >= s->max_conns) {
+        log_msg(LOG_ERROR, "--reserved-conns (%d) must be below --max-conns (%d)",
+                s->conns_reserved, s->max_conns);
         return 2;
     }
     enum log_format logf;
-    if (log_format_parse(lf, &logf)) {
-        fprintf(stderr, "ddpmd serve: --log-format takes text or json, not '%s'\n", lf);
+    if (log_format_parse(o->lf, &logf)) {
+        fprintf(stderr, "ddpmd serve: --log-format takes text or json, not '%s'\n", o->lf);
         return 2;
     }
     log_set_format(logf);
-    if (serve_fd_limit(&max_conns, &conns_reserved)) return 2;
-    int64_t up_bytes, up_unpacked;
-    int up_files;
-    if (spec_parse_size(umb, &up_bytes) || up_bytes < 1024 ||
-        spec_parse_size(umu, &up_unpacked) || up_unpacked < 1024) {
+    if (serve_fd_limit(&s->max_conns, &s->conns_reserved)) return 2;
+    if (spec_parse_size(o->umb, &s->up_bytes) || s->up_bytes < 1024 ||
+        spec_parse_size(o->umu, &s->up_unpacked) || s->up_unpacked < 1024) {
         log_msg(LOG_ERROR, "--upload-max-bytes and --upload-max-unpacked take sizes of at least "
-                           "1024 bytes, not '%s' and '%s'", umb, umu);
+                           "1024 bytes, not '%s' and '%s'", o->umb, o->umu);
         return 2;
     }
-    if (parse_count("--upload-max-files", umf, 1, 100000000, &up_files)) return 2;
-    int64_t quota_bytes, quota_pixels;
-    int up_workers, up_queue, plan_workers, plan_queue;
+    if (parse_count("--upload-max-files", o->umf, 1, 100000000, &s->up_files)) return 2;
     char *qend, *pend;
     errno = 0;
-    long long qp = strtoll(uqp, &qend, 10);
-    if (spec_parse_size(uqb, &quota_bytes) || quota_bytes < 1024 || errno || *qend ||
-        qend == uqp || qp < 1) {
+    long long qp = strtoll(o->uqp, &qend, 10);
+    if (spec_parse_size(o->uqb, &s->quota_bytes) || s->quota_bytes < 1024 || errno || *qend ||
+        qend == o->uqp || qp < 1) {
         log_msg(LOG_ERROR, "--upload-quota-bytes takes a size of at least 1024 bytes and "
-                           "--upload-quota-pixels a positive integer, not '%s' and '%s'", uqb, uqp);
+                           "--upload-quota-pixels a positive integer, not '%s' and '%s'", o->uqb,
+                o->uqp);
         return 2;
     }
-    quota_pixels = qp;
-    double plan_timeout = strtod(pto, &pend);
-    if (parse_count("--upload-workers", uw, 1, 64, &up_workers) ||
-        parse_count("--upload-queue", uq, 1, 10000, &up_queue) ||
-        parse_count("--plan-workers", pw, 1, 64, &plan_workers) ||
-        parse_count("--plan-queue", pq, 1, 10000, &plan_queue))
+    s->quota_pixels = qp;
+    s->plan_timeout = strtod(o->pto, &pend);
+    if (parse_count("--upload-workers", o->uw, 1, 64, &s->up_workers) ||
+        parse_count("--upload-queue", o->uq, 1, 10000, &s->up_queue) ||
+        parse_count("--plan-workers", o->pw, 1, 64, &s->plan_workers) ||
+        parse_count("--plan-queue", o->pq, 1, 10000, &s->plan_queue))
         return 2;
-    if (*pend || pend == pto || !(plan_timeout >= 0.1 && plan_timeout <= 3600)) {
-        log_msg(LOG_ERROR, "--plan-timeout takes seconds in [0.1, 3600], not '%s'", pto);
-        return 2;
-    }
-    int64_t plan_memory;
-    if (spec_parse_size(pmem, &plan_memory) || plan_memory < (1 << 20)) {
-        log_msg(LOG_ERROR, "--plan-memory takes a size of at least 1MiB, not '%s'", pmem);
+    if (*pend || pend == o->pto || !(s->plan_timeout >= 0.1 && s->plan_timeout <= 3600)) {
+        log_msg(LOG_ERROR, "--plan-timeout takes seconds in [0.1, 3600], not '%s'", o->pto);
         return 2;
     }
-    int wh_attempts;
-    double wh_backoff, wh_timeout;
+    if (spec_parse_size(o->pmem, &s->plan_memory) || s->plan_memory < (1 << 20)) {
+        log_msg(LOG_ERROR, "--plan-memory takes a size of at least 1MiB, not '%s'", o->pmem);
+        return 2;
+    }
     char *wend1, *wend2;
-    wh_backoff = strtod(whb, &wend1);
-    wh_timeout = strtod(wht, &wend2);
-    if (parse_count("--webhook-attempts", whn, 1, 100, &wh_attempts)) return 2;
-    if (*wend1 || wend1 == whb || !(wh_backoff >= 0 && wh_backoff <= 3600) || *wend2 ||
-        wend2 == wht || !(wh_timeout > 0 && wh_timeout <= 600)) {
+    s->wh_backoff = strtod(o->whb, &wend1);
+    s->wh_timeout = strtod(o->wht, &wend2);
+    if (parse_count("--webhook-attempts", o->whn, 1, 100, &s->wh_attempts)) return 2;
+    if (*wend1 || wend1 == o->whb || !(s->wh_backoff >= 0 && s->wh_backoff <= 3600) || *wend2 ||
+        wend2 == o->wht || !(s->wh_timeout > 0 && s->wh_timeout <= 600)) {
         log_msg(LOG_ERROR, "--webhook-backoff takes seconds in [0, 3600] and --webhook-timeout "
-                           "in (0, 600], not '%s' and '%s'", whb, wht);
+                           "in (0, 600], not '%s' and '%s'", o->whb, o->wht);
         return 2;
     }
-    if (spec_parse_size(mb, &max_body) || max_body < 1024) {
-        log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", mb);
+    if (spec_parse_size(o->mb, &s->max_body) || s->max_body < 1024) {
+        log_msg(LOG_ERROR, "--max-body must be a size of at least 1024 bytes, not '%s'", o->mb);
         return 2;
     }
-    if (devices_parse(o.device, o.budget, &pc, budget)) return 2;
-    struct api_token *tokens = NULL;
-    int n_tokens = 0;
-    char err[600], prefix[API_PARSE_PREFIX_MAX + 1];
-    if (api_path_prefix_check(o.path_prefix, prefix, sizeof prefix, err, sizeof err)) {
+    if (devices_parse(o->device, o->budget, &s->pc, s->budget)) return 2;
+    return 0;
+}
+
+/* what a running server holds; serve_close releases whatever of it is set */
+struct serve_state {
+    struct api_token *tokens;
+    int n_tokens;
+    char prefix[API_PARSE_PREFIX_MAX + 1];
+    int lfd, lockfd;            /* the listening socket (the api's once started), the lock */
+    int loopback, port;
+    char host[128];
+    char exe[1024];             /* this binary, which the pool's children run */
+    struct jobs *db;
+    struct pool *pool;
+    struct api *api;
+    struct webhook *hooks;
+};
+
+/* Before any thread: the path prefix and the tokens read, the listening socket opened (a
+ * non-loopback address refused without tokens), the data directory made private and locked
+ * (one server per data directory: a second would run the same queued jobs), the devices'
+ * baselines measured (devices_ready). 0, or the exit status (2 for a bad option, 1 otherwise)
+ * with the reason logged. */
+static int serve_open(struct serve_state *sv, const struct serve_opts *o,
+                      struct serve_settings *s)
+{
+    char err[600];
+    if (api_path_prefix_check(o->path_prefix, sv->prefix, sizeof sv->prefix, err, sizeof err)) {
         fprintf(stderr, "ddpmd serve: --path-prefix: %s\n", err);
         return 2;
     }
-    if (o.token_file && api_tokens_load(o.token_file, &tokens, &n_tokens, err, sizeof err)) {
+    if (o->token_file && api_tokens_load(o->token_file, &sv->tokens, &sv->n_tokens, err,
+                                         sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
         return 2;
     }
-    int loopback = 0, port = 0;
-    char host[128];
-    int lfd = open_listener(o.listen, &loopback, host, sizeof host, &port, err, sizeof err);
-    if (lfd < 0) {
+    sv->lfd = open_listener(o->listen, &sv->loopback, sv->host, sizeof sv->host, &sv->port, err,
+                            sizeof err);
+    if (sv->lfd < 0) {
         log_msg(LOG_ERROR, "%s", err);
-        free(tokens);
         return 2;
     }
-    if (!tokens && !loopback) {
+    if (!sv->tokens && !sv->loopback) {
         log_msg(LOG_ERROR, "refusing to listen on %s without --token-file: without "
-                        "tokens only a loopback address (127.0.0.1, ::1) is accepted", o.listen);
-        close(lfd);
+                        "tokens only a loopback address (127.0.0.1, ::1) is accepted", o->listen);
         return 2;
     }
-    if (fsio_private_dir(o.data, err, sizeof err)) { /* 0600 files, 0700 folders */
+    if (fsio_private_dir(o->data, err, sizeof err)) { /* 0600 files, 0700 folders */
         log_msg(LOG_ERROR, "%s", err);
-        close(lfd);
-        free(tokens);
         return 1;
     }
-    /* one server per data directory: a second would run the same queued jobs */
     char lockpath[1200];
-    snprintf(lockpath, sizeof lockpath, "%s/ddpmd.lock", o.data);
-    int lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lockfd < 0 || flock(lockfd, LOCK_EX | LOCK_NB)) {
+    snprintf(lockpath, sizeof lockpath, "%s/ddpmd.lock", o->data);
+    sv->lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (sv->lockfd < 0 || flock(sv->lockfd, LOCK_EX | LOCK_NB)) {
         log_msg(LOG_ERROR, "%s: %s", lockpath,
-                lockfd < 0 ? strerror(errno)
-                           : errno == EWOULDBLOCK ? "another ddpmd serve uses this data directory"
-                                                  : strerror(errno));
-        if (lockfd >= 0) close(lockfd);
-        close(lfd);
-        free(tokens);
+                sv->lockfd < 0 ? strerror(errno)
+                : errno == EWOULDBLOCK ? "another ddpmd serve uses this data directory"
+                                       : strerror(errno));
         return 1;
     }
-    char exe[1024];
-    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ssize_t el = readlink("/proc/self/exe", sv->exe, sizeof sv->exe - 1);
     if (el <= 0) {
         log_msg(LOG_ERROR, "readlink /proc/self/exe: %s", strerror(errno));
-        close(lfd);
-        free(tokens);
         return 1;
     }
-    exe[el] = 0;
-    if (devices_ready(exe, &pc, budget)) {
-        close(lfd);
-        free(tokens);
-        return 1;
-    }
-    api_init_process(); /* before the first thread */
-    /* the signals are taken by sigwait below; every thread (and so every child before its
-     * exec, which unblocks) inherits the mask */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    sv->exe[el] = 0;
+    return devices_ready(sv->exe, &s->pc, s->budget) ? 1 : 0;
+}
 
-    struct jobs *db = NULL;
-    struct pool *pool = NULL;
-    struct api *api = NULL;
-    struct webhook *hooks = NULL;
-    if (upload_store_init(o.data, err, sizeof err)) {
+/* SIGTERM and SIGINT blocked in every thread (and so in every child before its exec, which
+ * unblocks) for serve_run's sigwait on set; SIGPIPE ignored. Before the first thread. */
+static void serve_block_signals(sigset_t *set)
+{
+    api_init_process();
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* The service started in order: the upload store, the job store, the cost model, the webhooks
+ * (the store's observer before the pool's thread uses it), the pool, the HTTP layer (which takes
+ * the listening socket), the pool's notices to it. 0, or 1 with the reason logged. */
+static int serve_start(struct serve_state *sv, const struct serve_opts *o,
+                       struct serve_settings *s)
+{
+    char err[600];
+    struct pool_config *pc = &s->pc;
+    if (upload_store_init(o->data, err, sizeof err) || jobs_open(&sv->db, o->data, err,
+                                                                 sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
-        goto out;
+        return 1;
     }
-    if (jobs_open(&db, o.data, err, sizeof err)) {
+    pc->exe = sv->exe;
+    pc->data_dir = o->data;
+    pc->cores = s->ncores;
+    pc->max_queue = s->max_queue;
+    pc->max_per_owner = s->max_per_owner;
+    pc->max_retries = s->max_retries;
+    if (train_cost_model(&pc->cost, getenv("DDPMD_COST_MODEL"), err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
-        goto out;
+        return 1;
     }
-    pc.exe = exe;
-    pc.data_dir = o.data;
-    pc.cores = ncores;
-    pc.max_queue = max_queue;
-    pc.max_per_owner = max_per_owner;
-    pc.max_retries = max_retries;
-    if (train_cost_model(&pc.cost, getenv("DDPMD_COST_MODEL"), err, sizeof err)) {
+    struct webhook_config wc = {.data_dir = o->data, .secret_file = o->whs, .allow = o->wha,
+                                .max_attempts = s->wh_attempts, .backoff_s = s->wh_backoff,
+                                .timeout_s = s->wh_timeout};
+    if (webhook_start(&sv->hooks, &wc, sv->db, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
-        goto out;
+        return 1;
     }
-    struct webhook_config wc = {.data_dir = o.data, .secret_file = whs, .allow = wha,
-                                .max_attempts = wh_attempts, .backoff_s = wh_backoff,
-                                .timeout_s = wh_timeout};
-    if (webhook_start(&hooks, &wc, db, err, sizeof err)) {
+    jobs_set_observer(sv->db, webhook_observe, sv->hooks);
+    if (pool_start(&sv->pool, sv->db, pc, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
-        goto out;
+        return 1;
     }
-    jobs_set_observer(db, webhook_observe, hooks); /* before the pool's thread uses the store */
-    if (pool_start(&pool, db, &pc, err, sizeof err)) {
-        log_msg(LOG_ERROR, "%s", err);
-        goto out;
-    }
-    struct api_config ac = {.listen_fd = lfd, .threads = http_threads, .max_body = (size_t)max_body,
-                            .keepalive_s = keepalive,
-                            .db = db, .pool = pool, .tokens = tokens, .n_tokens = n_tokens,
+    struct api_config ac = {.listen_fd = sv->lfd, .threads = s->http_threads,
+                            .max_body = (size_t)s->max_body, .keepalive_s = s->keepalive,
+                            .db = sv->db, .pool = sv->pool, .tokens = sv->tokens,
+                            .n_tokens = sv->n_tokens,
                             .openapi = ddpmd_openapi_yaml, .openapi_len = ddpmd_openapi_yaml_len,
-                            .path_prefix = prefix,
-                            .upload_max_bytes = up_bytes, .upload_max_unpacked = up_unpacked,
-                            .upload_max_files = up_files, .webhook = hooks,
-                            .max_conns = max_conns, .conns_per_ip = conns_per_ip,
-                            .conns_reserved = conns_reserved, .head_timeout_s = head_timeout,
-                            .plan_workers = plan_workers, .plan_queue = plan_queue,
-                            .plan_timeout_s = plan_timeout, .plan_memory = plan_memory,
-                            .upload_workers = up_workers,
-                            .upload_queue = up_queue, .upload_quota_bytes = quota_bytes,
-                            .upload_quota_pixels = quota_pixels};
-    if (api_start(&api, &ac, err, sizeof err)) {
+                            .path_prefix = sv->prefix,
+                            .upload_max_bytes = s->up_bytes, .upload_max_unpacked = s->up_unpacked,
+                            .upload_max_files = s->up_files, .webhook = sv->hooks,
+                            .max_conns = s->max_conns, .conns_per_ip = s->conns_per_ip,
+                            .conns_reserved = s->conns_reserved,
+                            .head_timeout_s = s->head_timeout,
+                            .plan_workers = s->plan_workers, .plan_queue = s->plan_queue,
+                            .plan_timeout_s = s->plan_timeout, .plan_memory = s->plan_memory,
+                            .upload_workers = s->up_workers, .upload_queue = s->up_queue,
+                            .upload_quota_bytes = s->quota_bytes,
+                            .upload_quota_pixels = s->quota_pixels};
+    if (api_start(&sv->api, &ac, err, sizeof err)) {
         log_msg(LOG_ERROR, "%s", err);
-        goto out;
+        return 1;
     }
-    lfd = -1; /* the daemon's now */
-    pool_set_notify(pool, api_notify, api);
-    api_notify(api);
+    sv->lfd = -1; /* the daemon's now */
+    pool_set_notify(sv->pool, api_notify, sv->api);
+    api_notify(sv->api);
+    return 0;
+}
+
+/* where it listens: a log line with the devices, and one JSON line on stdout */
+static void serve_announce(const struct serve_state *sv, const struct serve_opts *o,
+                           const struct serve_settings *s)
+{
+    const struct pool_config *pc = &s->pc;
+    const char *host = sv->host;
     char devs[POOL_MAX_DEVICES * 120] = "";
-    for (int i = 0, n = 0; i < pc.n_devices && n < (int)sizeof devs; i++)
+    for (int i = 0, n = 0; i < pc->n_devices && n < (int)sizeof devs; i++)
         n += snprintf(devs + n, sizeof devs - (size_t)n, "%s%s (budget %" PRId64 " bytes, process "
-                      "baseline %" PRId64 ")", i ? ", " : "", pc.devices[i].name,
-                      pc.devices[i].budget_bytes, pc.devices[i].baseline_bytes);
+                      "baseline %" PRId64 ")", i ? ", " : "", pc->devices[i].name,
+                      pc->devices[i].budget_bytes, pc->devices[i].baseline_bytes);
     log_msg(LOG_INFO, "%s on %s:%d; devices %s; %d cores; data in %s",
-            tokens ? "bearer tokens required" : "no tokens: loopback only, one local user", host,
-            port, devs, ncores, o.data);
+            sv->tokens ? "bearer tokens required" : "no tokens: loopback only, one local user",
+            host, sv->port, devs, s->ncores, o->data);
     printf("{\"listening\":\"http://%s%s%s:%d\",\"host\":\"%s\",\"port\":%d}\n",
-           strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port, host, port);
+           strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", sv->port, host,
+           sv->port);
     fflush(stdout);
+}
+
+/* Releases what sv holds, in the order the parts depend on one another; rc: the exit status so
+ * far (a failed start stops the pool here). */
+static void serve_close(struct serve_state *sv, int rc)
+{
+    if (sv->pool && rc) pool_stop(sv->pool);
+    webhook_stop(sv->hooks); /* before the api, whose job JSON its bodies use */
+    api_stop(sv->api);
+    if (sv->db) jobs_set_observer(sv->db, NULL, NULL); /* no thread is left to append events */
+    webhook_free(sv->hooks);
+    pool_free(sv->pool);
+    jobs_close(sv->db);
+    if (sv->lfd >= 0) close(sv->lfd);
+    if (sv->lockfd >= 0) close(sv->lockfd);
+    free(sv->tokens);
+}
+
+/* `ddpmd serve`: options, the checks and the resources that need no thread, the signals, the
+ * service, then waiting for SIGTERM or SIGINT: no new jobs, the running ones stopped at their
+ * next step with a checkpoint, everything released */
+static int serve_run(int argc, char **argv)
+{
+    struct serve_opts o = {0};
+    int rc = serve_options_read(argc, argv, &o);
+    if (rc >= 0) return rc;
+    if (o.probe) return probe_run(o.device);
+    if (o.routes) {
+        api_routes_print(stdout);
+        return 0;
+    }
+    struct serve_settings s = {0};
+    if ((rc = serve_options_check(&o, &s))) return rc;
+    struct serve_state sv = {.lfd = -1, .lockfd = -1};
+    if ((rc = serve_open(&sv, &o, &s))) {
+        serve_close(&sv, rc);
+        return rc;
+    }
+    sigset_t set;
+    serve_block_signals(&set);
+    if ((rc = serve_start(&sv, &o, &s))) {
+        serve_close(&sv, rc);
+        return rc;
+    }
+    serve_announce(&sv, &o, &s);
     int sig = 0;
     sigwait(&set, &sig);
     log_msg(LOG_INFO, "%s: no new jobs; running jobs stop at their next step with a checkpoint",
             strsignal(sig));
-    api_stop_admitting(api);
-    pool_stop(pool); /* waits for the children; their last events still reach the streams */
-    rc = 0;
-out:
-    if (pool && rc) pool_stop(pool);
-    webhook_stop(hooks); /* before the api, whose job JSON its bodies use */
-    api_stop(api);
-    if (db) jobs_set_observer(db, NULL, NULL); /* no thread is left to append events */
-    webhook_free(hooks);
-    pool_free(pool);
-    jobs_close(db);
-    if (lfd >= 0) close(lfd);
-    close(lockfd);
-    free(tokens);
-    if (rc == 0) log_msg(LOG_INFO, "stopped");
-    return rc;
+    api_stop_admitting(sv.api);
+    pool_stop(sv.pool); /* waits for the children; their last events still reach the streams */
+    serve_close(&sv, 0);
+    log_msg(LOG_INFO, "stopped");
+    return 0;
 }
 
 /* the config file's text holds the option values serve_run uses: freed once it has returned,

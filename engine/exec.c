@@ -367,119 +367,6 @@ static void init_error_nomem(const struct exec_opts *opts)
              "out of host memory for the executor");
 }
 
-/* (exec.h) keep beside run_op: each case names what run_op's case calls */
-int exec_op_needs(const struct exec *e, int k, struct exec_need *need)
-{
-    const struct backend *bk = e->bk;
-    const struct op *o = plan_op(e->p, e->g, k);
-    const int kd = e->p->op_dtype[k], f32 = BK_DTYPE_F32;
-    const int tk = bk->typed != NULL, gu = e->p->fuse_guest ? e->p->fuse_guest[k] : -1;
-    int n = 0;
-#define NEED(entry, dt) (need[n].op = (entry), need[n++].dtype = (dt))
-/* a memory-bound kernel: the typed entry on kd where the backend has typed ones, else fp32's */
-#define MEM(fn) (tk ? NEED(BK_OP_TYPED_##fn, kd) : NEED(BK_OP_##fn, f32))
-    if (e->p->fuse_host && e->p->fuse_host[k] >= 0) return 0; /* a guest: its host runs it */
-    if (gu >= 0 || (tk && (o->type == OP_GROUPNORM || o->type == OP_GROUPNORM_BWD))) {
-        NEED(BK_OP_TYPED_groupnorm_ws_bytes, kd);
-        if (o->type == OP_GROUPNORM_BWD || o->type == OP_ADD_BCAST_BWD) {
-            NEED(BK_OP_TYPED_groupnorm_bwd, kd);
-            NEED(BK_OP_TYPED_copy_grad, kd);
-        } else {
-            NEED(BK_OP_TYPED_groupnorm_fwd, kd);
-        }
-        return n;
-    }
-    switch (o->type) {
-    case OP_CONV2D:
-        NEED(BK_OP_conv2d_ws_bytes, kd);
-        NEED(BK_OP_conv2d_fwd, kd);
-        break;
-    case OP_CONV2D_BWD_DATA:
-        NEED(BK_OP_conv2d_ws_bytes, kd);
-        NEED(BK_OP_conv2d_bwd_data, kd);
-        break;
-    case OP_CONV2D_BWD_FILTER:
-        NEED(BK_OP_conv2d_ws_bytes, kd);
-        NEED(BK_OP_conv2d_bwd_filter, kd);
-        break;
-    case OP_LINEAR: NEED(BK_OP_linear_fwd, kd); break;
-    case OP_LINEAR_BWD: NEED(BK_OP_linear_bwd, kd); break;
-    case OP_GROUPNORM:
-        if (o->a.gn.silu && backend_supports(bk, BK_OP_groupnorm_silu_fwd, f32)) {
-            NEED(BK_OP_groupnorm_silu_fwd, f32);
-            break;
-        }
-        NEED(BK_OP_groupnorm_fwd, f32);
-        if (o->a.gn.silu) NEED(BK_OP_silu_fwd, f32);
-        break;
-    case OP_GROUPNORM_BWD:
-        if (backend_supports(bk, BK_OP_groupnorm_bwd_ws, f32)) {
-            NEED(BK_OP_groupnorm_bwd_ws, f32);
-            NEED(BK_OP_groupnorm_bwd_ws_bytes, f32);
-            break;
-        }
-        NEED(BK_OP_groupnorm_bwd, f32);
-        if (o->a.gn.silu) {
-            NEED(BK_OP_groupnorm_fwd, f32);
-            NEED(BK_OP_silu_bwd, f32);
-        }
-        break;
-    case OP_LAYERNORM: MEM(layernorm_fwd); break;
-    case OP_LAYERNORM_BWD: MEM(layernorm_bwd); break;
-    case OP_SILU: MEM(silu_fwd); break;
-    case OP_SILU_BWD: MEM(silu_bwd); break;
-    case OP_GELU: MEM(gelu_fwd); break;
-    case OP_GELU_BWD: MEM(gelu_bwd); break;
-    case OP_ADD: MEM(add_fwd); break;
-    case OP_ADD_BWD: MEM(copy_grad); break;
-    case OP_ADD_BCAST: MEM(add_bcast_fwd); break;
-    case OP_ADD_BCAST_BWD:
-        MEM(add_bcast_bwd);
-        MEM(copy_grad);
-        break;
-    case OP_CONCAT: MEM(concat_fwd); break;
-    case OP_CONCAT_BWD: MEM(concat_bwd); break;
-    case OP_TO_TOKENS:
-    case OP_TO_IMAGE:
-        if (bk->nhwc) MEM(copy_grad);
-        else MEM(transpose_fwd);
-        break;
-    case OP_RESHAPE:
-    case OP_RESHAPE_BWD:
-        MEM(copy_grad);
-        if (bk->nhwc) MEM(transpose_fwd);
-        break;
-    case OP_UPSAMPLE_NEAREST: MEM(upsample_nearest2x_fwd); break;
-    case OP_UPSAMPLE_NEAREST_BWD: MEM(upsample_nearest2x_bwd); break;
-    case OP_UPSAMPLE_BILINEAR: MEM(upsample_bilinear2x_fwd); break;
-    case OP_UPSAMPLE_BILINEAR_BWD: MEM(upsample_bilinear2x_bwd); break;
-    case OP_MAXPOOL: MEM(maxpool2x2_fwd); break;
-    case OP_MAXPOOL_BWD: MEM(maxpool2x2_bwd); break;
-    case OP_TIMESTEP_EMBED: NEED(BK_OP_timestep_embed_fwd, f32); break;
-    case OP_ATTENTION:
-        NEED(BK_OP_attn_ws_bytes, kd);
-        NEED(o->a.at.tiled ? BK_OP_attn_fwd : BK_OP_attn_plain_fwd, kd);
-        break;
-    case OP_ATTENTION_BWD:
-        NEED(BK_OP_attn_ws_bytes, kd);
-        NEED(o->a.at.tiled ? BK_OP_attn_bwd : BK_OP_attn_plain_bwd, kd);
-        break;
-    case OP_MSE: NEED(BK_OP_mse_fwd, f32); break;
-    case OP_MSE_BWD: NEED(BK_OP_mse_bwd, f32); break;
-    case OP_XENT: NEED(BK_OP_xent_fwd, f32); break;
-    case OP_XENT_BWD: NEED(BK_OP_xent_bwd, f32); break;
-    case OP_DROPOUT:
-        MEM(dropout_fwd);
-        MEM(copy_grad); /* evaluation */
-        break;
-    case OP_DROPOUT_BWD: MEM(dropout_bwd); break;
-    default: break;
-    }
-#undef MEM
-#undef NEED
-    return n;
-}
-
 /* EXEC_OK, or EXEC_ERR_ARG naming the first entry of e's backend that e's plan needs and the
  * backend lacks (NULL, or not on that dtype: backend_supports), and the op needing it */
 static int exec_check_backend(struct exec *e)
@@ -962,9 +849,51 @@ static struct bk_groupnorm gn_shape(const struct op *o, int kd)
     return s;
 }
 
+/* The op table: for each op type the function that runs it (run_*) and, beside it, the one that
+ * names the backend entries it calls on which dtypes (needs_*: exec_op_needs), so that what a
+ * plan is checked for (exec_check_backend) and what a step calls are written in one place.
+ * test_backend_ops runs each op with every other entry recording a call. */
+
+/* what a run function gets besides the op and its operands (P, Q) */
+struct run_ctx {
+    int kd;                  /* the typed kernels' dtype (plan.op_dtype) */
+    int src;                 /* the graph op this is: a recomputed copy draws its original's
+                              * dropout mask */
+    void *ws;                /* the plan's workspace */
+    const struct tensor *t0; /* the first input, or NULL */
+    float dloss_scale;
+    uint64_t seed, step;
+    int sample_base;
+};
+
+/* need[n] = (op, dt); n + 1 */
+static int need_put(struct exec_need *need, int n, enum bk_op op, int dt)
+{
+    need[n].op = op;
+    need[n].dtype = dt;
+    return n + 1;
+}
+
+/* a memory-bound kernel's entry: the typed one on kd where the backend has typed ones, else the
+ * fp32 one (the plan then converts 16-bit operands around it); n + 1 */
+static int need_mem(const struct exec *e, struct exec_need *need, int n, enum bk_op typed,
+                    enum bk_op plain, int kd)
+{
+    return e->bk->typed ? need_put(need, n, typed, kd) : need_put(need, n, plain, BK_DTYPE_F32);
+}
+
+/* needs_NAME for an op whose run calls the memory-bound entry FN alone */
+#define NEEDS_MEM(name, fn)                                                                       \
+    static int needs_##name(const struct exec *e, const struct op *o, int kd,                     \
+                            struct exec_need *need)                                               \
+    {                                                                                             \
+        return need_mem(e, need, 0, BK_OP_TYPED_##fn, BK_OP_##fn, kd);                            \
+    }
+
 /* The group norm ops and their broadcast adds on the typed kernels, fused where the plan says
- * (memplan.c's plan_fusions: o is run op k, go its guest or NULL). The fused kernels keep the
- * unfused ops' rounding points, so a fused step gives the unfused step's bits. */
+ * (memplan.c's plan_fusions: o is run op k, go its guest or NULL); every group norm op where the
+ * backend has typed kernels, and every fused host. The fused kernels keep the unfused ops'
+ * rounding points, so a fused step gives the unfused step's bits. */
 static int groupnorm_typed(struct exec *e, const struct op *o, const struct op *go, int kd,
                            void *ws)
 {
@@ -1018,6 +947,25 @@ static int groupnorm_typed(struct exec *e, const struct op *o, const struct op *
         return BK_ERR_INVALID;
     }
 }
+static int needs_groupnorm_typed(const struct exec *e, const struct op *o, int kd,
+                                 struct exec_need *need)
+{
+    int n = need_put(need, 0, BK_OP_TYPED_groupnorm_ws_bytes, kd);
+    if (o->type == OP_GROUPNORM_BWD || o->type == OP_ADD_BCAST_BWD) {
+        n = need_put(need, n, BK_OP_TYPED_groupnorm_bwd, kd);
+        return need_put(need, n, BK_OP_TYPED_copy_grad, kd);
+    }
+    return need_put(need, n, BK_OP_TYPED_groupnorm_fwd, kd);
+}
+
+/* whether run op k (o) runs on groupnorm_typed: a fused host, or a group norm op where the
+ * backend has typed kernels; *guest its guest or -1 */
+static int groupnorm_typed_runs(const struct exec *e, int k, const struct op *o, int *guest)
+{
+    *guest = e->p->fuse_guest ? e->p->fuse_guest[k] : -1;
+    return *guest >= 0 ||
+           (e->bk->typed && (o->type == OP_GROUPNORM || o->type == OP_GROUPNORM_BWD));
+}
 
 /* dx (=/+=) dy, count elements of kernel dtype kd: the typed kernel where the backend has one */
 static int copy_grad(struct exec *e, void *dx, const void *dy, int accum, size_t count, int kd)
@@ -1034,36 +982,104 @@ static int transpose(struct exec *e, void *y, const void *x, int accum, int n, i
     return e->bk->transpose_fwd(y, x, accum, n, ch, hw, e->ctx);
 }
 
-/* silu(group norm): the backend's fused kernels, or group norm then SiLU */
-static int groupnorm_silu_fwd(struct exec *e, const struct op *o)
+static int run_conv2d(struct exec *e, const struct op *o, const struct run_ctx *r)
 {
-    const struct backend *bk = e->bk;
-    if (backend_supports(bk, BK_OP_groupnorm_silu_fwd, BK_DTYPE_F32))
-        return bk->groupnorm_silu_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
-                                      o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
-    size_t count = (size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw;
-    int rc = bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
-                               o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
-    return rc ? rc : bk->silu_fwd(Q(0), Q(0), count, e->ctx);
+    struct bk_conv2d cs = o->a.conv;
+    cs.dtype = r->kd;
+    return e->bk->conv2d_fwd(Q(0), P(0), P(1), P(2), r->ws, &cs, e->ctx);
+}
+static int needs_conv2d(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
+{
+    return need_put(need, need_put(need, 0, BK_OP_conv2d_ws_bytes, kd), BK_OP_conv2d_fwd, kd);
 }
 
-/* The group-norm backward: the backend's with a workspace, or its plain one. For silu without
- * the former, the executor recomputes z = group norm(x) (and its statistics, equal bits to the
- * saved ones) in the workspace (memplan.c sizes it), turns dy into dz = dy silu'(z) there, and
- * runs the group norm backward on dz. */
-static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
+static int run_conv2d_bwd_data(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    struct bk_conv2d cs = o->a.conv;
+    cs.dtype = r->kd;
+    return e->bk->conv2d_bwd_data(Q(0), P(0), P(1), o->accum[0], r->ws, &cs, e->ctx);
+}
+static int needs_conv2d_bwd_data(const struct exec *e, const struct op *o, int kd,
+                                 struct exec_need *need)
+{
+    return need_put(need, need_put(need, 0, BK_OP_conv2d_ws_bytes, kd), BK_OP_conv2d_bwd_data,
+                    kd);
+}
+
+static int run_conv2d_bwd_filter(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    struct bk_conv2d cs = o->a.conv;
+    cs.dtype = r->kd;
+    return e->bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), r->ws, &cs, e->ctx);
+}
+static int needs_conv2d_bwd_filter(const struct exec *e, const struct op *o, int kd,
+                                   struct exec_need *need)
+{
+    return need_put(need, need_put(need, 0, BK_OP_conv2d_ws_bytes, kd), BK_OP_conv2d_bwd_filter,
+                    kd);
+}
+
+static int run_linear(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    return e->bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n, r->kd,
+                             e->ctx);
+}
+static int needs_linear(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_linear_fwd, kd);
+}
+
+static int run_linear_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    return e->bk->linear_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->accum[0], o->a.lin.m,
+                             o->a.lin.k, o->a.lin.n, r->kd, e->ctx);
+}
+static int needs_linear_bwd(const struct exec *e, const struct op *o, int kd,
+                            struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_linear_bwd, kd);
+}
+
+/* group norm (fp32 entries; silu(group norm): the backend's fused kernel, or group norm then
+ * SiLU) */
+static int run_groupnorm(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct backend *bk = e->bk;
+    if (o->a.gn.silu && backend_supports(bk, BK_OP_groupnorm_silu_fwd, BK_DTYPE_F32))
+        return bk->groupnorm_silu_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
+                                      o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
+    int rc = bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
+                               o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, e->ctx);
+    size_t count = (size_t)o->a.gn.n * o->a.gn.c * o->a.gn.hw;
+    return rc || !o->a.gn.silu ? rc : bk->silu_fwd(Q(0), Q(0), count, e->ctx);
+}
+static int needs_groupnorm(const struct exec *e, const struct op *o, int kd,
+                           struct exec_need *need)
+{
+    const int f32 = BK_DTYPE_F32;
+    if (o->a.gn.silu && backend_supports(e->bk, BK_OP_groupnorm_silu_fwd, f32))
+        return need_put(need, 0, BK_OP_groupnorm_silu_fwd, f32);
+    int n = need_put(need, 0, BK_OP_groupnorm_fwd, f32);
+    return o->a.gn.silu ? need_put(need, n, BK_OP_silu_fwd, f32) : n;
+}
+
+/* The group-norm backward (fp32 entries): the backend's with a workspace, or its plain one. For
+ * silu without the former, the executor recomputes z = group norm(x) (and its statistics, equal
+ * bits to the saved ones) in the workspace (memplan.c sizes it), turns dy into dz = dy silu'(z)
+ * there, and runs the group norm backward on dz. */
+static int run_groupnorm_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
 {
     const struct backend *bk = e->bk;
     const int n = o->a.gn.n, ch = o->a.gn.c, hw = o->a.gn.hw, gr = o->a.gn.groups;
     const int silu = o->a.gn.silu;
     if (backend_supports(bk, BK_OP_groupnorm_bwd_ws, BK_DTYPE_F32))
         return bk->groupnorm_bwd_ws(Q(0), Q(1), Q(2), P(0), P(1), P(2), silu ? P(5) : NULL, P(3),
-                                    P(4), o->accum[0], n, ch, hw, gr, silu, ws, e->ctx);
+                                    P(4), o->accum[0], n, ch, hw, gr, silu, r->ws, e->ctx);
     if (!silu)
         return bk->groupnorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0], n,
                                  ch, hw, gr, e->ctx);
     const size_t count = (size_t)n * ch * hw;
-    float *z = ws, *st = (float *)((char *)ws + plan_align(count * sizeof(float)));
+    float *z = r->ws, *st = (float *)((char *)r->ws + plan_align(count * sizeof(float)));
     const struct op *f = &e->g->ops[o->fwd];
     int rc = bk->groupnorm_fwd(z, st, st + (size_t)n * gr, P(1), P(2), P(5), n, ch, hw, gr,
                                f->a.gn.eps, e->ctx);
@@ -1073,232 +1089,477 @@ static int groupnorm_bwd(struct exec *e, const struct op *o, void *ws)
                                hw, gr, e->ctx);
     return rc;
 }
+static int needs_groupnorm_bwd(const struct exec *e, const struct op *o, int kd,
+                               struct exec_need *need)
+{
+    const int f32 = BK_DTYPE_F32;
+    if (backend_supports(e->bk, BK_OP_groupnorm_bwd_ws, f32))
+        return need_put(need, need_put(need, 0, BK_OP_groupnorm_bwd_ws, f32),
+                        BK_OP_groupnorm_bwd_ws_bytes, f32);
+    int n = need_put(need, 0, BK_OP_groupnorm_bwd, f32);
+    if (o->a.gn.silu) {
+        n = need_put(need, n, BK_OP_groupnorm_fwd, f32);
+        n = need_put(need, n, BK_OP_silu_bwd, f32);
+    }
+    return n;
+}
 
+static int run_layernorm(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
+                                  o->a.ln.eps, r->kd, e->ctx)
+              : e->bk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
+                                     o->a.ln.eps, e->ctx);
+}
+NEEDS_MEM(layernorm, layernorm_fwd)
+
+static int run_layernorm_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
+                                  o->a.ln.m, o->a.ln.d, r->kd, e->ctx)
+              : e->bk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
+                                     o->a.ln.m, o->a.ln.d, e->ctx);
+}
+NEEDS_MEM(layernorm_bwd, layernorm_bwd)
+
+static int run_silu(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->silu_fwd(Q(0), P(0), r->t0->numel, r->kd, e->ctx)
+              : e->bk->silu_fwd(Q(0), P(0), r->t0->numel, e->ctx);
+}
+NEEDS_MEM(silu, silu_fwd)
+
+static int run_silu_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->silu_bwd(Q(0), P(0), P(1), o->accum[0], r->t0->numel, r->kd, e->ctx)
+              : e->bk->silu_bwd(Q(0), P(0), P(1), o->accum[0], r->t0->numel, e->ctx);
+}
+NEEDS_MEM(silu_bwd, silu_bwd)
+
+static int run_gelu(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->gelu_fwd(Q(0), P(0), r->t0->numel, r->kd, e->ctx)
+              : e->bk->gelu_fwd(Q(0), P(0), r->t0->numel, e->ctx);
+}
+NEEDS_MEM(gelu, gelu_fwd)
+
+static int run_gelu_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], r->t0->numel, r->kd, e->ctx)
+              : e->bk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], r->t0->numel, e->ctx);
+}
+NEEDS_MEM(gelu_bwd, gelu_bwd)
+
+static int run_add(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->add_fwd(Q(0), P(0), P(1), r->t0->numel, r->kd, e->ctx)
+              : e->bk->add_fwd(Q(0), P(0), P(1), r->t0->numel, e->ctx);
+}
+NEEDS_MEM(add, add_fwd)
+
+static int run_add_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    int rc = 0;
+    /* out[0] may share dy's bytes (in place): then it already holds dy */
+    if (o->out[0] >= 0 && Q(0) != P(0))
+        rc = copy_grad(e, Q(0), P(0), o->accum[0], r->t0->numel, r->kd);
+    if (!rc && o->out[1] >= 0) rc = copy_grad(e, Q(1), P(0), o->accum[1], r->t0->numel, r->kd);
+    return rc;
+}
+NEEDS_MEM(add_bwd, copy_grad)
+
+static int run_add_bcast(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, r->kd,
+                                  e->ctx)
+              : e->bk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, e->ctx);
+}
+NEEDS_MEM(add_bcast, add_bcast_fwd)
+
+static int run_add_bcast_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    int rc = 0;
+    if (o->out[1] >= 0)
+        rc = tk ? tk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c, o->a.bc.hw,
+                                    r->kd, e->ctx)
+                : e->bk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c,
+                                       o->a.bc.hw, e->ctx);
+    if (!rc && o->out[0] >= 0 && Q(0) != P(0))
+        rc = copy_grad(e, Q(0), P(0), o->accum[0], r->t0->numel, r->kd);
+    return rc;
+}
+static int needs_add_bcast_bwd(const struct exec *e, const struct op *o, int kd,
+                               struct exec_need *need)
+{
+    int n = need_mem(e, need, 0, BK_OP_TYPED_add_bcast_bwd, BK_OP_add_bcast_bwd, kd);
+    return need_mem(e, need, n, BK_OP_TYPED_copy_grad, BK_OP_copy_grad, kd);
+}
+
+static int run_concat(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
+                               o->a.cat.hw, r->kd, e->ctx)
+              : e->bk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
+                                  o->a.cat.hw, e->ctx);
+}
+NEEDS_MEM(concat, concat_fwd)
+
+static int run_concat_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
+                               o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, r->kd, e->ctx)
+              : e->bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
+                                  o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, e->ctx);
+}
+NEEDS_MEM(concat_bwd, concat_bwd)
+
+/* OP_TO_TOKENS (N,C,HW) -> (N,HW,C) and OP_TO_IMAGE (N,HW,C) -> (N,C,HW); for NHWC images both
+ * are copies (or in place) */
+static int run_to_tokens_image(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    if (e->bk->nhwc)
+        return Q(0) == P(0) ? BK_OK
+                            : copy_grad(e, Q(0), P(0), o->accum[0], r->t0->numel, r->kd);
+    return o->type == OP_TO_TOKENS
+               ? transpose(e, Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, r->kd)
+               : transpose(e, Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, r->kd);
+}
+static int needs_to_tokens_image(const struct exec *e, const struct op *o, int kd,
+                                 struct exec_need *need)
+{
+    if (e->bk->nhwc) return need_mem(e, need, 0, BK_OP_TYPED_copy_grad, BK_OP_copy_grad, kd);
+    return need_mem(e, need, 0, BK_OP_TYPED_transpose_fwd, BK_OP_transpose_fwd, kd);
+}
+
+static int run_upsample_nearest(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
+                                           o->a.rs.w, r->kd, e->ctx)
+              : e->bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
+                                              o->a.rs.w, e->ctx);
+}
+NEEDS_MEM(upsample_nearest, upsample_nearest2x_fwd)
+
+static int run_upsample_nearest_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                           o->a.rs.h, o->a.rs.w, r->kd, e->ctx)
+              : e->bk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                              o->a.rs.h, o->a.rs.w, e->ctx);
+}
+NEEDS_MEM(upsample_nearest_bwd, upsample_nearest2x_bwd)
+
+static int run_upsample_bilinear(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
+                                            o->a.rs.c, o->a.rs.h, o->a.rs.w, r->kd, e->ctx)
+              : e->bk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
+                                               o->a.rs.c, o->a.rs.h, o->a.rs.w, e->ctx);
+}
+NEEDS_MEM(upsample_bilinear, upsample_bilinear2x_fwd)
+
+static int run_upsample_bilinear_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
+                                            o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, r->kd,
+                                            e->ctx)
+              : e->bk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
+                                               o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w,
+                                               e->ctx);
+}
+NEEDS_MEM(upsample_bilinear_bwd, upsample_bilinear2x_bwd)
+
+static int run_maxpool(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, r->kd,
+                                   e->ctx)
+              : e->bk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w,
+                                      e->ctx);
+}
+NEEDS_MEM(maxpool, maxpool2x2_fwd)
+
+static int run_maxpool_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    return tk ? tk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                   o->a.rs.h, o->a.rs.w, r->kd, e->ctx)
+              : e->bk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
+                                      o->a.rs.h, o->a.rs.w, e->ctx);
+}
+NEEDS_MEM(maxpool_bwd, maxpool2x2_bwd)
+
+static int run_timestep_embed(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    return e->bk->timestep_embed_fwd(Q(0), P(0), o->a.te.n, o->a.te.dim, o->a.te.flip,
+                                     o->a.te.shift, o->a.te.max_period, e->ctx);
+}
+static int needs_timestep_embed(const struct exec *e, const struct op *o, int kd,
+                                struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_timestep_embed_fwd, BK_DTYPE_F32);
+}
+
+/* attention, tiled (memory-efficient) or plain (the score matrix kept); q, k and v apart or
+ * packed in one tensor (q at 0, k at C, v at 2C of each token's 3C) */
+static int run_attention(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    struct bk_attn as = o->a.at.s;
+    as.dtype = r->kd;
+    const struct bk_attn *s = &as;
+    const char *q = P(0), *kk, *v;
+    size_t cdim = (size_t)s->heads * s->d * bk_dtype_size(r->kd); /* bytes */
+    if (o->a.at.packed) {
+        kk = q + cdim;
+        v = q + 2 * cdim;
+    } else {
+        kk = P(1);
+        v = P(2);
+    }
+    return o->a.at.tiled ? e->bk->attn_fwd(Q(0), Q(1), q, kk, v, r->ws, s, e->ctx)
+                         : e->bk->attn_plain_fwd(Q(0), Q(1), q, kk, v, r->ws, s, e->ctx);
+}
+static int needs_attention(const struct exec *e, const struct op *o, int kd,
+                           struct exec_need *need)
+{
+    return need_put(need, need_put(need, 0, BK_OP_attn_ws_bytes, kd),
+                    o->a.at.tiled ? BK_OP_attn_fwd : BK_OP_attn_plain_fwd, kd);
+}
+
+static int run_attention_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    struct bk_attn as = o->a.at.s;
+    as.dtype = r->kd;
+    const struct bk_attn *s = &as;
+    const char *q = P(1), *kk, *v;
+    char *dq = Q(0), *dk, *dv;
+    size_t cdim = (size_t)s->heads * s->d * bk_dtype_size(r->kd); /* bytes */
+    if (o->a.at.packed) {
+        kk = q + cdim;
+        v = q + 2 * cdim;
+        dk = dq + cdim;
+        dv = dq + 2 * cdim;
+    } else {
+        kk = P(2);
+        v = P(3);
+        dk = Q(1);
+        dv = Q(2);
+    }
+    return o->a.at.tiled
+               ? e->bk->attn_bwd(dq, dk, dv, P(0), q, kk, v, P(4), P(5), r->ws, s, e->ctx)
+               : e->bk->attn_plain_bwd(dq, dk, dv, P(0), q, kk, v, P(5), r->ws, s, e->ctx);
+}
+static int needs_attention_bwd(const struct exec *e, const struct op *o, int kd,
+                               struct exec_need *need)
+{
+    return need_put(need, need_put(need, 0, BK_OP_attn_ws_bytes, kd),
+                    o->a.at.tiled ? BK_OP_attn_bwd : BK_OP_attn_plain_bwd, kd);
+}
+
+static int run_mse(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    return e->bk->mse_fwd(Q(0), P(0), P(1), r->t0->numel, e->ctx);
+}
+static int needs_mse(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_mse_fwd, BK_DTYPE_F32);
+}
+
+/* the step on the device (e->dev) reads its loss scale on the device: mse_step_bwd, asked for
+ * where the step is chosen (dev_capable) */
+static int run_mse_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    if (e->dev) return e->bk->mse_step_bwd(Q(0), P(0), P(1), o->accum[0], r->t0->numel, e->ctx);
+    return e->bk->mse_bwd(Q(0), P(0), P(1), r->dloss_scale, o->accum[0], r->t0->numel, e->ctx);
+}
+static int needs_mse_bwd(const struct exec *e, const struct op *o, int kd,
+                         struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_mse_bwd, BK_DTYPE_F32);
+}
+
+static int run_xent(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    return e->bk->xent_fwd(Q(0), Q(1), P(0), P(1), o->a.lin.m, o->a.lin.n, e->ctx);
+}
+static int needs_xent(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_xent_fwd, BK_DTYPE_F32);
+}
+
+static int run_xent_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    return e->bk->xent_bwd(Q(0), P(0), P(1), r->dloss_scale, o->accum[0], o->a.lin.m,
+                           o->a.lin.n, e->ctx);
+}
+static int needs_xent_bwd(const struct exec *e, const struct op *o, int kd,
+                          struct exec_need *need)
+{
+    return need_put(need, 0, BK_OP_xent_bwd, BK_DTYPE_F32);
+}
+
+/* OP_RESHAPE and OP_RESHAPE_BWD: in place (same bytes) when the planner merged the two, else a
+ * copy; flattening an NHWC image (or its gradient back) changes the element order */
+static int run_reshape(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct tensor *t0 = r->t0, *to = plan_tensor(e->p, e->g, o->out[0]);
+    const int kd = r->kd;
+    if (nhwc_image(e, t0) != nhwc_image(e, to)) {
+        const struct tensor *im = t0->image ? t0 : to;
+        int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];
+        return t0->image ? transpose(e, Q(0), P(0), o->accum[0], n, hw, ch, kd)
+                         : transpose(e, Q(0), P(0), o->accum[0], n, ch, hw, kd);
+    }
+    if (o->type == OP_RESHAPE)
+        return Q(0) == P(0) ? BK_OK : copy_grad(e, Q(0), P(0), 0, t0->numel, kd);
+    return Q(0) == P(0) && !o->accum[0] ? BK_OK
+                                        : copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
+}
+static int needs_reshape(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
+{
+    int n = need_mem(e, need, 0, BK_OP_TYPED_copy_grad, BK_OP_copy_grad, kd);
+    if (e->bk->nhwc) n = need_mem(e, need, n, BK_OP_TYPED_transpose_fwd, BK_OP_transpose_fwd, kd);
+    return n;
+}
+
+/* dropout: the identity (a copy) in evaluation; the step on the device draws with step_set's
+ * seed, step and sample base (graph replays: dropout_step_*, asked where it is chosen) */
+static int run_dropout(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    const struct tensor *t0 = r->t0;
+    if (e->eval) return copy_grad(e, Q(0), P(0), 0, t0->numel, r->kd);
+    const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
+    if (e->dev)
+        return e->bk->dropout_step_fwd(Q(0), P(0), o->a.dr.p, (uint32_t)r->src, o->a.dr.n,
+                                       o->a.dr.per_sample, chans, r->kd, e->ctx);
+    return tk ? tk->dropout_fwd(Q(0), P(0), o->a.dr.p, r->seed, r->step, (uint32_t)r->src,
+                                r->sample_base, o->a.dr.n, o->a.dr.per_sample, chans, r->kd,
+                                e->ctx)
+              : e->bk->dropout_fwd(Q(0), P(0), o->a.dr.p, r->seed, r->step, (uint32_t)r->src,
+                                   r->sample_base, o->a.dr.n, o->a.dr.per_sample, chans, e->ctx);
+}
+static int needs_dropout(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
+{
+    int n = need_mem(e, need, 0, BK_OP_TYPED_dropout_fwd, BK_OP_dropout_fwd, kd);
+    return need_mem(e, need, n, BK_OP_TYPED_copy_grad, BK_OP_copy_grad, kd); /* evaluation */
+}
+
+static int run_dropout_bwd(struct exec *e, const struct op *o, const struct run_ctx *r)
+{
+    const struct bk_typed *tk = e->bk->typed;
+    const struct tensor *t0 = r->t0;
+    const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
+    if (e->dev)
+        return e->bk->dropout_step_bwd(Q(0), P(0), o->a.dr.p, (uint32_t)o->fwd, o->accum[0],
+                                       o->a.dr.n, o->a.dr.per_sample, chans, r->kd, e->ctx);
+    return tk ? tk->dropout_bwd(Q(0), P(0), o->a.dr.p, r->seed, r->step, (uint32_t)o->fwd,
+                                r->sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
+                                chans, r->kd, e->ctx)
+              : e->bk->dropout_bwd(Q(0), P(0), o->a.dr.p, r->seed, r->step, (uint32_t)o->fwd,
+                                   r->sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
+                                   chans, e->ctx);
+}
+NEEDS_MEM(dropout_bwd, dropout_bwd)
+
+#undef NEEDS_MEM
+
+/* each op type's run and needs (a type with no entry: BK_ERR_INVALID, no needs) */
+static const struct {
+    int (*run)(struct exec *e, const struct op *o, const struct run_ctx *r);
+    /* the entries run calls, on their dtypes (kd: the op's kernel dtype), into need; their
+     * count (at most EXEC_NEEDS_MAX) */
+    int (*needs)(const struct exec *e, const struct op *o, int kd, struct exec_need *need);
+} op_kernels[OP_COUNT] = {
+    [OP_CONV2D] = {run_conv2d, needs_conv2d},
+    [OP_CONV2D_BWD_DATA] = {run_conv2d_bwd_data, needs_conv2d_bwd_data},
+    [OP_CONV2D_BWD_FILTER] = {run_conv2d_bwd_filter, needs_conv2d_bwd_filter},
+    [OP_LINEAR] = {run_linear, needs_linear},
+    [OP_LINEAR_BWD] = {run_linear_bwd, needs_linear_bwd},
+    [OP_GROUPNORM] = {run_groupnorm, needs_groupnorm},
+    [OP_GROUPNORM_BWD] = {run_groupnorm_bwd, needs_groupnorm_bwd},
+    [OP_LAYERNORM] = {run_layernorm, needs_layernorm},
+    [OP_LAYERNORM_BWD] = {run_layernorm_bwd, needs_layernorm_bwd},
+    [OP_SILU] = {run_silu, needs_silu},
+    [OP_SILU_BWD] = {run_silu_bwd, needs_silu_bwd},
+    [OP_GELU] = {run_gelu, needs_gelu},
+    [OP_GELU_BWD] = {run_gelu_bwd, needs_gelu_bwd},
+    [OP_ADD] = {run_add, needs_add},
+    [OP_ADD_BWD] = {run_add_bwd, needs_add_bwd},
+    [OP_ADD_BCAST] = {run_add_bcast, needs_add_bcast},
+    [OP_ADD_BCAST_BWD] = {run_add_bcast_bwd, needs_add_bcast_bwd},
+    [OP_CONCAT] = {run_concat, needs_concat},
+    [OP_CONCAT_BWD] = {run_concat_bwd, needs_concat_bwd},
+    [OP_TO_TOKENS] = {run_to_tokens_image, needs_to_tokens_image},
+    [OP_TO_IMAGE] = {run_to_tokens_image, needs_to_tokens_image},
+    [OP_UPSAMPLE_NEAREST] = {run_upsample_nearest, needs_upsample_nearest},
+    [OP_UPSAMPLE_NEAREST_BWD] = {run_upsample_nearest_bwd, needs_upsample_nearest_bwd},
+    [OP_UPSAMPLE_BILINEAR] = {run_upsample_bilinear, needs_upsample_bilinear},
+    [OP_UPSAMPLE_BILINEAR_BWD] = {run_upsample_bilinear_bwd, needs_upsample_bilinear_bwd},
+    [OP_MAXPOOL] = {run_maxpool, needs_maxpool},
+    [OP_MAXPOOL_BWD] = {run_maxpool_bwd, needs_maxpool_bwd},
+    [OP_TIMESTEP_EMBED] = {run_timestep_embed, needs_timestep_embed},
+    [OP_ATTENTION] = {run_attention, needs_attention},
+    [OP_ATTENTION_BWD] = {run_attention_bwd, needs_attention_bwd},
+    [OP_MSE] = {run_mse, needs_mse},
+    [OP_MSE_BWD] = {run_mse_bwd, needs_mse_bwd},
+    [OP_DROPOUT] = {run_dropout, needs_dropout},
+    [OP_DROPOUT_BWD] = {run_dropout_bwd, needs_dropout_bwd},
+    [OP_XENT] = {run_xent, needs_xent},
+    [OP_XENT_BWD] = {run_xent_bwd, needs_xent_bwd},
+    [OP_RESHAPE] = {run_reshape, needs_reshape},
+    [OP_RESHAPE_BWD] = {run_reshape, needs_reshape},
+};
+
+/* run op k through the table (a fused host or a typed group norm: groupnorm_typed) */
 static int run_op(struct exec *e, int k, float dloss_scale, uint64_t seed, uint64_t step,
                   int sample_base)
 {
     const struct op *o = plan_op(e->p, e->g, k);
-    const struct backend *bk = e->bk;
-    bk_ctx *c = e->ctx;
-    void *ws = e->base + e->p->ws_off;
-    const struct tensor *t0 = o->in[0] >= 0 ? plan_tensor(e->p, e->g, o->in[0]) : NULL;
-    /* the graph op this is: a recomputed copy draws its original's dropout mask */
-    const int src = e->p->op_src ? e->p->op_src[k] : k;
-    /* the typed kernels' dtype (plan.op_dtype) */
     const int kd = e->p->op_dtype[k];
-    /* the memory-bound kernels on kd where the backend has typed ones (every such op), else
-     * the fp32 entries (the plan then converts 16-bit operands around them); a fused host
-     * runs its guest too */
-    const struct bk_typed *tk = bk->typed;
-    const int gu = e->p->fuse_guest ? e->p->fuse_guest[k] : -1;
-    if (gu >= 0 || (tk && (o->type == OP_GROUPNORM || o->type == OP_GROUPNORM_BWD)))
+    void *ws = e->base + e->p->ws_off;
+    int gu;
+    if (groupnorm_typed_runs(e, k, o, &gu))
         return groupnorm_typed(e, o, gu >= 0 ? plan_op(e->p, e->g, gu) : NULL, kd, ws);
-    struct bk_conv2d cs = o->a.conv;
-    cs.dtype = kd;
-    switch (o->type) {
-    case OP_CONV2D:
-        return bk->conv2d_fwd(Q(0), P(0), P(1), P(2), ws, &cs, c);
-    case OP_CONV2D_BWD_DATA:
-        return bk->conv2d_bwd_data(Q(0), P(0), P(1), o->accum[0], ws, &cs, c);
-    case OP_CONV2D_BWD_FILTER:
-        return bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), ws, &cs, c);
-    case OP_LINEAR:
-        return bk->linear_fwd(Q(0), P(0), P(1), P(2), o->a.lin.m, o->a.lin.k, o->a.lin.n, kd, c);
-    case OP_LINEAR_BWD:
-        return bk->linear_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->accum[0], o->a.lin.m,
-                              o->a.lin.k, o->a.lin.n, kd, c);
-    case OP_GROUPNORM:
-        if (o->a.gn.silu) return groupnorm_silu_fwd(e, o);
-        return bk->groupnorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.gn.n, o->a.gn.c,
-                                 o->a.gn.hw, o->a.gn.groups, o->a.gn.eps, c);
-    case OP_GROUPNORM_BWD:
-        return groupnorm_bwd(e, o, ws);
-    case OP_LAYERNORM:
-        return tk ? tk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
-                                      o->a.ln.eps, kd, c)
-                  : bk->layernorm_fwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), o->a.ln.m, o->a.ln.d,
-                                      o->a.ln.eps, c);
-    case OP_LAYERNORM_BWD:
-        return tk ? tk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
-                                      o->a.ln.m, o->a.ln.d, kd, c)
-                  : bk->layernorm_bwd(Q(0), Q(1), Q(2), P(0), P(1), P(2), P(3), P(4), o->accum[0],
-                                      o->a.ln.m, o->a.ln.d, c);
-    case OP_SILU:
-        return tk ? tk->silu_fwd(Q(0), P(0), t0->numel, kd, c)
-                  : bk->silu_fwd(Q(0), P(0), t0->numel, c);
-    case OP_SILU_BWD:
-        return tk ? tk->silu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, kd, c)
-                  : bk->silu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
-    case OP_GELU:
-        return tk ? tk->gelu_fwd(Q(0), P(0), t0->numel, kd, c)
-                  : bk->gelu_fwd(Q(0), P(0), t0->numel, c);
-    case OP_GELU_BWD:
-        return tk ? tk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, kd, c)
-                  : bk->gelu_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
-    case OP_ADD:
-        return tk ? tk->add_fwd(Q(0), P(0), P(1), t0->numel, kd, c)
-                  : bk->add_fwd(Q(0), P(0), P(1), t0->numel, c);
-    case OP_ADD_BWD: {
-        int rc = 0;
-        /* out[0] may share dy's bytes (in place): then it already holds dy */
-        if (o->out[0] >= 0 && Q(0) != P(0)) rc = copy_grad(e, Q(0), P(0), o->accum[0],
-                                                           t0->numel, kd);
-        if (!rc && o->out[1] >= 0) rc = copy_grad(e, Q(1), P(0), o->accum[1], t0->numel, kd);
-        return rc;
-    }
-    case OP_ADD_BCAST:
-        return tk ? tk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, kd, c)
-                  : bk->add_bcast_fwd(Q(0), P(0), P(1), o->a.bc.n, o->a.bc.c, o->a.bc.hw, c);
-    case OP_ADD_BCAST_BWD: {
-        int rc = 0;
-        if (o->out[1] >= 0)
-            rc = tk ? tk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c,
-                                        o->a.bc.hw, kd, c)
-                    : bk->add_bcast_bwd(Q(1), P(0), o->accum[1], o->a.bc.n, o->a.bc.c,
-                                        o->a.bc.hw, c);
-        if (!rc && o->out[0] >= 0 && Q(0) != P(0))
-            rc = copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
-        return rc;
-    }
-    case OP_CONCAT:
-        return tk ? tk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
-                                   o->a.cat.hw, kd, c)
-                  : bk->concat_fwd(Q(0), P(0), P(1), o->a.cat.n, o->a.cat.c1, o->a.cat.c2,
-                                   o->a.cat.hw, c);
-    case OP_CONCAT_BWD:
-        return tk ? tk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
-                                   o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, kd, c)
-                  : bk->concat_bwd(Q(0), Q(1), P(0), o->accum[0], o->accum[1], o->a.cat.n,
-                                   o->a.cat.c1, o->a.cat.c2, o->a.cat.hw, c);
-    case OP_TO_TOKENS: /* (N,C,HW) -> (N,HW,C) */
-    case OP_TO_IMAGE:  /* (N,HW,C) -> (N,C,HW); for NHWC images both are copies (or in place) */
-        if (bk->nhwc)
-            return Q(0) == P(0) ? BK_OK : copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
-        return o->type == OP_TO_TOKENS
-                   ? transpose(e, Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.c, o->a.bc.hw, kd)
-                   : transpose(e, Q(0), P(0), o->accum[0], o->a.bc.n, o->a.bc.hw, o->a.bc.c, kd);
-    case OP_UPSAMPLE_NEAREST:
-        return tk ? tk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
-                                               o->a.rs.w, kd, c)
-                  : bk->upsample_nearest2x_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h,
-                                               o->a.rs.w, c);
-    case OP_UPSAMPLE_NEAREST_BWD:
-        return tk ? tk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
-                                               o->a.rs.h, o->a.rs.w, kd, c)
-                  : bk->upsample_nearest2x_bwd(Q(0), P(0), o->accum[0], o->a.rs.n, o->a.rs.c,
-                                               o->a.rs.h, o->a.rs.w, c);
-    case OP_UPSAMPLE_BILINEAR:
-        return tk ? tk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
-                                                o->a.rs.c, o->a.rs.h, o->a.rs.w, kd, c)
-                  : bk->upsample_bilinear2x_fwd(Q(0), P(0), o->a.rs.align_corners, o->a.rs.n,
-                                                o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
-    case OP_UPSAMPLE_BILINEAR_BWD:
-        return tk ? tk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
-                                                o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, kd,
-                                                c)
-                  : bk->upsample_bilinear2x_bwd(Q(0), P(0), o->a.rs.align_corners, o->accum[0],
-                                                o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
-    case OP_MAXPOOL:
-        return tk ? tk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, kd,
-                                       c)
-                  : bk->maxpool2x2_fwd(Q(0), P(0), o->a.rs.n, o->a.rs.c, o->a.rs.h, o->a.rs.w, c);
-    case OP_MAXPOOL_BWD:
-        return tk ? tk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
-                                       o->a.rs.h, o->a.rs.w, kd, c)
-                  : bk->maxpool2x2_bwd(Q(0), P(0), P(1), o->accum[0], o->a.rs.n, o->a.rs.c,
-                                       o->a.rs.h, o->a.rs.w, c);
-    case OP_TIMESTEP_EMBED:
-        return bk->timestep_embed_fwd(Q(0), P(0), o->a.te.n, o->a.te.dim, o->a.te.flip,
-                                      o->a.te.shift, o->a.te.max_period, c);
-    case OP_ATTENTION: {
-        struct bk_attn as = o->a.at.s;
-        as.dtype = kd;
-        const struct bk_attn *s = &as;
-        const char *q = P(0), *kk, *v;
-        size_t cdim = (size_t)s->heads * s->d * bk_dtype_size(kd); /* bytes */
-        if (o->a.at.packed) {
-            kk = q + cdim;
-            v = q + 2 * cdim;
-        } else {
-            kk = P(1);
-            v = P(2);
-        }
-        return o->a.at.tiled ? bk->attn_fwd(Q(0), Q(1), q, kk, v, ws, s, c)
-                             : bk->attn_plain_fwd(Q(0), Q(1), q, kk, v, ws, s, c);
-    }
-    case OP_ATTENTION_BWD: {
-        struct bk_attn as = o->a.at.s;
-        as.dtype = kd;
-        const struct bk_attn *s = &as;
-        const char *q = P(1), *kk, *v;
-        char *dq = Q(0), *dk, *dv;
-        size_t cdim = (size_t)s->heads * s->d * bk_dtype_size(kd); /* bytes */
-        if (o->a.at.packed) {
-            kk = q + cdim;
-            v = q + 2 * cdim;
-            dk = dq + cdim;
-            dv = dq + 2 * cdim;
-        } else {
-            kk = P(2);
-            v = P(3);
-            dk = Q(1);
-            dv = Q(2);
-        }
-        return o->a.at.tiled ? bk->attn_bwd(dq, dk, dv, P(0), q, kk, v, P(4), P(5), ws, s, c)
-                             : bk->attn_plain_bwd(dq, dk, dv, P(0), q, kk, v, P(5), ws, s, c);
-    }
-    case OP_MSE:
-        return bk->mse_fwd(Q(0), P(0), P(1), t0->numel, c);
-    case OP_MSE_BWD:
-        if (e->dev) return bk->mse_step_bwd(Q(0), P(0), P(1), o->accum[0], t0->numel, c);
-        return bk->mse_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], t0->numel, c);
-    case OP_XENT:
-        return bk->xent_fwd(Q(0), Q(1), P(0), P(1), o->a.lin.m, o->a.lin.n, c);
-    case OP_XENT_BWD:
-        return bk->xent_bwd(Q(0), P(0), P(1), dloss_scale, o->accum[0], o->a.lin.m, o->a.lin.n,
-                            c);
-    case OP_RESHAPE: /* in place (same bytes) when the planner merged the two */
-    case OP_RESHAPE_BWD: {
-        /* flattening an NHWC image (or its gradient back) changes the element order */
-        const struct tensor *to = plan_tensor(e->p, e->g, o->out[0]);
-        if (nhwc_image(e, t0) != nhwc_image(e, to)) {
-            const struct tensor *im = t0->image ? t0 : to;
-            int n = im->d[0], ch = im->d[1], hw = im->d[2] * im->d[3];
-            return t0->image ? transpose(e, Q(0), P(0), o->accum[0], n, hw, ch, kd)
-                             : transpose(e, Q(0), P(0), o->accum[0], n, ch, hw, kd);
-        }
-        if (o->type == OP_RESHAPE)
-            return Q(0) == P(0) ? BK_OK : copy_grad(e, Q(0), P(0), 0, t0->numel, kd);
-        return Q(0) == P(0) && !o->accum[0] ? BK_OK
-                                            : copy_grad(e, Q(0), P(0), o->accum[0], t0->numel, kd);
-    }
-    case OP_DROPOUT: {
-        if (e->eval) return copy_grad(e, Q(0), P(0), 0, t0->numel, kd);
-        const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
-        /* the step on the device: seed, step and sample base are step_set's (graph replays) */
-        if (e->dev)
-            return bk->dropout_step_fwd(Q(0), P(0), o->a.dr.p, (uint32_t)src, o->a.dr.n,
-                                        o->a.dr.per_sample, chans, kd, c);
-        return tk ? tk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
-                                    o->a.dr.n, o->a.dr.per_sample, chans, kd, c)
-                  : bk->dropout_fwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)src, sample_base,
-                                    o->a.dr.n, o->a.dr.per_sample, chans, c);
-    }
-    case OP_DROPOUT_BWD: {
-        const int chans = nhwc_image(e, t0) ? t0->d[1] : 0;
-        if (e->dev)
-            return bk->dropout_step_bwd(Q(0), P(0), o->a.dr.p, (uint32_t)o->fwd, o->accum[0],
-                                        o->a.dr.n, o->a.dr.per_sample, chans, kd, c);
-        return tk ? tk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd,
-                                    sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
-                                    chans, kd, c)
-                  : bk->dropout_bwd(Q(0), P(0), o->a.dr.p, seed, step, (uint32_t)o->fwd,
-                                    sample_base, o->accum[0], o->a.dr.n, o->a.dr.per_sample,
-                                    chans, c);
-    }
-    default:
-        return BK_ERR_INVALID;
-    }
+    if ((unsigned)o->type >= OP_COUNT || !op_kernels[o->type].run) return BK_ERR_INVALID;
+    const struct run_ctx r = {
+        .kd = kd,
+        .src = e->p->op_src ? e->p->op_src[k] : k,
+        .ws = ws,
+        .t0 = o->in[0] >= 0 ? plan_tensor(e->p, e->g, o->in[0]) : NULL,
+        .dloss_scale = dloss_scale,
+        .seed = seed,
+        .step = step,
+        .sample_base = sample_base,
+    };
+    return op_kernels[o->type].run(e, o, &r);
+}
+
+/* (exec.h) run_op's dispatch, read from the same table */
+int exec_op_needs(const struct exec *e, int k, struct exec_need *need)
+{
+    const struct op *o = plan_op(e->p, e->g, k);
+    const int kd = e->p->op_dtype[k];
+    int gu;
+    if (e->p->fuse_host && e->p->fuse_host[k] >= 0) return 0; /* a guest: its host runs it */
+    if (groupnorm_typed_runs(e, k, o, &gu)) return needs_groupnorm_typed(e, o, kd, need);
+    if ((unsigned)o->type >= OP_COUNT || !op_kernels[o->type].needs) return 0;
+    return op_kernels[o->type].needs(e, o, kd, need);
 }
 
 /* op k with its 16-bit operands converted around it */

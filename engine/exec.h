@@ -201,8 +201,9 @@ struct exec_need {
 };
 #define EXEC_NEEDS_MAX 4
 /* The entries run op k of e's plan calls (run_op's dispatch: exec_time_op and every step run it
- * with no other) and its workspace queries (memplan.c), on their dtypes, into need (at most
- * EXEC_NEEDS_MAX); their count, 0 for a fused guest. exec_init refuses a plan needing an entry
+ * with no other; both read exec.c's op table, each op type's needs written beside its run) and
+ * its workspace queries (memplan.c), on their dtypes, into need (at most EXEC_NEEDS_MAX); their
+ * count, 0 for a fused guest. exec_init refuses a plan needing an entry
  * the backend lacks; the step on the device (step_*) is asked where it is chosen.
  * test_backend_ops runs each op alone with every other kernel entry recording a call. */
 int exec_op_needs(const struct exec *e, int k, struct exec_need *need);

@@ -499,39 +499,46 @@ static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const 
     }
 }
 
-/* plan_make and plan_make_nested: infer plans the forward ops only and no training state; host
- * (may be NULL) is the plan whose allocation a nested plan lives in */
-static int plan_build(struct plan *p, const struct graph *g, const struct backend *bk,
-                      const struct plan_opts *opts, int infer, const struct plan *host,
-                      const struct graph *host_g, enum plan_weights weights)
+/* plan_build's state between its stages: what it was asked, the run order, and per-tensor and
+ * per-op scratch that does not outlive the build (build_begin allocates it, build_end frees
+ * it). Each stage below reads what the ones before it wrote, in the order plan_build runs them. */
+struct build {
+    struct plan *p;
+    const struct graph *g;
+    const struct backend *bk;
+    const struct plan_opts *opts;
+    int infer;                 /* the forward ops only, no training state */
+    const struct plan *host;   /* the plan a nested or shared one lives in, or NULL */
+    const struct graph *host_g;
+    enum plan_weights weights; /* a nested plan's weights: the host's parameters or its EMA */
+    const struct op *ops;      /* (n_run) the run order: p->ops, or the graph's */
+    int n, nt, n_run;          /* the graph's tensors; with the recomputed copies; run ops */
+    const struct tensor **tv;  /* (nt) each tensor, the copies included (plan_tensor) */
+    int *readers;              /* (nt) the run ops reading each tensor */
+    int *seq;                  /* (n_run) the ops in the order they run (by position, then
+                                * index) */
+    unsigned char *secondary;  /* (nt) bit 1: not an op's first output; bit 2: a recomputed
+                                * original */
+    unsigned char *virt;       /* (nt) a value a fused kernel never makes: no bytes */
+    size_t off;                /* the persistent parts' end so far (the next part's offset) */
+};
+
+/* the position run op k runs at: a fused guest at its host's */
+static int run_pos(const struct plan *p, int k)
 {
-    struct plan_opts def = {0};
-    if (!opts) opts = &def;
-    memset(p, 0, sizeof *p);
-    int n = g->n_tensors, rc = PLAN_ERR_NOMEM;
-    int *order = NULL, *tmp = NULL, *readers = NULL, *param_of = NULL, *convs = NULL;
-    int *seq = NULL;
-    unsigned char *virt = NULL;
-    struct placed *pl = NULL;
-    unsigned char *secondary = NULL;
-    const struct tensor **tv = NULL;
-    if (g->status) return PLAN_ERR_GRAPH;
-    if (!plan_strategy_supported(&opts->strategy) || opts->strategy.precision != g->precision)
-        return PLAN_ERR_ARG;
-    p->strategy = opts->strategy;
-    p->inference = infer;
-    p->nested = host != NULL;
-    /* a backward, when there is one, starts at n_fwd_ops: an inference step never runs it */
-    int n_run = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
-    p->n_run_ops = n_run;
-    p->n_tensors = n;
-    if (!infer && opts->strategy.recompute > 0 &&
-        (rc = recompute_schedule(p, g, opts->strategy.recompute)))
-        goto out;
-    rc = PLAN_ERR_NOMEM;
-    n_run = p->n_run_ops;
-    const struct op *ops = p->ops ? p->ops : g->ops;
-    const int nt = n + p->n_copies; /* the graph's tensors and the recomputed copies */
+    return p->fuse_host[k] >= 0 ? p->fuse_host[k] : k;
+}
+
+/* Allocates the plan's per-tensor and per-op arrays (after recompute_schedule: its copies and
+ * run order are known) and the build's scratch, each marked unset. PLAN_OK or PLAN_ERR_NOMEM
+ * (build_end frees what was made either way). */
+static int build_begin(struct build *b)
+{
+    struct plan *p = b->p;
+    b->n_run = p->n_run_ops;
+    b->ops = p->ops ? p->ops : b->g->ops;
+    b->n = b->g->n_tensors;
+    const int n = b->n, nt = b->nt = n + p->n_copies, n_run = b->n_run;
     p->offset = malloc((size_t)nt * sizeof *p->offset + 1);
     p->storage = malloc((size_t)nt * sizeof *p->storage + 1);
     p->first = malloc((size_t)nt * sizeof *p->first + 1);
@@ -545,15 +552,16 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->op_dtype = calloc((size_t)n_run + 1, 1);
     p->fuse_host = malloc(((size_t)n_run + 1) * sizeof *p->fuse_host);
     p->fuse_guest = malloc(((size_t)n_run + 1) * sizeof *p->fuse_guest);
-    seq = malloc(((size_t)n_run + 1) * sizeof *seq);
-    readers = calloc((size_t)nt + 1, sizeof *readers);
-    secondary = calloc((size_t)nt + 1, 1);
-    tv = malloc(((size_t)nt + 1) * sizeof *tv);
+    b->seq = malloc(((size_t)n_run + 1) * sizeof *b->seq);
+    b->readers = calloc((size_t)nt + 1, sizeof *b->readers);
+    b->secondary = calloc((size_t)nt + 1, 1);
+    b->virt = calloc((size_t)nt + 1, 1);
+    b->tv = malloc(((size_t)nt + 1) * sizeof *b->tv);
     if (!p->offset || !p->storage || !p->first || !p->last || !p->st || !p->work_offset ||
-        !p->cvt || !p->cvt_start || !p->op_dtype || !p->fuse_host || !p->fuse_guest || !seq ||
-        !readers || !secondary || !tv)
-        goto out;
-    for (int i = 0; i < nt; i++) tv[i] = plan_tensor(p, g, i);
+        !p->cvt || !p->cvt_start || !p->op_dtype || !p->fuse_host || !p->fuse_guest || !b->seq ||
+        !b->readers || !b->secondary || !b->virt || !b->tv)
+        return PLAN_ERR_NOMEM;
+    for (int i = 0; i < nt; i++) b->tv[i] = plan_tensor(p, b->g, i);
     for (int i = 0; i < n; i++) p->work_offset[i] = -1;
     for (int i = 0; i < nt; i++) {
         p->offset[i] = -1;
@@ -561,11 +569,26 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->first[i] = -1;
         p->last[i] = -1;
     }
+    return PLAN_OK;
+}
 
-    /* the kernels' dtypes: the 16-bit type for a kind of typed kernel (enum bk_half) the
-     * backend runs on it (backend_supports: half_kernels; the memory-bound ones only where it
-     * has backend.typed), else fp32 */
-    const int lo = graph_low_dtype(g);
+/* frees the build's scratch (not the plan) */
+static void build_end(struct build *b)
+{
+    free(b->seq);
+    free(b->virt);
+    free(b->readers);
+    free(b->secondary);
+    free(b->tv);
+}
+
+/* p->op_dtype and n_half_ops: the kernels' dtypes, the 16-bit type for a kind of typed kernel
+ * (enum bk_half) the backend runs on it (backend_supports: half_kernels; the memory-bound ones
+ * only where it has backend.typed), else fp32 */
+static void build_kernel_dtypes(struct build *b)
+{
+    struct plan *p = b->p;
+    const int lo = graph_low_dtype(b->g);
     static const struct {
         unsigned bit;
         enum bk_op op;
@@ -576,40 +599,48 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     };
     unsigned half = 0;
     for (size_t i = 0; lo != DTYPE_F32 && i < sizeof half_of / sizeof *half_of; i++)
-        if (backend_supports(bk, half_of[i].op, lo)) half |= half_of[i].bit;
-    for (int k = 0; k < n_run; k++) {
-        const int kd = half & graph_half_kernel(&ops[k]) ? lo : DTYPE_F32;
+        if (backend_supports(b->bk, half_of[i].op, lo)) half |= half_of[i].bit;
+    for (int k = 0; k < b->n_run; k++) {
+        const int kd = half & graph_half_kernel(&b->ops[k]) ? lo : DTYPE_F32;
         p->op_dtype[k] = (unsigned char)kd;
         p->n_half_ops += kd != DTYPE_F32;
     }
-    /* the fusions, and the position each op runs at: a guest at its host's. seq: the ops in
-     * the order they run (by position, then index) */
-    for (int k = 0; k < n_run; k++) {
-        const struct op *o = &ops[k];
+}
+
+/* the readers of each tensor, the fusions (plan_fusions: fuse_host, fuse_guest, virt) and
+ * b->seq, the ops in the order they run: a guest at its host's position */
+static void build_run_order(struct build *b)
+{
+    struct plan *p = b->p;
+    for (int k = 0; k < b->n_run; k++) {
+        const struct op *o = &b->ops[k];
         for (int j = 0; j < o->n_in; j++)
-            if (o->in[j] >= 0) readers[o->in[j]]++;
+            if (o->in[j] >= 0) b->readers[o->in[j]]++;
     }
-    if (!(virt = calloc((size_t)nt + 1, 1))) goto out;
-    plan_fusions(p, ops, n_run, g, tv, bk, readers, opts->no_fuse, virt);
-    for (int k = 0, m = 0; k < n_run; k++) {
+    plan_fusions(p, b->ops, b->n_run, b->g, b->tv, b->bk, b->readers, b->opts->no_fuse, b->virt);
+    for (int k = 0, m = 0; k < b->n_run; k++) {
         if (p->fuse_host[k] >= 0) continue;
         const int gu = p->fuse_guest[k];
-        if (gu >= 0 && gu < k) seq[m++] = gu;
-        seq[m++] = k;
-        if (gu > k) seq[m++] = gu;
+        if (gu >= 0 && gu < k) b->seq[m++] = gu;
+        b->seq[m++] = k;
+        if (gu > k) b->seq[m++] = gu;
     }
-#define POS(k) (p->fuse_host[k] >= 0 ? p->fuse_host[k] : (k))
+}
 
-    /* lifetimes of arena tensors in execution order (positions) */
+/* p->first and p->last of every tensor the run ops touch, in positions (run_pos) */
+static void build_lifetimes(struct build *b)
+{
+    struct plan *p = b->p;
+    const int n_run = b->n_run;
     for (int i = 0; i < n_run; i++) {
-        const int k = seq[i], pos = POS(k);
-        const struct op *o = &ops[k];
+        const int k = b->seq[i], pos = run_pos(p, k);
+        const struct op *o = &b->ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
             if (t < 0) continue;
             if (p->first[t] < 0) {
                 p->first[t] = pos;
-                secondary[t] = j > 0; /* bit 1; bit 2: a recomputed original */
+                b->secondary[t] = j > 0; /* bit 1; bit 2: a recomputed original */
             }
             p->last[t] = pos;
         }
@@ -625,24 +656,32 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
      * statistics group norm and attention save for a backward that never runs) dies at once;
      * so does a recomputed copy nobody reads (another output of an op re-run for one), and an
      * original whose only readers were backward ops that now read its copy. */
-    for (int i = 0; i < p->n_copies; i++) secondary[p->copy_of[i]] |= 2;
-    for (int t = 0; t < n; t++)
-        if (g->tensors[t]->kind == TENSOR_ACT && p->first[t] >= 0 && !readers[t] &&
-            !(infer && (secondary[t] & 1)) && !(secondary[t] & 2))
+    for (int i = 0; i < p->n_copies; i++) b->secondary[p->copy_of[i]] |= 2;
+    for (int t = 0; t < b->n; t++)
+        if (b->g->tensors[t]->kind == TENSOR_ACT && p->first[t] >= 0 && !b->readers[t] &&
+            !(b->infer && (b->secondary[t] & 1)) && !(b->secondary[t] & 2))
             p->last[t] = n_run - 1;
+}
 
-    /* storages: one per arena tensor, merged through in-place ops */
+/* the arena's storages (p->st, p->storage): one per arena tensor, merged through in-place ops
+ * (inplace_input) unless opts.no_reuse; a value no kernel makes (virt) gets none */
+static void build_storages(struct build *b)
+{
+    struct plan *p = b->p;
+    const struct tensor *const *tv = b->tv;
+    const int n_run = b->n_run;
     for (int i = 0; i < n_run; i++) {
-        const int k = seq[i], pos = POS(k);
-        const struct op *o = &ops[k];
+        const int k = b->seq[i], pos = run_pos(p, k);
+        const struct op *o = &b->ops[k];
         for (int j = 0; j < o->n_out; j++) {
             int t = o->out[j];
-            if (t < 0 || tv[t]->kind != TENSOR_ACT || p->storage[t] >= 0 || virt[t]) continue;
-            int keep = !readers[t] && p->last[t] == n_run - 1;
+            if (t < 0 || tv[t]->kind != TENSOR_ACT || p->storage[t] >= 0 || b->virt[t]) continue;
+            int keep = !b->readers[t] && p->last[t] == n_run - 1;
             int in_idx, src;
-            if (!opts->no_reuse && p->first[t] == pos && inplace_input(tv, o, j, &in_idx, bk) &&
-                (src = o->in[in_idx]) >= 0 && tv[src]->kind == TENSOR_ACT &&
-                p->storage[src] >= 0 && p->st[p->storage[src]].last == pos &&
+            if (!b->opts->no_reuse && p->first[t] == pos &&
+                inplace_input(tv, o, j, &in_idx, b->bk) && (src = o->in[in_idx]) >= 0 &&
+                tv[src]->kind == TENSOR_ACT && p->storage[src] >= 0 &&
+                p->st[p->storage[src]].last == pos &&
                 tensor_bytes(tv[src]) == tensor_bytes(tv[t])) {
                 p->storage[t] = p->storage[src];
                 p->st[p->storage[t]].last = p->last[t];
@@ -658,13 +697,19 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             p->storage[t] = p->n_storages++;
         }
     }
+}
 
-#undef POS
-    /* conversion scratch: an operand stored in another dtype than its kernel takes it in gets
-     * bytes of the kernel's dtype for that op alone (fused ops have none); a weight read in 16
-     * bits marks its working copy */
-    for (int k = 0; k < n_run; k++) {
-        const struct op *o = &ops[k];
+/* Conversion scratch (p->cvt, cvt_start): an operand stored in another dtype than its kernel
+ * takes it in gets a storage of the kernel's dtype for that op alone (fused ops have none); a
+ * weight read in 16 bits marks its working copy (work_offset -2, placed by
+ * build_working_copy). PLAN_ERR_GRAPH where one operand would need two scratches. */
+static int build_conversions(struct build *b)
+{
+    struct plan *p = b->p;
+    const struct graph *g = b->g;
+    const struct tensor *const *tv = b->tv;
+    for (int k = 0; k < b->n_run; k++) {
+        const struct op *o = &b->ops[k];
         /* a recomputed copy's operands have its original's dtypes */
         const struct op *og = &g->ops[p->op_src ? p->op_src[k] : k];
         const int kd = p->op_dtype[k];
@@ -674,17 +719,15 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             if (t < 0) continue;
             int dt = in ? (int)graph_input_dtype(g, og, j) : (int)tv[t]->dtype;
             if (in && tv[t]->kind == TENSOR_PARAM && dt != DTYPE_F32)
-                p->work_offset[t] = -2; /* placed below */
+                p->work_offset[t] = -2; /* placed by build_working_copy */
             int want = graph_typed_operand(o, j) ? kd : DTYPE_F32;
             if (dt == want) continue;
             int dup = -1;
             for (int i = p->cvt_start[k]; i < p->n_cvt; i++)
                 if (p->cvt[i].tensor == t) dup = i;
             if (dup >= 0) { /* an input read twice (add(x, x)) */
-                if (p->cvt[dup].kdtype != want) { /* one scratch per operand (exec.c's opnd) */
-                    rc = PLAN_ERR_GRAPH;
-                    goto out;
-                }
+                /* one scratch per operand (exec.c's opnd) */
+                if (p->cvt[dup].kdtype != want) return PLAN_ERR_GRAPH;
                 p->cvt[dup].load |= in;
                 continue;
             }
@@ -702,72 +745,89 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             c->store = !in;
         }
     }
-    p->cvt_start[n_run] = p->n_cvt;
+    p->cvt_start[b->n_run] = p->n_cvt;
+    return PLAN_OK;
+}
 
-    /* persistent parts: a nested plan's parameters are its host's (and a shared training
-     * plan's gradients, moments and EMA too). A nested inference plan (a sample grid) starts
-     * where the host's transient part does, its gradients included; a shared training one (the
-     * uneven last micro-batch) after the host's inputs, since it accumulates into the host's
-     * gradients */
-    size_t off = 0;
-    if (host) {
-        size_t base = infer && weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
-        size_t start = infer ? host->transient_off : host->inputs_off;
-        /* an offloading host's EMA is in host memory: the sub-plan's weights get device bytes
-         * of their own at the start of the host's transient part */
-        p->weights_from_host = infer && weights == PLAN_WEIGHTS_EMA && host->offload;
-        if (p->weights_from_host) base = start;
-        for (int t = 0, w = 0; t < n; t++) {
-            const struct tensor *tt = g->tensors[t];
-            if (tt->kind != TENSOR_PARAM) continue;
-            /* the same builder names the parameters in the same order: try the one after the
-             * last match before searching by name */
-            while (w < host_g->n_tensors && host_g->tensors[w]->kind != TENSOR_PARAM) w++;
-            if (w >= host_g->n_tensors || strcmp(host_g->tensors[w]->name, tt->name) != 0)
-                w = graph_find_param(host_g, tt->name);
-            if (w < 0 || w >= host->n_tensors || host->offset[w] < 0 ||
-                !same_shape(tt, host_g->tensors[w])) {
-                rc = PLAN_ERR_GRAPH;
-                goto out;
-            }
-            p->offset[t] = (int64_t)(base + ((size_t)host->offset[w] - host->params_off));
-            w++;
+/* The parameters, from offset 0: each its own 64-byte aligned bytes; b->off past them.
+ * The layout of the persistent and transient parts:
+ * [params | adam m | adam v | ema | working copy | grads | inputs | workspace | arena] */
+static void build_params_own(struct build *b)
+{
+    struct plan *p = b->p;
+    for (int t = 0; t < b->n; t++)
+        if (b->g->tensors[t]->kind == TENSOR_PARAM) {
+            p->offset[t] = (int64_t)b->off;
+            b->off += plan_align(tensor_bytes(b->g->tensors[t]));
         }
-        p->params_off = base;
-        p->params_bytes = host->params_bytes;
-        off = start + (p->weights_from_host ? p->params_bytes : 0);
-    } else {
-        for (int t = 0; t < n; t++)
-            if (g->tensors[t]->kind == TENSOR_PARAM) {
-                p->offset[t] = (int64_t)off;
-                off += plan_align(tensor_bytes(g->tensors[t]));
-            }
-        p->params_off = 0;
-        p->params_bytes = off;
+    p->params_off = 0;
+    p->params_bytes = b->off;
+}
+
+/* A nested or shared plan's parameters are its host's (its EMA for PLAN_WEIGHTS_EMA), matched
+ * by name and shape (PLAN_ERR_GRAPH where one is missing or differs). A nested inference plan (a
+ * sample grid) starts where the host's transient part does, its gradients included; a shared
+ * training one (the uneven last micro-batch) after the host's inputs, since it accumulates into
+ * the host's gradients: b->off there. */
+static int build_params_host(struct build *b)
+{
+    struct plan *p = b->p;
+    const struct plan *host = b->host;
+    const struct graph *g = b->g, *host_g = b->host_g;
+    const int infer = b->infer;
+    size_t base = infer && b->weights == PLAN_WEIGHTS_EMA ? host->ema_off : host->params_off;
+    size_t start = infer ? host->transient_off : host->inputs_off;
+    /* an offloading host's EMA is in host memory: the sub-plan's weights get device bytes of
+     * their own at the start of the host's transient part */
+    p->weights_from_host = infer && b->weights == PLAN_WEIGHTS_EMA && host->offload;
+    if (p->weights_from_host) base = start;
+    for (int t = 0, w = 0; t < b->n; t++) {
+        const struct tensor *tt = g->tensors[t];
+        if (tt->kind != TENSOR_PARAM) continue;
+        /* the same builder names the parameters in the same order: try the one after the last
+         * match before searching by name */
+        while (w < host_g->n_tensors && host_g->tensors[w]->kind != TENSOR_PARAM) w++;
+        if (w >= host_g->n_tensors || strcmp(host_g->tensors[w]->name, tt->name) != 0)
+            w = graph_find_param(host_g, tt->name);
+        if (w < 0 || w >= host->n_tensors || host->offset[w] < 0 ||
+            !same_shape(tt, host_g->tensors[w]))
+            return PLAN_ERR_GRAPH;
+        p->offset[t] = (int64_t)(base + ((size_t)host->offset[w] - host->params_off));
+        w++;
     }
-    /* [params | adam m | adam v | ema | working copy | grads | inputs | workspace | arena]: what
-     * holds nothing between two steps (the working copy is refreshed before every forward, the
-     * gradients zeroed by a step's first micro-batch) comes last, from transient_off on */
-    size_t pb = p->params_bytes;
-    int own = !infer && !host;
-    if (own && opts->strategy.offload == 1) {
+    p->params_off = base;
+    p->params_bytes = host->params_bytes;
+    b->off = start + (p->weights_from_host ? p->params_bytes : 0);
+    return PLAN_OK;
+}
+
+/* The training state that outlives a step: a plan of its own (training, no host) places the
+ * AdamW moments and the EMA after the parameters, or (offload) lays them out in the host block
+ * with the fp32 master and the gradients' copy; a shared training plan takes its host's
+ * (gradients included); an inference plan has none. */
+static void build_training_state(struct build *b)
+{
+    struct plan *p = b->p;
+    const struct plan *host = b->host;
+    const size_t pb = p->params_bytes;
+    if (!b->infer && !host && b->opts->strategy.offload == 1) {
         /* on the device only the gradients; the host block: master, gradients' copy, m, v,
          * EMA */
         p->offload = 1;
-        p->adam_m_off = p->adam_v_off = p->ema_off = off; /* no bytes */
+        p->adam_m_off = p->adam_v_off = p->ema_off = b->off; /* no bytes */
         p->host_master_off = 0;
         p->host_grads_off = pb;
         p->host_adam_m_off = 2 * pb;
         p->host_adam_v_off = 3 * pb;
         p->host_ema_off = 4 * pb;
-    } else if (own) {
-        p->adam_m_off = off;
-        p->adam_v_off = off + pb;
+    } else if (!b->infer && !host) {
+        p->adam_m_off = b->off;
+        p->adam_v_off = b->off + pb;
         p->adam_bytes = 2 * pb;
-        p->ema_off = off + 2 * pb;
+        p->ema_off = b->off + 2 * pb;
         p->ema_bytes = pb;
-        off += 3 * pb;
-    } else if (!infer) {
+        b->off += 3 * pb;
+    } else if (!b->infer) {
         p->grads_off = host->grads_off;
         p->grads_bytes = host->grads_bytes;
         p->adam_m_off = host->adam_m_off;
@@ -776,54 +836,86 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
         p->ema_off = host->ema_off;
         p->ema_bytes = host->ema_bytes;
     }
-    /* the 16-bit working copy of the weights the GEMM-like ops read */
-    p->work_off = p->transient_off = off;
-    for (int t = 0; t < n; t++)
+}
+
+/* The start of what holds nothing between two steps (transient_off: the working copy is
+ * refreshed before every forward, the gradients zeroed by a step's first micro-batch), and in
+ * it the 16-bit working copy of each weight build_conversions marked */
+static void build_working_copy(struct build *b)
+{
+    struct plan *p = b->p;
+    p->work_off = p->transient_off = b->off;
+    for (int t = 0; t < b->n; t++)
         if (p->work_offset[t] == -2) {
-            p->work_offset[t] = (int64_t)off;
-            off += plan_align(g->tensors[t]->numel * bk_dtype_size(graph_low_dtype(g)));
+            p->work_offset[t] = (int64_t)b->off;
+            b->off += plan_align(b->g->tensors[t]->numel * bk_dtype_size(graph_low_dtype(b->g)));
         }
-    p->work_bytes = off - p->work_off;
-    if (own) {
-        p->grads_off = off;
-        p->grads_bytes = pb;
-        off += pb;
+    p->work_bytes = b->off - p->work_off;
+}
+
+/* A training plan's gradients: its own block in the parameters' layout (a plan of its own) or
+ * its host's; each gradient sits where its parameter does in the parameter block (the first
+ * parameter naming it, if several did). PLAN_ERR_GRAPH for a gradient of no placed parameter,
+ * PLAN_ERR_NOMEM. */
+static int build_grads(struct build *b)
+{
+    struct plan *p = b->p;
+    const struct graph *g = b->g;
+    const int n = b->n;
+    if (!b->infer && !b->host) {
+        p->grads_off = b->off;
+        p->grads_bytes = p->params_bytes;
+        b->off += p->params_bytes;
     }
-    if (!infer) {
-        /* a gradient sits where its parameter does in the parameter block (the first
-         * parameter naming it, if several did) */
-        if (!(param_of = malloc((size_t)n * sizeof *param_of + 1))) goto out;
-        for (int t = 0; t < n; t++) param_of[t] = -1;
-        for (int t = n - 1; t >= 0; t--) {
-            int gt = g->tensors[t]->grad;
-            if (gt >= 0 && gt < n) param_of[gt] = t;
-        }
-        for (int t = 0; t < n; t++) {
-            if (g->tensors[t]->kind != TENSOR_GRAD) continue;
-            if (param_of[t] < 0 || p->offset[param_of[t]] < 0) {
-                rc = PLAN_ERR_GRAPH;
-                goto out;
-            }
+    if (b->infer) return PLAN_OK;
+    int *param_of = malloc((size_t)n * sizeof *param_of + 1);
+    if (!param_of) return PLAN_ERR_NOMEM;
+    for (int t = 0; t < n; t++) param_of[t] = -1;
+    for (int t = n - 1; t >= 0; t--) {
+        int gt = g->tensors[t]->grad;
+        if (gt >= 0 && gt < n) param_of[gt] = t;
+    }
+    int rc = PLAN_OK;
+    for (int t = 0; t < n && !rc; t++) {
+        if (g->tensors[t]->kind != TENSOR_GRAD) continue;
+        if (param_of[t] < 0 || p->offset[param_of[t]] < 0) rc = PLAN_ERR_GRAPH;
+        else
             p->offset[t] =
                 (int64_t)(p->grads_off + ((size_t)p->offset[param_of[t]] - p->params_off));
-        }
     }
-    p->inputs_off = off;
-    for (int t = 0; t < n; t++)
-        if (g->tensors[t]->kind == TENSOR_INPUT) {
-            p->offset[t] = (int64_t)off;
-            off += plan_align(tensor_bytes(g->tensors[t]));
+    free(param_of);
+    return rc;
+}
+
+/* the step's inputs, each its own aligned bytes */
+static void build_inputs(struct build *b)
+{
+    struct plan *p = b->p;
+    p->inputs_off = b->off;
+    for (int t = 0; t < b->n; t++)
+        if (b->g->tensors[t]->kind == TENSOR_INPUT) {
+            p->offset[t] = (int64_t)b->off;
+            b->off += plan_align(tensor_bytes(b->g->tensors[t]));
         }
-    p->inputs_bytes = off - p->inputs_off;
-    /* the workspace: canary gaps on both sides, as the arena storages have after them */
+    p->inputs_bytes = b->off - p->inputs_off;
+}
+
+/* The workspace, the largest scratch any run op needs (none for a bound), with canary gaps on
+ * both sides as the arena storages have after them; p->arena_off after it. Each convolution
+ * shape is asked once (building oneDNN's primitive descriptors is most of a plan's time; a
+ * conv's three ops share one shape and a UNet repeats its shapes), or once per opts->ws_cache.
+ * PLAN_ERR_NOMEM. */
+static int build_workspace(struct build *b)
+{
+    struct plan *p = b->p;
+    const struct plan_opts *opts = b->opts;
+    const struct op *ops = b->ops;
     p->guard_bytes = opts->guard_bytes;
     p->ws_guard_bytes = opts->guard_bytes ? plan_align(opts->guard_bytes) : 0;
-    p->ws_off = off + p->ws_guard_bytes;
-    /* the largest scratch any op needs; each convolution shape is asked once (building
-     * oneDNN's primitive descriptors is most of a plan's time; a conv's three ops share one
-     * shape and a UNet repeats its shapes), or once per opts->ws_cache */
-    if (!(convs = malloc((size_t)n_run * sizeof *convs + 1))) goto out;
-    for (int k = 0, n_convs = 0; k < n_run; k++) {
+    p->ws_off = b->off + p->ws_guard_bytes;
+    int *convs = malloc((size_t)b->n_run * sizeof *convs + 1);
+    if (!convs) return PLAN_ERR_NOMEM;
+    for (int k = 0, n_convs = 0; k < b->n_run; k++) {
         const struct op *o = &ops[k];
         if (o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA ||
             o->type == OP_CONV2D_BWD_FILTER) {
@@ -835,47 +927,64 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             convs[n_convs++] = k;
         }
         /* a bound counts none: the backend's answers are the costly part of a bound */
-        size_t w = opts->bound_only ? 0 : op_ws_bytes(o, bk, p->op_dtype[k], opts->ws_cache);
+        size_t w = opts->bound_only ? 0 : op_ws_bytes(o, b->bk, p->op_dtype[k], opts->ws_cache);
         if (w > p->ws_bytes) p->ws_bytes = w;
     }
+    free(convs);
     p->ws_bytes = plan_align(p->ws_bytes);
     p->arena_off = p->ws_off + p->ws_bytes + p->ws_guard_bytes;
+    return PLAN_OK;
+}
 
-    size_t top = 0, guard = opts->guard_bytes;
-    if (opts->bound_only) {
-        /* the most bytes live at once: no placement does better */
-        int64_t *delta = calloc((size_t)n_run + 2, sizeof *delta);
-        if (!delta) goto out;
-        for (int i = 0; i < p->n_storages; i++) {
-            int64_t b = (int64_t)plan_align(p->st[i].bytes + guard);
-            delta[p->st[i].first] += b;
-            delta[p->st[i].last + 1] -= b;
-        }
-        int64_t live = 0;
-        for (int k = 0; k < n_run; k++) {
-            live += delta[k];
-            if ((size_t)live > top) top = (size_t)live;
-        }
-        free(delta);
-        for (int i = 0; i < p->n_storages; i++) p->st[i].offset = -1;
-        p->bound_only = 1;
-        p->arena_bytes = top;
-        p->guards_bytes = guard * (size_t)p->n_storages;
-        p->total_bytes = p->arena_off + p->arena_bytes;
-        plan_count_parts(p);
-        rc = PLAN_OK;
-        goto out;
+/* opts.bound_only: the arena's bytes are the most live at once (no placement does better), its
+ * storages unplaced (offset -1). PLAN_ERR_NOMEM. */
+static int build_arena_bound(struct build *b)
+{
+    struct plan *p = b->p;
+    const size_t guard = b->opts->guard_bytes;
+    size_t top = 0;
+    int64_t *delta = calloc((size_t)b->n_run + 2, sizeof *delta);
+    if (!delta) return PLAN_ERR_NOMEM;
+    for (int i = 0; i < p->n_storages; i++) {
+        int64_t bytes = (int64_t)plan_align(p->st[i].bytes + guard);
+        delta[p->st[i].first] += bytes;
+        delta[p->st[i].last + 1] -= bytes;
     }
-    /* arena: best fit, largest first */
-    order = malloc((size_t)(p->n_storages + 1) * sizeof *order);
-    tmp = malloc((size_t)(p->n_storages + 1) * sizeof *tmp);
-    pl = malloc((size_t)(p->n_storages + 1) * sizeof *pl);
-    if (!order || !tmp || !pl) goto out;
+    int64_t live = 0;
+    for (int k = 0; k < b->n_run; k++) {
+        live += delta[k];
+        if ((size_t)live > top) top = (size_t)live;
+    }
+    free(delta);
+    for (int i = 0; i < p->n_storages; i++) p->st[i].offset = -1;
+    p->bound_only = 1;
+    p->arena_bytes = top;
+    p->guards_bytes = guard * (size_t)p->n_storages;
+    return PLAN_OK;
+}
+
+/* The arena: every storage placed by best fit, largest first (opts.no_reuse: one after the
+ * other), each followed by its guard gap; then each arena tensor's offset is its storage's.
+ * p->no_reuse_arena_bytes for comparison. PLAN_ERR_NOMEM. */
+static int build_arena_place(struct build *b)
+{
+    struct plan *p = b->p;
+    const size_t guard = b->opts->guard_bytes;
+    size_t top = 0;
+    int *order = malloc((size_t)(p->n_storages + 1) * sizeof *order);
+    int *tmp = malloc((size_t)(p->n_storages + 1) * sizeof *tmp);
+    struct placed *pl = malloc((size_t)(p->n_storages + 1) * sizeof *pl);
+    if (!order || !tmp || !pl) {
+        free(order);
+        free(tmp);
+        free(pl);
+        return PLAN_ERR_NOMEM;
+    }
     for (int i = 0; i < p->n_storages; i++) {
         order[i] = i;
         p->no_reuse_arena_bytes += plan_align(p->st[i].bytes);
     }
-    if (opts->no_reuse) {
+    if (b->opts->no_reuse) {
         for (int i = 0; i < p->n_storages; i++) {
             p->st[i].offset = (int64_t)top;
             top += plan_align(p->st[i].bytes + guard);
@@ -890,25 +999,70 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
             if (end > top) top = end;
         }
     }
-    p->arena_bytes = top;
-    p->guards_bytes = guard * (size_t)p->n_storages;
-    for (int i = 0; i < p->n_storages; i++) p->st[i].offset += (int64_t)p->arena_off;
-    for (int t = 0; t < nt; t++)
-        if (p->storage[t] >= 0) p->offset[t] = p->st[p->storage[t]].offset;
-    p->total_bytes = p->arena_off + p->arena_bytes;
-    plan_count_parts(p);
-    rc = PLAN_OK;
-out:
     free(order);
     free(tmp);
     free(pl);
-    free(param_of);
-    free(convs);
-    free(seq);
-    free(virt);
-    free(readers);
-    free(secondary);
-    free(tv);
+    p->arena_bytes = top;
+    p->guards_bytes = guard * (size_t)p->n_storages;
+    for (int i = 0; i < p->n_storages; i++) p->st[i].offset += (int64_t)p->arena_off;
+    for (int t = 0; t < b->nt; t++)
+        if (p->storage[t] >= 0) p->offset[t] = p->st[p->storage[t]].offset;
+    return PLAN_OK;
+}
+
+/* plan_make and plan_make_nested: infer plans the forward ops only and no training state; host
+ * (may be NULL) is the plan whose allocation a nested plan lives in. The stages in order: the
+ * run order (recomputation, kernel dtypes, fusions), the arena's lifetimes and storages, the
+ * conversion scratch, the persistent parts, the transient ones, the workspace, the arena's
+ * placement, the summary by part. */
+static int plan_build(struct plan *p, const struct graph *g, const struct backend *bk,
+                      const struct plan_opts *opts, int infer, const struct plan *host,
+                      const struct graph *host_g, enum plan_weights weights)
+{
+    struct plan_opts def = {0};
+    if (!opts) opts = &def;
+    memset(p, 0, sizeof *p);
+    if (g->status) return PLAN_ERR_GRAPH;
+    if (!plan_strategy_supported(&opts->strategy) || opts->strategy.precision != g->precision)
+        return PLAN_ERR_ARG;
+    p->strategy = opts->strategy;
+    p->inference = infer;
+    p->nested = host != NULL;
+    /* a backward, when there is one, starts at n_fwd_ops: an inference step never runs it */
+    p->n_run_ops = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
+    p->n_tensors = g->n_tensors;
+    struct build b = {.p = p, .g = g, .bk = bk, .opts = opts, .infer = infer, .host = host,
+                      .host_g = host_g, .weights = weights};
+    int rc = PLAN_OK;
+    if (!infer && opts->strategy.recompute > 0)
+        rc = recompute_schedule(p, g, opts->strategy.recompute);
+    if (!rc) rc = build_begin(&b);
+    if (!rc) {
+        build_kernel_dtypes(&b);
+        build_run_order(&b);
+        build_lifetimes(&b);
+        build_storages(&b);
+        rc = build_conversions(&b);
+    }
+    if (!rc) {
+        if (host) rc = build_params_host(&b);
+        else build_params_own(&b);
+    }
+    if (!rc) {
+        build_training_state(&b);
+        build_working_copy(&b);
+        rc = build_grads(&b);
+    }
+    if (!rc) {
+        build_inputs(&b);
+        rc = build_workspace(&b);
+    }
+    if (!rc) rc = opts->bound_only ? build_arena_bound(&b) : build_arena_place(&b);
+    if (!rc) {
+        p->total_bytes = p->arena_off + p->arena_bytes;
+        plan_count_parts(p);
+    }
+    build_end(&b);
     if (rc) plan_free(p);
     return rc;
 }

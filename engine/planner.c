@@ -195,134 +195,162 @@ static void bound_candidate(const struct planner_target *t, struct planner_candi
     (*level)++;
 }
 
-int planner_search(const struct strategy *want, int batch, size_t budget,
-                   const struct cost_model *m, const struct planner_target *t, int plan_all,
-                   struct planner_result *r)
-{
-    memset(r, 0, sizeof *r);
-    r->chosen = r->smallest = -1;
-    r->budget = budget;
-    if (batch < 1) {
-        snprintf(r->why, sizeof r->why, "batch %d: must be at least 1", batch);
-        return PLANNER_ERR_ARG;
-    }
-    int prec[8], rec[8], off[4], *micro = malloc((size_t)batch * sizeof *micro + sizeof *micro);
-    struct graph *graphs = NULL;
-    int *graph_of = NULL, *level = NULL, rc = PLANNER_ERR_NOMEM;
-    size_t held = 0, plan_bytes = 0; /* the guard's count: the graphs built, the last plan */
-    if (guard) guard->why = 0;
-    if (!micro) return PLANNER_ERR_NOMEM;
-    int np = field_values(want->precision, STRATEGY_PRECISION_AUTO, avail_precision,
-                          N_OF(avail_precision), prec);
-    int nr = field_values(want->recompute, STRATEGY_RECOMPUTE_AUTO, avail_recompute,
-                          N_OF(avail_recompute), rec);
-    int no = field_values(want->offload, -1, avail_offload, N_OF(avail_offload), off);
-    int nm = micro_values(want->micro_batch, batch, micro);
-    if (np < 0 || nr < 0 || no < 0 || nm < 0) {
-        if (np < 0)
-            snprintf(r->why, sizeof r->why, "the engine cannot run precision %s yet",
-                     planner_precision_name(want->precision));
-        else if (nr < 0)
-            snprintf(r->why, sizeof r->why, "the engine cannot run recompute %s yet",
-                     planner_recompute_name(want->recompute));
-        else if (no < 0)
-            snprintf(r->why, sizeof r->why, "the engine cannot run offload yet");
-        else if (want->micro_batch > batch)
-            snprintf(r->why, sizeof r->why, "micro-batch %d is larger than the batch %d",
-                     want->micro_batch, batch);
-        else
-            snprintf(r->why, sizeof r->why,
-                     "the engine cannot run micro-batches (gradient accumulation) yet");
-        rc = PLANNER_ERR_ARG;
-        goto out;
-    }
+/* planner_search's state between its stages (each reads what the ones before it wrote) */
+struct search {
+    const struct strategy *want;
+    int batch;
+    size_t budget;
+    const struct cost_model *m;
+    const struct planner_target *t;
+    int plan_all;
+    struct planner_result *r;
+    int prec[8], rec[8], off[4], *micro; /* each field's values (search_fields) */
+    int np, nr, no, nm;
+    struct graph *graphs;                /* (np * nm) one per (precision, micro-batch) */
+    int *graph_of, *level;               /* per candidate: its graph; its bound's level
+                                          * (bound_candidate) */
+    int built;                           /* graphs built */
+    size_t held, plan_bytes;             /* the guard's count: the graphs built, the last plan */
+};
 
-    /* one graph per (precision, micro-batch): recomputation and offload share it. The fp32
-     * candidates first: the 16-bit ones are built only when no fp32 one fits (or plan_all);
-     * where the spec allows 16 bits for speed (allow_half under AUTO), all in one group, by
-     * predicted time */
-    const int one_group = want->allow_half && want->precision == STRATEGY_PRECISION_AUTO;
-    int ng = np * nm, nc = ng * nr * no, built = 0;
-    graphs = calloc((size_t)ng, sizeof *graphs);
-    r->cand = calloc((size_t)nc + 1, sizeof *r->cand);
-    graph_of = calloc((size_t)nc + 1, sizeof *graph_of);
-    level = calloc((size_t)nc + 1, sizeof *level);
-    if (!graphs || !r->cand || !graph_of || !level) goto out;
-    for (int i = 0; i < ng; i++) graph_init(&graphs[i]);
-    for (int half = 0; half <= (one_group ? 0 : 1) && (r->chosen < 0 || plan_all); half++) {
-        int first = r->n_cand;
-        for (int ip = 0; ip < np; ip++) {
-            if (!one_group && (prec[ip] != STRATEGY_PRECISION_F32) != half) continue;
-            for (int im = 0; im < nm; im++) {
-                int gi = ip * nm + im;
-                struct strategy s = *want;
-                s.precision = prec[ip];
-                s.micro_batch = micro[im];
-                s.recompute = rec[0];
-                s.offload = off[0];
-                if (guard_check(held, r)) goto guarded;
-                int ok = t->build(t->ctx, &s, &graphs[gi]) == 0;
-                built += ok;
-                held += graph_held_bytes(&graphs[gi]);
-                if (guard_check(held, r)) goto guarded;
-                for (int ir = 0; ir < nr; ir++)
-                    for (int io = 0; io < no; io++) {
-                        struct planner_candidate *c = &r->cand[r->n_cand];
-                        c->strategy = s;
-                        c->strategy.recompute = rec[ir];
-                        c->strategy.offload = off[io];
-                        c->failed = !ok;
-                        c->predicted_s =
-                            ok ? cost_predict_graph_seconds(m, &graphs[gi], &c->strategy, batch)
-                               : 0;
-                        graph_of[r->n_cand++] = gi;
-                    }
-            }
-        }
-        /* insertion sort of the group by prediction (stable: enumeration order on ties) */
-        for (int i = first + 1; i < r->n_cand; i++) {
-            struct planner_candidate v = r->cand[i];
-            int vg = graph_of[i], j = i - 1;
-            while (j >= first && v.predicted_s < r->cand[j].predicted_s) {
-                r->cand[j + 1] = r->cand[j];
-                graph_of[j + 1] = graph_of[j];
-                j--;
-            }
-            r->cand[j + 1] = v;
-            graph_of[j + 1] = vg;
-        }
-        /* exactly, in order, until one fits (all of them when asked); one whose lower bound
-         * is over the budget cannot fit and is not planned */
-        for (int i = first; i < r->n_cand && (r->chosen < 0 || plan_all); i++) {
-            struct planner_candidate *c = &r->cand[i];
-            const struct graph *g = &graphs[graph_of[i]];
-            while (!plan_all && budget && !c->failed && level[i] < 2 &&
-                   (!c->bound_bytes || c->bound_bytes <= budget)) {
-                if (guard_check(held, r)) goto guarded;
-                bound_candidate(t, c, g, &level[i]);
-            }
-            if (c->failed || (!plan_all && budget && c->bound_bytes > budget)) continue;
-            if (guard_check(held, r)) goto guarded;
-            plan_candidate(t, c, g, budget, m, batch, &plan_bytes);
-            if (guard_check(held + plan_bytes, r)) goto guarded;
-            if (c->planned && c->fits && r->chosen < 0) r->chosen = i;
+/* the values each field takes (field_values, micro_values); PLANNER_ERR_ARG with r->why naming
+ * the forced value the engine cannot run */
+static int search_fields(struct search *s)
+{
+    const struct strategy *want = s->want;
+    struct planner_result *r = s->r;
+    s->np = field_values(want->precision, STRATEGY_PRECISION_AUTO, avail_precision,
+                         N_OF(avail_precision), s->prec);
+    s->nr = field_values(want->recompute, STRATEGY_RECOMPUTE_AUTO, avail_recompute,
+                         N_OF(avail_recompute), s->rec);
+    s->no = field_values(want->offload, -1, avail_offload, N_OF(avail_offload), s->off);
+    s->nm = micro_values(want->micro_batch, s->batch, s->micro);
+    if (s->np >= 0 && s->nr >= 0 && s->no >= 0 && s->nm >= 0) return PLANNER_OK;
+    if (s->np < 0)
+        snprintf(r->why, sizeof r->why, "the engine cannot run precision %s yet",
+                 planner_precision_name(want->precision));
+    else if (s->nr < 0)
+        snprintf(r->why, sizeof r->why, "the engine cannot run recompute %s yet",
+                 planner_recompute_name(want->recompute));
+    else if (s->no < 0)
+        snprintf(r->why, sizeof r->why, "the engine cannot run offload yet");
+    else if (want->micro_batch > s->batch)
+        snprintf(r->why, sizeof r->why, "micro-batch %d is larger than the batch %d",
+                 want->micro_batch, s->batch);
+    else
+        snprintf(r->why, sizeof r->why,
+                 "the engine cannot run micro-batches (gradient accumulation) yet");
+    return PLANNER_ERR_ARG;
+}
+
+/* Appends one group's candidates to r->cand: the fp32 precisions (half 0) or the 16-bit ones
+ * (half 1), every precision when one_group. One graph per (precision, micro-batch), built here;
+ * its recomputation and offload choices share it. Each candidate predicted from its graph (a
+ * graph that failed to build: a failed candidate). 0, or the guard's stop (guard_check). */
+static int search_enumerate(struct search *s, int half, int one_group)
+{
+    struct planner_result *r = s->r;
+    for (int ip = 0; ip < s->np; ip++) {
+        if (!one_group && (s->prec[ip] != STRATEGY_PRECISION_F32) != half) continue;
+        for (int im = 0; im < s->nm; im++) {
+            int gi = ip * s->nm + im;
+            struct strategy st = *s->want;
+            st.precision = s->prec[ip];
+            st.micro_batch = s->micro[im];
+            st.recompute = s->rec[0];
+            st.offload = s->off[0];
+            if (guard_check(s->held, r)) return guard->why;
+            int ok = s->t->build(s->t->ctx, &st, &s->graphs[gi]) == 0;
+            s->built += ok;
+            s->held += graph_held_bytes(&s->graphs[gi]);
+            if (guard_check(s->held, r)) return guard->why;
+            for (int ir = 0; ir < s->nr; ir++)
+                for (int io = 0; io < s->no; io++) {
+                    struct planner_candidate *c = &r->cand[r->n_cand];
+                    c->strategy = st;
+                    c->strategy.recompute = s->rec[ir];
+                    c->strategy.offload = s->off[io];
+                    c->failed = !ok;
+                    c->predicted_s = ok ? cost_predict_graph_seconds(s->m, &s->graphs[gi],
+                                                                     &c->strategy, s->batch)
+                                        : 0;
+                    s->graph_of[r->n_cand++] = gi;
+                }
         }
     }
-    if (!built) {
-        snprintf(r->why, sizeof r->why, "no candidate's graph could be built");
-        rc = PLANNER_ERR_BUILD;
-        goto out;
+    return PLANNER_OK;
+}
+
+/* r->cand[first..n_cand) ordered by prediction: an insertion sort (stable: enumeration order
+ * on ties), graph_of alongside */
+static void search_sort(struct planner_result *r, int *graph_of, int first)
+{
+    for (int i = first + 1; i < r->n_cand; i++) {
+        struct planner_candidate v = r->cand[i];
+        int vg = graph_of[i], j = i - 1;
+        while (j >= first && v.predicted_s < r->cand[j].predicted_s) {
+            r->cand[j + 1] = r->cand[j];
+            graph_of[j + 1] = graph_of[j];
+            j--;
+        }
+        r->cand[j + 1] = v;
+        graph_of[j + 1] = vg;
     }
-    /* nothing fits: the smallest plan. The candidate of the least bound is bounded tighter, or
-     * planned when its bound is as tight as it gets, until no bound is below the smallest plan
-     * made */
+}
+
+/* r->cand[first..) planned exactly, in order, until one fits (all of them with plan_all); one
+ * whose lower bound is over the budget cannot fit and is not planned. r->chosen: the first
+ * that fits. 0, or the guard's stop. */
+static int search_plan_group(struct search *s, int first)
+{
+    struct planner_result *r = s->r;
+    const size_t budget = s->budget;
+    for (int i = first; i < r->n_cand && (r->chosen < 0 || s->plan_all); i++) {
+        struct planner_candidate *c = &r->cand[i];
+        const struct graph *g = &s->graphs[s->graph_of[i]];
+        while (!s->plan_all && budget && !c->failed && s->level[i] < 2 &&
+               (!c->bound_bytes || c->bound_bytes <= budget)) {
+            if (guard_check(s->held, r)) return guard->why;
+            bound_candidate(s->t, c, g, &s->level[i]);
+        }
+        if (c->failed || (!s->plan_all && budget && c->bound_bytes > budget)) continue;
+        if (guard_check(s->held, r)) return guard->why;
+        plan_candidate(s->t, c, g, budget, s->m, s->batch, &s->plan_bytes);
+        if (guard_check(s->held + s->plan_bytes, r)) return guard->why;
+        if (c->planned && c->fits && r->chosen < 0) r->chosen = i;
+    }
+    return PLANNER_OK;
+}
+
+/* The fp32 group, then (only when none of it fits, or with plan_all) the 16-bit one; where the
+ * spec allows 16 bits for speed (allow_half under AUTO), all in one group, by predicted time.
+ * Each group enumerated, sorted and planned. 0, or the guard's stop. */
+static int search_groups(struct search *s)
+{
+    struct planner_result *r = s->r;
+    const int one_group = s->want->allow_half && s->want->precision == STRATEGY_PRECISION_AUTO;
+    for (int half = 0; half <= (one_group ? 0 : 1) && (r->chosen < 0 || s->plan_all); half++) {
+        int first = r->n_cand, rc = search_enumerate(s, half, one_group);
+        if (rc) return rc;
+        search_sort(r, s->graph_of, first);
+        if ((rc = search_plan_group(s, first))) return rc;
+    }
+    return PLANNER_OK;
+}
+
+/* r->smallest, the planned candidate of the fewest device bytes. When nothing fits, the
+ * candidate of the least bound is bounded tighter, or planned when its bound is as tight as it
+ * gets, until no bound is below the smallest plan made. 0, or the guard's stop. */
+static int search_smallest(struct search *s)
+{
+    struct planner_result *r = s->r;
     for (;;) {
         r->smallest = -1;
         for (int i = 0; i < r->n_cand; i++)
             if (r->cand[i].planned &&
                 (r->smallest < 0 || r->cand[i].device_bytes < r->cand[r->smallest].device_bytes))
                 r->smallest = i;
-        if (r->chosen >= 0 || plan_all) break;
+        if (r->chosen >= 0 || s->plan_all) return PLANNER_OK;
         int next = -1;
         for (int i = 0; i < r->n_cand; i++) {
             const struct planner_candidate *c = &r->cand[i];
@@ -331,16 +359,24 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
                 continue;
             if (next < 0 || c->bound_bytes < r->cand[next].bound_bytes) next = i;
         }
-        if (next < 0) break;
-        if (guard_check(held, r)) goto guarded;
-        if (t->bound && level[next] < 2)
-            bound_candidate(t, &r->cand[next], &graphs[graph_of[next]], &level[next]);
+        if (next < 0) return PLANNER_OK;
+        if (guard_check(s->held, r)) return guard->why;
+        if (s->t->bound && s->level[next] < 2)
+            bound_candidate(s->t, &r->cand[next], &s->graphs[s->graph_of[next]], &s->level[next]);
         else
-            plan_candidate(t, &r->cand[next], &graphs[graph_of[next]], budget, m, batch,
-                           &plan_bytes);
-        if (guard_check(held + plan_bytes, r)) goto guarded;
+            plan_candidate(s->t, &r->cand[next], &s->graphs[s->graph_of[next]], s->budget, s->m,
+                           s->batch, &s->plan_bytes);
+        if (guard_check(s->held + s->plan_bytes, r)) return guard->why;
     }
-    char b1[32], b2[32], s[160];
+}
+
+/* r->why for the search's outcome, and its status: PLANNER_OK (chosen), PLANNER_ERR_NOFIT (the
+ * smallest named), PLANNER_ERR_BUILD (nothing planned) */
+static int search_explain(const struct search *s)
+{
+    struct planner_result *r = s->r;
+    const size_t budget = s->budget;
+    char b1[32], b2[32], text[160];
     if (r->chosen >= 0) {
         const struct planner_candidate *c = &r->cand[r->chosen];
         fmt_bytes(b1, sizeof b1, c->device_bytes);
@@ -357,31 +393,63 @@ int planner_search(const struct strategy *want, int batch, size_t budget,
                      "candidate%s do%s not fit", b2, b1, c->predicted_s, r->chosen,
                      r->chosen == 1 ? "" : "s", r->chosen == 1 ? "es" : "");
         }
-        rc = PLANNER_OK;
-    } else if (r->smallest >= 0) {
+        return PLANNER_OK;
+    }
+    if (r->smallest >= 0) {
         const struct planner_candidate *c = &r->cand[r->smallest];
         fmt_bytes(b1, sizeof b1, budget);
         fmt_bytes(b2, sizeof b2, c->device_bytes);
-        planner_strategy_text(&c->strategy, batch, s, sizeof s);
+        planner_strategy_text(&c->strategy, s->batch, text, sizeof text);
         snprintf(r->why, sizeof r->why,
                  "no plan fits %s: the smallest needs %s (%zu bytes): %.120s", b1, b2,
-                 c->device_bytes, s);
-        rc = PLANNER_ERR_NOFIT;
-    } else {
-        snprintf(r->why, sizeof r->why, "no candidate could be planned");
+                 c->device_bytes, text);
+        return PLANNER_ERR_NOFIT;
+    }
+    snprintf(r->why, sizeof r->why, "no candidate could be planned");
+    return PLANNER_ERR_BUILD;
+}
+
+int planner_search(const struct strategy *want, int batch, size_t budget,
+                   const struct cost_model *m, const struct planner_target *t, int plan_all,
+                   struct planner_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->chosen = r->smallest = -1;
+    r->budget = budget;
+    if (batch < 1) {
+        snprintf(r->why, sizeof r->why, "batch %d: must be at least 1", batch);
+        return PLANNER_ERR_ARG;
+    }
+    struct search s = {.want = want, .batch = batch, .budget = budget, .m = m, .t = t,
+                       .plan_all = plan_all, .r = r};
+    s.micro = malloc((size_t)batch * sizeof *s.micro + sizeof *s.micro);
+    if (guard) guard->why = 0;
+    if (!s.micro) return PLANNER_ERR_NOMEM;
+    int rc = search_fields(&s);
+    if (!rc) {
+        int ng = s.np * s.nm, nc = ng * s.nr * s.no;
+        s.graphs = calloc((size_t)ng, sizeof *s.graphs);
+        r->cand = calloc((size_t)nc + 1, sizeof *r->cand);
+        s.graph_of = calloc((size_t)nc + 1, sizeof *s.graph_of);
+        s.level = calloc((size_t)nc + 1, sizeof *s.level);
+        if (!s.graphs || !r->cand || !s.graph_of || !s.level) rc = PLANNER_ERR_NOMEM;
+        for (int i = 0; !rc && i < ng; i++) graph_init(&s.graphs[i]);
+    }
+    if (!rc) rc = search_groups(&s);
+    if (!rc && !s.built) {
+        snprintf(r->why, sizeof r->why, "no candidate's graph could be built");
         rc = PLANNER_ERR_BUILD;
     }
-    goto out;
-guarded: /* nothing chosen: the search did not end */
-    r->chosen = r->smallest = -1;
-    rc = guard->why;
-out:
-    if (graphs)
-        for (int i = 0; i < np * nm; i++) graph_free(&graphs[i]);
-    free(graphs);
-    free(graph_of);
-    free(level);
-    free(micro);
+    if (!rc) rc = search_smallest(&s);
+    if (!rc) rc = search_explain(&s);
+    else if (rc == PLANNER_ERR_STOPPED || rc == PLANNER_ERR_MEMORY)
+        r->chosen = r->smallest = -1; /* nothing chosen: the search did not end */
+    if (s.graphs)
+        for (int i = 0; i < s.np * s.nm; i++) graph_free(&s.graphs[i]);
+    free(s.graphs);
+    free(s.graph_of);
+    free(s.level);
+    free(s.micro);
     if (rc == PLANNER_ERR_NOMEM) snprintf(r->why, sizeof r->why, "out of memory");
     return rc;
 }
