@@ -92,7 +92,8 @@ TY_INLINE int ty_valid(int dt)
 }
 
 /* calls body(args..., dt) with dt a constant, one inlined copy per dtype (BK_ERR_INVALID for
- * another) */
+ * another); a body with an OpenMP region in it keeps dt constant only up to the region:
+ * TY_DISPATCH_IN below */
 #define TY_DISPATCH(dt, body, ...)                                                                 \
     ((dt) == BK_DTYPE_F32    ? body(__VA_ARGS__, BK_DTYPE_F32)                                     \
      : (dt) == BK_DTYPE_BF16 ? body(__VA_ARGS__, BK_DTYPE_BF16)                                    \
