@@ -52,19 +52,16 @@ static int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOCK); }
  * the (N,C) terms of dtype dt (typed.h): each value stored is rounded to dt once where the
  * unfused ops would store it, so the statistics are those of the stored x', and fp32 gives the
  * unfused fp32 kernels' bits. y may be yr (each element is read before it is written), xo x. */
-TY_INLINE int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
-                     const void *yb, const void *yr, const float *gamma, const float *beta, int n,
-                     int c, int hw, int groups, float eps, int silu, bk_ctx *ctx, int dt)
+/* task t of gn_fwd: image t / nblk, channel block t % nblk */
+TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, const void *x,
+                          const void *xb, const void *yb, const void *yr, const float *gamma,
+                          const float *beta, int c, int hw, int groups, float eps, int silu,
+                          int blk, int nblk, int dt)
 {
-    if (!y || !mean || !rstd || !x || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
-        c % groups != 0 || !(eps >= 0.0f) || (xb && !xo))
-        return BK_ERR_INVALID;
-    const int cpg = c / groups, blk = gn_block_min(c, cpg, GN_WIDE), nblk = (c + blk - 1) / blk;
-    if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
+    const int cpg = c / groups;
     const double cnt = (double)cpg * hw;
     const void *xs = xb ? (const void *)xo : x; /* what the statistics are of */
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int t = 0; t < n * nblk; t++) {
+    {
         const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
         const size_t base = (size_t)img * hw * c + c0;
         double acc[GN_MAX_BLOCK], mu[GN_MAX_BLOCK];
@@ -134,6 +131,7 @@ TY_INLINE int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x,
 #pragma omp simd
                 for (int k = 0; k < nc; k++) o[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
             } else { /* the fused adds after the norm: its output rounded as stored, then summed */
+#pragma omp simd
                 for (int k = 0; k < nc; k++) {
                     float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
                     if (silu) v = vm_silu(v);
@@ -145,6 +143,24 @@ TY_INLINE int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x,
             ty_put(y, off, (size_t)nc, dt, obuf);
         }
     }
+    return BK_OK;
+}
+
+/* dt need not be a constant: the parallel region dispatches each task to its dtype's copy
+ * (TY_DISPATCH_IN) */
+static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
+                  const void *yb, const void *yr, const float *gamma, const float *beta, int n,
+                  int c, int hw, int groups, float eps, int silu, bk_ctx *ctx, int dt)
+{
+    if (!y || !mean || !rstd || !x || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
+        c % groups != 0 || !(eps >= 0.0f) || (xb && !xo) || !ty_valid(dt))
+        return BK_ERR_INVALID;
+    const int blk = gn_block_min(c, c / groups, GN_WIDE), nblk = (c + blk - 1) / blk;
+    if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+    for (int t = 0; t < n * nblk; t++)
+        TY_DISPATCH_IN(dt, gn_fwd_task, t, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, c, hw,
+                       groups, eps, silu, blk, nblk);
     return BK_OK;
 }
 
@@ -172,7 +188,7 @@ int cpu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x,
  * (hw x nc floats). The image's per-channel sums go to sg, sb. dx, dy, x and db of dtype dt
  * (typed.h); db (the block's nc values of the image, may be NULL): (=/+= db_accum) the sum over
  * the pixels, in double in pixel order as add_bcast_bwd's, of dx as stored (db_of_dx) or of dy. */
-TY_INLINE void gn_bwd_image(void *dx, double *sg, double *sb, void *db, const void *dy,
+TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const void *dy,
                             const void *x, const float *gamma, const float *beta,
                             const float *mean, const float *rstd, int accum, int db_accum,
                             int db_of_dx, int c, int hw, int groups, int img, int c0, int nc,
@@ -204,6 +220,7 @@ TY_INLINE void gn_bwd_image(void *dx, double *sg, double *sb, void *db, const vo
             const float *xr = ty_row(x, off + (size_t)p * c, (size_t)nc, dt, xbuf);
             const float *dr = ty_row(dy, off + (size_t)p * c, (size_t)nc, dt, dbuf);
             if (db_dy)
+#pragma omp simd
                 for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
             if (silu) {
                 float *gz = gzbuf + (size_t)p * nc;
@@ -257,6 +274,7 @@ TY_INLINE void gn_bwd_image(void *dx, double *sg, double *sb, void *db, const vo
             }
             ty_put(dx, po, (size_t)nc, dt, obuf);
             if (db && db_of_dx)
+#pragma omp simd
                 for (int k = 0; k < nc; k++) dbs[k] += (double)ty_round(o[k], dt);
         }
     }
@@ -266,6 +284,7 @@ TY_INLINE void gn_bwd_image(void *dx, double *sg, double *sb, void *db, const vo
             ty_st(db, bo + k,
                   db_accum ? (float)((double)ty_ld(db, bo + k, dt) + dbs[k]) : (float)dbs[k], dt);
     }
+    return BK_OK;
 }
 
 static int gn_bwd_check(const void *dy, const void *x, const float *mean, const float *rstd,
@@ -320,12 +339,13 @@ size_t cpu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu)
 /* With the workspace the (image, channel block) tasks run in parallel, each block at least
  * GN_WIDE channels, and the parameter gradients add the images' sums in order afterwards.
  * Operands of dtype dt, db as gn_bwd_image's. */
-TY_INLINE int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
+static int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
                         const void *x, const float *gamma, const float *beta, const float *mean,
                         const float *rstd, int accum, int db_accum, int db_of_dx, int n, int c,
                         int hw, int groups, int silu, void *ws, bk_ctx *ctx, int dt)
 {
-    if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws || (db_of_dx && db && !dx))
+    if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws || (db_of_dx && db && !dx) ||
+        !ty_valid(dt))
         return BK_ERR_INVALID;
     const int blk = gn_block_min(c, c / groups, GN_WIDE);
     const int nblk = (c + blk - 1) / blk;
@@ -338,8 +358,8 @@ TY_INLINE int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const v
         for (int t = 0; t < n * nblk; t++) {
             const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
             double *sg = part + (size_t)img * 2 * c + c0, *sb = sg + c;
-            gn_bwd_image(dx, sg, sb, db, dy, x, gamma, beta, mean, rstd, accum, db_accum,
-                         db_of_dx, c, hw, groups, img, c0, nc, gz, dt);
+            TY_DISPATCH_IN(dt, gn_bwd_image, dx, sg, sb, db, dy, x, gamma, beta, mean, rstd,
+                           accum, db_accum, db_of_dx, c, hw, groups, img, c0, nc, gz);
         }
     }
     if (dgamma || dbeta) {
@@ -376,8 +396,8 @@ int cpu_t_groupnorm_fwd(void *y, float *mean, float *rstd, void *xo, const void 
                         const void *xb, const void *yb, const void *yr, const float *gamma,
                         const float *beta, void *ws, const struct bk_groupnorm *s, bk_ctx *ctx)
 {
-    return TY_DISPATCH(s->dtype, gn_fwd, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, s->n,
-                       s->c, s->hw, s->groups, s->eps, s->silu, ctx);
+    return gn_fwd(y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, s->n, s->c, s->hw, s->groups,
+                  s->eps, s->silu, ctx, s->dtype);
 }
 
 int cpu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const void *dy,
@@ -385,9 +405,9 @@ int cpu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const v
                         const float *rstd, int accum, int db_accum, int db_of_dx, void *ws,
                         const struct bk_groupnorm *s, bk_ctx *ctx)
 {
-    return TY_DISPATCH(s->dtype, gn_bwd_ws, dx, dgamma, dbeta, db, dy, x, gamma,
-                       s->silu ? beta : NULL, mean, rstd, accum, db_accum, db_of_dx, s->n, s->c,
-                       s->hw, s->groups, s->silu, ws, ctx);
+    return gn_bwd_ws(dx, dgamma, dbeta, db, dy, x, gamma, s->silu ? beta : NULL, mean, rstd,
+                     accum, db_accum, db_of_dx, s->n, s->c, s->hw, s->groups, s->silu, ws, ctx,
+                     s->dtype);
 }
 
 /* column block of the layer-norm parameter-gradient reduction */

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "half.h"
@@ -31,11 +32,27 @@ TY_INLINE void ty_st(void *p, size_t i, float v, int dt)
     else ((uint16_t *)p)[i] = half_f32_to_f16(v);
 }
 
+/* v rounded to bf16, as fp32: half_bf16_to_f32(half_f32_to_bf16(v)) bit for bit (nearest
+ * even; a NaN quieted, its low 16 bits dropped), in integer operations without a branch, so
+ * that a loop rounding through it vectorizes (half.h's NaN test is a branch that keeps the
+ * group norm's fused loops scalar) */
+TY_INLINE float ty_round_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    const uint32_t nan = (uint32_t)0 - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    const uint32_t r = ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan) | ((u | 0x00400000u) & nan);
+    const uint32_t b = r & 0xffff0000u;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
 /* v rounded to dt, as fp32 (what a store and a load give) */
 TY_INLINE float ty_round(float v, int dt)
 {
     if (dt == BK_DTYPE_F32) return v;
-    if (dt == BK_DTYPE_BF16) return half_bf16_to_f32(half_f32_to_bf16(v));
+    if (dt == BK_DTYPE_BF16) return ty_round_bf16(v);
     return half_f16_to_f32(half_f32_to_f16(v));
 }
 
@@ -75,11 +92,19 @@ TY_INLINE int ty_valid(int dt)
 }
 
 /* calls body(args..., dt) with dt a constant, one inlined copy per dtype (BK_ERR_INVALID for
- * another) */
+ * another); a body with an OpenMP region in it keeps dt constant only up to the region:
+ * TY_DISPATCH_IN below */
 #define TY_DISPATCH(dt, body, ...)                                                                 \
     ((dt) == BK_DTYPE_F32    ? body(__VA_ARGS__, BK_DTYPE_F32)                                     \
      : (dt) == BK_DTYPE_BF16 ? body(__VA_ARGS__, BK_DTYPE_BF16)                                    \
      : (dt) == BK_DTYPE_F16  ? body(__VA_ARGS__, BK_DTYPE_F16)                                     \
                              : BK_ERR_INVALID)
+
+/* TY_DISPATCH as a statement for the body of an OpenMP region. GCC outlines a parallel region
+ * before it inlines, so a dt that is a constant where a TY_DISPATCH above the region inlined
+ * the kernel is a variable again inside it: every ty_ helper in the region then branches on
+ * it per element, and the loops that round (ty_round) or convert stay scalar in every dtype.
+ * Dispatching inside the region gives each dtype its own copy there. */
+#define TY_DISPATCH_IN(dt, body, ...) ((void)TY_DISPATCH(dt, body, __VA_ARGS__))
 
 #endif
