@@ -56,6 +56,17 @@ def check(cond, msg):
         fail(msg)
 
 
+def wait_for(pred, what, timeout=120):
+    """polls pred until it holds; the timeout is a hang guard only (the condition must be an
+    event the test caused, never a guess at how fast something runs)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    check(False, "timed out waiting for " + what)
+
+
 def need_fmnist():
     if not os.path.exists("/usr/share/datasets/fashion-mnist"):
         print("SKIP: the Debian package dataset-fashion-mnist is not installed")

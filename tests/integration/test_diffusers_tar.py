@@ -18,9 +18,8 @@ import sys
 import tarfile
 import tempfile
 import threading
-import time
 
-from serverlib import Server, check, need_fmnist, problem_ok, tiny
+from serverlib import Server, check, need_fmnist, problem_ok, tiny, wait_for
 
 FILES = ["model_index.json", "scheduler/scheduler_config.json", "unet/config.json",
          "unet/diffusion_pytorch_model.safetensors"]
@@ -34,14 +33,6 @@ def tensors(blob):
     return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
             for k, v in head.items()}, meta
 
-
-def wait_for(pred, what, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    check(False, "timed out waiting for " + what)
 
 
 def main(exe):

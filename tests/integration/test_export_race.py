@@ -12,22 +12,12 @@ import os
 import sys
 import tempfile
 import threading
-import time
 
-from serverlib import Server, check, need_fmnist, problem_ok, tiny
+from serverlib import Server, check, need_fmnist, problem_ok, tiny, wait_for
 
 ALICE = "alice-secret-0123456789"
 ROOT = "root-secret-0123456789ab"
 
-
-def wait_for(pred, what, timeout=120):
-    """a hang guard only: the condition is an event the test caused"""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    check(False, "timed out waiting for " + what)
 
 
 def main(exe):

@@ -13,11 +13,10 @@ import sys
 import tarfile
 import tempfile
 import threading
-import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serverlib import Server, check, problem_ok  # noqa: E402
+from serverlib import Server, check, problem_ok, wait_for  # noqa: E402
 
 
 def png(w, h):
@@ -41,15 +40,6 @@ def upload(s, body):
     return s.request("POST", "/datasets", body=body, headers={"Content-Type": "application/x-tar"},
                      timeout=90)
 
-
-def wait_for(pred, what, timeout=60):
-    """a hang guard only: the condition is an event the test caused"""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    check(False, "timed out waiting for " + what)
 
 
 def main(exe):

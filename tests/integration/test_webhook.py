@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 
-from serverlib import Server, check, need_fmnist, problem_ok, tiny
+from serverlib import Server, check, need_fmnist, problem_ok, tiny, wait_for
 
 
 class Receiver:
@@ -71,14 +71,6 @@ def signed_ok(secret, h, raw):
     check(abs(int(ts) - time.time()) < 300, "timestamp %s far from now" % ts)
     check(h.get("content-type") == "application/json", "content type %r" % h.get("content-type"))
 
-
-def wait_for(pred, what, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    check(False, "timed out waiting for " + what)
 
 
 def main(exe):
