@@ -155,224 +155,310 @@ static int note_image(struct upload_result *res, struct image *img)
     return 0;
 }
 
+/* one upload_unpack's state, shared by its unpack_* stages: each stage returns UPLOAD_OK or the
+ * refusal's status with its message in err; fd (the file being written) and dfd (the dataset
+ * folder) are closed, the archive freed and, on a refusal, dest removed by unpack_close */
+struct unpack {
+    const struct upload_limits *lim;
+    struct upload_result *res;
+    char *err;
+    size_t errlen;
+    struct archive *a;
+    char *buf;               /* UPLOAD_CHUNK bytes: one read of an entry's data */
+    int dfd, fd, made;       /* made: dest was created by this call (removed on a refusal) */
+    int64_t entries;         /* headers read so far, the current one counted */
+    int depth;               /* the current entry's components (entry_path) */
+    char rel[UPLOAD_PATH_MAX], shown[96]; /* its normalized path, its echo for messages */
+    unsigned char head[IMAGE_PNG_HEAD_BYTES]; /* the current file's first bytes, hn of them */
+    size_t hn;
+    int64_t got;             /* the current file's bytes */
+};
+
+/* the buffers, dest created (0755) and opened, and path opened as a plain or gzipped tar:
+ * UPLOAD_ERR_IO (out of memory, the folder), UPLOAD_ERR_CORRUPT (not such an archive) */
+static int unpack_open(struct unpack *u, const char *path, const char *dest)
+{
+    u->a = archive_read_new();
+    if (!u->a || !(u->buf = malloc(UPLOAD_CHUNK))) {
+        snprintf(u->err, u->errlen, "out of memory");
+        return UPLOAD_ERR_IO;
+    }
+    if (mkdir(dest, 0755)) {
+        snprintf(u->err, u->errlen, "cannot create the dataset folder: %s", strerror(errno));
+        return UPLOAD_ERR_IO;
+    }
+    u->made = 1;
+    u->dfd = open(dest, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (u->dfd < 0) {
+        snprintf(u->err, u->errlen, "cannot open the dataset folder: %s", strerror(errno));
+        return UPLOAD_ERR_IO;
+    }
+    archive_read_support_filter_gzip(u->a);
+    archive_read_support_format_tar(u->a);
+    if (archive_read_open_filename(u->a, path, UPLOAD_CHUNK) != ARCHIVE_OK) {
+        snprintf(u->err, u->errlen, "not a tar archive (plain or gzip): %s",
+                 archive_error_string(u->a));
+        return UPLOAD_ERR_CORRUPT;
+    }
+    return UPLOAD_OK;
+}
+
+/* the next entry's header into *e (NULL at the archive's end), counted against lim->max_files,
+ * its path normalized into rel and depth (entry_path) and echoed into shown; a hard link refused.
+ * UPLOAD_ERR_CORRUPT, UPLOAD_ERR_TOO_MANY or UPLOAD_ERR_UNSAFE */
+static int unpack_next(struct unpack *u, struct archive_entry **e)
+{
+    int r = archive_read_next_header(u->a, e);
+    if (r == ARCHIVE_EOF) {
+        *e = NULL;
+        return UPLOAD_OK;
+    }
+    if (r != ARCHIVE_OK) {
+        const char *what = archive_error_string(u->a);
+        snprintf(u->err, u->errlen, "%s after %lld entries: %s",
+                 u->entries ? "the archive is truncated or corrupt"
+                            : "not a tar archive (plain or gzip)",
+                 (long long)u->entries, what ? what : "?");
+        return UPLOAD_ERR_CORRUPT;
+    }
+    const char *name = archive_entry_pathname(*e), *why = NULL;
+    echo(u->shown, sizeof u->shown, name);
+    if (++u->entries > u->lim->max_files) {
+        snprintf(u->err, u->errlen, "the archive holds more than %lld entries (the limit)",
+                 (long long)u->lim->max_files);
+        return UPLOAD_ERR_TOO_MANY;
+    }
+    if (entry_path(name, u->rel, sizeof u->rel, &u->depth, &why)) {
+        snprintf(u->err, u->errlen, "entry '%s': %s is not allowed", u->shown, why);
+        return UPLOAD_ERR_UNSAFE;
+    }
+    if (archive_entry_hardlink(*e)) {
+        snprintf(u->err, u->errlen, "entry '%s': a hard link is not allowed", u->shown);
+        return UPLOAD_ERR_UNSAFE;
+    }
+    return UPLOAD_OK;
+}
+
+/* a folder entry: at most one level deep, made under dfd; one listed twice (or made already for
+ * a file inside it) is the same folder. UPLOAD_ERR_UNSAFE (too deep, a file of that name),
+ * UPLOAD_ERR_NOSPACE, UPLOAD_ERR_IO */
+static int unpack_folder(struct unpack *u)
+{
+    if (u->depth > 1) {
+        snprintf(u->err, u->errlen, "entry '%s': folders may be one level deep", u->shown);
+        return UPLOAD_ERR_UNSAFE;
+    }
+    if (mkdirat(u->dfd, u->rel, 0755) == 0) return UPLOAD_OK;
+    int e0 = errno;
+    struct stat ds;
+    if (e0 == EEXIST && fstatat(u->dfd, u->rel, &ds, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISDIR(ds.st_mode))
+        return UPLOAD_OK;
+    snprintf(u->err, u->errlen, "entry '%s': %s", u->shown,
+             e0 == EEXIST ? "the archive holds this name twice (as a file or a folder)"
+                          : strerror(e0));
+    return e0 == EEXIST ? UPLOAD_ERR_UNSAFE : e0 == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+}
+
+/* a non-folder entry judged before a byte is written: a regular file (UPLOAD_ERR_UNSAFE naming
+ * the type otherwise), at most one folder deep (UPLOAD_ERR_UNSAFE), named *.png
+ * (UPLOAD_ERR_NOT_PNG), its declared size within what is left of lim->max_unpacked
+ * (UPLOAD_ERR_TOO_LARGE) */
+static int unpack_check_file(struct unpack *u, struct archive_entry *e)
+{
+    mode_t type = archive_entry_filetype(e);
+    if (type != AE_IFREG) {
+        snprintf(u->err, u->errlen, "entry '%s': a %s is not allowed (only folders and PNG files)",
+                 u->shown, type == AE_IFLNK ? "symbolic link"
+                 : type == AE_IFCHR ? "character device" : type == AE_IFBLK ? "block device"
+                 : type == AE_IFIFO ? "FIFO" : type == AE_IFSOCK ? "socket" : "special file");
+        return UPLOAD_ERR_UNSAFE;
+    }
+    if (u->depth > 2) {
+        snprintf(u->err, u->errlen, "entry '%s': files may be at most one folder deep", u->shown);
+        return UPLOAD_ERR_UNSAFE;
+    }
+    if (!has_png_suffix(u->rel)) {
+        snprintf(u->err, u->errlen, "entry '%s': only .png files are allowed", u->shown);
+        return UPLOAD_ERR_NOT_PNG;
+    }
+    int64_t declared = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+    if (declared < 0 || declared > u->lim->max_unpacked - u->res->bytes) {
+        snprintf(u->err, u->errlen, "entry '%s': the files unpack to more than %lld bytes (the "
+                 "limit)", u->shown, (long long)u->lim->max_unpacked);
+        return UPLOAD_ERR_TOO_LARGE;
+    }
+    return UPLOAD_OK;
+}
+
+/* the file created under dfd with O_EXCL | O_NOFOLLOW (its folder made first when the archive did
+ * not list it): UPLOAD_ERR_UNSAFE when the name is there already (a file or a folder),
+ * UPLOAD_ERR_NOSPACE, UPLOAD_ERR_IO; the descriptor into fd */
+static int unpack_create(struct unpack *u)
+{
+    if (u->depth == 2) { /* its folder, when the archive did not list it first */
+        char *slash = strchr(u->rel, '/');
+        *slash = 0;
+        int mr = mkdirat(u->dfd, u->rel, 0755);
+        *slash = '/';
+        if (mr && errno != EEXIST) {
+            int rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+            snprintf(u->err, u->errlen, "entry '%s': %s", u->shown, strerror(errno));
+            return rc;
+        }
+    }
+    u->fd = openat(u->dfd, u->rel, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (u->fd < 0) {
+        /* a name given twice, or a file where a folder of the same name is (or the reverse) */
+        int clash = errno == EEXIST || errno == ENOTDIR || errno == EISDIR || errno == ELOOP;
+        int rc = clash ? UPLOAD_ERR_UNSAFE : errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+        snprintf(u->err, u->errlen, "entry '%s': %s", u->shown,
+                 clash ? "the archive holds this name twice (as a file or a folder)"
+                       : strerror(errno));
+        return rc;
+    }
+    return UPLOAD_OK;
+}
+
+/* the entry's data copied into fd chunk by chunk and fd closed: the first chunk must start with
+ * the PNG signature (UPLOAD_ERR_NOT_PNG), the running total stay within what is left of
+ * lim->max_unpacked (UPLOAD_ERR_TOO_LARGE) and the file not be empty (UPLOAD_ERR_NOT_PNG);
+ * UPLOAD_ERR_CORRUPT on a read error, UPLOAD_ERR_NOSPACE / UPLOAD_ERR_IO on a write error. Its
+ * size into got, its first bytes into head (hn of them) */
+static int unpack_copy(struct unpack *u)
+{
+    u->got = 0;
+    u->hn = 0;
+    for (;;) {
+        la_ssize_t k = archive_read_data(u->a, u->buf, UPLOAD_CHUNK);
+        if (k == 0) break;
+        if (k < 0) {
+            snprintf(u->err, u->errlen, "entry '%s': the archive is truncated or corrupt: %s",
+                     u->shown, archive_error_string(u->a) ? archive_error_string(u->a) : "?");
+            return UPLOAD_ERR_CORRUPT;
+        }
+        if (u->got == 0 && (k < 8 || memcmp(u->buf, "\x89PNG\r\n\x1a\n", 8) != 0)) {
+            snprintf(u->err, u->errlen, "entry '%s': not a PNG file (no PNG signature)", u->shown);
+            return UPLOAD_ERR_NOT_PNG;
+        }
+        if (u->hn < sizeof u->head) {
+            size_t take = sizeof u->head - u->hn < (size_t)k ? sizeof u->head - u->hn : (size_t)k;
+            memcpy(u->head + u->hn, u->buf, take);
+            u->hn += take;
+        }
+        u->got += k;
+        if (u->got > u->lim->max_unpacked - u->res->bytes) {
+            snprintf(u->err, u->errlen, "entry '%s': the files unpack to more than %lld bytes (the "
+                     "limit)", u->shown, (long long)u->lim->max_unpacked);
+            return UPLOAD_ERR_TOO_LARGE;
+        }
+        if (fsio_write_full(u->fd, u->buf, (size_t)k)) {
+            int rc = errno == ENOSPC || errno == EDQUOT ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+            snprintf(u->err, u->errlen, "entry '%s': %s", u->shown, strerror(errno));
+            return rc;
+        }
+    }
+    int cr = close(u->fd);
+    u->fd = -1;
+    if (cr) {
+        int rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+        snprintf(u->err, u->errlen, "entry '%s': %s", u->shown, strerror(errno));
+        return rc;
+    }
+    if (u->got == 0) {
+        snprintf(u->err, u->errlen, "entry '%s': an empty file is no PNG", u->shown);
+        return UPLOAD_ERR_NOT_PNG;
+    }
+    return UPLOAD_OK;
+}
+
+/* the written file counted into res: its bytes, its header probed (image_png_probe: a usable PNG
+ * within the image limits, else UPLOAD_ERR_NOT_PNG), its size and channels noted; then the owner's
+ * quota of bytes and pixels for this archive alone (UPLOAD_ERR_OVER_QUOTA) */
+static int unpack_note_file(struct unpack *u)
+{
+    struct upload_result *res = u->res;
+    const struct upload_limits *lim = u->lim;
+    res->bytes += u->got;
+    int w, h, ch;
+    char ierr[300];
+    if (image_png_probe(u->head, u->hn, (unsigned long long)u->got, &w, &h, &ch, ierr,
+                        sizeof ierr)) {
+        snprintf(u->err, u->errlen, "entry '%s': not a usable PNG: %s", u->shown, ierr);
+        return UPLOAD_ERR_NOT_PNG;
+    }
+    note_size(res, w, h, ch);
+    res->images++;
+    if (lim->quota_bytes > 0 && res->bytes > lim->quota_bytes) {
+        snprintf(u->err, u->errlen, "entry '%s': the files hold more than %lld bytes, the owner's "
+                 "quota (--upload-quota-bytes)", u->shown, (long long)lim->quota_bytes);
+        return UPLOAD_ERR_OVER_QUOTA;
+    }
+    if (lim->quota_pixels > 0 && res->pixels > lim->quota_pixels) {
+        snprintf(u->err, u->errlen, "entry '%s': the images hold more than %lld pixels, the "
+                 "owner's quota (--upload-quota-pixels)", u->shown, (long long)lim->quota_pixels);
+        return UPLOAD_ERR_OVER_QUOTA;
+    }
+    return UPLOAD_OK;
+}
+
+/* one entry whose header unpack_next accepted: a folder made, or a file judged, written and
+ * counted */
+static int unpack_entry(struct unpack *u, struct archive_entry *e)
+{
+    if (archive_entry_filetype(e) == AE_IFDIR) return unpack_folder(u);
+    int rc = unpack_check_file(u, e);
+    if (!rc) rc = unpack_create(u);
+    if (!rc) rc = unpack_copy(u);
+    if (!rc) rc = unpack_note_file(u);
+    return rc;
+}
+
+/* after the last entry: at least one image (UPLOAD_ERR_EMPTY), and every file of the dataset on
+ * disk before it is named - one syncfs, not an fsync per file (UPLOAD_ERR_NOSPACE,
+ * UPLOAD_ERR_IO) */
+static int unpack_finish(struct unpack *u)
+{
+    if (u->res->images == 0) {
+        snprintf(u->err, u->errlen, "the archive holds no PNG file");
+        return UPLOAD_ERR_EMPTY;
+    }
+    if (syncfs(u->dfd)) {
+        int rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
+        snprintf(u->err, u->errlen, "cannot sync the dataset: %s", strerror(errno));
+        return rc;
+    }
+    return UPLOAD_OK;
+}
+
+/* what unpack_open and unpack_create opened, closed and freed; on a refusal (rc) the folder
+ * removed when this call made it, and res freed */
+static void unpack_close(struct unpack *u, const char *dest, int rc)
+{
+    if (u->fd >= 0) close(u->fd);
+    if (u->dfd >= 0) close(u->dfd);
+    if (u->a) archive_read_free(u->a);
+    free(u->buf);
+    if (rc) {
+        if (u->made) upload_rmtree(dest);
+        upload_result_free(u->res);
+    }
+}
+
 int upload_unpack(const char *path, const char *dest, const struct upload_limits *lim,
                   struct upload_result *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
-    int rc = UPLOAD_ERR_IO, dfd = -1, fd = -1, made = 0;
-    int64_t entries = 0;
-    char *buf = NULL, rel[UPLOAD_PATH_MAX], shown[96];
-    unsigned char head[IMAGE_PNG_HEAD_BYTES];
-    struct archive *a = archive_read_new();
-    struct archive_entry *e;
-    if (!a || !(buf = malloc(UPLOAD_CHUNK))) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
+    struct unpack u = {.lim = lim, .res = res, .err = err, .errlen = errlen, .dfd = -1, .fd = -1};
+    int rc = unpack_open(&u, path, dest);
+    while (!rc) {
+        struct archive_entry *e;
+        rc = unpack_next(&u, &e);
+        if (rc || !e) break;
+        rc = unpack_entry(&u, e);
     }
-    if (mkdir(dest, 0755)) {
-        snprintf(err, errlen, "cannot create the dataset folder: %s", strerror(errno));
-        goto out;
-    }
-    made = 1;
-    dfd = open(dest, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        snprintf(err, errlen, "cannot open the dataset folder: %s", strerror(errno));
-        goto out;
-    }
-    archive_read_support_filter_gzip(a);
-    archive_read_support_format_tar(a);
-    if (archive_read_open_filename(a, path, UPLOAD_CHUNK) != ARCHIVE_OK) {
-        rc = UPLOAD_ERR_CORRUPT;
-        snprintf(err, errlen, "not a tar archive (plain or gzip): %s", archive_error_string(a));
-        goto out;
-    }
-    for (;;) {
-        int r = archive_read_next_header(a, &e);
-        if (r == ARCHIVE_EOF) break;
-        if (r != ARCHIVE_OK) {
-            rc = UPLOAD_ERR_CORRUPT;
-            snprintf(err, errlen, "%s after %lld entries: %s",
-                     entries ? "the archive is truncated or corrupt" : "not a tar archive (plain or gzip)",
-                     (long long)entries, archive_error_string(a) ? archive_error_string(a) : "?");
-            goto out;
-        }
-        const char *name = archive_entry_pathname(e), *why = NULL;
-        echo(shown, sizeof shown, name);
-        if (++entries > lim->max_files) {
-            rc = UPLOAD_ERR_TOO_MANY;
-            snprintf(err, errlen, "the archive holds more than %lld entries (the limit)",
-                     (long long)lim->max_files);
-            goto out;
-        }
-        int depth;
-        if (entry_path(name, rel, sizeof rel, &depth, &why)) {
-            rc = UPLOAD_ERR_UNSAFE;
-            snprintf(err, errlen, "entry '%s': %s is not allowed", shown, why);
-            goto out;
-        }
-        mode_t type = archive_entry_filetype(e);
-        if (archive_entry_hardlink(e)) {
-            rc = UPLOAD_ERR_UNSAFE;
-            snprintf(err, errlen, "entry '%s': a hard link is not allowed", shown);
-            goto out;
-        }
-        if (type == AE_IFDIR) {
-            if (depth > 1) {
-                rc = UPLOAD_ERR_UNSAFE;
-                snprintf(err, errlen, "entry '%s': folders may be one level deep", shown);
-                goto out;
-            }
-            if (mkdirat(dfd, rel, 0755)) {
-                int e0 = errno;
-                struct stat ds;
-                /* listed twice, or made already for a file inside it: the same folder */
-                if (e0 == EEXIST && fstatat(dfd, rel, &ds, AT_SYMLINK_NOFOLLOW) == 0 &&
-                    S_ISDIR(ds.st_mode))
-                    continue;
-                rc = e0 == EEXIST ? UPLOAD_ERR_UNSAFE : e0 == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-                snprintf(err, errlen, "entry '%s': %s", shown,
-                         e0 == EEXIST ? "the archive holds this name twice (as a file or a folder)"
-                                      : strerror(e0));
-                goto out;
-            }
-            continue;
-        }
-        if (type != AE_IFREG) {
-            rc = UPLOAD_ERR_UNSAFE;
-            snprintf(err, errlen, "entry '%s': a %s is not allowed (only folders and PNG files)",
-                     shown, type == AE_IFLNK ? "symbolic link" : type == AE_IFCHR ? "character device"
-                     : type == AE_IFBLK ? "block device" : type == AE_IFIFO ? "FIFO"
-                     : type == AE_IFSOCK ? "socket" : "special file");
-            goto out;
-        }
-        if (depth > 2) {
-            rc = UPLOAD_ERR_UNSAFE;
-            snprintf(err, errlen, "entry '%s': files may be at most one folder deep", shown);
-            goto out;
-        }
-        if (!has_png_suffix(rel)) {
-            rc = UPLOAD_ERR_NOT_PNG;
-            snprintf(err, errlen, "entry '%s': only .png files are allowed", shown);
-            goto out;
-        }
-        int64_t declared = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
-        if (declared < 0 || declared > lim->max_unpacked - res->bytes) {
-            rc = UPLOAD_ERR_TOO_LARGE;
-            snprintf(err, errlen, "entry '%s': the files unpack to more than %lld bytes (the limit)",
-                     shown, (long long)lim->max_unpacked);
-            goto out;
-        }
-        if (depth == 2) { /* its folder, when the archive did not list it first */
-            char *slash = strchr(rel, '/');
-            *slash = 0;
-            int mr = mkdirat(dfd, rel, 0755);
-            *slash = '/';
-            if (mr && errno != EEXIST) {
-                rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-                snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
-                goto out;
-            }
-        }
-        fd = openat(dfd, rel, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            /* a name given twice, or a file where a folder of the same name is (or the reverse) */
-            int clash = errno == EEXIST || errno == ENOTDIR || errno == EISDIR || errno == ELOOP;
-            rc = clash ? UPLOAD_ERR_UNSAFE : errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-            snprintf(err, errlen, "entry '%s': %s", shown,
-                     clash ? "the archive holds this name twice (as a file or a folder)"
-                           : strerror(errno));
-            goto out;
-        }
-        int64_t got = 0;
-        size_t hn = 0;
-        for (;;) {
-            la_ssize_t k = archive_read_data(a, buf, UPLOAD_CHUNK);
-            if (k == 0) break;
-            if (k < 0) {
-                rc = UPLOAD_ERR_CORRUPT;
-                snprintf(err, errlen, "entry '%s': the archive is truncated or corrupt: %s", shown,
-                         archive_error_string(a) ? archive_error_string(a) : "?");
-                goto out;
-            }
-            if (got == 0 && (k < 8 || memcmp(buf, "\x89PNG\r\n\x1a\n", 8) != 0)) {
-                rc = UPLOAD_ERR_NOT_PNG;
-                snprintf(err, errlen, "entry '%s': not a PNG file (no PNG signature)", shown);
-                goto out;
-            }
-            if (hn < sizeof head) {
-                size_t take = sizeof head - hn < (size_t)k ? sizeof head - hn : (size_t)k;
-                memcpy(head + hn, buf, take);
-                hn += take;
-            }
-            got += k;
-            if (got > lim->max_unpacked - res->bytes) {
-                rc = UPLOAD_ERR_TOO_LARGE;
-                snprintf(err, errlen, "entry '%s': the files unpack to more than %lld bytes (the "
-                         "limit)", shown, (long long)lim->max_unpacked);
-                goto out;
-            }
-            if (fsio_write_full(fd, buf, (size_t)k)) {
-                rc = errno == ENOSPC || errno == EDQUOT ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-                snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
-                goto out;
-            }
-        }
-        if (close(fd)) {
-            fd = -1;
-            rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-            snprintf(err, errlen, "entry '%s': %s", shown, strerror(errno));
-            goto out;
-        }
-        fd = -1;
-        if (got == 0) {
-            rc = UPLOAD_ERR_NOT_PNG;
-            snprintf(err, errlen, "entry '%s': an empty file is no PNG", shown);
-            goto out;
-        }
-        res->bytes += got;
-        int w, h, ch;
-        char ierr[300];
-        if (image_png_probe(head, hn, (unsigned long long)got, &w, &h, &ch, ierr, sizeof ierr)) {
-            rc = UPLOAD_ERR_NOT_PNG;
-            snprintf(err, errlen, "entry '%s': not a usable PNG: %s", shown, ierr);
-            goto out;
-        }
-        note_size(res, w, h, ch);
-        res->images++;
-        if ((lim->quota_bytes > 0 && res->bytes > lim->quota_bytes) ||
-            (lim->quota_pixels > 0 && res->pixels > lim->quota_pixels)) {
-            rc = UPLOAD_ERR_OVER_QUOTA;
-            if (lim->quota_bytes > 0 && res->bytes > lim->quota_bytes)
-                snprintf(err, errlen, "entry '%s': the files hold more than %lld bytes, the "
-                         "owner's quota (--upload-quota-bytes)", shown, (long long)lim->quota_bytes);
-            else
-                snprintf(err, errlen, "entry '%s': the images hold more than %lld pixels, the "
-                         "owner's quota (--upload-quota-pixels)", shown,
-                         (long long)lim->quota_pixels);
-            goto out;
-        }
-    }
-    if (res->images == 0) {
-        rc = UPLOAD_ERR_EMPTY;
-        snprintf(err, errlen, "the archive holds no PNG file");
-        goto out;
-    }
-    /* every file of the dataset on disk before it is named (one syncfs, not an fsync per file) */
-    if (syncfs(dfd)) {
-        rc = errno == ENOSPC ? UPLOAD_ERR_NOSPACE : UPLOAD_ERR_IO;
-        snprintf(err, errlen, "cannot sync the dataset: %s", strerror(errno));
-        goto out;
-    }
-    rc = UPLOAD_OK;
-out:
-    if (fd >= 0) close(fd);
-    if (dfd >= 0) close(dfd);
-    if (a) archive_read_free(a);
-    free(buf);
-    if (rc) {
-        if (made) upload_rmtree(dest);
-        upload_result_free(res);
-    }
+    if (!rc) rc = unpack_finish(&u);
+    unpack_close(&u, dest, rc);
     return rc;
 }
 
