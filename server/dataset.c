@@ -686,152 +686,215 @@ enum dataset_status dataset_folder_probe(const char *dir, int64_t *images, int64
     return DATASET_OK;
 }
 
+/* one dataset_open_folder's state, shared by its folder_* stages: each returns DATASET_OK or the
+ * failure's status with its message in err; names, img and ds (until handed out) are freed by
+ * the top function */
+struct folder_open {
+    const char *dir;
+    int channels, size;
+    int64_t source_bytes, max_pixels; /* as the plan counted them (dataset_folder_probe) */
+    dataset_log_fn log_cb;
+    void *log_ctx;
+    char *err;
+    size_t errlen;
+    struct name_list names;
+    struct dataset *ds;
+    struct dataset_report rep;
+    struct image img;         /* the image being loaded */
+    char ierr[512];           /* why it was skipped */
+    int loaded, as_bytes;     /* as_bytes: held as source samples (folder_as_bytes), not floats */
+};
+
+/* the folder's .png files listed (list_pngs) and sorted as bytes, independent of readdir order and
+ * locale; rep.found counted. list_pngs' status, or DATASET_ERR_EMPTY when there are none */
+static enum dataset_status folder_list(struct folder_open *f)
+{
+    enum dataset_status rc = list_pngs(&f->names, f->dir, NULL, f->log_cb, f->log_ctx, f->err,
+                                       f->errlen);
+    if (rc != DATASET_OK) return rc;
+    f->rep.found = (int)f->names.n;
+    if (f->names.n == 0) {
+        fsio_err(f->err, f->errlen, "no .png files in '%s' (or its subdirectories)", f->dir);
+        return DATASET_ERR_EMPTY;
+    }
+    qsort(f->names.v, f->names.n, sizeof *f->names.v, name_cmp);
+    return DATASET_OK;
+}
+
+/* the dataset for every listed file, held as bytes when folder_as_bytes says so (a record per
+ * listed file, the bytes as they load) or as floats (room made as images decode):
+ * DATASET_ERR_NOMEM */
+static enum dataset_status folder_alloc(struct folder_open *f)
+{
+    size_t n = f->names.n;
+    struct dataset *ds = dataset_alloc((int)n, f->channels, f->size, 0);
+    f->as_bytes = folder_as_bytes((int64_t)n, f->channels, f->size, f->max_pixels, f->source_bytes);
+    if (ds && f->as_bytes) {
+        ds->fit = DATASET_FIT_RESIZE;
+        ds->max_pixels = f->max_pixels;
+        dataset_init_lut(ds);
+        if (!(ds->src = malloc(n * sizeof *ds->src))) {
+            dataset_free(ds);
+            ds = NULL;
+        } else {
+            ds->cap = n;
+        }
+    }
+    if (!ds) {
+        fsio_err(f->err, f->errlen, "out of memory for a dataset from '%s'", f->dir);
+        return DATASET_ERR_NOMEM;
+    }
+    f->ds = ds;
+    return DATASET_OK;
+}
+
+/* img (decoded from file i, full its path) appended as its source samples: DATASET_ERR_FORMAT
+ * when it is over the source_bytes or max_pixels the plan counted (the folder changed since it
+ * was checked: refused, not held), DATASET_ERR_NOMEM; *ir IMAGE_ERR_FORMAT with ierr when its
+ * samples cannot be held */
+static enum dataset_status folder_hold_bytes(struct folder_open *f, size_t i, const char *full,
+                                             enum image_status *ir)
+{
+    struct dataset *ds = f->ds;
+    const struct image *img = &f->img;
+    int bps = source_bps(img);
+    size_t nb = (size_t)img->c * img->w * img->h * (size_t)bps;
+    if (ds->px_len + nb > (uint64_t)f->source_bytes || (int64_t)img->w * img->h > f->max_pixels) {
+        fsio_err(f->err, f->errlen, "'%s' in '%s' is over the %lld bytes or %lld pixels "
+                 "recorded for the folder: it changed after it was checked", f->names.v[i],
+                 f->dir, (long long)f->source_bytes, (long long)f->max_pixels);
+        return DATASET_ERR_FORMAT;
+    }
+    if (dataset_reserve_bytes(ds, nb)) {
+        fsio_err(f->err, f->errlen, "out of memory for %d images (%zu bytes) from '%s'",
+                 f->loaded + 1, ds->px_len + nb, f->dir);
+        return DATASET_ERR_NOMEM;
+    }
+    if (source_put(ds->px + ds->px_len, img, bps)) {
+        *ir = IMAGE_ERR_FORMAT;
+        snprintf(f->ierr, sizeof f->ierr, "cannot hold '%s' as its samples", full);
+    } else {
+        ds->src[f->loaded] = (struct dataset_src){(int64_t)ds->px_len, (uint16_t)img->w,
+                                                  (uint16_t)img->h, (uint8_t)img->c,
+                                                  (uint8_t)bps};
+        ds->px_len += nb;
+    }
+    return DATASET_OK;
+}
+
+/* img (decoded from full) converted to the dataset's channels and resized into its next float
+ * image; room for it made only once it has decoded (DATASET_ERR_NOMEM); *ir the conversion's
+ * status, with ierr when it failed */
+static enum dataset_status folder_hold_floats(struct folder_open *f, const char *full,
+                                              enum image_status *ir)
+{
+    struct dataset *ds = f->ds;
+    size_t per = (size_t)f->channels * f->size * f->size;
+    *ir = image_to_channels(&f->img, f->channels);
+    if (*ir == IMAGE_OK && dataset_reserve(ds, (size_t)f->loaded + 1)) {
+        fsio_err(f->err, f->errlen, "out of memory for %d images of %dx%dx%d from '%s'",
+                 f->loaded + 1, f->channels, f->size, f->size, f->dir);
+        return DATASET_ERR_NOMEM;
+    }
+    if (*ir == IMAGE_OK)
+        *ir = image_resize_square(ds->x + (size_t)f->loaded * per, &f->img, f->size);
+    if (*ir != IMAGE_OK)
+        snprintf(f->ierr, sizeof f->ierr, "cannot convert '%s': %s", full, image_status_name(*ir));
+    return DATASET_OK;
+}
+
+/* file i that could not be used: named in the report (the first DATASET_REPORT_NAMES of them),
+ * the first one's reason kept, and a line to log_cb */
+static void folder_skip(struct folder_open *f, size_t i)
+{
+    struct dataset_report *rep = &f->rep;
+    if (rep->skipped < DATASET_REPORT_NAMES)
+        copy_trunc(rep->skipped_names[rep->skipped], DATASET_REPORT_NAME_LEN, f->names.v[i]);
+    if (rep->skipped == 0) copy_trunc(rep->first_reason, sizeof rep->first_reason, f->ierr);
+    rep->skipped++;
+    if (f->log_cb) {
+        char line[600];
+        snprintf(line, sizeof line, "skipped unreadable image: %s", f->ierr);
+        f->log_cb(f->log_ctx, line);
+    }
+}
+
+/* listed file i decoded (image_load_png) and held, or skipped when it does not decode or convert;
+ * DATASET_ERR_NOMEM (a decode's or the dataset's memory), DATASET_ERR_FORMAT (folder_hold_bytes) */
+static enum dataset_status folder_load(struct folder_open *f, size_t i)
+{
+    char *full = path_join(f->dir, f->names.v[i]);
+    if (!full) {
+        fsio_err(f->err, f->errlen, "out of memory loading '%s'", f->dir);
+        return DATASET_ERR_NOMEM;
+    }
+    enum dataset_status rc = DATASET_OK;
+    enum image_status ir = image_load_png(full, &f->img, f->ierr, sizeof f->ierr);
+    if (ir == IMAGE_OK)
+        rc = f->as_bytes ? folder_hold_bytes(f, i, full, &ir) : folder_hold_floats(f, full, &ir);
+    free(full);
+    image_free(&f->img);
+    if (rc != DATASET_OK) return rc;
+    if (ir == IMAGE_ERR_NOMEM) {
+        fsio_err(f->err, f->errlen, "%s", f->ierr);
+        return DATASET_ERR_NOMEM;
+    }
+    if (ir == IMAGE_OK)
+        f->ds->n = ++f->loaded;
+    else
+        folder_skip(f, i);
+    return DATASET_OK;
+}
+
+/* after the last file: at least one image loaded (DATASET_ERR_EMPTY naming the first reason),
+ * the dataset shrunk to what loaded and every image in the training split (DATASET_ERR_NOMEM) */
+static enum dataset_status folder_finish(struct folder_open *f)
+{
+    f->rep.loaded = f->loaded;
+    if (f->loaded == 0) {
+        fsio_err(f->err, f->errlen,
+                 "no usable image in '%s': all %d .png files are unreadable (first: %s)", f->dir,
+                 f->rep.found, f->rep.first_reason);
+        return DATASET_ERR_EMPTY;
+    }
+    dataset_shrink(f->ds);
+    if (dataset_train_all(f->ds)) {
+        fsio_err(f->err, f->errlen, "out of memory");
+        return DATASET_ERR_NOMEM;
+    }
+    return DATASET_OK;
+}
+
 enum dataset_status dataset_open_folder(struct dataset **out, const char *dir, int channels,
                                         int size, int64_t source_bytes, int64_t max_pixels,
                                         struct dataset_report *report,
                                         dataset_log_fn log_cb, void *log_ctx, char *err,
                                         size_t errlen)
 {
+    struct folder_open f = {.dir = dir, .channels = channels, .size = size,
+                            .source_bytes = source_bytes, .max_pixels = max_pixels,
+                            .log_cb = log_cb, .log_ctx = log_ctx, .err = err, .errlen = errlen};
     enum dataset_status rc = DATASET_ERR_ARG;
-    struct name_list names = {0};
-    struct dataset *ds = NULL;
-    struct dataset_report rep;
-    struct image img = {0};
-    char ierr[512], line[600];
-    size_t per, i;
-    int loaded = 0, as_bytes;
-
-    memset(&rep, 0, sizeof rep);
     if (err && errlen) err[0] = '\0';
     if (report) memset(report, 0, sizeof *report);
     if (!out) return DATASET_ERR_ARG;
     *out = NULL;
-    if (!dir || !*dir || !check_shape(channels, size)) {
+    if (!dir || !*dir || !check_shape(channels, size))
         fsio_err(err, errlen, "dataset_open_folder: bad argument (dir, channels=%d, size=%d)",
                  channels, size);
-        goto done;
+    else
+        rc = folder_list(&f);
+    if (rc == DATASET_OK) rc = folder_alloc(&f);
+    for (size_t i = 0; rc == DATASET_OK && i < f.names.n; i++) rc = folder_load(&f, i);
+    if (rc == DATASET_OK) rc = folder_finish(&f);
+    if (rc == DATASET_OK) {
+        *out = f.ds;
+        f.ds = NULL;
     }
-    rc = list_pngs(&names, dir, NULL, log_cb, log_ctx, err, errlen);
-    if (rc != DATASET_OK) goto done;
-    rep.found = (int)names.n;
-    if (names.n == 0) {
-        rc = DATASET_ERR_EMPTY;
-        fsio_err(err, errlen, "no .png files in '%s' (or its subdirectories)", dir);
-        goto done;
-    }
-    /* file names compare as bytes, independent of readdir order and locale */
-    qsort(names.v, names.n, sizeof *names.v, name_cmp);
-
-    rc = DATASET_ERR_NOMEM;
-    ds = dataset_alloc((int)names.n, channels, size, 0);
-    /* held as bytes: a record per listed file (names already holds more), the bytes as they load */
-    as_bytes = folder_as_bytes((int64_t)names.n, channels, size, max_pixels, source_bytes);
-    if (ds && as_bytes) {
-        ds->fit = DATASET_FIT_RESIZE;
-        ds->max_pixels = max_pixels;
-        dataset_init_lut(ds);
-        if (!(ds->src = malloc(names.n * sizeof *ds->src))) {
-            dataset_free(ds);
-            ds = NULL;
-        } else {
-            ds->cap = names.n;
-        }
-    }
-    if (!ds) {
-        fsio_err(err, errlen, "out of memory for a dataset from '%s'", dir);
-        goto done;
-    }
-    per = (size_t)channels * size * size;
-    for (i = 0; i < names.n; i++) {
-        char *full = path_join(dir, names.v[i]);
-        enum image_status ir;
-        if (!full) {
-            fsio_err(err, errlen, "out of memory loading '%s'", dir);
-            goto done;
-        }
-        ir = image_load_png(full, &img, ierr, sizeof ierr);
-        if (ir == IMAGE_OK && as_bytes) {
-            int bps = source_bps(&img);
-            size_t nb = (size_t)img.c * img.w * img.h * (size_t)bps;
-            /* the plan counted source_bytes and max_pixels: a folder changed since then is
-             * refused, not held */
-            if (ds->px_len + nb > (uint64_t)source_bytes ||
-                (int64_t)img.w * img.h > max_pixels) {
-                rc = DATASET_ERR_FORMAT;
-                fsio_err(err, errlen, "'%s' in '%s' is over the %lld bytes or %lld pixels "
-                         "recorded for the folder: it changed after it was checked", names.v[i],
-                         dir, (long long)source_bytes, (long long)max_pixels);
-                free(full);
-                goto done;
-            }
-            if (dataset_reserve_bytes(ds, nb)) {
-                fsio_err(err, errlen, "out of memory for %d images (%zu bytes) from '%s'",
-                         loaded + 1, ds->px_len + nb, dir);
-                free(full);
-                goto done;
-            }
-            if (source_put(ds->px + ds->px_len, &img, bps)) {
-                ir = IMAGE_ERR_FORMAT;
-                snprintf(ierr, sizeof ierr, "cannot hold '%s' as its samples", full);
-            } else {
-                ds->src[loaded] = (struct dataset_src){(int64_t)ds->px_len, (uint16_t)img.w,
-                                                       (uint16_t)img.h, (uint8_t)img.c,
-                                                       (uint8_t)bps};
-                ds->px_len += nb;
-            }
-        } else if (ir == IMAGE_OK) {
-            ir = image_to_channels(&img, channels);
-            /* room for an image only once one has decoded */
-            if (ir == IMAGE_OK && dataset_reserve(ds, (size_t)loaded + 1)) {
-                fsio_err(err, errlen, "out of memory for %d images of %dx%dx%d from '%s'",
-                         loaded + 1, channels, size, size, dir);
-                free(full);
-                goto done;
-            }
-            if (ir == IMAGE_OK) ir = image_resize_square(ds->x + (size_t)loaded * per, &img, size);
-            if (ir != IMAGE_OK) snprintf(ierr, sizeof ierr, "cannot convert '%s': %s", full,
-                                         image_status_name(ir));
-        }
-        free(full);
-        image_free(&img);
-        if (ir == IMAGE_ERR_NOMEM) {
-            fsio_err(err, errlen, "%s", ierr);
-            goto done;
-        }
-        if (ir == IMAGE_OK) {
-            ds->n = ++loaded;
-            continue;
-        }
-        if (rep.skipped < DATASET_REPORT_NAMES)
-            copy_trunc(rep.skipped_names[rep.skipped], DATASET_REPORT_NAME_LEN, names.v[i]);
-        if (rep.skipped == 0) copy_trunc(rep.first_reason, sizeof rep.first_reason, ierr);
-        rep.skipped++;
-        if (log_cb) {
-            snprintf(line, sizeof line, "skipped unreadable image: %s", ierr);
-            log_cb(log_ctx, line);
-        }
-    }
-    rep.loaded = loaded;
-    if (loaded == 0) {
-        rc = DATASET_ERR_EMPTY;
-        fsio_err(err, errlen,
-                 "no usable image in '%s': all %d .png files are unreadable (first: %s)", dir,
-                 rep.found, rep.first_reason);
-        goto done;
-    }
-    dataset_shrink(ds);
-    if (dataset_train_all(ds)) {
-        fsio_err(err, errlen, "out of memory");
-        goto done;
-    }
-    *out = ds;
-    ds = NULL;
-    rc = DATASET_OK;
-done:
-    if (report) *report = rep;
-    image_free(&img);
-    name_list_free(&names);
-    dataset_free(ds);
+    if (report) *report = f.rep;
+    image_free(&f.img);
+    name_list_free(&f.names);
+    dataset_free(f.ds);
     return rc;
 }
 
