@@ -1035,89 +1035,102 @@ static enum dataset_status idx_expect_end(struct idx_file *f, char *err, size_t 
     return DATASET_OK;
 }
 
-enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
-                                        enum dataset_fmnist_split split, int channels, int size,
-                                        enum dataset_fit fit, char *err, size_t errlen)
+/* one dataset_open_fmnist's state, shared by its fmnist_* stages: each returns DATASET_OK or the
+ * failure's status with its message in err; the files are closed and ds (until handed out)
+ * freed by the top function */
+struct fmnist_open {
+    int channels, size;
+    enum dataset_fit fit;
+    char *err;
+    size_t errlen;
+    struct idx_file fi, fl; /* the images' file, the labels' */
+    struct dataset *ds;
+    uint32_t n;             /* images, as both headers declare */
+};
+
+/* the split's images and labels files opened (dir/<prefix>-*-idx?-ubyte[.gz]) and their headers
+ * read: 28x28 images (DATASET_ERR_FORMAT), as many labels as images (DATASET_ERR_FORMAT);
+ * idx_open's and idx_header's statuses */
+static enum dataset_status fmnist_headers(struct fmnist_open *f, const char *dir,
+                                          enum dataset_fmnist_split split)
 {
-    enum dataset_status rc = DATASET_ERR_ARG;
-    struct idx_file fi, fl;
-    struct dataset *ds = NULL;
-    const char *prefix;
+    const char *prefix = split == DATASET_FMNIST_TRAIN ? "train" : "t10k";
     char base[64];
-    uint32_t idims[3], ldims[1], n, i;
-    unsigned char px[FMNIST_SIDE * FMNIST_SIDE];
-
-    memset(&fi, 0, sizeof fi);
-    memset(&fl, 0, sizeof fl);
-    if (err && errlen) err[0] = '\0';
-    if (!out) return DATASET_ERR_ARG;
-    *out = NULL;
-    if (!dir || !check_shape(channels, size) ||
-        (split != DATASET_FMNIST_TRAIN && split != DATASET_FMNIST_TEST) ||
-        (fit != DATASET_FIT_PAD && fit != DATASET_FIT_RESIZE) ||
-        (fit == DATASET_FIT_PAD && size < FMNIST_SIDE)) {
-        fsio_err(err, errlen,
-                 "dataset_open_fmnist: bad argument (channels=%d, size=%d, fit=%d; padding needs "
-                 "size >= 28)",
-                 channels, size, (int)fit);
-        goto done;
-    }
-    prefix = split == DATASET_FMNIST_TRAIN ? "train" : "t10k";
-
+    uint32_t idims[3], ldims[1];
+    enum dataset_status rc;
     snprintf(base, sizeof base, "%s-images-idx3-ubyte", prefix);
-    if ((rc = idx_open(&fi, dir, base, err, errlen)) != DATASET_OK) goto done;
+    if ((rc = idx_open(&f->fi, dir, base, f->err, f->errlen)) != DATASET_OK) return rc;
     snprintf(base, sizeof base, "%s-labels-idx1-ubyte", prefix);
-    if ((rc = idx_open(&fl, dir, base, err, errlen)) != DATASET_OK) goto done;
-    if ((rc = idx_header(&fi, 2051, 3, idims, err, errlen)) != DATASET_OK) goto done;
-    if ((rc = idx_header(&fl, 2049, 1, ldims, err, errlen)) != DATASET_OK) goto done;
-    rc = DATASET_ERR_FORMAT;
+    if ((rc = idx_open(&f->fl, dir, base, f->err, f->errlen)) != DATASET_OK) return rc;
+    if ((rc = idx_header(&f->fi, 2051, 3, idims, f->err, f->errlen)) != DATASET_OK) return rc;
+    if ((rc = idx_header(&f->fl, 2049, 1, ldims, f->err, f->errlen)) != DATASET_OK) return rc;
     if (idims[1] != FMNIST_SIDE || idims[2] != FMNIST_SIDE) {
-        fsio_err(err, errlen, "'%s' holds %ux%u images, expected 28x28", fi.path, idims[1],
-                 idims[2]);
-        goto done;
+        fsio_err(f->err, f->errlen, "'%s' holds %ux%u images, expected 28x28", f->fi.path,
+                 idims[1], idims[2]);
+        return DATASET_ERR_FORMAT;
     }
     if (idims[0] != ldims[0]) {
-        fsio_err(err, errlen, "'%s' holds %u images but '%s' %u labels", fi.path, idims[0],
-                 fl.path, ldims[0]);
-        goto done;
+        fsio_err(f->err, f->errlen, "'%s' holds %u images but '%s' %u labels", f->fi.path,
+                 idims[0], f->fl.path, ldims[0]);
+        return DATASET_ERR_FORMAT;
     }
-    n = idims[0];
+    f->n = idims[0];
+    return DATASET_OK;
+}
 
-    rc = DATASET_ERR_NOMEM;
-    ds = dataset_alloc((int)n, channels, size, 1);
-    /* px, not x, holds this dataset's images (stored_bytes) unless floats are smaller */
-    if (ds && fmnist_as_bytes(channels, size) && !(ds->px = malloc(1))) {
+/* the dataset for n labelled images; px, not x, holds its images (stored_bytes) unless floats
+ * are smaller (fmnist_as_bytes): DATASET_ERR_NOMEM */
+static enum dataset_status fmnist_alloc(struct fmnist_open *f)
+{
+    struct dataset *ds = dataset_alloc((int)f->n, f->channels, f->size, 1);
+    if (ds && fmnist_as_bytes(f->channels, f->size) && !(ds->px = malloc(1))) {
         dataset_free(ds);
         ds = NULL;
     }
     if (!ds) {
-        fsio_err(err, errlen, "out of memory for %u images of %dx%dx%d", n, channels, size, size);
-        goto done;
+        fsio_err(f->err, f->errlen, "out of memory for %u images of %dx%dx%d", f->n, f->channels,
+                 f->size, f->size);
+        return DATASET_ERR_NOMEM;
     }
-    rc = DATASET_ERR_FORMAT;
-    if (idx_read(&fl, ds->labels, n, "the labels", err, errlen)) goto done;
-    for (i = 0; i < n; i++) {
+    f->ds = ds;
+    return DATASET_OK;
+}
+
+/* the n labels read, each a class 0..9, and nothing after them: DATASET_ERR_FORMAT */
+static enum dataset_status fmnist_labels(struct fmnist_open *f)
+{
+    struct dataset *ds = f->ds;
+    if (idx_read(&f->fl, ds->labels, f->n, "the labels", f->err, f->errlen))
+        return DATASET_ERR_FORMAT;
+    for (uint32_t i = 0; i < f->n; i++) {
         if (ds->labels[i] > 9) {
-            fsio_err(err, errlen, "'%s': label %u of item %u is not a class 0..9", fl.path,
-                     ds->labels[i], i);
-            goto done;
+            fsio_err(f->err, f->errlen, "'%s': label %u of item %u is not a class 0..9",
+                     f->fl.path, ds->labels[i], i);
+            return DATASET_ERR_FORMAT;
         }
     }
-    if ((rc = idx_expect_end(&fl, err, errlen)) != DATASET_OK) goto done;
+    return idx_expect_end(&f->fl, f->err, f->errlen);
+}
 
-    /* the bytes as they are: dataset_fetch makes each image float when a batch is drawn */
-    ds->fit = fit;
+/* the n images read and held: their bytes as they are (dataset_fetch makes each float when a
+ * batch is drawn), or drawn to floats now; the block grown as items arrive, so a gzip stream
+ * shorter than its header claims costs only what it holds. A resize that cannot run is refused
+ * here, not per batch; nothing may follow the last image. DATASET_ERR_FORMAT, DATASET_ERR_NOMEM,
+ * or dataset_draw's / dataset_fetch's status */
+static enum dataset_status fmnist_images(struct fmnist_open *f)
+{
+    struct dataset *ds = f->ds;
+    const int channels = f->channels, size = f->size;
+    unsigned char px[FMNIST_SIDE * FMNIST_SIDE];
+    ds->fit = f->fit;
     dataset_init_lut(ds);
-    for (i = 0; i < n; i++) {
-        rc = DATASET_ERR_FORMAT;
-        if (idx_read(&fi, px, sizeof px, "the images", err, errlen)) goto done;
-        /* grown as items arrive: a gzip stream shorter than its header claims costs only what
-         * it holds */
+    for (uint32_t i = 0; i < f->n; i++) {
+        if (idx_read(&f->fi, px, sizeof px, "the images", f->err, f->errlen))
+            return DATASET_ERR_FORMAT;
         if (dataset_reserve(ds, (size_t)i + 1)) {
-            rc = DATASET_ERR_NOMEM;
-            fsio_err(err, errlen, "out of memory for %u images of %dx%dx%d", i + 1, channels, size,
-                     size);
-            goto done;
+            fsio_err(f->err, f->errlen, "out of memory for %u images of %dx%dx%d", i + 1, channels,
+                     size, size);
+            return DATASET_ERR_NOMEM;
         }
         if (ds->px) {
             memcpy(ds->px + (size_t)i * sizeof px, px, sizeof px);
@@ -1126,40 +1139,63 @@ enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
                 dataset_draw(ds, px, FMNIST_SIDE, FMNIST_SIDE, 1, 1,
                              ds->x + (size_t)i * channels * size * size);
             if (fr != DATASET_OK) {
-                rc = fr;
-                fsio_err(err, errlen, "cannot resize Fashion-MNIST image %u: %s", i,
+                fsio_err(f->err, f->errlen, "cannot resize Fashion-MNIST image %u: %s", i,
                          fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
-                goto done;
+                return fr;
             }
         }
         ds->n = (int)i + 1;
     }
-    /* a resize that cannot run is refused here, not per batch */
-    if (fit == DATASET_FIT_RESIZE && ds->px) {
+    if (f->fit == DATASET_FIT_RESIZE && ds->px) {
         float *probe = malloc((size_t)channels * size * size * sizeof *probe);
         enum dataset_status fr = probe ? dataset_fetch(ds, 0, probe) : DATASET_ERR_NOMEM;
         free(probe);
         if (fr != DATASET_OK) {
-            rc = fr;
-            fsio_err(err, errlen, "cannot resize Fashion-MNIST images to %d: %s", size,
+            fsio_err(f->err, f->errlen, "cannot resize Fashion-MNIST images to %d: %s", size,
                      fr == DATASET_ERR_NOMEM ? "out of memory" : "bad size");
-            goto done;
+            return fr;
         }
     }
-    if ((rc = idx_expect_end(&fi, err, errlen)) != DATASET_OK) goto done;
-    dataset_shrink(ds);
-    rc = DATASET_ERR_NOMEM;
-    if (dataset_train_all(ds)) {
-        fsio_err(err, errlen, "out of memory");
-        goto done;
+    return idx_expect_end(&f->fi, f->err, f->errlen);
+}
+
+enum dataset_status dataset_open_fmnist(struct dataset **out, const char *dir,
+                                        enum dataset_fmnist_split split, int channels, int size,
+                                        enum dataset_fit fit, char *err, size_t errlen)
+{
+    struct fmnist_open f = {.channels = channels, .size = size, .fit = fit, .err = err,
+                            .errlen = errlen};
+    enum dataset_status rc = DATASET_ERR_ARG;
+    if (err && errlen) err[0] = '\0';
+    if (!out) return DATASET_ERR_ARG;
+    *out = NULL;
+    if (!dir || !check_shape(channels, size) ||
+        (split != DATASET_FMNIST_TRAIN && split != DATASET_FMNIST_TEST) ||
+        (fit != DATASET_FIT_PAD && fit != DATASET_FIT_RESIZE) ||
+        (fit == DATASET_FIT_PAD && size < FMNIST_SIDE))
+        fsio_err(err, errlen,
+                 "dataset_open_fmnist: bad argument (channels=%d, size=%d, fit=%d; padding needs "
+                 "size >= 28)",
+                 channels, size, (int)fit);
+    else
+        rc = fmnist_headers(&f, dir, split);
+    if (rc == DATASET_OK) rc = fmnist_alloc(&f);
+    if (rc == DATASET_OK) rc = fmnist_labels(&f);
+    if (rc == DATASET_OK) rc = fmnist_images(&f);
+    if (rc == DATASET_OK) {
+        dataset_shrink(f.ds);
+        if (dataset_train_all(f.ds)) {
+            fsio_err(err, errlen, "out of memory");
+            rc = DATASET_ERR_NOMEM;
+        }
     }
-    *out = ds;
-    ds = NULL;
-    rc = DATASET_OK;
-done:
-    if (fi.gz) gzclose(fi.gz);
-    if (fl.gz) gzclose(fl.gz);
-    dataset_free(ds);
+    if (rc == DATASET_OK) {
+        *out = f.ds;
+        f.ds = NULL;
+    }
+    if (f.fi.gz) gzclose(f.fi.gz);
+    if (f.fl.gz) gzclose(f.fl.gz);
+    dataset_free(f.ds);
     return rc;
 }
 
