@@ -460,24 +460,31 @@ static int cli_cost_model(struct cost_model *m, const char *what)
 
 static void mib(char *buf, size_t n, size_t b) { snprintf(buf, n, "%.1f", b / 1048576.0); }
 
-/* `ddpmd plan SPEC.json [--vram-budget SIZE] [--all] [--json]`: the search and its candidates */
-static int cmd_plan_spec(int argc, char **argv)
+/* `ddpmd plan SPEC.json`'s options and what it found out about the device */
+struct plan_spec_opts {
+    const char *path, *budget, *device;
+    int json, all;
+    int have_mem; /* dm holds the device's memory (backends that report it) */
+    struct bk_device_mem dm;
+};
+
+/* the command line into o: 0, or 2 with the unknown option named on stderr */
+static int plan_spec_args(int argc, char **argv, struct plan_spec_opts *o)
 {
-    const char *path = NULL, *budget = NULL, *device = "cpu";
-    int json = 0, all = 0;
+    *o = (struct plan_spec_opts){.device = "cpu"};
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--all") == 0) {
-            all = 1;
+            o->all = 1;
             continue;
         }
         if (strcmp(argv[i], "--vram-budget") == 0 && i + 1 < argc)
-            budget = argv[++i];
+            o->budget = argv[++i];
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
-            device = argv[++i];
+            o->device = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
-            json = 1;
-        else if (argv[i][0] != '-' && !path)
-            path = argv[i];
+            o->json = 1;
+        else if (argv[i][0] != '-' && !o->path)
+            o->path = argv[i];
         else {
             static const char *const known[] = {"--vram-budget", "--all", "--json", "--device",
                                                 NULL};
@@ -485,103 +492,138 @@ static int cmd_plan_spec(int argc, char **argv)
             return 2;
         }
     }
-    struct train_spec spec;
+    return 0;
+}
+
+/* the spec file loaded and checked for this host, --vram-budget and the thread count as
+ * `ddpmd train` would run it, the device's backend and memory: 0, or the exit status with the
+ * reason on stderr */
+static int plan_spec_load(struct plan_spec_opts *o, struct train_spec *spec)
+{
     struct spec_errors errs;
     char why[400];
-    if (spec_load_file(path, &spec, &errs)) {
-        fprintf(stderr, "ddpmd: %s is not a valid spec:\n", path);
+    if (spec_load_file(o->path, spec, &errs)) {
+        fprintf(stderr, "ddpmd: %s is not a valid spec:\n", o->path);
         spec_errors_print(&errs, "  ");
         return 2;
     }
-    if (spec_host_check(&spec, why, sizeof why)) {
-        fprintf(stderr, "ddpmd: %s cannot run here:\n  data.dataset: %s\n", path, why);
+    if (spec_host_check(spec, why, sizeof why)) {
+        fprintf(stderr, "ddpmd: %s cannot run here:\n  data.dataset: %s\n", o->path, why);
         return 2;
     }
-    if (budget && cli_budget(budget, &spec)) return 2;
-    if (!spec.threads) spec.threads = spec_host_cores(); /* as `ddpmd train` would run it */
-    int drc = cli_device(device, &spec.backend);
+    if (o->budget && cli_budget(o->budget, spec)) return 2;
+    if (!spec->threads) spec->threads = spec_host_cores(); /* as `ddpmd train` would run it */
+    int drc = cli_device(o->device, &spec->backend);
     if (drc) return drc;
-    struct bk_device_mem dm;
-    const int have_mem = backend_supports(spec.backend, BK_OP_device_mem, BK_DTYPE_F32) &&
-                         spec.backend->device_mem(backend_device_index(device), &dm) == BK_OK;
+    o->have_mem = backend_supports(spec->backend, BK_OP_device_mem, BK_DTYPE_F32) &&
+                  spec->backend->device_mem(backend_device_index(o->device), &o->dm) == BK_OK;
+    return 0;
+}
+
+/* --json: train_search_json's object with the device (and its memory) added, on stdout */
+static void plan_spec_print_json(const struct plan_spec_opts *o, const struct planner_result *r,
+                                 int batch)
+{
+    cJSON *obj = train_search_json(r, batch);
+    cJSON *dv = obj ? cJSON_AddObjectToObject(obj, "device") : NULL;
+    if (dv) {
+        cJSON_AddStringToObject(dv, "name", o->device);
+        if (o->have_mem) {
+            cJSON_AddStringToObject(dv, "model", o->dm.name);
+            cJSON_AddNumberToObject(dv, "total_bytes", (double)o->dm.total);
+            cJSON_AddNumberToObject(dv, "free_bytes", (double)o->dm.free);
+            cJSON_AddNumberToObject(dv, "process_bytes", (double)o->dm.process);
+        }
+    }
+    char *txt = obj ? cJSON_Print(obj) : NULL;
+    if (txt) printf("%s\n", txt);
+    free(txt);
+    cJSON_Delete(obj);
+}
+
+/* candidate i's row of the table (* when chosen), and its planned parts' MiB under it */
+static void plan_spec_print_candidate(const struct planner_result *r, int i,
+                                      const struct train_spec *spec)
+{
+    const struct planner_candidate *c = &r->cand[i];
+    char d[32] = "-", h[32] = "-", grid[16] = "-";
+    if (c->planned) {
+        mib(d, sizeof d, c->device_bytes);
+        mib(h, sizeof h, c->host_bytes);
+        snprintf(grid, sizeof grid, "%d", c->strategy.sample_batch);
+    } else if (c->bound_bytes) { /* a lower bound ruled it out */
+        d[0] = '>';
+        mib(d + 1, sizeof d - 1, c->bound_bytes);
+    }
+    printf("  %s  %-9s %6d %-10s %-7s %4s %11s %9s %10.3f  %s\n",
+           i == r->chosen ? "*" : " ", planner_precision_name(c->strategy.precision),
+           c->strategy.micro_batch ? c->strategy.micro_batch : spec->batch,
+           planner_recompute_name(c->strategy.recompute),
+           c->strategy.offload == 1 ? "on" : "off", grid, d, h, c->predicted_s,
+           c->failed                                    ? "failed"
+           : c->planned                                 ? (c->fits ? "yes" : "no")
+           : c->bound_bytes > (size_t)spec->vram_budget ? "no"
+                                                        : "-");
+    if (!c->planned) return;
+    printf("       device MiB:");
+    for (int k = 0; k < PLAN_PART_COUNT; k++)
+        if (c->parts[k].device)
+            printf(" %s %.1f", plan_part_name((enum plan_part)k), c->parts[k].device / 1048576.0);
+    int any = 0;
+    for (int k = 0; k < PLAN_PART_COUNT; k++)
+        if (c->parts[k].host) {
+            printf("%s %s %.1f", any++ ? "" : "; host MiB:", plan_part_name((enum plan_part)k),
+                   c->parts[k].host / 1048576.0);
+        }
+    printf("\n");
+}
+
+/* the text report: the spec and device in a line or two, the candidates' table (searched in ms),
+ * the chosen one's reason */
+static void plan_spec_print_text(const struct plan_spec_opts *o, const struct planner_result *r,
+                                 const struct train_spec *spec, double ms)
+{
+    const struct bk_device_mem *dm = &o->dm;
+    char b[32] = "none";
+    if (spec->vram_budget) snprintf(b, sizeof b, "%.2f GiB", spec->vram_budget / 1073741824.0);
+    printf("%s: %s UNet, %d px, %d channels; effective batch %d; device budget %s\n", o->path,
+           spec->model.preset == UNET_DDPM ? "ddpm" : "seed", spec->model.image_size,
+           spec->model.in_channels, spec->batch, b);
+    if (o->have_mem)
+        printf("device %s (%s, sm_%d%d): %.1f MiB, %.1f MiB free; the process itself holds "
+               "%.1f MiB there (context, library handles, modules: measured after the "
+               "warm-up)\n", o->device, dm->name, dm->cc_major, dm->cc_minor,
+               dm->total / 1048576.0, dm->free / 1048576.0, dm->process / 1048576.0);
+    int planned = 0;
+    for (int i = 0; i < r->n_cand; i++) planned += r->cand[i].planned;
+    printf("%d candidate%s, %d planned (searched in %.0f ms), fastest predicted first%s:\n",
+           r->n_cand, r->n_cand == 1 ? "" : "s", planned, ms,
+           o->all || r->chosen < 0 ? "" : "; those after the chosen one are not planned");
+    printf("     %-9s %6s %-10s %-7s %4s %11s %9s %10s  %s\n", "precision", "micro",
+           "recompute", "offload", "grid", "device MiB", "host MiB", "step s", "fits");
+    for (int i = 0; i < r->n_cand; i++) plan_spec_print_candidate(r, i, spec);
+    if (r->chosen >= 0) printf("chosen (*): %s\n", r->why);
+}
+
+/* `ddpmd plan SPEC.json [--vram-budget SIZE] [--all] [--json]`: the search and its candidates */
+static int cmd_plan_spec(int argc, char **argv)
+{
+    struct plan_spec_opts o;
+    struct train_spec spec;
+    int erc = plan_spec_args(argc, argv, &o);
+    if (!erc) erc = plan_spec_load(&o, &spec);
+    if (erc) return erc;
     struct planner_result r;
     struct cost_model cost;
     char err[512];
     if (cli_cost_model(&cost, "")) return 1;
     double t0 = clock_now_s();
-    int rc = train_search(&spec, &cost, all, &r, err, sizeof err);
+    int rc = train_search(&spec, &cost, o.all, &r, err, sizeof err);
     double ms = 1e3 * (clock_now_s() - t0);
-    if (json) {
-        cJSON *o = train_search_json(&r, spec.batch);
-        cJSON *dv = o ? cJSON_AddObjectToObject(o, "device") : NULL;
-        if (dv) {
-            cJSON_AddStringToObject(dv, "name", device);
-            if (have_mem) {
-                cJSON_AddStringToObject(dv, "model", dm.name);
-                cJSON_AddNumberToObject(dv, "total_bytes", (double)dm.total);
-                cJSON_AddNumberToObject(dv, "free_bytes", (double)dm.free);
-                cJSON_AddNumberToObject(dv, "process_bytes", (double)dm.process);
-            }
-        }
-        char *txt = o ? cJSON_Print(o) : NULL;
-        if (txt) printf("%s\n", txt);
-        free(txt);
-        cJSON_Delete(o);
-    } else {
-        char b[32] = "none";
-        if (spec.vram_budget) snprintf(b, sizeof b, "%.2f GiB", spec.vram_budget / 1073741824.0);
-        printf("%s: %s UNet, %d px, %d channels; effective batch %d; device budget %s\n", path,
-               spec.model.preset == UNET_DDPM ? "ddpm" : "seed", spec.model.image_size,
-               spec.model.in_channels, spec.batch, b);
-        if (have_mem)
-            printf("device %s (%s, sm_%d%d): %.1f MiB, %.1f MiB free; the process itself holds "
-                   "%.1f MiB there (context, library handles, modules: measured after the "
-                   "warm-up)\n", device, dm.name, dm.cc_major, dm.cc_minor,
-                   dm.total / 1048576.0, dm.free / 1048576.0, dm.process / 1048576.0);
-        int planned = 0;
-        for (int i = 0; i < r.n_cand; i++) planned += r.cand[i].planned;
-        printf("%d candidate%s, %d planned (searched in %.0f ms), fastest predicted first%s:\n",
-               r.n_cand, r.n_cand == 1 ? "" : "s", planned, ms,
-               all || r.chosen < 0 ? "" : "; those after the chosen one are not planned");
-        printf("     %-9s %6s %-10s %-7s %4s %11s %9s %10s  %s\n", "precision", "micro",
-               "recompute", "offload", "grid", "device MiB", "host MiB", "step s", "fits");
-        for (int i = 0; i < r.n_cand; i++) {
-            const struct planner_candidate *c = &r.cand[i];
-            char d[32] = "-", h[32] = "-", grid[16] = "-";
-            if (c->planned) {
-                mib(d, sizeof d, c->device_bytes);
-                mib(h, sizeof h, c->host_bytes);
-                snprintf(grid, sizeof grid, "%d", c->strategy.sample_batch);
-            } else if (c->bound_bytes) { /* a lower bound ruled it out */
-                d[0] = '>';
-                mib(d + 1, sizeof d - 1, c->bound_bytes);
-            }
-            printf("  %s  %-9s %6d %-10s %-7s %4s %11s %9s %10.3f  %s\n",
-                   i == r.chosen ? "*" : " ", planner_precision_name(c->strategy.precision),
-                   c->strategy.micro_batch ? c->strategy.micro_batch : spec.batch,
-                   planner_recompute_name(c->strategy.recompute),
-                   c->strategy.offload == 1 ? "on" : "off", grid, d, h, c->predicted_s,
-                   c->failed                            ? "failed"
-                   : c->planned                         ? (c->fits ? "yes" : "no")
-                   : c->bound_bytes > (size_t)spec.vram_budget ? "no"
-                                                        : "-");
-            if (c->planned) {
-                printf("       device MiB:");
-                for (int k = 0; k < PLAN_PART_COUNT; k++)
-                    if (c->parts[k].device)
-                        printf(" %s %.1f", plan_part_name((enum plan_part)k),
-                               c->parts[k].device / 1048576.0);
-                int any = 0;
-                for (int k = 0; k < PLAN_PART_COUNT; k++)
-                    if (c->parts[k].host) {
-                        printf("%s %s %.1f", any++ ? "" : "; host MiB:",
-                               plan_part_name((enum plan_part)k), c->parts[k].host / 1048576.0);
-                    }
-                printf("\n");
-            }
-        }
-        if (r.chosen >= 0) printf("chosen (*): %s\n", r.why);
-    }
+    if (o.json)
+        plan_spec_print_json(&o, &r, spec.batch);
+    else
+        plan_spec_print_text(&o, &r, &spec, ms);
     if (rc) fprintf(stderr, "ddpmd: %s\n", err);
     planner_result_free(&r);
     return rc ? 1 : 0;
