@@ -11,27 +11,20 @@
 #define LAYOUT_PAR_MIN 16384
 #define LAYOUT_TILE 32 /* 32x32 floats = 4 KiB per side: both tiles stay in L1 */
 
-/* pixel r of concat_fwd */
-TY_INLINE int concat_fwd_row(long r, void *y, const void *a, const void *b, int c1, int c2, int dt)
-{
-    const int ct = c1 + c2;
-    const size_t es = bk_dtype_size(dt);
-    memcpy(ty_at(y, (size_t)r * ct, dt), ty_at(a, (size_t)r * c1, dt), (size_t)c1 * es);
-    memcpy(ty_at(y, (size_t)r * ct + c1, dt), ty_at(b, (size_t)r * c2, dt), (size_t)c2 * es);
-    return BK_OK;
-}
-
 /* channel concat of NHWC images of dtype dt: each pixel of y is [a's C1 channels, b's C2
- * channels]. The parallel regions here dispatch dt per task (TY_DISPATCH_IN). */
-static int concat_fwd(void *y, const void *a, const void *b, int n, int c1, int c2, int hw,
-                      bk_ctx *ctx, int dt)
+ * channels] */
+TY_INLINE int concat_fwd(void *y, const void *a, const void *b, int n, int c1, int c2, int hw,
+                         bk_ctx *ctx, int dt)
 {
-    if (!ty_valid(dt)) return BK_ERR_INVALID;
     int ct = c1 + c2;
     long rows = (long)n * hw;
     int par = (size_t)rows * (size_t)ct >= LAYOUT_PAR_MIN;
+    const size_t es = bk_dtype_size(dt);
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) TY_DISPATCH_IN(dt, concat_fwd_row, r, y, a, b, c1, c2);
+    for (long r = 0; r < rows; r++) {
+        memcpy(ty_at(y, (size_t)r * ct, dt), ty_at(a, (size_t)r * c1, dt), (size_t)c1 * es);
+        memcpy(ty_at(y, (size_t)r * ct + c1, dt), ty_at(b, (size_t)r * c2, dt), (size_t)c2 * es);
+    }
     return BK_OK;
 }
 
@@ -44,7 +37,7 @@ int cpu_concat_fwd(float *y, const float *a, const float *b, int n, int c1, int 
 int cpu_t_concat_fwd(void *y, const void *a, const void *b, int n, int c1, int c2, int hw,
                      int dtype, bk_ctx *ctx)
 {
-    return concat_fwd(y, a, b, n, c1, c2, hw, ctx, dtype);
+    return TY_DISPATCH(dtype, concat_fwd, y, a, b, n, c1, c2, hw, ctx);
 }
 
 /* dst (=/+= accum) cnt elements of g from element i, both of dtype dt */
