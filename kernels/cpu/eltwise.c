@@ -143,26 +143,33 @@ int cpu_copy_grad(float *dx, const float *dy, int accum, size_t count, bk_ctx *c
     return BK_OK;
 }
 
-/* y = x + b (N,C) broadcast over the pixels; x, y NHWC (the CPU backend's image layout), all
- * of dtype dt (typed.h) */
-TY_INLINE int add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw,
-                            bk_ctx *ctx, int dt)
+/* row r of add_bcast_fwd */
+TY_INLINE int add_bcast_fwd_row(long r, void *y, const void *x, const void *b, int c, int hw,
+                                int dt)
 {
+    const size_t xo = (size_t)r * c, bo = (size_t)(r / hw) * c;
+    float xbuf[TY_ROW], bbuf[TY_ROW], obuf[TY_ROW];
+    for (int k0 = 0; k0 < c; k0 += TY_ROW) {
+        const size_t m = c - k0 < TY_ROW ? (size_t)(c - k0) : TY_ROW;
+        const float *xr = ty_row(x, xo + k0, m, dt, xbuf);
+        const float *br = ty_row(b, bo + k0, m, dt, bbuf);
+        float *o = ty_out(y, xo + k0, dt, obuf);
+        for (size_t k = 0; k < m; k++) o[k] = xr[k] + br[k];
+        ty_put(y, xo + k0, m, dt, obuf);
+    }
+    return BK_OK;
+}
+
+/* y = x + b (N,C) broadcast over the pixels; x, y NHWC (the CPU backend's image layout), all
+ * of dtype dt (typed.h), which the parallel region dispatches per row (TY_DISPATCH_IN) */
+static int add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw,
+                         bk_ctx *ctx, int dt)
+{
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     long rows = (long)n * hw;
     int par = (size_t)rows * (size_t)c >= ELTWISE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const size_t xo = (size_t)r * c, bo = (size_t)(r / hw) * c;
-        float xbuf[TY_ROW], bbuf[TY_ROW], obuf[TY_ROW];
-        for (int k0 = 0; k0 < c; k0 += TY_ROW) {
-            const size_t m = c - k0 < TY_ROW ? (size_t)(c - k0) : TY_ROW;
-            const float *xr = ty_row(x, xo + k0, m, dt, xbuf);
-            const float *br = ty_row(b, bo + k0, m, dt, bbuf);
-            float *o = ty_out(y, xo + k0, dt, obuf);
-            for (size_t k = 0; k < m; k++) o[k] = xr[k] + br[k];
-            ty_put(y, xo + k0, m, dt, obuf);
-        }
-    }
+    for (long r = 0; r < rows; r++) TY_DISPATCH_IN(dt, add_bcast_fwd_row, r, y, x, b, c, hw);
     return BK_OK;
 }
 
@@ -175,34 +182,42 @@ int cpu_add_bcast_fwd(float *y, const float *x, const float *b, int n, int c, in
 int cpu_t_add_bcast_fwd(void *y, const void *x, const void *b, int n, int c, int hw, int dtype,
                         bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, add_bcast_fwd, y, x, b, n, c, hw, ctx);
+    return add_bcast_fwd(y, x, b, n, c, hw, ctx, dtype);
 }
 
 /* db (N,C) (=/+=) sum over the pixels of dy (NHWC), of dtype dt. One thread owns a block of 64
  * channels of one image and adds its pixels in order, in double: thread-count independent. */
 #define BCAST_CBLK 64
-TY_INLINE int add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw,
-                            bk_ctx *ctx, int dt)
+/* task t of add_bcast_bwd: image t / cblocks, channel block t % cblocks */
+TY_INLINE int add_bcast_bwd_task(long t, void *db, const void *dy, int accum, int c, int hw,
+                                 int cblocks, int dt)
 {
+    int img = (int)(t / cblocks), c0 = (int)(t % cblocks) * BCAST_CBLK;
+    int nc = c - c0 < BCAST_CBLK ? c - c0 : BCAST_CBLK;
+    double acc[BCAST_CBLK];
+    float buf[BCAST_CBLK];
+    for (int k = 0; k < nc; k++) acc[k] = 0.0;
+    for (int p = 0; p < hw; p++) {
+        const float *g = ty_row(dy, ((size_t)img * hw + p) * c + c0, (size_t)nc, dt, buf);
+        for (int k = 0; k < nc; k++) acc[k] += (double)g[k];
+    }
+    const size_t d = (size_t)img * c + c0;
+    for (int k = 0; k < nc; k++)
+        ty_st(db, d + k, accum ? (float)((double)ty_ld(db, d + k, dt) + acc[k]) : (float)acc[k],
+              dt);
+    return BK_OK;
+}
+
+static int add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw, bk_ctx *ctx,
+                         int dt)
+{
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     int cblocks = (c + BCAST_CBLK - 1) / BCAST_CBLK;
     long tasks = (long)n * cblocks;
     int par = (size_t)n * c * (size_t)hw >= ELTWISE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long t = 0; t < tasks; t++) {
-        int img = (int)(t / cblocks), c0 = (int)(t % cblocks) * BCAST_CBLK;
-        int nc = c - c0 < BCAST_CBLK ? c - c0 : BCAST_CBLK;
-        double acc[BCAST_CBLK];
-        float buf[BCAST_CBLK];
-        for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        for (int p = 0; p < hw; p++) {
-            const float *g = ty_row(dy, ((size_t)img * hw + p) * c + c0, (size_t)nc, dt, buf);
-            for (int k = 0; k < nc; k++) acc[k] += (double)g[k];
-        }
-        const size_t d = (size_t)img * c + c0;
-        for (int k = 0; k < nc; k++)
-            ty_st(db, d + k, accum ? (float)((double)ty_ld(db, d + k, dt) + acc[k]) : (float)acc[k],
-                  dt);
-    }
+    for (long t = 0; t < tasks; t++)
+        TY_DISPATCH_IN(dt, add_bcast_bwd_task, t, db, dy, accum, c, hw, cblocks);
     return BK_OK;
 }
 
@@ -214,7 +229,7 @@ int cpu_add_bcast_bwd(float *db, const float *dy, int accum, int n, int c, int h
 int cpu_t_add_bcast_bwd(void *db, const void *dy, int accum, int n, int c, int hw, int dtype,
                         bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, add_bcast_bwd, db, dy, accum, n, c, hw, ctx);
+    return add_bcast_bwd(db, dy, accum, n, c, hw, ctx, dtype);
 }
 
 int cpu_scale_fwd(float *y, const float *x, float s, size_t count, bk_ctx *ctx) // (count)

@@ -57,22 +57,83 @@ int cpu_mse_bwd(float *dpred, const float *pred, const float *target, float dlos
     return BK_OK;
 }
 
+/* dropout_apply's tasks, one per parallel region below, each inlined per dtype inside its
+ * region (TY_DISPATCH_IN). An exact copy (p = 0): element i */
+TY_INLINE int dropout_copy_el(size_t i, void *out, const void *in, int accum, int dt)
+{
+    ty_st(out, i, accum ? ty_ld(out, i, dt) + ty_ld(in, i, dt) : ty_ld(in, i, dt), dt);
+    return BK_OK;
+}
+
+/* NHWC with HW a multiple of 4: item it, a quad of pixels of one sample, all channels */
+TY_INLINE int dropout_quad(size_t it, void *out, const void *in, float p, uint64_t seed,
+                           uint64_t step, uint32_t op, int sample_base, int accum,
+                           size_t per_sample, size_t C, size_t quads, float scale, int dt)
+{
+    const size_t hw = 4 * quads;
+    size_t s = it / quads, p0 = 4 * (it % quads);
+    const size_t o0 = s * per_sample + p0 * C;
+    for (size_t c = 0; c < C; c++) {
+        struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                          (uint32_t)(sample_base + (int)s), op,
+                                          (uint32_t)((c * hw + p0) / 4));
+        for (size_t k = 0; k < 4; k++) {
+            const size_t i = o0 + k * C + c;
+            float v = philox_uniform(r.v[k]) >= p ? ty_ld(in, i, dt) * scale : 0.0f;
+            ty_st(out, i, accum ? ty_ld(out, i, dt) + v : v, dt);
+        }
+    }
+    return BK_OK;
+}
+
+/* NHWC with HW not a multiple of 4: element i, a Philox block of its own */
+TY_INLINE int dropout_el(size_t i, void *out, const void *in, float p, uint64_t seed,
+                         uint64_t step, uint32_t op, int sample_base, int accum,
+                         size_t per_sample, int channels, float scale, int dt)
+{
+    const size_t hw = per_sample / (size_t)channels;
+    size_t s = i / per_sample, m = i % per_sample;
+    size_t e = (m % (size_t)channels) * hw + m / (size_t)channels;
+    struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                      (uint32_t)(sample_base + (int)s), op, (uint32_t)(e / 4));
+    float v = philox_uniform(r.v[e % 4]) >= p ? ty_ld(in, i, dt) * scale : 0.0f;
+    ty_st(out, i, accum ? ty_ld(out, i, dt) + v : v, dt);
+    return BK_OK;
+}
+
+/* logical order: block b, four consecutive elements of one sample */
+TY_INLINE int dropout_block(size_t b, void *out, const void *in, float p, uint64_t seed,
+                            uint64_t step, uint32_t op, int sample_base, int accum,
+                            size_t per_sample, size_t nblk, float scale, int dt)
+{
+    size_t s = b / nblk, blk = b % nblk;
+    struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
+                                      (uint32_t)(sample_base + (int)s), op, (uint32_t)blk);
+    size_t e0 = blk * 4;
+    size_t ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
+    const size_t o0 = s * per_sample + e0;
+    for (size_t q = 0; q < ne; q++) {
+        float v = philox_uniform(r.v[q]) >= p ? ty_ld(in, o0 + q, dt) * scale : 0.0f;
+        ty_st(out, o0 + q, accum ? ty_ld(out, o0 + q, dt) + v : v, dt);
+    }
+    return BK_OK;
+}
+
 /* Shared by forward and backward so both see one mask: element e of sample s (of the micro-batch)
  * is kept iff philox_uniform_at(seed, DROPOUT, step, sample_base + s, op, e) >= p; kept values
  * are multiplied by 1/(1-p) computed once in float (PyTorch's x * (mask / (1-p))).
- * out (N,per_sample) (= or += per accum) from in (N,per_sample). */
-TY_INLINE int dropout_apply(void *out, const void *in, float p, uint64_t seed, uint64_t step,
-                            uint32_t op, int sample_base, int accum, int n, size_t per_sample,
-                            int channels, bk_ctx *ctx, int dt)
+ * out (N,per_sample) (= or += per accum) from in (N,per_sample), of dtype dt. */
+static int dropout_apply(void *out, const void *in, float p, uint64_t seed, uint64_t step,
+                         uint32_t op, int sample_base, int accum, int n, size_t per_sample,
+                         int channels, bk_ctx *ctx, int dt)
 {
     if (!(p >= 0.0f && p < 1.0f) || n < 0 || per_sample > 0xFFFFFFFFull || channels < 0 ||
-        (channels > 1 && per_sample % (size_t)channels))
+        (channels > 1 && per_sample % (size_t)channels) || !ty_valid(dt))
         return BK_ERR_INVALID;
     size_t total = (size_t)n * per_sample;
     if (p == 0.0f) { /* every uniform is > 0: all kept, scale 1 - an exact copy */
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN) schedule(static)
-        for (size_t i = 0; i < total; i++)
-            ty_st(out, i, accum ? ty_ld(out, i, dt) + ty_ld(in, i, dt) : ty_ld(in, i, dt), dt);
+        for (size_t i = 0; i < total; i++) TY_DISPATCH_IN(dt, dropout_copy_el, i, out, in, accum);
         return BK_OK;
     }
     float scale = 1.0f / (1.0f - p);
@@ -80,54 +141,27 @@ TY_INLINE int dropout_apply(void *out, const void *in, float p, uint64_t seed, u
         /* NHWC image: memory element m = pixel * C + c is logical element e = c * HW + pixel.
          * With HW a multiple of 4, pixels 4j..4j+3 of channel c are one Philox block's four
          * lanes: each block is drawn once, for a quad of pixels, all channels at a time */
-        const size_t C = (size_t)channels, quads = per_sample / C / 4, hw = 4 * quads;
+        const size_t C = (size_t)channels, quads = per_sample / C / 4;
         const size_t items = (size_t)n * quads;
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
-        for (size_t it = 0; it < items; it++) {
-            size_t s = it / quads, p0 = 4 * (it % quads);
-            const size_t o0 = s * per_sample + p0 * C;
-            for (size_t c = 0; c < C; c++) {
-                struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
-                                                  (uint32_t)(sample_base + (int)s), op,
-                                                  (uint32_t)((c * hw + p0) / 4));
-                for (size_t k = 0; k < 4; k++) {
-                    const size_t i = o0 + k * C + c;
-                    float v = philox_uniform(r.v[k]) >= p ? ty_ld(in, i, dt) * scale : 0.0f;
-                    ty_st(out, i, accum ? ty_ld(out, i, dt) + v : v, dt);
-                }
-            }
-        }
+        for (size_t it = 0; it < items; it++)
+            TY_DISPATCH_IN(dt, dropout_quad, it, out, in, p, seed, step, op, sample_base, accum,
+                           per_sample, C, quads, scale);
         return BK_OK;
     }
     if (channels > 1) { /* HW not a multiple of 4: a block per element */
-        const size_t hw = per_sample / (size_t)channels;
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
-        for (size_t i = 0; i < total; i++) {
-            size_t s = i / per_sample, m = i % per_sample;
-            size_t e = (m % (size_t)channels) * hw + m / (size_t)channels;
-            struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
-                                              (uint32_t)(sample_base + (int)s), op,
-                                              (uint32_t)(e / 4));
-            float v = philox_uniform(r.v[e % 4]) >= p ? ty_ld(in, i, dt) * scale : 0.0f;
-            ty_st(out, i, accum ? ty_ld(out, i, dt) + v : v, dt);
-        }
+        for (size_t i = 0; i < total; i++)
+            TY_DISPATCH_IN(dt, dropout_el, i, out, in, p, seed, step, op, sample_base, accum,
+                           per_sample, channels, scale);
         return BK_OK;
     }
     size_t nblk = (per_sample + 3) / 4; /* one Philox call gives 4 elements */
     size_t blocks = (size_t)n * nblk;
 #pragma omp parallel for num_threads(ctx->threads) if (total >= LOSS_PAR_MIN / 4) schedule(static)
-    for (size_t b = 0; b < blocks; b++) {
-        size_t s = b / nblk, blk = b % nblk;
-        struct philox_u4 r = philox_block(seed, PHILOX_TAG_DROPOUT, step,
-                                          (uint32_t)(sample_base + (int)s), op, (uint32_t)blk);
-        size_t e0 = blk * 4;
-        size_t ne = per_sample - e0 < 4 ? per_sample - e0 : 4;
-        const size_t o0 = s * per_sample + e0;
-        for (size_t q = 0; q < ne; q++) {
-            float v = philox_uniform(r.v[q]) >= p ? ty_ld(in, o0 + q, dt) * scale : 0.0f;
-            ty_st(out, o0 + q, accum ? ty_ld(out, o0 + q, dt) + v : v, dt);
-        }
-    }
+    for (size_t b = 0; b < blocks; b++)
+        TY_DISPATCH_IN(dt, dropout_block, b, out, in, p, seed, step, op, sample_base, accum,
+                       per_sample, nblk, scale);
     return BK_OK;
 }
 
@@ -154,16 +188,16 @@ int cpu_t_dropout_fwd(void *y, const void *x, float p, uint64_t seed, uint64_t s
                       int sample_base, int n, size_t per_sample, int channels, int dtype,
                       bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, dropout_apply, y, x, p, seed, step, op, sample_base, 0, n,
-                       per_sample, channels, ctx);
+    return dropout_apply(y, x, p, seed, step, op, sample_base, 0, n, per_sample, channels, ctx,
+                         dtype);
 }
 
 int cpu_t_dropout_bwd(void *dx, const void *dy, float p, uint64_t seed, uint64_t step,
                       uint32_t op, int sample_base, int accum, int n, size_t per_sample,
                       int channels, int dtype, bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, dropout_apply, dx, dy, p, seed, step, op, sample_base, accum, n,
-                       per_sample, channels, ctx);
+    return dropout_apply(dx, dy, p, seed, step, op, sample_base, accum, n, per_sample, channels,
+                         ctx, dtype);
 }
 
 /* softmax cross-entropy: rows in parallel, each row's sums in double in a fixed order */

@@ -416,24 +416,32 @@ int cpu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const v
 /* the longest row the typed layer norm takes in 16 bits (its rows convert on the stack) */
 #define LN_MAX_ROW 4096
 
-/* x, y (M,D) of dtype dt (typed.h) */
-TY_INLINE int ln_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
-                     const float *beta, int m, int d, float eps, bk_ctx *ctx, int dt)
+/* row i of ln_fwd */
+TY_INLINE int ln_fwd_row(int i, void *y, float *mean, float *rstd, const void *x,
+                         const float *gamma, const float *beta, int d, float eps, int dt)
 {
-    if (!y || !mean || !rstd || !x || !ctx || m < 1 || d < 1 || !(eps >= 0.0f) ||
+    float buf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+    const float *xr = ty_row(x, (size_t)i * d, (size_t)d, dt, buf);
+    float *yr = ty_out(y, (size_t)i * d, dt, buf); /* buf's row is read before written */
+    norm_stats(&mean[i], &rstd[i], xr, (size_t)d, eps);
+    const float mu = mean[i], rs = rstd[i];
+    for (int j = 0; j < d; j++)
+        yr[j] = (xr[j] - mu) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+    ty_put(y, (size_t)i * d, (size_t)d, dt, buf);
+    return BK_OK;
+}
+
+/* x, y (M,D) of dtype dt (typed.h), which the parallel region dispatches per row
+ * (TY_DISPATCH_IN) */
+static int ln_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
+                  const float *beta, int m, int d, float eps, bk_ctx *ctx, int dt)
+{
+    if (!y || !mean || !rstd || !x || !ctx || m < 1 || d < 1 || !(eps >= 0.0f) || !ty_valid(dt) ||
         (dt != BK_DTYPE_F32 && d > LN_MAX_ROW))
         return BK_ERR_INVALID;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int i = 0; i < m; i++) {
-        float buf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
-        const float *xr = ty_row(x, (size_t)i * d, (size_t)d, dt, buf);
-        float *yr = ty_out(y, (size_t)i * d, dt, buf); /* buf's row is read before written */
-        norm_stats(&mean[i], &rstd[i], xr, (size_t)d, eps);
-        const float mu = mean[i], rs = rstd[i];
-        for (int j = 0; j < d; j++)
-            yr[j] = (xr[j] - mu) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
-        ty_put(y, (size_t)i * d, (size_t)d, dt, buf);
-    }
+    for (int i = 0; i < m; i++)
+        TY_DISPATCH_IN(dt, ln_fwd_row, i, y, mean, rstd, x, gamma, beta, d, eps);
     return BK_OK;
 }
 
@@ -443,64 +451,78 @@ int cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const 
     return ln_fwd(y, mean, rstd, x, gamma, beta, m, d, eps, ctx, BK_DTYPE_F32);
 }
 
-/* dx, dy, x (M,D) of dtype dt */
-TY_INLINE int ln_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
-                     const float *gamma, const float *mean, const float *rstd, int accum, int m,
-                     int d, bk_ctx *ctx, int dt)
+/* row i of ln_bwd's dx */
+TY_INLINE int ln_bwd_row(int i, void *dx, const void *dy, const void *x, const float *gamma,
+                         const float *mean, const float *rstd, int accum, int d, int dt)
 {
-    if (!dy || !x || !mean || !rstd || !ctx || m < 1 || d < 1 ||
+    float xbuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+    float dbuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+    float obuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
+    const size_t ro = (size_t)i * d;
+    const float *xr = ty_row(x, ro, (size_t)d, dt, xbuf);
+    const float *dr = ty_row(dy, ro, (size_t)d, dt, dbuf);
+    float *o = ty_out(dx, ro, dt, obuf);
+    if (accum && dt != BK_DTYPE_F32)
+        cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, ro, dt), dt, (size_t)d);
+    const double mu = mean[i], rs = rstd[i];
+    double s1 = 0.0, s2 = 0.0;
+    for (int j = 0; j < d; j++) {
+        double gd = dr[j] * (gamma ? (double)gamma[j] : 1.0);
+        s1 += gd;
+        s2 += gd * ((xr[j] - mu) * rs);
+    }
+    const double a = s1 / d, b = s2 / d;
+    for (int j = 0; j < d; j++) {
+        double gd = dr[j] * (gamma ? (double)gamma[j] : 1.0);
+        float v = (float)(rs * (gd - a - (xr[j] - mu) * rs * b));
+        o[j] = accum ? o[j] + v : v;
+    }
+    ty_put(dx, ro, (size_t)d, dt, obuf);
+    return BK_OK;
+}
+
+/* column block bi of ln_bwd's parameter gradients */
+TY_INLINE int ln_bwd_cols(int bi, float *dgamma, float *dbeta, const void *dy, const void *x,
+                          const float *mean, const float *rstd, int m, int d, int dt)
+{
+    const int j0 = bi * NORM_COL_BLOCK;
+    const int nb = d - j0 < NORM_COL_BLOCK ? d - j0 : NORM_COL_BLOCK;
+    double sg[NORM_COL_BLOCK] = {0}, sb[NORM_COL_BLOCK] = {0};
+    float xbuf[NORM_COL_BLOCK], dbuf[NORM_COL_BLOCK];
+    for (int i = 0; i < m; i++) {
+        const float *xr = ty_row(x, (size_t)i * d + j0, (size_t)nb, dt, xbuf);
+        const float *dr = ty_row(dy, (size_t)i * d + j0, (size_t)nb, dt, dbuf);
+        const double mu = mean[i], rs = rstd[i];
+        for (int j = 0; j < nb; j++) {
+            sg[j] += dr[j] * ((xr[j] - mu) * rs);
+            sb[j] += dr[j];
+        }
+    }
+    for (int j = 0; j < nb; j++) {
+        if (dgamma) dgamma[j0 + j] += (float)sg[j];
+        if (dbeta) dbeta[j0 + j] += (float)sb[j];
+    }
+    return BK_OK;
+}
+
+/* dx, dy, x (M,D) of dtype dt, which the parallel regions dispatch per task (TY_DISPATCH_IN) */
+static int ln_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
+                  const float *gamma, const float *mean, const float *rstd, int accum, int m, int d,
+                  bk_ctx *ctx, int dt)
+{
+    if (!dy || !x || !mean || !rstd || !ctx || m < 1 || d < 1 || !ty_valid(dt) ||
         (dt != BK_DTYPE_F32 && d > LN_MAX_ROW))
         return BK_ERR_INVALID;
     if (dx) {
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int i = 0; i < m; i++) {
-            float xbuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
-            float dbuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
-            float obuf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
-            const size_t ro = (size_t)i * d;
-            const float *xr = ty_row(x, ro, (size_t)d, dt, xbuf);
-            const float *dr = ty_row(dy, ro, (size_t)d, dt, dbuf);
-            float *o = ty_out(dx, ro, dt, obuf);
-            if (accum && dt != BK_DTYPE_F32)
-                cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, ro, dt), dt, (size_t)d);
-            const double mu = mean[i], rs = rstd[i];
-            double s1 = 0.0, s2 = 0.0;
-            for (int j = 0; j < d; j++) {
-                double gd = dr[j] * (gamma ? (double)gamma[j] : 1.0);
-                s1 += gd;
-                s2 += gd * ((xr[j] - mu) * rs);
-            }
-            const double a = s1 / d, b = s2 / d;
-            for (int j = 0; j < d; j++) {
-                double gd = dr[j] * (gamma ? (double)gamma[j] : 1.0);
-                float v = (float)(rs * (gd - a - (xr[j] - mu) * rs * b));
-                o[j] = accum ? o[j] + v : v;
-            }
-            ty_put(dx, ro, (size_t)d, dt, obuf);
-        }
+        for (int i = 0; i < m; i++)
+            TY_DISPATCH_IN(dt, ln_bwd_row, i, dx, dy, x, gamma, mean, rstd, accum, d);
     }
     if (dgamma || dbeta) {
         const int nblk = (d + NORM_COL_BLOCK - 1) / NORM_COL_BLOCK;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int bi = 0; bi < nblk; bi++) {
-            const int j0 = bi * NORM_COL_BLOCK;
-            const int nb = d - j0 < NORM_COL_BLOCK ? d - j0 : NORM_COL_BLOCK;
-            double sg[NORM_COL_BLOCK] = {0}, sb[NORM_COL_BLOCK] = {0};
-            float xbuf[NORM_COL_BLOCK], dbuf[NORM_COL_BLOCK];
-            for (int i = 0; i < m; i++) {
-                const float *xr = ty_row(x, (size_t)i * d + j0, (size_t)nb, dt, xbuf);
-                const float *dr = ty_row(dy, (size_t)i * d + j0, (size_t)nb, dt, dbuf);
-                const double mu = mean[i], rs = rstd[i];
-                for (int j = 0; j < nb; j++) {
-                    sg[j] += dr[j] * ((xr[j] - mu) * rs);
-                    sb[j] += dr[j];
-                }
-            }
-            for (int j = 0; j < nb; j++) {
-                if (dgamma) dgamma[j0 + j] += (float)sg[j];
-                if (dbeta) dbeta[j0 + j] += (float)sb[j];
-            }
-        }
+        for (int bi = 0; bi < nblk; bi++)
+            TY_DISPATCH_IN(dt, ln_bwd_cols, bi, dgamma, dbeta, dy, x, mean, rstd, m, d);
     }
     return BK_OK;
 }
@@ -515,13 +537,12 @@ int cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
 int cpu_t_layernorm_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                         const float *beta, int m, int d, float eps, int dtype, bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, ln_fwd, y, mean, rstd, x, gamma, beta, m, d, eps, ctx);
+    return ln_fwd(y, mean, rstd, x, gamma, beta, m, d, eps, ctx, dtype);
 }
 
 int cpu_t_layernorm_bwd(void *dx, float *dgamma, float *dbeta, const void *dy, const void *x,
                         const float *gamma, const float *mean, const float *rstd, int accum, int m,
                         int d, int dtype, bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, ln_bwd, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, accum, m, d,
-                       ctx);
+    return ln_bwd(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, accum, m, d, ctx, dtype);
 }

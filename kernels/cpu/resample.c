@@ -11,22 +11,29 @@
 
 #define RESAMPLE_PAR_MIN 16384
 
-/* x (N,H,W,C) -> y (N,2H,2W,C), y[2i+a][2j+b] = x[i][j]; of dtype dt */
-TY_INLINE int nearest_fwd(void *y, const void *x, int n, int c, int h, int w, bk_ctx *ctx, int dt)
+/* input row r of nearest_fwd */
+TY_INLINE int nearest_fwd_row(long r, void *y, const void *x, int c, int w, int dt)
 {
+    const size_t px = (size_t)c * bk_dtype_size(dt), orow = (size_t)2 * w * c;
+    const size_t xr = (size_t)r * w * c, y0 = (size_t)r * 2 * orow;
+    for (int j = 0; j < w; j++) {
+        memcpy(ty_at(y, y0 + (size_t)2 * j * c, dt), ty_at(x, xr + (size_t)j * c, dt), px);
+        memcpy(ty_at(y, y0 + (size_t)(2 * j + 1) * c, dt), ty_at(x, xr + (size_t)j * c, dt),
+               px);
+    }
+    memcpy(ty_at(y, y0 + orow, dt), ty_at(y, y0, dt), orow * bk_dtype_size(dt));
+    return BK_OK;
+}
+
+/* x (N,H,W,C) -> y (N,2H,2W,C), y[2i+a][2j+b] = x[i][j]; of dtype dt */
+static int nearest_fwd(void *y, const void *x, int n, int c, int h, int w, bk_ctx *ctx, int dt)
+{
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     long rows = (long)n * h; /* input rows; each writes two output rows */
-    size_t px = (size_t)c * bk_dtype_size(dt), orow = (size_t)2 * w * c;
     int par = (size_t)rows * (size_t)w * c >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const size_t xr = (size_t)r * w * c, y0 = (size_t)r * 2 * orow;
-        for (int j = 0; j < w; j++) {
-            memcpy(ty_at(y, y0 + (size_t)2 * j * c, dt), ty_at(x, xr + (size_t)j * c, dt), px);
-            memcpy(ty_at(y, y0 + (size_t)(2 * j + 1) * c, dt), ty_at(x, xr + (size_t)j * c, dt),
-                   px);
-        }
-        memcpy(ty_at(y, y0 + orow, dt), ty_at(y, y0, dt), orow * bk_dtype_size(dt));
-    }
+    for (long r = 0; r < rows; r++)
+        TY_DISPATCH_IN(dt, nearest_fwd_row, r, y, x, c, w);
     return BK_OK;
 }
 
@@ -39,29 +46,36 @@ int cpu_upsample_nearest2x_fwd(float *y, const float *x, int n, int c, int h, in
 int cpu_t_upsample_nearest2x_fwd(void *y, const void *x, int n, int c, int h, int w, int dtype,
                                  bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, nearest_fwd, y, x, n, c, h, w, ctx);
+    return nearest_fwd(y, x, n, c, h, w, ctx, dtype);
+}
+
+/* input row r of nearest_bwd */
+TY_INLINE int nearest_bwd_row(long r, void *dx, const void *dy, int accum, int c, int w, int dt)
+{
+    const size_t orow = (size_t)2 * w * c;
+    const size_t g0 = (size_t)r * 2 * orow, g1 = g0 + orow, dr = (size_t)r * w * c;
+    for (int j = 0; j < w; j++) {
+        const size_t a = g0 + (size_t)2 * j * c, b = a + c, e = g1 + (size_t)2 * j * c,
+                     f = e + c, d = dr + (size_t)j * c;
+        for (int k = 0; k < c; k++) {
+            float v = (ty_ld(dy, a + k, dt) + ty_ld(dy, b + k, dt)) +
+                      (ty_ld(dy, e + k, dt) + ty_ld(dy, f + k, dt));
+            ty_st(dx, d + k, accum ? ty_ld(dx, d + k, dt) + v : v, dt);
+        }
+    }
+    return BK_OK;
 }
 
 /* dx (N,H,W,C) (=/+=) sum of the 2x2 block of dy (N,2H,2W,C) over it (a gather); of dtype dt */
-TY_INLINE int nearest_bwd(void *dx, const void *dy, int accum, int n, int c, int h, int w,
-                          bk_ctx *ctx, int dt)
+static int nearest_bwd(void *dx, const void *dy, int accum, int n, int c, int h, int w,
+                       bk_ctx *ctx, int dt)
 {
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     long rows = (long)n * h;
-    size_t orow = (size_t)2 * w * c;
     int par = (size_t)rows * (size_t)w * c >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const size_t g0 = (size_t)r * 2 * orow, g1 = g0 + orow, dr = (size_t)r * w * c;
-        for (int j = 0; j < w; j++) {
-            const size_t a = g0 + (size_t)2 * j * c, b = a + c, e = g1 + (size_t)2 * j * c,
-                         f = e + c, d = dr + (size_t)j * c;
-            for (int k = 0; k < c; k++) {
-                float v = (ty_ld(dy, a + k, dt) + ty_ld(dy, b + k, dt)) +
-                          (ty_ld(dy, e + k, dt) + ty_ld(dy, f + k, dt));
-                ty_st(dx, d + k, accum ? ty_ld(dx, d + k, dt) + v : v, dt);
-            }
-        }
-    }
+    for (long r = 0; r < rows; r++)
+        TY_DISPATCH_IN(dt, nearest_bwd_row, r, dx, dy, accum, c, w);
     return BK_OK;
 }
 
@@ -74,7 +88,7 @@ int cpu_upsample_nearest2x_bwd(float *dx, const float *dy, int accum, int n, int
 int cpu_t_upsample_nearest2x_bwd(void *dx, const void *dy, int accum, int n, int c, int h, int w,
                                  int dtype, bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, nearest_bwd, dx, dy, accum, n, c, h, w, ctx);
+    return nearest_bwd(dx, dy, accum, n, c, h, w, ctx, dtype);
 }
 
 /* PyTorch's area_pixel_compute_scale for scale_factor=2 (float, as its float kernels) */
@@ -103,37 +117,46 @@ static inline void bilinear_tap(int dst, int in, float scale, int align_corners,
     *l0 = 1.0f - lam;
 }
 
-/* x (N,H,W,C) -> y (N,2H,2W,C) bilinear, of dtype dt */
-TY_INLINE int bilinear_fwd(void *y, const void *x, int align_corners, int n, int c, int h, int w,
-                           bk_ctx *ctx, int dt)
+/* output row r of bilinear_fwd */
+TY_INLINE int bilinear_fwd_row(long r, void *y, const void *x, int align_corners, int c, int h,
+                              int w, float sh, float sw, int dt)
 {
+    const int ho = 2 * h, wo = 2 * w;
+    long img = r / ho;
+    int oy = (int)(r % ho);
+    int y0, y1;
+    float ly0, ly1;
+    bilinear_tap(oy, h, sh, align_corners, &y0, &y1, &ly0, &ly1);
+    const size_t xr0 = ((size_t)img * h + y0) * w * c, xr1 = ((size_t)img * h + y1) * w * c;
+    const size_t yr = (size_t)r * wo * c;
+    for (int ox = 0; ox < wo; ox++) {
+        int x0, x1;
+        float lx0, lx1;
+        bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
+        const size_t a = xr0 + (size_t)x0 * c, b = xr0 + (size_t)x1 * c;
+        const size_t e = xr1 + (size_t)x0 * c, f = xr1 + (size_t)x1 * c;
+        const size_t o = yr + (size_t)ox * c;
+        for (int k = 0; k < c; k++)
+            ty_st(y, o + k,
+                  ly0 * (lx0 * ty_ld(x, a + k, dt) + lx1 * ty_ld(x, b + k, dt)) +
+                      ly1 * (lx0 * ty_ld(x, e + k, dt) + lx1 * ty_ld(x, f + k, dt)),
+                  dt);
+    }
+    return BK_OK;
+}
+
+/* x (N,H,W,C) -> y (N,2H,2W,C) bilinear, of dtype dt */
+static int bilinear_fwd(void *y, const void *x, int align_corners, int n, int c, int h, int w,
+                        bk_ctx *ctx, int dt)
+{
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     int ho = 2 * h, wo = 2 * w;
     float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
     long rows = (long)n * ho; /* output rows */
     int par = (size_t)rows * (size_t)wo * c >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        long img = r / ho;
-        int oy = (int)(r % ho);
-        int y0, y1;
-        float ly0, ly1;
-        bilinear_tap(oy, h, sh, align_corners, &y0, &y1, &ly0, &ly1);
-        const size_t xr0 = ((size_t)img * h + y0) * w * c, xr1 = ((size_t)img * h + y1) * w * c;
-        const size_t yr = (size_t)r * wo * c;
-        for (int ox = 0; ox < wo; ox++) {
-            int x0, x1;
-            float lx0, lx1;
-            bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
-            const size_t a = xr0 + (size_t)x0 * c, b = xr0 + (size_t)x1 * c;
-            const size_t e = xr1 + (size_t)x0 * c, f = xr1 + (size_t)x1 * c;
-            const size_t o = yr + (size_t)ox * c;
-            for (int k = 0; k < c; k++)
-                ty_st(y, o + k,
-                      ly0 * (lx0 * ty_ld(x, a + k, dt) + lx1 * ty_ld(x, b + k, dt)) +
-                          ly1 * (lx0 * ty_ld(x, e + k, dt) + lx1 * ty_ld(x, f + k, dt)),
-                      dt);
-        }
-    }
+    for (long r = 0; r < rows; r++)
+        TY_DISPATCH_IN(dt, bilinear_fwd_row, r, y, x, align_corners, c, h, w, sh, sw);
     return BK_OK;
 }
 
@@ -146,7 +169,7 @@ int cpu_upsample_bilinear2x_fwd(float *y, const float *x, int align_corners, int
 int cpu_t_upsample_bilinear2x_fwd(void *y, const void *x, int align_corners, int n, int c, int h,
                                   int w, int dtype, bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, bilinear_fwd, y, x, align_corners, n, c, h, w, ctx);
+    return bilinear_fwd(y, x, align_corners, n, c, h, w, ctx, dtype);
 }
 
 #define RESAMPLE_CBLK 64
@@ -199,30 +222,18 @@ int cpu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, i
  * window below); its channel block shrinks to fit wide images */
 #define RESAMPLE_ROW_FLOATS 8192
 
-/* The same on 16-bit dx, dy of dtype dt: dx's rows are summed in fp32 in a window of three
- * rows on the stack, in the fp32 kernel's order (output row-major), from dx's stored values
- * (accum) or 0, and each is rounded once when no later output row reaches it (a 2x upsample's
- * taps y0 <= y1 <= y0 + 1 rise by at most one per output row): the fp32 kernel's bits on
- * converted operands. */
-TY_INLINE int bilinear_bwd16(void *dx, const void *dy, int align_corners, int accum, int n, int c,
-                             int h, int w, bk_ctx *ctx, int dt)
+/* task t of bilinear_bwd16: image t / cblocks, channel block t % cblocks */
+TY_INLINE int bilinear_bwd16_task(long t, void *dx, const void *dy, int align_corners, int accum,
+                                  int c, int h, int w, float sh, float sw, int cb, int cblocks,
+                                  int dt)
 {
-    int ho = 2 * h, wo = 2 * w;
-    float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
-    int cb = RESAMPLE_ROW_FLOATS / 3 / w;
-    cb = cb > RESAMPLE_CBLK ? RESAMPLE_CBLK : cb;
-    if (cb < 1) return BK_ERR_INVALID;
-    int cblocks = (c + cb - 1) / cb;
-    long tasks = (long)n * cblocks;
-    int par = (size_t)n * c * (size_t)ho * (size_t)wo >= RESAMPLE_PAR_MIN;
-#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long t = 0; t < tasks; t++) {
-        long img = t / cblocks;
-        int c0 = (int)(t % cblocks) * cb;
-        int nc = c - c0 < cb ? c - c0 : cb;
-        const size_t d = (size_t)img * h * w * c + c0, g = (size_t)img * ho * wo * c + c0;
-        float win[RESAMPLE_ROW_FLOATS]; /* rows iy % 3, each w x nc */
-        int made = 0, done = 0;        /* rows [done, made) are in the window */
+    const int ho = 2 * h, wo = 2 * w;
+    long img = t / cblocks;
+    int c0 = (int)(t % cblocks) * cb;
+    int nc = c - c0 < cb ? c - c0 : cb;
+    const size_t d = (size_t)img * h * w * c + c0, g = (size_t)img * ho * wo * c + c0;
+    float win[RESAMPLE_ROW_FLOATS]; /* rows iy % 3, each w x nc */
+    int made = 0, done = 0;         /* rows [done, made) are in the window */
 #define BB_ROW(iy) (win + (size_t)((iy) % 3) * w * nc)
 #define BB_MAKE(iy)                                                                                \
     do {                                                                                           \
@@ -239,48 +250,71 @@ TY_INLINE int bilinear_bwd16(void *dx, const void *dy, int align_corners, int ac
             for (int k_ = 0; k_ < nc; k_++)                                                        \
                 ty_st(dx, d + ((size_t)(iy) * w + j_) * c + k_, rw_[(size_t)j_ * nc + k_], dt);    \
     } while (0)
-        for (int oy = 0; oy < ho; oy++) {
-            int y0, y1;
-            float ly0, ly1;
-            bilinear_tap(oy, h, sh, align_corners, &y0, &y1, &ly0, &ly1);
-            for (; done < y0; done++) {
-                if (done >= made) {
-                    BB_MAKE(made);
-                    made++;
-                }
-                BB_DONE(done);
-            }
-            for (; made <= y1; made++) BB_MAKE(made);
-            float *d0 = BB_ROW(y0), *d1 = BB_ROW(y1);
-            const size_t gr = g + (size_t)oy * wo * c;
-            for (int ox = 0; ox < wo; ox++) {
-                int x0, x1;
-                float lx0, lx1;
-                bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
-                float v[RESAMPLE_CBLK];
-                cpu_convert_run(v, BK_DTYPE_F32, ty_at(dy, gr + (size_t)ox * c, dt), dt,
-                                (size_t)nc);
-                float *a = d0 + (size_t)x0 * nc, *b = d0 + (size_t)x1 * nc;
-                float *e = d1 + (size_t)x0 * nc, *f = d1 + (size_t)x1 * nc;
-                for (int k = 0; k < nc; k++) {
-                    a[k] += ly0 * lx0 * v[k];
-                    b[k] += ly0 * lx1 * v[k];
-                    e[k] += ly1 * lx0 * v[k];
-                    f[k] += ly1 * lx1 * v[k];
-                }
-            }
-        }
-        for (; done < h; done++) {
+    for (int oy = 0; oy < ho; oy++) {
+        int y0, y1;
+        float ly0, ly1;
+        bilinear_tap(oy, h, sh, align_corners, &y0, &y1, &ly0, &ly1);
+        for (; done < y0; done++) {
             if (done >= made) {
                 BB_MAKE(made);
                 made++;
             }
             BB_DONE(done);
         }
+        for (; made <= y1; made++) BB_MAKE(made);
+        float *d0 = BB_ROW(y0), *d1 = BB_ROW(y1);
+        const size_t gr = g + (size_t)oy * wo * c;
+        for (int ox = 0; ox < wo; ox++) {
+            int x0, x1;
+            float lx0, lx1;
+            bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
+            float v[RESAMPLE_CBLK];
+            cpu_convert_run(v, BK_DTYPE_F32, ty_at(dy, gr + (size_t)ox * c, dt), dt,
+                            (size_t)nc);
+            float *a = d0 + (size_t)x0 * nc, *b = d0 + (size_t)x1 * nc;
+            float *e = d1 + (size_t)x0 * nc, *f = d1 + (size_t)x1 * nc;
+            for (int k = 0; k < nc; k++) {
+                a[k] += ly0 * lx0 * v[k];
+                b[k] += ly0 * lx1 * v[k];
+                e[k] += ly1 * lx0 * v[k];
+                f[k] += ly1 * lx1 * v[k];
+            }
+        }
+    }
+    for (; done < h; done++) {
+        if (done >= made) {
+            BB_MAKE(made);
+            made++;
+        }
+        BB_DONE(done);
+    }
 #undef BB_ROW
 #undef BB_MAKE
 #undef BB_DONE
-    }
+    return BK_OK;
+}
+
+/* The same on 16-bit dx, dy of dtype dt: dx's rows are summed in fp32 in a window of three
+ * rows on the stack, in the fp32 kernel's order (output row-major), from dx's stored values
+ * (accum) or 0, and each is rounded once when no later output row reaches it (a 2x upsample's
+ * taps y0 <= y1 <= y0 + 1 rise by at most one per output row): the fp32 kernel's bits on
+ * converted operands. */
+static int bilinear_bwd16(void *dx, const void *dy, int align_corners, int accum, int n, int c,
+                          int h, int w, bk_ctx *ctx, int dt)
+{
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
+    int ho = 2 * h, wo = 2 * w;
+    float sh = bilinear_scale(h, ho, align_corners), sw = bilinear_scale(w, wo, align_corners);
+    int cb = RESAMPLE_ROW_FLOATS / 3 / w;
+    cb = cb > RESAMPLE_CBLK ? RESAMPLE_CBLK : cb;
+    if (cb < 1) return BK_ERR_INVALID;
+    int cblocks = (c + cb - 1) / cb;
+    long tasks = (long)n * cblocks;
+    int par = (size_t)n * c * (size_t)ho * (size_t)wo >= RESAMPLE_PAR_MIN;
+#pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
+    for (long t = 0; t < tasks; t++)
+        TY_DISPATCH_IN(dt, bilinear_bwd16_task, t, dx, dy, align_corners, accum, c, h, w, sh, sw,
+                       cb, cblocks);
     return BK_OK;
 }
 
@@ -313,29 +347,37 @@ static inline int maxpool_argmax(float v0, float v1, float v2, float v3, float *
     return k;
 }
 
-/* x (N,H,W,C) -> y (N,H/2,W/2,C) (floor: an odd last row/column is dropped); of dtype dt */
-TY_INLINE int maxpool_fwd(void *y, const void *x, int n, int c, int h, int w, bk_ctx *ctx, int dt)
+/* output row r of maxpool_fwd */
+TY_INLINE int maxpool_fwd_row(long r, void *y, const void *x, int c, int h, int w, int dt)
 {
+    const int ho = h / 2, wo = w / 2;
+    long img = r / ho;
+    int oy = (int)(r % ho);
+    const size_t r0 = ((size_t)img * h + 2 * oy) * w * c, r1 = r0 + (size_t)w * c;
+    const size_t yr = (size_t)r * wo * c;
+    for (int j = 0; j < wo; j++) {
+        const size_t a = r0 + (size_t)2 * j * c, b = a + c, e = r1 + (size_t)2 * j * c,
+                     f = e + c;
+        for (int k = 0; k < c; k++) {
+            float m;
+            maxpool_argmax(ty_ld(x, a + k, dt), ty_ld(x, b + k, dt), ty_ld(x, e + k, dt),
+                           ty_ld(x, f + k, dt), &m);
+            ty_st(y, yr + (size_t)j * c + k, m, dt);
+        }
+    }
+    return BK_OK;
+}
+
+/* x (N,H,W,C) -> y (N,H/2,W/2,C) (floor: an odd last row/column is dropped); of dtype dt */
+static int maxpool_fwd(void *y, const void *x, int n, int c, int h, int w, bk_ctx *ctx, int dt)
+{
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     int ho = h / 2, wo = w / 2;
     long rows = (long)n * ho;
     int par = (size_t)rows * (size_t)wo * c >= RESAMPLE_PAR_MIN / 4;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        long img = r / ho;
-        int oy = (int)(r % ho);
-        const size_t r0 = ((size_t)img * h + 2 * oy) * w * c, r1 = r0 + (size_t)w * c;
-        const size_t yr = (size_t)r * wo * c;
-        for (int j = 0; j < wo; j++) {
-            const size_t a = r0 + (size_t)2 * j * c, b = a + c, e = r1 + (size_t)2 * j * c,
-                         f = e + c;
-            for (int k = 0; k < c; k++) {
-                float m;
-                maxpool_argmax(ty_ld(x, a + k, dt), ty_ld(x, b + k, dt), ty_ld(x, e + k, dt),
-                               ty_ld(x, f + k, dt), &m);
-                ty_st(y, yr + (size_t)j * c + k, m, dt);
-            }
-        }
-    }
+    for (long r = 0; r < rows; r++)
+        TY_DISPATCH_IN(dt, maxpool_fwd_row, r, y, x, c, h, w);
     return BK_OK;
 }
 
@@ -347,53 +389,62 @@ int cpu_maxpool2x2_fwd(float *y, const float *x, int n, int c, int h, int w, bk_
 int cpu_t_maxpool2x2_fwd(void *y, const void *x, int n, int c, int h, int w, int dtype,
                          bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, maxpool_fwd, y, x, n, c, h, w, ctx);
+    return maxpool_fwd(y, x, n, c, h, w, ctx, dtype);
+}
+
+/* input row r of maxpool_bwd */
+TY_INLINE int maxpool_bwd_row(long r, void *dx, const void *dy, const void *x, int accum, int c,
+                          int h, int w, int dt)
+{
+    const int ho = h / 2, wo = w / 2;
+    const size_t row = (size_t)w * c;
+    long img = r / h;
+    int iy = (int)(r % h), oy = iy / 2;
+    const size_t d = (size_t)r * row;
+    if (oy >= ho) { /* the dropped odd last row */
+        if (!accum) memset(ty_at(dx, d, dt), 0, row * bk_dtype_size(dt));
+        return BK_OK;
+    }
+    const size_t r0 = ((size_t)img * h + 2 * oy) * row, r1 = r0 + row;
+    const size_t gr = ((size_t)img * ho + oy) * wo * c;
+    int want_lo = (iy & 1) ? 2 : 0; /* window indices 0,1 are the top row, 2,3 the bottom */
+    for (int j = 0; j < wo; j++) {
+        const size_t a = r0 + (size_t)2 * j * c, b = a + c, e = r1 + (size_t)2 * j * c,
+                     f = e + c;
+        const size_t d0 = d + (size_t)2 * j * c, d1 = d0 + c;
+        for (int k = 0; k < c; k++) {
+            float m;
+            int q = maxpool_argmax(ty_ld(x, a + k, dt), ty_ld(x, b + k, dt),
+                                   ty_ld(x, e + k, dt), ty_ld(x, f + k, dt), &m);
+            float g = ty_ld(dy, gr + (size_t)j * c + k, dt);
+            float v0 = q == want_lo ? g : 0.0f, v1 = q == want_lo + 1 ? g : 0.0f;
+            if (accum) {
+                ty_st(dx, d0 + k, ty_ld(dx, d0 + k, dt) + v0, dt);
+                ty_st(dx, d1 + k, ty_ld(dx, d1 + k, dt) + v1, dt);
+            } else {
+                ty_st(dx, d0 + k, v0, dt);
+                ty_st(dx, d1 + k, v1, dt);
+            }
+        }
+    }
+    if (!accum && (w & 1))
+        memset(ty_at(dx, d + (size_t)(w - 1) * c, dt), 0, (size_t)c * bk_dtype_size(dt));
+    return BK_OK;
 }
 
 /* dx (N,H,W,C) (=/+=): dy goes to each window's argmax (recomputed from x), zero elsewhere,
  * including a dropped odd last row/column. A gather: each dx element is written once. Of
  * dtype dt. */
-TY_INLINE int maxpool_bwd(void *dx, const void *dy, const void *x, int accum, int n, int c, int h,
-                          int w, bk_ctx *ctx, int dt)
+static int maxpool_bwd(void *dx, const void *dy, const void *x, int accum, int n, int c, int h,
+                       int w, bk_ctx *ctx, int dt)
 {
-    int ho = h / 2, wo = w / 2;
+    if (!ty_valid(dt)) return BK_ERR_INVALID;
     long rows = (long)n * h; /* input rows */
     size_t row = (size_t)w * c;
     int par = (size_t)rows * row >= RESAMPLE_PAR_MIN;
 #pragma omp parallel for num_threads(ctx->threads) if (par) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        long img = r / h;
-        int iy = (int)(r % h), oy = iy / 2;
-        const size_t d = (size_t)r * row;
-        if (oy >= ho) { /* the dropped odd last row */
-            if (!accum) memset(ty_at(dx, d, dt), 0, row * bk_dtype_size(dt));
-            continue;
-        }
-        const size_t r0 = ((size_t)img * h + 2 * oy) * row, r1 = r0 + row;
-        const size_t gr = ((size_t)img * ho + oy) * wo * c;
-        int want_lo = (iy & 1) ? 2 : 0; /* window indices 0,1 are the top row, 2,3 the bottom */
-        for (int j = 0; j < wo; j++) {
-            const size_t a = r0 + (size_t)2 * j * c, b = a + c, e = r1 + (size_t)2 * j * c,
-                         f = e + c;
-            const size_t d0 = d + (size_t)2 * j * c, d1 = d0 + c;
-            for (int k = 0; k < c; k++) {
-                float m;
-                int q = maxpool_argmax(ty_ld(x, a + k, dt), ty_ld(x, b + k, dt),
-                                       ty_ld(x, e + k, dt), ty_ld(x, f + k, dt), &m);
-                float g = ty_ld(dy, gr + (size_t)j * c + k, dt);
-                float v0 = q == want_lo ? g : 0.0f, v1 = q == want_lo + 1 ? g : 0.0f;
-                if (accum) {
-                    ty_st(dx, d0 + k, ty_ld(dx, d0 + k, dt) + v0, dt);
-                    ty_st(dx, d1 + k, ty_ld(dx, d1 + k, dt) + v1, dt);
-                } else {
-                    ty_st(dx, d0 + k, v0, dt);
-                    ty_st(dx, d1 + k, v1, dt);
-                }
-            }
-        }
-        if (!accum && (w & 1))
-            memset(ty_at(dx, d + (size_t)(w - 1) * c, dt), 0, (size_t)c * bk_dtype_size(dt));
-    }
+    for (long r = 0; r < rows; r++)
+        TY_DISPATCH_IN(dt, maxpool_bwd_row, r, dx, dy, x, accum, c, h, w);
     return BK_OK;
 }
 
@@ -406,5 +457,5 @@ int cpu_maxpool2x2_bwd(float *dx, const float *dy, const float *x, int accum, in
 int cpu_t_maxpool2x2_bwd(void *dx, const void *dy, const void *x, int accum, int n, int c, int h,
                          int w, int dtype, bk_ctx *ctx)
 {
-    return TY_DISPATCH(dtype, maxpool_bwd, dx, dy, x, accum, n, c, h, w, ctx);
+    return maxpool_bwd(dx, dy, x, accum, n, c, h, w, ctx, dtype);
 }
