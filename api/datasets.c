@@ -340,14 +340,6 @@ static enum MHD_Result unpack_busy(struct ctx *c)
                              (const char *const[]){"Retry-After", "5", NULL});
 }
 
-/* a refused upload's body removed before its answer is sent (docs/limits.md: nothing is left on
- * disk once a client reads the refusal) */
-static void upload_discard(struct req *r)
-{
-    if (r->upload_path[0]) unlink(r->upload_path);
-    r->upload_path[0] = 0;
-}
-
 /* POST /datasets: the body is already on disk (on_request streamed it to r->upload_path) */
 enum MHD_Result h_datasets_post(struct ctx *c)
 {
@@ -361,7 +353,6 @@ enum MHD_Result h_datasets_post(struct ctx *c)
     if (close(r->upload_fd)) {
         int e = errno;
         r->upload_fd = -1;
-        upload_discard(r);
         return http_send_problem(c, e == ENOSPC ? 507 : 500, e == ENOSPC ? "insufficient-storage" : NULL,
                        "the upload cannot be stored", NULL, NULL);
     }
@@ -373,14 +364,9 @@ enum MHD_Result h_datasets_post(struct ctx *c)
     char id[UPLOAD_ID_LEN], err[600];
     /* no room to decode it: refused before it is unpacked (a race may still fill the queue:
      * the submit below answers that) */
-    if (worker_in_flight(c->a->decoder) >= c->a->decoder_cap) {
-        upload_discard(r);
+    if (worker_in_flight(c->a->decoder) >= c->a->decoder_cap)
         return upload_busy(c);
-    }
-    if (unpack_enter(c->a)) {
-        upload_discard(r);
-        return unpack_busy(c);
-    }
+    if (unpack_enter(c->a)) return unpack_busy(c);
     int rc = upload_dataset_create(api_data_dir(c), r->upload_path, c->owner, &lim, (int64_t)r->len,
                                    id, err, sizeof err);
     unpack_leave();

@@ -45,10 +45,20 @@ void api_link(const struct api *a, char *buf, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
+/* an upload's body still in its temporary file when the answer goes out (a refusal: an accepted
+ * one was renamed away) is removed first, so a client that reads the answer finds nothing left
+ * (docs/limits.md); the request's completion closes its descriptor */
+static void http_upload_discard(struct req *r)
+{
+    if (r->upload_path[0]) unlink(r->upload_path);
+    r->upload_path[0] = 0;
+}
+
 /* every response goes out here: it carries the request's X-Request-Id, and its status is kept
  * for the access log and the metrics */
 enum MHD_Result http_respond(struct ctx *c, unsigned status, struct MHD_Response *res)
 {
+    http_upload_discard(c->r);
     c->r->status = status;
     MHD_add_response_header(res, "X-Request-Id", c->r->rid);
     return MHD_queue_response(c->conn, status, res);
@@ -61,6 +71,7 @@ enum MHD_Result http_send_oom(struct ctx *c)
     struct MHD_Response *res = MHD_create_response_from_buffer(strlen(HTTP_OOM_BODY), HTTP_OOM_BODY,
                                                                MHD_RESPMEM_PERSISTENT);
     if (!res) {
+        http_upload_discard(c->r);
         c->r->status = 500;
         return MHD_queue_response(c->conn, 500, c->a->oom);
     }
