@@ -117,6 +117,20 @@ static inline void bilinear_tap(int dst, int in, float scale, int align_corners,
     *l0 = 1.0f - lam;
 }
 
+/* one output pixel's gradient v (nc channels) scattered onto its four input taps a (y0,x0),
+ * b (y0,x1), e (y1,x0), f (y1,x1) with the bilinear weights; the fp32 and 16-bit backward share
+ * it so they sum in the same order */
+static inline void bilinear_scatter(float *a, float *b, float *e, float *f, const float *v,
+                                    int nc, float ly0, float ly1, float lx0, float lx1)
+{
+    for (int k = 0; k < nc; k++) {
+        a[k] += ly0 * lx0 * v[k];
+        b[k] += ly0 * lx1 * v[k];
+        e[k] += ly1 * lx0 * v[k];
+        f[k] += ly1 * lx1 * v[k];
+    }
+}
+
 /* output row r of bilinear_fwd */
 TY_INLINE int bilinear_fwd_row(long r, void *y, const void *x, int align_corners, int c, int h,
                               int w, float sh, float sw, int dt)
@@ -204,14 +218,8 @@ int cpu_upsample_bilinear2x_bwd(float *dx, const float *dy, int align_corners, i
                 float lx0, lx1;
                 bilinear_tap(ox, w, sw, align_corners, &x0, &x1, &lx0, &lx1);
                 const float *v = gr + (size_t)ox * c;
-                float *a = d0 + (size_t)x0 * c, *b = d0 + (size_t)x1 * c;
-                float *e = d1 + (size_t)x0 * c, *f = d1 + (size_t)x1 * c;
-                for (int k = 0; k < nc; k++) {
-                    a[k] += ly0 * lx0 * v[k];
-                    b[k] += ly0 * lx1 * v[k];
-                    e[k] += ly1 * lx0 * v[k];
-                    f[k] += ly1 * lx1 * v[k];
-                }
+                bilinear_scatter(d0 + (size_t)x0 * c, d0 + (size_t)x1 * c, d1 + (size_t)x0 * c,
+                                 d1 + (size_t)x1 * c, v, nc, ly0, ly1, lx0, lx1);
             }
         }
     }
@@ -271,14 +279,8 @@ TY_INLINE int bilinear_bwd16_task(long t, void *dx, const void *dy, int align_co
             float v[RESAMPLE_CBLK];
             cpu_convert_run(v, BK_DTYPE_F32, ty_at(dy, gr + (size_t)ox * c, dt), dt,
                             (size_t)nc);
-            float *a = d0 + (size_t)x0 * nc, *b = d0 + (size_t)x1 * nc;
-            float *e = d1 + (size_t)x0 * nc, *f = d1 + (size_t)x1 * nc;
-            for (int k = 0; k < nc; k++) {
-                a[k] += ly0 * lx0 * v[k];
-                b[k] += ly0 * lx1 * v[k];
-                e[k] += ly1 * lx0 * v[k];
-                f[k] += ly1 * lx1 * v[k];
-            }
+            bilinear_scatter(d0 + (size_t)x0 * nc, d0 + (size_t)x1 * nc, d1 + (size_t)x0 * nc,
+                             d1 + (size_t)x1 * nc, v, nc, ly0, ly1, lx0, lx1);
         }
     }
     for (; done < h; done++) {
