@@ -105,8 +105,8 @@ static void fill_normal(float *x, size_t n, uint64_t seed, uint64_t s, uint32_t 
 static unsigned forced_mask;
 static unsigned forced_half(int dtype) { return dtype == BK_DTYPE_BF16 ? forced_mask : 0; }
 
-static int run_config(const char *name, int batch, int warmup, int steps, int threads, int profile,
-                      int precision, int force_half)
+static int run_config(const char *name, int batch, int micro, int warmup, int steps, int threads,
+                      int profile, int precision, int force_half)
 {
     struct backend forced = *backend_cpu();
     forced.half_kernels = forced_half;
@@ -123,10 +123,10 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     struct exec *e = NULL;
     graph_init(&g);
     int target;
-    if (unet_build_training(&g, &c, batch, &io, &target, NULL) ||
+    if (unet_build_training(&g, &c, micro, &io, &target, NULL) ||
         graph_set_precision(&g, precision))
         return fprintf(stderr, "cannot build the training graph: %s\n", g.err), 1;
-    struct plan_opts po = {.strategy = strategy_plain(batch)};
+    struct plan_opts po = {.strategy = strategy_plain(micro)};
     po.strategy.precision = precision;
     if (plan_make(&p, &g, bk, &po)) return fprintf(stderr, "plan_make failed\n"), 1;
     long rss_graph = rss_now_kib();
@@ -146,7 +146,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     exec_reset_state(e);
 
     /* x0: a fixed batch; t, noise and x_t are drawn per step as server/train.c does */
-    size_t nx = g.tensors[io.x]->numel, per = nx / (size_t)batch;
+    size_t per = g.tensors[io.x]->numel / (size_t)micro, nx = per * (size_t)batch;
     float *x0 = malloc(nx * sizeof *x0), *xt = malloc(nx * sizeof *xt), *eps = malloc(nx * sizeof *eps);
     float *t = malloc(batch * sizeof *t);
     int *ti = malloc(batch * sizeof *ti);
@@ -168,8 +168,19 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
         }
         fill_normal(eps, nx, 7, (uint64_t)s, 0);
         ddpm_q_sample(xt, x0, eps, ti, batch, per, &sch);
-        int rc = exec_upload(e, io.x, xt) || exec_upload(e, io.t, t) || exec_upload(e, target, eps);
-        if (!rc) rc = exec_forward_backward(e, 1, 1.0f, 7, (uint64_t)s, 0, &l);
+        /* the effective batch in micro-batches of `micro`, gradients accumulated (as
+         * engine/train_step.c runs them); the loss is the micro-batches' weighted mean */
+        int rc = 0;
+        float lsum = 0.0f;
+        for (int i0 = 0; !rc && i0 < batch; i0 += micro) {
+            const float w = (float)micro / (float)batch;
+            float lm = 0.0f;
+            rc = exec_upload(e, io.x, xt + (size_t)i0 * per) || exec_upload(e, io.t, t + i0) ||
+                 exec_upload(e, target, eps + (size_t)i0 * per);
+            if (!rc) rc = exec_forward_backward(e, i0 == 0, w, 7, (uint64_t)s, i0, &lm);
+            lsum += w * lm;
+        }
+        l = lsum;
         if (!rc) rc = exec_optimizer_step(e, &oc, s + 1, oc.lr, NULL);
         double t1 = now(), c1 = cpu_now();
         if (rc) return fprintf(stderr, "step %d failed: %d\n", s, rc), 1;
@@ -181,6 +192,8 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
     }
     double flops = 0.0;
     for (int k = 0; k < g.n_ops; k++) flops += cost_op_flops(&g.ops[k]);
+    const double mult = (double)(batch / micro); /* the graph is one micro-batch's */
+    flops *= mult;
     double *sorted = malloc((size_t)steps * sizeof *sorted);
     memcpy(sorted, dt, (size_t)steps * sizeof *sorted);
     qsort(sorted, (size_t)steps, sizeof *sorted, cmp_double);
@@ -197,8 +210,8 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
         }
 
     long peak = rss_peak_kib();
-    printf("engine ddpmd\nconfig %s\nbatch %d\nthreads %d\nparams %zu\n", name, batch, threads,
-           g.param_numel);
+    printf("engine ddpmd\nconfig %s\nbatch %d\nmicro_batch %d\nthreads %d\nparams %zu\n", name,
+           batch, micro, threads, g.param_numel);
     printf("precision %s\nhalf_ops %d\nconversions %d\n", planner_precision_name(precision),
            p.n_half_ops, p.n_cvt);
     printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f\n", steps,
@@ -231,7 +244,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
                     order[j] = tmp;
                 }
         double fl_type[OP_COUNT] = {0};
-        for (int k = 0; k < g.n_ops; k++) fl_type[g.ops[k].type] += cost_op_flops(&g.ops[k]);
+        for (int k = 0; k < g.n_ops; k++) fl_type[g.ops[k].type] += mult * cost_op_flops(&g.ops[k]);
         /* elements the executor converts per step around each op type (in and back out:
          * 16-bit operands of fp32 kernels, fp32 operands of 16-bit ones; plan.cvt) */
         double cvt_type[OP_COUNT] = {0};
@@ -269,7 +282,7 @@ static int run_config(const char *name, int batch, int warmup, int steps, int th
             const struct bk_conv2d *s = &o->a.conv;
             double sec = pr->op_seconds[idx[i]] * per;
             printf("#   %7.2f %7.1f %-18s %d %4d %2dx%-2d -> %4d %2dx%-2d %dx%d s%d\n", 1e3 * sec,
-                   1e-9 * cost_op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
+                   1e-9 * mult * cost_op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
                    s->wo, s->kh, s->kw, s->stride);
         }
         free(idx);
@@ -529,20 +542,23 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
-            "[--profile | --profile-cpu] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
+            "[--micro-batch M]\n"
+            "                 [--profile | --profile-cpu] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
             "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
             "       cpu_bench --attn [--threads N] [--seconds S] [--precision f32|bf16]\n"
             "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n"
             "--profile-cpu: the profile in CPU seconds of the thread running the step (what a\n"
             "busy machine stretches least; --profile: wall time)\n"
             "--half-kernels MASK: bf16 on these kernels (1 convolutions, 2 linears, 3 both, 0\n"
-            "none) instead of the CPU backend's choice (half_kernels)\n");
+            "none) instead of the CPU backend's choice (half_kernels)\n"
+            "--micro-batch M: the batch in micro-batches of M (a divisor of N), gradients\n"
+            "accumulated as a planned micro-batch runs (the graph and plan are M's)\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *config = NULL;
-    int batch = 8, steps = 10, warmup = 2, profile = 0, ceilings = 0, attn = 0;
+    int batch = 8, micro = 0, steps = 10, warmup = 2, profile = 0, ceilings = 0, attn = 0;
     int precision = STRATEGY_PRECISION_F32, force_half = 0;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double seconds = 3.0;
@@ -551,6 +567,7 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config") && v) config = argv[++i];
         else if (!strcmp(a, "--batch") && v) batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--micro-batch") && v) micro = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && v) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
@@ -580,9 +597,10 @@ int main(int argc, char **argv)
     if (threads < 1) threads = 1;
     if (ceilings) return run_ceilings(threads, seconds);
     if (attn) return run_attn(threads, seconds, precision);
-    if (!config || batch < 1 || steps < 1 || warmup < 0) {
+    if (!micro) micro = batch;
+    if (!config || batch < 1 || steps < 1 || warmup < 0 || micro < 1 || batch % micro) {
         usage();
         return 2;
     }
-    return run_config(config, batch, warmup, steps, threads, profile, precision, force_half);
+    return run_config(config, batch, micro, warmup, steps, threads, profile, precision, force_half);
 }
