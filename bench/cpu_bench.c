@@ -5,6 +5,7 @@
  * clip, AdamW, EMA. Prints `key value` lines that bench/cpu.sh gathers into a table; --profile
  * adds a per-op profile of the measured steps.
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,12 +303,72 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
     return 0;
 }
 
+/* the cores' arithmetic peak: each thread runs 12 independent register chains of 512-bit fp32
+ * FMAs, then of vdpbf16ps (where the CPU has AVX512-BF16), for `seconds` each; GFLOP per
+ * second of wall time (all threads) and per CPU-second (one core's). What the GEMM and
+ * convolution ceilings below are a share of: no kernel can beat these. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* 12 independent chains in named registers (an array stays in memory at -O2), one loop per
+ * instruction */
+#define PEAK_CHAINS(OP)                                                                        \
+    for (long it = 0; it < iters; it++) {                                                      \
+        a0 = OP(a0), a1 = OP(a1), a2 = OP(a2), a3 = OP(a3), a4 = OP(a4), a5 = OP(a5);          \
+        a6 = OP(a6), a7 = OP(a7), a8 = OP(a8), a9 = OP(a9), a10 = OP(a10), a11 = OP(a11);      \
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5),     \
+                         "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));        \
+    }
+__attribute__((target("avx512f,avx512bf16"))) static double peak_loop(int bf16, long iters)
+{
+    __m512 a0 = _mm512_set1_ps(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-7f);
+    const __m512bh bx = (__m512bh)_mm512_set1_epi16(0x3f80), by = (__m512bh)_mm512_set1_epi16(0x3380);
+#define PEAK_FMA(v) _mm512_fmadd_ps(v, x, y)
+#define PEAK_DP(v) _mm512_dpbf16_ps(v, bx, by)
+    if (bf16)
+        PEAK_CHAINS(PEAK_DP)
+    else
+        PEAK_CHAINS(PEAK_FMA)
+#undef PEAK_FMA
+#undef PEAK_DP
+    const __m512 s = _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                      _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+        _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(s);
+}
+#undef PEAK_CHAINS
+
+static void run_peak(int threads, double seconds)
+{
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (cpu_isa() < (bf16 ? CPU_ISA_AVX512_BF16 : CPU_ISA_AVX512)) continue;
+        long iters = 1 << 20;
+        double t0 = now(), c0 = cpu_now(), sink = 0.0;
+        for (;;) { /* grow until one run takes `seconds` */
+            t0 = now(), c0 = cpu_now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+            sink += peak_loop(bf16, iters);
+            if (now() - t0 >= seconds || iters > (1L << 40)) break;
+            iters *= 2;
+        }
+        const double fl = 2.0 * 12 * (bf16 ? 32 : 16) * (double)iters * threads;
+        printf("peak_%s_gflops %.2f\npeak_%s_gflops_cpu %.2f\n", bf16 ? "vdpbf16ps" : "fp32_fma",
+               1e-9 * fl / (now() - t0), bf16 ? "vdpbf16ps" : "fp32_fma",
+               1e-9 * fl / (cpu_now() - c0) + 0.0 * sink);
+    }
+}
+#else
+static void run_peak(int threads, double seconds) { (void)threads, (void)seconds; }
+#endif
+
 /* the machine's ceilings: SGEMM through cpu_gemm (the engine's GEMM, a oneDNN matmul) and a 3x3
  * conv forward + backward (data, filter) through the backend's conv kernels */
 static int run_ceilings(int threads, double seconds)
 {
     bk_ctx *ctx = NULL;
     if (cpu_ctx_init(&ctx, threads)) return 1;
+    run_peak(threads, seconds / 2);
     {
         const int n = 2048;
         const struct cpu_gemm_shape gs = {0, 0, n, n, n, n, n, n, BK_DTYPE_F32, BK_DTYPE_F32, 0, 0};
