@@ -74,12 +74,36 @@ struct conv_pds {
  * 32x32). */
 enum { WGRAD_COLS_BYTES = 1 << 20 };
 
+/* The slices (conv_filter_slices): where dw's (Co, Kh*Kw*Ci) has fewer than WGRAD_SLICE_MN
+ * elements, oneDNN's matmul (it splits M x N, not the pixels) has little to share between the
+ * threads, and each chunk was an im2col pass on both threads, a barrier, then the GEMM reading
+ * the columns back. There the pixels are cut into min(WGRAD_SLICES, chunks) slices of whole
+ * chunks of WGRAD_SLICE_COLS bytes of columns (at least 16 pixels, a multiple of 16), a count
+ * that depends on the shape only; a thread runs a slice alone, chunk by chunk: its im2col into
+ * its own columns (cache-hot, a quarter of the core's 1 MiB L2) and a one-thread GEMM (its own
+ * one-thread context, cached primitives) into the slice's fp32 partial dw, its dy summed into a
+ * partial db; the partials are added in slice order. Co or Ci 1 (`direct`: a GEMM that is a
+ * GEMV, or 9 columns wide) runs conv_filter_direct per slice of 16-pixel chunks instead.
+ * Measured (filter_bench, bf16 per CPU-second, 2 rounds alternating with the route before,
+ * load 3-4 on 2 cores, bench/RESULTS.md): fmnist-tiny's N32 32->32 104 -> 123-135, 64->32
+ * 127 -> 141-147, 96->32 134 -> 150-152, 64->64 at 16x16 146 -> 170-173; N8 64->64 at 32x32
+ * 143 -> 177, 3->128 37 -> 75, 128->3 35 -> 46; the thin 32->1 at N32 2.4 -> 1.2 ms CPU, 1->32
+ * 1.9 -> 1.1 ms. 128->64 3x3 (64 x 1152) sliced was no faster (152-160 against 162), so the
+ * threshold; 2, 4 and 8 slices within 3% of each other (8: balance up to 8 threads), 128 KiB
+ * of columns 2-4% slower than 256 or 512 KiB. The workspace: the partials (slices x Co x
+ * (Kh*Kw*Ci + 1) x 4 bytes, at most 8 x 73728 x 4 = 2.3 MB) and per planned thread the columns
+ * and the GEMM's scratchpad. */
+enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 1152 };
+
 struct conv_wgrad {
     struct cpu_gemm_shape g, last; /* a full chunk's GEMM, the last (shorter) chunk's */
     int px, chunk, kc;             /* output pixels, pixels per chunk, Kh*Kw*Ci */
     int cols_in_x;                 /* x is the column matrix (1x1, stride 1, unpadded) */
     int into_dw;                   /* the GEMM adds into dw (1x1: (Co, Ci) is OIHW) */
-    size_t sum, cols, scr;         /* workspace: the fp32 sum, one chunk's columns, GEMM's */
+    int sliced, slices, chunks;    /* pixel slices (else one sum, GEMMs on all threads), chunks */
+    int direct;                    /* Co or Ci is 1: a per-tap loop per slice, no GEMM */
+    int threads;                   /* slices: the threads planned (each its columns and scratch) */
+    size_t sum, cols, scr;         /* workspace: the fp32 sum(s), one chunk's columns, GEMM's */
 };
 
 /* whether s's filter gradient runs as im2col + bf16 GEMM (above); w (may be NULL) its plan */
@@ -93,21 +117,42 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
     w->into_dw = s->kh * s->kw == 1;
     w->cols_in_x = w->into_dw && s->stride == 1 && !s->pad_t && !s->pad_l && !s->pad_b &&
                    !s->pad_r;
+    const int sliced = w->sliced = !w->cols_in_x && (size_t)s->co * w->kc < WGRAD_SLICE_MN;
+    w->direct = sliced && (s->co == 1 || s->ci == 1);
     int chunk = w->px;
     if (!w->cols_in_x) {
-        const size_t fit = WGRAD_COLS_BYTES / ((size_t)w->kc * 2) / 16 * 16;
+        const size_t bytes = sliced ? WGRAD_SLICE_COLS : WGRAD_COLS_BYTES;
+        const size_t fit = bytes / ((size_t)w->kc * 2) / 16 * 16;
         chunk = fit < 16 ? 16 : fit > (size_t)w->px ? w->px : (int)fit;
     }
+    if (w->direct) chunk = w->px < 16 ? w->px : 16;
     w->chunk = chunk;
+    w->chunks = (w->px + chunk - 1) / chunk;
+    w->slices = sliced ? (w->chunks < WGRAD_SLICES ? w->chunks : WGRAD_SLICES) : 1;
     struct cpu_gemm_shape g = {.ta = 1, .m = s->co, .n = w->kc, .k = chunk, .lda = s->co,
                                .ldb = w->kc, .ldc = w->kc, .dtype = BK_DTYPE_BF16,
                                .c_dtype = BK_DTYPE_F32, .accum = 1};
     w->g = w->last = g;
     w->last.k = w->px - (w->px - 1) / chunk * chunk;
-    w->sum = w->into_dw ? 0 : ONEDNN_ALIGN64((size_t)s->co * w->kc * sizeof(float));
+    const size_t one = ONEDNN_ALIGN64((size_t)s->co * w->kc * sizeof(float));
+    if (sliced) { /* per slice its partial dw and db */
+        w->threads = cpu_threads(NULL);
+        w->sum = (size_t)w->slices * ONEDNN_ALIGN64((size_t)s->co * (w->kc + 1) * sizeof(float));
+        w->cols = w->direct ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
+        w->scr = w->direct ? 0 : ONEDNN_ALIGN64(max2(cpu_gemm_ws_bytes(&w->g),
+                                                     cpu_gemm_ws_bytes(&w->last)));
+        return 1;
+    }
+    w->sum = w->into_dw ? 0 : one;
     w->cols = w->cols_in_x ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
     w->scr = max2(cpu_gemm_ws_bytes(&w->g), cpu_gemm_ws_bytes(&w->last));
     return 1;
+}
+
+/* conv_filter_gemm's workspace bytes */
+static size_t conv_filter_ws(const struct conv_wgrad *w)
+{
+    return w->sum + (size_t)(w->sliced ? w->threads : 1) * (w->cols + w->scr);
 }
 
 /* A 16-bit convolution's filter gradient that conv_filter_gemm does not take, without AMX: in
@@ -266,7 +311,7 @@ static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const st
     l->dy32 = f32w ? ONEDNN_ALIGN64((size_t)s->n * s->co * s->ho * s->wo * sizeof(float)) : 0;
     l->bwd_w = l->dw + l->db + l->scr_bwd_w + l->x32 + l->dy32;
     struct conv_wgrad wg;
-    if (conv_filter_gemm(s, &wg)) l->bwd_w = wg.sum + wg.cols + wg.scr; /* oneDNN's unused */
+    if (conv_filter_gemm(s, &wg)) l->bwd_w = conv_filter_ws(&wg); /* oneDNN's unused */
 }
 
 /* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
@@ -302,6 +347,7 @@ struct conv_entry {
     struct conv_ws l;
     struct conv_wgrad wg; /* conv_filter_gemm's plan, when `gemm` */
     int gemm;
+    bk_ctx **sub; /* wg.sliced: a one-thread context per planned thread (its GEMMs) */
     size_t planned; /* cpu_conv2d_ws_bytes: what the caller's ws holds */
     dnnl_primitive_t fwd, bwd_d, bwd_w;
     dnnl_primitive_t ro[R_COUNT]; /* conv_reorders' */
@@ -321,6 +367,9 @@ static void entry_free(void *entry)
         if (e->m[i]) dnnl_memory_destroy(e->m[i]);
     if (e->uw) dnnl_memory_destroy(e->uw);
     if (e->udw) dnnl_memory_destroy(e->udw);
+    if (e->sub)
+        for (int i = 0; i < e->wg.threads; i++) cpu_ctx_free(e->sub[i]);
+    free(e->sub);
 }
 
 void cpu_conv_cache_free(bk_ctx *ctx)
@@ -350,6 +399,11 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
     if (conv_reorders(e->ro, rs, &p, s)) goto out;
     conv_ws_layout(&e->l, &p, s, rs);
     e->gemm = conv_filter_gemm(s, &e->wg);
+    if (e->gemm && e->wg.sliced && !e->wg.direct) {
+        if (!(e->sub = calloc((size_t)e->wg.threads, sizeof *e->sub))) goto out;
+        for (int i = 0; i < e->wg.threads; i++)
+            if (cpu_ctx_init(&e->sub[i], 1)) goto out;
+    }
     e->planned = cpu_conv2d_ws_bytes(s);
     if (oihw_md(&uw, s, conv_dt(s)) || oihw_md(&udw, s, dnnl_f32) ||
         dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
@@ -500,14 +554,21 @@ static void conv_db_sum(float *db, const uint16_t *dy, size_t px, int co, bk_ctx
     }
 }
 
+/* GCC's vectors for the filter gradient's copies and sums (AVX2 registers) */
+typedef float wg_f8 __attribute__((vector_size(32)));
+typedef unsigned char wg_b32 __attribute__((vector_size(32)));
+typedef uint32_t wg_u8 __attribute__((vector_size(32)));
+typedef uint16_t wg_h8 __attribute__((vector_size(16)));
+
 /* conv_filter_gemm's columns of output pixels p0 .. p0 + np - 1 into cols (np, Kh*Kw*Ci): per
  * pixel its Kh*Kw input rows of Ci (bf16 x, NHWC), tap by tap, zeros where a tap reads padding */
 static void conv_im2col(uint16_t *cols, const uint16_t *x, int p0, int np,
-                        const struct bk_conv2d *s, bk_ctx *ctx)
+                        const struct bk_conv2d *s, int threads)
 {
     const int kc = s->kh * s->kw * s->ci, hw = s->ho * s->wo;
     const size_t row = (size_t)s->ci * 2;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) if ((size_t)np * kc >= 65536)
+#pragma omp parallel for num_threads(threads) schedule(static) \
+    if (threads > 1 && (size_t)np * kc >= 65536)
     for (int q = 0; q < np; q++) {
         const int p = p0 + q, n = p / hw, oy = p % hw / s->wo, ox = p % s->wo;
         uint16_t *d = cols + (size_t)q * kc;
@@ -515,19 +576,176 @@ static void conv_im2col(uint16_t *cols, const uint16_t *x, int p0, int np,
             const int iy = oy * s->stride - s->pad_t + ky;
             for (int kx = 0; kx < s->kw; kx++, d += s->ci) {
                 const int ix = ox * s->stride - s->pad_l + kx;
-                if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w)
+                if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) {
                     memset(d, 0, row);
-                else
-                    memcpy(d, x + (((size_t)n * s->h + iy) * s->w + ix) * s->ci, row);
+                } else {
+                    const uint16_t *src = x + (((size_t)n * s->h + iy) * s->w + ix) * s->ci;
+                    if (row % 32) {
+                        memcpy(d, src, row);
+                    } else { /* inline 32-byte moves: a call per short row costs more */
+                        for (size_t b = 0; b < row; b += 32) {
+                            wg_b32 v;
+                            memcpy(&v, (const char *)src + b, 32);
+                            memcpy((char *)d + b, &v, 32);
+                        }
+                    }
+                }
             }
         }
     }
 }
 
+/* 8 bf16 values as fp32 */
+static inline wg_f8 wg_load8(const uint16_t *p)
+{
+    wg_h8 h;
+    memcpy(&h, p, sizeof h);
+    return (wg_f8)(__builtin_convertvector(h, wg_u8) << 16);
+}
+
+/* the direct filter gradient of output pixels p0 .. p1 - 1 into acc (Kh*Kw, Ci, Co), fp32, for
+ * the thin shapes (Co or Ci 1: a GEMM would be a GEMV or 9 columns wide): per tap and block of
+ * 16 along the longer axis (Ci when Co is 1, else Co), row of output pixels by row, the products
+ * (exact in fp32: bf16 values) summed in two sets of registers, the pixels alternating between
+ * them in a row, the two added at the end: a fixed order for the pixel range */
+static void conv_filter_direct(float *acc, const uint16_t *dy, const uint16_t *x, int p0, int p1,
+                               const struct bk_conv2d *s)
+{
+    const int hw = s->ho * s->wo, ci = s->ci, co = s->co, len = co == 1 ? ci : co;
+    const int st = s->stride;
+    for (int t = 0; t < s->kh * s->kw; t++) {
+        const int ky = t / s->kw, kx = t % s->kw;
+        /* the output columns whose tap reads inside x: lo .. hi - 1 */
+        const int lo = s->pad_l - kx > 0 ? (s->pad_l - kx + st - 1) / st : 0;
+        const int hi = s->w - 1 + s->pad_l - kx < 0 ? 0 : (s->w - 1 + s->pad_l - kx) / st + 1;
+        for (int v0 = 0; v0 < len; v0 += 16) {
+            const int nv = len - v0 < 16 ? len - v0 : 16;
+            wg_f8 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
+            float a[16] = {0};
+            for (int p = p0; p < p1;) { /* a row of output pixels at a time */
+                const int n = p / hw, oy = p % hw / s->wo, ox0 = p % s->wo;
+                const int end = p + (s->wo - ox0) < p1 ? p + (s->wo - ox0) : p1;
+                const int iy = oy * st - s->pad_t + ky, row = p - ox0;
+                const int oxa = ox0 > lo ? ox0 : lo, oxb = end - row < hi ? end - row : hi;
+                p = end;
+                if (iy < 0 || iy >= s->h) continue;
+                const uint16_t *xrow = x + ((size_t)n * s->h + iy) * s->w * ci;
+                /* vector operand and scalar of output column ox */
+#define WG_V(ox) (co == 1 ? xrow + (size_t)((ox) * st - s->pad_l + kx) * ci + v0 \
+                          : dy + (size_t)(row + (ox)) * co + v0)
+#define WG_G(ox) half_bits_f32((uint32_t)(co == 1 ? dy[row + (ox)]                        \
+                                                 : xrow[(ox) * st - s->pad_l + kx]) << 16)
+                if (nv < 16) {
+                    for (int ox = oxa; ox < oxb; ox++) {
+                        const uint16_t *v = WG_V(ox);
+                        const float g = WG_G(ox);
+                        for (int j = 0; j < nv; j++)
+                            a[j] += g * half_bits_f32((uint32_t)v[j] << 16);
+                    }
+                    continue;
+                }
+                int ox = oxa;
+                for (; ox + 1 < oxb; ox += 2) {
+                    const uint16_t *v = WG_V(ox), *w = WG_V(ox + 1);
+                    const float g = WG_G(ox), h = WG_G(ox + 1);
+                    a0 += g * wg_load8(v);
+                    a1 += g * wg_load8(v + 8);
+                    b0 += h * wg_load8(w);
+                    b1 += h * wg_load8(w + 8);
+                }
+                if (ox < oxb) {
+                    const uint16_t *v = WG_V(ox);
+                    const float g = WG_G(ox);
+                    a0 += g * wg_load8(v);
+                    a1 += g * wg_load8(v + 8);
+                }
+#undef WG_V
+#undef WG_G
+            }
+            if (nv == 16) {
+                a0 += b0;
+                a1 += b1;
+                memcpy(a, &a0, sizeof a0);
+                memcpy(a + 8, &a1, sizeof a1);
+            }
+            memcpy(acc + (size_t)t * len + v0, a, (size_t)nv * sizeof(float));
+        }
+    }
+}
+
+/* The sliced filter gradient (conv_filter_gemm's plan wg, sliced): slice i of wg->slices, the
+ * chunks i * chunks / slices .. (i + 1) * chunks / slices - 1, runs on one thread, chunk by
+ * chunk: its columns (im2col on that thread, into the thread's own columns) then a one-thread
+ * GEMM (the thread's sub context) added into slice i's own fp32 partial sum; or the direct loop.
+ * The partials are added in slice order at the end: the slices depend on the shape only, so the
+ * bits do not depend on the thread count. ws: the partials, then per thread columns + scratch. */
+static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const uint16_t *x, char *ws,
+                              const struct conv_wgrad *wg, bk_ctx **sub,
+                              const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    const int ns = wg->slices, taps = s->kh * s->kw;
+    const size_t one = wg->sum / (size_t)ns / sizeof(float);
+    int err[WGRAD_SLICES] = {0};
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
+    for (int i = 0; i < ns; i++) {
+        const int t = omp_get_thread_num();
+        float *part = (float *)ws + (size_t)i * one, *pdb = part + (size_t)s->co * wg->kc;
+        memset(part, 0, (size_t)s->co * (wg->kc + 1) * sizeof(float));
+        const int c0 = (int)((long long)i * wg->chunks / ns);
+        const int c1 = (int)((long long)(i + 1) * wg->chunks / ns);
+        const int p1 = c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
+        if (db) /* the slice's dy summed, pixel by pixel */
+            for (int p = c0 * wg->chunk; p < p1; p++) {
+                const uint16_t *g = dy + (size_t)p * s->co;
+#pragma omp simd
+                for (int o = 0; o < s->co; o++) pdb[o] += half_bits_f32((uint32_t)g[o] << 16);
+            }
+        if (wg->direct) {
+            conv_filter_direct(part, dy, x, c0 * wg->chunk, p1, s);
+            continue;
+        }
+        uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
+        char *scr = (char *)cols + wg->cols;
+        for (int c = c0; c < c1 && !err[i]; c++) {
+            const int p0 = c * wg->chunk, np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
+            conv_im2col(cols, x, p0, np, s, 1);
+            err[i] = cpu_gemm(np == wg->chunk ? &wg->g : &wg->last, part,
+                              dy + (size_t)p0 * s->co, cols, NULL, scr, wg->scr, sub[t]);
+        }
+    }
+    for (int i = 0; i < ns; i++)
+        if (err[i]) return err[i];
+    /* the partials, (Co, Kh, Kw, Ci) or the direct loop's (Kh, Kw, Ci, Co), into OIHW */
+    const size_t so = wg->direct ? 1 : (size_t)wg->kc, sc = wg->direct ? (size_t)s->co : 1;
+    const size_t st = (size_t)s->ci * (wg->direct ? (size_t)s->co : 1);
+    const size_t nw = (size_t)s->co * wg->kc;
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
+    for (int o = 0; o < s->co; o++) {
+        float *d = dw + (size_t)o * wg->kc;
+        for (int c = 0; c < s->ci; c++)
+            for (int t = 0; t < taps; t++) {
+                const float *q = (const float *)ws + o * so + c * sc + t * st;
+                float r = q[0];
+                for (int i = 1; i < ns; i++) r += q[(size_t)i * one];
+                d[c * taps + t] += r;
+            }
+    }
+    if (db)
+        for (int o = 0; o < s->co; o++) {
+            const float *q = (const float *)ws + (size_t)s->co * wg->kc + o;
+            float r = q[0];
+            for (int i = 1; i < ns; i++) r += q[(size_t)i * one];
+            db[o] += r;
+        }
+    return BK_OK;
+}
+
 /* conv_filter_gemm's filter gradient (its plan wg, ws as conv_ws_layout lays it out) */
 static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint16_t *x, char *ws,
-                           const struct conv_wgrad *wg, const struct bk_conv2d *s, bk_ctx *ctx)
+                           const struct conv_wgrad *wg, bk_ctx **sub, const struct bk_conv2d *s,
+                           bk_ctx *ctx)
 {
+    if (wg->sliced) return conv_filter_slices(dw, db, dy, x, ws, wg, sub, s, ctx);
     float *sum = wg->into_dw ? dw : (float *)ws;
     uint16_t *cols = (uint16_t *)(ws + wg->sum);
     char *scr = ws + wg->sum + wg->cols;
@@ -535,7 +753,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     for (int p0 = 0; p0 < wg->px; p0 += wg->chunk) {
         const int np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
         const struct cpu_gemm_shape *g = np == wg->chunk ? &wg->g : &wg->last;
-        if (!wg->cols_in_x) conv_im2col(cols, x, p0, np, s, ctx);
+        if (!wg->cols_in_x) conv_im2col(cols, x, p0, np, s, ctx->threads);
         int rc = cpu_gemm(g, sum, dy + (size_t)p0 * s->co, wg->cols_in_x ? x : cols, NULL, scr,
                           wg->scr, ctx);
         if (rc) return rc;
@@ -564,7 +782,7 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, v
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
     const struct conv_ws *l = &e->l;
-    if (e->gemm) return conv_filter_run(dw, db, dy, x, p, &e->wg, s, ctx);
+    if (e->gemm) return conv_filter_run(dw, db, dy, x, p, &e->wg, e->sub, s, ctx);
     onednn_set(e->m[M_Y], dy);
     onednn_set(e->m[M_X], x);
     onednn_set(e->m[M_DWB], p);

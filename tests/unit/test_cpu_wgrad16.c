@@ -1,13 +1,16 @@
 /* test_cpu_wgrad16.c - the CPU backend's bf16 filter gradient (conv.c: im2col + bf16 GEMM, in
- * chunks of pixels, where the CPU has AVX512-BF16 without AMX; fp32 on converted operands where
- * it has not) against a float64 reference on the same bf16 operands, every dw and db element.
- * The bound: the products of bf16 values are exact in fp32, so dw's and db's only error is fp32
- * summation: at most (terms + 2) 2^-24 of the sum of |terms|, the terms being the P pixels'
- * products, one partial sum per chunk (at most P / 16: a chunk holds 16 pixels or more) and the
- * previous dw (the kernel adds). Shapes: the presets' (3x3 padded by 1, diffusers' stride-2
- * downsample padded right and bottom, 1x1), channel counts that are not multiples of 16, N=1,
- * shapes of several chunks with a shorter last one; at 1 and 2 threads, each run twice (the
- * same bits at a thread count), the workspace exactly cpu_conv2d_ws_bytes (ASan sees past it).
+ * chunks of pixels, where the CPU has AVX512-BF16 without AMX; at a small dw in per-thread slices
+ * of chunks with partial sums, or the direct loop at 1 input or output channel; fp32 on converted
+ * operands where it has not) against a float64 reference on the same bf16 operands, every dw and
+ * db element. The bound: the products of bf16 values are exact in fp32, so dw's and db's only
+ * error is fp32 summation: at most (terms + 2) 2^-24 of the sum of |terms|, the terms being the
+ * P pixels' products, one partial sum per chunk or slice (at most P / 16: a chunk holds 16 pixels
+ * or more, a slice one chunk or more) and the previous dw (the kernel adds). Shapes: the
+ * presets' (3x3 padded by 1, diffusers' stride-2 downsample padded right and bottom, 1x1),
+ * channel counts that are not multiples of 16, N=1, shapes of several chunks with a shorter last
+ * one, slices of unequal chunk counts, fewer chunks than slices, the thin shapes; at 1 and 2
+ * threads, each run twice (the same bits at a thread count), the workspace exactly
+ * cpu_conv2d_ws_bytes (ASan sees past it).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -134,9 +137,9 @@ static void test_filter(int n, int ci, int h, int w, int co, int kh, int kw, int
         free(ws);
         cpu_ctx_free(ctx);
     }
-    /* the im2col path gives the same bits at 1 and 2 threads here (the columns are copies and
-     * oneDNN's matmul does not split the pixels at these shapes); oneDNN's fp32 backward-weights
-     * need not (noted) */
+    /* the im2col path gives the same bits at 1 and 2 threads here (the columns are copies,
+     * oneDNN's matmul does not split the pixels at these shapes, and the slices depend on the
+     * shape only); oneDNN's fp32 backward-weights need not (noted) */
     const int same = !memcmp(dw[0][0], dw[1][0], 4 * nw) && !memcmp(db[0][0], db[1][0], 4 * co);
     if (gemm_path())
         CHECK(same, "%s: 1 and 2 threads give different bits", tag);
@@ -168,6 +171,23 @@ static void test_shapes(void)
     test_filter(2, 40, 9, 9, 24, 1, 1, 2, 1, 1, 0, 0);
     /* ddpm-cifar10's 256 -> 256 at 4x4 (the most frequent) */
     test_filter(2, 256, 4, 4, 256, 3, 3, 1, 1, 1, 1, 1);
+    /* the slices (a dw under WGRAD_SLICE_MN elements): fmnist-tiny's 32 -> 32 at N4 (4096
+     * pixels: 9 chunks of 448 and a short one of 64 in 8 slices of 1 or 2 chunks), 64 -> 32 (3
+     * chunks, 3 slices), 24 -> 40 at odd sizes (5 chunks of 592 and a short one, 6 slices) */
+    test_filter(4, 32, 32, 32, 32, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(2, 64, 16, 16, 32, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(3, 24, 37, 29, 40, 3, 3, 1, 1, 1, 1, 1);
+    /* fewer chunks than slices (3), and one chunk (one slice) */
+    test_filter(1, 64, 24, 24, 16, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(1, 16, 6, 6, 16, 3, 3, 1, 1, 1, 1, 1);
+    /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
+     * convs, channels not multiples of 16 (a tail block), strided, rows cut by slices */
+    test_filter(4, 32, 28, 28, 1, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(4, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(3, 40, 13, 11, 1, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(3, 1, 13, 11, 24, 3, 3, 2, 1, 1, 1, 1);
+    test_filter(2, 20, 9, 10, 1, 3, 2, 2, 0, 1, 1, 0);
+    test_filter(1, 1, 3, 3, 5, 3, 3, 1, 1, 1, 1, 1);
 }
 
 int main(void)
