@@ -6,8 +6,8 @@
  * dP = dO V^T on the bf16 operands as given (exact products), O += P V, dQ += dS K,
  * dK += dS^T Q and dV += P^T dO with P and dS rounded to bf16 first, as FlashAttention-2 does on
  * 16-bit inputs. The softmax, its statistics (m, l, lse, Di) and every sum stay fp32 (attn512.c's
- * softmax and dsoftmax steps, which here store P and dS rounded to bf16 straight into the
- * products' layouts); each output element is rounded once to nearest even, as kernels/half.h. A 32-bit element "pair" below is two bf16 along the product's
+ * softmax and dsoftmax steps on scores in base 2, exp2x512, storing P and dS rounded to bf16
+ * straight into the products' layouts); each output element is rounded once to nearest even, as kernels/half.h. A 32-bit element "pair" below is two bf16 along the product's
  * summed index, the low half first: vdpbf16ps's operand layout.
  */
 #include <immintrin.h>
@@ -19,7 +19,6 @@
 #include "attn_tiles.h"
 #include "cpu.h"
 #include "half.h"
-#include "vmath.h"
 
 #if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
 #pragma clang attribute push(                                                                  \
@@ -37,6 +36,13 @@ typedef uint16_t bf16;
 static int imin(int a, int b) { return a < b ? a : b; }
 static int round16(int x) { return (x + 15) / 16 * 16; }
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* the scores are kept in base 2 (S log2 e, lse log2 e), so that each exponential is exp2x512's
+ * 2^x: the products' scale times log2 e, and lse to and from base 2 in double */
+#define LOG2E 1.4426950408889634
+#define LN2 0.6931471805599453
+static float scale2(float scale) { return (float)(scale * LOG2E); }
+static float lse_to2(float lse) { return (float)(lse * LOG2E); }
 
 /* x rounded to bf16 as half_f32_to_bf16 (nearest even, NaN kept quiet): the bits in the low
  * half of each 32-bit lane */
@@ -108,8 +114,8 @@ static void pack_r(uint32_t *t, const bf16 *x, size_t ldx, int n, int d)
     }
 }
 
-/* ---- the softmax steps of attn512.c (the same fp32 arithmetic, the same bits of m, l, O and
- * of P and dS before rounding), storing P and dS rounded to bf16 in the products' layouts by
+/* ---- the softmax steps of attn512.c on scores in base 2 (2^(s - m) by exp2x512: within 2 ulp
+ * where exp512 is within 1), storing P and dS rounded to bf16 in the products' layouts by
  * vcvtneps2bf16 (nearest even; fp32 subnormals, p < 2^-126, become 0) ---- */
 
 /* the forward's online softmax over one key block (attn_tiles.h's softmax), P stored rounded
@@ -130,14 +136,14 @@ static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, floa
         for (int c = 0; c < nc; c += 16) {
             const __mmask16 k = lanes(nc - c);
             const __m512 p = _mm512_maskz_mov_ps(
-                k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + c), vm)));
+                k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + c), vm)));
             vs = _mm512_add_ps(vs, p);
             _mm256_mask_storeu_epi16(P + (size_t)r * ldp + c, lanes(nc2 - c),
                                      (__m256i)_mm512_cvtneps_pbh(p));
         }
         const float sum = _mm512_reduce_add_ps(vs);
         if (!first) {
-            const float alpha = vm_expf(mrow[r] - mx);
+            const float alpha = _mm512_cvtss_f32(exp2x512(_mm512_set1_ps(mrow[r] - mx)));
             lrow[r] = lrow[r] * alpha + sum;
             if (alpha != 1.0f) {
                 float *orow = O + (size_t)r * ldo;
@@ -171,17 +177,17 @@ static void dsoftmax16(const float *P, const float *dS, size_t ld, const float *
     for (int rp = 0; rp < (nr + 1) / 2; rp++) {
         const int r0 = 2 * rp, two = r0 + 1 < nr;
         const float *p0 = P + (size_t)r0 * ld, *d0 = dS + (size_t)r0 * ld;
-        const __m512 vl0 = _mm512_set1_ps(lse[r0]), vd0 = _mm512_set1_ps(di[r0]);
-        const __m512 vl1 = _mm512_set1_ps(two ? lse[r0 + 1] : 0.0f);
+        const __m512 vl0 = _mm512_set1_ps(lse_to2(lse[r0])), vd0 = _mm512_set1_ps(di[r0]);
+        const __m512 vl1 = _mm512_set1_ps(two ? lse_to2(lse[r0 + 1]) : 0.0f);
         const __m512 vd1 = _mm512_set1_ps(two ? di[r0 + 1] : 0.0f);
         for (int c = 0; c < nc; c += 16) {
             const __mmask16 k = lanes(nc - c), k1 = two ? k : 0;
             const __m512 pa = _mm512_maskz_mov_ps(
-                k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0 + c), vl0)));
+                k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0 + c), vl0)));
             const __m512 da = _mm512_mul_ps(
                 _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, d0 + c), vd0)), vsc);
             const __m512 pb = _mm512_maskz_mov_ps(
-                k1, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld + c), vl1)));
+                k1, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld + c), vl1)));
             const __m512 db = _mm512_mul_ps(
                 _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d0 + ld + c), vd1)),
                 vsc);
@@ -392,14 +398,14 @@ void attn_bf16_fwd(void *ov, float *lse, const void *qv, const void *kv, const v
             for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
                 const int nc = imin(L - j0, ATTN_BC);
                 abt16(sc, (size_t)bc, qt, (size_t)qtl, kt + j0, (size_t)l16, round16(nc), nr, dp,
-                      s->scale);
+                      scale2(s->scale));
                 softmax16(sc, (size_t)bc, m, l, oa, (size_t)D, p16, (size_t)bc, nr, nc, D, j0 == 0);
                 wx16(oa, (size_t)D, (const uint32_t *)p16, (size_t)bc / 2, 1,
                      vp + (size_t)(j0 / 2) * D, (size_t)D, nr, (nc + 1) / 2, D, j0 != 0);
             }
             for (int r = 0; r < nr; r++) {
                 store_row(ROW_HD(o, ni, i0 + r, h), oa + (size_t)r * D, D, 1.0f / l[r]);
-                lse[((size_t)ni * H + h) * L + i0 + r] = m[r] + logf(l[r]);
+                lse[((size_t)ni * H + h) * L + i0 + r] = (float)(m[r] * LN2 + log(l[r]));
             }
         }
     }
@@ -461,7 +467,8 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                 pack_r(kc, ROW_LD(k, ni, j0, h), ld, nc, D);
                 for (int i0 = 0; i0 < L; i0 += ATTN_BR) {
                     const int nr = imin(L - i0, ATTN_BR), nrp = (nr + 1) / 2;
-                    abt16(pt, (size_t)bc, qt + i0, (size_t)l16, kt, (size_t)ncp, ncp, nr, dp, scale);
+                    abt16(pt, (size_t)bc, qt + i0, (size_t)l16, kt, (size_t)ncp, ncp, nr, dp,
+                          scale2(scale));
                     abt16(dst, (size_t)bc, dot + i0, (size_t)l16, vt, (size_t)ncp, ncp, nr, dp,
                           1.0f);
                     dsoftmax16(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, scale, prp, dsrp,
