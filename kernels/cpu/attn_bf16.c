@@ -118,32 +118,53 @@ static void pack_r(uint32_t *t, const bf16 *x, size_t ldx, int n, int d)
  * where exp512 is within 1), storing P and dS rounded to bf16 in the products' layouts by
  * vcvtneps2bf16 (nearest even; fp32 subnormals, p < 2^-126, become 0) ---- */
 
-/* the forward's online softmax over one key block (attn_tiles.h's softmax), P stored rounded
- * to bf16 rows (stride ldp, pairs along the keys; the column after an odd nc zero) */
-static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
-                      bf16 *P, size_t ldp, int nr, int nc, int d, int first)
+/* a mask of the first n lanes, none for n <= 0 */
+AI __mmask16 lanes0(int n) { return n <= 0 ? 0 : lanes(n); }
+
+/* softmax16's rows r < R from S (stride lds), R rows at once so that their exponentials' chains
+ * interleave: each row's max, then 2^(s - max) over 32 columns a step, summed in column order
+ * per row and stored as 32 bf16 by one vcvtne2ps2bf16 */
+AI void softmax_rows(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
+                     bf16 *P, size_t ldp, int nc, int d, int first, const int R)
 {
     const int nc2 = nc + nc % 2;
-    for (int r = 0; r < nr; r++) {
-        const float *sr = S + (size_t)r * lds;
-        __m512 vmx = _mm512_set1_ps(first ? -INFINITY : mrow[r]);
-        for (int c = 0; c < nc; c += 16)
-            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                         lanes(nc - c), sr + c));
-        const float mx = _mm512_reduce_max_ps(vmx);
-        const __m512 vm = _mm512_set1_ps(mx);
-        __m512 vs = _mm512_setzero_ps();
-        for (int c = 0; c < nc; c += 16) {
-            const __mmask16 k = lanes(nc - c);
-            const __m512 p = _mm512_maskz_mov_ps(
-                k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + c), vm)));
-            vs = _mm512_add_ps(vs, p);
-            _mm256_mask_storeu_epi16(P + (size_t)r * ldp + c, lanes(nc2 - c),
-                                     (__m256i)_mm512_cvtneps_pbh(p));
+    __m512 vmx[4], vs[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) vmx[r] = _mm512_set1_ps(first ? -INFINITY : mrow[r]);
+    for (int c = 0; c < nc; c += 16) {
+        const __mmask16 k = lanes(nc - c);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            vmx[r] = _mm512_max_ps(
+                vmx[r], _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, S + (size_t)r * lds + c));
+    }
+    float mx[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        mx[r] = _mm512_reduce_max_ps(vmx[r]);
+        vmx[r] = _mm512_set1_ps(mx[r]);
+        vs[r] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < nc; c += 32) {
+        const __mmask16 k0 = lanes(nc - c), k1 = lanes0(nc - c - 16);
+        const __mmask32 k2 = (__mmask32)(nc2 - c >= 32 ? 0xffffffffu : (1u << (nc2 - c)) - 1u);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float *sr = S + (size_t)r * lds + c;
+            const __m512 p0 = _mm512_maskz_mov_ps(
+                k0, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, sr), vmx[r])));
+            const __m512 p1 = _mm512_maskz_mov_ps(
+                k1, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, sr + 16), vmx[r])));
+            vs[r] = _mm512_add_ps(_mm512_add_ps(vs[r], p0), p1);
+            _mm512_mask_storeu_epi16(P + (size_t)r * ldp + c, k2,
+                                     (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
         }
-        const float sum = _mm512_reduce_add_ps(vs);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const float sum = _mm512_reduce_add_ps(vs[r]);
         if (!first) {
-            const float alpha = _mm512_cvtss_f32(exp2x512(_mm512_set1_ps(mrow[r] - mx)));
+            const float alpha = _mm512_cvtss_f32(exp2x512(_mm512_set1_ps(mrow[r] - mx[r])));
             lrow[r] = lrow[r] * alpha + sum;
             if (alpha != 1.0f) {
                 float *orow = O + (size_t)r * ldo;
@@ -157,8 +178,22 @@ static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, floa
         } else {
             lrow[r] = sum;
         }
-        mrow[r] = mx;
+        mrow[r] = mx[r];
     }
+}
+
+/* the forward's online softmax over one key block (attn_tiles.h's softmax), P stored rounded
+ * to bf16 rows (stride ldp, pairs along the keys; the column after an odd nc zero) */
+static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
+                      bf16 *P, size_t ldp, int nr, int nc, int d, int first)
+{
+    int r = 0;
+    for (; r + 4 <= nr; r += 4)
+        softmax_rows(S + (size_t)r * lds, lds, mrow + r, lrow + r, O + (size_t)r * ldo, ldo,
+                     P + (size_t)r * ldp, ldp, nc, d, first, 4);
+    for (; r < nr; r++)
+        softmax_rows(S + (size_t)r * lds, lds, mrow + r, lrow + r, O + (size_t)r * ldo, ldo,
+                     P + (size_t)r * ldp, ldp, nc, d, first, 1);
 }
 
 /* the backward's step (attn_tiles.h's dsoftmax) on the scores P and dP = dS (fp32, stride ld):
