@@ -196,50 +196,73 @@ static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, floa
                      P + (size_t)r * ldp, ldp, nc, d, first, 1);
 }
 
-/* the backward's step (attn_tiles.h's dsoftmax) on the scores P and dP = dS (fp32, stride ld):
- * p = exp(P - lse_r), ds = scale p (dP - di_r), stored rounded to bf16 as p and ds in pairs
- * along the rows (prp, dsrp: stride ldr; the partner of row nr - 1 zero when nr is odd) and ds
- * in rows (ds16, stride ld16; the column after an odd nc zero) */
-static void dsoftmax16(const float *P, const float *dS, size_t ld, const float *lse,
-                       const float *di, int nr, int nc, float scale, uint32_t *prp,
-                       uint32_t *dsrp, size_t ldr, bf16 *ds16, size_t ld16)
+/* dsoftmax16's row pairs rp < RP (rows r0 = 2 rp, r0 + 1; `two`: whether the last pair's second
+ * row exists), RP pairs at once so that their exponentials' chains interleave */
+AI void dsoftmax_pairs(const float *P, const float *dS, size_t ld, const float *lse,
+                       const float *sdi, int nc, int two, uint32_t *prp, uint32_t *dsrp,
+                       size_t ldr, bf16 *ds16, size_t ld16, const int RP)
 {
-    const __m512 vsc = _mm512_set1_ps(scale);
     const int nc2 = nc + nc % 2;
     /* 16-bit lane 2i from lane i, 2i + 1 from lane 16 + i */
     const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
                                          8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int rp = 0; rp < (nr + 1) / 2; rp++) {
-        const int r0 = 2 * rp, two = r0 + 1 < nr;
-        const float *p0 = P + (size_t)r0 * ld, *d0 = dS + (size_t)r0 * ld;
-        const __m512 vl0 = _mm512_set1_ps(lse_to2(lse[r0])), vd0 = _mm512_set1_ps(di[r0]);
-        const __m512 vl1 = _mm512_set1_ps(two ? lse_to2(lse[r0 + 1]) : 0.0f);
-        const __m512 vd1 = _mm512_set1_ps(two ? di[r0 + 1] : 0.0f);
-        for (int c = 0; c < nc; c += 16) {
-            const __mmask16 k = lanes(nc - c), k1 = two ? k : 0;
+    __m512 vl[2][2], vd[2][2];
+#pragma GCC unroll 2
+    for (int q = 0; q < RP; q++) {
+        const int t1 = q < RP - 1 || two;
+        vl[q][0] = _mm512_set1_ps(lse_to2(lse[2 * q]));
+        vd[q][0] = _mm512_set1_ps(sdi[2 * q]);
+        vl[q][1] = _mm512_set1_ps(t1 ? lse_to2(lse[2 * q + 1]) : 0.0f);
+        vd[q][1] = _mm512_set1_ps(t1 ? sdi[2 * q + 1] : 0.0f);
+    }
+    for (int c = 0; c < nc; c += 16) {
+        const __mmask16 k = lanes(nc - c), k16 = lanes(nc2 - c);
+#pragma GCC unroll 2
+        for (int q = 0; q < RP; q++) {
+            const int t1 = q < RP - 1 || two;
+            const __mmask16 k1 = t1 ? k : 0;
+            const float *p0 = P + (size_t)(2 * q) * ld + c, *d0 = dS + (size_t)(2 * q) * ld + c;
             const __m512 pa = _mm512_maskz_mov_ps(
-                k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0 + c), vl0)));
-            const __m512 da = _mm512_mul_ps(
-                _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, d0 + c), vd0)), vsc);
+                k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0), vl[q][0])));
+            const __m512 da = _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, d0), vd[q][0]));
             const __m512 pb = _mm512_maskz_mov_ps(
-                k1, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld + c), vl1)));
-            const __m512 db = _mm512_mul_ps(
-                _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d0 + ld + c), vd1)),
-                vsc);
+                k1, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld), vl[q][1])));
+            const __m512 db =
+                _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d0 + ld), vd[q][1]));
             /* [row r0's 16 | row r0 + 1's 16] in bf16, then interleaved into pairs */
             const __m512i hp = (__m512i)_mm512_cvtne2ps_pbh(pb, pa);
             const __m512i hd = (__m512i)_mm512_cvtne2ps_pbh(db, da);
-            _mm512_mask_storeu_epi32(prp + (size_t)rp * ldr + c, k,
-                                     _mm512_permutexvar_epi16(zip, hp));
-            _mm512_mask_storeu_epi32(dsrp + (size_t)rp * ldr + c, k,
+            _mm512_mask_storeu_epi32(prp + (size_t)q * ldr + c, k, _mm512_permutexvar_epi16(zip, hp));
+            _mm512_mask_storeu_epi32(dsrp + (size_t)q * ldr + c, k,
                                      _mm512_permutexvar_epi16(zip, hd));
-            _mm256_mask_storeu_epi16(ds16 + (size_t)r0 * ld16 + c, lanes(nc2 - c),
+            _mm256_mask_storeu_epi16(ds16 + (size_t)(2 * q) * ld16 + c, k16,
                                      _mm512_castsi512_si256(hd));
-            if (two)
-                _mm256_mask_storeu_epi16(ds16 + (size_t)(r0 + 1) * ld16 + c, lanes(nc2 - c),
+            if (t1)
+                _mm256_mask_storeu_epi16(ds16 + (size_t)(2 * q + 1) * ld16 + c, k16,
                                          _mm512_extracti64x4_epi64(hd, 1));
         }
     }
+}
+
+/* the backward's step (attn_tiles.h's dsoftmax) on the scores P (base 2) and dP (times scale,
+ * fp32, stride ld): p = 2^(P - lse_r log2 e), ds = p (dP - scale di_r) (sdi: scale di), stored
+ * rounded to bf16 as p and ds in pairs along the rows (prp, dsrp: stride ldr; the partner of row
+ * nr - 1 zero when nr is odd) and ds in rows (ds16, stride ld16; the column after an odd nc
+ * zero) */
+static void dsoftmax16(const float *P, const float *dS, size_t ld, const float *lse,
+                       const float *sdi, int nr, int nc, uint32_t *prp, uint32_t *dsrp,
+                       size_t ldr, bf16 *ds16, size_t ld16)
+{
+    const int np = (nr + 1) / 2;
+    int rp = 0;
+    for (; rp + 2 <= np; rp += 2)
+        dsoftmax_pairs(P + (size_t)(2 * rp) * ld, dS + (size_t)(2 * rp) * ld, ld, lse + 2 * rp,
+                       sdi + 2 * rp, nc, 2 * rp + 3 < nr, prp + (size_t)rp * ldr,
+                       dsrp + (size_t)rp * ldr, ldr, ds16 + (size_t)(2 * rp) * ld16, ld16, 2);
+    for (; rp < np; rp++)
+        dsoftmax_pairs(P + (size_t)(2 * rp) * ld, dS + (size_t)(2 * rp) * ld, ld, lse + 2 * rp,
+                       sdi + 2 * rp, nc, 2 * rp + 1 < nr, prp + (size_t)rp * ldr,
+                       dsrp + (size_t)rp * ldr, ldr, ds16 + (size_t)(2 * rp) * ld16, ld16, 1);
 }
 
 /* ---- S (nr, ncp) = alpha A B^T over dp feature pairs: A and B packed along the features
@@ -352,7 +375,7 @@ static void wx16(float *Y, size_t ldy, const uint32_t *W, size_t sw, size_t st, 
 /* a thread's slot, byte offsets. Forward: S (br, bc) fp32, P (br, bc) bf16, m and l (br), O
  * (br, d) fp32, the query block packed along the features (dp, qtl), the pair's k likewise
  * (dp, l16) and v along the keys ((L + 1) / 2, d). Backward: P and dS (br, bc) fp32, P and dS in
- * pairs along the rows ((br + 1) / 2, bc), dS in bf16 rows (br, bc), Di (L), the key block's k
+ * pairs along the rows ((br + 1) / 2, bc), dS in bf16 rows (br, bc), scale Di (L), the key block's k
  * and v packed along the features (dp, bc) and k along the keys (bc / 2, d), dK and dV (bc, d)
  * fp32, the pair's q and dout packed along the features (dp, l16) and along the rows
  * ((L + 1) / 2, d), and its dq accumulated in fp32 (L, d). */
@@ -493,7 +516,7 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                 float acc = 0.0f;
                 for (int e = 0; e < D; e++)
                     acc += half_bf16_to_f32(dor_i[e]) * half_bf16_to_f32(orow[e]);
-                di[i] = acc;
+                di[i] = scale * acc;
             }
             for (int jb = kb0; jb < kb1; jb++) {
                 const int j0 = jb * ATTN_BC, nc = imin(L - j0, ATTN_BC), ncp = round16(nc);
@@ -505,8 +528,8 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                     abt16(pt, (size_t)bc, qt + i0, (size_t)l16, kt, (size_t)ncp, ncp, nr, dp,
                           scale2(scale));
                     abt16(dst, (size_t)bc, dot + i0, (size_t)l16, vt, (size_t)ncp, ncp, nr, dp,
-                          1.0f);
-                    dsoftmax16(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, scale, prp, dsrp,
+                          scale);
+                    dsoftmax16(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, prp, dsrp,
                                (size_t)bc, ds16, (size_t)bc);
                     wx16(dva, (size_t)D, prp, 1, (size_t)bc, dor + (size_t)(i0 / 2) * D, (size_t)D,
                          nc, nrp, D, i0 != 0);
