@@ -33,6 +33,26 @@ AI __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, k);
 }
 
+/* 2^x on 16 lanes for the bf16 attention (attn_bf16.c), whose scores come in base 2 (the
+ * product's scale times log2 e) and are never above their row's max (x <= 0): x clamped below at
+ * -150 (NaN kept), k = rint(x) and r = x - k in [-1/2, 1/2] both exact, 2^r by SLEEF's degree-6
+ * polynomial (within 2 ulp), 2^k by vscalefps (rounding once into the subnormals). Six FMAs
+ * where exp512's reduction and polynomial take ten; no upper clamp (x > 128 would give +inf) */
+AI __m512 exp2x512(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+    const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(x, k);
+    __m512 p = _mm512_set1_ps(1.535920892e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.339262701e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618384764e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550347269e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402264476e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471825e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
 /* a W X tile's R x NV vectors of fp32 sums (acc) stored into Y's rows (stride ldy), the last
  * vector masked by m, added to what Y holds when acc_y (attn512.c and attn_bf16.c's wx_tile) */
 #define wx_tile_store(Y, ldy, acc, R, NV, m, acc_y)                                           \

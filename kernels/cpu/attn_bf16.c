@@ -6,8 +6,8 @@
  * dP = dO V^T on the bf16 operands as given (exact products), O += P V, dQ += dS K,
  * dK += dS^T Q and dV += P^T dO with P and dS rounded to bf16 first, as FlashAttention-2 does on
  * 16-bit inputs. The softmax, its statistics (m, l, lse, Di) and every sum stay fp32 (attn512.c's
- * softmax and dsoftmax steps, which here store P and dS rounded to bf16 straight into the
- * products' layouts); each output element is rounded once to nearest even, as kernels/half.h. A 32-bit element "pair" below is two bf16 along the product's
+ * softmax and dsoftmax steps on scores in base 2, exp2x512, storing P and dS rounded to bf16
+ * straight into the products' layouts); each output element is rounded once to nearest even, as kernels/half.h. A 32-bit element "pair" below is two bf16 along the product's
  * summed index, the low half first: vdpbf16ps's operand layout.
  */
 #include <immintrin.h>
@@ -19,7 +19,6 @@
 #include "attn_tiles.h"
 #include "cpu.h"
 #include "half.h"
-#include "vmath.h"
 
 #if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
 #pragma clang attribute push(                                                                  \
@@ -37,6 +36,13 @@ typedef uint16_t bf16;
 static int imin(int a, int b) { return a < b ? a : b; }
 static int round16(int x) { return (x + 15) / 16 * 16; }
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* the scores are kept in base 2 (S log2 e, lse log2 e), so that each exponential is exp2x512's
+ * 2^x: the products' scale times log2 e, and lse to and from base 2 in double */
+#define LOG2E 1.4426950408889634
+#define LN2 0.6931471805599453
+static float scale2(float scale) { return (float)(scale * LOG2E); }
+static float lse_to2(float lse) { return (float)(lse * LOG2E); }
 
 /* x rounded to bf16 as half_f32_to_bf16 (nearest even, NaN kept quiet): the bits in the low
  * half of each 32-bit lane */
@@ -108,36 +114,57 @@ static void pack_r(uint32_t *t, const bf16 *x, size_t ldx, int n, int d)
     }
 }
 
-/* ---- the softmax steps of attn512.c (the same fp32 arithmetic, the same bits of m, l, O and
- * of P and dS before rounding), storing P and dS rounded to bf16 in the products' layouts by
+/* ---- the softmax steps of attn512.c on scores in base 2 (2^(s - m) by exp2x512: within 2 ulp
+ * where exp512 is within 1), storing P and dS rounded to bf16 in the products' layouts by
  * vcvtneps2bf16 (nearest even; fp32 subnormals, p < 2^-126, become 0) ---- */
 
-/* the forward's online softmax over one key block (attn_tiles.h's softmax), P stored rounded
- * to bf16 rows (stride ldp, pairs along the keys; the column after an odd nc zero) */
-static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
-                      bf16 *P, size_t ldp, int nr, int nc, int d, int first)
+/* a mask of the first n lanes, none for n <= 0 */
+AI __mmask16 lanes0(int n) { return n <= 0 ? 0 : lanes(n); }
+
+/* softmax16's rows r < R from S (stride lds), R rows at once so that their exponentials' chains
+ * interleave: each row's max, then 2^(s - max) over 32 columns a step, summed in column order
+ * per row and stored as 32 bf16 by one vcvtne2ps2bf16 */
+AI void softmax_rows(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
+                     bf16 *P, size_t ldp, int nc, int d, int first, const int R)
 {
     const int nc2 = nc + nc % 2;
-    for (int r = 0; r < nr; r++) {
-        const float *sr = S + (size_t)r * lds;
-        __m512 vmx = _mm512_set1_ps(first ? -INFINITY : mrow[r]);
-        for (int c = 0; c < nc; c += 16)
-            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                         lanes(nc - c), sr + c));
-        const float mx = _mm512_reduce_max_ps(vmx);
-        const __m512 vm = _mm512_set1_ps(mx);
-        __m512 vs = _mm512_setzero_ps();
-        for (int c = 0; c < nc; c += 16) {
-            const __mmask16 k = lanes(nc - c);
-            const __m512 p = _mm512_maskz_mov_ps(
-                k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + c), vm)));
-            vs = _mm512_add_ps(vs, p);
-            _mm256_mask_storeu_epi16(P + (size_t)r * ldp + c, lanes(nc2 - c),
-                                     (__m256i)_mm512_cvtneps_pbh(p));
+    __m512 vmx[4], vs[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) vmx[r] = _mm512_set1_ps(first ? -INFINITY : mrow[r]);
+    for (int c = 0; c < nc; c += 16) {
+        const __mmask16 k = lanes(nc - c);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            vmx[r] = _mm512_max_ps(
+                vmx[r], _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, S + (size_t)r * lds + c));
+    }
+    float mx[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        mx[r] = _mm512_reduce_max_ps(vmx[r]);
+        vmx[r] = _mm512_set1_ps(mx[r]);
+        vs[r] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < nc; c += 32) {
+        const __mmask16 k0 = lanes(nc - c), k1 = lanes0(nc - c - 16);
+        const __mmask32 k2 = (__mmask32)(nc2 - c >= 32 ? 0xffffffffu : (1u << (nc2 - c)) - 1u);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float *sr = S + (size_t)r * lds + c;
+            const __m512 p0 = _mm512_maskz_mov_ps(
+                k0, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, sr), vmx[r])));
+            const __m512 p1 = _mm512_maskz_mov_ps(
+                k1, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, sr + 16), vmx[r])));
+            vs[r] = _mm512_add_ps(_mm512_add_ps(vs[r], p0), p1);
+            _mm512_mask_storeu_epi16(P + (size_t)r * ldp + c, k2,
+                                     (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
         }
-        const float sum = _mm512_reduce_add_ps(vs);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const float sum = _mm512_reduce_add_ps(vs[r]);
         if (!first) {
-            const float alpha = vm_expf(mrow[r] - mx);
+            const float alpha = _mm512_cvtss_f32(exp2x512(_mm512_set1_ps(mrow[r] - mx[r])));
             lrow[r] = lrow[r] * alpha + sum;
             if (alpha != 1.0f) {
                 float *orow = O + (size_t)r * ldo;
@@ -151,54 +178,91 @@ static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, floa
         } else {
             lrow[r] = sum;
         }
-        mrow[r] = mx;
+        mrow[r] = mx[r];
     }
 }
 
-/* the backward's step (attn_tiles.h's dsoftmax) on the scores P and dP = dS (fp32, stride ld):
- * p = exp(P - lse_r), ds = scale p (dP - di_r), stored rounded to bf16 as p and ds in pairs
- * along the rows (prp, dsrp: stride ldr; the partner of row nr - 1 zero when nr is odd) and ds
- * in rows (ds16, stride ld16; the column after an odd nc zero) */
-static void dsoftmax16(const float *P, const float *dS, size_t ld, const float *lse,
-                       const float *di, int nr, int nc, float scale, uint32_t *prp,
-                       uint32_t *dsrp, size_t ldr, bf16 *ds16, size_t ld16)
+/* the forward's online softmax over one key block (attn_tiles.h's softmax), P stored rounded
+ * to bf16 rows (stride ldp, pairs along the keys; the column after an odd nc zero) */
+static void softmax16(const float *S, size_t lds, float *mrow, float *lrow, float *O, size_t ldo,
+                      bf16 *P, size_t ldp, int nr, int nc, int d, int first)
 {
-    const __m512 vsc = _mm512_set1_ps(scale);
+    int r = 0;
+    for (; r + 4 <= nr; r += 4)
+        softmax_rows(S + (size_t)r * lds, lds, mrow + r, lrow + r, O + (size_t)r * ldo, ldo,
+                     P + (size_t)r * ldp, ldp, nc, d, first, 4);
+    for (; r < nr; r++)
+        softmax_rows(S + (size_t)r * lds, lds, mrow + r, lrow + r, O + (size_t)r * ldo, ldo,
+                     P + (size_t)r * ldp, ldp, nc, d, first, 1);
+}
+
+/* dsoftmax16's row pairs rp < RP (rows r0 = 2 rp, r0 + 1; `two`: whether the last pair's second
+ * row exists), RP pairs at once so that their exponentials' chains interleave */
+AI void dsoftmax_pairs(const float *P, const float *dS, size_t ld, const float *lse,
+                       const float *sdi, int nc, int two, uint32_t *prp, uint32_t *dsrp,
+                       size_t ldr, bf16 *ds16, size_t ld16, const int RP)
+{
     const int nc2 = nc + nc % 2;
     /* 16-bit lane 2i from lane i, 2i + 1 from lane 16 + i */
     const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
                                          8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int rp = 0; rp < (nr + 1) / 2; rp++) {
-        const int r0 = 2 * rp, two = r0 + 1 < nr;
-        const float *p0 = P + (size_t)r0 * ld, *d0 = dS + (size_t)r0 * ld;
-        const __m512 vl0 = _mm512_set1_ps(lse[r0]), vd0 = _mm512_set1_ps(di[r0]);
-        const __m512 vl1 = _mm512_set1_ps(two ? lse[r0 + 1] : 0.0f);
-        const __m512 vd1 = _mm512_set1_ps(two ? di[r0 + 1] : 0.0f);
-        for (int c = 0; c < nc; c += 16) {
-            const __mmask16 k = lanes(nc - c), k1 = two ? k : 0;
+    __m512 vl[2][2], vd[2][2];
+#pragma GCC unroll 2
+    for (int q = 0; q < RP; q++) {
+        const int t1 = q < RP - 1 || two;
+        vl[q][0] = _mm512_set1_ps(lse_to2(lse[2 * q]));
+        vd[q][0] = _mm512_set1_ps(sdi[2 * q]);
+        vl[q][1] = _mm512_set1_ps(t1 ? lse_to2(lse[2 * q + 1]) : 0.0f);
+        vd[q][1] = _mm512_set1_ps(t1 ? sdi[2 * q + 1] : 0.0f);
+    }
+    for (int c = 0; c < nc; c += 16) {
+        const __mmask16 k = lanes(nc - c), k16 = lanes(nc2 - c);
+#pragma GCC unroll 2
+        for (int q = 0; q < RP; q++) {
+            const int t1 = q < RP - 1 || two;
+            const __mmask16 k1 = t1 ? k : 0;
+            const float *p0 = P + (size_t)(2 * q) * ld + c, *d0 = dS + (size_t)(2 * q) * ld + c;
             const __m512 pa = _mm512_maskz_mov_ps(
-                k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0 + c), vl0)));
-            const __m512 da = _mm512_mul_ps(
-                _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, d0 + c), vd0)), vsc);
+                k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0), vl[q][0])));
+            const __m512 da = _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, d0), vd[q][0]));
             const __m512 pb = _mm512_maskz_mov_ps(
-                k1, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld + c), vl1)));
-            const __m512 db = _mm512_mul_ps(
-                _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d0 + ld + c), vd1)),
-                vsc);
+                k1, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, p0 + ld), vl[q][1])));
+            const __m512 db =
+                _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d0 + ld), vd[q][1]));
             /* [row r0's 16 | row r0 + 1's 16] in bf16, then interleaved into pairs */
             const __m512i hp = (__m512i)_mm512_cvtne2ps_pbh(pb, pa);
             const __m512i hd = (__m512i)_mm512_cvtne2ps_pbh(db, da);
-            _mm512_mask_storeu_epi32(prp + (size_t)rp * ldr + c, k,
-                                     _mm512_permutexvar_epi16(zip, hp));
-            _mm512_mask_storeu_epi32(dsrp + (size_t)rp * ldr + c, k,
+            _mm512_mask_storeu_epi32(prp + (size_t)q * ldr + c, k, _mm512_permutexvar_epi16(zip, hp));
+            _mm512_mask_storeu_epi32(dsrp + (size_t)q * ldr + c, k,
                                      _mm512_permutexvar_epi16(zip, hd));
-            _mm256_mask_storeu_epi16(ds16 + (size_t)r0 * ld16 + c, lanes(nc2 - c),
+            _mm256_mask_storeu_epi16(ds16 + (size_t)(2 * q) * ld16 + c, k16,
                                      _mm512_castsi512_si256(hd));
-            if (two)
-                _mm256_mask_storeu_epi16(ds16 + (size_t)(r0 + 1) * ld16 + c, lanes(nc2 - c),
+            if (t1)
+                _mm256_mask_storeu_epi16(ds16 + (size_t)(2 * q + 1) * ld16 + c, k16,
                                          _mm512_extracti64x4_epi64(hd, 1));
         }
     }
+}
+
+/* the backward's step (attn_tiles.h's dsoftmax) on the scores P (base 2) and dP (times scale,
+ * fp32, stride ld): p = 2^(P - lse_r log2 e), ds = p (dP - scale di_r) (sdi: scale di), stored
+ * rounded to bf16 as p and ds in pairs along the rows (prp, dsrp: stride ldr; the partner of row
+ * nr - 1 zero when nr is odd) and ds in rows (ds16, stride ld16; the column after an odd nc
+ * zero) */
+static void dsoftmax16(const float *P, const float *dS, size_t ld, const float *lse,
+                       const float *sdi, int nr, int nc, uint32_t *prp, uint32_t *dsrp,
+                       size_t ldr, bf16 *ds16, size_t ld16)
+{
+    const int np = (nr + 1) / 2;
+    int rp = 0;
+    for (; rp + 2 <= np; rp += 2)
+        dsoftmax_pairs(P + (size_t)(2 * rp) * ld, dS + (size_t)(2 * rp) * ld, ld, lse + 2 * rp,
+                       sdi + 2 * rp, nc, 2 * rp + 3 < nr, prp + (size_t)rp * ldr,
+                       dsrp + (size_t)rp * ldr, ldr, ds16 + (size_t)(2 * rp) * ld16, ld16, 2);
+    for (; rp < np; rp++)
+        dsoftmax_pairs(P + (size_t)(2 * rp) * ld, dS + (size_t)(2 * rp) * ld, ld, lse + 2 * rp,
+                       sdi + 2 * rp, nc, 2 * rp + 1 < nr, prp + (size_t)rp * ldr,
+                       dsrp + (size_t)rp * ldr, ldr, ds16 + (size_t)(2 * rp) * ld16, ld16, 1);
 }
 
 /* ---- S (nr, ncp) = alpha A B^T over dp feature pairs: A and B packed along the features
@@ -311,7 +375,7 @@ static void wx16(float *Y, size_t ldy, const uint32_t *W, size_t sw, size_t st, 
 /* a thread's slot, byte offsets. Forward: S (br, bc) fp32, P (br, bc) bf16, m and l (br), O
  * (br, d) fp32, the query block packed along the features (dp, qtl), the pair's k likewise
  * (dp, l16) and v along the keys ((L + 1) / 2, d). Backward: P and dS (br, bc) fp32, P and dS in
- * pairs along the rows ((br + 1) / 2, bc), dS in bf16 rows (br, bc), Di (L), the key block's k
+ * pairs along the rows ((br + 1) / 2, bc), dS in bf16 rows (br, bc), scale Di (L), the key block's k
  * and v packed along the features (dp, bc) and k along the keys (bc / 2, d), dK and dV (bc, d)
  * fp32, the pair's q and dout packed along the features (dp, l16) and along the rows
  * ((L + 1) / 2, d), and its dq accumulated in fp32 (L, d). */
@@ -392,14 +456,14 @@ void attn_bf16_fwd(void *ov, float *lse, const void *qv, const void *kv, const v
             for (int j0 = 0; j0 < L; j0 += ATTN_BC) {
                 const int nc = imin(L - j0, ATTN_BC);
                 abt16(sc, (size_t)bc, qt, (size_t)qtl, kt + j0, (size_t)l16, round16(nc), nr, dp,
-                      s->scale);
+                      scale2(s->scale));
                 softmax16(sc, (size_t)bc, m, l, oa, (size_t)D, p16, (size_t)bc, nr, nc, D, j0 == 0);
                 wx16(oa, (size_t)D, (const uint32_t *)p16, (size_t)bc / 2, 1,
                      vp + (size_t)(j0 / 2) * D, (size_t)D, nr, (nc + 1) / 2, D, j0 != 0);
             }
             for (int r = 0; r < nr; r++) {
                 store_row(ROW_HD(o, ni, i0 + r, h), oa + (size_t)r * D, D, 1.0f / l[r]);
-                lse[((size_t)ni * H + h) * L + i0 + r] = m[r] + logf(l[r]);
+                lse[((size_t)ni * H + h) * L + i0 + r] = (float)(m[r] * LN2 + log(l[r]));
             }
         }
     }
@@ -452,7 +516,7 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                 float acc = 0.0f;
                 for (int e = 0; e < D; e++)
                     acc += half_bf16_to_f32(dor_i[e]) * half_bf16_to_f32(orow[e]);
-                di[i] = acc;
+                di[i] = scale * acc;
             }
             for (int jb = kb0; jb < kb1; jb++) {
                 const int j0 = jb * ATTN_BC, nc = imin(L - j0, ATTN_BC), ncp = round16(nc);
@@ -461,10 +525,11 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                 pack_r(kc, ROW_LD(k, ni, j0, h), ld, nc, D);
                 for (int i0 = 0; i0 < L; i0 += ATTN_BR) {
                     const int nr = imin(L - i0, ATTN_BR), nrp = (nr + 1) / 2;
-                    abt16(pt, (size_t)bc, qt + i0, (size_t)l16, kt, (size_t)ncp, ncp, nr, dp, scale);
+                    abt16(pt, (size_t)bc, qt + i0, (size_t)l16, kt, (size_t)ncp, ncp, nr, dp,
+                          scale2(scale));
                     abt16(dst, (size_t)bc, dot + i0, (size_t)l16, vt, (size_t)ncp, ncp, nr, dp,
-                          1.0f);
-                    dsoftmax16(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, scale, prp, dsrp,
+                          scale);
+                    dsoftmax16(pt, dst, (size_t)bc, lrow + i0, di + i0, nr, nc, prp, dsrp,
                                (size_t)bc, ds16, (size_t)bc);
                     wx16(dva, (size_t)D, prp, 1, (size_t)bc, dor + (size_t)(i0 / 2) * D, (size_t)D,
                          nc, nrp, D, i0 != 0);
