@@ -789,6 +789,23 @@ static void test_resample(void)
     const float want_dx[12] = {0, 10, 0, 0, 30, 0, 0, 0, 20, 0, 0, 0};
     CHECK(memcmp(dxm, want_dx, sizeof dxm) == 0,
           "maxpool backward: first maximum of a tie, NaN takes the gradient");
+    /* the same plane in 16 channels: the vectorized channel loops (8 lanes) give each lane the
+     * scalar scan's answer */
+    {
+        enum { MC = 16 };
+        float xc[MC * 12], yc[MC * 3], dyc[MC * 3], dxc[MC * 12];
+        for (int ch = 0; ch < MC; ch++) {
+            memcpy(xc + ch * 12, xm, sizeof xm);
+            memcpy(dyc + ch * 3, dym, sizeof dym);
+        }
+        nchw_maxpool2x2_fwd(yc, xc, 1, MC, 2, 6, &ctx1);
+        nchw_maxpool2x2_bwd(dxc, dyc, xc, 0, 1, MC, 2, 6, &ctx1);
+        int bad = 0;
+        for (int ch = 0; ch < MC; ch++)
+            bad += !(yc[ch * 3] == 3 && isnan(yc[ch * 3 + 1]) && yc[ch * 3 + 2] == 2) ||
+                   memcmp(dxc + ch * 12, want_dx, sizeof want_dx) != 0;
+        CHECK(bad == 0, "maxpool tie/NaN in 16 channels: %d channels differ", bad);
+    }
     float xi[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, yi, gi = 1, dxi[4];
     nchw_maxpool2x2_fwd(&yi, xi, 1, 1, 2, 2, &ctx1);
     nchw_maxpool2x2_bwd(dxi, &gi, xi, 0, 1, 1, 2, 2, &ctx1);
