@@ -368,6 +368,45 @@ static void test_eltwise(void)
  * below). The derivatives cross zero (silu' at x = -1.278, gelu' at x = -0.752), where the
  * cancellation in s (1 + x (1 - s)) or Phi + x phi leaves no float evaluation a relative
  * accuracy, so their errors are relative to the sum of the magnitudes of the two terms. */
+/* the SiLU and GELU blocks in AVX2 and in the machine's AVX-512 (eltwise512.c, cpu_isa) give the
+ * same bits on every lane: a sweep of magnitudes with both signs, zeros, subnormals, infinities
+ * and NaN, forward and backward (= and +=); on an AVX2-only machine both runs take AVX2 */
+static void test_eltwise_isa(void)
+{
+    enum { N = 4 * 4096 + 333 };
+    float *x = malloc(N * 4), *dy = malloc(N * 4), *out[2][6];
+    tu_seed(91);
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(tu_rand() * ldexp(1.0, (int)(tu_rand() * 60) - 30));
+        dy[i] = (float)tu_rand();
+    }
+    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-40f, -1e-40f, 88.7f,
+                        -88.7f, 104.0f, -104.0f, 5.9f, -5.9f, 20.0f, -20.0f};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) x[37 * i + 5] = sp[i];
+    for (int pass = 0; pass < 2; pass++) {
+        cpu_isa_cap(pass ? -1 : CPU_ISA_AVX2);
+        for (int k = 0; k < 6; k++) {
+            out[pass][k] = malloc(N * 4);
+            for (int i = 0; i < N; i++) out[pass][k][i] = 0.25f; /* the += base */
+        }
+        cpu_silu_fwd(out[pass][0], x, N, &ctx2);
+        cpu_gelu_fwd(out[pass][1], x, N, &ctx2);
+        cpu_silu_bwd(out[pass][2], dy, x, 0, N, &ctx2);
+        cpu_gelu_bwd(out[pass][3], dy, x, 0, N, &ctx2);
+        cpu_silu_bwd(out[pass][4], dy, x, 1, N, &ctx2);
+        cpu_gelu_bwd(out[pass][5], dy, x, 1, N, &ctx2);
+    }
+    cpu_isa_cap(-1);
+    for (int k = 0; k < 6; k++) {
+        CHECK(memcmp(out[0][k], out[1][k], N * 4) == 0,
+              "eltwise op %d: the AVX2 and the machine's (isa %d) blocks differ", k, cpu_isa());
+        free(out[0][k]);
+        free(out[1][k]);
+    }
+    free(x);
+    free(dy);
+}
+
 static void test_eltwise_sweep(void)
 {
     printf("eltwise sweep (silu, gelu over the float range):\n");
@@ -1239,6 +1278,7 @@ int main(void)
     tu_seed(20240611);
     test_eltwise();
     test_eltwise_sweep();
+    test_eltwise_isa();
     test_layout();
     test_resample();
     test_embed();
