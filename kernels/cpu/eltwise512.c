@@ -3,7 +3,11 @@
  * for lane, so the same bits as the AVX2 copy in eltwise.c. Called only where cpu_isa() reports
  * AVX-512 (the rest of the backend is built for x86-64-v3).
  */
+#include <math.h>
+#include <stddef.h>
+
 #include "cpu.h"
+#include "vmath.h"
 
 #if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
 #pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), \

@@ -2,6 +2,12 @@
  * the same operations lane for lane, so the same bits as norm.c's AVX2 copy. Called only where
  * cpu_isa() reports AVX-512 (the rest of the backend is built for x86-64-v3).
  */
+#include <math.h>
+
+#include "cpu.h"
+#include "typed.h"
+#include "vmath.h"
+
 #if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
 #pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), \
                              apply_to = function)
