@@ -151,6 +151,7 @@ TY_INLINE int bilinear_fwd_row(long r, void *y, const void *x, int align_corners
         const size_t a = xr0 + (size_t)x0 * c, b = xr0 + (size_t)x1 * c;
         const size_t e = xr1 + (size_t)x0 * c, f = xr1 + (size_t)x1 * c;
         const size_t o = yr + (size_t)ox * c;
+#pragma omp simd
         for (int k = 0; k < c; k++)
             ty_st(y, o + k,
                   ly0 * (lx0 * ty_ld(x, a + k, dt) + lx1 * ty_ld(x, b + k, dt)) +
