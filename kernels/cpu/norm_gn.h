@@ -1,7 +1,7 @@
 /* norm_gn.h - the group norm's task bodies (norm.c): the forward of one (image, channel
  * block) and the backward's per-image pass, included by norm.c (x86-64-v3) and by norm512.c
  * under an AVX-512 target pragma, which wraps them as gn_fwd_task_avx512 / gn_bwd_image_avx512
- * (the group norm's fused SiLU is compute-bound). Every sum is a per-channel chain in pixel
+ * (norm.c takes them with the SiLU fused, which is compute-bound). Every sum is a per-channel chain in pixel
  * order, one vector lane per channel, and vmath.h's operations are correctly rounded with
  * nothing contracted (-std=c11): both copies give the same bits.
  */
