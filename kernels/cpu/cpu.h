@@ -85,6 +85,11 @@ void cpu_silu_block(float *y, const float *x, size_t n);
 void cpu_silu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n);
 void cpu_gelu_block(float *y, const float *x, size_t n);
 void cpu_gelu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n);
+/* eltwise512.c: the same blocks in AVX-512, which the four above call where cpu_isa() says */
+void cpu_silu_block_avx512(float *y, const float *x, size_t n);
+void cpu_silu_bwd_block_avx512(float *dx, const float *dy, const float *x, int accum, size_t n);
+void cpu_gelu_block_avx512(float *y, const float *x, size_t n);
+void cpu_gelu_bwd_block_avx512(float *dx, const float *dy, const float *x, int accum, size_t n);
 /* convert.c: count elements src -> dst (fp32 <-> bf16 / f16) on the calling thread, as
  * cpu_convert: the typed kernels' blocks */
 void cpu_convert_run(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count);

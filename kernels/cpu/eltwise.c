@@ -17,63 +17,34 @@
  * depend on the thread count) with vectorized inner loops; the math is vmath.h's. */
 #define ELTWISE_BLK 4096
 
-/* the standard normal CDF Phi(x) and density phi(x): Phi(x) = 1 - Q(|x|) for x >= 0 and Q(|x|)
- * for x < 0 with the upper tail Q(u) = phi(u) R(u) (R the Mills ratio), so that Phi keeps its
- * relative accuracy for negative x (1 + erf(x/sqrt2) is 0 in float from x = -5.9 on) */
-#define GELU_RSQRT2PI 0.39894228040143267794f /* 1/sqrt(2*pi) */
-VM_INLINE float gelu_cdf_pdf(float v, float *pdf)
-{
-    float u = vm_min_pos(fabsf(v), 20.0f); /* Q(20) is 0 in float; NaN -> 20, x is NaN anyway */
-    float d = vm_gaussf(u) * GELU_RSQRT2PI;
-    float q = d * vm_millsf(u);
-    *pdf = d;
-    return fmaf(vm_sel_neg(v, 1.0f, -1.0f), q, vm_sel_neg(v, 0.0f, 1.0f)); /* q or 1 - q */
-}
+/* one block of each (at most ELTWISE_BLK elements, on the calling thread), in the instruction
+ * set cpu_isa() picks (eltwise_blocks.h; the same bits either way): the fp32 entries below run
+ * them over the blocks in parallel, typed.c on blocks converted from 16 bits */
+#define ELT_SUFFIX _avx2
+#include "eltwise_blocks.h"
 
-/* one block of each (at most ELTWISE_BLK elements, on the calling thread): the fp32 entries
- * below run them over the blocks in parallel, typed.c on blocks converted from 16 bits */
 void cpu_silu_block(float *y, const float *x, size_t n)
 {
-#pragma omp simd
-    for (size_t i = 0; i < n; i++) y[i] = vm_silu(x[i]);
+    if (cpu_isa() >= CPU_ISA_AVX512) cpu_silu_block_avx512(y, x, n);
+    else cpu_silu_block_avx2(y, x, n);
 }
 
 void cpu_silu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n)
 {
-    if (accum) {
-#pragma omp simd
-        for (size_t i = 0; i < n; i++) dx[i] += dy[i] * vm_silu_grad(x[i]);
-    } else {
-#pragma omp simd
-        for (size_t i = 0; i < n; i++) dx[i] = dy[i] * vm_silu_grad(x[i]);
-    }
+    if (cpu_isa() >= CPU_ISA_AVX512) cpu_silu_bwd_block_avx512(dx, dy, x, accum, n);
+    else cpu_silu_bwd_block_avx2(dx, dy, x, accum, n);
 }
 
 void cpu_gelu_block(float *y, const float *x, size_t n)
 {
-#pragma omp simd
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i], pdf;
-        y[i] = vm_clamp_neg_inf(v) * gelu_cdf_pdf(v, &pdf);
-    }
+    if (cpu_isa() >= CPU_ISA_AVX512) cpu_gelu_block_avx512(y, x, n);
+    else cpu_gelu_block_avx2(y, x, n);
 }
 
-/* Phi(x) + x phi(x), the exact (erf) GELU's derivative */
 void cpu_gelu_bwd_block(float *dx, const float *dy, const float *x, int accum, size_t n)
 {
-    if (accum) {
-#pragma omp simd
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
-            dx[i] += dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
-        }
-    } else {
-#pragma omp simd
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i], pdf, cdf = gelu_cdf_pdf(v, &pdf);
-            dx[i] = dy[i] * fmaf(vm_clamp_inf(v), pdf, cdf);
-        }
-    }
+    if (cpu_isa() >= CPU_ISA_AVX512) cpu_gelu_bwd_block_avx512(dx, dy, x, accum, n);
+    else cpu_gelu_bwd_block_avx2(dx, dy, x, accum, n);
 }
 
 /* block b of count elements: [i0, i1) */

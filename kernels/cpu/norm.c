@@ -2,11 +2,13 @@
  * forward and backward. PyTorch semantics: biased variance, rstd = 1/sqrt(var + eps); the forward saves
  * mean and rstd in fp32. Sums run in double, each in one thread in a fixed order.
  * gamma / beta may be NULL (no affine: 1 / 0); dx, dgamma, dbeta may be NULL (skipped).
+ * The group norm's task bodies are in norm_gn.h (also compiled for AVX-512: norm512.c).
  */
 #include <math.h>
 #include <omp.h>
 
 #include "cpu.h"
+#include "norm_gn.h"
 #include "typed.h"
 #include "vmath.h"
 
@@ -24,128 +26,6 @@ static void norm_stats(float *mean, float *rstd, const float *x, size_t cnt, flo
     *rstd = (float)(1.0 / sqrt(ss / (double)cnt + (double)eps));
 }
 
-/* Group norm over NHWC images: group g of image i is the cpg channels [g*cpg, (g+1)*cpg) of
- * every pixel. Work is split into channel blocks of whole groups (GN_WIDE channels at least,
- * GN_BLOCK in the workspace-free backward), so a pixel's block is one contiguous run that
- * vectorizes. Every sum is a per-channel sum over the pixels in order (in double; the backward
- * adds float partial sums of GN_CHUNK pixels), then over the group's channels in order: fixed
- * whatever the thread count. */
-#define GN_BLOCK 16
-#define GN_MAX_BLOCK 1024
-
-static int gn_block_min(int c, int cpg, int min)
-{
-    int b = cpg >= min ? cpg : (min + cpg - 1) / cpg * cpg;
-    b = b < c ? b : c;
-    return b > GN_MAX_BLOCK && cpg <= GN_MAX_BLOCK ? cpg : b;
-}
-
-static int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOCK); }
-
-/* the wider blocks of the (image, block) parallel kernels: longer contiguous runs per pixel */
-#define GN_WIDE 64
-/* pixels summed in float before a double accumulation */
-#define GN_CHUNK 32
-
-/* y = act(gn(x')), act = silu or identity, then y += yb (N,C) broadcast when yb and y += yr
- * (N,C,HW) when yr; x' = x + xb (N,C) broadcast, stored into xo, when xb, else x. Images and
- * the (N,C) terms of dtype dt (typed.h): each value stored is rounded to dt once where the
- * unfused ops would store it, so the statistics are those of the stored x', and fp32 gives the
- * unfused fp32 kernels' bits. y may be yr (each element is read before it is written), xo x. */
-/* task t of gn_fwd: image t / nblk, channel block t % nblk */
-TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, const void *x,
-                          const void *xb, const void *yb, const void *yr, const float *gamma,
-                          const float *beta, int c, int hw, int groups, float eps, int silu,
-                          int blk, int nblk, int dt)
-{
-    const int cpg = c / groups;
-    const double cnt = (double)cpg * hw;
-    const void *xs = xb ? (const void *)xo : x; /* what the statistics are of */
-    {
-        const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
-        const size_t base = (size_t)img * hw * c + c0;
-        double acc[GN_MAX_BLOCK], mu[GN_MAX_BLOCK];
-        float buf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK], rbuf[GN_MAX_BLOCK];
-        for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        if (xb) { /* x' = round(x + xb), stored, summed as stored */
-            float bb[GN_MAX_BLOCK];
-            for (int k = 0; k < nc; k++) bb[k] = ty_ld(xb, (size_t)img * c + c0 + k, dt);
-            for (int p = 0; p < hw; p++) {
-                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
-                float *o = ty_out(xo, base + (size_t)p * c, dt, obuf);
-#pragma omp simd
-                for (int k = 0; k < nc; k++) {
-                    o[k] = ty_round(xr[k] + bb[k], dt);
-                    acc[k] += o[k];
-                }
-                ty_put(xo, base + (size_t)p * c, (size_t)nc, dt, obuf);
-            }
-        } else {
-            for (int p = 0; p < hw; p++) {
-                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
-#pragma omp simd
-                for (int k = 0; k < nc; k++) acc[k] += xr[k];
-            }
-        }
-        for (int k0 = 0; k0 < nc; k0 += cpg) {
-            double sum = 0.0;
-            for (int k = k0; k < k0 + cpg; k++) sum += acc[k];
-            for (int k = k0; k < k0 + cpg; k++) mu[k] = sum / cnt;
-        }
-        for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        for (int p = 0; p < hw; p++) {
-            const float *xr = ty_row(xs, base + (size_t)p * c, (size_t)nc, dt, buf);
-#pragma omp simd
-            for (int k = 0; k < nc; k++) {
-                double d = (double)xr[k] - mu[k];
-                acc[k] += d * d;
-            }
-        }
-        float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
-        float ybv[GN_MAX_BLOCK];
-        for (int k0 = 0; k0 < nc; k0 += cpg) {
-            double ss = 0.0;
-            for (int k = k0; k < k0 + cpg; k++) ss += acc[k];
-            int gi = img * groups + (c0 + k0) / cpg;
-            mean[gi] = (float)mu[k0];
-            rstd[gi] = (float)(1.0 / sqrt(ss / cnt + (double)eps));
-            for (int k = k0; k < k0 + cpg; k++) {
-                m[k] = mean[gi];
-                rs[k] = rstd[gi];
-            }
-        }
-        for (int k = 0; k < nc; k++) {
-            gm[k] = gamma ? gamma[c0 + k] : 1.0f;
-            bt[k] = beta ? beta[c0 + k] : 0.0f;
-            ybv[k] = yb ? ty_ld(yb, (size_t)img * c + c0 + k, dt) : 0.0f;
-        }
-        for (int p = 0; p < hw; p++) {
-            const size_t off = base + (size_t)p * c;
-            const float *xr = ty_row(xs, off, (size_t)nc, dt, buf);
-            const float *rr = yr ? ty_row(yr, off, (size_t)nc, dt, rbuf) : NULL;
-            float *o = ty_out(y, off, dt, obuf);
-            if (!yb && !yr && silu) {
-#pragma omp simd
-                for (int k = 0; k < nc; k++) o[k] = vm_silu((xr[k] - m[k]) * rs[k] * gm[k] + bt[k]);
-            } else if (!yb && !yr) {
-#pragma omp simd
-                for (int k = 0; k < nc; k++) o[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
-            } else { /* the fused adds after the norm: its output rounded as stored, then summed */
-#pragma omp simd
-                for (int k = 0; k < nc; k++) {
-                    float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
-                    if (silu) v = vm_silu(v);
-                    if (yb) v = ty_round(v, dt) + ybv[k];
-                    if (yr) v = ty_round(v, dt) + rr[k];
-                    o[k] = v;
-                }
-            }
-            ty_put(y, off, (size_t)nc, dt, obuf);
-        }
-    }
-    return BK_OK;
-}
-
 /* dt need not be a constant: the parallel region dispatches each task to its dtype's copy
  * (TY_DISPATCH_IN) */
 static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, const void *xb,
@@ -157,10 +37,18 @@ static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, co
         return BK_ERR_INVALID;
     const int blk = gn_block_min(c, c / groups, GN_WIDE), nblk = (c + blk - 1) / blk;
     if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
+    /* AVX-512 where the fused SiLU's math dominates; the x + xb form stays AVX2 (its AVX-512
+     * copy measured 2x slower in the seed-64 step, 7 -> 12.5 ms, not reproduced alone) */
+    const int isa512 = silu && !xb && cpu_isa() >= CPU_ISA_AVX512;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int t = 0; t < n * nblk; t++)
-        TY_DISPATCH_IN(dt, gn_fwd_task, t, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, c, hw,
-                       groups, eps, silu, blk, nblk);
+    for (int t = 0; t < n * nblk; t++) {
+        if (isa512)
+            gn_fwd_task_avx512(t, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, c, hw, groups,
+                               eps, silu, blk, nblk, dt);
+        else
+            TY_DISPATCH_IN(dt, gn_fwd_task, t, y, mean, rstd, xo, x, xb, yb, yr, gamma, beta, c,
+                           hw, groups, eps, silu, blk, nblk);
+    }
     return BK_OK;
 }
 
@@ -178,113 +66,6 @@ int cpu_groupnorm_silu_fwd(float *y, float *mean, float *rstd, const float *x,
 {
     return gn_fwd(y, mean, rstd, NULL, x, NULL, NULL, NULL, gamma, beta, n, c, hw, groups, eps, 1,
                   ctx, BK_DTYPE_F32);
-}
-
-/* dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma; dgamma = sum of
- * dy xhat, dbeta = sum of dy. For one image and one channel block, one pass gathers the
- * per-channel sums of g and g xhat (which give both the group means and the parameter
- * gradients), a second writes dx. silu: dy is the gradient of silu(z), z = gn(x) recomputed
- * from x, mean, rstd, gamma, beta, and g = dy silu'(z), kept between the passes in gzbuf
- * (hw x nc floats). The image's per-channel sums go to sg, sb. dx, dy, x and db of dtype dt
- * (typed.h); db (the block's nc values of the image, may be NULL): (=/+= db_accum) the sum over
- * the pixels, in double in pixel order as add_bcast_bwd's, of dx as stored (db_of_dx) or of dy. */
-TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const void *dy,
-                            const void *x, const float *gamma, const float *beta,
-                            const float *mean, const float *rstd, int accum, int db_accum,
-                            int db_of_dx, int c, int hw, int groups, int img, int c0, int nc,
-                            float *gzbuf, int dt)
-{
-    const int silu = gzbuf != NULL;
-    const int cpg = c / groups;
-    const double cnt = (double)cpg * hw;
-    const size_t off = (size_t)img * hw * c + c0;
-    double rs[GN_MAX_BLOCK], dbs[GN_MAX_BLOCK];
-    float mf[GN_MAX_BLOCK], rf[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
-    float xbuf[GN_MAX_BLOCK], dbuf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK];
-    for (int k = 0; k < nc; k++) {
-        int gi = img * groups + (c0 + k) / cpg;
-        mf[k] = mean[gi];
-        rs[k] = rf[k] = rstd[gi];
-        sg[k] = sb[k] = 0.0;
-        dbs[k] = 0.0;
-        gm[k] = gamma ? gamma[c0 + k] : 1.0f;
-        bt[k] = beta ? beta[c0 + k] : 0.0f;
-    }
-    const int db_dy = db && !db_of_dx;
-    /* float sums over GN_CHUNK pixels, added into the double sums chunk by chunk */
-    float fg[GN_MAX_BLOCK], fb[GN_MAX_BLOCK];
-    for (int p0 = 0; p0 < hw; p0 += GN_CHUNK) {
-        const int p1 = p0 + GN_CHUNK < hw ? p0 + GN_CHUNK : hw;
-        for (int k = 0; k < nc; k++) fg[k] = fb[k] = 0.0f;
-        for (int p = p0; p < p1; p++) {
-            const float *xr = ty_row(x, off + (size_t)p * c, (size_t)nc, dt, xbuf);
-            const float *dr = ty_row(dy, off + (size_t)p * c, (size_t)nc, dt, dbuf);
-            if (db_dy)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
-            if (silu) {
-                float *gz = gzbuf + (size_t)p * nc;
-#pragma omp simd
-                for (int k = 0; k < nc; k++)
-                    gz[k] = dr[k] * vm_silu_grad((xr[k] - mf[k]) * rf[k] * gm[k] + bt[k]);
-                dr = gz;
-            }
-#pragma omp simd
-            for (int k = 0; k < nc; k++) {
-                fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
-                fb[k] += dr[k];
-            }
-        }
-        for (int k = 0; k < nc; k++) {
-            sg[k] += fg[k];
-            sb[k] += fb[k];
-        }
-    }
-    if (dx) {
-        /* per group: a = mean(g gamma), b = mean(g gamma xhat); then dx = A g + B (x - mean) +
-         * C per channel, in float */
-        float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK];
-        for (int k0 = 0; k0 < nc; k0 += cpg) {
-            double s1 = 0.0, s2 = 0.0;
-            for (int k = k0; k < k0 + cpg; k++) {
-                s1 += sb[k] * gm[k];
-                s2 += sg[k] * gm[k];
-            }
-            const double a = s1 / cnt, b = s2 / cnt;
-            for (int k = k0; k < k0 + cpg; k++) {
-                ca[k] = (float)(rs[k] * gm[k]);
-                cb[k] = (float)(-rs[k] * rs[k] * b);
-                cc[k] = (float)(-rs[k] * a);
-            }
-        }
-        for (int p = 0; p < hw; p++) {
-            const size_t po = off + (size_t)p * c;
-            const float *xr = ty_row(x, po, (size_t)nc, dt, xbuf);
-            const float *dr = silu ? gzbuf + (size_t)p * nc : ty_row(dy, po, (size_t)nc, dt, dbuf);
-            float *o = ty_out(dx, po, dt, obuf);
-            if (accum) {
-                if (dt != BK_DTYPE_F32) cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, po, dt), dt,
-                                                        (size_t)nc);
-#pragma omp simd
-                for (int k = 0; k < nc; k++)
-                    o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
-            } else {
-#pragma omp simd
-                for (int k = 0; k < nc; k++) o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
-            }
-            ty_put(dx, po, (size_t)nc, dt, obuf);
-            if (db && db_of_dx)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) dbs[k] += (double)ty_round(o[k], dt);
-        }
-    }
-    if (db) {
-        const size_t bo = (size_t)img * c + c0;
-        for (int k = 0; k < nc; k++)
-            ty_st(db, bo + k,
-                  db_accum ? (float)((double)ty_ld(db, bo + k, dt) + dbs[k]) : (float)dbs[k], dt);
-    }
-    return BK_OK;
 }
 
 static int gn_bwd_check(const void *dy, const void *x, const float *mean, const float *rstd,
@@ -350,6 +131,7 @@ static int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const void
     const int blk = gn_block_min(c, c / groups, GN_WIDE);
     const int nblk = (c + blk - 1) / blk;
     double *part = ws; /* (N, 2, C) */
+    const int isa512 = silu && cpu_isa() >= CPU_ISA_AVX512; /* where silu' dominates */
     float *gzs = (float *)(part + (size_t)n * 2 * c);
 #pragma omp parallel num_threads(cpu_threads(ctx))
     {
@@ -358,8 +140,12 @@ static int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const void
         for (int t = 0; t < n * nblk; t++) {
             const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
             double *sg = part + (size_t)img * 2 * c + c0, *sb = sg + c;
-            TY_DISPATCH_IN(dt, gn_bwd_image, dx, sg, sb, db, dy, x, gamma, beta, mean, rstd,
-                           accum, db_accum, db_of_dx, c, hw, groups, img, c0, nc, gz);
+            if (isa512)
+                gn_bwd_image_avx512(dx, sg, sb, db, dy, x, gamma, beta, mean, rstd, accum,
+                                    db_accum, db_of_dx, c, hw, groups, img, c0, nc, gz, dt);
+            else
+                TY_DISPATCH_IN(dt, gn_bwd_image, dx, sg, sb, db, dy, x, gamma, beta, mean, rstd,
+                               accum, db_accum, db_of_dx, c, hw, groups, img, c0, nc, gz);
         }
     }
     if (dgamma || dbeta) {
@@ -416,22 +202,69 @@ int cpu_t_groupnorm_bwd(void *dx, float *dgamma, float *dbeta, void *db, const v
 /* the longest row the typed layer norm takes in 16 bits (its rows convert on the stack) */
 #define LN_MAX_ROW 4096
 
-/* row i of ln_fwd */
-TY_INLINE int ln_fwd_row(int i, void *y, float *mean, float *rstd, const void *x,
-                         const float *gamma, const float *beta, int d, float eps, int dt)
+/* Rows per layer-norm forward task: the row statistics are double sums in element order
+ * (norm_stats), one chain of dependent adds per row, so a task runs LN_ROWS rows' chains side by
+ * side (each row's sum in its own order: the bits of one row at a time) when LN_ROWS rows fit
+ * the row buffers; longer rows go one at a time. (The backward's two sums a row stay one row at
+ * a time: side by side measured slower there.) */
+#define LN_ROWS 8
+
+/* rows a task takes: LN_ROWS where they fit the row buffers (d <= LN_MAX_ROW / LN_ROWS), else 1 */
+static int ln_rows(int d) { return d <= LN_MAX_ROW / LN_ROWS ? LN_ROWS : 1; }
+
+/* norm_stats of LN_ROWS rows x[r] at once, in each row's order */
+static void norm_stats_rows(float *mean, float *rstd, const float *const *x, size_t cnt, float eps)
 {
+    double sum[LN_ROWS] = {0}, mu[LN_ROWS], ss[LN_ROWS] = {0};
+    for (size_t i = 0; i < cnt; i++)
+        for (int r = 0; r < LN_ROWS; r++) sum[r] += x[r][i];
+    for (int r = 0; r < LN_ROWS; r++) mu[r] = sum[r] / (double)cnt;
+    for (size_t i = 0; i < cnt; i++)
+        for (int r = 0; r < LN_ROWS; r++) {
+            double dd = (double)x[r][i] - mu[r];
+            ss[r] += dd * dd;
+        }
+    for (int r = 0; r < LN_ROWS; r++) {
+        mean[r] = (float)mu[r];
+        rstd[r] = (float)(1.0 / sqrt(ss[r] / (double)cnt + (double)eps));
+    }
+}
+
+/* task t of ln_fwd: rows [i0, i0 + nr) (nr = ln_rows(d), clamped to m; a short last task
+ * repeats its last row in the unused chains and stores nothing of them) */
+TY_INLINE int ln_fwd_task(int t, void *y, float *mean, float *rstd, const void *x,
+                          const float *gamma, const float *beta, int m, int d, float eps, int dt)
+{
+    const int rows = ln_rows(d), i0 = t * rows, nr = m - i0 < rows ? m - i0 : rows;
     float buf[dt == BK_DTYPE_F32 ? 1 : LN_MAX_ROW];
-    const float *xr = ty_row(x, (size_t)i * d, (size_t)d, dt, buf);
-    float *yr = ty_out(y, (size_t)i * d, dt, buf); /* buf's row is read before written */
-    norm_stats(&mean[i], &rstd[i], xr, (size_t)d, eps);
-    const float mu = mean[i], rs = rstd[i];
-    for (int j = 0; j < d; j++)
-        yr[j] = (xr[j] - mu) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
-    ty_put(y, (size_t)i * d, (size_t)d, dt, buf);
+    const float *xr[LN_ROWS];
+    float mu[LN_ROWS], rs[LN_ROWS];
+    for (int r = 0; r < rows; r++) {
+        const int i = i0 + (r < nr ? r : nr - 1);
+        xr[r] = ty_row(x, (size_t)i * d, (size_t)d, dt, buf + (dt == BK_DTYPE_F32 ? 0 : r * d));
+    }
+    if (rows == LN_ROWS) norm_stats_rows(mu, rs, xr, (size_t)d, eps);
+    else norm_stats(&mu[0], &rs[0], xr[0], (size_t)d, eps);
+    for (int r = 0; r < nr; r++) {
+        const int i = i0 + r;
+        mean[i] = mu[r];
+        rstd[i] = rs[r];
+        /* buf's row r is read before written */
+        float *yr = ty_out(y, (size_t)i * d, dt, buf + (dt == BK_DTYPE_F32 ? 0 : r * d));
+        const float mr = mu[r], sr = rs[r];
+        if (gamma && beta) {
+#pragma omp simd
+            for (int j = 0; j < d; j++) yr[j] = (xr[r][j] - mr) * sr * gamma[j] + beta[j];
+        } else {
+            for (int j = 0; j < d; j++)
+                yr[j] = (xr[r][j] - mr) * sr * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+        }
+        ty_put(y, (size_t)i * d, (size_t)d, dt, yr);
+    }
     return BK_OK;
 }
 
-/* x, y (M,D) of dtype dt (typed.h), which the parallel region dispatches per row
+/* x, y (M,D) of dtype dt (typed.h), which the parallel region dispatches per task
  * (TY_DISPATCH_IN) */
 static int ln_fwd(void *y, float *mean, float *rstd, const void *x, const float *gamma,
                   const float *beta, int m, int d, float eps, bk_ctx *ctx, int dt)
@@ -439,9 +272,10 @@ static int ln_fwd(void *y, float *mean, float *rstd, const void *x, const float 
     if (!y || !mean || !rstd || !x || !ctx || m < 1 || d < 1 || !(eps >= 0.0f) || !ty_valid(dt) ||
         (dt != BK_DTYPE_F32 && d > LN_MAX_ROW))
         return BK_ERR_INVALID;
+    const int tasks = (m + ln_rows(d) - 1) / ln_rows(d);
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int i = 0; i < m; i++)
-        TY_DISPATCH_IN(dt, ln_fwd_row, i, y, mean, rstd, x, gamma, beta, d, eps);
+    for (int t = 0; t < tasks; t++)
+        TY_DISPATCH_IN(dt, ln_fwd_task, t, y, mean, rstd, x, gamma, beta, m, d, eps);
     return BK_OK;
 }
 

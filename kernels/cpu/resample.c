@@ -8,6 +8,7 @@
 
 #include "cpu.h"
 #include "typed.h"
+#include "vmath.h"
 
 #define RESAMPLE_PAR_MIN 16384
 
@@ -150,6 +151,7 @@ TY_INLINE int bilinear_fwd_row(long r, void *y, const void *x, int align_corners
         const size_t a = xr0 + (size_t)x0 * c, b = xr0 + (size_t)x1 * c;
         const size_t e = xr1 + (size_t)x0 * c, f = xr1 + (size_t)x1 * c;
         const size_t o = yr + (size_t)ox * c;
+#pragma omp simd
         for (int k = 0; k < c; k++)
             ty_st(y, o + k,
                   ly0 * (lx0 * ty_ld(x, a + k, dt) + lx1 * ty_ld(x, b + k, dt)) +
@@ -333,20 +335,26 @@ int cpu_t_upsample_bilinear2x_bwd(void *dx, const void *dy, int align_corners, i
 }
 
 /* Index (0..3, row-major in the window) of the window's maximum, as PyTorch's CPU max_pool2d:
- * a later value wins only if strictly greater, or if it is NaN (NaN propagates). */
+ * a later value wins only if strictly greater, or if it is NaN (NaN propagates). Selects by
+ * integer masks, no branch, so that the channel loops calling it vectorize (vmath.h). */
+/* one step of maxpool_argmax's scan: v at index q replaces the maximum m so far (and its index
+ * k) if greater, or NaN */
+static inline void maxpool_take(float *m, uint32_t *k, float v, uint32_t q)
+{
+    const uint32_t t = (uint32_t)0 - (uint32_t)(isgreater(v, *m) | isnan(v));
+    *m = vm_bits_to_f((vm_f_to_bits(v) & t) | (vm_f_to_bits(*m) & ~t));
+    *k = (q & t) | (*k & ~t);
+}
+
 static inline int maxpool_argmax(float v0, float v1, float v2, float v3, float *out)
 {
-    float v[4] = {v0, v1, v2, v3};
-    float m = -INFINITY;
-    int k = 0;
-    for (int q = 0; q < 4; q++) {
-        if (v[q] > m || isnan(v[q])) {
-            m = v[q];
-            k = q;
-        }
-    }
+    float m = v0; /* what the scan from -inf keeps after v0, v0 = -inf included */
+    uint32_t k = 0;
+    maxpool_take(&m, &k, v1, 1);
+    maxpool_take(&m, &k, v2, 2);
+    maxpool_take(&m, &k, v3, 3);
     *out = m;
-    return k;
+    return (int)k;
 }
 
 /* output row r of maxpool_fwd */
@@ -360,6 +368,7 @@ TY_INLINE int maxpool_fwd_row(long r, void *y, const void *x, int c, int h, int 
     for (int j = 0; j < wo; j++) {
         const size_t a = r0 + (size_t)2 * j * c, b = a + c, e = r1 + (size_t)2 * j * c,
                      f = e + c;
+#pragma omp simd
         for (int k = 0; k < c; k++) {
             float m;
             maxpool_argmax(ty_ld(x, a + k, dt), ty_ld(x, b + k, dt), ty_ld(x, e + k, dt),
@@ -394,6 +403,20 @@ int cpu_t_maxpool2x2_fwd(void *y, const void *x, int n, int c, int h, int w, int
     return maxpool_fwd(y, x, n, c, h, w, ctx, dtype);
 }
 
+/* the gradient dy[gi] of the window x[a], x[b], x[e], x[f] routed to the two inputs of one
+ * row, window indices want_lo and want_lo + 1: v0, v1 (+0 where not the argmax), by integer
+ * masks (vectorizes) */
+TY_INLINE void maxpool_route(float *v0, float *v1, const void *x, const void *dy, size_t a,
+                             size_t b, size_t e, size_t f, size_t gi, int want_lo, int dt)
+{
+    float m;
+    const int q = maxpool_argmax(ty_ld(x, a, dt), ty_ld(x, b, dt), ty_ld(x, e, dt),
+                                 ty_ld(x, f, dt), &m);
+    const uint32_t g = vm_f_to_bits(ty_ld(dy, gi, dt));
+    *v0 = vm_bits_to_f(g & ((uint32_t)0 - (uint32_t)(q == want_lo)));
+    *v1 = vm_bits_to_f(g & ((uint32_t)0 - (uint32_t)(q == want_lo + 1)));
+}
+
 /* input row r of maxpool_bwd */
 TY_INLINE int maxpool_bwd_row(long r, void *dx, const void *dy, const void *x, int accum, int c,
                           int h, int w, int dt)
@@ -414,16 +437,20 @@ TY_INLINE int maxpool_bwd_row(long r, void *dx, const void *dy, const void *x, i
         const size_t a = r0 + (size_t)2 * j * c, b = a + c, e = r1 + (size_t)2 * j * c,
                      f = e + c;
         const size_t d0 = d + (size_t)2 * j * c, d1 = d0 + c;
-        for (int k = 0; k < c; k++) {
-            float m;
-            int q = maxpool_argmax(ty_ld(x, a + k, dt), ty_ld(x, b + k, dt),
-                                   ty_ld(x, e + k, dt), ty_ld(x, f + k, dt), &m);
-            float g = ty_ld(dy, gr + (size_t)j * c + k, dt);
-            float v0 = q == want_lo ? g : 0.0f, v1 = q == want_lo + 1 ? g : 0.0f;
-            if (accum) {
+        const size_t g0 = gr + (size_t)j * c;
+        if (accum) {
+#pragma omp simd
+            for (int k = 0; k < c; k++) {
+                float v0, v1;
+                maxpool_route(&v0, &v1, x, dy, a + k, b + k, e + k, f + k, g0 + k, want_lo, dt);
                 ty_st(dx, d0 + k, ty_ld(dx, d0 + k, dt) + v0, dt);
                 ty_st(dx, d1 + k, ty_ld(dx, d1 + k, dt) + v1, dt);
-            } else {
+            }
+        } else {
+#pragma omp simd
+            for (int k = 0; k < c; k++) {
+                float v0, v1;
+                maxpool_route(&v0, &v1, x, dy, a + k, b + k, e + k, f + k, g0 + k, want_lo, dt);
                 ty_st(dx, d0 + k, v0, dt);
                 ty_st(dx, d1 + k, v1, dt);
             }

@@ -14,6 +14,34 @@
 
 enum ty_elt { TY_SILU, TY_SILU_BWD, TY_GELU, TY_GELU_BWD, TY_ADD, TY_COPY, TY_SCALE };
 
+/* ty_eltwise's one-line ops (add, copy, scale) on bf16: converted in registers inside one
+ * vector loop (typed.h's branch-free conversions), no buffers; the same fp32 arithmetic and
+ * one rounding, so the same bits. Memory-bound: the whole range split over the threads. */
+static int ty_eltwise_bf16(enum ty_elt op, void *y, const void *a, const void *b, float s,
+                           int accum, size_t count, bk_ctx *ctx)
+{
+    const int dt = BK_DTYPE_BF16;
+    long nblk = (long)((count + TY_BLK - 1) / TY_BLK);
+#pragma omp parallel for num_threads(ctx->threads) if (count >= TY_PAR_MIN) schedule(static)
+    for (long k = 0; k < nblk; k++) {
+        const size_t i = (size_t)k * TY_BLK, e = count - i < TY_BLK ? count : i + TY_BLK;
+        if (op == TY_ADD) {
+#pragma omp simd
+            for (size_t j = i; j < e; j++) ty_st(y, j, ty_ld(a, j, dt) + ty_ld(b, j, dt), dt);
+        } else if (op == TY_SCALE) {
+#pragma omp simd
+            for (size_t j = i; j < e; j++) ty_st(y, j, ty_ld(a, j, dt) * s, dt);
+        } else if (accum) {
+#pragma omp simd
+            for (size_t j = i; j < e; j++) ty_st(y, j, ty_ld(y, j, dt) + ty_ld(a, j, dt), dt);
+        } else {
+#pragma omp simd
+            for (size_t j = i; j < e; j++) ty_st(y, j, ty_ld(a, j, dt), dt);
+        }
+    }
+    return BK_OK;
+}
+
 /* y (=, or += where accum: round(y + r), the sum in fp32) = op(a[, b]) over count elements
  * of dtype dt (16-bit): each TY_BLK block converted to fp32 on the stack, the fp32 kernels'
  * block code (eltwise.c) or their one-line loops run on it on this thread, the result rounded
@@ -22,6 +50,8 @@ static int ty_eltwise(enum ty_elt op, void *y, const void *a, const void *b, flo
                       size_t count, int dt, bk_ctx *ctx)
 {
     if (dt != BK_DTYPE_BF16 && dt != BK_DTYPE_F16) return BK_ERR_INVALID;
+    if (dt == BK_DTYPE_BF16 && (op == TY_ADD || op == TY_COPY || op == TY_SCALE))
+        return ty_eltwise_bf16(op, y, a, b, s, accum, count, ctx);
     long nblk = (long)((count + TY_BLK - 1) / TY_BLK);
 #pragma omp parallel for num_threads(ctx->threads) if (count >= TY_PAR_MIN) schedule(static)
     for (long k = 0; k < nblk; k++) {

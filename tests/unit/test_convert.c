@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/typed.h"
 #include "half.h"
 #include "test_util.h"
 
@@ -111,6 +112,11 @@ static void all_patterns(int dtype)
         if (!ok && bad_scalar++ < 5)
             fprintf(stderr, "%s 0x%04x -> f32 0x%08x (half.h)\n", name, i, fbits(s));
     }
+    /* the typed kernels' branch-free bf16 load (typed.h): half.h's bits */
+    long typed = 0;
+    for (uint32_t i = 0; bf16 && i < 65536; i++)
+        typed += fbits(ty_bf16_to_f32(h[i])) != fbits(half_bf16_to_f32(h[i]));
+    CHECK(typed == 0, "bf16 -> f32: typed.h and half.h differ on %ld patterns", typed);
     CHECK(bad == 0, "%s -> f32: %ld of 65536 patterns wrong (backend)", name, bad);
     CHECK(bad_scalar == 0, "%s -> f32: %ld of 65536 patterns wrong (half.h)", name, bad_scalar);
     /* the tail path alone: 7 elements starting at an odd offset */
@@ -186,6 +192,9 @@ static void rounding(int dtype)
     for (size_t i = 0; i < n; i++)
         diff += y[i] != (bf16 ? half_f32_to_bf16(x[i]) : half_f32_to_f16(x[i]));
     CHECK(diff == 0, "f32 -> %s: the backend and half.h differ on %ld values", name, diff);
+    long typed = 0; /* the typed kernels' branch-free bf16 store (typed.h) */
+    for (size_t i = 0; bf16 && i < n; i++) typed += ty_f32_to_bf16(x[i]) != half_f32_to_bf16(x[i]);
+    CHECK(typed == 0, "f32 -> bf16: typed.h and half.h differ on %ld values", typed);
     if (!bad && !bad_scalar && !diff)
         printf("f32 -> %s: %zu values (ties, neighbours, specials, random) rounded correctly\n",
                name, n);

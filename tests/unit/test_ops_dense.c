@@ -497,6 +497,34 @@ static void test_norm(int n, int c, int hw, int groups, int affine)
     free(xd); free(gd); free(bd); free(rd); free(yd); free(md); free(sd);
 }
 
+/* the layer norm forward runs several rows' double sums side by side (norm.c LN_ROWS): each row's
+ * bits are those of the row alone (m = 1), forward and backward, whatever the rows around it */
+static void test_layernorm_rows(int m, int d)
+{
+    const size_t total = (size_t)m * d;
+    float *x = falloc(total), *dy = falloc(total), *gamma = falloc(d), *beta = falloc(d);
+    float *y = falloc(total), *y1 = falloc(total), *dx = falloc(total), *dx1 = falloc(total);
+    float *mean = falloc(m), *rstd = falloc(m), *m1 = falloc(m), *s1 = falloc(m);
+    tu_fill(x, total, 2.0);
+    tu_fill(dy, total, 1.0);
+    tu_fill(gamma, d, 1.0);
+    tu_fill(beta, d, 1.0);
+    CHECK(cpu_layernorm_fwd(y, mean, rstd, x, gamma, beta, m, d, 1e-5f, ctx) == BK_OK &&
+              cpu_layernorm_bwd(dx, NULL, NULL, dy, x, gamma, mean, rstd, 0, m, d, ctx) == BK_OK,
+          "layernorm rows m%d d%d", m, d);
+    for (int i = 0; i < m; i++) {
+        const size_t o = (size_t)i * d;
+        cpu_layernorm_fwd(y1 + o, m1 + i, s1 + i, x + o, gamma, beta, 1, d, 1e-5f, ctx);
+        cpu_layernorm_bwd(dx1 + o, NULL, NULL, dy + o, x + o, gamma, m1 + i, s1 + i, 0, 1, d,
+                          ctx);
+    }
+    CHECK(!memcmp(y, y1, total * 4) && !memcmp(mean, m1, (size_t)m * 4) &&
+              !memcmp(rstd, s1, (size_t)m * 4) && !memcmp(dx, dx1, total * 4),
+          "layernorm m%d d%d: rows together differ from each row alone", m, d);
+    free(x); free(dy); free(gamma); free(beta); free(y); free(y1); free(dx); free(dx1);
+    free(mean); free(rstd); free(m1); free(s1);
+}
+
 static void test_norm_invalid(void)
 {
     float buf[64] = {0};
@@ -901,6 +929,9 @@ int main(void)
     test_norm(3, 33, 1, 0, 1);
     test_norm(4, 130, 1, 0, 1);
     test_norm(3, 9, 1, 0, 0);
+    test_norm(3, 1100, 1, 0, 1); /* longer than LN_ROWS rows of the row buffers: one at a time */
+    test_layernorm_rows(11, 40);
+    test_layernorm_rows(6, 1100);
     test_norm_invalid();
 
     /* every instruction set this CPU has: the AVX2 tiles, then the machine's (AVX-512) */

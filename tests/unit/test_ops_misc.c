@@ -368,6 +368,45 @@ static void test_eltwise(void)
  * below). The derivatives cross zero (silu' at x = -1.278, gelu' at x = -0.752), where the
  * cancellation in s (1 + x (1 - s)) or Phi + x phi leaves no float evaluation a relative
  * accuracy, so their errors are relative to the sum of the magnitudes of the two terms. */
+/* the SiLU and GELU blocks in AVX2 and in the machine's AVX-512 (eltwise512.c, cpu_isa) give the
+ * same bits on every lane: a sweep of magnitudes with both signs, zeros, subnormals, infinities
+ * and NaN, forward and backward (= and +=); on an AVX2-only machine both runs take AVX2 */
+static void test_eltwise_isa(void)
+{
+    enum { N = 4 * 4096 + 333 };
+    float *x = malloc(N * 4), *dy = malloc(N * 4), *out[2][6];
+    tu_seed(91);
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(tu_rand() * ldexp(1.0, (int)(tu_rand() * 60) - 30));
+        dy[i] = (float)tu_rand();
+    }
+    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-40f, -1e-40f, 88.7f,
+                        -88.7f, 104.0f, -104.0f, 5.9f, -5.9f, 20.0f, -20.0f};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) x[37 * i + 5] = sp[i];
+    for (int pass = 0; pass < 2; pass++) {
+        cpu_isa_cap(pass ? -1 : CPU_ISA_AVX2);
+        for (int k = 0; k < 6; k++) {
+            out[pass][k] = malloc(N * 4);
+            for (int i = 0; i < N; i++) out[pass][k][i] = 0.25f; /* the += base */
+        }
+        cpu_silu_fwd(out[pass][0], x, N, &ctx2);
+        cpu_gelu_fwd(out[pass][1], x, N, &ctx2);
+        cpu_silu_bwd(out[pass][2], dy, x, 0, N, &ctx2);
+        cpu_gelu_bwd(out[pass][3], dy, x, 0, N, &ctx2);
+        cpu_silu_bwd(out[pass][4], dy, x, 1, N, &ctx2);
+        cpu_gelu_bwd(out[pass][5], dy, x, 1, N, &ctx2);
+    }
+    cpu_isa_cap(-1);
+    for (int k = 0; k < 6; k++) {
+        CHECK(memcmp(out[0][k], out[1][k], N * 4) == 0,
+              "eltwise op %d: the AVX2 and the machine's (isa %d) blocks differ", k, cpu_isa());
+        free(out[0][k]);
+        free(out[1][k]);
+    }
+    free(x);
+    free(dy);
+}
+
 static void test_eltwise_sweep(void)
 {
     printf("eltwise sweep (silu, gelu over the float range):\n");
@@ -789,6 +828,23 @@ static void test_resample(void)
     const float want_dx[12] = {0, 10, 0, 0, 30, 0, 0, 0, 20, 0, 0, 0};
     CHECK(memcmp(dxm, want_dx, sizeof dxm) == 0,
           "maxpool backward: first maximum of a tie, NaN takes the gradient");
+    /* the same plane in 16 channels: the vectorized channel loops (8 lanes) give each lane the
+     * scalar scan's answer */
+    {
+        enum { MC = 16 };
+        float xc[MC * 12], yc[MC * 3], dyc[MC * 3], dxc[MC * 12];
+        for (int ch = 0; ch < MC; ch++) {
+            memcpy(xc + ch * 12, xm, sizeof xm);
+            memcpy(dyc + ch * 3, dym, sizeof dym);
+        }
+        nchw_maxpool2x2_fwd(yc, xc, 1, MC, 2, 6, &ctx1);
+        nchw_maxpool2x2_bwd(dxc, dyc, xc, 0, 1, MC, 2, 6, &ctx1);
+        int bad = 0;
+        for (int ch = 0; ch < MC; ch++)
+            bad += !(yc[ch * 3] == 3 && isnan(yc[ch * 3 + 1]) && yc[ch * 3 + 2] == 2) ||
+                   memcmp(dxc + ch * 12, want_dx, sizeof want_dx) != 0;
+        CHECK(bad == 0, "maxpool tie/NaN in 16 channels: %d channels differ", bad);
+    }
     float xi[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, yi, gi = 1, dxi[4];
     nchw_maxpool2x2_fwd(&yi, xi, 1, 1, 2, 2, &ctx1);
     nchw_maxpool2x2_bwd(dxi, &gi, xi, 0, 1, 1, 2, 2, &ctx1);
@@ -1222,6 +1278,7 @@ int main(void)
     tu_seed(20240611);
     test_eltwise();
     test_eltwise_sweep();
+    test_eltwise_isa();
     test_layout();
     test_resample();
     test_embed();

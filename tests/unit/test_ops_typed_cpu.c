@@ -432,6 +432,56 @@ static void case_f32_fused(int n, int c, int hw, int groups)
     free(x), free(xb), free(res), free(y), free(r), free(xo), free(xp), free(m), free(sd);
 }
 
+/* the group norm's AVX2 body and the machine's AVX-512 one (norm512.c, cpu_isa) give the same
+ * bits: forward (plain + SiLU, and x + xb with the residual added in place) and backward (dx +=,
+ * dgamma, dbeta, db of dx), fp32 and 16-bit; on an AVX2-only machine both runs take AVX2 */
+static void case_groupnorm_isa(int n, int c, int hw, int groups)
+{
+    const size_t count = (size_t)n * c * hw, nc = (size_t)n * c, ng = (size_t)n * groups;
+    float *gamma = xmalloc(c * 4), *beta = xmalloc(c * 4);
+    tu_fill(gamma, (size_t)c, 1.0);
+    tu_fill(beta, (size_t)c, 0.5);
+    for (int d = 0; d < 2; d++) {
+        const int ty = d ? dt : BK_DTYPE_F32;
+        const size_t es = d ? 2 : 4;
+        struct bk_groupnorm s = {n, c, hw, groups, 1e-5f, 1, ty};
+        unsigned char *in = xmalloc(3 * count * es + nc * es), *out[2];
+        for (size_t i = 0; i < 3 * count + nc; i++) { /* x, dy, the residual, xb */
+            float v = (float)(2.0 * tu_rand() + (i < count ? 0.5 : 0.0));
+            if (d) ((uint16_t *)in)[i] = dt == BK_DTYPE_BF16 ? half_f32_to_bf16(v)
+                                                             : half_f32_to_f16(v);
+            else ((float *)in)[i] = v;
+        }
+        const void *x = in, *dy = in + count * es, *res = in + 2 * count * es,
+                   *xb = in + 3 * count * es;
+        void *ws = xmalloc(T->groupnorm_ws_bytes(&s, 1));
+        /* per pass: y, y2 (+ residual), xo, dx (count each), db (nc), 4 stats and dg, dbt */
+        const size_t bytes = 4 * count * es + nc * es + 4 * ng * 4 + 2 * (size_t)c * 4;
+        for (int pass = 0; pass < 2; pass++) {
+            cpu_isa_cap(pass ? -1 : CPU_ISA_AVX2);
+            unsigned char *o = out[pass] = xmalloc(bytes);
+            void *y = o, *y2 = o + count * es, *xo = o + 2 * count * es, *dx = o + 3 * count * es;
+            void *db = o + 4 * count * es;
+            float *st = (float *)(o + 4 * count * es + nc * es), *dg = st + 4 * ng, *dbt = dg + c;
+            memcpy(y2, res, count * es);
+            memcpy(dx, dy, count * es); /* dx += onto these values */
+            CHECK(T->groupnorm_fwd(y, st, st + ng, NULL, x, NULL, NULL, NULL, gamma, beta, NULL,
+                                   &s, ctx) == BK_OK &&
+                      T->groupnorm_fwd(y2, st + 2 * ng, st + 3 * ng, xo, x, xb, NULL, y2, gamma,
+                                       beta, NULL, &s, ctx) == BK_OK &&
+                      T->groupnorm_bwd(dx, dg, dbt, db, dy, x, gamma, beta, st, st + ng, 1, 0, 1,
+                                       ws, &s, ctx) == BK_OK,
+                  "groupnorm isa pass %d", pass);
+        }
+        cpu_isa_cap(-1);
+        CHECK(!memcmp(out[0], out[1], bytes),
+              "groupnorm (%s, %d threads): the AVX2 and the machine's (isa %d) bodies differ",
+              d ? "16-bit" : "fp32", ctx->threads, cpu_isa());
+        free(out[0]), free(out[1]), free(in), free(ws);
+    }
+    free(gamma), free(beta);
+}
+
 int main(void)
 {
     T = backend_cpu()->typed;
@@ -450,6 +500,7 @@ int main(void)
             case_groupnorm(2, 64, 144, 8, 0);
             case_groupnorm(2, 96, 100, 32, 1);
             case_groupnorm(1, 128, 64, 32, 1);
+            case_groupnorm_isa(2, 96, 100, 32);
             case_layernorm(300, 96);
             case_layout(2, 48, 80, 130);
             case_resample(2, 70, 6, 10);

@@ -1,0 +1,256 @@
+/* norm_gn.h - the group norm's task bodies (norm.c): the forward of one (image, channel
+ * block) and the backward's per-image pass, included by norm.c (x86-64-v3) and by norm512.c
+ * under an AVX-512 target pragma, which wraps them as gn_fwd_task_avx512 / gn_bwd_image_avx512
+ * (norm.c takes them with the SiLU fused, which is compute-bound). Every sum is a per-channel chain in pixel
+ * order, one vector lane per channel, and vmath.h's operations are correctly rounded with
+ * nothing contracted (-std=c11): both copies give the same bits.
+ */
+#ifndef DDPMD_CPU_NORM_GN_H
+#define DDPMD_CPU_NORM_GN_H
+
+#include <math.h>
+
+#include "cpu.h"
+#include "typed.h"
+#include "vmath.h"
+
+/* Group norm over NHWC images: group g of image i is the cpg channels [g*cpg, (g+1)*cpg) of
+ * every pixel. Work is split into channel blocks of whole groups (GN_WIDE channels at least,
+ * GN_BLOCK in the workspace-free backward), so a pixel's block is one contiguous run that
+ * vectorizes. Every sum is a per-channel sum over the pixels in order (in double; the backward
+ * adds float partial sums of GN_CHUNK pixels), then over the group's channels in order: fixed
+ * whatever the thread count. */
+#define GN_BLOCK 16
+#define GN_MAX_BLOCK 1024
+
+static inline int gn_block_min(int c, int cpg, int min)
+{
+    int b = cpg >= min ? cpg : (min + cpg - 1) / cpg * cpg;
+    b = b < c ? b : c;
+    return b > GN_MAX_BLOCK && cpg <= GN_MAX_BLOCK ? cpg : b;
+}
+
+static inline int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOCK); }
+
+/* the wider blocks of the (image, block) parallel kernels: longer contiguous runs per pixel */
+#define GN_WIDE 64
+/* pixels summed in float before a double accumulation */
+#define GN_CHUNK 32
+
+/* y = act(gn(x')), act = silu or identity, then y += yb (N,C) broadcast when yb and y += yr
+ * (N,C,HW) when yr; x' = x + xb (N,C) broadcast, stored into xo, when xb, else x. Images and
+ * the (N,C) terms of dtype dt (typed.h): each value stored is rounded to dt once where the
+ * unfused ops would store it, so the statistics are those of the stored x', and fp32 gives the
+ * unfused fp32 kernels' bits. y may be yr (each element is read before it is written), xo x. */
+/* task t of gn_fwd: image t / nblk, channel block t % nblk */
+TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, const void *x,
+                          const void *xb, const void *yb, const void *yr, const float *gamma,
+                          const float *beta, int c, int hw, int groups, float eps, int silu,
+                          int blk, int nblk, int dt)
+{
+    const int cpg = c / groups;
+    const double cnt = (double)cpg * hw;
+    const void *xs = xb ? (const void *)xo : x; /* what the statistics are of */
+    {
+        const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
+        const size_t base = (size_t)img * hw * c + c0;
+        double acc[GN_MAX_BLOCK], mu[GN_MAX_BLOCK];
+        float buf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK], rbuf[GN_MAX_BLOCK];
+        for (int k = 0; k < nc; k++) acc[k] = 0.0;
+        if (xb) { /* x' = round(x + xb), stored, summed as stored */
+            float bb[GN_MAX_BLOCK];
+            for (int k = 0; k < nc; k++) bb[k] = ty_ld(xb, (size_t)img * c + c0 + k, dt);
+            for (int p = 0; p < hw; p++) {
+                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
+                float *o = ty_out(xo, base + (size_t)p * c, dt, obuf);
+#pragma omp simd
+                for (int k = 0; k < nc; k++) {
+                    o[k] = ty_round(xr[k] + bb[k], dt);
+                    acc[k] += o[k];
+                }
+                ty_put(xo, base + (size_t)p * c, (size_t)nc, dt, obuf);
+            }
+        } else {
+            for (int p = 0; p < hw; p++) {
+                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
+#pragma omp simd
+                for (int k = 0; k < nc; k++) acc[k] += xr[k];
+            }
+        }
+        for (int k0 = 0; k0 < nc; k0 += cpg) {
+            double sum = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) sum += acc[k];
+            for (int k = k0; k < k0 + cpg; k++) mu[k] = sum / cnt;
+        }
+        for (int k = 0; k < nc; k++) acc[k] = 0.0;
+        for (int p = 0; p < hw; p++) {
+            const float *xr = ty_row(xs, base + (size_t)p * c, (size_t)nc, dt, buf);
+#pragma omp simd
+            for (int k = 0; k < nc; k++) {
+                double d = (double)xr[k] - mu[k];
+                acc[k] += d * d;
+            }
+        }
+        float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
+        float ybv[GN_MAX_BLOCK];
+        for (int k0 = 0; k0 < nc; k0 += cpg) {
+            double ss = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) ss += acc[k];
+            int gi = img * groups + (c0 + k0) / cpg;
+            mean[gi] = (float)mu[k0];
+            rstd[gi] = (float)(1.0 / sqrt(ss / cnt + (double)eps));
+            for (int k = k0; k < k0 + cpg; k++) {
+                m[k] = mean[gi];
+                rs[k] = rstd[gi];
+            }
+        }
+        for (int k = 0; k < nc; k++) {
+            gm[k] = gamma ? gamma[c0 + k] : 1.0f;
+            bt[k] = beta ? beta[c0 + k] : 0.0f;
+            ybv[k] = yb ? ty_ld(yb, (size_t)img * c + c0 + k, dt) : 0.0f;
+        }
+        for (int p = 0; p < hw; p++) {
+            const size_t off = base + (size_t)p * c;
+            const float *xr = ty_row(xs, off, (size_t)nc, dt, buf);
+            const float *rr = yr ? ty_row(yr, off, (size_t)nc, dt, rbuf) : NULL;
+            float *o = ty_out(y, off, dt, obuf);
+            if (!yb && !yr && silu) {
+#pragma omp simd
+                for (int k = 0; k < nc; k++) o[k] = vm_silu((xr[k] - m[k]) * rs[k] * gm[k] + bt[k]);
+            } else if (!yb && !yr) {
+#pragma omp simd
+                for (int k = 0; k < nc; k++) o[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+            } else { /* the fused adds after the norm: its output rounded as stored, then summed */
+#pragma omp simd
+                for (int k = 0; k < nc; k++) {
+                    float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+                    if (silu) v = vm_silu(v);
+                    if (yb) v = ty_round(v, dt) + ybv[k];
+                    if (yr) v = ty_round(v, dt) + rr[k];
+                    o[k] = v;
+                }
+            }
+            ty_put(y, off, (size_t)nc, dt, obuf);
+        }
+    }
+    return BK_OK;
+}
+
+/* dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma; dgamma = sum of
+ * dy xhat, dbeta = sum of dy. For one image and one channel block, one pass gathers the
+ * per-channel sums of g and g xhat (which give both the group means and the parameter
+ * gradients), a second writes dx. silu: dy is the gradient of silu(z), z = gn(x) recomputed
+ * from x, mean, rstd, gamma, beta, and g = dy silu'(z), kept between the passes in gzbuf
+ * (hw x nc floats). The image's per-channel sums go to sg, sb. dx, dy, x and db of dtype dt
+ * (typed.h); db (the block's nc values of the image, may be NULL): (=/+= db_accum) the sum over
+ * the pixels, in double in pixel order as add_bcast_bwd's, of dx as stored (db_of_dx) or of dy. */
+TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const void *dy,
+                            const void *x, const float *gamma, const float *beta,
+                            const float *mean, const float *rstd, int accum, int db_accum,
+                            int db_of_dx, int c, int hw, int groups, int img, int c0, int nc,
+                            float *gzbuf, int dt)
+{
+    const int silu = gzbuf != NULL;
+    const int cpg = c / groups;
+    const double cnt = (double)cpg * hw;
+    const size_t off = (size_t)img * hw * c + c0;
+    double rs[GN_MAX_BLOCK], dbs[GN_MAX_BLOCK];
+    float mf[GN_MAX_BLOCK], rf[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
+    float xbuf[GN_MAX_BLOCK], dbuf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK];
+    for (int k = 0; k < nc; k++) {
+        int gi = img * groups + (c0 + k) / cpg;
+        mf[k] = mean[gi];
+        rs[k] = rf[k] = rstd[gi];
+        sg[k] = sb[k] = 0.0;
+        dbs[k] = 0.0;
+        gm[k] = gamma ? gamma[c0 + k] : 1.0f;
+        bt[k] = beta ? beta[c0 + k] : 0.0f;
+    }
+    const int db_dy = db && !db_of_dx;
+    /* float sums over GN_CHUNK pixels, added into the double sums chunk by chunk */
+    float fg[GN_MAX_BLOCK], fb[GN_MAX_BLOCK];
+    for (int p0 = 0; p0 < hw; p0 += GN_CHUNK) {
+        const int p1 = p0 + GN_CHUNK < hw ? p0 + GN_CHUNK : hw;
+        for (int k = 0; k < nc; k++) fg[k] = fb[k] = 0.0f;
+        for (int p = p0; p < p1; p++) {
+            const float *xr = ty_row(x, off + (size_t)p * c, (size_t)nc, dt, xbuf);
+            const float *dr = ty_row(dy, off + (size_t)p * c, (size_t)nc, dt, dbuf);
+            if (db_dy)
+#pragma omp simd
+                for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
+            if (silu) {
+                float *gz = gzbuf + (size_t)p * nc;
+#pragma omp simd
+                for (int k = 0; k < nc; k++)
+                    gz[k] = dr[k] * vm_silu_grad((xr[k] - mf[k]) * rf[k] * gm[k] + bt[k]);
+                dr = gz;
+            }
+#pragma omp simd
+            for (int k = 0; k < nc; k++) {
+                fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
+                fb[k] += dr[k];
+            }
+        }
+        for (int k = 0; k < nc; k++) {
+            sg[k] += fg[k];
+            sb[k] += fb[k];
+        }
+    }
+    if (dx) {
+        /* per group: a = mean(g gamma), b = mean(g gamma xhat); then dx = A g + B (x - mean) +
+         * C per channel, in float */
+        float ca[GN_MAX_BLOCK], cb[GN_MAX_BLOCK], cc[GN_MAX_BLOCK];
+        for (int k0 = 0; k0 < nc; k0 += cpg) {
+            double s1 = 0.0, s2 = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) {
+                s1 += sb[k] * gm[k];
+                s2 += sg[k] * gm[k];
+            }
+            const double a = s1 / cnt, b = s2 / cnt;
+            for (int k = k0; k < k0 + cpg; k++) {
+                ca[k] = (float)(rs[k] * gm[k]);
+                cb[k] = (float)(-rs[k] * rs[k] * b);
+                cc[k] = (float)(-rs[k] * a);
+            }
+        }
+        for (int p = 0; p < hw; p++) {
+            const size_t po = off + (size_t)p * c;
+            const float *xr = ty_row(x, po, (size_t)nc, dt, xbuf);
+            const float *dr = silu ? gzbuf + (size_t)p * nc : ty_row(dy, po, (size_t)nc, dt, dbuf);
+            float *o = ty_out(dx, po, dt, obuf);
+            if (accum) {
+                if (dt != BK_DTYPE_F32) cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, po, dt), dt,
+                                                        (size_t)nc);
+#pragma omp simd
+                for (int k = 0; k < nc; k++)
+                    o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
+            } else {
+#pragma omp simd
+                for (int k = 0; k < nc; k++) o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
+            }
+            ty_put(dx, po, (size_t)nc, dt, obuf);
+            if (db && db_of_dx)
+#pragma omp simd
+                for (int k = 0; k < nc; k++) dbs[k] += (double)ty_round(o[k], dt);
+        }
+    }
+    if (db) {
+        const size_t bo = (size_t)img * c + c0;
+        for (int k = 0; k < nc; k++)
+            ty_st(db, bo + k,
+                  db_accum ? (float)((double)ty_ld(db, bo + k, dt) + dbs[k]) : (float)dbs[k], dt);
+    }
+    return BK_OK;
+}
+
+/* norm512.c: the two bodies above in AVX-512, on operands of dtype dt (any of the three) */
+int gn_fwd_task_avx512(int t, void *y, float *mean, float *rstd, void *xo, const void *x,
+                       const void *xb, const void *yb, const void *yr, const float *gamma,
+                       const float *beta, int c, int hw, int groups, float eps, int silu, int blk,
+                       int nblk, int dt);
+int gn_bwd_image_avx512(void *dx, double *sg, double *sb, void *db, const void *dy, const void *x,
+                        const float *gamma, const float *beta, const float *mean,
+                        const float *rstd, int accum, int db_accum, int db_of_dx, int c, int hw,
+                        int groups, int img, int c0, int nc, float *gzbuf, int dt);
+
+#endif
