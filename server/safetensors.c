@@ -532,6 +532,7 @@ static enum st_status parse_header(struct safetensors *st, const char *h, size_t
         if ((rc = parse_entry(e, &st->tensors[st->count], &spans[st->count], st->data_len, err,
                               errlen)) != ST_OK)
             goto done;
+        rc = ST_ERR_FORMAT; /* a later entry's error (a second "__metadata__") is not ST_OK */
         spans[st->count].idx = st->count;
         names[st->count] = e->string;
         st->count++;
