@@ -10,13 +10,7 @@
 #include "cpu.h"
 #include "vmath.h"
 
-#if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma")
-#endif
+#include "target512_push.h"
 
 #include "attn512.h"
 
@@ -184,10 +178,6 @@ static void dsoftmax512(float *P, float *dS, size_t ld, const float *lse, const 
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target512_pop.h"
 
 const struct attn_tiles attn_tiles_avx512 = {abt512, wx512, softmax512, dsoftmax512};

@@ -9,19 +9,9 @@
 #include "cpu.h"
 #include "vmath.h"
 
-#if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma")
-#endif
+#include "target512_push.h"
 
 #define ELT_SUFFIX _avx512
 #include "eltwise_blocks.h"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target512_pop.h"

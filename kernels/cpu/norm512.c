@@ -8,13 +8,7 @@
 #include "typed.h"
 #include "vmath.h"
 
-#if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma")
-#endif
+#include "target512_push.h"
 
 #include "norm_gn.h"
 
@@ -36,8 +30,4 @@ int gn_bwd_image_avx512(void *dx, double *sg, double *sb, void *db, const void *
                        db_accum, db_of_dx, c, hw, groups, img, c0, nc, gzbuf);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target512_pop.h"
