@@ -190,7 +190,9 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
                       const int *op_src, int inference, const struct strategy *st, int batch)
 {
     int half = st->precision == STRATEGY_PRECISION_BF16 || st->precision == STRATEGY_PRECISION_F16;
-    double work = 0, fixed = 0;
+    double work = 0, fixed = 0, work_copy = 0;
+    /* the weights with a 16-bit working copy (memplan.c: those a class converted around reads) */
+    unsigned char *copied = half ? calloc((size_t)g->n_tensors + 1, 1) : NULL;
     for (int i = 0; i < n_run; i++) {
         int k = op_src ? op_src[i] : i; /* a recomputing plan's run order repeats graph ops */
         if (k < 0 || k >= g->n_ops) continue;
@@ -199,9 +201,19 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
         double w = cost_op_work(g, k) * m->seconds_per_unit[c];
         if (half && m->half_speed[c] > 0) w /= m->half_speed[c];
         if (half && m->half_cvt[c]) w += convert_bytes(g, o, o) * m->convert_seconds_per_byte;
+        for (int j = 0; half && j < o->n_in; j++) {
+            int t = o->in[j];
+            if (t < 0 || t >= g->n_tensors || g->tensors[t]->kind != TENSOR_PARAM ||
+                graph_input_dtype(g, o, j) == DTYPE_F32)
+                continue;
+            double b = (double)g->tensors[t]->numel * sizeof(float) * m->convert_seconds_per_byte;
+            if (!m->half_cvt[c]) w += b; /* a 16-bit kernel converts it from the master per op */
+            else if (copied && !copied[t]) work_copy += b, copied[t] = 1;
+        }
         work += w;
         fixed += m->op_seconds[c];
     }
+    free(copied);
     if (inference) return work + fixed;
     int micro = st->micro_batch > 0 && st->micro_batch < batch ? st->micro_batch : batch;
     if (micro <= 0) return work + fixed;
@@ -213,8 +225,8 @@ static double predict(const struct cost_model *m, const struct graph *g, int n_r
              params * m->host_optim_seconds_per_param;
     else
         t += params * m->optim_seconds_per_param;
-    if (half) /* the 16-bit working copy refreshed from the fp32 weights before each pass */
-        t += (full + (rest > 0)) * params * sizeof(float) * m->convert_seconds_per_byte;
+    /* the 16-bit working copy refreshed from the fp32 weights before each pass */
+    t += (full + (rest > 0)) * work_copy;
     return t;
 }
 

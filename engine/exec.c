@@ -796,10 +796,11 @@ static void *opnd(struct exec *e, int t)
     return exec_tensor(e, t);
 }
 
-/* the 16-bit bytes behind a conversion: a weight's working copy, or the tensor's own */
+/* the bytes behind a conversion: a weight's working copy where it has one, else the tensor's
+ * own (a weight's fp32 master) */
 static void *cvt_src(struct exec *e, const struct plan_cvt *c)
 {
-    if (plan_tensor(e->p, e->g, c->tensor)->kind == TENSOR_PARAM)
+    if (c->tensor < e->p->n_tensors && e->p->work_offset[c->tensor] >= 0)
         return e->base + e->p->work_offset[c->tensor];
     return exec_tensor(e, c->tensor);
 }

@@ -219,8 +219,9 @@ int graph_backward(struct graph *g, int loss);
  * and GEMMs and the activations kept for the backward - and so is the gradient of each of them;
  * the loss, norm statistics, attention's softmax (log-sum-exp or probabilities), cross-entropy
  * probabilities, the data inputs, the parameters (the fp32 master weights) and their gradients
- * stay fp32. Convolution and linear weights are read from a 16-bit working copy of the master
- * weights (graph_input_dtype; the plan's own part). The typed kernels (convolution, linear,
+ * stay fp32. Convolution and linear weights are read rounded to 16 bits (graph_input_dtype):
+ * converted from the master per op for a 16-bit kernel, or from the plan's working copy for an
+ * fp32 one (memplan.c's working_copy_marks). The typed kernels (convolution, linear,
  * attention, and the memory-bound norm, element-wise, layout, resampling and dropout kernels of
  * backend.typed) take their typed operands (graph_typed_operand) in the 16-bit type where the
  * backend says it has them (backend.half_kernels); every other kernel computes in fp32, and the

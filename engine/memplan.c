@@ -582,13 +582,10 @@ static void build_end(struct build *b)
     free(b->tv);
 }
 
-/* p->op_dtype and n_half_ops: the kernels' dtypes, the 16-bit type for a kind of typed kernel
- * (enum bk_half) the backend runs on it (backend_supports: half_kernels; the memory-bound ones
- * only where it has backend.typed), else fp32 */
-static void build_kernel_dtypes(struct build *b)
+/* the kinds of typed kernel (enum bk_half bits) bk runs on 16-bit type lo (backend_supports:
+ * half_kernels; the memory-bound ones only where it has backend.typed); 0 for fp32 */
+static unsigned half_bits(const struct backend *bk, int lo)
 {
-    struct plan *p = b->p;
-    const int lo = graph_low_dtype(b->g);
     static const struct {
         unsigned bit;
         enum bk_op op;
@@ -598,8 +595,18 @@ static void build_kernel_dtypes(struct build *b)
         {BK_HALF_NORM, BK_OP_TYPED_groupnorm_fwd}, {BK_HALF_ELTWISE, BK_OP_TYPED_silu_fwd},
     };
     unsigned half = 0;
-    for (size_t i = 0; lo != DTYPE_F32 && i < sizeof half_of / sizeof *half_of; i++)
-        if (backend_supports(b->bk, half_of[i].op, lo)) half |= half_of[i].bit;
+    for (size_t i = 0; bk && lo != DTYPE_F32 && i < sizeof half_of / sizeof *half_of; i++)
+        if (backend_supports(bk, half_of[i].op, lo)) half |= half_of[i].bit;
+    return half;
+}
+
+/* p->op_dtype and n_half_ops: the kernels' dtypes, the 16-bit type for a kind of typed kernel
+ * the backend runs on it (half_bits), else fp32 */
+static void build_kernel_dtypes(struct build *b)
+{
+    struct plan *p = b->p;
+    const int lo = graph_low_dtype(b->g);
+    const unsigned half = half_bits(b->bk, lo);
     for (int k = 0; k < b->n_run; k++) {
         const int kd = half & graph_half_kernel(&b->ops[k]) ? lo : DTYPE_F32;
         p->op_dtype[k] = (unsigned char)kd;
@@ -699,15 +706,43 @@ static void build_storages(struct build *b)
     }
 }
 
+/* Which weights have a 16-bit working copy: marks[t] = 1 for a weight that ops [0, n_run) of g
+ * read in 16 bits (graph_input_dtype) with at least one of them on an fp32 kernel (bit not in
+ * half: half_bits), which then reads the rounded weight converted back into fp32 scratch. A
+ * weight only 16-bit kernels read has none: each such op converts it from the fp32 master into
+ * scratch of its own (the same bits as the copy, twice a step in training, the forward's read
+ * and the backward's), so the arena holds one weight's 16 bits at a time rather than every
+ * weight's for the whole step. NULL when out of memory. */
+static unsigned char *working_copy_marks(const struct graph *g, int n_run, unsigned half)
+{
+    unsigned char *m = calloc((size_t)g->n_tensors + 1, 1);
+    for (int k = 0; m && k < n_run; k++) {
+        const struct op *o = &g->ops[k];
+        if (half & graph_half_kernel(o)) continue;
+        for (int j = 0; j < o->n_in; j++) {
+            int t = o->in[j];
+            if (t >= 0 && g->tensors[t]->kind == TENSOR_PARAM &&
+                graph_input_dtype(g, o, j) != DTYPE_F32)
+                m[t] = 1;
+        }
+    }
+    return m;
+}
+
 /* Conversion scratch (p->cvt, cvt_start): an operand stored in another dtype than its kernel
  * takes it in gets a storage of the kernel's dtype for that op alone (fused ops have none); a
- * weight read in 16 bits marks its working copy (work_offset -2, placed by
- * build_working_copy). PLAN_ERR_GRAPH where one operand would need two scratches. */
+ * weight working_copy_marks gives a working copy is marked (work_offset -2, placed by
+ * build_working_copy), the others are read from the fp32 master. PLAN_ERR_GRAPH where one
+ * operand would need two scratches, PLAN_ERR_NOMEM. */
 static int build_conversions(struct build *b)
 {
     struct plan *p = b->p;
     const struct graph *g = b->g;
     const struct tensor *const *tv = b->tv;
+    /* the graph's ops stand for their recomputed copies (same kernels, same operands' dtypes) */
+    const int n_graph = b->infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
+    unsigned char *work = working_copy_marks(g, n_graph, half_bits(b->bk, graph_low_dtype(g)));
+    if (!work) return PLAN_ERR_NOMEM;
     for (int k = 0; k < b->n_run; k++) {
         const struct op *o = &b->ops[k];
         /* a recomputed copy's operands have its original's dtypes */
@@ -718,8 +753,12 @@ static int build_conversions(struct build *b)
             int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
             if (t < 0) continue;
             int dt = in ? (int)graph_input_dtype(g, og, j) : (int)tv[t]->dtype;
-            if (in && tv[t]->kind == TENSOR_PARAM && dt != DTYPE_F32)
-                p->work_offset[t] = -2; /* placed by build_working_copy */
+            if (in && tv[t]->kind == TENSOR_PARAM && dt != DTYPE_F32) {
+                if (work[t])
+                    p->work_offset[t] = -2; /* placed by build_working_copy */
+                else
+                    dt = DTYPE_F32; /* the master */
+            }
             int want = graph_typed_operand(o, j) ? kd : DTYPE_F32;
             if (dt == want) continue;
             int dup = -1;
@@ -727,7 +766,7 @@ static int build_conversions(struct build *b)
                 if (p->cvt[i].tensor == t) dup = i;
             if (dup >= 0) { /* an input read twice (add(x, x)) */
                 /* one scratch per operand (exec.c's opnd) */
-                if (p->cvt[dup].kdtype != want) return PLAN_ERR_GRAPH;
+                if (p->cvt[dup].kdtype != want) return free(work), PLAN_ERR_GRAPH;
                 p->cvt[dup].load |= in;
                 continue;
             }
@@ -746,6 +785,7 @@ static int build_conversions(struct build *b)
         }
     }
     p->cvt_start[b->n_run] = p->n_cvt;
+    free(work);
     return PLAN_OK;
 }
 
@@ -1067,22 +1107,18 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     return rc;
 }
 
-size_t plan_persistent_bytes(const struct graph *g, const struct plan_opts *opts)
+size_t plan_persistent_bytes(const struct graph *g, const struct backend *bk,
+                             const struct plan_opts *opts)
 {
     enum plan_mode mode = opts ? opts->mode : PLAN_MODE_AUTO;
     int infer = mode == PLAN_MODE_INFER || (mode == PLAN_MODE_AUTO && g->n_fwd_ops == 0);
     int n_run = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
     size_t pb = 0, work = 0, inputs = 0, low = bk_dtype_size(graph_low_dtype(g));
-    /* a working copy of each weight some op reads in 16 bits (as plan_build marks them); out of
-     * memory for the marks, none: still a lower bound */
-    unsigned char *half = low < sizeof(float) ? calloc((size_t)g->n_tensors + 1, 1) : NULL;
-    for (int k = 0; half && k < n_run; k++)
-        for (int j = 0; j < g->ops[k].n_in; j++) {
-            int t = g->ops[k].in[j];
-            if (t >= 0 && g->tensors[t]->kind == TENSOR_PARAM &&
-                graph_input_dtype(g, &g->ops[k], j) != DTYPE_F32)
-                half[t] = 1;
-        }
+    /* the weights with a working copy, as build_conversions marks them; out of memory for the
+     * marks, none: still a lower bound */
+    unsigned char *half = low < sizeof(float)
+                              ? working_copy_marks(g, n_run, half_bits(bk, graph_low_dtype(g)))
+                              : NULL;
     for (int t = 0; t < g->n_tensors; t++) {
         const struct tensor *tt = g->tensors[t];
         if (tt->kind == TENSOR_PARAM) pb += plan_align(tensor_bytes(tt));

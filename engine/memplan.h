@@ -65,7 +65,8 @@ void plan_ws_cache_free(struct plan_ws_cache *c);
 /* an operand of an op stored in another dtype than its kernel takes, converted into scratch of
  * the kernel's dtype (an arena storage of that op alone) */
 struct plan_cvt {
-    int tensor;          /* the operand (an activation, or a weight read from the working copy) */
+    int tensor;          /* the operand (an activation, or a weight read from its working copy
+                          * or, without one, from the fp32 master: dtype DTYPE_F32) */
     int storage;         /* its scratch: p->st[storage], bk_dtype_size(kdtype) bytes an element */
     int dtype;           /* the type it is stored in (enum tensor_dtype) */
     int kdtype;          /* the type the kernel takes it in: the scratch's */
@@ -77,7 +78,7 @@ struct plan_cvt {
 enum plan_part {
     PLAN_PART_WEIGHTS = 0,  /* the fp32 weights on the device (the master copy too, unless
                              * PLAN_PART_MASTER holds one apart) */
-    PLAN_PART_WORKING,      /* a 16-bit working copy of the weights the kernels read */
+    PLAN_PART_WORKING,      /* a 16-bit working copy of the weights fp32 kernels read */
     PLAN_PART_GRADS,        /* parameter gradients */
     PLAN_PART_OPTIMIZER,    /* AdamW m and v */
     PLAN_PART_MASTER,       /* fp32 master weights kept apart from PLAN_PART_WEIGHTS */
@@ -152,8 +153,10 @@ struct plan {
      * from the host's EMA by exec_nested_sync before a run */
     int weights_from_host;
     size_t work_off, work_bytes;      /* the 16-bit working copy of the convolution and linear
-                                       * weights (16-bit precision; 0 bytes under f32), refreshed
-                                       * from the fp32 weights before every forward */
+                                       * weights an fp32 kernel reads under 16-bit precision (0
+                                       * bytes under f32, and where only 16-bit kernels read
+                                       * them: they convert from the fp32 master per op),
+                                       * refreshed from the fp32 weights before every forward */
     size_t transient_off;             /* = work_off: from here to the end (working copy,
                                        * gradients, inputs, workspace, arena) the bytes hold
                                        * nothing between two steps: the gradients are zeroed by a
@@ -204,9 +207,10 @@ int plan_make(struct plan *p, const struct graph *g, const struct backend *bk,
  * being graph op (*op_src)[i] (malloc'd; NULL when the order is the graph's own): plan.op_src
  * without the plan. 0 or PLAN_ERR_NOMEM. */
 int plan_run_order(const struct graph *g, int recompute, int **op_src, int *n);
-/* plan_make's bytes up to its inputs' end (weights, AdamW state and EMA unless offloaded,
+/* plan_make's bytes on bk up to its inputs' end (weights, AdamW state and EMA unless offloaded,
  * working copy, gradients, inputs) from g alone: the cheapest lower bound of its total_bytes */
-size_t plan_persistent_bytes(const struct graph *g, const struct plan_opts *opts);
+size_t plan_persistent_bytes(const struct graph *g, const struct backend *bk,
+                             const struct plan_opts *opts);
 
 /* which of the host's blocks a nested plan's parameters are */
 enum plan_weights { PLAN_WEIGHTS_PARAMS = 0, PLAN_WEIGHTS_EMA = 1 };

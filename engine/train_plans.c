@@ -250,7 +250,7 @@ static int search_bound(void *ctx, const struct strategy *st, const struct graph
     struct search_ctx *c = ctx;
     struct plan_opts po = step_opts(c->s, st, c->ws, 1);
     if (!tight) {
-        *bytes = plan_persistent_bytes(g, &po);
+        *bytes = plan_persistent_bytes(g, train_shape_backend(c->s), &po);
         return 0;
     }
     struct plan p;

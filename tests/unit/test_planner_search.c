@@ -58,9 +58,10 @@ static void exact_bytes(const struct train_spec *base)
               "%s: the search says %zu device bytes (grid %d), the job's plan %zu (grid %d): %s",
               what, c->device_bytes, c->strategy.sample_batch, tp.p.total_bytes, tp.grid, err);
         struct plan_opts po = {.strategy = tp.p.strategy};
-        CHECK(rc || plan_persistent_bytes(&tp.g, &po) == tp.p.inputs_off + tp.p.inputs_bytes,
-              "%s: persistent bytes %zu, the plan's inputs end at %zu", what,
-              rc ? 0 : plan_persistent_bytes(&tp.g, &po), tp.p.inputs_off + tp.p.inputs_bytes);
+        size_t pers = rc ? 0 : plan_persistent_bytes(&tp.g, train_shape_backend(&sh), &po);
+        CHECK(rc || pers == tp.p.inputs_off + tp.p.inputs_bytes,
+              "%s: persistent bytes %zu, the plan's inputs end at %zu", what, pers,
+              tp.p.inputs_off + tp.p.inputs_bytes);
         for (int k = 0; k < tight.n_cand; k++) {
             const struct planner_candidate *b = &tight.cand[k];
             if (b->strategy.precision != c->strategy.precision ||

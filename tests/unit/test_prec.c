@@ -82,27 +82,45 @@ static void policy(const struct graph *g, const char *name)
 
 static size_t al(size_t x) { return plan_align(x); }
 
+/* the dtype op o's kernel computes on where the backend runs the bf16 kernels of `half` (enum
+ * bk_half bits): the convolutions and linears', every other op's fp32 */
+static int kernel_dtype(const struct op *o, unsigned half)
+{
+    unsigned bit = o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA ||
+                           o->type == OP_CONV2D_BWD_FILTER
+                       ? BK_HALF_CONV
+                   : o->type == OP_LINEAR || o->type == OP_LINEAR_BWD ? BK_HALF_LINEAR
+                                                                      : 0;
+    return half & bit ? DTYPE_BF16 : DTYPE_F32;
+}
+
 /* the CPU backend with bf16 convolutions and linears wherever it runs (oneDNN emulates them on
  * AVX-512 cores without AVX512-BF16), and without any 16-bit kernels */
 static unsigned forced_half(int dtype)
 {
     return dtype == DTYPE_BF16 ? BK_HALF_CONV | BK_HALF_LINEAR : 0;
 }
-static struct backend native_bk, scratch_bk;
+/* bf16 convolutions, fp32 linears: the linears' weights keep a working copy, the
+ * convolutions' are converted per op */
+static unsigned forced_conv_half(int dtype) { return dtype == DTYPE_BF16 ? BK_HALF_CONV : 0; }
+static struct backend native_bk, scratch_bk, mixed_bk;
 static void tables(void)
 {
-    native_bk = scratch_bk = *backend_cpu();
+    native_bk = scratch_bk = mixed_bk = *backend_cpu();
     native_bk.half_kernels = forced_half;
     scratch_bk.half_kernels = NULL;
+    mixed_bk.half_kernels = forced_conv_half;
 }
 
 /* the plan's bytes against what the dtypes say, on bk */
 static void bytes(enum unet_preset preset, int batch, const struct backend *bk)
 {
     char name[64];
+    const unsigned half = bk->half_kernels ? bk->half_kernels(DTYPE_BF16) : 0;
     snprintf(name, sizeof name, "%s (%s)", preset == UNET_DDPM ? "ddpm" : "seed",
-             bk->half_kernels ? "bf16 kernels" : "fp32 kernels");
-    const int half = bk->half_kernels != NULL;
+             half == (BK_HALF_CONV | BK_HALF_LINEAR) ? "bf16 kernels"
+             : half                                 ? "bf16 convolutions, fp32 linears"
+                                                    : "fp32 kernels");
     struct unet_config c;
     tu_small_unet(&c, preset);
     struct graph g32, g16;
@@ -127,18 +145,19 @@ static void bytes(enum unet_preset preset, int batch, const struct backend *bk)
           "%s: a part other than the arena and the working weights changed", name);
     CHECK(a.work_bytes == 0 && a.n_cvt == 0, "%s: an f32 plan has working weights or scratch",
           name);
-    /* the working weights: 2 bytes per element of each weight a convolution or linear reads */
+    /* the working weights: 2 bytes per element of each weight an fp32 kernel reads (a 16-bit
+     * kernel converts its weight from the fp32 master into scratch of its own) */
     size_t work = 0;
     char *seen = calloc((size_t)g16.n_tensors, 1);
     for (int k = 0; k < g16.n_ops; k++)
         for (int j = 0; j < g16.ops[k].n_in; j++) {
             int t = g16.ops[k].in[j];
-            if (t >= 0 && weight_slot(&g16.ops[k], j) && !seen[t]) {
+            if (t >= 0 && weight_slot(&g16.ops[k], j) && !seen[t] &&
+                kernel_dtype(&g16.ops[k], half) == DTYPE_F32) {
                 seen[t] = 1;
                 work += al(2 * g16.tensors[t]->numel);
             }
         }
-    free(seen);
     CHECK(b.work_bytes == work, "%s: working weights %zu bytes, the weights say %zu", name,
           b.work_bytes, work);
     /* without reuse every activation has its own bytes: 2 per element fewer for a 16-bit one,
@@ -154,18 +173,17 @@ static void bytes(enum unet_preset preset, int batch, const struct backend *bk)
     long bad_cvt = 0, want_cvt = 0, half_ops = 0;
     for (int k = 0; k < b.n_run_ops; k++) {
         const struct op *o = &g16.ops[k];
-        int gemm = o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA ||
-                   o->type == OP_CONV2D_BWD_FILTER || o->type == OP_LINEAR ||
-                   o->type == OP_LINEAR_BWD;
-        int kd = half && gemm ? DTYPE_BF16 : DTYPE_F32;
+        int kd = kernel_dtype(o, half);
         half_ops += kd != DTYPE_F32;
         bad_cvt += b.op_dtype[k] != kd;
         for (int j = 0; j < o->n_in + o->n_out; j++) {
             int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
             if (t < 0) continue;
             const struct tensor *tt = g16.tensors[t];
-            int stored = in && tt->kind == TENSOR_PARAM && weight_slot(o, j) ? DTYPE_BF16
-                                                                              : (int)tt->dtype;
+            /* a weight: its working copy where it has one, else the fp32 master */
+            int stored = in && tt->kind == TENSOR_PARAM && weight_slot(o, j) && seen[t]
+                             ? DTYPE_BF16
+                             : (int)tt->dtype;
             int bias_or_grad = tt->kind == TENSOR_GRAD || (tt->kind == TENSOR_PARAM &&
                                                            !weight_slot(o, j));
             int want = kd != DTYPE_F32 && !bias_or_grad ? kd : DTYPE_F32;
@@ -183,6 +201,7 @@ static void bytes(enum unet_preset preset, int batch, const struct backend *bk)
                        s->last != k;
         }
     }
+    free(seen);
     for (int i = 0; i < b.n_cvt; i++) scratch += al(b.st[b.cvt[i].storage].bytes);
     CHECK(bad_cvt == 0 && b.n_cvt == want_cvt && b.n_half_ops == half_ops,
           "%s: %ld conversions or kernel dtypes not as the operands' dtypes say (%d planned, %ld "
@@ -536,6 +555,8 @@ int main(void)
     bytes(UNET_SEED, 2, &scratch_bk);
     bytes(UNET_DDPM, 3, &native_bk);
     bytes(UNET_SEED, 2, &native_bk);
+    bytes(UNET_DDPM, 3, &mixed_bk);
+    bytes(UNET_SEED, 2, &mixed_bk);
     smaller();
     kernels_step();
     loss_scaling();
