@@ -1030,7 +1030,7 @@ const EXAMPLE_SPEC = {
   model: MODELS[0].model,
   data: {dataset: 'fashion-mnist', validation: 64},
   diffusion: {timesteps: 100},
-  train: {batch: 8, steps: 200, threads: 1, warmup: 10},
+  train: {batch: 8, steps: 200, warmup: 10},
   output: {checkpoint_every: 50, sample_every: 50, log_every: 5, keep_last: 2, samples: 16},
 };
 

@@ -207,7 +207,8 @@ def main(exe):
     bad["webhook"] = {"url": "ftp://example.com/x", "events": ["nope"]}
     ex("train: webhook", "POST", "/train", bad)
     bad = tiny()
-    bad["memory"] = {"vram_budget": 4096}
+    # f32 pinned: which 16-bit plan is smallest depends on the CPU's bf16 kernels (AVX512-BF16)
+    bad["memory"] = {"vram_budget": 4096, "precision": "f32"}
     ex("train: never fits", "POST", "/train", bad)
     ex("train: idem key", "POST", "/train", train, {"Idempotency-Key": "has space"})
     # ---- bob: a long job, the per-owner limit, a cancel while it runs ----
