@@ -5,7 +5,8 @@ second; a job naming a dataset still validating gets 409; the first becomes `rea
 preview; the ones a stop left validating are decoded again after the restart (none `failed`,
 the first of them `ready`); a PNG whose image data
 is corrupt (its header fine) makes its dataset `failed` with the reason, and a job naming it
-422; the per-owner quota of pixels and bytes refuses (413 alone, 429 with the owner's others).
+422; the per-owner quota of pixels and bytes refuses (413 alone, 429 with the owner's others;
+an archive over both is named by its bytes).
 About 20 s.
 Usage: test_upload_async.py PATH/TO/ddpmd
 """
@@ -195,14 +196,23 @@ def phase_quota(exe):
     p = problem_ok(upload(s, tar([("d.png", big)])), 413)
     check(p["type"] == "urn:ddpmd:problem:upload-quota" and "--upload-quota-bytes" in p["detail"],
           "413 bytes %s" % p)
+    # over both quotas alone (6400 px, > 20000 bytes): the bytes are judged first
+    noisy80 = bytes((i * 7919) & 0xff for i in range(80 * 81))
+    raw80 = zlib.compress(b"".join(b"\x00" + noisy80[y * 80:(y + 1) * 80] for y in range(80)), 0)
+    both = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 80, 80, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", raw80 * 4) + chunk(b"IEND", b""))
+    check(len(both) > 20000, "the PNG over both quotas holds %d bytes" % len(both))
+    p = problem_ok(upload(s, tar([("e.png", both)])), 413)
+    check(p["type"] == "urn:ddpmd:problem:upload-quota" and "--upload-quota-bytes" in p["detail"]
+          and "pixels" not in p["detail"], "413 over both %s" % p)
     check(sorted(os.listdir(os.path.join(s.data, "datasets"))) == [first],
           "refused uploads left %s" % os.listdir(os.path.join(s.data, "datasets")))
     wait_state(s, first, "ready")
     check(s.request("DELETE", "/datasets/" + first).status == 204, "delete")
     r = upload(s, tar([("b.png", png(64, 64, 2))]))
     check(r.status == 202, "after the delete the quota holds it: %d %s" % (r.status, r.body[:200]))
-    print("quota: 429 with the owner's other dataset, 413 alone (pixels and bytes), room again "
-          "after a delete", flush=True)
+    print("quota: 429 with the owner's other dataset, 413 alone (pixels, bytes, both: bytes "
+          "named), room again after a delete", flush=True)
     check(s.stop() == 0, "exit status")
 
 
