@@ -95,6 +95,11 @@ enum { WGRAD_COLS_BYTES = 1 << 20 };
  * and the GEMM's scratchpad. */
 enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 1152 };
 
+/* A sliced stride-1 filter gradient with Co a multiple of 16 runs wgrad_bf16.c instead of
+ * im2col + GEMM per slice (the slices then cut the N*Ho output rows, not chunks of pixels), in
+ * blocks of at most WGRAD_ROWS rows whose pair copies of dy and x fit the columns' bytes. */
+enum { WGRAD_ROWS = 8 };
+
 struct conv_wgrad {
     struct cpu_gemm_shape g, last; /* a full chunk's GEMM, the last (shorter) chunk's */
     int px, chunk, kc;             /* output pixels, pixels per chunk, Kh*Kw*Ci */
@@ -102,6 +107,7 @@ struct conv_wgrad {
     int into_dw;                   /* the GEMM adds into dw (1x1: (Co, Ci) is OIHW) */
     int sliced, slices, chunks;    /* pixel slices (else one sum, GEMMs on all threads), chunks */
     int direct;                    /* Co or Ci is 1: a per-tap loop per slice, no GEMM */
+    int rows;                      /* >0: wgrad_bf16.c per slice, in blocks of this many rows */
     int threads;                   /* slices: the threads planned (each its columns and scratch) */
     size_t sum, cols, scr;         /* workspace: the fp32 sum(s), one chunk's columns, GEMM's */
 };
@@ -141,6 +147,9 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
         w->cols = w->direct ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
         w->scr = w->direct ? 0 : ONEDNN_ALIGN64(max2(cpu_gemm_ws_bytes(&w->g),
                                                      cpu_gemm_ws_bytes(&w->last)));
+        if (!w->direct && s->stride == 1 && s->co % 16 == 0) /* its scratch in the columns' */
+            for (int rb = s->ho < WGRAD_ROWS ? s->ho : WGRAD_ROWS; rb > 0 && !w->rows; rb--)
+                if (cpu_wgrad_bf16_bytes(s, rb) <= w->cols) w->rows = rb;
         return 1;
     }
     w->sum = w->into_dw ? 0 : one;
@@ -693,18 +702,26 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         memset(part, 0, (size_t)s->co * (wg->kc + 1) * sizeof(float));
         const int c0 = (int)((long long)i * wg->chunks / ns);
         const int c1 = (int)((long long)(i + 1) * wg->chunks / ns);
-        const int p1 = c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
+        const int nrow = s->n * s->ho;
+        const int r0 = (int)((long long)i * nrow / ns), r1 = (int)((long long)(i + 1) * nrow / ns);
+        /* the slice's output pixels q0 .. q1 - 1: whole rows for wgrad_bf16.c, else chunks */
+        const int q0 = wg->rows ? r0 * s->wo : c0 * wg->chunk;
+        const int q1 = wg->rows ? r1 * s->wo : c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
         if (db) /* the slice's dy summed, pixel by pixel */
-            for (int p = c0 * wg->chunk; p < p1; p++) {
+            for (int p = q0; p < q1; p++) {
                 const uint16_t *g = dy + (size_t)p * s->co;
 #pragma omp simd
                 for (int o = 0; o < s->co; o++) pdb[o] += half_bits_f32((uint32_t)g[o] << 16);
             }
         if (wg->direct) {
-            conv_filter_direct(part, dy, x, c0 * wg->chunk, p1, s);
+            conv_filter_direct(part, dy, x, q0, q1, s);
             continue;
         }
         uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
+        if (wg->rows) {
+            cpu_wgrad_bf16_rows(part, dy, x, r0, r1, wg->rows, s, cols);
+            continue;
+        }
         char *scr = (char *)cols + wg->cols;
         for (int c = c0; c < c1 && !err[i]; c++) {
             const int p0 = c * wg->chunk, np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
@@ -715,9 +732,11 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
     }
     for (int i = 0; i < ns; i++)
         if (err[i]) return err[i];
-    /* the partials, (Co, Kh, Kw, Ci) or the direct loop's (Kh, Kw, Ci, Co), into OIHW */
-    const size_t so = wg->direct ? 1 : (size_t)wg->kc, sc = wg->direct ? (size_t)s->co : 1;
-    const size_t st = (size_t)s->ci * (wg->direct ? (size_t)s->co : 1);
+    /* the partials, (Co, Kh, Kw, Ci) or the direct loop's and wgrad_bf16.c's (Kh, Kw, Ci, Co),
+     * into OIHW */
+    const int tco = wg->direct || wg->rows;
+    const size_t so = tco ? 1 : (size_t)wg->kc, sc = tco ? (size_t)s->co : 1;
+    const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1);
     const size_t nw = (size_t)s->co * wg->kc;
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
     for (int o = 0; o < s->co; o++) {
