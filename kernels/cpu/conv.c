@@ -95,10 +95,16 @@ enum { WGRAD_COLS_BYTES = 1 << 20 };
  * and the GEMM's scratchpad. */
 enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 1152 };
 
-/* A sliced stride-1 filter gradient with Co a multiple of 16 runs wgrad_bf16.c instead of
- * im2col + GEMM per slice (the slices then cut the N*Ho output rows, not chunks of pixels), in
- * blocks of at most WGRAD_ROWS rows whose pair copies of dy and x fit the columns' bytes. */
-enum { WGRAD_ROWS = 8 };
+/* A stride-1 filter gradient with Co a multiple of 16 and Wo of WGRAD_MIN_WO or more (not 1x1
+ * unpadded: x is its column matrix) runs wgrad_bf16.c instead of im2col + GEMM, in blocks of at most WGRAD_ROWS rows
+ * whose pair copies of dy and x fit WGRAD_SLICE_COLS bytes. Sliced, per slice (the slices then
+ * cut the N*Ho output rows, not chunks of pixels), in the slice's columns. Else (`split`) the
+ * input channels are cut into an even number of groups of at most WGRAD_SPLIT_CI (a count from
+ * the shape; 2 threads share them evenly), each a task over all rows into its own elements of
+ * the one fp32 sum: no partials and no barrier, and a dw element's sum is the same whichever
+ * thread runs its task; each thread's scratch a slice of the columns and GEMM scratchpad planned
+ * (else not taken). */
+enum { WGRAD_ROWS = 8, WGRAD_SPLIT_CI = 64, WGRAD_MIN_WO = 16 };
 
 struct conv_wgrad {
     struct cpu_gemm_shape g, last; /* a full chunk's GEMM, the last (shorter) chunk's */
@@ -107,10 +113,21 @@ struct conv_wgrad {
     int into_dw;                   /* the GEMM adds into dw (1x1: (Co, Ci) is OIHW) */
     int sliced, slices, chunks;    /* pixel slices (else one sum, GEMMs on all threads), chunks */
     int direct;                    /* Co or Ci is 1: a per-tap loop per slice, no GEMM */
-    int rows;                      /* >0: wgrad_bf16.c per slice, in blocks of this many rows */
+    int rows;                      /* >0: wgrad_bf16.c, in blocks of this many rows */
+    int groups, cg;                /* split (not sliced): channel groups, channels per group */
     int threads;                   /* slices: the threads planned (each its columns and scratch) */
     size_t sum, cols, scr;         /* workspace: the fp32 sum(s), one chunk's columns, GEMM's */
 };
+
+/* w->rows for wgrad_bf16.c (above) on nc input channels with `room` bytes of scratch, or 0 */
+static void conv_filter_rows(struct conv_wgrad *w, const struct bk_conv2d *s, int nc, size_t room)
+{
+    if (s->stride != 1 || s->co % 16 || s->wo < WGRAD_MIN_WO) return;
+    for (int rb = s->ho < WGRAD_ROWS ? s->ho : WGRAD_ROWS; rb > 0 && !w->rows; rb--) {
+        const size_t b = cpu_wgrad_bf16_bytes(s, rb, nc);
+        if (b <= WGRAD_SLICE_COLS && b <= room) w->rows = rb;
+    }
+}
 
 /* whether s's filter gradient runs as im2col + bf16 GEMM (above); w (may be NULL) its plan */
 static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
@@ -147,14 +164,20 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
         w->cols = w->direct ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
         w->scr = w->direct ? 0 : ONEDNN_ALIGN64(max2(cpu_gemm_ws_bytes(&w->g),
                                                      cpu_gemm_ws_bytes(&w->last)));
-        if (!w->direct && s->stride == 1 && s->co % 16 == 0) /* its scratch in the columns' */
-            for (int rb = s->ho < WGRAD_ROWS ? s->ho : WGRAD_ROWS; rb > 0 && !w->rows; rb--)
-                if (cpu_wgrad_bf16_bytes(s, rb) <= w->cols) w->rows = rb;
+        if (!w->direct) conv_filter_rows(w, s, s->ci, w->cols);
         return 1;
     }
     w->sum = w->into_dw ? 0 : one;
     w->cols = w->cols_in_x ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
     w->scr = max2(cpu_gemm_ws_bytes(&w->g), cpu_gemm_ws_bytes(&w->last));
+    if (!w->into_dw) {
+        w->groups = 2 * ((s->ci + 2 * WGRAD_SPLIT_CI - 1) / (2 * WGRAD_SPLIT_CI));
+        w->cg = (s->ci + w->groups - 1) / w->groups;
+        w->cg = (w->cg + 7) / 8 * 8; /* whole register tiles */
+        w->groups = (s->ci + w->cg - 1) / w->cg;
+        w->threads = cpu_threads(NULL);
+        conv_filter_rows(w, s, w->cg, (w->cols + w->scr) / (size_t)w->threads / 64 * 64);
+    }
     return 1;
 }
 
@@ -682,6 +705,28 @@ static void conv_filter_direct(float *acc, const uint16_t *dy, const uint16_t *x
     }
 }
 
+/* the fp32 sums at sum (ns of them, `one` floats apart, added in order), (Co, Kh, Kw, Ci) or with
+ * tco (Kh, Kw, Ci, Co: the direct loop's and wgrad_bf16.c's), added into the OIHW dw */
+static void conv_filter_add(float *dw, const float *sum, int ns, size_t one, int tco,
+                            const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    const int taps = s->kh * s->kw;
+    const size_t kc = (size_t)taps * s->ci, nw = (size_t)s->co * kc;
+    const size_t so = tco ? 1 : kc, sc = tco ? (size_t)s->co : 1;
+    const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1);
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
+    for (int o = 0; o < s->co; o++) {
+        float *d = dw + (size_t)o * kc;
+        for (int c = 0; c < s->ci; c++)
+            for (int t = 0; t < taps; t++) {
+                const float *q = sum + o * so + c * sc + t * st;
+                float r = q[0];
+                for (int i = 1; i < ns; i++) r += q[(size_t)i * one];
+                d[c * taps + t] += r;
+            }
+    }
+}
+
 /* The sliced filter gradient (conv_filter_gemm's plan wg, sliced): slice i of wg->slices, the
  * chunks i * chunks / slices .. (i + 1) * chunks / slices - 1, runs on one thread, chunk by
  * chunk: its columns (im2col on that thread, into the thread's own columns) then a one-thread
@@ -692,7 +737,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
                               const struct conv_wgrad *wg, bk_ctx **sub,
                               const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    const int ns = wg->slices, taps = s->kh * s->kw;
+    const int ns = wg->slices;
     const size_t one = wg->sum / (size_t)ns / sizeof(float);
     int err[WGRAD_SLICES] = {0};
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
@@ -719,7 +764,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         }
         uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
         if (wg->rows) {
-            cpu_wgrad_bf16_rows(part, dy, x, r0, r1, wg->rows, s, cols);
+            cpu_wgrad_bf16_rows(part, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
             continue;
         }
         char *scr = (char *)cols + wg->cols;
@@ -732,23 +777,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
     }
     for (int i = 0; i < ns; i++)
         if (err[i]) return err[i];
-    /* the partials, (Co, Kh, Kw, Ci) or the direct loop's and wgrad_bf16.c's (Kh, Kw, Ci, Co),
-     * into OIHW */
-    const int tco = wg->direct || wg->rows;
-    const size_t so = tco ? 1 : (size_t)wg->kc, sc = tco ? (size_t)s->co : 1;
-    const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1);
-    const size_t nw = (size_t)s->co * wg->kc;
-#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
-    for (int o = 0; o < s->co; o++) {
-        float *d = dw + (size_t)o * wg->kc;
-        for (int c = 0; c < s->ci; c++)
-            for (int t = 0; t < taps; t++) {
-                const float *q = (const float *)ws + o * so + c * sc + t * st;
-                float r = q[0];
-                for (int i = 1; i < ns; i++) r += q[(size_t)i * one];
-                d[c * taps + t] += r;
-            }
-    }
+    conv_filter_add(dw, (const float *)ws, ns, one, wg->direct || wg->rows, s, ctx);
     if (db)
         for (int o = 0; o < s->co; o++) {
             const float *q = (const float *)ws + (size_t)s->co * wg->kc + o;
@@ -769,7 +798,16 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     uint16_t *cols = (uint16_t *)(ws + wg->sum);
     char *scr = ws + wg->sum + wg->cols;
     if (!wg->into_dw) memset(sum, 0, (size_t)s->co * wg->kc * sizeof(float));
-    for (int p0 = 0; p0 < wg->px; p0 += wg->chunk) {
+    if (wg->rows) { /* split: channel groups on the threads, each its slice of cols + scr */
+        const size_t room = (wg->cols + wg->scr) / (size_t)wg->threads / 64 * 64;
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
+        for (int i = 0; i < wg->groups; i++) {
+            const int c0 = i * wg->cg, c1 = c0 + wg->cg < s->ci ? c0 + wg->cg : s->ci;
+            cpu_wgrad_bf16_rows(sum, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
+                                (char *)cols + (size_t)omp_get_thread_num() * room);
+        }
+    }
+    for (int p0 = 0; p0 < wg->px && !wg->rows; p0 += wg->chunk) {
         const int np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
         const struct cpu_gemm_shape *g = np == wg->chunk ? &wg->g : &wg->last;
         if (!wg->cols_in_x) conv_im2col(cols, x, p0, np, s, ctx->threads);
@@ -777,17 +815,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
                           wg->scr, ctx);
         if (rc) return rc;
     }
-    if (!wg->into_dw) { /* (Co, Kh, Kw, Ci) into OIHW */
-        const int taps = s->kh * s->kw;
-        const size_t nw = (size_t)s->co * wg->kc;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (nw >= 65536)
-        for (int o = 0; o < s->co; o++) {
-            const float *so = sum + (size_t)o * wg->kc;
-            float *d = dw + (size_t)o * wg->kc;
-            for (int c = 0; c < s->ci; c++)
-                for (int t = 0; t < taps; t++) d[c * taps + t] += so[t * s->ci + c];
-        }
-    }
+    if (!wg->into_dw) conv_filter_add(dw, sum, 1, 0, wg->rows > 0, s, ctx);
     if (db) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
     return BK_OK;
 }

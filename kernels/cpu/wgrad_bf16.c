@@ -32,10 +32,10 @@
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 
-size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rows)
+size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rows, int nc)
 {
     const size_t pairs = (size_t)(s->wo + 1) / 2;
-    return pairs * 4 * ((size_t)rows * s->co + (size_t)s->kw * (rows + s->kh - 1) * s->ci);
+    return pairs * 4 * ((size_t)rows * s->co + (size_t)s->kw * (rows + s->kh - 1) * nc);
 }
 
 /* n 32-bit pairs (lo[i], hi[i]) of bf16 into d; a NULL half is zeros */
@@ -110,15 +110,15 @@ static void wg_tile_any(float *out, int co, const uint32_t *A, size_t arow, cons
 }
 
 void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0, int row1,
-                         int rb, const struct bk_conv2d *s, void *scratch)
+                         int c0, int c1, int rb, const struct bk_conv2d *s, void *scratch)
 {
-    const int ci = s->ci, co = s->co, kh = s->kh, kw = s->kw, wo = s->wo;
+    const int ci = c1 - c0, co = s->co, kh = s->kh, kw = s->kw, wo = s->wo;
     const int pairs = (wo + 1) / 2;
     for (int r = row0; r < row1;) {
         const int n = r / s->ho, oy0 = r % s->ho;
         const int nr = imin(imin(rb, s->ho - oy0), row1 - r), nli = nr + kh - 1;
         r += nr;
-        /* dy's pairs (nr, pairs, co), then per kx x's (nli, pairs, ci) */
+        /* dy's pairs (nr, pairs, co), then per kx x's channels c0 .. c1 - 1 (nli, pairs, ci) */
         uint32_t *dyp = scratch, *xp = dyp + (size_t)nr * pairs * co;
         for (int rr = 0; rr < nr; rr++) {
             const uint16_t *g = dy + ((size_t)n * s->ho + oy0 + rr) * wo * co;
@@ -130,13 +130,14 @@ void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int 
             for (int li = 0; li < nli; li++) {
                 const int iy = oy0 - s->pad_t + li;
                 if (iy < 0 || iy >= s->h) continue; /* not read: its rows are skipped below */
-                const uint16_t *xr = x + ((size_t)n * s->h + iy) * s->w * ci;
+                const uint16_t *xr = x + ((size_t)n * s->h + iy) * s->w * s->ci + c0;
                 uint32_t *d = xp + ((size_t)kx * nli + li) * pairs * ci;
                 for (int m = 0; m < pairs; m++) {
                     const int i0 = 2 * m + kx - s->pad_l, i1 = i0 + 1;
                     pair_row(d + (size_t)m * ci,
-                             i0 >= 0 && i0 < s->w ? xr + (size_t)i0 * ci : NULL,
-                             i1 >= 0 && i1 < s->w && 2 * m + 1 < wo ? xr + (size_t)i1 * ci : NULL,
+                             i0 >= 0 && i0 < s->w ? xr + (size_t)i0 * s->ci : NULL,
+                             i1 >= 0 && i1 < s->w && 2 * m + 1 < wo ? xr + (size_t)i1 * s->ci
+                                                                    : NULL,
                              ci);
                 }
             }
@@ -145,7 +146,7 @@ void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int 
             const int lo = imax(0, s->pad_t - ky - oy0), hi = imin(nr, s->h + s->pad_t - ky - oy0);
             if (lo >= hi) continue;
             for (int kx = 0; kx < kw; kx++) {
-                float *out = acc + (size_t)(ky * kw + kx) * ci * co;
+                float *out = acc + ((size_t)(ky * kw + kx) * s->ci + c0) * co;
                 const uint32_t *B = xp + ((size_t)kx * nli + lo + ky) * pairs * ci;
                 const uint32_t *A = dyp + (size_t)lo * pairs * co;
                 for (int o = 0; o < co; o += 32) {

@@ -180,15 +180,19 @@ static void test_shapes(void)
     /* fewer chunks than slices (3), and one chunk (one slice) */
     test_filter(1, 64, 24, 24, 16, 3, 3, 1, 1, 1, 1, 1);
     test_filter(1, 16, 6, 6, 16, 3, 3, 1, 1, 1, 1, 1);
-    /* wgrad_bf16.c (sliced, stride 1, Co a multiple of 16; the shapes above of 32 and 16
-     * output channels at stride 1 too): 48 outputs (a 32-channel and a 16-channel block), 24
-     * inputs (a tail of 8), odd widths (a last pixel without its pair), 37 rows (blocks of 8 and
-     * a shorter one, slices across images); a kernel not square, padded unevenly; a 1x3 padded
-     * left by 2; 4 rows in 3 slices (blocks of up to 3 rows: the pair copies fill the columns) */
+    /* wgrad_bf16.c (stride 1, Co a multiple of 16, Wo 16 or more; the shapes above of 32 and
+     * 16 output channels at 32x32, 16x16 and 24x24 and the 128 -> 128 at N1 too), sliced: 48
+     * outputs (a 32-channel and a 16-channel block), 24 inputs (a tail of 8), odd widths (a last
+     * pixel without its pair), 37 rows (blocks of 8 and a shorter one, slices across images); a
+     * kernel not square, padded unevenly; a 1x3 padded left by 2; 4 rows in 3 slices (blocks of
+     * up to 3 rows: the pair copies fill the columns); split (dw of 64 x 1152 or more): 128 ->
+     * 64 in 2 channel groups, 202 -> 48 in 4 (56, 56, 56 and 34: tails of 2) */
     test_filter(3, 24, 37, 29, 48, 3, 3, 1, 1, 1, 1, 1);
-    test_filter(2, 20, 8, 7, 32, 3, 2, 1, 1, 0, 1, 1);
-    test_filter(2, 24, 7, 10, 48, 1, 3, 1, 0, 2, 0, 0);
+    test_filter(2, 20, 8, 17, 32, 3, 2, 1, 1, 0, 1, 1);
+    test_filter(2, 24, 7, 18, 48, 1, 3, 1, 0, 2, 0, 0);
     test_filter(1, 128, 4, 64, 16, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(2, 128, 16, 16, 64, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(1, 202, 17, 20, 48, 3, 3, 1, 1, 1, 1, 1);
     /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
      * convs, channels not multiples of 16 (a tail block), strided, rows cut by slices */
     test_filter(4, 32, 28, 28, 1, 3, 3, 1, 1, 1, 1, 1);
