@@ -96,15 +96,21 @@ enum { WGRAD_COLS_BYTES = 1 << 20 };
 enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 1152 };
 
 /* A stride-1 filter gradient with Co a multiple of 16 and Wo of WGRAD_MIN_WO or more (not 1x1
- * unpadded: x is its column matrix) runs wgrad_bf16.c instead of im2col + GEMM, in blocks of at most WGRAD_ROWS rows
- * whose pair copies of dy and x fit WGRAD_SLICE_COLS bytes. Sliced, per slice (the slices then
- * cut the N*Ho output rows, not chunks of pixels), in the slice's columns. Else (`split`) the
- * input channels are cut into an even number of groups of at most WGRAD_SPLIT_CI (a count from
- * the shape; 2 threads share them evenly), each a task over all rows into its own elements of
- * the one fp32 sum: no partials and no barrier, and a dw element's sum is the same whichever
- * thread runs its task; each thread's scratch a slice of the columns and GEMM scratchpad planned
- * (else not taken). */
-enum { WGRAD_ROWS = 8, WGRAD_SPLIT_CI = 64, WGRAD_MIN_WO = 16 };
+ * unpadded: x is its column matrix) runs wgrad_bf16.c instead of im2col + GEMM, in blocks of at
+ * most WGRAD_PIX output pixels (rows of one image, or whole images: the register tiles' sums run
+ * over a block) whose pair copies of dy and x fit WGRAD_SLICE_COLS bytes. Sliced, per slice (the
+ * slices then cut the N*Ho output rows, not chunks of pixels), in the slice's columns. Else
+ * (`split`) the input channels are cut into an even number of groups of at most WGRAD_SPLIT_CI
+ * (a count from the shape; 2 threads share them evenly), each a task over all rows into its own
+ * elements of the one fp32 sum: no partials and no barrier, and a dw element's sum is the same
+ * whichever thread runs its task; each thread's scratch a slice of the columns and GEMM
+ * scratchpad planned (else not taken). Narrower rows (8 to 15 pixels) only at Co 128 or less and
+ * WGRAD_NARROW_PX pixels or more: measured (filter_bench, N8 unless said, GFLOP per CPU-second,
+ * against im2col + GEMM) 64->64 8x8 N32 164 against 151-154, 128->64 8x8 N32 171-201 against
+ * 152-162, 128->128 and 256->128 at 8x8 +4-5%; but 64->64 8x8 at N8 114-117 against 139-140
+ * (3 slices of 512 pixels), 256->256 8x8 162 against 178, 512->512 8x8 105 against 161 (dy's
+ * pair copy per channel group, too big for L1), 4x4 shapes 0.6-0.85x. */
+enum { WGRAD_PIX = 256, WGRAD_SPLIT_CI = 64, WGRAD_MIN_WO = 16, WGRAD_NARROW_PX = 2048 };
 
 struct conv_wgrad {
     struct cpu_gemm_shape g, last; /* a full chunk's GEMM, the last (shorter) chunk's */
@@ -122,8 +128,11 @@ struct conv_wgrad {
 /* w->rows for wgrad_bf16.c (above) on nc input channels with `room` bytes of scratch, or 0 */
 static void conv_filter_rows(struct conv_wgrad *w, const struct bk_conv2d *s, int nc, size_t room)
 {
-    if (s->stride != 1 || s->co % 16 || s->wo < WGRAD_MIN_WO) return;
-    for (int rb = s->ho < WGRAD_ROWS ? s->ho : WGRAD_ROWS; rb > 0 && !w->rows; rb--) {
+    const int narrow = s->wo < WGRAD_MIN_WO; /* taken where measured faster (above) */
+    if (s->stride != 1 || s->co % 16 || s->wo < 8 ||
+        (narrow && (s->co > 128 || (long)w->px < WGRAD_NARROW_PX)))
+        return;
+    for (int rb = WGRAD_PIX / s->wo > 1 ? WGRAD_PIX / s->wo : 1; rb > 0 && !w->rows; rb--) {
         const size_t b = cpu_wgrad_bf16_bytes(s, rb, nc);
         if (b <= WGRAD_SLICE_COLS && b <= room) w->rows = rb;
     }

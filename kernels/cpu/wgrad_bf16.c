@@ -35,7 +35,9 @@ static int imax(int a, int b) { return a > b ? a : b; }
 size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rows, int nc)
 {
     const size_t pairs = (size_t)(s->wo + 1) / 2;
-    return pairs * 4 * ((size_t)rows * s->co + (size_t)s->kw * (rows + s->kh - 1) * nc);
+    const int halos = imax(1, rows / s->ho); /* a block: part of an image, or whole images */
+    return pairs * 4 *
+           ((size_t)rows * s->co + (size_t)s->kw * (rows + (size_t)halos * (s->kh - 1)) * nc);
 }
 
 /* n 32-bit pairs (lo[i], hi[i]) of bf16 into d; a NULL half is zeros */
@@ -53,18 +55,21 @@ static void pair_row(uint32_t *d, const uint16_t *lo, const uint16_t *hi, int n)
         d[i] = (lo ? (uint32_t)lo[i] : 0u) | (hi ? (uint32_t)hi[i] << 16 : 0u);
 }
 
-/* out (NC, co) += over `rows` rows of `pairs` pairs: A's CB vectors of 16 channels (pair m of
- * row r at A + r * arow + m * co) times B's NC broadcast pairs (at B + r * brow + m * ci) */
+/* out (NC, co) += over `rows` rows of `pairs` pairs in each of nimg images: A's CB vectors of
+ * 16 channels (pair m of row r of image g at A + g * aimg + r * arow + m * co) times B's NC
+ * broadcast pairs (at B + g * bimg + r * brow + m * ci) */
 AI void wg_tile(float *out, int co, const uint32_t *A, size_t arow, const uint32_t *B,
-                size_t brow, int ci, int rows, int pairs, const int CB, const int NC)
+                size_t brow, int ci, int rows, int pairs, int nimg, size_t aimg, size_t bimg,
+                const int CB, const int NC)
 {
     __m512 acc[4][8];
 #pragma GCC unroll 4
     for (int b = 0; b < CB; b++)
 #pragma GCC unroll 8
         for (int u = 0; u < NC; u++) acc[b][u] = _mm512_setzero_ps();
-    for (int r = 0; r < rows; r++) {
-        const uint32_t *a = A + (size_t)r * arow, *bp = B + (size_t)r * brow;
+    for (int rg = 0; rg < nimg * rows; rg++) {
+        const int g = rg / rows, r = rg % rows;
+        const uint32_t *a = A + g * aimg + (size_t)r * arow, *bp = B + g * bimg + (size_t)r * brow;
         for (int m = 0; m < pairs; m++, a += co, bp += ci) {
             __m512bh av[4];
 #pragma GCC unroll 4
@@ -88,18 +93,19 @@ AI void wg_tile(float *out, int co, const uint32_t *A, size_t arow, const uint32
 
 /* wg_tile with CB (1 or 2) and nc (1 .. 8) as constants */
 static void wg_tile_any(float *out, int co, const uint32_t *A, size_t arow, const uint32_t *B,
-                        size_t brow, int ci, int rows, int pairs, int cb, int nc)
+                        size_t brow, int ci, int rows, int pairs, int nimg, size_t aimg,
+                        size_t bimg, int cb, int nc)
 {
 #define WG_NC(CB)                                                                                 \
     switch (nc) {                                                                                 \
-    case 8: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 8); break;                   \
-    case 7: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 7); break;                   \
-    case 6: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 6); break;                   \
-    case 5: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 5); break;                   \
-    case 4: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 4); break;                   \
-    case 3: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 3); break;                   \
-    case 2: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 2); break;                   \
-    default: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, CB, 1); break;                  \
+    case 8: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 8); break;                   \
+    case 7: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 7); break;                   \
+    case 6: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 6); break;                   \
+    case 5: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 5); break;                   \
+    case 4: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 4); break;                   \
+    case 3: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 3); break;                   \
+    case 2: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 2); break;                   \
+    default: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 1); break;                  \
     }
     if (cb == 2) {
         WG_NC(2)
@@ -115,23 +121,30 @@ void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int 
     const int ci = c1 - c0, co = s->co, kh = s->kh, kw = s->kw, wo = s->wo;
     const int pairs = (wo + 1) / 2;
     for (int r = row0; r < row1;) {
+        /* a block: nimg whole images where rb holds one or more and the range has them, else
+         * nr rows of one image */
         const int n = r / s->ho, oy0 = r % s->ho;
+        const int nimg = oy0 == 0 && s->ho <= rb && row1 - r >= s->ho
+                             ? imin(rb / s->ho, (row1 - r) / s->ho) : 1;
         const int nr = imin(imin(rb, s->ho - oy0), row1 - r), nli = nr + kh - 1;
-        r += nr;
-        /* dy's pairs (nr, pairs, co), then per kx x's channels c0 .. c1 - 1 (nli, pairs, ci) */
-        uint32_t *dyp = scratch, *xp = dyp + (size_t)nr * pairs * co;
-        for (int rr = 0; rr < nr; rr++) {
-            const uint16_t *g = dy + ((size_t)n * s->ho + oy0 + rr) * wo * co;
+        r += nimg * nr;
+        /* dy's pairs (nimg, nr, pairs, co), then per kx x's channels c0 .. c1 - 1 (nimg, nli,
+         * pairs, ci) */
+        uint32_t *dyp = scratch, *xp = dyp + (size_t)nimg * nr * pairs * co;
+        for (int rr = 0; rr < nimg * nr; rr++) {
+            const uint16_t *g =
+                dy + ((size_t)(n + rr / nr) * s->ho + oy0 + rr % nr) * wo * co;
             for (int m = 0; m < pairs; m++)
                 pair_row(dyp + ((size_t)rr * pairs + m) * co, g + (size_t)2 * m * co,
                          2 * m + 1 < wo ? g + (size_t)(2 * m + 1) * co : NULL, co);
         }
         for (int kx = 0; kx < kw; kx++)
-            for (int li = 0; li < nli; li++) {
-                const int iy = oy0 - s->pad_t + li;
+            for (int gl = 0; gl < nimg * nli; gl++) {
+                const int li = gl % nli, iy = oy0 - s->pad_t + li;
                 if (iy < 0 || iy >= s->h) continue; /* not read: its rows are skipped below */
-                const uint16_t *xr = x + ((size_t)n * s->h + iy) * s->w * s->ci + c0;
-                uint32_t *d = xp + ((size_t)kx * nli + li) * pairs * ci;
+                const uint16_t *xr =
+                    x + ((size_t)(n + gl / nli) * s->h + iy) * s->w * s->ci + c0;
+                uint32_t *d = xp + ((size_t)kx * nimg * nli + gl) * pairs * ci;
                 for (int m = 0; m < pairs; m++) {
                     const int i0 = 2 * m + kx - s->pad_l, i1 = i0 + 1;
                     pair_row(d + (size_t)m * ci,
@@ -147,13 +160,14 @@ void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int 
             if (lo >= hi) continue;
             for (int kx = 0; kx < kw; kx++) {
                 float *out = acc + ((size_t)(ky * kw + kx) * s->ci + c0) * co;
-                const uint32_t *B = xp + ((size_t)kx * nli + lo + ky) * pairs * ci;
+                const uint32_t *B = xp + ((size_t)kx * nimg * nli + lo + ky) * pairs * ci;
                 const uint32_t *A = dyp + (size_t)lo * pairs * co;
                 for (int o = 0; o < co; o += 32) {
                     const int cb = co - o >= 32 ? 2 : 1;
                     for (int c = 0; c < ci; c += 8)
                         wg_tile_any(out + (size_t)c * co + o, co, A + o, (size_t)pairs * co,
-                                    B + c, (size_t)pairs * ci, ci, hi - lo, pairs, cb,
+                                    B + c, (size_t)pairs * ci, ci, hi - lo, pairs, nimg,
+                                    (size_t)nr * pairs * co, (size_t)nli * pairs * ci, cb,
                                     imin(8, ci - c));
                 }
             }

@@ -186,13 +186,19 @@ static void test_shapes(void)
      * pixel without its pair), 37 rows (blocks of 8 and a shorter one, slices across images); a
      * kernel not square, padded unevenly; a 1x3 padded left by 2; 4 rows in 3 slices (blocks of
      * up to 3 rows: the pair copies fill the columns); split (dw of 64 x 1152 or more): 128 ->
-     * 64 in 2 channel groups, 202 -> 48 in 4 (56, 56, 56 and 34: tails of 2) */
+     * 64 in 2 channel groups, 202 -> 48 in 4 (56, 56, 56 and 34: tails of 2); blocks of whole
+     * images (rows under 16 pixels, 2048 pixels or more): 16 -> 32 at 8x8 N32 (4 images a
+     * block, slices cutting images), 24 -> 48 at 9x11 N21 (odd width, 2 images a block), split
+     * 128 -> 64 at 8x8 N32 */
     test_filter(3, 24, 37, 29, 48, 3, 3, 1, 1, 1, 1, 1);
     test_filter(2, 20, 8, 17, 32, 3, 2, 1, 1, 0, 1, 1);
     test_filter(2, 24, 7, 18, 48, 1, 3, 1, 0, 2, 0, 0);
     test_filter(1, 128, 4, 64, 16, 3, 3, 1, 1, 1, 1, 1);
     test_filter(2, 128, 16, 16, 64, 3, 3, 1, 1, 1, 1, 1);
     test_filter(1, 202, 17, 20, 48, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(32, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(21, 24, 9, 11, 48, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(32, 128, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1);
     /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
      * convs, channels not multiples of 16 (a tail block), strided, rows cut by slices */
     test_filter(4, 32, 28, 28, 1, 3, 3, 1, 1, 1, 1, 1);
