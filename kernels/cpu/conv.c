@@ -125,13 +125,18 @@ struct conv_wgrad {
     size_t sum, cols, scr;         /* workspace: the fp32 sum(s), one chunk's columns, GEMM's */
 };
 
+/* whether wgrad_bf16.c (above) takes s, of px output pixels: where measured faster */
+static int conv_filter_pairs(const struct bk_conv2d *s, int px)
+{
+    const int narrow = s->wo < WGRAD_MIN_WO;
+    return s->stride == 1 && s->co % 16 == 0 && s->wo >= 8 &&
+           !(narrow && (s->co > 128 || px < WGRAD_NARROW_PX));
+}
+
 /* w->rows for wgrad_bf16.c (above) on nc input channels with `room` bytes of scratch, or 0 */
 static void conv_filter_rows(struct conv_wgrad *w, const struct bk_conv2d *s, int nc, size_t room)
 {
-    const int narrow = s->wo < WGRAD_MIN_WO; /* taken where measured faster (above) */
-    if (s->stride != 1 || s->co % 16 || s->wo < 8 ||
-        (narrow && (s->co > 128 || (long)w->px < WGRAD_NARROW_PX)))
-        return;
+    if (!conv_filter_pairs(s, w->px)) return;
     for (int rb = WGRAD_PIX / s->wo > 1 ? WGRAD_PIX / s->wo : 1; rb > 0 && !w->rows; rb--) {
         const size_t b = cpu_wgrad_bf16_bytes(s, rb, nc);
         if (b <= WGRAD_SLICE_COLS && b <= room) w->rows = rb;
@@ -149,10 +154,13 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
     w->into_dw = s->kh * s->kw == 1;
     w->cols_in_x = w->into_dw && s->stride == 1 && !s->pad_t && !s->pad_l && !s->pad_b &&
                    !s->pad_r;
-    const int sliced = w->sliced = !w->cols_in_x && (size_t)s->co * w->kc < WGRAD_SLICE_MN;
+    /* sliced: a small dw; unpadded 1x1 too where wgrad_bf16.c takes it (the pair copies then
+     * x's copy and the one GEMM over all pixels (its column matrix x) was slower, above) */
+    const int sliced = w->sliced = (size_t)s->co * w->kc < WGRAD_SLICE_MN &&
+                                   (!w->cols_in_x || conv_filter_pairs(s, w->px));
     w->direct = sliced && (s->co == 1 || s->ci == 1);
     int chunk = w->px;
-    if (!w->cols_in_x) {
+    if (!w->cols_in_x || sliced) {
         const size_t bytes = sliced ? WGRAD_SLICE_COLS : WGRAD_COLS_BYTES;
         const size_t fit = bytes / ((size_t)w->kc * 2) / 16 * 16;
         chunk = fit < 16 ? 16 : fit > (size_t)w->px ? w->px : (int)fit;

@@ -166,7 +166,8 @@ static void test_shapes(void)
     /* a kernel not square, padded unevenly (tap order across rows and columns) */
     test_filter(2, 24, 7, 10, 40, 1, 3, 1, 0, 2, 0, 0);
     test_filter(2, 20, 8, 6, 36, 3, 2, 1, 1, 0, 1, 1);
-    /* 1x1: x is the column matrix (unstrided, unpadded), or strided and padded */
+    /* 1x1: x is the column matrix (unstrided, unpadded; 40 outputs: not wgrad_bf16.c's), or
+     * strided and padded */
     test_filter(2, 48, 8, 8, 40, 1, 1, 1, 0, 0, 0, 0);
     test_filter(2, 40, 9, 9, 24, 1, 1, 2, 1, 1, 0, 0);
     /* ddpm-cifar10's 256 -> 256 at 4x4 (the most frequent) */
@@ -199,6 +200,8 @@ static void test_shapes(void)
     test_filter(32, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1);
     test_filter(21, 24, 9, 11, 48, 3, 3, 1, 1, 1, 1, 1);
     test_filter(32, 128, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1);
+    /* an unpadded 1x1 in slices through wgrad_bf16.c (x is not the column matrix there) */
+    test_filter(4, 40, 16, 18, 32, 1, 1, 1, 0, 0, 0, 0);
     /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
      * convs, channels not multiples of 16 (a tail block), strided, rows cut by slices */
     test_filter(4, 32, 28, 28, 1, 3, 3, 1, 1, 1, 1, 1);
