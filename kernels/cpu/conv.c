@@ -8,7 +8,8 @@
  * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation; the bias, dw and db fp32; dx is
  * computed in fp32 into the workspace and rounded into bf16; accumulating, round(dx + round(r))
  * as backend.h says (cpu_accum16: rounded to bf16 first, then added in fp32 and rounded). The
- * bf16 filter gradient is not oneDNN's without AMX: im2col + a bf16 GEMM (conv_filter_gemm).
+ * bf16 filter gradient is not oneDNN's without AMX: im2col + a bf16 GEMM (conv_filter_gemm), or
+ * at stride 1 wgrad_bf16.c's register tiles on pairs of pixels.
  * f16 has no CPU kernels (cpu_half_kernels): BK_ERR_INVALID.
  *
  * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
@@ -95,8 +96,8 @@ enum { WGRAD_COLS_BYTES = 1 << 20 };
  * and the GEMM's scratchpad. */
 enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 1152 };
 
-/* A stride-1 filter gradient with Co a multiple of 16 and Wo of WGRAD_MIN_WO or more (not 1x1
- * unpadded: x is its column matrix) runs wgrad_bf16.c instead of im2col + GEMM, in blocks of at
+/* A stride-1 filter gradient with Co a multiple of 16 and Wo of WGRAD_MIN_WO or more (an
+ * unpadded 1x1 only where sliced) runs wgrad_bf16.c instead of im2col + GEMM, in blocks of at
  * most WGRAD_PIX output pixels (rows of one image, or whole images: the register tiles' sums run
  * over a block) whose pair copies of dy and x fit WGRAD_SLICE_COLS bytes. Sliced, per slice (the
  * slices then cut the N*Ho output rows, not chunks of pixels), in the slice's columns. Else
@@ -121,7 +122,7 @@ struct conv_wgrad {
     int direct;                    /* Co or Ci is 1: a per-tap loop per slice, no GEMM */
     int rows;                      /* >0: wgrad_bf16.c, in blocks of this many rows */
     int groups, cg;                /* split (not sliced): channel groups, channels per group */
-    int threads;                   /* slices: the threads planned (each its columns and scratch) */
+    int threads;                   /* slices, split: the threads planned (each its scratch) */
     size_t sum, cols, scr;         /* workspace: the fp32 sum(s), one chunk's columns, GEMM's */
 };
 
@@ -154,8 +155,10 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
     w->into_dw = s->kh * s->kw == 1;
     w->cols_in_x = w->into_dw && s->stride == 1 && !s->pad_t && !s->pad_l && !s->pad_b &&
                    !s->pad_r;
-    /* sliced: a small dw; unpadded 1x1 too where wgrad_bf16.c takes it (the pair copies then
-     * x's copy and the one GEMM over all pixels (its column matrix x) was slower, above) */
+    /* sliced: a small dw, an unpadded 1x1 too where wgrad_bf16.c takes it (there the one GEMM
+     * over all pixels on x as its column matrix was slower: filter_bench 1x1 N32 32->64 16x16
+     * 56 against 136 GFLOP per CPU-second, 96->32 32x32 98 against 155, N8 384->128 32x32 166
+     * against 176) */
     const int sliced = w->sliced = (size_t)s->co * w->kc < WGRAD_SLICE_MN &&
                                    (!w->cols_in_x || conv_filter_pairs(s, w->px));
     w->direct = sliced && (s->co == 1 || s->ci == 1);
