@@ -725,25 +725,31 @@ static void conv_filter_direct(float *acc, const uint16_t *dy, const uint16_t *x
     }
 }
 
-/* the fp32 sums at sum (ns of them, `one` floats apart, added in order), (Co, Kh, Kw, Ci) or with
- * tco (Kh, Kw, Ci, Co: the direct loop's and wgrad_bf16.c's), added into the OIHW dw */
-static void conv_filter_add(float *dw, const float *sum, int ns, size_t one, int tco,
+/* the fp32 sums at sum (ns of them, `one` floats apart), (Co, Kh, Kw, Ci) or with tco (Kh, Kw,
+ * Ci, Co: the direct loop's and wgrad_bf16.c's), added in order into the first (in place,
+ * streaming: an element at a time across the sums read them scattered), then into the OIHW dw */
+static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
                             const struct bk_conv2d *s, bk_ctx *ctx)
 {
     const int taps = s->kh * s->kw;
     const size_t kc = (size_t)taps * s->ci, nw = (size_t)s->co * kc;
     const size_t so = tco ? 1 : kc, sc = tco ? (size_t)s->co : 1;
     const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1);
+    const int nb = (int)((nw + 4095) / 4096);
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
+    for (int b = 0; b < nb * (ns > 1); b++) {
+        const size_t j0 = (size_t)b * 4096, j1 = j0 + 4096 < nw ? j0 + 4096 : nw;
+        for (int i = 1; i < ns; i++) {
+            const float *q = sum + (size_t)i * one;
+#pragma omp simd
+            for (size_t j = j0; j < j1; j++) sum[j] += q[j];
+        }
+    }
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
     for (int o = 0; o < s->co; o++) {
         float *d = dw + (size_t)o * kc;
         for (int c = 0; c < s->ci; c++)
-            for (int t = 0; t < taps; t++) {
-                const float *q = sum + o * so + c * sc + t * st;
-                float r = q[0];
-                for (int i = 1; i < ns; i++) r += q[(size_t)i * one];
-                d[c * taps + t] += r;
-            }
+            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c * sc + t * st];
     }
 }
 
@@ -797,7 +803,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
     }
     for (int i = 0; i < ns; i++)
         if (err[i]) return err[i];
-    conv_filter_add(dw, (const float *)ws, ns, one, wg->direct || wg->rows, s, ctx);
+    conv_filter_add(dw, (float *)ws, ns, one, wg->direct || wg->rows, s, ctx);
     if (db)
         for (int o = 0; o < s->co; o++) {
             const float *q = (const float *)ws + (size_t)s->co * wg->kc + o;
