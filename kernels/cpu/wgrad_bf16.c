@@ -67,21 +67,23 @@ AI void wg_tile(float *out, int co, const uint32_t *A, size_t arow, const uint32
     for (int b = 0; b < CB; b++)
 #pragma GCC unroll 8
         for (int u = 0; u < NC; u++) acc[b][u] = _mm512_setzero_ps();
-    for (int rg = 0; rg < nimg * rows; rg++) {
-        const int g = rg / rows, r = rg % rows;
-        const uint32_t *a = A + g * aimg + (size_t)r * arow, *bp = B + g * bimg + (size_t)r * brow;
-        for (int m = 0; m < pairs; m++, a += co, bp += ci) {
-            __m512bh av[4];
+    for (int g = 0; g < nimg; g++) /* nested, not one divided index: a division per row cost */
+        for (int r = 0; r < rows; r++) {
+            const uint32_t *a = A + g * aimg + (size_t)r * arow;
+            const uint32_t *bp = B + g * bimg + (size_t)r * brow;
+            for (int m = 0; m < pairs; m++, a += co, bp += ci) {
+                __m512bh av[4];
 #pragma GCC unroll 4
-            for (int b = 0; b < CB; b++) av[b] = (__m512bh)_mm512_loadu_si512(a + 16 * b);
+                for (int b = 0; b < CB; b++) av[b] = (__m512bh)_mm512_loadu_si512(a + 16 * b);
 #pragma GCC unroll 8
-            for (int u = 0; u < NC; u++) {
-                const __m512bh bv = (__m512bh)_mm512_set1_epi32((int)bp[u]);
+                for (int u = 0; u < NC; u++) {
+                    const __m512bh bv = (__m512bh)_mm512_set1_epi32((int)bp[u]);
 #pragma GCC unroll 4
-                for (int b = 0; b < CB; b++) acc[b][u] = _mm512_dpbf16_ps(acc[b][u], av[b], bv);
+                    for (int b = 0; b < CB; b++)
+                        acc[b][u] = _mm512_dpbf16_ps(acc[b][u], av[b], bv);
+                }
             }
         }
-    }
 #pragma GCC unroll 8
     for (int u = 0; u < NC; u++)
 #pragma GCC unroll 4
