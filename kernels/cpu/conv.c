@@ -8,7 +8,8 @@
  * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation; the bias, dw and db fp32; dx is
  * computed in fp32 into the workspace and rounded into bf16; accumulating, round(dx + round(r))
  * as backend.h says (cpu_accum16: rounded to bf16 first, then added in fp32 and rounded). The
- * bf16 filter gradient is not oneDNN's without AMX: im2col + a bf16 GEMM (conv_filter_gemm).
+ * bf16 filter gradient is not oneDNN's without AMX: im2col + a bf16 GEMM (conv_filter_gemm), or
+ * at stride 1 wgrad_bf16.c's register tiles on pairs of pixels.
  * f16 has no CPU kernels (cpu_half_kernels): BK_ERR_INVALID.
  *
  * Results are a function of (shape, thread count): oneDNN partitions work by the thread count
@@ -95,6 +96,23 @@ enum { WGRAD_COLS_BYTES = 1 << 20 };
  * and the GEMM's scratchpad. */
 enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 1152 };
 
+/* A stride-1 filter gradient with Co a multiple of 16 and Wo of WGRAD_MIN_WO or more (an
+ * unpadded 1x1 only where sliced) runs wgrad_bf16.c instead of im2col + GEMM, in blocks of at
+ * most WGRAD_PIX output pixels (rows of one image, or whole images: the register tiles' sums run
+ * over a block) whose pair copies of dy and x fit WGRAD_SLICE_COLS bytes. Sliced, per slice (the
+ * slices then cut the N*Ho output rows, not chunks of pixels), in the slice's columns. Else
+ * (`split`) the input channels are cut into an even number of groups of at most WGRAD_SPLIT_CI
+ * (a count from the shape; 2 threads share them evenly), each a task over all rows into its own
+ * elements of the one fp32 sum: no partials and no barrier, and a dw element's sum is the same
+ * whichever thread runs its task; each thread's scratch a slice of the columns and GEMM
+ * scratchpad planned (else not taken). Narrower rows (8 to 15 pixels) only at Co 128 or less and
+ * WGRAD_NARROW_PX pixels or more: measured (filter_bench, N8 unless said, GFLOP per CPU-second,
+ * against im2col + GEMM) 64->64 8x8 N32 164 against 151-154, 128->64 8x8 N32 171-201 against
+ * 152-162, 128->128 and 256->128 at 8x8 +4-5%; but 64->64 8x8 at N8 114-117 against 139-140
+ * (3 slices of 512 pixels), 256->256 8x8 162 against 178, 512->512 8x8 105 against 161 (dy's
+ * pair copy per channel group, too big for L1), 4x4 shapes 0.6-0.85x. */
+enum { WGRAD_PIX = 256, WGRAD_SPLIT_CI = 64, WGRAD_MIN_WO = 16, WGRAD_NARROW_PX = 2048 };
+
 struct conv_wgrad {
     struct cpu_gemm_shape g, last; /* a full chunk's GEMM, the last (shorter) chunk's */
     int px, chunk, kc;             /* output pixels, pixels per chunk, Kh*Kw*Ci */
@@ -102,9 +120,29 @@ struct conv_wgrad {
     int into_dw;                   /* the GEMM adds into dw (1x1: (Co, Ci) is OIHW) */
     int sliced, slices, chunks;    /* pixel slices (else one sum, GEMMs on all threads), chunks */
     int direct;                    /* Co or Ci is 1: a per-tap loop per slice, no GEMM */
-    int threads;                   /* slices: the threads planned (each its columns and scratch) */
+    int rows;                      /* >0: wgrad_bf16.c, in blocks of this many rows */
+    int groups, cg;                /* split (not sliced): channel groups, channels per group */
+    int threads;                   /* slices, split: the threads planned (each its scratch) */
     size_t sum, cols, scr;         /* workspace: the fp32 sum(s), one chunk's columns, GEMM's */
 };
+
+/* whether wgrad_bf16.c (above) takes s, of px output pixels: where measured faster */
+static int conv_filter_pairs(const struct bk_conv2d *s, int px)
+{
+    const int narrow = s->wo < WGRAD_MIN_WO;
+    return s->stride == 1 && s->co % 16 == 0 && s->wo >= 8 &&
+           !(narrow && (s->co > 128 || px < WGRAD_NARROW_PX));
+}
+
+/* w->rows for wgrad_bf16.c (above) on nc input channels with `room` bytes of scratch, or 0 */
+static void conv_filter_rows(struct conv_wgrad *w, const struct bk_conv2d *s, int nc, size_t room)
+{
+    if (!conv_filter_pairs(s, w->px)) return;
+    for (int rb = WGRAD_PIX / s->wo > 1 ? WGRAD_PIX / s->wo : 1; rb > 0 && !w->rows; rb--) {
+        const size_t b = cpu_wgrad_bf16_bytes(s, rb, nc);
+        if (b <= WGRAD_SLICE_COLS && b <= room) w->rows = rb;
+    }
+}
 
 /* whether s's filter gradient runs as im2col + bf16 GEMM (above); w (may be NULL) its plan */
 static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
@@ -117,10 +155,15 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
     w->into_dw = s->kh * s->kw == 1;
     w->cols_in_x = w->into_dw && s->stride == 1 && !s->pad_t && !s->pad_l && !s->pad_b &&
                    !s->pad_r;
-    const int sliced = w->sliced = !w->cols_in_x && (size_t)s->co * w->kc < WGRAD_SLICE_MN;
+    /* sliced: a small dw, an unpadded 1x1 too where wgrad_bf16.c takes it (there the one GEMM
+     * over all pixels on x as its column matrix was slower: filter_bench 1x1 N32 32->64 16x16
+     * 56 against 136 GFLOP per CPU-second, 96->32 32x32 98 against 155, N8 384->128 32x32 166
+     * against 176) */
+    const int sliced = w->sliced = (size_t)s->co * w->kc < WGRAD_SLICE_MN &&
+                                   (!w->cols_in_x || conv_filter_pairs(s, w->px));
     w->direct = sliced && (s->co == 1 || s->ci == 1);
     int chunk = w->px;
-    if (!w->cols_in_x) {
+    if (!w->cols_in_x || sliced) {
         const size_t bytes = sliced ? WGRAD_SLICE_COLS : WGRAD_COLS_BYTES;
         const size_t fit = bytes / ((size_t)w->kc * 2) / 16 * 16;
         chunk = fit < 16 ? 16 : fit > (size_t)w->px ? w->px : (int)fit;
@@ -141,11 +184,20 @@ static int conv_filter_gemm(const struct bk_conv2d *s, struct conv_wgrad *w)
         w->cols = w->direct ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
         w->scr = w->direct ? 0 : ONEDNN_ALIGN64(max2(cpu_gemm_ws_bytes(&w->g),
                                                      cpu_gemm_ws_bytes(&w->last)));
+        if (!w->direct) conv_filter_rows(w, s, s->ci, w->cols);
         return 1;
     }
     w->sum = w->into_dw ? 0 : one;
     w->cols = w->cols_in_x ? 0 : ONEDNN_ALIGN64((size_t)chunk * w->kc * 2);
     w->scr = max2(cpu_gemm_ws_bytes(&w->g), cpu_gemm_ws_bytes(&w->last));
+    if (!w->into_dw) {
+        w->groups = 2 * ((s->ci + 2 * WGRAD_SPLIT_CI - 1) / (2 * WGRAD_SPLIT_CI));
+        w->cg = (s->ci + w->groups - 1) / w->groups;
+        w->cg = (w->cg + 7) / 8 * 8; /* whole register tiles */
+        w->groups = (s->ci + w->cg - 1) / w->cg;
+        w->threads = cpu_threads(NULL);
+        conv_filter_rows(w, s, w->cg, (w->cols + w->scr) / (size_t)w->threads / 64 * 64);
+    }
     return 1;
 }
 
@@ -673,6 +725,34 @@ static void conv_filter_direct(float *acc, const uint16_t *dy, const uint16_t *x
     }
 }
 
+/* the fp32 sums at sum (ns of them, `one` floats apart), (Co, Kh, Kw, Ci) or with tco (Kh, Kw,
+ * Ci, Co: the direct loop's and wgrad_bf16.c's), added in order into the first (in place,
+ * streaming: an element at a time across the sums read them scattered), then into the OIHW dw */
+static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
+                            const struct bk_conv2d *s, bk_ctx *ctx)
+{
+    const int taps = s->kh * s->kw;
+    const size_t kc = (size_t)taps * s->ci, nw = (size_t)s->co * kc;
+    const size_t so = tco ? 1 : kc, sc = tco ? (size_t)s->co : 1;
+    const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1);
+    const int nb = (int)((nw + 4095) / 4096);
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
+    for (int b = 0; b < nb * (ns > 1); b++) {
+        const size_t j0 = (size_t)b * 4096, j1 = j0 + 4096 < nw ? j0 + 4096 : nw;
+        for (int i = 1; i < ns; i++) {
+            const float *q = sum + (size_t)i * one;
+#pragma omp simd
+            for (size_t j = j0; j < j1; j++) sum[j] += q[j];
+        }
+    }
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
+    for (int o = 0; o < s->co; o++) {
+        float *d = dw + (size_t)o * kc;
+        for (int c = 0; c < s->ci; c++)
+            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c * sc + t * st];
+    }
+}
+
 /* The sliced filter gradient (conv_filter_gemm's plan wg, sliced): slice i of wg->slices, the
  * chunks i * chunks / slices .. (i + 1) * chunks / slices - 1, runs on one thread, chunk by
  * chunk: its columns (im2col on that thread, into the thread's own columns) then a one-thread
@@ -683,7 +763,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
                               const struct conv_wgrad *wg, bk_ctx **sub,
                               const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    const int ns = wg->slices, taps = s->kh * s->kw;
+    const int ns = wg->slices;
     const size_t one = wg->sum / (size_t)ns / sizeof(float);
     int err[WGRAD_SLICES] = {0};
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
@@ -693,18 +773,26 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         memset(part, 0, (size_t)s->co * (wg->kc + 1) * sizeof(float));
         const int c0 = (int)((long long)i * wg->chunks / ns);
         const int c1 = (int)((long long)(i + 1) * wg->chunks / ns);
-        const int p1 = c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
+        const int nrow = s->n * s->ho;
+        const int r0 = (int)((long long)i * nrow / ns), r1 = (int)((long long)(i + 1) * nrow / ns);
+        /* the slice's output pixels q0 .. q1 - 1: whole rows for wgrad_bf16.c, else chunks */
+        const int q0 = wg->rows ? r0 * s->wo : c0 * wg->chunk;
+        const int q1 = wg->rows ? r1 * s->wo : c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
         if (db) /* the slice's dy summed, pixel by pixel */
-            for (int p = c0 * wg->chunk; p < p1; p++) {
+            for (int p = q0; p < q1; p++) {
                 const uint16_t *g = dy + (size_t)p * s->co;
 #pragma omp simd
                 for (int o = 0; o < s->co; o++) pdb[o] += half_bits_f32((uint32_t)g[o] << 16);
             }
         if (wg->direct) {
-            conv_filter_direct(part, dy, x, c0 * wg->chunk, p1, s);
+            conv_filter_direct(part, dy, x, q0, q1, s);
             continue;
         }
         uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
+        if (wg->rows) {
+            cpu_wgrad_bf16_rows(part, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
+            continue;
+        }
         char *scr = (char *)cols + wg->cols;
         for (int c = c0; c < c1 && !err[i]; c++) {
             const int p0 = c * wg->chunk, np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
@@ -715,21 +803,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
     }
     for (int i = 0; i < ns; i++)
         if (err[i]) return err[i];
-    /* the partials, (Co, Kh, Kw, Ci) or the direct loop's (Kh, Kw, Ci, Co), into OIHW */
-    const size_t so = wg->direct ? 1 : (size_t)wg->kc, sc = wg->direct ? (size_t)s->co : 1;
-    const size_t st = (size_t)s->ci * (wg->direct ? (size_t)s->co : 1);
-    const size_t nw = (size_t)s->co * wg->kc;
-#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
-    for (int o = 0; o < s->co; o++) {
-        float *d = dw + (size_t)o * wg->kc;
-        for (int c = 0; c < s->ci; c++)
-            for (int t = 0; t < taps; t++) {
-                const float *q = (const float *)ws + o * so + c * sc + t * st;
-                float r = q[0];
-                for (int i = 1; i < ns; i++) r += q[(size_t)i * one];
-                d[c * taps + t] += r;
-            }
-    }
+    conv_filter_add(dw, (float *)ws, ns, one, wg->direct || wg->rows, s, ctx);
     if (db)
         for (int o = 0; o < s->co; o++) {
             const float *q = (const float *)ws + (size_t)s->co * wg->kc + o;
@@ -750,7 +824,16 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     uint16_t *cols = (uint16_t *)(ws + wg->sum);
     char *scr = ws + wg->sum + wg->cols;
     if (!wg->into_dw) memset(sum, 0, (size_t)s->co * wg->kc * sizeof(float));
-    for (int p0 = 0; p0 < wg->px; p0 += wg->chunk) {
+    if (wg->rows) { /* split: channel groups on the threads, each its slice of cols + scr */
+        const size_t room = (wg->cols + wg->scr) / (size_t)wg->threads / 64 * 64;
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
+        for (int i = 0; i < wg->groups; i++) {
+            const int c0 = i * wg->cg, c1 = c0 + wg->cg < s->ci ? c0 + wg->cg : s->ci;
+            cpu_wgrad_bf16_rows(sum, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
+                                (char *)cols + (size_t)omp_get_thread_num() * room);
+        }
+    }
+    for (int p0 = 0; p0 < wg->px && !wg->rows; p0 += wg->chunk) {
         const int np = wg->px - p0 < wg->chunk ? wg->px - p0 : wg->chunk;
         const struct cpu_gemm_shape *g = np == wg->chunk ? &wg->g : &wg->last;
         if (!wg->cols_in_x) conv_im2col(cols, x, p0, np, s, ctx->threads);
@@ -758,17 +841,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
                           wg->scr, ctx);
         if (rc) return rc;
     }
-    if (!wg->into_dw) { /* (Co, Kh, Kw, Ci) into OIHW */
-        const int taps = s->kh * s->kw;
-        const size_t nw = (size_t)s->co * wg->kc;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (nw >= 65536)
-        for (int o = 0; o < s->co; o++) {
-            const float *so = sum + (size_t)o * wg->kc;
-            float *d = dw + (size_t)o * wg->kc;
-            for (int c = 0; c < s->ci; c++)
-                for (int t = 0; t < taps; t++) d[c * taps + t] += so[t * s->ci + c];
-        }
-    }
+    if (!wg->into_dw) conv_filter_add(dw, sum, 1, 0, wg->rows > 0, s, ctx);
     if (db) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
     return BK_OK;
 }

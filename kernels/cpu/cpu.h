@@ -75,6 +75,13 @@ void cpu_gemm_cache_free(bk_ctx *ctx);
 
 /* conv.c: its oneDNN primitives of ctx */
 void cpu_conv_cache_free(bk_ctx *ctx);
+/* wgrad_bf16.c (AVX512-BF16 only): a stride-1 bf16 filter gradient's output rows row0 .. row1 - 1
+ * (of N*Ho, Wo pixels each; Co a multiple of 16), input channels c0 .. c1 - 1, added into acc
+ * (Kh, Kw, Ci, Co) fp32, in blocks of at most rb rows of one image on the calling thread;
+ * scratch: cpu_wgrad_bf16_bytes(s, rb, c1 - c0) */
+size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rb, int nc);
+void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0, int row1,
+                         int c0, int c1, int rb, const struct bk_conv2d *s, void *scratch);
 /* backend.h's rule for an accumulating 16-bit output of a typed kernel: y (count elements of
  * dtype, bf16 or f16) = round(y + round(r)), r the kernel's fp32 result: r rounded to the type
  * (what the `=` call stores), added to y in fp32, rounded again. r is overwritten (rounded). */

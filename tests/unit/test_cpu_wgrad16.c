@@ -166,7 +166,8 @@ static void test_shapes(void)
     /* a kernel not square, padded unevenly (tap order across rows and columns) */
     test_filter(2, 24, 7, 10, 40, 1, 3, 1, 0, 2, 0, 0);
     test_filter(2, 20, 8, 6, 36, 3, 2, 1, 1, 0, 1, 1);
-    /* 1x1: x is the column matrix (unstrided, unpadded), or strided and padded */
+    /* 1x1: x is the column matrix (unstrided, unpadded; 40 outputs: not wgrad_bf16.c's), or
+     * strided and padded */
     test_filter(2, 48, 8, 8, 40, 1, 1, 1, 0, 0, 0, 0);
     test_filter(2, 40, 9, 9, 24, 1, 1, 2, 1, 1, 0, 0);
     /* ddpm-cifar10's 256 -> 256 at 4x4 (the most frequent) */
@@ -180,6 +181,27 @@ static void test_shapes(void)
     /* fewer chunks than slices (3), and one chunk (one slice) */
     test_filter(1, 64, 24, 24, 16, 3, 3, 1, 1, 1, 1, 1);
     test_filter(1, 16, 6, 6, 16, 3, 3, 1, 1, 1, 1, 1);
+    /* wgrad_bf16.c (stride 1, Co a multiple of 16, Wo 16 or more; the shapes above of 32 and
+     * 16 output channels at 32x32, 16x16 and 24x24 and the 128 -> 128 at N1 too), sliced: 48
+     * outputs (a 32-channel and a 16-channel block), 24 inputs (a tail of 8), odd widths (a last
+     * pixel without its pair), 37 rows (blocks of 8 and a shorter one, slices across images); a
+     * kernel not square, padded unevenly; a 1x3 padded left by 2; 4 rows in 3 slices (blocks of
+     * up to 3 rows: the pair copies fill the columns); split (dw of 64 x 1152 or more): 128 ->
+     * 64 in 2 channel groups, 202 -> 48 in 4 (56, 56, 56 and 34: tails of 2); blocks of whole
+     * images (rows under 16 pixels, 2048 pixels or more): 16 -> 32 at 8x8 N32 (4 images a
+     * block, slices cutting images), 24 -> 48 at 9x11 N21 (odd width, 2 images a block), split
+     * 128 -> 64 at 8x8 N32 */
+    test_filter(3, 24, 37, 29, 48, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(2, 20, 8, 17, 32, 3, 2, 1, 1, 0, 1, 1);
+    test_filter(2, 24, 7, 18, 48, 1, 3, 1, 0, 2, 0, 0);
+    test_filter(1, 128, 4, 64, 16, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(2, 128, 16, 16, 64, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(1, 202, 17, 20, 48, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(32, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(21, 24, 9, 11, 48, 3, 3, 1, 1, 1, 1, 1);
+    test_filter(32, 128, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1);
+    /* an unpadded 1x1 in slices through wgrad_bf16.c (x is not the column matrix there) */
+    test_filter(4, 40, 16, 18, 32, 1, 1, 1, 0, 0, 0, 0);
     /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
      * convs, channels not multiples of 16 (a tail block), strided, rows cut by slices */
     test_filter(4, 32, 28, 28, 1, 3, 3, 1, 1, 1, 1, 1);
