@@ -20,14 +20,8 @@
 #include "cpu.h"
 #include "half.h"
 
-#if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
-#pragma clang attribute push(                                                                  \
-    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,fma"))),              \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,fma")
-#endif
+#define TARGET512_BF16
+#include "target512_push.h"
 
 #include "attn512.h"
 
@@ -564,8 +558,4 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target512_pop.h"

@@ -18,14 +18,8 @@
 
 #include "cpu.h"
 
-#if defined(__clang__) /* clang (the fuzz build) has no GCC target pragma */
-#pragma clang attribute push(                                                                  \
-    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,fma"))),              \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,fma")
-#endif
+#define TARGET512_BF16
+#include "target512_push.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -98,16 +92,22 @@ static void wg_tile_any(float *out, int co, const uint32_t *A, size_t arow, cons
                         size_t brow, int ci, int rows, int pairs, int nimg, size_t aimg,
                         size_t bimg, int cb, int nc)
 {
-#define WG_NC(CB)                                                                                 \
-    switch (nc) {                                                                                 \
-    case 8: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 8); break;                   \
-    case 7: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 7); break;                   \
-    case 6: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 6); break;                   \
-    case 5: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 5); break;                   \
-    case 4: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 4); break;                   \
-    case 3: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 3); break;                   \
-    case 2: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 2); break;                   \
-    default: wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 1); break;                  \
+#define WG_CASE(CB, NC)                                                                       \
+    case NC:                                                                                  \
+        wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, NC);        \
+        break;
+#define WG_NC(CB)                                                                             \
+    switch (nc) {                                                                             \
+        WG_CASE(CB, 8)                                                                        \
+        WG_CASE(CB, 7)                                                                        \
+        WG_CASE(CB, 6)                                                                        \
+        WG_CASE(CB, 5)                                                                        \
+        WG_CASE(CB, 4)                                                                        \
+        WG_CASE(CB, 3)                                                                        \
+        WG_CASE(CB, 2)                                                                        \
+    default:                                                                                  \
+        wg_tile(out, co, A, arow, B, brow, ci, rows, pairs, nimg, aimg, bimg, CB, 1);         \
+        break;                                                                                \
     }
     if (cb == 2) {
         WG_NC(2)
@@ -115,6 +115,7 @@ static void wg_tile_any(float *out, int co, const uint32_t *A, size_t arow, cons
         WG_NC(1)
     }
 #undef WG_NC
+#undef WG_CASE
 }
 
 void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0, int row1,
@@ -177,8 +178,4 @@ void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int 
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target512_pop.h"
