@@ -225,17 +225,22 @@ TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const voi
             if (db_dy)
 #pragma omp simd
                 for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
-            if (silu) {
+            if (silu) { /* one loop: xhat once, g stored and summed while in registers */
                 float *gz = gzbuf + (size_t)p * nc;
 #pragma omp simd
-                for (int k = 0; k < nc; k++)
-                    gz[k] = dr[k] * vm_silu_grad((xr[k] - mf[k]) * rf[k] * gm[k] + bt[k]);
-                dr = gz;
-            }
+                for (int k = 0; k < nc; k++) {
+                    const float xh = (xr[k] - mf[k]) * rf[k];
+                    const float g = dr[k] * vm_silu_grad(xh * gm[k] + bt[k]);
+                    gz[k] = g;
+                    fg[k] += g * xh;
+                    fb[k] += g;
+                }
+            } else {
 #pragma omp simd
-            for (int k = 0; k < nc; k++) {
-                fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
-                fb[k] += dr[k];
+                for (int k = 0; k < nc; k++) {
+                    fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
+                    fb[k] += dr[k];
+                }
             }
         }
         for (int k = 0; k < nc; k++) {
