@@ -17,9 +17,9 @@
 /* Group norm over NHWC images: group g of image i is the cpg channels [g*cpg, (g+1)*cpg) of
  * every pixel. Work is split into channel blocks of whole groups (GN_WIDE channels at least,
  * GN_BLOCK in the workspace-free backward), so a pixel's block is one contiguous run that
- * vectorizes. Every sum is a per-channel sum over the pixels in order (in double; the backward
- * adds float partial sums of GN_CHUNK pixels), then over the group's channels in order: fixed
- * whatever the thread count. */
+ * vectorizes. Every sum is per channel over the pixels in order, in float over chunks of
+ * GN_CHUNK pixels added into double (the forward merges the chunks' means and M2s,
+ * gn_chunk_merge), then over the group's channels in order: fixed whatever the thread count. */
 #define GN_BLOCK 16
 #define GN_MAX_BLOCK 1024
 
@@ -36,6 +36,46 @@ static inline int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOC
 #define GN_WIDE 64
 /* pixels summed in float before a double accumulation */
 #define GN_CHUNK 32
+/* the forward's statistics chunk: at most GN_CHUNK pixels and GN_CHUNK_ELEMS values */
+#define GN_CHUNK_ELEMS 4096
+
+/* Adds a chunk of nb pixels, after p0 already added, into each channel's double mean mu and
+ * sum of squared deviations m2 (Chan et al.'s pairwise update). The chunk's float sums: cm its
+ * float mean, ce = sum (x - cm), cq = sum (x - cm)^2; its mean is then cm + ce / nb and its M2
+ * cq - ce^2 / nb (the corrected two-pass form), both right to first order in cm's error. With
+ * u = 2^-24, ce and cq err by about nb u (sum |x - cm| and sum (x - cm)^2), so the mean errs
+ * by ~GN_CHUNK u sigma and M2 by ~(GN_CHUNK + 2) u relative, whatever the mean's size (the
+ * double merges add ~2^-50) while the mean is below ~sigma / (GN_CHUNK u) (then cm errs by
+ * ~sigma); a plain float sum of x and x^2 would lose (mean / sigma)^2 GN_CHUNK u. */
+TY_INLINE void gn_chunk_merge(double *mu, double *m2, const float *cm, const float *ce,
+                              const float *cq, int nc, int p0, int nb)
+{
+    const double na = p0, nn = (double)p0 + nb, w = na * nb / nn;
+#pragma omp simd
+    for (int k = 0; k < nc; k++) {
+        const double e = ce[k], mb = cm[k] + e / nb, qb = cq[k] - e * e / nb;
+        const double d = mb - mu[k];
+        mu[k] += d * nb / nn;
+        m2[k] += (qb < 0.0 ? 0.0 : qb) + d * d * w; /* qb < 0 only by rounding; NaN kept */
+    }
+}
+
+/* one pixel's normalized block: o = act(xhat gamma + beta), act = silu or identity, then
+ * o += ybv when add_b and o += rr when add_r, the norm's output rounded to dt as stored before
+ * each add (gn_fwd_task; o may be rr: each element read before written) */
+TY_INLINE void gn_norm_row(float *o, const float *xr, const float *rr, const float *m,
+                           const float *rs, const float *gm, const float *bt, const float *ybv,
+                           int nc, int silu, int add_b, int add_r, int dt)
+{
+#pragma omp simd
+    for (int k = 0; k < nc; k++) {
+        float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+        if (silu) v = vm_silu(v);
+        if (add_b) v = ty_round(v, dt) + ybv[k];
+        if (add_r) v = ty_round(v, dt) + rr[k];
+        o[k] = v;
+    }
+}
 
 /* y = act(gn(x')), act = silu or identity, then y += yb (N,C) broadcast when yb and y += yr
  * (N,C,HW) when yr; x' = x + xb (N,C) broadcast, stored into xo, when xb, else x. Images and
@@ -54,50 +94,61 @@ TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, co
     {
         const int img = t / nblk, c0 = (t % nblk) * blk, nc = c - c0 < blk ? c - c0 : blk;
         const size_t base = (size_t)img * hw * c + c0;
-        double acc[GN_MAX_BLOCK], mu[GN_MAX_BLOCK];
+        /* the statistics in one pass over memory, a chunk of crow pixels at a time (its rows
+         * stay in L1): float sums over the chunk about its float mean, merged into the
+         * per-channel double mean and M2 (gn_chunk_merge) */
+        const int crow = nc <= GN_CHUNK_ELEMS / GN_CHUNK ? GN_CHUNK : GN_CHUNK_ELEMS / nc;
+        double mu[GN_MAX_BLOCK], m2[GN_MAX_BLOCK];
         float buf[GN_MAX_BLOCK], obuf[GN_MAX_BLOCK], rbuf[GN_MAX_BLOCK];
-        for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        if (xb) { /* x' = round(x + xb), stored, summed as stored */
-            float bb[GN_MAX_BLOCK];
+        float cbuf[dt == BK_DTYPE_F32 ? 1 : GN_CHUNK_ELEMS], bb[GN_MAX_BLOCK];
+        float cm[GN_MAX_BLOCK], ce[GN_MAX_BLOCK], cq[GN_MAX_BLOCK];
+        if (xb)
             for (int k = 0; k < nc; k++) bb[k] = ty_ld(xb, (size_t)img * c + c0 + k, dt);
-            for (int p = 0; p < hw; p++) {
-                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
-                float *o = ty_out(xo, base + (size_t)p * c, dt, obuf);
+        for (int k = 0; k < nc; k++) mu[k] = m2[k] = 0.0;
+        for (int p0 = 0; p0 < hw; p0 += crow) {
+            const int nb = hw - p0 < crow ? hw - p0 : crow;
+            const float *xr[GN_CHUNK];
+            for (int j = 0; j < nb; j++) {
+                const size_t off = base + (size_t)(p0 + j) * c;
+                float *cb = dt == BK_DTYPE_F32 ? NULL : cbuf + (size_t)j * nc;
+                xr[j] = ty_row(x, off, (size_t)nc, dt, cb);
+                if (xb) { /* x' = round(x + xb), stored, summed as stored */
+                    float *o = ty_out(xo, off, dt, cb); /* xo may be x: read before written */
+#pragma omp simd
+                    for (int k = 0; k < nc; k++) o[k] = ty_round(xr[j][k] + bb[k], dt);
+                    ty_put(xo, off, (size_t)nc, dt, o);
+                    xr[j] = o;
+                }
+            }
+            for (int k = 0; k < nc; k++) cm[k] = ce[k] = cq[k] = 0.0f;
+            for (int j = 0; j < nb; j++)
+#pragma omp simd
+                for (int k = 0; k < nc; k++) cm[k] += xr[j][k];
+            for (int k = 0; k < nc; k++) cm[k] /= (float)nb;
+            for (int j = 0; j < nb; j++)
 #pragma omp simd
                 for (int k = 0; k < nc; k++) {
-                    o[k] = ty_round(xr[k] + bb[k], dt);
-                    acc[k] += o[k];
+                    float d = xr[j][k] - cm[k];
+                    ce[k] += d;
+                    cq[k] += d * d;
                 }
-                ty_put(xo, base + (size_t)p * c, (size_t)nc, dt, obuf);
-            }
-        } else {
-            for (int p = 0; p < hw; p++) {
-                const float *xr = ty_row(x, base + (size_t)p * c, (size_t)nc, dt, buf);
-#pragma omp simd
-                for (int k = 0; k < nc; k++) acc[k] += xr[k];
-            }
-        }
-        for (int k0 = 0; k0 < nc; k0 += cpg) {
-            double sum = 0.0;
-            for (int k = k0; k < k0 + cpg; k++) sum += acc[k];
-            for (int k = k0; k < k0 + cpg; k++) mu[k] = sum / cnt;
-        }
-        for (int k = 0; k < nc; k++) acc[k] = 0.0;
-        for (int p = 0; p < hw; p++) {
-            const float *xr = ty_row(xs, base + (size_t)p * c, (size_t)nc, dt, buf);
-#pragma omp simd
-            for (int k = 0; k < nc; k++) {
-                double d = (double)xr[k] - mu[k];
-                acc[k] += d * d;
-            }
+            gn_chunk_merge(mu, m2, cm, ce, cq, nc, p0, nb);
         }
         float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
         float ybv[GN_MAX_BLOCK];
         for (int k0 = 0; k0 < nc; k0 += cpg) {
-            double ss = 0.0;
-            for (int k = k0; k < k0 + cpg; k++) ss += acc[k];
+            /* the channels' (hw, mean, M2) merged: all of one count */
+            double gmu = 0.0, ss = 0.0, sd = 0.0;
+            for (int k = k0; k < k0 + cpg; k++) gmu += mu[k];
+            gmu /= cpg;
+            for (int k = k0; k < k0 + cpg; k++) {
+                const double d = mu[k] - gmu;
+                ss += m2[k];
+                sd += d * d;
+            }
+            ss += sd * hw;
             int gi = img * groups + (c0 + k0) / cpg;
-            mean[gi] = (float)mu[k0];
+            mean[gi] = (float)gmu;
             rstd[gi] = (float)(1.0 / sqrt(ss / cnt + (double)eps));
             for (int k = k0; k < k0 + cpg; k++) {
                 m[k] = mean[gi];
@@ -114,21 +165,17 @@ TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, co
             const float *xr = ty_row(xs, off, (size_t)nc, dt, buf);
             const float *rr = yr ? ty_row(yr, off, (size_t)nc, dt, rbuf) : NULL;
             float *o = ty_out(y, off, dt, obuf);
-            if (!yb && !yr && silu) {
-#pragma omp simd
-                for (int k = 0; k < nc; k++) o[k] = vm_silu((xr[k] - m[k]) * rs[k] * gm[k] + bt[k]);
-            } else if (!yb && !yr) {
-#pragma omp simd
-                for (int k = 0; k < nc; k++) o[k] = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
-            } else { /* the fused adds after the norm: its output rounded as stored, then summed */
-#pragma omp simd
-                for (int k = 0; k < nc; k++) {
-                    float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
-                    if (silu) v = vm_silu(v);
-                    if (yb) v = ty_round(v, dt) + ybv[k];
-                    if (yr) v = ty_round(v, dt) + rr[k];
-                    o[k] = v;
-                }
+            /* the form as constants, one inlined loop each: with the flags tested inside, the
+             * loop has control flow and stays scalar (no loop unswitching at -O2) */
+            switch ((silu ? 4 : 0) | (yb ? 2 : 0) | (yr ? 1 : 0)) {
+            case 0: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 0, 0, 0, dt); break;
+            case 1: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 0, 0, 1, dt); break;
+            case 2: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 0, 1, 0, dt); break;
+            case 3: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 0, 1, 1, dt); break;
+            case 4: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 1, 0, 0, dt); break;
+            case 5: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 1, 0, 1, dt); break;
+            case 6: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 1, 1, 0, dt); break;
+            default: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 1, 1, 1, dt); break;
             }
             ty_put(y, off, (size_t)nc, dt, obuf);
         }
@@ -178,17 +225,22 @@ TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const voi
             if (db_dy)
 #pragma omp simd
                 for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
-            if (silu) {
+            if (silu) { /* one loop: xhat once, g stored and summed while in registers */
                 float *gz = gzbuf + (size_t)p * nc;
 #pragma omp simd
-                for (int k = 0; k < nc; k++)
-                    gz[k] = dr[k] * vm_silu_grad((xr[k] - mf[k]) * rf[k] * gm[k] + bt[k]);
-                dr = gz;
-            }
+                for (int k = 0; k < nc; k++) {
+                    const float xh = (xr[k] - mf[k]) * rf[k];
+                    const float g = dr[k] * vm_silu_grad(xh * gm[k] + bt[k]);
+                    gz[k] = g;
+                    fg[k] += g * xh;
+                    fb[k] += g;
+                }
+            } else {
 #pragma omp simd
-            for (int k = 0; k < nc; k++) {
-                fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
-                fb[k] += dr[k];
+                for (int k = 0; k < nc; k++) {
+                    fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
+                    fb[k] += dr[k];
+                }
             }
         }
         for (int k = 0; k < nc; k++) {
