@@ -334,7 +334,7 @@ static int allow_parse(struct webhook *w, const char *list, char *err, size_t er
         } else if (!slash && strlen(item) < sizeof r->name &&
                    strspn(item, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") == strlen(item)) {
             r->family = 0;
-            snprintf(r->name, sizeof r->name, "%s", item);
+            memcpy(r->name, item, strlen(item) + 1); /* fits: checked above */
         } else {
             goto bad;
         }
