@@ -1114,12 +1114,11 @@ size_t plan_persistent_bytes(const struct graph *g, const struct backend *bk,
     int infer = mode == PLAN_MODE_INFER || (mode == PLAN_MODE_AUTO && g->n_fwd_ops == 0);
     int n_run = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
     size_t pb = 0, work = 0, inputs = 0, low = bk_dtype_size(graph_low_dtype(g));
-    /* the weights with a working copy, as build_conversions marks them; out of memory for the
-     * marks, none: still a lower bound */
-    unsigned char *half =
-        low < sizeof(float) && bk
-            ? working_copy_marks(g, n_run, half_bits(bk, graph_low_dtype(g)))
-            : NULL; /* no backend: no working copy counted, still a lower bound */
+    /* the weights with a working copy, as build_conversions marks them; with no backend or out
+     * of memory for the marks, none: still a lower bound */
+    unsigned char *half = low < sizeof(float) && bk
+                              ? working_copy_marks(g, n_run, half_bits(bk, graph_low_dtype(g)))
+                              : NULL;
     for (int t = 0; t < g->n_tensors; t++) {
         const struct tensor *tt = g->tensors[t];
         if (tt->kind == TENSOR_PARAM) pb += plan_align(tensor_bytes(tt));
