@@ -642,8 +642,10 @@ static int cmd_plan(int argc, char **argv)
     if (drc) return drc;
     if (build_training_graph(&m, &g, &io, &target)) return 1;
     struct plan p;
+    /* a job's plan: one forward/backward a step (the gradients may live in the arena) */
+    struct plan_opts po = {.one_pass = 1};
     double t0 = clock_now_s();
-    if (plan_make(&p, &g, bk, NULL)) {
+    if (plan_make(&p, &g, bk, &po)) {
         fprintf(stderr, "ddpmd: planning failed\n");
         graph_free(&g);
         return 1;

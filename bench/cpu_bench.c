@@ -127,7 +127,8 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
     if (unet_build_training(&g, &c, micro, &io, &target, NULL) ||
         graph_set_precision(&g, precision))
         return fprintf(stderr, "cannot build the training graph: %s\n", g.err), 1;
-    struct plan_opts po = {.strategy = strategy_plain(micro)};
+    /* as a job plans it: the gradients in the arena unless micro-batches accumulate */
+    struct plan_opts po = {.strategy = strategy_plain(micro), .one_pass = micro == batch};
     po.strategy.precision = precision;
     if (plan_make(&p, &g, bk, &po)) return fprintf(stderr, "plan_make failed\n"), 1;
     long rss_graph = rss_now_kib();

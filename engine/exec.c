@@ -44,6 +44,13 @@ struct exec {
     int borrowed;               /* nested: base and ctx are the host's, not freed here */
     struct exec_error err;      /* the last failure */
     int *ends_start, *ends;     /* per op: storages whose lifetime ends there (CSR) */
+    int *gz_start, *gz;         /* plan.grads_in_arena: per op, the gradients zeroed before it
+                                 * (their storage's first op; CSR of tensor ids) */
+    struct exec_seg {           /* a training plan's gradients in tensor order: the norm is */
+        size_t rel, words;      /* summed over them (either layout, the same bits), and the */
+        int grad;               /* optimizer steps them one by one when in the arena; rel: */
+    } *segs;                    /* the parameter's byte offset in the parameter block */
+    int n_segs;
     uint32_t *guard_host;       /* host copy buffer for canary checks */
     size_t guard_host_words;
     int loss_tensor;
@@ -135,6 +142,9 @@ void exec_free(struct exec *e)
     free(e->gout);
     free(e->ends_start);
     free(e->ends);
+    free(e->gz_start);
+    free(e->gz);
+    free(e->segs);
     free(e->guard_host);
     free(e->op_seconds);
     free(e->stage);
@@ -266,6 +276,56 @@ static int setup_grads_out(struct exec *e)
     return 0;
 }
 
+/* e->gz_start, e->gz: each gradient of a grads_in_arena plan, at the op its storage starts at
+ * (its first writer, whose kernel accumulates into it) */
+static int gz_lists(struct exec *e)
+{
+    const struct plan *p = e->p;
+    const int n_run = p->n_run_ops;
+    e->gz_start = calloc((size_t)n_run + 2, sizeof *e->gz_start);
+    e->gz = malloc(((size_t)p->n_tensors + 1) * sizeof *e->gz);
+    int *fill = calloc((size_t)n_run + 1, sizeof *fill);
+    if (!e->gz_start || !e->gz || !fill) {
+        free(fill);
+        return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient lists");
+    }
+    for (int t = 0; t < p->n_tensors; t++)
+        if (e->g->tensors[t]->kind == TENSOR_GRAD) e->gz_start[p->st[p->storage[t]].first + 1]++;
+    for (int k = 0; k < n_run; k++) e->gz_start[k + 1] += e->gz_start[k];
+    for (int t = 0; t < p->n_tensors; t++)
+        if (e->g->tensors[t]->kind == TENSOR_GRAD) {
+            int k = p->st[p->storage[t]].first;
+            e->gz[e->gz_start[k] + fill[k]++] = t;
+        }
+    free(fill);
+    return EXEC_OK;
+}
+
+/* e->segs: each gradient once (the first parameter naming it), in tensor order */
+static int grad_segments(struct exec *e)
+{
+    const struct plan *p = e->p;
+    const struct graph *g = e->g;
+    e->segs = malloc(((size_t)g->n_tensors + 1) * sizeof *e->segs);
+    int *param_of = malloc(((size_t)g->n_tensors + 1) * sizeof *param_of);
+    if (!e->segs || !param_of) {
+        free(param_of);
+        return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient list");
+    }
+    for (int t = 0; t < g->n_tensors; t++) param_of[t] = -1;
+    for (int t = g->n_tensors - 1; t >= 0; t--) {
+        int gt = g->tensors[t]->kind == TENSOR_PARAM ? g->tensors[t]->grad : -1;
+        if (gt >= 0 && gt < g->n_tensors) param_of[gt] = t;
+    }
+    e->n_segs = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (g->tensors[t]->kind == TENSOR_GRAD && param_of[t] >= 0 && p->offset[t] >= 0)
+            e->segs[e->n_segs++] = (struct exec_seg){
+                (size_t)p->offset[param_of[t]] - p->params_off, g->tensors[t]->numel, t};
+    free(param_of);
+    return EXEC_OK;
+}
+
 /* everything after base and ctx: the bytes from `from` on start as zero below the arena and as
  * the fill pattern from the arena on (the persistent parts must start at zero: padding between
  * parameters stays zero for the flat optimizer passes), then the host-side tables */
@@ -299,6 +359,8 @@ static int exec_setup(struct exec *e, size_t from)
         }
         free(fill);
     }
+    if (p->grads_in_arena && (rc = gz_lists(e))) return rc;
+    if (!p->inference && (rc = grad_segments(e))) return rc;
     if (e->opts.check_guards) {
         /* a storage's gap is at most guard + PLAN_ALIGN - 1 bytes, a workspace gap guard
          * rounded up to PLAN_ALIGN */
@@ -1624,6 +1686,12 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
     for (int k = from; k < to; k++) {
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
+        for (int i = e->gz_start ? e->gz_start[k] : 0; e->gz_start && i < e->gz_start[k + 1]; i++) {
+            const struct tensor *gt = e->g->tensors[e->gz[i]];
+            if ((rc = e->bk->mem_set_f32((float *)exec_tensor(e, e->gz[i]), 0.0f, gt->numel,
+                                         e->ctx)))
+                return bk_fail(e, rc, k, "zeroing a gradient");
+        }
         if (e->opts.profile) {
             double t0 = prof_seconds(e);
             rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
@@ -1722,7 +1790,8 @@ static int fb_body(struct exec *e, void *arg)
     const struct fb_args *a = arg;
     const struct plan *p = e->p;
     int rc;
-    if (a->zero_grads &&
+    /* arena gradients: zeroed op by op as the backward reaches them (run_range) */
+    if (a->zero_grads && !p->grads_in_arena &&
         (rc = e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4,
                                  e->ctx)))
         return bk_fail(e, rc, -1, "zeroing the gradients");
@@ -1745,6 +1814,10 @@ int exec_forward_backward(struct exec *e, int zero_grads, float dloss_scale, uin
     int rc;
     if (p->inference)
         return exec_fail(e, EXEC_ERR_ARG, 0, -1, "an inference plan has no backward");
+    if (p->grads_in_arena && !zero_grads)
+        return exec_fail(e, EXEC_ERR_ARG, 0, -1,
+                         "a one-pass plan (gradients in the arena) cannot accumulate a second "
+                         "forward/backward into its gradients");
     /* the last micro-batch's gradient copies still read what this one writes */
     if (offload_owner(e) && (rc = copies_fence(e))) return rc;
     if ((rc = bind_workspace(e))) return rc;
@@ -1979,9 +2052,14 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     int rc;
     if (applied) *applied = 0;
     /* the norm on the device, where the gradients are: the plain step's sum, so clipping and
-     * the skip test are the same bits with and without offload */
-    rc = bk->sumsq(&ss, g, words, ctx);
-    if (rc) return bk_fail(e, rc, -1, "the gradient norm");
+     * the skip test are the same bits with and without offload, and with the gradients in a
+     * block or in the arena (a sum per gradient, added in tensor order) */
+    for (int i = 0; i < e->n_segs; i++) {
+        double part = 0;
+        rc = bk->sumsq(&part, exec_tensor(e, e->segs[i].grad), e->segs[i].words, ctx);
+        if (rc) return bk_fail(e, rc, -1, "the gradient norm");
+        ss += part;
+    }
     if (p->offload) {
         /* the step on the host, on the master, moments and EMA (the host backend's kernels),
          * from the gradients' copy the backward's copies made (grads_out); the master back to
@@ -2023,14 +2101,23 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         .bias_c1 = (float)(1.0 - pow((double)c->beta1, (double)t)),
         .bias_c2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t)),
     };
-    if (c->ema_decay > 0.0f && backend_supports(bk, BK_OP_adamw_ema_step, BK_DTYPE_F32)) {
-        if ((rc = bk->adamw_ema_step(w, m, v, ema, g, gscale, &h, c->ema_decay, words, ctx)))
-            return bk_fail(e, rc, -1, "the AdamW + EMA step");
-    } else {
-        if ((rc = bk->adamw_step(w, m, v, g, gscale, &h, words, ctx)))
-            return bk_fail(e, rc, -1, "the AdamW step");
-        if (c->ema_decay > 0.0f && (rc = bk->ema_update(ema, w, c->ema_decay, words, ctx)))
-            return bk_fail(e, rc, -1, "the EMA update");
+    /* one call over the blocks, or (arena gradients) one per gradient: the same bits, each
+     * element's update its own */
+    for (int i = 0; i < (p->grads_in_arena ? e->n_segs : 1); i++) {
+        size_t r = p->grads_in_arena ? e->segs[i].rel / 4 : 0;
+        size_t nw = p->grads_in_arena ? e->segs[i].words : words;
+        const float *gi = p->grads_in_arena ? exec_tensor(e, e->segs[i].grad) : g;
+        if (c->ema_decay > 0.0f && backend_supports(bk, BK_OP_adamw_ema_step, BK_DTYPE_F32)) {
+            if ((rc = bk->adamw_ema_step(w + r, m + r, v + r, ema + r, gi, gscale, &h,
+                                         c->ema_decay, nw, ctx)))
+                return bk_fail(e, rc, -1, "the AdamW + EMA step");
+        } else {
+            if ((rc = bk->adamw_step(w + r, m + r, v + r, gi, gscale, &h, nw, ctx)))
+                return bk_fail(e, rc, -1, "the AdamW step");
+            if (c->ema_decay > 0.0f &&
+                (rc = bk->ema_update(ema + r, w + r, c->ema_decay, nw, ctx)))
+                return bk_fail(e, rc, -1, "the EMA update");
+        }
     }
     if (p->offload) {
         /* on the copy stream; the next step's compute waits for it on the device */

@@ -521,7 +521,19 @@ struct build {
                                 * original */
     unsigned char *virt;       /* (nt) a value a fused kernel never makes: no bytes */
     size_t off;                /* the persistent parts' end so far (the next part's offset) */
+    int grads_arena;           /* the gradients are arena storages (grads_in_arena) */
 };
+
+/* whether a plan under opts keeps its gradients in the arena (plan.grads_in_arena): one
+ * forward/backward a step, a training plan of its own, no offload (whose copies read the
+ * block), and the optimizer in exec's host-side loop (a device's fused step, BK_OP_optim_step,
+ * takes the block) */
+static int grads_arena_applies(const struct plan_opts *opts, const struct backend *bk, int infer,
+                               int hosted)
+{
+    return opts && opts->one_pass && !infer && !hosted && opts->strategy.offload != 1 &&
+           !(bk && backend_supports(bk, BK_OP_optim_step, BK_DTYPE_F32));
+}
 
 /* the position run op k runs at: a fused guest at its host's */
 static int run_pos(const struct plan *p, int k)
@@ -703,6 +715,19 @@ static void build_storages(struct build *b)
             s->offset = -1;
             p->storage[t] = p->n_storages++;
         }
+    }
+    if (!b->grads_arena) return;
+    /* each gradient from its first writer (the position the executor zeroes it at; a
+     * gradient no op writes, at the last op) to the end: the optimizer reads it after */
+    for (int t = 0; t < b->n; t++) {
+        if (tv[t]->kind != TENSOR_GRAD) continue;
+        struct plan_storage *s = &p->st[p->n_storages];
+        s->bytes = tensor_bytes(tv[t]);
+        s->first = p->first[t] >= 0 ? p->first[t] : n_run - 1;
+        s->last = n_run - 1;
+        s->keep = 1;
+        s->offset = -1;
+        p->storage[t] = p->n_storages++;
     }
 }
 
@@ -904,10 +929,10 @@ static int build_grads(struct build *b)
     const int n = b->n;
     if (!b->infer && !b->host) {
         p->grads_off = b->off;
-        p->grads_bytes = p->params_bytes;
-        b->off += p->params_bytes;
+        p->grads_bytes = b->grads_arena ? 0 : p->params_bytes;
+        b->off += p->grads_bytes;
     }
-    if (b->infer) return PLAN_OK;
+    if (b->infer || b->grads_arena) return PLAN_OK; /* arena gradients: placed with the arena */
     int *param_of = malloc((size_t)n * sizeof *param_of + 1);
     if (!param_of) return PLAN_ERR_NOMEM;
     for (int t = 0; t < n; t++) param_of[t] = -1;
@@ -1072,7 +1097,9 @@ static int plan_build(struct plan *p, const struct graph *g, const struct backen
     p->n_run_ops = infer && g->n_fwd_ops ? g->n_fwd_ops : g->n_ops;
     p->n_tensors = g->n_tensors;
     struct build b = {.p = p, .g = g, .bk = bk, .opts = opts, .infer = infer, .host = host,
-                      .host_g = host_g, .weights = weights};
+                      .host_g = host_g, .weights = weights,
+                      .grads_arena = grads_arena_applies(opts, bk, infer, host != NULL)};
+    p->grads_in_arena = b.grads_arena;
     int rc = PLAN_OK;
     if (!infer && opts->strategy.recompute > 0)
         rc = recompute_schedule(p, g, opts->strategy.recompute);
@@ -1126,7 +1153,8 @@ size_t plan_persistent_bytes(const struct graph *g, const struct backend *bk,
         if (half && half[t]) work += plan_align(tt->numel * low);
     }
     free(half);
-    size_t state = infer ? 0 : pb + (opts && opts->strategy.offload == 1 ? 0 : 3 * pb);
+    size_t grads = grads_arena_applies(opts, bk, infer, 0) ? 0 : pb; /* else in the arena */
+    size_t state = infer ? 0 : grads + (opts && opts->strategy.offload == 1 ? 0 : 3 * pb);
     return pb + state + work + inputs;
 }
 
@@ -1213,7 +1241,11 @@ void plan_print(const struct plan *p, FILE *f)
                      (k == PLAN_PART_WEIGHTS && !p->nested) ||
                      (!p->inference && (k == PLAN_PART_GRADS || k == PLAN_PART_OPTIMIZER ||
                                         k == PLAN_PART_EMA));
-        if (always || b->device || b->host) pr(f, label[k], b->device, b->host);
+        if (k == PLAN_PART_GRADS && p->grads_in_arena && !b->host)
+            fprintf(f, "  gradients                      in the activation arena (from the op "
+                       "that first writes each)\n");
+        else if (always || b->device || b->host)
+            pr(f, label[k], b->device, b->host);
         if (k == PLAN_PART_WORKSPACE && p->ws_guard_bytes)
             pr(f, "  (canaries around it)", 2 * p->ws_guard_bytes, 0);
         if (k == PLAN_PART_ARENA) pr(f, "  (without reuse)", p->no_reuse_arena_bytes, 0);

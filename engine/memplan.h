@@ -1,6 +1,6 @@
 /* memplan.h - the memory plan: every byte a step touches, decided before any is allocated.
  * One allocation per job: [params | adam m | adam v | ema | work | grads | inputs | workspace |
- * arena] for training, [params | work | inputs | workspace | arena] for inference (sampling); work
+ * arena] for training (the gradients in the arena instead under plan_opts.one_pass), [params | work | inputs | workspace | arena] for inference (sampling); work
  * (the 16-bit weights) is empty under f32; from work on nothing outlives a step
  * (plan.transient_off). Tensors take the bytes their dtype says
  * (graph_set_precision); an operand whose dtype is not the one its kernel takes (a 16-bit
@@ -56,6 +56,12 @@ struct plan_opts {
     struct plan_ws_cache *ws_cache;
     /* no fusions (plan.fuse_host): the unfused step a fused one must give the bits of (tests) */
     int no_fuse;
+    /* one forward/backward per optimizer step (no micro-batch accumulates into the gradients):
+     * a training plan of its own without offload, on a backend whose optimizer runs on the
+     * host's side of exec (no BK_OP_optim_step), then keeps each gradient in the arena from the
+     * op that first writes it to the step's end (plan.grads_in_arena), over the activations the
+     * backward has already freed, as PyTorch allocates .grad; 0: the persistent block */
+    int one_pass;
 };
 
 struct plan_ws_cache;
@@ -135,6 +141,10 @@ struct plan {
     size_t params_off, params_bytes;  /* parameters, each 64-byte aligned, padding zeroed */
     size_t grads_off, grads_bytes;    /* same layout as params; 0 bytes for inference; dead
                                        * between two steps (see transient_off) */
+    int grads_in_arena;               /* opts.one_pass took: no grads block (0 bytes); each
+                                       * gradient is an arena storage (keep) living from its
+                                       * first writer to the step's end, zeroed by the executor
+                                       * before that op (exec_forward_backward must zero) */
     size_t adam_m_off, adam_v_off;    /* same layout as params */
     size_t adam_bytes;                /* m and v together; 0 for inference */
     size_t ema_off, ema_bytes;        /* same layout as params; 0 for inference (and offload) */

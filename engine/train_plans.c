@@ -55,6 +55,8 @@ static struct plan_opts step_opts(const struct train_shape *s, const struct stra
 {
     struct plan_opts po = {.strategy = *st, .ws_cache = ws, .bound_only = bound_only};
     po.strategy.micro_batch = micro_of(s, st);
+    /* one forward/backward a step: the gradients may live in the arena */
+    po.one_pass = po.strategy.micro_batch == s->batch;
     return po;
 }
 

@@ -57,7 +57,8 @@ static void exact_bytes(const struct train_spec *base)
                   tp.grid == c->strategy.sample_batch,
               "%s: the search says %zu device bytes (grid %d), the job's plan %zu (grid %d): %s",
               what, c->device_bytes, c->strategy.sample_batch, tp.p.total_bytes, tp.grid, err);
-        struct plan_opts po = {.strategy = tp.p.strategy};
+        struct plan_opts po = {.strategy = tp.p.strategy,
+                               .one_pass = tp.p.strategy.micro_batch == s.batch};
         size_t pers = rc ? 0 : plan_persistent_bytes(&tp.g, train_shape_backend(&sh), &po);
         CHECK(rc || pers == tp.p.inputs_off + tp.p.inputs_bytes,
               "%s: persistent bytes %zu, the plan's inputs end at %zu", what, pers,
