@@ -286,6 +286,25 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
                    1e-9 * mult * cost_op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
                    s->wo, s->kh, s->kw, s->stride);
         }
+        /* the linears likewise (m rows, k inputs, n outputs) */
+        printf("# slowest linear ops: ms/step GFLOP/s kind M K -> N\n");
+        m = 0;
+        for (int k = 0; k < g.n_ops; k++)
+            if (g.ops[k].type == OP_LINEAR || g.ops[k].type == OP_LINEAR_BWD) idx[m++] = k;
+        for (int i = 0; i < m; i++)
+            for (int j = i + 1; j < m; j++)
+                if (pr->op_seconds[idx[j]] > pr->op_seconds[idx[i]]) {
+                    int tmp = idx[i];
+                    idx[i] = idx[j];
+                    idx[j] = tmp;
+                }
+        for (int i = 0; i < m && i < 8; i++) {
+            const struct op *o = &g.ops[idx[i]];
+            double sec = pr->op_seconds[idx[i]] * per;
+            printf("#   %7.2f %7.1f %-18s %5d %4d -> %4d\n", 1e3 * sec,
+                   1e-9 * mult * cost_op_flops(o) / sec, op_name(o->type), o->a.lin.m,
+                   o->a.lin.k, o->a.lin.n);
+        }
         free(idx);
     }
     free(sorted);
