@@ -287,6 +287,25 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
                    1e-9 * mult * cost_op_flops(o) / sec, op_name(o->type), s->n, s->ci, s->h, s->w, s->co, s->ho,
                    s->wo, s->kh, s->kw, s->stride);
         }
+        /* the linears likewise (m rows, k inputs, n outputs) */
+        printf("# slowest linear ops: ms/step GFLOP/s kind M K -> N\n");
+        m = 0;
+        for (int k = 0; k < g.n_ops; k++)
+            if (g.ops[k].type == OP_LINEAR || g.ops[k].type == OP_LINEAR_BWD) idx[m++] = k;
+        for (int i = 0; i < m; i++)
+            for (int j = i + 1; j < m; j++)
+                if (pr->op_seconds[idx[j]] > pr->op_seconds[idx[i]]) {
+                    int tmp = idx[i];
+                    idx[i] = idx[j];
+                    idx[j] = tmp;
+                }
+        for (int i = 0; i < m && i < 8; i++) {
+            const struct op *o = &g.ops[idx[i]];
+            double sec = pr->op_seconds[idx[i]] * per;
+            printf("#   %7.2f %7.1f %-18s %5d %4d -> %4d\n", 1e3 * sec,
+                   1e-9 * mult * cost_op_flops(o) / sec, op_name(o->type), o->a.lin.m,
+                   o->a.lin.k, o->a.lin.n);
+        }
         free(idx);
     }
     free(sorted);
@@ -506,16 +525,19 @@ static int run_ceilings(int threads, double seconds)
     return 0;
 }
 
-/* the tiled attention at the seed-64 shapes (packed qkv, batch 8) and, as the reference in the
- * same run, the plain form (GEMMs on the whole L x L scores) where its scores fit in memory; with
- * bf16 (--precision bf16), the tiled form on bf16 operands against the fp32 tiled form, rounds
- * alternating, and their ratio per CPU-second */
+/* the attention at the seed-64 shapes (packed qkv, batch 8, heads 4) and the 32x32 presets' (L 256,
+ * heads 1, D 128: cifar-small, D 256: ddpm-cifar10): the tiled form and, where its scores fit in
+ * memory, the plain form (GEMMs on the whole L x L scores), fp32; with bf16 (--precision bf16)
+ * the same on bf16 operands where the CPU backend has them (cpu_half_kernels), rounds
+ * alternating. GFLOP/s of wall time and, in brackets, per CPU-second of all threads. */
 static int run_attn(int threads, double seconds, int precision)
 {
     bk_ctx *ctx = NULL;
     if (cpu_ctx_init(&ctx, threads)) return 1;
     const int b16 = precision == STRATEGY_PRECISION_BF16;
-    static const int shapes[][4] = {{8, 4096, 4, 16}, {8, 1024, 4, 32}, {8, 1024, 4, 16}};
+    static const int shapes[][4] = {{8, 4096, 4, 16}, {8, 1024, 4, 32}, {8, 1024, 4, 16},
+                                    {8, 256, 1, 128}, {8, 256, 1, 256}};
+    static const char *const names[4] = {"tiled", "plain", "bf16 tiled", "bf16 plain"};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int n = shapes[si][0], l = shapes[si][1], h = shapes[si][2], d = shapes[si][3];
         const int c = h * d;
@@ -524,69 +546,67 @@ static int run_attn(int threads, double seconds, int precision)
         struct bk_attn s16 = s;
         s16.dtype = BK_DTYPE_BF16;
         const size_t nq = (size_t)n * l * 3 * c, no = (size_t)n * l * c, nl = (size_t)n * h * l;
-        const int plain = !b16 && (double)nl * l * 4 <= 1.1e9; /* p (N,H,L,L) */
-        size_t wsb = cpu_attn_ws_bytes(&s, 1), wsp = plain ? cpu_attn_ws_bytes(&s, 0) : 0;
-        if (b16 && !(wsp = cpu_attn_ws_bytes(&s16, 1))) {
+        const int plain = (double)nl * l * 4 <= 1.1e9; /* p (N,H,L,L) */
+        /* which of the four forms run: fp32 tiled always, the others where they exist */
+        size_t wsv[4] = {cpu_attn_ws_bytes(&s, 1), plain ? cpu_attn_ws_bytes(&s, 0) : 0,
+                         b16 ? cpu_attn_ws_bytes(&s16, 1) : 0,
+                         b16 && plain ? cpu_attn_ws_bytes(&s16, 0) : 0};
+        if (b16 && !wsv[2]) {
             fprintf(stderr, "cpu_bench: no bf16 attention on this CPU (cpu_half_kernels)\n");
             cpu_ctx_free(ctx);
             return 1;
         }
+        size_t wsb = 0;
+        for (int f = 0; f < 4; f++) wsb = wsv[f] > wsb ? wsv[f] : wsb;
         float *qkv = malloc(nq * 4), *o = malloc(no * 4), *lse = malloc(nl * 4);
         float *dout = malloc(no * 4), *dqkv = malloc(nq * 4);
         float *p = plain ? malloc(nl * (size_t)l * 4) : NULL;
         uint16_t *h16 = b16 ? malloc((nq * 2 + no * 2) * 2) : NULL; /* qkv, dqkv, o, dout */
-        void *ws = malloc(wsb > wsp ? wsb : wsp);
+        void *ws = malloc(wsb);
         fill_normal(qkv, nq, 4, 0, 0);
         fill_normal(dout, no, 4, 0, 1);
-        const float *q = qkv, *k = qkv + c, *v = qkv + 2 * c;
         uint16_t *qkv16 = h16, *dqkv16 = h16 ? h16 + nq : NULL;
         uint16_t *o16 = h16 ? h16 + 2 * nq : NULL, *dout16 = h16 ? o16 + no : NULL;
         if (b16) {
             for (size_t i = 0; i < nq; i++) qkv16[i] = half_f32_to_bf16(qkv[i]);
             for (size_t i = 0; i < no; i++) dout16[i] = half_f32_to_bf16(dout[i]);
         }
-        double fl = 4.0 * n * h * (double)l * l * d, best[4] = {1e30, 1e30, 1e30, 1e30};
-        double cbest[4] = {1e30, 1e30, 1e30, 1e30};
+        double fl = 4.0 * n * h * (double)l * l * d, best[8], cbest[8];
+        for (int i = 0; i < 8; i++) best[i] = cbest[i] = 1e30;
         double t_end = now() + seconds;
         for (int reps = 0; reps < 2 || now() < t_end; reps++) {
-            double t[5], ct[5];
-            for (int i = 0; i < 4; i++) {
-                t[i] = now();
-                ct[i] = cpu_now();
-                if (i == 0) cpu_attn_fwd(o, lse, q, k, v, ws, &s, ctx);
-                if (i == 1)
-                    cpu_attn_bwd(dqkv, dqkv + c, dqkv + 2 * c, dout, q, k, v, o, lse, ws, &s, ctx);
-                if (i == 2 && plain) cpu_attn_plain_fwd(o, p, q, k, v, ws, &s, ctx);
-                if (i == 3 && plain)
-                    cpu_attn_plain_bwd(dqkv, dqkv + c, dqkv + 2 * c, dout, q, k, v, p, ws, &s, ctx);
-                if (i == 2 && b16)
-                    cpu_attn_fwd(o16, lse, qkv16, qkv16 + c, qkv16 + 2 * c, ws, &s16, ctx);
-                if (i == 3 && b16)
-                    cpu_attn_bwd(dqkv16, dqkv16 + c, dqkv16 + 2 * c, dout16, qkv16, qkv16 + c,
-                                 qkv16 + 2 * c, o16, lse, ws, &s16, ctx);
-            }
-            t[4] = now();
-            ct[4] = cpu_now();
-            for (int i = 0; i < 4; i++) {
-                if (t[i + 1] - t[i] < best[i]) best[i] = t[i + 1] - t[i];
-                if (ct[i + 1] - ct[i] < cbest[i]) cbest[i] = ct[i + 1] - ct[i];
+            for (int i = 0; i < 8; i++) {
+                const int f = i / 2, bwd = i % 2, tiled = !(f % 2);
+                if (!wsv[f]) continue;
+                const struct bk_attn *sf = f < 2 ? &s : &s16;
+                void *oo = f < 2 ? (void *)o : o16, *dd = f < 2 ? (void *)dqkv : dqkv16;
+                const void *qq = f < 2 ? (const void *)qkv : qkv16;
+                const void *dy = f < 2 ? (const void *)dout : dout16;
+                const size_t es = f < 2 ? 4 : 2, cb = (size_t)c * es;
+                const char *qc = qq, *dc = dd;
+                const double t0 = now(), c0 = cpu_now();
+                if (!bwd && tiled) cpu_attn_fwd(oo, lse, qc, qc + cb, qc + 2 * cb, ws, sf, ctx);
+                if (!bwd && !tiled)
+                    cpu_attn_plain_fwd(oo, p, qc, qc + cb, qc + 2 * cb, ws, sf, ctx);
+                if (bwd && tiled)
+                    cpu_attn_bwd(dd, (char *)dc + cb, (char *)dc + 2 * cb, dy, qc, qc + cb,
+                                 qc + 2 * cb, oo, lse, ws, sf, ctx);
+                if (bwd && !tiled)
+                    cpu_attn_plain_bwd(dd, (char *)dc + cb, (char *)dc + 2 * cb, dy, qc, qc + cb,
+                                       qc + 2 * cb, p, ws, sf, ctx);
+                const double t1 = now(), c1 = cpu_now();
+                if (t1 - t0 < best[i]) best[i] = t1 - t0;
+                if (c1 - c0 < cbest[i]) cbest[i] = c1 - c0;
             }
         }
-        /* GFLOP/s of wall time; in brackets, per CPU-second of all threads */
-        printf("attn N%d L%d H%d D%d: tiled fwd %.1f ms %.1f (%.1f) GFLOP/s, bwd %.1f ms %.1f (%.1f)", n,
-               l, h, d, 1e3 * best[0], 1e-9 * fl / best[0], 1e-9 * fl / cbest[0], 1e3 * best[1],
-               2e-9 * fl / best[1], 2e-9 * fl / cbest[1]);
-        if (plain)
-            printf("; plain fwd %.1f ms %.1f (%.1f), bwd %.1f ms %.1f (%.1f)", 1e3 * best[2],
-                   1e-9 * fl / best[2], 1e-9 * fl / cbest[2], 1e3 * best[3], 2e-9 * fl / best[3],
-                   2e-9 * fl / cbest[3]);
-        if (b16)
-            printf("; bf16 tiled fwd %.1f ms %.1f (%.1f), bwd %.1f ms %.1f (%.1f); bf16 / fp32 "
-                   "per CPU-second: fwd %.2fx, bwd %.2fx",
-                   1e3 * best[2], 1e-9 * fl / best[2], 1e-9 * fl / cbest[2], 1e3 * best[3],
-                   2e-9 * fl / best[3], 2e-9 * fl / cbest[3], cbest[0] / cbest[2],
-                   cbest[1] / cbest[3]);
-        printf("; tiled ws %zu B\n", b16 ? wsp : wsb);
+        printf("attn N%d L%d H%d D%d:", n, l, h, d);
+        for (int f = 0; f < 4; f++)
+            if (wsv[f])
+                printf("%s %s fwd %.1f ms %.1f (%.1f) GFLOP/s, bwd %.1f ms %.1f (%.1f), ws %zu B",
+                       f ? ";" : "", names[f], 1e3 * best[2 * f], 1e-9 * fl / best[2 * f],
+                       1e-9 * fl / cbest[2 * f], 1e3 * best[2 * f + 1],
+                       2e-9 * fl / best[2 * f + 1], 2e-9 * fl / cbest[2 * f + 1], wsv[f]);
+        printf("\n");
         free(qkv);
         free(o);
         free(lse);

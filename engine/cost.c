@@ -70,19 +70,20 @@ void cost_model_default(struct cost_model *m)
      * cache-resident tensors of its models the conversions inside cost what half the bytes
      * save; a step gains by losing the passes around them). The filter gradient once it ran as
      * bf16 im2col + GEMM (kernels/cpu/conv.c, was fp32 on converted operands at 0.98):
-     * calibrate --rounds 1 at load ~16 (2026-12-05), 1.75 */
+     * calibrate --rounds 1 at load ~16 (2026-12-05), 1.75. The plain attention once it had
+     * bf16 tiles of its own (kernels/cpu/attn_bf16.c; was 0.91 and 0.84 as an fp32 kernel with
+     * conversions around it): its ops in profiled cifar-small and ddpm-cifar10 b8 steps, bf16
+     * against fp32 at load ~6 (2026-12-06), 2.7-3.0 forward, 1.8-2.0 backward, not calibrate's
+     * fit */
     static const double half[COST_CLASS_COUNT] = {
         [COST_CONV_FWD] = 1.64,     [COST_CONV_BWD_DATA] = 1.77,
         [COST_CONV_BWD_FILTER] = 1.75, [COST_GEMM] = 1.46,
-        [COST_ATTN_FWD] = 0.91,     [COST_ATTN_BWD] = 0.84,
+        [COST_ATTN_FWD] = 2.7,      [COST_ATTN_BWD] = 1.8,
         [COST_ATTN_TILED_FWD] = 1.24, [COST_ATTN_TILED_BWD] = 1.45,
         [COST_NORM] = 0.79,         [COST_ELTWISE] = 0.90,
         [COST_DROPOUT] = 0.92,
     };
     memcpy(m->half_speed, half, sizeof half);
-    /* converted around the class's ops there: the plain attention (no 16-bit kernels of its
-     * own) */
-    m->half_cvt[COST_ATTN_FWD] = m->half_cvt[COST_ATTN_BWD] = 1;
     m->threads = 2;
 }
 

@@ -8,8 +8,8 @@
  * results do not depend on the thread count; except the tiled backward's split of a pair's keys
  * and the plain form's cpu_gemm (oneDNN) products when there are fewer pairs than threads: those
  * depend on the thread count, as the convolutions' do. The tiled form also takes bf16 operands
- * where the CPU has AVX512-BF16 (attn_bf16.c: the same schedule on vdpbf16ps tiles); the plain
- * form is fp32 only. */
+ * where the CPU has AVX512-BF16 (attn_bf16.c: the same schedule on vdpbf16ps tiles), and so does
+ * the plain form (attn_bf16.c: its products on those tiles, one pair per thread). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -19,14 +19,14 @@
 #include "cpu.h"
 #include "vmath.h"
 
-/* the shape; the dtype: fp32, or bf16 in the tiled form where the CPU has AVX512-BF16
+/* the shape; the dtype: fp32, or bf16 (either form) where the CPU has AVX512-BF16
  * (attn_bf16.c; cpu_half_kernels) */
-static int attn_check(const struct bk_attn *s, int tiled)
+static int attn_check(const struct bk_attn *s)
 {
     if (!s || s->n < 1 || s->l < 1 || s->heads < 1 || s->d < 1) return BK_ERR_INVALID;
     if ((long long)s->heads * s->d > s->ld) return BK_ERR_INVALID;
     if (s->dtype == BK_DTYPE_F32) return BK_OK;
-    if (s->dtype == BK_DTYPE_BF16 && tiled && cpu_isa() >= CPU_ISA_AVX512_BF16) return BK_OK;
+    if (s->dtype == BK_DTYPE_BF16 && cpu_isa() >= CPU_ISA_AVX512_BF16) return BK_OK;
     return BK_ERR_INVALID;
 }
 
@@ -68,7 +68,7 @@ static size_t attn_plain_ws_bytes(const struct bk_attn *s);
 
 size_t cpu_attn_ws_bytes(const struct bk_attn *s, int tiled)
 {
-    if (attn_check(s, tiled) != BK_OK) return 0;
+    if (attn_check(s) != BK_OK) return 0;
     if (!tiled) return attn_plain_ws_bytes(s);
     /* one slot per thread in flight, at most the machine's cores; when a pair's keys are split,
      * a dq per chunk */
@@ -286,7 +286,7 @@ static const struct attn_tiles *attn_tiles(void)
 int cpu_attn_fwd(void *ov, float *lse, const void *qv, const void *kv, const void *vv,
                  void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s, 1) != BK_OK || !ov || !lse || !qv || !kv || !vv || !ws || !ctx)
+    if (attn_check(s) != BK_OK || !ov || !lse || !qv || !kv || !vv || !ws || !ctx)
         return BK_ERR_INVALID;
     if (s->dtype == BK_DTYPE_BF16) {
         attn_bf16_fwd(ov, lse, qv, kv, vv, ws, s, cpu_threads(ctx));
@@ -342,7 +342,7 @@ int cpu_attn_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void 
                  const void *kv, const void *vv, const void *ov, const float *lse, void *ws,
                  const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s, 1) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !ov ||
+    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !ov ||
         !lse || !ws || !ctx)
         return BK_ERR_INVALID;
     if (s->dtype == BK_DTYPE_BF16) {
@@ -503,6 +503,7 @@ static size_t attn_plain_ws_bytes(const struct bk_attn *s)
 {
     /* either form at any thread count up to the machine's cores */
     const int procs = cpu_threads(NULL), pairs = s->n * s->heads;
+    if (s->dtype == BK_DTYPE_BF16) return attn_bf16_plain_ws_bytes(s, procs);
     const size_t slots = (size_t)imin(pairs, procs) * attn_plain_slot_floats(s) * sizeof(float);
     const size_t turn = attn_plain_ds_bytes(s) + attn_plain_scr_bytes(s);
     return slots > turn ? slots : turn;
@@ -542,8 +543,12 @@ static void plain_ds_row(float *dsr, const float *pr, int L, float scale)
 int cpu_attn_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
                        void *ws, const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s, 0) != BK_OK || !ov || !p || !qv || !kv || !vv || !ws || !ctx)
+    if (attn_check(s) != BK_OK || !ov || !p || !qv || !kv || !vv || !ws || !ctx)
         return BK_ERR_INVALID;
+    if (s->dtype == BK_DTYPE_BF16) {
+        attn_bf16_plain_fwd(ov, p, qv, kv, vv, ws, s, cpu_threads(ctx));
+        return BK_OK;
+    }
     float *o = ov;
     const float *q = qv, *k = kv, *v = vv;
     const int L = s->l, H = s->heads, D = s->d, pairs = s->n * H, l16 = round16(L);
@@ -583,9 +588,13 @@ int cpu_attn_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const
                        const void *kv, const void *vv, const float *p, void *ws,
                        const struct bk_attn *s, bk_ctx *ctx)
 {
-    if (attn_check(s, 0) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
+    if (attn_check(s) != BK_OK || !dqv || !dkv || !dvv || !doutv || !qv || !kv || !vv || !p ||
         !ws || !ctx)
         return BK_ERR_INVALID;
+    if (s->dtype == BK_DTYPE_BF16) {
+        attn_bf16_plain_bwd(dqv, dkv, dvv, doutv, qv, kv, vv, p, ws, s, cpu_threads(ctx));
+        return BK_OK;
+    }
     float *dq = dqv, *dk = dkv, *dv = dvv, *ds = ws;
     const float *dout = doutv, *q = qv, *k = kv, *v = vv;
     const int L = s->l, H = s->heads, D = s->d, pairs = s->n * H, l16 = round16(L);

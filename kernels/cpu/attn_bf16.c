@@ -73,19 +73,58 @@ static void store_row(bf16 *y, const float *x, int d, float mul)
 
 static inline uint32_t pair(bf16 lo, bf16 hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
 
+/* c[j] = lane j of r[0 .. 15] (a 16 x 16 transpose of 32-bit lanes): pairs of rows
+ * interleaved by 32 bits, then by 64, then 128-bit lanes combined twice; lane k of u[4 g + j]
+ * holds rows 4 g .. 4 g + 3 of column j + 4 k */
+AI void transpose16(__m512i c[16], const __m512i r[16])
+{
+    __m512i t[16], u[16], v[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int j = 0; j < 4; j++) { /* [rows h..h+3 | h+4..h+7] of columns j, j + 8; j + 4, j + 12 */
+            v[h + j] = _mm512_shuffle_i32x4(u[h + j], u[h + 4 + j], 0x88);
+            v[h + 4 + j] = _mm512_shuffle_i32x4(u[h + j], u[h + 4 + j], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        c[j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0x88);
+        c[j + 8] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0xdd);
+    }
+}
+
 /* along the features, transposed: t[ep ldt + r] = (x_r[2 ep], x_r[2 ep + 1]) for the rows
- * r < n of x (stride ldx, d columns); zero for r in [n, np) and for the feature d when d is odd */
+ * r < n of x (stride ldx, d columns); zero for r in [n, np) and for the feature d when d is odd.
+ * Blocks of 16 rows x 16 pairs through registers (transpose16; the pairs as they lie in the
+ * rows): the element-wise transpose's scattered stores were a fifth of the plain form's forward
+ * at L 256 */
 static void pack_e(uint32_t *t, size_t ldt, const bf16 *x, size_t ldx, int n, int np, int d)
 {
     const int dp = (d + 1) / 2, de = d / 2;
-    for (int r = 0; r < n; r++) {
-        const bf16 *xr = x + (size_t)r * ldx;
-        for (int ep = 0; ep < de; ep++) { /* the pair as it lies in the row */
-            uint32_t w;
-            memcpy(&w, xr + 2 * ep, sizeof w);
-            t[(size_t)ep * ldt + r] = w;
+    for (int r0 = 0; r0 < n; r0 += 16) {
+        const int nr = imin(16, n - r0);
+        const __mmask16 kr = lanes(nr);
+        for (int e0 = 0; e0 < de; e0 += 16) {
+            const int ne = imin(16, de - e0);
+            const __mmask16 ke = lanes(ne);
+            __m512i r[16], c[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < nr ? _mm512_maskz_loadu_epi32(ke, x + (size_t)(r0 + i) * ldx + 2 * e0)
+                              : _mm512_setzero_si512();
+            transpose16(c, r);
+            for (int j = 0; j < ne; j++)
+                _mm512_mask_storeu_epi32(t + (size_t)(e0 + j) * ldt + r0, kr, c[j]);
         }
-        if (d % 2) t[(size_t)de * ldt + r] = pair(xr[d - 1], 0);
+        if (d % 2)
+            for (int r = r0; r < r0 + nr; r++)
+                t[(size_t)de * ldt + r] = pair(x[(size_t)r * ldx + d - 1], 0);
     }
     for (int ep = 0; ep < dp; ep++)
         for (int r = n; r < np; r++) t[(size_t)ep * ldt + r] = 0;
@@ -555,6 +594,177 @@ void attn_bf16_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const voi
                 }
             }
         }
+    }
+}
+
+/* ---- the plain form: per (n, h) pair, S = Q K^T (L, L) on the bf16 operands as given,
+ * p = softmax(scale S) by rows in fp32 (saved, the op's output), O = P V with P rounded to bf16;
+ * backward dP = dO V^T, dS = scale p (dP - rowsum(p dP)) in fp32, dQ = dS K, dK = dS^T Q,
+ * dV = P^T dO with P and dS rounded to bf16 (the tiled form's roundings, no recomputed S: one
+ * product fewer than its backward). The same tiles as the tiled form, one pair on one thread
+ * from packing to the stored outputs. ---- */
+
+/* a thread's slot, byte offsets: S or dP (L, l16) fp32, P or dS in bf16 rows (L, l16), P and dS
+ * in pairs along the rows ((L + 1) / 2, l16), the products' A and B packed along the features
+ * (dp, l16), X packed along the rows ((L + 1) / 2, d) and a product's fp32 result (L, d) */
+enum { PL_S, PL_P16, PL_PRP, PL_DSRP, PL_AT, PL_BT, PL_XR, PL_ACC, PL_END };
+
+static size_t plain_layout(const struct bk_attn *s, size_t *off)
+{
+    const size_t L = (size_t)s->l, d = (size_t)s->d, dp = (d + 1) / 2, l16 = (size_t)round16(s->l);
+    const size_t lp = (L + 1) / 2, f = sizeof(float), u = sizeof(uint32_t);
+    const size_t sz[PL_END] = {L * l16 * f, L * l16 * 2, lp * l16 * u, lp * l16 * u,
+                               dp * l16 * u, dp * l16 * u, lp * d * u, L * d * f};
+    size_t at = 0;
+    for (int i = 0; i < PL_END; i++) {
+        if (off) off[i] = at;
+        at += al64(sz[i]);
+    }
+    return at;
+}
+
+static int plain_threads(const struct bk_attn *s, int nt) { return imin(s->n * s->heads, nt); }
+
+size_t attn_bf16_plain_ws_bytes(const struct bk_attn *s, int procs)
+{
+    return (size_t)plain_threads(s, procs) * plain_layout(s, NULL);
+}
+
+/* p rows (L fp32, stride L) = softmax of the base-2 scores S (stride lds): 2^(s - max) / sum,
+ * the sum over 16 lanes in column order; P16 rows (stride ldp) the same rounded to bf16, the
+ * column after an odd L zero (the pair's partner in P V) */
+static void plain_softmax16(float *S, size_t lds, float *p, bf16 *P16, size_t ldp, int nr, int L)
+{
+    const int l2 = L + L % 2;
+    for (int r = 0; r < nr; r++) {
+        float *sr = S + (size_t)r * lds, *pr = p + (size_t)r * L;
+        __m512 vmx = _mm512_set1_ps(-INFINITY), vs = _mm512_setzero_ps();
+        for (int c = 0; c < L; c += 16)
+            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(vmx, lanes(L - c), sr + c));
+        vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+        for (int c = 0; c < L; c += 16) {
+            const __mmask16 k = lanes(L - c);
+            const __m512 e =
+                _mm512_maskz_mov_ps(k, exp2x512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sr + c), vmx)));
+            vs = _mm512_add_ps(vs, e);
+            _mm512_mask_storeu_ps(sr + c, k, e);
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vs));
+        for (int c = 0; c < l2; c += 16) {
+            const __mmask16 k = lanes(L - c), k2 = lanes(l2 - c);
+            const __m512 pc = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sr + c), inv);
+            _mm512_mask_storeu_ps(pr + c, k, pc);
+            store16(P16 + (size_t)r * ldp + c, k2, bf16_lo(pc));
+        }
+    }
+}
+
+/* the backward's rows r0 = 2 rp, r0 + 1 (`two`: whether the second exists) from p (fp32, stride
+ * L) and dP (stride ld): ds = scale p (dP - sum_c p dP), the sums over 16 lanes in column order;
+ * p and ds rounded to bf16 in pairs along the rows (prp, dsrp) and ds in rows (ds16, stride
+ * ld16; the column after an odd L zero) */
+static void plain_dsoftmax_pair(const float *p, const float *dP, size_t ld, int L, int two,
+                                float scale, uint32_t *prp, uint32_t *dsrp, bf16 *ds16, size_t ld16)
+{
+    /* 16-bit lane 2i from lane i, 2i + 1 from lane 16 + i (dsoftmax_pairs') */
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const int l2 = L + L % 2;
+    const float *p1 = p + (two ? (size_t)L : 0), *d1 = dP + ld;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (int c = 0; c < L; c += 16) {
+        const __mmask16 k = lanes(L - c), k1 = two ? k : 0;
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, p + c), _mm512_maskz_loadu_ps(k, dP + c), s0);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k1, p1 + c), _mm512_maskz_loadu_ps(k1, d1 + c),
+                             s1);
+    }
+    const __m512 r0 = _mm512_set1_ps(_mm512_reduce_add_ps(s0));
+    const __m512 r1 = _mm512_set1_ps(_mm512_reduce_add_ps(s1)), vs = _mm512_set1_ps(scale);
+    for (int c = 0; c < l2; c += 16) {
+        const __mmask16 k = lanes(L - c), k1 = two ? k : 0, k16 = lanes(l2 - c);
+        const __m512 pa = _mm512_maskz_loadu_ps(k, p + c), pb = _mm512_maskz_loadu_ps(k1, p1 + c);
+        const __m512 da = _mm512_mul_ps(
+            _mm512_mul_ps(pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dP + c), r0)), vs);
+        const __m512 db = _mm512_mul_ps(
+            _mm512_mul_ps(pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(k1, d1 + c), r1)), vs);
+        const __m512i hp = (__m512i)_mm512_cvtne2ps_pbh(pb, pa);
+        const __m512i hd = (__m512i)_mm512_cvtne2ps_pbh(db, da);
+        _mm512_mask_storeu_epi32(prp + c, k16, _mm512_permutexvar_epi16(zip, hp));
+        _mm512_mask_storeu_epi32(dsrp + c, k16, _mm512_permutexvar_epi16(zip, hd));
+        _mm256_mask_storeu_epi16(ds16 + c, k16, _mm512_castsi512_si256(hd));
+        if (two) _mm256_mask_storeu_epi16(ds16 + ld16 + c, k16, _mm512_extracti64x4_epi64(hd, 1));
+    }
+}
+
+void attn_bf16_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
+                         void *ws, const struct bk_attn *s, int nt)
+{
+    bf16 *o = ov;
+    const bf16 *q = qv, *k = kv, *v = vv;
+    const int L = s->l, H = s->heads, D = s->d, dp = (D + 1) / 2, l16 = round16(L);
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = plain_layout(s, NULL);
+    const int pairs = s->n * H;
+    size_t off[PL_END];
+    plain_layout(s, off);
+#pragma omp parallel for num_threads(plain_threads(s, nt)) schedule(static)
+    for (int nh = 0; nh < pairs; nh++) {
+        const int h = nh % H, ni = nh / H;
+        char *base = (char *)ws + (size_t)omp_get_thread_num() * slot;
+        float *sc = (float *)(base + off[PL_S]), *acc = (float *)(base + off[PL_ACC]);
+        bf16 *p16 = (bf16 *)(base + off[PL_P16]);
+        uint32_t *at = (uint32_t *)(base + off[PL_AT]), *bt = (uint32_t *)(base + off[PL_BT]);
+        uint32_t *xr = (uint32_t *)(base + off[PL_XR]);
+        pack_e(at, (size_t)l16, ROW_LD(q, ni, 0, h), ld, L, l16, D);
+        pack_e(bt, (size_t)l16, ROW_LD(k, ni, 0, h), ld, L, l16, D);
+        abt16(sc, (size_t)l16, at, (size_t)l16, bt, (size_t)l16, l16, L, dp, scale2(s->scale));
+        plain_softmax16(sc, (size_t)l16, p + (size_t)nh * L * L, p16, (size_t)l16, L, L);
+        pack_r(xr, ROW_LD(v, ni, 0, h), ld, L, D);
+        wx16(acc, (size_t)D, (const uint32_t *)p16, (size_t)l16 / 2, 1, xr, (size_t)D, L,
+             (L + 1) / 2, D, 0);
+        for (int i = 0; i < L; i++) store_row(ROW_HD(o, ni, i, h), acc + (size_t)i * D, D, 1.0f);
+    }
+}
+
+void attn_bf16_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, const void *qv,
+                         const void *kv, const void *vv, const float *p, void *ws,
+                         const struct bk_attn *s, int nt)
+{
+    bf16 *dq = dqv, *dk = dkv, *dv = dvv;
+    const bf16 *dout = doutv, *q = qv, *k = kv, *v = vv;
+    const int L = s->l, H = s->heads, D = s->d, dp = (D + 1) / 2, l16 = round16(L);
+    const size_t ld = (size_t)s->ld, hd = (size_t)H * D, slot = plain_layout(s, NULL);
+    const int pairs = s->n * H, lp = (L + 1) / 2;
+    size_t off[PL_END];
+    plain_layout(s, off);
+#pragma omp parallel for num_threads(plain_threads(s, nt)) schedule(static)
+    for (int nh = 0; nh < pairs; nh++) {
+        const int h = nh % H, ni = nh / H;
+        const float *ph = p + (size_t)nh * L * L;
+        char *base = (char *)ws + (size_t)omp_get_thread_num() * slot;
+        float *dps = (float *)(base + off[PL_S]), *acc = (float *)(base + off[PL_ACC]);
+        bf16 *ds16 = (bf16 *)(base + off[PL_P16]);
+        uint32_t *prp = (uint32_t *)(base + off[PL_PRP]), *dsrp = (uint32_t *)(base + off[PL_DSRP]);
+        uint32_t *at = (uint32_t *)(base + off[PL_AT]), *bt = (uint32_t *)(base + off[PL_BT]);
+        uint32_t *xr = (uint32_t *)(base + off[PL_XR]);
+        pack_e(at, (size_t)l16, ROW_HD(dout, ni, 0, h), hd, L, l16, D);
+        pack_e(bt, (size_t)l16, ROW_LD(v, ni, 0, h), ld, L, l16, D);
+        abt16(dps, (size_t)l16, at, (size_t)l16, bt, (size_t)l16, l16, L, dp, 1.0f);
+        for (int rp = 0; rp < lp; rp++)
+            plain_dsoftmax_pair(ph + (size_t)(2 * rp) * L, dps + (size_t)(2 * rp) * l16,
+                                (size_t)l16, L, 2 * rp + 1 < L, s->scale, prp + (size_t)rp * l16,
+                                dsrp + (size_t)rp * l16, ds16 + (size_t)(2 * rp) * l16,
+                                (size_t)l16);
+        /* dq = dS k, dk = dS^T q, dv = P^T dout, each through acc */
+        pack_r(xr, ROW_LD(k, ni, 0, h), ld, L, D);
+        wx16(acc, (size_t)D, (const uint32_t *)ds16, (size_t)l16 / 2, 1, xr, (size_t)D, L, lp, D,
+             0);
+        for (int i = 0; i < L; i++) store_row(ROW_LD(dq, ni, i, h), acc + (size_t)i * D, D, 1.0f);
+        pack_r(xr, ROW_LD(q, ni, 0, h), ld, L, D);
+        wx16(acc, (size_t)D, dsrp, 1, (size_t)l16, xr, (size_t)D, L, lp, D, 0);
+        for (int i = 0; i < L; i++) store_row(ROW_LD(dk, ni, i, h), acc + (size_t)i * D, D, 1.0f);
+        pack_r(xr, ROW_HD(dout, ni, 0, h), hd, L, D);
+        wx16(acc, (size_t)D, prp, 1, (size_t)l16, xr, (size_t)D, L, lp, D, 0);
+        for (int i = 0; i < L; i++) store_row(ROW_LD(dv, ni, i, h), acc + (size_t)i * D, D, 1.0f);
     }
 }
 

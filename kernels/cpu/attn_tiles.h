@@ -50,5 +50,14 @@ void attn_bf16_fwd(void *o, float *lse, const void *q, const void *k, const void
 void attn_bf16_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                    const void *v, const void *o, const float *lse, void *ws,
                    const struct bk_attn *s, int nt, int nch);
+/* attn_bf16.c: the plain form (attention.c's cpu_attn_plain_*) on bf16 operands, p fp32; one
+ * (n, h) pair per task on min(pairs, nt) threads, so the bits do not depend on the thread count;
+ * ws_bytes: procs threads' slots */
+size_t attn_bf16_plain_ws_bytes(const struct bk_attn *s, int procs);
+void attn_bf16_plain_fwd(void *o, float *p, const void *q, const void *k, const void *v,
+                         void *ws, const struct bk_attn *s, int nt);
+void attn_bf16_plain_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                         const void *k, const void *v, const float *p, void *ws,
+                         const struct bk_attn *s, int nt);
 
 #endif

@@ -90,11 +90,15 @@ static void linear_db(float *db, const void *dy, int dtype, int m, int n, bk_ctx
         double acc[LINEAR_DB_BLOCK] = {0};
         for (int i = 0; i < m; i++) {
             size_t r = (size_t)i * n + j0;
-            if (dtype == BK_DTYPE_BF16)
+            /* across the columns in vectors: each column's sum still in row order */
+            if (dtype == BK_DTYPE_BF16) {
+#pragma omp simd
                 for (int j = 0; j < nb; j++)
                     acc[j] += half_bf16_to_f32(((const uint16_t *)dy)[r + j]);
-            else
+            } else {
+#pragma omp simd
                 for (int j = 0; j < nb; j++) acc[j] += ((const float *)dy)[r + j];
+            }
         }
         for (int j = 0; j < nb; j++) db[j0 + j] += (float)acc[j];
     }

@@ -80,7 +80,10 @@ out:
  * no f16 convolutions or matmuls on CPUs. The tiled attention on AVX512-BF16: our own vdpbf16ps
  * tiles (attn_bf16.c), per CPU-second 1.36-1.39x the fp32 tiles' forward and 1.57-1.79x
  * their backward at the seed-64 shapes (cpu_bench --attn --precision bf16), besides the
- * conversions of q, k, v and the gradients it saves; the plain form stays fp32. With them, the
+ * conversions of q, k, v and the gradients it saves; the plain form (the 32x32 presets' L 256)
+ * on the same tiles: 255-272 GFLOP/s forward, 306-318 backward per CPU-second in the
+ * cifar-small and ddpm-cifar10 b8 steps where the fp32 plain form made 88-110 and 138-148
+ * (cpu_bench --profile-cpu --precision bf16). With them, the
  * memory-bound kernels in bf16 too (typed.c: half the bytes, no conversions around them; the
  * same bits as the converted fp32 kernels): bf16 steps, CPU seconds, 0.685 -> 0.606 s
  * fmnist-tiny b32, 0.980 -> 0.870 cifar-small b8, 2.638 -> 2.548 ddpm-cifar10 b8
@@ -88,7 +91,8 @@ out:
 unsigned cpu_half_kernels(int dtype)
 {
     if (dtype != BK_DTYPE_BF16 || cpu_isa() < CPU_ISA_AVX512_BF16) return 0;
-    return BK_HALF_LINEAR | BK_HALF_CONV | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE;
+    return BK_HALF_LINEAR | BK_HALF_CONV | BK_HALF_ATTN | BK_HALF_ATTN_PLAIN | BK_HALF_NORM |
+           BK_HALF_ELTWISE;
 }
 
 

@@ -360,15 +360,15 @@ static double attn_bound_check(double got, double ref, double bound, long *bad)
     return r;
 }
 
-static void test_attn(int n, int L, int H, int D, int packed)
+static void test_attn(int n, int L, int H, int D, int packed, int plain)
 {
     char tag[96];
-    snprintf(tag, sizeof tag, "bf16 attention n%d l%d h%d d%d %s", n, L, H, D,
-             packed ? "packed" : "dense");
+    snprintf(tag, sizeof tag, "bf16 %s attention n%d l%d h%d d%d %s", plain ? "plain" : "tiled",
+             n, L, H, D, packed ? "packed" : "dense");
     const int C = H * D, ld = packed ? 3 * C : C;
     struct bk_attn s = {.n = n, .l = L, .heads = H, .d = D, .ld = ld,
                         .scale = 1.0f / sqrtf((float)D), .dtype = BK_DTYPE_BF16};
-    const size_t wsb = cpu_attn_ws_bytes(&s, 1);
+    const size_t wsb = cpu_attn_ws_bytes(&s, !plain);
     if (cpu_isa() < CPU_ISA_AVX512_BF16) {
         CHECK(wsb == 0, "%s: a workspace without AVX512-BF16", tag);
         return;
@@ -382,10 +382,18 @@ static void test_attn(int n, int L, int H, int D, int packed)
     uint16_t *o2 = xmalloc(2 * no);
     double *ind = xmalloc(8 * nbuf), *doutd = xmalloc(8 * no);
     float *lse = xmalloc(4 * nl), *lse2 = xmalloc(4 * nl), *lsein = xmalloc(4 * (nl + 16));
+    /* the plain form: its p, again, and the backward's p* rounded to fp32 (N, H, L, L); Di's
+     * error bound as the plain backward computes it (rowsum(p dP), not dout . o) */
+    const size_t np = plain ? nl * (size_t)L : 1;
+    float *pq = xmalloc(4 * np), *pq2 = xmalloc(4 * np), *pin = xmalloc(4 * np);
+    double *dip = xmalloc(8 * nl);
     /* NaN after the backward's lse: a row read past the last one (a partner row that does not
      * exist, multiplied by zeros) turns the gradients NaN instead of passing unseen */
     for (size_t i = nl; i < nl + 16; i++) lsein[i] = NAN;
+    /* the workspace all ones (NaN as fp32 and as bf16): a scratch element read before it is
+     * written (a padding column taken for a zero) turns the results NaN */
     void *ws = xmalloc(wsb);
+    memset(ws, 0xff, wsb);
     fill_bf16(in, ind, nbuf, 1.0);
     fill_bf16(dout, doutd, no, 1.0);
     memset(g, 0, 2 * nbuf);
@@ -394,13 +402,15 @@ static void test_attn(int n, int L, int H, int D, int packed)
 #define KD(ni, i, h, e) ind[ko + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D + (e)]
 #define VD(ni, i, h, e) ind[vo + ((size_t)(ni) * L + (i)) * ld + (size_t)(h) * D + (e)]
 #define HD(a, ni, i, h, e) (a)[((size_t)(ni) * L + (i)) * C + (size_t)(h) * D + (e)]
-    CHECK(cpu_attn_fwd(o, lse, in + qo, in + ko, in + vo, ws, &s, ctx) == BK_OK, "%s: fwd", tag);
+    CHECK((plain ? cpu_attn_plain_fwd(o, pq, in + qo, in + ko, in + vo, ws, &s, ctx)
+                 : cpu_attn_fwd(o, lse, in + qo, in + ko, in + vo, ws, &s, ctx)) == BK_OK,
+          "%s: fwd", tag);
 
     const double u = ldexp(1.0, -8), e24 = ldexp(1.0, -24), sc = s.scale;
     double *S = xmalloc(8 * L), *P = xmalloc(8 * L);
     double *lsed = xmalloc(8 * nl), *di = xmalloc(8 * nl), *rho = xmalloc(8 * nl);
     double *od = xmalloc(8 * no), *A = xmalloc(8 * D), *Bv = xmalloc(8 * D);
-    long bad_o = 0, bad_l = 0, bad_dq = 0, bad_dk = 0, bad_dv = 0;
+    long bad_o = 0, bad_l = 0, bad_dq = 0, bad_dk = 0, bad_dv = 0, bad_p = 0;
     for (int ni = 0; ni < n; ni++)
         for (int h = 0; h < H; h++) {
             const size_t pr = (size_t)ni * H + h;
@@ -423,6 +433,26 @@ static void test_attn(int n, int L, int H, int D, int packed)
                 for (int c = 0; c < L; c++) z += P[c] = exp(S[c] - mx);
                 lsed[pr * L + i] = mx + log(z);
                 rho[pr * L + i] = dsmax + 3 * e24 * (mx - mn) + ldexp(1.0, -21);
+                if (plain) {
+                    /* p (fp32): 2^(S - max) within rho and 2 ulp, summed over L, divided */
+                    double dacc_p = 0;
+                    for (int c = 0; c < L; c++) {
+                        const double pc = P[c] / z;
+                        pin[(pr * L + i) * L + c] = (float)pc;
+                        if (chk)
+                            attn_bound_check(pq[(pr * L + i) * L + c], pc,
+                                             pc * (2 * rho[pr * L + i] + (L + 8) * e24), &bad_p);
+                        /* rowsum(p dP) from p* in fp32 and dP = dout v^T (within e D sum
+                         * |dout v|), summed over L */
+                        double dpc = 0, mpc = 0;
+                        for (int e = 0; e < D; e++) {
+                            dpc += HD(doutd, ni, i, h, e) * VD(ni, c, h, e);
+                            mpc += fabs(HD(doutd, ni, i, h, e) * VD(ni, c, h, e));
+                        }
+                        dacc_p += pc * (e24 * D * mpc + (L + 3) * e24 * fabs(dpc));
+                    }
+                    dip[pr * L + i] = dacc_p;
+                }
                 for (int e = 0; e < D; e++) A[e] = Bv[e] = 0;
                 for (int c = 0; c < L; c++) {
                     const double pc = P[c] / z;
@@ -441,21 +471,23 @@ static void test_attn(int n, int L, int H, int D, int packed)
                     attn_bound_check(got, Bv[e], bound, &bad_o);
                 }
                 di[pr * L + i] = dacc;
-                if (chk)
+                if (chk && !plain)
                     attn_bound_check(lse[pr * L + i], lsed[pr * L + i],
                                      rho[pr * L + i] + (L + 2) * e24 +
                                          2 * e24 * fabs(lsed[pr * L + i]),
                                      &bad_l);
             }
         }
-    CHECK(bad_o == 0 && bad_l == 0, "%s: forward outside the bound: o %ld, lse %ld", tag, bad_o,
-          bad_l);
+    CHECK(bad_o == 0 && bad_l == 0 && bad_p == 0,
+          "%s: forward outside the bound: o %ld, lse %ld, p %ld", tag, bad_o, bad_l, bad_p);
 
     /* the backward from o* rounded to bf16 and lse* to fp32 */
     for (size_t i = 0; i < no; i++) oin[i] = half_f32_to_bf16((float)od[i]);
     for (size_t i = 0; i < nl; i++) lsein[i] = (float)lsed[i];
-    CHECK(cpu_attn_bwd(g + qo, g + ko, g + vo, dout, in + qo, in + ko, in + vo, oin, lsein, ws, &s,
-                       ctx) == BK_OK,
+    CHECK((plain ? cpu_attn_plain_bwd(g + qo, g + ko, g + vo, dout, in + qo, in + ko, in + vo, pin,
+                                      ws, &s, ctx)
+                 : cpu_attn_bwd(g + qo, g + ko, g + vo, dout, in + qo, in + ko, in + vo, oin,
+                                lsein, ws, &s, ctx)) == BK_OK,
           "%s: bwd", tag);
     /* p_rc, dS*_rc and their error bounds for one (query r, key c) */
 #define PDS(ni, h, r, c, pp, ds, eds, ep)                                                     \
@@ -472,9 +504,12 @@ static void test_attn(int n, int L, int H, int D, int packed)
         const double lr_ = lsed[pr_ * L + (r)];                                               \
         pp = exp(sc * s_ - lr_);                                                              \
         ds = sc * pp * (dp_ - di[pr_ * L + (r)]);                                             \
-        const double rh_ = sc * e24 * D * m_ + e24 * fabs(sc * s_) + 2 * e24 * fabs(lr_) +    \
-                           ldexp(1.0, -21);                                                   \
-        const double di_ = (u + (D + 1) * e24) * (1 + u) * mo_;                               \
+        /* plain: p given as fp32(p*), Di as rowsum(p dP) */                                   \
+        const double rh_ = plain ? 2 * e24                                                    \
+                                 : sc * e24 * D * m_ + e24 * fabs(sc * s_) +                  \
+                                       2 * e24 * fabs(lr_) + ldexp(1.0, -21);                 \
+        const double di_ = plain ? dip[pr_ * L + (r)]                                         \
+                                 : (u + (D + 1) * e24) * (1 + u) * mo_;                       \
         eds = sc * pp * (rh_ * fabs(dp_ - di[pr_ * L + (r)]) + e24 * D * mp_ + di_) +         \
               (u + 3 * e24) * fabs(ds);                                                       \
         ep = pp * (rh_ + u);                                                                  \
@@ -538,13 +573,17 @@ static void test_attn(int n, int L, int H, int D, int packed)
         bk_ctx *c = run ? one : ctx;
         memset(o2, 0, 2 * no);
         memset(g2, 0, 2 * nbuf);
-        CHECK(cpu_attn_fwd(o2, lse2, in + qo, in + ko, in + vo, ws, &s, c) == BK_OK, "%s: fwd %d",
-              tag, run);
-        CHECK(!memcmp(o, o2, 2 * no) && !memcmp(lse, lse2, 4 * nl),
+        CHECK((plain ? cpu_attn_plain_fwd(o2, pq2, in + qo, in + ko, in + vo, ws, &s, c)
+                     : cpu_attn_fwd(o2, lse2, in + qo, in + ko, in + vo, ws, &s, c)) == BK_OK,
+              "%s: fwd %d", tag, run);
+        CHECK(!memcmp(o, o2, 2 * no) &&
+                  (plain ? !memcmp(pq, pq2, 4 * np) : !memcmp(lse, lse2, 4 * nl)),
               "%s: forward differs %s", tag, run ? "at 1 thread" : "run to run");
-        if (run && n * H < 2) continue;
-        CHECK(cpu_attn_bwd(g2 + qo, g2 + ko, g2 + vo, dout, in + qo, in + ko, in + vo, oin, lsein,
-                           ws, &s, c) == BK_OK,
+        if (run && n * H < 2 && !plain) continue; /* the plain form: a pair per thread */
+        CHECK((plain ? cpu_attn_plain_bwd(g2 + qo, g2 + ko, g2 + vo, dout, in + qo, in + ko,
+                                          in + vo, pin, ws, &s, c)
+                     : cpu_attn_bwd(g2 + qo, g2 + ko, g2 + vo, dout, in + qo, in + ko, in + vo,
+                                    oin, lsein, ws, &s, c)) == BK_OK,
               "%s: bwd %d", tag, run);
         CHECK(!memcmp(g, g2, 2 * nbuf), "%s: backward differs %s", tag,
               run ? "at 1 thread" : "run to run");
@@ -566,6 +605,10 @@ static void test_attn(int n, int L, int H, int D, int packed)
     free(lse);
     free(lse2);
     free(lsein);
+    free(pq);
+    free(pq2);
+    free(pin);
+    free(dip);
     free(ws);
     free(S);
     free(P);
@@ -579,7 +622,7 @@ static void test_attn(int n, int L, int H, int D, int packed)
     free(bnd);
 }
 
-/* f16 has no CPU kernels, the plain attention no 16-bit ones: refused, no workspace asked */
+/* f16 has no CPU kernels: refused, no workspace asked */
 static void refused(void)
 {
     struct bk_conv2d s = {.n = 1, .ci = 4, .h = 4, .w = 4, .co = 4, .kh = 3, .kw = 3,
@@ -593,24 +636,26 @@ static void refused(void)
     CHECK(cpu_linear_fwd(buf, buf, buf, NULL, 4, 4, 4, BK_DTYPE_F16, ctx) == BK_ERR_INVALID,
           "f16 linear ran");
     struct bk_attn a = {.n = 1, .l = 4, .heads = 1, .d = 4, .ld = 4, .scale = 0.5f,
-                        .dtype = BK_DTYPE_BF16};
-    CHECK(cpu_attn_ws_bytes(&a, 0) == 0, "bf16 plain attention: workspace asked");
+                        .dtype = BK_DTYPE_F16};
+    CHECK(cpu_attn_ws_bytes(&a, 0) == 0, "f16 plain attention: workspace asked");
     CHECK(cpu_attn_plain_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
-          "bf16 plain attention ran");
-    a.dtype = BK_DTYPE_F16;
+          "f16 plain attention ran");
     CHECK(cpu_attn_ws_bytes(&a, 1) == 0, "f16 attention: workspace asked");
     CHECK(cpu_attn_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
           "f16 attention ran");
     CHECK(cpu_half_kernels(BK_DTYPE_F16) == 0, "f16 half kernels reported");
     unsigned h = cpu_half_kernels(BK_DTYPE_BF16);
     const unsigned all =
-        BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE;
+        BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_ATTN_PLAIN | BK_HALF_NORM |
+        BK_HALF_ELTWISE;
     CHECK(cpu_isa() >= CPU_ISA_AVX512_BF16 ? h == all : h == 0, "bf16 half kernels %#x", h);
     /* under an AVX2 cap nothing 16-bit: the bf16 attention refused */
     cpu_isa_cap(CPU_ISA_AVX2);
     a.dtype = BK_DTYPE_BF16;
     CHECK(cpu_half_kernels(BK_DTYPE_BF16) == 0 && cpu_attn_ws_bytes(&a, 1) == 0 &&
-              cpu_attn_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
+              cpu_attn_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID &&
+              cpu_attn_ws_bytes(&a, 0) == 0 &&
+              cpu_attn_plain_fwd(buf, buf, buf, buf, buf, buf, &a, ctx) == BK_ERR_INVALID,
           "bf16 attention under the AVX2 cap");
     cpu_isa_cap(-1);
     CHECK(backend_cpu()->half_kernels == cpu_half_kernels &&
@@ -637,16 +682,25 @@ int main(void)
     test_linear(130, 64, 192, 0);
     /* the bf16 attention: odd lengths and head dims (the pairs' zero partners), a key tail, a
      * single pair (its keys split over 2 threads), and every seed-64 shape (heads 4) */
-    test_attn(1, 1, 2, 1, 0);
-    test_attn(2, 7, 2, 8, 1);
-    test_attn(1, 33, 4, 5, 0);
-    test_attn(2, 130, 2, 24, 1);
-    test_attn(1, 300, 1, 16, 1);
-    test_attn(1, 257, 2, 70, 0); /* a column chunk of 64, then 6 masked */
-    test_attn(1, 4096, 4, 16, 1);
-    test_attn(1, 1024, 4, 32, 1);
-    test_attn(1, 1024, 4, 16, 1);
-    test_attn(2, 256, 4, 64, 1);
+    test_attn(1, 1, 2, 1, 0, 0);
+    test_attn(2, 7, 2, 8, 1, 0);
+    test_attn(1, 33, 4, 5, 0, 0);
+    test_attn(2, 130, 2, 24, 1, 0);
+    test_attn(1, 300, 1, 16, 1, 0);
+    test_attn(1, 257, 2, 70, 0, 0); /* a column chunk of 64, then 6 masked */
+    test_attn(1, 4096, 4, 16, 1, 0);
+    test_attn(1, 1024, 4, 32, 1, 0);
+    test_attn(1, 1024, 4, 16, 1, 0);
+    test_attn(2, 256, 4, 64, 1, 0);
+    /* the plain form: odd lengths and head dims, L not a multiple of the tiles' 12 rows and 32
+     * columns, the 32x32 presets' shapes (L 256, heads 1, D 128 and 256) and heads 4 */
+    test_attn(1, 1, 2, 1, 0, 1);
+    test_attn(2, 7, 2, 8, 1, 1);
+    test_attn(1, 33, 4, 5, 0, 1);
+    test_attn(1, 257, 2, 70, 0, 1);
+    test_attn(2, 256, 1, 128, 1, 1);
+    test_attn(1, 256, 1, 256, 1, 1);
+    test_attn(2, 100, 4, 32, 0, 1);
     printf("worst error / bound: bf16 outputs %.3f, fp32 outputs %.3f, bf16 attention %.3f\n",
            worst_bf16, worst_f32, worst_attn);
     cpu_ctx_free(ctx);
