@@ -79,6 +79,25 @@ TY_INLINE void gn_chunk_merge(double *mu, double *m2, const float *cm, const flo
     }
 }
 
+/* a chunk's float sums (gn_chunk_merge) over nb rows xr of nc values of dtype rdt (a constant
+ * where inlined: the loops then vectorize) */
+TY_INLINE void gn_chunk_sums(float *cm, float *ce, float *cq, const void *const *xr, int nb,
+                             int nc, int rdt)
+{
+    for (int k = 0; k < nc; k++) cm[k] = ce[k] = cq[k] = 0.0f;
+    for (int j = 0; j < nb; j++)
+#pragma omp simd
+        for (int k = 0; k < nc; k++) cm[k] += ty_ld(xr[j], (size_t)k, rdt);
+    for (int k = 0; k < nc; k++) cm[k] /= (float)nb;
+    for (int j = 0; j < nb; j++)
+#pragma omp simd
+        for (int k = 0; k < nc; k++) {
+            float d = ty_ld(xr[j], (size_t)k, rdt) - cm[k];
+            ce[k] += d;
+            cq[k] += d * d;
+        }
+}
+
 /* one pixel's normalized block: o = act(xhat gamma + beta), act = silu or identity, then
  * o += ybv when add_b and o += rr when add_r, the norm's output rounded to dt as stored before
  * each add (gn_fwd_task; o may be rr: each element read before written). o, xr, rr are rows
@@ -128,31 +147,23 @@ TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, co
         for (int k = 0; k < nc; k++) mu[k] = m2[k] = 0.0;
         for (int p0 = 0; p0 < hw; p0 += crow) {
             const int nb = hw - p0 < crow ? hw - p0 : crow;
-            const float *xr[GN_CHUNK];
+            const void *xr[GN_CHUNK]; /* fp32 rows with xb, else of dtype TY_LDT(dt) */
             for (int j = 0; j < nb; j++) {
                 const size_t off = base + (size_t)(p0 + j) * c;
                 float *cb = dt == BK_DTYPE_F32 ? NULL : cbuf + (size_t)j * nc;
-                xr[j] = ty_row(x, off, (size_t)nc, dt, cb);
                 if (xb) { /* x' = round(x + xb), stored, summed as stored */
+                    const float *xf = ty_row(x, off, (size_t)nc, dt, cb);
                     float *o = ty_out(xo, off, dt, cb); /* xo may be x: read before written */
 #pragma omp simd
-                    for (int k = 0; k < nc; k++) o[k] = ty_round(xr[j][k] + bb[k], dt);
+                    for (int k = 0; k < nc; k++) o[k] = ty_round(xf[k] + bb[k], dt);
                     ty_put(xo, off, (size_t)nc, dt, o);
                     xr[j] = o;
+                } else {
+                    xr[j] = ty_rowl(x, off, (size_t)nc, dt, cb);
                 }
             }
-            for (int k = 0; k < nc; k++) cm[k] = ce[k] = cq[k] = 0.0f;
-            for (int j = 0; j < nb; j++)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) cm[k] += xr[j][k];
-            for (int k = 0; k < nc; k++) cm[k] /= (float)nb;
-            for (int j = 0; j < nb; j++)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) {
-                    float d = xr[j][k] - cm[k];
-                    ce[k] += d;
-                    cq[k] += d * d;
-                }
+            if (xb) gn_chunk_sums(cm, ce, cq, xr, nb, nc, BK_DTYPE_F32);
+            else gn_chunk_sums(cm, ce, cq, xr, nb, nc, TY_LDT(dt));
             gn_chunk_merge(mu, m2, cm, ce, cq, nc, p0, nb);
         }
         float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
