@@ -42,8 +42,14 @@ static inline int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOC
 #define GN_VEC 32
 #define GN_VEC_UNIT 128
 
+/* pixels summed in float before a double accumulation */
+#define GN_CHUNK 32
+/* the forward's statistics chunk: at most GN_CHUNK pixels and GN_CHUNK_ELEMS values */
+#define GN_CHUNK_ELEMS 4096
+
 static inline int gn_block_wide(int c, int cpg)
 {
+    _Static_assert(GN_VEC_UNIT <= GN_CHUNK_ELEMS / GN_CHUNK, "wide blocks: chunks of GN_CHUNK");
     int g = cpg, v = GN_VEC;
     while (v) { /* g = gcd(cpg, GN_VEC) */
         const int r = g % v;
@@ -51,12 +57,8 @@ static inline int gn_block_wide(int c, int cpg)
         v = r;
     }
     const long unit = (long)cpg / g * GN_VEC;
-    return unit <= GN_VEC_UNIT ? gn_block_min(c, (int)unit, GN_WIDE) : gn_block_min(c, cpg, GN_WIDE);
+    return gn_block_min(c, unit <= GN_VEC_UNIT ? (int)unit : cpg, GN_WIDE);
 }
-/* pixels summed in float before a double accumulation */
-#define GN_CHUNK 32
-/* the forward's statistics chunk: at most GN_CHUNK pixels and GN_CHUNK_ELEMS values */
-#define GN_CHUNK_ELEMS 4096
 
 /* Adds a chunk of nb pixels, after p0 already added, into each channel's double mean mu and
  * sum of squared deviations m2 (Chan et al.'s pairwise update). The chunk's float sums: cm its

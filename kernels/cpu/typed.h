@@ -117,7 +117,8 @@ TY_INLINE void ty_put(void *p, size_t i, size_t n, int dt, const float *buf)
 #define TY_LDT(dt) ((dt) == BK_DTYPE_F16 ? BK_DTYPE_F32 : (dt))
 TY_INLINE const void *ty_rowl(const void *p, size_t i, size_t n, int dt, float *buf)
 {
-    return dt == BK_DTYPE_F16 ? (const void *)ty_row(p, i, n, dt, buf) : (const void *)ty_at(p, i, dt);
+    if (dt == BK_DTYPE_F16) return ty_row(p, i, n, dt, buf);
+    return ty_at(p, i, dt);
 }
 TY_INLINE void *ty_outl(void *p, size_t i, int dt, float *buf)
 {
