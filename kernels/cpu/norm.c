@@ -35,7 +35,7 @@ static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, co
     if (!y || !mean || !rstd || !x || !ctx || n < 1 || c < 1 || hw < 1 || groups < 1 ||
         c % groups != 0 || !(eps >= 0.0f) || (xb && !xo) || !ty_valid(dt))
         return BK_ERR_INVALID;
-    const int blk = gn_block_min(c, c / groups, GN_WIDE), nblk = (c + blk - 1) / blk;
+    const int blk = gn_block_wide(c, c / groups), nblk = (c + blk - 1) / blk;
     if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
     /* AVX-512 where the fused SiLU's math dominates; the x + xb form stays AVX2 (its AVX-512
      * copy measured 2x slower in the seed-64 step, 7 -> 12.5 ms, not reproduced alone) */
@@ -112,7 +112,7 @@ int cpu_groupnorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, c
 size_t cpu_groupnorm_bwd_ws_bytes(int n, int c, int hw, int groups, int silu)
 {
     if (n < 1 || c < 1 || hw < 1 || groups < 1 || c % groups) return 0;
-    size_t blk = (size_t)gn_block_min(c, c / groups, GN_WIDE);
+    size_t blk = (size_t)gn_block_wide(c, c / groups);
     return (size_t)n * 2 * c * sizeof(double) +
            (silu ? (size_t)cpu_threads(NULL) * hw * blk * sizeof(float) : 0);
 }
@@ -128,7 +128,7 @@ static int gn_bwd_ws(void *dx, float *dgamma, float *dbeta, void *db, const void
     if (gn_bwd_check(dy, x, mean, rstd, ctx, n, c, hw, groups) || !ws || (db_of_dx && db && !dx) ||
         !ty_valid(dt))
         return BK_ERR_INVALID;
-    const int blk = gn_block_min(c, c / groups, GN_WIDE);
+    const int blk = gn_block_wide(c, c / groups);
     const int nblk = (c + blk - 1) / blk;
     double *part = ws; /* (N, 2, C) */
     const int isa512 = silu && cpu_isa() >= CPU_ISA_AVX512; /* where silu' dominates */

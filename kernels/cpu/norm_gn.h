@@ -34,10 +34,31 @@ static inline int gn_block(int c, int cpg) { return gn_block_min(c, cpg, GN_BLOC
 
 /* the wider blocks of the (image, block) parallel kernels: longer contiguous runs per pixel */
 #define GN_WIDE 64
+/* and a multiple of GN_VEC channels where lcm(cpg, GN_VEC) is at most GN_VEC_UNIT (cpg 3, 6,
+ * 12, 24: blocks of 96, not 66 or 72): a bf16 row loop runs GN_VEC lanes a step (two AVX-512
+ * vectors), and a block's tail runs scalar, 2 of 66 channels costing 30% of the c192 hw256 bf16
+ * forward. A block groups whole groups and GN_VEC_UNIT <= GN_CHUNK_ELEMS / GN_CHUNK keeps the
+ * statistics' chunks at GN_CHUNK pixels, so the bits are those of the narrower blocks. */
+#define GN_VEC 32
+#define GN_VEC_UNIT 128
+
 /* pixels summed in float before a double accumulation */
 #define GN_CHUNK 32
 /* the forward's statistics chunk: at most GN_CHUNK pixels and GN_CHUNK_ELEMS values */
 #define GN_CHUNK_ELEMS 4096
+
+static inline int gn_block_wide(int c, int cpg)
+{
+    _Static_assert(GN_VEC_UNIT <= GN_CHUNK_ELEMS / GN_CHUNK, "wide blocks: chunks of GN_CHUNK");
+    int g = cpg, v = GN_VEC;
+    while (v) { /* g = gcd(cpg, GN_VEC) */
+        const int r = g % v;
+        g = v;
+        v = r;
+    }
+    const long unit = (long)cpg / g * GN_VEC;
+    return gn_block_min(c, unit <= GN_VEC_UNIT ? (int)unit : cpg, GN_WIDE);
+}
 
 /* Adds a chunk of nb pixels, after p0 already added, into each channel's double mean mu and
  * sum of squared deviations m2 (Chan et al.'s pairwise update). The chunk's float sums: cm its
@@ -60,20 +81,41 @@ TY_INLINE void gn_chunk_merge(double *mu, double *m2, const float *cm, const flo
     }
 }
 
+/* a chunk's float sums (gn_chunk_merge) over nb rows xr of nc values of dtype rdt (a constant
+ * where inlined: the loops then vectorize) */
+TY_INLINE void gn_chunk_sums(float *cm, float *ce, float *cq, const void *const *xr, int nb,
+                             int nc, int rdt)
+{
+    for (int k = 0; k < nc; k++) cm[k] = ce[k] = cq[k] = 0.0f;
+    for (int j = 0; j < nb; j++)
+#pragma omp simd
+        for (int k = 0; k < nc; k++) cm[k] += ty_ld(xr[j], (size_t)k, rdt);
+    for (int k = 0; k < nc; k++) cm[k] /= (float)nb;
+    for (int j = 0; j < nb; j++)
+#pragma omp simd
+        for (int k = 0; k < nc; k++) {
+            float d = ty_ld(xr[j], (size_t)k, rdt) - cm[k];
+            ce[k] += d;
+            cq[k] += d * d;
+        }
+}
+
 /* one pixel's normalized block: o = act(xhat gamma + beta), act = silu or identity, then
  * o += ybv when add_b and o += rr when add_r, the norm's output rounded to dt as stored before
- * each add (gn_fwd_task; o may be rr: each element read before written) */
-TY_INLINE void gn_norm_row(float *o, const float *xr, const float *rr, const float *m,
+ * each add (gn_fwd_task; o may be rr: each element read before written). o, xr, rr are rows
+ * of dtype TY_LDT(dt) (typed.h's ty_rowl). */
+TY_INLINE void gn_norm_row(void *o, const void *xr, const void *rr, const float *m,
                            const float *rs, const float *gm, const float *bt, const float *ybv,
                            int nc, int silu, int add_b, int add_r, int dt)
 {
+    const int ldt = TY_LDT(dt);
 #pragma omp simd
     for (int k = 0; k < nc; k++) {
-        float v = (xr[k] - m[k]) * rs[k] * gm[k] + bt[k];
+        float v = (ty_ld(xr, (size_t)k, ldt) - m[k]) * rs[k] * gm[k] + bt[k];
         if (silu) v = vm_silu(v);
         if (add_b) v = ty_round(v, dt) + ybv[k];
-        if (add_r) v = ty_round(v, dt) + rr[k];
-        o[k] = v;
+        if (add_r) v = ty_round(v, dt) + ty_ld(rr, (size_t)k, ldt);
+        ty_st(o, (size_t)k, v, ldt);
     }
 }
 
@@ -107,31 +149,23 @@ TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, co
         for (int k = 0; k < nc; k++) mu[k] = m2[k] = 0.0;
         for (int p0 = 0; p0 < hw; p0 += crow) {
             const int nb = hw - p0 < crow ? hw - p0 : crow;
-            const float *xr[GN_CHUNK];
+            const void *xr[GN_CHUNK]; /* fp32 rows with xb, else of dtype TY_LDT(dt) */
             for (int j = 0; j < nb; j++) {
                 const size_t off = base + (size_t)(p0 + j) * c;
                 float *cb = dt == BK_DTYPE_F32 ? NULL : cbuf + (size_t)j * nc;
-                xr[j] = ty_row(x, off, (size_t)nc, dt, cb);
                 if (xb) { /* x' = round(x + xb), stored, summed as stored */
+                    const float *xf = ty_row(x, off, (size_t)nc, dt, cb);
                     float *o = ty_out(xo, off, dt, cb); /* xo may be x: read before written */
 #pragma omp simd
-                    for (int k = 0; k < nc; k++) o[k] = ty_round(xr[j][k] + bb[k], dt);
+                    for (int k = 0; k < nc; k++) o[k] = ty_round(xf[k] + bb[k], dt);
                     ty_put(xo, off, (size_t)nc, dt, o);
                     xr[j] = o;
+                } else {
+                    xr[j] = ty_rowl(x, off, (size_t)nc, dt, cb);
                 }
             }
-            for (int k = 0; k < nc; k++) cm[k] = ce[k] = cq[k] = 0.0f;
-            for (int j = 0; j < nb; j++)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) cm[k] += xr[j][k];
-            for (int k = 0; k < nc; k++) cm[k] /= (float)nb;
-            for (int j = 0; j < nb; j++)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) {
-                    float d = xr[j][k] - cm[k];
-                    ce[k] += d;
-                    cq[k] += d * d;
-                }
+            if (xb) gn_chunk_sums(cm, ce, cq, xr, nb, nc, BK_DTYPE_F32);
+            else gn_chunk_sums(cm, ce, cq, xr, nb, nc, TY_LDT(dt));
             gn_chunk_merge(mu, m2, cm, ce, cq, nc, p0, nb);
         }
         float m[GN_MAX_BLOCK], rs[GN_MAX_BLOCK], gm[GN_MAX_BLOCK], bt[GN_MAX_BLOCK];
@@ -162,9 +196,9 @@ TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, co
         }
         for (int p = 0; p < hw; p++) {
             const size_t off = base + (size_t)p * c;
-            const float *xr = ty_row(xs, off, (size_t)nc, dt, buf);
-            const float *rr = yr ? ty_row(yr, off, (size_t)nc, dt, rbuf) : NULL;
-            float *o = ty_out(y, off, dt, obuf);
+            const void *xr = ty_rowl(xs, off, (size_t)nc, dt, buf);
+            const void *rr = yr ? ty_rowl(yr, off, (size_t)nc, dt, rbuf) : NULL;
+            void *o = ty_outl(y, off, dt, obuf);
             /* the form as constants, one inlined loop each: with the flags tested inside, the
              * loop has control flow and stays scalar (no loop unswitching at -O2) */
             switch ((silu ? 4 : 0) | (yb ? 2 : 0) | (yr ? 1 : 0)) {
@@ -177,10 +211,23 @@ TY_INLINE int gn_fwd_task(int t, void *y, float *mean, float *rstd, void *xo, co
             case 6: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 1, 1, 0, dt); break;
             default: gn_norm_row(o, xr, rr, m, rs, gm, bt, ybv, nc, 1, 1, 1, dt); break;
             }
-            ty_put(y, off, (size_t)nc, dt, obuf);
+            ty_putl(y, off, (size_t)nc, dt, obuf);
         }
     }
     return BK_OK;
+}
+
+/* one pixel's dx block from the per-channel coefficients: o (=, += when accum) ca g +
+ * cb (x - mean) + cc; o and xr of dtype ldt, g of gt (gn_bwd_image) */
+TY_INLINE void gn_dx_row(void *o, const void *xr, const void *g, const float *ca, const float *cb,
+                         const float *cc, const float *mf, int nc, int accum, int ldt, int gt)
+{
+#pragma omp simd
+    for (int k = 0; k < nc; k++) {
+        const float v = ca[k] * ty_ld(g, (size_t)k, gt) +
+                        cb[k] * (ty_ld(xr, (size_t)k, ldt) - mf[k]) + cc[k];
+        ty_st(o, (size_t)k, accum ? ty_ld(o, (size_t)k, ldt) + v : v, ldt);
+    }
 }
 
 /* dx = rstd (g - mean(g) - xhat mean(g xhat)) over the group, g = dy gamma; dgamma = sum of
@@ -216,21 +263,22 @@ TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const voi
     const int db_dy = db && !db_of_dx;
     /* float sums over GN_CHUNK pixels, added into the double sums chunk by chunk */
     float fg[GN_MAX_BLOCK], fb[GN_MAX_BLOCK];
+    const int ldt = TY_LDT(dt); /* the rows' dtype in the loops (typed.h's ty_rowl) */
     for (int p0 = 0; p0 < hw; p0 += GN_CHUNK) {
         const int p1 = p0 + GN_CHUNK < hw ? p0 + GN_CHUNK : hw;
         for (int k = 0; k < nc; k++) fg[k] = fb[k] = 0.0f;
         for (int p = p0; p < p1; p++) {
-            const float *xr = ty_row(x, off + (size_t)p * c, (size_t)nc, dt, xbuf);
-            const float *dr = ty_row(dy, off + (size_t)p * c, (size_t)nc, dt, dbuf);
+            const void *xr = ty_rowl(x, off + (size_t)p * c, (size_t)nc, dt, xbuf);
+            const void *dr = ty_rowl(dy, off + (size_t)p * c, (size_t)nc, dt, dbuf);
             if (db_dy)
 #pragma omp simd
-                for (int k = 0; k < nc; k++) dbs[k] += (double)dr[k];
+                for (int k = 0; k < nc; k++) dbs[k] += (double)ty_ld(dr, (size_t)k, ldt);
             if (silu) { /* one loop: xhat once, g stored and summed while in registers */
                 float *gz = gzbuf + (size_t)p * nc;
 #pragma omp simd
                 for (int k = 0; k < nc; k++) {
-                    const float xh = (xr[k] - mf[k]) * rf[k];
-                    const float g = dr[k] * vm_silu_grad(xh * gm[k] + bt[k]);
+                    const float xh = (ty_ld(xr, (size_t)k, ldt) - mf[k]) * rf[k];
+                    const float g = ty_ld(dr, (size_t)k, ldt) * vm_silu_grad(xh * gm[k] + bt[k]);
                     gz[k] = g;
                     fg[k] += g * xh;
                     fb[k] += g;
@@ -238,8 +286,9 @@ TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const voi
             } else {
 #pragma omp simd
                 for (int k = 0; k < nc; k++) {
-                    fg[k] += dr[k] * ((xr[k] - mf[k]) * rf[k]);
-                    fb[k] += dr[k];
+                    const float d = ty_ld(dr, (size_t)k, ldt);
+                    fg[k] += d * ((ty_ld(xr, (size_t)k, ldt) - mf[k]) * rf[k]);
+                    fb[k] += d;
                 }
             }
         }
@@ -267,23 +316,26 @@ TY_INLINE int gn_bwd_image(void *dx, double *sg, double *sb, void *db, const voi
         }
         for (int p = 0; p < hw; p++) {
             const size_t po = off + (size_t)p * c;
-            const float *xr = ty_row(x, po, (size_t)nc, dt, xbuf);
-            const float *dr = silu ? gzbuf + (size_t)p * nc : ty_row(dy, po, (size_t)nc, dt, dbuf);
-            float *o = ty_out(dx, po, dt, obuf);
-            if (accum) {
-                if (dt != BK_DTYPE_F32) cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, po, dt), dt,
-                                                        (size_t)nc);
+            const void *xr = ty_rowl(x, po, (size_t)nc, dt, xbuf);
+            void *o = ty_outl(dx, po, dt, obuf);
+            if (accum && dt == BK_DTYPE_F16)
+                cpu_convert_run(obuf, BK_DTYPE_F32, ty_at(dx, po, dt), dt, (size_t)nc);
+            /* g: the fp32 gz row (silu) or dy's row; the flags as constants (gn_norm_row) */
+            if (silu && accum)
+                gn_dx_row(o, xr, gzbuf + (size_t)p * nc, ca, cb, cc, mf, nc, 1, ldt, BK_DTYPE_F32);
+            else if (silu)
+                gn_dx_row(o, xr, gzbuf + (size_t)p * nc, ca, cb, cc, mf, nc, 0, ldt, BK_DTYPE_F32);
+            else if (accum)
+                gn_dx_row(o, xr, ty_rowl(dy, po, (size_t)nc, dt, dbuf), ca, cb, cc, mf, nc, 1, ldt,
+                          ldt);
+            else
+                gn_dx_row(o, xr, ty_rowl(dy, po, (size_t)nc, dt, dbuf), ca, cb, cc, mf, nc, 0, ldt,
+                          ldt);
+            ty_putl(dx, po, (size_t)nc, dt, obuf);
+            if (db && db_of_dx) /* dx as stored: o holds it rounded unless an f16 buffer */
 #pragma omp simd
                 for (int k = 0; k < nc; k++)
-                    o[k] += ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
-            } else {
-#pragma omp simd
-                for (int k = 0; k < nc; k++) o[k] = ca[k] * dr[k] + cb[k] * (xr[k] - mf[k]) + cc[k];
-            }
-            ty_put(dx, po, (size_t)nc, dt, obuf);
-            if (db && db_of_dx)
-#pragma omp simd
-                for (int k = 0; k < nc; k++) dbs[k] += (double)ty_round(o[k], dt);
+                    dbs[k] += (double)ty_round(ty_ld(o, (size_t)k, ldt), dt);
         }
     }
     if (db) {

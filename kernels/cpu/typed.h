@@ -107,6 +107,28 @@ TY_INLINE void ty_put(void *p, size_t i, size_t n, int dt, const float *buf)
     if (dt != BK_DTYPE_F32) cpu_convert_run(ty_at(p, i, dt), dt, buf, BK_DTYPE_F32, n);
 }
 
+/* Rows a loop converts in registers. A loop over fp32 or bf16 elements loads them with
+ * ty_ld(p, k, TY_LDT(dt)) and stores with ty_st (a bf16 conversion is integer operations that
+ * vectorize in the loop, as wide as the loop), so its rows are the operand itself: no pass
+ * through a buffer and an out-of-line AVX2 conversion per row. f16's conversions (half.h) keep
+ * a loop scalar, so its rows go through fp32 buffers as ty_row / ty_out / ty_put's, and the
+ * loop takes them as fp32. Either way the same values: the loads are exact and the stores round
+ * once to nearest even, as cpu_convert_run's. */
+#define TY_LDT(dt) ((dt) == BK_DTYPE_F16 ? BK_DTYPE_F32 : (dt))
+TY_INLINE const void *ty_rowl(const void *p, size_t i, size_t n, int dt, float *buf)
+{
+    if (dt == BK_DTYPE_F16) return ty_row(p, i, n, dt, buf);
+    return ty_at(p, i, dt);
+}
+TY_INLINE void *ty_outl(void *p, size_t i, int dt, float *buf)
+{
+    return dt == BK_DTYPE_F16 ? (void *)buf : ty_at(p, i, dt);
+}
+TY_INLINE void ty_putl(void *p, size_t i, size_t n, int dt, const float *buf)
+{
+    if (dt == BK_DTYPE_F16) ty_put(p, i, n, dt, buf);
+}
+
 /* whether dt is a dtype the typed kernels take */
 TY_INLINE int ty_valid(int dt)
 {

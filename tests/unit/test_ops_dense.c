@@ -968,9 +968,11 @@ int main(void)
     test_norm(2, 6, 5, 6, 1);
     test_norm(3, 12, 7, 4, 1);
     test_norm(2, 10, 9, 5, 0);
+    test_norm(2, 120, 6, 10, 1); /* cpg 12: blocks of 96 (norm_gn.h gn_block_wide), then 24 */
     test_groupnorm_silu(2, 32, 37, 8);
     test_groupnorm_silu(3, 96, 16, 32);
     test_groupnorm_silu(1, 20, 9, 1);
+    test_groupnorm_silu(2, 120, 20, 10); /* the workspace backward's blocks of 96 and 24 */
     test_groupnorm_stats(2, 15, 1061, 5); /* odd channels, a chunk tail of 5 pixels */
     test_groupnorm_stats(1, 96, 1024, 32);
     test_groupnorm_stats(2, 320, 100, 1); /* a block of 320: chunks of 12 pixels, tail 4 */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "cpu/vmath.h"
 #include "philox.h"
 #include "nchw_shim.h"
 #include "test_util.h"
@@ -405,6 +406,35 @@ static void test_eltwise_isa(void)
     }
     free(x);
     free(dy);
+}
+
+/* vm_exp_negabs (the SiLU's e^-|x|) gives vm_expf(-|x|)'s bits for every float but NaN: every
+ * 61st bit pattern of both signs (the whole exponent range: 0, subnormal and normal results, the
+ * clamp at 110, +-inf), and the patterns next to the subnormal and zero thresholds */
+static void test_exp_negabs(void)
+{
+    size_t diff = 0, n = 0;
+    float worst = 0.0f;
+    for (uint64_t b = 0; b <= 0xffffffffu; b += 509) {
+        const uint32_t u = (uint32_t)b;
+        float x;
+        memcpy(&x, &u, sizeof x);
+        if (isnan(x)) continue;
+        const float got = vm_exp_negabs(x), want = vm_expf(-fabsf(x));
+        n++;
+        if (memcmp(&got, &want, sizeof got)) diff++, worst = x;
+    }
+    const float edge[] = {87.33654f, 87.33655f, 103.27893f, 103.27894f, 103.97208f, 103.97209f,
+                          110.0f, 0x1.b80002p6f, INFINITY, 0.0f, 0x1p-149f, 0.34657359f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        for (int sg = -1; sg <= 1; sg += 2) {
+            const float x = (float)sg * edge[i], got = vm_exp_negabs(x), want = vm_expf(-edge[i]);
+            n++;
+            if (memcmp(&got, &want, sizeof got)) diff++, worst = x;
+        }
+    printf("exp(-|x|): %zu of %zu floats differ from vm_expf's\n", diff, n);
+    CHECK(diff == 0, "vm_exp_negabs: %zu of %zu floats differ from vm_expf(-|x|) (x = %.9g)", diff,
+          n, worst);
 }
 
 static void test_eltwise_sweep(void)
@@ -1277,6 +1307,7 @@ int main(void)
 {
     tu_seed(20240611);
     test_eltwise();
+    test_exp_negabs();
     test_eltwise_sweep();
     test_eltwise_isa();
     test_layout();

@@ -500,7 +500,9 @@ int main(void)
             case_groupnorm(2, 64, 144, 8, 0);
             case_groupnorm(2, 96, 100, 32, 1);
             case_groupnorm(1, 128, 64, 32, 1);
+            case_groupnorm(2, 120, 40, 10, 1); /* blocks of 96 and 24: the bf16 loops' tails */
             case_groupnorm_isa(2, 96, 100, 32);
+            case_groupnorm_isa(2, 120, 40, 10);
             case_layernorm(300, 96);
             case_layout(2, 48, 80, 130);
             case_resample(2, 70, 6, 10);
