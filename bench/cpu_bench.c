@@ -106,6 +106,18 @@ static void fill_normal(float *x, size_t n, uint64_t seed, uint64_t s, uint32_t 
 static unsigned forced_mask;
 static unsigned forced_half(int dtype) { return dtype == BK_DTYPE_BF16 ? forced_mask : 0; }
 
+/* idx[0 .. m) by sec[idx[i]], slowest first (a profile's few hundred ops) */
+static void sort_by_seconds(int *idx, int m, const double *sec)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = i + 1; j < m; j++)
+            if (sec[idx[j]] > sec[idx[i]]) {
+                int tmp = idx[i];
+                idx[i] = idx[j];
+                idx[j] = tmp;
+            }
+}
+
 static int run_config(const char *name, int batch, int micro, int warmup, int steps, int threads,
                       int profile, int precision, int force_half)
 {
@@ -272,13 +284,7 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
         int *idx = malloc((size_t)g.n_ops * sizeof *idx), m = 0;
         for (int k = 0; k < g.n_ops; k++)
             if (g.ops[k].type <= OP_CONV2D_BWD_FILTER) idx[m++] = k;
-        for (int i = 0; i < m; i++)
-            for (int j = i + 1; j < m; j++)
-                if (pr->op_seconds[idx[j]] > pr->op_seconds[idx[i]]) {
-                    int tmp = idx[i];
-                    idx[i] = idx[j];
-                    idx[j] = tmp;
-                }
+        sort_by_seconds(idx, m, pr->op_seconds);
         for (int i = 0; i < m && i < 12; i++) {
             const struct op *o = &g.ops[idx[i]];
             const struct bk_conv2d *s = &o->a.conv;
@@ -292,13 +298,7 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
         m = 0;
         for (int k = 0; k < g.n_ops; k++)
             if (g.ops[k].type == OP_LINEAR || g.ops[k].type == OP_LINEAR_BWD) idx[m++] = k;
-        for (int i = 0; i < m; i++)
-            for (int j = i + 1; j < m; j++)
-                if (pr->op_seconds[idx[j]] > pr->op_seconds[idx[i]]) {
-                    int tmp = idx[i];
-                    idx[i] = idx[j];
-                    idx[j] = tmp;
-                }
+        sort_by_seconds(idx, m, pr->op_seconds);
         for (int i = 0; i < m && i < 8; i++) {
             const struct op *o = &g.ops[idx[i]];
             double sec = pr->op_seconds[idx[i]] * per;

@@ -236,6 +236,27 @@ static int fill_ws_guards(struct exec *e)
     return bk_check(e, rc, "filling the workspace canaries");
 }
 
+/* A per-op list (CSR): *start (n_ops + 2 entries) and *items hold, for each op k, val[i] (i
+ * itself when val is NULL) of every i < n with key[i] == k, in the order of i; key[i] < 0:
+ * listed nowhere. 0, or -1 out of memory (what was made stays for exec_free). */
+static int csr_by_op(const int *key, const int *val, int n, int n_ops, int **start, int **items)
+{
+    *start = calloc((size_t)n_ops + 2, sizeof **start);
+    *items = malloc(((size_t)n + 1) * sizeof **items);
+    int *fill = calloc((size_t)n_ops + 1, sizeof *fill);
+    if (!*start || !*items || !fill) {
+        free(fill);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (key[i] >= 0) (*start)[key[i] + 1]++;
+    for (int k = 0; k < n_ops; k++) (*start)[k + 1] += (*start)[k];
+    for (int i = 0; i < n; i++)
+        if (key[i] >= 0) (*items)[(*start)[key[i]] + fill[key[i]]++] = val ? val[i] : i;
+    free(fill);
+    return 0;
+}
+
 /* e->gout: each parameter gradient listed at the last run op that writes it */
 static int setup_grads_out(struct exec *e)
 {
@@ -243,37 +264,26 @@ static int setup_grads_out(struct exec *e)
     const struct plan *p = e->p;
     const int n_run = p->n_run_ops;
     int *last = malloc(((size_t)g->n_tensors + 1) * sizeof *last);
-    e->gout_start = calloc((size_t)n_run + 2, sizeof *e->gout_start);
-    e->gout = malloc(((size_t)g->n_tensors + 1) * sizeof *e->gout);
-    if (!last || !e->gout_start || !e->gout) {
-        free(last);
-        return -1;
-    }
-    for (int t = 0; t < g->n_tensors; t++) last[t] = -1;
-    for (int k = 0; k < n_run; k++) {
-        const struct op *o = plan_op(p, g, k);
-        for (int i = 0; i < o->n_out; i++)
-            if (o->out[i] >= 0 && o->out[i] < g->n_tensors) last[o->out[i]] = k;
-    }
-    for (int t = 0; t < g->n_tensors; t++)
-        if (g->tensors[t]->kind == TENSOR_PARAM && g->tensors[t]->grad >= 0 &&
-            last[g->tensors[t]->grad] >= 0)
-            e->gout_start[last[g->tensors[t]->grad] + 1]++;
-    for (int k = 0; k < n_run; k++) e->gout_start[k + 1] += e->gout_start[k];
-    int *fill = calloc((size_t)n_run + 1, sizeof *fill);
-    if (!fill) {
-        free(last);
-        return -1;
-    }
-    for (int t = 0; t < g->n_tensors; t++)
-        if (g->tensors[t]->kind == TENSOR_PARAM && g->tensors[t]->grad >= 0 &&
-            last[g->tensors[t]->grad] >= 0) {
-            int k = last[g->tensors[t]->grad];
-            e->gout[e->gout_start[k] + fill[k]++] = g->tensors[t]->grad;
+    int *key = malloc(((size_t)g->n_tensors + 1) * sizeof *key);
+    int *grad = malloc(((size_t)g->n_tensors + 1) * sizeof *grad);
+    int rc = -1;
+    if (last && key && grad) {
+        for (int t = 0; t < g->n_tensors; t++) last[t] = -1;
+        for (int k = 0; k < n_run; k++) {
+            const struct op *o = plan_op(p, g, k);
+            for (int i = 0; i < o->n_out; i++)
+                if (o->out[i] >= 0 && o->out[i] < g->n_tensors) last[o->out[i]] = k;
         }
-    free(fill);
+        for (int t = 0; t < g->n_tensors; t++) {
+            grad[t] = g->tensors[t]->grad;
+            key[t] = g->tensors[t]->kind == TENSOR_PARAM && grad[t] >= 0 ? last[grad[t]] : -1;
+        }
+        rc = csr_by_op(key, grad, g->n_tensors, n_run, &e->gout_start, &e->gout);
+    }
     free(last);
-    return 0;
+    free(key);
+    free(grad);
+    return rc;
 }
 
 /* e->gz_start, e->gz: each gradient of a grads_in_arena plan, at the op its storage starts at
@@ -281,27 +291,17 @@ static int setup_grads_out(struct exec *e)
 static int gz_lists(struct exec *e)
 {
     const struct plan *p = e->p;
-    const int n_run = p->n_run_ops;
-    e->gz_start = calloc((size_t)n_run + 2, sizeof *e->gz_start);
-    e->gz = malloc(((size_t)p->n_tensors + 1) * sizeof *e->gz);
-    int *fill = calloc((size_t)n_run + 1, sizeof *fill);
-    if (!e->gz_start || !e->gz || !fill) {
-        free(fill);
-        return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient lists");
-    }
-    for (int t = 0; t < p->n_tensors; t++)
-        if (e->g->tensors[t]->kind == TENSOR_GRAD) e->gz_start[p->st[p->storage[t]].first + 1]++;
-    for (int k = 0; k < n_run; k++) e->gz_start[k + 1] += e->gz_start[k];
-    for (int t = 0; t < p->n_tensors; t++)
-        if (e->g->tensors[t]->kind == TENSOR_GRAD) {
-            int k = p->st[p->storage[t]].first;
-            e->gz[e->gz_start[k] + fill[k]++] = t;
-        }
-    free(fill);
-    return EXEC_OK;
+    int *key = malloc(((size_t)p->n_tensors + 1) * sizeof *key);
+    int rc = !key;
+    for (int t = 0; key && t < p->n_tensors; t++)
+        key[t] = e->g->tensors[t]->kind == TENSOR_GRAD ? p->st[p->storage[t]].first : -1;
+    if (!rc) rc = csr_by_op(key, NULL, p->n_tensors, p->n_run_ops, &e->gz_start, &e->gz);
+    free(key);
+    return rc ? exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient lists")
+              : EXEC_OK;
 }
 
-/* e->segs: each gradient once (the first parameter naming it), in tensor order */
+/* e->segs: each gradient once (its owner: the first parameter naming it), in tensor order */
 static int grad_segments(struct exec *e)
 {
     const struct plan *p = e->p;
@@ -312,11 +312,7 @@ static int grad_segments(struct exec *e)
         free(param_of);
         return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient list");
     }
-    for (int t = 0; t < g->n_tensors; t++) param_of[t] = -1;
-    for (int t = g->n_tensors - 1; t >= 0; t--) {
-        int gt = g->tensors[t]->kind == TENSOR_PARAM ? g->tensors[t]->grad : -1;
-        if (gt >= 0 && gt < g->n_tensors) param_of[gt] = t;
-    }
+    graph_grad_owners(g, param_of);
     e->n_segs = 0;
     for (int t = 0; t < g->n_tensors; t++)
         if (g->tensors[t]->kind == TENSOR_GRAD && param_of[t] >= 0 && p->offset[t] >= 0)
@@ -344,20 +340,13 @@ static int exec_setup(struct exec *e, size_t from)
                               (end - p->arena_off) / 4, e->ctx)))
         return bk_fail(e, rc, -1, "filling the arena");
     if ((rc = fill_ws_guards(e))) return rc;
-    const int n_run = p->n_run_ops;
-    e->ends_start = calloc((size_t)n_run + 2, sizeof *e->ends_start);
-    e->ends = malloc(((size_t)p->n_storages + 1) * sizeof *e->ends);
-    if (!e->ends_start || !e->ends) goto nomem;
-    for (int s = 0; s < p->n_storages; s++) e->ends_start[p->st[s].last + 1]++;
-    for (int k = 0; k < n_run; k++) e->ends_start[k + 1] += e->ends_start[k];
     {
-        int *fill = calloc((size_t)n_run + 1, sizeof *fill);
-        if (!fill) goto nomem;
-        for (int s = 0; s < p->n_storages; s++) {
-            int k = p->st[s].last;
-            e->ends[e->ends_start[k] + fill[k]++] = s;
-        }
-        free(fill);
+        int *last = malloc(((size_t)p->n_storages + 1) * sizeof *last);
+        for (int s = 0; last && s < p->n_storages; s++) last[s] = p->st[s].last;
+        int bad = !last || csr_by_op(last, NULL, p->n_storages, p->n_run_ops, &e->ends_start,
+                                     &e->ends);
+        free(last);
+        if (bad) goto nomem;
     }
     if (p->grads_in_arena && (rc = gz_lists(e))) return rc;
     if (!p->inference && (rc = grad_segments(e))) return rc;
@@ -1686,12 +1675,11 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
     for (int k = from; k < to; k++) {
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
-        for (int i = e->gz_start ? e->gz_start[k] : 0; e->gz_start && i < e->gz_start[k + 1]; i++) {
-            const struct tensor *gt = e->g->tensors[e->gz[i]];
-            if ((rc = e->bk->mem_set_f32((float *)exec_tensor(e, e->gz[i]), 0.0f, gt->numel,
-                                         e->ctx)))
+        for (int i = e->gz_start ? e->gz_start[k] : 0, end = e->gz_start ? e->gz_start[k + 1] : 0;
+             i < end; i++)
+            if ((rc = e->bk->mem_set_f32(exec_tensor(e, e->gz[i]), 0.0f,
+                                         e->g->tensors[e->gz[i]]->numel, e->ctx)))
                 return bk_fail(e, rc, k, "zeroing a gradient");
-        }
         if (e->opts.profile) {
             double t0 = prof_seconds(e);
             rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
@@ -2036,6 +2024,30 @@ void loss_scaler_update(struct loss_scaler *s, const struct strategy_loss_scale 
     }
 }
 
+/* AdamW, then the EMA when decay > 0, over n words of the parameters' layout (g: their gradient) */
+struct adamw_args {
+    const struct backend *bk;
+    bk_ctx *ctx;
+    const struct bk_adamw *h;
+    float gscale, ema_decay;
+};
+static int adamw_span(struct exec *e, const struct adamw_args *a, float *w, float *m, float *v,
+                      float *ema, const float *g, size_t n)
+{
+    const struct backend *bk = a->bk;
+    int rc;
+    if (a->ema_decay > 0.0f && backend_supports(bk, BK_OP_adamw_ema_step, BK_DTYPE_F32)) {
+        if ((rc = bk->adamw_ema_step(w, m, v, ema, g, a->gscale, a->h, a->ema_decay, n, a->ctx)))
+            return bk_fail(e, rc, -1, "the AdamW + EMA step");
+        return EXEC_OK;
+    }
+    if ((rc = bk->adamw_step(w, m, v, g, a->gscale, a->h, n, a->ctx)))
+        return bk_fail(e, rc, -1, "the AdamW step");
+    if (a->ema_decay > 0.0f && (rc = bk->ema_update(ema, w, a->ema_decay, n, a->ctx)))
+        return bk_fail(e, rc, -1, "the EMA update");
+    return EXEC_OK;
+}
+
 static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t t, float lr,
                           float loss_scale, int skip_nonfinite, float *grad_norm, int *applied)
 {
@@ -2103,22 +2115,14 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     };
     /* one call over the blocks, or (arena gradients) one per gradient: the same bits, each
      * element's update its own */
-    for (int i = 0; i < (p->grads_in_arena ? e->n_segs : 1); i++) {
-        size_t r = p->grads_in_arena ? e->segs[i].rel / 4 : 0;
-        size_t nw = p->grads_in_arena ? e->segs[i].words : words;
-        const float *gi = p->grads_in_arena ? exec_tensor(e, e->segs[i].grad) : g;
-        if (c->ema_decay > 0.0f && backend_supports(bk, BK_OP_adamw_ema_step, BK_DTYPE_F32)) {
-            if ((rc = bk->adamw_ema_step(w + r, m + r, v + r, ema + r, gi, gscale, &h,
-                                         c->ema_decay, nw, ctx)))
-                return bk_fail(e, rc, -1, "the AdamW + EMA step");
-        } else {
-            if ((rc = bk->adamw_step(w + r, m + r, v + r, gi, gscale, &h, nw, ctx)))
-                return bk_fail(e, rc, -1, "the AdamW step");
-            if (c->ema_decay > 0.0f &&
-                (rc = bk->ema_update(ema + r, w + r, c->ema_decay, nw, ctx)))
-                return bk_fail(e, rc, -1, "the EMA update");
-        }
+    const struct adamw_args aa = {bk, ctx, &h, gscale, c->ema_decay};
+    if (!p->grads_in_arena) rc = adamw_span(e, &aa, w, m, v, ema, g, words);
+    for (int i = 0; p->grads_in_arena && !rc && i < e->n_segs; i++) {
+        const size_t r = e->segs[i].rel / 4;
+        rc = adamw_span(e, &aa, w + r, m + r, v + r, ema + r, exec_tensor(e, e->segs[i].grad),
+                        e->segs[i].words);
     }
+    if (rc) return rc;
     if (p->offload) {
         /* on the copy stream; the next step's compute waits for it on the device */
         void *dw = e->base + p->params_off;

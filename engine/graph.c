@@ -203,6 +203,15 @@ int graph_input(struct graph *g, const char *name, int rank, const int *dims)
     return graph_tensor(g, TENSOR_INPUT, name, rank, dims);
 }
 
+void graph_grad_owners(const struct graph *g, int *owner)
+{
+    for (int t = 0; t < g->n_tensors; t++) owner[t] = -1;
+    for (int t = g->n_tensors - 1; t >= 0; t--) {
+        int gt = g->tensors[t]->grad;
+        if (gt >= 0 && gt < g->n_tensors) owner[gt] = t;
+    }
+}
+
 int graph_find_param(const struct graph *g, const char *name)
 {
     if (!g->param_cap || !name) return -1;

@@ -167,6 +167,8 @@ int graph_param(struct graph *g, const char *name, int rank, const int *dims);
 int graph_input(struct graph *g, const char *name, int rank, const int *dims);
 /* the parameter with this name, or -1 */
 int graph_find_param(const struct graph *g, const char *name);
+/* owner[t] (g->n_tensors entries): the first tensor whose gradient t is, or -1 */
+void graph_grad_owners(const struct graph *g, int *owner);
 size_t tensor_bytes(const struct tensor *t);
 /* records the first builder error (sticky) and returns -1, as builders do */
 int graph_fail(struct graph *g, int status, const char *fmt, ...)

@@ -935,11 +935,7 @@ static int build_grads(struct build *b)
     if (b->infer || b->grads_arena) return PLAN_OK; /* arena gradients: placed with the arena */
     int *param_of = malloc((size_t)n * sizeof *param_of + 1);
     if (!param_of) return PLAN_ERR_NOMEM;
-    for (int t = 0; t < n; t++) param_of[t] = -1;
-    for (int t = n - 1; t >= 0; t--) {
-        int gt = g->tensors[t]->grad;
-        if (gt >= 0 && gt < n) param_of[gt] = t;
-    }
+    graph_grad_owners(g, param_of);
     int rc = PLAN_OK;
     for (int t = 0; t < n && !rc; t++) {
         if (g->tensors[t]->kind != TENSOR_GRAD) continue;

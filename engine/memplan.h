@@ -1,6 +1,7 @@
 /* memplan.h - the memory plan: every byte a step touches, decided before any is allocated.
  * One allocation per job: [params | adam m | adam v | ema | work | grads | inputs | workspace |
- * arena] for training (the gradients in the arena instead under plan_opts.one_pass), [params | work | inputs | workspace | arena] for inference (sampling); work
+ * arena] for training (the gradients in the arena instead under plan_opts.one_pass),
+ * [params | work | inputs | workspace | arena] for inference (sampling); work
  * (the 16-bit weights) is empty under f32; from work on nothing outlives a step
  * (plan.transient_off). Tensors take the bytes their dtype says
  * (graph_set_precision); an operand whose dtype is not the one its kernel takes (a 16-bit

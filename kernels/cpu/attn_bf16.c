@@ -696,6 +696,16 @@ static void plain_dsoftmax_pair(const float *p, const float *dP, size_t ld, int 
     }
 }
 
+/* y (L rows, stride ldy) = W X in bf16: X (L rows of D, stride ldx) packed along its rows into
+ * xr, W the pair's (L, L) bf16 matrix as wx16 takes it (strides sw, st), the product in acc */
+static void plain_wx(bf16 *y, size_t ldy, const uint32_t *W, size_t sw, size_t st, const bf16 *x,
+                     size_t ldx, uint32_t *xr, float *acc, int L, int D)
+{
+    pack_r(xr, x, ldx, L, D);
+    wx16(acc, (size_t)D, W, sw, st, xr, (size_t)D, L, (L + 1) / 2, D, 0);
+    for (int i = 0; i < L; i++) store_row(y + (size_t)i * ldy, acc + (size_t)i * D, D, 1.0f);
+}
+
 void attn_bf16_plain_fwd(void *ov, float *p, const void *qv, const void *kv, const void *vv,
                          void *ws, const struct bk_attn *s, int nt)
 {
@@ -718,10 +728,8 @@ void attn_bf16_plain_fwd(void *ov, float *p, const void *qv, const void *kv, con
         pack_e(bt, (size_t)l16, ROW_LD(k, ni, 0, h), ld, L, l16, D);
         abt16(sc, (size_t)l16, at, (size_t)l16, bt, (size_t)l16, l16, L, dp, scale2(s->scale));
         plain_softmax16(sc, (size_t)l16, p + (size_t)nh * L * L, p16, (size_t)l16, L, L);
-        pack_r(xr, ROW_LD(v, ni, 0, h), ld, L, D);
-        wx16(acc, (size_t)D, (const uint32_t *)p16, (size_t)l16 / 2, 1, xr, (size_t)D, L,
-             (L + 1) / 2, D, 0);
-        for (int i = 0; i < L; i++) store_row(ROW_HD(o, ni, i, h), acc + (size_t)i * D, D, 1.0f);
+        plain_wx(ROW_HD(o, ni, 0, h), hd, (const uint32_t *)p16, (size_t)l16 / 2, 1,
+                 ROW_LD(v, ni, 0, h), ld, xr, acc, L, D);
     }
 }
 
@@ -755,16 +763,12 @@ void attn_bf16_plain_bwd(void *dqv, void *dkv, void *dvv, const void *doutv, con
                                 dsrp + (size_t)rp * l16, ds16 + (size_t)(2 * rp) * l16,
                                 (size_t)l16);
         /* dq = dS k, dk = dS^T q, dv = P^T dout, each through acc */
-        pack_r(xr, ROW_LD(k, ni, 0, h), ld, L, D);
-        wx16(acc, (size_t)D, (const uint32_t *)ds16, (size_t)l16 / 2, 1, xr, (size_t)D, L, lp, D,
-             0);
-        for (int i = 0; i < L; i++) store_row(ROW_LD(dq, ni, i, h), acc + (size_t)i * D, D, 1.0f);
-        pack_r(xr, ROW_LD(q, ni, 0, h), ld, L, D);
-        wx16(acc, (size_t)D, dsrp, 1, (size_t)l16, xr, (size_t)D, L, lp, D, 0);
-        for (int i = 0; i < L; i++) store_row(ROW_LD(dk, ni, i, h), acc + (size_t)i * D, D, 1.0f);
-        pack_r(xr, ROW_HD(dout, ni, 0, h), hd, L, D);
-        wx16(acc, (size_t)D, prp, 1, (size_t)l16, xr, (size_t)D, L, lp, D, 0);
-        for (int i = 0; i < L; i++) store_row(ROW_LD(dv, ni, i, h), acc + (size_t)i * D, D, 1.0f);
+        plain_wx(ROW_LD(dq, ni, 0, h), ld, (const uint32_t *)ds16, (size_t)l16 / 2, 1,
+                 ROW_LD(k, ni, 0, h), ld, xr, acc, L, D);
+        plain_wx(ROW_LD(dk, ni, 0, h), ld, dsrp, 1, (size_t)l16, ROW_LD(q, ni, 0, h), ld, xr, acc,
+                 L, D);
+        plain_wx(ROW_LD(dv, ni, 0, h), ld, prp, 1, (size_t)l16, ROW_HD(dout, ni, 0, h), hd, xr,
+                 acc, L, D);
     }
 }
 
