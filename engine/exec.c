@@ -51,6 +51,8 @@ struct exec {
         int grad;               /* optimizer steps them one by one when in the arena; rel: */
     } *segs;                    /* the parameter's byte offset in the parameter block */
     int n_segs;
+    struct bk_seg *bsegs;       /* segs as the multi-tensor optimizer entries take them */
+    double *seg_ss;             /* their sums of squares (sumsq_segs) */
     uint32_t *guard_host;       /* host copy buffer for canary checks */
     size_t guard_host_words;
     int loss_tensor;
@@ -145,6 +147,8 @@ void exec_free(struct exec *e)
     free(e->gz_start);
     free(e->gz);
     free(e->segs);
+    free(e->bsegs);
+    free(e->seg_ss);
     free(e->guard_host);
     free(e->op_seconds);
     free(e->stage);
@@ -307,8 +311,10 @@ static int grad_segments(struct exec *e)
     const struct plan *p = e->p;
     const struct graph *g = e->g;
     e->segs = malloc(((size_t)g->n_tensors + 1) * sizeof *e->segs);
+    e->bsegs = malloc(((size_t)g->n_tensors + 1) * sizeof *e->bsegs);
+    e->seg_ss = malloc(((size_t)g->n_tensors + 1) * sizeof *e->seg_ss);
     int *param_of = malloc(((size_t)g->n_tensors + 1) * sizeof *param_of);
-    if (!e->segs || !param_of) {
+    if (!e->segs || !e->bsegs || !e->seg_ss || !param_of) {
         free(param_of);
         return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient list");
     }
@@ -2066,12 +2072,17 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     /* the norm on the device, where the gradients are: the plain step's sum, so clipping and
      * the skip test are the same bits with and without offload, and with the gradients in a
      * block or in the arena (a sum per gradient, added in tensor order) */
-    for (int i = 0; i < e->n_segs; i++) {
-        double part = 0;
-        rc = bk->sumsq(&part, exec_tensor(e, e->segs[i].grad), e->segs[i].words, ctx);
-        if (rc) return bk_fail(e, rc, -1, "the gradient norm");
-        ss += part;
+    for (int i = 0; i < e->n_segs; i++)
+        e->bsegs[i] = (struct bk_seg){exec_tensor(e, e->segs[i].grad), e->segs[i].rel / 4,
+                                      e->segs[i].words};
+    if (backend_supports(bk, BK_OP_sumsq_segs, BK_DTYPE_F32)) {
+        if ((rc = bk->sumsq_segs(e->seg_ss, e->bsegs, e->n_segs, ctx)))
+            return bk_fail(e, rc, -1, "the gradient norm");
     }
+    for (int i = 0; i < e->n_segs && !backend_supports(bk, BK_OP_sumsq_segs, BK_DTYPE_F32); i++)
+        if ((rc = bk->sumsq(&e->seg_ss[i], e->bsegs[i].g, e->bsegs[i].count, ctx)))
+            return bk_fail(e, rc, -1, "the gradient norm");
+    for (int i = 0; i < e->n_segs; i++) ss += e->seg_ss[i];
     if (p->offload) {
         /* the step on the host, on the master, moments and EMA (the host backend's kernels),
          * from the gradients' copy the backward's copies made (grads_out); the master back to
@@ -2113,11 +2124,15 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
         .bias_c1 = (float)(1.0 - pow((double)c->beta1, (double)t)),
         .bias_c2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t)),
     };
-    /* one call over the blocks, or (arena gradients) one per gradient: the same bits, each
-     * element's update its own */
+    /* one call over the blocks, or (arena gradients) one over the segments or one per
+     * gradient: the same bits, each element's update its own */
     const struct adamw_args aa = {bk, ctx, &h, gscale, c->ema_decay};
+    const int multi = p->grads_in_arena && backend_supports(bk, BK_OP_adamw_segs, BK_DTYPE_F32);
     if (!p->grads_in_arena) rc = adamw_span(e, &aa, w, m, v, ema, g, words);
-    for (int i = 0; p->grads_in_arena && !rc && i < e->n_segs; i++) {
+    if (multi && (rc = bk->adamw_segs(w, m, v, ema, e->bsegs, e->n_segs, gscale, &h,
+                                      c->ema_decay, ctx)))
+        return bk_fail(e, rc, -1, "the AdamW + EMA step");
+    for (int i = 0; p->grads_in_arena && !multi && !rc && i < e->n_segs; i++) {
         const size_t r = e->segs[i].rel / 4;
         rc = adamw_span(e, &aa, w + r, m + r, v + r, ema + r, exec_tensor(e, e->segs[i].grad),
                         e->segs[i].words);

@@ -95,6 +95,14 @@ struct bk_adamw {
     float bias_c2_sqrt;     /* sqrt(1 - beta2^t) */
 };
 
+/* one parameter tensor's gradient for the multi-tensor optimizer entries (sumsq_segs,
+ * adamw_segs): `count` floats at g, whose weights, moments and EMA are at word `rel` of the
+ * flat parameter buffers */
+struct bk_seg {
+    const float *g;
+    size_t rel, count;
+};
+
 /* ---- the step on the device (the optional step_* entries at the end of struct backend) ---- */
 
 /* the host's values of one forward/backward (seed .. first) or optimizer step (lr, t), which the

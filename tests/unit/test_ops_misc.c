@@ -1273,6 +1273,75 @@ static void test_adamw(void)
     free(vd);
 }
 
+/* the multi-tensor forms against a call per segment: the same bits at 1, 2 and 3 threads,
+ * segments of uneven sizes (empty, below and across the chunk and parallel thresholds) with
+ * gaps between their states, in an order unlike their addresses */
+static void test_optim_segs(void)
+{
+    printf("optimizer segments:\n");
+    enum { NS = 7 };
+    const size_t cnt[NS] = {5, 16384 * 3 + 1, 0, 100003, 17, 2000003, 40000};
+    size_t rel[NS], words = 0;
+    for (int i = NS - 1; i >= 0; i--) { /* states in reverse order, 3 words apart */
+        rel[i] = words;
+        words += cnt[i] + 3;
+    }
+    float *grads = fbuf(words), *st[4], *ref[4];
+    tu_fill(grads, words, 2.0);
+    struct bk_seg segs[NS];
+    for (int i = 0; i < NS; i++) segs[i] = (struct bk_seg){grads + (words - rel[i] - cnt[i]), rel[i],
+                                                           cnt[i]};
+    bk_ctx *ctxs[3] = {&ctx1, &ctx2, &ctx3};
+    for (int c = 0; c < 3; c++) {
+        double ss[NS], one;
+        for (int i = 0; i < NS; i++) ss[i] = -1;
+        CHECK(cpu_sumsq_segs(ss, segs, NS, ctxs[c]) == BK_OK, "sumsq_segs status");
+        for (int i = 0; i < NS; i++) {
+            cpu_sumsq(&one, segs[i].g, segs[i].count, &ctx2);
+            CHECK(memcmp(&one, &ss[i], sizeof one) == 0,
+                  "sumsq_segs segment %d (n=%zu) at %d threads: %.17g, sumsq %.17g", i, cnt[i],
+                  c + 1, ss[i], one);
+        }
+    }
+    const float decays[2] = {0.999f, 0.0f};
+    for (int d = 0; d < 2; d++)
+        for (int c = 0; c < 3; c++) {
+            for (int k = 0; k < 4; k++) {
+                st[k] = fbuf(words);
+                ref[k] = fbuf(words);
+                tu_fill(st[k], words, k == 2 ? 0.5 : 1.0);
+                if (k == 2)
+                    for (size_t i = 0; i < words; i++) st[k][i] = fabsf(st[k][i]);
+                memcpy(ref[k], st[k], words * sizeof(float));
+            }
+            struct bk_adamw h = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                 .weight_decay = 0.1f, .bias_c1 = 0.19f, .bias_c2_sqrt = 0.0447f};
+            CHECK(cpu_adamw_segs(st[0], st[1], st[2], st[3], segs, NS, 0.5f, &h, decays[d],
+                                 ctxs[c]) == BK_OK,
+                  "adamw_segs status");
+            for (int i = 0; i < NS; i++) {
+                const size_t r = rel[i];
+                if (decays[d] > 0.0f)
+                    cpu_adamw_ema_step(ref[0] + r, ref[1] + r, ref[2] + r, ref[3] + r, segs[i].g,
+                                       0.5f, &h, decays[d], cnt[i], &ctx2);
+                else
+                    cpu_adamw_step(ref[0] + r, ref[1] + r, ref[2] + r, segs[i].g, 0.5f, &h,
+                                   cnt[i], &ctx2);
+            }
+            int same = 1;
+            for (int k = 0; k < 4; k++) same &= memcmp(st[k], ref[k], words * sizeof(float)) == 0;
+            CHECK(same, "adamw_segs (ema decay %g) at %d threads: the per-segment steps' bits, "
+                        "the gaps untouched", decays[d], c + 1);
+            for (int k = 0; k < 4; k++) {
+                free(st[k]);
+                free(ref[k]);
+            }
+        }
+    printf("  %d segments, %zu words: sumsq_segs and adamw_segs match a call per segment\n", NS,
+           words);
+    free(grads);
+}
+
 static void test_ema(void)
 {
     printf("ema:\n");
@@ -1319,5 +1388,6 @@ int main(void)
     test_sumsq();
     test_adamw();
     test_ema();
+    test_optim_segs();
     return tu_finish("test_ops_misc");
 }
