@@ -244,7 +244,7 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
     if (pr) {
         double per = 1.0 / steps, total = 0.0;
         for (int ty = 0; ty < OP_COUNT; ty++) total += pr->seconds[ty];
-        total += pr->optim_seconds;
+        total += pr->optim_seconds + pr->zero_seconds;
         printf("# profile: mean ms per step over %d steps (sum of ops %.1f ms, step median %.1f ms)\n",
                steps, 1e3 * total * per, 1e3 * med);
         /* op types by time */
@@ -279,6 +279,8 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
         }
         printf("# %-22s %9.2f %5.1f%% %6d\n", "optimizer (clip,adamw,ema)", 1e3 * pr->optim_seconds * per,
                100.0 * pr->optim_seconds / total, 1);
+        printf("# %-22s %9.2f %5.1f%%\n", "zeroing the gradients", 1e3 * pr->zero_seconds * per,
+               100.0 * pr->zero_seconds / total);
         /* the ten slowest convolution ops, with their shapes */
         printf("# slowest conv ops: ms/step GFLOP/s kind N Ci HxW -> Co HoxWo k stride\n");
         int *idx = malloc((size_t)g.n_ops * sizeof *idx), m = 0;

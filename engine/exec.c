@@ -1681,11 +1681,13 @@ static int run_range(struct exec *e, int from, int to, float dloss_scale, uint64
     for (int k = from; k < to; k++) {
         int rc;
         if (e->opts.check_guards && (rc = fill_guards(e, k))) return rc;
+        const double z0 = e->opts.profile && e->gz_start ? prof_seconds(e) : 0.0;
         for (int i = e->gz_start ? e->gz_start[k] : 0, end = e->gz_start ? e->gz_start[k + 1] : 0;
              i < end; i++)
             if ((rc = e->bk->mem_set_f32(exec_tensor(e, e->gz[i]), 0.0f,
                                          e->g->tensors[e->gz[i]]->numel, e->ctx)))
                 return bk_fail(e, rc, k, "zeroing a gradient");
+        if (e->opts.profile && e->gz_start) e->prof.zero_seconds += prof_seconds(e) - z0;
         if (e->opts.profile) {
             double t0 = prof_seconds(e);
             rc = run_op_typed(e, k, dloss_scale, seed, step, sample_base);
@@ -1785,10 +1787,13 @@ static int fb_body(struct exec *e, void *arg)
     const struct plan *p = e->p;
     int rc;
     /* arena gradients: zeroed op by op as the backward reaches them (run_range) */
-    if (a->zero_grads && !p->grads_in_arena &&
-        (rc = e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f, p->params_bytes / 4,
-                                 e->ctx)))
-        return bk_fail(e, rc, -1, "zeroing the gradients");
+    if (a->zero_grads && !p->grads_in_arena) {
+        const double t0 = e->opts.profile ? prof_seconds(e) : 0.0;
+        if ((rc = e->bk->mem_set_f32((float *)(e->base + p->grads_off), 0.0f,
+                                     p->params_bytes / 4, e->ctx)))
+            return bk_fail(e, rc, -1, "zeroing the gradients");
+        if (e->opts.profile) e->prof.zero_seconds += prof_seconds(e) - t0;
+    }
     /* a nested plan's run may have overwritten the workspace canaries */
     if (e->opts.check_guards && (rc = fill_ws_guards(e))) return rc;
     if ((rc = refresh_work(e))) return rc;
@@ -2172,6 +2177,7 @@ void exec_profile_reset(struct exec *e)
     memset(e->op_seconds, 0, (size_t)e->g->n_ops * sizeof *e->op_seconds);
     e->prof.optim_seconds = 0.0;
     e->prof.optim_calls = 0;
+    e->prof.zero_seconds = 0.0;
 }
 
 int exec_time_op(struct exec *e, int k, int reps, double *seconds)

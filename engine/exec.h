@@ -57,7 +57,8 @@ struct exec_opts {
 };
 
 /* seconds (exec_opts.profile's clock) accumulated since exec_init or the last
- * exec_profile_reset: per op type, per op of the graph, and the optimizer step */
+ * exec_profile_reset: per op type, per op of the graph, the optimizer step and the gradients'
+ * zeroing */
 struct exec_profile {
     double seconds[OP_COUNT];
     long calls[OP_COUNT];
@@ -65,6 +66,7 @@ struct exec_profile {
                                  * both its runs) */
     double optim_seconds;
     long optim_calls;
+    double zero_seconds;        /* zeroing the gradients before the backward writes them */
 };
 
 struct optim_config {
