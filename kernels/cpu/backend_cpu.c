@@ -55,7 +55,18 @@ void cpu_ctx_free(bk_ctx *ctx)
     cpu_conv_cache_free(ctx);
     cpu_gemm_cache_free(ctx);
     free(ctx->blocks);
+    free(ctx->tables);
     free(ctx);
+}
+
+void *cpu_tables(bk_ctx *ctx, size_t bytes)
+{
+    if (bytes <= ctx->tables_bytes) return ctx->tables;
+    void *p = realloc(ctx->tables, bytes);
+    if (!p) return NULL;
+    ctx->tables = p;
+    ctx->tables_bytes = bytes;
+    return p;
 }
 
 int cpu_ctx_set_budget(bk_ctx *ctx, size_t bytes)

@@ -19,6 +19,8 @@ struct bk_ctx {
     size_t held, high_water;     /* bytes cpu_mem_alloc holds now, and the most at once */
     struct cpu_block { void *p; size_t bytes; } *blocks; /* what cpu_mem_alloc handed out */
     int n_blocks, cap_blocks;
+    void *tables;                /* host tables of the kernels that need some (cpu_tables) */
+    size_t tables_bytes;
 };
 
 /* every entry of ops.def as cpu_<fn>. Where they are: backend_cpu.c (context, memory, budget,
@@ -36,6 +38,11 @@ struct bk_ctx {
 #define BK_TYPED_OP(ret, fn, args, half) ret cpu_t_##fn args;
 #include "ops.def"
 extern const struct bk_typed cpu_typed;
+
+/* at least `bytes` of the context's host tables (per-call bookkeeping such as optim.c's chunk
+ * lists): grown on the first call that needs more and kept, so a step's calls after the first
+ * allocate nothing; NULL when out of memory */
+void *cpu_tables(bk_ctx *ctx, size_t bytes);
 
 /* threads of the job's oneDNN calls and of kernels with per-thread scratch: ctx->threads capped
  * at the machine's cores, for which such workspaces are planned; with ctx NULL, the cores */

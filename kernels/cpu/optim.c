@@ -4,7 +4,6 @@
  */
 #include <math.h>
 #include <omp.h>
-#include <stdlib.h>
 
 #include "cpu.h"
 
@@ -65,15 +64,12 @@ int cpu_sumsq_segs(double *out_host, const struct bk_seg *segs, int n, bk_ctx *c
     if (n <= 0) return BK_OK;
     size_t total = 0;
     for (int i = 0; i < n; i++) total += sumsq_chunks(segs[i].count);
-    double *part = malloc(total * sizeof *part);
-    int *seg_of = malloc(total * sizeof *seg_of);
-    size_t *first = malloc(((size_t)n + 1) * sizeof *first);
-    if (!part || !seg_of || !first) {
-        free(part);
-        free(seg_of);
-        free(first);
-        return BK_ERR_NOMEM;
-    }
+    /* the chunks' sums, each chunk's segment, each segment's first chunk */
+    double *part = cpu_tables(ctx, total * (sizeof(double) + sizeof(int)) +
+                                       ((size_t)n + 1) * sizeof(size_t));
+    if (!part) return BK_ERR_NOMEM;
+    size_t *first = (size_t *)(part + total);
+    int *seg_of = (int *)(first + n + 1);
     first[0] = 0;
     for (int i = 0; i < n; i++) {
         first[i + 1] = first[i] + sumsq_chunks(segs[i].count);
@@ -91,9 +87,6 @@ int cpu_sumsq_segs(double *out_host, const struct bk_seg *segs, int n, bk_ctx *c
         for (size_t c = first[i]; c < first[i + 1]; c++) s += part[c];
         out_host[i] = s;
     }
-    free(part);
-    free(seg_of);
-    free(first);
     return BK_OK;
 }
 
