@@ -1044,6 +1044,7 @@ static int run_conv2d(struct exec *e, const struct op *o, const struct run_ctx *
 {
     struct bk_conv2d cs = o->a.conv;
     cs.dtype = r->kd;
+    cs.w_f32 = backend_conv_w_f32(e->bk, r->kd);
     return e->bk->conv2d_fwd(Q(0), P(0), P(1), P(2), r->ws, &cs, e->ctx);
 }
 static int needs_conv2d(const struct exec *e, const struct op *o, int kd, struct exec_need *need)
@@ -1055,6 +1056,7 @@ static int run_conv2d_bwd_data(struct exec *e, const struct op *o, const struct 
 {
     struct bk_conv2d cs = o->a.conv;
     cs.dtype = r->kd;
+    cs.w_f32 = backend_conv_w_f32(e->bk, r->kd);
     return e->bk->conv2d_bwd_data(Q(0), P(0), P(1), o->accum[0], r->ws, &cs, e->ctx);
 }
 static int needs_conv2d_bwd_data(const struct exec *e, const struct op *o, int kd,
@@ -1068,6 +1070,7 @@ static int run_conv2d_bwd_filter(struct exec *e, const struct op *o, const struc
 {
     struct bk_conv2d cs = o->a.conv;
     cs.dtype = r->kd;
+    cs.w_f32 = backend_conv_w_f32(e->bk, r->kd);
     return e->bk->conv2d_bwd_filter(Q(0), Q(1), P(0), P(1), r->ws, &cs, e->ctx);
 }
 static int needs_conv2d_bwd_filter(const struct exec *e, const struct op *o, int kd,

@@ -51,6 +51,7 @@ static size_t op_ws_bytes(const struct op *o, const struct backend *bk, int dtyp
     case OP_CONV2D_BWD_FILTER: {
         struct bk_conv2d s = o->a.conv;
         s.dtype = dtype;
+        s.w_f32 = backend_conv_w_f32(bk, dtype);
         return conv_ws_bytes(&s, bk, c);
     }
     case OP_ATTENTION:
@@ -398,16 +399,28 @@ static int same_shape(const struct tensor *a, const struct tensor *b)
     return 1;
 }
 
+/* the dtype o's kernel of dtype kd takes operand j (in, then out) in on bk: kd where the graph
+ * types it (graph_typed_operand), but fp32 for a convolution's weight where the backend rounds
+ * weights itself (backend_conv_w_f32), else fp32 */
+static int operand_dtype(const struct backend *bk, const struct op *o, int j, int kd)
+{
+    if (!graph_typed_operand(o, j)) return DTYPE_F32;
+    if (j == 1 && (o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA) &&
+        backend_conv_w_f32(bk, kd))
+        return DTYPE_F32;
+    return kd;
+}
+
 /* whether run op k's operands all have the dtypes its kernel takes (no conversion scratch) */
 static int plan_no_cvt(const struct plan *p, const struct graph *g, const struct op *ops, int k,
-                       const struct tensor *const *tv)
+                       const struct tensor *const *tv, const struct backend *bk)
 {
     const struct op *o = &ops[k], *og = &g->ops[p->op_src ? p->op_src[k] : k];
     for (int j = 0; j < o->n_in + o->n_out; j++) {
         int in = j < o->n_in, t = in ? o->in[j] : o->out[j - o->n_in];
         if (t < 0) continue;
         int dt = in ? (int)graph_input_dtype(g, og, j) : (int)tv[t]->dtype;
-        if (dt != (graph_typed_operand(o, j) ? p->op_dtype[k] : DTYPE_F32)) return 0;
+        if (dt != operand_dtype(bk, o, j, p->op_dtype[k])) return 0;
     }
     return 1;
 }
@@ -487,7 +500,7 @@ static void plan_fusions(struct plan *p, const struct op *ops, int n_run, const 
         }
         if (host < 0 || p->fuse_host[host] >= 0 || p->fuse_guest[host] >= 0 ||
             p->fuse_guest[guest] >= 0 || p->op_dtype[host] != p->op_dtype[guest] ||
-            !plan_no_cvt(p, g, ops, host, tv) || !plan_no_cvt(p, g, ops, guest, tv) ||
+            !plan_no_cvt(p, g, ops, host, tv, bk) || !plan_no_cvt(p, g, ops, guest, tv, bk) ||
             !plan_free_between(ops, guest < host ? guest : host, guest < host ? host : guest,
                                guest))
             continue;
@@ -784,7 +797,7 @@ static int build_conversions(struct build *b)
                 else
                     dt = DTYPE_F32; /* the master */
             }
-            int want = graph_typed_operand(o, j) ? kd : DTYPE_F32;
+            int want = operand_dtype(b->bk, o, j, kd);
             if (dt == want) continue;
             int dup = -1;
             for (int i = p->cvt_start[k]; i < p->n_cvt; i++)

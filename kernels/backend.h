@@ -74,6 +74,9 @@ struct bk_conv2d {
     int ho, wo;             /* output (N,Co,Ho,Wo), filled by bk_conv2d_init */
     int dtype;              /* enum bk_dtype of x, w, y (fwd), dy, w, dx (bwd data), dy, x (bwd
                              * filter); 0 = f32. Workspace sizes depend on it. */
+    int w_f32;              /* w (fwd, bwd data) is fp32 whatever dtype: the kernel rounds it
+                             * to dtype itself (backends with conv_w_f32 only; set on all three
+                             * calls of a shape, as backend_conv_w_f32 says) */
 };
 
 /* Multi-head self-attention over tokens. q, k, v are (N, L, ld) row-major with the H*D
@@ -185,6 +188,9 @@ struct backend {
     const char *name;
     /* images stored NHWC (channels last) rather than NCHW; see the top of this file */
     int nhwc;
+    /* the 16-bit convolutions take fp32 weights (bk_conv2d.w_f32): they round them to 16 bits
+     * inside the copy into their own weight layout, so a plan converts no weight for them */
+    int conv_w_f32;
     /* optional (NULL: none; the executor then converts 16-bit operands around the fp32
      * entries): the memory-bound kernels on elements of any dtype, fused group norms included */
     const struct bk_typed *typed;
@@ -214,6 +220,13 @@ const char *backend_op_name(enum bk_op op);
 
 /* the CPU backend, always present */
 const struct backend *backend_cpu(void);
+
+/* bk_conv2d.w_f32 of a convolution of kernel dtype `dtype` on bk: whether its weight operand is
+ * fp32 (the one rule the planner's conversions, its workspace sizes and the executor share) */
+static inline int backend_conv_w_f32(const struct backend *bk, int dtype)
+{
+    return bk && bk->conv_w_f32 && dtype != BK_DTYPE_F32;
+}
 
 /* conv2d output size from the input size and padding; returns BK_ERR_INVALID when empty */
 static inline int bk_conv2d_init(struct bk_conv2d *s)

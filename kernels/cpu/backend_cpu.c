@@ -218,6 +218,7 @@ static const struct backend cpu_backend = {
     .adamw_step = cpu_adamw_step,
     .ema_update = cpu_ema_update,
     .nhwc = 1,
+    .conv_w_f32 = 1,
     .typed = &cpu_typed,
     .adamw_ema_step = cpu_adamw_ema_step,
     .sumsq_segs = cpu_sumsq_segs,

@@ -5,7 +5,9 @@
  * reordered back and added. An accumulating data gradient (dx +=) goes through the workspace
  * and a summing reorder. Primitives are created once per shape, on first use, and cached in the
  * job's context; their scratchpad is part of `ws` too, so a step allocates no tensor memory.
- * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation; the bias, dw and db fp32; dx is
+ * bf16 (s->dtype): x, w, y, dy in bf16 with fp32 accumulation (w given in fp32 where s->w_f32,
+ * rounded to nearest even in the weight reorder; oneDNN's conversion treats fp32 denormals as
+ * zero, where kernels/half.h would keep a bf16 denormal); the bias, dw and db fp32; dx is
  * computed in fp32 into the workspace and rounded into bf16; accumulating, round(dx + round(r))
  * as backend.h says (cpu_accum16: rounded to bf16 first, then added in fp32 and rounded). The
  * bf16 filter gradient is not oneDNN's without AMX: im2col + a bf16 GEMM (conv_filter_gemm), or
@@ -281,6 +283,14 @@ out:
     return rc;
 }
 
+/* the type of the weights the engine hands over: s's, or fp32 (s->w_f32: the fp32 master, which
+ * the weight reorders round to bf16 on their way into the primitive's layout, so no separate
+ * conversion pass reads and writes every weight first) */
+static dnnl_data_type_t conv_wdt(const struct bk_conv2d *s)
+{
+    return s->w_f32 ? dnnl_f32 : conv_dt(s);
+}
+
 /* the weights as the engine keeps them, OIHW, of type t (the working copy's, or fp32 for dw) */
 static int oihw_md(dnnl_memory_desc_t *md, const struct bk_conv2d *s, dnnl_data_type_t t)
 {
@@ -325,7 +335,7 @@ static int conv_reorders(dnnl_primitive_t out[R_COUNT], size_t scratch[R_COUNT],
     const dnnl_memory_desc_t *dwb =
         dnnl_primitive_desc_query_md(p->bwd_w, dnnl_query_diff_weights_md, 0);
     dnnl_memory_desc_t uw, udw;
-    if (oihw_md(&uw, s, conv_dt(s)) || oihw_md(&udw, s, dnnl_f32)) return -1;
+    if (oihw_md(&uw, s, conv_wdt(s)) || oihw_md(&udw, s, dnnl_f32)) return -1;
     scratch[R_DX] = 0;
     return make_reorder(out ? &out[R_WF] : NULL, &uw, wf, 0, &scratch[R_WF]) ||
            make_reorder(out ? &out[R_WD] : NULL, &uw, wd, 0, &scratch[R_WD]) ||
@@ -457,7 +467,7 @@ static int entry_init(struct conv_entry *e, const struct bk_conv2d *s, int bias)
             if (cpu_ctx_init(&e->sub[i], 1)) goto out;
     }
     e->planned = cpu_conv2d_ws_bytes(s);
-    if (oihw_md(&uw, s, conv_dt(s)) || oihw_md(&udw, s, dnnl_f32) ||
+    if (oihw_md(&uw, s, conv_wdt(s)) || oihw_md(&udw, s, dnnl_f32) ||
         dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x))
         goto out;
     if (onednn_make_prim(&e->fwd, p.fwd) || onednn_make_prim(&e->bwd_d, p.bwd_d) || onednn_make_prim(&e->bwd_w, p.bwd_w))

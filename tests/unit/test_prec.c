@@ -187,6 +187,11 @@ static void bytes(enum unet_preset preset, int batch, const struct backend *bk)
             int bias_or_grad = tt->kind == TENSOR_GRAD || (tt->kind == TENSOR_PARAM &&
                                                            !weight_slot(o, j));
             int want = kd != DTYPE_F32 && !bias_or_grad ? kd : DTYPE_F32;
+            /* a 16-bit convolution of a backend that rounds its weights itself (conv_w_f32)
+             * reads the fp32 master as it is */
+            if (in && tt->kind == TENSOR_PARAM && weight_slot(o, j) && bk->conv_w_f32 &&
+                (o->type == OP_CONV2D || o->type == OP_CONV2D_BWD_DATA))
+                want = DTYPE_F32;
             const struct plan_cvt *c = NULL;
             for (int i = b.cvt_start[k]; i < b.cvt_start[k + 1]; i++)
                 if (b.cvt[i].tensor == t) c = &b.cvt[i];
