@@ -753,6 +753,17 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
     }
 }
 
+/* cpu_wgrad_bf16_rows on the calling thread, its scratch shown to cpu_wgrad_bf16_scratch */
+static void conv_wgrad_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0,
+                            int row1, int c0, int c1, int rb, const struct bk_conv2d *s,
+                            void *scratch)
+{
+    if (cpu_wgrad_bf16_scratch)
+        cpu_wgrad_bf16_scratch(omp_get_thread_num(), scratch,
+                               cpu_wgrad_bf16_bytes(s, rb, c1 - c0));
+    cpu_wgrad_bf16_rows(acc, dy, x, row0, row1, c0, c1, rb, s, scratch);
+}
+
 /* The sliced filter gradient (conv_filter_gemm's plan wg, sliced): slice i of wg->slices, the
  * chunks i * chunks / slices .. (i + 1) * chunks / slices - 1, runs on one thread, chunk by
  * chunk: its columns (im2col on that thread, into the thread's own columns) then a one-thread
@@ -790,7 +801,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         }
         uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
         if (wg->rows) {
-            cpu_wgrad_bf16_rows(part, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
+            conv_wgrad_rows(part, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
             continue;
         }
         char *scr = (char *)cols + wg->cols;
@@ -829,8 +840,8 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
         for (int i = 0; i < wg->groups; i++) {
             const int c0 = i * wg->cg, c1 = c0 + wg->cg < s->ci ? c0 + wg->cg : s->ci;
-            cpu_wgrad_bf16_rows(sum, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
-                                (char *)cols + (size_t)omp_get_thread_num() * room);
+            conv_wgrad_rows(sum, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
+                            (char *)cols + (size_t)omp_get_thread_num() * room);
         }
     }
     for (int p0 = 0; p0 < wg->px && !wg->rows; p0 += wg->chunk) {

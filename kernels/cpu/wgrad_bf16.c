@@ -26,6 +26,8 @@
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 
+void (*cpu_wgrad_bf16_scratch)(int t, const void *p, size_t bytes);
+
 size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rows, int nc)
 {
     const size_t pairs = (size_t)(s->wo + 1) / 2;
