@@ -745,23 +745,30 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
             for (size_t j = j0; j < j1; j++) sum[j] += q[j];
         }
     }
+    /* in tiles of 16 outputs x 16 inputs: with tco a line of the sum holds 16 outputs, and a
+     * whole output's row of dw reads Ci * Kh * Kw of them (147 KiB at 256 -> 256 3x3, past L1:
+     * 2.5% of that filter gradient) */
+    const int nob = (s->co + 15) / 16;
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
-    for (int o = 0; o < s->co; o++) {
-        float *d = dw + (size_t)o * kc;
-        for (int c = 0; c < s->ci; c++)
-            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c * sc + t * st];
-    }
+    for (int ob = 0; ob < nob; ob++)
+        for (int c0 = 0; c0 < s->ci; c0 += 16)
+            for (int o = 16 * ob; o < s->co && o < 16 * ob + 16; o++) {
+                float *d = dw + (size_t)o * kc;
+                for (int c = c0; c < s->ci && c < c0 + 16; c++)
+                    for (int t = 0; t < taps; t++)
+                        d[c * taps + t] += sum[o * so + c * sc + t * st];
+            }
 }
 
 /* cpu_wgrad_bf16_rows on the calling thread, its scratch shown to cpu_wgrad_bf16_scratch */
-static void conv_wgrad_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0,
-                            int row1, int c0, int c1, int rb, const struct bk_conv2d *s,
-                            void *scratch)
+static void conv_wgrad_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x,
+                            int row0, int row1, int c0, int c1, int rb,
+                            const struct bk_conv2d *s, void *scratch)
 {
     if (cpu_wgrad_bf16_scratch)
         cpu_wgrad_bf16_scratch(omp_get_thread_num(), scratch,
                                cpu_wgrad_bf16_bytes(s, rb, c1 - c0));
-    cpu_wgrad_bf16_rows(acc, dy, x, row0, row1, c0, c1, rb, s, scratch);
+    cpu_wgrad_bf16_rows(acc, db, dy, x, row0, row1, c0, c1, rb, s, scratch);
 }
 
 /* The sliced filter gradient (conv_filter_gemm's plan wg, sliced): slice i of wg->slices, the
@@ -789,7 +796,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         /* the slice's output pixels q0 .. q1 - 1: whole rows for wgrad_bf16.c, else chunks */
         const int q0 = wg->rows ? r0 * s->wo : c0 * wg->chunk;
         const int q1 = wg->rows ? r1 * s->wo : c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
-        if (db) /* the slice's dy summed, pixel by pixel */
+        if (db && !wg->rows) /* the slice's dy summed, pixel by pixel (wgrad_bf16.c: too) */
             for (int p = q0; p < q1; p++) {
                 const uint16_t *g = dy + (size_t)p * s->co;
 #pragma omp simd
@@ -801,7 +808,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         }
         uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
         if (wg->rows) {
-            conv_wgrad_rows(part, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
+            conv_wgrad_rows(part, db ? pdb : NULL, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
             continue;
         }
         char *scr = (char *)cols + wg->cols;
@@ -835,12 +842,15 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     uint16_t *cols = (uint16_t *)(ws + wg->sum);
     char *scr = ws + wg->sum + wg->cols;
     if (!wg->into_dw) memset(sum, 0, (size_t)s->co * wg->kc * sizeof(float));
-    if (wg->rows) { /* split: channel groups on the threads, each its slice of cols + scr */
+    /* split: channel groups on the threads, each its slice of cols + scr; the first group's
+     * task sums db too (fp32 in pixel order, while it copies dy: conv_db_sum's pass over dy
+     * cost 4% of a 256 -> 256 32x32 filter gradient) */
+    if (wg->rows) {
         const size_t room = (wg->cols + wg->scr) / (size_t)wg->threads / 64 * 64;
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
         for (int i = 0; i < wg->groups; i++) {
             const int c0 = i * wg->cg, c1 = c0 + wg->cg < s->ci ? c0 + wg->cg : s->ci;
-            conv_wgrad_rows(sum, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
+            conv_wgrad_rows(sum, i ? NULL : db, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
                             (char *)cols + (size_t)omp_get_thread_num() * room);
         }
     }
@@ -853,7 +863,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
         if (rc) return rc;
     }
     if (!wg->into_dw) conv_filter_add(dw, sum, 1, 0, wg->rows > 0, s, ctx);
-    if (db) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
+    if (db && !wg->rows) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
     return BK_OK;
 }
 

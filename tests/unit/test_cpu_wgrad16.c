@@ -269,7 +269,7 @@ static void test_claim(int n, int ci, int h, int w, int co, int kh, int rb)
     fill_bf16(x, xd, nx);
     fill_bf16(dy, dyd, ny);
     memset(scr, POISON, claim + GUARD);
-    cpu_wgrad_bf16_rows(acc, dy, x, 0, n * s.ho, 0, ci, rb, &s, scr);
+    cpu_wgrad_bf16_rows(acc, NULL, dy, x, 0, n * s.ho, 0, ci, rb, &s, scr);
     size_t hit = 0;
     for (size_t i = claim; i < claim + GUARD; i++) hit += scr[i] != POISON;
     CHECK(hit == 0, "wgrad_bf16 n%d ci%d %dx%d co%d k%dx3 rb%d: %zu bytes written past the "
