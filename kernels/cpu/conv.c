@@ -105,12 +105,16 @@ enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 115
  * (a count from the shape; 2 threads share them evenly), each a task over all rows into its own
  * elements of the one fp32 sum: no partials and no barrier, and a dw element's sum is the same
  * whichever thread runs its task; each thread's scratch a slice of the columns and GEMM
- * scratchpad planned (else not taken). Narrower rows (8 to 15 pixels) only at Co 128 or less and
+ * scratchpad planned (else not taken). Narrower rows (8 to 15 pixels) split, or sliced at
  * WGRAD_NARROW_PX pixels or more: measured (filter_bench, N8 unless said, GFLOP per CPU-second,
  * against im2col + GEMM) 64->64 8x8 N32 164 against 151-154, 128->64 8x8 N32 171-201 against
- * 152-162, 128->128 and 256->128 at 8x8 +4-5%; but 64->64 8x8 at N8 114-117 against 139-140
- * (3 slices of 512 pixels), 256->256 8x8 162 against 178, 512->512 8x8 105 against 161 (dy's
- * pair copy per channel group, too big for L1), 4x4 shapes 0.6-0.85x. */
+ * 152-162; but 64->64 8x8 at N8 114-117 against 139-140 (3 slices of 512 pixels), 4x4 shapes
+ * 0.6-0.85x (and 0.9-1.0x again with the split's db and dw add below). Split at N8 8x8, 3
+ * alternating rounds at load 3.4-3.6 on 2 cores: 128->64 160-185 against 117-148, 128->128 186-188
+ * against 158-161, 256->128 171-183 against 150-152, 256->256 156-164 against 144-151, 512->256
+ * 134-151 against 105-125, 512->512 117-123 against 108-116, 384->256 132-158 against 132-162
+ * (even); earlier 256->256 and 512->512 had measured 0.9x and 0.65x of the GEMM, then when
+ * Co over 128 was kept off it. */
 enum { WGRAD_PIX = 256, WGRAD_SPLIT_CI = 64, WGRAD_MIN_WO = 16, WGRAD_NARROW_PX = 2048 };
 
 struct conv_wgrad {
@@ -130,8 +134,9 @@ struct conv_wgrad {
 static int conv_filter_pairs(const struct bk_conv2d *s, int px)
 {
     const int narrow = s->wo < WGRAD_MIN_WO;
+    const int split = (size_t)s->co * s->kh * s->kw * s->ci >= WGRAD_SLICE_MN;
     return s->stride == 1 && s->co % 16 == 0 && s->wo >= 8 &&
-           !(narrow && (s->co > 128 || px < WGRAD_NARROW_PX));
+           !(narrow && !split && px < WGRAD_NARROW_PX);
 }
 
 /* w->rows for wgrad_bf16.c (above) on nc input channels with `room` bytes of scratch, or 0 */

@@ -235,6 +235,9 @@ static void test_shapes(void)
     test_filter(32, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1);
     test_filter(21, 24, 9, 11, 48, 3, 3, 1, 1, 1, 1, 1);
     test_filter(32, 128, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1);
+    /* split at rows under 16 pixels and fewer than 2048 pixels: 64 -> 144 at 8x10 N2 (whole
+     * images a block, 4 32-channel and a 16-channel output block) */
+    test_filter(2, 64, 8, 10, 144, 3, 3, 1, 1, 1, 1, 1);
     /* an unpadded 1x1 in slices through wgrad_bf16.c (x is not the column matrix there) */
     test_filter(4, 40, 16, 18, 32, 1, 1, 1, 0, 0, 0, 0);
     /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
