@@ -750,19 +750,29 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
             for (size_t j = j0; j < j1; j++) sum[j] += q[j];
         }
     }
-    /* in tiles of 16 outputs x 16 inputs: with tco a line of the sum holds 16 outputs, and a
-     * whole output's row of dw reads Ci * Kh * Kw of them (147 KiB at 256 -> 256 3x3, past L1:
-     * 2.5% of that filter gradient) */
-    const int nob = (s->co + 15) / 16;
+    if (tco) {
+        /* in tiles of 16 outputs x 16 inputs: a line of the sum holds 16 outputs, and a whole
+         * output's row of dw reads Ci * Kh * Kw of them (147 KiB at 256 -> 256 3x3, past L1:
+         * 2.5% of that filter gradient) */
+        const int nob = (s->co + 15) / 16;
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
-    for (int ob = 0; ob < nob; ob++)
-        for (int c0 = 0; c0 < s->ci; c0 += 16)
-            for (int o = 16 * ob; o < s->co && o < 16 * ob + 16; o++) {
-                float *d = dw + (size_t)o * kc;
-                for (int c = c0; c < s->ci && c < c0 + 16; c++)
-                    for (int t = 0; t < taps; t++)
-                        d[c * taps + t] += sum[o * so + c * sc + t * st];
-            }
+        for (int ob = 0; ob < nob; ob++)
+            for (int c0 = 0; c0 < s->ci; c0 += 16)
+                for (int o = 16 * ob; o < s->co && o < 16 * ob + 16; o++) {
+                    float *d = dw + (size_t)o * kc;
+                    for (int c = c0; c < s->ci && c < c0 + 16; c++)
+                        for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o + c * sc + t * st];
+                }
+        return;
+    }
+    /* an output's row of dw from its row of the sum (the tiles above cost 512 -> 256 4x4 a
+     * quarter more here) */
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
+    for (int o = 0; o < s->co; o++) {
+        float *d = dw + (size_t)o * kc;
+        for (int c = 0; c < s->ci; c++)
+            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c + t * st];
+    }
 }
 
 /* cpu_wgrad_bf16_rows on the calling thread, its scratch shown to cpu_wgrad_bf16_scratch */

@@ -81,8 +81,9 @@ void cpu_conv_cache_free(bk_ctx *ctx);
  * (Co fp32, may be NULL) += dy summed over the rows, pixel by pixel in order;
  * scratch: cpu_wgrad_bf16_bytes(s, rb, c1 - c0) */
 size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rb, int nc);
-void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x, int row0, int row1,
-                         int c0, int c1, int rb, const struct bk_conv2d *s, void *scratch);
+void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x, int row0,
+                         int row1, int c0, int c1, int rb, const struct bk_conv2d *s,
+                         void *scratch);
 /* NULL in the service; a test sets it to see the scratch conv.c hands each call of
  * cpu_wgrad_bf16_rows (the omp thread t, the range p .. p + bytes - 1 it claims): threads
  * sharing a scratch race only where their calls overlap in time, and a range short of its claim

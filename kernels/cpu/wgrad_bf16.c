@@ -138,8 +138,9 @@ static void wg_tile_any(float *out, int co, const uint32_t *A, size_t arow, cons
 #undef WG_CASE
 }
 
-void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x, int row0, int row1,
-                         int c0, int c1, int rb, const struct bk_conv2d *s, void *scratch)
+void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x, int row0,
+                         int row1, int c0, int c1, int rb, const struct bk_conv2d *s,
+                         void *scratch)
 {
     const int ci = c1 - c0, co = s->co, kh = s->kh, kw = s->kw, wo = s->wo;
     const int pairs = (wo + 1) / 2;
