@@ -107,12 +107,16 @@ enum { WGRAD_SLICES = 8, WGRAD_SLICE_COLS = 256 << 10, WGRAD_SLICE_MN = 64 * 115
  * (a count from the shape; 2 threads share them evenly), each a task over all rows into its own
  * elements of the one fp32 sum: no partials and no barrier, and a dw element's sum is the same
  * whichever thread runs its task; each thread's scratch a slice of the columns and GEMM
- * scratchpad planned (else not taken). Narrower rows (8 to 15 pixels) only at Co 128 or less and
+ * scratchpad planned (else not taken). Narrower rows (8 to 15 pixels) split, or sliced at
  * WGRAD_NARROW_PX pixels or more: measured (filter_bench, N8 unless said, GFLOP per CPU-second,
  * against im2col + GEMM) 64->64 8x8 N32 164 against 151-154, 128->64 8x8 N32 171-201 against
- * 152-162, 128->128 and 256->128 at 8x8 +4-5%; but 64->64 8x8 at N8 114-117 against 139-140
- * (3 slices of 512 pixels), 256->256 8x8 162 against 178, 512->512 8x8 105 against 161 (dy's
- * pair copy per channel group, too big for L1), 4x4 shapes 0.6-0.85x. */
+ * 152-162; but 64->64 8x8 at N8 114-117 against 139-140 (3 slices of 512 pixels), 4x4 shapes
+ * 0.6-0.85x (and 0.9-1.0x again with the split's db and dw add below). Split at N8 8x8, 3
+ * alternating rounds at load 3.4-3.6 on 2 cores: 128->64 160-185 against 117-148, 128->128 186-188
+ * against 158-161, 256->128 171-183 against 150-152, 256->256 156-164 against 144-151, 512->256
+ * 134-151 against 105-125, 512->512 117-123 against 108-116, 384->256 132-158 against 132-162
+ * (even); earlier 256->256 and 512->512 had measured 0.9x and 0.65x of the GEMM, then when
+ * Co over 128 was kept off it. */
 enum { WGRAD_PIX = 256, WGRAD_SPLIT_CI = 64, WGRAD_MIN_WO = 16, WGRAD_NARROW_PX = 2048 };
 
 struct conv_wgrad {
@@ -132,8 +136,9 @@ struct conv_wgrad {
 static int conv_filter_pairs(const struct bk_conv2d *s, int px)
 {
     const int narrow = s->wo < WGRAD_MIN_WO;
+    const int split = (size_t)s->co * s->kh * s->kw * s->ci >= WGRAD_SLICE_MN;
     return s->stride == 1 && s->co % 16 == 0 && s->wo >= 8 &&
-           !(narrow && (s->co > 128 || px < WGRAD_NARROW_PX));
+           !(narrow && !split && px < WGRAD_NARROW_PX);
 }
 
 /* w->rows for wgrad_bf16.c (above) on nc input channels with `room` bytes of scratch, or 0 */
@@ -755,12 +760,40 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
             for (size_t j = j0; j < j1; j++) sum[j] += q[j];
         }
     }
+    if (tco) {
+        /* in tiles of 16 outputs x 16 inputs: a line of the sum holds 16 outputs, and a whole
+         * output's row of dw reads Ci * Kh * Kw of them (147 KiB at 256 -> 256 3x3, past L1:
+         * 2.5% of that filter gradient) */
+        const int nob = (s->co + 15) / 16;
+#pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
+        for (int ob = 0; ob < nob; ob++)
+            for (int c0 = 0; c0 < s->ci; c0 += 16)
+                for (int o = 16 * ob; o < s->co && o < 16 * ob + 16; o++) {
+                    float *d = dw + (size_t)o * kc;
+                    for (int c = c0; c < s->ci && c < c0 + 16; c++)
+                        for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o + c * sc + t * st];
+                }
+        return;
+    }
+    /* an output's row of dw from its row of the sum (the tiles above cost 512 -> 256 4x4 a
+     * quarter more here) */
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw >= 65536)
     for (int o = 0; o < s->co; o++) {
         float *d = dw + (size_t)o * kc;
         for (int c = 0; c < s->ci; c++)
-            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c * sc + t * st];
+            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c + t * st];
     }
+}
+
+/* cpu_wgrad_bf16_rows on the calling thread, its scratch shown to cpu_wgrad_bf16_scratch */
+static void conv_wgrad_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x,
+                            int row0, int row1, int c0, int c1, int rb,
+                            const struct bk_conv2d *s, void *scratch)
+{
+    if (cpu_wgrad_bf16_scratch)
+        cpu_wgrad_bf16_scratch(omp_get_thread_num(), scratch,
+                               cpu_wgrad_bf16_bytes(s, rb, c1 - c0));
+    cpu_wgrad_bf16_rows(acc, db, dy, x, row0, row1, c0, c1, rb, s, scratch);
 }
 
 /* The sliced filter gradient (conv_filter_gemm's plan wg, sliced): slice i of wg->slices, the
@@ -788,7 +821,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         /* the slice's output pixels q0 .. q1 - 1: whole rows for wgrad_bf16.c, else chunks */
         const int q0 = wg->rows ? r0 * s->wo : c0 * wg->chunk;
         const int q1 = wg->rows ? r1 * s->wo : c1 * wg->chunk < wg->px ? c1 * wg->chunk : wg->px;
-        if (db) /* the slice's dy summed, pixel by pixel */
+        if (db && !wg->rows) /* the slice's dy summed, pixel by pixel (wgrad_bf16.c: too) */
             for (int p = q0; p < q1; p++) {
                 const uint16_t *g = dy + (size_t)p * s->co;
 #pragma omp simd
@@ -800,7 +833,7 @@ static int conv_filter_slices(float *dw, float *db, const uint16_t *dy, const ui
         }
         uint16_t *cols = (uint16_t *)(ws + wg->sum + (size_t)t * (wg->cols + wg->scr));
         if (wg->rows) {
-            cpu_wgrad_bf16_rows(part, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
+            conv_wgrad_rows(part, db ? pdb : NULL, dy, x, r0, r1, 0, s->ci, wg->rows, s, cols);
             continue;
         }
         char *scr = (char *)cols + wg->cols;
@@ -834,13 +867,16 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     uint16_t *cols = (uint16_t *)(ws + wg->sum);
     char *scr = ws + wg->sum + wg->cols;
     if (!wg->into_dw) memset(sum, 0, (size_t)s->co * wg->kc * sizeof(float));
-    if (wg->rows) { /* split: channel groups on the threads, each its slice of cols + scr */
+    /* split: channel groups on the threads, each its slice of cols + scr; the first group's
+     * task sums db too (fp32 in pixel order, while it copies dy: conv_db_sum's pass over dy
+     * cost 4% of a 256 -> 256 32x32 filter gradient) */
+    if (wg->rows) {
         const size_t room = (wg->cols + wg->scr) / (size_t)wg->threads / 64 * 64;
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static)
         for (int i = 0; i < wg->groups; i++) {
             const int c0 = i * wg->cg, c1 = c0 + wg->cg < s->ci ? c0 + wg->cg : s->ci;
-            cpu_wgrad_bf16_rows(sum, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
-                                (char *)cols + (size_t)omp_get_thread_num() * room);
+            conv_wgrad_rows(sum, i ? NULL : db, dy, x, 0, s->n * s->ho, c0, c1, wg->rows, s,
+                            (char *)cols + (size_t)omp_get_thread_num() * room);
         }
     }
     for (int p0 = 0; p0 < wg->px && !wg->rows; p0 += wg->chunk) {
@@ -852,7 +888,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
         if (rc) return rc;
     }
     if (!wg->into_dw) conv_filter_add(dw, sum, 1, 0, wg->rows > 0, s, ctx);
-    if (db) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
+    if (db && !wg->rows) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
     return BK_OK;
 }
 

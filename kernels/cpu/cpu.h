@@ -84,11 +84,18 @@ void cpu_gemm_cache_free(bk_ctx *ctx);
 void cpu_conv_cache_free(bk_ctx *ctx);
 /* wgrad_bf16.c (AVX512-BF16 only): a stride-1 bf16 filter gradient's output rows row0 .. row1 - 1
  * (of N*Ho, Wo pixels each; Co a multiple of 16), input channels c0 .. c1 - 1, added into acc
- * (Kh, Kw, Ci, Co) fp32, in blocks of at most rb rows of one image on the calling thread;
+ * (Kh, Kw, Ci, Co) fp32, in blocks of at most rb rows of one image on the calling thread; db
+ * (Co fp32, may be NULL) += dy summed over the rows, pixel by pixel in order;
  * scratch: cpu_wgrad_bf16_bytes(s, rb, c1 - c0) */
 size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rb, int nc);
-void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0, int row1,
-                         int c0, int c1, int rb, const struct bk_conv2d *s, void *scratch);
+void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x, int row0,
+                         int row1, int c0, int c1, int rb, const struct bk_conv2d *s,
+                         void *scratch);
+/* NULL in the service; a test sets it to see the scratch conv.c hands each call of
+ * cpu_wgrad_bf16_rows (the omp thread t, the range p .. p + bytes - 1 it claims): threads
+ * sharing a scratch race only where their calls overlap in time, and a range short of its claim
+ * can still lie inside the planned workspace, where neither a run nor ASan sees it */
+extern void (*cpu_wgrad_bf16_scratch)(int t, const void *p, size_t bytes);
 /* backend.h's rule for an accumulating 16-bit output of a typed kernel: y (count elements of
  * dtype, bf16 or f16) = round(y + round(r)), r the kernel's fp32 result: r rounded to the type
  * (what the `=` call stores), added to y in fp32, rounded again. r is overwritten (rounded). */

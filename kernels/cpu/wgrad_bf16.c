@@ -10,6 +10,7 @@
  * written (kw copies the size of x per block of rows instead of im2col's Kh*Kw) and none is
  * packed again for the GEMM. Each acc element is summed over a block's pixels in a fixed order,
  * then added into the caller's fp32 (Kh, Kw, Ci, Co): the same bits for the same row range.
+ * db, where asked, is summed in fp32 pixel by pixel in order while dy's rows are copied.
  * Called only where cpu_isa() reports AVX512-BF16.
  */
 #include <immintrin.h>
@@ -25,6 +26,8 @@
 
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
+
+void (*cpu_wgrad_bf16_scratch)(int t, const void *p, size_t bytes);
 
 size_t cpu_wgrad_bf16_bytes(const struct bk_conv2d *s, int rows, int nc)
 {
@@ -47,6 +50,23 @@ static void pair_row(uint32_t *d, const uint16_t *lo, const uint16_t *hi, int n)
     }
     for (; i < n; i++)
         d[i] = (lo ? (uint32_t)lo[i] : 0u) | (hi ? (uint32_t)hi[i] << 16 : 0u);
+}
+
+/* db (n floats) += lo (n bf16), in fp32 */
+static void db_add(float *db, const uint16_t *lo, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(lo + i)));
+        _mm512_storeu_ps(db + i, _mm512_add_ps(_mm512_loadu_ps(db + i),
+                                               _mm512_castsi512_ps(_mm512_slli_epi32(a, 16))));
+    }
+    for (; i < n; i++) {
+        const uint32_t u = (uint32_t)lo[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        db[i] += f;
+    }
 }
 
 /* out (NC, co) += over `rows` rows of `pairs` pairs in each of nimg images: A's CB vectors of
@@ -118,8 +138,9 @@ static void wg_tile_any(float *out, int co, const uint32_t *A, size_t arow, cons
 #undef WG_CASE
 }
 
-void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int row0, int row1,
-                         int c0, int c1, int rb, const struct bk_conv2d *s, void *scratch)
+void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16_t *x, int row0,
+                         int row1, int c0, int c1, int rb, const struct bk_conv2d *s,
+                         void *scratch)
 {
     const int ci = c1 - c0, co = s->co, kh = s->kh, kw = s->kw, wo = s->wo;
     const int pairs = (wo + 1) / 2;
@@ -140,6 +161,8 @@ void cpu_wgrad_bf16_rows(float *acc, const uint16_t *dy, const uint16_t *x, int 
             for (int m = 0; m < pairs; m++)
                 pair_row(dyp + ((size_t)rr * pairs + m) * co, g + (size_t)2 * m * co,
                          2 * m + 1 < wo ? g + (size_t)(2 * m + 1) * co : NULL, co);
+            /* db while the row is in L1: a pass of its own over dy missed in L3 */
+            for (int p = 0; db && p < wo; p++) db_add(db, g + (size_t)p * co, co);
         }
         for (int kx = 0; kx < kw; kx++)
             for (int gl = 0; gl < nimg * nli; gl++) {

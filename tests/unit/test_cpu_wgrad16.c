@@ -77,6 +77,37 @@ static long out_of_bound(const float *got, const double *ref, const double *mag,
     return bad;
 }
 
+/* the scratch ranges conv.c handed wgrad_bf16.c in one call (cpu_wgrad_bf16_scratch) */
+enum { MAX_RANGES = 256 };
+static struct range { int t; const char *p; size_t n; } ranges[MAX_RANGES];
+static int nranges;
+
+static void note_scratch(int t, const void *p, size_t n)
+{
+    const int i = __atomic_fetch_add(&nranges, 1, __ATOMIC_RELAXED);
+    if (i < MAX_RANGES) ranges[i] = (struct range){t, p, n};
+}
+
+/* the ranges noted since nranges was 0: each inside the workspace ws .. ws + wsb - 1, and two
+ * threads' ranges disjoint (a thread's own calls run one after another and may share) */
+static void check_ranges(const char *ws, size_t wsb, const char *tag, int threads)
+{
+    CHECK(nranges <= MAX_RANGES, "%s: %d scratch ranges, more than noted", tag, nranges);
+    const int n = nranges < MAX_RANGES ? nranges : MAX_RANGES;
+    for (int i = 0; i < n; i++) {
+        const struct range *a = &ranges[i];
+        CHECK(a->p >= ws && a->n <= wsb && (size_t)(a->p - ws) <= wsb - a->n,
+              "%s, %d threads: scratch %zu bytes at +%td, outside the workspace of %zu", tag,
+              threads, a->n, a->p - ws, wsb);
+        for (int j = 0; j < i; j++) {
+            const struct range *b = &ranges[j];
+            CHECK(a->t == b->t || a->p + a->n <= b->p || b->p + b->n <= a->p,
+                  "%s, %d threads: threads %d and %d share scratch (+%td, +%td)", tag, threads,
+                  a->t, b->t, a->p - ws, b->p - ws);
+        }
+    }
+}
+
 /* whether conv.c takes the im2col + bf16 GEMM path here */
 static int gemm_path(void) { return cpu_isa() >= CPU_ISA_AVX512_BF16 && !onednn_amx(); }
 
@@ -124,8 +155,12 @@ static void test_filter(int n, int ci, int h, int w, int co, int kh, int kw, int
             db[t - 1][r] = xmalloc(4 * co);
             memcpy(dw[t - 1][r], prev, 4 * nw);
             memcpy(db[t - 1][r], prevb, 4 * co);
+            nranges = 0;
+            cpu_wgrad_bf16_scratch = note_scratch;
             CHECK(cpu_conv2d_bwd_filter(dw[t - 1][r], db[t - 1][r], dy, x, ws, &s, ctx) == BK_OK,
                   "%s: %d threads, run %d", tag, t, r);
+            cpu_wgrad_bf16_scratch = NULL;
+            check_ranges(ws, wsb, tag, t);
         }
         long bad = out_of_bound(dw[t - 1][0], rdw, mdw, k, nw);
         CHECK(bad == 0, "%s, %d threads: dw, %ld of %zu elements out of bounds", tag, t, bad, nw);
@@ -200,6 +235,9 @@ static void test_shapes(void)
     test_filter(32, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1);
     test_filter(21, 24, 9, 11, 48, 3, 3, 1, 1, 1, 1, 1);
     test_filter(32, 128, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1);
+    /* split at rows under 16 pixels and fewer than 2048 pixels: 64 -> 144 at 8x10 N2 (whole
+     * images a block, 4 32-channel and a 16-channel output block) */
+    test_filter(2, 64, 8, 10, 144, 3, 3, 1, 1, 1, 1, 1);
     /* an unpadded 1x1 in slices through wgrad_bf16.c (x is not the column matrix there) */
     test_filter(4, 40, 16, 18, 32, 1, 1, 1, 0, 0, 0, 0);
     /* the thin shapes, the direct loop: fmnist-tiny's output (32 -> 1) and input (1 -> 32)
@@ -212,11 +250,54 @@ static void test_shapes(void)
     test_filter(1, 1, 3, 3, 5, 3, 3, 1, 1, 1, 1, 1);
 }
 
+/* wgrad_bf16.c called directly on n images of h x w, ci -> co (3x3 padded by 1 unless kh 1),
+ * in blocks of rb rows, its scratch exactly cpu_wgrad_bf16_bytes' claim followed by poisoned
+ * bytes that must stay so: in conv.c a claim short of what the blocks write (a halo) lands in
+ * the planned workspace, where ASan sees nothing */
+static void test_claim(int n, int ci, int h, int w, int co, int kh, int rb)
+{
+    if (!gemm_path()) return;
+    struct bk_conv2d s = {.n = n, .ci = ci, .h = h, .w = w, .co = co, .kh = kh, .kw = 3,
+                          .stride = 1, .pad_t = kh / 2, .pad_l = 1, .pad_b = kh / 2, .pad_r = 1,
+                          .dtype = BK_DTYPE_BF16};
+    CHECK(bk_conv2d_init(&s) == BK_OK, "conv init");
+    enum { GUARD = 4096, POISON = 0xa5 };
+    const size_t nx = (size_t)n * h * w * ci, ny = (size_t)n * s.ho * s.wo * co;
+    const size_t claim = cpu_wgrad_bf16_bytes(&s, rb, ci), nw = (size_t)co * ci * kh * 3;
+    uint16_t *x = xmalloc(2 * nx), *dy = xmalloc(2 * ny);
+    double *xd = xmalloc(8 * nx), *dyd = xmalloc(8 * ny);
+    float *acc = calloc(nw, 4);
+    unsigned char *scr = xmalloc(claim + GUARD);
+    if (!acc) abort();
+    fill_bf16(x, xd, nx);
+    fill_bf16(dy, dyd, ny);
+    memset(scr, POISON, claim + GUARD);
+    cpu_wgrad_bf16_rows(acc, NULL, dy, x, 0, n * s.ho, 0, ci, rb, &s, scr);
+    size_t hit = 0;
+    for (size_t i = claim; i < claim + GUARD; i++) hit += scr[i] != POISON;
+    CHECK(hit == 0, "wgrad_bf16 n%d ci%d %dx%d co%d k%dx3 rb%d: %zu bytes written past the "
+          "claim of %zu", n, ci, h, w, co, kh, rb, hit, claim);
+    free(x), free(dy), free(xd), free(dyd), free(acc), free(scr);
+}
+
+static void test_claims(void)
+{
+    /* blocks of rows of one image (interior blocks write both halo rows), a last shorter one */
+    test_claim(2, 24, 12, 20, 32, 3, 3);
+    test_claim(1, 16, 9, 17, 16, 3, 4);
+    /* blocks of whole images (a halo each), odd widths */
+    test_claim(5, 16, 4, 11, 48, 3, 8);
+    test_claim(3, 8, 5, 16, 16, 3, 10);
+    /* no halo */
+    test_claim(2, 16, 6, 16, 32, 1, 2);
+}
+
 int main(void)
 {
     tu_seed(25);
     if (!gemm_path()) printf("note: no AVX512-BF16 without AMX here: the im2col path is not run\n");
     test_shapes();
+    test_claims();
     printf("worst error / bound %.3f\n", worst);
     /* the other path: without AVX512-BF16 (oneDNN's bf16 emulated), the fp32 one on converted
      * operands */
