@@ -98,8 +98,8 @@ void cpu_wgrad_bf16_rows(float *acc, float *db, const uint16_t *dy, const uint16
 extern void (*cpu_wgrad_bf16_scratch)(int t, const void *p, size_t bytes);
 /* backend.h's rule for an accumulating 16-bit output of a typed kernel: y (count elements of
  * dtype, bf16 or f16) = round(y + round(r)), r the kernel's fp32 result: r rounded to the type
- * (what the `=` call stores), added to y in fp32, rounded again. r is overwritten (rounded). */
-void cpu_accum16(void *y, float *r, int dtype, size_t count, bk_ctx *ctx);
+ * (what the `=` call stores), added to y in fp32, rounded again. */
+void cpu_accum16(void *y, const float *r, int dtype, size_t count, bk_ctx *ctx);
 /* eltwise.c: one block (at most 4096 elements) of the SiLU and GELU entries on the calling
  * thread, which those entries and typed.c run block by block */
 void cpu_silu_block(float *y, const float *x, size_t n);

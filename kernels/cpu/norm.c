@@ -37,9 +37,10 @@ static int gn_fwd(void *y, float *mean, float *rstd, void *xo, const void *x, co
         return BK_ERR_INVALID;
     const int blk = gn_block_wide(c, c / groups), nblk = (c + blk - 1) / blk;
     if (blk > GN_MAX_BLOCK) return BK_ERR_INVALID;
-    /* AVX-512 where the fused SiLU's math dominates; the x + xb form stays AVX2 (its AVX-512
-     * copy measured 2x slower in the seed-64 step, 7 -> 12.5 ms, not reproduced alone) */
-    const int isa512 = silu && !xb && cpu_isa() >= CPU_ISA_AVX512;
+    /* AVX-512 where the fused SiLU's math dominates, the x + xb form too: 1.5 vs 1.8 ns an
+     * element alone (bf16 8x128x32x32 .. 8x256x8x8, 1 thread), and the seed-64 b8 step's
+     * group norms 8.3-8.5 -> 7.9-8.4 ms (a 2x slowdown once measured there did not recur) */
+    const int isa512 = silu && cpu_isa() >= CPU_ISA_AVX512;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
     for (int t = 0; t < n * nblk; t++) {
         if (isa512)

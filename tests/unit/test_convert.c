@@ -4,7 +4,9 @@
  * its sign), and fp32 to 16 bits at every representable value, at every exact tie between two
  * neighbours, one fp32 ulp either side of each tie, around the overflow and subnormal edges,
  * fp32 subnormals, infinities, NaNs and random values: f16 against GCC's _Float16 conversion,
- * bf16 against the nearer of the two neighbouring bf16 values computed in double.
+ * bf16 against the nearer of the two neighbouring bf16 values computed in double. And the
+ * typed kernels' accumulating 16-bit store (cpu_accum16, backend.h's y = round(y + round(r)))
+ * against those references at the same values, y running through every 16-bit pattern.
  */
 #include <math.h>
 #include <stdint.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu.h"
 #include "cpu/typed.h"
 #include "half.h"
 #include "test_util.h"
@@ -77,6 +80,19 @@ static uint16_t ref_f16(float x)
     uint16_t b;
     memcpy(&b, &h, 2);
     return b;
+}
+
+/* an f16 pattern's value, by GCC's _Float16 */
+static float ref_f16_value(uint16_t b)
+{
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return (float)h;
+}
+
+static int nan16(uint16_t h, int bf16)
+{
+    return bf16 ? (h & 0x7fffu) > 0x7f80u : (h & 0x7fffu) > 0x7c00u;
 }
 
 static int same16(uint16_t got, uint16_t want, int bf16)
@@ -202,6 +218,48 @@ static void rounding(int dtype)
     free(y);
 }
 
+/* cpu_accum16 on the rounding cases as r and every 16-bit pattern as y, against round(y +
+ * round(r)) with each rounding and the fp32 sum done by the references: at once (an odd count
+ * over several parallel chunks: the vector loop and a tail), then in calls of 7 (the scalar
+ * tail alone on every value) */
+static void accum16(int dtype)
+{
+    int bf16 = dtype == BK_DTYPE_BF16;
+    const char *name = bf16 ? "bf16" : "f16";
+    const uint16_t qnan = bf16 ? 0x7fc0u : 0x7e00u;
+    float *r = malloc((4 * 65536 + 64 + 200000) * sizeof *r);
+    size_t n = round_cases(bf16, r);
+    n -= n % 8 ? 0 : 1;
+    uint16_t *y = malloc(n * 2), *y7 = malloc(n * 2), *want = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        y[i] = (uint16_t)(i * 40503u); /* odd: every pattern once per 65536 */
+        float yf = bf16 ? bitsf((uint32_t)y[i] << 16) : ref_f16_value(y[i]);
+        uint16_t rr = isnan(r[i]) ? qnan : bf16 ? ref_bf16(r[i]) : ref_f16(r[i]);
+        float s = yf + (bf16 ? bitsf((uint32_t)rr << 16) : ref_f16_value(rr));
+        want[i] = isnan(s) ? qnan : bf16 ? ref_bf16(s) : ref_f16(s);
+    }
+    memcpy(y7, y, n * 2);
+    cpu_accum16(y, r, dtype, n, ctx);
+    for (size_t i = 0; i < n; i += 7)
+        cpu_accum16(y7 + i, r + i, dtype, n - i < 7 ? n - i : 7, ctx);
+    long bad = 0, bad7 = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* a NaN as a NaN: which operand's payload a sum of two keeps is the compiler's choice */
+        bad7 += nan16(y7[i], bf16) ? !nan16(y[i], bf16) : y7[i] != y[i];
+        int ok = nan16(want[i], bf16) ? nan16(y[i], bf16) : y[i] == want[i];
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "%s accum16: r %.9g -> 0x%04x, want 0x%04x (element %zu)\n", name,
+                    r[i], y[i], want[i], i);
+    }
+    CHECK(bad == 0, "%s accum16: %ld of %zu values wrong", name, bad, n);
+    CHECK(bad7 == 0, "%s accum16: the scalar tail differs from the vector loop on %ld values",
+          name, bad7);
+    free(r);
+    free(y);
+    free(y7);
+    free(want);
+}
+
 static void invalid(void)
 {
     uint16_t a[4] = {0}, b[4] = {0};
@@ -221,6 +279,8 @@ int main(void)
     all_patterns(BK_DTYPE_F16);
     rounding(BK_DTYPE_BF16);
     rounding(BK_DTYPE_F16);
+    accum16(BK_DTYPE_BF16);
+    accum16(BK_DTYPE_F16);
     invalid();
     bk->ctx_free(ctx);
     return tu_finish("test_convert");
