@@ -46,13 +46,12 @@ struct exec {
     int *ends_start, *ends;     /* per op: storages whose lifetime ends there (CSR) */
     int *gz_start, *gz;         /* plan.grads_in_arena: per op, the gradients zeroed before it
                                  * (their storage's first op; CSR of tensor ids) */
-    struct exec_seg {           /* a training plan's gradients in tensor order: the norm is */
-        size_t rel, words;      /* summed over them (either layout, the same bits), and the */
-        int grad;               /* optimizer steps them one by one when in the arena; rel: */
-    } *segs;                    /* the parameter's byte offset in the parameter block */
+    struct bk_seg *segs;        /* a training plan's gradients in tensor order (each one's
+                                 * bytes, its parameter's word in the parameter block): the norm
+                                 * is summed over them (either layout, the same bits), and the
+                                 * optimizer steps them when they are in the arena */
     int n_segs;
-    struct bk_seg *bsegs;       /* segs as the multi-tensor optimizer entries take them */
-    double *seg_ss;             /* their sums of squares (sumsq_segs) */
+    double *seg_ss;             /* their sums of squares */
     uint32_t *guard_host;       /* host copy buffer for canary checks */
     size_t guard_host_words;
     int loss_tensor;
@@ -147,7 +146,6 @@ void exec_free(struct exec *e)
     free(e->gz_start);
     free(e->gz);
     free(e->segs);
-    free(e->bsegs);
     free(e->seg_ss);
     free(e->guard_host);
     free(e->op_seconds);
@@ -311,10 +309,9 @@ static int grad_segments(struct exec *e)
     const struct plan *p = e->p;
     const struct graph *g = e->g;
     e->segs = malloc(((size_t)g->n_tensors + 1) * sizeof *e->segs);
-    e->bsegs = malloc(((size_t)g->n_tensors + 1) * sizeof *e->bsegs);
     e->seg_ss = malloc(((size_t)g->n_tensors + 1) * sizeof *e->seg_ss);
     int *param_of = malloc(((size_t)g->n_tensors + 1) * sizeof *param_of);
-    if (!e->segs || !e->bsegs || !e->seg_ss || !param_of) {
+    if (!e->segs || !e->seg_ss || !param_of) {
         free(param_of);
         return exec_fail(e, EXEC_ERR_NOMEM, 0, -1, "out of host memory for the gradient list");
     }
@@ -322,8 +319,9 @@ static int grad_segments(struct exec *e)
     e->n_segs = 0;
     for (int t = 0; t < g->n_tensors; t++)
         if (g->tensors[t]->kind == TENSOR_GRAD && param_of[t] >= 0 && p->offset[t] >= 0)
-            e->segs[e->n_segs++] = (struct exec_seg){
-                (size_t)p->offset[param_of[t]] - p->params_off, g->tensors[t]->numel, t};
+            e->segs[e->n_segs++] = (struct bk_seg){
+                exec_tensor(e, t), ((size_t)p->offset[param_of[t]] - p->params_off) / 4,
+                g->tensors[t]->numel};
     free(param_of);
     return EXEC_OK;
 }
@@ -2075,21 +2073,17 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     const struct backend *bk = e->bk;
     bk_ctx *ctx = e->ctx;
     double ss = 0;
-    int rc;
+    int rc = BK_OK;
     if (applied) *applied = 0;
     /* the norm on the device, where the gradients are: the plain step's sum, so clipping and
      * the skip test are the same bits with and without offload, and with the gradients in a
      * block or in the arena (a sum per gradient, added in tensor order) */
-    for (int i = 0; i < e->n_segs; i++)
-        e->bsegs[i] = (struct bk_seg){exec_tensor(e, e->segs[i].grad), e->segs[i].rel / 4,
-                                      e->segs[i].words};
-    if (backend_supports(bk, BK_OP_sumsq_segs, BK_DTYPE_F32)) {
-        if ((rc = bk->sumsq_segs(e->seg_ss, e->bsegs, e->n_segs, ctx)))
-            return bk_fail(e, rc, -1, "the gradient norm");
-    }
-    for (int i = 0; i < e->n_segs && !backend_supports(bk, BK_OP_sumsq_segs, BK_DTYPE_F32); i++)
-        if ((rc = bk->sumsq(&e->seg_ss[i], e->bsegs[i].g, e->bsegs[i].count, ctx)))
-            return bk_fail(e, rc, -1, "the gradient norm");
+    if (backend_supports(bk, BK_OP_sumsq_segs, BK_DTYPE_F32))
+        rc = bk->sumsq_segs(e->seg_ss, e->segs, e->n_segs, ctx);
+    else
+        for (int i = 0; i < e->n_segs && !rc; i++)
+            rc = bk->sumsq(&e->seg_ss[i], e->segs[i].g, e->segs[i].count, ctx);
+    if (rc) return bk_fail(e, rc, -1, "the gradient norm");
     for (int i = 0; i < e->n_segs; i++) ss += e->seg_ss[i];
     if (p->offload) {
         /* the step on the host, on the master, moments and EMA (the host backend's kernels),
@@ -2135,15 +2129,17 @@ static int optimizer_step(struct exec *e, const struct optim_config *c, int64_t 
     /* one call over the blocks, or (arena gradients) one over the segments or one per
      * gradient: the same bits, each element's update its own */
     const struct adamw_args aa = {bk, ctx, &h, gscale, c->ema_decay};
-    const int multi = p->grads_in_arena && backend_supports(bk, BK_OP_adamw_segs, BK_DTYPE_F32);
-    if (!p->grads_in_arena) rc = adamw_span(e, &aa, w, m, v, ema, g, words);
-    if (multi && (rc = bk->adamw_segs(w, m, v, ema, e->bsegs, e->n_segs, gscale, &h,
-                                      c->ema_decay, ctx)))
-        return bk_fail(e, rc, -1, "the AdamW + EMA step");
-    for (int i = 0; p->grads_in_arena && !multi && !rc && i < e->n_segs; i++) {
-        const size_t r = e->segs[i].rel / 4;
-        rc = adamw_span(e, &aa, w + r, m + r, v + r, ema + r, exec_tensor(e, e->segs[i].grad),
-                        e->segs[i].words);
+    if (!p->grads_in_arena) {
+        rc = adamw_span(e, &aa, w, m, v, ema, g, words);
+    } else if (backend_supports(bk, BK_OP_adamw_segs, BK_DTYPE_F32)) {
+        if ((rc = bk->adamw_segs(w, m, v, ema, e->segs, e->n_segs, gscale, &h, c->ema_decay,
+                                 ctx)))
+            return bk_fail(e, rc, -1, "the AdamW + EMA step");
+    } else {
+        for (int i = 0; i < e->n_segs && !rc; i++) {
+            const size_t r = e->segs[i].rel;
+            rc = adamw_span(e, &aa, w + r, m + r, v + r, ema + r, e->segs[i].g, e->segs[i].count);
+        }
     }
     if (rc) return rc;
     if (p->offload) {

@@ -748,8 +748,7 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
 {
     const int taps = s->kh * s->kw;
     const size_t kc = (size_t)taps * s->ci, nw = (size_t)s->co * kc;
-    const size_t so = tco ? 1 : kc, sc = tco ? (size_t)s->co : 1;
-    const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1);
+    const size_t st = (size_t)s->ci * (tco ? (size_t)s->co : 1); /* a tap's stride in the sum */
     const int nb = (int)((nw + 4095) / 4096);
 #pragma omp parallel for num_threads(cpu_threads(ctx)) schedule(static) if (nw * ns >= 65536)
     for (int b = 0; b < nb * (ns > 1); b++) {
@@ -771,7 +770,8 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
                 for (int o = 16 * ob; o < s->co && o < 16 * ob + 16; o++) {
                     float *d = dw + (size_t)o * kc;
                     for (int c = c0; c < s->ci && c < c0 + 16; c++)
-                        for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o + c * sc + t * st];
+                        for (int t = 0; t < taps; t++)
+                            d[c * taps + t] += sum[o + (size_t)c * s->co + t * st];
                 }
         return;
     }
@@ -781,7 +781,7 @@ static void conv_filter_add(float *dw, float *sum, int ns, size_t one, int tco,
     for (int o = 0; o < s->co; o++) {
         float *d = dw + (size_t)o * kc;
         for (int c = 0; c < s->ci; c++)
-            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * so + c + t * st];
+            for (int t = 0; t < taps; t++) d[c * taps + t] += sum[o * kc + c + t * st];
     }
 }
 
