@@ -226,7 +226,7 @@ static int run_config(const char *name, int batch, int micro, int warmup, int st
     long peak = rss_peak_kib();
     printf("engine ddpmd\nconfig %s\nbatch %d\nmicro_batch %d\nthreads %d\nparams %zu\n", name,
            batch, micro, threads, g.param_numel);
-    printf("precision %s\nhalf_ops %d\nconversions %d\n", planner_precision_name(precision),
+    printf("mode %s\nprecision %s\nhalf_ops %d\nconversions %d\n", cpu_parity_now() ? "parity" : "fast", planner_precision_name(precision),
            p.n_half_ops, p.n_cvt);
     printf("steps %d\nwarmup %d\nstep_ms_median %.3f\nstep_ms_min %.3f\nstep_ms_max %.3f\n", steps,
            warmup, 1e3 * med, 1e3 * sorted[0], 1e3 * sorted[steps - 1]);
@@ -393,7 +393,7 @@ static int run_ceilings(int threads, double seconds)
     run_peak(threads, seconds / 2);
     {
         const int n = 2048;
-        const struct cpu_gemm_shape gs = {0, 0, n, n, n, n, n, n, BK_DTYPE_F32, BK_DTYPE_F32, 0, 0};
+        const struct cpu_gemm_shape gs = {0, 0, n, n, n, n, n, n, BK_DTYPE_F32, BK_DTYPE_F32, 0, 0, 0, 0, 0, 0};
         const size_t wsb = cpu_gemm_ws_bytes(&gs);
         float *a = malloc((size_t)n * n * 4), *b = malloc((size_t)n * n * 4), *c = malloc((size_t)n * n * 4);
         void *ws = malloc(wsb ? wsb : 64);
@@ -628,6 +628,7 @@ static void usage(void)
             "usage: cpu_bench --config NAME [--batch N] [--steps N] [--warmup N] [--threads N] "
             "[--micro-batch M]\n"
             "                 [--profile | --profile-cpu] [--precision f32|bf16|f16] [--half-kernels MASK]\n"
+            "                 [--deterministic]\n"
             "       cpu_bench --ceilings [--threads N] [--seconds S]\n"
             "       cpu_bench --attn [--threads N] [--seconds S] [--precision f32|bf16]\n"
             "configs: fmnist-tiny, cifar-small, ddpm-cifar10 (32x32), seed-64 (64x64)\n"
@@ -635,6 +636,8 @@ static void usage(void)
             "busy machine stretches least; --profile: wall time)\n"
             "--half-kernels MASK: bf16 on these kernels (1 convolutions, 2 linears, 3 both, 0\n"
             "none) instead of the CPU backend's choice (half_kernels)\n"
+            "--deterministic: parity mode (memory.deterministic: direct convolutions; the\n"
+            "default is ddpmd train's fast mode: Winograd F(4x4, 3x3) for the 3x3 ones)\n"
             "--micro-batch M: the batch in micro-batches of M (a divisor of N), gradients\n"
             "accumulated as a planned micro-batch runs (the graph and plan are M's)\n");
 }
@@ -643,7 +646,7 @@ int main(int argc, char **argv)
 {
     const char *config = NULL;
     int batch = 8, micro = 0, steps = 10, warmup = 2, profile = 0, ceilings = 0, attn = 0;
-    int precision = STRATEGY_PRECISION_F32, force_half = 0;
+    int precision = STRATEGY_PRECISION_F32, force_half = 0, deterministic = 0;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double seconds = 3.0;
     cpu_omp_wait_policy(argv); /* the OpenMP wait policy ddpmd runs with (kernels/cpu/cpu.h) */
@@ -656,6 +659,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--seconds") && v) seconds = atof(argv[++i]);
+        else if (!strcmp(a, "--deterministic")) deterministic = 1;
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--profile-cpu")) profile = EXEC_PROFILE_CPU;
         else if (!strcmp(a, "--half-kernels") && v) {
@@ -679,6 +683,9 @@ int main(int argc, char **argv)
         }
     }
     if (threads < 1) threads = 1;
+    /* the mode `ddpmd train` runs in: fast (Winograd convolutions) unless --deterministic
+     * (memory.deterministic: the direct kernels, bit-identical to a parity run) */
+    cpu_set_parity(deterministic);
     if (ceilings) return run_ceilings(threads, seconds);
     if (attn) return run_attn(threads, seconds, precision);
     if (!micro) micro = batch;

@@ -45,7 +45,7 @@ int main(int argc, char **argv)
         const int ta = sh[i][0], tb = sh[i][1], m = sh[i][2], n = sh[i][3], k = sh[i][4];
         const int lda = ta ? m : k, ldb = tb ? k : n;
         const struct cpu_gemm_shape s = {ta, tb, m, n, k, lda, ldb, n,
-                                         BK_DTYPE_F32, BK_DTYPE_F32, 0, 0};
+                                         BK_DTYPE_F32, BK_DTYPE_F32, 0, 0, 0, 0, 0, 0};
         const size_t wsb = cpu_gemm_ws_bytes(&s);
         float *a = malloc((size_t)m * k * sizeof(float)), *b = malloc((size_t)k * n * sizeof(float));
         float *c = malloc((size_t)m * n * sizeof(float));

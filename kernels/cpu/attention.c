@@ -443,12 +443,12 @@ static struct cpu_gemm_shape attn_plain_gemm(int which, const struct bk_attn *s)
 {
     const int L = s->l, D = s->d, ld = s->ld, hd = s->heads * s->d, f = BK_DTYPE_F32;
     switch (which) {
-    case PG_QK: return (struct cpu_gemm_shape){0, 1, L, L, D, ld, ld, L, f, f, 0, 0};
-    case PG_PV: return (struct cpu_gemm_shape){0, 0, L, D, L, L, ld, hd, f, f, 0, 0};
-    case PG_DP: return (struct cpu_gemm_shape){0, 1, L, L, D, hd, ld, L, f, f, 0, 0};
-    case PG_DQ: return (struct cpu_gemm_shape){0, 0, L, D, L, L, ld, ld, f, f, 0, 0};
-    case PG_DK: return (struct cpu_gemm_shape){1, 0, L, D, L, L, ld, ld, f, f, 0, 0};
-    default: return (struct cpu_gemm_shape){1, 0, L, D, L, L, hd, ld, f, f, 0, 0};
+    case PG_QK: return (struct cpu_gemm_shape){0, 1, L, L, D, ld, ld, L, f, f, 0, 0, 0, 0, 0, 0};
+    case PG_PV: return (struct cpu_gemm_shape){0, 0, L, D, L, L, ld, hd, f, f, 0, 0, 0, 0, 0, 0};
+    case PG_DP: return (struct cpu_gemm_shape){0, 1, L, L, D, hd, ld, L, f, f, 0, 0, 0, 0, 0, 0};
+    case PG_DQ: return (struct cpu_gemm_shape){0, 0, L, D, L, L, ld, ld, f, f, 0, 0, 0, 0, 0, 0};
+    case PG_DK: return (struct cpu_gemm_shape){1, 0, L, D, L, L, ld, ld, f, f, 0, 0, 0, 0, 0, 0};
+    default: return (struct cpu_gemm_shape){1, 0, L, D, L, L, hd, ld, f, f, 0, 0, 0, 0, 0, 0};
     }
 }
 

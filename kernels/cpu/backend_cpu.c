@@ -17,6 +17,19 @@
 
 #include "cpu.h"
 
+/* the calling thread's mode for its later contexts and workspace sizes (ops.def's set_parity):
+ * parity (the default) keeps conv.c's direct convolutions, fast mode takes wino.c's where they
+ * apply */
+static _Thread_local int parity_mode = 1;
+
+int cpu_set_parity(int on)
+{
+    parity_mode = on != 0;
+    return BK_OK;
+}
+
+int cpu_parity_now(void) { return parity_mode; }
+
 int cpu_ctx_init(bk_ctx **out, int threads)
 {
     bk_ctx *c = calloc(1, sizeof *c);
@@ -30,6 +43,7 @@ int cpu_ctx_init(bk_ctx **out, int threads)
     }
     c->cap_blocks = 8;
     c->threads = threads > 0 ? threads : 1;
+    c->fast = !parity_mode;
     *out = c;
     return BK_OK;
 }
@@ -168,6 +182,7 @@ static const struct backend cpu_backend = {
     .name = "cpu",
     .ctx_init = cpu_ctx_init,
     .ctx_free = cpu_ctx_free,
+    .set_parity = cpu_set_parity,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .mem_upload = cpu_mem_upload,

@@ -386,6 +386,7 @@ static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const st
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
 {
     if (conv_check(s) != BK_OK) return 0;
+    if (!cpu_parity_now() && cpu_wino_applies(s)) return cpu_wino_ws_bytes(s);
     int saved = omp_get_max_threads();
     omp_set_num_threads(cpu_threads(NULL));
     size_t best = 0;
@@ -550,6 +551,7 @@ int cpu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *
                    const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!y || !x || !w) return BK_ERR_INVALID;
+    if (ctx && ctx->fast && cpu_wino_applies(s)) return cpu_wino_fwd(y, x, w, b, ws, s, ctx);
     struct conv_entry *e = conv_begin(s, b != NULL, ws, ctx);
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
@@ -576,6 +578,8 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!dx || !dy || !w) return BK_ERR_INVALID;
+    if (ctx && ctx->fast && cpu_wino_applies(s))
+        return cpu_wino_bwd_data(dx, dy, w, accum, ws, s, ctx);
     /* backward-data primitives do not depend on the bias: share the biased entry when the
      * forward created one */
     struct conv_entry *e = conv_begin(s, 1, ws, ctx);
@@ -897,6 +901,8 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, v
                           const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!dw || !dy || !x) return BK_ERR_INVALID;
+    if (ctx && ctx->fast && cpu_wino_applies(s))
+        return cpu_wino_bwd_filter(dw, db, dy, x, ws, s, ctx);
     struct conv_entry *e = conv_begin(s, db != NULL, ws, ctx);
     if (!e) return BK_ERR_INVALID;
     char *p = ws;

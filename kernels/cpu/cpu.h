@@ -11,6 +11,7 @@ struct onednn_cache;
 
 struct bk_ctx {
     int threads;                 /* fixed per job: results are bit-identical at a given count */
+    int fast;                    /* made in fast mode (set_parity(0)): Winograd convolutions */
     struct onednn_cache *conv;   /* oneDNN primitives by shape (conv.c), created on first use */
     struct onednn_cache *mm;     /* oneDNN matmuls by shape (gemm.c), likewise */
     void *ws;                    /* the plan's workspace (cpu_ctx_set_workspace): the scratchpad */
@@ -28,7 +29,7 @@ struct bk_ctx {
  * loss.c (losses, dropout), optim.c, convert.c, onednn.c (half_kernels: for bf16,
  * BK_HALF_CONV | BK_HALF_LINEAR | BK_HALF_ATTN | BK_HALF_NORM | BK_HALF_ELTWISE where oneDNN
  * runs bf16 on the CPU's AVX512-BF16 instructions or AMX tiles and attn_bf16.c's tiles run
- * (cpu_isa), else 0). Not filled: the devices, parity, Philox fills, offload's copies, the step
+ * (cpu_isa), else 0). Not filled: the devices, Philox fills, offload's copies, the step
  * on the device and graphs. */
 #define BK_OP(ret, fn, args, half) ret cpu_##fn args;
 #include "ops.def"
@@ -72,6 +73,8 @@ void cpu_isa_cap(int max);
 struct cpu_gemm_shape {
     int ta, tb, m, n, k, lda, ldb, ldc;
     int dtype, c_dtype, bias, accum;
+    int batch;              /* > 1: that many products at once (no bias), the b-th one's A, B, C */
+    long long sa, sb, sc;   /* b * sa, b * sb, b * sc elements from a, b, c (0, 1: one) */
 };
 /* scratchpad bytes of shape s at the machine's cores (at most what fewer threads take) */
 size_t cpu_gemm_ws_bytes(const struct cpu_gemm_shape *s);
@@ -79,6 +82,25 @@ size_t cpu_gemm_ws_bytes(const struct cpu_gemm_shape *s);
 int cpu_gemm(const struct cpu_gemm_shape *s, void *c, const void *a, const void *b,
              const float *bias, void *ws, size_t ws_bytes, bk_ctx *ctx);
 void cpu_gemm_cache_free(bk_ctx *ctx);
+
+/* wino.c: the fast mode's 3x3 stride-1 convolutions padded by 1 (Winograd F(4x4, 3x3)), fp32,
+ * channels multiples of 8 and at least WINO_MIN_CH; conv.c calls them in a fast-mode context
+ * (set_parity(0)) where cpu_wino_applies, with cpu_wino_ws_bytes of ws */
+#define WINO_MIN_CH 32
+/* the most bytes of a chunk's transformed input and output: 8 MiB (tests set it lower to run
+ * many chunks; set before sizing a workspace and kept while it is used) */
+extern size_t cpu_wino_chunk_bytes;
+int cpu_wino_applies(const struct bk_conv2d *s);
+size_t cpu_wino_ws_bytes(const struct bk_conv2d *s);
+int cpu_wino_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
+                 const struct bk_conv2d *s, bk_ctx *ctx);
+int cpu_wino_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
+                      const struct bk_conv2d *s, bk_ctx *ctx);
+int cpu_wino_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
+                        const struct bk_conv2d *s, bk_ctx *ctx);
+/* backend_cpu.c: the calling thread's mode (set_parity; on by default), and whether ctx was
+ * made in fast mode */
+int cpu_parity_now(void);
 
 /* conv.c: its oneDNN primitives of ctx */
 void cpu_conv_cache_free(bk_ctx *ctx);

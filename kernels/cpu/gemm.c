@@ -26,17 +26,25 @@ static int gemm_shape_ok(const struct cpu_gemm_shape *s)
     const int ac = s->ta ? s->m : s->k, bc = s->tb ? s->k : s->n; /* A's, B's columns */
     const int ok_t = (s->dtype == BK_DTYPE_F32 || s->dtype == BK_DTYPE_BF16) &&
                      (s->c_dtype == BK_DTYPE_F32 || s->c_dtype == s->dtype);
-    return ok_t && s->m > 0 && s->n > 0 && s->k > 0 && s->lda >= ac && s->ldb >= bc &&
+    const int ok_b = s->batch <= 1 || (!s->bias && s->sa >= 0 && s->sb >= 0 && s->sc > 0);
+    return ok_t && ok_b && s->m > 0 && s->n > 0 && s->k > 0 && s->lda >= ac && s->ldb >= bc &&
            s->ldc >= s->n;
 }
 
-/* a (rows, cols) matrix of type dtype whose element (i, j) is at i * rs + j * cs */
+/* a (rows, cols) matrix of type dtype whose element (i, j) is at i * rs + j * cs; with
+ * batch > 1, that many of them, bs elements apart */
 static int gemm_md(dnnl_memory_desc_t *md, dnnl_dim_t rows, dnnl_dim_t cols, int dtype,
-                   dnnl_dim_t rs, dnnl_dim_t cs)
+                   dnnl_dim_t rs, dnnl_dim_t cs, int batch, dnnl_dim_t bs)
 {
     dnnl_dims_t d = {rows, cols}, st = {rs, cs};
-    return dnnl_memory_desc_init_by_strides(md, 2, d, gemm_dt(dtype), st) == dnnl_success ? 0
-                                                                                          : -1;
+    int nd = 2;
+    if (batch > 1) {
+        d[0] = batch, d[1] = rows, d[2] = cols;
+        st[0] = bs, st[1] = rs, st[2] = cs;
+        nd = 3;
+    }
+    return dnnl_memory_desc_init_by_strides(md, nd, d, gemm_dt(dtype), st) == dnnl_success ? 0
+                                                                                           : -1;
 }
 
 /* the primitive descriptor of s at the threads now set (omp_set_num_threads); md: A, B, C, bias */
@@ -45,10 +53,11 @@ static int gemm_pd_make(dnnl_primitive_desc_t *pd, const struct cpu_gemm_shape *
 {
     memset(md, 0, 4 * sizeof *md);
     /* op(A) (M,K): A^T is A (K,M) read with strides (1, lda); likewise op(B) (K,N) */
-    if (gemm_md(&md[0], s->m, s->k, s->dtype, s->ta ? 1 : s->lda, s->ta ? s->lda : 1) ||
-        gemm_md(&md[1], s->k, s->n, s->dtype, s->tb ? 1 : s->ldb, s->tb ? s->ldb : 1) ||
-        gemm_md(&md[2], s->m, s->n, s->c_dtype, s->ldc, 1) ||
-        (s->bias && gemm_md(&md[3], 1, s->n, BK_DTYPE_F32, s->n, 1)))
+    const int nb = s->batch;
+    if (gemm_md(&md[0], s->m, s->k, s->dtype, s->ta ? 1 : s->lda, s->ta ? s->lda : 1, nb, s->sa) ||
+        gemm_md(&md[1], s->k, s->n, s->dtype, s->tb ? 1 : s->ldb, s->tb ? s->ldb : 1, nb, s->sb) ||
+        gemm_md(&md[2], s->m, s->n, s->c_dtype, s->ldc, 1, nb, s->sc) ||
+        (s->bias && gemm_md(&md[3], 1, s->n, BK_DTYPE_F32, s->n, 1, 1, 0)))
         return -1;
     dnnl_matmul_desc_t d;
     dnnl_primitive_attr_t attr = NULL;
@@ -118,7 +127,9 @@ static int gemm_shape_eq(const struct cpu_gemm_shape *a, const struct cpu_gemm_s
 {
     return a->ta == b->ta && a->tb == b->tb && a->m == b->m && a->n == b->n && a->k == b->k &&
            a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc && a->dtype == b->dtype &&
-           a->c_dtype == b->c_dtype && a->bias == b->bias && a->accum == b->accum;
+           a->c_dtype == b->c_dtype && a->bias == b->bias && a->accum == b->accum &&
+           (a->batch > 1 ? a->batch : 1) == (b->batch > 1 ? b->batch : 1) &&
+           (a->batch <= 1 || (a->sa == b->sa && a->sb == b->sb && a->sc == b->sc));
 }
 
 /* the cached primitive of shape s (created on first use), or NULL */

@@ -30,15 +30,15 @@ static struct cpu_gemm_shape linear_gemm(int kind, int m, int k, int n, int dtyp
     case LINEAR_FWD:
     case LINEAR_FWD_BIAS: /* x (M,K) @ w^T: w (N,K) transposed */
         return (struct cpu_gemm_shape){0, 1, m, n, k, k, k, n, dtype, dtype,
-                                       kind == LINEAR_FWD_BIAS, 0};
+                                       kind == LINEAR_FWD_BIAS, 0, 0, 0, 0, 0};
     case LINEAR_DX:
     case LINEAR_DX_ACC: /* dy (M,N) @ w (N,K) */
         return (struct cpu_gemm_shape){0, 0, m, k, n, n, k, k, dtype, dtype, 0,
-                                       kind == LINEAR_DX_ACC};
+                                       kind == LINEAR_DX_ACC, 0, 0, 0, 0};
     case LINEAR_DX32:
-        return (struct cpu_gemm_shape){0, 0, m, k, n, n, k, k, dtype, BK_DTYPE_F32, 0, 0};
+        return (struct cpu_gemm_shape){0, 0, m, k, n, n, k, k, dtype, BK_DTYPE_F32, 0, 0, 0, 0, 0, 0};
     default: /* dy^T (N,M) @ x (M,K) into fp32 dw (N,K) */
-        return (struct cpu_gemm_shape){1, 0, n, k, m, n, k, k, dtype, BK_DTYPE_F32, 0, 1};
+        return (struct cpu_gemm_shape){1, 0, n, k, m, n, k, k, dtype, BK_DTYPE_F32, 0, 1, 0, 0, 0, 0};
     }
 }
 

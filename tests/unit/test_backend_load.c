@@ -30,9 +30,9 @@ int main(void)
           "cpu: %s", err);
     CHECK(bk && strcmp(bk->name, "cpu") == 0, "cpu backend is named %s", bk ? bk->name : "-");
     /* the CPU table has none of the optional device entries (ctx_set_workspace it has: its
-     * bf16 linears' scratch) */
+     * bf16 linears' scratch; set_parity too: its fast mode's Winograd convolutions) */
     CHECK(bk && !bk->device_count && !bk->device_select && !bk->device_mem &&
-              !bk->device_poisoned && !bk->set_parity && !bk->philox_normal_fill &&
+              !bk->device_poisoned && bk->set_parity && !bk->philox_normal_fill &&
               !bk->philox_u32_fill,
           "the CPU table sets optional device entries");
 

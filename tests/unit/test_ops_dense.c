@@ -613,12 +613,12 @@ static void test_attn(int n, int l, int heads, int d, int packed, int samples)
      * the scratchpad of the largest of the six GEMMs: q k^T, p v, dout v^T, dS k, dS^T q,
      * p^T dout */
     const int ld = s.ld, hd = c;
-    const struct cpu_gemm_shape pg[6] = {{0, 1, l, l, d, ld, ld, l, 0, 0, 0, 0},
-                                         {0, 0, l, d, l, l, ld, hd, 0, 0, 0, 0},
-                                         {0, 1, l, l, d, hd, ld, l, 0, 0, 0, 0},
-                                         {0, 0, l, d, l, l, ld, ld, 0, 0, 0, 0},
-                                         {1, 0, l, d, l, l, ld, ld, 0, 0, 0, 0},
-                                         {1, 0, l, d, l, l, hd, ld, 0, 0, 0, 0}};
+    const struct cpu_gemm_shape pg[6] = {{0, 1, l, l, d, ld, ld, l, 0, 0, 0, 0, 0, 0, 0, 0},
+                                         {0, 0, l, d, l, l, ld, hd, 0, 0, 0, 0, 0, 0, 0, 0},
+                                         {0, 1, l, l, d, hd, ld, l, 0, 0, 0, 0, 0, 0, 0, 0},
+                                         {0, 0, l, d, l, l, ld, ld, 0, 0, 0, 0, 0, 0, 0, 0},
+                                         {1, 0, l, d, l, l, ld, ld, 0, 0, 0, 0, 0, 0, 0, 0},
+                                         {1, 0, l, d, l, l, hd, ld, 0, 0, 0, 0, 0, 0, 0, 0}};
     size_t wsg = 0;
     for (int i = 0; i < 6; i++)
         if (cpu_gemm_ws_bytes(&pg[i]) > wsg) wsg = cpu_gemm_ws_bytes(&pg[i]);
