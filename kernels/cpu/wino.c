@@ -97,19 +97,42 @@ static struct cpu_gemm_shape wino_gemm(const struct wino *p, const struct bk_con
 
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
+/* the GEMMs' scratchpad bytes of s (oneDNN's, at the machine's cores), remembered per thread:
+ * asking oneDNN makes primitive descriptors (30 us a call here), and every call of a shape
+ * needs the figure */
+static size_t wino_scr_bytes(const struct wino *p, const struct bk_conv2d *s);
+
 size_t cpu_wino_ws_bytes(const struct bk_conv2d *s)
 {
     if (!cpu_wino_applies(s)) return 0;
     struct wino p;
     wino_shape(&p, s);
+    return p.u + p.v + p.m + wino_scr_bytes(&p, s);
+}
+
+static size_t wino_scr_bytes(const struct wino *p, const struct bk_conv2d *s)
+{
+    enum { MEMO = 64 };
+    static _Thread_local struct {
+        struct bk_conv2d s;
+        size_t chunk, bytes;
+    } memo[MEMO];
+    static _Thread_local int n_memo, next;
+    for (int i = 0; i < n_memo; i++)
+        if (!memcmp(&memo[i].s, s, sizeof *s) && memo[i].chunk == cpu_wino_chunk_bytes)
+            return memo[i].bytes;
     size_t scr = 0;
     for (int kind = 0; kind < 3; kind++)
         for (int accum = 0; accum < 2; accum++) {
             if (accum && kind != 2) continue;
-            const struct cpu_gemm_shape g = wino_gemm(&p, s, kind, accum);
+            const struct cpu_gemm_shape g = wino_gemm(p, s, kind, accum);
             scr = max2(scr, cpu_gemm_ws_bytes(&g));
         }
-    return p.u + p.v + p.m + align64(scr);
+    scr = align64(scr);
+    const int at = n_memo < MEMO ? n_memo++ : next++ % MEMO;
+    memcpy(&memo[at].s, s, sizeof *s);
+    memo[at].chunk = cpu_wino_chunk_bytes, memo[at].bytes = scr;
+    return scr;
 }
 
 /* ---- stores of 8 channels ---- */
@@ -391,7 +414,7 @@ static void wino_carve(struct wino_ws *w, void *ws, const struct wino *p,
     w->v = (float *)(b + p->u);
     w->m = (float *)(b + p->u + p->v);
     w->scr = b + p->u + p->v + p->m;
-    w->scr_bytes = cpu_wino_ws_bytes(s) - p->u - p->v - p->m;
+    w->scr_bytes = wino_scr_bytes(p, s);
 }
 
 /* forward (kind 0: y = conv(x, w) + b) or data gradient (kind 1: dx (=/+=) conv^T(dy, w)) */
