@@ -25,6 +25,7 @@
  */
 #include <immintrin.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -417,6 +418,21 @@ static void wino_carve(struct wino_ws *w, void *ws, const struct wino *p,
     w->scr_bytes = wino_scr_bytes(p, s);
 }
 
+/* whether ws holds what s needs, where it can tell: inside the plan's workspace
+ * (ctx_set_workspace), the bytes to its end. A workspace sized in parity mode (the direct
+ * kernels' bytes) used by a fast-mode context would otherwise be overrun without a sign. */
+static int wino_ws_fits(const void *ws, const struct bk_conv2d *s, const bk_ctx *ctx)
+{
+    const char *p = ws, *base = ctx->ws;
+    if (!base || p < base || p >= base + ctx->ws_bytes) return 1;
+    if ((size_t)(base + ctx->ws_bytes - p) >= cpu_wino_ws_bytes(s)) return 1;
+    fprintf(stderr,
+            "ddpmd: a fast-mode context runs a Winograd convolution in a workspace planned "
+            "for %zu bytes less (a plan made in parity mode?)\n",
+            cpu_wino_ws_bytes(s) - (size_t)(base + ctx->ws_bytes - p));
+    return 0;
+}
+
 /* forward (kind 0: y = conv(x, w) + b) or data gradient (kind 1: dx (=/+=) conv^T(dy, w)) */
 static int wino_conv(float *dst, const float *src, const float *w, const float *bias, int accum,
                      int kind, void *ws, const struct bk_conv2d *s, bk_ctx *ctx)
@@ -442,21 +458,24 @@ static int wino_conv(float *dst, const float *src, const float *w, const float *
 int cpu_wino_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                  const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (!cpu_wino_applies(s) || !y || !x || !w || !ws || !ctx) return BK_ERR_INVALID;
+    if (!cpu_wino_applies(s) || !y || !x || !w || !ws || !ctx || !wino_ws_fits(ws, s, ctx))
+        return BK_ERR_INVALID;
     return wino_conv(y, x, w, b, 0, 0, ws, s, ctx);
 }
 
 int cpu_wino_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                       const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (!cpu_wino_applies(s) || !dx || !dy || !w || !ws || !ctx) return BK_ERR_INVALID;
+    if (!cpu_wino_applies(s) || !dx || !dy || !w || !ws || !ctx || !wino_ws_fits(ws, s, ctx))
+        return BK_ERR_INVALID;
     return wino_conv(dx, dy, w, NULL, accum, 1, ws, s, ctx);
 }
 
 int cpu_wino_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (!cpu_wino_applies(s) || !dw || !dy || !x || !ws || !ctx) return BK_ERR_INVALID;
+    if (!cpu_wino_applies(s) || !dw || !dy || !x || !ws || !ctx || !wino_ws_fits(ws, s, ctx))
+        return BK_ERR_INVALID;
     struct wino p;
     struct wino_ws b;
     wino_shape(&p, s);

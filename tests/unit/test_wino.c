@@ -180,6 +180,19 @@ static void run_shape(const struct shape *sh)
           sh->h, sh->w, bw, nw);
     CHECK(bb == 0, "bias gradient: %zu of %d outside", bb, sh->co);
 
+    /* a workspace planned in parity mode (the direct kernels' bytes, smaller) registered with
+     * a fast context: refused, not overrun */
+    cpu_set_parity(1);
+    const size_t small = cpu_conv2d_ws_bytes(&s);
+    if (small < wsb) {
+        CHECK(cpu_ctx_set_workspace(ctx, ws, small) == BK_OK, "set workspace");
+        CHECK(cpu_conv2d_fwd(y2, xk, wk, NULL, ws, &s, ctx) == BK_ERR_INVALID,
+              "a fast context refuses a workspace planned in parity mode");
+    }
+    CHECK(cpu_ctx_set_workspace(ctx, ws, wsb) == BK_OK &&
+              cpu_conv2d_fwd(y2, xk, wk, NULL, ws, &s, ctx) == BK_OK && !memcmp(y, y2, ny * esz),
+          "the planned workspace registered: runs, the same bits");
+
     /* a parity-mode context keeps the direct kernels (other bits) */
     cpu_set_parity(1);
     bk_ctx *pctx = NULL;
