@@ -25,8 +25,8 @@ struct train_shape {
                                      * of at most min(grid_images, 16); 0: the job draws none */
     const struct backend *backend;  /* what it is planned for and runs on; NULL: the CPU */
     int deterministic;              /* parity mode (backend.h's set_parity: no TF32, only
-                                     * deterministic algorithms, bit-identical runs); 0: fast
-                                     * mode. The CPU backend is deterministic either way. */
+                                     * deterministic algorithms, bit-identical runs; the CPU's
+                                     * direct convolutions); 0: fast mode (the CPU: Winograd) */
 };
 
 /* s's backend, with the calling thread's mode set from s->deterministic (the CUDA backend's

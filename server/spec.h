@@ -81,9 +81,9 @@ struct train_spec {
      * AUTO (the planner's search resolves those: engine/planner.h) */
     int64_t vram_budget;          /* bytes; 0: no limit */
     struct strategy strategy;     /* micro_batch 0 = auto */
-    int deterministic;            /* parity mode on a GPU (bit-identical runs: no TF32, only
-                                   * deterministic algorithms); 0: fast mode. The CPU backend is
-                                   * deterministic either way */
+    int deterministic;            /* parity mode (a GPU: bit-identical runs, no TF32, only
+                                   * deterministic algorithms; the CPU: direct convolutions, no
+                                   * Winograd); 0: fast mode */
 
     /* not part of the spec (never parsed nor written): the backend the job is planned for and
      * runs on, from backend_load of its device (`--device`); NULL: the CPU */

@@ -2,8 +2,10 @@
  * Memory is plain host memory; the executor takes all of a job's bytes in one cpu_mem_alloc.
  * A context may carry a budget (cpu_ctx_set_budget): the "device" then refuses what would hold
  * more than it at once, so budgets, admission and out-of-budget paths are tested without a GPU.
- * No set_parity: every kernel is deterministic (a result is a function of the thread count),
- * so memory.deterministic changes nothing here. No step_* or graph_* entries: the executor
+ * set_parity: every kernel is deterministic either way (a result is a function of the thread
+ * count); fast mode (parity off, training's default) runs the fp32 3x3 convolutions as wino.c's
+ * Winograd, parity mode (memory.deterministic) on conv.c's direct kernels. No step_* or graph_*
+ * entries: the executor
  * keeps the step's scalars on the host and runs every step as it comes.
  */
 #define _DEFAULT_SOURCE /* setenv */
