@@ -51,6 +51,7 @@ struct cli_model {
     uint64_t seed;
     int ch, n_mult, mult[UNET_MAX_LEVELS]; /* --ch / --mult, applied after parsing */
     const char *device;                    /* --device (default cpu) */
+    int deterministic;                     /* --deterministic: parity mode (default fast) */
 };
 
 /* --device NAME: its backend from the loader (the CUDA module only when asked for); the
@@ -135,6 +136,8 @@ static void usage(FILE *f)
             "  --tiled-attention      tile every attention (FlashAttention-style); default: plain\n"
             "                         where the matrices are at most 4x the block's input\n"
             "  --threads N            CPU threads (default: this machine's cores)\n"
+            "  --deterministic        parity mode, as train --deterministic (default: fast\n"
+            "                         mode, the one a training job plans and runs in)\n"
             "  --device cpu|cuda:N    the device (also for train, sample and plan SPEC.json;\n"
             "                         default cpu); cuda loads libddpmd_cuda.so\n"
             "demo options:\n"
@@ -375,11 +378,13 @@ static int parse_model(int argc, char **argv, struct cli_model *m)
             m->cfg.attn_tiled = 0;
         } else if (strcmp(a, "--tiled-attention") == 0) {
             m->cfg.attn_tiled = 1;
+        } else if (strcmp(a, "--deterministic") == 0) {
+            m->deterministic = 1;
         } else {
             static const char *const known[] = {
                 "--device", "--preset", "--image", "--channels", "--ch", "--mult", "--layers",
                 "--attn", "--groups", "--base", "--batch", "--threads", "--steps", "--seed",
-                "--plain-attention", "--tiled-attention", NULL};
+                "--plain-attention", "--tiled-attention", "--deterministic", NULL};
             cli_option_error(argv[1], a, known);
             return -1;
         }
@@ -642,6 +647,8 @@ static int cmd_plan(int argc, char **argv)
     int drc = cli_device(m.device, &bk);
     if (drc) return drc;
     if (build_training_graph(&m, &g, &io, &target)) return 1;
+    /* in the mode a training job plans in (fast unless --deterministic): the workspaces differ */
+    if (backend_supports(bk, BK_OP_set_parity, BK_DTYPE_F32)) bk->set_parity(m.deterministic);
     struct plan p;
     /* a job's plan: one forward/backward a step (the gradients may live in the arena) */
     struct plan_opts po = {.one_pass = 1};
@@ -689,7 +696,8 @@ static int cmd_demo(int argc, char **argv)
     if (drc) return drc;
     /* the plain step of the whole batch, no sample grid, on generated images */
     struct train_step_config c = {
-        .shape = {.model = m.cfg, .batch = m.batch, .grid_images = 0, .backend = bk},
+        .shape = {.model = m.cfg, .batch = m.batch, .grid_images = 0, .backend = bk,
+                  .deterministic = m.deterministic},
         .threads = m.threads, .timesteps = 1000, .beta_schedule = DDPM_BETA_LINEAR,
         .beta_start = 1e-4, .beta_end = 0.02, .prediction = SAMPLER_PRED_EPSILON};
     struct train_step ts;
