@@ -383,6 +383,12 @@ static void conv_ws_layout(struct conv_ws *l, const struct conv_pds *p, const st
 
 /* Planned at the machine's core count, the most threads a job runs with: oneDNN's scratchpad
  * grows with the thread count it was created for. */
+/* whether ctx runs s as wino.c's Winograd (fast mode; ws sized so in the planning thread's) */
+static int conv_wino(const struct bk_conv2d *s, const bk_ctx *ctx)
+{
+    return ctx && ctx->fast && cpu_wino_applies(s);
+}
+
 size_t cpu_conv2d_ws_bytes(const struct bk_conv2d *s)
 {
     if (conv_check(s) != BK_OK) return 0;
@@ -551,7 +557,7 @@ int cpu_conv2d_fwd(void *y, const void *x, const void *w, const float *b, void *
                    const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!y || !x || !w) return BK_ERR_INVALID;
-    if (ctx && ctx->fast && cpu_wino_applies(s)) return cpu_wino_fwd(y, x, w, b, ws, s, ctx);
+    if (conv_wino(s, ctx)) return cpu_wino_fwd(y, x, w, b, ws, s, ctx);
     struct conv_entry *e = conv_begin(s, b != NULL, ws, ctx);
     if (!e) return BK_ERR_INVALID;
     char *p = ws;
@@ -578,8 +584,7 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!dx || !dy || !w) return BK_ERR_INVALID;
-    if (ctx && ctx->fast && cpu_wino_applies(s))
-        return cpu_wino_bwd_data(dx, dy, w, accum, ws, s, ctx);
+    if (conv_wino(s, ctx)) return cpu_wino_bwd_data(dx, dy, w, accum, ws, s, ctx);
     /* backward-data primitives do not depend on the bias: share the biased entry when the
      * forward created one */
     struct conv_entry *e = conv_begin(s, 1, ws, ctx);
@@ -608,21 +613,6 @@ int cpu_conv2d_bwd_data(void *dx, const void *dy, const void *w, int accum, void
                            ctx))
         return BK_ERR_DEVICE;
     return BK_OK;
-}
-
-/* db (Co) += the sum of bf16 dy (px, Co) over the pixels: per block of 64 channels, in double
- * in pixel order (thread-count independent) */
-static void conv_db_sum(float *db, const uint16_t *dy, size_t px, int co, bk_ctx *ctx)
-{
-    const int nb = (co + 63) / 64;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) if (px * co >= 65536)
-    for (int b = 0; b < nb; b++) {
-        const int o0 = 64 * b, no = co - o0 < 64 ? co - o0 : 64;
-        double acc[64] = {0};
-        for (size_t q = 0; q < px; q++)
-            for (int k = 0; k < no; k++) acc[k] += half_bf16_to_f32(dy[q * co + o0 + k]);
-        for (int k = 0; k < no; k++) db[o0 + k] += (float)acc[k];
-    }
 }
 
 /* GCC's vectors for the filter gradient's copies and sums (AVX2 registers) */
@@ -872,7 +862,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
     char *scr = ws + wg->sum + wg->cols;
     if (!wg->into_dw) memset(sum, 0, (size_t)s->co * wg->kc * sizeof(float));
     /* split: channel groups on the threads, each its slice of cols + scr; the first group's
-     * task sums db too (fp32 in pixel order, while it copies dy: conv_db_sum's pass over dy
+     * task sums db too (fp32 in pixel order, while it copies dy: cpu_col_sums' pass over dy
      * cost 4% of a 256 -> 256 32x32 filter gradient) */
     if (wg->rows) {
         const size_t room = (wg->cols + wg->scr) / (size_t)wg->threads / 64 * 64;
@@ -892,7 +882,7 @@ static int conv_filter_run(float *dw, float *db, const uint16_t *dy, const uint1
         if (rc) return rc;
     }
     if (!wg->into_dw) conv_filter_add(dw, sum, 1, 0, wg->rows > 0, s, ctx);
-    if (db && !wg->rows) conv_db_sum(db, dy, (size_t)wg->px, s->co, ctx);
+    if (db && !wg->rows) cpu_col_sums(db, dy, BK_DTYPE_BF16, wg->px, s->co, ctx);
     return BK_OK;
 }
 
@@ -901,8 +891,7 @@ int cpu_conv2d_bwd_filter(float *dw, float *db, const void *dy, const void *x, v
                           const struct bk_conv2d *s, bk_ctx *ctx)
 {
     if (!dw || !dy || !x) return BK_ERR_INVALID;
-    if (ctx && ctx->fast && cpu_wino_applies(s))
-        return cpu_wino_bwd_filter(dw, db, dy, x, ws, s, ctx);
+    if (conv_wino(s, ctx)) return cpu_wino_bwd_filter(dw, db, dy, x, ws, s, ctx);
     struct conv_entry *e = conv_begin(s, db != NULL, ws, ctx);
     if (!e) return BK_ERR_INVALID;
     char *p = ws;

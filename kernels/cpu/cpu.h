@@ -83,6 +83,11 @@ int cpu_gemm(const struct cpu_gemm_shape *s, void *c, const void *a, const void 
              const float *bias, void *ws, size_t ws_bytes, bk_ctx *ctx);
 void cpu_gemm_cache_free(bk_ctx *ctx);
 
+/* linear.c: db (N) += the column sums of dy (M,N) of dtype (fp32 or bf16), each column's rows
+ * summed in order in double (thread-count independent): the bias gradients of the linears and
+ * of the convolutions (dy as (pixels, Co)) */
+void cpu_col_sums(float *db, const void *dy, int dtype, int m, int n, bk_ctx *ctx);
+
 /* wino.c: the fast mode's 3x3 stride-1 convolutions padded by 1 (Winograd F(4x4, 3x3)), fp32,
  * channels multiples of 8 and at least WINO_MIN_CH; conv.c calls them in a fast-mode context
  * (set_parity(0)) where cpu_wino_applies, with cpu_wino_ws_bytes of ws */

@@ -79,8 +79,7 @@ int cpu_linear_fwd(void *y, const void *x, const void *w, const float *b, int m,
     return linear_run(b ? LINEAR_FWD_BIAS : LINEAR_FWD, y, x, w, b, m, k, n, dtype, ctx);
 }
 
-/* db (N) += column sums of dy (M,N) of dtype, each column's rows summed in order in double */
-static void linear_db(float *db, const void *dy, int dtype, int m, int n, bk_ctx *ctx)
+void cpu_col_sums(float *db, const void *dy, int dtype, int m, int n, bk_ctx *ctx)
 {
     const int nblk = (n + LINEAR_DB_BLOCK - 1) / LINEAR_DB_BLOCK;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
@@ -122,6 +121,6 @@ int cpu_linear_bwd(void *dx, float *dw, float *db, const void *dy, const void *x
         rc = linear_run(accum ? LINEAR_DX_ACC : LINEAR_DX, dx, dy, w, NULL, m, k, n, dtype, ctx);
     }
     if (!rc && dw) rc = linear_run(LINEAR_DW, dw, dy, x, NULL, m, k, n, dtype, ctx);
-    if (!rc && db) linear_db(db, dy, dtype, m, n, ctx);
+    if (!rc && db) cpu_col_sums(db, dy, dtype, m, n, ctx);
     return rc;
 }

@@ -49,13 +49,13 @@ int cpu_wino_applies(const struct bk_conv2d *s)
 }
 
 /* the tiling of s and its workspace regions: U (the 36 transformed weights, or the filter
- * gradient's sums), V and M (a chunk's transformed input and output, each of max(Ci, Co)
+ * gradient's sums), V and M (a chunk's transformed input and output, `t` bytes each: max(Ci, Co)
  * channels), the GEMMs' scratchpad */
 struct wino {
     int th, tw, tiles; /* tiles down, across, in all (N th tw) */
     int tc, chunks;    /* tiles a chunk (the last may have fewer), chunks */
     int cm;            /* max(Ci, Co) */
-    size_t u, v, m;    /* bytes of U, V, M (64-aligned) */
+    size_t u, t;       /* bytes of U, of V and of M (64-aligned) */
 };
 
 static void wino_shape(struct wino *p, const struct bk_conv2d *s)
@@ -70,7 +70,7 @@ static void wino_shape(struct wino *p, const struct bk_conv2d *s)
     p->chunks = (int)(((size_t)p->tiles + tc - 1) / tc);
     p->tc = (p->tiles + p->chunks - 1) / p->chunks; /* even chunks */
     p->u = align64((size_t)NX * s->ci * s->co * sizeof(float));
-    p->v = p->m = align64((size_t)NX * p->tc * p->cm * sizeof(float));
+    p->t = align64((size_t)NX * p->tc * p->cm * sizeof(float));
 }
 
 /* the batched GEMM of a chunk: 0 forward, 1 data gradient, 2 filter gradient (accumulating
@@ -108,7 +108,7 @@ size_t cpu_wino_ws_bytes(const struct bk_conv2d *s)
     if (!cpu_wino_applies(s)) return 0;
     struct wino p;
     wino_shape(&p, s);
-    return p.u + p.v + p.m + wino_scr_bytes(&p, s);
+    return p.u + 2 * p.t + wino_scr_bytes(&p, s);
 }
 
 static size_t wino_scr_bytes(const struct wino *p, const struct bk_conv2d *s)
@@ -380,25 +380,6 @@ static void wino_dw(float *dw, const float *S, const struct bk_conv2d *s, int th
         }
 }
 
-/* db (Co) += dy summed over the pixels, in double, pixel by pixel in order */
-static void wino_db(float *db, const float *dy, const struct bk_conv2d *s, int threads)
-{
-    const size_t px = (size_t)s->n * s->h * s->w;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int k = 0; k < s->co; k += 8) {
-        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-        for (size_t i = 0; i < px; i++) {
-            const __m256 v = _mm256_loadu_ps(dy + i * s->co + k);
-            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-        }
-        double sum[8];
-        _mm256_storeu_pd(sum, lo);
-        _mm256_storeu_pd(sum + 4, hi);
-        for (int l = 0; l < 8; l++) db[k + l] += (float)sum[l];
-    }
-}
-
 /* ---- the entries (conv.c calls them in fast mode where cpu_wino_applies) ---- */
 
 struct wino_ws {
@@ -407,30 +388,28 @@ struct wino_ws {
     size_t scr_bytes;
 };
 
-static void wino_carve(struct wino_ws *w, void *ws, const struct wino *p,
-                       const struct bk_conv2d *s)
+/* s's tiling and ws cut into its regions; 0, or -1 where ws is seen to be too small: inside
+ * the plan's workspace (ctx_set_workspace), fewer bytes to its end than s needs. A workspace
+ * sized in parity mode (the direct kernels' bytes) used by a fast-mode context would otherwise
+ * be overrun without a sign. */
+static int wino_begin(struct wino *p, struct wino_ws *w, void *ws, const struct bk_conv2d *s,
+                      const bk_ctx *ctx)
 {
-    char *b = ws;
+    wino_shape(p, s);
+    char *b = ws, *base = ctx->ws;
     w->u = (float *)b;
     w->v = (float *)(b + p->u);
-    w->m = (float *)(b + p->u + p->v);
-    w->scr = b + p->u + p->v + p->m;
+    w->m = (float *)(b + p->u + p->t);
+    w->scr = b + p->u + 2 * p->t;
     w->scr_bytes = wino_scr_bytes(p, s);
-}
-
-/* whether ws holds what s needs, where it can tell: inside the plan's workspace
- * (ctx_set_workspace), the bytes to its end. A workspace sized in parity mode (the direct
- * kernels' bytes) used by a fast-mode context would otherwise be overrun without a sign. */
-static int wino_ws_fits(const void *ws, const struct bk_conv2d *s, const bk_ctx *ctx)
-{
-    const char *p = ws, *base = ctx->ws;
-    if (!base || p < base || p >= base + ctx->ws_bytes) return 1;
-    if ((size_t)(base + ctx->ws_bytes - p) >= cpu_wino_ws_bytes(s)) return 1;
+    const size_t need = p->u + 2 * p->t + w->scr_bytes;
+    if (!base || b < base || b >= base + ctx->ws_bytes || (size_t)(base + ctx->ws_bytes - b) >= need)
+        return 0;
     fprintf(stderr,
             "ddpmd: a fast-mode context runs a Winograd convolution in a workspace planned "
             "for %zu bytes less (a plan made in parity mode?)\n",
-            cpu_wino_ws_bytes(s) - (size_t)(base + ctx->ws_bytes - p));
-    return 0;
+            need - (size_t)(base + ctx->ws_bytes - b));
+    return -1;
 }
 
 /* forward (kind 0: y = conv(x, w) + b) or data gradient (kind 1: dx (=/+=) conv^T(dy, w)) */
@@ -439,8 +418,7 @@ static int wino_conv(float *dst, const float *src, const float *w, const float *
 {
     struct wino p;
     struct wino_ws b;
-    wino_shape(&p, s);
-    wino_carve(&b, ws, &p, s);
+    if (wino_begin(&p, &b, ws, s, ctx)) return BK_ERR_INVALID;
     const int threads = cpu_threads(ctx);
     const int cin = kind == 0 ? s->ci : s->co, cout = kind == 0 ? s->co : s->ci;
     wino_weights(b.u, w, kind == 1, s, threads);
@@ -458,28 +436,24 @@ static int wino_conv(float *dst, const float *src, const float *w, const float *
 int cpu_wino_fwd(void *y, const void *x, const void *w, const float *b, void *ws,
                  const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (!cpu_wino_applies(s) || !y || !x || !w || !ws || !ctx || !wino_ws_fits(ws, s, ctx))
-        return BK_ERR_INVALID;
+    if (!cpu_wino_applies(s) || !y || !x || !w || !ws || !ctx) return BK_ERR_INVALID;
     return wino_conv(y, x, w, b, 0, 0, ws, s, ctx);
 }
 
 int cpu_wino_bwd_data(void *dx, const void *dy, const void *w, int accum, void *ws,
                       const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (!cpu_wino_applies(s) || !dx || !dy || !w || !ws || !ctx || !wino_ws_fits(ws, s, ctx))
-        return BK_ERR_INVALID;
+    if (!cpu_wino_applies(s) || !dx || !dy || !w || !ws || !ctx) return BK_ERR_INVALID;
     return wino_conv(dx, dy, w, NULL, accum, 1, ws, s, ctx);
 }
 
 int cpu_wino_bwd_filter(float *dw, float *db, const void *dy, const void *x, void *ws,
                         const struct bk_conv2d *s, bk_ctx *ctx)
 {
-    if (!cpu_wino_applies(s) || !dw || !dy || !x || !ws || !ctx || !wino_ws_fits(ws, s, ctx))
-        return BK_ERR_INVALID;
+    if (!cpu_wino_applies(s) || !dw || !dy || !x || !ws || !ctx) return BK_ERR_INVALID;
     struct wino p;
     struct wino_ws b;
-    wino_shape(&p, s);
-    wino_carve(&b, ws, &p, s);
+    if (wino_begin(&p, &b, ws, s, ctx)) return BK_ERR_INVALID;
     const int threads = cpu_threads(ctx);
     for (int t0 = 0; t0 < p.tiles; t0 += p.tc) {
         const int rows = p.tiles - t0 < p.tc ? p.tiles - t0 : p.tc;
@@ -497,6 +471,6 @@ int cpu_wino_bwd_filter(float *dw, float *db, const void *dy, const void *x, voi
         if (rc != BK_OK) return rc;
     }
     wino_dw(dw, b.u, s, threads);
-    if (db) wino_db(db, dy, s, threads);
+    if (db) cpu_col_sums(db, dy, BK_DTYPE_F32, s->n * s->h * s->w, s->co, ctx);
     return BK_OK;
 }
